@@ -1,0 +1,190 @@
+//! The one public error type.
+//!
+//! Every backend maps its detailed failures into [`Error`]. Each variant has one
+//! meaning, so a caller branches on the variant and never on message text. The
+//! message names the run and the operation; the backend's own error, when there
+//! is one, is kept as the `source` and not repeated in `Display`.
+
+use crate::lease::Fence;
+
+/// Boxed source error kept for context.
+pub type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
+
+/// Result alias used across runkeep.
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// Everything a runkeep store can refuse or fail with.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// An addressed record does not exist (absence in a *read* is answered with
+    /// `None` or an empty collection instead; this is for operations that need
+    /// the record, such as resolving a park).
+    #[error("not found: {what}")]
+    NotFound {
+        /// What was looked for, with its run.
+        what: String,
+    },
+
+    /// The caller's input breaks a rule (bad id, TTL, holder, clock, cursor,
+    /// limit, scope, payload). Nothing was changed.
+    #[error("invalid input: {message}")]
+    InvalidInput {
+        /// What was wrong and what is accepted instead.
+        message: String,
+    },
+
+    /// The write presented a fence that no longer holds the run: another
+    /// holding was issued after it (or the holder released it). Stop working
+    /// on the run; retrying cannot help.
+    #[error(
+        "fenced out: {operation} on run {run} presented fence {presented}, but the run is now at fence {current}; this worker no longer holds it"
+    )]
+    FencedOut {
+        /// The run.
+        run: String,
+        /// The operation that was refused.
+        operation: &'static str,
+        /// The fence the caller presented.
+        presented: Fence,
+        /// The run's current (highest issued) fence.
+        current: Fence,
+    },
+
+    /// A claim lost every attempt to other takers of the same run. Nobody is
+    /// known to hold it live; retrying later may succeed.
+    #[error("contended: claim of run {run} lost {attempts} races in a row to other takers; retry later")]
+    Contended {
+        /// The run.
+        run: String,
+        /// How many attempts were made.
+        attempts: u32,
+    },
+
+    /// A compare-and-set found the record already changed by someone else,
+    /// e.g. a park that was already answered. Nothing was changed.
+    #[error("conflict: {message}")]
+    Conflict {
+        /// What was found instead.
+        message: String,
+    },
+
+    /// The backend cannot honour a capability (for example a volume without
+    /// hard links). It refuses rather than degrade; the message says what to do.
+    #[error("unsupported: {message}")]
+    Unsupported {
+        /// What is missing and the ways out.
+        message: String,
+    },
+
+    /// Stored data could not be understood (damaged file, unknown format
+    /// version). Nothing was changed by the read.
+    #[error("corrupted: {message}")]
+    Corrupted {
+        /// Where and what.
+        message: String,
+    },
+
+    /// The backend is temporarily unreachable or overloaded; the same call may
+    /// succeed later.
+    #[error("unavailable: {message}")]
+    Unavailable {
+        /// What could not be reached.
+        message: String,
+        /// The underlying failure.
+        #[source]
+        source: Option<BoxError>,
+    },
+
+    /// Any other backend failure (I/O error, full disk, permission denied).
+    /// The message names the run, the operation and the path or statement.
+    #[error("{message}")]
+    Backend {
+        /// Context: run, operation, path.
+        message: String,
+        /// The underlying failure.
+        #[source]
+        source: Option<BoxError>,
+    },
+}
+
+impl Error {
+    /// True when repeating the same call later may succeed.
+    pub fn is_retryable(&self) -> bool {
+        matches!(self, Error::Contended { .. } | Error::Unavailable { .. })
+    }
+
+    /// True when this is a fenced-out refusal.
+    pub fn is_fenced_out(&self) -> bool {
+        matches!(self, Error::FencedOut { .. })
+    }
+
+    /// Shorthand for [`Error::InvalidInput`].
+    pub fn invalid(message: impl Into<String>) -> Self {
+        Error::InvalidInput {
+            message: message.into(),
+        }
+    }
+
+    /// Shorthand for [`Error::Corrupted`].
+    pub fn corrupted(message: impl Into<String>) -> Self {
+        Error::Corrupted {
+            message: message.into(),
+        }
+    }
+
+    /// Shorthand for [`Error::Backend`] with a source.
+    pub fn backend(message: impl Into<String>, source: impl Into<BoxError>) -> Self {
+        Error::Backend {
+            message: message.into(),
+            source: Some(source.into()),
+        }
+    }
+
+    /// Shorthand for [`Error::Unavailable`] with a source.
+    pub fn unavailable(message: impl Into<String>, source: impl Into<BoxError>) -> Self {
+        Error::Unavailable {
+            message: message.into(),
+            source: Some(source.into()),
+        }
+    }
+
+    /// A short stable name of the variant, for logs and JSON output.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Error::NotFound { .. } => "not_found",
+            Error::InvalidInput { .. } => "invalid_input",
+            Error::FencedOut { .. } => "fenced_out",
+            Error::Contended { .. } => "contended",
+            Error::Conflict { .. } => "conflict",
+            Error::Unsupported { .. } => "unsupported",
+            Error::Corrupted { .. } => "corrupted",
+            Error::Unavailable { .. } => "unavailable",
+            Error::Backend { .. } => "backend",
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_contended_and_unavailable_are_retryable() {
+        let fenced = Error::FencedOut {
+            run: "run_a".into(),
+            operation: "write_checkpoint",
+            presented: Fence::new(1).unwrap(),
+            current: Fence::new(2).unwrap(),
+        };
+        assert!(!fenced.is_retryable());
+        assert!(fenced.is_fenced_out());
+        assert!(fenced.to_string().contains("presented fence 1"));
+        assert!(fenced.to_string().contains("fence 2"));
+        assert!(Error::Contended { run: "r".into(), attempts: 8 }.is_retryable());
+        assert!(Error::unavailable("db", std::io::Error::other("x")).is_retryable());
+        assert!(!Error::backend("disk", std::io::Error::other("x")).is_retryable());
+        assert!(!Error::invalid("x").is_retryable());
+        assert!(!Error::corrupted("x").is_retryable());
+    }
+}

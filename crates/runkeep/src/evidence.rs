@@ -1,0 +1,430 @@
+//! A run's evidence: the event transcript, the run record, the message
+//! snapshot, the final report, the completed-tool ledger and the audit trail.
+//!
+//! Every write of evidence takes the same optional fence as a checkpoint write
+//! and is refused the same way when it is superseded: a lease buys a coherent
+//! run, not only a coherent resume point.
+//!
+//! Events are numbered by the store: an append assigns `seq = last + 1`
+//! atomically with the write, so two appenders can never share a number, and
+//! a superseded appender is refused before it writes.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+use serde_json::{Map, Value};
+
+use crate::error::{Error, Result};
+use crate::lease::Fence;
+use crate::time::Timestamp;
+
+/// Largest serialized event accepted, in bytes (4 MiB).
+pub const MAX_EVENT_BYTES: usize = 4 * 1024 * 1024;
+
+/// Keys the store owns in an event line.
+pub const RESERVED_EVENT_KEYS: [&str; 4] = ["type", "seq", "timestamp", "generation"];
+
+/// Event types that are never persisted (the emitter excludes them; a store
+/// does not re-filter).
+pub const EPHEMERAL_EVENT_TYPES: [&str; 4] =
+    ["text_delta", "tool_input_delta", "reasoning_delta", "tool_progress"];
+
+/// An event to append.
+#[derive(Clone, PartialEq, Debug)]
+pub struct NewEvent {
+    /// The `type` discriminator.
+    pub event_type: String,
+    /// Every other field.
+    pub payload: Map<String, Value>,
+}
+
+impl NewEvent {
+    /// An event of `event_type` with `payload`.
+    pub fn new(event_type: impl Into<String>, payload: Map<String, Value>) -> Self {
+        Self {
+            event_type: event_type.into(),
+            payload,
+        }
+    }
+
+    /// Checks type, reserved keys and size.
+    pub fn validate(&self) -> Result<()> {
+        if self.event_type.is_empty() || self.event_type.len() > 128 {
+            return Err(Error::invalid(format!(
+                "event type {:?} must be 1 to 128 bytes",
+                self.event_type
+            )));
+        }
+        if self.event_type.chars().any(char::is_control) {
+            return Err(Error::invalid("event type contains a control character"));
+        }
+        for key in RESERVED_EVENT_KEYS {
+            if self.payload.contains_key(key) {
+                return Err(Error::invalid(format!(
+                    "event payload uses the reserved key {key:?}; the store assigns it"
+                )));
+            }
+        }
+        let size = serde_json::to_vec(&self.payload).map(|v| v.len()).unwrap_or(usize::MAX);
+        if size > MAX_EVENT_BYTES {
+            return Err(Error::invalid(format!(
+                "event of type {} is {size} bytes; the limit is {MAX_EVENT_BYTES}. Store large bodies elsewhere and reference them",
+                self.event_type
+            )));
+        }
+        Ok(())
+    }
+}
+
+/// An event as recorded.
+#[derive(Clone, PartialEq, Debug)]
+pub struct PersistedEvent {
+    /// 1-based position in the run's log.
+    pub seq: u64,
+    /// When the store recorded it (0 for legacy undated lines).
+    pub timestamp: Timestamp,
+    /// `type`.
+    pub event_type: String,
+    /// The fence it was appended under (absent for unfenced appends).
+    pub generation: Option<Fence>,
+    /// Every other field.
+    pub payload: Map<String, Value>,
+}
+
+impl PersistedEvent {
+    /// The flat JSON line form (reference layout: payload fields, `type`,
+    /// `seq`, `timestamp`, plus `generation` when fenced).
+    pub fn to_json(&self) -> Map<String, Value> {
+        let mut out = Map::new();
+        out.insert("type".into(), Value::String(self.event_type.clone()));
+        for (k, v) in &self.payload {
+            out.insert(k.clone(), v.clone());
+        }
+        out.insert("seq".into(), Value::from(self.seq));
+        out.insert("timestamp".into(), Value::from(self.timestamp.as_millis()));
+        if let Some(g) = self.generation {
+            out.insert("generation".into(), Value::from(g.get()));
+        }
+        out
+    }
+
+    /// Parses a line object; `position` is the line's 1-based position, used
+    /// as `seq` for legacy unsequenced lines. Errors describe why the line is
+    /// not an event.
+    pub fn from_json(mut obj: Map<String, Value>, position: u64) -> std::result::Result<Self, String> {
+        let event_type = match obj.remove("type") {
+            Some(Value::String(t)) => t,
+            _ => return Err("is not an event object (no string `type`)".into()),
+        };
+        let seq = match obj.remove("seq") {
+            None => position,
+            Some(v) => match v.as_u64() {
+                Some(s) if s > 0 => s,
+                _ => return Err(format!("has sequence {v}, which is not a positive integer")),
+            },
+        };
+        let timestamp = match obj.remove("timestamp") {
+            Some(v) => v
+                .as_i64()
+                .and_then(|t| Timestamp::from_millis(t).ok())
+                .or_else(|| v.as_f64().and_then(|f| Timestamp::from_f64(f.trunc()).ok()))
+                .unwrap_or(Timestamp::EPOCH),
+            None => Timestamp::EPOCH,
+        };
+        let generation = match obj.remove("generation") {
+            None | Some(Value::Null) => None,
+            Some(v) => v.as_u64().and_then(|g| Fence::new(g).ok()),
+        };
+        Ok(Self {
+            seq,
+            timestamp,
+            event_type,
+            generation,
+            payload: obj,
+        })
+    }
+}
+
+/// How strictly a read judges the log.
+#[derive(Clone, Copy, PartialEq, Eq, Debug, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Integrity {
+    /// Skip damaged records and report them in [`EventBatch::skipped`] (default).
+    #[default]
+    Tolerant,
+    /// Refuse ([`Error::Corrupted`]) on any damaged record, torn tail, or
+    /// sequence that is not exactly 1, 2, 3, …; the whole log is checked.
+    Strict,
+}
+
+/// Options of an event read.
+#[derive(Clone, Copy, PartialEq, Eq, Debug, Default)]
+pub struct ReadEventsOptions {
+    /// Return only events with `seq > since_seq` (exclusive).
+    pub since_seq: u64,
+    /// Integrity mode.
+    pub integrity: Integrity,
+    /// At most this many events (all when `None`).
+    pub limit: Option<usize>,
+}
+
+/// A record a tolerant read skipped.
+#[derive(Clone, PartialEq, Eq, Debug, Serialize, Deserialize)]
+pub struct SkippedRecord {
+    /// 1-based line position.
+    pub position: u64,
+    /// Why.
+    pub reason: String,
+}
+
+/// The answer of an event read.
+#[derive(Clone, PartialEq, Debug, Default)]
+pub struct EventBatch {
+    /// Events in log order with `seq > since_seq`.
+    pub events: Vec<PersistedEvent>,
+    /// Damaged records skipped (tolerant mode); empty in a clean log.
+    pub skipped: Vec<SkippedRecord>,
+    /// The log's last `seq` (0 when empty).
+    pub last_seq: u64,
+}
+
+/// The run's message history as last published.
+#[derive(Clone, PartialEq, Debug)]
+pub enum MessageSnapshot {
+    /// Published together with the event-log head it was published after.
+    Available {
+        /// Log head at publish time.
+        through_event_seq: u64,
+        /// Messages.
+        messages: Vec<Value>,
+    },
+    /// A pre-boundary snapshot (a bare array): no boundary is invented.
+    LegacyUnverified {
+        /// Messages.
+        messages: Vec<Value>,
+    },
+    /// Never written.
+    Unavailable,
+}
+
+impl MessageSnapshot {
+    /// Stable kind name: `available`, `legacy-unverified`, `unavailable`.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            MessageSnapshot::Available { .. } => "available",
+            MessageSnapshot::LegacyUnverified { .. } => "legacy-unverified",
+            MessageSnapshot::Unavailable => "unavailable",
+        }
+    }
+}
+
+/// A completed tool call recorded in the transcript.
+#[derive(Clone, PartialEq, Eq, Debug, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct CompletedTool {
+    /// Tool use id.
+    pub tool_use_id: String,
+    /// Tool name.
+    pub tool_name: String,
+    /// Result text ("" when not a string).
+    pub result: String,
+    /// Whether the tool reported an error.
+    pub is_error: bool,
+}
+
+/// The completed-tool ledger. `complete` is false when the log had damaged
+/// records: an entry present means "answered", but an absent one is then not
+/// proof of "not answered".
+#[derive(Clone, PartialEq, Eq, Debug, Default)]
+pub struct CompletedTools {
+    /// By tool use id; the last completion wins.
+    pub tools: BTreeMap<String, CompletedTool>,
+    /// True when every record of the log was readable.
+    pub complete: bool,
+}
+
+/// The ledger rule over a log read: each `tool_completed` event with string
+/// `toolUseId` and `toolName` records `{result (string or ""), isError}`;
+/// the last one for an id wins.
+pub fn completed_tools(batch: &EventBatch) -> CompletedTools {
+    let mut tools = BTreeMap::new();
+    for e in &batch.events {
+        if e.event_type != "tool_completed" {
+            continue;
+        }
+        let (Some(id), Some(name)) = (
+            e.payload.get("toolUseId").and_then(Value::as_str),
+            e.payload.get("toolName").and_then(Value::as_str),
+        ) else {
+            continue;
+        };
+        tools.insert(
+            id.to_string(),
+            CompletedTool {
+                tool_use_id: id.to_string(),
+                tool_name: name.to_string(),
+                result: e.payload.get("result").and_then(Value::as_str).unwrap_or("").to_string(),
+                is_error: e.payload.get("isError") == Some(&Value::Bool(true)),
+            },
+        );
+    }
+    CompletedTools {
+        tools,
+        complete: batch.skipped.is_empty(),
+    }
+}
+
+/// The strict-mode sequence rule: `seqs` (in log order) must be exactly
+/// 1, 2, 3, …  Returns `(position, found, expected)` of the first violation.
+pub fn first_sequence_violation(seqs: impl IntoIterator<Item = (u64, u64)>) -> Option<(u64, u64, u64)> {
+    let mut expected = 1;
+    for (position, seq) in seqs {
+        if seq != expected {
+            return Some((position, seq, expected));
+        }
+        expected += 1;
+    }
+    None
+}
+
+/// An audit event to append. `who`, `what` and `outcome` are required; the
+/// store assigns `seq` (its own sequence, separate from events), `timestamp`
+/// and `id`.
+#[derive(Clone, PartialEq, Debug)]
+pub struct NewAuditEvent {
+    /// Who acted.
+    pub who: String,
+    /// What was done.
+    pub what: String,
+    /// How it ended.
+    pub outcome: String,
+    /// Any other fields (cost, reason, trace ids…).
+    pub extra: Map<String, Value>,
+}
+
+impl NewAuditEvent {
+    /// An audit event.
+    pub fn new(who: impl Into<String>, what: impl Into<String>, outcome: impl Into<String>) -> Self {
+        Self {
+            who: who.into(),
+            what: what.into(),
+            outcome: outcome.into(),
+            extra: Map::new(),
+        }
+    }
+
+    /// Checks required fields, reserved keys and size.
+    pub fn validate(&self) -> Result<()> {
+        for (name, v) in [("who", &self.who), ("what", &self.what), ("outcome", &self.outcome)] {
+            if v.is_empty() {
+                return Err(Error::invalid(format!("audit event `{name}` is empty")));
+            }
+        }
+        for key in ["id", "runId", "seq", "timestamp", "who", "what", "outcome", "generation"] {
+            if self.extra.contains_key(key) {
+                return Err(Error::invalid(format!(
+                    "audit event extra fields use the reserved key {key:?}"
+                )));
+            }
+        }
+        let size = serde_json::to_vec(&self.extra).map(|v| v.len()).unwrap_or(usize::MAX);
+        if size > MAX_EVENT_BYTES {
+            return Err(Error::invalid(format!(
+                "audit event is {size} bytes; the limit is {MAX_EVENT_BYTES}"
+            )));
+        }
+        Ok(())
+    }
+}
+
+/// An audit event as recorded.
+#[derive(Clone, PartialEq, Debug, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct AuditRecord {
+    /// `aud_…` id.
+    pub id: String,
+    /// The run.
+    pub run_id: String,
+    /// 1-based position in the audit trail.
+    pub seq: u64,
+    /// When recorded.
+    pub timestamp: Timestamp,
+    /// Who.
+    pub who: String,
+    /// What.
+    pub what: String,
+    /// Outcome.
+    pub outcome: String,
+    /// Fence appended under.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub generation: Option<Fence>,
+    /// Other fields.
+    #[serde(flatten)]
+    pub extra: Map<String, Value>,
+}
+
+/// Run record (the host's projection of its run: status, usage, timings…).
+pub type RunRecord = Map<String, Value>;
+
+/// Largest run record, report or message snapshot accepted (64 MiB).
+pub const MAX_DOCUMENT_BYTES: usize = 64 * 1024 * 1024;
+
+/// Checks a document's size.
+pub fn check_document_size(what: &str, bytes: usize) -> Result<()> {
+    if bytes > MAX_DOCUMENT_BYTES {
+        return Err(Error::invalid(format!(
+            "{what} is {bytes} bytes; the limit is {MAX_DOCUMENT_BYTES}"
+        )));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn legacy_lines_take_their_position_and_undated_lines_read_zero() {
+        let e = PersistedEvent::from_json(json!({"type": "x"}).as_object().unwrap().clone(), 3).unwrap();
+        assert_eq!(e.seq, 3);
+        assert_eq!(e.timestamp, Timestamp::EPOCH);
+        assert!(PersistedEvent::from_json(json!({"seq": 1}).as_object().unwrap().clone(), 1).is_err());
+        assert!(PersistedEvent::from_json(json!({"type": "x", "seq": -1}).as_object().unwrap().clone(), 1).is_err());
+    }
+
+    #[test]
+    fn sequence_rule() {
+        assert_eq!(first_sequence_violation([(1, 1), (2, 2)]), None);
+        assert_eq!(first_sequence_violation([(1, 1), (2, 3)]), Some((2, 3, 2)));
+        assert_eq!(first_sequence_violation([(1, 2)]), Some((1, 2, 1)));
+    }
+
+    #[test]
+    fn ledger_last_completion_wins_and_damage_marks_it_incomplete() {
+        let ev = |seq, result: &str| PersistedEvent {
+            seq,
+            timestamp: Timestamp::EPOCH,
+            event_type: "tool_completed".into(),
+            generation: None,
+            payload: json!({"toolUseId": "t1", "toolName": "bash", "result": result}).as_object().unwrap().clone(),
+        };
+        let mut batch = EventBatch { events: vec![ev(1, "a"), ev(2, "b")], skipped: vec![], last_seq: 2 };
+        let t = completed_tools(&batch);
+        assert_eq!(t.tools["t1"].result, "b");
+        assert!(t.complete);
+        batch.skipped.push(SkippedRecord { position: 3, reason: "bad".into() });
+        assert!(!completed_tools(&batch).complete);
+    }
+
+    #[test]
+    fn events_refuse_reserved_keys_and_huge_payloads() {
+        let mut p = Map::new();
+        p.insert("seq".into(), json!(3));
+        assert!(NewEvent::new("x", p).validate().is_err());
+        let mut p = Map::new();
+        p.insert("blob".into(), json!("x".repeat(MAX_EVENT_BYTES + 1)));
+        assert!(NewEvent::new("x", p).validate().unwrap_err().to_string().contains("limit"));
+        assert!(NewEvent::new("", Map::new()).validate().is_err());
+    }
+}

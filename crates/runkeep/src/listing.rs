@@ -1,0 +1,553 @@
+//! The listing of runs with durable state: rows, the per-run digest every
+//! backend keeps, filters, the stable orders, the cursor and paging.
+//!
+//! # Orders
+//!
+//! Only keys that cannot move are sort keys, so a run that checkpoints again
+//! between pages is neither lost nor repeated:
+//!
+//! - [`ListOrder::RunId`]: `(0, 0, run_id, parent)`.
+//! - [`ListOrder::CreatedAt`]: unrecorded `run_created_at` ⇒ `(0, 0, run_id,
+//!   parent)`; recorded ⇒ `(1, run_created_at, run_id, parent)`. Unrecorded
+//!   runs come first; a recorded `0` sorts after all of them.
+//!
+//! The parent is part of the key, so the same run id under two parents pages
+//! correctly.
+//!
+//! # Cursor
+//!
+//! Opaque and versioned: it encodes the last row's key together with the
+//! order, the filters and the scope it was issued for, plus a checksum. A
+//! cursor from another order, filter or scope, or one that was edited, is
+//! refused with [`Error::InvalidInput`].
+
+use base64::Engine as _;
+use serde::{Deserialize, Serialize};
+
+use crate::checkpoint::{CheckpointHeader, OrderKey};
+use crate::error::{Error, Result};
+use crate::id::{CheckpointId, RunId};
+use crate::lease::{LeaseSummary, TopHolding};
+use crate::park::{park_precedence, ParkState, ParkSummary};
+use crate::scope::{ListingScope, RunScope};
+use crate::time::Timestamp;
+
+/// Default page size.
+pub const DEFAULT_LIMIT: usize = 100;
+/// Largest page size; larger requests are clamped.
+pub const MAX_LIMIT: usize = 1000;
+
+/// Listing order.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Debug, Default, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub enum ListOrder {
+    /// By run id (the default).
+    #[default]
+    RunId,
+    /// By run start instant, unrecorded first.
+    CreatedAt,
+}
+
+impl ListOrder {
+    fn code(self) -> &'static str {
+        match self {
+            ListOrder::RunId => "runId",
+            ListOrder::CreatedAt => "createdAt",
+        }
+    }
+}
+
+impl std::str::FromStr for ListOrder {
+    type Err = Error;
+    fn from_str(s: &str) -> Result<Self> {
+        match s {
+            "runId" | "run-id" | "run_id" => Ok(ListOrder::RunId),
+            "createdAt" | "created-at" | "created_at" => Ok(ListOrder::CreatedAt),
+            other => Err(Error::invalid(format!(
+                "order {other:?} is not one of run-id, created-at"
+            ))),
+        }
+    }
+}
+
+/// Options of a listing call.
+#[derive(Clone, Debug, Default)]
+pub struct ListOptions {
+    /// Order.
+    pub order: ListOrder,
+    /// Keep only rows whose park is in this set. `None` ⇒ no filter. An empty
+    /// set is refused (it would be ambiguous: "nothing" or "no filter").
+    pub park: Option<Vec<ParkState>>,
+    /// `Some(true)`: only runs held live; `Some(false)`: only runs nobody holds
+    /// live (never claimed, released, expired or unreadable holding).
+    pub claimed: Option<bool>,
+    /// Page size; default [`DEFAULT_LIMIT`], `0` reads as 1, clamped to [`MAX_LIMIT`].
+    pub limit: Option<usize>,
+    /// Continue after this cursor.
+    pub cursor: Option<String>,
+    /// The instant expiry is judged at; the wall clock when `None`.
+    pub now: Option<Timestamp>,
+}
+
+/// One run with durable state. A row is addressable: its `scope` can be
+/// passed to every per-run operation.
+#[derive(Clone, PartialEq, Eq, Debug, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct RunRow {
+    /// The run's address.
+    #[serde(flatten)]
+    pub scope: RunScope,
+    /// Run start (minimum over its checkpoints); absent when never recorded.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub run_created_at: Option<Timestamp>,
+    /// Number of checkpoints.
+    pub checkpoint_count: u64,
+    /// Latest checkpoint under the total order; absent only on a damaged row.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub latest_checkpoint_id: Option<CheckpointId>,
+    /// Its `created_at`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub latest_checkpoint_at: Option<Timestamp>,
+    /// The park by precedence; absent when never parked.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub park: Option<ParkSummary>,
+    /// The top holding; absent when never claimed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub claim: Option<LeaseSummary>,
+    /// Set when the run's records could not be read: the error, so the row is
+    /// flagged instead of failing the page or vanishing.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub damaged: Option<String>,
+}
+
+impl RunRow {
+    /// A flagged row for a run whose records could not be read.
+    pub fn damaged(scope: RunScope, error: &Error, claim: Option<LeaseSummary>) -> Self {
+        Self {
+            scope,
+            run_created_at: None,
+            checkpoint_count: 0,
+            latest_checkpoint_id: None,
+            latest_checkpoint_at: None,
+            park: None,
+            claim,
+            damaged: Some(error.to_string()),
+        }
+    }
+
+    /// The sort key of this row in `order`.
+    pub fn key(&self, order: ListOrder) -> RowKey {
+        RowKey::new(order, &self.scope.run_id, self.scope.parent_run_id.as_ref(), self.run_created_at)
+    }
+
+    /// True when nobody holds the run live at the page's instant.
+    pub fn is_unheld(&self) -> bool {
+        self.claim.as_ref().is_none_or(|c| c.expired)
+    }
+}
+
+/// A page of rows. `cursor` is present iff the page is non-empty and more
+/// rows remain after it.
+#[derive(Clone, PartialEq, Eq, Debug, Default, Serialize, Deserialize)]
+pub struct RunPage {
+    /// Rows.
+    pub entries: Vec<RunRow>,
+    /// Continue here.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cursor: Option<String>,
+}
+
+/// The sort key of a row.
+#[derive(Clone, PartialEq, Eq, PartialOrd, Ord, Debug, Serialize, Deserialize)]
+pub struct RowKey {
+    /// 0 = unrecorded (or run-id order), 1 = recorded.
+    pub rank: u8,
+    /// `run_created_at` when ranked 1.
+    pub stamp: i64,
+    /// Run id.
+    pub run_id: String,
+    /// Parent id, empty for a top-level run.
+    pub parent: String,
+}
+
+impl RowKey {
+    /// The key of a run in `order`.
+    pub fn new(order: ListOrder, run: &RunId, parent: Option<&RunId>, created: Option<Timestamp>) -> Self {
+        let (rank, stamp) = match (order, created) {
+            (ListOrder::CreatedAt, Some(t)) => (1, t.as_millis()),
+            _ => (0, 0),
+        };
+        Self {
+            rank,
+            stamp,
+            run_id: run.to_string(),
+            parent: parent.map(|p| p.to_string()).unwrap_or_default(),
+        }
+    }
+}
+
+/// Per-run summary every backend keeps up to date with each write, so a
+/// listing never parses a run's checkpoints.
+#[derive(Clone, PartialEq, Eq, Debug, Default, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct RunDigest {
+    /// Minimum `run_created_at` over the run's checkpoints.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub run_created_at: Option<Timestamp>,
+    /// Number of checkpoints.
+    pub checkpoint_count: u64,
+    /// The latest checkpoint's header (total order).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub latest: Option<CheckpointHeader>,
+    /// The header of every checkpoint carrying a park.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub parks: Vec<CheckpointHeader>,
+}
+
+impl RunDigest {
+    /// Built from every checkpoint header of a run.
+    pub fn from_headers<'a>(headers: impl IntoIterator<Item = &'a CheckpointHeader>) -> Self {
+        let mut d = RunDigest::default();
+        for h in headers {
+            d.add(h.clone());
+        }
+        d
+    }
+
+    fn add(&mut self, h: CheckpointHeader) {
+        self.checkpoint_count += 1;
+        self.merge(h);
+    }
+
+    fn merge(&mut self, h: CheckpointHeader) {
+        if let Some(r) = h.run_created_at {
+            self.run_created_at = Some(self.run_created_at.map_or(r, |m| m.min(r)));
+        }
+        self.parks.retain(|p| p.id != h.id);
+        if h.park.is_some() {
+            self.parks.push(h.clone());
+        }
+        if self.latest.as_ref().is_none_or(|l| h.order_key() >= l.order_key()) {
+            self.latest = Some(h);
+        }
+    }
+
+    /// Applies a write of `h`. `replaced` says whether a checkpoint with the
+    /// same id existed. Returns false when the digest cannot be updated
+    /// incrementally (the replaced checkpoint was the latest and the new one
+    /// sorts lower): the caller rebuilds it from all headers.
+    #[must_use]
+    pub fn apply_write(&mut self, h: CheckpointHeader, replaced: bool) -> bool {
+        if replaced {
+            if let Some(l) = &self.latest {
+                if l.id == h.id && h.order_key() < l.order_key() {
+                    return false;
+                }
+            }
+            self.merge(h);
+        } else {
+            self.add(h);
+        }
+        true
+    }
+
+    /// The latest checkpoint's order key.
+    pub fn latest_key(&self) -> Option<OrderKey> {
+        self.latest.as_ref().map(CheckpointHeader::order_key)
+    }
+
+    /// The listing row, judged at `now`; `None` for a run with no checkpoints.
+    pub fn row(&self, scope: RunScope, top: Option<&TopHolding>, now: Timestamp) -> Option<RunRow> {
+        let latest = self.latest.as_ref()?;
+        if self.checkpoint_count == 0 {
+            return None;
+        }
+        Some(RunRow {
+            scope,
+            run_created_at: self.run_created_at,
+            checkpoint_count: self.checkpoint_count,
+            latest_checkpoint_id: Some(latest.id.clone()),
+            latest_checkpoint_at: Some(latest.created_at),
+            park: park_precedence(&self.parks, now),
+            claim: top.map(|t| t.summary(now)),
+            damaged: None,
+        })
+    }
+}
+
+/// A validated listing request: every backend builds one and uses it to
+/// filter, order and page.
+#[derive(Clone, Debug)]
+pub struct ListQuery {
+    /// The scope.
+    pub scope: ListingScope,
+    /// Order.
+    pub order: ListOrder,
+    /// Park filter (never empty).
+    pub park: Option<Vec<ParkState>>,
+    /// Claimed filter.
+    pub claimed: Option<bool>,
+    /// Effective page size.
+    pub limit: usize,
+    /// Start strictly after this key.
+    pub after: Option<RowKey>,
+    /// The page's instant.
+    pub now: Timestamp,
+}
+
+#[derive(Serialize, Deserialize)]
+struct CursorBody {
+    v: u8,
+    o: String,
+    f: String,
+    s: String,
+    k: RowKey,
+    c: String,
+}
+
+const CURSOR_PREFIX: &str = "rk1.";
+
+fn checksum(parts: &[&str]) -> String {
+    // FNV-1a 64 over the parts with separators: detects edits and damage. It
+    // is not a secret; it makes a cursor something only a listing issues.
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for p in parts {
+        for b in p.bytes().chain(std::iter::once(0x1f)) {
+            h ^= u64::from(b);
+            h = h.wrapping_mul(0x0100_0000_01b3);
+        }
+    }
+    format!("{h:016x}")
+}
+
+impl ListQuery {
+    /// Validates options against a scope.
+    pub fn new(scope: &ListingScope, options: &ListOptions) -> Result<Self> {
+        if let Some(p) = &options.park {
+            if p.is_empty() {
+                return Err(Error::invalid(
+                    "park filter is an empty set; pass no park filter to list every run, or name at least one of outstanding, expired, resolved",
+                ));
+            }
+        }
+        let mut park = options.park.clone();
+        if let Some(p) = park.as_mut() {
+            p.sort();
+            p.dedup();
+        }
+        let limit = options.limit.unwrap_or(DEFAULT_LIMIT).clamp(1, MAX_LIMIT);
+        let mut q = Self {
+            scope: scope.clone(),
+            order: options.order,
+            park,
+            claimed: options.claimed,
+            limit,
+            after: None,
+            now: options.now.unwrap_or_else(Timestamp::now),
+        };
+        if let Some(c) = &options.cursor {
+            q.after = Some(q.decode_cursor(c)?);
+        }
+        Ok(q)
+    }
+
+    fn filter_digest(&self) -> String {
+        let park = self
+            .park
+            .as_ref()
+            .map(|p| p.iter().map(|s| s.as_str()).collect::<Vec<_>>().join(","))
+            .unwrap_or_else(|| "*".into());
+        let claimed = match self.claimed {
+            None => "*",
+            Some(true) => "claimed",
+            Some(false) => "unclaimed",
+        };
+        format!("park={park};claimed={claimed}")
+    }
+
+    fn body_checksum(&self, k: &RowKey) -> String {
+        checksum(&[
+            "v1",
+            self.order.code(),
+            &self.filter_digest(),
+            &self.scope.to_string(),
+            &k.rank.to_string(),
+            &k.stamp.to_string(),
+            &k.run_id,
+            &k.parent,
+        ])
+    }
+
+    /// Encodes a cursor positioned at `key`.
+    pub fn encode_cursor(&self, key: &RowKey) -> String {
+        let body = CursorBody {
+            v: 1,
+            o: self.order.code().into(),
+            f: self.filter_digest(),
+            s: self.scope.to_string(),
+            k: key.clone(),
+            c: self.body_checksum(key),
+        };
+        let json = serde_json::to_vec(&body).unwrap_or_default();
+        format!(
+            "{CURSOR_PREFIX}{}",
+            base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(json)
+        )
+    }
+
+    fn decode_cursor(&self, cursor: &str) -> Result<RowKey> {
+        let not_ours = || {
+            Error::invalid(format!(
+                "cursor {cursor:?} is not a cursor this listing issued (order {})",
+                self.order.code()
+            ))
+        };
+        let raw = cursor.strip_prefix(CURSOR_PREFIX).ok_or_else(not_ours)?;
+        let bytes = base64::engine::general_purpose::URL_SAFE_NO_PAD
+            .decode(raw)
+            .map_err(|_| not_ours())?;
+        let body: CursorBody = serde_json::from_slice(&bytes).map_err(|_| not_ours())?;
+        if body.v != 1 {
+            return Err(Error::invalid(format!(
+                "cursor has version {}; this listing issues version 1",
+                body.v
+            )));
+        }
+        if body.c != checksum(&[
+            "v1",
+            &body.o,
+            &body.f,
+            &body.s,
+            &body.k.rank.to_string(),
+            &body.k.stamp.to_string(),
+            &body.k.run_id,
+            &body.k.parent,
+        ]) {
+            return Err(Error::invalid(format!(
+                "cursor {cursor:?} is malformed: its checksum does not match (edited or damaged)"
+            )));
+        }
+        if body.o != self.order.code() {
+            return Err(Error::invalid(format!(
+                "cursor was issued for order {} and cannot continue a listing in order {}",
+                body.o,
+                self.order.code()
+            )));
+        }
+        if body.f != self.filter_digest() {
+            return Err(Error::invalid(format!(
+                "cursor was issued for filters [{}] and cannot continue a listing with filters [{}]",
+                body.f,
+                self.filter_digest()
+            )));
+        }
+        if body.s != self.scope.to_string() {
+            return Err(Error::invalid(format!(
+                "cursor was issued for scope {} and cannot continue a listing of {}",
+                body.s, self.scope
+            )));
+        }
+        Ok(body.k)
+    }
+
+    /// True when a row passes the filters. A damaged row passes every filter:
+    /// its park and claim cannot be established, and hiding it would hide the
+    /// damage.
+    pub fn matches(&self, row: &RunRow) -> bool {
+        if row.damaged.is_some() {
+            return true;
+        }
+        if let Some(states) = &self.park {
+            match &row.park {
+                Some(p) if states.contains(&p.state) => {}
+                _ => return false,
+            }
+        }
+        match self.claimed {
+            None => true,
+            Some(true) => !row.is_unheld(),
+            Some(false) => row.is_unheld(),
+        }
+    }
+
+    /// True when a row with `key` lies after the cursor.
+    pub fn is_after_cursor(&self, key: &RowKey) -> bool {
+        self.after.as_ref().is_none_or(|a| key > a)
+    }
+
+    /// Builds a page from candidate rows in any order: filters, orders,
+    /// slices, and sets the cursor iff rows remain.
+    pub fn paginate(&self, rows: impl IntoIterator<Item = RunRow>) -> RunPage {
+        let mut keyed: Vec<(RowKey, RunRow)> = rows
+            .into_iter()
+            .filter(|r| r.scope.is_within(&self.scope))
+            .map(|r| (r.key(self.order), r))
+            .filter(|(k, r)| self.is_after_cursor(k) && self.matches(r))
+            .collect();
+        keyed.sort_by(|a, b| a.0.cmp(&b.0));
+        self.page_from_sorted(keyed)
+    }
+
+    /// Builds a page from rows already filtered and sorted by key, after the
+    /// cursor. At most `limit + 1` are needed.
+    pub fn page_from_sorted(&self, sorted: Vec<(RowKey, RunRow)>) -> RunPage {
+        let more = sorted.len() > self.limit;
+        let entries: Vec<(RowKey, RunRow)> = sorted.into_iter().take(self.limit).collect();
+        let cursor = if more {
+            entries.last().map(|(k, _)| self.encode_cursor(k))
+        } else {
+            None
+        };
+        RunPage {
+            entries: entries.into_iter().map(|(_, r)| r).collect(),
+            cursor,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn scope() -> ListingScope {
+        ListingScope::tenant("tnt_a".parse().unwrap())
+    }
+
+    #[test]
+    fn cursors_are_bound_to_order_filters_and_scope() {
+        let q = ListQuery::new(&scope(), &ListOptions::default()).unwrap();
+        let key = RowKey::new(ListOrder::RunId, &"run_b".parse().unwrap(), None, None);
+        let c = q.encode_cursor(&key);
+        let ok = ListQuery::new(&scope(), &ListOptions { cursor: Some(c.clone()), ..Default::default() }).unwrap();
+        assert_eq!(ok.after, Some(key));
+        let other_order = ListOptions { cursor: Some(c.clone()), order: ListOrder::CreatedAt, ..Default::default() };
+        assert!(ListQuery::new(&scope(), &other_order).unwrap_err().to_string().contains("order"));
+        let other_filter = ListOptions { cursor: Some(c.clone()), claimed: Some(false), ..Default::default() };
+        assert!(ListQuery::new(&scope(), &other_filter).is_err());
+        let other_scope = ListingScope::tenant("tnt_b".parse().unwrap());
+        assert!(ListQuery::new(&other_scope, &ListOptions { cursor: Some(c), ..Default::default() }).is_err());
+        for forged in ["run_c", "::run_a", "rk1.", "rk1.!!!", "0:0:run_a"] {
+            let err = ListQuery::new(&scope(), &ListOptions { cursor: Some(forged.into()), ..Default::default() }).unwrap_err();
+            assert!(err.to_string().contains("not a cursor this listing issued"), "{forged}: {err}");
+        }
+        // An edited cursor (valid base64 JSON with a changed key) is refused.
+        let forged = CursorBody { v: 1, o: "runId".into(), f: "park=*;claimed=*".into(), s: "tnt_a".into(), k: RowKey { rank: 0, stamp: 0, run_id: "run_z".into(), parent: String::new() }, c: "0000000000000000".into() };
+        let forged = format!("{CURSOR_PREFIX}{}", base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(serde_json::to_vec(&forged).unwrap()));
+        let err = ListQuery::new(&scope(), &ListOptions { cursor: Some(forged), ..Default::default() }).unwrap_err();
+        assert!(err.to_string().contains("malformed"), "{err}");
+    }
+
+    #[test]
+    fn limits_are_clamped_and_empty_park_filter_refused() {
+        assert_eq!(ListQuery::new(&scope(), &ListOptions { limit: Some(0), ..Default::default() }).unwrap().limit, 1);
+        assert_eq!(ListQuery::new(&scope(), &ListOptions { limit: Some(usize::MAX), ..Default::default() }).unwrap().limit, MAX_LIMIT);
+        assert!(ListQuery::new(&scope(), &ListOptions { park: Some(vec![]), ..Default::default() }).is_err());
+    }
+
+    #[test]
+    fn created_at_order_puts_unrecorded_first_and_zero_after_them() {
+        let z = RowKey::new(ListOrder::CreatedAt, &"run_z".parse().unwrap(), None, None);
+        let a = RowKey::new(ListOrder::CreatedAt, &"run_a".parse().unwrap(), None, Some(Timestamp::EPOCH));
+        assert!(z < a);
+    }
+}

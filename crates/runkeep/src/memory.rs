@@ -1,0 +1,390 @@
+//! `MemoryStore`: the whole contract in one process, the reference model every
+//! other backend is compared with.
+//!
+//! Values are copied in and out: nothing a caller holds can reach into the
+//! store, and nothing the store returns aliases its state. Fences never rewind:
+//! a release leaves a tombstone at `fence + 1`, exactly as on disk. It can hold
+//! any number of tenants. It keeps nothing across processes.
+
+use std::collections::BTreeMap;
+use std::sync::{Mutex, MutexGuard};
+
+use async_trait::async_trait;
+use serde_json::Value;
+
+use crate::checkpoint::{sort_checkpoints, Checkpoint};
+use crate::error::{Error, Result};
+use crate::evidence::{
+    check_document_size, first_sequence_violation, AuditRecord, EventBatch, Integrity,
+    MessageSnapshot, NewAuditEvent, NewEvent, PersistedEvent, ReadEventsOptions, RunRecord,
+};
+use crate::id::{random_suffix, CheckpointId};
+use crate::lease::{
+    check_write_fence, decide_claim, decide_release, stamp_fence, ClaimDecision, ClaimOptions,
+    ClaimOutcome, Fence, Lease, LeaseSummary, TopHolding,
+};
+use crate::listing::{ListOptions, ListQuery, RunDigest, RunPage, RunRow};
+use crate::park::{self, ParkResolution};
+use crate::scope::{ListingScope, RunScope};
+use crate::store::{CheckpointStore, ClaimNextFilter, EvidenceStore};
+use crate::time::Timestamp;
+
+#[derive(Debug, Default)]
+struct RunState {
+    checkpoints: BTreeMap<CheckpointId, Checkpoint>,
+    top: Option<TopHolding>,
+    events: Vec<PersistedEvent>,
+    audit: Vec<AuditRecord>,
+    record: Option<RunRecord>,
+    messages: Option<MessageSnapshot>,
+    report: Option<String>,
+}
+
+impl RunState {
+    fn check(&self, scope: &RunScope, operation: &'static str, fence: Option<Fence>) -> Result<()> {
+        match fence {
+            Some(f) => check_write_fence(&scope.run_id, operation, f, self.top.as_ref()),
+            None => Ok(()),
+        }
+    }
+
+    fn row(&self, scope: &RunScope, now: Timestamp) -> Option<RunRow> {
+        let headers: Vec<_> = self.checkpoints.values().map(Checkpoint::header).collect();
+        RunDigest::from_headers(&headers).row(scope.clone(), self.top.as_ref(), now)
+    }
+
+    fn claim(&mut self, scope: &RunScope, options: &ClaimOptions, now: Timestamp) -> Result<ClaimOutcome> {
+        match decide_claim(&scope.run_id, self.top.as_ref(), &options.holder, now)? {
+            ClaimDecision::Held(s) => Ok(ClaimOutcome::Held(s)),
+            ClaimDecision::Take(fence) => {
+                let lease = Lease {
+                    holder: options.holder.clone(),
+                    fence,
+                    expires_at: now.plus(options.ttl),
+                };
+                self.top = Some(TopHolding::Lease {
+                    fence,
+                    holder: lease.holder.clone(),
+                    expires_at: lease.expires_at,
+                });
+                Ok(ClaimOutcome::Acquired(lease))
+            }
+        }
+    }
+}
+
+/// The in-memory reference store.
+#[derive(Debug, Default)]
+pub struct MemoryStore {
+    runs: Mutex<BTreeMap<RunScope, RunState>>,
+}
+
+impl MemoryStore {
+    /// An empty store.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    fn lock(&self) -> MutexGuard<'_, BTreeMap<RunScope, RunState>> {
+        // A panic while holding the lock cannot leave a half-applied change:
+        // every mutation validates first and then assigns.
+        self.runs.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+#[async_trait]
+impl CheckpointStore for MemoryStore {
+    async fn write_checkpoint(
+        &self,
+        scope: &RunScope,
+        checkpoint: &Checkpoint,
+        fence: Option<Fence>,
+    ) -> Result<Checkpoint> {
+        checkpoint.validate_for_write(scope)?;
+        let mut runs = self.lock();
+        let run = runs.entry(scope.clone()).or_default();
+        run.check(scope, "write_checkpoint", fence)?;
+        let mut stored = checkpoint.clone();
+        stored.fence = stamp_fence(fence, run.top.as_ref());
+        run.checkpoints.insert(stored.id.clone(), stored.clone());
+        Ok(stored)
+    }
+
+    async fn read_checkpoint(&self, scope: &RunScope, id: &CheckpointId) -> Result<Option<Checkpoint>> {
+        Ok(self.lock().get(scope).and_then(|r| r.checkpoints.get(id).cloned()))
+    }
+
+    async fn list_checkpoints(&self, scope: &RunScope) -> Result<Vec<Checkpoint>> {
+        let mut cps: Vec<Checkpoint> = self
+            .lock()
+            .get(scope)
+            .map(|r| r.checkpoints.values().cloned().collect())
+            .unwrap_or_default();
+        sort_checkpoints(&mut cps);
+        Ok(cps)
+    }
+
+    async fn delete_checkpoint(&self, scope: &RunScope, id: &CheckpointId, fence: Option<Fence>) -> Result<bool> {
+        let mut runs = self.lock();
+        let Some(run) = runs.get_mut(scope) else {
+            if let Some(f) = fence {
+                check_write_fence(&scope.run_id, "delete_checkpoint", f, None)?;
+            }
+            return Ok(false);
+        };
+        run.check(scope, "delete_checkpoint", fence)?;
+        Ok(run.checkpoints.remove(id).is_some())
+    }
+
+    async fn resolve_park(
+        &self,
+        scope: &RunScope,
+        id: &CheckpointId,
+        resolution: ParkResolution,
+        now: Timestamp,
+        fence: Option<Fence>,
+    ) -> Result<Checkpoint> {
+        let mut runs = self.lock();
+        let run = runs.get_mut(scope);
+        let Some(run) = run else {
+            return Err(Error::NotFound {
+                what: format!("checkpoint {id} of run {}", scope.run_id),
+            });
+        };
+        run.check(scope, "resolve_park", fence)?;
+        let Some(current) = run.checkpoints.get(id) else {
+            return Err(Error::NotFound {
+                what: format!("checkpoint {id} of run {}", scope.run_id),
+            });
+        };
+        let mut updated = current.clone();
+        park::resolve(&mut updated, resolution, now)?;
+        updated.fence = stamp_fence(fence, run.top.as_ref()).or(current.fence);
+        run.checkpoints.insert(id.clone(), updated.clone());
+        Ok(updated)
+    }
+
+    async fn prune_checkpoints(&self, scope: &RunScope, keep_last: usize, fence: Option<Fence>) -> Result<Vec<CheckpointId>> {
+        let mut runs = self.lock();
+        let Some(run) = runs.get_mut(scope) else {
+            return Ok(Vec::new());
+        };
+        run.check(scope, "prune_checkpoints", fence)?;
+        let cps: Vec<Checkpoint> = run.checkpoints.values().cloned().collect();
+        let victims = park::prune_victims(&cps, keep_last);
+        for v in &victims {
+            run.checkpoints.remove(v);
+        }
+        Ok(victims)
+    }
+
+    async fn list_runs(&self, scope: &ListingScope, options: &ListOptions) -> Result<RunPage> {
+        let query = ListQuery::new(scope, options)?;
+        let runs = self.lock();
+        let rows: Vec<RunRow> = runs
+            .iter()
+            .filter(|(s, _)| s.is_within(scope))
+            .filter_map(|(s, r)| r.row(s, query.now))
+            .collect();
+        Ok(query.paginate(rows))
+    }
+
+    async fn claim(&self, scope: &RunScope, options: &ClaimOptions) -> Result<ClaimOutcome> {
+        let now = options.now();
+        let mut runs = self.lock();
+        runs.entry(scope.clone()).or_default().claim(scope, options, now)
+    }
+
+    async fn release(&self, scope: &RunScope, fence: Fence) -> Result<bool> {
+        let mut runs = self.lock();
+        let Some(run) = runs.get_mut(scope) else {
+            return Ok(false);
+        };
+        match decide_release(&scope.run_id, run.top.as_ref(), fence)? {
+            Some(tomb) => {
+                run.top = Some(TopHolding::Released { fence: tomb });
+                Ok(true)
+            }
+            None => Ok(false),
+        }
+    }
+
+    async fn lease(&self, scope: &RunScope, now: Timestamp) -> Result<Option<LeaseSummary>> {
+        Ok(self
+            .lock()
+            .get(scope)
+            .and_then(|r| r.top.as_ref().map(|t| t.summary(now))))
+    }
+
+    async fn claim_next(
+        &self,
+        scope: &ListingScope,
+        filter: &ClaimNextFilter,
+        options: &ClaimOptions,
+    ) -> Result<Option<(RunScope, Lease)>> {
+        let now = options.now();
+        let query = ListQuery::new(
+            scope,
+            &ListOptions {
+                order: filter.order,
+                park: filter.park.clone(),
+                claimed: Some(false),
+                limit: Some(1),
+                cursor: None,
+                now: Some(now),
+            },
+        )?;
+        let mut runs = self.lock();
+        let mut candidates: Vec<_> = runs
+            .iter()
+            .filter(|(s, _)| s.is_within(scope))
+            .filter_map(|(s, r)| r.row(s, now))
+            .filter(|row| query.matches(row) && row.damaged.is_none())
+            .map(|row| (row.key(filter.order), row.scope))
+            .collect();
+        candidates.sort();
+        for (_, run_scope) in candidates {
+            let Some(run) = runs.get_mut(&run_scope) else { continue };
+            if let ClaimOutcome::Acquired(lease) = run.claim(&run_scope, options, now)? {
+                return Ok(Some((run_scope, lease)));
+            }
+        }
+        Ok(None)
+    }
+}
+
+#[async_trait]
+impl EvidenceStore for MemoryStore {
+    async fn append_events(&self, scope: &RunScope, events: &[NewEvent], fence: Option<Fence>) -> Result<Vec<PersistedEvent>> {
+        for e in events {
+            e.validate()?;
+        }
+        let mut runs = self.lock();
+        let run = runs.entry(scope.clone()).or_default();
+        run.check(scope, "append_events", fence)?;
+        let now = Timestamp::now();
+        let mut out = Vec::with_capacity(events.len());
+        for e in events {
+            let persisted = PersistedEvent {
+                seq: run.events.len() as u64 + 1,
+                timestamp: now,
+                event_type: e.event_type.clone(),
+                generation: fence,
+                payload: e.payload.clone(),
+            };
+            run.events.push(persisted.clone());
+            out.push(persisted);
+        }
+        Ok(out)
+    }
+
+    async fn read_events(&self, scope: &RunScope, options: &ReadEventsOptions) -> Result<EventBatch> {
+        let runs = self.lock();
+        let Some(run) = runs.get(scope) else {
+            return Ok(EventBatch::default());
+        };
+        if options.integrity == Integrity::Strict {
+            if let Some((pos, found, expected)) =
+                first_sequence_violation(run.events.iter().enumerate().map(|(i, e)| (i as u64 + 1, e.seq)))
+            {
+                return Err(Error::corrupted(format!(
+                    "transcript of run {}: record {pos} has sequence {found}, expected {expected}",
+                    scope.run_id
+                )));
+            }
+        }
+        let events: Vec<PersistedEvent> = run
+            .events
+            .iter()
+            .filter(|e| e.seq > options.since_seq)
+            .take(options.limit.unwrap_or(usize::MAX))
+            .cloned()
+            .collect();
+        Ok(EventBatch {
+            events,
+            skipped: Vec::new(),
+            last_seq: run.events.last().map_or(0, |e| e.seq),
+        })
+    }
+
+    async fn write_run_record(&self, scope: &RunScope, record: &RunRecord, fence: Option<Fence>) -> Result<()> {
+        check_document_size("run record", serde_json::to_vec(record).map_or(usize::MAX, |v| v.len()))?;
+        let mut runs = self.lock();
+        let run = runs.entry(scope.clone()).or_default();
+        run.check(scope, "write_run_record", fence)?;
+        run.record = Some(record.clone());
+        Ok(())
+    }
+
+    async fn read_run_record(&self, scope: &RunScope) -> Result<Option<RunRecord>> {
+        Ok(self.lock().get(scope).and_then(|r| r.record.clone()))
+    }
+
+    async fn write_messages(&self, scope: &RunScope, messages: &[Value], through_event_seq: u64, fence: Option<Fence>) -> Result<()> {
+        check_document_size("message snapshot", serde_json::to_vec(messages).map_or(usize::MAX, |v| v.len()))?;
+        let mut runs = self.lock();
+        let run = runs.entry(scope.clone()).or_default();
+        run.check(scope, "write_messages", fence)?;
+        run.messages = Some(MessageSnapshot::Available {
+            through_event_seq,
+            messages: messages.to_vec(),
+        });
+        Ok(())
+    }
+
+    async fn read_messages(&self, scope: &RunScope) -> Result<MessageSnapshot> {
+        Ok(self
+            .lock()
+            .get(scope)
+            .and_then(|r| r.messages.clone())
+            .unwrap_or(MessageSnapshot::Unavailable))
+    }
+
+    async fn write_report(&self, scope: &RunScope, report: &str, fence: Option<Fence>) -> Result<()> {
+        check_document_size("report", report.len())?;
+        let mut runs = self.lock();
+        let run = runs.entry(scope.clone()).or_default();
+        run.check(scope, "write_report", fence)?;
+        run.report = Some(report.to_string());
+        Ok(())
+    }
+
+    async fn read_report(&self, scope: &RunScope) -> Result<Option<String>> {
+        Ok(self.lock().get(scope).and_then(|r| r.report.clone()))
+    }
+
+    async fn append_audit(&self, scope: &RunScope, events: &[NewAuditEvent], fence: Option<Fence>) -> Result<Vec<AuditRecord>> {
+        for e in events {
+            e.validate()?;
+        }
+        let mut runs = self.lock();
+        let run = runs.entry(scope.clone()).or_default();
+        run.check(scope, "append_audit", fence)?;
+        let now = Timestamp::now();
+        let mut out = Vec::new();
+        for e in events {
+            let rec = AuditRecord {
+                id: format!("aud_{}", random_suffix(12)),
+                run_id: scope.run_id.to_string(),
+                seq: run.audit.len() as u64 + 1,
+                timestamp: now,
+                who: e.who.clone(),
+                what: e.what.clone(),
+                outcome: e.outcome.clone(),
+                generation: fence,
+                extra: e.extra.clone(),
+            };
+            run.audit.push(rec.clone());
+            out.push(rec);
+        }
+        Ok(out)
+    }
+
+    async fn read_audit(&self, scope: &RunScope, since_seq: u64) -> Result<Vec<AuditRecord>> {
+        Ok(self
+            .lock()
+            .get(scope)
+            .map(|r| r.audit.iter().filter(|a| a.seq > since_seq).cloned().collect())
+            .unwrap_or_default())
+    }
+}

@@ -1,0 +1,209 @@
+//! Instants and durations as the store understands them.
+//!
+//! Instants are absolute epoch milliseconds ([`Timestamp`]): a lease expiry must
+//! survive the process that set it, so a monotonic clock cannot be used (it is
+//! not comparable across processes or hosts). Callers may inject the clock
+//! (`now`) so one operation judges every expiry against one instant; an
+//! injected clock is validated like any other input.
+
+use std::fmt;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use serde::{Deserialize, Serialize};
+
+use crate::error::{Error, Result};
+
+/// The latest instant accepted: 9999-12-31T23:59:59.999Z.
+pub const MAX_TIMESTAMP_MS: i64 = 253_402_300_799_999;
+
+/// An absolute instant in epoch milliseconds, `0..=MAX_TIMESTAMP_MS`.
+#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
+#[serde(transparent)]
+pub struct Timestamp(i64);
+
+impl Timestamp {
+    /// The epoch (0 ms). Used on disk as "no deadline could be established".
+    pub const EPOCH: Timestamp = Timestamp(0);
+
+    /// Validates an instant.
+    pub fn from_millis(ms: i64) -> Result<Self> {
+        if !(0..=MAX_TIMESTAMP_MS).contains(&ms) {
+            return Err(Error::invalid(format!(
+                "instant {ms} ms is outside 0..={MAX_TIMESTAMP_MS} (epoch milliseconds)"
+            )));
+        }
+        Ok(Self(ms))
+    }
+
+    /// Validates an instant given as a float (as JSON numbers may be):
+    /// finite, integral and in range.
+    pub fn from_f64(ms: f64) -> Result<Self> {
+        if !ms.is_finite() || ms.fract() != 0.0 {
+            return Err(Error::invalid(format!(
+                "instant {ms} is not a whole, finite number of epoch milliseconds"
+            )));
+        }
+        Self::from_millis(ms as i64)
+    }
+
+    /// The wall clock now.
+    pub fn now() -> Self {
+        let ms = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map(|d| d.as_millis() as i64)
+            .unwrap_or(0);
+        Self(ms.clamp(0, MAX_TIMESTAMP_MS))
+    }
+
+    /// Epoch milliseconds.
+    pub fn as_millis(self) -> i64 {
+        self.0
+    }
+
+    /// `self + ttl`, saturating at the maximum instant.
+    pub fn plus(self, ttl: Ttl) -> Self {
+        Self(self.0.saturating_add(ttl.as_millis() as i64).min(MAX_TIMESTAMP_MS))
+    }
+
+    /// `self + ms` (ms may be negative), clamped to the valid range.
+    pub fn offset(self, ms: i64) -> Self {
+        Self(self.0.saturating_add(ms).clamp(0, MAX_TIMESTAMP_MS))
+    }
+}
+
+impl fmt::Debug for Timestamp {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Timestamp({})", self.0)
+    }
+}
+
+impl fmt::Display for Timestamp {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}", self.0)
+    }
+}
+
+impl<'de> Deserialize<'de> for Timestamp {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
+        let v = f64::deserialize(d)?;
+        Self::from_f64(v).map_err(serde::de::Error::custom)
+    }
+}
+
+/// Longest lease accepted: 366 days.
+pub const MAX_TTL_MS: u64 = 366 * 24 * 60 * 60 * 1000;
+
+/// A lease duration: a positive whole number of milliseconds up to [`MAX_TTL_MS`].
+///
+/// A zero lease is one every worker can take at once, so it is refused.
+#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(try_from = "u64", into = "u64")]
+pub struct Ttl(u64);
+
+impl Ttl {
+    /// Validates a lease duration in milliseconds.
+    pub fn from_millis(ms: u64) -> Result<Self> {
+        if ms == 0 {
+            return Err(Error::invalid(
+                "lease TTL must be a positive number of milliseconds (a zero lease is one every worker can take at once)",
+            ));
+        }
+        if ms > MAX_TTL_MS {
+            return Err(Error::invalid(format!(
+                "lease TTL {ms} ms is longer than the limit of {MAX_TTL_MS} ms (366 days)"
+            )));
+        }
+        Ok(Self(ms))
+    }
+
+    /// Validates a lease duration given as a float (NaN, infinities, negatives
+    /// and fractions are refused).
+    pub fn from_f64_millis(ms: f64) -> Result<Self> {
+        if !ms.is_finite() || ms <= 0.0 {
+            return Err(Error::invalid(format!(
+                "lease TTL {ms} must be a positive number of milliseconds"
+            )));
+        }
+        if ms.fract() != 0.0 {
+            return Err(Error::invalid(format!(
+                "lease TTL {ms} must be a whole number of milliseconds"
+            )));
+        }
+        if ms > MAX_TTL_MS as f64 {
+            return Err(Error::invalid(format!(
+                "lease TTL {ms} ms is longer than the limit of {MAX_TTL_MS} ms (366 days)"
+            )));
+        }
+        Self::from_millis(ms as u64)
+    }
+
+    /// Validates a lease duration.
+    pub fn from_duration(d: Duration) -> Result<Self> {
+        let ms = u64::try_from(d.as_millis()).unwrap_or(u64::MAX);
+        if d.subsec_nanos() % 1_000_000 != 0 && ms == 0 {
+            return Err(Error::invalid(
+                "lease TTL must be at least one millisecond (a zero lease is one every worker can take at once)",
+            ));
+        }
+        Self::from_millis(ms)
+    }
+
+    /// Milliseconds.
+    pub fn as_millis(self) -> u64 {
+        self.0
+    }
+
+    /// As a [`Duration`].
+    pub fn as_duration(self) -> Duration {
+        Duration::from_millis(self.0)
+    }
+}
+
+impl TryFrom<u64> for Ttl {
+    type Error = Error;
+    fn try_from(v: u64) -> Result<Self> {
+        Self::from_millis(v)
+    }
+}
+
+impl From<Ttl> for u64 {
+    fn from(t: Ttl) -> u64 {
+        t.0
+    }
+}
+
+impl fmt::Debug for Ttl {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Ttl({}ms)", self.0)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ttl_refuses_zero_nan_negative_fraction_and_huge() {
+        assert!(Ttl::from_millis(0).is_err());
+        assert!(Ttl::from_f64_millis(f64::NAN).is_err());
+        assert!(Ttl::from_f64_millis(f64::INFINITY).is_err());
+        assert!(Ttl::from_f64_millis(-5.0).is_err());
+        assert!(Ttl::from_f64_millis(1.5).is_err());
+        assert!(Ttl::from_millis(MAX_TTL_MS + 1).is_err());
+        assert!(Ttl::from_duration(Duration::from_micros(10)).is_err());
+        let msg = Ttl::from_millis(0).unwrap_err().to_string();
+        assert!(msg.contains("positive number of milliseconds"), "{msg}");
+        assert_eq!(Ttl::from_f64_millis(1000.0).unwrap().as_millis(), 1000);
+    }
+
+    #[test]
+    fn timestamps_refuse_negative_nan_and_far_future() {
+        assert!(Timestamp::from_millis(-1).is_err());
+        assert!(Timestamp::from_f64(f64::NAN).is_err());
+        assert!(Timestamp::from_f64(1.5).is_err());
+        assert!(Timestamp::from_millis(MAX_TIMESTAMP_MS + 1).is_err());
+        assert!(serde_json::from_str::<Timestamp>("-3").is_err());
+        assert_eq!(serde_json::from_str::<Timestamp>("5000000").unwrap().as_millis(), 5_000_000);
+        assert!(Timestamp::now().as_millis() > 1_700_000_000_000);
+    }
+}
