@@ -277,14 +277,10 @@ pub fn completed_tools(batch: &EventBatch) -> CompletedTools {
 /// The strict-mode sequence rule: `seqs` (in log order) must be exactly
 /// 1, 2, 3, …  Returns `(position, found, expected)` of the first violation.
 pub fn first_sequence_violation(seqs: impl IntoIterator<Item = (u64, u64)>) -> Option<(u64, u64, u64)> {
-    let mut expected = 1;
-    for (position, seq) in seqs {
-        if seq != expected {
-            return Some((position, seq, expected));
-        }
-        expected += 1;
-    }
-    None
+    (1..)
+        .zip(seqs)
+        .find(|(expected, (_, seq))| seq != expected)
+        .map(|(expected, (position, seq))| (position, seq, expected))
 }
 
 /// An audit event to append. `who`, `what` and `outcome` are required; the

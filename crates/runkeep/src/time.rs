@@ -140,7 +140,7 @@ impl Ttl {
     /// Validates a lease duration.
     pub fn from_duration(d: Duration) -> Result<Self> {
         let ms = u64::try_from(d.as_millis()).unwrap_or(u64::MAX);
-        if d.subsec_nanos() % 1_000_000 != 0 && ms == 0 {
+        if ms == 0 && !d.is_zero() {
             return Err(Error::invalid(
                 "lease TTL must be at least one millisecond (a zero lease is one every worker can take at once)",
             ));
