@@ -33,6 +33,7 @@ pub mod park;
 pub mod scope;
 pub mod store;
 pub mod time;
+pub mod worker;
 
 pub use checkpoint::{Checkpoint, CheckpointHeader, OrderKey};
 pub use error::{Error, Result};

@@ -1,0 +1,1 @@
+//! The directory backend (in progress).
