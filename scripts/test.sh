@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# The project's test command: sets up what the tests need on a fresh machine,
+# then runs the whole workspace's tests. `.ci/run` calls exactly this.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+# PostgreSQL-backed tests read this; the test machines run a server here.
+export RUNKEEP_TEST_POSTGRES_URL="${RUNKEEP_TEST_POSTGRES_URL:-postgres://postgres@127.0.0.1:5432/test}"
+
+include_ignored=()
+if [ "$(id -u)" = "0" ]; then
+    # Fault-injection tests need a link-less filesystem (exFAT over FUSE) and
+    # mount rights. Install the tools when missing; the tests that need them
+    # are #[ignore]d with their reason and run here, as root, on purpose.
+    if ! command -v mount.exfat-fuse >/dev/null 2>&1 || ! command -v mkfs.exfat >/dev/null 2>&1 || ! command -v setpriv >/dev/null 2>&1; then
+        if command -v apt-get >/dev/null 2>&1; then
+            echo "test.sh: installing exfat-fuse exfatprogs util-linux (fault-injection tests)"
+            (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq exfat-fuse exfatprogs util-linux >/dev/null) \
+                || echo "test.sh: could not install exfat tools; the no-hard-link mount test will fail and say why"
+        fi
+    fi
+    include_ignored=(--include-ignored)
+else
+    echo "test.sh: not root: tests that need mounts or a second user stay ignored (they are listed as ignored below)"
+fi
+
+cargo test --workspace --all-features --no-fail-fast -- "${include_ignored[@]}"
