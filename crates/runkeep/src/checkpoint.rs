@@ -169,10 +169,15 @@ impl Checkpoint {
         }
         if let Some(p) = &self.pending {
             p.validate().map_err(|e| {
-                Error::invalid(format!("checkpoint {} of run {}: {e}", self.id, scope.run_id))
+                Error::invalid(format!(
+                    "checkpoint {} of run {}: {e}",
+                    self.id, scope.run_id
+                ))
             })?;
         }
-        let size = serde_json::to_vec(&self.to_json()).map(|v| v.len()).unwrap_or(usize::MAX);
+        let size = serde_json::to_vec(&self.to_json())
+            .map(|v| v.len())
+            .unwrap_or(usize::MAX);
         if size > MAX_CHECKPOINT_BYTES {
             return Err(Error::invalid(format!(
                 "checkpoint {} of run {} is {size} bytes; the limit is {MAX_CHECKPOINT_BYTES}",
@@ -210,27 +215,37 @@ impl Checkpoint {
         obj.remove("schemaVersion");
         let id = match obj.remove("id") {
             Some(Value::String(s)) => CheckpointId::new(s)?,
-            _ => return Err(Error::corrupted("not a usable checkpoint: missing string `id`")),
+            _ => {
+                return Err(Error::corrupted(
+                    "not a usable checkpoint: missing string `id`",
+                ))
+            }
         };
         let created_at = match obj.remove("createdAt") {
             Some(v) => number_instant(&v).ok_or_else(|| {
-                Error::corrupted(format!("checkpoint {id}: `createdAt` is not a valid instant"))
+                Error::corrupted(format!(
+                    "checkpoint {id}: `createdAt` is not a valid instant"
+                ))
             })?,
-            None => return Err(Error::corrupted(format!("checkpoint {id}: missing `createdAt`"))),
+            None => {
+                return Err(Error::corrupted(format!(
+                    "checkpoint {id}: missing `createdAt`"
+                )))
+            }
         };
         let run_created_at = match obj.remove("runCreatedAt") {
             None | Some(Value::Null) => None,
             Some(v) => Some(number_instant(&v).ok_or_else(|| {
-                Error::corrupted(format!("checkpoint {id}: `runCreatedAt` is not a valid instant"))
+                Error::corrupted(format!(
+                    "checkpoint {id}: `runCreatedAt` is not a valid instant"
+                ))
             })?),
         };
         let fence = match obj.remove("fence") {
             None | Some(Value::Null) => None,
-            Some(v) => Some(
-                v.as_u64()
-                    .and_then(|n| Fence::new(n).ok())
-                    .ok_or_else(|| Error::corrupted(format!("checkpoint {id}: `fence` {v} is not a fence")))?,
-            ),
+            Some(v) => Some(v.as_u64().and_then(|n| Fence::new(n).ok()).ok_or_else(|| {
+                Error::corrupted(format!("checkpoint {id}: `fence` {v} is not a fence"))
+            })?),
         };
         let pending = match obj.remove("pending") {
             None | Some(Value::Null) => None,
@@ -289,11 +304,19 @@ mod tests {
     #[test]
     fn fence_orders_before_clock() {
         let mk = |id: &str, f: Option<u64>, at: i64| {
-            let mut c = Checkpoint::new(CheckpointId::new(id).unwrap(), Timestamp::from_millis(at).unwrap(), Map::new());
+            let mut c = Checkpoint::new(
+                CheckpointId::new(id).unwrap(),
+                Timestamp::from_millis(at).unwrap(),
+                Map::new(),
+            );
             c.fence = f.map(|f| Fence::new(f).unwrap());
             c
         };
-        let cps = vec![mk("cp_late_zombie", Some(1), 999), mk("cp_new_holder", Some(2), 5), mk("cp_b", Some(2), 5)];
+        let cps = vec![
+            mk("cp_late_zombie", Some(1), 999),
+            mk("cp_new_holder", Some(2), 5),
+            mk("cp_b", Some(2), 5),
+        ];
         assert_eq!(latest(&cps).unwrap().id.as_str(), "cp_new_holder");
     }
 
@@ -318,8 +341,17 @@ mod tests {
 
     #[test]
     fn damaged_json_is_corrupted_not_a_panic() {
-        for bad in [json!({}), json!({"id": "../x", "createdAt": 1}), json!({"id": "cp_a", "createdAt": "x"}), json!({"id": "cp_a", "createdAt": -1}), json!({"id":"cp_a","createdAt":1,"pending":{"parkedAt":1}})] {
-            assert!(Checkpoint::from_json(bad.as_object().unwrap().clone()).is_err(), "{bad}");
+        for bad in [
+            json!({}),
+            json!({"id": "../x", "createdAt": 1}),
+            json!({"id": "cp_a", "createdAt": "x"}),
+            json!({"id": "cp_a", "createdAt": -1}),
+            json!({"id":"cp_a","createdAt":1,"pending":{"parkedAt":1}}),
+        ] {
+            assert!(
+                Checkpoint::from_json(bad.as_object().unwrap().clone()).is_err(),
+                "{bad}"
+            );
         }
     }
 }

@@ -53,7 +53,9 @@ pub enum Error {
 
     /// A claim lost every attempt to other takers of the same run. Nobody is
     /// known to hold it live; retrying later may succeed.
-    #[error("contended: claim of run {run} lost {attempts} races in a row to other takers; retry later")]
+    #[error(
+        "contended: claim of run {run} lost {attempts} races in a row to other takers; retry later"
+    )]
     Contended {
         /// The run.
         run: String,
@@ -181,7 +183,11 @@ mod tests {
         assert!(fenced.is_fenced_out());
         assert!(fenced.to_string().contains("presented fence 1"));
         assert!(fenced.to_string().contains("fence 2"));
-        assert!(Error::Contended { run: "r".into(), attempts: 8 }.is_retryable());
+        assert!(Error::Contended {
+            run: "r".into(),
+            attempts: 8
+        }
+        .is_retryable());
         assert!(Error::unavailable("db", std::io::Error::other("x")).is_retryable());
         assert!(!Error::backend("disk", std::io::Error::other("x")).is_retryable());
         assert!(!Error::invalid("x").is_retryable());

@@ -26,8 +26,12 @@ pub const RESERVED_EVENT_KEYS: [&str; 4] = ["type", "seq", "timestamp", "generat
 
 /// Event types that are never persisted (the emitter excludes them; a store
 /// does not re-filter).
-pub const EPHEMERAL_EVENT_TYPES: [&str; 4] =
-    ["text_delta", "tool_input_delta", "reasoning_delta", "tool_progress"];
+pub const EPHEMERAL_EVENT_TYPES: [&str; 4] = [
+    "text_delta",
+    "tool_input_delta",
+    "reasoning_delta",
+    "tool_progress",
+];
 
 /// An event to append.
 #[derive(Clone, PartialEq, Debug)]
@@ -65,7 +69,9 @@ impl NewEvent {
                 )));
             }
         }
-        let size = serde_json::to_vec(&self.payload).map(|v| v.len()).unwrap_or(usize::MAX);
+        let size = serde_json::to_vec(&self.payload)
+            .map(|v| v.len())
+            .unwrap_or(usize::MAX);
         if size > MAX_EVENT_BYTES {
             return Err(Error::invalid(format!(
                 "event of type {} is {size} bytes; the limit is {MAX_EVENT_BYTES}. Store large bodies elsewhere and reference them",
@@ -111,7 +117,10 @@ impl PersistedEvent {
     /// Parses a line object; `position` is the line's 1-based position, used
     /// as `seq` for legacy unsequenced lines. Errors describe why the line is
     /// not an event.
-    pub fn from_json(mut obj: Map<String, Value>, position: u64) -> std::result::Result<Self, String> {
+    pub fn from_json(
+        mut obj: Map<String, Value>,
+        position: u64,
+    ) -> std::result::Result<Self, String> {
         let event_type = match obj.remove("type") {
             Some(Value::String(t)) => t,
             _ => return Err("is not an event object (no string `type`)".into()),
@@ -263,7 +272,12 @@ pub fn completed_tools(batch: &EventBatch) -> CompletedTools {
             CompletedTool {
                 tool_use_id: id.to_string(),
                 tool_name: name.to_string(),
-                result: e.payload.get("result").and_then(Value::as_str).unwrap_or("").to_string(),
+                result: e
+                    .payload
+                    .get("result")
+                    .and_then(Value::as_str)
+                    .unwrap_or("")
+                    .to_string(),
                 is_error: e.payload.get("isError") == Some(&Value::Bool(true)),
             },
         );
@@ -276,7 +290,9 @@ pub fn completed_tools(batch: &EventBatch) -> CompletedTools {
 
 /// The strict-mode sequence rule: `seqs` (in log order) must be exactly
 /// 1, 2, 3, …  Returns `(position, found, expected)` of the first violation.
-pub fn first_sequence_violation(seqs: impl IntoIterator<Item = (u64, u64)>) -> Option<(u64, u64, u64)> {
+pub fn first_sequence_violation(
+    seqs: impl IntoIterator<Item = (u64, u64)>,
+) -> Option<(u64, u64, u64)> {
     (1..)
         .zip(seqs)
         .find(|(expected, (_, seq))| seq != expected)
@@ -300,7 +316,11 @@ pub struct NewAuditEvent {
 
 impl NewAuditEvent {
     /// An audit event.
-    pub fn new(who: impl Into<String>, what: impl Into<String>, outcome: impl Into<String>) -> Self {
+    pub fn new(
+        who: impl Into<String>,
+        what: impl Into<String>,
+        outcome: impl Into<String>,
+    ) -> Self {
         Self {
             who: who.into(),
             what: what.into(),
@@ -311,19 +331,34 @@ impl NewAuditEvent {
 
     /// Checks required fields, reserved keys and size.
     pub fn validate(&self) -> Result<()> {
-        for (name, v) in [("who", &self.who), ("what", &self.what), ("outcome", &self.outcome)] {
+        for (name, v) in [
+            ("who", &self.who),
+            ("what", &self.what),
+            ("outcome", &self.outcome),
+        ] {
             if v.is_empty() {
                 return Err(Error::invalid(format!("audit event `{name}` is empty")));
             }
         }
-        for key in ["id", "runId", "seq", "timestamp", "who", "what", "outcome", "generation"] {
+        for key in [
+            "id",
+            "runId",
+            "seq",
+            "timestamp",
+            "who",
+            "what",
+            "outcome",
+            "generation",
+        ] {
             if self.extra.contains_key(key) {
                 return Err(Error::invalid(format!(
                     "audit event extra fields use the reserved key {key:?}"
                 )));
             }
         }
-        let size = serde_json::to_vec(&self.extra).map(|v| v.len()).unwrap_or(usize::MAX);
+        let size = serde_json::to_vec(&self.extra)
+            .map(|v| v.len())
+            .unwrap_or(usize::MAX);
         if size > MAX_EVENT_BYTES {
             return Err(Error::invalid(format!(
                 "audit event is {size} bytes; the limit is {MAX_EVENT_BYTES}"
@@ -382,11 +417,18 @@ mod tests {
 
     #[test]
     fn legacy_lines_take_their_position_and_undated_lines_read_zero() {
-        let e = PersistedEvent::from_json(json!({"type": "x"}).as_object().unwrap().clone(), 3).unwrap();
+        let e = PersistedEvent::from_json(json!({"type": "x"}).as_object().unwrap().clone(), 3)
+            .unwrap();
         assert_eq!(e.seq, 3);
         assert_eq!(e.timestamp, Timestamp::EPOCH);
-        assert!(PersistedEvent::from_json(json!({"seq": 1}).as_object().unwrap().clone(), 1).is_err());
-        assert!(PersistedEvent::from_json(json!({"type": "x", "seq": -1}).as_object().unwrap().clone(), 1).is_err());
+        assert!(
+            PersistedEvent::from_json(json!({"seq": 1}).as_object().unwrap().clone(), 1).is_err()
+        );
+        assert!(PersistedEvent::from_json(
+            json!({"type": "x", "seq": -1}).as_object().unwrap().clone(),
+            1
+        )
+        .is_err());
     }
 
     #[test]
@@ -403,13 +445,23 @@ mod tests {
             timestamp: Timestamp::EPOCH,
             event_type: "tool_completed".into(),
             generation: None,
-            payload: json!({"toolUseId": "t1", "toolName": "bash", "result": result}).as_object().unwrap().clone(),
+            payload: json!({"toolUseId": "t1", "toolName": "bash", "result": result})
+                .as_object()
+                .unwrap()
+                .clone(),
         };
-        let mut batch = EventBatch { events: vec![ev(1, "a"), ev(2, "b")], skipped: vec![], last_seq: 2 };
+        let mut batch = EventBatch {
+            events: vec![ev(1, "a"), ev(2, "b")],
+            skipped: vec![],
+            last_seq: 2,
+        };
         let t = completed_tools(&batch);
         assert_eq!(t.tools["t1"].result, "b");
         assert!(t.complete);
-        batch.skipped.push(SkippedRecord { position: 3, reason: "bad".into() });
+        batch.skipped.push(SkippedRecord {
+            position: 3,
+            reason: "bad".into(),
+        });
         assert!(!completed_tools(&batch).complete);
     }
 
@@ -420,7 +472,11 @@ mod tests {
         assert!(NewEvent::new("x", p).validate().is_err());
         let mut p = Map::new();
         p.insert("blob".into(), json!("x".repeat(MAX_EVENT_BYTES + 1)));
-        assert!(NewEvent::new("x", p).validate().unwrap_err().to_string().contains("limit"));
+        assert!(NewEvent::new("x", p)
+            .validate()
+            .unwrap_err()
+            .to_string()
+            .contains("limit"));
         assert!(NewEvent::new("", Map::new()).validate().is_err());
     }
 }

@@ -28,7 +28,9 @@ pub const MAX_HOLDER_LEN: usize = 256;
 
 fn check_id(kind: &str, value: &str) -> Result<()> {
     if value.is_empty() {
-        return Err(Error::invalid(format!("{kind} id is empty; ids are 1 to {MAX_ID_LEN} characters of [A-Za-z0-9_-]")));
+        return Err(Error::invalid(format!(
+            "{kind} id is empty; ids are 1 to {MAX_ID_LEN} characters of [A-Za-z0-9_-]"
+        )));
     }
     if value.len() > MAX_ID_LEN {
         return Err(Error::invalid(format!(
@@ -231,15 +233,30 @@ mod tests {
     #[test]
     fn traversal_and_separator_ids_are_refused_with_a_clear_error() {
         for bad in [
-            "", ".", "..", "run_/../x", "../etc", "a/b", "a\\b", "a\0b", "run a", "c:x", "run.x",
-            "-rf", "_x", "ä",
+            "",
+            ".",
+            "..",
+            "run_/../x",
+            "../etc",
+            "a/b",
+            "a\\b",
+            "a\0b",
+            "run a",
+            "c:x",
+            "run.x",
+            "-rf",
+            "_x",
+            "ä",
         ] {
             let err = RunId::new(bad).expect_err(bad);
             assert!(matches!(err, Error::InvalidInput { .. }), "{bad:?}: {err}");
             assert!(err.to_string().contains("run id"), "{err}");
         }
         let err = CheckpointId::new("../../x").unwrap_err();
-        assert!(err.to_string().contains("can never escape their directory"), "{err}");
+        assert!(
+            err.to_string().contains("can never escape their directory"),
+            "{err}"
+        );
         assert!(RunId::new("x".repeat(MAX_ID_LEN)).is_ok());
         assert!(RunId::new("x".repeat(MAX_ID_LEN + 1)).is_err());
     }

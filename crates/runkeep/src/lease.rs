@@ -284,7 +284,11 @@ pub fn decide_claim(
 /// The release rule: only the fence that is currently the top live-or-expired
 /// holding releases; anything else is a no-op. Returns the tombstone's fence
 /// to publish.
-pub fn decide_release(run: &RunId, top: Option<&TopHolding>, fence: Fence) -> Result<Option<Fence>> {
+pub fn decide_release(
+    run: &RunId,
+    top: Option<&TopHolding>,
+    fence: Fence,
+) -> Result<Option<Fence>> {
     match top {
         Some(TopHolding::Lease { fence: f, .. }) if *f == fence => Ok(Some(fence.next(run)?)),
         _ => Ok(None),
@@ -371,14 +375,32 @@ mod tests {
             holder: h("w1"),
             expires_at: at(100),
         };
-        assert_eq!(decide_claim(&run(), None, &h("w1"), at(0)).unwrap(), ClaimDecision::Take(f(1)));
-        assert!(matches!(decide_claim(&run(), Some(&live), &h("w2"), at(99)).unwrap(), ClaimDecision::Held(_)));
-        assert_eq!(decide_claim(&run(), Some(&live), &h("w2"), at(100)).unwrap(), ClaimDecision::Take(f(5)));
-        assert_eq!(decide_claim(&run(), Some(&live), &h("w1"), at(50)).unwrap(), ClaimDecision::Take(f(5)));
+        assert_eq!(
+            decide_claim(&run(), None, &h("w1"), at(0)).unwrap(),
+            ClaimDecision::Take(f(1))
+        );
+        assert!(matches!(
+            decide_claim(&run(), Some(&live), &h("w2"), at(99)).unwrap(),
+            ClaimDecision::Held(_)
+        ));
+        assert_eq!(
+            decide_claim(&run(), Some(&live), &h("w2"), at(100)).unwrap(),
+            ClaimDecision::Take(f(5))
+        );
+        assert_eq!(
+            decide_claim(&run(), Some(&live), &h("w1"), at(50)).unwrap(),
+            ClaimDecision::Take(f(5))
+        );
         let released = TopHolding::Released { fence: f(5) };
-        assert_eq!(decide_claim(&run(), Some(&released), &h("w2"), at(0)).unwrap(), ClaimDecision::Take(f(6)));
+        assert_eq!(
+            decide_claim(&run(), Some(&released), &h("w2"), at(0)).unwrap(),
+            ClaimDecision::Take(f(6))
+        );
         let damaged = TopHolding::Unreadable { fence: f(9) };
-        assert_eq!(decide_claim(&run(), Some(&damaged), &h("w2"), at(0)).unwrap(), ClaimDecision::Take(f(10)));
+        assert_eq!(
+            decide_claim(&run(), Some(&damaged), &h("w2"), at(0)).unwrap(),
+            ClaimDecision::Take(f(10))
+        );
     }
 
     #[test]
@@ -389,14 +411,28 @@ mod tests {
             expires_at: at(100),
         };
         check_write_fence(&run(), "w", f(4), Some(&live)).unwrap();
-        assert!(check_write_fence(&run(), "w", f(3), Some(&live)).unwrap_err().is_fenced_out());
-        assert!(matches!(check_write_fence(&run(), "w", f(5), Some(&live)).unwrap_err(), Error::InvalidInput { .. }));
-        assert!(matches!(check_write_fence(&run(), "w", f(1), None).unwrap_err(), Error::InvalidInput { .. }));
+        assert!(check_write_fence(&run(), "w", f(3), Some(&live))
+            .unwrap_err()
+            .is_fenced_out());
+        assert!(matches!(
+            check_write_fence(&run(), "w", f(5), Some(&live)).unwrap_err(),
+            Error::InvalidInput { .. }
+        ));
+        assert!(matches!(
+            check_write_fence(&run(), "w", f(1), None).unwrap_err(),
+            Error::InvalidInput { .. }
+        ));
         let released = TopHolding::Released { fence: f(5) };
-        assert!(check_write_fence(&run(), "w", f(4), Some(&released)).unwrap_err().is_fenced_out());
-        assert!(check_write_fence(&run(), "w", f(5), Some(&released)).unwrap_err().is_fenced_out());
+        assert!(check_write_fence(&run(), "w", f(4), Some(&released))
+            .unwrap_err()
+            .is_fenced_out());
+        assert!(check_write_fence(&run(), "w", f(5), Some(&released))
+            .unwrap_err()
+            .is_fenced_out());
         let damaged = TopHolding::Unreadable { fence: f(9) };
-        assert!(check_write_fence(&run(), "w", f(3), Some(&damaged)).unwrap_err().is_fenced_out());
+        assert!(check_write_fence(&run(), "w", f(3), Some(&damaged))
+            .unwrap_err()
+            .is_fenced_out());
     }
 
     #[test]
@@ -406,9 +442,15 @@ mod tests {
             holder: h("w1"),
             expires_at: at(100),
         };
-        assert_eq!(decide_release(&run(), Some(&live), f(4)).unwrap(), Some(f(5)));
+        assert_eq!(
+            decide_release(&run(), Some(&live), f(4)).unwrap(),
+            Some(f(5))
+        );
         assert_eq!(decide_release(&run(), Some(&live), f(3)).unwrap(), None);
         assert_eq!(decide_release(&run(), None, f(3)).unwrap(), None);
-        assert_eq!(decide_release(&run(), Some(&TopHolding::Released { fence: f(5) }), f(5)).unwrap(), None);
+        assert_eq!(
+            decide_release(&run(), Some(&TopHolding::Released { fence: f(5) }), f(5)).unwrap(),
+            None
+        );
     }
 }

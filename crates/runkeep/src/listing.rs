@@ -137,7 +137,12 @@ impl RunRow {
 
     /// The sort key of this row in `order`.
     pub fn key(&self, order: ListOrder) -> RowKey {
-        RowKey::new(order, &self.scope.run_id, self.scope.parent_run_id.as_ref(), self.run_created_at)
+        RowKey::new(
+            order,
+            &self.scope.run_id,
+            self.scope.parent_run_id.as_ref(),
+            self.run_created_at,
+        )
     }
 
     /// True when nobody holds the run live at the page's instant.
@@ -172,7 +177,12 @@ pub struct RowKey {
 
 impl RowKey {
     /// The key of a run in `order`.
-    pub fn new(order: ListOrder, run: &RunId, parent: Option<&RunId>, created: Option<Timestamp>) -> Self {
+    pub fn new(
+        order: ListOrder,
+        run: &RunId,
+        parent: Option<&RunId>,
+        created: Option<Timestamp>,
+    ) -> Self {
         let (rank, stamp) = match (order, created) {
             (ListOrder::CreatedAt, Some(t)) => (1, t.as_millis()),
             _ => (0, 0),
@@ -227,7 +237,11 @@ impl RunDigest {
         if h.park.is_some() {
             self.parks.push(h.clone());
         }
-        if self.latest.as_ref().is_none_or(|l| h.order_key() >= l.order_key()) {
+        if self
+            .latest
+            .as_ref()
+            .is_none_or(|l| h.order_key() >= l.order_key())
+        {
             self.latest = Some(h);
         }
     }
@@ -413,16 +427,18 @@ impl ListQuery {
                 body.v
             )));
         }
-        if body.c != checksum(&[
-            "v1",
-            &body.o,
-            &body.f,
-            &body.s,
-            &body.k.rank.to_string(),
-            &body.k.stamp.to_string(),
-            &body.k.run_id,
-            &body.k.parent,
-        ]) {
+        if body.c
+            != checksum(&[
+                "v1",
+                &body.o,
+                &body.f,
+                &body.s,
+                &body.k.rank.to_string(),
+                &body.k.stamp.to_string(),
+                &body.k.run_id,
+                &body.k.parent,
+            ])
+        {
             return Err(Error::invalid(format!(
                 "cursor {cursor:?} is malformed: its checksum does not match (edited or damaged)"
             )));
@@ -518,36 +534,128 @@ mod tests {
         let q = ListQuery::new(&scope(), &ListOptions::default()).unwrap();
         let key = RowKey::new(ListOrder::RunId, &"run_b".parse().unwrap(), None, None);
         let c = q.encode_cursor(&key);
-        let ok = ListQuery::new(&scope(), &ListOptions { cursor: Some(c.clone()), ..Default::default() }).unwrap();
+        let ok = ListQuery::new(
+            &scope(),
+            &ListOptions {
+                cursor: Some(c.clone()),
+                ..Default::default()
+            },
+        )
+        .unwrap();
         assert_eq!(ok.after, Some(key));
-        let other_order = ListOptions { cursor: Some(c.clone()), order: ListOrder::CreatedAt, ..Default::default() };
-        assert!(ListQuery::new(&scope(), &other_order).unwrap_err().to_string().contains("order"));
-        let other_filter = ListOptions { cursor: Some(c.clone()), claimed: Some(false), ..Default::default() };
+        let other_order = ListOptions {
+            cursor: Some(c.clone()),
+            order: ListOrder::CreatedAt,
+            ..Default::default()
+        };
+        assert!(ListQuery::new(&scope(), &other_order)
+            .unwrap_err()
+            .to_string()
+            .contains("order"));
+        let other_filter = ListOptions {
+            cursor: Some(c.clone()),
+            claimed: Some(false),
+            ..Default::default()
+        };
         assert!(ListQuery::new(&scope(), &other_filter).is_err());
         let other_scope = ListingScope::tenant("tnt_b".parse().unwrap());
-        assert!(ListQuery::new(&other_scope, &ListOptions { cursor: Some(c), ..Default::default() }).is_err());
+        assert!(ListQuery::new(
+            &other_scope,
+            &ListOptions {
+                cursor: Some(c),
+                ..Default::default()
+            }
+        )
+        .is_err());
         for forged in ["run_c", "::run_a", "rk1.", "rk1.!!!", "0:0:run_a"] {
-            let err = ListQuery::new(&scope(), &ListOptions { cursor: Some(forged.into()), ..Default::default() }).unwrap_err();
-            assert!(err.to_string().contains("not a cursor this listing issued"), "{forged}: {err}");
+            let err = ListQuery::new(
+                &scope(),
+                &ListOptions {
+                    cursor: Some(forged.into()),
+                    ..Default::default()
+                },
+            )
+            .unwrap_err();
+            assert!(
+                err.to_string().contains("not a cursor this listing issued"),
+                "{forged}: {err}"
+            );
         }
         // An edited cursor (valid base64 JSON with a changed key) is refused.
-        let forged = CursorBody { v: 1, o: "runId".into(), f: "park=*;claimed=*".into(), s: "tnt_a".into(), k: RowKey { rank: 0, stamp: 0, run_id: "run_z".into(), parent: String::new() }, c: "0000000000000000".into() };
-        let forged = format!("{CURSOR_PREFIX}{}", base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(serde_json::to_vec(&forged).unwrap()));
-        let err = ListQuery::new(&scope(), &ListOptions { cursor: Some(forged), ..Default::default() }).unwrap_err();
+        let forged = CursorBody {
+            v: 1,
+            o: "runId".into(),
+            f: "park=*;claimed=*".into(),
+            s: "tnt_a".into(),
+            k: RowKey {
+                rank: 0,
+                stamp: 0,
+                run_id: "run_z".into(),
+                parent: String::new(),
+            },
+            c: "0000000000000000".into(),
+        };
+        let forged = format!(
+            "{CURSOR_PREFIX}{}",
+            base64::engine::general_purpose::URL_SAFE_NO_PAD
+                .encode(serde_json::to_vec(&forged).unwrap())
+        );
+        let err = ListQuery::new(
+            &scope(),
+            &ListOptions {
+                cursor: Some(forged),
+                ..Default::default()
+            },
+        )
+        .unwrap_err();
         assert!(err.to_string().contains("malformed"), "{err}");
     }
 
     #[test]
     fn limits_are_clamped_and_empty_park_filter_refused() {
-        assert_eq!(ListQuery::new(&scope(), &ListOptions { limit: Some(0), ..Default::default() }).unwrap().limit, 1);
-        assert_eq!(ListQuery::new(&scope(), &ListOptions { limit: Some(usize::MAX), ..Default::default() }).unwrap().limit, MAX_LIMIT);
-        assert!(ListQuery::new(&scope(), &ListOptions { park: Some(vec![]), ..Default::default() }).is_err());
+        assert_eq!(
+            ListQuery::new(
+                &scope(),
+                &ListOptions {
+                    limit: Some(0),
+                    ..Default::default()
+                }
+            )
+            .unwrap()
+            .limit,
+            1
+        );
+        assert_eq!(
+            ListQuery::new(
+                &scope(),
+                &ListOptions {
+                    limit: Some(usize::MAX),
+                    ..Default::default()
+                }
+            )
+            .unwrap()
+            .limit,
+            MAX_LIMIT
+        );
+        assert!(ListQuery::new(
+            &scope(),
+            &ListOptions {
+                park: Some(vec![]),
+                ..Default::default()
+            }
+        )
+        .is_err());
     }
 
     #[test]
     fn created_at_order_puts_unrecorded_first_and_zero_after_them() {
         let z = RowKey::new(ListOrder::CreatedAt, &"run_z".parse().unwrap(), None, None);
-        let a = RowKey::new(ListOrder::CreatedAt, &"run_a".parse().unwrap(), None, Some(Timestamp::EPOCH));
+        let a = RowKey::new(
+            ListOrder::CreatedAt,
+            &"run_a".parse().unwrap(),
+            None,
+            Some(Timestamp::EPOCH),
+        );
         assert!(z < a);
     }
 }

@@ -53,7 +53,12 @@ impl RunState {
         RunDigest::from_headers(&headers).row(scope.clone(), self.top.as_ref(), now)
     }
 
-    fn claim(&mut self, scope: &RunScope, options: &ClaimOptions, now: Timestamp) -> Result<ClaimOutcome> {
+    fn claim(
+        &mut self,
+        scope: &RunScope,
+        options: &ClaimOptions,
+        now: Timestamp,
+    ) -> Result<ClaimOutcome> {
         match decide_claim(&scope.run_id, self.top.as_ref(), &options.holder, now)? {
             ClaimDecision::Held(s) => Ok(ClaimOutcome::Held(s)),
             ClaimDecision::Take(fence) => {
@@ -110,8 +115,15 @@ impl CheckpointStore for MemoryStore {
         Ok(stored)
     }
 
-    async fn read_checkpoint(&self, scope: &RunScope, id: &CheckpointId) -> Result<Option<Checkpoint>> {
-        Ok(self.lock().get(scope).and_then(|r| r.checkpoints.get(id).cloned()))
+    async fn read_checkpoint(
+        &self,
+        scope: &RunScope,
+        id: &CheckpointId,
+    ) -> Result<Option<Checkpoint>> {
+        Ok(self
+            .lock()
+            .get(scope)
+            .and_then(|r| r.checkpoints.get(id).cloned()))
     }
 
     async fn list_checkpoints(&self, scope: &RunScope) -> Result<Vec<Checkpoint>> {
@@ -124,7 +136,12 @@ impl CheckpointStore for MemoryStore {
         Ok(cps)
     }
 
-    async fn delete_checkpoint(&self, scope: &RunScope, id: &CheckpointId, fence: Option<Fence>) -> Result<bool> {
+    async fn delete_checkpoint(
+        &self,
+        scope: &RunScope,
+        id: &CheckpointId,
+        fence: Option<Fence>,
+    ) -> Result<bool> {
         let mut runs = self.lock();
         let Some(run) = runs.get_mut(scope) else {
             if let Some(f) = fence {
@@ -164,7 +181,12 @@ impl CheckpointStore for MemoryStore {
         Ok(updated)
     }
 
-    async fn prune_checkpoints(&self, scope: &RunScope, keep_last: usize, fence: Option<Fence>) -> Result<Vec<CheckpointId>> {
+    async fn prune_checkpoints(
+        &self,
+        scope: &RunScope,
+        keep_last: usize,
+        fence: Option<Fence>,
+    ) -> Result<Vec<CheckpointId>> {
         let mut runs = self.lock();
         let Some(run) = runs.get_mut(scope) else {
             return Ok(Vec::new());
@@ -192,7 +214,9 @@ impl CheckpointStore for MemoryStore {
     async fn claim(&self, scope: &RunScope, options: &ClaimOptions) -> Result<ClaimOutcome> {
         let now = options.now();
         let mut runs = self.lock();
-        runs.entry(scope.clone()).or_default().claim(scope, options, now)
+        runs.entry(scope.clone())
+            .or_default()
+            .claim(scope, options, now)
     }
 
     async fn release(&self, scope: &RunScope, fence: Fence) -> Result<bool> {
@@ -244,7 +268,9 @@ impl CheckpointStore for MemoryStore {
             .collect();
         candidates.sort();
         for (_, run_scope) in candidates {
-            let Some(run) = runs.get_mut(&run_scope) else { continue };
+            let Some(run) = runs.get_mut(&run_scope) else {
+                continue;
+            };
             if let ClaimOutcome::Acquired(lease) = run.claim(&run_scope, options, now)? {
                 return Ok(Some((run_scope, lease)));
             }
@@ -255,7 +281,12 @@ impl CheckpointStore for MemoryStore {
 
 #[async_trait]
 impl EvidenceStore for MemoryStore {
-    async fn append_events(&self, scope: &RunScope, events: &[NewEvent], fence: Option<Fence>) -> Result<Vec<PersistedEvent>> {
+    async fn append_events(
+        &self,
+        scope: &RunScope,
+        events: &[NewEvent],
+        fence: Option<Fence>,
+    ) -> Result<Vec<PersistedEvent>> {
         for e in events {
             e.validate()?;
         }
@@ -278,15 +309,22 @@ impl EvidenceStore for MemoryStore {
         Ok(out)
     }
 
-    async fn read_events(&self, scope: &RunScope, options: &ReadEventsOptions) -> Result<EventBatch> {
+    async fn read_events(
+        &self,
+        scope: &RunScope,
+        options: &ReadEventsOptions,
+    ) -> Result<EventBatch> {
         let runs = self.lock();
         let Some(run) = runs.get(scope) else {
             return Ok(EventBatch::default());
         };
         if options.integrity == Integrity::Strict {
-            if let Some((pos, found, expected)) =
-                first_sequence_violation(run.events.iter().enumerate().map(|(i, e)| (i as u64 + 1, e.seq)))
-            {
+            if let Some((pos, found, expected)) = first_sequence_violation(
+                run.events
+                    .iter()
+                    .enumerate()
+                    .map(|(i, e)| (i as u64 + 1, e.seq)),
+            ) {
                 return Err(Error::corrupted(format!(
                     "transcript of run {}: record {pos} has sequence {found}, expected {expected}",
                     scope.run_id
@@ -307,8 +345,16 @@ impl EvidenceStore for MemoryStore {
         })
     }
 
-    async fn write_run_record(&self, scope: &RunScope, record: &RunRecord, fence: Option<Fence>) -> Result<()> {
-        check_document_size("run record", serde_json::to_vec(record).map_or(usize::MAX, |v| v.len()))?;
+    async fn write_run_record(
+        &self,
+        scope: &RunScope,
+        record: &RunRecord,
+        fence: Option<Fence>,
+    ) -> Result<()> {
+        check_document_size(
+            "run record",
+            serde_json::to_vec(record).map_or(usize::MAX, |v| v.len()),
+        )?;
         let mut runs = self.lock();
         let run = runs.entry(scope.clone()).or_default();
         run.check(scope, "write_run_record", fence)?;
@@ -320,8 +366,17 @@ impl EvidenceStore for MemoryStore {
         Ok(self.lock().get(scope).and_then(|r| r.record.clone()))
     }
 
-    async fn write_messages(&self, scope: &RunScope, messages: &[Value], through_event_seq: u64, fence: Option<Fence>) -> Result<()> {
-        check_document_size("message snapshot", serde_json::to_vec(messages).map_or(usize::MAX, |v| v.len()))?;
+    async fn write_messages(
+        &self,
+        scope: &RunScope,
+        messages: &[Value],
+        through_event_seq: u64,
+        fence: Option<Fence>,
+    ) -> Result<()> {
+        check_document_size(
+            "message snapshot",
+            serde_json::to_vec(messages).map_or(usize::MAX, |v| v.len()),
+        )?;
         let mut runs = self.lock();
         let run = runs.entry(scope.clone()).or_default();
         run.check(scope, "write_messages", fence)?;
@@ -340,7 +395,12 @@ impl EvidenceStore for MemoryStore {
             .unwrap_or(MessageSnapshot::Unavailable))
     }
 
-    async fn write_report(&self, scope: &RunScope, report: &str, fence: Option<Fence>) -> Result<()> {
+    async fn write_report(
+        &self,
+        scope: &RunScope,
+        report: &str,
+        fence: Option<Fence>,
+    ) -> Result<()> {
         check_document_size("report", report.len())?;
         let mut runs = self.lock();
         let run = runs.entry(scope.clone()).or_default();
@@ -353,7 +413,12 @@ impl EvidenceStore for MemoryStore {
         Ok(self.lock().get(scope).and_then(|r| r.report.clone()))
     }
 
-    async fn append_audit(&self, scope: &RunScope, events: &[NewAuditEvent], fence: Option<Fence>) -> Result<Vec<AuditRecord>> {
+    async fn append_audit(
+        &self,
+        scope: &RunScope,
+        events: &[NewAuditEvent],
+        fence: Option<Fence>,
+    ) -> Result<Vec<AuditRecord>> {
         for e in events {
             e.validate()?;
         }
@@ -384,7 +449,13 @@ impl EvidenceStore for MemoryStore {
         Ok(self
             .lock()
             .get(scope)
-            .map(|r| r.audit.iter().filter(|a| a.seq > since_seq).cloned().collect())
+            .map(|r| {
+                r.audit
+                    .iter()
+                    .filter(|a| a.seq > since_seq)
+                    .cloned()
+                    .collect()
+            })
             .unwrap_or_default())
     }
 }

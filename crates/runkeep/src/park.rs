@@ -123,7 +123,10 @@ impl PendingDecision {
 
     /// `request.type`.
     pub fn request_type(&self) -> &str {
-        self.request.get("type").and_then(Value::as_str).unwrap_or("")
+        self.request
+            .get("type")
+            .and_then(Value::as_str)
+            .unwrap_or("")
     }
 
     /// State at `now`.
@@ -145,7 +148,9 @@ impl PendingDecision {
     pub fn validate(&self) -> Result<()> {
         match self.request.get("type") {
             Some(Value::String(t)) if !t.is_empty() => Ok(()),
-            _ => Err(Error::invalid("park request must carry a non-empty string `type`")),
+            _ => Err(Error::invalid(
+                "park request must carry a non-empty string `type`",
+            )),
         }
     }
 
@@ -214,14 +219,22 @@ pub fn park_precedence<'a>(
 /// outstanding at `now`. Agrees with [`park_precedence`] by construction.
 pub fn find_pending(cps: &[Checkpoint], now: Timestamp) -> Option<&Checkpoint> {
     cps.iter()
-        .filter(|c| c.pending.as_ref().is_some_and(|p| p.state(now) == ParkState::Outstanding))
+        .filter(|c| {
+            c.pending
+                .as_ref()
+                .is_some_and(|p| p.state(now) == ParkState::Outstanding)
+        })
         .max_by_key(|c| c.order_key())
 }
 
 /// Every checkpoint whose park expired unanswered at `now`.
 pub fn expired_parks(cps: &[Checkpoint], now: Timestamp) -> Vec<&Checkpoint> {
     cps.iter()
-        .filter(|c| c.pending.as_ref().is_some_and(|p| p.state(now) == ParkState::Expired))
+        .filter(|c| {
+            c.pending
+                .as_ref()
+                .is_some_and(|p| p.state(now) == ParkState::Expired)
+        })
         .collect()
 }
 
@@ -311,17 +324,26 @@ mod tests {
 
     #[test]
     fn state_rule_checks_resolved_first_and_boundary_is_expired() {
-        assert_eq!(park_state(Some(at(1)), Some(at(0)), at(5)), ParkState::Resolved);
+        assert_eq!(
+            park_state(Some(at(1)), Some(at(0)), at(5)),
+            ParkState::Resolved
+        );
         assert_eq!(park_state(None, Some(at(5)), at(5)), ParkState::Expired);
         assert_eq!(park_state(None, Some(at(5)), at(4)), ParkState::Outstanding);
-        assert_eq!(park_state(None, None, at(i64::from(i32::MAX))), ParkState::Outstanding);
+        assert_eq!(
+            park_state(None, None, at(i64::from(i32::MAX))),
+            ParkState::Outstanding
+        );
     }
 
     #[test]
     fn a_live_park_beats_a_newer_resolved_one_and_lookup_agrees() {
         let mut resolved = park(50, None);
         resolved.resolved_at = Some(at(60));
-        let cps = vec![cp("cp_a", 10, Some(park(10, None))), cp("cp_b", 50, Some(resolved))];
+        let cps = vec![
+            cp("cp_a", 10, Some(park(10, None))),
+            cp("cp_b", 50, Some(resolved)),
+        ];
         let headers: Vec<_> = cps.iter().map(Checkpoint::header).collect();
         let s = park_precedence(&headers, at(100)).unwrap();
         assert_eq!(s.state, ParkState::Outstanding);
@@ -332,9 +354,19 @@ mod tests {
     #[test]
     fn second_answer_is_refused_and_changes_nothing() {
         let mut c = cp("cp_a", 1, Some(park(1, None)));
-        resolve(&mut c, ParkResolution::Answer(serde_json::json!("yes")), at(5)).unwrap();
+        resolve(
+            &mut c,
+            ParkResolution::Answer(serde_json::json!("yes")),
+            at(5),
+        )
+        .unwrap();
         let before = c.clone();
-        let err = resolve(&mut c, ParkResolution::Answer(serde_json::json!("no")), at(6)).unwrap_err();
+        let err = resolve(
+            &mut c,
+            ParkResolution::Answer(serde_json::json!("no")),
+            at(6),
+        )
+        .unwrap_err();
         assert!(matches!(err, Error::Conflict { .. }), "{err}");
         assert_eq!(c, before);
         let mut not_parked = cp("cp_b", 1, None);

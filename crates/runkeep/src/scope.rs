@@ -211,8 +211,15 @@ mod tests {
         assert!(run.is_within(&ListingScope::tenant(t())));
         assert!(run.is_within(&ListingScope::project(t(), p.clone())));
         assert!(run.is_within(&ListingScope::session(t(), p.clone(), s)));
-        assert!(!run.is_within(&ListingScope::project(t(), ProjectId::new("prj_b").unwrap())));
-        assert!(!run.is_within(&ListingScope::session(t(), p, SessionId::new("ses_b").unwrap())));
+        assert!(!run.is_within(&ListingScope::project(
+            t(),
+            ProjectId::new("prj_b").unwrap()
+        )));
+        assert!(!run.is_within(&ListingScope::session(
+            t(),
+            p,
+            SessionId::new("ses_b").unwrap()
+        )));
         assert!(!run.is_within(&ListingScope::tenant(TenantId::new("tnt_b").unwrap())));
     }
 }

@@ -63,7 +63,11 @@ pub trait CheckpointStore: Send + Sync + std::fmt::Debug {
     /// # Contract
     /// - Absent ⇒ `Ok(None)`; present but unreadable ⇒ `Corrupted`, never `None`.
     /// - Has no side effects (creates nothing).
-    async fn read_checkpoint(&self, scope: &RunScope, id: &CheckpointId) -> Result<Option<Checkpoint>>;
+    async fn read_checkpoint(
+        &self,
+        scope: &RunScope,
+        id: &CheckpointId,
+    ) -> Result<Option<Checkpoint>>;
 
     /// All checkpoints of a run in the total order `(fence, created_at, id)`,
     /// oldest first.
@@ -188,13 +192,22 @@ pub trait EvidenceStore: Send + Sync + std::fmt::Debug {
     /// - Missing log ⇒ empty batch; no side effects.
     /// - Tolerant mode skips damaged records and lists them; strict mode
     ///   refuses them with `Corrupted`.
-    async fn read_events(&self, scope: &RunScope, options: &ReadEventsOptions) -> Result<EventBatch>;
+    async fn read_events(
+        &self,
+        scope: &RunScope,
+        options: &ReadEventsOptions,
+    ) -> Result<EventBatch>;
 
     /// Replaces the run record.
     ///
     /// # Contract
     /// - Fenced like a checkpoint write. Read back exactly by `read_run_record`.
-    async fn write_run_record(&self, scope: &RunScope, record: &RunRecord, fence: Option<Fence>) -> Result<()>;
+    async fn write_run_record(
+        &self,
+        scope: &RunScope,
+        record: &RunRecord,
+        fence: Option<Fence>,
+    ) -> Result<()>;
 
     /// Reads the run record (`None` if never written).
     async fn read_run_record(&self, scope: &RunScope) -> Result<Option<RunRecord>>;
@@ -219,7 +232,12 @@ pub trait EvidenceStore: Send + Sync + std::fmt::Debug {
     ///
     /// # Contract
     /// - Fenced like a checkpoint write.
-    async fn write_report(&self, scope: &RunScope, report: &str, fence: Option<Fence>) -> Result<()>;
+    async fn write_report(
+        &self,
+        scope: &RunScope,
+        report: &str,
+        fence: Option<Fence>,
+    ) -> Result<()>;
 
     /// Reads the final report (`None` if never written).
     async fn read_report(&self, scope: &RunScope) -> Result<Option<String>>;
@@ -270,12 +288,17 @@ pub trait RunStoreExt: RunStore {
     /// Every checkpoint whose park expired unanswered at `now`.
     async fn expired_parks(&self, scope: &RunScope, now: Timestamp) -> Result<Vec<Checkpoint>> {
         let cps = self.list_checkpoints(scope).await?;
-        Ok(park::expired_parks(&cps, now).into_iter().cloned().collect())
+        Ok(park::expired_parks(&cps, now)
+            .into_iter()
+            .cloned()
+            .collect())
     }
 
     /// The completed-tool ledger from the transcript.
     async fn completed_tools(&self, scope: &RunScope) -> Result<CompletedTools> {
-        let batch = self.read_events(scope, &ReadEventsOptions::default()).await?;
+        let batch = self
+            .read_events(scope, &ReadEventsOptions::default())
+            .await?;
         Ok(completed_tools(&batch))
     }
 }

@@ -62,7 +62,11 @@ impl Timestamp {
 
     /// `self + ttl`, saturating at the maximum instant.
     pub fn plus(self, ttl: Ttl) -> Self {
-        Self(self.0.saturating_add(ttl.as_millis() as i64).min(MAX_TIMESTAMP_MS))
+        Self(
+            self.0
+                .saturating_add(ttl.as_millis() as i64)
+                .min(MAX_TIMESTAMP_MS),
+        )
     }
 
     /// `self + ms` (ms may be negative), clamped to the valid range.
@@ -203,7 +207,12 @@ mod tests {
         assert!(Timestamp::from_f64(1.5).is_err());
         assert!(Timestamp::from_millis(MAX_TIMESTAMP_MS + 1).is_err());
         assert!(serde_json::from_str::<Timestamp>("-3").is_err());
-        assert_eq!(serde_json::from_str::<Timestamp>("5000000").unwrap().as_millis(), 5_000_000);
+        assert_eq!(
+            serde_json::from_str::<Timestamp>("5000000")
+                .unwrap()
+                .as_millis(),
+            5_000_000
+        );
         assert!(Timestamp::now().as_millis() > 1_700_000_000_000);
     }
 }
