@@ -480,3 +480,110 @@ mod tests {
         assert!(NewEvent::new("", Map::new()).validate().is_err());
     }
 }
+
+/// A consumer's position in a run's transcript.
+#[derive(Clone, Copy, PartialEq, Eq, Debug, Default)]
+pub struct ReplayCursor {
+    /// The last `seq` the consumer saw.
+    pub since_seq: u64,
+    /// The generation (fence) it was reading under, if known.
+    pub generation: Option<Fence>,
+}
+
+/// Why a catch-up cannot be trusted.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum ReplayGap {
+    /// The log was written under another holding; sequences are not comparable.
+    GenerationChanged,
+    /// The consumer is ahead of the log (the log did not survive).
+    CursorAhead,
+    /// The first event returned is not `since_seq + 1`.
+    Gap,
+}
+
+/// The verdict on a catch-up read.
+#[derive(Clone, PartialEq, Debug)]
+pub enum ReplayVerdict {
+    /// The consumer is at the head; nothing to deliver.
+    Complete,
+    /// Deliver these events: they continue the consumer's cursor exactly.
+    Replayed(Vec<PersistedEvent>),
+    /// Deliver nothing: a short catch-up would fold a hole into the consumer.
+    Unavailable(ReplayGap),
+}
+
+/// The replay rule (spec EV-36), in this order: generations both known and
+/// different ⇒ `GenerationChanged`; cursor past the head ⇒ `CursorAhead`; at
+/// the head ⇒ `Complete`; first event not `since_seq + 1` ⇒ `Gap`; else
+/// `Replayed`. An unknown generation on either side neither matches nor
+/// mismatches.
+pub fn replay_verdict(
+    cursor: ReplayCursor,
+    head_seq: u64,
+    head_generation: Option<Fence>,
+    events: Vec<PersistedEvent>,
+) -> ReplayVerdict {
+    if let (Some(a), Some(b)) = (cursor.generation, head_generation) {
+        if a != b {
+            return ReplayVerdict::Unavailable(ReplayGap::GenerationChanged);
+        }
+    }
+    if cursor.since_seq > head_seq {
+        return ReplayVerdict::Unavailable(ReplayGap::CursorAhead);
+    }
+    if cursor.since_seq == head_seq {
+        return ReplayVerdict::Complete;
+    }
+    match events.first() {
+        Some(e) if e.seq == cursor.since_seq + 1 => ReplayVerdict::Replayed(events),
+        _ => ReplayVerdict::Unavailable(ReplayGap::Gap),
+    }
+}
+
+#[cfg(test)]
+mod replay_tests {
+    use super::*;
+
+    fn ev(seq: u64) -> PersistedEvent {
+        PersistedEvent {
+            seq,
+            timestamp: Timestamp::EPOCH,
+            event_type: "x".into(),
+            generation: None,
+            payload: Map::new(),
+        }
+    }
+
+    #[test]
+    fn verdicts_in_their_order() {
+        let f = |n| Fence::new(n).ok();
+        let c = |s, g| ReplayCursor {
+            since_seq: s,
+            generation: g,
+        };
+        assert_eq!(
+            replay_verdict(c(9, f(1)), 3, f(2), vec![]),
+            ReplayVerdict::Unavailable(ReplayGap::GenerationChanged)
+        );
+        assert_eq!(
+            replay_verdict(c(9, None), 3, f(2), vec![]),
+            ReplayVerdict::Unavailable(ReplayGap::CursorAhead)
+        );
+        assert_eq!(
+            replay_verdict(c(3, f(2)), 3, f(2), vec![]),
+            ReplayVerdict::Complete
+        );
+        assert_eq!(
+            replay_verdict(c(1, None), 3, None, vec![ev(3)]),
+            ReplayVerdict::Unavailable(ReplayGap::Gap)
+        );
+        assert_eq!(
+            replay_verdict(c(1, None), 3, None, vec![]),
+            ReplayVerdict::Unavailable(ReplayGap::Gap)
+        );
+        assert_eq!(
+            replay_verdict(c(1, None), 3, None, vec![ev(2), ev(3)]),
+            ReplayVerdict::Replayed(vec![ev(2), ev(3)])
+        );
+    }
+}
