@@ -247,9 +247,11 @@ impl RunDigest {
     }
 
     /// Applies a write of `h`. `replaced` says whether a checkpoint with the
-    /// same id existed. Returns false when the digest cannot be updated
-    /// incrementally (the replaced checkpoint was the latest and the new one
-    /// sorts lower): the caller rebuilds it from all headers.
+    /// same id existed. Returns false (and leaves the digest unchanged) when
+    /// the digest cannot be updated incrementally: the replaced checkpoint
+    /// was the latest and the new one sorts lower, or the replaced one may
+    /// have carried the minimum `run_created_at` and the new one does not
+    /// carry that same value. The caller then rebuilds it from all headers.
     #[must_use]
     pub fn apply_write(&mut self, h: CheckpointHeader, replaced: bool) -> bool {
         if replaced {
@@ -257,6 +259,9 @@ impl RunDigest {
                 if l.id == h.id && h.order_key() < l.order_key() {
                     return false;
                 }
+            }
+            if self.run_created_at.is_some() && h.run_created_at != self.run_created_at {
+                return false;
             }
             self.merge(h);
         } else {
@@ -645,6 +650,25 @@ mod tests {
             }
         )
         .is_err());
+    }
+
+    #[test]
+    fn replacing_the_checkpoint_that_carried_the_minimum_run_start_asks_for_a_rebuild() {
+        let h = |id: &str, rca: Option<i64>| CheckpointHeader {
+            id: id.parse().unwrap(),
+            created_at: Timestamp::from_millis(10).unwrap(),
+            run_created_at: rca.map(|r| Timestamp::from_millis(r).unwrap()),
+            fence: None,
+            park: None,
+        };
+        let mut d = RunDigest::from_headers(&[h("cp_a", Some(1)), h("cp_b", Some(5))]);
+        assert_eq!(d.run_created_at, Some(Timestamp::from_millis(1).unwrap()));
+        // cp_a (which carried the minimum 1) is rewritten with 5: the true
+        // minimum is now 5, which an incremental merge cannot know.
+        assert!(!d.apply_write(h("cp_a", Some(5)), true));
+        // Rewriting with the same minimum stays incremental.
+        assert!(d.apply_write(h("cp_a", Some(1)), true));
+        assert_eq!(d.checkpoint_count, 2);
     }
 
     #[test]
