@@ -1,0 +1,148 @@
+//! The command line: global options, the subcommands, shared arguments.
+//!
+//! Adding a subcommand is one variant in [`Command`] and one arm in
+//! `main::dispatch` (plus its `mod` line).
+
+use std::str::FromStr;
+
+use clap::{Args, Parser, Subcommand};
+use runkeep::RunId;
+
+use crate::commands;
+use crate::doctor;
+use crate::store::{DurabilityArg, StoreAddress};
+
+const AFTER_HELP: &str = "\
+Exit codes:
+  0   done (doctor: healthy; warn and skipped allowed)
+  1   the operation was refused or failed (unknown run, held, conflict, fenced out,
+      damaged data, I/O error); doctor: a check failed
+  2   doctor: no check ran
+  64  bad command line (unknown flag, bad id, bad duration, bad scope)
+  69  the store or a doctor check did not answer (doctor: a check is inconclusive)
+  70  internal error (a bug in runkeep)
+  78  the store cannot be opened as configured (missing directory, not a
+      directory, permission denied, backend not built into this binary)";
+
+/// `runkeep`: see and steer durable agent runs.
+#[derive(Parser, Debug)]
+#[command(
+    name = "runkeep",
+    version,
+    about = "See and steer durable agent runs: listing, parks, leases, transcripts, health.",
+    after_help = AFTER_HELP,
+    propagate_version = true
+)]
+pub struct Cli {
+    /// Options every command takes.
+    #[command(flatten)]
+    pub global: GlobalArgs,
+    /// What to do.
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// Options every command takes.
+#[derive(Args, Debug, Clone)]
+pub struct GlobalArgs {
+    /// Where the runs live: fs:PATH, memory: (empty, in-process) or postgres://… (not built yet).
+    #[arg(
+        long,
+        env = "RUNKEEP_STORE",
+        default_value = "fs:./runkeep-data",
+        value_parser = StoreAddress::from_str,
+        global = true
+    )]
+    pub store: StoreAddress,
+
+    /// Tenant id.
+    #[arg(long, env = "RUNKEEP_TENANT", default_value = "default", global = true)]
+    pub tenant: String,
+
+    /// Project id; '' clears it (a listing then covers the whole tenant).
+    #[arg(
+        long,
+        env = "RUNKEEP_PROJECT",
+        default_value = "default",
+        global = true
+    )]
+    pub project: String,
+
+    /// Session id; '' clears it (a listing then covers the whole project).
+    #[arg(
+        long,
+        env = "RUNKEEP_SESSION",
+        default_value = "default",
+        global = true
+    )]
+    pub session: String,
+
+    /// How much a write survives (fs store).
+    #[arg(
+        long,
+        env = "RUNKEEP_DURABILITY",
+        value_enum,
+        default_value_t = DurabilityArg::ProcessCrash,
+        global = true
+    )]
+    pub durability: DurabilityArg,
+
+    /// Machine-readable output on stdout (JSON document or JSON lines, per command).
+    #[arg(long, global = true)]
+    pub json: bool,
+}
+
+/// The subcommands.
+#[derive(Subcommand, Debug)]
+pub enum Command {
+    /// List runs with durable state (the work queue).
+    Runs(commands::runs::RunsArgs),
+    /// One run: scope, latest checkpoint, park, lease, counts.
+    Show(commands::show::ShowArgs),
+    /// A run's checkpoints, oldest first (total order: fence, time, id).
+    Checkpoints(commands::checkpoints::CheckpointsArgs),
+    /// A run's event transcript; --follow tails it until Ctrl-C.
+    Events(commands::events::EventsArgs),
+    /// Claim (or renew) a run's lease.
+    Claim(commands::lease::ClaimArgs),
+    /// Release a run's lease held at a fence.
+    Release(commands::lease::ReleaseArgs),
+    /// Delete all but the newest checkpoints (never an unanswered park).
+    Prune(commands::prune::PruneArgs),
+    /// Parks: runs waiting on a human decision.
+    #[command(subcommand)]
+    Park(commands::park::ParkCommand),
+    /// Write a few demo runs (parked, expired, claimed, …) into an empty session.
+    #[command(alias = "demo")]
+    Seed(commands::seed::SeedArgs),
+    /// Check the store's health.
+    Doctor(doctor::DoctorArgs),
+}
+
+/// The run a per-run command addresses.
+#[derive(Args, Debug, Clone)]
+pub struct RunArg {
+    /// The run id.
+    #[arg(value_name = "RUN", value_parser = parse_id::<RunId>)]
+    pub run: RunId,
+    /// The parent run, when RUN is a sub-run.
+    #[arg(long, value_name = "PARENT_RUN", value_parser = parse_id::<RunId>)]
+    pub parent: Option<RunId>,
+}
+
+/// Parses any core value with a validating `FromStr` (ids, fences, park
+/// states, orders), keeping the core's message.
+pub fn parse_id<T: FromStr<Err = runkeep::Error>>(s: &str) -> Result<T, String> {
+    s.parse().map_err(|e: runkeep::Error| e.to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::CommandFactory;
+
+    #[test]
+    fn the_command_line_is_well_formed() {
+        Cli::command().debug_assert();
+    }
+}

@@ -1,0 +1,163 @@
+//! `runkeep runs`: the listing (work queue).
+
+use clap::Args;
+use indicatif::{ProgressBar, ProgressStyle};
+use runkeep::{ListOptions, ListOrder, ParkState, RunRow, Timestamp};
+
+use crate::cli::parse_id;
+use crate::commands::{lease_cell, park_cell};
+use crate::context::Ctx;
+use crate::error::{CliResult, Exit};
+use crate::output::{emit, emit_json, emit_json_line, note, relative, when, Cell, Color, Table};
+
+/// `runkeep runs`.
+#[derive(Args, Debug)]
+pub struct RunsArgs {
+    /// Only runs whose park is in this list (outstanding, expired, resolved; comma-separated).
+    #[arg(long, value_delimiter = ',', value_parser = parse_id::<ParkState>, value_name = "STATES")]
+    park: Vec<ParkState>,
+    /// Only runs someone holds live.
+    #[arg(long, conflicts_with = "unclaimed")]
+    claimed: bool,
+    /// Only runs nobody holds live (never claimed, released or expired).
+    #[arg(long)]
+    unclaimed: bool,
+    /// Order: run-id (default) or created-at (unrecorded first).
+    #[arg(long, default_value = "run-id", value_parser = parse_id::<ListOrder>)]
+    order: ListOrder,
+    /// Page size (1..=1000; default 100).
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..=1000))]
+    limit: Option<u64>,
+    /// Continue after this cursor (printed by the previous page).
+    #[arg(long)]
+    cursor: Option<String>,
+    /// Walk every page (with --json: one row per line, JSON lines).
+    #[arg(long)]
+    all: bool,
+}
+
+/// Lists runs.
+pub async fn run(ctx: &Ctx, args: RunsArgs) -> CliResult<Exit> {
+    let listing = ctx.scope.listing()?;
+    let opened = ctx.store()?;
+    let now = Timestamp::now();
+    let mut options = ListOptions {
+        order: args.order,
+        park: (!args.park.is_empty()).then_some(args.park),
+        claimed: match (args.claimed, args.unclaimed) {
+            (true, _) => Some(true),
+            (_, true) => Some(false),
+            _ => None,
+        },
+        limit: args.limit.map(|l| l as usize),
+        cursor: args.cursor,
+        now: Some(now),
+    };
+    if !args.all {
+        let page = opened.store.list_runs(&listing, &options).await?;
+        if ctx.json() {
+            emit_json(&page)?;
+        } else {
+            print_rows(ctx, &page.entries, now, &listing.to_string())?;
+            if let Some(c) = &page.cursor {
+                emit(&format!("more: runkeep runs --cursor {c}\n"))?;
+            }
+        }
+        return Ok(Exit::Ok);
+    }
+    // Walk every page. JSON lines stream; the table needs every row for its widths.
+    let bar = ProgressBar::new_spinner().with_message("listing runs");
+    bar.set_style(
+        ProgressStyle::with_template("{spinner} {msg}: {pos} runs, {per_sec}")
+            .unwrap_or_else(|_| ProgressStyle::default_spinner()),
+    );
+    bar.enable_steady_tick(std::time::Duration::from_millis(120));
+    let mut rows = Vec::new();
+    loop {
+        let page = match opened.store.list_runs(&listing, &options).await {
+            Ok(p) => p,
+            Err(e) => {
+                bar.finish_and_clear();
+                return Err(e.into());
+            }
+        };
+        bar.inc(page.entries.len() as u64);
+        if ctx.json() {
+            for row in &page.entries {
+                bar.suspend(|| emit_json_line(row))?;
+            }
+        } else {
+            rows.extend(page.entries);
+        }
+        match page.cursor {
+            Some(c) => options.cursor = Some(c),
+            None => break,
+        }
+    }
+    bar.finish_and_clear();
+    if !ctx.json() {
+        print_rows(ctx, &rows, now, &listing.to_string())?;
+    }
+    Ok(Exit::Ok)
+}
+
+fn print_rows(ctx: &Ctx, rows: &[RunRow], now: Timestamp, scope: &str) -> CliResult<()> {
+    if rows.is_empty() {
+        note(&format!("no runs in {scope} match"));
+        return Ok(());
+    }
+    let with_parent = rows.iter().any(|r| r.scope.parent_run_id.is_some());
+    let wide_scope = ctx.scope.session.is_none();
+    let mut headers = vec!["RUN"];
+    if with_parent {
+        headers.push("PARENT");
+    }
+    if wide_scope {
+        headers.push("SCOPE");
+    }
+    headers.extend(["CREATED", "CPS", "LATEST", "UPDATED", "PARK", "CLAIM"]);
+    let mut table = Table::new(&headers);
+    for r in rows {
+        let mut cells: Vec<Cell> = vec![r.scope.run_id.to_string().into()];
+        if with_parent {
+            cells.push(
+                r.scope
+                    .parent_run_id
+                    .as_ref()
+                    .map_or("-".into(), |p| p.to_string())
+                    .into(),
+            );
+        }
+        if wide_scope {
+            cells.push(format!("{}/{}", r.scope.project_id, r.scope.session_id).into());
+        }
+        if let Some(damage) = &r.damaged {
+            cells.extend([
+                Cell::colored("DAMAGED", Color::Red),
+                "-".into(),
+                "-".into(),
+                "-".into(),
+                Cell::colored(crate::output::truncate(damage, 60), Color::Red),
+                lease_cell(r.claim.as_ref(), now),
+            ]);
+        } else {
+            cells.extend([
+                r.run_created_at.map_or("-".into(), |t| when(t, now)).into(),
+                r.checkpoint_count.to_string().into(),
+                r.latest_checkpoint_id
+                    .as_ref()
+                    .map_or("-".into(), |c| c.to_string())
+                    .into(),
+                r.latest_checkpoint_at
+                    .map_or("-".into(), |t| relative(t, now))
+                    .into(),
+                park_cell(r.park.as_ref(), now),
+                lease_cell(r.claim.as_ref(), now),
+            ]);
+        }
+        table.row(cells);
+    }
+    emit(&table.render(&ctx.style))?;
+    note(&format!("{} run(s) in {scope}", rows.len()));
+    Ok(())
+}

@@ -1,0 +1,480 @@
+//! The doctor's checks.
+//!
+//! | id | category | looks at |
+//! |---|---|---|
+//! | `store.reachable` | store | the store answers a listing of the scope |
+//! | `store.writable` | store | write, read back, claim, release, append and delete in a scratch location |
+//! | `store.hard-links` | store | the directory can hard-link (fs; claims are published by link) |
+//! | `store.scratch-leftovers` | integrity | claim scratch files older than the 10 min scratch TTL |
+//! | `store.torn-transcripts` | integrity | transcripts ending in a partial line |
+//! | `store.damaged-checkpoints` | integrity | checkpoint files that cannot be read |
+//! | `store.oversized-claims` | integrity | claims directories pruning did not keep small |
+//! | `leases.expired-unreclaimed` | leases | leases past expiry nobody reclaimed or released |
+//! | `runtime.invariants` | runtime | `store.run:single-open-writer`, from persisted fenced-out refusal counters |
+
+use std::future::Future;
+use std::path::Path;
+use std::sync::Arc;
+
+use runkeep::{
+    Checkpoint, CheckpointId, ClaimOptions, Holder, ListOptions, NewEvent, ReadEventsOptions,
+    RunScope, RunStore, Timestamp, Ttl,
+};
+use serde_json::{json, Map};
+
+use super::{Check, Outcome};
+use crate::error::{CliError, CliResult};
+use crate::scope::ScopeParts;
+use crate::store::{Backend, DiskReport, OpenedStore};
+
+/// What every check can read.
+#[derive(Debug)]
+pub struct Env {
+    opened: OpenedStore,
+    scope: ScopeParts,
+    now: Timestamp,
+    verbose: bool,
+    diagnosis: tokio::sync::OnceCell<Option<Result<Arc<DiskReport>, (String, Option<String>)>>>,
+}
+
+impl Env {
+    /// The environment of one doctor run.
+    pub fn new(opened: OpenedStore, scope: ScopeParts, now: Timestamp, verbose: bool) -> Self {
+        Self {
+            opened,
+            scope,
+            now,
+            verbose,
+            diagnosis: tokio::sync::OnceCell::new(),
+        }
+    }
+
+    /// The directory store's scan, run once and shared by every check that
+    /// needs it; `None` for backends without one.
+    async fn diagnosis(&self) -> Option<CliResult<Arc<DiskReport>>> {
+        let cached = self
+            .diagnosis
+            .get_or_init(|| async {
+                self.opened
+                    .diagnose(self.now)
+                    .map(|r| r.map(Arc::new).map_err(|e| (e.message, e.hint)))
+            })
+            .await;
+        cached.as_ref().map(|r| {
+            r.clone().map_err(|(message, hint)| {
+                let e = CliError::failed(format!("the store's scan failed: {message}"));
+                match hint {
+                    Some(h) => e.hint(h),
+                    None => e,
+                }
+            })
+        })
+    }
+
+    /// `a, b, c and 4 more` (everything with --verbose).
+    fn list(&self, items: impl IntoIterator<Item = String>) -> String {
+        let items: Vec<String> = items.into_iter().collect();
+        let shown = if self.verbose { items.len() } else { 3 };
+        let mut text = items
+            .iter()
+            .take(shown)
+            .cloned()
+            .collect::<Vec<_>>()
+            .join(", ");
+        if items.len() > shown {
+            text.push_str(&format!(
+                " and {} more (--verbose lists all)",
+                items.len() - shown
+            ));
+        }
+        text
+    }
+
+    /// A path as shown: relative to the store's directory.
+    fn path(&self, p: &Path) -> String {
+        match &self.opened.backend {
+            Backend::Fs { base_dir } => p.strip_prefix(base_dir).unwrap_or(p).display().to_string(),
+            Backend::Memory => p.display().to_string(),
+        }
+    }
+}
+
+fn check<F, Fut>(id: &'static str, category: &'static str, body: F) -> Check
+where
+    F: FnOnce(Arc<Env>) -> Fut + Send + 'static,
+    Fut: Future<Output = CliResult<Outcome>> + Send + 'static,
+{
+    Check {
+        id,
+        category,
+        run: Box::new(move |env| Box::pin(body(env))),
+    }
+}
+
+/// Every check, in report order.
+pub fn registry() -> Vec<Check> {
+    vec![
+        check("store.reachable", "store", |env| async move {
+            reachable(&env).await
+        }),
+        check("store.writable", "store", |env| async move {
+            writable(&env).await
+        }),
+        check("store.hard-links", "store", |env| async move {
+            hard_links(&env)
+        }),
+        check("store.scratch-leftovers", "integrity", |env| async move {
+            from_scan(&env, |env, d| {
+                if d.scratch_leftovers.is_empty() {
+                    return Outcome::pass(format!("no scratch file older than 10 min in {} run(s)", d.runs_scanned));
+                }
+                Outcome::warn(format!(
+                    "{} scratch file(s) older than 10 min: {}",
+                    d.scratch_leftovers.len(),
+                    env.list(d.scratch_leftovers.iter().map(|p| env.path(p)))
+                ))
+                .remedy("left by claimers that crashed mid-publish; harmless, swept by the run's next claim, or delete them")
+            })
+            .await
+        }),
+        check("store.torn-transcripts", "integrity", |env| async move {
+            from_scan(&env, |env, d| {
+                if d.torn_transcripts.is_empty() {
+                    return Outcome::pass(format!("no torn transcript in {} run(s)", d.runs_scanned));
+                }
+                Outcome::warn(format!(
+                    "{} transcript(s) end in a partial line: {}",
+                    d.torn_transcripts.len(),
+                    env.list(d.torn_transcripts.iter().map(|p| env.path(p)))
+                ))
+                .remedy("a writer crashed mid-append; readers skip the partial line and the next append heals it")
+            })
+            .await
+        }),
+        check("store.damaged-checkpoints", "integrity", |env| async move {
+            from_scan(&env, |env, d| {
+                if d.damaged_checkpoints.is_empty() {
+                    return Outcome::pass(format!("every checkpoint readable in {} run(s)", d.runs_scanned));
+                }
+                Outcome::fail(format!(
+                    "{} checkpoint(s) cannot be read: {}",
+                    d.damaged_checkpoints.len(),
+                    env.list(d.damaged_checkpoints.iter().map(|(p, why)| format!("{} ({why})", env.path(p))))
+                ))
+                .remedy("their runs show as DAMAGED in `runkeep runs`; restore the files from a backup or delete them so the run resumes from an older checkpoint")
+            })
+            .await
+        }),
+        check("store.oversized-claims", "integrity", |env| async move {
+            from_scan(&env, |env, d| {
+                if d.oversized_claims.is_empty() {
+                    return Outcome::pass(format!(
+                        "every claims directory pruned in {} run(s)",
+                        d.runs_scanned
+                    ));
+                }
+                Outcome::warn(format!(
+                    "{} claims director(ies) hold more holdings than pruning keeps: {}",
+                    d.oversized_claims.len(),
+                    env.list(
+                        d.oversized_claims
+                            .iter()
+                            .map(|(p, n)| format!("{} ({n} entries)", env.path(p)))
+                    )
+                ))
+                .remedy(
+                    "claims get slower as the directory grows; the next claim of the run prunes it",
+                )
+            })
+            .await
+        }),
+        check("leases.expired-unreclaimed", "leases", |env| async move {
+            expired_unreclaimed(&env).await
+        }),
+        check("runtime.invariants", "runtime", |env| async move {
+            invariants(&env).await
+        }),
+    ]
+}
+
+/// Test-only check that blocks its thread for `ms` (see `SLOW_CHECK_ENV`).
+pub fn slow_check(ms: u64) -> Check {
+    check("test.slow-check", "custom", move |_env| async move {
+        std::thread::sleep(std::time::Duration::from_millis(ms));
+        Ok(Outcome::pass(format!("slept {ms} ms")))
+    })
+}
+
+/// Test-only check that panics or errors (see `FAULTY_CHECK_ENV`).
+pub fn faulty_check(kind: String) -> Check {
+    check("test.faulty-check", "custom", move |_env| async move {
+        match kind.as_str() {
+            "panic" => panic!("deliberate panic for the doctor's tests"),
+            _ => Err(CliError::failed("deliberate error for the doctor's tests")),
+        }
+    })
+}
+
+/// Runs a check over the directory scan: skipped without one (other
+/// backends) or with no run to look at.
+async fn from_scan(
+    env: &Env,
+    judge: impl FnOnce(&Env, &DiskReport) -> Outcome,
+) -> CliResult<Outcome> {
+    let Some(scan) = env.diagnosis().await else {
+        return Ok(Outcome::skipped(format!(
+            "{} is not a directory store: no files to inspect",
+            env.opened.address
+        )));
+    };
+    let scan = scan?;
+    if scan.runs_scanned == 0 {
+        return Ok(Outcome::skipped("no run directories to inspect"));
+    }
+    Ok(judge(env, &scan))
+}
+
+async fn reachable(env: &Env) -> CliResult<Outcome> {
+    let listing = env.scope.listing()?;
+    let options = ListOptions {
+        limit: Some(100),
+        now: Some(env.now),
+        ..ListOptions::default()
+    };
+    match env.opened.store.list_runs(&listing, &options).await {
+        Ok(page) => Ok(Outcome::pass(format!(
+            "{} answered a listing of {listing}: {}{} run(s)",
+            env.opened.address,
+            page.entries.len(),
+            if page.cursor.is_some() { "+" } else { "" }
+        ))),
+        Err(e) => Ok(Outcome::fail(format!(
+            "listing {listing} failed: {}",
+            CliError::from(e).message
+        ))
+        .remedy("check that the store exists and this user can read it")),
+    }
+}
+
+async fn writable(env: &Env) -> CliResult<Outcome> {
+    let scratch = match env.opened.scratch() {
+        Ok(s) => s,
+        Err(e) => {
+            return Ok(
+                Outcome::fail(format!("cannot open a scratch location: {}", e.message))
+                    .remedy("check that this user can create directories in the store"),
+            )
+        }
+    };
+    match probe(scratch.store.as_ref(), &scratch.scope).await {
+        Ok(()) => Ok(Outcome::pass(format!(
+            "wrote, read back, claimed, released, appended and deleted a probe run in {}",
+            scratch.describe()
+        ))),
+        Err(e) => Ok(Outcome::fail(format!(
+            "probe in {} failed: {}",
+            scratch.describe(),
+            CliError::from(e).message
+        ))
+        .remedy("check free space, permissions and that the volume is not read-only")),
+    }
+}
+
+/// One of everything a worker does, in a scratch location, then cleaned up.
+async fn probe(store: &dyn RunStore, scope: &RunScope) -> runkeep::Result<()> {
+    let id = CheckpointId::new("cp_doctor_probe")?;
+    let nonce = runkeep::id::random_suffix(12);
+    let mut state = Map::new();
+    state.insert("probe".into(), json!(nonce));
+    let written = Checkpoint::new(id.clone(), Timestamp::now(), state);
+    store.write_checkpoint(scope, &written, None).await?;
+    let back = store.read_checkpoint(scope, &id).await?;
+    if back.as_ref().map(|c| &c.state) != Some(&written.state) {
+        return Err(runkeep::Error::corrupted(
+            "the probe checkpoint read back differently from what was written",
+        ));
+    }
+    let lease = store
+        .claim(
+            scope,
+            &ClaimOptions::new(Holder::unique("runkeep-doctor"), Ttl::from_millis(30_000)?),
+        )
+        .await?
+        .lease()
+        .ok_or_else(|| {
+            runkeep::Error::corrupted("the probe run was reported held by someone else")
+        })?;
+    let mut payload = Map::new();
+    payload.insert("probe".into(), json!(nonce));
+    store
+        .append_events(
+            scope,
+            &[NewEvent::new("doctor_probe", payload)],
+            Some(lease.fence),
+        )
+        .await?;
+    let events = store
+        .read_events(scope, &ReadEventsOptions::default())
+        .await?;
+    if events.events.last().and_then(|e| e.payload.get("probe")) != Some(&json!(nonce)) {
+        return Err(runkeep::Error::corrupted(
+            "the probe event read back differently from what was appended",
+        ));
+    }
+    if !store.release(scope, lease.fence).await? {
+        return Err(runkeep::Error::corrupted(
+            "the probe lease could not be released",
+        ));
+    }
+    store.delete_checkpoint(scope, &id, None).await?;
+    if store.read_checkpoint(scope, &id).await?.is_some() {
+        return Err(runkeep::Error::corrupted(
+            "the probe checkpoint is still there after delete",
+        ));
+    }
+    Ok(())
+}
+
+/// Linux errnos that mean "this volume has no hard links" (spec FL-20):
+/// EPERM, EXDEV, EMLINK, ENOSYS, EOPNOTSUPP.
+const NO_HARD_LINK_ERRNOS: [i32; 5] = [1, 18, 31, 38, 95];
+
+fn hard_links(env: &Env) -> CliResult<Outcome> {
+    let Backend::Fs { base_dir } = &env.opened.backend else {
+        return Ok(Outcome::skipped(format!(
+            "{} is not a directory store: it does not publish claims by hard link",
+            env.opened.address
+        )));
+    };
+    let stem = format!(
+        ".runkeep-doctor-link-{}-{}",
+        std::process::id(),
+        runkeep::id::random_suffix(8)
+    );
+    let source = base_dir.join(format!("{stem}.a"));
+    let target = base_dir.join(format!("{stem}.b"));
+    if let Err(e) = std::fs::write(&source, b"runkeep doctor hard-link probe\n") {
+        return Err(CliError::failed(format!(
+            "cannot create a test file in {}: {e}",
+            base_dir.display()
+        ))
+        .hint("see store.writable"));
+    }
+    let linked = std::fs::hard_link(&source, &target);
+    let _ = std::fs::remove_file(&target);
+    let _ = std::fs::remove_file(&source);
+    match linked {
+        Ok(()) => Ok(Outcome::pass(format!("{} supports hard links", base_dir.display()))),
+        Err(e) if e.raw_os_error().is_some_and(|c| NO_HARD_LINK_ERRNOS.contains(&c)) => Ok(Outcome::fail(format!(
+            "{} cannot hard-link ({e}): the directory store cannot publish a run claim there",
+            base_dir.display()
+        ))
+        .remedy("claims need hard-link support to keep a single writer per run; move the store to ext4, xfs, btrfs or tmpfs")),
+        Err(e) => Err(CliError::failed(format!("hard-link test in {} failed: {e}", base_dir.display()))),
+    }
+}
+
+async fn expired_unreclaimed(env: &Env) -> CliResult<Outcome> {
+    let expired: Vec<String> = match env.diagnosis().await {
+        Some(scan) => {
+            let scan = scan?;
+            if scan.runs_scanned == 0 {
+                return Ok(Outcome::skipped("no run directories to inspect"));
+            }
+            scan.expired_unreclaimed
+                .iter()
+                .map(|(run, l)| {
+                    format!(
+                        "{} ({}, fence {}, expired {})",
+                        run.run_id,
+                        l.holder,
+                        l.fence,
+                        crate::output::relative(l.expires_at, env.now)
+                    )
+                })
+                .collect()
+        }
+        None => {
+            // Backends without a scan: walk the listing of the scope.
+            let listing = env.scope.listing()?;
+            let mut options = ListOptions {
+                limit: Some(runkeep::listing::MAX_LIMIT),
+                now: Some(env.now),
+                ..ListOptions::default()
+            };
+            let mut found = Vec::new();
+            let mut seen = 0usize;
+            loop {
+                let page = env.opened.store.list_runs(&listing, &options).await?;
+                seen += page.entries.len();
+                found.extend(page.entries.iter().filter_map(|r| {
+                    r.claim
+                        .as_ref()
+                        .filter(|c| c.expired && !c.holder.is_empty())
+                        .map(|c| {
+                            format!(
+                                "{} ({}, fence {}, expired {})",
+                                r.scope.run_id,
+                                c.holder,
+                                c.fence,
+                                crate::output::relative(c.expires_at, env.now)
+                            )
+                        })
+                }));
+                match page.cursor {
+                    Some(c) => options.cursor = Some(c),
+                    None => break,
+                }
+            }
+            if seen == 0 {
+                return Ok(Outcome::skipped(format!("no runs in {listing}")));
+            }
+            found
+        }
+    };
+    if expired.is_empty() {
+        return Ok(Outcome::pass("no lease is past expiry unreclaimed"));
+    }
+    Ok(Outcome::warn(format!("{} lease(s) expired and never reclaimed: {}", expired.len(), env.list(expired)))
+        .remedy("their workers likely died; the runs are claimable (`runkeep runs --unclaimed`), release or reclaim them"))
+}
+
+/// `store.run:single-open-writer` (spec DR-17/18, WK-25), evaluated from the
+/// store's persisted fenced-out refusal counters. Refusals are `warn`, not
+/// `fail`: each one is a superseded writer the store *stopped* (nothing it
+/// wrote was accepted), and the counters are cumulative, so `fail` would
+/// never clear; they still say a second writer was open, which an operator
+/// should know about.
+async fn invariants(env: &Env) -> CliResult<Outcome> {
+    const ID: &str = "store.run:single-open-writer";
+    let Some(scan) = env.diagnosis().await else {
+        return Ok(Outcome::skipped(format!(
+            "{ID}: {} keeps no persisted refusal counters; nothing to evaluate",
+            env.opened.address
+        )));
+    };
+    let scan = scan?;
+    if scan.runs_scanned == 0 {
+        return Ok(Outcome::skipped(format!(
+            "{ID}: no run directories to evaluate"
+        )));
+    }
+    let refused: Vec<_> = scan
+        .fenced_out_refusals
+        .iter()
+        .filter(|(_, n)| *n > 0)
+        .collect();
+    if refused.is_empty() {
+        return Ok(Outcome::pass(format!(
+            "1/1 invariant holds — {ID} (0 fenced-out refusals recorded in {} run(s))",
+            scan.runs_scanned
+        )));
+    }
+    let total: u64 = refused.iter().map(|(_, n)| n).sum();
+    Ok(Outcome::warn(format!(
+        "{ID}: {total} superseded write(s) refused in {} run(s): {}",
+        refused.len(),
+        env.list(refused.iter().map(|(run, n)| format!("{} ({n})", run.run_id)))
+    ))
+    .remedy("a worker kept writing after its lease was taken over (stalled or partitioned); the store refused it. Renew more often than the TTL, or lengthen the TTL"))
+}

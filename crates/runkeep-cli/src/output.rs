@@ -1,0 +1,360 @@
+//! Terminal output: colour (only on a TTY, never with `NO_COLOR`), aligned
+//! tables, readable instants and durations, JSON documents and lines.
+
+use std::io::{IsTerminal, Write};
+use std::time::Duration;
+
+use runkeep::Timestamp;
+use serde::Serialize;
+
+use crate::error::{CliError, CliResult};
+
+/// ANSI colours used by the command.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum Color {
+    Red,
+    Green,
+    Yellow,
+    Blue,
+    Dim,
+    Bold,
+}
+
+impl Color {
+    fn sgr(self) -> &'static str {
+        match self {
+            Color::Red => "31",
+            Color::Green => "32",
+            Color::Yellow => "33",
+            Color::Blue => "34",
+            Color::Dim => "2",
+            Color::Bold => "1",
+        }
+    }
+}
+
+/// Whether a stream gets colour.
+#[derive(Clone, Copy, Debug)]
+pub struct Style {
+    color: bool,
+}
+
+/// `NO_COLOR` present and not empty disables colour (no-color.org).
+fn no_color_env() -> bool {
+    std::env::var_os("NO_COLOR").is_some_and(|v| !v.is_empty())
+}
+
+impl Style {
+    /// For stdout.
+    pub fn stdout() -> Self {
+        Self {
+            color: std::io::stdout().is_terminal() && !no_color_env(),
+        }
+    }
+
+    /// For stderr.
+    pub fn stderr() -> Self {
+        Self {
+            color: std::io::stderr().is_terminal() && !no_color_env(),
+        }
+    }
+
+    /// `text` in `color` when colour is on.
+    pub fn paint(&self, text: &str, color: Color) -> String {
+        if self.color && !text.is_empty() {
+            format!("\x1b[{}m{text}\x1b[0m", color.sgr())
+        } else {
+            text.to_string()
+        }
+    }
+}
+
+/// One table cell.
+#[derive(Clone, Debug)]
+pub struct Cell {
+    text: String,
+    color: Option<Color>,
+}
+
+impl Cell {
+    /// A coloured cell.
+    pub fn colored(text: impl Into<String>, color: Color) -> Self {
+        Self {
+            text: text.into(),
+            color: Some(color),
+        }
+    }
+}
+
+impl Cell {
+    /// The text, without colour.
+    pub fn text(&self) -> &str {
+        &self.text
+    }
+}
+
+impl From<String> for Cell {
+    fn from(text: String) -> Self {
+        Self { text, color: None }
+    }
+}
+
+impl From<&str> for Cell {
+    fn from(text: &str) -> Self {
+        Self::from(text.to_string())
+    }
+}
+
+/// A table with a header row, columns padded to their widest cell.
+#[derive(Debug)]
+pub struct Table {
+    headers: Vec<&'static str>,
+    rows: Vec<Vec<Cell>>,
+}
+
+impl Table {
+    /// A table with these column titles.
+    pub fn new(headers: &[&'static str]) -> Self {
+        Self {
+            headers: headers.to_vec(),
+            rows: Vec::new(),
+        }
+    }
+
+    /// Appends a row (as many cells as headers).
+    pub fn row(&mut self, cells: Vec<Cell>) {
+        debug_assert_eq!(cells.len(), self.headers.len());
+        self.rows.push(cells);
+    }
+
+    /// Renders the table; the last column is not padded.
+    pub fn render(&self, style: &Style) -> String {
+        let n = self.headers.len();
+        let mut widths: Vec<usize> = self.headers.iter().map(|h| h.chars().count()).collect();
+        for row in &self.rows {
+            for (w, c) in widths.iter_mut().zip(row) {
+                *w = (*w).max(c.text.chars().count());
+            }
+        }
+        let mut out = String::new();
+        let line = |out: &mut String, cells: Vec<(String, Option<Color>)>| {
+            let mut text = String::new();
+            for (i, (t, color)) in cells.into_iter().enumerate() {
+                let pad = if i + 1 < n {
+                    widths[i].saturating_sub(t.chars().count())
+                } else {
+                    0
+                };
+                text.push_str(&match color {
+                    Some(c) => style.paint(&t, c),
+                    None => t,
+                });
+                if i + 1 < n {
+                    text.push_str(&" ".repeat(pad + 2));
+                }
+            }
+            out.push_str(text.trim_end());
+            out.push('\n');
+        };
+        line(
+            &mut out,
+            self.headers
+                .iter()
+                .map(|h| (h.to_string(), Some(Color::Bold)))
+                .collect(),
+        );
+        for row in &self.rows {
+            line(
+                &mut out,
+                row.iter().map(|c| (c.text.clone(), c.color)).collect(),
+            );
+        }
+        out
+    }
+}
+
+/// Key/value lines with the keys aligned (for `show`).
+pub fn fields(pairs: &[(&str, Cell)], style: &Style) -> String {
+    let width = pairs.iter().map(|(k, _)| k.len()).max().unwrap_or(0);
+    pairs
+        .iter()
+        .map(|(k, v)| {
+            let value = match v.color {
+                Some(c) => style.paint(&v.text, c),
+                None => v.text.clone(),
+            };
+            format!(
+                "{}  {value}\n",
+                style.paint(&format!("{k:<width$}"), Color::Bold)
+            )
+        })
+        .collect()
+}
+
+/// Writes text to stdout (a closed pipe ends the command quietly).
+pub fn emit(text: &str) -> CliResult<()> {
+    let mut out = std::io::stdout().lock();
+    out.write_all(text.as_bytes())?;
+    out.flush()?;
+    Ok(())
+}
+
+/// Writes one pretty JSON document to stdout.
+pub fn emit_json<T: Serialize + ?Sized>(value: &T) -> CliResult<()> {
+    let text = serde_json::to_string_pretty(value)
+        .map_err(|e| CliError::internal(format!("encoding JSON output: {e}")))?;
+    emit(&format!("{text}\n"))
+}
+
+/// Writes one compact JSON line to stdout (JSON lines).
+pub fn emit_json_line<T: Serialize + ?Sized>(value: &T) -> CliResult<()> {
+    let text = serde_json::to_string(value)
+        .map_err(|e| CliError::internal(format!("encoding JSON output: {e}")))?;
+    emit(&format!("{text}\n"))
+}
+
+/// A warning on stderr.
+pub fn warn(message: &str) {
+    let style = Style::stderr();
+    eprintln!("{} {message}", style.paint("warning:", Color::Yellow));
+}
+
+/// An informational note on stderr (kept off stdout so scripts can parse it).
+pub fn note(message: &str) {
+    let style = Style::stderr();
+    eprintln!("{}", style.paint(message, Color::Dim));
+}
+
+/// `(year, month, day)` of a day count since 1970-01-01 (proleptic Gregorian).
+fn civil_from_days(days: i64) -> (i64, u32, u32) {
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = (doy - (153 * mp + 2) / 5 + 1) as u32;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 } as u32;
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    (year, month, day)
+}
+
+fn iso_parts(ms: i64) -> (String, i64) {
+    let days = ms.div_euclid(86_400_000);
+    let rest = ms.rem_euclid(86_400_000);
+    let (y, mo, d) = civil_from_days(days);
+    let (h, mi, s) = (rest / 3_600_000, rest / 60_000 % 60, rest / 1000 % 60);
+    (
+        format!("{y:04}-{mo:02}-{d:02}T{h:02}:{mi:02}:{s:02}"),
+        rest % 1000,
+    )
+}
+
+/// `2025-06-01T12:04:05Z` (UTC, seconds).
+pub fn iso(ts: Timestamp) -> String {
+    format!("{}Z", iso_parts(ts.as_millis()).0)
+}
+
+/// `2025-06-01T12:04:05.123Z` (UTC, milliseconds), for JSON reports.
+pub fn iso_millis(ts: Timestamp) -> String {
+    let (base, ms) = iso_parts(ts.as_millis());
+    format!("{base}.{ms:03}Z")
+}
+
+/// A duration for humans: `850ms`, `25s`, `3m 12s`, `1h 5m`, `2d 4h`.
+pub fn human_duration(d: Duration) -> String {
+    let ms = d.as_millis();
+    if ms < 1000 {
+        return format!("{ms}ms");
+    }
+    let s = d.as_secs();
+    let (days, hours, mins, secs) = (s / 86_400, s / 3600 % 24, s / 60 % 60, s % 60);
+    let parts = [(days, "d"), (hours, "h"), (mins, "m"), (secs, "s")];
+    let first = parts.iter().position(|(v, _)| *v > 0).unwrap_or(3);
+    parts[first..]
+        .iter()
+        .take(2)
+        .filter(|(v, _)| *v > 0)
+        .map(|(v, u)| format!("{v}{u}"))
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+/// `in 25s`, `3m ago`, `now`.
+pub fn relative(ts: Timestamp, now: Timestamp) -> String {
+    let delta = ts.as_millis() - now.as_millis();
+    if delta.abs() < 1000 {
+        return "now".to_string();
+    }
+    let d = human_duration(Duration::from_millis(delta.unsigned_abs()));
+    if delta > 0 {
+        format!("in {d}")
+    } else {
+        format!("{d} ago")
+    }
+}
+
+/// `2025-06-01T12:04:05Z (3m ago)`.
+pub fn when(ts: Timestamp, now: Timestamp) -> String {
+    format!("{} ({})", iso(ts), relative(ts, now))
+}
+
+/// Shortens `text` to `max` characters with an ellipsis.
+pub fn truncate(text: &str, max: usize) -> String {
+    if text.chars().count() <= max {
+        return text.to_string();
+    }
+    let mut s: String = text.chars().take(max.saturating_sub(1)).collect();
+    s.push('…');
+    s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn at(ms: i64) -> Timestamp {
+        Timestamp::from_millis(ms).unwrap()
+    }
+
+    #[test]
+    fn instants_format_as_utc_iso() {
+        assert_eq!(iso(at(0)), "1970-01-01T00:00:00Z");
+        assert_eq!(iso(at(951_782_400_000)), "2000-02-29T00:00:00Z");
+        assert_eq!(
+            iso_millis(at(1_717_243_445_123)),
+            "2024-06-01T12:04:05.123Z"
+        );
+    }
+
+    #[test]
+    fn durations_and_relative_times_read_naturally() {
+        assert_eq!(human_duration(Duration::from_millis(850)), "850ms");
+        assert_eq!(human_duration(Duration::from_secs(25)), "25s");
+        assert_eq!(human_duration(Duration::from_secs(192)), "3m 12s");
+        assert_eq!(human_duration(Duration::from_secs(180)), "3m");
+        assert_eq!(human_duration(Duration::from_secs(3900)), "1h 5m");
+        assert_eq!(
+            human_duration(Duration::from_secs(2 * 86_400 + 3600 * 4 + 7)),
+            "2d 4h"
+        );
+        assert_eq!(relative(at(26_000), at(1_000)), "in 25s");
+        assert_eq!(relative(at(1_000), at(181_000)), "3m ago");
+        assert_eq!(relative(at(1_000), at(1_500)), "now");
+    }
+
+    #[test]
+    fn tables_align_columns_and_do_not_pad_the_last() {
+        let mut t = Table::new(&["A", "LONGER"]);
+        t.row(vec!["xyz".into(), "1".into()]);
+        t.row(vec!["q".into(), "22".into()]);
+        let style = Style { color: false };
+        assert_eq!(t.render(&style), "A    LONGER\nxyz  1\nq    22\n");
+    }
+
+    #[test]
+    fn truncation_marks_the_cut() {
+        assert_eq!(truncate("abcdef", 4), "abc…");
+        assert_eq!(truncate("abc", 4), "abc");
+    }
+}
