@@ -42,7 +42,7 @@ impl Exit {
 }
 
 /// A failure of the command: exit code, one-line cause, optional hint.
-#[derive(Debug)]
+#[derive(Clone, Debug)]
 pub struct CliError {
     /// How the process exits.
     pub exit: Exit,

@@ -34,7 +34,7 @@ pub struct Env {
     scope: ScopeParts,
     now: Timestamp,
     verbose: bool,
-    diagnosis: tokio::sync::OnceCell<Option<Result<Arc<DiskReport>, (String, Option<String>)>>>,
+    diagnosis: tokio::sync::OnceCell<Option<CliResult<Arc<DiskReport>>>>,
 }
 
 impl Env {
@@ -52,23 +52,15 @@ impl Env {
     /// The directory store's scan, run once and shared by every check that
     /// needs it; `None` for backends without one.
     async fn diagnosis(&self) -> Option<CliResult<Arc<DiskReport>>> {
-        let cached = self
-            .diagnosis
+        self.diagnosis
             .get_or_init(|| async {
-                self.opened
-                    .diagnose(self.now)
-                    .map(|r| r.map(Arc::new).map_err(|e| (e.message, e.hint)))
+                self.opened.diagnose(self.now).map(|r| {
+                    r.map(Arc::new)
+                        .map_err(|e| e.context("the store's scan failed"))
+                })
             })
-            .await;
-        cached.as_ref().map(|r| {
-            r.clone().map_err(|(message, hint)| {
-                let e = CliError::failed(format!("the store's scan failed: {message}"));
-                match hint {
-                    Some(h) => e.hint(h),
-                    None => e,
-                }
-            })
-        })
+            .await
+            .clone()
     }
 
     /// `a, b, c and 4 more` (everything with --verbose).

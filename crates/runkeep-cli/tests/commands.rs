@@ -1,0 +1,529 @@
+//! End-to-end tests of the operator commands: the real binary against a real
+//! directory store.
+
+mod common;
+
+use std::io::{BufRead, BufReader};
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use common::{runkeep, stdout, Store};
+use predicates::prelude::*;
+use serde_json::Value;
+
+#[test]
+fn usage_errors_exit_64_with_one_error_line_and_never_panic() {
+    let store = Store::seeded();
+    let cases: &[&[&str]] = &[
+        &["bogus"],
+        &[],
+        &["claim", "run_demo_001", "--ttl", "0s"],
+        &["claim", "run_demo_001", "--ttl", "-5s"],
+        &["claim", "run_demo_001", "--ttl", "abc"],
+        &["claim", "run_demo_001", "--ttl", "30"],
+        &["show", "../x"],
+        &["show", "run_a/../../etc"],
+        &["events", "run_demo_001", "--since", "-1"],
+        &["release", "run_demo_001", "--fence", "0"],
+        &["runs", "--limit", "0"],
+        &["runs", "--park", "sleeping"],
+        &["runs", "--order", "newest"],
+        &["runs", "--claimed", "--unclaimed"],
+        &["runs", "--cursor", "rk1.forged"],
+        &["--project", "", "--session", "s", "runs"],
+        &["--tenant", "a/b", "runs"],
+        &["prune", "run_demo_001", "--keep", "0"],
+        &["park", "resolve", "run_demo_002"],
+    ];
+    for args in cases {
+        store
+            .cmd(args)
+            .assert()
+            .code(64)
+            .stderr(predicate::str::starts_with("error:"))
+            .stderr(predicate::str::contains("panicked").not())
+            .stderr(predicate::str::contains("RUST_BACKTRACE").not());
+    }
+    runkeep()
+        .args(["--store", "./data", "runs"])
+        .assert()
+        .code(64)
+        .stderr(predicate::str::contains("did you mean fs:./data"));
+}
+
+#[test]
+fn unopenable_stores_exit_78_with_a_hint() {
+    runkeep()
+        .args(["--store", "postgres://u:secret@db/test", "runs"])
+        .assert()
+        .code(78)
+        .stderr(predicate::str::contains("not built into this binary yet"))
+        .stderr(predicate::str::contains("secret").not())
+        .stderr(predicate::str::contains("hint:"));
+    let dir = tempfile::tempdir().unwrap();
+    let missing = format!("fs:{}/nope", dir.path().display());
+    runkeep()
+        .args(["--store", &missing, "runs"])
+        .assert()
+        .code(78)
+        .stderr(predicate::str::contains("does not exist"));
+    let file = dir.path().join("file");
+    std::fs::write(&file, "x").unwrap();
+    runkeep()
+        .args(["--store", &format!("fs:{}", file.display()), "doctor"])
+        .assert()
+        .code(78)
+        .stderr(predicate::str::contains("not a directory"));
+}
+
+#[test]
+fn seed_writes_six_runs_once() {
+    let store = Store::new();
+    let doc = store.json(&["seed"]);
+    let runs = doc["runs"].as_array().unwrap();
+    assert_eq!(runs.len(), 6);
+    assert_eq!(
+        runs[1],
+        serde_json::json!({"runId": "run_demo_002", "kind": "parked"})
+    );
+    store
+        .cmd(&["seed"])
+        .assert()
+        .code(1)
+        .stderr(predicate::str::contains("already exists"));
+    store
+        .cmd(&["seed", "--prefix", "more", "--runs", "2"])
+        .assert()
+        .success();
+    assert_eq!(
+        store.json(&["runs"])["entries"].as_array().unwrap().len(),
+        8
+    );
+}
+
+#[test]
+fn runs_prints_an_aligned_table() {
+    let store = Store::seeded();
+    let text = stdout(&mut store.cmd(&["runs"]));
+    let lines: Vec<&str> = text.lines().collect();
+    assert!(lines[0].starts_with("RUN "), "{text}");
+    assert_eq!(lines.len(), 7, "{text}");
+    let park_col = lines[0].find("PARK").unwrap();
+    assert_eq!(
+        lines[2].find("outstanding tool_review"),
+        Some(park_col),
+        "{text}"
+    );
+    assert!(lines[3].contains("expired tool_review"), "{text}");
+    assert!(
+        lines[4].contains("worker-a · fence 1 · expires in"),
+        "{text}"
+    );
+    assert!(lines[6].contains("worker-b · fence 1 · expired"), "{text}");
+    assert!(
+        text.contains(" ago)"),
+        "created column is ISO + relative: {text}"
+    );
+    assert!(!text.contains('\x1b'), "no colour off a TTY");
+}
+
+#[test]
+fn runs_json_filters_order_and_cursor() {
+    let store = Store::seeded();
+    let ids = |doc: &Value| -> Vec<String> {
+        doc["entries"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|r| r["runId"].as_str().unwrap().to_string())
+            .collect()
+    };
+    let all = store.json(&["runs"]);
+    assert_eq!(ids(&all).len(), 6);
+    let row = &all["entries"][1];
+    for key in [
+        "tenantId",
+        "projectId",
+        "sessionId",
+        "runId",
+        "checkpointCount",
+        "latestCheckpointId",
+        "park",
+    ] {
+        assert!(row.get(key).is_some(), "{key} missing in {row}");
+    }
+    assert_eq!(row["park"]["state"], "outstanding");
+    assert!(all.get("cursor").is_none());
+    assert_eq!(
+        ids(&store.json(&["runs", "--park", "outstanding"])),
+        ["run_demo_002"]
+    );
+    assert_eq!(
+        ids(&store.json(&["runs", "--park", "outstanding,expired"])),
+        ["run_demo_002", "run_demo_003"]
+    );
+    assert_eq!(ids(&store.json(&["runs", "--claimed"])), ["run_demo_004"]);
+    assert!(!ids(&store.json(&["runs", "--unclaimed"])).contains(&"run_demo_004".to_string()));
+    let by_created = ids(&store.json(&["runs", "--order", "created-at"]));
+    assert_eq!(by_created.len(), 6);
+    assert_ne!(
+        by_created,
+        ids(&all),
+        "seeded creation times are not in id order"
+    );
+    let first = store.json(&["runs", "--limit", "4"]);
+    assert_eq!(ids(&first).len(), 4);
+    let cursor = first["cursor"]
+        .as_str()
+        .expect("a cursor while rows remain")
+        .to_string();
+    let second = store.json(&["runs", "--limit", "4", "--cursor", &cursor]);
+    assert_eq!(ids(&second), ["run_demo_005", "run_demo_006"]);
+    assert!(second.get("cursor").is_none());
+    // A cursor from one order does not continue another.
+    store
+        .cmd(&["runs", "--order", "created-at", "--cursor", &cursor])
+        .assert()
+        .code(64);
+    // The human page says how to continue.
+    let text = stdout(&mut store.cmd(&["runs", "--limit", "4"]));
+    assert!(text.contains("more: runkeep runs --cursor rk1."), "{text}");
+}
+
+#[test]
+fn runs_all_walks_every_page_as_json_lines() {
+    let store = Store::new();
+    store.cmd(&["seed", "--runs", "25"]).assert().success();
+    let text = stdout(&mut store.cmd(&["--json", "runs", "--all", "--limit", "7"]));
+    let rows: Vec<Value> = text
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(rows.len(), 25);
+    assert_eq!(rows[24]["runId"], "run_demo_025");
+    let table = stdout(&mut store.cmd(&["runs", "--all", "--limit", "7"]));
+    assert_eq!(table.lines().count(), 26);
+}
+
+#[test]
+fn show_gives_scope_park_lease_and_counts() {
+    let store = Store::seeded();
+    let text = stdout(&mut store.cmd(&["show", "run_demo_002"]));
+    for needle in [
+        "run          run_demo_002",
+        "scope        default/default/default",
+        "checkpoints  2 (latest cp_2",
+        "park         outstanding tool_review",
+        "events       3",
+        "record       present (status parked)",
+    ] {
+        assert!(text.contains(needle), "{needle:?} in\n{text}");
+    }
+    let doc = store.json(&["show", "run_demo_004"]);
+    assert_eq!(doc["scope"]["runId"], "run_demo_004");
+    assert_eq!(doc["lease"]["holder"], "worker-a");
+    assert_eq!(doc["lease"]["expired"], false);
+    assert_eq!(doc["checkpointCount"], 2);
+    assert_eq!(doc["latestCheckpoint"]["fence"], 1);
+    assert_eq!(doc["events"]["lastSeq"], 2);
+    let completed = store.json(&["show", "run_demo_001"]);
+    assert!(completed["report"]["bytes"].as_u64().unwrap() > 0);
+    store
+        .cmd(&["show", "run_nope"])
+        .assert()
+        .code(1)
+        .stderr(predicate::str::contains(
+            "error: unknown run default/default/default/run_nope",
+        ))
+        .stderr(predicate::str::contains("hint:"));
+    store
+        .cmd(&["--session", "other", "show", "run_demo_002"])
+        .assert()
+        .code(1);
+}
+
+#[test]
+fn checkpoints_lists_the_total_order() {
+    let store = Store::seeded();
+    let text = stdout(&mut store.cmd(&["checkpoints", "run_demo_003"]));
+    let lines: Vec<&str> = text.lines().collect();
+    assert!(lines[0].starts_with("ID "), "{text}");
+    assert!(lines[1].starts_with("cp_1 "), "{text}");
+    assert!(
+        lines[2].contains("expired tool_review (deadline 1h ago)"),
+        "{text}"
+    );
+    let docs = store.json(&["checkpoints", "run_demo_005"]);
+    let cps = docs.as_array().unwrap();
+    assert_eq!(cps.len(), 2);
+    assert_eq!(cps[1]["pending"]["state"], "resolved");
+    assert_eq!(cps[1]["pending"]["decision"]["action"], "approve");
+    assert_eq!(
+        cps[0]["stateKeys"],
+        serde_json::json!(["iteration", "messages"])
+    );
+    let full = store.json(&["checkpoints", "run_demo_005", "--full"]);
+    assert_eq!(full[0]["iteration"], 1);
+    store
+        .cmd(&["checkpoints", "run_nope"])
+        .assert()
+        .code(1)
+        .stderr(predicate::str::contains("unknown run"));
+}
+
+#[test]
+fn events_prints_the_transcript_and_json_lines() {
+    let store = Store::seeded();
+    let text = stdout(&mut store.cmd(&["events", "run_demo_001"]));
+    let lines: Vec<&str> = text.lines().collect();
+    assert_eq!(lines.len(), 5, "{text}");
+    assert!(lines[0].trim_start().starts_with("SEQ"), "{text}");
+    assert!(lines[1].contains("run_started"), "{text}");
+    assert!(lines[4].contains("run_completed"), "{text}");
+    let json = stdout(&mut store.cmd(&["--json", "events", "run_demo_004", "--since", "1"]));
+    let events: Vec<Value> = json
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(events.len(), 1);
+    assert_eq!(events[0]["seq"], 2);
+    assert_eq!(events[0]["type"], "tool_completed");
+    assert_eq!(events[0]["generation"], 1, "written under worker-a's fence");
+    store.cmd(&["events", "run_nope"]).assert().code(1);
+}
+
+#[test]
+fn events_follow_tails_new_events_and_exits_0_on_ctrl_c() {
+    let store = Store::new();
+    std::fs::create_dir_all(store.path()).unwrap();
+    let bin = assert_cmd::cargo::cargo_bin("runkeep");
+    let mut child = std::process::Command::new(bin)
+        .args([
+            "--store",
+            &store.address(),
+            "--json",
+            "events",
+            "run_demo_001",
+            "--follow",
+            "--interval",
+            "100ms",
+        ])
+        .env("NO_COLOR", "1")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // The run does not exist yet: follow waits for it.
+    std::thread::sleep(Duration::from_millis(300));
+    store.cmd(&["seed", "--runs", "1"]).assert().success();
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let mut seen = Vec::new();
+    while seen.len() < 4 && Instant::now() < deadline {
+        let line = lines.next().expect("a line").unwrap();
+        seen.push(serde_json::from_str::<Value>(&line).unwrap());
+    }
+    assert_eq!(
+        seen.iter()
+            .map(|e| e["seq"].as_u64().unwrap())
+            .collect::<Vec<_>>(),
+        [1, 2, 3, 4]
+    );
+    std::process::Command::new("kill")
+        .args(["-INT", &child.id().to_string()])
+        .status()
+        .unwrap();
+    let status = child.wait().unwrap();
+    assert_eq!(status.code(), Some(0), "Ctrl-C ends --follow cleanly");
+}
+
+#[test]
+fn claim_renew_held_and_release() {
+    let store = Store::seeded();
+    let doc = store.json(&["claim", "run_demo_001", "--holder", "alice", "--ttl", "30s"]);
+    assert_eq!(doc["outcome"], "acquired");
+    assert_eq!(doc["lease"]["holder"], "alice");
+    assert_eq!(doc["lease"]["fence"], 1);
+    let held = store
+        .cmd(&["claim", "run_demo_001", "--holder", "bob", "--ttl", "1m"])
+        .assert()
+        .code(1);
+    let err = String::from_utf8_lossy(&held.get_output().stderr).to_string();
+    assert!(
+        err.contains("error: run run_demo_001 is held by alice at fence 1"),
+        "{err}"
+    );
+    assert!(
+        err.contains("(in 2") || err.contains("(in 3"),
+        "relative expiry: {err}"
+    );
+    let renewed = stdout(&mut store.cmd(&[
+        "claim",
+        "run_demo_001",
+        "--holder",
+        "alice",
+        "--ttl",
+        "1h30m",
+    ]));
+    assert!(
+        renewed.starts_with("claimed run_demo_001 at fence 2 for alice"),
+        "{renewed}"
+    );
+    assert!(
+        renewed.contains("(in 1h 30m)") || renewed.contains("(in 1h 29m)"),
+        "{renewed}"
+    );
+    store
+        .cmd(&["release", "run_demo_001", "--fence", "1"])
+        .assert()
+        .code(1)
+        .stderr(predicate::str::contains("not the current holding"));
+    let released = store.json(&["release", "run_demo_001", "--fence", "2"]);
+    assert_eq!(released["released"], true);
+    assert_eq!(released["lease"]["holder"], "");
+    let bob = store.json(&["claim", "run_demo_001", "--holder", "bob"]);
+    assert_eq!(
+        bob["lease"]["fence"], 4,
+        "release leaves a tombstone at fence 3"
+    );
+    store
+        .cmd(&["claim", "run_ghost", "--holder", "bob"])
+        .assert()
+        .code(1)
+        .stderr(predicate::str::contains("--new"));
+    store
+        .cmd(&["claim", "run_ghost", "--holder", "bob", "--new"])
+        .assert()
+        .success();
+    store
+        .cmd(&["claim", "run_demo_001", "--holder", " "])
+        .assert()
+        .code(64);
+}
+
+#[test]
+fn prune_keeps_the_newest_and_every_unanswered_park() {
+    let store = Store::seeded();
+    let dry = store.json(&["prune", "run_demo_001", "--keep", "1", "--dry-run"]);
+    assert_eq!(dry["deleted"], serde_json::json!(["cp_1", "cp_2"]));
+    assert_eq!(
+        store.json(&["show", "run_demo_001"])["checkpointCount"],
+        3,
+        "dry run deletes nothing"
+    );
+    let text = stdout(&mut store.cmd(&["prune", "run_demo_001", "--keep", "1"]));
+    assert!(
+        text.starts_with("deleted 2 checkpoint(s) of run_demo_001: cp_1, cp_2; 1 remain"),
+        "{text}"
+    );
+    // cp_2 of run_demo_002 is an outstanding park: only cp_1 may go.
+    let parked = store.json(&["prune", "run_demo_002", "--keep", "1"]);
+    assert_eq!(parked["deleted"], serde_json::json!(["cp_1"]));
+    let again = store.json(&["prune", "run_demo_002", "--keep", "1"]);
+    assert_eq!(again["deleted"], serde_json::json!([]));
+    // A superseded fence is refused.
+    store
+        .cmd(&["prune", "run_demo_004", "--keep", "1", "--fence", "1"])
+        .assert()
+        .success();
+    store
+        .cmd(&["claim", "run_demo_004", "--holder", "worker-a"])
+        .assert()
+        .success();
+    store
+        .cmd(&["prune", "run_demo_004", "--keep", "1", "--fence", "1"])
+        .assert()
+        .code(1)
+        .stderr(predicate::str::contains("fenced out"));
+}
+
+#[test]
+fn park_resolve_answers_exactly_once() {
+    let store = Store::seeded();
+    let doc = store.json(&[
+        "park",
+        "resolve",
+        "run_demo_002",
+        "--decision",
+        r#"{"action":"approve"}"#,
+    ]);
+    assert_eq!(doc["checkpointId"], "cp_2");
+    assert_eq!(doc["decision"]["action"], "approve");
+    store
+        .cmd(&[
+            "park",
+            "resolve",
+            "run_demo_002",
+            "--checkpoint",
+            "cp_2",
+            "--decision",
+            "deny",
+        ])
+        .assert()
+        .code(1)
+        .stderr(predicate::str::contains("already answered"))
+        .stderr(predicate::str::contains(
+            "hint: a park is answered exactly once",
+        ));
+    let shown = store.json(&["checkpoints", "run_demo_002"]);
+    assert_eq!(
+        shown[1]["pending"]["decision"]["action"], "approve",
+        "the first answer stands"
+    );
+    // No outstanding park left.
+    store
+        .cmd(&["park", "resolve", "run_demo_002", "--decision", "x"])
+        .assert()
+        .code(1)
+        .stderr(predicate::str::contains("no outstanding park"));
+    // An expired park needs an explicit choice.
+    store
+        .cmd(&["park", "resolve", "run_demo_003", "--decision", "late"])
+        .assert()
+        .code(1)
+        .stderr(predicate::str::contains("--checkpoint cp_2"));
+    let text = stdout(&mut store.cmd(&["park", "resolve", "run_demo_003", "--expire"]));
+    assert!(text.contains("decision: {\"action\":\"pause\""), "{text}");
+    // Plain text is stored as a string.
+    store
+        .cmd(&["seed", "--prefix", "b", "--runs", "2"])
+        .assert()
+        .success();
+    let plain = store.json(&["park", "resolve", "run_b_002", "--decision", "go ahead"]);
+    assert_eq!(plain["decision"], "go ahead");
+    store
+        .cmd(&[
+            "park",
+            "resolve",
+            "run_b_002",
+            "--checkpoint",
+            "cp_9",
+            "--decision",
+            "x",
+        ])
+        .assert()
+        .code(1);
+}
+
+#[test]
+fn a_damaged_checkpoint_flags_its_row_and_hides_no_other() {
+    let store = Store::seeded();
+    let cp = store
+        .run_dir("run_demo_001")
+        .join("checkpoints")
+        .join("cp_3.json");
+    assert!(cp.exists(), "layout: {}", cp.display());
+    std::fs::write(&cp, "{ not json").unwrap();
+    let text = stdout(&mut store.cmd(&["runs"]));
+    assert!(
+        text.lines()
+            .any(|l| l.starts_with("run_demo_001") && l.contains("DAMAGED")),
+        "{text}"
+    );
+    assert_eq!(text.lines().count(), 7, "{text}");
+    store
+        .cmd(&["checkpoints", "run_demo_001"])
+        .assert()
+        .code(1)
+        .stderr(predicate::str::contains("error:"));
+}

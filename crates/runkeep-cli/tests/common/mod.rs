@@ -1,0 +1,92 @@
+//! Helpers of the end-to-end tests: run the real `runkeep` binary against a
+//! real temporary directory.
+
+#![allow(dead_code)]
+
+use std::path::{Path, PathBuf};
+
+use assert_cmd::Command;
+use serde_json::Value;
+
+/// A store directory that lives as long as the test.
+pub struct Store {
+    dir: tempfile::TempDir,
+}
+
+impl Store {
+    /// An empty store directory.
+    pub fn new() -> Self {
+        Self {
+            dir: tempfile::tempdir().expect("temp dir"),
+        }
+    }
+
+    /// A store seeded with the six demo runs (run_demo_001 … run_demo_006).
+    pub fn seeded() -> Self {
+        let s = Self::new();
+        s.cmd(&["seed"]).assert().success();
+        s
+    }
+
+    /// The directory.
+    pub fn path(&self) -> &Path {
+        self.dir.path()
+    }
+
+    /// `fs:<dir>`.
+    pub fn address(&self) -> String {
+        format!("fs:{}", self.path().display())
+    }
+
+    /// `runkeep --store fs:<dir> ARGS…`, with a clean environment.
+    pub fn cmd(&self, args: &[&str]) -> Command {
+        let mut c = runkeep();
+        c.arg("--store").arg(self.address()).args(args);
+        c
+    }
+
+    /// Runs and parses stdout as one JSON document.
+    pub fn json(&self, args: &[&str]) -> Value {
+        let mut full = vec!["--json"];
+        full.extend_from_slice(args);
+        let out = self.cmd(&full).output().expect("run runkeep");
+        serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+            panic!(
+                "stdout of {args:?} is not JSON ({e}); exit {:?}\nstdout: {}\nstderr: {}",
+                out.status.code(),
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            )
+        })
+    }
+
+    /// A run's directory (root runs live at `<base>/<run id>`).
+    pub fn run_dir(&self, run: &str) -> PathBuf {
+        self.path().join(run)
+    }
+}
+
+/// `runkeep` with no RUNKEEP_* variable from the caller's environment and no colour.
+pub fn runkeep() -> Command {
+    let mut c = Command::cargo_bin("runkeep").expect("runkeep binary");
+    for var in [
+        "RUNKEEP_STORE",
+        "RUNKEEP_TENANT",
+        "RUNKEEP_PROJECT",
+        "RUNKEEP_SESSION",
+        "RUNKEEP_DURABILITY",
+        "RUNKEEP_LOG",
+        "RUNKEEP_DOCTOR_TEST_SLOW_CHECK_MS",
+        "RUNKEEP_DOCTOR_TEST_FAULTY_CHECK",
+    ] {
+        c.env_remove(var);
+    }
+    c.env("NO_COLOR", "1");
+    c
+}
+
+/// Stdout of a successful run, as text.
+pub fn stdout(cmd: &mut Command) -> String {
+    let out = cmd.assert().success().get_output().stdout.clone();
+    String::from_utf8(out).expect("utf-8 stdout")
+}

@@ -1,0 +1,341 @@
+//! End-to-end tests of `runkeep doctor`: healthy stores, stores damaged on
+//! purpose, timeouts, the error rule and the exit codes.
+
+mod common;
+
+use std::time::{Duration, SystemTime};
+
+use common::{runkeep, stdout, Store};
+use predicates::prelude::*;
+use serde_json::Value;
+
+const STATUSES: [&str; 5] = ["pass", "fail", "warn", "inconclusive", "skipped"];
+
+/// Runs the doctor with --json, checks the report's shape and that its exit
+/// field is the process's exit code, and returns it.
+fn report(cmd: &mut assert_cmd::Command, doctor_args: &[&str]) -> Value {
+    let out = cmd
+        .arg("--json")
+        .arg("doctor")
+        .args(doctor_args)
+        .output()
+        .unwrap();
+    let doc: Value = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+        panic!(
+            "not JSON ({e}): {}\n{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        )
+    });
+    assert_eq!(
+        doc["exit"].as_i64(),
+        out.status.code().map(i64::from),
+        "{doc:#}"
+    );
+    for key in ["version", "timestamp", "checks", "summary", "exit"] {
+        assert!(doc.get(key).is_some(), "{key} missing: {doc:#}");
+    }
+    assert!(doc["timestamp"].as_str().unwrap().ends_with('Z'));
+    let checks = doc["checks"].as_array().unwrap();
+    for c in checks {
+        for key in [
+            "id",
+            "category",
+            "status",
+            "message",
+            "remediation",
+            "durationMs",
+        ] {
+            assert!(c.get(key).is_some(), "{key} missing in {c}");
+        }
+        assert!(STATUSES.contains(&c["status"].as_str().unwrap()), "{c}");
+    }
+    let s = &doc["summary"];
+    let sum: u64 = STATUSES.iter().map(|k| s[k].as_u64().unwrap()).sum();
+    assert_eq!(
+        sum,
+        s["total"].as_u64().unwrap(),
+        "counts sum to the total: {s}"
+    );
+    assert_eq!(s["total"].as_u64().unwrap(), checks.len() as u64);
+    for k in STATUSES {
+        let n = checks.iter().filter(|c| c["status"] == k).count() as u64;
+        assert_eq!(s[k].as_u64().unwrap(), n, "{k}");
+    }
+    doc
+}
+
+fn status<'a>(doc: &'a Value, id: &str) -> &'a str {
+    doc["checks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["id"] == id)
+        .unwrap_or_else(|| panic!("no check {id} in {doc:#}"))["status"]
+        .as_str()
+        .unwrap()
+}
+
+fn message<'a>(doc: &'a Value, id: &str) -> &'a str {
+    doc["checks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["id"] == id)
+        .unwrap()["message"]
+        .as_str()
+        .unwrap()
+}
+
+#[test]
+fn a_healthy_seeded_store_exits_0_and_warns_about_the_lapsed_lease() {
+    let store = Store::seeded();
+    let doc = report(&mut store.cmd(&[]), &[]);
+    assert_eq!(doc["exit"], 0, "{doc:#}");
+    for id in [
+        "store.reachable",
+        "store.writable",
+        "store.hard-links",
+        "store.scratch-leftovers",
+        "store.torn-transcripts",
+        "store.damaged-checkpoints",
+        "store.oversized-claims",
+        "runtime.invariants",
+    ] {
+        assert_eq!(status(&doc, id), "pass", "{id}: {doc:#}");
+    }
+    assert_eq!(status(&doc, "leases.expired-unreclaimed"), "warn");
+    assert!(
+        message(&doc, "leases.expired-unreclaimed").contains("run_demo_006 (worker-b"),
+        "{doc:#}"
+    );
+    assert!(message(&doc, "runtime.invariants").contains("store.run:single-open-writer"));
+    // The probe cleaned up after itself: only the seeded runs remain.
+    let mut names: Vec<String> = std::fs::read_dir(store.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    names.retain(|n| !n.starts_with("run_demo_"));
+    assert!(
+        names.iter().all(|n| !n.contains("doctor")),
+        "probe leftovers: {names:?}"
+    );
+}
+
+#[test]
+fn human_report_has_marks_counts_and_the_exit_code() {
+    let store = Store::seeded();
+    let text = stdout(&mut store.cmd(&["doctor"]));
+    assert!(
+        text.lines()
+            .any(|l| l.starts_with("✓ pass") && l.contains("store.reachable")),
+        "{text}"
+    );
+    assert!(
+        text.lines()
+            .any(|l| l.starts_with("! warn") && l.contains("leases.expired-unreclaimed")),
+        "{text}"
+    );
+    assert!(text.contains("→ their workers likely died"), "{text}");
+    assert!(
+        text.contains("9 check(s): 8 pass, 0 fail, 1 warn, 0 inconclusive, 0 skipped"),
+        "{text}"
+    );
+    assert!(text.contains("exit 0: healthy"), "{text}");
+}
+
+#[test]
+fn an_empty_store_skips_what_it_cannot_evaluate_and_never_passes_it() {
+    let store = Store::new();
+    let doc = report(&mut store.cmd(&[]), &[]);
+    assert_eq!(doc["exit"], 0);
+    assert_eq!(status(&doc, "store.writable"), "pass");
+    for id in [
+        "store.scratch-leftovers",
+        "store.torn-transcripts",
+        "store.damaged-checkpoints",
+        "store.oversized-claims",
+        "leases.expired-unreclaimed",
+        "runtime.invariants",
+    ] {
+        assert_eq!(status(&doc, id), "skipped", "{id}: {doc:#}");
+    }
+}
+
+#[test]
+fn a_memory_store_skips_the_directory_checks() {
+    let doc = report(runkeep().args(["--store", "memory:"]), &[]);
+    assert_eq!(doc["exit"], 0);
+    assert_eq!(status(&doc, "store.writable"), "pass");
+    assert_eq!(status(&doc, "store.hard-links"), "skipped");
+    assert_eq!(status(&doc, "runtime.invariants"), "skipped");
+}
+
+#[test]
+fn an_old_scratch_file_is_a_warning() {
+    let store = Store::seeded();
+    let claims = store.run_dir("run_demo_004").join("claims");
+    assert!(claims.is_dir(), "layout: {}", claims.display());
+    let young = claims.join(".tmp-424242-1-abcdefgh-2");
+    std::fs::write(&young, "{}").unwrap();
+    let fresh = report(&mut store.cmd(&[]), &[]);
+    assert_eq!(
+        status(&fresh, "store.scratch-leftovers"),
+        "pass",
+        "a young scratch file may be a live claim"
+    );
+    let old = claims.join(".tmp-424242-2-abcdefgh-2");
+    std::fs::write(&old, "{}").unwrap();
+    let file = std::fs::File::options().write(true).open(&old).unwrap();
+    file.set_modified(SystemTime::now() - Duration::from_secs(11 * 60))
+        .unwrap();
+    let doc = report(&mut store.cmd(&[]), &[]);
+    assert_eq!(status(&doc, "store.scratch-leftovers"), "warn", "{doc:#}");
+    assert!(
+        message(&doc, "store.scratch-leftovers").contains(".tmp-424242-2-abcdefgh-2"),
+        "{doc:#}"
+    );
+    assert_eq!(doc["exit"], 0, "a warning never moves the exit code");
+}
+
+#[test]
+fn a_torn_transcript_is_a_warning() {
+    let store = Store::seeded();
+    let transcript = store.run_dir("run_demo_002").join("transcript.jsonl");
+    assert!(transcript.exists(), "layout: {}", transcript.display());
+    let mut text = std::fs::read_to_string(&transcript).unwrap();
+    text.push_str("{\"type\":\"tool_completed\",\"seq\":4,\"toolUse");
+    std::fs::write(&transcript, text).unwrap();
+    let doc = report(&mut store.cmd(&[]), &[]);
+    assert_eq!(status(&doc, "store.torn-transcripts"), "warn", "{doc:#}");
+    assert!(
+        message(&doc, "store.torn-transcripts").contains("run_demo_002"),
+        "{doc:#}"
+    );
+}
+
+#[test]
+fn a_damaged_checkpoint_fails_with_exit_1() {
+    let store = Store::seeded();
+    std::fs::write(
+        store
+            .run_dir("run_demo_003")
+            .join("checkpoints")
+            .join("cp_1.json"),
+        "{\"id\": \"cp_1\", \"createdAt\": ",
+    )
+    .unwrap();
+    let doc = report(&mut store.cmd(&[]), &[]);
+    assert_eq!(status(&doc, "store.damaged-checkpoints"), "fail", "{doc:#}");
+    assert!(
+        message(&doc, "store.damaged-checkpoints").contains("cp_1.json"),
+        "{doc:#}"
+    );
+    assert_eq!(doc["exit"], 1);
+    let text = String::from_utf8(
+        store
+            .cmd(&["doctor"])
+            .assert()
+            .code(1)
+            .get_output()
+            .stdout
+            .clone(),
+    )
+    .unwrap();
+    assert!(
+        text.lines()
+            .any(|l| l.starts_with("✗ fail") && l.contains("store.damaged-checkpoints")),
+        "{text}"
+    );
+    assert!(text.contains("exit 1: a check failed"), "{text}");
+}
+
+#[test]
+fn a_slow_check_times_out_as_inconclusive_and_exits_69() {
+    let store = Store::seeded();
+    let mut cmd = store.cmd(&["--json", "doctor", "--per-check-timeout", "300ms"]);
+    cmd.env("RUNKEEP_DOCTOR_TEST_SLOW_CHECK_MS", "5000");
+    let started = std::time::Instant::now();
+    let out = cmd.output().unwrap();
+    assert!(
+        started.elapsed() < Duration::from_secs(4),
+        "the doctor did not wait for the slow check"
+    );
+    assert_eq!(
+        out.status.code(),
+        Some(69),
+        "{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    let doc: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(status(&doc, "test.slow-check"), "inconclusive");
+    assert!(message(&doc, "test.slow-check").contains("did not return within 300 ms"));
+    assert_eq!(doc["summary"]["inconclusive"], 1);
+    // The human report points at the ? rows.
+    let mut human = store.cmd(&["doctor", "--per-check-timeout", "300ms"]);
+    human.env("RUNKEEP_DOCTOR_TEST_SLOW_CHECK_MS", "5000");
+    human
+        .assert()
+        .code(69)
+        .stdout(predicate::str::contains("? inconclusive"))
+        .stdout(predicate::str::contains(
+            "exit 69: some checks did not answer (the ? rows)",
+        ));
+    // Given time, the same check passes.
+    let mut patient = store.cmd(&[]);
+    patient.env("RUNKEEP_DOCTOR_TEST_SLOW_CHECK_MS", "200");
+    assert_eq!(report(&mut patient, &[])["exit"], 0);
+}
+
+#[test]
+fn the_wall_clock_timeout_makes_unfinished_checks_inconclusive() {
+    let store = Store::new();
+    let mut cmd = store.cmd(&[]);
+    cmd.env("RUNKEEP_DOCTOR_TEST_SLOW_CHECK_MS", "5000");
+    let doc = report(
+        &mut cmd,
+        &["--per-check-timeout", "5s", "--wall-clock-timeout", "300ms"],
+    );
+    assert_eq!(doc["exit"], 69);
+    assert!(
+        message(&doc, "test.slow-check").contains("wall-clock timeout of 300 ms"),
+        "{doc:#}"
+    );
+    assert_eq!(
+        status(&doc, "store.reachable"),
+        "pass",
+        "finished checks keep their records"
+    );
+}
+
+#[test]
+fn a_check_that_errors_is_inconclusive_and_one_that_panics_fails() {
+    let store = Store::new();
+    let mut erring = store.cmd(&[]);
+    erring.env("RUNKEEP_DOCTOR_TEST_FAULTY_CHECK", "error");
+    let doc = report(&mut erring, &[]);
+    assert_eq!(status(&doc, "test.faulty-check"), "inconclusive");
+    assert!(message(&doc, "test.faulty-check").starts_with("could not establish: deliberate error"));
+    assert_eq!(doc["exit"], 69);
+    let mut panicking = store.cmd(&[]);
+    panicking.env("RUNKEEP_DOCTOR_TEST_FAULTY_CHECK", "panic");
+    let out = panicking.args(["--json", "doctor"]).output().unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let doc: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(status(&doc, "test.faulty-check"), "fail");
+    assert!(message(&doc, "test.faulty-check").contains("check panicked: deliberate panic"));
+    assert!(
+        !String::from_utf8_lossy(&out.stderr).contains("panicked at"),
+        "no panic noise on stderr"
+    );
+}
+
+#[test]
+fn a_category_that_matches_nothing_exits_2() {
+    let store = Store::new();
+    let doc = report(&mut store.cmd(&[]), &["--category", "nothing-here"]);
+    assert_eq!(doc["exit"], 2);
+    assert_eq!(doc["summary"]["total"], 0);
+    let only = report(&mut store.cmd(&[]), &["--category", "store"]);
+    assert_eq!(only["summary"]["total"], 3);
+}
