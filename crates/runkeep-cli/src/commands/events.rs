@@ -9,7 +9,7 @@ use crate::cli::RunArg;
 use crate::commands::require_run;
 use crate::context::Ctx;
 use crate::duration::parse_duration;
-use crate::error::{CliResult, Exit};
+use crate::error::{CliError, CliResult, Exit};
 use crate::output::{emit, iso, note, truncate, warn, Color, Style};
 
 /// `runkeep events`.
@@ -55,13 +55,13 @@ pub async fn run(ctx: &Ctx, args: EventsArgs) -> CliResult<Exit> {
         printer.batch(&first)?;
         return Ok(Exit::Ok);
     }
+    // Listen before the first read, so an early Ctrl-C is not the default (exit 130).
+    let mut stop = Stop::listen()?;
     note(&format!("following run {} (Ctrl-C to stop)", scope.run_id));
     let mut since = printer.batch(&first)?.unwrap_or(args.since);
-    let stop = tokio::signal::ctrl_c();
-    tokio::pin!(stop);
     loop {
         tokio::select! {
-            _ = &mut stop => break,
+            _ = stop.wait() => break,
             _ = tokio::time::sleep(args.interval) => {}
         }
         let batch = read(store, &scope, since, None).await?;
@@ -70,6 +70,30 @@ pub async fn run(ctx: &Ctx, args: EventsArgs) -> CliResult<Exit> {
         }
     }
     Ok(Exit::Ok)
+}
+
+/// Ctrl-C (SIGINT) or SIGTERM.
+struct Stop {
+    interrupt: tokio::signal::unix::Signal,
+    terminate: tokio::signal::unix::Signal,
+}
+
+impl Stop {
+    fn listen() -> CliResult<Self> {
+        use tokio::signal::unix::{signal, SignalKind};
+        let listen = |kind| signal(kind).map_err(|e| CliError::internal(format!("cannot listen for signals: {e}")));
+        Ok(Self {
+            interrupt: listen(SignalKind::interrupt())?,
+            terminate: listen(SignalKind::terminate())?,
+        })
+    }
+
+    async fn wait(&mut self) {
+        tokio::select! {
+            _ = self.interrupt.recv() => {}
+            _ = self.terminate.recv() => {}
+        }
+    }
 }
 
 async fn read(

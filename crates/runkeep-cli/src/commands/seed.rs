@@ -20,7 +20,7 @@ pub struct SeedArgs {
     /// How many runs to write (they cycle through the six kinds).
     #[arg(long, default_value_t = 6, value_parser = clap::value_parser!(u32).range(1..=100_000))]
     runs: u32,
-    /// Run ids are run_<PREFIX>_001, run_<PREFIX>_002, …
+    /// Run ids are run_PREFIX_001, run_PREFIX_002, …
     #[arg(long, default_value = "demo")]
     prefix: String,
 }
