@@ -1,1 +1,933 @@
-//! The directory backend (in progress).
+//! runkeep's directory backend: fenced leases, checkpoints and run evidence
+//! in a plain directory, correct across processes.
+//!
+//! [`FsStore`] implements [`runkeep::CheckpointStore`] and
+//! [`runkeep::EvidenceStore`] over one session's `runs/` directory, laid out
+//! as the reference design lays it out (so the reference can still read it)
+//! plus a few additive, ignorable files under each run's `.runkeep/`.
+//!
+//! # Why it looks like this
+//!
+//! - **The fence is the file name.** A holding is `claims/<fence>.json`,
+//!   published by hard `link` from a body that is already whole: the kernel
+//!   picks exactly one winner per number, and no reader ever sees the name
+//!   without its body. There is no lock file that could go stale and need a
+//!   breaker. A volume without hard links is refused when the store opens.
+//! - **Every write of a run is fenced**, and the check is made under a
+//!   kernel-released advisory lock on the run (exclusive for writes, shared
+//!   for claims), so a takeover cannot slip between "check the fence" and
+//!   "publish". Waits for that lock are bounded, so a stopped process cannot
+//!   wedge a run; what remains of the window is documented in
+//!   `docs/design.md` ("Directory backend").
+//! - **Reads have no side effects.** Listing, event reads, checkpoint reads
+//!   and the doctor's scan create and modify nothing.
+//! - **Listing costs O(page) file reads**: each run keeps a digest (latest
+//!   checkpoint, count, run start, parks) checked for freshness against its
+//!   checkpoints directory, so a row never parses a checkpoint; a damaged run
+//!   is a flagged row, never a failed page.
+//! - **Durability is explicit** ([`Durability`]).
+//!
+//! ```no_run
+//! use runkeep::{ClaimOptions, Holder, RunStore, Ttl};
+//! use runkeep_fs::{Attribution, FsOptions, FsStore};
+//!
+//! # async fn demo(run: runkeep::RunScope, cp: runkeep::Checkpoint) -> runkeep::Result<()> {
+//! let store = FsStore::open(
+//!     "/var/lib/agents/projects/prj_a/sessions/ses_a/runs",
+//!     FsOptions {
+//!         attribution: Some(Attribution {
+//!             tenant_id: run.tenant_id.clone(),
+//!             project_id: run.project_id.clone(),
+//!             session_id: run.session_id.clone(),
+//!         }),
+//!         ..Default::default()
+//!     },
+//! )?;
+//! let opts = ClaimOptions::new(Holder::unique("worker"), Ttl::from_millis(30_000)?);
+//! if let Some(lease) = store.claim(&run, &opts).await?.lease() {
+//!     store.write_checkpoint(&run, &cp, Some(lease.fence)).await?;
+//!     store.release(&run, lease.fence).await?;
+//! }
+//! # Ok(()) }
+//! ```
+
+use std::fmt;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+
+use async_trait::async_trait;
+use runkeep::checkpoint::Checkpoint;
+use runkeep::lease::{check_write_fence, stamp_fence};
+use runkeep::{
+    AuditRecord, CheckpointId, ClaimNextFilter, ClaimOptions, ClaimOutcome, Error, EventBatch,
+    Fence, Lease, LeaseSummary, ListOptions, ListingScope, MessageSnapshot, NewAuditEvent,
+    NewEvent, ParkResolution, PersistedEvent, ProjectId, ReadEventsOptions, Result, RunPage,
+    RunRecord, RunScope, SessionId, TenantId, Timestamp, TopHolding,
+};
+use serde_json::Value;
+
+mod checkpoints;
+mod claims;
+mod diagnose;
+mod documents;
+mod listing;
+mod lock;
+mod sys;
+mod testing_hooks;
+mod transcript;
+
+#[cfg(feature = "testing")]
+#[doc(hidden)]
+pub mod testing;
+
+pub use diagnose::Diagnosis;
+
+use lock::{Mode, RunLock};
+use sys::Ctx;
+
+/// The tenant, project and session a store's directory belongs to. The
+/// directory layout records none of them; the store is told once, here.
+#[derive(Clone, PartialEq, Eq, Debug)]
+pub struct Attribution {
+    /// Tenant.
+    pub tenant_id: TenantId,
+    /// Project.
+    pub project_id: ProjectId,
+    /// Session.
+    pub session_id: SessionId,
+}
+
+/// What a successful write survives.
+#[derive(Clone, Copy, PartialEq, Eq, Debug, Default)]
+pub enum Durability {
+    /// Survives the writing process being killed at any instant: whole files
+    /// are published by rename from a unique temporary name, holdings by
+    /// hard link, log lines by one append; nothing is fsynced, so a power
+    /// loss or kernel crash may lose (never tear) recent writes.
+    #[default]
+    ProcessCrash,
+    /// Additionally survives power loss: every published file and log append
+    /// is fsynced, and so is the directory whose entries changed, before the
+    /// call returns. If an fsync fails, the store turns read-only (sticky
+    /// failure) instead of pretending later writes are durable.
+    PowerLoss,
+}
+
+/// Options of [`FsStore::open`].
+#[derive(Clone, Debug, Default)]
+pub struct FsOptions {
+    /// The scope the directory belongs to. Required for listing; per-run
+    /// operations on another scope are refused when it is set.
+    pub attribution: Option<Attribution>,
+    /// The durability level.
+    pub durability: Durability,
+}
+
+/// The directory backend. Cheap to clone; safe to share between threads and
+/// between processes (through the directory).
+#[derive(Clone)]
+pub struct FsStore {
+    inner: Arc<Inner>,
+}
+
+impl fmt::Debug for FsStore {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("FsStore")
+            .field("base_dir", &self.inner.base)
+            .field("attribution", &self.inner.attribution)
+            .field("durability", &self.inner.durability)
+            .finish()
+    }
+}
+
+pub(crate) struct Inner {
+    base: PathBuf,
+    attribution: Option<Attribution>,
+    pub(crate) durability: Durability,
+    tmpfile: AtomicBool,
+    poisoned: Mutex<Option<String>>,
+}
+
+impl FsStore {
+    /// Opens (creating if missing) a session's `runs/` directory.
+    ///
+    /// Probes once that the volume supports hard links (the lease needs
+    /// them) and refuses with [`Error::Unsupported`] if it does not. A
+    /// directory that cannot be written (read-only volume, no permission)
+    /// still opens, for reading; its writes fail with an error naming the
+    /// run, the operation and the path.
+    pub fn open(base_dir: impl AsRef<Path>, options: FsOptions) -> Result<FsStore> {
+        let ctx = Ctx::store("open");
+        let mut base = base_dir.as_ref().to_path_buf();
+        if base.is_relative() {
+            if let Ok(cwd) = std::env::current_dir() {
+                base = cwd.join(base);
+            }
+        }
+        if let Err(e) = sys::ensure_dir(&base, options.durability) {
+            if !base.is_dir() {
+                return Err(ctx.io("create the store directory", &base, e));
+            }
+        }
+        if !base.is_dir() {
+            return Err(Error::invalid(format!(
+                "{} is not a directory; open the store on a session's runs/ directory",
+                base.display()
+            )));
+        }
+        let tmpfile = probe_links(&base, &ctx)?;
+        Ok(FsStore {
+            inner: Arc::new(Inner {
+                base,
+                attribution: options.attribution,
+                durability: options.durability,
+                tmpfile: AtomicBool::new(tmpfile),
+                poisoned: Mutex::new(None),
+            }),
+        })
+    }
+
+    /// The directory the store was opened on (absolute).
+    pub fn base_dir(&self) -> &Path {
+        &self.inner.base
+    }
+
+    /// The directory of a run: `<base>/<run>` for a top-level run,
+    /// `<base>/<parent>/children/<run>` for a sub-run. Pure: touches nothing.
+    pub fn run_dir(&self, scope: &RunScope) -> PathBuf {
+        self.inner.run_dir(scope)
+    }
+
+    /// A read-only health scan of every run directory (the `runkeep doctor`
+    /// command). `now` judges lease expiry; scratch ages use the wall clock.
+    pub fn diagnose(&self, now: Timestamp) -> Result<Diagnosis> {
+        diagnose::diagnose(&self.inner, now)
+    }
+}
+
+/// Creates a probe file and a hard link to it; refuses a volume without
+/// hard links. Answers whether `O_TMPFILE` + `linkat` publishes work.
+fn probe_links(base: &Path, ctx: &Ctx) -> Result<bool> {
+    let (pid, n, r) = sys::unique_parts();
+    let a = base.join(format!(".runkeep-probe-{pid}-{n}-{r}"));
+    let b = base.join(format!(".runkeep-probe-{pid}-{n}-{r}-link"));
+    match std::fs::File::create(&a) {
+        Ok(_) => {}
+        Err(e) => {
+            // Cannot write here at all (read-only, no permission): open for
+            // reading; every write will say why it failed.
+            tracing::debug!("{}: cannot probe hard links: {e}", base.display());
+            return Ok(false);
+        }
+    }
+    let linked = testing_hooks::fault(testing_hooks::Point::Link, &b)
+        .and_then(|()| std::fs::hard_link(&a, &b));
+    let _ = std::fs::remove_file(&b);
+    let result = match linked {
+        Ok(()) => Ok(()),
+        Err(e) => match e.raw_os_error() {
+            Some(c) if sys::errno::is_no_hard_link(c) => Err(claims::no_hard_links(ctx, base, c)),
+            _ => Err(ctx.io("probe hard links in", base, e)),
+        },
+    };
+    let tmpfile = result.is_ok() && probe_tmpfile(base, &b);
+    let _ = std::fs::remove_file(&a);
+    let _ = std::fs::remove_file(&b);
+    result.map(|()| tmpfile)
+}
+
+fn probe_tmpfile(base: &Path, target: &Path) -> bool {
+    use rustix::fs::{linkat, openat, AtFlags, Mode as FMode, OFlags, CWD};
+    use std::os::fd::AsRawFd;
+    let Ok(fd) = openat(
+        CWD,
+        base,
+        OFlags::TMPFILE | OFlags::WRONLY | OFlags::CLOEXEC,
+        FMode::from_raw_mode(0o644),
+    ) else {
+        return false;
+    };
+    let proc_path = format!("/proc/self/fd/{}", fd.as_raw_fd());
+    let ok = linkat(
+        CWD,
+        proc_path.as_str(),
+        CWD,
+        target,
+        AtFlags::SYMLINK_FOLLOW,
+    )
+    .is_ok();
+    let _ = std::fs::remove_file(target);
+    ok
+}
+
+/// The line appended to `.runkeep/fenced-out.jsonl` on every refusal.
+const FENCED_OUT_LOG: &str = "fenced-out.jsonl";
+
+/// Runs a blocking store operation off the async runtime's worker threads.
+async fn blocking<T, F>(f: F) -> Result<T>
+where
+    T: Send + 'static,
+    F: FnOnce() -> Result<T> + Send + 'static,
+{
+    match tokio::runtime::Handle::try_current() {
+        Ok(handle) => match handle.spawn_blocking(f).await {
+            Ok(r) => r,
+            Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
+            Err(e) => Err(Error::Backend {
+                message: format!("a directory-store operation was cancelled: {e}"),
+                source: None,
+            }),
+        },
+        Err(_) => f(),
+    }
+}
+
+impl Inner {
+    pub(crate) fn run_dir(&self, scope: &RunScope) -> PathBuf {
+        match &scope.parent_run_id {
+            Some(parent) => self
+                .base
+                .join(parent.as_str())
+                .join("children")
+                .join(scope.run_id.as_str()),
+            None => self.base.join(scope.run_id.as_str()),
+        }
+    }
+
+    pub(crate) fn base(&self) -> &Path {
+        &self.base
+    }
+
+    pub(crate) fn attribution(&self) -> Option<&Attribution> {
+        self.attribution.as_ref()
+    }
+
+    pub(crate) fn tmpfile_enabled(&self) -> bool {
+        self.tmpfile.load(Ordering::Relaxed)
+    }
+
+    pub(crate) fn disable_tmpfile(&self) {
+        self.tmpfile.store(false, Ordering::Relaxed);
+    }
+
+    /// Refuses a scope this store is not bound to.
+    fn check_scope(&self, scope: &RunScope) -> Result<()> {
+        let Some(a) = &self.attribution else {
+            return Ok(());
+        };
+        if a.tenant_id != scope.tenant_id
+            || a.project_id != scope.project_id
+            || a.session_id != scope.session_id
+        {
+            return Err(Error::invalid(format!(
+                "this store is bound to {}/{}/{} (directory {}), but the run {} belongs to {}/{}/{}; open the store on that session's runs/ directory",
+                a.tenant_id,
+                a.project_id,
+                a.session_id,
+                self.base.display(),
+                scope.run_id,
+                scope.tenant_id,
+                scope.project_id,
+                scope.session_id
+            )));
+        }
+        Ok(())
+    }
+
+    /// Refuses writes after a failed fsync (sticky failure).
+    pub(crate) fn check_poison(&self) -> Result<()> {
+        let p = self.poisoned.lock().unwrap_or_else(|p| p.into_inner());
+        match &*p {
+            Some(why) => Err(Error::Backend {
+                message: format!(
+                    "the store at {} refuses writes since an fsync failed ({why}); what was written before it may not be durable. Check the disk, then open the store again",
+                    self.base.display()
+                ),
+                source: None,
+            }),
+            None => Ok(()),
+        }
+    }
+
+    /// Passes an error through, turning the store sticky-failed when it is a
+    /// failed fsync under [`Durability::PowerLoss`].
+    pub(crate) fn note(&self, e: Error) -> Error {
+        if self.durability == Durability::PowerLoss {
+            let failed = match &e {
+                Error::Backend {
+                    source: Some(s), ..
+                } => sys::is_sync_failure(s.as_ref()),
+                _ => false,
+            };
+            if failed {
+                let mut p = self.poisoned.lock().unwrap_or_else(|p| p.into_inner());
+                if p.is_none() {
+                    *p = Some(e.to_string());
+                }
+            }
+        }
+        e
+    }
+
+    /// The fence rule, counting refusals persistently.
+    fn check_fence(
+        &self,
+        ctx: &Ctx,
+        run_dir: &Path,
+        fence: Fence,
+        top: Option<&TopHolding>,
+        scope: &RunScope,
+    ) -> Result<()> {
+        let r = check_write_fence(&scope.run_id, ctx.operation, fence, top);
+        if let Err(Error::FencedOut {
+            presented, current, ..
+        }) = &r
+        {
+            record_refusal(run_dir, ctx.operation, *presented, *current);
+        }
+        r
+    }
+
+    /// The fenced-write skeleton: validate, pre-check the fence without
+    /// touching the disk, take the run lock exclusive, re-check, act.
+    fn locked_write<T>(
+        &self,
+        scope: &RunScope,
+        operation: &'static str,
+        fence: Option<Fence>,
+        act: impl FnOnce(&Ctx, &Path, Option<&TopHolding>) -> Result<T>,
+    ) -> Result<T> {
+        let ctx = Ctx::new(scope, operation);
+        let run_dir = self.run_dir(scope);
+        if let Some(f) = fence {
+            let top = claims::read_top(&run_dir, &ctx)?;
+            self.check_fence(&ctx, &run_dir, f, top.as_ref(), scope)?;
+        }
+        self.check_poison()?;
+        sys::ensure_dir(&run_dir, self.durability)
+            .map_err(|e| self.note(ctx.io("create the run directory", &run_dir, e)))?;
+        let _lock = RunLock::acquire(&run_dir, Mode::Exclusive, self.durability, &ctx)?;
+        let top = claims::read_top(&run_dir, &ctx)?;
+        if let Some(f) = fence {
+            self.check_fence(&ctx, &run_dir, f, top.as_ref(), scope)?;
+        }
+        testing_hooks::pause("after-fence-check");
+        act(&ctx, &run_dir, top.as_ref()).map_err(|e| self.note(e))
+    }
+
+    /// Writes a checkpoint file (under the lock) and keeps the digest.
+    fn put_checkpoint(&self, ctx: &Ctx, run_dir: &Path, cp: &Checkpoint) -> Result<()> {
+        let cps_dir = run_dir.join(checkpoints::CHECKPOINTS_DIR);
+        sys::ensure_dir(&cps_dir, self.durability)
+            .map_err(|e| ctx.io("create the checkpoints directory", &cps_dir, e))?;
+        let name = checkpoints::file_name(&cp.id);
+        let path = cps_dir.join(&name);
+        let temp = sys::TempFile::write(&cps_dir, &name, &checkpoints::encode(cp), self.durability)
+            .map_err(|e| ctx.io("write the checkpoint", &path, e))?;
+        let before = checkpoints::before(run_dir);
+        let ino = temp.ino();
+        temp.publish(&name)
+            .map_err(|e| ctx.io("publish the checkpoint", &path, e))?;
+        checkpoints::after_put(
+            run_dir,
+            before,
+            &name,
+            ino,
+            cp.header(),
+            self.durability,
+            ctx,
+        );
+        Ok(())
+    }
+
+    fn write_checkpoint(
+        &self,
+        scope: &RunScope,
+        checkpoint: &Checkpoint,
+        fence: Option<Fence>,
+    ) -> Result<Checkpoint> {
+        self.check_scope(scope)?;
+        checkpoint.validate_for_write(scope)?;
+        let ctx = Ctx::new(scope, "write_checkpoint");
+        let run_dir = self.run_dir(scope);
+        let top0 = claims::read_top(&run_dir, &ctx)?;
+        if let Some(f) = fence {
+            self.check_fence(&ctx, &run_dir, f, top0.as_ref(), scope)?;
+        }
+        self.check_poison()?;
+        let mut stored = checkpoint.clone();
+        stored.fence = stamp_fence(fence, top0.as_ref());
+        let cps_dir = run_dir.join(checkpoints::CHECKPOINTS_DIR);
+        let name = checkpoints::file_name(&stored.id);
+        let path = cps_dir.join(&name);
+        let result = (|| {
+            sys::ensure_dir(&cps_dir, self.durability)
+                .map_err(|e| ctx.io("create the checkpoints directory", &cps_dir, e))?;
+            // The heavy write happens before the lock; only check + rename
+            // happen under it.
+            let mut temp = sys::TempFile::write(
+                &cps_dir,
+                &name,
+                &checkpoints::encode(&stored),
+                self.durability,
+            )
+            .map_err(|e| ctx.io("write the checkpoint", &path, e))?;
+            let _lock = RunLock::acquire(&run_dir, Mode::Exclusive, self.durability, &ctx)?;
+            let top = claims::read_top(&run_dir, &ctx)?;
+            if let Some(f) = fence {
+                self.check_fence(&ctx, &run_dir, f, top.as_ref(), scope)?;
+            }
+            testing_hooks::pause("after-fence-check");
+            let now_stamp = stamp_fence(fence, top.as_ref());
+            if now_stamp != stored.fence {
+                stored.fence = now_stamp;
+                drop(temp);
+                temp = sys::TempFile::write(
+                    &cps_dir,
+                    &name,
+                    &checkpoints::encode(&stored),
+                    self.durability,
+                )
+                .map_err(|e| ctx.io("write the checkpoint", &path, e))?;
+            }
+            let before = checkpoints::before(&run_dir);
+            let ino = temp.ino();
+            temp.publish(&name)
+                .map_err(|e| ctx.io("publish the checkpoint", &path, e))?;
+            checkpoints::after_put(
+                &run_dir,
+                before,
+                &name,
+                ino,
+                stored.header(),
+                self.durability,
+                &ctx,
+            );
+            Ok(())
+        })();
+        result.map_err(|e| self.note(e))?;
+        Ok(stored)
+    }
+
+    fn read_checkpoint(&self, scope: &RunScope, id: &CheckpointId) -> Result<Option<Checkpoint>> {
+        self.check_scope(scope)?;
+        let ctx = Ctx::new(scope, "read_checkpoint");
+        checkpoints::read_one(&self.run_dir(scope), id, &ctx)
+    }
+
+    fn list_checkpoints(&self, scope: &RunScope) -> Result<Vec<Checkpoint>> {
+        self.check_scope(scope)?;
+        let ctx = Ctx::new(scope, "list_checkpoints");
+        checkpoints::read_all(&self.run_dir(scope), &ctx)
+    }
+
+    fn delete_checkpoint(
+        &self,
+        scope: &RunScope,
+        id: &CheckpointId,
+        fence: Option<Fence>,
+    ) -> Result<bool> {
+        self.check_scope(scope)?;
+        let run_dir = self.run_dir(scope);
+        if !run_dir.is_dir() {
+            if let Some(f) = fence {
+                check_write_fence(&scope.run_id, "delete_checkpoint", f, None)?;
+            }
+            return Ok(false);
+        }
+        self.locked_write(scope, "delete_checkpoint", fence, |ctx, run_dir, _| {
+            let dir = run_dir.join(checkpoints::CHECKPOINTS_DIR);
+            let path = dir.join(checkpoints::file_name(id));
+            match std::fs::remove_file(&path) {
+                Ok(()) => {
+                    if self.durability == Durability::PowerLoss {
+                        sys::sync_dir(&dir).map_err(|e| ctx.io("sync", &dir, e))?;
+                    }
+                    checkpoints::rebuild(run_dir, self.durability, ctx);
+                    Ok(true)
+                }
+                Err(e) if sys::is_not_found(&e) => Ok(false),
+                Err(e) => Err(ctx.io("delete the checkpoint", &path, e)),
+            }
+        })
+    }
+
+    fn resolve_park(
+        &self,
+        scope: &RunScope,
+        id: &CheckpointId,
+        resolution: ParkResolution,
+        now: Timestamp,
+        fence: Option<Fence>,
+    ) -> Result<Checkpoint> {
+        self.check_scope(scope)?;
+        let not_found = || Error::NotFound {
+            what: format!("checkpoint {id} of run {}", scope.run_id),
+        };
+        if !self.run_dir(scope).is_dir() {
+            return Err(not_found());
+        }
+        self.locked_write(scope, "resolve_park", fence, |ctx, run_dir, top| {
+            let current = checkpoints::read_one(run_dir, id, ctx)?.ok_or_else(not_found)?;
+            let mut updated = current.clone();
+            runkeep::park::resolve(&mut updated, resolution, now)?;
+            updated.fence = stamp_fence(fence, top).or(current.fence);
+            self.put_checkpoint(ctx, run_dir, &updated)?;
+            Ok(updated)
+        })
+    }
+
+    fn prune_checkpoints(
+        &self,
+        scope: &RunScope,
+        keep_last: usize,
+        fence: Option<Fence>,
+    ) -> Result<Vec<CheckpointId>> {
+        self.check_scope(scope)?;
+        if !self.run_dir(scope).is_dir() {
+            return Ok(Vec::new());
+        }
+        self.locked_write(scope, "prune_checkpoints", fence, |ctx, run_dir, _| {
+            let cps = checkpoints::read_all(run_dir, ctx)?;
+            let victims = runkeep::park::prune_victims(&cps, keep_last);
+            let dir = run_dir.join(checkpoints::CHECKPOINTS_DIR);
+            for v in &victims {
+                let path = dir.join(checkpoints::file_name(v));
+                match std::fs::remove_file(&path) {
+                    Ok(()) => {}
+                    Err(e) if sys::is_not_found(&e) => {}
+                    Err(e) => return Err(ctx.io("delete the checkpoint", &path, e)),
+                }
+            }
+            if !victims.is_empty() {
+                if self.durability == Durability::PowerLoss {
+                    sys::sync_dir(&dir).map_err(|e| ctx.io("sync", &dir, e))?;
+                }
+                checkpoints::rebuild(run_dir, self.durability, ctx);
+            }
+            Ok(victims)
+        })
+    }
+
+    fn lease(&self, scope: &RunScope, now: Timestamp) -> Result<Option<LeaseSummary>> {
+        self.check_scope(scope)?;
+        let ctx = Ctx::new(scope, "lease");
+        Ok(claims::read_top(&self.run_dir(scope), &ctx)?.map(|t| t.summary(now)))
+    }
+
+    fn append_events(
+        &self,
+        scope: &RunScope,
+        events: &[NewEvent],
+        fence: Option<Fence>,
+    ) -> Result<Vec<PersistedEvent>> {
+        self.check_scope(scope)?;
+        for e in events {
+            e.validate()?;
+        }
+        self.locked_write(scope, "append_events", fence, |ctx, run_dir, _| {
+            if events.is_empty() {
+                return Ok(Vec::new());
+            }
+            transcript::append_events(run_dir, events, fence, self.durability, ctx)
+        })
+    }
+
+    fn read_events(&self, scope: &RunScope, options: &ReadEventsOptions) -> Result<EventBatch> {
+        self.check_scope(scope)?;
+        let ctx = Ctx::new(scope, "read_events");
+        transcript::read_events(&self.run_dir(scope), options, &ctx)
+    }
+
+    fn write_document(
+        &self,
+        scope: &RunScope,
+        operation: &'static str,
+        file: &'static str,
+        bytes: Vec<u8>,
+        fence: Option<Fence>,
+    ) -> Result<()> {
+        self.check_scope(scope)?;
+        self.locked_write(scope, operation, fence, |ctx, run_dir, _| {
+            sys::write_atomic(run_dir, file, &bytes, self.durability)
+                .map_err(|e| ctx.io("write", &run_dir.join(file), e))
+        })
+    }
+
+    fn append_audit(
+        &self,
+        scope: &RunScope,
+        events: &[NewAuditEvent],
+        fence: Option<Fence>,
+    ) -> Result<Vec<AuditRecord>> {
+        self.check_scope(scope)?;
+        for e in events {
+            e.validate()?;
+        }
+        self.locked_write(scope, "append_audit", fence, |ctx, run_dir, _| {
+            if events.is_empty() {
+                return Ok(Vec::new());
+            }
+            transcript::append_audit(
+                run_dir,
+                scope.run_id.as_str(),
+                events,
+                fence,
+                self.durability,
+                ctx,
+            )
+        })
+    }
+}
+
+/// Appends one line to the run's fenced-out log (evidence for the doctor's
+/// single-open-writer check, spec DR-17/WK-25). Best effort: a refusal is
+/// reported to the caller whether or not it could be recorded.
+fn record_refusal(run_dir: &Path, operation: &str, presented: Fence, current: Fence) {
+    use std::io::Write;
+    let meta = run_dir.join(lock::META_DIR);
+    if std::fs::create_dir_all(&meta).is_err() {
+        return;
+    }
+    let line = serde_json::json!({
+        "at": Timestamp::now().as_millis(),
+        "operation": operation,
+        "presented": presented.get(),
+        "current": current.get(),
+        "pid": std::process::id(),
+    });
+    let mut bytes = serde_json::to_vec(&line).unwrap_or_default();
+    bytes.push(b'\n');
+    if let Ok(mut f) = std::fs::OpenOptions::new()
+        .append(true)
+        .create(true)
+        .open(meta.join(FENCED_OUT_LOG))
+    {
+        let _ = f.write_all(&bytes);
+    }
+}
+
+fn size_of(v: &impl serde::Serialize) -> usize {
+    serde_json::to_vec(v).map_or(usize::MAX, |b| b.len())
+}
+
+#[async_trait]
+impl runkeep::CheckpointStore for FsStore {
+    async fn write_checkpoint(
+        &self,
+        scope: &RunScope,
+        checkpoint: &Checkpoint,
+        fence: Option<Fence>,
+    ) -> Result<Checkpoint> {
+        let (inner, scope, cp) = (self.inner.clone(), scope.clone(), checkpoint.clone());
+        blocking(move || inner.write_checkpoint(&scope, &cp, fence)).await
+    }
+
+    async fn read_checkpoint(
+        &self,
+        scope: &RunScope,
+        id: &CheckpointId,
+    ) -> Result<Option<Checkpoint>> {
+        let (inner, scope, id) = (self.inner.clone(), scope.clone(), id.clone());
+        blocking(move || inner.read_checkpoint(&scope, &id)).await
+    }
+
+    async fn list_checkpoints(&self, scope: &RunScope) -> Result<Vec<Checkpoint>> {
+        let (inner, scope) = (self.inner.clone(), scope.clone());
+        blocking(move || inner.list_checkpoints(&scope)).await
+    }
+
+    async fn delete_checkpoint(
+        &self,
+        scope: &RunScope,
+        id: &CheckpointId,
+        fence: Option<Fence>,
+    ) -> Result<bool> {
+        let (inner, scope, id) = (self.inner.clone(), scope.clone(), id.clone());
+        blocking(move || inner.delete_checkpoint(&scope, &id, fence)).await
+    }
+
+    async fn resolve_park(
+        &self,
+        scope: &RunScope,
+        id: &CheckpointId,
+        resolution: ParkResolution,
+        now: Timestamp,
+        fence: Option<Fence>,
+    ) -> Result<Checkpoint> {
+        let (inner, scope, id) = (self.inner.clone(), scope.clone(), id.clone());
+        blocking(move || inner.resolve_park(&scope, &id, resolution, now, fence)).await
+    }
+
+    async fn prune_checkpoints(
+        &self,
+        scope: &RunScope,
+        keep_last: usize,
+        fence: Option<Fence>,
+    ) -> Result<Vec<CheckpointId>> {
+        let (inner, scope) = (self.inner.clone(), scope.clone());
+        blocking(move || inner.prune_checkpoints(&scope, keep_last, fence)).await
+    }
+
+    async fn list_runs(&self, scope: &ListingScope, options: &ListOptions) -> Result<RunPage> {
+        let (inner, scope, options) = (self.inner.clone(), scope.clone(), options.clone());
+        blocking(move || listing::list_runs(&inner, &scope, &options)).await
+    }
+
+    async fn claim(&self, scope: &RunScope, options: &ClaimOptions) -> Result<ClaimOutcome> {
+        self.inner.check_scope(scope)?;
+        let (inner, scope, options) = (self.inner.clone(), scope.clone(), options.clone());
+        blocking(move || claims::claim(&inner, &scope, &options)).await
+    }
+
+    async fn release(&self, scope: &RunScope, fence: Fence) -> Result<bool> {
+        self.inner.check_scope(scope)?;
+        let (inner, scope) = (self.inner.clone(), scope.clone());
+        blocking(move || claims::release(&inner, &scope, fence)).await
+    }
+
+    async fn lease(&self, scope: &RunScope, now: Timestamp) -> Result<Option<LeaseSummary>> {
+        let (inner, scope) = (self.inner.clone(), scope.clone());
+        blocking(move || inner.lease(&scope, now)).await
+    }
+
+    async fn claim_next(
+        &self,
+        scope: &ListingScope,
+        filter: &ClaimNextFilter,
+        options: &ClaimOptions,
+    ) -> Result<Option<(RunScope, Lease)>> {
+        let (inner, scope, filter, options) = (
+            self.inner.clone(),
+            scope.clone(),
+            filter.clone(),
+            options.clone(),
+        );
+        blocking(move || listing::claim_next(&inner, &scope, &filter, &options)).await
+    }
+}
+
+#[async_trait]
+impl runkeep::EvidenceStore for FsStore {
+    async fn append_events(
+        &self,
+        scope: &RunScope,
+        events: &[NewEvent],
+        fence: Option<Fence>,
+    ) -> Result<Vec<PersistedEvent>> {
+        let (inner, scope, events) = (self.inner.clone(), scope.clone(), events.to_vec());
+        blocking(move || inner.append_events(&scope, &events, fence)).await
+    }
+
+    async fn read_events(
+        &self,
+        scope: &RunScope,
+        options: &ReadEventsOptions,
+    ) -> Result<EventBatch> {
+        let (inner, scope, options) = (self.inner.clone(), scope.clone(), *options);
+        blocking(move || inner.read_events(&scope, &options)).await
+    }
+
+    async fn write_run_record(
+        &self,
+        scope: &RunScope,
+        record: &RunRecord,
+        fence: Option<Fence>,
+    ) -> Result<()> {
+        runkeep::evidence::check_document_size("run record", size_of(record))?;
+        let bytes = documents::encode_record(record)?;
+        let (inner, scope) = (self.inner.clone(), scope.clone());
+        blocking(move || {
+            inner.write_document(
+                &scope,
+                "write_run_record",
+                documents::RUN_RECORD,
+                bytes,
+                fence,
+            )
+        })
+        .await
+    }
+
+    async fn read_run_record(&self, scope: &RunScope) -> Result<Option<RunRecord>> {
+        self.inner.check_scope(scope)?;
+        let (inner, scope) = (self.inner.clone(), scope.clone());
+        blocking(move || {
+            let ctx = Ctx::new(&scope, "read_run_record");
+            documents::read_record(&inner.run_dir(&scope), &ctx)
+        })
+        .await
+    }
+
+    async fn write_messages(
+        &self,
+        scope: &RunScope,
+        messages: &[Value],
+        through_event_seq: u64,
+        fence: Option<Fence>,
+    ) -> Result<()> {
+        runkeep::evidence::check_document_size("message snapshot", size_of(&messages))?;
+        let bytes = documents::encode_messages(messages, through_event_seq);
+        let (inner, scope) = (self.inner.clone(), scope.clone());
+        blocking(move || {
+            inner.write_document(&scope, "write_messages", documents::MESSAGES, bytes, fence)
+        })
+        .await
+    }
+
+    async fn read_messages(&self, scope: &RunScope) -> Result<MessageSnapshot> {
+        self.inner.check_scope(scope)?;
+        let (inner, scope) = (self.inner.clone(), scope.clone());
+        blocking(move || {
+            let ctx = Ctx::new(&scope, "read_messages");
+            documents::read_messages(&inner.run_dir(&scope), &ctx)
+        })
+        .await
+    }
+
+    async fn write_report(
+        &self,
+        scope: &RunScope,
+        report: &str,
+        fence: Option<Fence>,
+    ) -> Result<()> {
+        runkeep::evidence::check_document_size("report", report.len())?;
+        let bytes = report.as_bytes().to_vec();
+        let (inner, scope) = (self.inner.clone(), scope.clone());
+        blocking(move || {
+            inner.write_document(&scope, "write_report", documents::REPORT, bytes, fence)
+        })
+        .await
+    }
+
+    async fn read_report(&self, scope: &RunScope) -> Result<Option<String>> {
+        self.inner.check_scope(scope)?;
+        let (inner, scope) = (self.inner.clone(), scope.clone());
+        blocking(move || {
+            let ctx = Ctx::new(&scope, "read_report");
+            documents::read_report(&inner.run_dir(&scope), &ctx)
+        })
+        .await
+    }
+
+    async fn append_audit(
+        &self,
+        scope: &RunScope,
+        events: &[NewAuditEvent],
+        fence: Option<Fence>,
+    ) -> Result<Vec<AuditRecord>> {
+        let (inner, scope, events) = (self.inner.clone(), scope.clone(), events.to_vec());
+        blocking(move || inner.append_audit(&scope, &events, fence)).await
+    }
+
+    async fn read_audit(&self, scope: &RunScope, since_seq: u64) -> Result<Vec<AuditRecord>> {
+        self.inner.check_scope(scope)?;
+        let (inner, scope) = (self.inner.clone(), scope.clone());
+        blocking(move || {
+            let ctx = Ctx::new(&scope, "read_audit");
+            transcript::read_audit(&inner.run_dir(&scope), since_seq, &ctx)
+        })
+        .await
+    }
+}

@@ -1,0 +1,405 @@
+//! Checkpoint files (`checkpoints/<id>.json`, pretty JSON stamped
+//! `schemaVersion: 1`) and the per-run digest (`.runkeep/digest.json`) that
+//! lets a listing build a row without parsing any checkpoint.
+//!
+//! # Digest freshness
+//!
+//! The digest records a *stamp* of the checkpoints directory taken when it
+//! was written: the number of `*.json` entries, a hash of every
+//! `(name, inode)` pair (read from `readdir`, no `stat` per file) and the
+//! directory's modification time in nanoseconds. Any create, delete or
+//! rename-replace in the directory — ours, the reference's, or a crash
+//! between a checkpoint and its digest — changes the stamp, so a digest is
+//! used only while the stamp still matches; otherwise the reader rebuilds
+//! the answer from the checkpoint files (read-only, nothing is written) and
+//! the next write of the run persists a fresh digest.
+
+use std::fs;
+use std::io;
+use std::os::unix::fs::{DirEntryExt, MetadataExt};
+use std::path::{Path, PathBuf};
+
+use runkeep::listing::RunDigest;
+use runkeep::{Checkpoint, CheckpointHeader, CheckpointId, Error, Result};
+use serde::{Deserialize, Serialize};
+use serde_json::{Map, Value};
+
+use crate::lock::META_DIR;
+use crate::sys::{self, Ctx};
+use crate::Durability;
+
+/// The checkpoints directory of a run.
+pub(crate) const CHECKPOINTS_DIR: &str = "checkpoints";
+/// The digest file inside the run's meta directory.
+pub(crate) const DIGEST_FILE: &str = "digest.json";
+/// The digest file's format tag.
+pub(crate) const DIGEST_FORMAT: &str = "runkeep.run-digest.v1";
+/// The record schema version this build writes and reads.
+pub(crate) const SCHEMA_VERSION: u64 = 1;
+/// How often a read retries when a file vanishes mid-enumeration (WK-8).
+pub(crate) const VANISH_RETRIES: usize = 5;
+
+/// The file name of a checkpoint.
+pub(crate) fn file_name(id: &CheckpointId) -> String {
+    format!("{id}.json")
+}
+
+/// Checks a record's `schemaVersion` stamp: absent reads as 1 (records
+/// predating the stamp); a non-integer or a version above this build's is
+/// refused (a partial read written back would destroy fields).
+pub(crate) fn check_schema(obj: &Map<String, Value>, path: &Path, ctx: &Ctx) -> Result<()> {
+    match obj.get("schemaVersion") {
+        None => Ok(()),
+        Some(v) => match v.as_u64() {
+            Some(n) if (1..=SCHEMA_VERSION).contains(&n) => Ok(()),
+            Some(n) if n > SCHEMA_VERSION => Err(ctx.corrupted(
+                path,
+                format!(
+                    "record written at schema version {n}; this build reads up to {SCHEMA_VERSION}. Refusing to read it (fields this build does not know would be lost if it were written back); upgrade runkeep to read this data"
+                ),
+            )),
+            _ => Err(ctx.corrupted(
+                path,
+                format!("record has a malformed schemaVersion {v}; expected a whole number ≥ 1"),
+            )),
+        },
+    }
+}
+
+/// The on-disk bytes of a checkpoint.
+pub(crate) fn encode(cp: &Checkpoint) -> Vec<u8> {
+    let mut m = cp.to_json();
+    m.insert("schemaVersion".into(), Value::from(SCHEMA_VERSION));
+    sys::pretty(&Value::Object(m))
+}
+
+/// Parses a checkpoint file.
+pub(crate) fn decode(bytes: &[u8], path: &Path, ctx: &Ctx) -> Result<Checkpoint> {
+    let v: Value = serde_json::from_slice(bytes)
+        .map_err(|e| ctx.corrupted(path, format!("not a usable checkpoint: invalid JSON ({e})")))?;
+    let Value::Object(m) = v else {
+        return Err(ctx.corrupted(path, "not a usable checkpoint: not a JSON object"));
+    };
+    check_schema(&m, path, ctx)?;
+    let cp = Checkpoint::from_json(m)
+        .map_err(|e| ctx.corrupted(path, format!("not a usable checkpoint: {e}")))?;
+    let expected = path.file_name().and_then(|n| n.to_str()).unwrap_or("");
+    if expected != file_name(&cp.id) {
+        return Err(ctx.corrupted(
+            path,
+            format!(
+                "not a usable checkpoint: the file holds checkpoint {}",
+                cp.id
+            ),
+        ));
+    }
+    Ok(cp)
+}
+
+/// Reads one checkpoint; `None` when absent.
+pub(crate) fn read_one(run_dir: &Path, id: &CheckpointId, ctx: &Ctx) -> Result<Option<Checkpoint>> {
+    let path = run_dir.join(CHECKPOINTS_DIR).join(file_name(id));
+    match sys::read_opt(&path) {
+        Ok(None) => Ok(None),
+        Ok(Some(bytes)) => decode(&bytes, &path, ctx).map(Some),
+        Err(e) if e.raw_os_error() == Some(sys::errno::ISDIR) => {
+            Err(ctx.corrupted(&path, "not a usable checkpoint: not a regular file"))
+        }
+        Err(e) => Err(ctx.io("read the checkpoint", &path, e)),
+    }
+}
+
+/// One `*.json` entry of a checkpoints directory.
+#[derive(Clone, Debug)]
+pub(crate) struct Entry {
+    pub(crate) name: String,
+    pub(crate) ino: u64,
+    pub(crate) regular: bool,
+}
+
+/// The stamp a digest is checked against.
+#[derive(Clone, PartialEq, Eq, Debug, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub(crate) struct Stamp {
+    pub(crate) count: u64,
+    pub(crate) ino_hash: String,
+    pub(crate) mtime_ns: i64,
+}
+
+fn entry_hash(name: &str, ino: u64) -> u64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in name.bytes().chain(ino.to_le_bytes()) {
+        h ^= u64::from(b);
+        h = h.wrapping_mul(0x0100_0000_01b3);
+    }
+    h
+}
+
+/// Lists the record entries (`*.json`, not hidden) of a checkpoints
+/// directory with their inode numbers; `None` when it does not exist.
+pub(crate) fn entries(cps_dir: &Path) -> io::Result<Option<Vec<Entry>>> {
+    let rd = match fs::read_dir(cps_dir) {
+        Ok(rd) => rd,
+        Err(e) if sys::is_not_found(&e) => return Ok(None),
+        Err(e) => return Err(e),
+    };
+    let mut out = Vec::new();
+    for entry in rd {
+        let entry = match entry {
+            Ok(e) => e,
+            Err(e) if sys::is_not_found(&e) => continue,
+            Err(e) => return Err(e),
+        };
+        let name = entry.file_name();
+        let Some(name) = name.to_str() else { continue };
+        if name.starts_with('.') || !name.ends_with(".json") {
+            continue;
+        }
+        let regular = match entry.file_type() {
+            Ok(t) => t.is_file(),
+            Err(e) if sys::is_not_found(&e) => continue,
+            Err(e) => return Err(e),
+        };
+        out.push(Entry {
+            name: name.to_string(),
+            ino: entry.ino(),
+            regular,
+        });
+    }
+    out.sort_by(|a, b| a.name.cmp(&b.name));
+    Ok(Some(out))
+}
+
+/// The stamp of a checkpoints directory and its entries; `None` when it
+/// does not exist.
+pub(crate) fn stamp(cps_dir: &Path) -> io::Result<Option<(Stamp, Vec<Entry>)>> {
+    let Some(list) = entries(cps_dir)? else {
+        return Ok(None);
+    };
+    let meta = match fs::metadata(cps_dir) {
+        Ok(m) => m,
+        Err(e) if sys::is_not_found(&e) => return Ok(None),
+        Err(e) => return Err(e),
+    };
+    Ok(Some((stamp_of(&list, &meta), list)))
+}
+
+fn stamp_of(list: &[Entry], meta: &fs::Metadata) -> Stamp {
+    let hash = list
+        .iter()
+        .fold(0u64, |h, e| h ^ entry_hash(&e.name, e.ino));
+    Stamp {
+        count: list.len() as u64,
+        ino_hash: format!("{hash:016x}"),
+        mtime_ns: meta
+            .mtime()
+            .saturating_mul(1_000_000_000)
+            .saturating_add(meta.mtime_nsec()),
+    }
+}
+
+/// Reads every checkpoint of a run, in the total order. Never silently
+/// short: a damaged entry fails the call; a file that vanishes between the
+/// directory read and its own read re-runs the enumeration (bounded).
+pub(crate) fn read_all(run_dir: &Path, ctx: &Ctx) -> Result<Vec<Checkpoint>> {
+    let dir = run_dir.join(CHECKPOINTS_DIR);
+    for _ in 0..VANISH_RETRIES {
+        let Some(list) = entries(&dir).map_err(|e| ctx.io("list the checkpoints", &dir, e))? else {
+            return Ok(Vec::new());
+        };
+        match read_entries(&dir, &list, ctx)? {
+            Some(mut cps) => {
+                runkeep::checkpoint::sort_checkpoints(&mut cps);
+                return Ok(cps);
+            }
+            None => continue,
+        }
+    }
+    Err(vanishing(ctx, &dir))
+}
+
+fn vanishing(ctx: &Ctx, dir: &Path) -> Error {
+    Error::Unavailable {
+        message: format!(
+            "{} on run {}: checkpoints in {} kept disappearing during the read ({VANISH_RETRIES} attempts; a concurrent prune?); retry",
+            ctx.operation,
+            ctx.run,
+            dir.display()
+        ),
+        source: None,
+    }
+}
+
+/// Reads the listed entries; `Ok(None)` when one vanished meanwhile.
+fn read_entries(dir: &Path, list: &[Entry], ctx: &Ctx) -> Result<Option<Vec<Checkpoint>>> {
+    let mut out = Vec::with_capacity(list.len());
+    for e in list {
+        let path = dir.join(&e.name);
+        if !e.regular {
+            return Err(ctx.corrupted(&path, "not a usable checkpoint: not a regular file"));
+        }
+        let stem = &e.name[..e.name.len() - ".json".len()];
+        if CheckpointId::new(stem).is_err() {
+            return Err(ctx.corrupted(
+                &path,
+                "not a usable checkpoint: its name is not a checkpoint id ([A-Za-z0-9_-], starting with a letter or digit)",
+            ));
+        }
+        match sys::read_opt(&path) {
+            Ok(Some(bytes)) => out.push(decode(&bytes, &path, ctx)?),
+            Ok(None) => return Ok(None),
+            Err(e) if e.raw_os_error() == Some(sys::errno::ISDIR) => {
+                return Err(ctx.corrupted(&path, "not a usable checkpoint: not a regular file"))
+            }
+            Err(e) => return Err(ctx.io("read the checkpoint", &path, e)),
+        }
+    }
+    Ok(Some(out))
+}
+
+/// The digest file as stored.
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct StoredDigest {
+    format: String,
+    stamp: Stamp,
+    digest: RunDigest,
+}
+
+fn digest_path(run_dir: &Path) -> PathBuf {
+    run_dir.join(META_DIR).join(DIGEST_FILE)
+}
+
+fn read_stored(run_dir: &Path) -> Option<StoredDigest> {
+    let bytes = sys::read_opt(&digest_path(run_dir)).ok()??;
+    let d: StoredDigest = serde_json::from_slice(&bytes).ok()?;
+    (d.format == DIGEST_FORMAT).then_some(d)
+}
+
+/// The run's digest for a listing row, from the digest file when it is
+/// fresh, else rebuilt from the checkpoint files (read-only). `None` when
+/// the run has no checkpoints directory.
+pub(crate) fn current_digest(run_dir: &Path, ctx: &Ctx) -> Result<Option<RunDigest>> {
+    let dir = run_dir.join(CHECKPOINTS_DIR);
+    for _ in 0..VANISH_RETRIES {
+        let Some((now, list)) = stamp(&dir).map_err(|e| ctx.io("list the checkpoints", &dir, e))?
+        else {
+            return Ok(None);
+        };
+        if let Some(stored) = read_stored(run_dir) {
+            if stored.stamp == now {
+                return Ok(Some(stored.digest));
+            }
+        }
+        if let Some(cps) = read_entries(&dir, &list, ctx)? {
+            let headers: Vec<CheckpointHeader> = cps.iter().map(Checkpoint::header).collect();
+            return Ok(Some(RunDigest::from_headers(&headers)));
+        }
+    }
+    Err(vanishing(ctx, &dir))
+}
+
+/// What a writer knows before its change (taken under the run lock).
+#[derive(Debug)]
+pub(crate) struct Before {
+    stamp: Option<Stamp>,
+    entries: Vec<Entry>,
+    digest: Option<RunDigest>,
+}
+
+/// Snapshot before a change: the stamp and the digest if it is fresh.
+pub(crate) fn before(run_dir: &Path) -> Before {
+    let dir = run_dir.join(CHECKPOINTS_DIR);
+    match stamp(&dir) {
+        Ok(Some((s, entries))) => {
+            let digest = read_stored(run_dir)
+                .filter(|d| d.stamp == s)
+                .map(|d| d.digest);
+            Before {
+                stamp: Some(s),
+                entries,
+                digest,
+            }
+        }
+        _ => Before {
+            stamp: None,
+            entries: Vec::new(),
+            digest: None,
+        },
+    }
+}
+
+/// Updates the digest after this writer put `header` under `name` (inode
+/// `ino`). Incremental when the digest was fresh and the directory changed
+/// exactly by this write; otherwise rebuilt from the files. Best effort: the
+/// digest is an index, a failure here leaves it stale (and therefore unused),
+/// never wrong.
+pub(crate) fn after_put(
+    run_dir: &Path,
+    before: Before,
+    name: &str,
+    ino: u64,
+    header: CheckpointHeader,
+    durability: Durability,
+    ctx: &Ctx,
+) {
+    let dir = run_dir.join(CHECKPOINTS_DIR);
+    let Ok(Some((now, list))) = stamp(&dir) else {
+        return;
+    };
+    let old = before.entries.iter().find(|e| e.name == name);
+    let incremental = match (&before.stamp, before.digest) {
+        (Some(s0), Some(mut d)) => {
+            let h0 = u64::from_str_radix(&s0.ino_hash, 16).unwrap_or(0);
+            let predicted =
+                h0 ^ old.map_or(0, |e| entry_hash(&e.name, e.ino)) ^ entry_hash(name, ino);
+            let count = s0.count + u64::from(old.is_none());
+            let exact = format!("{predicted:016x}") == now.ino_hash && count == now.count;
+            (exact && d.apply_write(header, old.is_some())).then_some(d)
+        }
+        _ => None,
+    };
+    let digest = match incremental {
+        Some(d) => d,
+        None => match read_entries(&dir, &list, ctx) {
+            Ok(Some(cps)) => {
+                let headers: Vec<CheckpointHeader> = cps.iter().map(Checkpoint::header).collect();
+                RunDigest::from_headers(&headers)
+            }
+            _ => return,
+        },
+    };
+    store(run_dir, now, digest, durability);
+}
+
+/// Rebuilds the digest from the files after a delete or prune (best effort).
+pub(crate) fn rebuild(run_dir: &Path, durability: Durability, ctx: &Ctx) {
+    let dir = run_dir.join(CHECKPOINTS_DIR);
+    let Ok(Some((now, list))) = stamp(&dir) else {
+        return;
+    };
+    if let Ok(Some(cps)) = read_entries(&dir, &list, ctx) {
+        let headers: Vec<CheckpointHeader> = cps.iter().map(Checkpoint::header).collect();
+        store(run_dir, now, RunDigest::from_headers(&headers), durability);
+    }
+}
+
+fn store(run_dir: &Path, stamp: Stamp, digest: RunDigest, durability: Durability) {
+    let stored = StoredDigest {
+        format: DIGEST_FORMAT.into(),
+        stamp,
+        digest,
+    };
+    let Ok(bytes) = serde_json::to_vec(&stored) else {
+        return;
+    };
+    // Never synced, whatever the durability: after a power loss a lost or
+    // older digest does not match the (synced) directory and is not used.
+    let _ = durability;
+    let meta = run_dir.join(META_DIR);
+    if let Err(e) = sys::ensure_dir(&meta, Durability::ProcessCrash)
+        .and_then(|()| sys::write_atomic(&meta, DIGEST_FILE, &bytes, Durability::ProcessCrash))
+    {
+        tracing::debug!("could not update the run digest in {}: {e}", meta.display());
+    }
+}

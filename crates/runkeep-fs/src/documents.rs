@@ -1,0 +1,109 @@
+//! Whole-file run evidence: the run record (`run.json`), the message
+//! snapshot (`messages.json`) and the final report (`report.md`). Each is
+//! replaced atomically (sidecar + rename); reads create nothing.
+
+use std::path::Path;
+
+use runkeep::{Error, MessageSnapshot, Result, RunRecord};
+use serde_json::{Map, Value};
+
+use crate::checkpoints::{check_schema, SCHEMA_VERSION};
+use crate::sys::{self, Ctx};
+
+/// The run record file.
+pub(crate) const RUN_RECORD: &str = "run.json";
+/// The message snapshot file.
+pub(crate) const MESSAGES: &str = "messages.json";
+/// The report file.
+pub(crate) const REPORT: &str = "report.md";
+/// The message snapshot's format tag (the reference's).
+pub(crate) const MESSAGES_FORMAT: &str = "namzu.run-message-snapshot.v1";
+
+/// The bytes of a run record (stamped).
+pub(crate) fn encode_record(record: &RunRecord) -> Result<Vec<u8>> {
+    if record.contains_key("schemaVersion") {
+        return Err(Error::invalid(
+            "run record uses the reserved key \"schemaVersion\"; the store stamps it",
+        ));
+    }
+    let mut m = record.clone();
+    m.insert("schemaVersion".into(), Value::from(SCHEMA_VERSION));
+    Ok(sys::pretty(&Value::Object(m)))
+}
+
+/// Reads the run record.
+pub(crate) fn read_record(run_dir: &Path, ctx: &Ctx) -> Result<Option<RunRecord>> {
+    let path = run_dir.join(RUN_RECORD);
+    let Some(bytes) = sys::read_opt(&path).map_err(|e| ctx.io("read the run record", &path, e))?
+    else {
+        return Ok(None);
+    };
+    let Ok(Value::Object(mut m)) = serde_json::from_slice::<Value>(&bytes) else {
+        return Err(ctx.corrupted(&path, "the run record is not a JSON object"));
+    };
+    check_schema(&m, &path, ctx)?;
+    m.remove("schemaVersion");
+    Ok(Some(m))
+}
+
+/// The bytes of a message snapshot.
+pub(crate) fn encode_messages(messages: &[Value], through_event_seq: u64) -> Vec<u8> {
+    let mut m = Map::new();
+    m.insert("format".into(), Value::from(MESSAGES_FORMAT));
+    m.insert("throughEventSeq".into(), Value::from(through_event_seq));
+    m.insert("messages".into(), Value::Array(messages.to_vec()));
+    m.insert("schemaVersion".into(), Value::from(SCHEMA_VERSION));
+    sys::pretty(&Value::Object(m))
+}
+
+/// Reads the message snapshot (spec EV-26): missing ⇒ unavailable; a bare
+/// array ⇒ legacy-unverified; the versioned envelope ⇒ available; anything
+/// else is refused, never degraded to an empty snapshot.
+pub(crate) fn read_messages(run_dir: &Path, ctx: &Ctx) -> Result<MessageSnapshot> {
+    let path = run_dir.join(MESSAGES);
+    let Some(bytes) =
+        sys::read_opt(&path).map_err(|e| ctx.io("read the message snapshot", &path, e))?
+    else {
+        return Ok(MessageSnapshot::Unavailable);
+    };
+    let v: Value = serde_json::from_slice(&bytes)
+        .map_err(|_| ctx.corrupted(&path, "invalid run message snapshot: invalid JSON"))?;
+    match v {
+        Value::Array(messages) => Ok(MessageSnapshot::LegacyUnverified { messages }),
+        Value::Object(mut m) => {
+            check_schema(&m, &path, ctx)?;
+            let through = m
+                .get("throughEventSeq")
+                .and_then(Value::as_u64)
+                .filter(|n| *n <= (1u64 << 53) - 1);
+            let tagged = m.get("format").and_then(Value::as_str) == Some(MESSAGES_FORMAT);
+            match (tagged, through, m.remove("messages")) {
+                (true, Some(through_event_seq), Some(Value::Array(messages))) => {
+                    Ok(MessageSnapshot::Available {
+                        through_event_seq,
+                        messages,
+                    })
+                }
+                _ => Err(ctx.corrupted(
+                    &path,
+                    format!("invalid run message snapshot: expected a versioned snapshot ({MESSAGES_FORMAT} with throughEventSeq and messages)"),
+                )),
+            }
+        }
+        _ => Err(ctx.corrupted(
+            &path,
+            "invalid run message snapshot: expected a versioned snapshot",
+        )),
+    }
+}
+
+/// Reads the report.
+pub(crate) fn read_report(run_dir: &Path, ctx: &Ctx) -> Result<Option<String>> {
+    let path = run_dir.join(REPORT);
+    let Some(bytes) = sys::read_opt(&path).map_err(|e| ctx.io("read the report", &path, e))? else {
+        return Ok(None);
+    };
+    String::from_utf8(bytes)
+        .map(Some)
+        .map_err(|_| ctx.corrupted(&path, "the report is not UTF-8 text"))
+}

@@ -1,0 +1,284 @@
+//! The listing walk (spec CS-67/68, LY-4) and `claim_next`.
+//!
+//! Runs are the directories named `run_*` directly under the base directory
+//! and under `<base>/<parent>/children/`. In run-id order the key is known
+//! from the names alone, so rows are built lazily in key order and the walk
+//! stops as soon as the page is full: one digest and one claims directory
+//! per row considered. In created-at order the run start comes from each
+//! run's digest (a small file, never a checkpoint) and claims are read only
+//! for rows on the page. A damaged run is a flagged row; a run directory
+//! removed mid-walk is simply not a row.
+
+use std::fs;
+use std::path::{Path, PathBuf};
+
+use runkeep::listing::{ListQuery, RowKey, MAX_LIMIT};
+use runkeep::{
+    ClaimNextFilter, ClaimOptions, ClaimOutcome, Error, Lease, ListOptions, ListOrder,
+    ListingScope, Result, RunDigest, RunId, RunPage, RunRow, RunScope,
+};
+
+use crate::sys::{self, Ctx};
+use crate::{checkpoints, claims, Attribution, Inner};
+
+/// A run directory found by the walk.
+#[derive(Clone, Debug)]
+pub(crate) struct Candidate {
+    pub(crate) run: RunId,
+    pub(crate) parent: Option<RunId>,
+    pub(crate) dir: PathBuf,
+}
+
+impl Candidate {
+    pub(crate) fn scope(&self, a: &Attribution) -> RunScope {
+        let s = RunScope::new(
+            a.tenant_id.clone(),
+            a.project_id.clone(),
+            a.session_id.clone(),
+            self.run.clone(),
+        );
+        match &self.parent {
+            Some(p) => s.with_parent(p.clone()),
+            None => s,
+        }
+    }
+}
+
+fn run_dirs(dir: &Path, ctx: &Ctx) -> Result<Vec<(RunId, PathBuf)>> {
+    let rd = match fs::read_dir(dir) {
+        Ok(rd) => rd,
+        Err(e) if sys::is_not_found(&e) => return Ok(Vec::new()),
+        Err(e) => return Err(ctx.io("list run directories in", dir, e)),
+    };
+    let mut out = Vec::new();
+    for entry in rd {
+        let entry = match entry {
+            Ok(e) => e,
+            Err(e) if sys::is_not_found(&e) => continue,
+            Err(e) => return Err(ctx.io("list run directories in", dir, e)),
+        };
+        let name = entry.file_name();
+        let Some(name) = name.to_str() else { continue };
+        if !name.starts_with("run_") {
+            continue;
+        }
+        let Ok(run) = RunId::new(name) else { continue };
+        match entry.file_type() {
+            Ok(t) if t.is_dir() => out.push((run, entry.path())),
+            _ => continue,
+        }
+    }
+    Ok(out)
+}
+
+/// Every run directory at both levels (creates nothing).
+pub(crate) fn enumerate(base: &Path, ctx: &Ctx) -> Result<Vec<Candidate>> {
+    let mut out = Vec::new();
+    for (run, dir) in run_dirs(base, ctx)? {
+        let children = dir.join("children");
+        for (child, cdir) in run_dirs(&children, ctx).unwrap_or_default() {
+            out.push(Candidate {
+                run: child,
+                parent: Some(run.clone()),
+                dir: cdir,
+            });
+        }
+        out.push(Candidate {
+            run,
+            parent: None,
+            dir,
+        });
+    }
+    Ok(out)
+}
+
+/// A run's digest, or why it could not be read; `None` when the run has no
+/// checkpoints (or vanished).
+fn digest_of(c: &Candidate, ctx: &Ctx) -> Option<std::result::Result<RunDigest, Error>> {
+    match checkpoints::current_digest(&c.dir, ctx) {
+        Ok(Some(d)) if d.checkpoint_count > 0 => Some(Ok(d)),
+        Ok(_) => None,
+        Err(e) => {
+            if !c.dir.is_dir() {
+                return None;
+            }
+            Some(Err(e))
+        }
+    }
+}
+
+/// Builds a row from a digest (or its error) and the run's top holding.
+fn row_of(
+    c: &Candidate,
+    digest: std::result::Result<RunDigest, Error>,
+    scope: RunScope,
+    q: &ListQuery,
+    ctx: &Ctx,
+) -> Option<RunRow> {
+    let top = claims::read_top(&c.dir, ctx);
+    match (digest, top) {
+        (Ok(d), Ok(top)) => d.row(scope, top.as_ref(), q.now),
+        (Err(e), top) => {
+            let claim = top.ok().flatten().map(|t| t.summary(q.now));
+            Some(RunRow::damaged(scope, &e, claim))
+        }
+        (Ok(_), Err(e)) => Some(RunRow::damaged(scope, &e, None)),
+    }
+}
+
+fn scope_matches(a: &Attribution, scope: &ListingScope) -> bool {
+    a.tenant_id == *scope.tenant_id()
+        && scope.project_id().is_none_or(|p| *p == a.project_id)
+        && scope.session_id().is_none_or(|s| *s == a.session_id)
+}
+
+/// One page of the listing.
+pub(crate) fn list_runs(
+    inner: &Inner,
+    scope: &ListingScope,
+    options: &ListOptions,
+) -> Result<RunPage> {
+    let q = ListQuery::new(scope, options)?;
+    let ctx = Ctx::store("list_runs");
+    let Some(a) = inner.attribution() else {
+        return Err(Error::invalid(format!(
+            "list_runs: the store at {} was opened without attribution, so it cannot say which tenant, project or session its runs belong to (a row that carries no scope cannot be resumed or swept). Pass FsOptions::attribution; refusing rather than returning rows stamped with a guessed tenant",
+            inner.base().display()
+        )));
+    };
+    if !scope_matches(a, scope) {
+        return Ok(RunPage::default());
+    }
+    let candidates = enumerate(inner.base(), &ctx)?;
+    let mut page: Vec<(RowKey, RunRow)> = Vec::new();
+    match q.order {
+        ListOrder::RunId => {
+            let mut keyed: Vec<(RowKey, Candidate)> = candidates
+                .into_iter()
+                .map(|c| {
+                    (
+                        RowKey::new(ListOrder::RunId, &c.run, c.parent.as_ref(), None),
+                        c,
+                    )
+                })
+                .filter(|(k, _)| q.is_after_cursor(k))
+                .collect();
+            keyed.sort_by(|x, y| x.0.cmp(&y.0));
+            for (k, c) in keyed {
+                let Some(d) = digest_of(&c, &ctx) else {
+                    continue;
+                };
+                let Some(row) = row_of(&c, d, c.scope(a), &q, &ctx) else {
+                    continue;
+                };
+                if q.matches(&row) {
+                    page.push((k, row));
+                    if page.len() > q.limit {
+                        break;
+                    }
+                }
+            }
+        }
+        ListOrder::CreatedAt => {
+            let mut keyed: Vec<(RowKey, Candidate, std::result::Result<RunDigest, Error>)> =
+                candidates
+                    .into_iter()
+                    .filter_map(|c| {
+                        let d = digest_of(&c, &ctx)?;
+                        let created = d.as_ref().ok().and_then(|d| d.run_created_at);
+                        let k =
+                            RowKey::new(ListOrder::CreatedAt, &c.run, c.parent.as_ref(), created);
+                        Some((k, c, d))
+                    })
+                    .filter(|(k, _, _)| q.is_after_cursor(k))
+                    .collect();
+            keyed.sort_by(|x, y| x.0.cmp(&y.0));
+            for (k, c, d) in keyed {
+                let Some(row) = row_of(&c, d, c.scope(a), &q, &ctx) else {
+                    continue;
+                };
+                if q.matches(&row) {
+                    page.push((k, row));
+                    if page.len() > q.limit {
+                        break;
+                    }
+                }
+            }
+        }
+    }
+    Ok(q.page_from_sorted(page))
+}
+
+/// Takes the next run nobody holds live (scan-and-claim): candidates in the
+/// filter's order, each claimed through the lease (link arbitration), so two
+/// concurrent callers never get one run at one fence.
+pub(crate) fn claim_next(
+    inner: &Inner,
+    scope: &ListingScope,
+    filter: &ClaimNextFilter,
+    options: &ClaimOptions,
+) -> Result<Option<(RunScope, Lease)>> {
+    let now = options.now();
+    let mut cursor = None;
+    let mut contended = None;
+    loop {
+        let page = list_runs(
+            inner,
+            scope,
+            &ListOptions {
+                order: filter.order,
+                park: filter.park.clone(),
+                claimed: Some(false),
+                limit: Some(MAX_LIMIT),
+                cursor: cursor.take(),
+                now: Some(now),
+            },
+        )?;
+        for row in page.entries {
+            if row.damaged.is_some() {
+                continue;
+            }
+            match claims::claim(inner, &row.scope, &options.clone().at(now)) {
+                Ok(ClaimOutcome::Acquired(lease)) => {
+                    if filter.park.is_some() && !still_matches(inner, &row.scope, filter, now) {
+                        // Answered (or otherwise changed) between the listing
+                        // and the claim: give it back and keep looking.
+                        claims::release(inner, &row.scope, lease.fence)?;
+                        continue;
+                    }
+                    return Ok(Some((row.scope, lease)));
+                }
+                Ok(ClaimOutcome::Held(_)) => {}
+                Err(e @ Error::Contended { .. }) => contended = Some(e),
+                Err(e) => return Err(e),
+            }
+        }
+        match page.cursor {
+            Some(c) => cursor = Some(c),
+            None => break,
+        }
+    }
+    match contended {
+        Some(e) => Err(e),
+        None => Ok(None),
+    }
+}
+
+/// Re-reads a just-claimed run's park against the filter.
+fn still_matches(
+    inner: &Inner,
+    scope: &RunScope,
+    filter: &ClaimNextFilter,
+    now: runkeep::Timestamp,
+) -> bool {
+    let ctx = Ctx::new(scope, "claim_next");
+    let Ok(Some(d)) = checkpoints::current_digest(&inner.run_dir(scope), &ctx) else {
+        return false;
+    };
+    let park = runkeep::park::park_precedence(&d.parks, now);
+    match (&filter.park, park) {
+        (Some(states), Some(p)) => states.contains(&p.state),
+        (Some(_), None) => false,
+        (None, _) => true,
+    }
+}

@@ -1,0 +1,116 @@
+//! Test seams (feature `testing`): injected I/O faults scoped to a directory.
+//!
+//! Used by this crate's own tests and benches. Faults are process-global but
+//! match only paths under the directory they were injected for, so tests
+//! running in parallel in one binary (each in its own temp directory) do not
+//! see each other's faults. Cross-process tests switch on broken publish
+//! modes and pause points with environment variables instead:
+//!
+//! - `RUNKEEP_FS_TEST_MUTATION=per-fence-scratch | open-exclusive-then-write`
+//! - `RUNKEEP_FS_TEST_PUBLISH=scratch` (no `O_TMPFILE`)
+//! - `RUNKEEP_FS_TEST_PAUSE=<point>` (SIGSTOP self at a named point, e.g.
+//!   `after-fence-check`)
+//! - `RUNKEEP_FS_TEST_LOCK_WAIT_MS=<n>` (the run lock's wait bound)
+
+use std::io;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Mutex;
+
+pub use crate::testing_hooks::Point as FaultPoint;
+
+struct Fault {
+    id: u64,
+    point: FaultPoint,
+    under: PathBuf,
+    errno: i32,
+    remaining: Option<u32>,
+}
+
+static FAULTS: Mutex<Vec<Fault>> = Mutex::new(Vec::new());
+static NEXT: AtomicU64 = AtomicU64::new(1);
+
+/// Removes its fault when dropped.
+#[derive(Debug)]
+#[must_use = "the fault is removed when the guard is dropped"]
+pub struct FaultGuard(u64);
+
+impl Drop for FaultGuard {
+    fn drop(&mut self) {
+        let mut f = FAULTS.lock().unwrap_or_else(|p| p.into_inner());
+        f.retain(|x| x.id != self.0);
+    }
+}
+
+/// Makes every call at `point` on a path under `under` fail with `errno`.
+pub fn inject(point: FaultPoint, under: impl AsRef<Path>, errno: i32) -> FaultGuard {
+    add(point, under.as_ref(), errno, None)
+}
+
+/// Like [`inject`], for the next `times` matching calls only.
+pub fn inject_times(
+    point: FaultPoint,
+    under: impl AsRef<Path>,
+    errno: i32,
+    times: u32,
+) -> FaultGuard {
+    add(point, under.as_ref(), errno, Some(times))
+}
+
+fn add(point: FaultPoint, under: &Path, errno: i32, remaining: Option<u32>) -> FaultGuard {
+    let id = NEXT.fetch_add(1, Ordering::Relaxed);
+    let under = std::fs::canonicalize(under).unwrap_or_else(|_| under.to_path_buf());
+    FAULTS
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .push(Fault {
+            id,
+            point,
+            under,
+            errno,
+            remaining,
+        });
+    FaultGuard(id)
+}
+
+pub(crate) fn check(point: FaultPoint, path: &Path) -> io::Result<()> {
+    let mut faults = FAULTS.lock().unwrap_or_else(|p| p.into_inner());
+    if faults.is_empty() {
+        return Ok(());
+    }
+    let canon = canonical_prefix(path);
+    for f in faults.iter_mut() {
+        if f.point == point && canon.starts_with(&f.under) {
+            match &mut f.remaining {
+                Some(0) => continue,
+                Some(n) => *n -= 1,
+                None => {}
+            }
+            return Err(io::Error::from_raw_os_error(f.errno));
+        }
+    }
+    Ok(())
+}
+
+/// The path with its longest existing prefix canonicalized (the path itself
+/// may not exist yet).
+fn canonical_prefix(path: &Path) -> PathBuf {
+    let mut rest = Vec::new();
+    let mut cur = path.to_path_buf();
+    loop {
+        if let Ok(c) = std::fs::canonicalize(&cur) {
+            let mut out = c;
+            for r in rest.iter().rev() {
+                out.push(r);
+            }
+            return out;
+        }
+        match (cur.file_name().map(|n| n.to_os_string()), cur.parent()) {
+            (Some(n), Some(p)) => {
+                rest.push(n);
+                cur = p.to_path_buf();
+            }
+            _ => return path.to_path_buf(),
+        }
+    }
+}

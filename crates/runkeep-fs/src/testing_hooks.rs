@@ -1,0 +1,110 @@
+//! Test seams, compiled to no-ops without the `testing` feature.
+//!
+//! Production code calls these at the points a test may want to break: an
+//! injected errno before a system call, a deliberately broken publish mode
+//! (to prove the race tests can fail), a pause point inside the critical
+//! section (to measure the residual window). Without the feature every hook
+//! is an empty inline function.
+
+use std::io;
+use std::path::Path;
+
+/// Where a fault can be injected.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum Point {
+    /// Creating a directory.
+    Mkdir,
+    /// Creating or writing a whole-file sidecar.
+    Write,
+    /// Renaming a sidecar onto its target.
+    Rename,
+    /// `fsync` of a file or directory.
+    Fsync,
+    /// Appending to a transcript or audit trail.
+    Append,
+    /// Creating a claim scratch file.
+    ScratchCreate,
+    /// The hard link that publishes a holding (also the probe at open).
+    Link,
+}
+
+/// A publish deliberately broken for a mutation test.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+#[cfg_attr(not(feature = "testing"), allow(dead_code))]
+pub(crate) enum Mutation {
+    /// The correct publish.
+    None,
+    /// The scratch name is a function of the fence (`.tmp-<fence>`), created
+    /// without exclusivity: two publishers of one fence share it.
+    PerFenceScratch,
+    /// The holding is created exclusively and then written (no link).
+    OpenExclusiveThenWrite,
+}
+
+#[cfg(feature = "testing")]
+pub(crate) fn fault(point: Point, path: &Path) -> io::Result<()> {
+    crate::testing::check(point, path)
+}
+
+#[cfg(not(feature = "testing"))]
+#[inline(always)]
+pub(crate) fn fault(_point: Point, _path: &Path) -> io::Result<()> {
+    Ok(())
+}
+
+#[cfg(feature = "testing")]
+pub(crate) fn mutation() -> Mutation {
+    match std::env::var("RUNKEEP_FS_TEST_MUTATION").as_deref() {
+        Ok("per-fence-scratch") => Mutation::PerFenceScratch,
+        Ok("open-exclusive-then-write") => Mutation::OpenExclusiveThenWrite,
+        _ => Mutation::None,
+    }
+}
+
+#[cfg(not(feature = "testing"))]
+#[inline(always)]
+pub(crate) fn mutation() -> Mutation {
+    Mutation::None
+}
+
+/// True when a test forces the scratch-name publish (no `O_TMPFILE`).
+#[cfg(feature = "testing")]
+pub(crate) fn force_scratch() -> bool {
+    std::env::var("RUNKEEP_FS_TEST_PUBLISH").as_deref() == Ok("scratch")
+        || mutation() != Mutation::None
+}
+
+#[cfg(not(feature = "testing"))]
+#[inline(always)]
+pub(crate) fn force_scratch() -> bool {
+    false
+}
+
+/// Stops this process (SIGSTOP) at `point` when a test asked for it.
+#[cfg(feature = "testing")]
+pub(crate) fn pause(point: &str) {
+    if std::env::var("RUNKEEP_FS_TEST_PAUSE").as_deref() == Ok(point) {
+        if let Some(pid) = rustix::process::Pid::from_raw(std::process::id() as i32) {
+            let _ = rustix::process::kill_process(pid, rustix::process::Signal::Stop);
+        }
+    }
+}
+
+#[cfg(not(feature = "testing"))]
+#[inline(always)]
+pub(crate) fn pause(_point: &str) {}
+
+/// A test's override of the lock wait bound, in milliseconds.
+#[cfg(feature = "testing")]
+pub(crate) fn lock_wait_override() -> Option<u64> {
+    std::env::var("RUNKEEP_FS_TEST_LOCK_WAIT_MS")
+        .ok()?
+        .parse()
+        .ok()
+}
+
+#[cfg(not(feature = "testing"))]
+#[inline(always)]
+pub(crate) fn lock_wait_override() -> Option<u64> {
+    None
+}

@@ -1,0 +1,39 @@
+//! The directory backend passes the whole conformance kit, against a fresh
+//! temp directory per case, at both durability levels.
+
+use std::sync::Arc;
+
+use runkeep_conformance::{support, Fixture};
+use runkeep_fs::{Attribution, Durability, FsOptions, FsStore};
+
+fn open(durability: Durability) -> Fixture {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let store = FsStore::open(
+        dir.path().join("runs"),
+        FsOptions {
+            attribution: Some(Attribution {
+                tenant_id: support::tenant(),
+                project_id: support::project(),
+                session_id: support::session(),
+            }),
+            durability,
+        },
+    )
+    .expect("open the store");
+    Fixture::new(Arc::new(store), 1, dir)
+}
+
+async fn process_crash() -> Fixture {
+    open(Durability::ProcessCrash)
+}
+
+async fn power_loss() -> Fixture {
+    open(Durability::PowerLoss)
+}
+
+runkeep_conformance::conformance_tests!(process_crash);
+
+mod power_loss_durability {
+    use super::power_loss;
+    runkeep_conformance::conformance_tests!(power_loss);
+}
