@@ -1,0 +1,435 @@
+//! Cross-process lease races (spec §3.12, FL-35/36/37; DF-1, DF-2, DF-8,
+//! DF-9, DF-10, DF-21), with real OS processes sharing only the directory,
+//! and the meta-tests proving these tests fail against a broken publish.
+
+mod common;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::Path;
+use std::time::Duration;
+
+use common::*;
+use runkeep::{CheckpointStore, ClaimOptions, ClaimOutcome, Error, Ttl};
+
+/// Entry point of the worker processes the tests below spawn (this binary
+/// re-entered with a role in `RUNKEEP_FS_WORKER`); a no-op otherwise.
+#[test]
+fn worker_process_entry() {
+    let Ok(role) = std::env::var(WORKER_ENV) else {
+        return;
+    };
+    match role.as_str() {
+        "single-run" => single_run_worker(),
+        "batch" => batch_worker(),
+        "watch" => watch_worker(),
+        "renew" => renew_worker(),
+        other => panic!("unknown worker role {other}"),
+    }
+}
+
+fn body_holder(base: &Path, run: &str, fence: u64) -> String {
+    match std::fs::read(base.join(run).join("claims").join(format!("{fence}.json"))) {
+        Ok(b) => serde_json::from_slice::<serde_json::Value>(&b)
+            .ok()
+            .and_then(|v| v["holder"].as_str().map(str::to_string))
+            .unwrap_or_else(|| "?unparseable".into()),
+        Err(_) => "-".into(),
+    }
+}
+
+fn single_run_worker() {
+    let base = std::path::PathBuf::from(env("BASE"));
+    let run = env("RUN");
+    let me = env("HOLDER");
+    let target: u64 = env("TARGET").parse().unwrap();
+    let store = open(&base);
+    let rt = rt();
+    let s = scope(&run);
+    let opts = ClaimOptions::new(holder(&me), Ttl::from_millis(1).unwrap());
+    sleep_until(env("START_AT").parse().unwrap());
+    let (mut contended, mut errors) = (0u64, 0u64);
+    loop {
+        match rt.block_on(store.claim(&s, &opts.clone().at(runkeep::Timestamp::now()))) {
+            Ok(ClaimOutcome::Acquired(l)) => {
+                let body = body_holder(&base, &run, l.fence.get());
+                report(format!("win {} {body}", l.fence));
+                if l.fence.get() >= target {
+                    break;
+                }
+                // Let the 1 ms lease lapse so the others race for the next.
+                std::thread::sleep(Duration::from_micros(1500));
+            }
+            Ok(ClaimOutcome::Held(h)) => {
+                if h.fence.get() >= target {
+                    break;
+                }
+            }
+            Err(Error::Contended { .. }) => contended += 1,
+            Err(e) => {
+                errors += 1;
+                report(format!("err {}", e.to_string().replace('\n', " ")));
+                if errors > 200 {
+                    break;
+                }
+            }
+        }
+    }
+    report(format!("done contended={contended} errors={errors}"));
+}
+
+/// Tally of one single-run race.
+#[derive(Debug, Default)]
+struct Tally {
+    fences: u64,
+    double_winners: u64,
+    no_winner: u64,
+    wrong_body: u64,
+    unverified: u64,
+    errors: u64,
+    contended: u64,
+}
+
+fn single_run_race(processes: usize, target: u64, envs: &[(&str, String)]) -> Tally {
+    let dir = tempdir();
+    let base = dir.path().join("runs");
+    open(&base);
+    let start = now_ms() + 1500;
+    let workers: Vec<_> = (0..processes)
+        .map(|i| {
+            let mut e = vec![
+                ("BASE", base.display().to_string()),
+                ("RUN", "run_contended".to_string()),
+                ("HOLDER", format!("proc-{i}")),
+                ("TARGET", target.to_string()),
+                ("START_AT", start.to_string()),
+            ];
+            e.extend(envs.iter().cloned());
+            spawn("single-run", &e)
+        })
+        .collect();
+    let mut winners: BTreeMap<u64, Vec<(String, String)>> = BTreeMap::new();
+    let mut t = Tally::default();
+    for (i, w) in workers.into_iter().enumerate() {
+        for r in w.finish(Duration::from_secs(120)) {
+            let parts: Vec<&str> = r.splitn(3, ' ').collect();
+            match parts[0] {
+                "win" => winners
+                    .entry(parts[1].parse().unwrap())
+                    .or_default()
+                    .push((format!("proc-{i}"), parts[2].to_string())),
+                "err" => t.errors += 1,
+                "done" => {
+                    t.contended += r
+                        .split("contended=")
+                        .nth(1)
+                        .and_then(|s| s.split(' ').next())
+                        .and_then(|s| s.parse::<u64>().ok())
+                        .unwrap_or(0)
+                }
+                _ => {}
+            }
+        }
+    }
+    let top = winners.keys().max().copied().unwrap_or(0);
+    t.fences = top;
+    for f in 1..=top {
+        match winners.get(&f).map(Vec::len).unwrap_or(0) {
+            0 => t.no_winner += 1,
+            1 => {}
+            _ => t.double_winners += 1,
+        }
+    }
+    for list in winners.values() {
+        for (who, body) in list {
+            match body.as_str() {
+                "-" => t.unverified += 1,
+                b if b == who => {}
+                _ => t.wrong_body += 1,
+            }
+        }
+    }
+    eprintln!("single-run race ({processes} processes, target {target}, {envs:?}): {t:?}");
+    t
+}
+
+/// FL-35 at one run: six processes contend for 6 000 fences. No fence is
+/// won twice or by nobody, and every holding's body names the process that
+/// won it (read back by the winner the moment it won).
+#[test]
+fn six_processes_contending_for_6000_fences_never_share_or_skip_one() {
+    let t = single_run_race(6, 6000, &[]);
+    assert!(t.fences >= 6000, "{t:?}");
+    assert_eq!(
+        (t.double_winners, t.no_winner, t.wrong_body, t.errors),
+        (0, 0, 0, 0),
+        "{t:?}"
+    );
+    assert!(
+        t.unverified < t.fences / 100,
+        "too many bodies pruned before read-back: {t:?}"
+    );
+}
+
+/// Meta-test: the same race with the scratch name made a function of the
+/// fence (and not exclusive) must fail it — a publisher links another
+/// process's body. Proves the race test can catch the defect FL-9 forbids.
+#[test]
+fn the_single_run_race_catches_a_scratch_name_shared_per_fence() {
+    let t = single_run_race(
+        6,
+        3000,
+        &[("RUNKEEP_FS_TEST_MUTATION", "per-fence-scratch".into())],
+    );
+    assert!(
+        t.wrong_body + t.errors + t.double_winners + t.no_winner > 0,
+        "the mutated publish went unnoticed: {t:?}"
+    );
+}
+
+fn batch_worker() {
+    let base = std::path::PathBuf::from(env("BASE"));
+    let runs: usize = env("RUNS").parse().unwrap();
+    let me = env("HOLDER");
+    let store = open(&base);
+    let rt = rt();
+    let now = runkeep::Timestamp::from_millis(env("NOW").parse().unwrap()).unwrap();
+    let opts = ClaimOptions::new(holder(&me), Ttl::from_millis(60_000).unwrap()).at(now);
+    sleep_until(env("START_AT").parse().unwrap());
+    for i in 0..runs {
+        let run = format!("run_batch_{i:04}");
+        match rt.block_on(store.claim(&scope(&run), &opts)) {
+            Ok(ClaimOutcome::Acquired(l)) => report(format!(
+                "won {run} {} {}",
+                l.fence,
+                body_holder(&base, &run, l.fence.get())
+            )),
+            Ok(ClaimOutcome::Held(_)) => {}
+            Err(e) => report(format!("err {run} {e}")),
+        }
+    }
+    report("done");
+}
+
+fn batch_race(seed_expired_at: Option<u64>) -> (BTreeMap<String, Vec<(u64, String, String)>>, u64) {
+    let dir = tempdir();
+    let base = dir.path().join("runs");
+    open(&base);
+    let runs = 300;
+    let now = now_ms();
+    if let Some(f) = seed_expired_at {
+        for i in 0..runs {
+            let claims = base.join(format!("run_batch_{i:04}")).join("claims");
+            std::fs::create_dir_all(&claims).unwrap();
+            std::fs::write(
+                claims.join(format!("{f}.json")),
+                serde_json::json!({"holder": "crashed", "expiresAt": now - 60_000}).to_string(),
+            )
+            .unwrap();
+        }
+    }
+    let start = now_ms() + 1500;
+    let workers: Vec<_> = (0..6)
+        .map(|i| {
+            spawn(
+                "batch",
+                &[
+                    ("BASE", base.display().to_string()),
+                    ("RUNS", runs.to_string()),
+                    ("HOLDER", format!("proc-{i}")),
+                    ("NOW", now.to_string()),
+                    ("START_AT", start.to_string()),
+                ],
+            )
+        })
+        .collect();
+    let mut won: BTreeMap<String, Vec<(u64, String, String)>> = BTreeMap::new();
+    let mut errors = 0;
+    for (i, w) in workers.into_iter().enumerate() {
+        for r in w.finish(Duration::from_secs(60)) {
+            let p: Vec<&str> = r.split(' ').collect();
+            match p[0] {
+                "won" => won.entry(p[1].to_string()).or_default().push((
+                    p[2].parse().unwrap(),
+                    format!("proc-{i}"),
+                    p[3].to_string(),
+                )),
+                "err" => errors += 1,
+                _ => {}
+            }
+        }
+    }
+    (won, errors)
+}
+
+fn assert_batch(won: &BTreeMap<String, Vec<(u64, String, String)>>, errors: u64, fence: u64) {
+    assert_eq!(errors, 0);
+    assert_eq!(won.len(), 300, "runs nobody won: {}", 300 - won.len());
+    let mut per_process: BTreeMap<&str, usize> = BTreeMap::new();
+    for (run, wins) in won {
+        assert_eq!(wins.len(), 1, "{run} won by several: {wins:?}");
+        let (f, who, body) = &wins[0];
+        assert_eq!(*f, fence, "{run} won at fence {f}");
+        assert_eq!(body, who, "{run}: body names {body}, winner {who}");
+        *per_process.entry(who).or_default() += 1;
+    }
+    eprintln!("batch race at fence {fence}: wins per process {per_process:?}");
+}
+
+/// FL-35 / DF-1: six processes released at one wall-clock barrier claim the
+/// same 300 fresh runs in order: every run won exactly once, at fence 1.
+#[test]
+fn fresh_batch_race_gives_every_run_to_exactly_one_process_at_fence_1() {
+    let (won, errors) = batch_race(None);
+    assert_batch(&won, errors, 1);
+}
+
+/// FL-36 / DF-2 / DF-21: every run seeded with an expired `claims/7.json`
+/// is won exactly once, at fence 8 (anything else means the seed was not
+/// read and the test degenerated into the fresh race).
+#[test]
+fn reclaim_race_reads_the_expired_seed_and_gives_every_run_once_at_fence_8() {
+    let (won, errors) = batch_race(Some(7));
+    assert_batch(&won, errors, 8);
+}
+
+fn watch_worker() {
+    let base = std::path::PathBuf::from(env("BASE"));
+    let until: u64 = env("UNTIL").parse().unwrap();
+    let claims = base.join("run_watched").join("claims");
+    report("ready");
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    let mut next = 1u64;
+    let (mut whole, mut torn) = (0u64, 0u64);
+    while next <= until && std::time::Instant::now() < deadline {
+        match std::fs::read(claims.join(format!("{next}.json"))) {
+            Ok(bytes) => {
+                let ok = serde_json::from_slice::<serde_json::Value>(&bytes)
+                    .ok()
+                    .is_some_and(|v| v["holder"].is_string() && v["expiresAt"].is_number());
+                if ok {
+                    whole += 1;
+                } else {
+                    torn += 1;
+                }
+                next += 1;
+            }
+            Err(_) => std::hint::spin_loop(),
+        }
+    }
+    report(format!("seen whole={whole} torn={torn} next={next}"));
+}
+
+fn renew_worker() {
+    let base = std::path::PathBuf::from(env("BASE"));
+    let until: u64 = env("UNTIL").parse().unwrap();
+    let store = open(&base);
+    let rt = rt();
+    let opts = ClaimOptions::new(holder("renewer"), Ttl::from_millis(60_000).unwrap());
+    for _ in 0..until {
+        rt.block_on(store.claim(&scope("run_watched"), &opts))
+            .unwrap();
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    report("done");
+}
+
+fn publish_window(envs: &[(&str, String)]) -> (u64, u64) {
+    let dir = tempdir();
+    let base = dir.path().join("runs");
+    open(&base);
+    std::fs::create_dir_all(base.join("run_watched").join("claims")).unwrap();
+    let common = [
+        ("BASE", base.display().to_string()),
+        ("UNTIL", "120".to_string()),
+    ];
+    let mut watcher = spawn("watch", &common);
+    watcher.expect("ready", Duration::from_secs(30));
+    let mut renew_env = common.to_vec();
+    renew_env.extend(envs.iter().cloned());
+    let renewer = spawn("renew", &renew_env);
+    renewer.finish(Duration::from_secs(60));
+    let seen = watcher.expect("seen", Duration::from_secs(60));
+    watcher.finish(Duration::from_secs(10));
+    let n = |k: &str| -> u64 {
+        seen.split(&format!("{k}="))
+            .nth(1)
+            .and_then(|s| s.split(' ').next())
+            .and_then(|s| s.parse().ok())
+            .unwrap()
+    };
+    eprintln!(
+        "publish window {envs:?}: whole={} torn={}",
+        n("whole"),
+        n("torn")
+    );
+    (n("whole"), n("torn"))
+}
+
+/// FL-37 / DF-8: a process spinning on the exact next holding name while
+/// another renews 120 times never sees it empty or torn (link publish), with
+/// both publish paths (`O_TMPFILE` and scratch name).
+#[test]
+fn publish_window_watcher_never_sees_an_empty_or_torn_holding() {
+    for envs in [
+        vec![],
+        vec![("RUNKEEP_FS_TEST_PUBLISH", "scratch".to_string())],
+    ] {
+        let (whole, torn) = publish_window(&envs);
+        assert_eq!(torn, 0, "{envs:?}");
+        assert!(
+            whole > 60,
+            "vacuous: only {whole} whole observations ({envs:?})"
+        );
+    }
+}
+
+/// Meta-test: with the holding created exclusively and then written (the
+/// publish FL-21 forbids) the watcher does see empty bodies.
+#[test]
+fn the_publish_window_watcher_catches_open_exclusive_then_write() {
+    let (_, torn) = publish_window(&[(
+        "RUNKEEP_FS_TEST_MUTATION",
+        "open-exclusive-then-write".to_string(),
+    )]);
+    assert!(torn > 0, "the watcher missed every empty body");
+}
+
+/// FL-19 / DF-1 in one process: 32 concurrent takers at one instant get
+/// exactly one lease and distinct fences.
+#[test]
+fn thirty_two_concurrent_takers_in_one_process_get_exactly_one_lease() {
+    let dir = tempdir();
+    let store = std::sync::Arc::new(open(&dir.path().join("runs")));
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let outcomes = rt.block_on(async {
+        let mut tasks = Vec::new();
+        for i in 0..32 {
+            let store = store.clone();
+            tasks.push(tokio::spawn(async move {
+                store
+                    .claim(&scope("run_32"), &opts(&format!("w{i}"), 60_000, 1_000))
+                    .await
+            }));
+        }
+        let mut out = Vec::new();
+        for t in tasks {
+            out.push(t.await.unwrap());
+        }
+        out
+    });
+    let leases: Vec<_> = outcomes
+        .into_iter()
+        .filter_map(|o| match o {
+            Ok(ClaimOutcome::Acquired(l)) => Some(l.fence.get()),
+            Ok(ClaimOutcome::Held(_)) | Err(Error::Contended { .. }) => None,
+            Err(e) => panic!("{e}"),
+        })
+        .collect();
+    assert_eq!(leases.len(), 1, "leases: {leases:?}");
+    let distinct: BTreeSet<_> = leases.iter().collect();
+    assert_eq!(distinct.len(), leases.len());
+}
