@@ -117,6 +117,11 @@ pub enum Command {
     Seed(commands::seed::SeedArgs),
     /// Check the store's health.
     Doctor(doctor::DoctorArgs),
+    /// Prove the guarantees under crashes: worker processes killed and stalled at random, then an audit.
+    Soak(crate::soak::SoakArgs),
+    /// One worker process of a soak (internal).
+    #[command(hide = true)]
+    SoakWorker(crate::soak::SoakWorkerArgs),
 }
 
 /// The run a per-run command addresses.

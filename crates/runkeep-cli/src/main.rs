@@ -22,6 +22,7 @@ mod duration;
 mod error;
 mod output;
 mod scope;
+mod soak;
 mod store;
 
 use cli::{Cli, Command};
@@ -44,6 +45,8 @@ async fn dispatch(cli: Cli) -> CliResult<Exit> {
         Command::Park(command) => commands::park::run(&ctx, command).await,
         Command::Seed(args) => commands::seed::run(&ctx, args).await,
         Command::Doctor(args) => doctor::run(&ctx, args).await,
+        Command::Soak(args) => soak::run(&ctx, args).await,
+        Command::SoakWorker(args) => soak::run_worker(&ctx, args).await,
     }
 }
 

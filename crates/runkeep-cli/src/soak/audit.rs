@@ -1,0 +1,299 @@
+//! The soak's audit: after the workers are stopped, check every guarantee
+//! against the store itself, the effect sink's logs and the workers' ack
+//! logs. Every finding is a violation with the run it concerns.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::path::Path;
+
+use runkeep::{Integrity, ParkState, ReadEventsOptions, RunScope, RunStore, Timestamp};
+use serde::Serialize;
+use serde_json::Value;
+
+use super::sink::{EffectSink, SinkEntry};
+use super::worker::SEED_CHECKPOINT;
+
+/// What the audit found.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct Audit {
+    /// Runs that completed every step with a single-line checkpoint chain.
+    pub runs_completed: u64,
+    /// Checkpoints read back.
+    pub checkpoints: u64,
+    /// Events read back.
+    pub events: u64,
+    /// Effects admitted by the sink.
+    pub effects_accepted: u64,
+    /// Effects the sink refused (zombies stopped at the side-effect boundary).
+    pub effects_refused: u64,
+    /// Effects accepted although a higher fence had been seen: must be 0.
+    pub effects_from_superseded_fence: u64,
+    /// Steps whose effect ran more than once: the at-least-once window (a
+    /// crash between an effect and its record), listed, not a violation.
+    pub effects_reexecuted: Vec<ReExecution>,
+    /// Fences issued to two holders: must be 0.
+    pub fences_issued_twice: u64,
+    /// Distinct (run, fence) holdings observed by workers.
+    pub fences_observed: u64,
+    /// Writes refused with fenced-out / lease lost, as the workers logged them.
+    pub fenced_out_refusals: u64,
+    /// Acknowledged events and checkpoints checked present.
+    pub acks_checked: u64,
+    /// Torn lines in logs of killed processes (their operations never returned).
+    pub torn_log_lines: u64,
+    /// Every violation, with its run.
+    pub violations: Vec<String>,
+}
+
+/// An effect run more than once for one step.
+#[derive(Clone, Debug, Serialize)]
+pub struct ReExecution {
+    /// The run.
+    pub run: String,
+    /// The step.
+    pub step: u64,
+    /// How many times it was admitted.
+    pub times: u64,
+    /// Under which fences.
+    pub fences: Vec<u64>,
+}
+
+/// Audits `runs` (each seeded with `steps` steps).
+pub async fn audit(store: &dyn RunStore, runs: &[RunScope], steps: u64, soak_dir: &Path) -> Audit {
+    let mut a = Audit::default();
+    let acks = read_acks(&soak_dir.join("acks"), &mut a);
+    for scope in runs {
+        audit_run(store, scope, steps, &acks, &mut a).await;
+    }
+    audit_effects(soak_dir, &mut a);
+    audit_fences(&acks, &mut a);
+    a.fenced_out_refusals = acks
+        .iter()
+        .filter(|v| v["k"] == "refused" && v["fenced_out"] == true)
+        .count() as u64;
+    a
+}
+
+fn read_acks(dir: &Path, a: &mut Audit) -> Vec<Value> {
+    let mut out = Vec::new();
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return out;
+    };
+    for e in entries.flatten() {
+        let Ok(text) = std::fs::read_to_string(e.path()) else {
+            continue;
+        };
+        for line in text.lines() {
+            match serde_json::from_str::<Value>(line) {
+                Ok(v) => out.push(v),
+                Err(_) => a.torn_log_lines += 1,
+            }
+        }
+    }
+    out
+}
+
+async fn audit_run(
+    store: &dyn RunStore,
+    scope: &RunScope,
+    steps: u64,
+    acks: &[Value],
+    a: &mut Audit,
+) {
+    let run = scope.run_id.to_string();
+    let cps = match store.list_checkpoints(scope).await {
+        Ok(c) => c,
+        Err(e) => {
+            a.violations
+                .push(format!("{run}: checkpoints unreadable: {e}"));
+            return;
+        }
+    };
+    a.checkpoints += cps.len() as u64;
+    // The step checkpoints, in the store's total order, must be 1, 2, …,
+    // steps: one line, no divergent branch, nothing skipped or repeated. (The
+    // seed holds the work item's park; answering it rewrites it under the
+    // final fence, so it is left out of the chain.)
+    let chain: Vec<u64> = cps
+        .iter()
+        .filter(|c| c.id.as_str() != SEED_CHECKPOINT)
+        .map(|c| {
+            c.state
+                .get("step")
+                .and_then(Value::as_u64)
+                .unwrap_or(u64::MAX)
+        })
+        .collect();
+    let expected: Vec<u64> = (1..=steps).collect();
+    let mut complete = true;
+    if chain != expected {
+        complete = false;
+        a.violations.push(format!(
+            "{run}: checkpoint chain in the total order is {:?}, expected 1..={steps} in order (a divergent branch or a lost step)",
+            abbreviate(&chain)
+        ));
+    }
+    match cps
+        .iter()
+        .find(|c| c.id.as_str() == SEED_CHECKPOINT)
+        .and_then(|c| c.pending.clone())
+    {
+        Some(p) if p.state(Timestamp::now()) == ParkState::Resolved => {}
+        _ => {
+            complete = false;
+            a.violations.push(format!(
+                "{run}: its work item (the seed park) was never answered: the run did not complete"
+            ));
+        }
+    }
+    let strict = ReadEventsOptions {
+        integrity: Integrity::Strict,
+        ..Default::default()
+    };
+    match store.read_events(scope, &strict).await {
+        Ok(batch) => {
+            a.events += batch.events.len() as u64;
+            let by_seq: HashMap<u64, &runkeep::PersistedEvent> =
+                batch.events.iter().map(|e| (e.seq, e)).collect();
+            for ack in acks
+                .iter()
+                .filter(|v| v["k"] == "event" && v["run"] == run.as_str())
+            {
+                a.acks_checked += 1;
+                let seq = ack["seq"].as_u64().unwrap_or(0);
+                let nonce = ack["nonce"].as_str().unwrap_or("");
+                let present = by_seq.get(&seq).is_some_and(|e| {
+                    e.payload.get("nonce").and_then(Value::as_str) == Some(nonce)
+                        || nonce.starts_with("completed-")
+                });
+                if !present {
+                    a.violations.push(format!("{run}: acknowledged event seq {seq} (nonce {nonce}) is missing or different"));
+                }
+            }
+            let mut seen_steps = HashSet::new();
+            for e in batch
+                .events
+                .iter()
+                .filter(|e| e.event_type == "step_started")
+            {
+                if let Some(s) = e.payload.get("step").and_then(Value::as_u64) {
+                    seen_steps.insert(s);
+                }
+            }
+            if complete && seen_steps.len() as u64 != steps {
+                a.violations.push(format!(
+                    "{run}: transcript records {} distinct started steps, expected {steps}",
+                    seen_steps.len()
+                ));
+            }
+        }
+        Err(e) => a.violations.push(format!(
+            "{run}: transcript fails the strict read (seq not contiguous or damaged): {e}"
+        )),
+    }
+    let ids: HashSet<String> = cps.iter().map(|c| c.id.to_string()).collect();
+    for ack in acks
+        .iter()
+        .filter(|v| v["k"] == "cp" && v["run"] == run.as_str())
+    {
+        a.acks_checked += 1;
+        let id = ack["id"].as_str().unwrap_or("");
+        if !ids.contains(id) {
+            a.violations
+                .push(format!("{run}: acknowledged checkpoint {id} is missing"));
+        }
+    }
+    if complete {
+        a.runs_completed += 1;
+    }
+}
+
+fn abbreviate(chain: &[u64]) -> String {
+    if chain.len() <= 40 {
+        return format!("{chain:?}");
+    }
+    format!(
+        "{:?} … {:?} ({} checkpoints)",
+        &chain[..20],
+        &chain[chain.len() - 10..],
+        chain.len()
+    )
+}
+
+fn audit_effects(soak_dir: &Path, a: &mut Audit) {
+    let sink = match EffectSink::new(&soak_dir.join("effects")) {
+        Ok(s) => s,
+        Err(e) => {
+            a.violations.push(format!("effect sink unreadable: {e}"));
+            return;
+        }
+    };
+    let logs = match sink.logs() {
+        Ok(l) => l,
+        Err(e) => {
+            a.violations.push(format!("effect logs unreadable: {e}"));
+            return;
+        }
+    };
+    for (run, entries, torn) in logs {
+        a.torn_log_lines += torn as u64;
+        let mut highest = 0u64;
+        let mut per_step: BTreeMap<u64, Vec<u64>> = BTreeMap::new();
+        for e in entries {
+            match e {
+                SinkEntry::Observe { fence, .. } => highest = highest.max(fence),
+                SinkEntry::Accepted {
+                    fence,
+                    step,
+                    holder,
+                    ..
+                } => {
+                    a.effects_accepted += 1;
+                    if fence < highest {
+                        a.effects_from_superseded_fence += 1;
+                        a.violations.push(format!(
+                            "{run}: effect of step {step} accepted from {holder} under fence {fence} after fence {highest} had been seen (a zombie's effect got through)"
+                        ));
+                    }
+                    highest = highest.max(fence);
+                    per_step.entry(step).or_default().push(fence);
+                }
+                SinkEntry::Refused { .. } => a.effects_refused += 1,
+            }
+        }
+        for (step, fences) in per_step {
+            if fences.len() > 1 {
+                a.effects_reexecuted.push(ReExecution {
+                    run: run.clone(),
+                    step,
+                    times: fences.len() as u64,
+                    fences,
+                });
+            }
+        }
+    }
+}
+
+fn audit_fences(acks: &[Value], a: &mut Audit) {
+    let mut holders: HashMap<(String, u64), HashSet<String>> = HashMap::new();
+    for v in acks.iter().filter(|v| v["k"] == "fence") {
+        let (Some(run), Some(f), Some(h)) =
+            (v["run"].as_str(), v["fence"].as_u64(), v["holder"].as_str())
+        else {
+            continue;
+        };
+        holders
+            .entry((run.to_string(), f))
+            .or_default()
+            .insert(h.to_string());
+    }
+    a.fences_observed = holders.len() as u64;
+    for ((run, f), hs) in holders {
+        if hs.len() > 1 {
+            a.fences_issued_twice += 1;
+            a.violations.push(format!(
+                "{run}: fence {f} was held by {} workers at once: {hs:?}",
+                hs.len()
+            ));
+        }
+    }
+}
