@@ -82,6 +82,9 @@ pub struct SoakArgs {
     /// the handle) to prove the audit catches them.
     #[arg(long, hide = true)]
     pub broken_workers: bool,
+    /// Chaos stalls workers only (no kills); for tests of the stall path.
+    #[arg(long, hide = true)]
+    pub stall_only: bool,
 }
 
 /// `runkeep soak-worker` (internal): one worker process of a soak.
@@ -563,7 +566,7 @@ async fn drive(
                 .collect();
             if running.len() >= 2 || (running.len() == 1 && workers.slots.len() > 1) {
                 let pick = running[rand::thread_rng().gen_range(0..running.len())];
-                if rand::thread_rng().gen_bool(0.5) {
+                if !args.stall_only && rand::thread_rng().gen_bool(0.5) {
                     workers.kill(pick);
                     kills += 1;
                     pending_restarts

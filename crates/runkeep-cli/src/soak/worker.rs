@@ -253,7 +253,8 @@ async fn step(
 }
 
 /// The deliberately broken worker: captures the fence once, ignores
-/// cancellation, and writes around the handle.
+/// cancellation (its loop runs in a detached task the drain cannot stop),
+/// and writes around the handle.
 async fn broken_step(
     run: RunHandle,
     cfg: &WorkerConfig,
@@ -264,39 +265,49 @@ async fn broken_step(
     let holder = run.holder().to_string();
     let store = run.store().clone();
     let fence = run.fence();
+    let now = run.now();
     sink.observe(&scope.run_id, fence, &holder)?;
     acks.log(json!({"k": "fence", "run": run_key(&scope), "fence": fence.get(), "holder": holder}));
-    let Some(latest) = store.latest_checkpoint(&scope).await? else {
-        return Ok(StepOutcome::Finished);
-    };
-    let mut done = state_step(&latest);
-    while done < cfg.steps {
-        let next = done + 1;
-        let nonce = runkeep::id::random_suffix(10);
-        let mut payload = Map::new();
-        payload.insert("step".into(), json!(next));
-        payload.insert("nonce".into(), json!(nonce));
-        let _ = store
-            .append_events(&scope, &[NewEvent::new("step_started", payload)], None)
-            .await;
-        let _ = sink.apply(&scope.run_id, fence, next, &holder, false);
-        stall_if_asked(cfg);
-        tokio::time::sleep(cfg.step_time).await;
-        let mut state = Map::new();
-        state.insert("step".into(), json!(next));
-        let mut cp = Checkpoint::new(CheckpointId::new(format!("cp_{nonce}"))?, run.now(), state);
-        cp.run_created_at = latest.run_created_at;
-        let _ = store.write_checkpoint(&scope, &cp, None).await;
-        done = next;
-    }
-    let _ = store
-        .resolve_park(
-            &scope,
-            &CheckpointId::new(SEED_CHECKPOINT)?,
-            ParkResolution::Answer(json!({"completed": true})),
-            run.now(),
-            None,
-        )
-        .await;
+    let (cfg, sink) = (cfg.clone(), sink.clone());
+    let detached = tokio::spawn(async move {
+        let Ok(Some(latest)) = store.latest_checkpoint(&scope).await else {
+            return;
+        };
+        let mut done = state_step(&latest);
+        while done < cfg.steps {
+            let next = done + 1;
+            let nonce = runkeep::id::random_suffix(10);
+            let mut payload = Map::new();
+            payload.insert("step".into(), json!(next));
+            payload.insert("nonce".into(), json!(nonce));
+            let _ = store
+                .append_events(&scope, &[NewEvent::new("step_started", payload)], None)
+                .await;
+            let _ = sink.apply(&scope.run_id, fence, next, &holder, false);
+            stall_if_asked(&cfg);
+            tokio::time::sleep(cfg.step_time).await;
+            let mut state = Map::new();
+            state.insert("step".into(), json!(next));
+            let Ok(id) = CheckpointId::new(format!("cp_{nonce}")) else {
+                return;
+            };
+            let mut cp = Checkpoint::new(id, now, state);
+            cp.run_created_at = latest.run_created_at;
+            let _ = store.write_checkpoint(&scope, &cp, None).await;
+            done = next;
+        }
+        if let Ok(seed) = CheckpointId::new(SEED_CHECKPOINT) {
+            let _ = store
+                .resolve_park(
+                    &scope,
+                    &seed,
+                    ParkResolution::Answer(json!({"completed": true})),
+                    now,
+                    None,
+                )
+                .await;
+        }
+    });
+    let _ = detached.await;
     Ok(StepOutcome::Finished)
 }
