@@ -133,3 +133,27 @@ pub(crate) fn jitter(d: Duration) -> Duration {
     let nanos = d.as_nanos() as u64;
     Duration::from_nanos(rand::thread_rng().gen_range(nanos / 2..=nanos.max(1)))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_exclusive_holder_makes_others_wait_until_the_bound() {
+        let dir = tempfile::tempdir().unwrap();
+        let ctx = Ctx::store("test");
+        let a =
+            RunLock::acquire(dir.path(), Mode::Exclusive, Durability::ProcessCrash, &ctx).unwrap();
+        assert!(a._file.is_some());
+        let t = Instant::now();
+        let b = RunLock::acquire(dir.path(), Mode::Shared, Durability::ProcessCrash, &ctx).unwrap();
+        assert!(
+            b._file.is_none(),
+            "shared lock granted while an exclusive one is held"
+        );
+        assert!(t.elapsed() >= LOCK_WAIT, "{:?}", t.elapsed());
+        drop(a);
+        let c = RunLock::acquire(dir.path(), Mode::Shared, Durability::ProcessCrash, &ctx).unwrap();
+        assert!(c._file.is_some());
+    }
+}

@@ -39,6 +39,8 @@ pub(crate) enum Mutation {
     PerFenceScratch,
     /// The holding is created exclusively and then written (no link).
     OpenExclusiveThenWrite,
+    /// Writes skip the fence check (a store that fences nothing).
+    NoWriteFence,
 }
 
 #[cfg(feature = "testing")]
@@ -57,6 +59,7 @@ pub(crate) fn mutation() -> Mutation {
     match std::env::var("RUNKEEP_FS_TEST_MUTATION").as_deref() {
         Ok("per-fence-scratch") => Mutation::PerFenceScratch,
         Ok("open-exclusive-then-write") => Mutation::OpenExclusiveThenWrite,
+        Ok("no-write-fence") => Mutation::NoWriteFence,
         _ => Mutation::None,
     }
 }
@@ -71,7 +74,10 @@ pub(crate) fn mutation() -> Mutation {
 #[cfg(feature = "testing")]
 pub(crate) fn force_scratch() -> bool {
     std::env::var("RUNKEEP_FS_TEST_PUBLISH").as_deref() == Ok("scratch")
-        || mutation() != Mutation::None
+        || matches!(
+            mutation(),
+            Mutation::PerFenceScratch | Mutation::OpenExclusiveThenWrite
+        )
 }
 
 #[cfg(not(feature = "testing"))]
@@ -86,6 +92,9 @@ pub(crate) fn pause(point: &str) {
     if std::env::var("RUNKEEP_FS_TEST_PAUSE").as_deref() == Ok(point) {
         if let Some(pid) = rustix::process::Pid::from_raw(std::process::id() as i32) {
             let _ = rustix::process::kill_process(pid, rustix::process::Signal::Stop);
+            // A process-directed stop reaches this thread at its next signal
+            // check; sleep so that happens here, inside the critical section.
+            std::thread::sleep(std::time::Duration::from_millis(100));
         }
     }
 }
