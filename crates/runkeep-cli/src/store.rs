@@ -72,24 +72,7 @@ pub enum DurabilityArg {
     PowerLoss,
 }
 
-/// What a directory store's own scan found (see `runkeep doctor`).
-#[derive(Clone, Debug, Default)]
-pub struct DiskReport {
-    /// Run directories scanned.
-    pub runs_scanned: u64,
-    /// Scratch files older than the scratch TTL.
-    pub scratch_leftovers: Vec<PathBuf>,
-    /// Transcripts ending in a partial line.
-    pub torn_transcripts: Vec<PathBuf>,
-    /// Checkpoint files that cannot be read, with the reason.
-    pub damaged_checkpoints: Vec<(PathBuf, String)>,
-    /// Claims directories holding more names than pruning keeps.
-    pub oversized_claims: Vec<(PathBuf, usize)>,
-    /// Leases past expiry that nobody reclaimed or released.
-    pub expired_unreclaimed: Vec<(runkeep::RunScope, runkeep::LeaseSummary)>,
-    /// Persisted fenced-out refusal counters, per run.
-    pub fenced_out_refusals: Vec<(runkeep::RunScope, u64)>,
-}
+pub use runkeep_fs::Diagnosis;
 
 /// The backend behind an opened store, for what only it can do.
 #[derive(Clone, Debug)]
@@ -97,10 +80,7 @@ pub enum Backend {
     /// In-process.
     Memory,
     /// A directory.
-    Fs {
-        /// The base directory.
-        base_dir: PathBuf,
-    },
+    Fs(Arc<runkeep_fs::FsStore>),
 }
 
 /// An opened store.
@@ -132,7 +112,13 @@ impl Scratch {
     /// Where the probe runs, for messages.
     pub fn describe(&self) -> String {
         match &self.dir {
-            Some(d) => d.display().to_string(),
+            Some(d) => format!(
+                "scratch directory {} (removed afterwards)",
+                d.file_name().map_or_else(
+                    || d.display().to_string(),
+                    |n| n.to_string_lossy().into_owned()
+                )
+            ),
             None => format!("scratch scope {}", self.scope),
         }
     }
@@ -148,10 +134,18 @@ impl Drop for Scratch {
 
 impl OpenedStore {
     /// The directory store's own scan; `None` for backends without one.
-    pub fn diagnose(&self, now: Timestamp) -> Option<CliResult<DiskReport>> {
+    pub fn diagnose(&self, now: Timestamp) -> Option<CliResult<Diagnosis>> {
         match &self.backend {
             Backend::Memory => None,
-            Backend::Fs { .. } => Some(fs::diagnose(self, now)),
+            Backend::Fs(fs) => Some(fs.diagnose(now).map_err(|e| CliError::from(e))),
+        }
+    }
+
+    /// The store's directory, for a directory store.
+    pub fn base_dir(&self) -> Option<&Path> {
+        match &self.backend {
+            Backend::Memory => None,
+            Backend::Fs(fs) => Some(fs.base_dir()),
         }
     }
 
@@ -170,14 +164,16 @@ impl OpenedStore {
                 scope,
                 dir: None,
             }),
-            Backend::Fs { base_dir } => {
-                let dir = base_dir.join(format!(".runkeep-doctor-{}-{suffix}", std::process::id()));
+            Backend::Fs(fs) => {
+                let dir = fs
+                    .base_dir()
+                    .join(format!(".runkeep-doctor-{}-{suffix}", std::process::id()));
                 std::fs::create_dir(&dir).map_err(|e| {
                     CliError::failed(format!("cannot create {}: {e}", dir.display()))
                 })?;
                 match fs::open(&dir, &parts, self.durability) {
                     Ok(store) => Ok(Scratch {
-                        store,
+                        store: Arc::new(store),
                         scope,
                         dir: Some(dir),
                     }),
@@ -210,13 +206,11 @@ pub fn open_store(
         }),
         StoreAddress::Fs(path) => {
             check_directory(path, create)?;
-            let store = fs::open(path, scope, durability)?;
+            let store = Arc::new(fs::open(path, scope, durability)?);
             Ok(OpenedStore {
                 address: address.clone(),
-                store,
-                backend: Backend::Fs {
-                    base_dir: path.clone(),
-                },
+                store: store.clone(),
+                backend: Backend::Fs(store),
                 durability,
             })
         }
@@ -254,26 +248,41 @@ fn check_directory(path: &Path, create: bool) -> CliResult<()> {
     }
 }
 
-/// The directory backend's wiring (the only place that names `runkeep_fs`).
+/// The directory backend's wiring (the only place that names `runkeep_fs`'s
+/// constructor).
 mod fs {
+    use runkeep_fs::{Attribution, Durability, FsOptions, FsStore};
+
     use super::*;
 
+    /// Opens a directory store. The scope is its attribution when complete
+    /// (a listing of a wider prefix then has none and is refused by the store).
     pub(super) fn open(
         path: &Path,
-        _scope: &ScopeParts,
-        _durability: DurabilityArg,
-    ) -> CliResult<Arc<dyn RunStore>> {
-        Err(CliError::config(format!(
-            "store fs:{}: the directory backend has not landed in this build yet",
-            path.display()
-        ))
-        .hint("use --store memory: for now"))
-    }
-
-    pub(super) fn diagnose(_store: &OpenedStore, _now: Timestamp) -> CliResult<DiskReport> {
-        Err(CliError::config(
-            "the directory backend has not landed in this build yet",
-        ))
+        scope: &ScopeParts,
+        durability: DurabilityArg,
+    ) -> CliResult<FsStore> {
+        let attribution = match (&scope.project, &scope.session) {
+            (Some(project), Some(session)) => Some(Attribution {
+                tenant_id: scope.tenant.clone(),
+                project_id: project.clone(),
+                session_id: session.clone(),
+            }),
+            _ => None,
+        };
+        let durability = match durability {
+            DurabilityArg::ProcessCrash => Durability::ProcessCrash,
+            DurabilityArg::PowerLoss => Durability::PowerLoss,
+        };
+        FsStore::open(path, FsOptions { attribution, durability }).map_err(|e| {
+            let hint = match e {
+                runkeep::Error::Unsupported { .. } => {
+                    "put the store on a filesystem with hard links (ext4, xfs, btrfs, tmpfs); `runkeep doctor` shows what fails"
+                }
+                _ => "check --store / RUNKEEP_STORE and this user's permissions on the directory",
+            };
+            CliError::config(format!("cannot open store fs:{}: {}", path.display(), CliError::from(e).message)).hint(hint)
+        })
     }
 }
 

@@ -236,10 +236,6 @@ fn show_gives_scope_park_lease_and_counts() {
             "error: unknown run default/default/default/run_nope",
         ))
         .stderr(predicate::str::contains("hint:"));
-    store
-        .cmd(&["--session", "other", "show", "run_demo_002"])
-        .assert()
-        .code(1);
 }
 
 #[test]
@@ -258,10 +254,14 @@ fn checkpoints_lists_the_total_order() {
     assert_eq!(cps.len(), 2);
     assert_eq!(cps[1]["pending"]["state"], "resolved");
     assert_eq!(cps[1]["pending"]["decision"]["action"], "approve");
-    assert_eq!(
-        cps[0]["stateKeys"],
-        serde_json::json!(["iteration", "messages"])
-    );
+    let mut keys: Vec<&str> = cps[0]["stateKeys"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|k| k.as_str().unwrap())
+        .collect();
+    keys.sort_unstable();
+    assert_eq!(keys, ["iteration", "messages"]);
     let full = store.json(&["checkpoints", "run_demo_005", "--full"]);
     assert_eq!(full[0]["iteration"], 1);
     store
@@ -513,7 +513,11 @@ fn a_damaged_checkpoint_flags_its_row_and_hides_no_other() {
         .join("checkpoints")
         .join("cp_3.json");
     assert!(cp.exists(), "layout: {}", cp.display());
-    std::fs::write(&cp, "{ not json").unwrap();
+    // Replaced by rename, as a foreign writer would: the run's digest sees
+    // the directory change and the listing reads the damaged file.
+    let scratch = store.path().join("damaged.tmp");
+    std::fs::write(&scratch, "{ not json").unwrap();
+    std::fs::rename(&scratch, &cp).unwrap();
     let text = stdout(&mut store.cmd(&["runs"]));
     assert!(
         text.lines()

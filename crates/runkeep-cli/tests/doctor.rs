@@ -339,3 +339,96 @@ fn a_category_that_matches_nothing_exits_2() {
     let only = report(&mut store.cmd(&[]), &["--category", "store"]);
     assert_eq!(only["summary"]["total"], 3);
 }
+
+/// An exFAT volume over FUSE on a loop device: `link` answers EPERM there.
+/// Unmounted and detached on drop, pass or fail.
+struct ExfatMount {
+    dir: tempfile::TempDir,
+    loop_device: String,
+}
+
+fn sh(program: &str, args: &[&str]) -> Result<String, String> {
+    let out = std::process::Command::new(program)
+        .args(args)
+        .output()
+        .map_err(|e| format!("{program}: {e}"))?;
+    if !out.status.success() {
+        return Err(format!(
+            "{program} {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        ));
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).trim().to_string())
+}
+
+impl ExfatMount {
+    fn new() -> Result<Self, String> {
+        let dir = tempfile::tempdir().map_err(|e| e.to_string())?;
+        let image = dir.path().join("volume.img");
+        std::fs::File::create(&image)
+            .and_then(|f| f.set_len(32 << 20))
+            .map_err(|e| e.to_string())?;
+        let image = image.to_str().unwrap().to_string();
+        sh("mkfs.exfat", &[&image])?;
+        let loop_device = sh("losetup", &["-f", "--show", &image])?;
+        let mount = Self { dir, loop_device };
+        std::fs::create_dir(mount.path()).map_err(|e| e.to_string())?;
+        sh(
+            "mount.exfat-fuse",
+            &[&mount.loop_device, mount.path().to_str().unwrap()],
+        )?;
+        Ok(mount)
+    }
+
+    fn path(&self) -> std::path::PathBuf {
+        self.dir.path().join("mnt")
+    }
+}
+
+impl Drop for ExfatMount {
+    fn drop(&mut self) {
+        let mnt = self.path();
+        let _ = sh("umount", &[mnt.to_str().unwrap()])
+            .or_else(|_| sh("fusermount", &["-u", mnt.to_str().unwrap()]));
+        let _ = sh("losetup", &["-d", &self.loop_device]);
+    }
+}
+
+#[test]
+#[ignore = "needs root, a loop device and exfat-fuse/exfatprogs; scripts/test.sh installs them and runs this as root"]
+fn a_volume_without_hard_links_fails_the_hard_link_check() {
+    let mount =
+        ExfatMount::new().expect("exFAT volume (root, losetup, mkfs.exfat, mount.exfat-fuse)");
+    let store = format!("fs:{}", mount.path().display());
+    let out = runkeep()
+        .args(["--store", &store, "--json", "doctor"])
+        .output()
+        .unwrap();
+    let doc: Value = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+        panic!(
+            "not JSON ({e}): {}\n{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        )
+    });
+    assert_eq!(out.status.code(), Some(1), "{doc:#}");
+    assert_eq!(status(&doc, "store.hard-links"), "fail", "{doc:#}");
+    assert!(
+        message(&doc, "store.hard-links").contains("cannot hard-link"),
+        "{doc:#}"
+    );
+    assert_eq!(
+        status(&doc, "store.reachable"),
+        "fail",
+        "the store refuses to open: {doc:#}"
+    );
+    assert!(
+        message(&doc, "store.reachable").contains("EPERM"),
+        "{doc:#}"
+    );
+    assert_eq!(
+        status(&doc, "store.writable"),
+        "inconclusive",
+        "nothing to probe: {doc:#}"
+    );
+}

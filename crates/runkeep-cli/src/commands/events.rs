@@ -81,7 +81,9 @@ struct Stop {
 impl Stop {
     fn listen() -> CliResult<Self> {
         use tokio::signal::unix::{signal, SignalKind};
-        let listen = |kind| signal(kind).map_err(|e| CliError::internal(format!("cannot listen for signals: {e}")));
+        let listen = |kind| {
+            signal(kind).map_err(|e| CliError::internal(format!("cannot listen for signals: {e}")))
+        };
         Ok(Self {
             interrupt: listen(SignalKind::interrupt())?,
             terminate: listen(SignalKind::terminate())?,

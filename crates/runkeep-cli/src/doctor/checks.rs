@@ -13,7 +13,7 @@
 //! | `runtime.invariants` | runtime | `store.run:single-open-writer`, from persisted fenced-out refusal counters |
 
 use std::future::Future;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use runkeep::{
@@ -25,22 +25,32 @@ use serde_json::{json, Map};
 use super::{Check, Outcome};
 use crate::error::{CliError, CliResult};
 use crate::scope::ScopeParts;
-use crate::store::{Backend, DiskReport, OpenedStore};
+use crate::store::{Diagnosis, OpenedStore, StoreAddress};
 
 /// What every check can read.
 #[derive(Debug)]
 pub struct Env {
-    opened: OpenedStore,
+    address: StoreAddress,
+    /// The store, or why it did not open (a directory that exists but cannot
+    /// be used, e.g. a volume without hard links: the checks say what fails).
+    opened: Result<OpenedStore, CliError>,
     scope: ScopeParts,
     now: Timestamp,
     verbose: bool,
-    diagnosis: tokio::sync::OnceCell<Option<CliResult<Arc<DiskReport>>>>,
+    diagnosis: tokio::sync::OnceCell<Option<CliResult<Arc<Diagnosis>>>>,
 }
 
 impl Env {
     /// The environment of one doctor run.
-    pub fn new(opened: OpenedStore, scope: ScopeParts, now: Timestamp, verbose: bool) -> Self {
+    pub fn new(
+        address: StoreAddress,
+        opened: Result<OpenedStore, CliError>,
+        scope: ScopeParts,
+        now: Timestamp,
+        verbose: bool,
+    ) -> Self {
         Self {
+            address,
             opened,
             scope,
             now,
@@ -49,15 +59,34 @@ impl Env {
         }
     }
 
+    /// The store, or the error it did not open with.
+    fn store(&self) -> CliResult<&OpenedStore> {
+        self.opened.as_ref().map_err(|e| e.clone())
+    }
+
+    /// The store's directory (also when the store did not open).
+    fn base_dir(&self) -> Option<PathBuf> {
+        match (&self.opened, &self.address) {
+            (Ok(opened), _) => opened.base_dir().map(Path::to_path_buf),
+            (Err(_), StoreAddress::Fs(path)) => Some(path.clone()),
+            _ => None,
+        }
+    }
+
     /// The directory store's scan, run once and shared by every check that
     /// needs it; `None` for backends without one.
-    async fn diagnosis(&self) -> Option<CliResult<Arc<DiskReport>>> {
+    async fn diagnosis(&self) -> Option<CliResult<Arc<Diagnosis>>> {
         self.diagnosis
             .get_or_init(|| async {
-                self.opened.diagnose(self.now).map(|r| {
-                    r.map(Arc::new)
-                        .map_err(|e| e.context("the store's scan failed"))
-                })
+                match &self.opened {
+                    Ok(opened) => opened.diagnose(self.now).map(|r| {
+                        r.map(Arc::new)
+                            .map_err(|e| e.context("the store's scan failed"))
+                    }),
+                    Err(e) => self
+                        .base_dir()
+                        .map(|_| Err(e.clone().context("the store did not open"))),
+                }
             })
             .await
             .clone()
@@ -84,9 +113,9 @@ impl Env {
 
     /// A path as shown: relative to the store's directory.
     fn path(&self, p: &Path) -> String {
-        match &self.opened.backend {
-            Backend::Fs { base_dir } => p.strip_prefix(base_dir).unwrap_or(p).display().to_string(),
-            Backend::Memory => p.display().to_string(),
+        match self.base_dir() {
+            Some(base) => p.strip_prefix(&base).unwrap_or(p).display().to_string(),
+            None => p.display().to_string(),
         }
     }
 }
@@ -211,12 +240,12 @@ pub fn faulty_check(kind: String) -> Check {
 /// backends) or with no run to look at.
 async fn from_scan(
     env: &Env,
-    judge: impl FnOnce(&Env, &DiskReport) -> Outcome,
+    judge: impl FnOnce(&Env, &Diagnosis) -> Outcome,
 ) -> CliResult<Outcome> {
     let Some(scan) = env.diagnosis().await else {
         return Ok(Outcome::skipped(format!(
             "{} is not a directory store: no files to inspect",
-            env.opened.address
+            env.address
         )));
     };
     let scan = scan?;
@@ -227,16 +256,25 @@ async fn from_scan(
 }
 
 async fn reachable(env: &Env) -> CliResult<Outcome> {
+    let opened = match env.store() {
+        Ok(opened) => opened,
+        Err(e) => {
+            return Ok(Outcome::fail(e.message).remedy(
+                e.hint
+                    .unwrap_or_else(|| "check --store and the directory's permissions".into()),
+            ))
+        }
+    };
     let listing = env.scope.listing()?;
     let options = ListOptions {
         limit: Some(100),
         now: Some(env.now),
         ..ListOptions::default()
     };
-    match env.opened.store.list_runs(&listing, &options).await {
+    match opened.store.list_runs(&listing, &options).await {
         Ok(page) => Ok(Outcome::pass(format!(
             "{} answered a listing of {listing}: {}{} run(s)",
-            env.opened.address,
+            env.address,
             page.entries.len(),
             if page.cursor.is_some() { "+" } else { "" }
         ))),
@@ -249,7 +287,7 @@ async fn reachable(env: &Env) -> CliResult<Outcome> {
 }
 
 async fn writable(env: &Env) -> CliResult<Outcome> {
-    let scratch = match env.opened.scratch() {
+    let scratch = match env.store()?.scratch() {
         Ok(s) => s,
         Err(e) => {
             return Ok(
@@ -332,10 +370,10 @@ async fn probe(store: &dyn RunStore, scope: &RunScope) -> runkeep::Result<()> {
 const NO_HARD_LINK_ERRNOS: [i32; 5] = [1, 18, 31, 38, 95];
 
 fn hard_links(env: &Env) -> CliResult<Outcome> {
-    let Backend::Fs { base_dir } = &env.opened.backend else {
+    let Some(base_dir) = env.base_dir() else {
         return Ok(Outcome::skipped(format!(
             "{} is not a directory store: it does not publish claims by hard link",
-            env.opened.address
+            env.address
         )));
     };
     let stem = format!(
@@ -356,7 +394,7 @@ fn hard_links(env: &Env) -> CliResult<Outcome> {
     let _ = std::fs::remove_file(&target);
     let _ = std::fs::remove_file(&source);
     match linked {
-        Ok(()) => Ok(Outcome::pass(format!("{} supports hard links", base_dir.display()))),
+        Ok(()) => Ok(Outcome::pass(format!("{} supports hard links", env.address))),
         Err(e) if e.raw_os_error().is_some_and(|c| NO_HARD_LINK_ERRNOS.contains(&c)) => Ok(Outcome::fail(format!(
             "{} cannot hard-link ({e}): the directory store cannot publish a run claim there",
             base_dir.display()
@@ -397,7 +435,7 @@ async fn expired_unreclaimed(env: &Env) -> CliResult<Outcome> {
             let mut found = Vec::new();
             let mut seen = 0usize;
             loop {
-                let page = env.opened.store.list_runs(&listing, &options).await?;
+                let page = env.store()?.store.list_runs(&listing, &options).await?;
                 seen += page.entries.len();
                 found.extend(page.entries.iter().filter_map(|r| {
                     r.claim
@@ -442,7 +480,7 @@ async fn invariants(env: &Env) -> CliResult<Outcome> {
     let Some(scan) = env.diagnosis().await else {
         return Ok(Outcome::skipped(format!(
             "{ID}: {} keeps no persisted refusal counters; nothing to evaluate",
-            env.opened.address
+            env.address
         )));
     };
     let scan = scan?;

@@ -37,6 +37,7 @@ use crate::context::Ctx;
 use crate::duration::parse_duration;
 use crate::error::{CliError, CliResult, Exit};
 use crate::output::{emit, emit_json, human_duration, iso_millis, Color, Style};
+use crate::store::StoreAddress;
 
 mod checks;
 
@@ -260,10 +261,19 @@ pub struct Report {
 
 /// Runs the doctor.
 pub async fn run(ctx: &Ctx, args: DoctorArgs) -> CliResult<Exit> {
-    let opened = ctx.store()?;
+    // A store that cannot be opened at all (no such directory, not a
+    // directory, a backend not built in) exits 78 with no report. A directory
+    // that exists but cannot be used is examined: the checks say what fails.
+    let address = ctx.global.store.clone();
+    let opened = match ctx.store() {
+        Ok(opened) => Ok(opened),
+        Err(e) if matches!(&address, StoreAddress::Fs(path) if path.is_dir()) => Err(e),
+        Err(e) => return Err(e),
+    };
     let now = Timestamp::now();
     let env = Arc::new(Env::new(
-        opened.clone(),
+        address.clone(),
+        opened,
         ctx.scope.clone(),
         now,
         args.verbose,
@@ -298,7 +308,7 @@ pub async fn run(ctx: &Ctx, args: DoctorArgs) -> CliResult<Exit> {
     let report = Report {
         version: env!("CARGO_PKG_VERSION"),
         timestamp: iso_millis(now),
-        store: opened.address.to_string(),
+        store: address.to_string(),
         checks: records,
         summary,
         exit: exit.code(),
