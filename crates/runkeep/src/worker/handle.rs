@@ -1,0 +1,518 @@
+//! [`RunHandle`]: the one door a run's writes go through.
+
+use std::future::Future;
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+use serde_json::{Map, Value};
+use tokio::sync::{watch, Mutex, RwLock};
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+use super::clock::Clock;
+use super::error::{LeaseLoss, WorkerError};
+use crate::checkpoint::Checkpoint;
+use crate::error::Error;
+use crate::evidence::{
+    completed_tools, AuditRecord, CompletedTool, CompletedTools, EventBatch, NewAuditEvent,
+    NewEvent, PersistedEvent, RunRecord,
+};
+use crate::id::{CheckpointId, Holder};
+use crate::lease::{Fence, Lease};
+use crate::park::ParkResolution;
+use crate::scope::RunScope;
+use crate::store::{RunStore, RunStoreExt};
+use crate::time::{Timestamp, Ttl};
+
+/// Event type of a completed-tool record in the transcript.
+pub const TOOL_COMPLETED_EVENT: &str = "tool_completed";
+
+/// The lease a handle currently writes under, as its keeper last set it.
+#[derive(Clone, PartialEq, Eq, Debug)]
+pub struct HeldLease {
+    /// The lease (its fence is the one every write presents).
+    pub lease: Lease,
+    /// When the claim that minted this fence was sent (monotonic clock).
+    pub acquired_at: Instant,
+    /// The local deadline: `acquired_at + ttl`. The store cannot have judged
+    /// the lease expired before it (on one clock), so writes admitted before
+    /// it, minus the safety margin, still hold the run.
+    pub deadline: Instant,
+    /// How many renewals have landed since the run was claimed.
+    pub renewals: u64,
+}
+
+/// What a side-effect system needs to refuse a zombie: the run and the fence
+/// the effect was issued under. See [`FenceGate`](super::FenceGate).
+#[derive(Clone, PartialEq, Eq, Hash, Debug, Serialize, Deserialize)]
+pub struct FenceToken {
+    /// The run.
+    pub scope: RunScope,
+    /// The fence the effect is issued under.
+    pub fence: Fence,
+}
+
+/// The outcome of [`RunHandle::run_tool`].
+#[derive(Clone, PartialEq, Eq, Debug)]
+pub struct ToolRun {
+    /// The ledger entry (recorded earlier, or just now).
+    pub tool: CompletedTool,
+    /// True when the result came from the ledger and the tool was not run.
+    pub replayed: bool,
+}
+
+/// State shared by a run's handles and its lease keeper.
+#[derive(Debug)]
+pub(crate) struct Shared {
+    pub(crate) store: Arc<dyn RunStore>,
+    pub(crate) scope: RunScope,
+    pub(crate) holder: Holder,
+    pub(crate) ttl: Ttl,
+    pub(crate) margin: Duration,
+    pub(crate) clock: Arc<dyn Clock>,
+    pub(crate) state: watch::Sender<HeldLease>,
+    /// Writes hold it shared; a renewal holds it exclusively, so no write
+    /// can present a fence that this worker's own renewal just superseded.
+    pub(crate) gate: RwLock<()>,
+    pub(crate) loss: OnceLock<LeaseLoss>,
+    /// Cancelled the moment the lease is lost.
+    pub(crate) lost: CancellationToken,
+    /// Cancelled when the lease is lost or the worker asks the run to stop.
+    pub(crate) stopping: CancellationToken,
+    /// The completed-tool ledger, read once per holding on first use.
+    pub(crate) ledger: Mutex<Option<CompletedTools>>,
+}
+
+impl Shared {
+    /// Records the loss (the first reason wins) and cancels the tokens.
+    pub(crate) fn lose(&self, loss: LeaseLoss) {
+        if self.loss.set(loss).is_ok() {
+            tracing::warn!(run = %self.scope, loss = %self.loss.get().map(ToString::to_string).unwrap_or_default(), "lease lost; stopping the run's writes");
+        }
+        self.lost.cancel();
+        self.stopping.cancel();
+    }
+
+    fn lost_error(&self, operation: &'static str, fence: Fence, loss: LeaseLoss) -> WorkerError {
+        WorkerError::LeaseLost {
+            run: self.scope.run_id.to_string(),
+            operation,
+            fence,
+            loss,
+        }
+    }
+
+    /// The fence to write under, or a refusal: the lease is lost, or its
+    /// deadline (minus the safety margin) has passed without a renewal — in
+    /// which case the lease is marked lost here, before the write.
+    pub(crate) fn admit(&self, operation: &'static str) -> Result<Fence, WorkerError> {
+        let (fence, deadline) = {
+            let s = self.state.borrow();
+            (s.lease.fence, s.deadline)
+        };
+        if let Some(loss) = self.loss.get() {
+            return Err(self.lost_error(operation, fence, loss.clone()));
+        }
+        if Instant::now() + self.margin >= deadline {
+            self.lose(LeaseLoss::Expiring {
+                detail: format!(
+                    "no renewal landed and less than the safety margin ({} ms) of the lease was left when {operation} was attempted",
+                    self.margin.as_millis()
+                ),
+            });
+            let loss = self.loss.get().cloned().unwrap_or(LeaseLoss::Released);
+            return Err(self.lost_error(operation, fence, loss));
+        }
+        Ok(fence)
+    }
+}
+
+/// The door every write of one held run goes through.
+///
+/// A handle carries the run's current fence and presents it on every write,
+/// so a step cannot forget to fence one. Clones share one fence: when the
+/// [`LeaseKeeper`](super::LeaseKeeper) renews, every clone writes under the
+/// new fence from then on (WK-33). A write racing a renewal waits for it (the
+/// renewal excludes writes while it runs), so it presents either the old
+/// fence before the renewal or the new one after it — both valid at the time
+/// — and never one the worker's own renewal superseded.
+///
+/// Before every write the handle checks that the lease is still held: not
+/// marked lost by the keeper, not refused as fenced out earlier, and not past
+/// its local deadline minus the safety margin. Otherwise the write is refused
+/// with [`WorkerError::LeaseLost`] and reaches nothing. A `FencedOut` answer
+/// from the store also marks the lease lost, for every clone.
+///
+/// Reads go straight to the store: [`RunHandle::store`].
+#[derive(Clone, Debug)]
+pub struct RunHandle {
+    pub(crate) shared: Arc<Shared>,
+}
+
+impl RunHandle {
+    /// The run.
+    pub fn scope(&self) -> &RunScope {
+        &self.shared.scope
+    }
+
+    /// The store, for reads (writes go through the handle).
+    pub fn store(&self) -> &Arc<dyn RunStore> {
+        &self.shared.store
+    }
+
+    /// The holder this worker claims as.
+    pub fn holder(&self) -> &Holder {
+        &self.shared.holder
+    }
+
+    /// The lease TTL renewals ask for.
+    pub fn ttl(&self) -> Ttl {
+        self.shared.ttl
+    }
+
+    /// The clock leases are judged by.
+    pub fn clock(&self) -> &Arc<dyn Clock> {
+        &self.shared.clock
+    }
+
+    /// The instant now, on the worker's clock.
+    pub fn now(&self) -> Timestamp {
+        self.shared.clock.now()
+    }
+
+    /// The fence the next write will present (it changes on every renewal).
+    pub fn fence(&self) -> Fence {
+        self.shared.state.borrow().lease.fence
+    }
+
+    /// The run and current fence, to hand to an external side-effect system
+    /// (see [`FenceGate`](super::FenceGate)). Pass it with the effect; never
+    /// cache it across awaits you do not control.
+    pub fn fence_token(&self) -> FenceToken {
+        FenceToken {
+            scope: self.shared.scope.clone(),
+            fence: self.fence(),
+        }
+    }
+
+    /// The current lease and its local deadline.
+    pub fn held(&self) -> HeldLease {
+        self.shared.state.borrow().clone()
+    }
+
+    /// Renewals landed since the run was claimed.
+    pub fn renewals(&self) -> u64 {
+        self.shared.state.borrow().renewals
+    }
+
+    /// A receiver that sees every renewal (for hosts that keep the fence in
+    /// a place of their own, e.g. an event envelope's `generation`).
+    pub fn subscribe(&self) -> watch::Receiver<HeldLease> {
+        self.shared.state.subscribe()
+    }
+
+    /// A token cancelled the moment the lease is lost (writes are refused
+    /// from then on). A child: cancelling it affects nothing else.
+    pub fn cancellation_token(&self) -> CancellationToken {
+        self.shared.lost.child_token()
+    }
+
+    /// A token cancelled when the lease is lost *or* the worker is shutting
+    /// down: finish at the next safe point (writes still work until the lease
+    /// is lost or released). A child: cancelling it affects nothing else.
+    pub fn stop_token(&self) -> CancellationToken {
+        self.shared.stopping.child_token()
+    }
+
+    /// Waits until the lease is lost.
+    pub async fn lost(&self) {
+        self.shared.lost.cancelled().await;
+    }
+
+    /// True once the lease is lost (or released).
+    pub fn is_lost(&self) -> bool {
+        self.shared.lost.is_cancelled()
+    }
+
+    /// Why the lease was lost, if it was.
+    pub fn loss(&self) -> Option<LeaseLoss> {
+        self.shared.loss.get().cloned()
+    }
+
+    /// Checks the lease is held (as before a write) and returns the token to
+    /// pass to an external side effect, or refuses. Call it right before the
+    /// effect.
+    pub fn ensure_held(&self, operation: &'static str) -> Result<FenceToken, WorkerError> {
+        let fence = self.shared.admit(operation)?;
+        Ok(FenceToken {
+            scope: self.shared.scope.clone(),
+            fence,
+        })
+    }
+
+    /// Runs one store write under the gate with the current fence.
+    async fn fenced<T, Fut>(
+        &self,
+        operation: &'static str,
+        write: impl FnOnce(Fence) -> Fut,
+    ) -> Result<T, WorkerError>
+    where
+        Fut: Future<Output = crate::Result<T>>,
+    {
+        self.shared.admit(operation)?;
+        let _gate = self.shared.gate.read().await;
+        // A renewal may have run (or failed) while we waited.
+        let fence = self.shared.admit(operation)?;
+        match write(fence).await {
+            Ok(v) => Ok(v),
+            Err(e) => {
+                if let Error::FencedOut { current, .. } = &e {
+                    self.shared.lose(LeaseLoss::Superseded {
+                        current: *current,
+                        holder: None,
+                    });
+                }
+                Err(e.into())
+            }
+        }
+    }
+
+    /// Writes a checkpoint under the current fence.
+    pub async fn write_checkpoint(
+        &self,
+        checkpoint: &Checkpoint,
+    ) -> Result<Checkpoint, WorkerError> {
+        let (store, scope) = (&self.shared.store, &self.shared.scope);
+        self.fenced("write_checkpoint", |f| {
+            store.write_checkpoint(scope, checkpoint, Some(f))
+        })
+        .await
+    }
+
+    /// Deletes a checkpoint under the current fence.
+    pub async fn delete_checkpoint(&self, id: &CheckpointId) -> Result<bool, WorkerError> {
+        let (store, scope) = (&self.shared.store, &self.shared.scope);
+        self.fenced("delete_checkpoint", |f| {
+            store.delete_checkpoint(scope, id, Some(f))
+        })
+        .await
+    }
+
+    /// Answers a park under the current fence.
+    pub async fn resolve_park(
+        &self,
+        id: &CheckpointId,
+        resolution: ParkResolution,
+        now: Timestamp,
+    ) -> Result<Checkpoint, WorkerError> {
+        let (store, scope) = (&self.shared.store, &self.shared.scope);
+        self.fenced("resolve_park", |f| {
+            store.resolve_park(scope, id, resolution, now, Some(f))
+        })
+        .await
+    }
+
+    /// Prunes checkpoints under the current fence.
+    pub async fn prune_checkpoints(
+        &self,
+        keep_last: usize,
+    ) -> Result<Vec<CheckpointId>, WorkerError> {
+        let (store, scope) = (&self.shared.store, &self.shared.scope);
+        self.fenced("prune_checkpoints", |f| {
+            store.prune_checkpoints(scope, keep_last, Some(f))
+        })
+        .await
+    }
+
+    /// Appends events under the current fence (their `generation` is that
+    /// fence). `tool_completed` events also update the handle's ledger.
+    pub async fn append_events(
+        &self,
+        events: &[NewEvent],
+    ) -> Result<Vec<PersistedEvent>, WorkerError> {
+        let (store, scope) = (&self.shared.store, &self.shared.scope);
+        let recorded = self
+            .fenced("append_events", |f| {
+                store.append_events(scope, events, Some(f))
+            })
+            .await?;
+        if recorded
+            .iter()
+            .any(|e| e.event_type == TOOL_COMPLETED_EVENT)
+        {
+            let mut ledger = self.shared.ledger.lock().await;
+            if let Some(ledger) = ledger.as_mut() {
+                let batch = EventBatch {
+                    events: recorded.clone(),
+                    ..EventBatch::default()
+                };
+                ledger.tools.extend(completed_tools(&batch).tools);
+            }
+        }
+        Ok(recorded)
+    }
+
+    /// Appends one event under the current fence.
+    pub async fn append_event(&self, event: NewEvent) -> Result<PersistedEvent, WorkerError> {
+        let mut recorded = self.append_events(std::slice::from_ref(&event)).await?;
+        recorded.pop().ok_or_else(|| {
+            WorkerError::Store(Error::Backend {
+                message: format!(
+                    "append_events on run {} answered no record for one event",
+                    self.shared.scope.run_id
+                ),
+                source: None,
+            })
+        })
+    }
+
+    /// Replaces the run record under the current fence.
+    pub async fn write_run_record(&self, record: &RunRecord) -> Result<(), WorkerError> {
+        let (store, scope) = (&self.shared.store, &self.shared.scope);
+        self.fenced("write_run_record", |f| {
+            store.write_run_record(scope, record, Some(f))
+        })
+        .await
+    }
+
+    /// Publishes the message history under the current fence.
+    pub async fn write_messages(
+        &self,
+        messages: &[Value],
+        through_event_seq: u64,
+    ) -> Result<(), WorkerError> {
+        let (store, scope) = (&self.shared.store, &self.shared.scope);
+        self.fenced("write_messages", |f| {
+            store.write_messages(scope, messages, through_event_seq, Some(f))
+        })
+        .await
+    }
+
+    /// Stores the final report under the current fence.
+    pub async fn write_report(&self, report: &str) -> Result<(), WorkerError> {
+        let (store, scope) = (&self.shared.store, &self.shared.scope);
+        self.fenced("write_report", |f| {
+            store.write_report(scope, report, Some(f))
+        })
+        .await
+    }
+
+    /// Appends to the audit trail under the current fence.
+    pub async fn append_audit(
+        &self,
+        events: &[NewAuditEvent],
+    ) -> Result<Vec<AuditRecord>, WorkerError> {
+        let (store, scope) = (&self.shared.store, &self.shared.scope);
+        self.fenced("append_audit", |f| {
+            store.append_audit(scope, events, Some(f))
+        })
+        .await
+    }
+
+    /// The completed-tool ledger as this holding knows it: read from the
+    /// transcript on first use, then kept up to date with what this handle
+    /// appends (nobody else can append while the run is held).
+    pub async fn completed_tools(&self) -> Result<CompletedTools, WorkerError> {
+        let mut ledger = self.shared.ledger.lock().await;
+        if ledger.is_none() {
+            *ledger = Some(
+                self.shared
+                    .store
+                    .completed_tools(&self.shared.scope)
+                    .await?,
+            );
+        }
+        Ok(ledger.clone().unwrap_or_default())
+    }
+
+    async fn ledger_entry(
+        &self,
+        tool_use_id: &str,
+    ) -> Result<(Option<CompletedTool>, bool), WorkerError> {
+        let mut ledger = self.shared.ledger.lock().await;
+        if ledger.is_none() {
+            *ledger = Some(
+                self.shared
+                    .store
+                    .completed_tools(&self.shared.scope)
+                    .await?,
+            );
+        }
+        let ledger = ledger
+            .as_ref()
+            .map(|l| (l.tools.get(tool_use_id).cloned(), l.complete));
+        Ok(ledger.unwrap_or((None, true)))
+    }
+
+    /// Runs a tool at most once per recorded completion.
+    ///
+    /// - If the ledger has an entry for `tool_use_id`, its recorded result is
+    ///   returned and `tool` is **not** called (`replayed: true`).
+    /// - If the ledger is incomplete (damaged transcript records) and has no
+    ///   entry, the call is refused with [`WorkerError::LedgerIncomplete`]:
+    ///   an absent entry is then no proof the tool never ran.
+    /// - Otherwise the lease is checked, `tool` is called with the current
+    ///   [`FenceToken`] (pass it to the effect), and its answer is appended
+    ///   as a `tool_completed` event `{toolUseId, toolName, result, isError}`
+    ///   through the fenced handle: `Ok(text)` records `isError: false`,
+    ///   `Err(text)` records `isError: true` (a failed tool call is still an
+    ///   answered one).
+    ///
+    /// A crash (or a lost lease) between the effect and its record leaves
+    /// the tool unrecorded, so a resume runs it again: this is the
+    /// at-least-once window, which the effect's own fence check (not the
+    /// ledger) must make harmless. Run one `run_tool` per `tool_use_id` at a
+    /// time.
+    pub async fn run_tool<F, Fut>(
+        &self,
+        tool_use_id: &str,
+        tool_name: &str,
+        tool: F,
+    ) -> Result<ToolRun, WorkerError>
+    where
+        F: FnOnce(FenceToken) -> Fut,
+        Fut: Future<Output = Result<String, String>>,
+    {
+        if tool_use_id.is_empty() || tool_name.is_empty() {
+            return Err(
+                Error::invalid("run_tool needs a non-empty tool use id and tool name").into(),
+            );
+        }
+        self.shared.admit("run_tool")?;
+        let (entry, complete) = self.ledger_entry(tool_use_id).await?;
+        if let Some(tool) = entry {
+            return Ok(ToolRun {
+                tool,
+                replayed: true,
+            });
+        }
+        if !complete {
+            return Err(WorkerError::LedgerIncomplete {
+                run: self.shared.scope.run_id.to_string(),
+                tool_use_id: tool_use_id.to_string(),
+            });
+        }
+        let token = self.ensure_held("run_tool")?;
+        let (result, is_error) = match tool(token).await {
+            Ok(text) => (text, false),
+            Err(text) => (text, true),
+        };
+        let mut payload = Map::new();
+        payload.insert("toolUseId".into(), Value::String(tool_use_id.to_string()));
+        payload.insert("toolName".into(), Value::String(tool_name.to_string()));
+        payload.insert("result".into(), Value::String(result.clone()));
+        payload.insert("isError".into(), Value::Bool(is_error));
+        self.append_event(NewEvent::new(TOOL_COMPLETED_EVENT, payload))
+            .await?;
+        Ok(ToolRun {
+            tool: CompletedTool {
+                tool_use_id: tool_use_id.to_string(),
+                tool_name: tool_name.to_string(),
+                result,
+                is_error,
+            },
+            replayed: false,
+        })
+    }
+}

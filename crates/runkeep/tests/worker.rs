@@ -1,0 +1,1240 @@
+//! The worker runtime against the reference model (`MemoryStore`), on tokio's
+//! paused clock: the store judges expiry by a [`TokioClock`], so several
+//! lease TTLs pass in an instant and deterministically.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use runkeep::evidence::SkippedRecord;
+use runkeep::worker::{
+    admit_fence, Clock, DrainMode, DrainStop, FailureKind, FenceGate, FenceToken, KeeperOptions,
+    LeaseKeeper, LeaseLoss, StepOutcome, TokioClock, Worker, WorkerError, WorkerOptions,
+};
+use runkeep::{
+    AuditRecord, Checkpoint, CheckpointId, CheckpointStore, ClaimNextFilter, ClaimOptions,
+    ClaimOutcome, Error, EventBatch, EvidenceStore, Fence, Holder, Lease, LeaseSummary,
+    ListOptions, ListingScope, MemoryStore, MessageSnapshot, NewAuditEvent, NewEvent,
+    ParkResolution, PersistedEvent, ReadEventsOptions, RunPage, RunRecord, RunScope, RunStore,
+    RunStoreExt, Timestamp, Ttl,
+};
+use serde_json::{json, Map, Value};
+use tokio::time::sleep;
+use tokio_util::sync::CancellationToken;
+
+const TTL_MS: u64 = 1_000;
+
+fn ttl() -> Ttl {
+    Ttl::from_millis(TTL_MS).unwrap()
+}
+
+fn ms(n: u64) -> Duration {
+    Duration::from_millis(n)
+}
+
+fn f(n: u64) -> Fence {
+    Fence::new(n).unwrap()
+}
+
+fn holder(name: &str) -> Holder {
+    Holder::new(name).unwrap()
+}
+
+fn run(id: &str) -> RunScope {
+    RunScope::new(
+        "tnt_w".parse().unwrap(),
+        "prj_w".parse().unwrap(),
+        "ses_w".parse().unwrap(),
+        id.parse().unwrap(),
+    )
+}
+
+fn tenant() -> ListingScope {
+    ListingScope::tenant("tnt_w".parse().unwrap())
+}
+
+fn clock() -> Arc<TokioClock> {
+    Arc::new(TokioClock::new(
+        Timestamp::from_millis(1_000_000_000).unwrap(),
+    ))
+}
+
+fn keeper_options(clock: &Arc<TokioClock>) -> KeeperOptions {
+    KeeperOptions {
+        clock: clock.clone(),
+        ..KeeperOptions::default()
+    }
+}
+
+fn event(kind: &str, n: u64) -> NewEvent {
+    let mut p = Map::new();
+    p.insert("n".into(), json!(n));
+    NewEvent::new(kind, p)
+}
+
+fn checkpoint(id: &str, at: Timestamp, state: Value) -> Checkpoint {
+    Checkpoint::new(
+        CheckpointId::new(id).unwrap(),
+        at,
+        state.as_object().cloned().unwrap_or_default(),
+    )
+}
+
+/// Claims `scope` for `who` judged at `at` (for takeovers "after expiry").
+async fn claim_at(
+    store: &dyn RunStore,
+    scope: &RunScope,
+    who: &str,
+    at: Timestamp,
+) -> ClaimOutcome {
+    store
+        .claim(scope, &ClaimOptions::new(holder(who), ttl()).at(at))
+        .await
+        .unwrap()
+}
+
+async fn events(store: &dyn RunStore, scope: &RunScope) -> Vec<PersistedEvent> {
+    store
+        .read_events(scope, &ReadEventsOptions::default())
+        .await
+        .unwrap()
+        .events
+}
+
+/// A store that delegates to a `MemoryStore` and can be made to misbehave.
+#[derive(Debug, Default)]
+struct Faulty {
+    inner: MemoryStore,
+    /// Claims answer `Unavailable` (retryable).
+    fail_claims: AtomicBool,
+    claim_calls: AtomicU64,
+    /// Each append waits this long (virtual time) before reaching the store.
+    append_delay_ms: AtomicU64,
+    /// Event reads report a damaged record.
+    damaged_transcript: AtomicBool,
+}
+
+#[async_trait]
+impl CheckpointStore for Faulty {
+    async fn write_checkpoint(
+        &self,
+        s: &RunScope,
+        c: &Checkpoint,
+        fence: Option<Fence>,
+    ) -> runkeep::Result<Checkpoint> {
+        self.inner.write_checkpoint(s, c, fence).await
+    }
+    async fn read_checkpoint(
+        &self,
+        s: &RunScope,
+        id: &CheckpointId,
+    ) -> runkeep::Result<Option<Checkpoint>> {
+        self.inner.read_checkpoint(s, id).await
+    }
+    async fn list_checkpoints(&self, s: &RunScope) -> runkeep::Result<Vec<Checkpoint>> {
+        self.inner.list_checkpoints(s).await
+    }
+    async fn delete_checkpoint(
+        &self,
+        s: &RunScope,
+        id: &CheckpointId,
+        fence: Option<Fence>,
+    ) -> runkeep::Result<bool> {
+        self.inner.delete_checkpoint(s, id, fence).await
+    }
+    async fn resolve_park(
+        &self,
+        s: &RunScope,
+        id: &CheckpointId,
+        r: ParkResolution,
+        now: Timestamp,
+        fence: Option<Fence>,
+    ) -> runkeep::Result<Checkpoint> {
+        self.inner.resolve_park(s, id, r, now, fence).await
+    }
+    async fn prune_checkpoints(
+        &self,
+        s: &RunScope,
+        keep: usize,
+        fence: Option<Fence>,
+    ) -> runkeep::Result<Vec<CheckpointId>> {
+        self.inner.prune_checkpoints(s, keep, fence).await
+    }
+    async fn list_runs(&self, s: &ListingScope, o: &ListOptions) -> runkeep::Result<RunPage> {
+        self.inner.list_runs(s, o).await
+    }
+    async fn claim(&self, s: &RunScope, o: &ClaimOptions) -> runkeep::Result<ClaimOutcome> {
+        self.claim_calls.fetch_add(1, Ordering::SeqCst);
+        if self.fail_claims.load(Ordering::SeqCst) {
+            return Err(Error::unavailable(
+                "claim",
+                std::io::Error::other("injected outage"),
+            ));
+        }
+        self.inner.claim(s, o).await
+    }
+    async fn release(&self, s: &RunScope, fence: Fence) -> runkeep::Result<bool> {
+        self.inner.release(s, fence).await
+    }
+    async fn lease(&self, s: &RunScope, now: Timestamp) -> runkeep::Result<Option<LeaseSummary>> {
+        self.inner.lease(s, now).await
+    }
+    async fn claim_next(
+        &self,
+        s: &ListingScope,
+        f: &ClaimNextFilter,
+        o: &ClaimOptions,
+    ) -> runkeep::Result<Option<(RunScope, Lease)>> {
+        self.inner.claim_next(s, f, o).await
+    }
+}
+
+#[async_trait]
+impl EvidenceStore for Faulty {
+    async fn append_events(
+        &self,
+        s: &RunScope,
+        e: &[NewEvent],
+        fence: Option<Fence>,
+    ) -> runkeep::Result<Vec<PersistedEvent>> {
+        let delay = self.append_delay_ms.load(Ordering::SeqCst);
+        if delay > 0 {
+            sleep(ms(delay)).await;
+        }
+        self.inner.append_events(s, e, fence).await
+    }
+    async fn read_events(
+        &self,
+        s: &RunScope,
+        o: &ReadEventsOptions,
+    ) -> runkeep::Result<EventBatch> {
+        let mut batch = self.inner.read_events(s, o).await?;
+        if self.damaged_transcript.load(Ordering::SeqCst) {
+            batch.skipped.push(SkippedRecord {
+                position: batch.last_seq + 1,
+                reason: "injected damage".into(),
+            });
+        }
+        Ok(batch)
+    }
+    async fn write_run_record(
+        &self,
+        s: &RunScope,
+        r: &RunRecord,
+        fence: Option<Fence>,
+    ) -> runkeep::Result<()> {
+        self.inner.write_run_record(s, r, fence).await
+    }
+    async fn read_run_record(&self, s: &RunScope) -> runkeep::Result<Option<RunRecord>> {
+        self.inner.read_run_record(s).await
+    }
+    async fn write_messages(
+        &self,
+        s: &RunScope,
+        m: &[Value],
+        through: u64,
+        fence: Option<Fence>,
+    ) -> runkeep::Result<()> {
+        self.inner.write_messages(s, m, through, fence).await
+    }
+    async fn read_messages(&self, s: &RunScope) -> runkeep::Result<MessageSnapshot> {
+        self.inner.read_messages(s).await
+    }
+    async fn write_report(
+        &self,
+        s: &RunScope,
+        r: &str,
+        fence: Option<Fence>,
+    ) -> runkeep::Result<()> {
+        self.inner.write_report(s, r, fence).await
+    }
+    async fn read_report(&self, s: &RunScope) -> runkeep::Result<Option<String>> {
+        self.inner.read_report(s).await
+    }
+    async fn append_audit(
+        &self,
+        s: &RunScope,
+        e: &[NewAuditEvent],
+        fence: Option<Fence>,
+    ) -> runkeep::Result<Vec<AuditRecord>> {
+        self.inner.append_audit(s, e, fence).await
+    }
+    async fn read_audit(&self, s: &RunScope, since: u64) -> runkeep::Result<Vec<AuditRecord>> {
+        self.inner.read_audit(s, since).await
+    }
+}
+
+// ---------------------------------------------------------------- keeper
+
+#[tokio::test(start_paused = true)]
+async fn renewal_keeps_a_run_held_past_several_ttls_and_every_writer_sees_each_new_fence() {
+    let clock = clock();
+    let store: Arc<dyn RunStore> = Arc::new(MemoryStore::new());
+    let scope = run("run_long");
+    let keeper = LeaseKeeper::claim(
+        store.clone(),
+        scope.clone(),
+        holder("w-a"),
+        ttl(),
+        keeper_options(&clock),
+    )
+    .await
+    .unwrap()
+    .expect("a fresh run is claimable");
+    let first = keeper.handle();
+    let second = first.clone();
+    let watcher = first.subscribe();
+    assert_eq!(first.fence(), f(1));
+
+    let mut seen = vec![first.fence()];
+    for i in 0..15u64 {
+        sleep(ms(TTL_MS * 2 / 5)).await; // 6 TTLs in all
+                                         // Both clones present the same, current fence, and the store takes it.
+        assert_eq!(first.fence(), second.fence());
+        let writer = if i % 2 == 0 { &first } else { &second };
+        let e = writer
+            .append_event(event("step", i))
+            .await
+            .expect("a kept run accepts writes");
+        assert_eq!(e.generation, Some(writer.fence()));
+        let top = store.lease(&scope, clock.now()).await.unwrap().unwrap();
+        assert_eq!(
+            top.fence,
+            writer.fence(),
+            "the handle writes under the store's top fence"
+        );
+        assert!(!top.expired);
+        seen.push(first.fence());
+    }
+    assert!(watcher.has_changed().unwrap(), "subscribers see renewals");
+    assert!(seen.windows(2).all(|w| w[0] <= w[1]));
+    let renewals = first.renewals();
+    assert!(
+        renewals >= 15,
+        "renewed every third of the TTL over 6 TTLs, got {renewals}"
+    );
+    assert_eq!(
+        first.fence().get(),
+        1 + renewals,
+        "each renewal minted a new, higher fence"
+    );
+    // Nobody else could take it at any point, and cannot now.
+    assert!(matches!(
+        claim_at(&*store, &scope, "w-b", clock.now()).await,
+        ClaimOutcome::Held(_)
+    ));
+    assert!(!first.is_lost());
+    assert!(keeper.release().await.unwrap());
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_takeover_stops_the_work_before_its_next_write_and_that_write_writes_nothing() {
+    let clock = clock();
+    let store: Arc<dyn RunStore> = Arc::new(MemoryStore::new());
+    let scope = run("run_taken");
+    let keeper = LeaseKeeper::claim(
+        store.clone(),
+        scope.clone(),
+        holder("w-a"),
+        ttl(),
+        keeper_options(&clock),
+    )
+    .await
+    .unwrap()
+    .unwrap();
+    let handle = keeper.handle();
+    let token = keeper.cancellation_token();
+    handle.append_event(event("before", 0)).await.unwrap();
+
+    // Another worker judges the lease expired (its clock is ahead, or ours
+    // stalled) and takes the run over.
+    let later = clock.now().offset(2 * TTL_MS as i64);
+    let ClaimOutcome::Acquired(theirs) = claim_at(&*store, &scope, "w-b", later).await else {
+        panic!("the takeover after expiry succeeds")
+    };
+    assert_eq!(theirs.fence, f(2));
+
+    // The next renewal answers Held: the token is cancelled right then,
+    // before any further write is attempted.
+    tokio::time::timeout(ms(TTL_MS), token.cancelled())
+        .await
+        .expect("the keeper cancels the work at its next renewal");
+    assert_eq!(
+        handle.loss(),
+        Some(LeaseLoss::Superseded {
+            current: f(2),
+            holder: Some("w-b".into())
+        })
+    );
+    let before = events(&*store, &scope).await.len();
+    let cp = checkpoint("cp_late", clock.now(), json!({"late": true}));
+    let refused = handle.write_checkpoint(&cp).await.unwrap_err();
+    assert!(
+        matches!(
+            refused,
+            WorkerError::LeaseLost {
+                operation: "write_checkpoint",
+                ..
+            }
+        ),
+        "{refused}"
+    );
+    assert!(refused.is_fenced_out());
+    let refused = handle.append_event(event("late", 1)).await.unwrap_err();
+    assert!(
+        matches!(refused, WorkerError::LeaseLost { .. }),
+        "{refused}"
+    );
+    assert!(handle.write_report("late").await.is_err());
+    assert_eq!(events(&*store, &scope).await.len(), before, "no late event");
+    assert!(
+        store
+            .read_checkpoint(&scope, &cp.id)
+            .await
+            .unwrap()
+            .is_none(),
+        "no late checkpoint"
+    );
+    assert_eq!(
+        store.read_report(&scope).await.unwrap(),
+        None,
+        "no late report"
+    );
+    // Releasing the lost run leaves the new holder alone.
+    assert!(!keeper.release().await.unwrap());
+    assert_eq!(
+        store.lease(&scope, later).await.unwrap().unwrap().holder,
+        "w-b"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_write_refused_as_fenced_out_stops_every_writer_of_the_run() {
+    let clock = clock();
+    let store: Arc<dyn RunStore> = Arc::new(MemoryStore::new());
+    let scope = run("run_refused");
+    let keeper = LeaseKeeper::claim(
+        store.clone(),
+        scope.clone(),
+        holder("w-a"),
+        ttl(),
+        keeper_options(&clock),
+    )
+    .await
+    .unwrap()
+    .unwrap();
+    let (one, two) = (keeper.handle(), keeper.handle());
+    let later = clock.now().offset(2 * TTL_MS as i64);
+    assert!(claim_at(&*store, &scope, "w-b", later)
+        .await
+        .lease()
+        .is_some());
+    // Before the keeper's next renewal notices, the store itself refuses.
+    let refused = one.append_event(event("x", 0)).await.unwrap_err();
+    assert!(
+        matches!(&refused, WorkerError::Store(e) if e.is_fenced_out()),
+        "{refused}"
+    );
+    assert!(two.is_lost(), "the refusal is shared by every clone");
+    assert!(matches!(
+        two.append_event(event("y", 1)).await.unwrap_err(),
+        WorkerError::LeaseLost { .. }
+    ));
+    drop(keeper);
+}
+
+#[tokio::test(start_paused = true)]
+async fn renewals_that_keep_failing_stop_the_work_before_the_lease_lapses() {
+    let clock = clock();
+    let faulty = Arc::new(Faulty::default());
+    let store: Arc<dyn RunStore> = faulty.clone();
+    let scope = run("run_outage");
+    let keeper = LeaseKeeper::claim(
+        store.clone(),
+        scope.clone(),
+        holder("w-a"),
+        ttl(),
+        keeper_options(&clock),
+    )
+    .await
+    .unwrap()
+    .unwrap();
+    let claimed_at = tokio::time::Instant::now();
+    let handle = keeper.handle();
+    let token = keeper.cancellation_token();
+    faulty.fail_claims.store(true, Ordering::SeqCst);
+
+    token.cancelled().await;
+    let stopped_after = claimed_at.elapsed();
+    assert!(
+        stopped_after < ms(TTL_MS),
+        "stopped {stopped_after:?} after the claim: before the lease could lapse"
+    );
+    assert!(
+        faulty.claim_calls.load(Ordering::SeqCst) >= 3,
+        "the retryable failure was retried ({} claim calls)",
+        faulty.claim_calls.load(Ordering::SeqCst)
+    );
+    assert!(
+        matches!(handle.loss(), Some(LeaseLoss::Expiring { .. })),
+        "{:?}",
+        handle.loss()
+    );
+    // The store would still accept fence 1 (nobody took over), but the
+    // handle refuses: it can no longer prove it holds the run.
+    assert!(matches!(
+        handle.append_event(event("x", 0)).await.unwrap_err(),
+        WorkerError::LeaseLost { .. }
+    ));
+    assert!(events(&*store, &scope).await.is_empty());
+    // Once expired, someone else takes it.
+    sleep(ms(TTL_MS)).await;
+    faulty.fail_claims.store(false, Ordering::SeqCst);
+    assert!(claim_at(&*store, &scope, "w-b", clock.now())
+        .await
+        .lease()
+        .is_some());
+    drop(keeper);
+}
+
+#[tokio::test(start_paused = true)]
+async fn without_renewals_the_handle_refuses_writes_at_its_own_deadline() {
+    let clock = clock();
+    let store: Arc<dyn RunStore> = Arc::new(MemoryStore::new());
+    let scope = run("run_unkept");
+    let keeper = LeaseKeeper::claim(
+        store.clone(),
+        scope.clone(),
+        holder("w-a"),
+        ttl(),
+        keeper_options(&clock),
+    )
+    .await
+    .unwrap()
+    .unwrap();
+    let handle = keeper.handle();
+    // No keeper task: renewals stop (as when the runtime is starved or the
+    // process was stopped and the writer wakes first).
+    drop(keeper);
+    handle.append_event(event("early", 0)).await.unwrap();
+    sleep(ms(TTL_MS * 95 / 100)).await;
+    // The store would still accept fence 1 (nobody took over)...
+    let top = store.lease(&scope, clock.now()).await.unwrap().unwrap();
+    assert_eq!(top.fence, f(1));
+    // ...but less than the safety margin is left: the handle refuses.
+    let refused = handle.append_event(event("late", 1)).await.unwrap_err();
+    assert!(
+        matches!(
+            &refused,
+            WorkerError::LeaseLost {
+                loss: LeaseLoss::Expiring { .. },
+                ..
+            }
+        ),
+        "{refused}"
+    );
+    assert!(handle.cancellation_token().is_cancelled());
+    assert_eq!(events(&*store, &scope).await.len(), 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_write_in_flight_during_a_renewal_keeps_its_fence_and_the_next_write_takes_the_new_one() {
+    let clock = clock();
+    let faulty = Arc::new(Faulty::default());
+    let store: Arc<dyn RunStore> = faulty.clone();
+    let scope = run("run_race");
+    let keeper = LeaseKeeper::claim(
+        store.clone(),
+        scope.clone(),
+        holder("w-a"),
+        ttl(),
+        keeper_options(&clock),
+    )
+    .await
+    .unwrap()
+    .unwrap();
+    let handle = keeper.handle();
+    // The renewal is due at TTL/3; this write starts before and reaches the
+    // store after it.
+    sleep(ms(TTL_MS / 4)).await;
+    faulty.append_delay_ms.store(TTL_MS / 4, Ordering::SeqCst);
+    let slow = handle
+        .append_event(event("slow", 0))
+        .await
+        .expect("not refused by our own renewal");
+    assert_eq!(slow.generation, Some(f(1)));
+    faulty.append_delay_ms.store(0, Ordering::SeqCst);
+    sleep(ms(1)).await;
+    assert_eq!(
+        handle.renewals(),
+        1,
+        "the renewal ran once the write was done"
+    );
+    let next = handle.append_event(event("next", 1)).await.unwrap();
+    assert_eq!(next.generation, Some(f(2)));
+    assert!(!handle.is_lost());
+    assert!(keeper.release().await.unwrap());
+}
+
+#[tokio::test(start_paused = true)]
+async fn release_leaves_a_tombstone_and_refuses_later_writes() {
+    let clock = clock();
+    let store: Arc<dyn RunStore> = Arc::new(MemoryStore::new());
+    let scope = run("run_rel");
+    let keeper = LeaseKeeper::claim(
+        store.clone(),
+        scope.clone(),
+        holder("w-a"),
+        ttl(),
+        keeper_options(&clock),
+    )
+    .await
+    .unwrap()
+    .unwrap();
+    let handle = keeper.handle();
+    assert!(keeper.release().await.unwrap());
+    let top = store.lease(&scope, clock.now()).await.unwrap().unwrap();
+    assert_eq!(
+        (top.holder.as_str(), top.fence, top.expired),
+        ("", f(2), true)
+    );
+    assert_eq!(handle.loss(), Some(LeaseLoss::Released));
+    assert!(handle.append_event(event("x", 0)).await.is_err());
+    assert_eq!(
+        claim_at(&*store, &scope, "w-b", clock.now())
+            .await
+            .lease()
+            .unwrap()
+            .fence,
+        f(3)
+    );
+}
+
+#[test]
+fn keeper_and_worker_options_refuse_nonsense() {
+    let bad = |k: KeeperOptions| k.validate().is_err();
+    assert!(bad(KeeperOptions {
+        renew_fraction: 0.0,
+        ..Default::default()
+    }));
+    assert!(bad(KeeperOptions {
+        renew_fraction: 1.0,
+        ..Default::default()
+    }));
+    assert!(bad(KeeperOptions {
+        renew_fraction: f64::NAN,
+        ..Default::default()
+    }));
+    assert!(bad(KeeperOptions {
+        renew_fraction: 0.6,
+        safety_fraction: 0.4,
+        ..Default::default()
+    }));
+    assert!(bad(KeeperOptions {
+        retry_delay: Duration::ZERO,
+        ..Default::default()
+    }));
+    assert!(KeeperOptions::default().validate().is_ok());
+    let store: Arc<dyn RunStore> = Arc::new(MemoryStore::new());
+    let mut o = WorkerOptions::new(holder("w"), ttl());
+    o.concurrency = 0;
+    let e = Worker::new(store.clone(), tenant(), o).unwrap_err();
+    assert!(e.to_string().contains("concurrency"), "{e}");
+    let mut o = WorkerOptions::new(holder("w"), ttl());
+    o.filter.park = Some(vec![]);
+    assert!(Worker::new(store.clone(), tenant(), o).is_err());
+    assert!(
+        Holder::new("  ").is_err(),
+        "an empty holder cannot even be built"
+    );
+    assert!(Worker::new(store, tenant(), WorkerOptions::new(holder("w"), ttl())).is_ok());
+}
+
+// ----------------------------------------------------------------- drain
+
+fn worker_options(
+    clock: &Arc<TokioClock>,
+    who: &str,
+    concurrency: usize,
+    mode: DrainMode,
+) -> WorkerOptions {
+    let mut o = WorkerOptions::new(holder(who), ttl());
+    o.concurrency = concurrency;
+    o.mode = mode;
+    o.keeper = keeper_options(clock);
+    o.shutdown_grace = ms(500);
+    o
+}
+
+async fn seed(store: &dyn RunStore, ids: &[&str], at: Timestamp) {
+    for id in ids {
+        store
+            .write_checkpoint(&run(id), &checkpoint("cp_0", at, json!({"n": 0})), None)
+            .await
+            .unwrap();
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn drain_steps_every_run_once_with_concurrency_n_and_stops_on_an_empty_queue() {
+    let clock = clock();
+    let store: Arc<dyn RunStore> = Arc::new(MemoryStore::new());
+    let ids = [
+        "run_1", "run_2", "run_3", "run_4", "run_5", "run_6", "run_7", "run_8",
+    ];
+    seed(&*store, &ids, clock.now()).await;
+    let calls: Arc<Mutex<HashMap<String, u32>>> = Arc::default();
+    let (now, peak) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+    let worker = Worker::new(
+        store.clone(),
+        tenant(),
+        worker_options(&clock, "w-a", 3, DrainMode::UntilIdle),
+    )
+    .unwrap();
+    let (c, n, p) = (calls.clone(), now.clone(), peak.clone());
+    let report = tokio::time::timeout(
+        ms(60_000),
+        worker.drain(CancellationToken::new(), move |h, resume| {
+            let (c, n, p) = (c.clone(), n.clone(), p.clone());
+            async move {
+                *c.lock()
+                    .unwrap()
+                    .entry(h.scope().run_id.to_string())
+                    .or_default() += 1;
+                let inside = n.fetch_add(1, Ordering::SeqCst) + 1;
+                p.fetch_max(inside, Ordering::SeqCst);
+                assert_eq!(
+                    resume.unwrap().id.as_str(),
+                    "cp_0",
+                    "the step starts from the resume point"
+                );
+                sleep(ms(100)).await;
+                h.write_checkpoint(&checkpoint("cp_done", h.now(), json!({"done": true})))
+                    .await?;
+                n.fetch_sub(1, Ordering::SeqCst);
+                Ok::<_, WorkerError>(StepOutcome::Finished)
+            }
+        }),
+    )
+    .await
+    .expect("the drain stops on an empty queue");
+
+    let calls = calls.lock().unwrap().clone();
+    assert_eq!(calls.len(), ids.len(), "{calls:?}");
+    assert!(
+        calls.values().all(|&n| n == 1),
+        "each run stepped exactly once: {calls:?}"
+    );
+    assert_eq!(
+        peak.load(Ordering::SeqCst),
+        3,
+        "three runs at a time, never more"
+    );
+    assert_eq!(report.stopped, DrainStop::Idle);
+    assert_eq!(
+        (
+            report.claimed,
+            report.completed,
+            report.failed,
+            report.fenced_out
+        ),
+        (8, 8, 0, 0)
+    );
+    assert_eq!(report.release_failed, 0);
+    assert_eq!(
+        report.released,
+        report.claimed + report.skipped,
+        "{report:?}"
+    );
+    for id in ids {
+        let top = store.lease(&run(id), clock.now()).await.unwrap().unwrap();
+        assert!(
+            top.expired && top.holder.is_empty(),
+            "{id} released: {top:?}"
+        );
+        let latest = store.latest_checkpoint(&run(id)).await.unwrap().unwrap();
+        assert_eq!(latest.id.as_str(), "cp_done");
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn drain_until_idle_comes_back_to_yielded_runs_until_they_finish() {
+    let clock = clock();
+    let store: Arc<dyn RunStore> = Arc::new(MemoryStore::new());
+    let ids = ["run_a", "run_b", "run_c"];
+    seed(&*store, &ids, clock.now()).await;
+    let worker = Worker::new(
+        store.clone(),
+        tenant(),
+        worker_options(&clock, "w-a", 2, DrainMode::UntilIdle),
+    )
+    .unwrap();
+    let steps = Arc::new(AtomicU64::new(0));
+    let s = steps.clone();
+    let report = tokio::time::timeout(
+        ms(60_000),
+        worker.drain(CancellationToken::new(), move |h, resume| {
+            let s = s.clone();
+            async move {
+                s.fetch_add(1, Ordering::SeqCst);
+                let n = resume
+                    .and_then(|c| c.state.get("n").and_then(Value::as_u64))
+                    .unwrap_or(0)
+                    + 1;
+                let cp = checkpoint(
+                    &format!("cp_{n}"),
+                    h.now().offset(n as i64),
+                    json!({"n": n}),
+                );
+                h.write_checkpoint(&cp).await?;
+                Ok::<_, WorkerError>(if n < 3 {
+                    StepOutcome::Yield
+                } else {
+                    StepOutcome::Finished
+                })
+            }
+        }),
+    )
+    .await
+    .expect("the drain stops once every run finished");
+    assert_eq!(
+        steps.load(Ordering::SeqCst),
+        9,
+        "three steps for each of three runs: {report:?}"
+    );
+    assert_eq!((report.yielded, report.completed), (6, 3));
+    for id in ids {
+        let latest = store.latest_checkpoint(&run(id)).await.unwrap().unwrap();
+        assert_eq!(latest.state["n"], json!(3), "{id}");
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn shutdown_lets_runs_finish_within_the_grace_and_releases_every_held_run() {
+    let clock = clock();
+    let store: Arc<dyn RunStore> = Arc::new(MemoryStore::new());
+    seed(&*store, &["run_coop", "run_stuck"], clock.now()).await;
+    let worker = Worker::new(
+        store.clone(),
+        tenant(),
+        worker_options(&clock, "w-a", 2, DrainMode::Continuous),
+    )
+    .unwrap();
+    let shutdown = CancellationToken::new();
+    let started = Arc::new(AtomicUsize::new(0));
+    let st = started.clone();
+    let drain = tokio::spawn({
+        let shutdown = shutdown.clone();
+        async move {
+            worker
+                .drain(shutdown, move |h, _| {
+                    let st = st.clone();
+                    async move {
+                        st.fetch_add(1, Ordering::SeqCst);
+                        if h.scope().run_id.as_str() == "run_coop" {
+                            // Finish at a safe point when asked to stop.
+                            h.stop_token().cancelled().await;
+                            h.write_checkpoint(&checkpoint(
+                                "cp_stop",
+                                h.now(),
+                                json!({"stopped": true}),
+                            ))
+                            .await?;
+                            Ok::<_, WorkerError>(StepOutcome::Yield)
+                        } else {
+                            // Ignores the request; dropped when the grace runs out.
+                            std::future::pending::<()>().await;
+                            Ok(StepOutcome::Finished)
+                        }
+                    }
+                })
+                .await
+        }
+    });
+    while started.load(Ordering::SeqCst) < 2 {
+        sleep(ms(10)).await;
+    }
+    sleep(ms(3 * TTL_MS)).await; // held well past their TTL: renewals work
+    for id in ["run_coop", "run_stuck"] {
+        let top = store.lease(&run(id), clock.now()).await.unwrap().unwrap();
+        assert!(
+            !top.expired && top.holder == "w-a",
+            "{id} held while running: {top:?}"
+        );
+    }
+    shutdown.cancel();
+    let report = tokio::time::timeout(ms(10_000), drain)
+        .await
+        .expect("drain returns")
+        .unwrap();
+    assert_eq!(report.stopped, DrainStop::Shutdown);
+    assert_eq!(
+        (report.claimed, report.yielded, report.interrupted),
+        (2, 1, 1),
+        "{report:?}"
+    );
+    assert_eq!(report.failures.len(), 1);
+    assert_eq!(report.failures[0].kind, FailureKind::Interrupted);
+    assert_eq!((report.released, report.release_failed), (2, 0));
+    for id in ["run_coop", "run_stuck"] {
+        let top = store.lease(&run(id), clock.now()).await.unwrap().unwrap();
+        assert!(
+            top.expired && top.holder.is_empty(),
+            "{id}: release tombstone expected, got {top:?}"
+        );
+        assert!(
+            claim_at(&*store, &run(id), "w-b", clock.now())
+                .await
+                .lease()
+                .is_some(),
+            "{id} claimable at once"
+        );
+    }
+    let stopped = store
+        .read_checkpoint(&run("run_coop"), &CheckpointId::new("cp_stop").unwrap())
+        .await
+        .unwrap();
+    assert!(
+        stopped.is_some(),
+        "the cooperative run wrote its last checkpoint before release"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_drained_run_that_loses_its_lease_is_stopped_and_reported_fenced_out() {
+    let clock = clock();
+    let store: Arc<dyn RunStore> = Arc::new(MemoryStore::new());
+    seed(&*store, &["run_z"], clock.now()).await;
+    let worker = Worker::new(
+        store.clone(),
+        tenant(),
+        worker_options(&clock, "w-a", 1, DrainMode::UntilIdle),
+    )
+    .unwrap();
+    let writes_after = Arc::new(AtomicU64::new(0));
+    let w = writes_after.clone();
+    let (st, c2) = (store.clone(), clock.clone());
+    let report = tokio::time::timeout(
+        ms(60_000),
+        worker.drain(CancellationToken::new(), move |h, _| {
+            let (w, st, c2) = (w.clone(), st.clone(), c2.clone());
+            async move {
+                h.append_event(event("first", 0)).await?;
+                // A zombie's view: someone takes the run over behind our back.
+                let later = c2.now().offset(2 * TTL_MS as i64);
+                claim_at(&*st, h.scope(), "w-b", later)
+                    .await
+                    .lease()
+                    .unwrap();
+                for i in 0..1_000 {
+                    sleep(ms(50)).await;
+                    h.append_event(event("more", i)).await?;
+                    w.fetch_add(1, Ordering::SeqCst);
+                }
+                Ok::<_, WorkerError>(StepOutcome::Finished)
+            }
+        }),
+    )
+    .await
+    .unwrap();
+    assert_eq!(
+        writes_after.load(Ordering::SeqCst),
+        0,
+        "no write after the takeover got through"
+    );
+    assert_eq!(
+        (report.claimed, report.fenced_out, report.failed),
+        (1, 1, 0),
+        "{report:?}"
+    );
+    assert_eq!(
+        report.release_superseded, 1,
+        "the superseded fence released nothing"
+    );
+    assert_eq!(
+        store
+            .lease(&run("run_z"), clock.now())
+            .await
+            .unwrap()
+            .unwrap()
+            .holder,
+        "w-b"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_failing_step_is_reported_and_its_run_released() {
+    let clock = clock();
+    let store: Arc<dyn RunStore> = Arc::new(MemoryStore::new());
+    seed(&*store, &["run_err", "run_panic"], clock.now()).await;
+    let worker = Worker::new(
+        store.clone(),
+        tenant(),
+        worker_options(&clock, "w-a", 2, DrainMode::UntilIdle),
+    )
+    .unwrap();
+    let drain = worker.drain(CancellationToken::new(), |h, _| async move {
+        if h.scope().run_id.as_str() == "run_panic" {
+            panic!("step bug");
+        }
+        Err::<StepOutcome, _>("tool said no".to_string())
+    });
+    let report = tokio::time::timeout(ms(60_000), drain)
+        .await
+        .expect("a pass where every step failed is idle: the drain stops, it does not retry hot");
+    assert_eq!(
+        (report.claimed, report.failed, report.completed),
+        (2, 2, 0),
+        "{report:?}"
+    );
+    assert_eq!(report.stopped, DrainStop::Idle);
+    assert_eq!(report.released, report.claimed + report.skipped);
+    assert_eq!(report.release_failed, 0);
+    let messages: Vec<_> = report.failures.iter().map(|f| f.message.clone()).collect();
+    assert!(
+        messages.iter().any(|m| m.contains("tool said no")),
+        "{messages:?}"
+    );
+    assert!(
+        messages.iter().any(|m| m.contains("panicked")),
+        "{messages:?}"
+    );
+    for id in ["run_err", "run_panic"] {
+        assert!(store
+            .lease(&run(id), clock.now())
+            .await
+            .unwrap()
+            .unwrap()
+            .holder
+            .is_empty());
+    }
+}
+
+// ----------------------------------------------------------- tool ledger
+
+#[tokio::test(start_paused = true)]
+async fn the_tool_ledger_skips_a_recorded_tool_after_a_crash_and_runs_an_unrecorded_one() {
+    let clock = clock();
+    let store: Arc<dyn RunStore> = Arc::new(MemoryStore::new());
+    let scope = run("run_tools");
+    let executions: Arc<Mutex<HashMap<&'static str, u32>>> = Arc::default();
+    let tool = |name: &'static str, answer: Result<&'static str, &'static str>| {
+        let executions = executions.clone();
+        move |token: FenceToken| async move {
+            *executions.lock().unwrap().entry(name).or_default() += 1;
+            answer
+                .map(|a| format!("{a}@{}", token.fence))
+                .map_err(|a| format!("{a}@{}", token.fence))
+        }
+    };
+
+    // First life: two tools complete and are recorded, then the process dies
+    // (the keeper is dropped without releasing).
+    let first = LeaseKeeper::claim(
+        store.clone(),
+        scope.clone(),
+        holder("w-a"),
+        ttl(),
+        keeper_options(&clock),
+    )
+    .await
+    .unwrap()
+    .unwrap();
+    let h = first.handle();
+    let a = h
+        .run_tool("toolu_1", "search", tool("t1", Ok("found")))
+        .await
+        .unwrap();
+    assert!(!a.replayed);
+    assert_eq!(a.tool.result, "found@1");
+    let b = h
+        .run_tool("toolu_2", "shell", tool("t2", Err("exit 1")))
+        .await
+        .unwrap();
+    assert!(b.tool.is_error);
+    // Within one holding, a repeat is answered from the ledger too.
+    assert!(
+        h.run_tool("toolu_1", "search", tool("t1", Ok("again")))
+            .await
+            .unwrap()
+            .replayed
+    );
+    drop(first);
+    drop(h);
+
+    // Second life, after the lease lapsed: another worker resumes.
+    sleep(ms(2 * TTL_MS)).await;
+    let second = LeaseKeeper::claim(
+        store.clone(),
+        scope.clone(),
+        holder("w-b"),
+        ttl(),
+        keeper_options(&clock),
+    )
+    .await
+    .unwrap()
+    .expect("claimable after expiry");
+    let h = second.handle();
+    let again = h
+        .run_tool("toolu_1", "search", tool("t1", Ok("twice")))
+        .await
+        .unwrap();
+    assert!(again.replayed);
+    assert_eq!(
+        again.tool.result, "found@1",
+        "the recorded result, not a new one"
+    );
+    let failed = h
+        .run_tool("toolu_2", "shell", tool("t2", Ok("fixed")))
+        .await
+        .unwrap();
+    assert!(
+        failed.replayed && failed.tool.is_error,
+        "a recorded failure is an answer too"
+    );
+    let fresh = h
+        .run_tool("toolu_3", "search", tool("t3", Ok("new")))
+        .await
+        .unwrap();
+    assert!(!fresh.replayed);
+    assert_eq!(fresh.tool.result, format!("new@{}", h.fence()));
+
+    let executions = executions.lock().unwrap().clone();
+    assert_eq!(executions, HashMap::from([("t1", 1), ("t2", 1), ("t3", 1)]));
+    let ledger = store.completed_tools(&scope).await.unwrap();
+    assert!(ledger.complete);
+    assert_eq!(ledger.tools.len(), 3);
+    let recorded = events(&*store, &scope).await;
+    assert_eq!(recorded.len(), 3, "one tool_completed event per execution");
+    assert_eq!(recorded[0].payload["toolUseId"], json!("toolu_1"));
+    assert_eq!(recorded[1].payload["isError"], json!(true));
+    assert_eq!(recorded[2].generation, Some(h.fence()));
+    assert!(second.release().await.unwrap());
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_incomplete_ledger_refuses_to_run_an_unrecorded_tool_but_replays_a_recorded_one() {
+    let clock = clock();
+    let faulty = Arc::new(Faulty::default());
+    let store: Arc<dyn RunStore> = faulty.clone();
+    let scope = run("run_damaged");
+    let keeper = LeaseKeeper::claim(
+        store.clone(),
+        scope.clone(),
+        holder("w-a"),
+        ttl(),
+        keeper_options(&clock),
+    )
+    .await
+    .unwrap()
+    .unwrap();
+    let mut payload = Map::new();
+    payload.insert("toolUseId".into(), json!("toolu_1"));
+    payload.insert("toolName".into(), json!("search"));
+    payload.insert("result".into(), json!("r1"));
+    store
+        .append_events(
+            &scope,
+            &[NewEvent::new("tool_completed", payload)],
+            Some(f(1)),
+        )
+        .await
+        .unwrap();
+    faulty.damaged_transcript.store(true, Ordering::SeqCst);
+    let h = keeper.handle();
+    let ran = Arc::new(AtomicBool::new(false));
+    let r = ran.clone();
+    let refused = h
+        .run_tool("toolu_2", "shell", |_| async move {
+            r.store(true, Ordering::SeqCst);
+            Ok("x".to_string())
+        })
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(refused, WorkerError::LedgerIncomplete { .. }),
+        "{refused}"
+    );
+    assert!(!ran.load(Ordering::SeqCst), "not executed blindly");
+    let replay = h
+        .run_tool("toolu_1", "search", |_| async { Ok("new".to_string()) })
+        .await
+        .unwrap();
+    assert!(replay.replayed);
+    assert_eq!(replay.tool.result, "r1");
+    drop(keeper);
+}
+
+// ------------------------------------------------------------ fence gate
+
+#[tokio::test(start_paused = true)]
+async fn the_effect_sink_refuses_a_lower_fence() {
+    let clock = clock();
+    let store: Arc<dyn RunStore> = Arc::new(MemoryStore::new());
+    let scope = run("run_effects");
+    let sink = FenceGate::new();
+    let applied = Mutex::new(Vec::new());
+
+    let zombie = LeaseKeeper::claim(
+        store.clone(),
+        scope.clone(),
+        holder("w-a"),
+        ttl(),
+        keeper_options(&clock),
+    )
+    .await
+    .unwrap()
+    .unwrap();
+    let z = zombie.handle();
+    let t1 = z.ensure_held("pay").unwrap();
+    sink.apply(&t1, || applied.lock().unwrap().push("a1"))
+        .unwrap();
+    // The zombie's own renewal raises its fence; the sink admits it.
+    sleep(ms(TTL_MS / 2)).await;
+    let t2 = z.fence_token();
+    assert!(t2.fence > t1.fence);
+    sink.apply(&t2, || applied.lock().unwrap().push("a2"))
+        .unwrap();
+    assert_eq!(sink.highest(&scope), Some(t2.fence));
+
+    // The zombie stalls (no renewals, no writes); another worker takes over
+    // after expiry and announces its fence to the sink.
+    drop(zombie);
+    sleep(ms(2 * TTL_MS)).await;
+    let heir = LeaseKeeper::claim(
+        store.clone(),
+        scope.clone(),
+        holder("w-b"),
+        ttl(),
+        keeper_options(&clock),
+    )
+    .await
+    .unwrap()
+    .unwrap();
+    sink.observe(&heir.handle().fence_token());
+    // The zombie wakes and tries an effect with the fence it had.
+    let stale = z.fence_token();
+    let refused = sink
+        .apply(&stale, || applied.lock().unwrap().push("zombie"))
+        .unwrap_err();
+    assert_eq!(
+        (refused.presented, refused.highest),
+        (t2.fence, heir.handle().fence())
+    );
+    sink.apply(&heir.handle().fence_token(), || {
+        applied.lock().unwrap().push("b1")
+    })
+    .unwrap();
+    assert_eq!(*applied.lock().unwrap(), ["a1", "a2", "b1"]);
+    // The handle itself also refuses locally before any effect.
+    assert!(z.ensure_held("pay").is_err());
+    // The pure rule.
+    assert!(
+        admit_fence(Some(f(4)), f(4))
+            && admit_fence(Some(f(4)), f(5))
+            && !admit_fence(Some(f(4)), f(3))
+    );
+    drop(heir);
+}
