@@ -206,6 +206,21 @@ impl FsStore {
     }
 }
 
+#[cfg(feature = "testing")]
+impl FsStore {
+    /// Test seam: publish holdings through scratch names, never `O_TMPFILE`.
+    #[doc(hidden)]
+    pub fn testing_force_scratch_publish(&self) {
+        self.inner.disable_tmpfile();
+    }
+
+    /// Test seam: whether holdings are published through `O_TMPFILE`.
+    #[doc(hidden)]
+    pub fn testing_uses_tmpfile(&self) -> bool {
+        self.inner.tmpfile_enabled()
+    }
+}
+
 /// Creates a probe file and a hard link to it; refuses a volume without
 /// hard links. Answers whether `O_TMPFILE` + `linkat` publishes work.
 fn probe_links(base: &Path, ctx: &Ctx) -> Result<bool> {

@@ -11,8 +11,8 @@ use std::time::{Duration, Instant};
 use common::*;
 use rand::Rng;
 use runkeep::{
-    CheckpointStore, ClaimOptions, ClaimOutcome, EvidenceStore, Integrity, NewAuditEvent,
-    NewEvent, ReadEventsOptions, Timestamp, Ttl,
+    CheckpointStore, ClaimOptions, ClaimOutcome, EvidenceStore, Integrity, NewAuditEvent, NewEvent,
+    ReadEventsOptions, Timestamp, Ttl,
 };
 use serde_json::{json, Map};
 
@@ -71,7 +71,11 @@ fn chaos_worker() {
                         .collect();
                     rt.block_on(store.append_events(&s, &events, f)).map(|evs| {
                         for e in evs {
-                            report(format!("ev {run} {} {}", e.seq, e.payload["tag"].as_str().unwrap()));
+                            report(format!(
+                                "ev {run} {} {}",
+                                e.seq,
+                                e.payload["tag"].as_str().unwrap()
+                            ));
                         }
                     })
                 }
@@ -129,15 +133,31 @@ fn processes_killed_at_random_points_lose_nothing_they_were_told_was_written() {
         let p: Vec<&str> = r.split(' ').collect();
         match p[0] {
             "ev" => {
-                let prev = events.entry(p[1].into()).or_default().insert(p[2].parse().unwrap(), p[3].into());
-                assert!(prev.is_none(), "seq {} of {} acknowledged twice", p[2], p[1]);
+                let prev = events
+                    .entry(p[1].into())
+                    .or_default()
+                    .insert(p[2].parse().unwrap(), p[3].into());
+                assert!(
+                    prev.is_none(),
+                    "seq {} of {} acknowledged twice",
+                    p[2],
+                    p[1]
+                );
             }
             "cp" => {
                 cps.entry(p[1].into()).or_default().insert(p[2].into());
             }
             "au" => {
-                let prev = audit.entry(p[1].into()).or_default().insert(p[2].parse().unwrap(), p[3].into());
-                assert!(prev.is_none(), "audit seq {} of {} acknowledged twice", p[2], p[1]);
+                let prev = audit
+                    .entry(p[1].into())
+                    .or_default()
+                    .insert(p[2].parse().unwrap(), p[3].into());
+                assert!(
+                    prev.is_none(),
+                    "audit seq {} of {} acknowledged twice",
+                    p[2],
+                    p[1]
+                );
             }
             "err" => errors.push(r.clone()),
             _ => {}
@@ -151,7 +171,9 @@ fn processes_killed_at_random_points_lose_nothing_they_were_told_was_written() {
     for i in 0..RUNS {
         let run = format!("run_crash_{i}");
         let s = scope(&run);
-        let back = rt.block_on(store.read_events(&s, &ReadEventsOptions::default())).unwrap();
+        let back = rt
+            .block_on(store.read_events(&s, &ReadEventsOptions::default()))
+            .unwrap();
         skipped += back.skipped.len();
         let got: BTreeMap<u64, String> = back
             .events
@@ -160,19 +182,44 @@ fn processes_killed_at_random_points_lose_nothing_they_were_told_was_written() {
             .collect();
         assert_eq!(got.len(), back.events.len(), "{run}: a seq appears twice");
         for (seq, tag) in events.get(&run).into_iter().flatten() {
-            assert_eq!(got.get(seq), Some(tag), "{run}: acknowledged event {seq} ({tag}) lost");
+            assert_eq!(
+                got.get(seq),
+                Some(tag),
+                "{run}: acknowledged event {seq} ({tag}) lost"
+            );
             acked_ev += 1;
         }
         // The indexed catch-up read agrees with the full read.
         for since in [1, got.len() as u64 / 2, got.len() as u64] {
             let tail = rt
-                .block_on(store.read_events(&s, &ReadEventsOptions { since_seq: since, ..Default::default() }))
+                .block_on(store.read_events(
+                    &s,
+                    &ReadEventsOptions {
+                        since_seq: since,
+                        ..Default::default()
+                    },
+                ))
                 .unwrap();
-            let want: Vec<u64> = back.events.iter().map(|e| e.seq).filter(|q| *q > since).collect();
-            assert_eq!(tail.events.iter().map(|e| e.seq).collect::<Vec<_>>(), want, "{run} since {since}");
+            let want: Vec<u64> = back
+                .events
+                .iter()
+                .map(|e| e.seq)
+                .filter(|q| *q > since)
+                .collect();
+            assert_eq!(
+                tail.events.iter().map(|e| e.seq).collect::<Vec<_>>(),
+                want,
+                "{run} since {since}"
+            );
         }
         if rt
-            .block_on(store.read_events(&s, &ReadEventsOptions { integrity: Integrity::Strict, ..Default::default() }))
+            .block_on(store.read_events(
+                &s,
+                &ReadEventsOptions {
+                    integrity: Integrity::Strict,
+                    ..Default::default()
+                },
+            ))
             .is_err()
         {
             strict_failures += 1;
@@ -190,15 +237,28 @@ fn processes_killed_at_random_points_lose_nothing_they_were_told_was_written() {
         let recs = rt.block_on(store.read_audit(&s, 0)).unwrap();
         let recs: BTreeMap<u64, String> = recs.into_iter().map(|r| (r.seq, r.who)).collect();
         for (seq, tag) in audit.get(&run).into_iter().flatten() {
-            assert_eq!(recs.get(seq), Some(tag), "{run}: acknowledged audit record {seq} lost");
+            assert_eq!(
+                recs.get(seq),
+                Some(tag),
+                "{run}: acknowledged audit record {seq} lost"
+            );
         }
         let claim = rt
-            .block_on(store.claim(&s, &ClaimOptions::new(holder("survivor"), Ttl::from_millis(60_000).unwrap())))
+            .block_on(store.claim(
+                &s,
+                &ClaimOptions::new(holder("survivor"), Ttl::from_millis(60_000).unwrap()),
+            ))
             .unwrap();
-        assert!(matches!(claim, ClaimOutcome::Acquired(_)), "{run} not claimable after expiry: {claim:?}");
+        assert!(
+            matches!(claim, ClaimOutcome::Acquired(_)),
+            "{run} not claimable after expiry: {claim:?}"
+        );
     }
     let page = rt
-        .block_on(store.list_runs(&runkeep::ListingScope::tenant(tenant()), &Default::default()))
+        .block_on(store.list_runs(
+            &runkeep::ListingScope::tenant(tenant()),
+            &Default::default(),
+        ))
         .unwrap();
     assert!(page.entries.iter().all(|r| r.damaged.is_none()), "{page:?}");
     let d = store.diagnose(Timestamp::now()).unwrap();
@@ -208,5 +268,8 @@ fn processes_killed_at_random_points_lose_nothing_they_were_told_was_written() {
          torn now: {:?}",
         d.torn_transcripts
     );
-    assert!(acked_ev > 50 && acked_cp > 10, "too little work to mean anything");
+    assert!(
+        acked_ev > 50 && acked_cp > 10,
+        "too little work to mean anything"
+    );
 }
