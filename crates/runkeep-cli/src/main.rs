@@ -67,6 +67,35 @@ fn report(err: &CliError) {
     }
 }
 
+/// clap's usage error in runkeep's shape: `error: <one line>` and a hint
+/// (clap's own tip, or the usage line).
+fn usage_error(rendered: &str) -> CliError {
+    let mut lines = rendered.lines();
+    let mut cause = lines
+        .next()
+        .unwrap_or("")
+        .trim_start_matches("error:")
+        .trim()
+        .to_string();
+    let mut hint = None;
+    let mut in_cause = true;
+    for line in lines {
+        let text = line.trim();
+        if text.is_empty() {
+            in_cause = false;
+        } else if let Some(tip) = text.strip_prefix("tip:") {
+            hint.get_or_insert_with(|| tip.trim().to_string());
+        } else if let Some(usage) = text.strip_prefix("Usage:") {
+            hint.get_or_insert_with(|| format!("usage: {}; see --help", usage.trim()));
+        } else if in_cause {
+            cause.push(' ');
+            cause.push_str(text);
+        }
+    }
+    CliError::usage(cause)
+        .hint(hint.unwrap_or_else(|| "run the command with --help to see what it accepts".into()))
+}
+
 /// Panics are bugs: one line on stderr, no backtrace, exit 70. Doctor check
 /// threads are exempt: the doctor records their panic as the check's result.
 fn install_panic_hook() {
@@ -111,12 +140,16 @@ fn main() -> ExitCode {
         Err(e) => {
             // clap exits 2 on a usage error; runkeep's usage code is 64
             // (2 means "doctor checked nothing").
-            let _ = e.print();
-            return ExitCode::from(if e.use_stderr() {
-                Exit::Usage.code()
-            } else {
-                0
-            });
+            if !e.use_stderr() {
+                let _ = e.print(); // --help, --version
+                return ExitCode::SUCCESS;
+            }
+            if e.kind() == clap::error::ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand {
+                let _ = e.print(); // `runkeep` alone: the help, as a usage error
+                return ExitCode::from(Exit::Usage.code());
+            }
+            report(&usage_error(&e.render().to_string()));
+            return ExitCode::from(Exit::Usage.code());
         }
     };
     init_logging();

@@ -16,7 +16,6 @@ fn usage_errors_exit_64_with_one_error_line_and_never_panic() {
     let store = Store::seeded();
     let cases: &[&[&str]] = &[
         &["bogus"],
-        &[],
         &["claim", "run_demo_001", "--ttl", "0s"],
         &["claim", "run_demo_001", "--ttl", "-5s"],
         &["claim", "run_demo_001", "--ttl", "abc"],
@@ -44,6 +43,12 @@ fn usage_errors_exit_64_with_one_error_line_and_never_panic() {
             .stderr(predicate::str::contains("panicked").not())
             .stderr(predicate::str::contains("RUST_BACKTRACE").not());
     }
+    // No command: the help, on stderr, as a usage error.
+    store
+        .cmd(&[])
+        .assert()
+        .code(64)
+        .stderr(predicate::str::contains("sage: runkeep"));
     runkeep()
         .args(["--store", "./data", "runs"])
         .assert()

@@ -89,21 +89,39 @@ async fn resolve(ctx: &Ctx, args: ResolveArgs) -> CliResult<Exit> {
         ),
         None => ParkResolution::Expire,
     };
-    let stored = store
+    let stored = match store
         .resolve_park(&scope, &checkpoint, resolution, now, args.fence)
         .await
-        .map_err(|e| {
-            let conflict = matches!(e, runkeep::Error::Conflict { .. });
-            let err = CliError::from(e).context(format!("park resolve {}", scope.run_id));
-            if conflict {
-                err.hint(format!(
-                    "a park is answered exactly once; see the recorded answer with `runkeep checkpoints {} --json`",
+    {
+        Ok(stored) => stored,
+        Err(e @ runkeep::Error::Conflict { .. }) => {
+            // Say what the first answer was, in the operator's terms.
+            let first = store
+                .read_checkpoint(&scope, &checkpoint)
+                .await
+                .ok()
+                .flatten()
+                .and_then(|c| c.pending)
+                .and_then(|p| {
+                    p.resolved_at
+                        .map(|at| (at, p.decision.unwrap_or(Value::Null)))
+                });
+            let hint = match first {
+                Some((at, decision)) => format!(
+                    "a park is answered exactly once; it was answered {} with {decision}",
+                    when(at, now)
+                ),
+                None => format!(
+                    "see the run's parks with `runkeep checkpoints {}`",
                     scope.run_id
-                ))
-            } else {
-                err
-            }
-        })?;
+                ),
+            };
+            return Err(CliError::from(e)
+                .context(format!("park resolve {}", scope.run_id))
+                .hint(hint));
+        }
+        Err(e) => return Err(CliError::from(e).context(format!("park resolve {}", scope.run_id))),
+    };
     let pending = stored.pending.as_ref();
     let decision = pending
         .and_then(|p| p.decision.clone())
