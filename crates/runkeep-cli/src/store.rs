@@ -137,7 +137,7 @@ impl OpenedStore {
     pub fn diagnose(&self, now: Timestamp) -> Option<CliResult<Diagnosis>> {
         match &self.backend {
             Backend::Memory => None,
-            Backend::Fs(fs) => Some(fs.diagnose(now).map_err(|e| CliError::from(e))),
+            Backend::Fs(fs) => Some(fs.diagnose(now).map_err(CliError::from)),
         }
     }
 

@@ -43,6 +43,12 @@ fn usage_errors_exit_64_with_one_error_line_and_never_panic() {
             .stderr(predicate::str::contains("panicked").not())
             .stderr(predicate::str::contains("RUST_BACKTRACE").not());
     }
+    // A directory store is one session: a wider listing is refused.
+    store
+        .cmd(&["--session", "", "runs"])
+        .assert()
+        .code(64)
+        .stderr(predicate::str::contains("one session's runs directory"));
     // No command: the help, on stderr, as a usage error.
     store
         .cmd(&[])

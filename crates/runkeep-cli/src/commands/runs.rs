@@ -7,7 +7,7 @@ use runkeep::{ListOptions, ListOrder, ParkState, RunRow, Timestamp};
 use crate::cli::parse_id;
 use crate::commands::{lease_cell, park_cell};
 use crate::context::Ctx;
-use crate::error::{CliResult, Exit};
+use crate::error::{CliError, CliResult, Exit};
 use crate::output::{emit, emit_json, emit_json_line, note, relative, when, Cell, Color, Table};
 
 /// `runkeep runs`.
@@ -40,6 +40,13 @@ pub struct RunsArgs {
 pub async fn run(ctx: &Ctx, args: RunsArgs) -> CliResult<Exit> {
     let listing = ctx.scope.listing()?;
     let opened = ctx.store()?;
+    if opened.base_dir().is_some() && ctx.scope.session.is_none() {
+        return Err(CliError::usage(format!(
+            "{} is one session's runs directory; it cannot list the wider scope {listing}",
+            opened.address
+        ))
+        .hint("give --project and --session (the directory does not record them; the defaults are `default`)"));
+    }
     let now = Timestamp::now();
     let mut options = ListOptions {
         order: args.order,
