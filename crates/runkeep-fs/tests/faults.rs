@@ -53,7 +53,7 @@ fn ev(t: &str) -> NewEvent {
 /// `Unsupported`, naming the errno, the directory and both ways out; with
 /// both publish paths; and nothing is published.
 #[test]
-fn every_no_hard_link_errno_is_refused_with_the_ways_out() {
+fn df_12_every_no_hard_link_errno_is_refused_with_the_ways_out() {
     for scratch in [false, true] {
         for (code, name) in [
             (EPERM, "EPERM"),
@@ -115,7 +115,7 @@ fn opening_on_a_volume_without_hard_links_is_refused() {
 /// DF-12 / FL-34: `ENOSPC` from `link` is not a missing capability: it is
 /// reported as the backend error it is.
 #[test]
-fn enospc_from_link_is_a_backend_error_not_unsupported() {
+fn df_12_enospc_from_link_is_a_backend_error_not_unsupported() {
     let dir = tempdir();
     let base = dir.path().join("runs");
     let store = open(&base);
@@ -130,7 +130,7 @@ fn enospc_from_link_is_a_backend_error_not_unsupported() {
 /// error ("scratch name … already exists"), never a lost race (which would
 /// answer `Held`/`Contended` for a run nobody holds).
 #[test]
-fn a_scratch_name_collision_is_an_error_not_a_lost_race() {
+fn df_11_a_scratch_name_collision_is_an_error_not_a_lost_race() {
     let dir = tempdir();
     let base = dir.path().join("runs");
     let store = open(&base);
@@ -148,7 +148,7 @@ fn a_scratch_name_collision_is_an_error_not_a_lost_race() {
 /// DF-20: a failing scratch write names the claims directory and the
 /// operation, not just a dotted temp file.
 #[test]
-fn a_failing_scratch_write_names_the_claims_directory_and_operation() {
+fn df_20_a_failing_scratch_write_names_the_claims_directory_and_operation() {
     let dir = tempdir();
     let base = dir.path().join("runs");
     let store = open(&base);

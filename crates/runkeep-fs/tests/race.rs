@@ -156,7 +156,7 @@ fn single_run_race(processes: usize, target: u64, envs: &[(&str, String)]) -> Ta
 /// won twice or by nobody, and every holding's body names the process that
 /// won it (read back by the winner the moment it won).
 #[test]
-fn six_processes_contending_for_6000_fences_never_share_or_skip_one() {
+fn df_01_df_10_six_processes_contending_for_6000_fences_never_share_or_skip_one() {
     let t = single_run_race(6, 6000, &[]);
     assert!(t.fences >= 6000, "{t:?}");
     assert_eq!(
@@ -278,7 +278,7 @@ fn assert_batch(won: &BTreeMap<String, Vec<(u64, String, String)>>, errors: u64,
 /// FL-35 / DF-1: six processes released at one wall-clock barrier claim the
 /// same 300 fresh runs in order: every run won exactly once, at fence 1.
 #[test]
-fn fresh_batch_race_gives_every_run_to_exactly_one_process_at_fence_1() {
+fn df_01_fresh_batch_race_gives_every_run_to_exactly_one_process_at_fence_1() {
     let (won, errors) = batch_race(None);
     assert_batch(&won, errors, 1);
 }
@@ -287,7 +287,7 @@ fn fresh_batch_race_gives_every_run_to_exactly_one_process_at_fence_1() {
 /// is won exactly once, at fence 8 (anything else means the seed was not
 /// read and the test degenerated into the fresh race).
 #[test]
-fn reclaim_race_reads_the_expired_seed_and_gives_every_run_once_at_fence_8() {
+fn df_02_df_21_reclaim_race_reads_the_expired_seed_and_gives_every_run_once_at_fence_8() {
     let (won, errors) = batch_race(Some(7));
     assert_batch(&won, errors, 8);
 }
@@ -369,7 +369,7 @@ fn publish_window(envs: &[(&str, String)]) -> (u64, u64) {
 /// another renews 120 times never sees it empty or torn (link publish), with
 /// both publish paths (`O_TMPFILE` and scratch name).
 #[test]
-fn publish_window_watcher_never_sees_an_empty_or_torn_holding() {
+fn df_08_publish_window_watcher_never_sees_an_empty_or_torn_holding() {
     for envs in [
         vec![],
         vec![("RUNKEEP_FS_TEST_PUBLISH", "scratch".to_string())],
@@ -397,7 +397,7 @@ fn the_publish_window_watcher_catches_open_exclusive_then_write() {
 /// FL-19 / DF-1 in one process: 32 concurrent takers at one instant get
 /// exactly one lease and distinct fences.
 #[test]
-fn thirty_two_concurrent_takers_in_one_process_get_exactly_one_lease() {
+fn df_01_thirty_two_concurrent_takers_in_one_process_get_exactly_one_lease() {
     let dir = tempdir();
     let store = std::sync::Arc::new(open(&dir.path().join("runs")));
     let rt = tokio::runtime::Builder::new_multi_thread()
