@@ -415,8 +415,11 @@ fn render(report: &Report, scope: &str, style: &Style) -> String {
         )
     );
     let id_width = report.checks.iter().map(|r| r.id.len()).max().unwrap_or(0);
+    let name_width = report.checks.iter().map(|r| r.status.name().len()).max().unwrap_or(0);
+    // mark, space, status, two spaces, id, two spaces: where messages start.
+    let indent = 2 + name_width + 2 + id_width + 2;
     for r in &report.checks {
-        let status = format!("{} {:<12}", r.status.mark(), r.status.name());
+        let status = format!("{} {:<name_width$}", r.status.mark(), r.status.name());
         out.push_str(&format!(
             "{}  {:<id_width$}  {}  {}\n",
             style.paint(&status, r.status.color()),
@@ -429,8 +432,8 @@ fn render(report: &Report, scope: &str, style: &Style) -> String {
         ));
         if let Some(fix) = r.remediation.as_ref().filter(|_| r.status != Status::Pass) {
             out.push_str(&format!(
-                "{}  {}\n",
-                " ".repeat(14 + id_width),
+                "{}{}\n",
+                " ".repeat(indent),
                 style.paint(&format!("→ {fix}"), Color::Dim)
             ));
         }
