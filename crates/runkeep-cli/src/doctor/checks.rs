@@ -508,3 +508,25 @@ async fn invariants(env: &Env) -> CliResult<Outcome> {
     ))
     .remedy("a worker kept writing after its lease was taken over (stalled or partitioned); the store refused it. Renew more often than the TTL, or lengthen the TTL"))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn check_ids_are_unique_and_categories_documented() {
+        let checks = registry();
+        let mut ids: Vec<&str> = checks.iter().map(|c| c.id).collect();
+        ids.sort_unstable();
+        ids.dedup();
+        assert_eq!(ids.len(), checks.len(), "a duplicate check id");
+        for c in &checks {
+            assert!(
+                ["store", "integrity", "leases", "runtime"].contains(&c.category),
+                "{}",
+                c.id
+            );
+            assert!(c.id.contains('.'), "{}", c.id);
+        }
+    }
+}

@@ -415,7 +415,12 @@ fn render(report: &Report, scope: &str, style: &Style) -> String {
         )
     );
     let id_width = report.checks.iter().map(|r| r.id.len()).max().unwrap_or(0);
-    let name_width = report.checks.iter().map(|r| r.status.name().len()).max().unwrap_or(0);
+    let name_width = report
+        .checks
+        .iter()
+        .map(|r| r.status.name().len())
+        .max()
+        .unwrap_or(0);
     // mark, space, status, two spaces, id, two spaces: where messages start.
     let indent = 2 + name_width + 2 + id_width + 2;
     for r in &report.checks {
