@@ -542,3 +542,42 @@ fn a_damaged_checkpoint_flags_its_row_and_hides_no_other() {
         .code(1)
         .stderr(predicate::str::contains("error:"));
 }
+
+/// Runs `runkeep ARGS` on a pseudo-terminal (util-linux `script`, essential on
+/// Debian) and returns what the terminal showed.
+fn on_a_terminal(store: &Store, args: &str, no_color: bool) -> String {
+    let bin = assert_cmd::cargo::cargo_bin("runkeep");
+    let line = format!("{} --store {} {args}", bin.display(), store.address());
+    let mut cmd = std::process::Command::new("script");
+    cmd.args(["-qec", &line, "/dev/null"])
+        .env_remove("NO_COLOR");
+    if no_color {
+        cmd.env("NO_COLOR", "1");
+    }
+    let out = cmd.output().expect("util-linux `script`");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+#[test]
+fn colour_only_on_a_terminal_and_never_with_no_color() {
+    let store = Store::seeded();
+    let tty = on_a_terminal(&store, "runs", false);
+    assert!(tty.contains("\x1b[1mRUN\x1b[0m"), "{tty:?}");
+    assert!(tty.contains("\x1b[31mexpired tool_review"), "{tty:?}");
+    let plain = on_a_terminal(&store, "runs", true);
+    assert!(plain.contains("RUN "), "{plain:?}");
+    assert!(!plain.contains('\x1b'), "NO_COLOR: {plain:?}");
+    // Off a terminal (the other tests) there is never colour either.
+    let piped =
+        stdout(
+            runkeep()
+                .env_remove("NO_COLOR")
+                .args(["--store", &store.address(), "runs"]),
+        );
+    assert!(!piped.contains('\x1b'), "{piped:?}");
+}
