@@ -30,9 +30,16 @@ use context::Ctx;
 use error::{CliError, CliResult, Exit};
 use output::{Color, Style};
 
+/// Test-only: makes every command panic, to prove a bug exits 70 with one
+/// line and no backtrace.
+const TEST_PANIC_ENV: &str = "RUNKEEP_TEST_PANIC";
+
 /// Runs the chosen subcommand. Adding one: a variant in [`Command`] and an
 /// arm here.
 async fn dispatch(cli: Cli) -> CliResult<Exit> {
+    if std::env::var_os(TEST_PANIC_ENV).is_some() {
+        panic!("deliberate panic ({TEST_PANIC_ENV} is set)");
+    }
     let ctx = Ctx::new(cli.global)?;
     match cli.command {
         Command::Runs(args) => commands::runs::run(&ctx, args).await,

@@ -581,3 +581,19 @@ fn colour_only_on_a_terminal_and_never_with_no_color() {
         );
     assert!(!piped.contains('\x1b'), "{piped:?}");
 }
+
+#[test]
+fn a_panic_is_an_internal_error_exit_70_without_a_backtrace() {
+    runkeep()
+        .args(["--store", "memory:", "runs"])
+        .env("RUNKEEP_TEST_PANIC", "1")
+        .env("RUST_BACKTRACE", "1")
+        .assert()
+        .code(70)
+        .stderr(predicate::str::starts_with(
+            "error: internal error: deliberate panic",
+        ))
+        .stderr(predicate::str::contains("hint: this is a bug in runkeep"))
+        .stderr(predicate::str::contains("stack backtrace").not())
+        .stderr(predicate::function(|s: &str| s.lines().count() == 2));
+}

@@ -78,6 +78,7 @@ pub fn runkeep() -> Command {
         "RUNKEEP_LOG",
         "RUNKEEP_DOCTOR_TEST_SLOW_CHECK_MS",
         "RUNKEEP_DOCTOR_TEST_FAULTY_CHECK",
+        "RUNKEEP_TEST_PANIC",
     ] {
         c.env_remove(var);
     }
