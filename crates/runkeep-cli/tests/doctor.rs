@@ -457,3 +457,91 @@ fn a_refused_superseded_write_is_counted_by_the_single_open_writer_check() {
     assert!(text.contains("run_demo_001 (1)"), "{text}");
     assert_eq!(doc["exit"], 0);
 }
+
+/// A small tmpfs, unmounted on drop, pass or fail.
+struct TmpfsMount {
+    dir: tempfile::TempDir,
+}
+
+impl TmpfsMount {
+    fn new() -> Result<Self, String> {
+        let dir = tempfile::tempdir().map_err(|e| e.to_string())?;
+        sh(
+            "mount",
+            &[
+                "-t",
+                "tmpfs",
+                "-o",
+                "size=8m",
+                "tmpfs",
+                dir.path().to_str().unwrap(),
+            ],
+        )?;
+        Ok(Self { dir })
+    }
+
+    fn path(&self) -> &std::path::Path {
+        self.dir.path()
+    }
+
+    fn read_only(&self) -> Result<String, String> {
+        sh(
+            "mount",
+            &["-o", "remount,ro", self.path().to_str().unwrap()],
+        )
+    }
+}
+
+impl Drop for TmpfsMount {
+    fn drop(&mut self) {
+        let _ = sh("umount", &[self.path().to_str().unwrap()]);
+    }
+}
+
+#[test]
+#[ignore = "needs root to mount a tmpfs and remount it read-only; scripts/test.sh runs this as root"]
+fn a_read_only_volume_fails_the_write_probe_and_refuses_writes_clearly() {
+    let mount = TmpfsMount::new().expect("tmpfs mount (root)");
+    let store = format!("fs:{}", mount.path().display());
+    runkeep()
+        .args(["--store", &store, "seed"])
+        .assert()
+        .success();
+    mount.read_only().expect("remount read-only");
+    let out = runkeep()
+        .args(["--store", &store, "--json", "doctor"])
+        .output()
+        .unwrap();
+    let doc: Value = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+        panic!(
+            "not JSON ({e}): {}\n{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        )
+    });
+    assert_eq!(out.status.code(), Some(1), "{doc:#}");
+    assert_eq!(
+        status(&doc, "store.reachable"),
+        "pass",
+        "reads still work: {doc:#}"
+    );
+    assert_eq!(status(&doc, "store.writable"), "fail", "{doc:#}");
+    // Reading commands work; writing ones fail with one line naming the run.
+    runkeep()
+        .args(["--store", &store, "runs"])
+        .assert()
+        .success();
+    runkeep()
+        .args([
+            "--store",
+            &store,
+            "claim",
+            "run_demo_001",
+            "--holder",
+            "ops",
+        ])
+        .assert()
+        .code(1)
+        .stderr(predicate::str::starts_with("error: claim run_demo_001:"))
+        .stderr(predicate::function(|s: &str| s.lines().count() <= 2));
+}
