@@ -400,18 +400,8 @@ fn a_volume_without_hard_links_fails_the_hard_link_check() {
     let mount =
         ExfatMount::new().expect("exFAT volume (root, losetup, mkfs.exfat, mount.exfat-fuse)");
     let store = format!("fs:{}", mount.path().display());
-    let out = runkeep()
-        .args(["--store", &store, "--json", "doctor"])
-        .output()
-        .unwrap();
-    let doc: Value = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
-        panic!(
-            "not JSON ({e}): {}\n{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        )
-    });
-    assert_eq!(out.status.code(), Some(1), "{doc:#}");
+    let doc = report(runkeep().args(["--store", &store]), &[]);
+    assert_eq!(doc["exit"], 1, "{doc:#}");
     assert_eq!(status(&doc, "store.hard-links"), "fail", "{doc:#}");
     assert!(
         message(&doc, "store.hard-links").contains("cannot hard-link"),
@@ -508,18 +498,8 @@ fn a_read_only_volume_fails_the_write_probe_and_refuses_writes_clearly() {
         .assert()
         .success();
     mount.read_only().expect("remount read-only");
-    let out = runkeep()
-        .args(["--store", &store, "--json", "doctor"])
-        .output()
-        .unwrap();
-    let doc: Value = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
-        panic!(
-            "not JSON ({e}): {}\n{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        )
-    });
-    assert_eq!(out.status.code(), Some(1), "{doc:#}");
+    let doc = report(runkeep().args(["--store", &store]), &[]);
+    assert_eq!(doc["exit"], 1, "{doc:#}");
     assert_eq!(
         status(&doc, "store.reachable"),
         "pass",
