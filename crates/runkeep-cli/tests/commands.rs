@@ -597,3 +597,37 @@ fn a_panic_is_an_internal_error_exit_70_without_a_backtrace() {
         .stderr(predicate::str::contains("stack backtrace").not())
         .stderr(predicate::function(|s: &str| s.lines().count() == 2));
 }
+
+#[test]
+fn parent_addresses_a_sub_run() {
+    let store = Store::seeded();
+    store
+        .cmd(&[
+            "claim",
+            "run_child",
+            "--parent",
+            "run_demo_001",
+            "--holder",
+            "w",
+            "--new",
+        ])
+        .assert()
+        .success();
+    assert!(store
+        .run_dir("run_demo_001")
+        .join("children")
+        .join("run_child")
+        .is_dir());
+    let doc = store.json(&["show", "run_child", "--parent", "run_demo_001"]);
+    assert_eq!(doc["scope"]["parentRunId"], "run_demo_001");
+    assert_eq!(doc["lease"]["holder"], "w");
+    store
+        .cmd(&["show", "run_child"])
+        .assert()
+        .code(1)
+        .stderr(predicate::str::contains("unknown run"));
+    store
+        .cmd(&["show", "run_child", "--parent", "../x"])
+        .assert()
+        .code(64);
+}
