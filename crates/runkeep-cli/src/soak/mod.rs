@@ -45,10 +45,10 @@ use worker::{WorkerConfig, SEED_CHECKPOINT, WORK_REQUEST};
 #[derive(Args, Debug, Clone)]
 pub struct SoakArgs {
     /// Runs to seed.
-    #[arg(long, default_value_t = 40)]
+    #[arg(long, default_value_t = 64)]
     pub runs: u64,
     /// Steps per run.
-    #[arg(long, default_value_t = 25)]
+    #[arg(long, default_value_t = 40)]
     pub steps: u64,
     /// Worker processes.
     #[arg(long, default_value_t = 4)]
@@ -57,7 +57,7 @@ pub struct SoakArgs {
     #[arg(long, default_value_t = 2)]
     pub concurrency: usize,
     /// Simulated work per step.
-    #[arg(long, default_value = "40ms", value_parser = parse_duration)]
+    #[arg(long, default_value = "80ms", value_parser = parse_duration)]
     pub step_time: Duration,
     /// Lease TTL of the workers.
     #[arg(long, default_value = "1500ms", value_parser = parse_ttl)]
