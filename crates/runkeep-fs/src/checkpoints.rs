@@ -330,10 +330,13 @@ pub(crate) fn before(run_dir: &Path) -> Before {
 }
 
 /// Updates the digest after this writer put `header` under `name` (inode
-/// `ino`). Incremental when the digest was fresh and the directory changed
-/// exactly by this write; otherwise rebuilt from the files. Best effort: the
-/// digest is an index, a failure here leaves it stale (and therefore unused),
-/// never wrong.
+/// `ino`), when that can be done incrementally: the digest was fresh and the
+/// directory changed exactly by this write. Returns false when the digest
+/// must be rebuilt from the files instead ([`rebuild`], which the caller runs
+/// after releasing the run lock, so a long rebuild never holds it). Best
+/// effort: the digest is an index; a failure leaves it stale (and therefore
+/// unused), never wrong.
+#[must_use]
 pub(crate) fn after_put(
     run_dir: &Path,
     before: Before,
@@ -341,11 +344,10 @@ pub(crate) fn after_put(
     ino: u64,
     header: CheckpointHeader,
     durability: Durability,
-    ctx: &Ctx,
-) {
+) -> bool {
     let dir = run_dir.join(CHECKPOINTS_DIR);
-    let Ok(Some((now, list))) = stamp(&dir) else {
-        return;
+    let Ok(Some((now, _))) = stamp(&dir) else {
+        return false;
     };
     let old = before.entries.iter().find(|e| e.name == name);
     let incremental = match (&before.stamp, before.digest) {
@@ -359,20 +361,18 @@ pub(crate) fn after_put(
         }
         _ => None,
     };
-    let digest = match incremental {
-        Some(d) => d,
-        None => match read_entries(&dir, &list, ctx) {
-            Ok(Some(cps)) => {
-                let headers: Vec<CheckpointHeader> = cps.iter().map(Checkpoint::header).collect();
-                RunDigest::from_headers(&headers)
-            }
-            _ => return,
-        },
-    };
-    store(run_dir, now, digest, durability);
+    match incremental {
+        Some(d) => {
+            store(run_dir, now, d, durability);
+            true
+        }
+        None => false,
+    }
 }
 
-/// Rebuilds the digest from the files after a delete or prune (best effort).
+/// Rebuilds the digest from the files (best effort; needs no lock: the stamp
+/// is taken before the files are read, so a concurrent change leaves the
+/// result stale, never wrong).
 pub(crate) fn rebuild(run_dir: &Path, durability: Durability, ctx: &Ctx) {
     let dir = run_dir.join(CHECKPOINTS_DIR);
     let Ok(Some((now, list))) = stamp(&dir) else {

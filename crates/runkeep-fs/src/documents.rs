@@ -75,7 +75,7 @@ pub(crate) fn read_messages(run_dir: &Path, ctx: &Ctx) -> Result<MessageSnapshot
             let through = m
                 .get("throughEventSeq")
                 .and_then(Value::as_u64)
-                .filter(|n| *n <= (1u64 << 53) - 1);
+                .filter(|n| *n < (1u64 << 53));
             let tagged = m.get("format").and_then(Value::as_str) == Some(MESSAGES_FORMAT);
             match (tagged, through, m.remove("messages")) {
                 (true, Some(through_event_seq), Some(Value::Array(messages))) => {

@@ -28,7 +28,7 @@
 //! - **Durability is explicit** ([`Durability`]).
 //!
 //! ```no_run
-//! use runkeep::{ClaimOptions, Holder, RunStore, Ttl};
+//! use runkeep::{CheckpointStore, ClaimOptions, Holder, Ttl};
 //! use runkeep_fs::{Attribution, FsOptions, FsStore};
 //!
 //! # async fn demo(run: runkeep::RunScope, cp: runkeep::Checkpoint) -> runkeep::Result<()> {
@@ -434,8 +434,9 @@ impl Inner {
         act(&ctx, &run_dir, top.as_ref()).map_err(|e| self.note(e))
     }
 
-    /// Writes a checkpoint file (under the lock) and keeps the digest.
-    fn put_checkpoint(&self, ctx: &Ctx, run_dir: &Path, cp: &Checkpoint) -> Result<()> {
+    /// Writes a checkpoint file (under the lock) and keeps the digest;
+    /// answers whether the digest needs a rebuild (after the lock).
+    fn put_checkpoint(&self, ctx: &Ctx, run_dir: &Path, cp: &Checkpoint) -> Result<bool> {
         let cps_dir = run_dir.join(checkpoints::CHECKPOINTS_DIR);
         sys::ensure_dir(&cps_dir, self.durability)
             .map_err(|e| ctx.io("create the checkpoints directory", &cps_dir, e))?;
@@ -447,16 +448,14 @@ impl Inner {
         let ino = temp.ino();
         temp.publish(&name)
             .map_err(|e| ctx.io("publish the checkpoint", &path, e))?;
-        checkpoints::after_put(
+        Ok(!checkpoints::after_put(
             run_dir,
             before,
             &name,
             ino,
             cp.header(),
             self.durability,
-            ctx,
-        );
-        Ok(())
+        ))
     }
 
     fn write_checkpoint(
@@ -513,18 +512,18 @@ impl Inner {
             let ino = temp.ino();
             temp.publish(&name)
                 .map_err(|e| ctx.io("publish the checkpoint", &path, e))?;
-            checkpoints::after_put(
+            Ok(!checkpoints::after_put(
                 &run_dir,
                 before,
                 &name,
                 ino,
                 stored.header(),
                 self.durability,
-                &ctx,
-            );
-            Ok(())
+            ))
         })();
-        result.map_err(|e| self.note(e))?;
+        if result.map_err(|e| self.note(e))? {
+            checkpoints::rebuild(&run_dir, self.durability, &ctx);
+        }
         Ok(stored)
     }
 
@@ -554,7 +553,7 @@ impl Inner {
             }
             return Ok(false);
         }
-        self.locked_write(scope, "delete_checkpoint", fence, |ctx, run_dir, _| {
+        let deleted = self.locked_write(scope, "delete_checkpoint", fence, |ctx, run_dir, _| {
             let dir = run_dir.join(checkpoints::CHECKPOINTS_DIR);
             let path = dir.join(checkpoints::file_name(id));
             match std::fs::remove_file(&path) {
@@ -562,13 +561,17 @@ impl Inner {
                     if self.durability == Durability::PowerLoss {
                         sys::sync_dir(&dir).map_err(|e| ctx.io("sync", &dir, e))?;
                     }
-                    checkpoints::rebuild(run_dir, self.durability, ctx);
                     Ok(true)
                 }
                 Err(e) if sys::is_not_found(&e) => Ok(false),
                 Err(e) => Err(ctx.io("delete the checkpoint", &path, e)),
             }
-        })
+        })?;
+        if deleted {
+            let ctx = Ctx::new(scope, "delete_checkpoint");
+            checkpoints::rebuild(&run_dir, self.durability, &ctx);
+        }
+        Ok(deleted)
     }
 
     fn resolve_park(
@@ -586,14 +589,20 @@ impl Inner {
         if !self.run_dir(scope).is_dir() {
             return Err(not_found());
         }
-        self.locked_write(scope, "resolve_park", fence, |ctx, run_dir, top| {
-            let current = checkpoints::read_one(run_dir, id, ctx)?.ok_or_else(not_found)?;
-            let mut updated = current.clone();
-            runkeep::park::resolve(&mut updated, resolution, now)?;
-            updated.fence = stamp_fence(fence, top).or(current.fence);
-            self.put_checkpoint(ctx, run_dir, &updated)?;
-            Ok(updated)
-        })
+        let (updated, rebuild) =
+            self.locked_write(scope, "resolve_park", fence, |ctx, run_dir, top| {
+                let current = checkpoints::read_one(run_dir, id, ctx)?.ok_or_else(not_found)?;
+                let mut updated = current.clone();
+                runkeep::park::resolve(&mut updated, resolution, now)?;
+                updated.fence = stamp_fence(fence, top).or(current.fence);
+                let rebuild = self.put_checkpoint(ctx, run_dir, &updated)?;
+                Ok((updated, rebuild))
+            })?;
+        if rebuild {
+            let ctx = Ctx::new(scope, "resolve_park");
+            checkpoints::rebuild(&self.run_dir(scope), self.durability, &ctx);
+        }
+        Ok(updated)
     }
 
     fn prune_checkpoints(
@@ -606,8 +615,30 @@ impl Inner {
         if !self.run_dir(scope).is_dir() {
             return Ok(Vec::new());
         }
-        self.locked_write(scope, "prune_checkpoints", fence, |ctx, run_dir, _| {
-            let cps = checkpoints::read_all(run_dir, ctx)?;
+        // Read everything before taking the lock (checkpoints can be large);
+        // under the lock, use that read only if the directory has not
+        // changed since (else a park written meanwhile could be deleted).
+        let run_dir = self.run_dir(scope);
+        let ctx0 = Ctx::new(scope, "prune_checkpoints");
+        if let Some(f) = fence {
+            let top = claims::read_top(&run_dir, &ctx0)?;
+            self.check_fence(&ctx0, &run_dir, f, top.as_ref(), scope)?;
+        }
+        let stamp0 = checkpoints::stamp(&run_dir.join(checkpoints::CHECKPOINTS_DIR))
+            .ok()
+            .flatten()
+            .map(|(s, _)| s);
+        let early = checkpoints::read_all(&run_dir, &ctx0)?;
+        let victims = self.locked_write(scope, "prune_checkpoints", fence, |ctx, run_dir, _| {
+            let stamp1 = checkpoints::stamp(&run_dir.join(checkpoints::CHECKPOINTS_DIR))
+                .ok()
+                .flatten()
+                .map(|(s, _)| s);
+            let cps = if stamp0.is_some() && stamp0 == stamp1 {
+                early
+            } else {
+                checkpoints::read_all(run_dir, ctx)?
+            };
             let victims = runkeep::park::prune_victims(&cps, keep_last);
             let dir = run_dir.join(checkpoints::CHECKPOINTS_DIR);
             for v in &victims {
@@ -618,14 +649,16 @@ impl Inner {
                     Err(e) => return Err(ctx.io("delete the checkpoint", &path, e)),
                 }
             }
-            if !victims.is_empty() {
-                if self.durability == Durability::PowerLoss {
-                    sys::sync_dir(&dir).map_err(|e| ctx.io("sync", &dir, e))?;
-                }
-                checkpoints::rebuild(run_dir, self.durability, ctx);
+            if !victims.is_empty() && self.durability == Durability::PowerLoss {
+                sys::sync_dir(&dir).map_err(|e| ctx.io("sync", &dir, e))?;
             }
             Ok(victims)
-        })
+        })?;
+        if !victims.is_empty() {
+            let ctx = Ctx::new(scope, "prune_checkpoints");
+            checkpoints::rebuild(&self.run_dir(scope), self.durability, &ctx);
+        }
+        Ok(victims)
     }
 
     fn lease(&self, scope: &RunScope, now: Timestamp) -> Result<Option<LeaseSummary>> {

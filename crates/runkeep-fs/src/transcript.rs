@@ -70,7 +70,7 @@ fn parse_line(bytes: &[u8], position: u64) -> Parsed {
                 return Parsed::Damaged("is not an event object".into());
             }
             if let Some(v) = m.get("seq") {
-                if !v.as_u64().is_some_and(|s| s > 0) {
+                if v.as_u64().is_none_or(|s| s == 0) {
                     return Parsed::BadSeq(v.clone());
                 }
             }
@@ -282,16 +282,20 @@ pub(crate) fn read_events(
     options: &ReadEventsOptions,
     ctx: &Ctx,
 ) -> Result<EventBatch> {
-    let _lock = RunLock::for_read(run_dir, ctx);
     let path = run_dir.join(TRANSCRIPT);
     let file = match File::open(&path) {
         Ok(f) => f,
         Err(e) if sys::is_not_found(&e) => return Ok(EventBatch::default()),
         Err(e) => return Err(ctx.io("open the transcript", &path, e)),
     };
-    let meta = file
-        .metadata()
-        .map_err(|e| ctx.io("read the transcript", &path, e))?;
+    // The committed length: taken while no appender is mid-write (appenders
+    // hold the run lock exclusive). The log only grows, so the prefix up to
+    // it is stable and is read without holding the lock.
+    let meta = {
+        let _lock = RunLock::for_read(run_dir, ctx);
+        file.metadata()
+            .map_err(|e| ctx.io("read the transcript", &path, e))?
+    };
     let len = meta.len();
     if options.integrity == Integrity::Tolerant && options.since_seq > 0 {
         if let Some((r, hdr_max)) = index_start(run_dir, &meta, options.since_seq) {
@@ -312,8 +316,8 @@ pub(crate) fn read_events(
             }
         }
     }
-    let mut buf = Vec::with_capacity(len as usize);
-    io::Read::read_to_end(&mut (&file), &mut buf)
+    let mut buf = vec![0u8; len as usize];
+    file.read_exact_at(&mut buf, 0)
         .map_err(|e| ctx.io("read the transcript", &path, e))?;
     let strict = options.integrity == Integrity::Strict;
     if strict && !buf.is_empty() && buf.last() != Some(&b'\n') {
@@ -414,9 +418,8 @@ struct Tail {
 /// Brings the index up to the file's current end (scanning only what it does
 /// not cover) and answers the log's highest seq and last position.
 fn catch_up(file: &File, len: u64, index: Option<&mut IndexWriter>) -> io::Result<Tail> {
-    let mut index = index;
     let mut resume: Option<(Rec, u64, bool, Vec<u8>)> = None;
-    if let Some(ix) = index.as_deref_mut() {
+    if let Some(ix) = index {
         if let Some(r) = ix.last() {
             if r.off < len {
                 let from = r.off.saturating_sub(1);
@@ -684,12 +687,21 @@ pub(crate) fn append_audit(
 
 /// Reads the audit trail after `since_seq`; unparseable lines are skipped.
 pub(crate) fn read_audit(run_dir: &Path, since_seq: u64, ctx: &Ctx) -> Result<Vec<AuditRecord>> {
-    let _lock = RunLock::for_read(run_dir, ctx);
     let path = run_dir.join(AUDIT);
-    let Some(buf) = sys::read_opt(&path).map_err(|e| ctx.io("read the audit trail", &path, e))?
-    else {
-        return Ok(Vec::new());
+    let file = match File::open(&path) {
+        Ok(f) => f,
+        Err(e) if sys::is_not_found(&e) => return Ok(Vec::new()),
+        Err(e) => return Err(ctx.io("open the audit trail", &path, e)),
     };
+    let len = {
+        let _lock = RunLock::for_read(run_dir, ctx);
+        file.metadata()
+            .map_err(|e| ctx.io("read the audit trail", &path, e))?
+            .len()
+    };
+    let mut buf = vec![0u8; len as usize];
+    file.read_exact_at(&mut buf, 0)
+        .map_err(|e| ctx.io("read the audit trail", &path, e))?;
     Ok(buf
         .split(|b| *b == b'\n')
         .filter(|l| !l.is_empty())

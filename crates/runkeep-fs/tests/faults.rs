@@ -10,8 +10,8 @@ use std::time::Duration;
 
 use common::*;
 use runkeep::{
-    CheckpointId, CheckpointStore, ClaimOutcome, Error, EvidenceStore, Integrity, ListingScope,
-    MessageSnapshot, NewEvent, ReadEventsOptions, RunStoreExt,
+    CheckpointId, CheckpointStore, Error, EvidenceStore, Integrity, ListingScope, MessageSnapshot,
+    NewEvent, ReadEventsOptions, RunStoreExt,
 };
 use runkeep_fs::testing::{inject, FaultPoint};
 use runkeep_fs::{Durability, FsOptions, FsStore};

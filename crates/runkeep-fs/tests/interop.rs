@@ -174,7 +174,7 @@ fn every_listing_page_matches_the_reference() {
                     .iter()
                     .map(|r| serde_json::to_value(r).unwrap())
                     .collect();
-                if &Value::Array(got.clone()) != &want["entries"] {
+                if Value::Array(got.clone()) != want["entries"] {
                     mismatches.push(format!(
                         "{} page {i}: got {}\nwant {}",
                         q["id"],
@@ -182,7 +182,7 @@ fn every_listing_page_matches_the_reference() {
                         want["entries"]
                     ));
                 }
-                if page.cursor.is_some() != !want["cursorOut"].is_null() {
+                if page.cursor.is_some() == want["cursorOut"].is_null() {
                     mismatches.push(format!("{} page {i}: cursor presence differs", q["id"]));
                 }
                 opts.cursor = page.cursor;

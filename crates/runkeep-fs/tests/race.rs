@@ -210,7 +210,10 @@ fn batch_worker() {
     report("done");
 }
 
-fn batch_race(seed_expired_at: Option<u64>) -> (BTreeMap<String, Vec<(u64, String, String)>>, u64) {
+/// Per run: every `(fence, winner, body holder)` reported.
+type Wins = BTreeMap<String, Vec<(u64, String, String)>>;
+
+fn batch_race(seed_expired_at: Option<u64>) -> (Wins, u64) {
     let dir = tempdir();
     let base = dir.path().join("runs");
     open(&base);
@@ -242,7 +245,7 @@ fn batch_race(seed_expired_at: Option<u64>) -> (BTreeMap<String, Vec<(u64, Strin
             )
         })
         .collect();
-    let mut won: BTreeMap<String, Vec<(u64, String, String)>> = BTreeMap::new();
+    let mut won: Wins = BTreeMap::new();
     let mut errors = 0;
     for (i, w) in workers.into_iter().enumerate() {
         for r in w.finish(Duration::from_secs(60)) {
@@ -261,7 +264,7 @@ fn batch_race(seed_expired_at: Option<u64>) -> (BTreeMap<String, Vec<(u64, Strin
     (won, errors)
 }
 
-fn assert_batch(won: &BTreeMap<String, Vec<(u64, String, String)>>, errors: u64, fence: u64) {
+fn assert_batch(won: &Wins, errors: u64, fence: u64) {
     assert_eq!(errors, 0);
     assert_eq!(won.len(), 300, "runs nobody won: {}", 300 - won.len());
     let mut per_process: BTreeMap<&str, usize> = BTreeMap::new();
