@@ -429,10 +429,17 @@ fn publish_open_exclusive(
 /// swallowed: housekeeping must not fail a claim.
 fn prune(claims_dir: &Path, top: Fence, scan: &Scan) {
     let floor = top.get().saturating_sub(KEEP_BELOW_TOP);
-    for (fence, name) in &scan.holdings {
-        if fence.get() < floor {
-            let _ = fs::remove_file(claims_dir.join(name));
-        }
+    // Ascending, so that even a crash mid-prune removes only a prefix: a
+    // holding that still exists has every later-issued holding after it,
+    // which is what lets a release find the top without listing (below).
+    let mut doomed: Vec<&(Fence, String)> = scan
+        .holdings
+        .iter()
+        .filter(|(f, _)| f.get() < floor)
+        .collect();
+    doomed.sort_by_key(|(f, _)| *f);
+    for (_, name) in doomed {
+        let _ = fs::remove_file(claims_dir.join(name));
     }
     if scan.scratch.is_empty() {
         return;
@@ -524,23 +531,42 @@ pub(crate) fn claim(
     })
 }
 
+/// The holding at exactly `fence`, read by name (no directory listing).
+fn holding_at(claims_dir: &Path, fence: Fence, ctx: &Ctx) -> Result<Option<TopHolding>> {
+    let path = claims_dir.join(format!("{fence}.json"));
+    match fs::symlink_metadata(&path) {
+        Ok(m) if m.is_file() => {}
+        Ok(_) => return Ok(None),
+        Err(e) if sys::is_not_found(&e) => return Ok(None),
+        Err(e) => return Err(ctx.io("read the holding", &path, e)),
+    }
+    match sys::read_opt(&path) {
+        Ok(Some(bytes)) => Ok(Some(parse_body(fence, &bytes))),
+        Ok(None) => Ok(None),
+        Err(e) => Err(ctx.io("read the holding", &path, e)),
+    }
+}
+
 /// Releases the run if `fence` is its top holding: publishes the tombstone
 /// at `fence + 1`. A stale or unknown fence is a no-op (`false`).
+///
+/// No directory listing is needed: the releaser names its fence. If
+/// `<fence>.json` is a live-or-lapsed lease, it is the top unless
+/// `<fence+1>.json` exists (holdings are only ever created at the top and
+/// pruned in ascending order), and the tombstone's own hard link at
+/// `fence + 1` answers exactly that: it fails with "exists" when anyone
+/// moved on. Same answers as `decide_release` over the top holding.
 pub(crate) fn release(inner: &Inner, scope: &RunScope, fence: Fence) -> Result<bool> {
     let ctx = Ctx::new(scope, "release");
     let run_dir = inner.run_dir(scope);
     let claims_dir = run_dir.join(CLAIMS_DIR);
-    // Fast refusal without touching anything: no such holding, nothing to do.
-    let top = read_top(&run_dir, &ctx)?;
-    if decide_release(&scope.run_id, top.as_ref(), fence)?.is_none() {
-        return Ok(false);
-    }
-    inner.check_poison()?;
-    let _lock = RunLock::acquire(&run_dir, Mode::Shared, inner.durability, &ctx)?;
-    let top = read_top(&run_dir, &ctx)?;
-    let Some(tomb) = decide_release(&scope.run_id, top.as_ref(), fence)? else {
+    // Read-only refusal first: no such lease, nothing to do, nothing touched.
+    let mine = holding_at(&claims_dir, fence, &ctx)?;
+    let Some(tomb) = decide_release(&scope.run_id, mine.as_ref(), fence)? else {
         return Ok(false);
     };
+    inner.check_poison()?;
+    let _lock = RunLock::acquire(&run_dir, Mode::Shared, inner.durability, &ctx)?;
     match publish(inner, &claims_dir, tomb, &body("", 0), &ctx) {
         Ok(()) => Ok(true),
         // Someone already took the next number: nothing left to release.

@@ -58,18 +58,26 @@ impl RunLock {
         ctx: &Ctx,
     ) -> runkeep::Result<Self> {
         let meta = run_dir.join(META_DIR);
-        sys::ensure_dir(&meta, durability)
-            .map_err(|e| ctx.io("create the run's lock directory", &meta, e))?;
         let path = meta.join(LOCK_FILE);
-        let file = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(false)
-            .mode(0o644)
-            .custom_flags(rustix::fs::OFlags::CLOEXEC.bits() as i32)
-            .open(&path)
-            .map_err(|e| ctx.io("open the run lock", &path, e))?;
+        let open = || {
+            OpenOptions::new()
+                .read(true)
+                .write(true)
+                .create(true)
+                .truncate(false)
+                .mode(0o644)
+                .custom_flags(rustix::fs::OFlags::CLOEXEC.bits() as i32)
+                .open(&path)
+        };
+        let file = match open() {
+            Ok(f) => f,
+            Err(e) if sys::is_not_found(&e) => {
+                sys::ensure_dir(&meta, durability)
+                    .map_err(|e| ctx.io("create the run's lock directory", &meta, e))?;
+                open().map_err(|e| ctx.io("open the run lock", &path, e))?
+            }
+            Err(e) => return Err(ctx.io("open the run lock", &path, e)),
+        };
         Ok(wait(file, mode, &path, ctx))
     }
 
