@@ -466,7 +466,9 @@ async fn renewals_that_keep_failing_stop_the_work_before_the_lease_lapses() {
     let token = keeper.cancellation_token();
     faulty.fail_claims.store(true, Ordering::SeqCst);
 
-    token.cancelled().await;
+    tokio::time::timeout(ms(5 * TTL_MS), token.cancelled())
+        .await
+        .expect("the keeper gives up on a lease it cannot renew");
     let stopped_after = claimed_at.elapsed();
     assert!(
         stopped_after < ms(TTL_MS),
@@ -668,6 +670,32 @@ fn worker_options(
     o
 }
 
+/// Stops a drain whose step is called more than `limit` times, so a livelock
+/// fails the test's assertions instead of hanging it (a hot loop never lets
+/// the paused clock reach a timeout).
+#[derive(Clone)]
+struct Watchdog {
+    steps: Arc<AtomicU64>,
+    limit: u64,
+    shutdown: CancellationToken,
+}
+
+impl Watchdog {
+    fn new(limit: u64) -> Self {
+        Self {
+            steps: Arc::default(),
+            limit,
+            shutdown: CancellationToken::new(),
+        }
+    }
+
+    fn tick(&self) {
+        if self.steps.fetch_add(1, Ordering::SeqCst) + 1 > self.limit {
+            self.shutdown.cancel();
+        }
+    }
+}
+
 async fn seed(store: &dyn RunStore, ids: &[&str], at: Timestamp) {
     for id in ids {
         store
@@ -694,11 +722,13 @@ async fn drain_steps_every_run_once_with_concurrency_n_and_stops_on_an_empty_que
     )
     .unwrap();
     let (c, n, p) = (calls.clone(), now.clone(), peak.clone());
+    let dog = Watchdog::new(20);
     let report = tokio::time::timeout(
         ms(60_000),
-        worker.drain(CancellationToken::new(), move |h, resume| {
-            let (c, n, p) = (c.clone(), n.clone(), p.clone());
+        worker.drain(dog.shutdown.clone(), move |h, resume| {
+            let (c, n, p, dog) = (c.clone(), n.clone(), p.clone(), dog.clone());
             async move {
+                dog.tick();
                 *c.lock()
                     .unwrap()
                     .entry(h.scope().run_id.to_string())
@@ -773,11 +803,13 @@ async fn drain_until_idle_comes_back_to_yielded_runs_until_they_finish() {
     .unwrap();
     let steps = Arc::new(AtomicU64::new(0));
     let s = steps.clone();
+    let dog = Watchdog::new(30);
     let report = tokio::time::timeout(
         ms(60_000),
-        worker.drain(CancellationToken::new(), move |h, resume| {
-            let s = s.clone();
+        worker.drain(dog.shutdown.clone(), move |h, resume| {
+            let (s, dog) = (s.clone(), dog.clone());
             async move {
+                dog.tick();
                 s.fetch_add(1, Ordering::SeqCst);
                 let n = resume
                     .and_then(|c| c.state.get("n").and_then(Value::as_u64))
@@ -805,6 +837,7 @@ async fn drain_until_idle_comes_back_to_yielded_runs_until_they_finish() {
         "three steps for each of three runs: {report:?}"
     );
     assert_eq!((report.yielded, report.completed), (6, 3));
+    assert_eq!(report.stopped, DrainStop::Idle);
     for id in ids {
         let latest = store.latest_checkpoint(&run(id)).await.unwrap().unwrap();
         assert_eq!(latest.state["n"], json!(3), "{id}");
@@ -916,11 +949,13 @@ async fn a_drained_run_that_loses_its_lease_is_stopped_and_reported_fenced_out()
     let writes_after = Arc::new(AtomicU64::new(0));
     let w = writes_after.clone();
     let (st, c2) = (store.clone(), clock.clone());
+    let dog = Watchdog::new(10);
     let report = tokio::time::timeout(
         ms(60_000),
-        worker.drain(CancellationToken::new(), move |h, _| {
-            let (w, st, c2) = (w.clone(), st.clone(), c2.clone());
+        worker.drain(dog.shutdown.clone(), move |h, _| {
+            let (w, st, c2, dog) = (w.clone(), st.clone(), c2.clone(), dog.clone());
             async move {
+                dog.tick();
                 h.append_event(event("first", 0)).await?;
                 // A zombie's view: someone takes the run over behind our back.
                 let later = c2.now().offset(2 * TTL_MS as i64);
@@ -975,11 +1010,16 @@ async fn a_failing_step_is_reported_and_its_run_released() {
         worker_options(&clock, "w-a", 2, DrainMode::UntilIdle),
     )
     .unwrap();
-    let drain = worker.drain(CancellationToken::new(), |h, _| async move {
-        if h.scope().run_id.as_str() == "run_panic" {
-            panic!("step bug");
+    let dog = Watchdog::new(10);
+    let d = dog.clone();
+    let drain = worker.drain(dog.shutdown.clone(), move |h, _| {
+        d.tick();
+        async move {
+            if h.scope().run_id.as_str() == "run_panic" {
+                panic!("step bug");
+            }
+            Err::<StepOutcome, _>("tool said no".to_string())
         }
-        Err::<StepOutcome, _>("tool said no".to_string())
     });
     let report = tokio::time::timeout(ms(60_000), drain)
         .await
