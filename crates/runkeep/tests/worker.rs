@@ -614,6 +614,63 @@ async fn release_leaves_a_tombstone_and_refuses_later_writes() {
     );
 }
 
+#[tokio::test(start_paused = true)]
+async fn a_keeper_started_from_a_lease_taken_elsewhere_judges_it_by_its_expiry() {
+    let clock = clock();
+    let store: Arc<dyn RunStore> = Arc::new(MemoryStore::new());
+    let scope = run("run_adopted");
+    let lease = claim_at(&*store, &scope, "w-a", clock.now())
+        .await
+        .lease()
+        .unwrap();
+    // Half the TTL passes before the keeper takes over: its renewal (due at
+    // a third) is overdue and runs at once.
+    sleep(ms(TTL_MS / 2)).await;
+    let keeper = LeaseKeeper::start(
+        store.clone(),
+        scope.clone(),
+        lease,
+        ttl(),
+        keeper_options(&clock),
+    )
+    .unwrap();
+    let handle = keeper.handle();
+    sleep(ms(1)).await;
+    assert_eq!((handle.renewals(), handle.fence()), (1, f(2)));
+    handle.append_event(event("x", 0)).await.unwrap();
+    assert!(keeper.release().await.unwrap());
+
+    // A lease that already lapsed by the clock is not kept: writes are
+    // refused at once, whatever the store would say.
+    let stale = claim_at(
+        &*store,
+        &scope,
+        "w-a",
+        clock.now().offset(-(2 * TTL_MS as i64)),
+    )
+    .await
+    .lease()
+    .unwrap();
+    let keeper = LeaseKeeper::start(
+        store.clone(),
+        scope.clone(),
+        stale,
+        ttl(),
+        keeper_options(&clock),
+    )
+    .unwrap();
+    let refused = keeper
+        .handle()
+        .append_event(event("y", 1))
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(refused, WorkerError::LeaseLost { .. }),
+        "{refused}"
+    );
+    assert_eq!(events(&*store, &scope).await.len(), 1);
+}
+
 #[test]
 fn keeper_and_worker_options_refuse_nonsense() {
     let bad = |k: KeeperOptions| k.validate().is_err();

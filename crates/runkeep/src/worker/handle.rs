@@ -87,8 +87,14 @@ pub(crate) struct Shared {
 impl Shared {
     /// Records the loss (the first reason wins) and cancels the tokens.
     pub(crate) fn lose(&self, loss: LeaseLoss) {
+        let released = loss == LeaseLoss::Released;
         if self.loss.set(loss).is_ok() {
-            tracing::warn!(run = %self.scope, loss = %self.loss.get().map(ToString::to_string).unwrap_or_default(), "lease lost; stopping the run's writes");
+            let loss = self.loss.get().map(ToString::to_string).unwrap_or_default();
+            if released {
+                tracing::debug!(run = %self.scope, "run released; its handles write no more");
+            } else {
+                tracing::warn!(run = %self.scope, %loss, "lease lost; the run's writes are refused from now on");
+            }
         }
         self.lost.cancel();
         self.stopping.cancel();
@@ -136,7 +142,11 @@ impl Shared {
 /// new fence from then on (WK-33). A write racing a renewal waits for it (the
 /// renewal excludes writes while it runs), so it presents either the old
 /// fence before the renewal or the new one after it — both valid at the time
-/// — and never one the worker's own renewal superseded.
+/// — and never one the worker's own renewal superseded. The exclusion costs
+/// little: a renewal is one `claim` call, and while it retries through an
+/// outage writes wait (they could not be trusted to land anyway). A write
+/// that is still in flight when the safety margin arrives makes the keeper
+/// give the lease up, so keep single writes short.
 ///
 /// Before every write the handle checks that the lease is still held: not
 /// marked lost by the keeper, not refused as fenced out earlier, and not past
