@@ -110,6 +110,11 @@ struct Faulty {
     /// Claims answer `Unavailable` (retryable).
     fail_claims: AtomicBool,
     claim_calls: AtomicU64,
+    /// Each claim waits this long (virtual time) before reaching the store.
+    claim_delay_ms: AtomicU64,
+    /// The next claim is frozen this long mid-call (the whole process, as
+    /// under SIGSTOP: tokio time jumps while the call is in progress).
+    freeze_next_claim_ms: AtomicU64,
     /// Each append waits this long (virtual time) before reaching the store.
     append_delay_ms: AtomicU64,
     /// Event reads report a damaged record.
@@ -167,6 +172,14 @@ impl CheckpointStore for Faulty {
     }
     async fn claim(&self, s: &RunScope, o: &ClaimOptions) -> runkeep::Result<ClaimOutcome> {
         self.claim_calls.fetch_add(1, Ordering::SeqCst);
+        let delay = self.claim_delay_ms.load(Ordering::SeqCst);
+        if delay > 0 {
+            sleep(ms(delay)).await;
+        }
+        let freeze = self.freeze_next_claim_ms.swap(0, Ordering::SeqCst);
+        if freeze > 0 {
+            tokio::time::advance(ms(freeze)).await;
+        }
         if self.fail_claims.load(Ordering::SeqCst) {
             return Err(Error::unavailable(
                 "claim",
@@ -577,6 +590,83 @@ async fn a_write_in_flight_during_a_renewal_keeps_its_fence_and_the_next_write_t
     let next = handle.append_event(event("next", 1)).await.unwrap();
     assert_eq!(next.generation, Some(f(2)));
     assert!(!handle.is_lost());
+    assert!(keeper.release().await.unwrap());
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_write_that_arrives_during_a_renewal_waits_for_it_and_presents_the_new_fence() {
+    let clock = clock();
+    let faulty = Arc::new(Faulty::default());
+    let store: Arc<dyn RunStore> = faulty.clone();
+    let scope = run("run_wait");
+    let keeper = LeaseKeeper::claim(
+        store.clone(),
+        scope.clone(),
+        holder("w-a"),
+        ttl(),
+        keeper_options(&clock),
+    )
+    .await
+    .unwrap()
+    .unwrap();
+    let handle = keeper.handle();
+    // The renewal starts at TTL/3 and takes TTL/10 to land; this write
+    // arrives in between.
+    faulty.claim_delay_ms.store(TTL_MS / 10, Ordering::SeqCst);
+    sleep(ms(TTL_MS / 3 + TTL_MS / 50)).await;
+    assert_eq!(handle.renewals(), 0, "the renewal is still in flight");
+    let e = handle
+        .append_event(event("during", 0))
+        .await
+        .expect("not refused by our own renewal");
+    assert_eq!(
+        e.generation,
+        Some(f(2)),
+        "written after the renewal, under its fence"
+    );
+    assert_eq!(handle.renewals(), 1);
+    assert!(keeper.release().await.unwrap());
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_renewal_that_answers_after_the_deadline_does_not_count() {
+    let clock = clock();
+    let faulty = Arc::new(Faulty::default());
+    let store: Arc<dyn RunStore> = faulty.clone();
+    let scope = run("run_frozen");
+    let keeper = LeaseKeeper::claim(
+        store.clone(),
+        scope.clone(),
+        holder("w-a"),
+        ttl(),
+        keeper_options(&clock),
+    )
+    .await
+    .unwrap()
+    .unwrap();
+    let handle = keeper.handle();
+    // The process freezes in the middle of its first renewal (sent at a
+    // third of the TTL) until past the old lease's deadline, though not past
+    // the deadline the renewal itself would set. The store answers "renewed"
+    // as the process thaws, but the run could have changed hands (claimed
+    // and released) while the old lease had lapsed: the answer is not proof.
+    faulty
+        .freeze_next_claim_ms
+        .store(TTL_MS * 8 / 10, Ordering::SeqCst);
+    tokio::time::timeout(ms(5 * TTL_MS), handle.lost())
+        .await
+        .expect("the late renewal is not trusted");
+    assert!(
+        matches!(handle.loss(), Some(LeaseLoss::Expiring { .. })),
+        "{:?}",
+        handle.loss()
+    );
+    assert!(matches!(
+        handle.append_event(event("x", 0)).await.unwrap_err(),
+        WorkerError::LeaseLost { .. }
+    ));
+    assert!(events(&*store, &scope).await.is_empty());
+    // Release still frees the fence the late renewal minted.
     assert!(keeper.release().await.unwrap());
 }
 
