@@ -87,6 +87,24 @@ pub(crate) fn diagnose(inner: &Inner, now: Timestamp) -> Result<Diagnosis> {
     let attribution = inner.attribution().cloned().unwrap_or_else(unattributed);
     let wall = SystemTime::now();
     let mut d = Diagnosis::default();
+    // Hard-link probes left by a process that died inside FsStore::open.
+    if let Ok(rd) = fs::read_dir(inner.base()) {
+        for e in rd.flatten() {
+            let name = e.file_name();
+            if !name.to_string_lossy().starts_with(".runkeep-probe-") {
+                continue;
+            }
+            let old = e
+                .metadata()
+                .ok()
+                .and_then(|m| m.modified().ok())
+                .and_then(|m| wall.duration_since(m).ok())
+                .is_some_and(|age| age >= SCRATCH_TTL);
+            if old {
+                d.scratch_leftovers.push(e.path());
+            }
+        }
+    }
     for c in listing::enumerate(inner.base(), &ctx)? {
         d.runs_scanned += 1;
         let scope = c.scope(&attribution);

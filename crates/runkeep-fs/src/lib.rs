@@ -51,6 +51,8 @@
 //! # Ok(()) }
 //! ```
 
+#![warn(missing_docs)]
+
 use std::fmt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};

@@ -73,10 +73,36 @@ fn run_dirs(dir: &Path, ctx: &Ctx) -> Result<Vec<(RunId, PathBuf)>> {
 
 /// Every run directory at both levels (creates nothing).
 pub(crate) fn enumerate(base: &Path, ctx: &Ctx) -> Result<Vec<Candidate>> {
+    use rustix::fs::{openat, Mode, OFlags};
     let mut out = Vec::new();
+    // Sub-runs live inside their parents, so every run directory is probed
+    // for `children/`: relative to one open descriptor of the base
+    // directory, a missing one costs a single short lookup.
+    let base_fd = openat(
+        rustix::fs::CWD,
+        base,
+        OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC,
+        Mode::empty(),
+    )
+    .ok();
     for (run, dir) in run_dirs(base, ctx)? {
         let children = dir.join("children");
-        for (child, cdir) in run_dirs(&children, ctx).unwrap_or_default() {
+        let exists = match &base_fd {
+            Some(fd) => openat(
+                fd,
+                format!("{run}/children"),
+                OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC,
+                Mode::empty(),
+            )
+            .is_ok(),
+            None => true,
+        };
+        let kids = if exists {
+            run_dirs(&children, ctx).unwrap_or_default()
+        } else {
+            Vec::new()
+        };
+        for (child, cdir) in kids {
             out.push(Candidate {
                 run: child,
                 parent: Some(run.clone()),
