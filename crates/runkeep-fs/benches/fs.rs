@@ -145,7 +145,7 @@ fn claim_release(c: &mut Criterion) {
                     CWD,
                     p.as_str(),
                     CWD,
-                    &eq.join(format!("{n}.json")),
+                    eq.join(format!("{n}.json")),
                     AtFlags::SYMLINK_FOLLOW,
                 )
                 .unwrap();
