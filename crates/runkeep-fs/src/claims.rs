@@ -207,7 +207,7 @@ pub(crate) fn publish(
     ctx: &Ctx,
 ) -> std::result::Result<(), PublishError> {
     match testing_hooks::mutation() {
-        Mutation::None | Mutation::NoWriteFence => {}
+        Mutation::None | Mutation::NoWriteFence | Mutation::NoRunLock => {}
         Mutation::PerFenceScratch => {
             return publish_via_scratch(inner, claims_dir, fence, body, ctx, false)
         }

@@ -41,6 +41,9 @@ pub(crate) enum Mutation {
     OpenExclusiveThenWrite,
     /// Writes skip the fence check (a store that fences nothing).
     NoWriteFence,
+    /// The run lock is never taken (check-then-act and seq assignment
+    /// unprotected).
+    NoRunLock,
 }
 
 #[cfg(feature = "testing")]
@@ -60,6 +63,7 @@ pub(crate) fn mutation() -> Mutation {
         Ok("per-fence-scratch") => Mutation::PerFenceScratch,
         Ok("open-exclusive-then-write") => Mutation::OpenExclusiveThenWrite,
         Ok("no-write-fence") => Mutation::NoWriteFence,
+        Ok("no-run-lock") => Mutation::NoRunLock,
         _ => Mutation::None,
     }
 }

@@ -64,6 +64,46 @@ fn worker_process_entry() {
 /// record, no two events share a number, every event is whole.
 #[test]
 fn wk_09_concurrent_large_appends_and_strict_reads_never_tear_or_merge() {
+    let (reports, back) = concurrent_appends(&[]);
+    assert!(
+        reports.last().unwrap().ends_with("failures=0"),
+        "{reports:?}"
+    );
+    let back = back.expect("the final strict read failed");
+    assert_eq!(back.events.len(), 61);
+    for e in &back.events[1..] {
+        let tag = e.payload["tag"].as_str().unwrap();
+        let (me, i) = tag.split_once('-').unwrap();
+        let i: usize = i.parse().unwrap();
+        let blob = e.payload["blob"].as_str().unwrap();
+        assert_eq!(blob.len(), 200_000 + i * 1_000, "{tag} damaged");
+        assert!(blob.bytes().all(|b| b == me.as_bytes()[0]), "{tag} mixed");
+    }
+}
+
+/// Meta-test: the same scenario against a store whose run lock is never
+/// taken fails it (duplicate numbers, or reads that see a record in flight).
+#[test]
+fn the_concurrent_append_test_catches_a_store_without_the_run_lock() {
+    let (reports, back) =
+        concurrent_appends(&[("RUNKEEP_FS_TEST_MUTATION", "no-run-lock".to_string())]);
+    let reader_failed = !reports.last().unwrap().ends_with("failures=0");
+    eprintln!(
+        "without the run lock: reader {:?}; final strict read: {:?}",
+        reports.last(),
+        back.as_ref()
+            .map(|b| b.events.len())
+            .map_err(|e| e.to_string())
+    );
+    assert!(
+        reader_failed || back.is_err(),
+        "the broken store went unnoticed"
+    );
+}
+
+type Outcome = (Vec<String>, runkeep::Result<runkeep::EventBatch>);
+
+fn concurrent_appends(envs: &[(&str, String)]) -> Outcome {
     let dir = tempdir();
     let base = dir.path().join("runs");
     let store = open(&base);
@@ -75,20 +115,18 @@ fn wk_09_concurrent_large_appends_and_strict_reads_never_tear_or_merge() {
     ))
     .unwrap();
     let stop = dir.path().join("stop");
-    let reader = spawn(
-        "reader",
-        &[
-            ("BASE", base.display().to_string()),
-            ("STOP", stop.display().to_string()),
-        ],
-    );
+    let mut reader_env = vec![
+        ("BASE", base.display().to_string()),
+        ("STOP", stop.display().to_string()),
+    ];
+    reader_env.extend(envs.iter().cloned());
+    let reader = spawn("reader", &reader_env);
     let appenders: Vec<_> = ["a", "b", "c"]
         .iter()
         .map(|me| {
-            spawn(
-                "appender",
-                &[("BASE", base.display().to_string()), ("ME", me.to_string())],
-            )
+            let mut e = vec![("BASE", base.display().to_string()), ("ME", me.to_string())];
+            e.extend(envs.iter().cloned());
+            spawn("appender", &e)
         })
         .collect();
     for a in appenders {
@@ -96,36 +134,14 @@ fn wk_09_concurrent_large_appends_and_strict_reads_never_tear_or_merge() {
     }
     std::fs::write(&stop, "").unwrap();
     let reports = reader.finish(Duration::from_secs(60));
-    eprintln!("reader: {reports:?}");
-    assert!(
-        reports.last().unwrap().ends_with("failures=0"),
-        "{reports:?}"
-    );
-    let back = rt
-        .block_on(store.read_events(
-            &scope("run_log"),
-            &ReadEventsOptions {
-                integrity: Integrity::Strict,
-                ..Default::default()
-            },
-        ))
-        .unwrap();
-    assert_eq!(back.events.len(), 61);
-    for e in &back.events[1..] {
-        let tag = e.payload["tag"].as_str().unwrap();
-        let (me, i) = tag.split_once('-').unwrap();
-        let i: usize = i.parse().unwrap();
-        assert_eq!(
-            e.payload["blob"].as_str().unwrap().len(),
-            200_000 + i * 1_000,
-            "{tag} damaged"
-        );
-        assert!(e.payload["blob"]
-            .as_str()
-            .unwrap()
-            .bytes()
-            .all(|b| b == me.as_bytes()[0]));
-    }
+    let back = rt.block_on(store.read_events(
+        &scope("run_log"),
+        &ReadEventsOptions {
+            integrity: Integrity::Strict,
+            ..Default::default()
+        },
+    ));
+    (reports, back)
 }
 
 fn raw_append(path: &std::path::Path, bytes: &[u8]) {
