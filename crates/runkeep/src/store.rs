@@ -26,6 +26,14 @@ use crate::scope::{ListingScope, RunScope};
 use crate::time::Timestamp;
 
 /// What `claim_next` may take.
+///
+/// The store keeps no run status (a checkpoint is written mid-flight, so it
+/// cannot tell a finished run from a dead one), and a finished run stays
+/// listed. To make a queue that forgets finished work, express each work
+/// item as a park and filter on `Outstanding`: answering the park (compare-
+/// and-set, once) takes the run out of the queue. This is how `runkeep
+/// soak` drives its workers. Without a park filter, the worker runtime's
+/// drain steps each run at most once per pass instead.
 #[derive(Clone, Debug, Default)]
 pub struct ClaimNextFilter {
     /// Only runs whose park is in this set (`None`: any run).
