@@ -199,8 +199,9 @@ fn stamp_of(list: &[Entry], meta: &fs::Metadata) -> Stamp {
 }
 
 /// Reads every checkpoint of a run, in the total order. Never silently
-/// short: a damaged entry fails the call; a file that vanishes between the
-/// directory read and its own read re-runs the enumeration (bounded).
+/// short: a damaged entry fails the call. A file that vanishes between the
+/// directory read and its own read was deleted meanwhile and is left out
+/// (WK-8: a concurrent prune never fails a read).
 pub(crate) fn read_all(run_dir: &Path, ctx: &Ctx) -> Result<Vec<Checkpoint>> {
     let dir = run_dir.join(CHECKPOINTS_DIR);
     for _ in 0..VANISH_RETRIES {
@@ -230,7 +231,8 @@ fn vanishing(ctx: &Ctx, dir: &Path) -> Error {
     }
 }
 
-/// Reads the listed entries; `Ok(None)` when one vanished meanwhile.
+/// Reads the listed entries, leaving out those deleted meanwhile; `Ok(None)`
+/// is kept for callers that retry, and is not answered any more.
 fn read_entries(dir: &Path, list: &[Entry], ctx: &Ctx) -> Result<Option<Vec<Checkpoint>>> {
     let mut out = Vec::with_capacity(list.len());
     for e in list {
@@ -247,7 +249,12 @@ fn read_entries(dir: &Path, list: &[Entry], ctx: &Ctx) -> Result<Option<Vec<Chec
         }
         match sys::read_opt(&path) {
             Ok(Some(bytes)) => out.push(decode(&bytes, &path, ctx)?),
-            Ok(None) => return Ok(None),
+            // Listed, then gone: a concurrent delete or prune removed it
+            // (a replacement is a rename, which never leaves the name
+            // missing). It is not part of the run any more, so the answer is
+            // the run after that delete, not a short list. Re-reading the
+            // whole directory instead could starve under steady churn.
+            Ok(None) => continue,
             Err(e) if e.raw_os_error() == Some(sys::errno::ISDIR) => {
                 return Err(ctx.corrupted(&path, "not a usable checkpoint: not a regular file"))
             }

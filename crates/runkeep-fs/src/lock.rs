@@ -8,10 +8,19 @@
 //! still race each other on the hard link (the arbitration the race tests
 //! exercise) but cannot publish a new holding inside a writer's check→act.
 //!
-//! Every wait is bounded ([`LOCK_WAIT`]): a lock holder that is stopped
-//! (SIGSTOP, a frozen container) must not wedge the run. Past the bound the
-//! caller proceeds without the lock and says so in the log; that is the
-//! residual window documented in `docs/design.md`.
+//! Every wait is bounded ([`LOCK_WAIT`]). What happens past the bound
+//! depends on the side:
+//!
+//! - a **write** is refused with the retryable [`runkeep::Error::Unavailable`]
+//!   and nothing is written: two writers inside one run's critical section
+//!   could give one `seq` to two events, or let a stopped writer's late
+//!   rename replace a newer record. Safety wins over liveness: a stopped lock
+//!   holder delays the run's writes (never its claims) until it resumes or
+//!   dies, and the error names the lock file;
+//! - a **claim or release** proceeds without the lock (the hard link still
+//!   arbitrates), so a stopped process can never keep a run from being taken
+//!   over: that is the residual window documented in `docs/design.md`;
+//! - a **read** proceeds without it and reads what is committed.
 //!
 //! Readers never create the lock file. When it exists they take it shared
 //! (bounded) so a transcript read does not observe an append in flight.
@@ -31,7 +40,8 @@ use crate::Durability;
 pub(crate) const META_DIR: &str = ".runkeep";
 /// The lock file inside [`META_DIR`].
 pub(crate) const LOCK_FILE: &str = "lock";
-/// How long any caller waits for the run lock before proceeding without it.
+/// How long any caller waits for the run lock (then: writes are refused,
+/// claims and reads proceed without it).
 pub(crate) const LOCK_WAIT: Duration = Duration::from_secs(2);
 
 /// Which side of the lock.
@@ -78,7 +88,7 @@ impl RunLock {
             }
             Err(e) => return Err(ctx.io("open the run lock", &path, e)),
         };
-        Ok(wait(file, mode, &path, ctx))
+        wait(file, mode, &path, ctx)
     }
 
     /// Takes the lock shared for a read, only if the lock file exists (a read
@@ -86,15 +96,15 @@ impl RunLock {
     pub(crate) fn for_read(run_dir: &Path, ctx: &Ctx) -> Self {
         let path = run_dir.join(META_DIR).join(LOCK_FILE);
         match File::open(&path) {
-            Ok(file) => wait(file, Mode::Shared, &path, ctx),
+            Ok(file) => wait(file, Mode::Shared, &path, ctx).unwrap_or(Self { _file: None }),
             Err(_) => Self { _file: None },
         }
     }
 }
 
-fn wait(file: File, mode: Mode, path: &Path, ctx: &Ctx) -> RunLock {
+fn wait(file: File, mode: Mode, path: &Path, ctx: &Ctx) -> runkeep::Result<RunLock> {
     if crate::testing_hooks::mutation() == crate::testing_hooks::Mutation::NoRunLock {
-        return RunLock { _file: None };
+        return Ok(RunLock { _file: None });
     }
     let op = match mode {
         Mode::Shared => FlockOperation::NonBlockingLockShared,
@@ -107,12 +117,24 @@ fn wait(file: File, mode: Mode, path: &Path, ctx: &Ctx) -> RunLock {
     let mut pause = Duration::from_micros(20);
     loop {
         match flock(&file, op) {
-            Ok(()) => return RunLock { _file: Some(file) },
+            Ok(()) => return Ok(RunLock { _file: Some(file) }),
             Err(e) if e == rustix::io::Errno::WOULDBLOCK || e == rustix::io::Errno::INTR => {}
+            Err(e) if mode == Mode::Exclusive => {
+                // Without the lock two writers could share a `seq` or replace
+                // each other's records: refuse rather than degrade.
+                return Err(runkeep::Error::Unsupported {
+                    message: format!(
+                        "{} on run {}: cannot lock {} ({}); runkeep needs advisory locks (flock) to keep a run's writes ordered. Move the store to a local filesystem (ext4, xfs, tmpfs) or one with flock support",
+                        ctx.operation,
+                        ctx.run,
+                        path.display(),
+                        io::Error::from(e)
+                    ),
+                });
+            }
             Err(e) => {
-                // A filesystem without flock support: proceed unlocked (the
-                // hard-link lease still arbitrates claims; only the window
-                // narrowing is lost) and say so.
+                // Claims and reads: proceed unlocked (the hard-link lease
+                // still arbitrates claims) and say so.
                 tracing::warn!(
                     "{} on run {}: cannot lock {} ({}); proceeding without the run lock",
                     ctx.operation,
@@ -120,10 +142,23 @@ fn wait(file: File, mode: Mode, path: &Path, ctx: &Ctx) -> RunLock {
                     path.display(),
                     io::Error::from(e)
                 );
-                return RunLock { _file: None };
+                return Ok(RunLock { _file: None });
             }
         }
         if start.elapsed() >= bound {
+            if mode == Mode::Exclusive {
+                return Err(runkeep::Error::Unavailable {
+                    message: format!(
+                        "{} on run {}: the run lock {} has been held by another process for over {:?} (stopped, frozen or stuck?); nothing was written. Retry; if it persists, find the holder with `fuser {}`",
+                        ctx.operation,
+                        ctx.run,
+                        path.display(),
+                        bound,
+                        path.display()
+                    ),
+                    source: None,
+                });
+            }
             tracing::warn!(
                 "{} on run {}: the run lock {} stayed held for {:?} (a stopped or stuck process?); proceeding without it",
                 ctx.operation,
@@ -131,7 +166,7 @@ fn wait(file: File, mode: Mode, path: &Path, ctx: &Ctx) -> RunLock {
                 path.display(),
                 bound
             );
-            return RunLock { _file: None };
+            return Ok(RunLock { _file: None });
         }
         std::thread::sleep(jitter(pause));
         pause = (pause * 2).min(Duration::from_millis(5));
@@ -150,7 +185,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn an_exclusive_holder_makes_others_wait_until_the_bound() {
+    fn an_exclusive_holder_makes_readers_wait_until_the_bound_and_refuses_writers_past_it() {
         let dir = tempfile::tempdir().unwrap();
         let ctx = Ctx::store("test");
         let a =
@@ -162,6 +197,12 @@ mod tests {
             b._file.is_none(),
             "shared lock granted while an exclusive one is held"
         );
+        assert!(t.elapsed() >= LOCK_WAIT, "{:?}", t.elapsed());
+        let t = Instant::now();
+        let w = RunLock::acquire(dir.path(), Mode::Exclusive, Durability::ProcessCrash, &ctx)
+            .expect_err("a second writer must not proceed without the lock");
+        assert!(w.is_retryable(), "{w}");
+        assert!(w.to_string().contains("nothing was written"), "{w}");
         assert!(t.elapsed() >= LOCK_WAIT, "{:?}", t.elapsed());
         drop(a);
         let c = RunLock::acquire(dir.path(), Mode::Shared, Durability::ProcessCrash, &ctx).unwrap();

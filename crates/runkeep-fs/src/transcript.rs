@@ -552,6 +552,9 @@ pub(crate) fn append_events(
         });
         out.push(pe);
     }
+    // Numbers are assigned; only the write is left (the soak once caught a
+    // writer stopped exactly here while another appended without the lock).
+    testing_hooks::pause("before-append-write");
     testing_hooks::fault(Point::Append, &path)
         .and_then(|()| file.write_all(&buf))
         .map_err(|e| ctx.io("append to", &path, e))?;

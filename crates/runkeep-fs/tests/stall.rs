@@ -73,6 +73,9 @@ fn holder_worker() {
     if pause_in == "append" {
         std::env::set_var("RUNKEEP_FS_TEST_PAUSE", "after-fence-check");
     }
+    if pause_in == "append-numbered" {
+        std::env::set_var("RUNKEEP_FS_TEST_PAUSE", "before-append-write");
+    }
     let r = rt.block_on(store.append_events(&s, &[ev("w1_late")], f));
     std::env::remove_var("RUNKEEP_FS_TEST_PAUSE");
     report(format!("late-append {}", outcome(r)));
@@ -98,9 +101,21 @@ fn taker_worker() {
         started.elapsed().as_millis()
     ));
     let f = Some(lease.fence);
+    // While w1 is stopped *inside* a write it holds the run lock: w2's write
+    // is refused (retryable, nothing written) instead of racing it.
+    let first = rt.block_on(store.append_events(&s, &[ev("w2")], f));
+    let retry = first.as_ref().is_err_and(|e| e.is_retryable());
+    if let Err(e) = &first {
+        assert!(retry, "w2's first write failed for good: {e}");
+    }
+    report(format!("first-write {}", outcome(first)));
+    let mut line = String::new();
+    std::io::stdin().read_line(&mut line).unwrap();
+    if retry {
+        rt.block_on(store.append_events(&s, &[ev("w2")], f))
+            .unwrap();
+    }
     rt.block_on(store.write_checkpoint(&s, &cp("cp_w2", now_ms()), f))
-        .unwrap();
-    rt.block_on(store.append_events(&s, &[ev("w2")], f))
         .unwrap();
     report("wrote");
 }
@@ -142,19 +157,21 @@ fn stall_with(pause_in: &str, extra: &[(&str, String)]) -> Outcome {
     // Past w1's 1.5 s lease.
     std::thread::sleep(Duration::from_millis(1700));
 
-    let taker = spawn(
+    let mut taker = spawn(
         "taker",
         &[
             ("BASE", base.display().to_string()),
             ("RUNKEEP_FS_TEST_LOCK_WAIT_MS", "300".to_string()),
         ],
     );
-    let taker_reports = taker.finish(Duration::from_secs(30));
+    taker.expect("first-write", Duration::from_secs(30));
     signal(w1.pid(), Signal::Cont);
     if pause_in.is_empty() {
         w1.send("go");
     }
     let holder_reports = w1.finish(Duration::from_secs(30));
+    taker.send("go");
+    let taker_reports = taker.finish(Duration::from_secs(30));
     eprintln!("stall({pause_in:?}): holder {holder_reports:?}; taker {taker_reports:?}");
 
     Outcome {
@@ -218,16 +235,23 @@ fn a_holder_stopped_past_its_lease_is_fenced_out_when_it_resumes() {
 
 /// The residual window, measured: w1 stops itself *inside* its checkpoint
 /// write (fence checked, holding the run lock, not yet renamed). w2's claim
-/// and write wait for the lock only up to the bound, then proceed, so the
-/// run is not wedged. When w1 resumes, its one in-flight checkpoint lands —
-/// but stamped with fence 1, so it can never become the latest (w2's, at
-/// fence 2, stays the resume point although w1's clock is an hour ahead).
-/// w1's next writes are refused.
+/// waits for the lock only up to the bound, then proceeds, so the run is not
+/// wedged; w2's write is refused (retryable, nothing written) while w1 holds
+/// the lock. When w1 resumes, its one in-flight checkpoint lands — stamped
+/// with fence 1, so it can never become the latest (w2's, at fence 2, stays
+/// the resume point although w1's clock is an hour ahead). w1's next writes
+/// are refused; w2's retry succeeds.
 #[test]
 fn a_holder_stopped_inside_its_checkpoint_write_lands_one_write_that_cannot_win() {
     let o = stall("checkpoint");
     let took = &o.taker_reports[0];
     assert!(took.starts_with("took 2"), "{took}");
+    assert!(
+        o.taker_reports
+            .contains(&"first-write error:unavailable".to_string()),
+        "w2 wrote while w1 held the run lock: {:?}",
+        o.taker_reports
+    );
     assert!(o.holder_reports.contains(&"late-checkpoint ok".to_string()));
     assert!(o
         .holder_reports
@@ -256,12 +280,19 @@ fn a_holder_stopped_inside_its_checkpoint_write_lands_one_write_that_cannot_win(
 }
 
 /// The residual window for an append: w1 stops inside its append after the
-/// fence check. The one in-flight batch lands after w2's event, with w1's
-/// generation (1) — detectable — and a sequence number that is still unique
-/// (it is assigned when the append resumes, from the log's end).
+/// fence check, holding the run lock. w2's writes are refused (retryable)
+/// until w1 resumes, so the one in-flight batch lands first, with w1's
+/// generation (1) — detectable — and w2's event follows it: sequence numbers
+/// stay unique and contiguous (two appenders never work on the log at once).
 #[test]
 fn a_holder_stopped_inside_its_append_lands_one_batch_marked_with_its_old_generation() {
     let o = stall("append");
+    assert!(
+        o.taker_reports
+            .contains(&"first-write error:unavailable".to_string()),
+        "w2 wrote while w1 held the run lock: {:?}",
+        o.taker_reports
+    );
     // Its checkpoint write came first, before it stopped: still its lease.
     assert!(o.holder_reports.contains(&"late-checkpoint ok".to_string()));
     assert!(o.holder_reports.contains(&"late-append ok".to_string()));
@@ -289,9 +320,42 @@ fn a_holder_stopped_inside_its_append_lands_one_batch_marked_with_its_old_genera
         got,
         [
             (1, "w1_early", Some(1)),
-            (2, "w2", Some(2)),
-            (3, "w1_late", Some(1))
+            (2, "w1_late", Some(1)),
+            (3, "w2", Some(2))
         ]
+    );
+}
+
+/// The same window at its narrowest: w1 stops after its append has taken its
+/// sequence number from the log, just before the write. A second appender
+/// that went ahead without the lock would take the same number; refusing it
+/// while the lock is held keeps every `seq` unique (the soak found this).
+#[test]
+fn a_holder_stopped_after_numbering_its_append_never_shares_a_seq() {
+    let o = stall("append-numbered");
+    assert!(
+        o.holder_reports.contains(&"late-append ok".to_string()),
+        "{:?}",
+        o.holder_reports
+    );
+    let store = open(&o.base);
+    let rt = rt();
+    let strict = rt
+        .block_on(store.read_events(
+            &scope("run_stalled"),
+            &ReadEventsOptions {
+                integrity: runkeep::Integrity::Strict,
+                ..Default::default()
+            },
+        ))
+        .expect("the transcript passes the strict read: no shared seq");
+    let seqs: Vec<u64> = strict.events.iter().map(|e| e.seq).collect();
+    assert_eq!(seqs, [1, 2, 3]);
+    assert!(
+        o.taker_reports
+            .contains(&"first-write error:unavailable".to_string()),
+        "{:?}",
+        o.taker_reports
     );
 }
 
