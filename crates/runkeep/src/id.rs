@@ -43,7 +43,7 @@ fn check_id(kind: &str, value: &str) -> Result<()> {
         .find(|c| !(c.is_ascii_alphanumeric() || *c == '_' || *c == '-'))
     {
         return Err(Error::invalid(format!(
-            "{kind} id {value:?} contains {bad:?}; ids may only use [A-Za-z0-9_-] (no '.', '/', '\\\\', ':', NUL or spaces), so they can never escape their directory"
+            "{kind} id {value:?} contains {bad:?}; ids may only use [A-Za-z0-9_-] (no '.', '/', '\\', ':', NUL or spaces), so they can never escape their directory"
         )));
     }
     if !value.as_bytes()[0].is_ascii_alphanumeric() {
