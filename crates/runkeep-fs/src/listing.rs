@@ -176,59 +176,41 @@ pub(crate) fn list_runs(
         return Ok(RunPage::default());
     }
     let candidates = enumerate(inner.base(), &ctx)?;
+    // Run-id order needs no digest to sort, so digests are read only for the
+    // rows the page reaches; created-at order needs every run's start first.
+    let mut keyed: Vec<(
+        RowKey,
+        Candidate,
+        Option<std::result::Result<RunDigest, Error>>,
+    )> = candidates
+        .into_iter()
+        .filter_map(|c| {
+            let d = match q.order {
+                ListOrder::RunId => None,
+                ListOrder::CreatedAt => Some(digest_of(&c, &ctx)?),
+            };
+            let created = d
+                .as_ref()
+                .and_then(|d| d.as_ref().ok())
+                .and_then(|d| d.run_created_at);
+            let k = RowKey::new(q.order, &c.run, c.parent.as_ref(), created);
+            Some((k, c, d))
+        })
+        .filter(|(k, _, _)| q.is_after_cursor(k))
+        .collect();
+    keyed.sort_by(|x, y| x.0.cmp(&y.0));
     let mut page: Vec<(RowKey, RunRow)> = Vec::new();
-    match q.order {
-        ListOrder::RunId => {
-            let mut keyed: Vec<(RowKey, Candidate)> = candidates
-                .into_iter()
-                .map(|c| {
-                    (
-                        RowKey::new(ListOrder::RunId, &c.run, c.parent.as_ref(), None),
-                        c,
-                    )
-                })
-                .filter(|(k, _)| q.is_after_cursor(k))
-                .collect();
-            keyed.sort_by(|x, y| x.0.cmp(&y.0));
-            for (k, c) in keyed {
-                let Some(d) = digest_of(&c, &ctx) else {
-                    continue;
-                };
-                let Some(row) = row_of(&c, d, c.scope(a), &q, &ctx) else {
-                    continue;
-                };
-                if q.matches(&row) {
-                    page.push((k, row));
-                    if page.len() > q.limit {
-                        break;
-                    }
-                }
-            }
-        }
-        ListOrder::CreatedAt => {
-            let mut keyed: Vec<(RowKey, Candidate, std::result::Result<RunDigest, Error>)> =
-                candidates
-                    .into_iter()
-                    .filter_map(|c| {
-                        let d = digest_of(&c, &ctx)?;
-                        let created = d.as_ref().ok().and_then(|d| d.run_created_at);
-                        let k =
-                            RowKey::new(ListOrder::CreatedAt, &c.run, c.parent.as_ref(), created);
-                        Some((k, c, d))
-                    })
-                    .filter(|(k, _, _)| q.is_after_cursor(k))
-                    .collect();
-            keyed.sort_by(|x, y| x.0.cmp(&y.0));
-            for (k, c, d) in keyed {
-                let Some(row) = row_of(&c, d, c.scope(a), &q, &ctx) else {
-                    continue;
-                };
-                if q.matches(&row) {
-                    page.push((k, row));
-                    if page.len() > q.limit {
-                        break;
-                    }
-                }
+    for (k, c, d) in keyed {
+        let Some(d) = d.or_else(|| digest_of(&c, &ctx)) else {
+            continue;
+        };
+        let Some(row) = row_of(&c, d, c.scope(a), &q, &ctx) else {
+            continue;
+        };
+        if q.matches(&row) {
+            page.push((k, row));
+            if page.len() > q.limit {
+                break;
             }
         }
     }
