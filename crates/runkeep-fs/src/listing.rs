@@ -158,6 +158,9 @@ fn scope_matches(a: &Attribution, scope: &ListingScope) -> bool {
         && scope.session_id().is_none_or(|s| *s == a.session_id)
 }
 
+/// A run's digest as read: the digest, or why it could not be read.
+type DigestRead = std::result::Result<RunDigest, Error>;
+
 /// One page of the listing.
 pub(crate) fn list_runs(
     inner: &Inner,
@@ -178,11 +181,7 @@ pub(crate) fn list_runs(
     let candidates = enumerate(inner.base(), &ctx)?;
     // Run-id order needs no digest to sort, so digests are read only for the
     // rows the page reaches; created-at order needs every run's start first.
-    let mut keyed: Vec<(
-        RowKey,
-        Candidate,
-        Option<std::result::Result<RunDigest, Error>>,
-    )> = candidates
+    let mut keyed: Vec<(RowKey, Candidate, Option<DigestRead>)> = candidates
         .into_iter()
         .filter_map(|c| {
             let d = match q.order {
