@@ -534,13 +534,7 @@ pub(crate) fn append_events(
     let mut recs = tail.new_recs;
     let non_monotone = tail.non_monotone;
     for (i, e) in events.iter().enumerate() {
-        let pe = PersistedEvent {
-            seq: tail.max_seq + 1 + i as u64,
-            timestamp: now,
-            event_type: e.event_type.clone(),
-            generation: fence,
-            payload: e.payload.clone(),
-        };
+        let pe = e.persist(tail.max_seq + 1 + i as u64, now, fence);
         let off = len + buf.len() as u64;
         serde_json::to_writer(&mut buf, &Value::Object(pe.to_json()))
             .map_err(|e| Error::invalid(format!("event is not serializable: {e}")))?;
@@ -663,17 +657,7 @@ pub(crate) fn append_audit(
     let mut buf = Vec::new();
     let mut out = Vec::with_capacity(events.len());
     for (i, e) in events.iter().enumerate() {
-        let rec = AuditRecord {
-            id: format!("aud_{}", runkeep::id::random_suffix(12)),
-            run_id: run_id.to_string(),
-            seq: last + 1 + i as u64,
-            timestamp: now,
-            who: e.who.clone(),
-            what: e.what.clone(),
-            outcome: e.outcome.clone(),
-            generation: fence,
-            extra: e.extra.clone(),
-        };
+        let rec = e.record(run_id, last + 1 + i as u64, now, fence);
         serde_json::to_writer(&mut buf, &rec)
             .map_err(|e| Error::invalid(format!("audit event is not serializable: {e}")))?;
         buf.push(b'\n');

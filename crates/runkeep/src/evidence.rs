@@ -51,6 +51,23 @@ impl NewEvent {
         }
     }
 
+    /// The event as recorded at `seq` and `timestamp` under `generation`
+    /// (the store's stamping rule, shared by every backend).
+    pub fn persist(
+        &self,
+        seq: u64,
+        timestamp: Timestamp,
+        generation: Option<Fence>,
+    ) -> PersistedEvent {
+        PersistedEvent {
+            seq,
+            timestamp,
+            event_type: self.event_type.clone(),
+            generation,
+            payload: self.payload.clone(),
+        }
+    }
+
     /// Checks type, reserved keys and size.
     pub fn validate(&self) -> Result<()> {
         if self.event_type.is_empty() || self.event_type.len() > 128 {
@@ -326,6 +343,29 @@ impl NewAuditEvent {
             what: what.into(),
             outcome: outcome.into(),
             extra: Map::new(),
+        }
+    }
+
+    /// The audit record of run `run_id` at `seq` and `timestamp` under
+    /// `generation`, with a fresh `aud_…` id (the store's stamping rule,
+    /// shared by every backend).
+    pub fn record(
+        &self,
+        run_id: &str,
+        seq: u64,
+        timestamp: Timestamp,
+        generation: Option<Fence>,
+    ) -> AuditRecord {
+        AuditRecord {
+            id: format!("aud_{}", crate::id::random_suffix(12)),
+            run_id: run_id.to_string(),
+            seq,
+            timestamp,
+            who: self.who.clone(),
+            what: self.what.clone(),
+            outcome: self.outcome.clone(),
+            generation,
+            extra: self.extra.clone(),
         }
     }
 

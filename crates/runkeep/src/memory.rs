@@ -18,7 +18,7 @@ use crate::evidence::{
     check_document_size, first_sequence_violation, AuditRecord, EventBatch, Integrity,
     MessageSnapshot, NewAuditEvent, NewEvent, PersistedEvent, ReadEventsOptions, RunRecord,
 };
-use crate::id::{random_suffix, CheckpointId};
+use crate::id::CheckpointId;
 use crate::lease::{
     check_write_fence, decide_claim, decide_release, stamp_fence, ClaimDecision, ClaimOptions,
     ClaimOutcome, Fence, Lease, LeaseSummary, TopHolding,
@@ -296,13 +296,7 @@ impl EvidenceStore for MemoryStore {
         let now = Timestamp::now();
         let mut out = Vec::with_capacity(events.len());
         for e in events {
-            let persisted = PersistedEvent {
-                seq: run.events.len() as u64 + 1,
-                timestamp: now,
-                event_type: e.event_type.clone(),
-                generation: fence,
-                payload: e.payload.clone(),
-            };
+            let persisted = e.persist(run.events.len() as u64 + 1, now, fence);
             run.events.push(persisted.clone());
             out.push(persisted);
         }
@@ -428,17 +422,12 @@ impl EvidenceStore for MemoryStore {
         let now = Timestamp::now();
         let mut out = Vec::new();
         for e in events {
-            let rec = AuditRecord {
-                id: format!("aud_{}", random_suffix(12)),
-                run_id: scope.run_id.to_string(),
-                seq: run.audit.len() as u64 + 1,
-                timestamp: now,
-                who: e.who.clone(),
-                what: e.what.clone(),
-                outcome: e.outcome.clone(),
-                generation: fence,
-                extra: e.extra.clone(),
-            };
+            let rec = e.record(
+                scope.run_id.as_str(),
+                run.audit.len() as u64 + 1,
+                now,
+                fence,
+            );
             run.audit.push(rec.clone());
             out.push(rec);
         }
