@@ -16,7 +16,7 @@
 
 use std::fs;
 use std::io;
-use std::os::unix::fs::{DirEntryExt, MetadataExt};
+use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 
 use runkeep::listing::RunDigest;
@@ -138,34 +138,18 @@ fn entry_hash(name: &str, ino: u64) -> u64 {
 /// Lists the record entries (`*.json`, not hidden) of a checkpoints
 /// directory with their inode numbers; `None` when it does not exist.
 pub(crate) fn entries(cps_dir: &Path) -> io::Result<Option<Vec<Entry>>> {
-    let rd = match fs::read_dir(cps_dir) {
-        Ok(rd) => rd,
-        Err(e) if sys::is_not_found(&e) => return Ok(None),
-        Err(e) => return Err(e),
+    let Some(items) = sys::list_dir(cps_dir)? else {
+        return Ok(None);
     };
-    let mut out = Vec::new();
-    for entry in rd {
-        let entry = match entry {
-            Ok(e) => e,
-            Err(e) if sys::is_not_found(&e) => continue,
-            Err(e) => return Err(e),
-        };
-        let name = entry.file_name();
-        let Some(name) = name.to_str() else { continue };
-        if name.starts_with('.') || !name.ends_with(".json") {
-            continue;
-        }
-        let regular = match entry.file_type() {
-            Ok(t) => t.is_file(),
-            Err(e) if sys::is_not_found(&e) => continue,
-            Err(e) => return Err(e),
-        };
-        out.push(Entry {
-            name: name.to_string(),
-            ino: entry.ino(),
-            regular,
-        });
-    }
+    let mut out: Vec<Entry> = items
+        .into_iter()
+        .filter(|i| !i.name.starts_with('.') && i.name.ends_with(".json"))
+        .map(|i| Entry {
+            regular: i.file_type.is_file(),
+            ino: i.ino,
+            name: i.name,
+        })
+        .collect();
     out.sort_by(|a, b| a.name.cmp(&b.name));
     Ok(Some(out))
 }

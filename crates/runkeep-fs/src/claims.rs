@@ -74,29 +74,19 @@ impl Scan {
 
 /// Lists a claims directory; `None` when it does not exist.
 pub(crate) fn scan(claims_dir: &Path) -> io::Result<Option<Scan>> {
-    let rd = match fs::read_dir(claims_dir) {
-        Ok(rd) => rd,
-        Err(e) if sys::is_not_found(&e) => return Ok(None),
-        Err(e) => return Err(e),
+    let Some(items) = sys::list_dir(claims_dir)? else {
+        return Ok(None);
     };
     let mut out = Scan::default();
-    for entry in rd {
-        let entry = match entry {
-            Ok(e) => e,
-            Err(e) if sys::is_not_found(&e) => continue,
-            Err(e) => return Err(e),
-        };
-        let name = entry.file_name();
-        let Some(name) = name.to_str() else { continue };
-        if let Some(fence) = holding_fence(name) {
-            match entry.file_type() {
-                Ok(t) if t.is_file() => out.holdings.push((fence, name.to_string())),
-                Ok(_) => out.non_regular.push((fence, name.to_string())),
-                Err(e) if sys::is_not_found(&e) => continue,
-                Err(e) => return Err(e),
+    for i in items {
+        if let Some(fence) = holding_fence(&i.name) {
+            if i.file_type.is_file() {
+                out.holdings.push((fence, i.name));
+            } else {
+                out.non_regular.push((fence, i.name));
             }
-        } else if name.starts_with(SCRATCH_PREFIX) {
-            out.scratch.push(name.to_string());
+        } else if i.name.starts_with(SCRATCH_PREFIX) {
+            out.scratch.push(i.name);
         }
     }
     Ok(Some(out))

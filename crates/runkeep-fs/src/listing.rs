@@ -9,7 +9,6 @@
 //! for rows on the page. A damaged run is a flagged row; a run directory
 //! removed mid-walk is simply not a row.
 
-use std::fs;
 use std::path::{Path, PathBuf};
 
 use runkeep::listing::{ListQuery, RowKey, MAX_LIMIT};
@@ -45,29 +44,14 @@ impl Candidate {
 }
 
 fn run_dirs(dir: &Path, ctx: &Ctx) -> Result<Vec<(RunId, PathBuf)>> {
-    let rd = match fs::read_dir(dir) {
-        Ok(rd) => rd,
-        Err(e) if sys::is_not_found(&e) => return Ok(Vec::new()),
-        Err(e) => return Err(ctx.io("list run directories in", dir, e)),
-    };
-    let mut out = Vec::new();
-    for entry in rd {
-        let entry = match entry {
-            Ok(e) => e,
-            Err(e) if sys::is_not_found(&e) => continue,
-            Err(e) => return Err(ctx.io("list run directories in", dir, e)),
-        };
-        let name = entry.file_name();
-        let Some(name) = name.to_str() else { continue };
-        if !name.starts_with("run_") {
-            continue;
-        }
-        let Ok(run) = RunId::new(name) else { continue };
-        match entry.file_type() {
-            Ok(t) if t.is_dir() => out.push((run, entry.path())),
-            _ => continue,
-        }
-    }
+    let items = sys::list_dir(dir)
+        .map_err(|e| ctx.io("list run directories in", dir, e))?
+        .unwrap_or_default();
+    let out = items
+        .into_iter()
+        .filter(|i| i.file_type.is_dir() && i.name.starts_with("run_"))
+        .filter_map(|i| Some((RunId::new(&i.name).ok()?, dir.join(&i.name))))
+        .collect();
     Ok(out)
 }
 

@@ -355,3 +355,47 @@ pub(crate) fn write_atomic(
 pub(crate) fn pretty(value: &serde_json::Value) -> Vec<u8> {
     serde_json::to_vec_pretty(value).unwrap_or_default()
 }
+
+/// One directory entry, as the listers need it.
+#[derive(Debug)]
+pub(crate) struct DirItem {
+    /// UTF-8 name (entries whose name is not UTF-8 are never ours and are skipped).
+    pub(crate) name: String,
+    /// Its type, without following a symlink.
+    pub(crate) file_type: fs::FileType,
+    /// Inode number.
+    pub(crate) ino: u64,
+}
+
+/// Lists a directory: `None` when it does not exist; an entry that vanishes
+/// while it is being listed is left out (it is gone), never an error.
+pub(crate) fn list_dir(dir: &Path) -> io::Result<Option<Vec<DirItem>>> {
+    use std::os::unix::fs::DirEntryExt;
+    let rd = match fs::read_dir(dir) {
+        Ok(rd) => rd,
+        Err(e) if is_not_found(&e) => return Ok(None),
+        Err(e) => return Err(e),
+    };
+    let mut out = Vec::new();
+    for entry in rd {
+        let entry = match entry {
+            Ok(e) => e,
+            Err(e) if is_not_found(&e) => continue,
+            Err(e) => return Err(e),
+        };
+        let Ok(name) = entry.file_name().into_string() else {
+            continue;
+        };
+        let file_type = match entry.file_type() {
+            Ok(t) => t,
+            Err(e) if is_not_found(&e) => continue,
+            Err(e) => return Err(e),
+        };
+        out.push(DirItem {
+            name,
+            file_type,
+            ino: entry.ino(),
+        });
+    }
+    Ok(Some(out))
+}
