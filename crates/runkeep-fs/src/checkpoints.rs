@@ -20,7 +20,7 @@ use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 
 use runkeep::listing::RunDigest;
-use runkeep::{Checkpoint, CheckpointHeader, CheckpointId, Error, Result};
+use runkeep::{Checkpoint, CheckpointHeader, CheckpointId, Result};
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
@@ -36,8 +36,6 @@ pub(crate) const DIGEST_FILE: &str = "digest.json";
 pub(crate) const DIGEST_FORMAT: &str = "runkeep.run-digest.v1";
 /// The record schema version this build writes and reads.
 pub(crate) const SCHEMA_VERSION: u64 = 1;
-/// How often a read retries when a file vanishes mid-enumeration (WK-8).
-pub(crate) const VANISH_RETRIES: usize = 5;
 
 /// The file name of a checkpoint.
 pub(crate) fn file_name(id: &CheckpointId) -> String {
@@ -188,36 +186,16 @@ fn stamp_of(list: &[Entry], meta: &fs::Metadata) -> Stamp {
 /// (WK-8: a concurrent prune never fails a read).
 pub(crate) fn read_all(run_dir: &Path, ctx: &Ctx) -> Result<Vec<Checkpoint>> {
     let dir = run_dir.join(CHECKPOINTS_DIR);
-    for _ in 0..VANISH_RETRIES {
-        let Some(list) = entries(&dir).map_err(|e| ctx.io("list the checkpoints", &dir, e))? else {
-            return Ok(Vec::new());
-        };
-        match read_entries(&dir, &list, ctx)? {
-            Some(mut cps) => {
-                runkeep::checkpoint::sort_checkpoints(&mut cps);
-                return Ok(cps);
-            }
-            None => continue,
-        }
-    }
-    Err(vanishing(ctx, &dir))
+    let Some(list) = entries(&dir).map_err(|e| ctx.io("list the checkpoints", &dir, e))? else {
+        return Ok(Vec::new());
+    };
+    let mut cps = read_entries(&dir, &list, ctx)?;
+    runkeep::checkpoint::sort_checkpoints(&mut cps);
+    Ok(cps)
 }
 
-fn vanishing(ctx: &Ctx, dir: &Path) -> Error {
-    Error::Unavailable {
-        message: format!(
-            "{} on run {}: checkpoints in {} kept disappearing during the read ({VANISH_RETRIES} attempts; a concurrent prune?); retry",
-            ctx.operation,
-            ctx.run,
-            dir.display()
-        ),
-        source: None,
-    }
-}
-
-/// Reads the listed entries, leaving out those deleted meanwhile; `Ok(None)`
-/// is kept for callers that retry, and is not answered any more.
-fn read_entries(dir: &Path, list: &[Entry], ctx: &Ctx) -> Result<Option<Vec<Checkpoint>>> {
+/// Reads the listed entries, leaving out those deleted meanwhile.
+fn read_entries(dir: &Path, list: &[Entry], ctx: &Ctx) -> Result<Vec<Checkpoint>> {
     let mut out = Vec::with_capacity(list.len());
     for e in list {
         let path = dir.join(&e.name);
@@ -245,7 +223,7 @@ fn read_entries(dir: &Path, list: &[Entry], ctx: &Ctx) -> Result<Option<Vec<Chec
             Err(e) => return Err(ctx.io("read the checkpoint", &path, e)),
         }
     }
-    Ok(Some(out))
+    Ok(out)
 }
 
 /// The digest file as stored.
@@ -272,22 +250,18 @@ fn read_stored(run_dir: &Path) -> Option<StoredDigest> {
 /// the run has no checkpoints directory.
 pub(crate) fn current_digest(run_dir: &Path, ctx: &Ctx) -> Result<Option<RunDigest>> {
     let dir = run_dir.join(CHECKPOINTS_DIR);
-    for _ in 0..VANISH_RETRIES {
-        let Some((now, list)) = stamp(&dir).map_err(|e| ctx.io("list the checkpoints", &dir, e))?
-        else {
-            return Ok(None);
-        };
-        if let Some(stored) = read_stored(run_dir) {
-            if stored.stamp == now {
-                return Ok(Some(stored.digest));
-            }
-        }
-        if let Some(cps) = read_entries(&dir, &list, ctx)? {
-            let headers: Vec<CheckpointHeader> = cps.iter().map(Checkpoint::header).collect();
-            return Ok(Some(RunDigest::from_headers(&headers)));
+    let Some((now, list)) = stamp(&dir).map_err(|e| ctx.io("list the checkpoints", &dir, e))?
+    else {
+        return Ok(None);
+    };
+    if let Some(stored) = read_stored(run_dir) {
+        if stored.stamp == now {
+            return Ok(Some(stored.digest));
         }
     }
-    Err(vanishing(ctx, &dir))
+    let cps = read_entries(&dir, &list, ctx)?;
+    let headers: Vec<CheckpointHeader> = cps.iter().map(Checkpoint::header).collect();
+    Ok(Some(RunDigest::from_headers(&headers)))
 }
 
 /// What a writer knows before its change (taken under the run lock).
@@ -369,7 +343,7 @@ pub(crate) fn rebuild(run_dir: &Path, durability: Durability, ctx: &Ctx) {
     let Ok(Some((now, list))) = stamp(&dir) else {
         return;
     };
-    if let Ok(Some(cps)) = read_entries(&dir, &list, ctx) {
+    if let Ok(cps) = read_entries(&dir, &list, ctx) {
         let headers: Vec<CheckpointHeader> = cps.iter().map(Checkpoint::header).collect();
         store(run_dir, now, RunDigest::from_headers(&headers), durability);
     }
