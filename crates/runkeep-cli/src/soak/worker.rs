@@ -165,18 +165,27 @@ fn stall_if_asked(cfg: &WorkerConfig) {
     }
 }
 
+/// A worker that just took a run announces its fence to the effect sink (so
+/// a zombie is refused even before this worker's first effect) and logs it.
+fn announce(
+    run: &RunHandle,
+    sink: &EffectSink,
+    acks: &Acks,
+) -> Result<(RunScope, String, Fence), StepError> {
+    let (scope, holder, fence) = (run.scope().clone(), run.holder().to_string(), run.fence());
+    sink.observe(&scope.run_id, fence, &holder)?;
+    acks.log(json!({"k": "fence", "run": run_key(&scope), "fence": fence.get(), "holder": holder}));
+    Ok((scope, holder, fence))
+}
+
 async fn step(
     run: RunHandle,
     cfg: &WorkerConfig,
     sink: &EffectSink,
     acks: &Acks,
 ) -> Result<StepOutcome, StepError> {
-    let scope = run.scope().clone();
-    let holder = run.holder().to_string();
+    let (scope, holder, mut logged_fence) = announce(&run, sink, acks)?;
     let store = run.store().clone();
-    let mut logged_fence = run.fence();
-    sink.observe(&scope.run_id, logged_fence, &holder)?;
-    acks.log(json!({"k": "fence", "run": run_key(&scope), "fence": logged_fence.get(), "holder": holder}));
     let Some(latest) = store.latest_checkpoint(&scope).await? else {
         return Ok(StepOutcome::Finished);
     };
@@ -261,13 +270,9 @@ async fn broken_step(
     sink: &EffectSink,
     acks: &Acks,
 ) -> Result<StepOutcome, StepError> {
-    let scope = run.scope().clone();
-    let holder = run.holder().to_string();
+    let (scope, holder, fence) = announce(&run, sink, acks)?;
     let store = run.store().clone();
-    let fence = run.fence();
     let now = run.now();
-    sink.observe(&scope.run_id, fence, &holder)?;
-    acks.log(json!({"k": "fence", "run": run_key(&scope), "fence": fence.get(), "holder": holder}));
     let (cfg, sink) = (cfg.clone(), sink.clone());
     let detached = tokio::spawn(async move {
         let Ok(Some(latest)) = store.latest_checkpoint(&scope).await else {
