@@ -1,5 +1,5 @@
-//! Interop with the reference implementation: `../shared/reference/fixture/`
-//! is a session's `runs/` directory written by the reference (@namzu/sdk
+//! Interop with the reference implementation: `tests/fixtures/reference/`
+//! (a copy, kept in this repository, of the data the reference wrote) is a session's `runs/` directory written by the reference (@namzu/sdk
 //! 31.0.0) with the reference's own answers (`answers.json`). A copy is
 //! opened with `FsStore` bound to the recorded attribution and every answer
 //! is compared.
@@ -46,7 +46,7 @@ use runkeep_fs::{Attribution, FsOptions, FsStore};
 use serde_json::{json, Value};
 
 fn fixture_dir() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../../shared/reference/fixture")
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/reference")
 }
 
 struct Fx {
@@ -80,7 +80,7 @@ fn copy_tree(from: &Path, to: &Path) {
 fn fixture() -> Fx {
     let answers: Value = serde_json::from_slice(
         &std::fs::read(fixture_dir().join("answers.json"))
-            .expect("../shared/reference/fixture/answers.json"),
+            .expect("tests/fixtures/reference/answers.json"),
     )
     .unwrap();
     let dir = tempfile::tempdir().unwrap();
