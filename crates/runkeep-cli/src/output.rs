@@ -191,7 +191,9 @@ pub fn fields(pairs: &[(&str, Cell)], style: &Style) -> String {
         .collect()
 }
 
-/// Writes text to stdout (a closed pipe ends the command quietly).
+/// Writes text to stdout. A closed pipe (`EPIPE`: the reader went away, as
+/// in `runkeep runs | head -1`) is not a failure of the command: it becomes a
+/// silent [`CliError`] that `main` turns into exit 0 with nothing printed.
 pub fn emit(text: &str) -> CliResult<()> {
     let mut out = std::io::stdout().lock();
     out.write_all(text.as_bytes())?;
@@ -213,16 +215,27 @@ pub fn emit_json_line<T: Serialize + ?Sized>(value: &T) -> CliResult<()> {
     emit(&format!("{text}\n"))
 }
 
+/// One line on stderr. A stderr that cannot be written (a closed pipe, as in
+/// `runkeep runs 2>&1 >/dev/null | true`) loses the line and nothing else:
+/// unlike `eprintln!`, this never panics.
+fn stderr_line(line: &str) {
+    let mut err = std::io::stderr().lock();
+    let _ = writeln!(err, "{line}");
+}
+
 /// A warning on stderr.
 pub fn warn(message: &str) {
     let style = Style::stderr();
-    eprintln!("{} {message}", style.paint("warning:", Color::Yellow));
+    stderr_line(&format!(
+        "{} {message}",
+        style.paint("warning:", Color::Yellow)
+    ));
 }
 
 /// An informational note on stderr (kept off stdout so scripts can parse it).
 pub fn note(message: &str) {
     let style = Style::stderr();
-    eprintln!("{}", style.paint(message, Color::Dim));
+    stderr_line(&style.paint(message, Color::Dim));
 }
 
 /// `(year, month, day)` of a day count since 1970-01-01 (proleptic Gregorian).
