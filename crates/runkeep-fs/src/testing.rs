@@ -114,3 +114,65 @@ fn canonical_prefix(path: &Path) -> PathBuf {
         }
     }
 }
+
+/// A short write: the call lands the first half of its buffer, then fails.
+struct ShortWrite {
+    id: u64,
+    point: FaultPoint,
+    under: PathBuf,
+    errno: i32,
+    remaining: u32,
+}
+
+static SHORT_WRITES: Mutex<Vec<ShortWrite>> = Mutex::new(Vec::new());
+
+/// Removes its short-write fault when dropped.
+#[derive(Debug)]
+#[must_use = "the fault is removed when the guard is dropped"]
+pub struct ShortWriteGuard(u64);
+
+impl Drop for ShortWriteGuard {
+    fn drop(&mut self) {
+        let mut f = SHORT_WRITES.lock().unwrap_or_else(|p| p.into_inner());
+        f.retain(|x| x.id != self.0);
+    }
+}
+
+/// Makes the next `times` writes at `point` (only [`FaultPoint::Append`]
+/// has one: the log write of an append) on a path under `under` land the
+/// first half of their buffer and then fail with `errno`, like a disk that
+/// fills up in the middle of a large write.
+pub fn inject_short_write(
+    point: FaultPoint,
+    under: impl AsRef<Path>,
+    errno: i32,
+    times: u32,
+) -> ShortWriteGuard {
+    let id = NEXT.fetch_add(1, Ordering::Relaxed);
+    let under = under.as_ref();
+    let under = std::fs::canonicalize(under).unwrap_or_else(|_| under.to_path_buf());
+    SHORT_WRITES
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .push(ShortWrite {
+            id,
+            point,
+            under,
+            errno,
+            remaining: times,
+        });
+    ShortWriteGuard(id)
+}
+
+pub(crate) fn check_short_write(point: FaultPoint, path: &Path) -> Option<io::Error> {
+    let mut faults = SHORT_WRITES.lock().unwrap_or_else(|p| p.into_inner());
+    if faults.is_empty() {
+        return None;
+    }
+    let canon = canonical_prefix(path);
+    let f = faults
+        .iter_mut()
+        .find(|f| f.point == point && f.remaining > 0 && canon.starts_with(&f.under))?;
+    f.remaining -= 1;
+    Some(io::Error::from_raw_os_error(f.errno))
+}

@@ -121,3 +121,29 @@ pub(crate) fn lock_wait_override() -> Option<u64> {
 pub(crate) fn lock_wait_override() -> Option<u64> {
     None
 }
+
+/// When a test asked for a short write at `point` on `path`: the error the
+/// write fails with after landing part of its buffer (half of it).
+#[cfg(feature = "testing")]
+pub(crate) fn short_write(point: Point, path: &Path) -> Option<io::Error> {
+    crate::testing::check_short_write(point, path)
+}
+
+#[cfg(not(feature = "testing"))]
+#[inline(always)]
+pub(crate) fn short_write(_point: Point, _path: &Path) -> Option<io::Error> {
+    None
+}
+
+/// True when a test asked this process to stop at pause point `point` (so a
+/// caller can put the point inside a write: part of it landed, the rest not).
+#[cfg(feature = "testing")]
+pub(crate) fn pause_requested(point: &str) -> bool {
+    std::env::var("RUNKEEP_FS_TEST_PAUSE").as_deref() == Ok(point)
+}
+
+#[cfg(not(feature = "testing"))]
+#[inline(always)]
+pub(crate) fn pause_requested(_point: &str) -> bool {
+    false
+}

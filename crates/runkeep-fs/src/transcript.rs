@@ -514,6 +514,24 @@ fn heal(file: &mut File, len: u64, path: &Path, ctx: &Ctx) -> Result<u64> {
     Ok(len + 1)
 }
 
+/// The one log write of an append (with its test seams: an injected errno
+/// before it, a short write that lands half the buffer and fails, a pause
+/// point in the middle of it).
+fn write_log(file: &mut File, buf: &[u8], path: &Path) -> io::Result<()> {
+    testing_hooks::fault(Point::Append, path)?;
+    if let Some(e) = testing_hooks::short_write(Point::Append, path) {
+        file.write_all(&buf[..buf.len() / 2])?;
+        return Err(e);
+    }
+    if testing_hooks::pause_requested("mid-append-write") {
+        let half = buf.len() / 2;
+        file.write_all(&buf[..half])?;
+        testing_hooks::pause("mid-append-write");
+        return file.write_all(&buf[half..]);
+    }
+    file.write_all(buf)
+}
+
 /// Appends events (caller holds the run lock and has checked the fence).
 pub(crate) fn append_events(
     run_dir: &Path,
@@ -549,9 +567,7 @@ pub(crate) fn append_events(
     // Numbers are assigned; only the write is left (the soak once caught a
     // writer stopped exactly here while another appended without the lock).
     testing_hooks::pause("before-append-write");
-    testing_hooks::fault(Point::Append, &path)
-        .and_then(|()| file.write_all(&buf))
-        .map_err(|e| ctx.io("append to", &path, e))?;
+    write_log(&mut file, &buf, &path).map_err(|e| ctx.io("append to", &path, e))?;
     if durability == Durability::PowerLoss {
         sys::sync_file(&file, &path).map_err(|e| ctx.io("sync", &path, e))?;
     }
@@ -663,9 +679,7 @@ pub(crate) fn append_audit(
         buf.push(b'\n');
         out.push(rec);
     }
-    testing_hooks::fault(Point::Append, &path)
-        .and_then(|()| file.write_all(&buf))
-        .map_err(|e| ctx.io("append to", &path, e))?;
+    write_log(&mut file, &buf, &path).map_err(|e| ctx.io("append to", &path, e))?;
     if durability == Durability::PowerLoss {
         sys::sync_file(&file, &path).map_err(|e| ctx.io("sync", &path, e))?;
     }
