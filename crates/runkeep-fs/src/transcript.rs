@@ -19,23 +19,41 @@
 //! stale, written by the reference) it scans the file. Readers never write
 //! it; the next append repairs it.
 //!
-//! # Torn tails
+//! # Failed and torn appends
 //!
-//! A process killed mid-append can leave a final fragment without a newline.
-//! Only an appender holding the run lock heals it (by terminating the
-//! fragment with `\n`, so it stays a skipped damaged record and the next
-//! event starts on its own line); a read never modifies the file.
+//! An append is all or nothing. The batch is one buffer written at the end
+//! of the log under the run lock; if the write or its fsync fails, the log
+//! is truncated back to its length before the call (and the index's
+//! pending records dropped), so the file is byte-identical and a retry
+//! does not duplicate anything ([`roll_back`]).
+//!
+//! A process killed mid-append leaves a final fragment without a newline.
+//! Only an appender holding the run lock touches it (a read never modifies
+//! the file):
+//!
+//! - a transcript append records its batch in the index as *pending*
+//!   before writing it ([`FLAG_PENDING`]); the next appender finding a
+//!   pending batch whose appender is gone (it holds the lock now) and a log
+//!   ending in a prefix of that batch removes the prefix, whole lines of it
+//!   included ([`IndexWriter::resolve_pending`]);
+//! - any other fragment (the audit trail, a transcript without a usable
+//!   index, a reference writer's line) is removed only once the file has
+//!   been unmodified for [`TORN_GRACE`], else terminated with `\n` as the
+//!   reference does, so a line a lock-less writer is still writing is never
+//!   cut ([`settle_tail`]).
 
 use std::fs::{File, OpenOptions};
 use std::io::{self, Seek, Write};
 use std::os::unix::fs::{FileExt, MetadataExt, OpenOptionsExt};
 use std::path::Path;
+use std::time::{Duration, SystemTime};
 
 use runkeep::evidence::SkippedRecord;
 use runkeep::{
     AuditRecord, Error, EventBatch, Fence, Integrity, NewAuditEvent, NewEvent, PersistedEvent,
     ReadEventsOptions, Result, Timestamp,
 };
+use rustix::fs::{Timespec, Timestamps, UTIME_NOW, UTIME_OMIT};
 use serde_json::{Map, Value};
 
 use crate::lock::{RunLock, META_DIR};
@@ -339,7 +357,10 @@ pub(crate) fn read_events(
 struct IndexWriter {
     file: File,
     header: Header,
+    /// Committed records.
     count: u64,
+    /// Records of the batch in flight, after the committed ones.
+    pending: u64,
 }
 
 impl IndexWriter {
@@ -362,6 +383,7 @@ impl IndexWriter {
                 max_seq: 0,
             },
             count: 0,
+            pending: 0,
         };
         match read_header(&me.file) {
             Some(h) if h.dev == tmeta.dev() && h.ino == tmeta.ino() && ilen >= HDR => {
@@ -380,6 +402,7 @@ impl IndexWriter {
         self.header.flags = 0;
         self.header.max_seq = 0;
         self.count = 0;
+        self.pending = 0;
         self.file.set_len(0)?;
         self.file.write_all_at(&header_bytes(&self.header), 0)
     }
@@ -390,21 +413,169 @@ impl IndexWriter {
             .and_then(|i| rec_at(&self.file, i).ok())
     }
 
-    fn append(&mut self, recs: &[Rec], max_seq: u64, non_monotone: bool) -> io::Result<()> {
-        let mut bytes = Vec::with_capacity(recs.len() * REC as usize);
-        for r in recs {
+    /// Records what this append is about to write, before the write: the
+    /// records of lines others appended since the index was last written
+    /// (committed), then the batch's records as pending, with
+    /// [`FLAG_PENDING`] and the batch's fingerprint in the header. The
+    /// pending records are the trailing ones numbered above the header's
+    /// highest `seq` (the batch is numbered above everything in the log).
+    fn begin(&mut self, tail: &Tail, batch: &[Rec], fp: u32) -> io::Result<()> {
+        let mut bytes = Vec::with_capacity((tail.new_recs.len() + batch.len()) * REC as usize);
+        for r in tail.new_recs.iter().chain(batch) {
             for v in [r.off, r.seq, r.pos] {
                 bytes.extend_from_slice(&v.to_le_bytes());
             }
         }
         self.file.write_all_at(&bytes, HDR + self.count * REC)?;
-        self.count += recs.len() as u64;
-        self.header.max_seq = self.header.max_seq.max(max_seq);
-        if non_monotone {
+        self.count += tail.new_recs.len() as u64;
+        self.pending = batch.len() as u64;
+        self.header.max_seq = self.header.max_seq.max(tail.max_seq);
+        if tail.non_monotone {
             self.header.flags |= FLAG_NON_MONOTONE;
+        }
+        self.header.flags &= FLAGS_KEPT;
+        if !batch.is_empty() {
+            self.header.flags |= FLAG_PENDING | (u64::from(fp) << 32);
         }
         self.file.write_all_at(&header_bytes(&self.header), 0)
     }
+
+    /// The pending batch landed whole: its records become committed.
+    fn commit(&mut self, max_seq: u64) -> io::Result<()> {
+        self.count += self.pending;
+        self.pending = 0;
+        self.header.max_seq = self.header.max_seq.max(max_seq);
+        self.header.flags &= FLAGS_KEPT;
+        self.file.write_all_at(&header_bytes(&self.header), 0)
+    }
+
+    /// The pending batch is not in the log (rolled back, removed, or landed
+    /// somewhere else): drops its records.
+    fn drop_pending_io(&mut self) -> io::Result<()> {
+        self.pending = 0;
+        self.file.set_len(HDR + self.count * REC)?;
+        self.header.flags &= FLAGS_KEPT;
+        self.file.write_all_at(&header_bytes(&self.header), 0)
+    }
+
+    fn drop_pending(&mut self) {
+        if let Err(e) = self.drop_pending_io() {
+            tracing::debug!("could not update a transcript index: {e}");
+        }
+    }
+
+    /// Resolves a batch left pending by an appender that died (or failed
+    /// and could not roll back) mid-write; called under the run lock, so
+    /// that appender is not running. If the batch landed whole it is
+    /// committed. If what follows its start is exactly a prefix of it —
+    /// whole lines carrying its offsets and numbers, then an unterminated
+    /// fragment (when no line of it is whole, a fragment whose first bytes
+    /// match the recorded fingerprint) — returns `Some(start)`: the caller
+    /// truncates the log there (all or nothing: whole lines of an
+    /// unacknowledged batch go too) and calls [`Self::drop_pending`].
+    /// Anything else (someone else wrote there) drops the pending records
+    /// and leaves the bytes to [`settle_tail`].
+    fn resolve_pending(&mut self, log: &File, len: u64) -> io::Result<Option<u64>> {
+        if self.header.flags & FLAG_PENDING == 0 {
+            return Ok(None);
+        }
+        let mut first = self.count;
+        while first > 0 && rec_at(&self.file, first - 1)?.seq > self.header.max_seq {
+            first -= 1;
+        }
+        let pending = (first..self.count)
+            .map(|i| rec_at(&self.file, i))
+            .collect::<io::Result<Vec<_>>>()?;
+        self.count = first;
+        self.pending = pending.len() as u64;
+        let floor = match first.checked_sub(1) {
+            Some(i) => Some(rec_at(&self.file, i)?.off),
+            None => None,
+        };
+        let fp = (self.header.flags >> 32) as u32;
+        match judge_pending(log, len, &pending, floor, fp)? {
+            Pending::Landed(max) => self.commit(max).map(|()| None),
+            Pending::Torn(start) => Ok(Some(start)),
+            Pending::Foreign => self.drop_pending_io().map(|()| None),
+        }
+    }
+}
+
+/// Header flag: a batch is being written (its records are pending).
+const FLAG_PENDING: u64 = 2;
+/// The flags that outlive an append (the others describe the one in
+/// flight; bits 32..63 hold its fingerprint).
+const FLAGS_KEPT: u64 = FLAG_NON_MONOTONE;
+/// How many leading bytes of a batch its fingerprint covers.
+const FP_LEN: usize = 64;
+
+/// FNV-1a of a batch's first [`FP_LEN`] bytes.
+fn fingerprint(bytes: &[u8]) -> u32 {
+    bytes[..bytes.len().min(FP_LEN)]
+        .iter()
+        .fold(0x811c_9dc5u32, |h, b| {
+            (h ^ u32::from(*b)).wrapping_mul(0x0100_0193)
+        })
+}
+
+/// What became of a pending batch.
+enum Pending {
+    /// Whole, up to this `seq`.
+    Landed(u64),
+    /// A prefix of it from this offset to the end of the log.
+    Torn(u64),
+    /// Not recognisably it.
+    Foreign,
+}
+
+fn judge_pending(
+    log: &File,
+    len: u64,
+    pending: &[Rec],
+    floor: Option<u64>,
+    fp: u32,
+) -> io::Result<Pending> {
+    let Some(start) = pending.first().map(|r| r.off) else {
+        return Ok(Pending::Foreign);
+    };
+    if start >= len || floor.is_some_and(|f| f >= start) {
+        return Ok(Pending::Foreign);
+    }
+    if start > 0 {
+        let mut b = [0u8; 1];
+        log.read_exact_at(&mut b, start - 1)?;
+        if b[0] != b'\n' {
+            return Ok(Pending::Foreign);
+        }
+    }
+    let mut buf = vec![0u8; (len - start) as usize];
+    log.read_exact_at(&mut buf, start)?;
+    let mut at = 0usize;
+    for (j, r) in pending.iter().enumerate() {
+        if start + at as u64 != r.off {
+            return Ok(Pending::Foreign);
+        }
+        let rest = &buf[at..];
+        match rest.iter().position(|b| *b == b'\n') {
+            Some(i) => {
+                if !matches!(parse_line(&rest[..i], r.pos), Parsed::Event(e) if e.seq == r.seq) {
+                    return Ok(Pending::Foreign);
+                }
+                at += i + 1;
+            }
+            None if rest.is_empty() => {
+                // Whole lines of the batch, then nothing.
+                return Ok(Pending::Torn(start));
+            }
+            None => {
+                if j == 0 && (rest.len() < FP_LEN || fingerprint(rest) != fp) {
+                    return Ok(Pending::Foreign);
+                }
+                return Ok(Pending::Torn(start));
+            }
+        }
+    }
+    Ok(Pending::Landed(pending.last().map_or(0, |r| r.seq)))
 }
 
 /// What an appender learns about the existing log.
@@ -496,9 +667,75 @@ fn open_log(dir: &Path, name: &str, durability: Durability, ctx: &Ctx) -> Result
     Ok((file, len))
 }
 
-/// Terminates a torn final record (under the run lock only). Returns the
-/// new length.
-fn heal(file: &mut File, len: u64, path: &Path, ctx: &Ctx) -> Result<u64> {
+/// How long a torn final line must have gone unmodified (by the
+/// filesystem's clock) before an appender may remove it when nothing says
+/// whose it is. See [`settle_tail`].
+const TORN_GRACE: Duration = Duration::from_secs(2);
+
+/// The file's modification time and the filesystem's "now", both from the
+/// filesystem's own clock: "now" is read back after setting the file's
+/// mtime to `UTIME_NOW` (on NFS the server stamps it, so client clock skew
+/// does not count). Falls back to this machine's clock if the touch fails.
+fn fragment_age(file: &File) -> io::Result<Duration> {
+    let before = file.metadata()?.modified()?;
+    let now = Timespec {
+        tv_sec: 0,
+        tv_nsec: UTIME_NOW,
+    };
+    let omit = Timespec {
+        tv_sec: 0,
+        tv_nsec: UTIME_OMIT,
+    };
+    let fs_now = match rustix::fs::futimens(
+        file,
+        &Timestamps {
+            last_access: omit,
+            last_modification: now,
+        },
+    ) {
+        Ok(()) => file.metadata()?.modified()?,
+        Err(_) => SystemTime::now(),
+    };
+    // A modification time in the future (skew) reads as "just now".
+    Ok(fs_now.duration_since(before).unwrap_or(Duration::ZERO))
+}
+
+/// The end of the last complete (`\n`-terminated) line at or before `len`.
+fn last_line_end(file: &File, len: u64) -> io::Result<u64> {
+    let mut end = len;
+    let mut chunk = vec![0u8; 64 * 1024];
+    while end > 0 {
+        let from = end.saturating_sub(chunk.len() as u64);
+        let part = &mut chunk[..(end - from) as usize];
+        file.read_exact_at(part, from)?;
+        if let Some(i) = part.iter().rposition(|b| *b == b'\n') {
+            return Ok(from + i as u64 + 1);
+        }
+        end = from;
+    }
+    Ok(0)
+}
+
+/// Settles a torn final line nobody has claimed (caller holds the run lock;
+/// an intent left by a dead runkeep appender was resolved before). Returns
+/// the length to append at.
+///
+/// The rule. Every runkeep appender holds the run lock across its write, so
+/// a fragment seen under the lock was not written by a live runkeep
+/// appender; but the reference takes no lock and may be writing one large
+/// line in several chunks right now. So:
+///
+/// - the fragment is **removed** (the file is truncated to the end of its
+///   last complete line) when the file has not been modified for
+///   [`TORN_GRACE`] (2 s), measured with the filesystem's clock
+///   ([`fragment_age`]): a live writer would have written its next chunk by
+///   then, so its writer is dead (or stopped for longer than that);
+/// - otherwise it is **sealed** as before (a `\n` terminates it, the
+///   reference's own EV-23 heal): nothing anyone wrote is removed and the
+///   new lines start on their own line; the fragment stays a skipped
+///   damaged record (and, if a live lock-less writer was mid-line, its line
+///   is split: the WK-9 hazard of mixing lock-less writers, not made worse).
+fn settle_tail(file: &mut File, len: u64, path: &Path, ctx: &Ctx) -> Result<u64> {
     if len == 0 {
         return Ok(0);
     }
@@ -508,31 +745,107 @@ fn heal(file: &mut File, len: u64, path: &Path, ctx: &Ctx) -> Result<u64> {
     if last[0] == b'\n' {
         return Ok(len);
     }
+    let age = fragment_age(file).map_err(|e| ctx.io("read", path, e))?;
+    if age >= TORN_GRACE {
+        let keep = last_line_end(file, len).map_err(|e| ctx.io("read", path, e))?;
+        testing_hooks::fault(Point::Append, path)
+            .and_then(|()| file.set_len(keep))
+            .map_err(|e| ctx.io("remove the torn final record of", path, e))?;
+        tracing::info!(
+            "{} on run {}: removed a torn final record of {} bytes from {} (unmodified for {age:?}; its writer is gone)",
+            ctx.operation,
+            ctx.run,
+            len - keep,
+            path.display()
+        );
+        return Ok(keep);
+    }
     testing_hooks::fault(Point::Append, path)
         .and_then(|()| file.write_all(b"\n"))
         .map_err(|e| ctx.io("terminate the torn final record of", path, e))?;
+    tracing::warn!(
+        "{} on run {}: {} ends in a partial line modified {age:?} ago (a lock-less writer mid-line, or one that just died); terminated it instead of removing it",
+        ctx.operation,
+        ctx.run,
+        path.display()
+    );
     Ok(len + 1)
 }
 
 /// The one log write of an append (with its test seams: an injected errno
 /// before it, a short write that lands half the buffer and fails, a pause
-/// point in the middle of it).
-fn write_log(file: &mut File, buf: &[u8], path: &Path) -> io::Result<()> {
+/// point in the middle of it). `written` counts the bytes that landed.
+fn write_log(file: &mut File, buf: &[u8], path: &Path, written: &mut u64) -> io::Result<()> {
     testing_hooks::fault(Point::Append, path)?;
+    let mut write = |bytes: &[u8]| -> io::Result<()> {
+        let mut rest = bytes;
+        while !rest.is_empty() {
+            match file.write(rest) {
+                Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
+                Ok(n) => {
+                    *written += n as u64;
+                    rest = &rest[n..];
+                }
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(())
+    };
     if let Some(e) = testing_hooks::short_write(Point::Append, path) {
-        file.write_all(&buf[..buf.len() / 2])?;
+        write(&buf[..buf.len() / 2])?;
         return Err(e);
     }
     if testing_hooks::pause_requested("mid-append-write") {
         let half = buf.len() / 2;
-        file.write_all(&buf[..half])?;
+        write(&buf[..half])?;
         testing_hooks::pause("mid-append-write");
-        return file.write_all(&buf[half..]);
+        return write(&buf[half..]);
     }
-    file.write_all(buf)
+    write(buf)
+}
+
+/// After a failed append (under the run lock): truncates the log back to
+/// `start`, its length before the append, so the file is as it was — when
+/// the bytes past `start` are exactly the ones this append wrote (a
+/// lock-less writer's line appended meanwhile is never cut). Returns
+/// whether the file is back to `start`.
+fn roll_back(file: &File, start: u64, written: u64, path: &Path, ctx: &Ctx) -> bool {
+    match file.metadata() {
+        Ok(m) if m.len() == start => true,
+        Ok(m) if m.len() == start + written => match file.set_len(start) {
+            Ok(()) => true,
+            Err(e) => {
+                tracing::warn!(
+                    "{} on run {}: could not truncate {} back after a failed append ({e}); the next append removes the partial batch",
+                    ctx.operation,
+                    ctx.run,
+                    path.display()
+                );
+                false
+            }
+        },
+        _ => {
+            tracing::warn!(
+                "{} on run {}: {} grew during a failed append (a lock-less writer?); not truncating it back",
+                ctx.operation,
+                ctx.run,
+                path.display()
+            );
+            false
+        }
+    }
 }
 
 /// Appends events (caller holds the run lock and has checked the fence).
+///
+/// All or nothing: the batch is one buffer written at the end of the log.
+/// Before writing, the index records the batch as *pending* (its line
+/// records, flag [`FLAG_PENDING`] and a fingerprint of its first bytes);
+/// after the write it is committed. If the write (or its fsync) fails, the
+/// log is truncated back and the pending records dropped. If the appender
+/// dies mid-write, the next appender finds the pending batch and removes
+/// what landed of it ([`IndexWriter::resolve_pending`]).
 pub(crate) fn append_events(
     run_dir: &Path,
     events: &[NewEvent],
@@ -544,13 +857,36 @@ pub(crate) fn append_events(
     let (mut file, len) = open_log(run_dir, TRANSCRIPT, durability, ctx)?;
     let tmeta = file.metadata().map_err(|e| ctx.io("read", &path, e))?;
     let mut index = IndexWriter::open(run_dir, &tmeta).ok();
+    let mut len = len;
+    if let Some(ix) = index.as_mut() {
+        match ix.resolve_pending(&file, len) {
+            Ok(Some(cut)) => {
+                testing_hooks::fault(Point::Append, &path)
+                    .and_then(|()| file.set_len(cut))
+                    .map_err(|e| ctx.io("remove the torn final record of", &path, e))?;
+                ix.drop_pending();
+                tracing::info!(
+                    "{} on run {}: removed {} bytes of a batch its appender (now dead) did not finish writing to {}",
+                    ctx.operation,
+                    ctx.run,
+                    len - cut,
+                    path.display()
+                );
+                len = cut;
+            }
+            Ok(None) => {}
+            Err(e) => {
+                tracing::debug!("could not read the transcript index of {}: {e}", ctx.run);
+                index = None;
+            }
+        }
+    }
+    let len = settle_tail(&mut file, len, &path, ctx)?;
     let tail = catch_up(&file, len, index.as_mut()).map_err(|e| ctx.io("read", &path, e))?;
-    let len = heal(&mut file, len, &path, ctx)?;
     let now = Timestamp::now();
     let mut buf = Vec::new();
     let mut out = Vec::with_capacity(events.len());
-    let mut recs = tail.new_recs;
-    let non_monotone = tail.non_monotone;
+    let mut recs = Vec::with_capacity(events.len());
     for (i, e) in events.iter().enumerate() {
         let pe = e.persist(tail.max_seq + 1 + i as u64, now, fence);
         let off = len + buf.len() as u64;
@@ -564,23 +900,47 @@ pub(crate) fn append_events(
         });
         out.push(pe);
     }
+    if let Some(ix) = index.as_mut() {
+        if let Err(e) = ix.begin(&tail, &recs, fingerprint(&buf)) {
+            // Without a recorded intent a crash mid-write leaves a fragment
+            // for the grace rule; a failure is still rolled back below.
+            tracing::debug!("could not update the transcript index of {}: {e}", ctx.run);
+            index = None;
+        }
+    }
     // Numbers are assigned; only the write is left (the soak once caught a
     // writer stopped exactly here while another appended without the lock).
     testing_hooks::pause("before-append-write");
-    write_log(&mut file, &buf, &path).map_err(|e| ctx.io("append to", &path, e))?;
-    if durability == Durability::PowerLoss {
-        sys::sync_file(&file, &path).map_err(|e| ctx.io("sync", &path, e))?;
+    let mut written = 0u64;
+    let wrote = write_log(&mut file, &buf, &path, &mut written)
+        .map_err(|e| ctx.io("append to", &path, e))
+        .and_then(|()| match durability {
+            Durability::PowerLoss => {
+                sys::sync_file(&file, &path).map_err(|e| ctx.io("sync", &path, e))
+            }
+            Durability::ProcessCrash => Ok(()),
+        });
+    if let Err(e) = wrote {
+        if roll_back(&file, len, written, &path, ctx) {
+            if let Some(ix) = index.as_mut() {
+                ix.drop_pending();
+            }
+        }
+        return Err(e);
     }
     // With O_APPEND the write landed at the end; if that is not where we
-    // computed (someone appended without the lock), leave the index behind:
-    // the next append catches it up by scanning.
+    // computed (someone appended without the lock), the pending records are
+    // wrong: drop them, the next append catches the index up by scanning.
     let end = file.stream_position().unwrap_or(0);
     if let Some(ix) = index.as_mut() {
-        if end == len + buf.len() as u64 {
-            let max = out.last().map_or(tail.max_seq, |e| e.seq);
-            if let Err(e) = ix.append(&recs, max, non_monotone) {
-                tracing::debug!("could not update the transcript index of {}: {e}", ctx.run);
-            }
+        let max = out.last().map_or(tail.max_seq, |e| e.seq);
+        let done = if end == len + buf.len() as u64 {
+            ix.commit(max)
+        } else {
+            ix.drop_pending_io()
+        };
+        if let Err(e) = done {
+            tracing::debug!("could not update the transcript index of {}: {e}", ctx.run);
         }
     }
     Ok(out)
@@ -667,7 +1027,7 @@ pub(crate) fn append_audit(
 ) -> Result<Vec<AuditRecord>> {
     let path = run_dir.join(AUDIT);
     let (mut file, len) = open_log(run_dir, AUDIT, durability, ctx)?;
-    let len = heal(&mut file, len, &path, ctx)?;
+    let len = settle_tail(&mut file, len, &path, ctx)?;
     let last = audit_last_seq(&file, len).map_err(|e| ctx.io("read", &path, e))?;
     let now = Timestamp::now();
     let mut buf = Vec::new();
@@ -679,9 +1039,20 @@ pub(crate) fn append_audit(
         buf.push(b'\n');
         out.push(rec);
     }
-    write_log(&mut file, &buf, &path).map_err(|e| ctx.io("append to", &path, e))?;
-    if durability == Durability::PowerLoss {
-        sys::sync_file(&file, &path).map_err(|e| ctx.io("sync", &path, e))?;
+    // All or nothing, as for events (no pending record: a trail torn by a
+    // dead appender is left to the grace rule of `settle_tail`).
+    let mut written = 0u64;
+    let wrote = write_log(&mut file, &buf, &path, &mut written)
+        .map_err(|e| ctx.io("append to", &path, e))
+        .and_then(|()| match durability {
+            Durability::PowerLoss => {
+                sys::sync_file(&file, &path).map_err(|e| ctx.io("sync", &path, e))
+            }
+            Durability::ProcessCrash => Ok(()),
+        });
+    if let Err(e) = wrote {
+        roll_back(&file, len, written, &path, ctx);
+        return Err(e);
     }
     Ok(out)
 }
