@@ -21,6 +21,10 @@ pub enum Exit {
     Unavailable,
     /// 70: internal error (a bug in runkeep).
     Internal,
+    /// 75: soak only: it ran out of time (`--timeout`) before every run
+    /// finished, and no guarantee was violated in what ran. Retry with more
+    /// time (sysexits' EX_TEMPFAIL).
+    Incomplete,
     /// 78: the store cannot be opened as configured (missing directory, not a
     /// directory, permission denied, backend not built into this binary).
     Config,
@@ -36,6 +40,7 @@ impl Exit {
             Exit::Usage => 64,
             Exit::Unavailable => 69,
             Exit::Internal => 70,
+            Exit::Incomplete => 75,
             Exit::Config => 78,
         }
     }
@@ -92,6 +97,16 @@ impl CliError {
             message: String::new(),
             hint: None,
         }
+    }
+
+    /// The reader of stdout went away (`EPIPE`): exit 0, print nothing.
+    pub fn closed_pipe() -> Self {
+        Self::silent(Exit::Ok)
+    }
+
+    /// True for [`CliError::closed_pipe`].
+    pub fn is_closed_pipe(&self) -> bool {
+        self.exit == Exit::Ok && self.message.is_empty()
     }
 
     /// Adds (or replaces) the hint.
@@ -161,7 +176,7 @@ impl From<std::io::Error> for CliError {
     fn from(err: std::io::Error) -> Self {
         if err.kind() == std::io::ErrorKind::BrokenPipe {
             // The reader went away (`runkeep events | head`): not an error.
-            return CliError::silent(Exit::Ok);
+            return CliError::closed_pipe();
         }
         CliError::failed(format!("writing output: {err}"))
     }

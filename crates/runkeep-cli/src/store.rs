@@ -141,6 +141,23 @@ impl OpenedStore {
         }
     }
 
+    /// `claims/N.json` when the run's top holding is a file whose body
+    /// cannot be read (directory store only). A listing row shows such a
+    /// holding like a release tombstone (holder `""`, expiry 0); this tells
+    /// them apart, so an operator sees damage, not "free".
+    pub fn unreadable_holding(&self, scope: &runkeep::RunScope) -> Option<String> {
+        match &self.backend {
+            Backend::Memory => None,
+            Backend::Fs(fs) => match fs.top_holding(scope) {
+                Ok(Some((runkeep::TopHolding::Unreadable { .. }, path))) => {
+                    let file = path.file_name()?.to_string_lossy().into_owned();
+                    Some(format!("claims/{file}"))
+                }
+                _ => None,
+            },
+        }
+    }
+
     /// The store's directory, for a directory store.
     pub fn base_dir(&self) -> Option<&Path> {
         match &self.backend {
@@ -221,9 +238,31 @@ pub fn open_store(
     }
 }
 
+/// Refuses a store directory this process may not list and enter (exit 78):
+/// every read would fail with permission denied, one run at a time.
+pub fn check_readable(path: &Path) -> CliResult<()> {
+    use rustix::fs::{access, Access};
+    match access(path, Access::READ_OK | Access::EXEC_OK) {
+        Ok(()) => Ok(()),
+        Err(e) if e == rustix::io::Errno::ACCESS || e == rustix::io::Errno::PERM => {
+            Err(CliError::config(format!(
+                "cannot read store fs:{}: permission denied (EACCES): this user (uid {}) may not list the directory",
+                path.display(),
+                rustix::process::getuid().as_raw()
+            ))
+            .hint("run as the user that owns the store (the workers' user), or grant this user read and search permission on the directory (chmod/chgrp)"))
+        }
+        Err(e) => Err(CliError::config(format!(
+            "cannot reach store fs:{}: {}",
+            path.display(),
+            std::io::Error::from(e)
+        ))),
+    }
+}
+
 fn check_directory(path: &Path, create: bool) -> CliResult<()> {
     match std::fs::metadata(path) {
-        Ok(m) if m.is_dir() => Ok(()),
+        Ok(m) if m.is_dir() => check_readable(path),
         Ok(_) => Err(
             CliError::config(format!("store fs:{} is not a directory", path.display()))
                 .hint("point --store (or RUNKEEP_STORE) at a directory"),

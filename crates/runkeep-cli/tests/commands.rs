@@ -7,7 +7,7 @@ use std::io::{BufRead, BufReader};
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
-use common::{runkeep, stdout, Store};
+use common::{chmod, runkeep, runkeep_unprivileged, share, stdout, Store};
 use predicates::prelude::*;
 use serde_json::Value;
 
@@ -630,4 +630,228 @@ fn parent_addresses_a_sub_run() {
         .cmd(&["show", "run_child", "--parent", "../x"])
         .assert()
         .code(64);
+}
+
+/// Runs the binary with `args`, its stdout the write end of a pipe whose
+/// read end is already closed (every write answers EPIPE), stderr captured.
+fn with_closed_stdout(args: &[&str]) -> std::process::Output {
+    let (reader, writer) = std::io::pipe().unwrap();
+    drop(reader);
+    std::process::Command::new(assert_cmd::cargo::cargo_bin("runkeep"))
+        .args(args)
+        .env("NO_COLOR", "1")
+        .env_remove("RUNKEEP_STORE")
+        .stdout(writer)
+        .stderr(Stdio::piped())
+        .output()
+        .unwrap()
+}
+
+/// Issue 8, item 10: a closed pipe is not a bug. `runkeep runs 2>&1
+/// >/dev/null | true` (stderr a closed pipe) exited 70 "internal error"; a
+/// closed stdout must end a command quietly too. Both exit 0 with nothing
+/// printed, except that the doctor and the soak keep their verdict.
+#[test]
+fn a_closed_pipe_ends_the_command_quietly() {
+    let store = Store::seeded();
+    let address = store.address();
+    // stderr a closed pipe: the issue's command line, in bash.
+    let out = std::process::Command::new("bash")
+        .arg("-c")
+        .arg(format!(
+            "NO_COLOR=1 {} --store {address} runs 2>&1 >/dev/null | true; exit ${{PIPESTATUS[0]}}",
+            assert_cmd::cargo::cargo_bin("runkeep").display()
+        ))
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0), "runs 2>&1 >/dev/null | true");
+    let (reader, writer) = std::io::pipe().unwrap();
+    drop(reader);
+    let status = std::process::Command::new(assert_cmd::cargo::cargo_bin("runkeep"))
+        .args(["--store", &address, "runs"])
+        .env("NO_COLOR", "1")
+        .stdout(Stdio::null())
+        .stderr(writer)
+        .status()
+        .unwrap();
+    assert_eq!(status.code(), Some(0), "stderr a closed pipe");
+    // stdout a closed pipe.
+    for args in [
+        vec!["--store", &address, "runs"],
+        vec!["--store", &address, "--json", "runs", "--all"],
+        vec!["--store", &address, "events", "run_demo_001"],
+        vec!["--store", &address, "show", "run_demo_002"],
+        vec!["--store", &address, "doctor"],
+        vec![
+            "--store",
+            "memory:",
+            "--json",
+            "soak",
+            "--runs",
+            "1",
+            "--steps",
+            "1",
+            "--workers",
+            "1",
+            "--no-chaos",
+            "--step-time",
+            "1ms",
+            "--ttl",
+            "500ms",
+        ],
+    ] {
+        let out = with_closed_stdout(&args);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(0), "{args:?}: {stderr}");
+        assert!(!stderr.contains("internal error"), "{args:?}: {stderr}");
+        assert!(!stderr.contains("error:"), "{args:?}: quiet: {stderr}");
+    }
+    // The doctor's exit code is its verdict, closed pipe or not.
+    std::fs::write(
+        store
+            .run_dir("run_demo_003")
+            .join("checkpoints")
+            .join("cp_1.json"),
+        "{",
+    )
+    .unwrap();
+    let out = with_closed_stdout(&["--store", &address, "doctor"]);
+    assert_eq!(
+        out.status.code(),
+        Some(1),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// Issue 8, item 10: `--ttl 1.5s` said `"1.5s" has no unit`.
+#[test]
+fn a_fractional_duration_with_a_unit_is_accepted() {
+    let store = Store::seeded();
+    let doc = store.json(&["claim", "run_demo_001", "--holder", "ops", "--ttl", "1.5s"]);
+    assert_eq!(doc["outcome"], "acquired", "{doc}");
+    let lease = &doc["lease"];
+    let expires = lease["expiresAt"].as_i64().unwrap();
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as i64;
+    assert!(expires > now - 5_000 && expires <= now + 1_500, "{lease}");
+    store
+        .cmd(&["claim", "run_demo_002", "--ttl", "30"])
+        .assert()
+        .code(64)
+        .stderr(predicate::str::contains(
+            "\"30\" has no unit (did you mean 30s or 30ms?)",
+        ));
+}
+
+/// Issue 8, item 10: a store directory this user cannot read exited 1; the
+/// README promises 78 (the store cannot be opened as configured).
+#[test]
+fn a_store_directory_this_user_cannot_read_exits_78() {
+    let parent = tempfile::tempdir().unwrap();
+    share(parent.path());
+    let base = parent.path().join("runs");
+    let address = format!("fs:{}", base.display());
+    runkeep()
+        .args(["--store", &address, "seed"])
+        .assert()
+        .success();
+    chmod(&base, 0o000);
+    let runs = runkeep_unprivileged()
+        .args(["--store", &address, "runs"])
+        .output()
+        .unwrap();
+    let doctor = runkeep_unprivileged()
+        .args(["--store", &address, "doctor"])
+        .output()
+        .unwrap();
+    let show = runkeep_unprivileged()
+        .args(["--store", &address, "show", "run_demo_001"])
+        .output()
+        .unwrap();
+    chmod(&base, 0o755);
+    for (what, out) in [("runs", runs), ("doctor", doctor), ("show", show)] {
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(78), "{what}: {stderr}");
+        assert!(stderr.contains("permission denied"), "{what}: {stderr}");
+        assert!(
+            stderr.contains(&base.display().to_string()),
+            "{what}: {stderr}"
+        );
+        assert!(stderr.contains("hint:"), "{what}: {stderr}");
+    }
+}
+
+/// Issue 8, item 10: `claim` on a run this user cannot read suggested
+/// `--new`; the run exists, and the error must say what is wrong.
+#[test]
+fn claim_on_an_unreadable_run_names_the_path_and_the_permission_problem() {
+    let store = Store::seeded();
+    share(store.path());
+    let run = store.run_dir("run_demo_002");
+    chmod(&run, 0o000);
+    let out = runkeep_unprivileged()
+        .args(["--store", &store.address(), "claim", "run_demo_002"])
+        .output()
+        .unwrap();
+    chmod(&run, 0o755);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(!stderr.contains("--new"), "{stderr}");
+    assert!(
+        stderr.contains(&run.display().to_string()),
+        "names the path: {stderr}"
+    );
+    assert!(stderr.contains("permission denied"), "{stderr}");
+    assert!(
+        stderr.contains("hint: the run's files exist but this user"),
+        "{stderr}"
+    );
+    // A run that really is unknown still points at --new.
+    store
+        .cmd(&["claim", "run_nope"])
+        .assert()
+        .code(1)
+        .stderr(predicate::str::contains("--new"));
+}
+
+/// Issue 8, item 10: `events --follow` repeated the torn-tail warning on
+/// every poll; it warns once per damaged record.
+#[test]
+fn events_follow_warns_once_per_damaged_record() {
+    let store = Store::seeded();
+    let path = store.run_dir("run_demo_001").join("transcript.jsonl");
+    let mut text = std::fs::read_to_string(&path).unwrap();
+    text.push_str("{\"type\":\"tool_completed\",\"seq\":5,\"to");
+    std::fs::write(&path, text).unwrap();
+    let child = std::process::Command::new(assert_cmd::cargo::cargo_bin("runkeep"))
+        .args([
+            "--store",
+            &store.address(),
+            "events",
+            "run_demo_001",
+            "--follow",
+            "--interval",
+            "50ms",
+        ])
+        .env("NO_COLOR", "1")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(1200));
+    std::process::Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert_eq!(out.status.code(), Some(0));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let warnings = stderr
+        .lines()
+        .filter(|l| l.contains("skipped damaged transcript record at line 5"))
+        .count();
+    assert_eq!(warnings, 1, "once, not on every poll:\n{stderr}");
 }

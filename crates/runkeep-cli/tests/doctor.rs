@@ -5,7 +5,7 @@ mod common;
 
 use std::time::{Duration, SystemTime};
 
-use common::{runkeep, stdout, Store};
+use common::{chmod, runkeep, runkeep_unprivileged, share, stdout, Store};
 use predicates::prelude::*;
 use serde_json::Value;
 
@@ -99,7 +99,10 @@ fn a_healthy_seeded_store_exits_0_and_warns_about_the_lapsed_lease() {
         "store.scratch-leftovers",
         "store.torn-transcripts",
         "store.damaged-checkpoints",
+        "store.damaged-transcripts",
+        "store.unreadable-paths",
         "store.oversized-claims",
+        "leases.fence-ceiling",
         "runtime.invariants",
     ] {
         assert_eq!(status(&doc, id), "pass", "{id}: {doc:#}");
@@ -138,7 +141,7 @@ fn human_report_has_marks_counts_and_the_exit_code() {
     );
     assert!(text.contains("→ their workers likely died"), "{text}");
     assert!(
-        text.contains("9 check(s): 8 pass, 0 fail, 1 warn, 0 inconclusive, 0 skipped"),
+        text.contains("12 check(s): 11 pass, 0 fail, 1 warn, 0 inconclusive, 0 skipped"),
         "{text}"
     );
     assert!(text.contains("exit 0: healthy"), "{text}");
@@ -154,8 +157,11 @@ fn an_empty_store_skips_what_it_cannot_evaluate_and_never_passes_it() {
         "store.scratch-leftovers",
         "store.torn-transcripts",
         "store.damaged-checkpoints",
+        "store.damaged-transcripts",
+        "store.unreadable-paths",
         "store.oversized-claims",
         "leases.expired-unreclaimed",
+        "leases.fence-ceiling",
         "runtime.invariants",
     ] {
         assert_eq!(status(&doc, id), "skipped", "{id}: {doc:#}");
@@ -248,6 +254,196 @@ fn a_damaged_checkpoint_fails_with_exit_1() {
         "{text}"
     );
     assert!(text.contains("exit 1: a check failed"), "{text}");
+}
+
+/// Rewrites a run's transcript with `edit` applied to its lines.
+fn edit_transcript(store: &Store, run: &str, edit: impl FnOnce(&mut Vec<String>)) {
+    let path = store.run_dir(run).join("transcript.jsonl");
+    let mut lines: Vec<String> = std::fs::read_to_string(&path)
+        .unwrap()
+        .lines()
+        .map(str::to_string)
+        .collect();
+    edit(&mut lines);
+    std::fs::write(&path, lines.join("\n") + "\n").unwrap();
+}
+
+/// Issue 8, item 6: a transcript with the same `seq` twice exited 0.
+#[test]
+fn a_duplicate_seq_in_a_transcript_fails_naming_the_run_file_and_seq() {
+    let store = Store::seeded();
+    edit_transcript(&store, "run_demo_002", |lines| {
+        assert_eq!(lines.len(), 3, "{lines:?}");
+        let again = lines[1].clone(); // seq 2
+        lines.push(again);
+    });
+    let doc = report(&mut store.cmd(&[]), &[]);
+    assert_eq!(status(&doc, "store.damaged-transcripts"), "fail", "{doc:#}");
+    let text = message(&doc, "store.damaged-transcripts");
+    assert!(
+        text.contains("run_demo_002/transcript.jsonl: seq 2 appears twice (lines 2 and 4)"),
+        "{text}"
+    );
+    assert_eq!(doc["exit"], 1);
+}
+
+/// Issue 8, item 6: a line that is not JSON in the middle of a transcript
+/// (valid lines after it) was not reported at all.
+#[test]
+fn damage_in_the_middle_of_a_transcript_fails_naming_the_line() {
+    let store = Store::seeded();
+    edit_transcript(&store, "run_demo_001", |lines| {
+        lines.insert(2, "{\"type\":\"tool_comp".to_string());
+    });
+    edit_transcript(&store, "run_demo_005", |lines| {
+        lines.insert(1, "[1, 2, 3]".to_string());
+    });
+    let doc = report(&mut store.cmd(&[]), &[]);
+    assert_eq!(status(&doc, "store.damaged-transcripts"), "fail", "{doc:#}");
+    let text = message(&doc, "store.damaged-transcripts");
+    assert!(
+        text.contains("run_demo_001/transcript.jsonl: line 3: is not valid JSON"),
+        "{text}"
+    );
+    assert!(
+        text.contains("run_demo_005/transcript.jsonl: line 2: is not an event object"),
+        "{text}"
+    );
+    assert_eq!(
+        status(&doc, "store.torn-transcripts"),
+        "pass",
+        "mid-file damage is not a torn tail: {doc:#}"
+    );
+    assert_eq!(doc["exit"], 1);
+    // A torn final record alone stays a warning, not this failure.
+    let torn = Store::seeded();
+    let path = torn.run_dir("run_demo_002").join("transcript.jsonl");
+    let mut text = std::fs::read_to_string(&path).unwrap();
+    text.push_str("{\"type\":\"tool_completed\",\"seq\":4");
+    std::fs::write(&path, text).unwrap();
+    let doc = report(&mut torn.cmd(&[]), &[]);
+    assert_eq!(status(&doc, "store.damaged-transcripts"), "pass", "{doc:#}");
+    assert_eq!(status(&doc, "store.torn-transcripts"), "warn", "{doc:#}");
+}
+
+/// Issue 8, item 6: a run directory the doctor cannot read (mode 000, the
+/// doctor run unprivileged) was "every checkpoint readable", pass.
+#[test]
+fn an_unreadable_run_directory_is_never_a_pass() {
+    let store = Store::seeded();
+    share(store.path());
+    let run = store.run_dir("run_demo_003");
+    chmod(&run, 0o000);
+    let out = runkeep_unprivileged()
+        .args(["--store", &store.address(), "--json", "doctor"])
+        .output()
+        .unwrap();
+    chmod(&run, 0o755);
+    let doc: Value = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+        panic!(
+            "not JSON ({e}): {}\n{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        )
+    });
+    assert_eq!(status(&doc, "store.unreadable-paths"), "fail", "{doc:#}");
+    let text = message(&doc, "store.unreadable-paths");
+    assert!(
+        text.contains("run_demo_003 (permission denied"),
+        "names the directory: {text}"
+    );
+    for id in [
+        "store.damaged-checkpoints",
+        "store.torn-transcripts",
+        "store.damaged-transcripts",
+        "runtime.invariants",
+    ] {
+        assert_eq!(status(&doc, id), "inconclusive", "{id}: {doc:#}");
+        assert!(message(&doc, id).contains("run_demo_003"), "{id}: {doc:#}");
+    }
+    assert_eq!(out.status.code(), Some(1));
+}
+
+/// Issue 8, item 6: a run whose top holding is at the fence ceiling can
+/// never be claimed, renewed or released again; the doctor called it
+/// claimable.
+#[test]
+fn a_run_at_the_fence_ceiling_fails_and_is_not_called_claimable() {
+    let store = Store::seeded();
+    let claims = store.run_dir("run_demo_006").join("claims");
+    std::fs::write(
+        claims.join("999999999999999.json"),
+        r#"{"holder":"worker-b","expiresAt":1000}"#,
+    )
+    .unwrap();
+    // The store itself refuses the next claim.
+    store
+        .cmd(&["claim", "run_demo_006", "--holder", "ops"])
+        .assert()
+        .code(1)
+        .stderr(predicate::str::contains("fence ceiling"));
+    let doc = report(&mut store.cmd(&[]), &[]);
+    assert_eq!(status(&doc, "leases.fence-ceiling"), "fail", "{doc:#}");
+    let text = message(&doc, "leases.fence-ceiling");
+    assert!(
+        text.contains("run_demo_006 (claims/999999999999999.json)"),
+        "{text}"
+    );
+    let fix = doc["checks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["id"] == "leases.fence-ceiling")
+        .unwrap()["remediation"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    assert!(fix.contains("new run id"), "{fix}");
+    assert!(
+        !message(&doc, "leases.expired-unreclaimed").contains("run_demo_006"),
+        "a wedged run is not claimable: {doc:#}"
+    );
+    assert_eq!(doc["exit"], 1);
+}
+
+/// Issue 8, item 10: garbage in the top holding showed as an empty holder
+/// "expired 20788d ago" in the doctor and as `free (fence N)` in listings.
+#[test]
+fn an_unreadable_top_holding_is_named_not_shown_as_free() {
+    let store = Store::seeded();
+    std::fs::write(
+        store.run_dir("run_demo_004").join("claims").join("1.json"),
+        "garbage",
+    )
+    .unwrap();
+    let doc = report(&mut store.cmd(&[]), &[]);
+    let text = message(&doc, "leases.expired-unreclaimed");
+    assert!(
+        text.contains("run_demo_004 (unreadable holding claims/1.json"),
+        "{text}"
+    );
+    assert!(!text.contains("(, fence"), "{text}");
+    assert!(!text.contains("d ago"), "{text}");
+    let runs = stdout(&mut store.cmd(&["runs"]));
+    let row = runs
+        .lines()
+        .find(|l| l.starts_with("run_demo_004"))
+        .unwrap();
+    assert!(row.contains("unreadable holding claims/1.json"), "{runs}");
+    assert!(!row.contains("free"), "{runs}");
+    let show = stdout(&mut store.cmd(&["show", "run_demo_004"]));
+    assert!(show.contains("unreadable holding claims/1.json"), "{show}");
+    // A real release tombstone still reads as free.
+    store
+        .cmd(&["release", "run_demo_006", "--fence", "1"])
+        .assert()
+        .success();
+    let runs = stdout(&mut store.cmd(&["runs"]));
+    let row = runs
+        .lines()
+        .find(|l| l.starts_with("run_demo_006"))
+        .unwrap();
+    assert!(row.contains("free (fence 2)"), "{runs}");
 }
 
 #[test]

@@ -1,11 +1,15 @@
 //! The doctor's read-only scan of a store directory.
 
+use std::collections::HashMap;
 use std::fs;
+use std::io;
 use std::path::{Path, PathBuf};
 use std::time::SystemTime;
 
+use runkeep::lease::MAX_FENCE;
 use runkeep::{
-    LeaseSummary, ProjectId, Result, RunScope, SessionId, TenantId, Timestamp, TopHolding,
+    Fence, LeaseSummary, ProjectId, ReadEventsOptions, Result, RunScope, SessionId, TenantId,
+    Timestamp, TopHolding,
 };
 
 use crate::claims::{self, KEEP_BELOW_TOP, SCRATCH_TTL};
@@ -31,9 +35,30 @@ pub struct Diagnosis {
     /// holdings), with their count: pruning is failing or another writer
     /// does not prune.
     pub oversized_claims: Vec<(PathBuf, usize)>,
-    /// Runs whose top holding expired (or is unreadable) without being
-    /// released or taken over: a worker died holding them. They are free.
+    /// Transcripts (and audit trails) damaged *inside*: a record that is not
+    /// valid JSON (or not an event) followed by more records, a `seq` that
+    /// appears twice, or a `seq` lower than the one before it. Readers skip
+    /// such records silently, so events are lost or ambiguous. A torn final
+    /// record is not listed here (see `torn_transcripts`). One entry per
+    /// finding: the file and what is wrong, naming line and seq.
+    pub damaged_transcripts: Vec<(PathBuf, String)>,
+    /// Paths the scan needed but could not read (a run directory, its
+    /// checkpoints or claims directory, a transcript), with the reason
+    /// (usually permission denied). What they hold was not examined.
+    pub unreadable: Vec<(PathBuf, String)>,
+    /// Runs whose top holding expired without being released or taken over:
+    /// a worker died holding them. They are free. Runs at the fence ceiling
+    /// and unreadable holdings are listed apart (`fence_ceiling`,
+    /// `unreadable_holdings`).
     pub expired_unreclaimed: Vec<(RunScope, LeaseSummary)>,
+    /// Runs whose top holding body cannot be read (garbage, not a regular
+    /// file), with the holding's path. They read as expired and anonymous:
+    /// the next claim lands above them.
+    pub unreadable_holdings: Vec<(RunScope, PathBuf)>,
+    /// Runs whose top holding is at the fence ceiling (`MAX_FENCE`), with
+    /// the holding's path: no claim, renewal or release can be issued any
+    /// more (`Fence::next` refuses), so the run is wedged.
+    pub fence_ceiling: Vec<(RunScope, PathBuf)>,
     /// Runs whose writes were refused as fenced out, with the persisted
     /// count: more than one process believed it held the run (the
     /// single-open-writer check).
@@ -46,8 +71,12 @@ impl Diagnosis {
         self.scratch_leftovers.is_empty()
             && self.torn_transcripts.is_empty()
             && self.damaged_checkpoints.is_empty()
+            && self.damaged_transcripts.is_empty()
+            && self.unreadable.is_empty()
             && self.oversized_claims.is_empty()
             && self.expired_unreclaimed.is_empty()
+            && self.unreadable_holdings.is_empty()
+            && self.fence_ceiling.is_empty()
             && self.fenced_out_refusals.is_empty()
     }
 }
@@ -109,6 +138,14 @@ pub(crate) fn diagnose(inner: &Inner, now: Timestamp) -> Result<Diagnosis> {
         d.runs_scanned += 1;
         let scope = c.scope(&attribution);
         let rctx = Ctx::new(&scope, "diagnose");
+        // A run directory this process cannot list hides everything in it:
+        // say so instead of finding nothing.
+        if let Err(e) = fs::read_dir(&c.dir) {
+            if !sys::is_not_found(&e) {
+                d.unreadable.push((c.dir.clone(), reason(&e)));
+            }
+            continue;
+        }
         let claims_dir = c.dir.join(claims::CLAIMS_DIR);
         let cps_dir = c.dir.join(checkpoints::CHECKPOINTS_DIR);
         for dir in [&c.dir, &claims_dir, &cps_dir, &c.dir.join(META_DIR)] {
@@ -120,50 +157,223 @@ pub(crate) fn diagnose(inner: &Inner, now: Timestamp) -> Result<Diagnosis> {
                 d.torn_transcripts.push(p);
             }
         }
-        if let Ok(Some(list)) = checkpoints::entries(&cps_dir) {
-            for e in list {
-                let path = cps_dir.join(&e.name);
-                let stem = &e.name[..e.name.len() - ".json".len()];
-                let outcome = match runkeep::CheckpointId::new(stem) {
-                    Err(_) => Err(format!("{} is not named for a checkpoint id", e.name)),
-                    Ok(_) if !e.regular => Err(format!("{} is not a regular file", e.name)),
-                    Ok(_) => match sys::read_opt(&path) {
-                        Ok(Some(bytes)) => checkpoints::decode(&bytes, &path, &rctx)
-                            .map(|_| ())
-                            .map_err(|e| e.to_string()),
-                        Ok(None) => Ok(()),
-                        Err(e) => Err(e.to_string()),
-                    },
-                };
-                if let Err(why) = outcome {
-                    d.damaged_checkpoints.push((path, why));
+        inspect_transcript(&c.dir, &rctx, &mut d);
+        inspect_audit(&c.dir.join(transcript::AUDIT), &mut d);
+        match checkpoints::entries(&cps_dir) {
+            Ok(Some(list)) => {
+                for e in list {
+                    let path = cps_dir.join(&e.name);
+                    let stem = &e.name[..e.name.len() - ".json".len()];
+                    let outcome = match runkeep::CheckpointId::new(stem) {
+                        Err(_) => Err(format!("{} is not named for a checkpoint id", e.name)),
+                        Ok(_) if !e.regular => Err(format!("{} is not a regular file", e.name)),
+                        Ok(_) => match sys::read_opt(&path) {
+                            Ok(Some(bytes)) => checkpoints::decode(&bytes, &path, &rctx)
+                                .map(|_| ())
+                                .map_err(|e| e.to_string()),
+                            Ok(None) => Ok(()),
+                            Err(e) => Err(e.to_string()),
+                        },
+                    };
+                    if let Err(why) = outcome {
+                        d.damaged_checkpoints.push((path, why));
+                    }
                 }
             }
+            Ok(None) => {}
+            Err(e) => d.unreadable.push((cps_dir.clone(), reason(&e))),
         }
-        if let Ok(Some(s)) = claims::scan(&claims_dir) {
-            if s.holdings.len() as u64 > KEEP_BELOW_TOP + 1 {
-                d.oversized_claims
-                    .push((claims_dir.clone(), s.holdings.len()));
+        match claims::scan(&claims_dir) {
+            Ok(Some(s)) => {
+                if s.holdings.len() as u64 > KEEP_BELOW_TOP + 1 {
+                    d.oversized_claims
+                        .push((claims_dir.clone(), s.holdings.len()));
+                }
             }
+            Ok(None) => {}
+            Err(e) => d.unreadable.push((claims_dir.clone(), reason(&e))),
         }
         match claims::read_top(&c.dir, &rctx) {
-            Ok(Some(top @ (TopHolding::Lease { .. } | TopHolding::Unreadable { .. })))
-                if !top.is_live(now) =>
-            {
-                d.expired_unreclaimed
-                    .push((scope.clone(), top.summary(now)));
+            Ok(Some(top)) => {
+                let holding = holding_path(&claims_dir, top.fence());
+                if top.fence().get() >= MAX_FENCE {
+                    // Wedged whatever the holding says: nothing can be
+                    // issued above it, not even a renewal or a release.
+                    d.fence_ceiling.push((scope.clone(), holding));
+                } else if let TopHolding::Unreadable { .. } = top {
+                    d.unreadable_holdings.push((scope.clone(), holding));
+                } else if matches!(top, TopHolding::Lease { .. }) && !top.is_live(now) {
+                    d.expired_unreclaimed
+                        .push((scope.clone(), top.summary(now)));
+                }
             }
-            _ => {}
+            Ok(None) => {}
+            // The claims directory was unreadable: already recorded above.
+            Err(_) => {}
         }
-        if let Ok(Some(bytes)) = sys::read_opt(&c.dir.join(META_DIR).join(FENCED_OUT_LOG)) {
-            let n = bytes
-                .split(|b| *b == b'\n')
-                .filter(|l| !l.is_empty())
-                .count() as u64;
-            if n > 0 {
-                d.fenced_out_refusals.push((scope, n));
+        match sys::read_opt(&c.dir.join(META_DIR).join(FENCED_OUT_LOG)) {
+            Ok(Some(bytes)) => {
+                let n = bytes
+                    .split(|b| *b == b'\n')
+                    .filter(|l| !l.is_empty())
+                    .count() as u64;
+                if n > 0 {
+                    d.fenced_out_refusals.push((scope, n));
+                }
             }
+            Ok(None) => {}
+            Err(e) => d
+                .unreadable
+                .push((c.dir.join(META_DIR).join(FENCED_OUT_LOG), reason(&e))),
         }
     }
     Ok(d)
+}
+
+impl crate::FsStore {
+    /// The run's top holding as the store reads it, with the path of its
+    /// file; `None` when the run was never claimed. Reads only.
+    ///
+    /// For operator tools: a listing row shows a release tombstone and an
+    /// unreadable holding alike (holder `""`, expiry 0); this tells them
+    /// apart and names the file. (It lives here, beside the doctor's scan,
+    /// rather than in `lib.rs`; it could move there.)
+    pub fn top_holding(&self, scope: &RunScope) -> Result<Option<(TopHolding, PathBuf)>> {
+        let run_dir = self.run_dir(scope);
+        let ctx = Ctx::new(scope, "top_holding");
+        let top = claims::read_top(&run_dir, &ctx)?;
+        Ok(top.map(|t| {
+            let path = holding_path(&run_dir.join(claims::CLAIMS_DIR), t.fence());
+            (t, path)
+        }))
+    }
+}
+
+/// The canonical path of the holding at `fence` in `claims_dir`.
+fn holding_path(claims_dir: &Path, fence: Fence) -> PathBuf {
+    claims_dir.join(format!("{fence}.json"))
+}
+
+/// An I/O error for an operator: "permission denied (EACCES)".
+fn reason(e: &io::Error) -> String {
+    match e.kind() {
+        io::ErrorKind::PermissionDenied => {
+            format!(
+                "permission denied (EACCES) for uid {}",
+                rustix::process::geteuid().as_raw()
+            )
+        }
+        _ => e.to_string(),
+    }
+}
+
+/// Damage inside the transcript: what the tolerant reader skips silently
+/// (records that are not events, not followed by a torn tail) and `seq`
+/// values that repeat or go backwards.
+fn inspect_transcript(run_dir: &Path, ctx: &Ctx, d: &mut Diagnosis) {
+    let path = run_dir.join(transcript::TRANSCRIPT);
+    let bytes = match sys::read_opt(&path) {
+        Ok(Some(b)) => b,
+        Ok(None) => return,
+        Err(e) => {
+            d.unreadable.push((path, reason(&e)));
+            return;
+        }
+    };
+    // Positions count non-empty lines, as the reader does.
+    let lines: Vec<&[u8]> = bytes
+        .split(|b| *b == b'\n')
+        .filter(|l| !l.is_empty())
+        .collect();
+    let torn = !bytes.is_empty() && bytes.last() != Some(&b'\n');
+    // What the store's own (tolerant) reader skips, in its words.
+    match transcript::read_events(run_dir, &ReadEventsOptions::default(), ctx) {
+        Ok(batch) => {
+            for s in &batch.skipped {
+                // The torn final record is `torn_transcripts`' finding.
+                if torn && s.position == lines.len() as u64 {
+                    continue;
+                }
+                d.damaged_transcripts
+                    .push((path.clone(), format!("line {}: {}", s.position, s.reason)));
+            }
+        }
+        Err(e) => {
+            d.unreadable.push((path, e.to_string()));
+            return;
+        }
+    }
+    let mut first_line: HashMap<u64, u64> = HashMap::new();
+    let mut previous: Option<(u64, u64)> = None;
+    for (i, raw) in lines.iter().enumerate() {
+        let line = i as u64 + 1;
+        let Ok(serde_json::Value::Object(m)) = serde_json::from_slice::<serde_json::Value>(raw)
+        else {
+            continue;
+        };
+        if !matches!(m.get("type"), Some(serde_json::Value::String(_))) {
+            continue;
+        }
+        // Legacy unsequenced lines take their position, like the reader.
+        let seq = match m.get("seq") {
+            None => line,
+            Some(v) => match v.as_u64().filter(|s| *s > 0) {
+                Some(s) => s,
+                None => continue,
+            },
+        };
+        match first_line.get(&seq) {
+            Some(first) => d.damaged_transcripts.push((
+                path.clone(),
+                format!("seq {seq} appears twice (lines {first} and {line})"),
+            )),
+            None => {
+                if let Some((prev_seq, prev_line)) = previous.filter(|(p, _)| seq < *p) {
+                    d.damaged_transcripts.push((
+                        path.clone(),
+                        format!(
+                            "seq {seq} on line {line} comes after seq {prev_seq} on line {prev_line} (out of order)"
+                        ),
+                    ));
+                }
+                first_line.insert(seq, line);
+            }
+        }
+        previous = Some((seq, line));
+    }
+}
+
+/// Audit records that are not JSON objects, before the final line (a torn
+/// final line is `torn_transcripts`' finding).
+fn inspect_audit(path: &Path, d: &mut Diagnosis) {
+    let bytes = match sys::read_opt(path) {
+        Ok(Some(b)) => b,
+        Ok(None) => return,
+        Err(e) => {
+            d.unreadable.push((path.to_path_buf(), reason(&e)));
+            return;
+        }
+    };
+    let terminated = bytes.last() == Some(&b'\n');
+    let lines: Vec<&[u8]> = bytes.split(|b| *b == b'\n').collect();
+    // `split` yields an empty last piece after a final newline.
+    let complete = if terminated {
+        lines.len() - 1
+    } else {
+        lines.len().saturating_sub(1)
+    };
+    for (i, line) in lines.iter().take(complete).enumerate() {
+        if line.is_empty() {
+            continue;
+        }
+        if !matches!(
+            serde_json::from_slice::<serde_json::Value>(line),
+            Ok(serde_json::Value::Object(_))
+        ) {
+            d.damaged_transcripts.push((
+                path.to_path_buf(),
+                format!("line {}: is not a JSON object", i + 1),
+            ));
+        }
+    }
 }

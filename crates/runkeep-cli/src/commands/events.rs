@@ -1,5 +1,6 @@
 //! `runkeep events RUN`: the transcript, optionally tailed.
 
+use std::collections::HashSet;
 use std::time::Duration;
 
 use clap::Args;
@@ -42,6 +43,7 @@ pub async fn run(ctx: &Ctx, args: EventsArgs) -> CliResult<Exit> {
         json: ctx.json(),
         style: ctx.style,
         header_done: false,
+        warned: HashSet::new(),
     };
     let first = read(store, &scope, args.since, args.limit).await?;
     if !args.follow {
@@ -116,12 +118,19 @@ struct Printer {
     json: bool,
     style: Style,
     header_done: bool,
+    /// Line positions of damaged records already warned about: `--follow`
+    /// re-reads a torn tail on every poll, and says so once. (A torn tail
+    /// healed by the next append stays the same damaged line: not new.)
+    warned: HashSet<u64>,
 }
 
 impl Printer {
     /// Prints a batch; returns the last printed seq.
     fn batch(&mut self, batch: &EventBatch) -> CliResult<Option<u64>> {
         for s in &batch.skipped {
+            if !self.warned.insert(s.position) {
+                continue;
+            }
             warn(&format!(
                 "skipped damaged transcript record at line {}: {}",
                 s.position, s.reason

@@ -5,7 +5,7 @@ use runkeep::{ClaimOptions, ClaimOutcome, Fence, Holder, Timestamp, Ttl};
 use serde_json::json;
 
 use crate::cli::{parse_id, RunArg};
-use crate::commands::{lease_cell, require_run};
+use crate::commands::{lease_cell, read_error, require_run, run_exists, unknown_run};
 use crate::context::Ctx;
 use crate::duration::parse_ttl;
 use crate::error::{CliError, CliResult, Exit};
@@ -47,17 +47,19 @@ pub async fn claim(ctx: &Ctx, args: ClaimArgs) -> CliResult<Exit> {
     let scope = ctx.run_scope(&args.run)?;
     let opened = ctx.store()?;
     let store = opened.store.as_ref();
-    if !args.new {
-        require_run(store, &scope)
-            .await
-            .map_err(|e| e.hint("pass --new to claim a run that has no state yet"))?;
+    // Only a run the store holds nothing for needs --new; a run that cannot
+    // be read keeps the read error and its own hint (permission denied).
+    if !args.new && !run_exists(store, &scope).await? {
+        return Err(unknown_run(&scope).hint(
+            "pass --new to claim a run that has no state yet; otherwise check the run id and --tenant/--project/--session",
+        ));
     }
     let holder = args.holder.unwrap_or_else(|| Holder::unique("runkeep-cli"));
     let now = Timestamp::now();
     let outcome = store
         .claim(&scope, &ClaimOptions::new(holder, args.ttl).at(now))
         .await
-        .map_err(|e| CliError::from(e).context(format!("claim {}", scope.run_id)))?;
+        .map_err(|e| read_error(e).context(format!("claim {}", scope.run_id)))?;
     match outcome {
         ClaimOutcome::Acquired(lease) => {
             if ctx.json() {

@@ -7,6 +7,7 @@ use runkeep::{
 
 use crate::error::{CliError, CliResult};
 use crate::output::{relative, Cell, Color};
+use crate::store::OpenedStore;
 
 pub mod checkpoints;
 pub mod events;
@@ -20,12 +21,48 @@ pub mod show;
 /// True when the store holds anything for the run: a checkpoint, a lease, an
 /// event or a run record. Reads only.
 pub async fn run_exists(store: &dyn RunStore, scope: &RunScope) -> CliResult<bool> {
-    if !store.list_checkpoints(scope).await?.is_empty()
-        || store.lease(scope, Timestamp::now()).await?.is_some()
-    {
-        return Ok(true);
+    let exists = async {
+        if !store.list_checkpoints(scope).await?.is_empty()
+            || store.lease(scope, Timestamp::now()).await?.is_some()
+        {
+            return Ok(true);
+        }
+        let head = ReadEventsOptions {
+            limit: Some(1),
+            ..ReadEventsOptions::default()
+        };
+        Ok(store.read_events(scope, &head).await?.last_seq > 0
+            || store.read_run_record(scope).await?.is_some())
+    };
+    exists.await.map_err(read_error)
+}
+
+/// True when the error (or a source of it) is an OS "permission denied".
+pub fn is_permission_denied(err: &(dyn std::error::Error + 'static)) -> bool {
+    let mut next = Some(err);
+    while let Some(e) = next {
+        if e.downcast_ref::<std::io::Error>()
+            .is_some_and(|io| io.kind() == std::io::ErrorKind::PermissionDenied)
+        {
+            return true;
+        }
+        next = e.source();
     }
-    Ok(event_head(store, scope).await? > 0 || store.read_run_record(scope).await?.is_some())
+    false
+}
+
+/// A store error reading a run, with a hint that fits: a run this user may
+/// not read exists, so "unknown run" or "--new" advice would be wrong.
+pub fn read_error(err: runkeep::Error) -> CliError {
+    let denied = is_permission_denied(&err);
+    let e = CliError::from(err);
+    if denied {
+        return e.hint(format!(
+            "the run's files exist but this user (uid {}) may not read them (permission denied on the path above); run as the store's owner (the workers' user), or fix the run directory's ownership or modes",
+            rustix::process::getuid().as_raw()
+        ));
+    }
+    e
 }
 
 /// Refuses a run the store knows nothing about (a typo must not look like an
@@ -70,6 +107,25 @@ pub fn lease_cell(lease: Option<&LeaseSummary>, now: Timestamp) -> Cell {
             Color::Green,
         ),
     }
+}
+
+/// A run's claim for humans: [`lease_cell`], except that a holding whose
+/// file cannot be read is named as damage rather than shown as free.
+pub fn claim_cell(
+    opened: &OpenedStore,
+    scope: &RunScope,
+    lease: Option<&LeaseSummary>,
+    now: Timestamp,
+) -> Cell {
+    if lease.is_some_and(|l| l.holder.is_empty()) {
+        if let Some(file) = opened.unreadable_holding(scope) {
+            return Cell::colored(
+                format!("unreadable holding {file} (counts as expired)"),
+                Color::Red,
+            );
+        }
+    }
+    lease_cell(lease, now)
 }
 
 /// A park for humans, with the colour that tells its state.

@@ -5,10 +5,11 @@ use indicatif::{ProgressBar, ProgressStyle};
 use runkeep::{ListOptions, ListOrder, ParkState, RunRow, Timestamp};
 
 use crate::cli::parse_id;
-use crate::commands::{lease_cell, park_cell};
+use crate::commands::{claim_cell, park_cell};
 use crate::context::Ctx;
 use crate::error::{CliError, CliResult, Exit};
 use crate::output::{emit, emit_json, emit_json_line, note, relative, when, Cell, Color, Table};
+use crate::store::OpenedStore;
 
 /// `runkeep runs`.
 #[derive(Args, Debug)]
@@ -65,7 +66,7 @@ pub async fn run(ctx: &Ctx, args: RunsArgs) -> CliResult<Exit> {
         if ctx.json() {
             emit_json(&page)?;
         } else {
-            print_rows(ctx, &page.entries, now, &listing.to_string())?;
+            print_rows(ctx, &opened, &page.entries, now, &listing.to_string())?;
             if let Some(c) = &page.cursor {
                 emit(&format!("more: runkeep runs --cursor {c}\n"))?;
             }
@@ -103,12 +104,18 @@ pub async fn run(ctx: &Ctx, args: RunsArgs) -> CliResult<Exit> {
     }
     bar.finish_and_clear();
     if !ctx.json() {
-        print_rows(ctx, &rows, now, &listing.to_string())?;
+        print_rows(ctx, &opened, &rows, now, &listing.to_string())?;
     }
     Ok(Exit::Ok)
 }
 
-fn print_rows(ctx: &Ctx, rows: &[RunRow], now: Timestamp, scope: &str) -> CliResult<()> {
+fn print_rows(
+    ctx: &Ctx,
+    opened: &OpenedStore,
+    rows: &[RunRow],
+    now: Timestamp,
+    scope: &str,
+) -> CliResult<()> {
     if rows.is_empty() {
         note(&format!("no runs in {scope} match"));
         return Ok(());
@@ -145,7 +152,7 @@ fn print_rows(ctx: &Ctx, rows: &[RunRow], now: Timestamp, scope: &str) -> CliRes
                 "-".into(),
                 "-".into(),
                 Cell::colored(crate::output::truncate(damage, 60), Color::Red),
-                lease_cell(r.claim.as_ref(), now),
+                claim_cell(opened, &r.scope, r.claim.as_ref(), now),
             ]);
         } else {
             cells.extend([
@@ -159,7 +166,7 @@ fn print_rows(ctx: &Ctx, rows: &[RunRow], now: Timestamp, scope: &str) -> CliRes
                     .map_or("-".into(), |t| relative(t, now))
                     .into(),
                 park_cell(r.park.as_ref(), now),
-                lease_cell(r.claim.as_ref(), now),
+                claim_cell(opened, &r.scope, r.claim.as_ref(), now),
             ]);
         }
         table.row(cells);

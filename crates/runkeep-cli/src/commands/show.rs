@@ -6,7 +6,7 @@ use runkeep::{Checkpoint, MessageSnapshot, Timestamp};
 use serde_json::{json, Value};
 
 use crate::cli::RunArg;
-use crate::commands::{event_head, lease_cell, park_cell, unknown_run};
+use crate::commands::{claim_cell, event_head, park_cell, unknown_run};
 use crate::context::Ctx;
 use crate::error::{CliResult, Exit};
 use crate::output::{emit, emit_json, fields, when, Cell};
@@ -41,7 +41,7 @@ pub async fn run(ctx: &Ctx, args: ShowArgs) -> CliResult<Exit> {
         return Err(unknown_run(&scope));
     }
     let headers: Vec<_> = cps.iter().map(Checkpoint::header).collect();
-    let park = park_precedence(&headers, now);
+    let park = park_precedence(&headers, &runkeep::checkpoint::history_of(&cps), now);
     let latest = cps.last();
     let run_created_at = cps.iter().filter_map(|c| c.run_created_at).min();
     let (messages_kind, through, message_count) = match &messages {
@@ -64,6 +64,7 @@ pub async fn run(ctx: &Ctx, args: ShowArgs) -> CliResult<Exit> {
             })),
             "park": park,
             "lease": lease,
+            "unreadableHolding": opened.unreadable_holding(&scope),
             "events": {"lastSeq": last_seq},
             "audit": {"count": audit},
             "record": record,
@@ -111,7 +112,7 @@ pub async fn run(ctx: &Ctx, args: ShowArgs) -> CliResult<Exit> {
             format!("on {} · parked {}", p.checkpoint_id, when(p.parked_at, now)).into(),
         ));
     }
-    rows.push(("lease", lease_cell(lease.as_ref(), now)));
+    rows.push(("lease", claim_cell(&opened, &scope, lease.as_ref(), now)));
     if let Some(l) = lease.as_ref().filter(|l| !l.holder.is_empty()) {
         rows.push(("", format!("until {}", when(l.expires_at, now)).into()));
     }

@@ -8,21 +8,28 @@
 //! | `store.scratch-leftovers` | integrity | claim scratch files older than the 10 min scratch TTL |
 //! | `store.torn-transcripts` | integrity | transcripts ending in a partial line |
 //! | `store.damaged-checkpoints` | integrity | checkpoint files that cannot be read |
+//! | `store.damaged-transcripts` | integrity | damage inside transcripts and audit trails: unparsable records before the last, duplicate or out-of-order `seq` |
+//! | `store.unreadable-paths` | integrity | run directories (and their parts) this user cannot read |
 //! | `store.oversized-claims` | integrity | claims directories pruning did not keep small |
-//! | `leases.expired-unreclaimed` | leases | leases past expiry nobody reclaimed or released |
+//! | `leases.expired-unreclaimed` | leases | leases past expiry nobody reclaimed or released, and unreadable top holdings |
+//! | `leases.fence-ceiling` | leases | runs whose top holding is at the fence ceiling (wedged) |
+//!
+//! A scan-based check that finds nothing but could not read part of the
+//! store is `inconclusive`, never `pass` (see [`unproven`]).
 //! | `runtime.invariants` | runtime | `store.run:single-open-writer`, from persisted fenced-out refusal counters |
 
 use std::future::Future;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+use runkeep::lease::MAX_FENCE;
 use runkeep::{
     Checkpoint, CheckpointId, ClaimOptions, Holder, ListOptions, NewEvent, ReadEventsOptions,
-    RunScope, RunStore, Timestamp, Ttl,
+    RunRow, RunScope, RunStore, Timestamp, Ttl,
 };
 use serde_json::{json, Map};
 
-use super::{Check, Outcome};
+use super::{Check, Outcome, Status};
 use crate::error::{CliError, CliResult};
 use crate::scope::ScopeParts;
 use crate::store::{Diagnosis, OpenedStore, StoreAddress};
@@ -186,6 +193,41 @@ pub fn registry() -> Vec<Check> {
             })
             .await
         }),
+        check("store.damaged-transcripts", "integrity", |env| async move {
+            from_scan(&env, |env, d| {
+                if d.damaged_transcripts.is_empty() {
+                    return Outcome::pass(format!(
+                        "no damage inside a transcript or audit trail in {} run(s)",
+                        d.runs_scanned
+                    ));
+                }
+                Outcome::fail(format!(
+                    "{} problem(s) inside transcripts: {}",
+                    d.damaged_transcripts.len(),
+                    env.list(d.damaged_transcripts.iter().map(|(p, why)| format!("{}: {why}", env.path(p))))
+                ))
+                .remedy("readers skip damaged records silently and strict reads refuse the file, so events are lost or ambiguous; restore the file from a backup, or copy the run's state to a new run id")
+            })
+            .await
+        }),
+        check("store.unreadable-paths", "integrity", |env| async move {
+            from_scan(&env, |env, d| {
+                if d.unreadable.is_empty() {
+                    return Outcome::pass(format!(
+                        "every run directory readable in {} run(s)",
+                        d.runs_scanned
+                    ));
+                }
+                Outcome::fail(format!(
+                    "{} path(s) cannot be read by this user (uid {}), so what they hold was not examined: {}",
+                    d.unreadable.len(),
+                    rustix::process::geteuid().as_raw(),
+                    env.list(d.unreadable.iter().map(|(p, why)| format!("{} ({why})", env.path(p))))
+                ))
+                .remedy("workers running as this user cannot read these runs either; fix the ownership or modes (e.g. chown -R to the store's owner, chmod u+rwX), or run the doctor as the user the workers run as")
+            })
+            .await
+        }),
         check("store.oversized-claims", "integrity", |env| async move {
             from_scan(&env, |env, d| {
                 if d.oversized_claims.is_empty() {
@@ -211,6 +253,9 @@ pub fn registry() -> Vec<Check> {
         }),
         check("leases.expired-unreclaimed", "leases", |env| async move {
             expired_unreclaimed(&env).await
+        }),
+        check("leases.fence-ceiling", "leases", |env| async move {
+            fence_ceiling(&env).await
         }),
         check("runtime.invariants", "runtime", |env| async move {
             invariants(&env).await
@@ -252,7 +297,53 @@ async fn from_scan(
     if scan.runs_scanned == 0 {
         return Ok(Outcome::skipped("no run directories to inspect"));
     }
-    Ok(judge(env, &scan))
+    Ok(unproven(env, &scan, judge(env, &scan)))
+}
+
+/// A `pass` over a scan that could not read part of the store proves
+/// nothing about that part: it becomes `inconclusive`, naming what was not
+/// read. Findings (`fail`, `warn`) stand as they are.
+fn unproven(env: &Env, scan: &Diagnosis, outcome: Outcome) -> Outcome {
+    if outcome.status != Status::Pass || scan.unreadable.is_empty() {
+        return outcome;
+    }
+    Outcome::inconclusive(format!(
+        "could not look everywhere: {} path(s) unreadable ({}); in the rest: {}",
+        scan.unreadable.len(),
+        env.list(scan.unreadable.iter().map(|(p, _)| env.path(p))),
+        outcome.message
+    ))
+    .remedy(
+        "see store.unreadable-paths; fix the permissions, or run the doctor as the store's owner",
+    )
+}
+
+/// Every row of the scope's listing (backends without a directory scan).
+async fn listing_rows(env: &Env) -> CliResult<Vec<RunRow>> {
+    let listing = env.scope.listing()?;
+    let mut options = ListOptions {
+        limit: Some(runkeep::listing::MAX_LIMIT),
+        now: Some(env.now),
+        ..ListOptions::default()
+    };
+    let mut rows = Vec::new();
+    loop {
+        let page = env.store()?.store.list_runs(&listing, &options).await?;
+        rows.extend(page.entries);
+        match page.cursor {
+            Some(c) => options.cursor = Some(c),
+            None => return Ok(rows),
+        }
+    }
+}
+
+/// `claims/N.json`: a holding's path as seen from its run directory.
+fn holding_name(p: &Path) -> String {
+    let file = p
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    format!("claims/{file}")
 }
 
 async fn reachable(env: &Env) -> CliResult<Outcome> {
@@ -405,68 +496,113 @@ fn hard_links(env: &Env) -> CliResult<Outcome> {
 }
 
 async fn expired_unreclaimed(env: &Env) -> CliResult<Outcome> {
-    let expired: Vec<String> = match env.diagnosis().await {
+    let describe = |run: &str, holder: &str, fence: runkeep::Fence, expires_at: Timestamp| {
+        format!(
+            "{run} ({holder}, fence {fence}, expired {})",
+            crate::output::relative(expires_at, env.now)
+        )
+    };
+    let (expired, scan): (Vec<String>, Option<Arc<Diagnosis>>) = match env.diagnosis().await {
         Some(scan) => {
             let scan = scan?;
             if scan.runs_scanned == 0 {
                 return Ok(Outcome::skipped("no run directories to inspect"));
             }
-            scan.expired_unreclaimed
+            let mut found: Vec<String> = scan
+                .expired_unreclaimed
                 .iter()
-                .map(|(run, l)| {
-                    format!(
-                        "{} ({}, fence {}, expired {})",
-                        run.run_id,
-                        l.holder,
-                        l.fence,
-                        crate::output::relative(l.expires_at, env.now)
-                    )
-                })
-                .collect()
+                .map(|(run, l)| describe(run.run_id.as_str(), &l.holder, l.fence, l.expires_at))
+                .collect();
+            found.extend(scan.unreadable_holdings.iter().map(|(run, p)| {
+                format!(
+                    "{} (unreadable holding {}; it counts as expired, the next claim lands above it)",
+                    run.run_id,
+                    holding_name(p)
+                )
+            }));
+            (found, Some(scan))
         }
         None => {
             // Backends without a scan: walk the listing of the scope.
-            let listing = env.scope.listing()?;
-            let mut options = ListOptions {
-                limit: Some(runkeep::listing::MAX_LIMIT),
-                now: Some(env.now),
-                ..ListOptions::default()
-            };
-            let mut found = Vec::new();
-            let mut seen = 0usize;
-            loop {
-                let page = env.store()?.store.list_runs(&listing, &options).await?;
-                seen += page.entries.len();
-                found.extend(page.entries.iter().filter_map(|r| {
+            let rows = listing_rows(env).await?;
+            if rows.is_empty() {
+                return Ok(Outcome::skipped(format!(
+                    "no runs in {}",
+                    env.scope.listing()?
+                )));
+            }
+            let found = rows
+                .iter()
+                .filter_map(|r| {
                     r.claim
                         .as_ref()
-                        .filter(|c| c.expired && !c.holder.is_empty())
+                        .filter(|c| c.expired && !c.holder.is_empty() && c.fence.get() < MAX_FENCE)
                         .map(|c| {
-                            format!(
-                                "{} ({}, fence {}, expired {})",
-                                r.scope.run_id,
-                                c.holder,
-                                c.fence,
-                                crate::output::relative(c.expires_at, env.now)
-                            )
+                            describe(r.scope.run_id.as_str(), &c.holder, c.fence, c.expires_at)
                         })
-                }));
-                match page.cursor {
-                    Some(c) => options.cursor = Some(c),
-                    None => break,
-                }
-            }
-            if seen == 0 {
-                return Ok(Outcome::skipped(format!("no runs in {listing}")));
-            }
-            found
+                })
+                .collect();
+            (found, None)
         }
     };
-    if expired.is_empty() {
-        return Ok(Outcome::pass("no lease is past expiry unreclaimed"));
-    }
-    Ok(Outcome::warn(format!("{} lease(s) expired and never reclaimed: {}", expired.len(), env.list(expired)))
-        .remedy("their workers likely died; the runs are claimable (`runkeep runs --unclaimed`), release or reclaim them"))
+    let outcome = if expired.is_empty() {
+        Outcome::pass("no lease is past expiry unreclaimed")
+    } else {
+        Outcome::warn(format!("{} lease(s) expired and never reclaimed: {}", expired.len(), env.list(expired)))
+            .remedy("their workers likely died; the runs are claimable (`runkeep runs --unclaimed`), release or reclaim them")
+    };
+    Ok(match scan {
+        Some(scan) => unproven(env, &scan, outcome),
+        None => outcome,
+    })
+}
+
+/// Runs whose top holding sits at the fence ceiling: `Fence::next` refuses,
+/// so no claim, renewal or release can ever be issued for them again.
+async fn fence_ceiling(env: &Env) -> CliResult<Outcome> {
+    let (wedged, scan): (Vec<String>, Option<Arc<Diagnosis>>) = match env.diagnosis().await {
+        Some(scan) => {
+            let scan = scan?;
+            if scan.runs_scanned == 0 {
+                return Ok(Outcome::skipped("no run directories to inspect"));
+            }
+            let found = scan
+                .fence_ceiling
+                .iter()
+                .map(|(run, p)| format!("{} ({})", run.run_id, holding_name(p)))
+                .collect();
+            (found, Some(scan))
+        }
+        None => {
+            let rows = listing_rows(env).await?;
+            if rows.is_empty() {
+                return Ok(Outcome::skipped(format!(
+                    "no runs in {}",
+                    env.scope.listing()?
+                )));
+            }
+            let found = rows
+                .iter()
+                .filter(|r| r.claim.as_ref().is_some_and(|c| c.fence.get() >= MAX_FENCE))
+                .map(|r| r.scope.run_id.to_string())
+                .collect();
+            (found, None)
+        }
+    };
+    let outcome = if wedged.is_empty() {
+        Outcome::pass(format!("no run is at the fence ceiling {MAX_FENCE}"))
+    } else {
+        Outcome::fail(format!(
+            "{} run(s) at the fence ceiling {MAX_FENCE}, wedged: no claim, renewal or release can be issued for them any more: {}",
+            wedged.len(),
+            env.list(wedged)
+        ))
+        .remedy("they are not claimable; copy each run's state to a new run id and point its work there, then archive or delete the old run")
+    };
+    Ok(match scan {
+        Some(scan) => unproven(env, &scan, outcome),
+        None => outcome,
+    })
 }
 
 /// `store.run:single-open-writer` (spec DR-17/18, WK-25), evaluated from the
@@ -495,10 +631,11 @@ async fn invariants(env: &Env) -> CliResult<Outcome> {
         .filter(|(_, n)| *n > 0)
         .collect();
     if refused.is_empty() {
-        return Ok(Outcome::pass(format!(
+        let pass = Outcome::pass(format!(
             "1/1 invariant holds — {ID} (0 fenced-out refusals recorded in {} run(s))",
             scan.runs_scanned
-        )));
+        ));
+        return Ok(unproven(env, &scan, pass));
     }
     let total: u64 = refused.iter().map(|(_, n)| n).sum();
     Ok(Outcome::warn(format!(

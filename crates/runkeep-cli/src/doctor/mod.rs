@@ -262,9 +262,17 @@ pub struct Report {
 /// Runs the doctor.
 pub async fn run(ctx: &Ctx, args: DoctorArgs) -> CliResult<Exit> {
     // A store that cannot be opened at all (no such directory, not a
-    // directory, a backend not built in) exits 78 with no report. A directory
+    // directory, a directory this user cannot read, a backend not built in)
+    // exits 78 with no report. A directory
     // that exists but cannot be used is examined: the checks say what fails.
     let address = ctx.global.store.clone();
+    // A directory this user may not even list is not examined: every check
+    // would only repeat "permission denied". Exit 78, as every command does.
+    if let StoreAddress::Fs(path) = &address {
+        if path.is_dir() {
+            crate::store::check_readable(path)?;
+        }
+    }
     let opened = match ctx.store() {
         Ok(opened) => Ok(opened),
         Err(e) if matches!(&address, StoreAddress::Fs(path) if path.is_dir()) => Err(e),
@@ -313,12 +321,18 @@ pub async fn run(ctx: &Ctx, args: DoctorArgs) -> CliResult<Exit> {
         summary,
         exit: exit.code(),
     };
-    if ctx.json() {
-        emit_json(&report)?;
+    let printed = if ctx.json() {
+        emit_json(&report)
     } else {
-        emit(&render(&report, &ctx.scope.describe(), &ctx.style))?;
+        emit(&render(&report, &ctx.scope.describe(), &ctx.style))
+    };
+    match printed {
+        // A reader that went away (`runkeep doctor | head -3`) does not turn
+        // the verdict into a pass: the exit code is still the report's.
+        Err(e) if e.is_closed_pipe() => Ok(exit),
+        Err(e) => Err(e),
+        Ok(()) => Ok(exit),
     }
-    Ok(exit)
 }
 
 /// Runs every check concurrently and collects records in registration order.

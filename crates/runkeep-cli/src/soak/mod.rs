@@ -9,7 +9,15 @@
 //! sink, and writes a fenced checkpoint; a run is done when its work item (a
 //! park on its seed checkpoint) is answered. Then every worker is stopped and
 //! [`audit`] checks the store, the sink and the workers' ack logs. Any
-//! violation makes the command exit 1.
+//! violation makes the command exit 1. A soak that merely runs out of time
+//! (`--timeout`) with no violation exits 75: it proved nothing wrong, and it
+//! did not finish proving anything either.
+//!
+//! Settings that cannot make progress are refused up front (exit 64): the
+//! lease TTL must be at least [`MIN_TTL`] and at least [`TTL_PER_STEP`] times
+//! `--step-time`. Workers renew every third of the TTL and give the lease up
+//! within a tenth of it; a TTL near the time of a store round trip or of a
+//! step loses every lease before the step commits, and the soak livelocks.
 //!
 //! On the memory store (one process), workers are threads with their own
 //! runtime: a kill drops the runtime without releasing, a stall blocks the
@@ -37,6 +45,7 @@ use tokio_util::sync::CancellationToken;
 use crate::context::Ctx;
 use crate::duration::{parse_duration, parse_ttl};
 use crate::error::{CliError, CliResult, Exit};
+use crate::output::{emit, emit_json};
 use crate::store::{open_store, StoreAddress};
 use audit::Audit;
 use worker::{WorkerConfig, SEED_CHECKPOINT, WORK_REQUEST};
@@ -138,6 +147,10 @@ pub struct SoakReport {
     pub unexpected_exits: u64,
     /// Whether every run finished before the timeout.
     pub finished_in_time: bool,
+    /// When it did not: how many runs were left, and the timeout. Not a
+    /// violation (see `audit.runs_incomplete` for the runs).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub timed_out: Option<String>,
     /// The audit.
     pub audit: Audit,
     /// The soak directory, when kept.
@@ -146,15 +159,54 @@ pub struct SoakReport {
 }
 
 impl SoakReport {
-    /// True when no invariant was violated.
+    /// True when every run finished in time and no invariant was violated.
     pub fn clean(&self) -> bool {
         self.audit.violations.is_empty() && self.finished_in_time
+    }
+
+    /// 0 clean; 1 a guarantee was violated (whether or not it also timed
+    /// out); 75 it ran out of time with no violation.
+    pub fn exit(&self) -> Exit {
+        if !self.audit.violations.is_empty() {
+            Exit::Failed
+        } else if !self.finished_in_time {
+            Exit::Incomplete
+        } else {
+            Exit::Ok
+        }
     }
 }
 
 fn store_given_explicitly() -> bool {
     std::env::var_os("RUNKEEP_STORE").is_some()
         || std::env::args().any(|a| a == "--store" || a.starts_with("--store="))
+}
+
+/// The shortest lease TTL a soak accepts: a few store round trips (with
+/// fsync, on a loaded machine) must fit in the tenth of it the worker keeps
+/// as a safety margin and in the third between renewals.
+pub const MIN_TTL: Duration = Duration::from_millis(200);
+
+/// The TTL must be at least this many times `--step-time`.
+pub const TTL_PER_STEP: u32 = 3;
+
+/// Refuses settings under which workers cannot make progress.
+fn check_progress(args: &SoakArgs) -> CliResult<()> {
+    let ttl = args.ttl.as_duration();
+    let floor = MIN_TTL.max(args.step_time.saturating_mul(TTL_PER_STEP));
+    if ttl < floor {
+        return Err(CliError::usage(format!(
+            "--ttl {}ms cannot make progress with --step-time {}ms: a worker renews every third of its lease and gives it up a tenth before expiry, so every lease would lapse before a step commits (the soak would livelock and report nothing but a timeout)",
+            ttl.as_millis(),
+            args.step_time.as_millis()
+        ))
+        .hint(format!(
+            "use --ttl of at least {}ms: the larger of {}ms and {TTL_PER_STEP} × --step-time",
+            floor.as_millis(),
+            MIN_TTL.as_millis()
+        )));
+    }
+    Ok(())
 }
 
 /// `runkeep soak`.
@@ -164,6 +216,7 @@ pub async fn run(ctx: &Ctx, args: SoakArgs) -> CliResult<Exit> {
             "--runs, --steps, --workers and --concurrency must all be at least 1",
         ));
     }
+    check_progress(&args)?;
     let (dir, _tmp) = match &args.dir {
         Some(d) => {
             std::fs::create_dir_all(d)
@@ -213,12 +266,13 @@ pub async fn run(ctx: &Ctx, args: SoakArgs) -> CliResult<Exit> {
             report.kept_dir = Some(dir.display().to_string());
         }
     }
-    print(ctx, &report);
-    Ok(if report.clean() {
-        Exit::Ok
-    } else {
-        Exit::Failed
-    })
+    let exit = report.exit();
+    match print(ctx, &report) {
+        // A reader that went away does not change the verdict.
+        Err(e) if e.is_closed_pipe() => Ok(exit),
+        Err(e) => Err(e),
+        Ok(()) => Ok(exit),
+    }
 }
 
 async fn seed(store: &Arc<dyn RunStore>, ctx: &Ctx, n: u64) -> CliResult<Vec<RunScope>> {
@@ -584,15 +638,14 @@ async fn drive(
     workers.shutdown().await;
     bar.finish_and_clear();
     let audit = audit::audit(store.as_ref(), runs, args.steps, soak_dir).await;
-    let mut audit = audit;
-    if !finished_in_time {
-        let left = remaining(&store, &listing).await.unwrap_or(u64::MAX);
-        audit.violations.push(format!(
-            "{left} of {} runs were not completed within {:?}",
+    let timed_out = (!finished_in_time).then(|| {
+        format!(
+            "{} of {} runs did not finish within --timeout {}",
+            audit.runs_incomplete.len(),
             runs.len(),
-            args.timeout
-        ));
-    }
+            crate::output::human_duration(args.timeout)
+        )
+    });
     let committed = audit.checkpoints.saturating_sub(runs.len() as u64);
     Ok(SoakReport {
         store: address.to_string(),
@@ -606,6 +659,7 @@ async fn drive(
         restarts,
         unexpected_exits: unexpected,
         finished_in_time,
+        timed_out,
         audit,
         kept_dir: None,
     })
@@ -615,16 +669,26 @@ fn jitter(mean: Duration) -> Duration {
     mean.mul_f64(rand::thread_rng().gen_range(0.5..1.5))
 }
 
-fn print(ctx: &Ctx, r: &SoakReport) {
+fn print(ctx: &Ctx, r: &SoakReport) -> CliResult<()> {
+    use std::fmt::Write as _;
+    let mut out = String::new();
+    // `println!` would panic on a closed stdout; everything goes through
+    // one `emit`, which reports a closed pipe as such.
+    macro_rules! println {
+        () => { out.push('\n') };
+        ($($t:tt)*) => {{ let _ = writeln!(out, $($t)*); }};
+    }
     if ctx.json() {
-        println!("{}", serde_json::to_string_pretty(r).unwrap_or_default());
-        return;
+        return emit_json(r);
     }
     let a = &r.audit;
-    let verdict = if r.clean() {
-        "PASS: every invariant held"
-    } else {
-        "FAIL: invariants violated"
+    let verdict = match (a.violations.is_empty(), r.finished_in_time) {
+        (true, true) => "PASS: every invariant held".to_string(),
+        (false, _) => "FAIL: invariants violated".to_string(),
+        (true, false) => format!(
+            "INCOMPLETE: did not finish in time ({}); no invariant was violated in what ran",
+            r.timed_out.as_deref().unwrap_or("timed out")
+        ),
     };
     println!("runkeep soak — {verdict}");
     println!();
@@ -694,6 +758,13 @@ fn print(ctx: &Ctx, r: &SoakReport) {
                 a.torn_log_lines
             ),
         ),
+        (
+            "finished",
+            match &r.timed_out {
+                None => "every run, within --timeout".to_string(),
+                Some(t) => format!("no: {t} (a timeout, not a violation)"),
+            },
+        ),
         ("violations", a.violations.len().to_string()),
     ];
     let width = rows.iter().map(|(k, _)| k.len()).max().unwrap_or(0);
@@ -720,10 +791,22 @@ fn print(ctx: &Ctx, r: &SoakReport) {
             println!("  … and {} more", a.violations.len() - 50);
         }
     }
+    if !a.runs_incomplete.is_empty() {
+        println!();
+        println!("did not finish in time (not violations):");
+        for v in a.runs_incomplete.iter().take(10) {
+            println!("  … {v}");
+        }
+        if a.runs_incomplete.len() > 10 {
+            println!("  … and {} more", a.runs_incomplete.len() - 10);
+        }
+        println!("  → give it a longer --timeout, fewer --runs or --steps, or more --workers");
+    }
     if let Some(d) = &r.kept_dir {
         println!();
         println!("soak directory kept at {d}");
     }
+    emit(&out)
 }
 
 /// `runkeep soak-worker`.
@@ -745,6 +828,6 @@ pub async fn run_worker(ctx: &Ctx, args: SoakWorkerArgs) -> CliResult<Exit> {
     let report = worker::work(opened.store, listing, cfg, shutdown)
         .await
         .map_err(CliError::failed)?;
-    eprintln!("{report:?}");
+    crate::output::note(&format!("{report:?}"));
     Ok(Exit::Ok)
 }

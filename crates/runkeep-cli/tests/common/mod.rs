@@ -69,6 +69,43 @@ impl Store {
 /// `runkeep` with no RUNKEEP_* variable from the caller's environment and no colour.
 pub fn runkeep() -> Command {
     let mut c = Command::cargo_bin("runkeep").expect("runkeep binary");
+    clean_env(&mut c);
+    c
+}
+
+/// True when the tests run as root (CI does).
+pub fn is_root() -> bool {
+    rustix::process::geteuid().is_root()
+}
+
+/// `runkeep` as a user that file modes apply to. Root ignores modes, so as
+/// root it runs through `setpriv` as `nobody` (util-linux); as anyone else
+/// it runs as that user, whom a mode-000 directory they own also shuts out.
+pub fn runkeep_unprivileged() -> Command {
+    if !is_root() {
+        return runkeep();
+    }
+    let mut c = Command::new("setpriv");
+    c.args(["--reuid=nobody", "--regid=nogroup", "--clear-groups"])
+        .arg(assert_cmd::cargo::cargo_bin("runkeep"));
+    clean_env(&mut c);
+    c
+}
+
+/// Makes `dir` traversable by other users (a temp dir is 0700), so an
+/// unprivileged process can reach what is inside it.
+pub fn share(dir: &Path) {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o755)).expect("chmod 755");
+}
+
+/// Sets `path`'s mode (e.g. `0o000` to shut everyone but root out).
+pub fn chmod(path: &Path, mode: u32) {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)).expect("chmod");
+}
+
+fn clean_env(c: &mut Command) {
     for var in [
         "RUNKEEP_STORE",
         "RUNKEEP_TENANT",
@@ -83,7 +120,6 @@ pub fn runkeep() -> Command {
         c.env_remove(var);
     }
     c.env("NO_COLOR", "1");
-    c
 }
 
 /// Stdout of a successful run, as text.
