@@ -413,29 +413,34 @@ fn publish_open_exclusive(
         .map_err(|e| PublishError::Failed(ctx.io("write", &target, e)))
 }
 
-/// Housekeeping after a successful acquire at `top`: unlink holdings more
-/// than [`KEEP_BELOW_TOP`] below it and scratch files older than
-/// [`SCRATCH_TTL`] (wall clock, never the injected lease clock). Failures are
-/// swallowed: housekeeping must not fail a claim.
+/// Holdings unlinked by one claim or release at most. A directory that
+/// accumulated a huge backlog (a crashed pruner, an old reference version)
+/// is worked down a slice per call instead of making one claim take seconds.
+pub(crate) const MAX_PRUNE_PER_CALL: usize = 256;
+
+/// Housekeeping after a successful acquire (or release) at `top`: unlink
+/// holdings more than [`KEEP_BELOW_TOP`] below it, lowest first and at most
+/// [`MAX_PRUNE_PER_CALL`] of them, and scratch files older than
+/// [`SCRATCH_TTL`] (wall clock, never the injected lease clock). Runs after
+/// the run lock is dropped (it never changes the top, so writers need not
+/// wait for it). Failures are swallowed: housekeeping must not fail a claim.
 fn prune(claims_dir: &Path, top: Fence, scan: &Scan) {
     let floor = top.get().saturating_sub(KEEP_BELOW_TOP);
-    // Ascending, so that even a crash mid-prune removes only a prefix: a
-    // holding that still exists has every later-issued holding after it,
-    // which is what lets a release find the top without listing (below).
+    // Ascending, so that even a crash mid-prune removes only a prefix.
     let mut doomed: Vec<&(Fence, String)> = scan
         .holdings
         .iter()
         .filter(|(f, _)| f.get() < floor)
         .collect();
     doomed.sort_by_key(|(f, _)| *f);
-    for (_, name) in doomed {
+    for (_, name) in doomed.into_iter().take(MAX_PRUNE_PER_CALL) {
         let _ = fs::remove_file(claims_dir.join(name));
     }
     if scan.scratch.is_empty() {
         return;
     }
     let now = SystemTime::now();
-    for name in &scan.scratch {
+    for name in scan.scratch.iter().take(MAX_PRUNE_PER_CALL) {
         let path = claims_dir.join(name);
         let Ok(meta) = fs::symlink_metadata(&path) else {
             continue;
@@ -452,14 +457,50 @@ fn is_foreign_non_regular(path: &Path) -> bool {
     fs::symlink_metadata(path).is_ok_and(|m| !m.is_file())
 }
 
+/// What the listing after a successful link says about it.
+enum AfterLink {
+    /// Nothing above the linked fence: it is the top, issued for the first
+    /// time (a name that was issued before and pruned can only be missing
+    /// because the run moved at least 33 fences past it, and the top is never
+    /// removed, so something above it would still be listed).
+    Top(Scan),
+    /// A holding above the linked fence exists: the link landed on a name
+    /// pruned long ago (the caller was delayed between its read and its
+    /// link), or the lease was superseded before it could be handed back.
+    /// Either way it is not the caller's.
+    Superseded { above: Fence, scan: Scan },
+}
+
+/// The post-link check (issue 8, item 1): a hard link proves only that the
+/// name did not exist at that instant, not that it was never issued.
+/// "A fence above every fence ever issued" is proved by listing the
+/// directory after the link and finding nothing above it.
+fn after_link(claims_dir: &Path, fence: Fence, ctx: &Ctx) -> Result<AfterLink> {
+    let s = scan(claims_dir)
+        .map_err(|e| ctx.io("list the claims directory", claims_dir, e))?
+        .unwrap_or_default();
+    if testing_hooks::skip_post_link_check() {
+        return Ok(AfterLink::Top(s));
+    }
+    match s.top().map(|(f, _)| *f) {
+        Some(above) if above > fence => Ok(AfterLink::Superseded { above, scan: s }),
+        _ => Ok(AfterLink::Top(s)),
+    }
+}
+
 /// Claims, renews or reclaims a run (spec FL-17, with a distinct
 /// `Contended` outcome and jittered backoff).
+///
+/// A lease is handed back only when, after its link, nothing above its
+/// fence exists (see [`after_link`]) and its expiry has not passed on the
+/// claim's clock plus the time the claim itself took.
 pub(crate) fn claim(
     inner: &Inner,
     scope: &RunScope,
     options: &ClaimOptions,
 ) -> Result<ClaimOutcome> {
     let ctx = Ctx::new(scope, "claim");
+    let started = std::time::Instant::now();
     let now = options.now();
     let run_dir = inner.run_dir(scope);
     let claims_dir = run_dir.join(CLAIMS_DIR);
@@ -467,7 +508,7 @@ pub(crate) fn claim(
     sys::ensure_dir(&claims_dir, inner.durability)
         .map_err(|e| ctx.io("create the claims directory", &claims_dir, e))
         .map_err(|e| inner.note(e))?;
-    let _lock = RunLock::acquire(&run_dir, Mode::Shared, inner.durability, &ctx)?;
+    let lock = RunLock::acquire(&run_dir, Mode::Shared, inner.durability, &ctx)?;
     let expires_at = now.plus(options.ttl);
     let body = body(options.holder.as_str(), expires_at.as_millis());
     let mut lost = 0;
@@ -486,14 +527,37 @@ pub(crate) fn claim(
                 fence = fl.next(&scope.run_id)?;
             }
         }
+        testing_hooks::pause_once("claim-before-link");
+        testing_hooks::delay("claim-before-link");
         match publish(inner, &claims_dir, fence, &body, &ctx) {
             Ok(()) => {
-                prune(&claims_dir, fence, &s);
-                return Ok(ClaimOutcome::Acquired(Lease {
-                    holder: options.holder.clone(),
-                    fence,
-                    expires_at,
-                }));
+                testing_hooks::trace(|| format!("linked {fence}"));
+                match after_link(&claims_dir, fence, &ctx)? {
+                    AfterLink::Top(after) => {
+                        drop(lock);
+                        prune(&claims_dir, fence, &after);
+                        testing_hooks::delay("claim-after-link");
+                        return hand_back(inner, scope, options, fence, started, &ctx);
+                    }
+                    AfterLink::Superseded { above, scan: after } => {
+                        testing_hooks::trace(|| {
+                            format!("refused-after-link {fence} above {above}")
+                        });
+                        tracing::debug!(run = %scope.run_id, %fence, %above, "claim linked a fence the run had already moved past; not handed back");
+                        // The stale name sits far below the top: the same
+                        // bounded prune that keeps the directory small
+                        // removes it.
+                        prune(&claims_dir, above, &after);
+                        lost += 1;
+                        if lost >= MAX_ATTEMPTS {
+                            return Err(Error::Contended {
+                                run: scope.run_id.to_string(),
+                                attempts: lost,
+                            });
+                        }
+                        continue;
+                    }
+                }
             }
             Err(PublishError::Exists) => {
                 let target = claims_dir.join(format!("{fence}.json"));
@@ -521,6 +585,43 @@ pub(crate) fn claim(
     })
 }
 
+/// Hands back a won lease unless it already expired while the claim ran
+/// (item 4: a claim slowed down by a huge claims directory or a stalled
+/// disk must not return a lease someone else may already be taking). An
+/// expired win is released at once (a clean release: the next claimer
+/// takes it without waiting) and answered as retryable `Unavailable`.
+fn hand_back(
+    inner: &Inner,
+    scope: &RunScope,
+    options: &ClaimOptions,
+    fence: Fence,
+    started: std::time::Instant,
+    ctx: &Ctx,
+) -> Result<ClaimOutcome> {
+    let now = options.now();
+    let expires_at = now.plus(options.ttl);
+    let took = started.elapsed();
+    let took_ms = i64::try_from(took.as_millis()).unwrap_or(i64::MAX);
+    let judged_at =
+        Timestamp::from_millis(now.as_millis().saturating_add(took_ms)).unwrap_or(expires_at);
+    if runkeep::lease::is_expired(expires_at, judged_at) {
+        let _ = release(inner, scope, fence);
+        return Err(Error::Unavailable {
+            message: format!(
+                "{} on run {}: the claim took {} ms, longer than its ttl, so the lease at fence {fence} had expired before it could be handed back; it was released again. Retry, with a ttl well above the time a claim takes on this volume (`runkeep doctor` reports the claims directory size)",
+                ctx.operation,
+                ctx.run,
+                took.as_millis()
+            ),
+            source: None,
+        });
+    }
+    Ok(ClaimOutcome::Acquired(Lease {
+        holder: options.holder.clone(),
+        fence,
+        expires_at,
+    }))
+}
 /// The holding at exactly `fence`, read by name (no directory listing).
 fn holding_at(claims_dir: &Path, fence: Fence, ctx: &Ctx) -> Result<Option<TopHolding>> {
     let path = claims_dir.join(format!("{fence}.json"));
@@ -540,12 +641,14 @@ fn holding_at(claims_dir: &Path, fence: Fence, ctx: &Ctx) -> Result<Option<TopHo
 /// Releases the run if `fence` is its top holding: publishes the tombstone
 /// at `fence + 1`. A stale or unknown fence is a no-op (`false`).
 ///
-/// No directory listing is needed: the releaser names its fence. If
-/// `<fence>.json` is a live-or-lapsed lease, it is the top unless
-/// `<fence+1>.json` exists (holdings are only ever created at the top and
-/// pruned in ascending order), and the tombstone's own hard link at
-/// `fence + 1` answers exactly that: it fails with "exists" when anyone
-/// moved on. Same answers as `decide_release` over the top holding.
+/// The releaser names its fence, so the tombstone's own hard link at
+/// `fence + 1` answers "did anyone move on": it fails with "exists" when a
+/// claimer took the next number. A link that succeeds proves only that the
+/// name was free at that instant; a releaser delayed between its read and
+/// its link may land on a name pruned long ago. So, as for a claim, the
+/// directory is listed after the link and the release counts only when
+/// nothing is above the tombstone. The same listing drives the bounded
+/// prune (a release keeps `claims/` at 33 names too).
 pub(crate) fn release(inner: &Inner, scope: &RunScope, fence: Fence) -> Result<bool> {
     let ctx = Ctx::new(scope, "release");
     let run_dir = inner.run_dir(scope);
@@ -556,9 +659,26 @@ pub(crate) fn release(inner: &Inner, scope: &RunScope, fence: Fence) -> Result<b
         return Ok(false);
     };
     inner.check_poison()?;
-    let _lock = RunLock::acquire(&run_dir, Mode::Shared, inner.durability, &ctx)?;
+    let lock = RunLock::acquire(&run_dir, Mode::Shared, inner.durability, &ctx)?;
+    testing_hooks::pause_once("release-before-link");
+    testing_hooks::delay("release-before-link");
     match publish(inner, &claims_dir, tomb, &body("", 0), &ctx) {
-        Ok(()) => Ok(true),
+        Ok(()) => {
+            testing_hooks::trace(|| format!("tombstone {tomb}"));
+            let after = after_link(&claims_dir, tomb, &ctx);
+            drop(lock);
+            match after? {
+                AfterLink::Top(after) => {
+                    prune(&claims_dir, tomb, &after);
+                    Ok(true)
+                }
+                AfterLink::Superseded { above, scan: after } => {
+                    testing_hooks::trace(|| format!("refused-after-link {tomb} above {above}"));
+                    prune(&claims_dir, above, &after);
+                    Ok(false)
+                }
+            }
+        }
         // Someone already took the next number: nothing left to release.
         Err(PublishError::Exists) => Ok(false),
         Err(PublishError::Failed(e)) => Err(inner.note(e)),

@@ -266,7 +266,7 @@ fn still_matches(
     let Ok(Some(d)) = checkpoints::current_digest(&inner.run_dir(scope), &ctx) else {
         return false;
     };
-    let park = runkeep::park::park_precedence(&d.parks, now);
+    let park = runkeep::park::park_precedence(&d.parks, &d.fence_history, now);
     match (&filter.park, park) {
         (Some(states), Some(p)) => states.contains(&p.state),
         (Some(_), None) => false,

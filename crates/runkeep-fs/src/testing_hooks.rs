@@ -122,6 +122,84 @@ pub(crate) fn lock_wait_override() -> Option<u64> {
     None
 }
 
+/// Stops this process (SIGSTOP) at `point` the first time it is reached,
+/// when a test asked for it; later passes run on (so a retry loop after the
+/// pause is not stopped again).
+#[cfg(feature = "testing")]
+pub(crate) fn pause_once(point: &str) {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    static DONE: AtomicBool = AtomicBool::new(false);
+    if std::env::var("RUNKEEP_FS_TEST_PAUSE").as_deref() == Ok(point)
+        && !DONE.swap(true, Ordering::SeqCst)
+    {
+        pause(point);
+    }
+}
+
+#[cfg(not(feature = "testing"))]
+#[inline(always)]
+pub(crate) fn pause_once(_point: &str) {}
+
+/// Records `event` in the file a test named in `RUNKEEP_FS_TEST_TRACE`, one
+/// `<pid> <event>` line per call (a single `O_APPEND` write, so lines of
+/// concurrent processes never interleave). Lets a race test prove which
+/// interleaving happened.
+#[cfg(feature = "testing")]
+pub(crate) fn trace(event: impl FnOnce() -> String) {
+    use std::io::Write;
+    let Ok(path) = std::env::var("RUNKEEP_FS_TEST_TRACE") else {
+        return;
+    };
+    let line = format!("{} {}\n", std::process::id(), event());
+    if let Ok(mut f) = std::fs::OpenOptions::new()
+        .append(true)
+        .create(true)
+        .open(path)
+    {
+        let _ = f.write_all(line.as_bytes());
+    }
+}
+
+#[cfg(not(feature = "testing"))]
+#[inline(always)]
+pub(crate) fn trace(_event: impl FnOnce() -> String) {}
+
+/// True when a test removed the post-link check (the mutation that brings
+/// back "a fence issued twice"), to prove the race tests catch it.
+#[cfg(feature = "testing")]
+pub(crate) fn skip_post_link_check() -> bool {
+    std::env::var("RUNKEEP_FS_TEST_MUTATION").as_deref() == Ok("no-post-link-check")
+}
+
+#[cfg(not(feature = "testing"))]
+#[inline(always)]
+pub(crate) fn skip_post_link_check() -> bool {
+    false
+}
+
+/// Sleeps at `point` for the milliseconds a test gave in
+/// `RUNKEEP_FS_TEST_DELAY=<point>:<ms>` (a slow disk or a descheduled
+/// process, without stopping it).
+#[cfg(feature = "testing")]
+pub(crate) fn delay(point: &str) {
+    let Ok(spec) = std::env::var("RUNKEEP_FS_TEST_DELAY") else {
+        return;
+    };
+    for item in spec.split(',') {
+        if let Some((p, ms)) = item.split_once(':') {
+            if p == point {
+                if let Ok(ms) = ms.parse::<u64>() {
+                    std::thread::sleep(std::time::Duration::from_millis(ms));
+                }
+            }
+        }
+    }
+}
+
+#[cfg(not(feature = "testing"))]
+#[inline(always)]
+pub(crate) fn delay(_point: &str) {}
+
 /// When a test asked for a short write at `point` on `path`: the error the
 /// write fails with after landing part of its buffer (half of it).
 #[cfg(feature = "testing")]

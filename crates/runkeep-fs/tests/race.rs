@@ -37,6 +37,13 @@ fn body_holder(base: &Path, run: &str, fence: u64) -> String {
     }
 }
 
+/// Lease TTL of the single-run race (the issue's reproduction used 30 ms).
+const RACE_TTL_MS: u64 = 30;
+
+/// One process of the single-run race: claims the run over and over; each
+/// win is, in turn, released at once, renewed once and then released, or
+/// left to lapse. Every handed-back fence and every successful release is
+/// reported, so the parent can count fences handed out twice.
 fn single_run_worker() {
     let base = std::path::PathBuf::from(env("BASE"));
     let run = env("RUN");
@@ -45,26 +52,52 @@ fn single_run_worker() {
     let store = open(&base);
     let rt = rt();
     let s = scope(&run);
-    let opts = ClaimOptions::new(holder(&me), Ttl::from_millis(1).unwrap());
+    let ttl_ms: u64 = std::env::var("TTL_MS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(RACE_TTL_MS);
+    let opts = ClaimOptions::new(holder(&me), Ttl::from_millis(ttl_ms).unwrap());
     sleep_until(env("START_AT").parse().unwrap());
-    let (mut contended, mut errors) = (0u64, 0u64);
+    let (mut contended, mut errors, mut late, mut n) = (0u64, 0u64, 0u64, 0u64);
+    let claim = || rt.block_on(store.claim(&s, &opts.clone().at(runkeep::Timestamp::now())));
+    let win = |l: &runkeep::Lease| {
+        let body = body_holder(&base, &run, l.fence.get());
+        report(format!("win {} {body}", l.fence));
+    };
+    let release = |f: runkeep::Fence| {
+        if let Ok(true) = rt.block_on(store.release(&s, f)) {
+            report(format!("released {f}"));
+        }
+    };
     loop {
-        match rt.block_on(store.claim(&s, &opts.clone().at(runkeep::Timestamp::now()))) {
+        match claim() {
             Ok(ClaimOutcome::Acquired(l)) => {
-                let body = body_holder(&base, &run, l.fence.get());
-                report(format!("win {} {body}", l.fence));
+                win(&l);
                 if l.fence.get() >= target {
                     break;
                 }
-                // Let the 1 ms lease lapse so the others race for the next.
-                std::thread::sleep(Duration::from_micros(1500));
+                n += 1;
+                match n % 3 {
+                    0 => release(l.fence),
+                    1 => match claim() {
+                        Ok(ClaimOutcome::Acquired(l2)) => {
+                            win(&l2);
+                            release(l2.fence);
+                        }
+                        _ => release(l.fence),
+                    },
+                    _ => std::thread::sleep(Duration::from_millis(ttl_ms + 1)),
+                }
             }
             Ok(ClaimOutcome::Held(h)) => {
                 if h.fence.get() >= target {
                     break;
                 }
+                std::thread::sleep(Duration::from_micros(200));
             }
             Err(Error::Contended { .. }) => contended += 1,
+            // The claim outlived its ttl; the store released the win.
+            Err(Error::Unavailable { .. }) => late += 1,
             Err(e) => {
                 errors += 1;
                 report(format!("err {}", e.to_string().replace('\n', " ")));
@@ -74,24 +107,49 @@ fn single_run_worker() {
             }
         }
     }
-    report(format!("done contended={contended} errors={errors}"));
+    report(format!(
+        "done contended={contended} errors={errors} late={late}"
+    ));
 }
 
 /// Tally of one single-run race.
 #[derive(Debug, Default)]
 struct Tally {
+    /// The highest fence handed out.
     fences: u64,
-    double_winners: u64,
-    no_winner: u64,
+    /// Fences handed back (a win, or a release's tombstone reported done)
+    /// to more than one caller: the guarantee. Must be 0.
+    won_twice: u64,
+    /// Fences below the top that no publish ever linked (a skipped number).
+    never_linked: u64,
+    /// Links that landed on a name the run had moved past and were refused
+    /// by the post-link check: proof that the delayed-claimer interleaving
+    /// happened.
+    refused_after_link: u64,
+    /// Handed-back fences whose body named another process.
     wrong_body: u64,
+    /// Wins whose body was pruned before the winner read it back.
     unverified: u64,
     errors: u64,
     contended: u64,
+    late: u64,
 }
 
 fn single_run_race(processes: usize, target: u64, envs: &[(&str, String)]) -> Tally {
+    single_run_race_with(processes, target, envs, &[])
+}
+
+/// The race, with `slow` extra variables given to process 0 only (a
+/// claimer delayed before every link, across prune windows).
+fn single_run_race_with(
+    processes: usize,
+    target: u64,
+    envs: &[(&str, String)],
+    slow: &[(&str, String)],
+) -> Tally {
     let dir = tempdir();
     let base = dir.path().join("runs");
+    let trace = dir.path().join("trace");
     open(&base);
     let start = now_ms() + 1500;
     let workers: Vec<_> = (0..processes)
@@ -102,71 +160,132 @@ fn single_run_race(processes: usize, target: u64, envs: &[(&str, String)]) -> Ta
                 ("HOLDER", format!("proc-{i}")),
                 ("TARGET", target.to_string()),
                 ("START_AT", start.to_string()),
+                ("RUNKEEP_FS_TEST_TRACE", trace.display().to_string()),
             ];
             e.extend(envs.iter().cloned());
+            if i == 0 {
+                e.extend(slow.iter().cloned());
+            }
             spawn("single-run", &e)
         })
         .collect();
-    let mut winners: BTreeMap<u64, Vec<(String, String)>> = BTreeMap::new();
+    let mut handed: BTreeMap<u64, Vec<(String, String)>> = BTreeMap::new();
     let mut t = Tally::default();
     for (i, w) in workers.into_iter().enumerate() {
-        for r in w.finish(Duration::from_secs(120)) {
+        for r in w.finish(Duration::from_secs(300)) {
             let parts: Vec<&str> = r.splitn(3, ' ').collect();
             match parts[0] {
-                "win" => winners
+                "win" => handed
                     .entry(parts[1].parse().unwrap())
                     .or_default()
                     .push((format!("proc-{i}"), parts[2].to_string())),
+                // A release's tombstone is an issued fence too.
+                "released" => handed
+                    .entry(parts[1].parse::<u64>().unwrap() + 1)
+                    .or_default()
+                    .push((format!("proc-{i}"), "tombstone".into())),
                 "err" => t.errors += 1,
                 "done" => {
-                    t.contended += r
-                        .split("contended=")
-                        .nth(1)
-                        .and_then(|s| s.split(' ').next())
-                        .and_then(|s| s.parse::<u64>().ok())
-                        .unwrap_or(0)
+                    let field = |k: &str| {
+                        r.split(&format!("{k}="))
+                            .nth(1)
+                            .and_then(|s| s.split(' ').next())
+                            .and_then(|s| s.parse::<u64>().ok())
+                            .unwrap_or(0)
+                    };
+                    t.contended += field("contended");
+                    t.late += field("late");
                 }
                 _ => {}
             }
         }
     }
-    let top = winners.keys().max().copied().unwrap_or(0);
-    t.fences = top;
-    for f in 1..=top {
-        match winners.get(&f).map(Vec::len).unwrap_or(0) {
-            0 => t.no_winner += 1,
-            1 => {}
-            _ => t.double_winners += 1,
+    let mut linked: BTreeSet<u64> = BTreeSet::new();
+    for line in std::fs::read_to_string(&trace).unwrap_or_default().lines() {
+        let mut w = line.split(' ').skip(1);
+        match (w.next(), w.next().and_then(|f| f.parse::<u64>().ok())) {
+            (Some("linked" | "tombstone"), Some(f)) => {
+                linked.insert(f);
+            }
+            (Some("refused-after-link"), Some(_)) => t.refused_after_link += 1,
+            _ => {}
         }
     }
-    for list in winners.values() {
+    let top = handed.keys().max().copied().unwrap_or(0);
+    t.fences = top;
+    t.won_twice = handed.values().filter(|v| v.len() > 1).count() as u64;
+    t.never_linked = (1..=top).filter(|f| !linked.contains(f)).count() as u64;
+    for list in handed.values() {
         for (who, body) in list {
             match body.as_str() {
                 "-" => t.unverified += 1,
+                "tombstone" => {}
                 b if b == who => {}
                 _ => t.wrong_body += 1,
             }
         }
     }
-    eprintln!("single-run race ({processes} processes, target {target}, {envs:?}): {t:?}");
+    eprintln!(
+        "single-run race ({processes} processes, target {target}, {envs:?}, process 0: {slow:?}): {t:?}"
+    );
     t
 }
 
-/// FL-35 at one run: six processes contend for 6 000 fences. No fence is
-/// won twice or by nobody, and every holding's body names the process that
-/// won it (read back by the winner the moment it won).
+/// Process 0 is delayed 500 ms before every link (claim, renewal and
+/// release): the others issue well over 33 fences meanwhile, so its links
+/// regularly land on names pruned while it slept (issue 8, item 1). Its
+/// ttl is 2 s, so a delayed win it is legitimately handed stays live (a
+/// claim slower than its ttl is never handed back, which would hide the
+/// stale link from the tally).
+fn slow_claimer() -> Vec<(&'static str, String)> {
+    vec![
+        (
+            "RUNKEEP_FS_TEST_DELAY",
+            "claim-before-link:500,release-before-link:500".into(),
+        ),
+        ("TTL_MS", "2000".into()),
+    ]
+}
+
+/// FL-35 at one run, and issue 8 item 1: six processes claim, renew and
+/// release one run with a 30 ms ttl; one of them is delayed 500 ms before
+/// every link, long enough for the others to move the run past the prune
+/// window. No fence is handed to two callers, none is skipped, every
+/// holding's body names the process that won it, and the delayed process's
+/// stale links were really made and refused (the interleaving happened).
 #[test]
-fn df_01_df_10_six_processes_contending_for_6000_fences_never_share_or_skip_one() {
-    let t = single_run_race(6, 6000, &[]);
-    assert!(t.fences >= 6000, "{t:?}");
+fn df_01_df_10_six_processes_claiming_renewing_releasing_never_hand_a_fence_out_twice() {
+    let t = single_run_race_with(6, 2000, &[], &slow_claimer());
+    assert!(t.fences >= 2000, "{t:?}");
     assert_eq!(
-        (t.double_winners, t.no_winner, t.wrong_body, t.errors),
+        (t.won_twice, t.never_linked, t.wrong_body, t.errors),
         (0, 0, 0, 0),
         "{t:?}"
     );
     assert!(
-        t.unverified < t.fences / 100,
+        t.refused_after_link > 0,
+        "the delayed claimer never linked a pruned name, so this run did not test the post-link check: {t:?}"
+    );
+    assert!(
+        t.unverified < t.fences / 20,
         "too many bodies pruned before read-back: {t:?}"
+    );
+}
+
+/// Meta-test for issue 8 item 1: the same race against a store whose
+/// post-link check is removed hands fences out twice, and the race test's
+/// tally sees it.
+#[test]
+fn the_single_run_race_catches_a_store_without_the_post_link_check() {
+    let t = single_run_race_with(
+        6,
+        2000,
+        &[("RUNKEEP_FS_TEST_MUTATION", "no-post-link-check".into())],
+        &slow_claimer(),
+    );
+    assert!(
+        t.won_twice > 0,
+        "the missing post-link check went unnoticed: {t:?}"
     );
 }
 
@@ -181,7 +300,7 @@ fn the_single_run_race_catches_a_scratch_name_shared_per_fence() {
         &[("RUNKEEP_FS_TEST_MUTATION", "per-fence-scratch".into())],
     );
     assert!(
-        t.wrong_body + t.errors + t.double_winners + t.no_winner > 0,
+        t.wrong_body + t.errors + t.won_twice + t.never_linked > 0,
         "the mutated publish went unnoticed: {t:?}"
     );
 }

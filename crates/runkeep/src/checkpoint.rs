@@ -3,12 +3,39 @@
 //!
 //! # The total order
 //!
-//! Checkpoints of a run are ordered by [`OrderKey`] = `(fence, created_at, id)`.
-//! Every checkpoint carries the fence it was written under (the presented
-//! fence, or for an unfenced write the run's fence at the time; none if the
-//! run was never claimed), so a superseded holder's late write can never
-//! outrank anything its successor wrote, whatever its clock says. "Latest",
-//! the resume point, pending lookup and pruning all use this one order.
+//! Checkpoints of a run are ordered by [`OrderKey`] =
+//! `(fence, unstamped, created_at, id)`. Every checkpoint runkeep writes
+//! carries the fence it was written under (the presented fence, or for an
+//! unfenced write the run's fence at the time; none if the run was never
+//! claimed), so a superseded holder's late write can never outrank anything
+//! its successor wrote, whatever its clock says. "Latest", the resume point,
+//! pending lookup and pruning all use this one order.
+//!
+//! # Unstamped checkpoints among stamped ones
+//!
+//! The reference implementation writes checkpoints without a fence. In a
+//! directory shared with it, a run can hold both: a reference worker that
+//! takes a run over from a runkeep worker (fence 5 → 6) writes an
+//! unstamped checkpoint that must rank above runkeep's fence-5 work, or a
+//! runkeep worker resuming the run would discard it. The rule:
+//!
+//! - An unstamped checkpoint takes the **highest fence stamped on any
+//!   checkpoint of the run created at or before it** (its `createdAt`), or
+//!   none when there is no such checkpoint ([`FenceHistory`]).
+//! - At an equal fence it ranks **above** the stamped checkpoints (it was
+//!   written after them, by a holder the store could not see), and unstamped
+//!   checkpoints among themselves keep the reference's `createdAt` order.
+//!
+//! So a run written only by the reference keeps the reference's order, a run
+//! written only by runkeep keeps the fence order, and in a mixed run the
+//! takeover's checkpoint is latest in both directions (a runkeep takeover
+//! stamps a fence above every earlier one). The placement compares
+//! `createdAt` values written by different processes, so it assumes their
+//! clocks agree to within the time between a takeover and the previous
+//! holder's last checkpoint (one host, or hosts kept in sync): a reference
+//! checkpoint stamped earlier than the runkeep checkpoints it followed ranks
+//! below them, and one stamped later than a runkeep takeover's checkpoint
+//! ranks above it — the reference itself orders everything by `createdAt`.
 
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
@@ -52,9 +79,95 @@ pub struct Checkpoint {
     pub state: Map<String, Value>,
 }
 
-/// The total order key `(fence, created_at, id)`; `None` fences sort first.
+/// The total order key `(fence, unstamped, created_at, id)`: for a stamped
+/// checkpoint its own fence, for an unstamped one the fence its run's
+/// [`FenceHistory`] places it at (`None` sorts first).
 #[derive(Clone, PartialEq, Eq, PartialOrd, Ord, Debug, Serialize, Deserialize)]
-pub struct OrderKey(pub Option<Fence>, pub Timestamp, pub CheckpointId);
+pub struct OrderKey {
+    /// The fence it was written under, stamped or placed.
+    pub fence: Option<Fence>,
+    /// True for a checkpoint without its own fence stamp.
+    pub unstamped: bool,
+    /// Written at.
+    pub created_at: Timestamp,
+    /// Id (the last tie-break).
+    pub id: CheckpointId,
+}
+
+/// The highest fence stamped on a run's checkpoints as a function of
+/// `createdAt`: the steps `(created_at, fence)` of a staircase, ascending in
+/// both. Places unstamped checkpoints in the total order (module docs).
+#[derive(Clone, PartialEq, Eq, Debug, Default, Serialize, Deserialize)]
+pub struct FenceHistory(Vec<(Timestamp, Fence)>);
+
+impl FenceHistory {
+    /// Built from `(fence, created_at)` of every checkpoint of a run.
+    pub fn of(items: impl IntoIterator<Item = (Option<Fence>, Timestamp)>) -> Self {
+        let mut points: Vec<(Timestamp, Fence)> = items
+            .into_iter()
+            .filter_map(|(f, t)| f.map(|f| (t, f)))
+            .collect();
+        points.sort();
+        let mut steps: Vec<(Timestamp, Fence)> = Vec::new();
+        for (t, f) in points {
+            if steps.last().is_none_or(|(_, top)| f > *top) {
+                steps.push((t, f));
+            }
+        }
+        Self(steps)
+    }
+
+    /// Records one more checkpoint; true when the staircase changed (so
+    /// unstamped checkpoints may have moved).
+    pub fn note(&mut self, fence: Option<Fence>, at: Timestamp) -> bool {
+        let Some(f) = fence else { return false };
+        if self.at(at).is_some_and(|top| top >= f) {
+            return false;
+        }
+        let i = self.0.partition_point(|(t, _)| *t <= at);
+        self.0.insert(i, (at, f));
+        let mut j = i + 1;
+        while j < self.0.len() && self.0[j].1 <= f {
+            self.0.remove(j);
+        }
+        j = i;
+        // An earlier step at the same instant is superseded by this one.
+        while j > 0 && self.0[j - 1].0 == at {
+            self.0.remove(j - 1);
+            j -= 1;
+        }
+        true
+    }
+
+    /// The highest stamped fence on a checkpoint created at or before `at`.
+    pub fn at(&self, at: Timestamp) -> Option<Fence> {
+        let i = self.0.partition_point(|(t, _)| *t <= at);
+        i.checked_sub(1).map(|i| self.0[i].1)
+    }
+
+    /// True when no checkpoint carries a fence.
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    /// The order key of a checkpoint of this run.
+    pub fn key(&self, fence: Option<Fence>, created_at: Timestamp, id: &CheckpointId) -> OrderKey {
+        match fence {
+            Some(f) => OrderKey {
+                fence: Some(f),
+                unstamped: false,
+                created_at,
+                id: id.clone(),
+            },
+            None => OrderKey {
+                fence: self.at(created_at),
+                unstamped: true,
+                created_at,
+                id: id.clone(),
+            },
+        }
+    }
+}
 
 /// What the store reads of a checkpoint (no host state).
 #[derive(Clone, PartialEq, Eq, Debug, Serialize, Deserialize)]
@@ -76,9 +189,9 @@ pub struct CheckpointHeader {
 }
 
 impl CheckpointHeader {
-    /// The total-order key.
-    pub fn order_key(&self) -> OrderKey {
-        OrderKey(self.fence, self.created_at, self.id.clone())
+    /// The total-order key among the run whose stamps are `history`.
+    pub fn order_key(&self, history: &FenceHistory) -> OrderKey {
+        history.key(self.fence, self.created_at, &self.id)
     }
 }
 
@@ -130,9 +243,9 @@ impl Checkpoint {
         self
     }
 
-    /// The total-order key.
-    pub fn order_key(&self) -> OrderKey {
-        OrderKey(self.fence, self.created_at, self.id.clone())
+    /// The total-order key among the run whose stamps are `history`.
+    pub fn order_key(&self, history: &FenceHistory) -> OrderKey {
+        history.key(self.fence, self.created_at, &self.id)
     }
 
     /// The header.
@@ -271,14 +384,21 @@ fn number_instant(v: &Value) -> Option<Timestamp> {
     v.as_f64().and_then(|f| Timestamp::from_f64(f).ok())
 }
 
+/// The fence history of a run's checkpoints.
+pub fn history_of(cps: &[Checkpoint]) -> FenceHistory {
+    FenceHistory::of(cps.iter().map(|c| (c.fence, c.created_at)))
+}
+
 /// Sorts checkpoints into the total order (oldest first).
 pub fn sort_checkpoints(cps: &mut [Checkpoint]) {
-    cps.sort_by_key(Checkpoint::order_key);
+    let history = history_of(cps);
+    cps.sort_by_cached_key(|c| c.order_key(&history));
 }
 
 /// The latest checkpoint under the total order.
 pub fn latest(cps: &[Checkpoint]) -> Option<&Checkpoint> {
-    cps.iter().max_by_key(|c| c.order_key())
+    let history = history_of(cps);
+    cps.iter().max_by_key(|c| c.order_key(&history))
 }
 
 #[cfg(test)]
@@ -318,6 +438,98 @@ mod tests {
             mk("cp_b", Some(2), 5),
         ];
         assert_eq!(latest(&cps).unwrap().id.as_str(), "cp_new_holder");
+    }
+
+    fn mk(id: &str, f: Option<u64>, at: i64) -> Checkpoint {
+        let mut c = Checkpoint::new(
+            CheckpointId::new(id).unwrap(),
+            Timestamp::from_millis(at).unwrap(),
+            Map::new(),
+        );
+        c.fence = f.map(|f| Fence::new(f).unwrap());
+        c
+    }
+
+    fn order(mut cps: Vec<Checkpoint>) -> Vec<String> {
+        sort_checkpoints(&mut cps);
+        cps.into_iter().map(|c| c.id.to_string()).collect()
+    }
+
+    #[test]
+    fn a_reference_takeover_of_a_runkeep_run_is_latest() {
+        // runkeep worked at fences 4 and 5; a reference worker took the
+        // run over (fence 6, which it does not stamp) and checkpointed.
+        let cps = vec![
+            mk("cp_rk_a", Some(4), 10),
+            mk("cp_rk_b", Some(5), 20),
+            mk("cp_ref", None, 30),
+        ];
+        assert_eq!(latest(&cps).unwrap().id.as_str(), "cp_ref");
+        // Then runkeep takes it back (fence 7) and resumes from it.
+        let mut cps = cps;
+        cps.push(mk("cp_rk_c", Some(7), 40));
+        assert_eq!(order(cps), ["cp_rk_a", "cp_rk_b", "cp_ref", "cp_rk_c"]);
+    }
+
+    #[test]
+    fn a_runkeep_takeover_of_a_reference_run_is_latest() {
+        // The reference wrote (unstamped) under fences 1..3; runkeep took
+        // over at 4.
+        let cps = vec![
+            mk("cp_ref_a", None, 10),
+            mk("cp_ref_b", None, 20),
+            mk("cp_rk", Some(4), 22),
+        ];
+        assert_eq!(order(cps.clone()), ["cp_ref_a", "cp_ref_b", "cp_rk"]);
+        // The reference takes it back and writes again after runkeep.
+        let mut cps = cps;
+        cps.push(mk("cp_ref_c", None, 25));
+        assert_eq!(latest(&cps).unwrap().id.as_str(), "cp_ref_c");
+        // A zombie runkeep write at the superseded fence 4 still ranks
+        // below the reference worker's checkpoint that followed fence 4.
+        cps.push(mk("cp_rk_zombie", Some(4), 99));
+        assert_eq!(latest(&cps).unwrap().id.as_str(), "cp_ref_c");
+    }
+
+    #[test]
+    fn runs_written_by_one_side_keep_their_own_order() {
+        let reference = vec![
+            mk("cp_b", None, 20),
+            mk("cp_a", None, 10),
+            mk("cp_c", None, 20),
+        ];
+        assert_eq!(order(reference), ["cp_a", "cp_b", "cp_c"]);
+        let ours = vec![mk("cp_x", Some(2), 5), mk("cp_y", Some(1), 50)];
+        assert_eq!(order(ours), ["cp_y", "cp_x"]);
+    }
+
+    #[test]
+    fn fence_history_noted_one_by_one_equals_the_history_built_at_once() {
+        let points = [
+            (Some(3), 50),
+            (None, 10),
+            (Some(1), 10),
+            (Some(2), 40),
+            (Some(2), 5),
+            (Some(5), 40),
+            (Some(4), 60),
+            (Some(9), 1),
+        ];
+        let mut h = FenceHistory::default();
+        for (i, (f, t)) in points.iter().enumerate() {
+            let f = f.map(|f| Fence::new(f).unwrap());
+            let t = Timestamp::from_millis(*t).unwrap();
+            let before = h.clone();
+            let changed = h.note(f, t);
+            let all = FenceHistory::of(points[..=i].iter().map(|(f, t)| {
+                (
+                    f.map(|f| Fence::new(f).unwrap()),
+                    Timestamp::from_millis(*t).unwrap(),
+                )
+            }));
+            assert_eq!(h, all, "after {i}");
+            assert_eq!(changed, before != h, "after {i}");
+        }
     }
 
     #[test]

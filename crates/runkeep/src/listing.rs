@@ -24,7 +24,7 @@
 use base64::Engine as _;
 use serde::{Deserialize, Serialize};
 
-use crate::checkpoint::{CheckpointHeader, OrderKey};
+use crate::checkpoint::{CheckpointHeader, FenceHistory, OrderKey};
 use crate::error::{Error, Result};
 use crate::id::{CheckpointId, RunId};
 use crate::lease::{LeaseSummary, TopHolding};
@@ -212,35 +212,44 @@ pub struct RunDigest {
     /// The header of every checkpoint carrying a park.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub parks: Vec<CheckpointHeader>,
+    /// The fence history of the run's checkpoints, which places unstamped
+    /// ones in the total order. Required (no default), so a digest stored
+    /// before it existed does not parse and is rebuilt.
+    pub fence_history: FenceHistory,
+    /// Whether any checkpoint of the run is unstamped (their place moves
+    /// when the history does).
+    pub has_unstamped: bool,
 }
 
 impl RunDigest {
     /// Built from every checkpoint header of a run.
     pub fn from_headers<'a>(headers: impl IntoIterator<Item = &'a CheckpointHeader>) -> Self {
-        let mut d = RunDigest::default();
+        let headers: Vec<&CheckpointHeader> = headers.into_iter().collect();
+        let mut d = RunDigest {
+            fence_history: FenceHistory::of(headers.iter().map(|h| (h.fence, h.created_at))),
+            ..RunDigest::default()
+        };
         for h in headers {
-            d.add(h.clone());
+            d.checkpoint_count += 1;
+            d.merge(h.clone());
         }
         d
-    }
-
-    fn add(&mut self, h: CheckpointHeader) {
-        self.checkpoint_count += 1;
-        self.merge(h);
     }
 
     fn merge(&mut self, h: CheckpointHeader) {
         if let Some(r) = h.run_created_at {
             self.run_created_at = Some(self.run_created_at.map_or(r, |m| m.min(r)));
         }
+        self.has_unstamped |= h.fence.is_none();
         self.parks.retain(|p| p.id != h.id);
         if h.park.is_some() {
             self.parks.push(h.clone());
         }
+        let history = &self.fence_history;
         if self
             .latest
             .as_ref()
-            .is_none_or(|l| h.order_key() >= l.order_key())
+            .is_none_or(|l| h.order_key(history) >= l.order_key(history))
         {
             self.latest = Some(h);
         }
@@ -249,30 +258,50 @@ impl RunDigest {
     /// Applies a write of `h`. `replaced` says whether a checkpoint with the
     /// same id existed. Returns false (and leaves the digest unchanged) when
     /// the digest cannot be updated incrementally: the replaced checkpoint
-    /// was the latest and the new one sorts lower, or the replaced one may
+    /// was the latest and the new one sorts lower; the replaced one may
     /// have carried the minimum `run_created_at` and the new one does not
-    /// carry that same value. The caller then rebuilds it from all headers.
+    /// carry that same value; or the run mixes stamped and unstamped
+    /// checkpoints and this write may move the unstamped ones (a new step in
+    /// the fence history, a replaced stamp, an unstamped write into a run
+    /// with stamps). The caller then rebuilds it from all headers.
     #[must_use]
     pub fn apply_write(&mut self, h: CheckpointHeader, replaced: bool) -> bool {
+        let mut history = self.fence_history.clone();
+        let moved = history.note(h.fence, h.created_at);
+        let unstamped = self.has_unstamped || h.fence.is_none();
+        // Only the place of unstamped checkpoints depends on the history;
+        // a run without stamps, or without unstamped checkpoints, is kept
+        // incrementally as before.
+        if (unstamped && moved)
+            || (h.fence.is_none() && !history.is_empty())
+            || (replaced && unstamped && !history.is_empty())
+        {
+            return false;
+        }
         if replaced {
             if let Some(l) = &self.latest {
-                if l.id == h.id && h.order_key() < l.order_key() {
+                if l.id == h.id && h.order_key(&history) < l.order_key(&history) {
                     return false;
                 }
             }
             if self.run_created_at.is_some() && h.run_created_at != self.run_created_at {
                 return false;
             }
+            self.fence_history = history;
             self.merge(h);
         } else {
-            self.add(h);
+            self.fence_history = history;
+            self.checkpoint_count += 1;
+            self.merge(h);
         }
         true
     }
 
     /// The latest checkpoint's order key.
     pub fn latest_key(&self) -> Option<OrderKey> {
-        self.latest.as_ref().map(CheckpointHeader::order_key)
+        self.latest
+            .as_ref()
+            .map(|l| l.order_key(&self.fence_history))
     }
 
     /// The listing row, judged at `now`; `None` for a run with no checkpoints.
@@ -287,7 +316,7 @@ impl RunDigest {
             checkpoint_count: self.checkpoint_count,
             latest_checkpoint_id: Some(latest.id.clone()),
             latest_checkpoint_at: Some(latest.created_at),
-            park: park_precedence(&self.parks, now),
+            park: park_precedence(&self.parks, &self.fence_history, now),
             claim: top.map(|t| t.summary(now)),
             damaged: None,
         })

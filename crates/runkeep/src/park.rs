@@ -14,7 +14,9 @@
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
-use crate::checkpoint::{Checkpoint, CheckpointHeader, OrderKey, ParkHeader};
+use crate::checkpoint::{
+    history_of, Checkpoint, CheckpointHeader, FenceHistory, OrderKey, ParkHeader,
+};
 use crate::error::{Error, Result};
 use crate::id::CheckpointId;
 use crate::time::Timestamp;
@@ -187,16 +189,18 @@ pub struct ParkSummary {
 }
 
 /// The precedence rule over a run's checkpoint headers: the park a listing
-/// row shows.
+/// row shows. `history` is the run's [`FenceHistory`] (over all its
+/// checkpoints, not only the parked ones).
 pub fn park_precedence<'a>(
     headers: impl IntoIterator<Item = &'a CheckpointHeader>,
+    history: &FenceHistory,
     now: Timestamp,
 ) -> Option<ParkSummary> {
     let mut best: Option<(u8, OrderKey, ParkSummary)> = None;
     for h in headers {
         let Some(p) = &h.park else { continue };
         let state = p.state(now);
-        let key = (state.rank(), h.order_key());
+        let key = (state.rank(), h.order_key(history));
         if best.as_ref().is_none_or(|(r, k, _)| key > (*r, k.clone())) {
             best = Some((
                 key.0,
@@ -218,13 +222,14 @@ pub fn park_precedence<'a>(
 /// The pending lookup: the latest (total order) checkpoint whose park is
 /// outstanding at `now`. Agrees with [`park_precedence`] by construction.
 pub fn find_pending(cps: &[Checkpoint], now: Timestamp) -> Option<&Checkpoint> {
+    let history = history_of(cps);
     cps.iter()
         .filter(|c| {
             c.pending
                 .as_ref()
                 .is_some_and(|p| p.state(now) == ParkState::Outstanding)
         })
-        .max_by_key(|c| c.order_key())
+        .max_by_key(|c| c.order_key(&history))
 }
 
 /// Every checkpoint whose park expired unanswered at `now`.
@@ -291,8 +296,9 @@ pub fn resolve(cp: &mut Checkpoint, resolution: ParkResolution, now: Timestamp) 
 /// `keep_last` (total order). Unanswered parks (outstanding or expired) are
 /// never candidates, whatever their age.
 pub fn prune_victims(cps: &[Checkpoint], keep_last: usize) -> Vec<CheckpointId> {
+    let history = history_of(cps);
     let mut sorted: Vec<&Checkpoint> = cps.iter().collect();
-    sorted.sort_by_key(|c| c.order_key());
+    sorted.sort_by_cached_key(|c| c.order_key(&history));
     let removable = sorted.len().saturating_sub(keep_last);
     sorted
         .into_iter()
@@ -345,7 +351,7 @@ mod tests {
             cp("cp_b", 50, Some(resolved)),
         ];
         let headers: Vec<_> = cps.iter().map(Checkpoint::header).collect();
-        let s = park_precedence(&headers, at(100)).unwrap();
+        let s = park_precedence(&headers, &crate::checkpoint::history_of(&cps), at(100)).unwrap();
         assert_eq!(s.state, ParkState::Outstanding);
         assert_eq!(s.checkpoint_id.as_str(), "cp_a");
         assert_eq!(find_pending(&cps, at(100)).unwrap().id.as_str(), "cp_a");
