@@ -188,7 +188,7 @@ impl OpenedStore {
                 std::fs::create_dir(&dir).map_err(|e| {
                     CliError::failed(format!("cannot create {}: {e}", dir.display()))
                 })?;
-                match fs::open(&dir, &parts, self.durability) {
+                match fs::open(&dir, &parts, self.durability, false) {
                     Ok(store) => Ok(Scratch {
                         store: Arc::new(store),
                         scope,
@@ -214,6 +214,27 @@ pub fn open_store(
     durability: DurabilityArg,
     create: bool,
 ) -> CliResult<OpenedStore> {
+    open_store_as(address, scope, durability, create, false)
+}
+
+/// Opens the store at `address` for reading only: nothing in its directory
+/// is created, linked or removed, and any write is refused (the commands
+/// that only read: `runs`, `show`, `checkpoints`, `events`).
+pub fn open_store_read_only(
+    address: &StoreAddress,
+    scope: &ScopeParts,
+    durability: DurabilityArg,
+) -> CliResult<OpenedStore> {
+    open_store_as(address, scope, durability, false, true)
+}
+
+fn open_store_as(
+    address: &StoreAddress,
+    scope: &ScopeParts,
+    durability: DurabilityArg,
+    create: bool,
+    read_only: bool,
+) -> CliResult<OpenedStore> {
     match address {
         StoreAddress::Memory => Ok(OpenedStore {
             address: address.clone(),
@@ -223,7 +244,7 @@ pub fn open_store(
         }),
         StoreAddress::Fs(path) => {
             check_directory(path, create)?;
-            let store = Arc::new(fs::open(path, scope, durability)?);
+            let store = Arc::new(fs::open(path, scope, durability, read_only)?);
             Ok(OpenedStore {
                 address: address.clone(),
                 store: store.clone(),
@@ -300,6 +321,7 @@ mod fs {
         path: &Path,
         scope: &ScopeParts,
         durability: DurabilityArg,
+        read_only: bool,
     ) -> CliResult<FsStore> {
         let attribution = match (&scope.project, &scope.session) {
             (Some(project), Some(session)) => Some(Attribution {
@@ -313,7 +335,14 @@ mod fs {
             DurabilityArg::ProcessCrash => Durability::ProcessCrash,
             DurabilityArg::PowerLoss => Durability::PowerLoss,
         };
-        FsStore::open(path, FsOptions { attribution, durability }).map_err(|e| {
+        FsStore::open(
+            path,
+            FsOptions {
+                attribution,
+                durability,
+                read_only,
+            },
+        ).map_err(|e| {
             let hint = match e {
                 runkeep::Error::Unsupported { .. } => {
                     "put the store on a filesystem with hard links (ext4, xfs, btrfs, tmpfs); `runkeep doctor` shows what fails"

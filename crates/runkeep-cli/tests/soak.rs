@@ -125,3 +125,96 @@ fn a_broken_worker_that_ignores_cancellation_makes_the_audit_fail() {
     assert!(!v.is_empty(), "the audit did not catch broken workers: {r}");
     assert_eq!(code, 1);
 }
+
+/// Issue 8, item 10: `--ttl 1ms` was accepted and livelocked (0 of 64 runs
+/// completed, reported as 129 "violations"). Settings that cannot make
+/// progress are refused before anything starts.
+#[test]
+fn a_ttl_that_cannot_make_progress_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let started = std::time::Instant::now();
+    let out = Command::cargo_bin("runkeep")
+        .unwrap()
+        .args([
+            "--store",
+            "memory:",
+            "soak",
+            "--ttl",
+            "1ms",
+            "--timeout",
+            "5s",
+        ])
+        .arg("--dir")
+        .arg(dir.path())
+        .timeout(std::time::Duration::from_secs(60))
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(64), "{stderr}");
+    assert!(
+        stderr.contains("--ttl 1ms cannot make progress"),
+        "{stderr}"
+    );
+    assert!(
+        stderr.contains("hint: use --ttl of at least 240ms"),
+        "{stderr}"
+    );
+    assert!(started.elapsed() < std::time::Duration::from_secs(4));
+    // The rule also follows --step-time.
+    Command::cargo_bin("runkeep")
+        .unwrap()
+        .args([
+            "--store",
+            "memory:",
+            "soak",
+            "--ttl",
+            "500ms",
+            "--step-time",
+            "200ms",
+        ])
+        .arg("--dir")
+        .arg(dir.path())
+        .timeout(std::time::Duration::from_secs(60))
+        .assert()
+        .code(64)
+        .stderr(predicates::str::contains("at least 600ms"));
+}
+
+/// Issue 8, item 10: running out of time is not a guarantee violation. A
+/// soak that cannot finish within --timeout reports the unfinished runs
+/// apart, no violation, and exits 75 (not 1).
+#[test]
+fn a_soak_that_runs_out_of_time_is_a_timeout_not_violations() {
+    let (code, r, stderr) = soak(
+        "memory:",
+        &[
+            "--runs",
+            "4",
+            "--steps",
+            "500",
+            "--workers",
+            "1",
+            "--concurrency",
+            "1",
+            "--step-time",
+            "20ms",
+            "--ttl",
+            "500ms",
+            "--no-chaos",
+            "--timeout",
+            "1s",
+        ],
+    );
+    assert_eq!(violations(&r), Vec::<String>::new(), "{r:#}\n{stderr}");
+    assert_eq!(r["finished_in_time"], false, "{r:#}");
+    let incomplete = r["audit"]["runs_incomplete"].as_array().unwrap();
+    assert_eq!(incomplete.len(), 4, "{r:#}");
+    assert!(
+        r["timed_out"]
+            .as_str()
+            .unwrap()
+            .contains("4 of 4 runs did not finish within --timeout 1s"),
+        "{r:#}"
+    );
+    assert_eq!(code, 75, "a timeout alone exits 75");
+}

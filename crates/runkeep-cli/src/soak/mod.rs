@@ -643,7 +643,11 @@ async fn drive(
             "{} of {} runs did not finish within --timeout {}",
             audit.runs_incomplete.len(),
             runs.len(),
-            crate::output::human_duration(args.timeout)
+            if args.timeout.subsec_millis() == 0 {
+                crate::output::human_duration(args.timeout)
+            } else {
+                format!("{}ms", args.timeout.as_millis())
+            }
         )
     });
     let committed = audit.checkpoints.saturating_sub(runs.len() as u64);
