@@ -6,13 +6,17 @@
 //!
 //! The digest records a *stamp* of the checkpoints directory taken when it
 //! was written: the number of `*.json` entries, a hash of every
-//! `(name, inode)` pair (read from `readdir`, no `stat` per file) and the
-//! directory's modification time in nanoseconds. Any create, delete or
-//! rename-replace in the directory — ours, the reference's, or a crash
-//! between a checkpoint and its digest — changes the stamp, so a digest is
-//! used only while the stamp still matches; otherwise the reader rebuilds
-//! the answer from the checkpoint files (read-only, nothing is written) and
-//! the next write of the run persists a fresh digest.
+//! `(name, inode)` pair (from `readdir`), the directory's modification time
+//! in nanoseconds, and a hash of every entry's `(name, size, mtime, ctime)`
+//! (one `fstatat` per entry). Any create, delete or rename-replace in the
+//! directory — ours, the reference's, or a crash between a checkpoint and
+//! its digest — changes the stamp, and so does an in-place rewrite of a
+//! checkpoint file (truncation, overwrite) that changes its size, mtime or
+//! ctime; see [`stamp`] for what it still cannot see. A digest is used only
+//! while the stamp still matches; otherwise the reader rebuilds the answer
+//! from the checkpoint files (read-only, nothing is written; a damaged file
+//! makes the listing flag the run) and the next write of the run persists a
+//! fresh digest.
 
 use std::fs;
 use std::io;
@@ -122,6 +126,12 @@ pub(crate) struct Stamp {
     pub(crate) count: u64,
     pub(crate) ino_hash: String,
     pub(crate) mtime_ns: i64,
+    /// XOR of a hash of every entry's `(name, size, mtime ns, ctime ns)`
+    /// (one `fstatat` per entry): an in-place rewrite of a checkpoint (same
+    /// name and inode, so the directory does not change) changes it. Absent
+    /// in digests written before it existed, which therefore never match.
+    #[serde(default)]
+    pub(crate) content_hash: String,
 }
 
 fn entry_hash(name: &str, ino: u64) -> u64 {
@@ -154,19 +164,80 @@ pub(crate) fn entries(cps_dir: &Path) -> io::Result<Option<Vec<Entry>>> {
 
 /// The stamp of a checkpoints directory and its entries; `None` when it
 /// does not exist.
+///
+/// What it sees: any create, delete or rename in the directory (count,
+/// names and inodes, directory mtime), and any in-place change of an
+/// entry's bytes that changes its size, its mtime or its ctime — a
+/// truncation, an append, an overwrite, even one of the same length whose
+/// writer put the old mtime back (`utimensat` cannot set the ctime back).
+///
+/// What it cannot see without reading the files: an in-place rewrite of
+/// the same length that leaves size, mtime *and* ctime as they were — a
+/// rewrite within the same timestamp tick as the entry's previous change
+/// (filesystems with coarse timestamps: FAT/exFAT's 2 s or 10 ms, a
+/// kernel's coarse clock tick), the system clock set back, or the bytes
+/// changed under the filesystem (block device, bit rot). Also, a digest
+/// that a writer updates incrementally (under the run lock) trusts its
+/// snapshot from before the write: an in-place damage of *another* entry
+/// landing inside that write's window is stamped as fresh.
+///
+/// Cost: one `fstatat` per entry on every freshness check (a listing row,
+/// a writer's before/after snapshot), on top of the `readdir`.
 pub(crate) fn stamp(cps_dir: &Path) -> io::Result<Option<(Stamp, Vec<Entry>)>> {
     let Some(list) = entries(cps_dir)? else {
         return Ok(None);
+    };
+    let dir = match rustix::fs::open(
+        cps_dir,
+        rustix::fs::OFlags::RDONLY | rustix::fs::OFlags::DIRECTORY | rustix::fs::OFlags::CLOEXEC,
+        rustix::fs::Mode::empty(),
+    ) {
+        Ok(d) => d,
+        Err(e) if e == rustix::io::Errno::NOENT => return Ok(None),
+        Err(e) => return Err(e.into()),
     };
     let meta = match fs::metadata(cps_dir) {
         Ok(m) => m,
         Err(e) if sys::is_not_found(&e) => return Ok(None),
         Err(e) => return Err(e),
     };
-    Ok(Some((stamp_of(&list, &meta), list)))
+    let content = content_hash(&dir, &list)?;
+    Ok(Some((stamp_of(&list, &meta, content), list)))
 }
 
-fn stamp_of(list: &[Entry], meta: &fs::Metadata) -> Stamp {
+/// XOR over the entries of a hash of `(name, size, mtime, ctime)`, each
+/// read with `fstatat` (not following symlinks). An entry gone since the
+/// `readdir` hashes as absent (the directory's mtime changed anyway).
+fn content_hash(dir: &rustix::fd::OwnedFd, list: &[Entry]) -> io::Result<u64> {
+    let mut h = 0u64;
+    for e in list {
+        let words =
+            match rustix::fs::statat(dir, e.name.as_str(), rustix::fs::AtFlags::SYMLINK_NOFOLLOW) {
+                Ok(st) => [
+                    st.st_size as u64,
+                    st.st_mtime as u64,
+                    st.st_mtime_nsec as u64,
+                    st.st_ctime as u64,
+                    st.st_ctime_nsec as u64,
+                ],
+                Err(err) if err == rustix::io::Errno::NOENT => [u64::MAX; 5],
+                Err(err) => return Err(err.into()),
+            };
+        let mut x: u64 = 0xcbf2_9ce4_8422_2325;
+        for b in e
+            .name
+            .bytes()
+            .chain(words.iter().flat_map(|w| w.to_le_bytes()))
+        {
+            x ^= u64::from(b);
+            x = x.wrapping_mul(0x0100_0000_01b3);
+        }
+        h ^= x;
+    }
+    Ok(h)
+}
+
+fn stamp_of(list: &[Entry], meta: &fs::Metadata, content: u64) -> Stamp {
     let hash = list
         .iter()
         .fold(0u64, |h, e| h ^ entry_hash(&e.name, e.ino));
@@ -177,6 +248,7 @@ fn stamp_of(list: &[Entry], meta: &fs::Metadata) -> Stamp {
             .mtime()
             .saturating_mul(1_000_000_000)
             .saturating_add(meta.mtime_nsec()),
+        content_hash: format!("{content:016x}"),
     }
 }
 
