@@ -46,6 +46,12 @@ impl Ctx {
         )
     }
 
+    /// Opens the configured store for reading only (nothing in it is
+    /// created or changed; writes are refused).
+    pub fn store_read_only(&self) -> CliResult<OpenedStore> {
+        crate::store::open_store_read_only(&self.global.store, &self.scope, self.global.durability)
+    }
+
     /// Opens the configured store, creating its directory if missing (for
     /// commands that write new runs).
     pub fn store_creating(&self) -> CliResult<OpenedStore> {

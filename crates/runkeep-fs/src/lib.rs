@@ -124,6 +124,11 @@ pub struct FsOptions {
     pub attribution: Option<Attribution>,
     /// The durability level.
     pub durability: Durability,
+    /// Open for reading only: nothing in the directory is created, linked
+    /// or removed (no hard-link probe, no store directory created), and
+    /// every write is refused with [`Error::Unsupported`]. What read-only
+    /// tools (`runkeep runs`, `show`, `events`) use.
+    pub read_only: bool,
 }
 
 /// The directory backend. Cheap to clone; safe to share between threads and
@@ -147,6 +152,7 @@ pub(crate) struct Inner {
     base: PathBuf,
     attribution: Option<Attribution>,
     pub(crate) durability: Durability,
+    read_only: bool,
     tmpfile: AtomicBool,
     poisoned: Mutex<Option<String>>,
 }
@@ -159,6 +165,9 @@ impl FsStore {
     /// directory that cannot be written (read-only volume, no permission)
     /// still opens, for reading; its writes fail with an error naming the
     /// run, the operation and the path.
+    ///
+    /// With [`FsOptions::read_only`] nothing is created or probed: a missing
+    /// directory is [`Error::NotFound`] and every write is refused.
     pub fn open(base_dir: impl AsRef<Path>, options: FsOptions) -> Result<FsStore> {
         let ctx = Ctx::store("open");
         let mut base = base_dir.as_ref().to_path_buf();
@@ -166,6 +175,36 @@ impl FsStore {
             if let Ok(cwd) = std::env::current_dir() {
                 base = cwd.join(base);
             }
+        }
+        if options.read_only {
+            match std::fs::metadata(&base) {
+                Ok(m) if m.is_dir() => {}
+                Ok(_) => {
+                    return Err(Error::invalid(format!(
+                        "{} is not a directory; open the store on a session's runs/ directory",
+                        base.display()
+                    )))
+                }
+                Err(e) if sys::is_not_found(&e) => {
+                    return Err(Error::NotFound {
+                        what: format!(
+                            "a directory store at {} (opened read-only, so it is not created; the first write creates it)",
+                            base.display()
+                        ),
+                    })
+                }
+                Err(e) => return Err(ctx.io("open the store directory", &base, e)),
+            }
+            return Ok(FsStore {
+                inner: Arc::new(Inner {
+                    base,
+                    attribution: options.attribution,
+                    durability: options.durability,
+                    read_only: true,
+                    tmpfile: AtomicBool::new(false),
+                    poisoned: Mutex::new(None),
+                }),
+            });
         }
         if let Err(e) = sys::ensure_dir(&base, options.durability) {
             if !base.is_dir() {
@@ -184,6 +223,7 @@ impl FsStore {
                 base,
                 attribution: options.attribution,
                 durability: options.durability,
+                read_only: false,
                 tmpfile: AtomicBool::new(tmpfile),
                 poisoned: Mutex::new(None),
             }),
@@ -354,6 +394,14 @@ impl Inner {
 
     /// Refuses writes after a failed fsync (sticky failure).
     pub(crate) fn check_poison(&self) -> Result<()> {
+        if self.read_only {
+            return Err(Error::Unsupported {
+                message: format!(
+                    "the store at {} was opened read-only, so it refuses writes; open it without `read_only` to write",
+                    self.base.display()
+                ),
+            });
+        }
         let p = self.poisoned.lock().unwrap_or_else(|p| p.into_inner());
         match &*p {
             Some(why) => Err(Error::Backend {
@@ -404,7 +452,9 @@ impl Inner {
             presented, current, ..
         }) = &r
         {
-            record_refusal(run_dir, ctx.operation, *presented, *current);
+            if !self.read_only {
+                record_refusal(run_dir, ctx.operation, *presented, *current);
+            }
         }
         r
     }

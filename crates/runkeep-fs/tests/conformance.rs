@@ -17,6 +17,7 @@ fn open(durability: Durability) -> Fixture {
                 session_id: support::session(),
             }),
             durability,
+            ..Default::default()
         },
     )
     .expect("open the store");

@@ -553,6 +553,7 @@ fn a_failed_fsync_turns_the_store_read_only() {
         FsOptions {
             attribution: Some(attribution()),
             durability: Durability::PowerLoss,
+            ..Default::default()
         },
     )
     .unwrap();

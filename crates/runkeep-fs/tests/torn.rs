@@ -255,6 +255,7 @@ fn a_batch_whose_fsync_failed_is_not_left_in_the_log() {
         FsOptions {
             attribution: Some(attribution()),
             durability: Durability::PowerLoss,
+            ..Default::default()
         },
     )
     .unwrap();

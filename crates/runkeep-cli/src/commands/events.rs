@@ -37,7 +37,7 @@ pub struct EventsArgs {
 /// line in the store's flat form.
 pub async fn run(ctx: &Ctx, args: EventsArgs) -> CliResult<Exit> {
     let scope = ctx.run_scope(&args.run)?;
-    let opened = ctx.store()?;
+    let opened = ctx.store_read_only()?;
     let store = opened.store.as_ref();
     let mut printer = Printer {
         json: ctx.json(),
