@@ -87,7 +87,7 @@ pub fn parse_duration(text: &str) -> Result<Duration, String> {
     if total == 0 {
         return Err(format!("{s:?} is zero; a duration must be positive"));
     }
-    if total % SCALE != 0 {
+    if !total.is_multiple_of(SCALE) {
         return Err(format!(
             "{s:?} is not a whole number of milliseconds; durations are counted in milliseconds"
         ));

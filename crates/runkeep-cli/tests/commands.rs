@@ -647,9 +647,9 @@ fn with_closed_stdout(args: &[&str]) -> std::process::Output {
         .unwrap()
 }
 
-/// Issue 8, item 10: a closed pipe is not a bug. `runkeep runs 2>&1
-/// >/dev/null | true` (stderr a closed pipe) exited 70 "internal error"; a
-/// closed stdout must end a command quietly too. Both exit 0 with nothing
+/// Issue 8, item 10: a closed pipe is not a bug.
+/// `runkeep runs 2>&1 >/dev/null | true` (stderr a closed pipe) exited 70
+/// "internal error"; a closed stdout must end a command quietly too. Both exit 0 with nothing
 /// printed, except that the doctor and the soak keep their verdict.
 #[test]
 fn a_closed_pipe_ends_the_command_quietly() {
