@@ -499,6 +499,7 @@ pub(crate) fn claim(
     scope: &RunScope,
     options: &ClaimOptions,
 ) -> Result<ClaimOutcome> {
+    inner.refuse_read_only()?;
     let ctx = Ctx::new(scope, "claim");
     let started = std::time::Instant::now();
     let now = options.now();
@@ -650,6 +651,7 @@ fn holding_at(claims_dir: &Path, fence: Fence, ctx: &Ctx) -> Result<Option<TopHo
 /// nothing is above the tombstone. The same listing drives the bounded
 /// prune (a release keeps `claims/` at 33 names too).
 pub(crate) fn release(inner: &Inner, scope: &RunScope, fence: Fence) -> Result<bool> {
+    inner.refuse_read_only()?;
     let ctx = Ctx::new(scope, "release");
     let run_dir = inner.run_dir(scope);
     let claims_dir = run_dir.join(CLAIMS_DIR);

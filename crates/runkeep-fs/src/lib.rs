@@ -393,7 +393,9 @@ impl Inner {
     }
 
     /// Refuses writes after a failed fsync (sticky failure).
-    pub(crate) fn check_poison(&self) -> Result<()> {
+    /// Refuses any write on a store opened read-only, before anything else
+    /// is looked at.
+    pub(crate) fn refuse_read_only(&self) -> Result<()> {
         if self.read_only {
             return Err(Error::Unsupported {
                 message: format!(
@@ -402,6 +404,11 @@ impl Inner {
                 ),
             });
         }
+        Ok(())
+    }
+
+    pub(crate) fn check_poison(&self) -> Result<()> {
+        self.refuse_read_only()?;
         let p = self.poisoned.lock().unwrap_or_else(|p| p.into_inner());
         match &*p {
             Some(why) => Err(Error::Backend {
@@ -468,6 +475,7 @@ impl Inner {
         fence: Option<Fence>,
         act: impl FnOnce(&Ctx, &Path, Option<&TopHolding>) -> Result<T>,
     ) -> Result<T> {
+        self.refuse_read_only()?;
         let ctx = Ctx::new(scope, operation);
         let run_dir = self.run_dir(scope);
         if let Some(f) = fence {
@@ -516,6 +524,7 @@ impl Inner {
         checkpoint: &Checkpoint,
         fence: Option<Fence>,
     ) -> Result<Checkpoint> {
+        self.refuse_read_only()?;
         self.check_scope(scope)?;
         checkpoint.validate_for_write(scope)?;
         let ctx = Ctx::new(scope, "write_checkpoint");
