@@ -7,7 +7,7 @@ use clap::Args;
 use runkeep::{EventBatch, PersistedEvent, ReadEventsOptions, RunScope, RunStore, Timestamp};
 
 use crate::cli::RunArg;
-use crate::commands::require_run;
+use crate::commands::{read_error, require_run};
 use crate::context::Ctx;
 use crate::duration::parse_duration;
 use crate::error::{CliError, CliResult, Exit};
@@ -111,7 +111,7 @@ async fn read(
         limit,
         ..ReadEventsOptions::default()
     };
-    Ok(store.read_events(scope, &options).await?)
+    store.read_events(scope, &options).await.map_err(read_error)
 }
 
 struct Printer {

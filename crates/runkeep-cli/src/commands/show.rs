@@ -6,7 +6,7 @@ use runkeep::{Checkpoint, MessageSnapshot, Timestamp};
 use serde_json::{json, Value};
 
 use crate::cli::RunArg;
-use crate::commands::{claim_cell, event_head, park_cell, unknown_run};
+use crate::commands::{claim_cell, event_head, park_cell, read_error, unknown_run};
 use crate::context::Ctx;
 use crate::error::{CliResult, Exit};
 use crate::output::{emit, emit_json, fields, when, Cell};
@@ -24,7 +24,7 @@ pub async fn run(ctx: &Ctx, args: ShowArgs) -> CliResult<Exit> {
     let opened = ctx.store_read_only()?;
     let store = opened.store.as_ref();
     let now = Timestamp::now();
-    let cps = store.list_checkpoints(&scope).await?;
+    let cps = store.list_checkpoints(&scope).await.map_err(read_error)?;
     let lease = store.lease(&scope, now).await?;
     let last_seq = event_head(store, &scope).await?;
     let audit = store.read_audit(&scope, 0).await?.len();
