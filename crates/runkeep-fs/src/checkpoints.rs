@@ -208,6 +208,8 @@ pub(crate) fn stamp(cps_dir: &Path) -> io::Result<Option<(Stamp, Vec<Entry>)>> {
 /// XOR over the entries of a hash of `(name, size, mtime, ctime)`, each
 /// read with `fstatat` (not following symlinks). An entry gone since the
 /// `readdir` hashes as absent (the directory's mtime changed anyway).
+// The `stat` field types differ between platforms (signed on some).
+#[allow(clippy::unnecessary_cast)]
 fn content_hash(dir: &rustix::fd::OwnedFd, list: &[Entry]) -> io::Result<u64> {
     let mut h = 0u64;
     for e in list {
