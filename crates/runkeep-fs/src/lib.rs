@@ -368,8 +368,10 @@ impl Inner {
         self.tmpfile.store(false, Ordering::Relaxed);
     }
 
-    /// Refuses a scope this store is not bound to.
+    /// Refuses a scope this store is not bound to, and a run whose
+    /// directory would lead out of the store.
     fn check_scope(&self, scope: &RunScope) -> Result<()> {
+        self.check_inside(scope)?;
         let Some(a) = &self.attribution else {
             return Ok(());
         };
@@ -388,6 +390,45 @@ impl Inner {
                 scope.project_id,
                 scope.session_id
             )));
+        }
+        Ok(())
+    }
+
+    /// Refuses a run whose directory, or a directory on the way to it
+    /// (`<parent>`, `<parent>/children`), is a symbolic link: a run never
+    /// reads or writes outside the store's directory (issue 8, item 8). The
+    /// listing and the doctor skip such entries for the same reason.
+    fn check_inside(&self, scope: &RunScope) -> Result<()> {
+        let mut path = self.base.clone();
+        let parts: Vec<&str> = match &scope.parent_run_id {
+            Some(p) => vec![p.as_str(), "children", scope.run_id.as_str()],
+            None => vec![scope.run_id.as_str()],
+        };
+        for part in parts {
+            path.push(part);
+            match std::fs::symlink_metadata(&path) {
+                Ok(m) if m.file_type().is_symlink() => {
+                    let target = std::fs::read_link(&path)
+                        .map(|t| t.display().to_string())
+                        .unwrap_or_else(|_| "?".into());
+                    return Err(Error::Unsupported {
+                        message: format!(
+                            "run {}: {} is a symbolic link (to {target}); runkeep never follows a link out of the store, so this run can be neither read nor written. Move the run's directory into the store in place of the link, or remove the link",
+                            scope.run_id,
+                            path.display()
+                        ),
+                    });
+                }
+                Ok(_) => {}
+                Err(e) if sys::is_not_found(&e) => return Ok(()),
+                Err(e) => {
+                    return Err(Ctx::new(scope, "open the run").io(
+                        "inspect the run directory",
+                        &path,
+                        e,
+                    ))
+                }
+            }
         }
         Ok(())
     }

@@ -161,3 +161,74 @@ fn opening_a_missing_directory_read_only_creates_nothing() {
     assert!(matches!(e, Error::NotFound { .. }), "{e}");
     assert!(!base.exists());
 }
+
+/// Issue 8, item 8: a run directory that is a symbolic link to somewhere
+/// outside the store is neither read nor written through: every operation
+/// on it is refused and nothing appears outside the store (before the fix,
+/// `claim` wrote `claims/1.json` into the link's target).
+#[test]
+fn a_run_directory_linked_outside_the_store_is_never_followed() {
+    let dir = tempdir();
+    let base = dir.path().join("runs");
+    let store = open(&base);
+    let rt = rt();
+    let outside = dir.path().join("outside");
+    std::fs::create_dir_all(outside.join("checkpoints")).unwrap();
+    std::fs::write(
+        outside.join("checkpoints/cp_x.json"),
+        br#"{"id":"cp_x","createdAt":1,"schemaVersion":1}"#,
+    )
+    .unwrap();
+    std::os::unix::fs::symlink(&outside, base.join("run_linked")).unwrap();
+    // A sub-run whose parent's children/ directory is the link.
+    std::fs::create_dir_all(base.join("run_parent")).unwrap();
+    std::os::unix::fs::symlink(&outside, base.join("run_parent/children")).unwrap();
+    let outside_before = tree(&outside);
+    for s in [scope("run_linked"), child_scope("run_sub", "run_parent")] {
+        let results: Vec<(&str, Result<(), Error>)> = vec![
+            (
+                "claim",
+                rt.block_on(store.claim(&s, &opts("w", 60_000, now_ms())))
+                    .map(|_| ()),
+            ),
+            (
+                "list_checkpoints",
+                rt.block_on(store.list_checkpoints(&s)).map(|_| ()),
+            ),
+            (
+                "write_checkpoint",
+                rt.block_on(store.write_checkpoint(&s, &cp("cp_1", 1), None))
+                    .map(|_| ()),
+            ),
+            (
+                "append_events",
+                rt.block_on(store.append_events(
+                    &s,
+                    &[NewEvent::new("x", Default::default())],
+                    None,
+                ))
+                .map(|_| ()),
+            ),
+            (
+                "read_events",
+                rt.block_on(store.read_events(&s, &ReadEventsOptions::default()))
+                    .map(|_| ()),
+            ),
+            ("lease", rt.block_on(store.lease(&s, at(1))).map(|_| ())),
+        ];
+        for (what, r) in results {
+            match r {
+                Err(Error::Unsupported { message }) => {
+                    assert!(message.contains("symbolic link"), "{what}: {message}")
+                }
+                other => panic!("{what} on {}: expected a refusal, got {other:?}", s.run_id),
+            }
+        }
+    }
+    assert_eq!(
+        tree(&outside),
+        outside_before,
+        "something was written outside the store"
+    );
+    assert!(!outside.join("claims").exists());
+}
