@@ -230,7 +230,7 @@ fn assert_refused(sc: &Scenario, expected_worker: &str) {
         sc.target
     );
     assert!(
-        sc.trace.iter().any(|l| *l == linked),
+        sc.trace.contains(&linked),
         "the stopped worker's stale link ({linked}) was never made: {sc:?}"
     );
     assert!(
@@ -332,7 +332,9 @@ fn pruning_is_bounded_per_claim_and_a_release_prunes_too() {
     let rt = rt();
     let s = scope("run_backlog");
     let t0 = now_ms();
-    let first = rt.block_on(store.claim(&s, &opts("a", 1, t0))).unwrap();
+    let first = rt
+        .block_on(store.claim(&s, &opts("a", 60_000, t0)))
+        .unwrap();
     assert!(matches!(first, ClaimOutcome::Acquired(_)));
     let claims = base.join("run_backlog").join("claims");
     // A backlog of 5 000 lapsed holdings below the top, as a crashed or

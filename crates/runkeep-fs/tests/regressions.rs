@@ -356,7 +356,7 @@ fn df_22_a_stale_release_does_not_hand_away_the_new_holders_run() {
     let rt = rt();
     let s = scope("run_h");
     let w1 = rt
-        .block_on(store.claim(&s, &opts("w1", 1, 1_000)))
+        .block_on(store.claim(&s, &opts("w1", 1_000, 1_000)))
         .unwrap()
         .lease()
         .unwrap();

@@ -147,7 +147,7 @@ pub async fn a_superseded_holders_late_release_leaves_the_new_holder_intact(
     _v: u32,
 ) {
     let a = run("a");
-    let w1 = take(&store, &a, claim_opts("w1", 1, -4_000)).await;
+    let w1 = take(&store, &a, claim_opts("w1", 1_000, -4_000)).await;
     let w2 = take(&store, &a, claim_opts("w2", 60_000, 0)).await;
     store.release(&a, w1.fence).await.expect("release");
     let s = store
