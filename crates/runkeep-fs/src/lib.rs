@@ -783,7 +783,15 @@ impl Inner {
             if events.is_empty() {
                 return Ok(Vec::new());
             }
-            transcript::append_events(run_dir, events, fence, self.durability, ctx)
+            let recheck = || match fence {
+                Some(_) if testing_hooks::mutation_named("no-append-recheck") => Ok(()),
+                Some(f) => {
+                    let top = claims::read_top(run_dir, ctx)?;
+                    self.check_fence(ctx, run_dir, f, top.as_ref(), scope)
+                }
+                None => Ok(()),
+            };
+            transcript::append_events(run_dir, events, fence, self.durability, ctx, &recheck)
         })
     }
 
@@ -802,9 +810,26 @@ impl Inner {
         fence: Option<Fence>,
     ) -> Result<()> {
         self.check_scope(scope)?;
+        self.refuse_read_only()?;
+        let ctx = Ctx::new(scope, operation);
+        let run_dir = self.run_dir(scope);
+        if let Some(f) = fence {
+            // Refused before anything is created.
+            let top = claims::read_top(&run_dir, &ctx)?;
+            self.check_fence(&ctx, &run_dir, f, top.as_ref(), scope)?;
+        }
+        // The long part — writing (and under `PowerLoss` syncing) the whole
+        // document — happens before the lock and before the fence check
+        // that counts; under the lock only the check and the `rename` run,
+        // so a slow disk cannot stretch the window (issue 8, item 7).
+        sys::ensure_dir(&run_dir, self.durability)
+            .map_err(|e| self.note(ctx.io("create the run directory", &run_dir, e)))?;
+        let temp = sys::TempFile::write(&run_dir, file, &bytes, self.durability)
+            .map_err(|e| self.note(ctx.io("write", &run_dir.join(file), e)))?;
+        testing_hooks::delay("document-before-lock");
         self.locked_write(scope, operation, fence, |ctx, run_dir, _| {
-            sys::write_atomic(run_dir, file, &bytes, self.durability)
-                .map_err(|e| ctx.io("write", &run_dir.join(file), e))
+            temp.publish(file)
+                .map_err(|e| ctx.io("publish", &run_dir.join(file), e))
         })
     }
 

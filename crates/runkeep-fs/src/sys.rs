@@ -254,6 +254,7 @@ pub(crate) fn sync_dir(dir: &Path) -> io::Result<()> {
 /// `fsync` of a file's data.
 pub(crate) fn sync_file(file: &File, path: &Path) -> io::Result<()> {
     crate::testing_hooks::fault(crate::testing_hooks::Point::Fsync, path).map_err(sync_failed)?;
+    crate::testing_hooks::delay("fsync");
     file.sync_data().map_err(sync_failed)
 }
 

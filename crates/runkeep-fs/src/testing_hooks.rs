@@ -225,3 +225,16 @@ pub(crate) fn pause_requested(point: &str) -> bool {
 pub(crate) fn pause_requested(_point: &str) -> bool {
     false
 }
+
+/// True when a test switched on the mutation called `name` in
+/// `RUNKEEP_FS_TEST_MUTATION` (for mutations that only one place knows).
+#[cfg(feature = "testing")]
+pub(crate) fn mutation_named(name: &str) -> bool {
+    std::env::var("RUNKEEP_FS_TEST_MUTATION").as_deref() == Ok(name)
+}
+
+#[cfg(not(feature = "testing"))]
+#[inline(always)]
+pub(crate) fn mutation_named(_name: &str) -> bool {
+    false
+}

@@ -846,12 +846,17 @@ fn roll_back(file: &File, start: u64, written: u64, path: &Path, ctx: &Ctx) -> b
 /// log is truncated back and the pending records dropped. If the appender
 /// dies mid-write, the next appender finds the pending batch and removes
 /// what landed of it ([`IndexWriter::resolve_pending`]).
+/// `recheck` is the fence check, run again once the long work (settling the
+/// tail, catching the index up, serializing the batch) is done and just
+/// before the batch is written, so a writer slowed down in that work
+/// cannot land a batch after a takeover it passed its first check before.
 pub(crate) fn append_events(
     run_dir: &Path,
     events: &[NewEvent],
     fence: Option<Fence>,
     durability: Durability,
     ctx: &Ctx,
+    recheck: &dyn Fn() -> Result<()>,
 ) -> Result<Vec<PersistedEvent>> {
     let path = run_dir.join(TRANSCRIPT);
     let (mut file, len) = open_log(run_dir, TRANSCRIPT, durability, ctx)?;
@@ -900,6 +905,8 @@ pub(crate) fn append_events(
         });
         out.push(pe);
     }
+    testing_hooks::delay("append-before-recheck");
+    recheck()?;
     if let Some(ix) = index.as_mut() {
         if let Err(e) = ix.begin(&tail, &recs, fingerprint(&buf)) {
             // Without a recorded intent a crash mid-write leaves a fragment
