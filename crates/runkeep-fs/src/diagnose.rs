@@ -27,7 +27,8 @@ pub struct Diagnosis {
     /// died mid-write. Harmless to readers; safe to delete.
     pub scratch_leftovers: Vec<PathBuf>,
     /// Transcripts or audit trails whose last record is not
-    /// newline-terminated (a writer died mid-append); the next append heals.
+    /// newline-terminated (a writer died mid-append); the next append removes
+    /// it (terminates it instead while it is younger than 2 s).
     pub torn_transcripts: Vec<PathBuf>,
     /// Checkpoint files that cannot be read, with the reason.
     pub damaged_checkpoints: Vec<(PathBuf, String)>,

@@ -175,7 +175,7 @@ pub fn registry() -> Vec<Check> {
                     d.torn_transcripts.len(),
                     env.list(d.torn_transcripts.iter().map(|p| env.path(p)))
                 ))
-                .remedy("a writer crashed mid-append; readers skip the partial line and the next append heals it")
+                .remedy("a writer crashed mid-append; readers skip the partial line and the next append removes it (or, if it is younger than 2 s and may still be in flight from a writer that takes no lock, terminates it)")
             })
             .await
         }),
