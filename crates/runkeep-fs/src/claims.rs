@@ -371,6 +371,7 @@ fn publish_via_scratch(
                 .map_err(|e| PublishError::Failed(ctx.io("sync a claim body", &scratch, e)))?;
         }
         drop(file);
+        testing_hooks::pause_once("scratch-before-link");
         let target = claims_dir.join(format!("{fence}.json"));
         testing_hooks::fault(Point::Link, &target)
             .and_then(|()| fs::hard_link(&scratch, &target))
@@ -409,6 +410,7 @@ fn publish_open_exclusive(
         Err(e) => return Err(PublishError::Failed(ctx.io("create", &target, e))),
     };
     std::thread::yield_now();
+    testing_hooks::pause_once("open-exclusive-before-write");
     f.write_all(body)
         .map_err(|e| PublishError::Failed(ctx.io("write", &target, e)))
 }

@@ -23,6 +23,7 @@ fn worker_process_entry() {
         "batch" => batch_worker(),
         "watch" => watch_worker(),
         "renew" => renew_worker(),
+        "claim-once" => claim_once_worker(),
         other => panic!("unknown worker role {other}"),
     }
 }
@@ -133,10 +134,6 @@ struct Tally {
     errors: u64,
     contended: u64,
     late: u64,
-}
-
-fn single_run_race(processes: usize, target: u64, envs: &[(&str, String)]) -> Tally {
-    single_run_race_with(processes, target, envs, &[])
 }
 
 /// The race, with `slow` extra variables given to process 0 only (a
@@ -289,20 +286,110 @@ fn the_single_run_race_catches_a_store_without_the_post_link_check() {
     );
 }
 
-/// Meta-test: the same race with the scratch name made a function of the
-/// fence (and not exclusive) must fail it — a publisher links another
-/// process's body. Proves the race test can catch the defect FL-9 forbids.
+/// One claim of `run_forced` (60 s ttl), reported with the body of the
+/// holding it was handed: `win <fence> <body holder>`, `held <fence>` or
+/// `err <message>`.
+fn claim_once_worker() {
+    let base = std::path::PathBuf::from(env("BASE"));
+    let me = env("HOLDER");
+    let store = open(&base);
+    let rt = rt();
+    let opts = ClaimOptions::new(holder(&me), Ttl::from_millis(60_000).unwrap());
+    match rt.block_on(store.claim(&scope("run_forced"), &opts)) {
+        Ok(ClaimOutcome::Acquired(l)) => report(format!(
+            "win {} {}",
+            l.fence,
+            body_holder(&base, "run_forced", l.fence.get())
+        )),
+        Ok(ClaimOutcome::Held(h)) => report(format!("held {}", h.fence)),
+        Err(e) => report(format!("err {}", e.to_string().replace('\n', " "))),
+    }
+}
+
+/// Waits (bounded) until process `pid` is stopped.
+fn await_stopped(pid: i32, what: &str) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while proc_state(pid) != 'T' {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{what} never stopped at its pause point, so the interleaving was not forced"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+/// The interleaving a shared scratch name breaks, forced: `a` writes its
+/// body to its scratch file and stops before the link; `b` claims the same
+/// fence (nothing is linked yet), writes its scratch file and stops before
+/// its link; then `a` links and `b` links. Answers (`a`'s report, `b`'s
+/// report, the scratch files seen while both were stopped).
+fn forced_scratch_interleaving(envs: &[(&str, String)]) -> (String, String, Vec<String>) {
+    let dir = tempdir();
+    let base = dir.path().join("runs");
+    open(&base);
+    let claims = base.join("run_forced").join("claims");
+    let spawn_one = |name: &str| {
+        let mut e = vec![
+            ("BASE", base.display().to_string()),
+            ("HOLDER", name.to_string()),
+            ("RUNKEEP_FS_TEST_PAUSE", "scratch-before-link".to_string()),
+        ];
+        e.extend(envs.iter().cloned());
+        spawn("claim-once", &e)
+    };
+    let mut a = spawn_one("proc-a");
+    await_stopped(a.pid(), "process a");
+    let mut b = spawn_one("proc-b");
+    await_stopped(b.pid(), "process b");
+    let scratch: Vec<String> = std::fs::read_dir(&claims)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    assert!(
+        !scratch.iter().any(|n| n.ends_with(".json")),
+        "a holding was linked before both processes wrote their scratch files: {scratch:?}"
+    );
+    signal(a.pid(), rustix::process::Signal::Cont);
+    let ra = a.expect("", Duration::from_secs(30));
+    a.finish(Duration::from_secs(30));
+    signal(b.pid(), rustix::process::Signal::Cont);
+    let rb = b.expect("", Duration::from_secs(30));
+    b.finish(Duration::from_secs(30));
+    eprintln!("forced scratch interleaving {envs:?}: scratch {scratch:?}; a: {ra}; b: {rb}");
+    (ra, rb, scratch)
+}
+
+/// Meta-test: with the scratch name made a function of the fence (and not
+/// exclusive), the interleaving above makes `a` link `b`'s body and win
+/// with it: the check the single-run race applies to every win (the body
+/// names its winner, `wrong_body`) sees it. The interleaving is forced
+/// with pause points, so this cannot pass or fail by luck.
 #[test]
 fn the_single_run_race_catches_a_scratch_name_shared_per_fence() {
-    let t = single_run_race(
-        6,
-        3000,
-        &[("RUNKEEP_FS_TEST_MUTATION", "per-fence-scratch".into())],
+    let (a, b, scratch) =
+        forced_scratch_interleaving(&[("RUNKEEP_FS_TEST_MUTATION", "per-fence-scratch".into())]);
+    assert_eq!(
+        scratch.len(),
+        1,
+        "both publishers must share one scratch name: {scratch:?}"
     );
-    assert!(
-        t.wrong_body + t.errors + t.won_twice + t.never_linked > 0,
-        "the mutated publish went unnoticed: {t:?}"
+    assert_eq!(
+        a, "win 1 proc-b",
+        "the shared scratch name went unnoticed: a won fence 1 with its own body"
     );
+    assert!(b.starts_with("err "), "{b}");
+}
+
+/// The same forced interleaving against the correct scratch publish (a
+/// unique name per attempt): `a` publishes its own body, `b`'s link finds
+/// the name taken and `b` sees the run held.
+#[test]
+fn unique_scratch_names_keep_the_forced_interleaving_harmless() {
+    let (a, b, scratch) =
+        forced_scratch_interleaving(&[("RUNKEEP_FS_TEST_PUBLISH", "scratch".into())]);
+    assert_eq!(scratch.len(), 2, "one scratch file each: {scratch:?}");
+    assert_eq!(a, "win 1 proc-a");
+    assert_eq!(b, "held 1");
 }
 
 fn batch_worker() {
@@ -432,6 +519,7 @@ fn watch_worker() {
                     whole += 1;
                 } else {
                     torn += 1;
+                    report(format!("torn {next}"));
                 }
                 next += 1;
             }
@@ -506,14 +594,46 @@ fn df_08_publish_window_watcher_never_sees_an_empty_or_torn_holding() {
 }
 
 /// Meta-test: with the holding created exclusively and then written (the
-/// publish FL-21 forbids) the watcher does see empty bodies.
+/// publish FL-21 forbids) the watcher sees an empty body. The window is
+/// forced open: the renewer stops between the create and the write of its
+/// first holding, and is let go only once the watcher has reported the
+/// empty body it read.
 #[test]
 fn the_publish_window_watcher_catches_open_exclusive_then_write() {
-    let (_, torn) = publish_window(&[(
+    let dir = tempdir();
+    let base = dir.path().join("runs");
+    open(&base);
+    let claims = base.join("run_watched").join("claims");
+    std::fs::create_dir_all(&claims).unwrap();
+    let common = [
+        ("BASE", base.display().to_string()),
+        ("UNTIL", "20".to_string()),
+    ];
+    let mut watcher = spawn("watch", &common);
+    watcher.expect("ready", Duration::from_secs(30));
+    let mut renew_env = common.to_vec();
+    renew_env.push((
         "RUNKEEP_FS_TEST_MUTATION",
         "open-exclusive-then-write".to_string(),
-    )]);
-    assert!(torn > 0, "the watcher missed every empty body");
+    ));
+    renew_env.push((
+        "RUNKEEP_FS_TEST_PAUSE",
+        "open-exclusive-before-write".to_string(),
+    ));
+    let renewer = spawn("renew", &renew_env);
+    await_stopped(renewer.pid(), "the renewer");
+    let body = std::fs::read(claims.join("1.json")).unwrap();
+    assert!(body.is_empty(), "the window was not open: {body:?}");
+    let torn = watcher.expect("torn", Duration::from_secs(30));
+    assert_eq!(torn, "torn 1");
+    signal(renewer.pid(), rustix::process::Signal::Cont);
+    renewer.finish(Duration::from_secs(60));
+    let seen = watcher.expect("seen", Duration::from_secs(60));
+    watcher.finish(Duration::from_secs(10));
+    assert!(
+        !seen.contains(" torn=0 "),
+        "the watcher's tally lost the empty body it reported: {seen}"
+    );
 }
 
 /// FL-19 / DF-1 in one process: 32 concurrent takers at one instant get
