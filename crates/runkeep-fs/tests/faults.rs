@@ -203,15 +203,46 @@ fn tmpfs(dir: &Path, size: &str) -> Mount {
     }
 }
 
-/// Full disk: writes fail with a backend error that names the run, the
-/// operation and the full volume; everything accepted before is still there;
-/// once space is freed writes succeed again. A real 1 MiB tmpfs as root,
-/// otherwise injected `ENOSPC`.
+/// Full disk, injected: `ENOSPC` from a checkpoint write is a backend
+/// error that names the run, the operation and the full volume; what was
+/// accepted before is still there, nothing is half-written, and once the
+/// fault is gone writes succeed again. (The real full volume is the ignored
+/// test below.)
 #[test]
+fn an_injected_enospc_fails_writes_clearly_and_loses_nothing_accepted() {
+    let dir = tempdir();
+    let base = dir.path().join("runs");
+    let store = open(&base);
+    let rt = rt();
+    let s = scope("run_full");
+    let l = rt
+        .block_on(store.claim(&s, &opts("w1", 600_000, now_ms())))
+        .unwrap()
+        .lease()
+        .unwrap();
+    let f = Some(l.fence);
+    rt.block_on(store.write_checkpoint(&s, &big_cp(0), f))
+        .unwrap();
+    let full = {
+        let _g = inject(FaultPoint::Write, &base, ENOSPC);
+        expect_err(rt.block_on(store.write_checkpoint(&s, &big_cp(1), f)))
+    };
+    assert_full_disk_error(&full);
+    assert_only_accepted(&store, &base, &s, &["cp_000".to_string()], 0);
+    assert_writes_again(&store, &s, f);
+}
+
+/// Full disk, for real: a 1 MiB tmpfs filled up. Writes fail with a backend
+/// error that names the run, the operation and the full volume; everything
+/// accepted before is still there; once space is freed writes succeed
+/// again.
+#[test]
+#[ignore = "needs root: mounts a 1 MiB tmpfs to fill a real volume; scripts/test.sh runs it as root"]
 fn a_full_disk_fails_writes_clearly_and_loses_nothing_accepted() {
+    assert!(is_root(), "this test mounts a tmpfs: run it as root");
     let dir = tempdir();
     let mnt = dir.path().join("mnt");
-    let _mount = is_root().then(|| tmpfs(&mnt, "1m"));
+    let _mount = tmpfs(&mnt, "1m");
     let base = mnt.join("runs");
     let store = open(&base);
     let rt = rt();
@@ -224,45 +255,61 @@ fn a_full_disk_fails_writes_clearly_and_loses_nothing_accepted() {
     let f = Some(l.fence);
     let mut accepted = Vec::new();
     let mut acked_events = 0;
-    let filler = dir.path().join("mnt").join("filler");
-    let big = |i: usize| {
-        let mut c = cp(&format!("cp_{i:03}"), 1000 + i as i64);
-        c.state.insert("blob".into(), json!("y".repeat(100_000)));
-        c
-    };
-    let full = if is_root() {
-        // Fill the volume, leaving only a little room.
-        let _ = std::fs::write(&filler, vec![0u8; 700_000]);
-        let mut err = None;
-        for i in 0..20 {
-            match rt.block_on(store.write_checkpoint(&s, &big(i), f)) {
-                Ok(_) => accepted.push(format!("cp_{i:03}")),
-                Err(e) => {
-                    err = Some(e);
-                    break;
-                }
-            }
-            if rt
-                .block_on(store.append_events(&s, &[ev("step")], f))
-                .is_ok()
-            {
-                acked_events += 1;
+    let filler = mnt.join("filler");
+    // Fill the volume, leaving only a little room.
+    let _ = std::fs::write(&filler, vec![0u8; 700_000]);
+    let mut err = None;
+    for i in 0..20 {
+        match rt.block_on(store.write_checkpoint(&s, &big_cp(i), f)) {
+            Ok(_) => accepted.push(format!("cp_{i:03}")),
+            Err(e) => {
+                err = Some(e);
+                break;
             }
         }
-        err.expect("the volume never filled up")
-    } else {
-        rt.block_on(store.write_checkpoint(&s, &big(0), f)).unwrap();
-        accepted.push("cp_000".into());
-        let _g = inject(FaultPoint::Write, &base, ENOSPC);
-        expect_err(rt.block_on(store.write_checkpoint(&s, &big(1), f)))
-    };
+        if rt
+            .block_on(store.append_events(&s, &[ev("step")], f))
+            .is_ok()
+        {
+            acked_events += 1;
+        }
+    }
+    let full = err.expect("the volume never filled up");
+    assert_full_disk_error(&full);
+    assert_only_accepted(&store, &base, &s, &accepted, acked_events);
+    // Free space: writing works again.
+    let _ = std::fs::remove_file(&filler);
+    for id in accepted.iter().skip(1) {
+        rt.block_on(store.delete_checkpoint(&s, &CheckpointId::new(id.as_str()).unwrap(), f))
+            .unwrap();
+    }
+    assert_writes_again(&store, &s, f);
+}
+
+fn big_cp(i: usize) -> runkeep::Checkpoint {
+    let mut c = cp(&format!("cp_{i:03}"), 1000 + i as i64);
+    c.state.insert("blob".into(), json!("y".repeat(100_000)));
+    c
+}
+
+fn assert_full_disk_error(full: &Error) {
     let msg = full.to_string();
     assert!(matches!(full, Error::Backend { .. }), "{msg}");
     for needle in ["write_checkpoint on run run_full", "ENOSPC", "full"] {
         assert!(msg.contains(needle), "{needle:?} missing from: {msg}");
     }
+}
+
+fn assert_only_accepted(
+    store: &FsStore,
+    base: &Path,
+    s: &runkeep::RunScope,
+    accepted: &[String],
+    acked_events: usize,
+) {
+    let rt = rt();
     let ids: Vec<String> = rt
-        .block_on(store.list_checkpoints(&s))
+        .block_on(store.list_checkpoints(s))
         .unwrap()
         .iter()
         .map(|c| c.id.to_string())
@@ -278,27 +325,23 @@ fn a_full_disk_fails_writes_clearly_and_loses_nothing_accepted() {
         .collect();
     assert!(leftovers.is_empty(), "{leftovers:?}");
     assert_eq!(
-        rt.block_on(store.read_events(&s, &Default::default()))
+        rt.block_on(store.read_events(s, &Default::default()))
             .unwrap()
             .events
             .len(),
         acked_events
     );
-    // Free space: writing works again.
-    let _ = std::fs::remove_file(&filler);
-    if is_root() {
-        for id in accepted.iter().skip(1) {
-            rt.block_on(store.delete_checkpoint(&s, &CheckpointId::new(id.as_str()).unwrap(), f))
-                .unwrap();
-        }
-    }
-    rt.block_on(store.write_checkpoint(&s, &cp("cp_after", 9_999), f))
+}
+
+fn assert_writes_again(store: &FsStore, s: &runkeep::RunScope, f: Option<runkeep::Fence>) {
+    let rt = rt();
+    rt.block_on(store.write_checkpoint(s, &cp("cp_after", 9_999), f))
         .unwrap();
-    rt.block_on(store.append_events(&s, &[ev("after")], f))
+    rt.block_on(store.append_events(s, &[ev("after")], f))
         .unwrap();
     let back = rt
         .block_on(store.read_events(
-            &s,
+            s,
             &ReadEventsOptions {
                 integrity: Integrity::Tolerant,
                 ..Default::default()
@@ -310,12 +353,15 @@ fn a_full_disk_fails_writes_clearly_and_loses_nothing_accepted() {
 
 /// Read-only volume: the store still opens and reads; every kind of write
 /// fails with an error naming the run, the operation and the read-only
-/// volume, and changes nothing.
+/// volume, and changes nothing. (A directory without write permission is
+/// `permission_denied_reads_fine_and_refuses_writes_clearly`.)
 #[test]
+#[ignore = "needs root: mounts a tmpfs and remounts it read-only; scripts/test.sh runs it as root"]
 fn a_read_only_volume_reads_fine_and_refuses_writes_clearly() {
+    assert!(is_root(), "this test mounts a tmpfs: run it as root");
     let dir = tempdir();
     let mnt = dir.path().join("mnt");
-    let mount = is_root().then(|| tmpfs(&mnt, "8m"));
+    let _mount = tmpfs(&mnt, "8m");
     let base = mnt.join("runs");
     {
         let store = open(&base);
@@ -331,13 +377,8 @@ fn a_read_only_volume_reads_fine_and_refuses_writes_clearly() {
         rt.block_on(store.append_events(&s, &[ev("one")], Some(l.fence)))
             .unwrap();
     }
-    let marker = if mount.is_some() {
-        sh("mount", &["-o", "remount,ro", &mnt.display().to_string()]).expect("remount read-only");
-        "read-only"
-    } else {
-        sh("chmod", &["-R", "a-w", &base.display().to_string()]).unwrap();
-        "permission denied"
-    };
+    sh("mount", &["-o", "remount,ro", &mnt.display().to_string()]).expect("remount read-only");
+    let marker = "read-only";
     let before = tree(&base);
     let store = open(&base);
     let rt = rt();
@@ -380,9 +421,6 @@ fn a_read_only_volume_reads_fine_and_refuses_writes_clearly() {
         assert!(msg.contains(marker), "{op}: {msg}");
     }
     assert_eq!(tree(&base), before, "a refused write changed the directory");
-    if mount.is_none() {
-        let _ = sh("chmod", &["-R", "u+w", &base.display().to_string()]);
-    }
 }
 
 fn unprivileged_worker() {
@@ -447,10 +485,18 @@ fn unprivileged_worker() {
 /// owned by root reads everything and is refused every write with an error
 /// naming the run, the operation and the permission problem. (Root ignores
 /// file modes, so the process under test runs through
-/// `setpriv --reuid=nobody`; as a non-root user the test drops write
-/// permission instead.)
+/// `setpriv --reuid=nobody`.)
 #[test]
+#[ignore = "needs root: runs the store as nobody (setpriv) against a root-owned directory; scripts/test.sh runs it as root"]
 fn permission_denied_reads_fine_and_refuses_writes_clearly() {
+    assert!(
+        is_root(),
+        "this test runs a process as another user: run it as root"
+    );
+    assert!(
+        sh("which", &["setpriv"]).is_ok(),
+        "setpriv is needed to run a process as nobody (util-linux)"
+    );
     let dir = tempdir();
     let base = dir.path().join("runs");
     {
@@ -462,29 +508,17 @@ fn permission_denied_reads_fine_and_refuses_writes_clearly() {
             .unwrap();
     }
     let before = tree(&base);
-    let reports = if is_root() {
-        assert!(
-            sh("which", &["setpriv"]).is_ok(),
-            "setpriv is needed to run a process as nobody (util-linux)"
-        );
-        spawn_as(
-            "unprivileged",
-            &[("BASE", base.display().to_string())],
-            Some(&[
-                "setpriv",
-                "--reuid=nobody",
-                "--regid=nogroup",
-                "--clear-groups",
-            ]),
-        )
-        .finish(Duration::from_secs(30))
-    } else {
-        sh("chmod", &["-R", "a-w", &base.display().to_string()]).unwrap();
-        let r = spawn("unprivileged", &[("BASE", base.display().to_string())])
-            .finish(Duration::from_secs(30));
-        let _ = sh("chmod", &["-R", "u+w", &base.display().to_string()]);
-        r
-    };
+    let reports = spawn_as(
+        "unprivileged",
+        &[("BASE", base.display().to_string())],
+        Some(&[
+            "setpriv",
+            "--reuid=nobody",
+            "--regid=nogroup",
+            "--clear-groups",
+        ]),
+    )
+    .finish(Duration::from_secs(30));
     eprintln!("{reports:?}");
     assert!(reports.contains(&"list ok 1".to_string()), "{reports:?}");
     assert!(reports.contains(&"events ok 1".to_string()), "{reports:?}");

@@ -35,8 +35,22 @@ fn worker_process_entry() {
             }
             report("done");
         }
+        "one" => {
+            let r =
+                rt.block_on(store.append_events(&s, &[NewEvent::new(env("ME"), Map::new())], None));
+            match r {
+                Ok(v) => report(format!("appended seq {}", v[0].seq)),
+                Err(e) => report(format!(
+                    "refused {} retryable={} {}",
+                    e.kind(),
+                    e.is_retryable(),
+                    e.to_string().replace('\n', " ")
+                )),
+            }
+        }
         "reader" => {
-            let (mut reads, mut failures) = (0, 0);
+            let total: usize = env("TOTAL").parse().unwrap();
+            let (mut reads, mut failures, mut partial) = (0, 0, 0);
             let until = std::time::Instant::now() + Duration::from_secs(60);
             while !std::path::Path::new(&env("STOP")).exists() && std::time::Instant::now() < until
             {
@@ -48,12 +62,23 @@ fn worker_process_entry() {
                     },
                 ));
                 reads += 1;
-                if let Err(e) = r {
-                    failures += 1;
-                    report(format!("failure {e}"));
+                match r {
+                    // A read that saw some appends but not all of them ran
+                    // while the appenders were at work.
+                    Ok(b) if b.events.len() > 1 && b.events.len() < total => partial += 1,
+                    Ok(_) => {}
+                    Err(e) => {
+                        failures += 1;
+                        report(format!("failure {e}"));
+                    }
+                }
+                if reads == 1 {
+                    report("reading");
                 }
             }
-            report(format!("reads={reads} failures={failures}"));
+            report(format!(
+                "reads={reads} partial={partial} failures={failures}"
+            ));
         }
         other => panic!("unknown role {other}"),
     }
@@ -61,13 +86,18 @@ fn worker_process_entry() {
 
 /// WK-9 / WK-22: three processes append large events to one run while a
 /// fourth reads strictly in a loop. No read ever sees a torn or merged
-/// record, no two events share a number, every event is whole.
+/// record, no two events share a number, every event is whole; and some
+/// reads really ran while the appends were landing (else nothing was
+/// tested).
 #[test]
 fn wk_09_concurrent_large_appends_and_strict_reads_never_tear_or_merge() {
-    let (reports, back) = concurrent_appends(&[]);
+    let (reports, back) = concurrent_appends();
+    let tally = reports.last().unwrap();
+    eprintln!("strict reader during the appends: {tally}");
+    assert!(tally.ends_with("failures=0"), "{reports:?}");
     assert!(
-        reports.last().unwrap().ends_with("failures=0"),
-        "{reports:?}"
+        !tally.contains(" partial=0 "),
+        "the race did not happen: no strict read ran while the appends were landing ({tally})"
     );
     let back = back.expect("the final strict read failed");
     assert_eq!(back.events.len(), 61);
@@ -81,29 +111,102 @@ fn wk_09_concurrent_large_appends_and_strict_reads_never_tear_or_merge() {
     }
 }
 
-/// Meta-test: the same scenario against a store whose run lock is never
-/// taken fails it (duplicate numbers, or reads that see a record in flight).
-#[test]
-fn the_concurrent_append_test_catches_a_store_without_the_run_lock() {
-    let (reports, back) =
-        concurrent_appends(&[("RUNKEEP_FS_TEST_MUTATION", "no-run-lock".to_string())]);
-    let reader_failed = !reports.last().unwrap().ends_with("failures=0");
+/// Waits (bounded) until process `pid` is stopped.
+fn await_stopped(pid: i32) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while proc_state(pid) != 'T' {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the first appender never stopped at before-append-write: the interleaving was not forced"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+/// The interleaving the run lock exists for, forced: appender `a` has
+/// numbered its event and stops just before its write; appender `b` appends
+/// meanwhile; then `a` writes. Answers both reports and the final strict
+/// read.
+fn forced_append_interleaving(
+    envs: &[(&str, String)],
+) -> (String, String, runkeep::Result<runkeep::EventBatch>) {
+    let dir = tempdir();
+    let base = dir.path().join("runs");
+    let store = open(&base);
+    let rt = rt();
+    rt.block_on(store.append_events(
+        &scope("run_log"),
+        &[NewEvent::new("start", Map::new())],
+        None,
+    ))
+    .unwrap();
+    let spawn_one = |me: &str, extra: &[(&str, String)]| {
+        let mut e = vec![("BASE", base.display().to_string()), ("ME", me.to_string())];
+        e.extend(envs.iter().cloned());
+        e.extend(extra.iter().cloned());
+        spawn("one", &e)
+    };
+    let mut a = spawn_one(
+        "a",
+        &[("RUNKEEP_FS_TEST_PAUSE", "before-append-write".to_string())],
+    );
+    await_stopped(a.pid());
+    // With the lock, b waits for it only this long before it is refused.
+    let mut b = spawn_one("b", &[("RUNKEEP_FS_TEST_LOCK_WAIT_MS", "300".to_string())]);
+    let rb = b.expect("", Duration::from_secs(60));
+    b.finish(Duration::from_secs(30));
+    signal(a.pid(), rustix::process::Signal::Cont);
+    let ra = a.expect("", Duration::from_secs(60));
+    a.finish(Duration::from_secs(30));
+    let back = rt.block_on(store.read_events(
+        &scope("run_log"),
+        &ReadEventsOptions {
+            integrity: Integrity::Strict,
+            ..Default::default()
+        },
+    ));
     eprintln!(
-        "without the run lock: reader {:?}; final strict read: {:?}",
-        reports.last(),
+        "forced append interleaving {envs:?}: a: {ra}; b: {rb}; final strict read: {:?}",
         back.as_ref()
-            .map(|b| b.events.len())
+            .map(|b| b.events.iter().map(|e| e.seq).collect::<Vec<_>>())
             .map_err(|e| e.to_string())
     );
-    assert!(
-        reader_failed || back.is_err(),
-        "the broken store went unnoticed"
+    (ra, rb, back)
+}
+
+/// Meta-test: against a store whose run lock is never taken, the forced
+/// interleaving gives `a` and `b` the same number, and the final strict
+/// read (the check the concurrent-append test ends with) refuses the log.
+#[test]
+fn the_concurrent_append_test_catches_a_store_without_the_run_lock() {
+    let (a, b, back) =
+        forced_append_interleaving(&[("RUNKEEP_FS_TEST_MUTATION", "no-run-lock".to_string())]);
+    assert_eq!(b, "appended seq 2", "b was not let in while a was stopped");
+    assert_eq!(
+        a, "appended seq 2",
+        "a did not write the number it took before b"
     );
+    assert!(back.is_err(), "the broken store went unnoticed: {back:?}");
+}
+
+/// The same forced interleaving against the real store: `a` holds the run
+/// lock while it is stopped, so `b` is refused (retryable, nothing
+/// written) instead of sharing `a`'s number; `a`'s event lands as 2.
+#[test]
+fn the_run_lock_keeps_a_second_appender_out_of_a_numbered_append() {
+    let (a, b, back) = forced_append_interleaving(&[]);
+    assert!(
+        b.starts_with("refused ") && b.contains("retryable=true"),
+        "{b}"
+    );
+    assert_eq!(a, "appended seq 2");
+    let seqs: Vec<u64> = back.unwrap().events.iter().map(|e| e.seq).collect();
+    assert_eq!(seqs, [1, 2]);
 }
 
 type Outcome = (Vec<String>, runkeep::Result<runkeep::EventBatch>);
 
-fn concurrent_appends(envs: &[(&str, String)]) -> Outcome {
+fn concurrent_appends() -> Outcome {
     let dir = tempdir();
     let base = dir.path().join("runs");
     let store = open(&base);
@@ -115,17 +218,18 @@ fn concurrent_appends(envs: &[(&str, String)]) -> Outcome {
     ))
     .unwrap();
     let stop = dir.path().join("stop");
-    let mut reader_env = vec![
+    let reader_env = vec![
         ("BASE", base.display().to_string()),
         ("STOP", stop.display().to_string()),
+        ("TOTAL", "61".to_string()),
     ];
-    reader_env.extend(envs.iter().cloned());
-    let reader = spawn("reader", &reader_env);
+    let mut reader = spawn("reader", &reader_env);
+    // The appenders start only once the reader is reading.
+    reader.expect("reading", Duration::from_secs(60));
     let appenders: Vec<_> = ["a", "b", "c"]
         .iter()
         .map(|me| {
-            let mut e = vec![("BASE", base.display().to_string()), ("ME", me.to_string())];
-            e.extend(envs.iter().cloned());
+            let e = vec![("BASE", base.display().to_string()), ("ME", me.to_string())];
             spawn("appender", &e)
         })
         .collect();
