@@ -7,7 +7,10 @@ use std::io::{BufRead, BufReader};
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
-use common::{chmod, runkeep, runkeep_unprivileged, share, stdout, Store};
+use common::{
+    chmod, output_within, runkeep, runkeep_unprivileged, share, stdout, wait_within, Store,
+    COMMAND_TIMEOUT,
+};
 use predicates::prelude::*;
 use serde_json::Value;
 
@@ -327,12 +330,33 @@ fn events_follow_tails_new_events_and_exits_0_on_ctrl_c() {
     // The run does not exist yet: follow waits for it.
     std::thread::sleep(Duration::from_millis(300));
     store.cmd(&["seed", "--runs", "1"]).assert().success();
-    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    // Lines are read on a thread, so a follow that prints nothing fails the
+    // test at the deadline instead of blocking it forever.
+    let stdout = child.stdout.take().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines() {
+            let Ok(line) = line else { break };
+            if tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
     let deadline = Instant::now() + Duration::from_secs(10);
     let mut seen = Vec::new();
-    while seen.len() < 4 && Instant::now() < deadline {
-        let line = lines.next().expect("a line").unwrap();
-        seen.push(serde_json::from_str::<Value>(&line).unwrap());
+    while seen.len() < 4 {
+        let left = deadline.saturating_duration_since(Instant::now());
+        match rx.recv_timeout(left) {
+            Ok(line) => seen.push(serde_json::from_str::<Value>(&line).unwrap()),
+            Err(_) => {
+                let _ = child.kill();
+                let _ = child.wait();
+                panic!(
+                    "--follow printed {} of 4 events within 10 s: {seen:?}",
+                    seen.len()
+                );
+            }
+        }
     }
     assert_eq!(
         seen.iter()
@@ -344,7 +368,11 @@ fn events_follow_tails_new_events_and_exits_0_on_ctrl_c() {
         .args(["-INT", &child.id().to_string()])
         .status()
         .unwrap();
-    let status = child.wait().unwrap();
+    let status = wait_within(
+        &mut child,
+        Duration::from_secs(30),
+        "events --follow after SIGINT",
+    );
     assert_eq!(status.code(), Some(0), "Ctrl-C ends --follow cleanly");
 }
 
@@ -550,11 +578,14 @@ fn on_a_terminal(store: &Store, args: &str, no_color: bool) -> String {
     let line = format!("{} --store {} {args}", bin.display(), store.address());
     let mut cmd = std::process::Command::new("script");
     cmd.args(["-qec", &line, "/dev/null"])
-        .env_remove("NO_COLOR");
+        .env_remove("NO_COLOR")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
     if no_color {
         cmd.env("NO_COLOR", "1");
     }
-    let out = cmd.output().expect("util-linux `script`");
+    let out = output_within(&mut cmd, COMMAND_TIMEOUT, "util-linux `script`");
     assert!(
         out.status.success(),
         "{}",
@@ -637,14 +668,16 @@ fn parent_addresses_a_sub_run() {
 fn with_closed_stdout(args: &[&str]) -> std::process::Output {
     let (reader, writer) = std::io::pipe().unwrap();
     drop(reader);
-    std::process::Command::new(assert_cmd::cargo::cargo_bin("runkeep"))
-        .args(args)
-        .env("NO_COLOR", "1")
-        .env_remove("RUNKEEP_STORE")
-        .stdout(writer)
-        .stderr(Stdio::piped())
-        .output()
-        .unwrap()
+    output_within(
+        std::process::Command::new(assert_cmd::cargo::cargo_bin("runkeep"))
+            .args(args)
+            .env("NO_COLOR", "1")
+            .env_remove("RUNKEEP_STORE")
+            .stdout(writer)
+            .stderr(Stdio::piped()),
+        COMMAND_TIMEOUT,
+        "runkeep with a closed stdout",
+    )
 }
 
 /// Issue 8, item 10: a closed pipe is not a bug.
@@ -656,24 +689,32 @@ fn a_closed_pipe_ends_the_command_quietly() {
     let store = Store::seeded();
     let address = store.address();
     // stderr a closed pipe: the issue's command line, in bash.
-    let out = std::process::Command::new("bash")
-        .arg("-c")
-        .arg(format!(
-            "NO_COLOR=1 {} --store {address} runs 2>&1 >/dev/null | true; exit ${{PIPESTATUS[0]}}",
-            assert_cmd::cargo::cargo_bin("runkeep").display()
-        ))
-        .output()
-        .unwrap();
+    let out = output_within(
+        std::process::Command::new("bash")
+            .arg("-c")
+            .arg(format!(
+                "NO_COLOR=1 {} --store {address} runs 2>&1 >/dev/null | true; exit ${{PIPESTATUS[0]}}",
+                assert_cmd::cargo::cargo_bin("runkeep").display()
+            ))
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped()),
+        COMMAND_TIMEOUT,
+        "runs with stderr a closed pipe",
+    );
     assert_eq!(out.status.code(), Some(0), "runs 2>&1 >/dev/null | true");
     let (reader, writer) = std::io::pipe().unwrap();
     drop(reader);
-    let status = std::process::Command::new(assert_cmd::cargo::cargo_bin("runkeep"))
-        .args(["--store", &address, "runs"])
-        .env("NO_COLOR", "1")
-        .stdout(Stdio::null())
-        .stderr(writer)
-        .status()
-        .unwrap();
+    let status = wait_within(
+        &mut std::process::Command::new(assert_cmd::cargo::cargo_bin("runkeep"))
+            .args(["--store", &address, "runs"])
+            .env("NO_COLOR", "1")
+            .stdout(Stdio::null())
+            .stderr(writer)
+            .spawn()
+            .unwrap(),
+        COMMAND_TIMEOUT,
+        "runs with stderr a closed pipe",
+    );
     assert_eq!(status.code(), Some(0), "stderr a closed pipe");
     // stdout a closed pipe.
     for args in [
@@ -826,7 +867,7 @@ fn events_follow_warns_once_per_damaged_record() {
     let mut text = std::fs::read_to_string(&path).unwrap();
     text.push_str("{\"type\":\"tool_completed\",\"seq\":5,\"to");
     std::fs::write(&path, text).unwrap();
-    let child = std::process::Command::new(assert_cmd::cargo::cargo_bin("runkeep"))
+    let mut child = std::process::Command::new(assert_cmd::cargo::cargo_bin("runkeep"))
         .args([
             "--store",
             &store.address(),
@@ -841,17 +882,62 @@ fn events_follow_warns_once_per_damaged_record() {
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
-    std::thread::sleep(Duration::from_millis(1200));
+    let stderr_pipe = child.stderr.take().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    let reader = std::thread::spawn(move || {
+        let mut all = String::new();
+        for line in BufReader::new(stderr_pipe).lines() {
+            let Ok(line) = line else { break };
+            all.push_str(&line);
+            all.push('\n');
+            let _ = tx.send(line);
+        }
+        all
+    });
+    let needle = "skipped damaged transcript record at line 5";
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        match rx.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
+            Ok(line) if line.contains(needle) => break,
+            Ok(_) => {}
+            Err(_) => {
+                let _ = child.kill();
+                panic!("--follow never warned about the damaged record");
+            }
+        }
+    }
+    // Proof that it kept polling after the warning: the file reads it made
+    // since (each poll re-reads the transcript), not a wall-clock guess.
+    let read_calls = |pid: u32| -> u64 {
+        std::fs::read_to_string(format!("/proc/{pid}/io"))
+            .unwrap_or_default()
+            .lines()
+            .find_map(|l| {
+                l.strip_prefix("syscr: ")
+                    .and_then(|v| v.trim().parse().ok())
+            })
+            .unwrap_or(0)
+    };
+    let at_warning = read_calls(child.id());
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while read_calls(child.id()) < at_warning + 20 {
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            panic!("--follow stopped polling after its first warning: the repeat was never given a chance");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
     std::process::Command::new("kill")
         .args(["-TERM", &child.id().to_string()])
         .status()
         .unwrap();
-    let out = child.wait_with_output().unwrap();
-    assert_eq!(out.status.code(), Some(0));
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    let warnings = stderr
-        .lines()
-        .filter(|l| l.contains("skipped damaged transcript record at line 5"))
-        .count();
+    let status = wait_within(
+        &mut child,
+        Duration::from_secs(30),
+        "events --follow after SIGTERM",
+    );
+    assert_eq!(status.code(), Some(0));
+    let stderr = reader.join().unwrap();
+    let warnings = stderr.lines().filter(|l| l.contains(needle)).count();
     assert_eq!(warnings, 1, "once, not on every poll:\n{stderr}");
 }

@@ -4,6 +4,7 @@
 #![allow(dead_code)]
 
 use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
 
 use assert_cmd::Command;
 use serde_json::Value;
@@ -66,11 +67,77 @@ impl Store {
     }
 }
 
-/// `runkeep` with no RUNKEEP_* variable from the caller's environment and no colour.
+/// How long one `runkeep` command of these tests may run before it is
+/// killed (a hung command fails its test instead of hanging the suite); a
+/// test that runs something longer sets its own `timeout`.
+pub const COMMAND_TIMEOUT: Duration = Duration::from_secs(120);
+
+/// `runkeep` with no RUNKEEP_* variable from the caller's environment and no
+/// colour, killed after [`COMMAND_TIMEOUT`].
 pub fn runkeep() -> Command {
     let mut c = Command::cargo_bin("runkeep").expect("runkeep binary");
     clean_env(&mut c);
+    c.timeout(COMMAND_TIMEOUT);
     c
+}
+
+/// Waits for `child` at most `timeout`; kills it and panics (naming `what`)
+/// when it is still running by then.
+pub fn wait_within(
+    child: &mut std::process::Child,
+    timeout: Duration,
+    what: &str,
+) -> std::process::ExitStatus {
+    let deadline = Instant::now() + timeout;
+    loop {
+        if let Some(status) = child.try_wait().expect("wait for the child") {
+            return status;
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("{what} did not exit within {timeout:?}; killed it");
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// [`std::process::Command::output`] bounded by `timeout` (stdout and stderr
+/// are piped unless the caller set them).
+pub fn output_within(
+    cmd: &mut std::process::Command,
+    timeout: Duration,
+    what: &str,
+) -> std::process::Output {
+    use std::io::Read;
+    let mut child = cmd.spawn().unwrap_or_else(|e| panic!("{what}: {e}"));
+    let drain = |r: Option<Box<dyn Read + Send>>| {
+        std::thread::spawn(move || {
+            let mut buf = Vec::new();
+            if let Some(mut r) = r {
+                let _ = r.read_to_end(&mut buf);
+            }
+            buf
+        })
+    };
+    let out = drain(
+        child
+            .stdout
+            .take()
+            .map(|r| Box::new(r) as Box<dyn Read + Send>),
+    );
+    let err = drain(
+        child
+            .stderr
+            .take()
+            .map(|r| Box::new(r) as Box<dyn Read + Send>),
+    );
+    let status = wait_within(&mut child, timeout, what);
+    std::process::Output {
+        status,
+        stdout: out.join().unwrap(),
+        stderr: err.join().unwrap(),
+    }
 }
 
 /// True when the tests run as root (CI does).
@@ -89,6 +156,7 @@ pub fn runkeep_unprivileged() -> Command {
     c.args(["--reuid=nobody", "--regid=nogroup", "--clear-groups"])
         .arg(assert_cmd::cargo::cargo_bin("runkeep"));
     clean_env(&mut c);
+    c.timeout(COMMAND_TIMEOUT);
     c
 }
 

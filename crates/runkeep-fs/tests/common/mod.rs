@@ -235,7 +235,7 @@ impl Worker {
                     "worker exited with {status}; reports: {:?}",
                     self.reports
                 );
-                return self.reports;
+                return std::mem::take(&mut self.reports);
             }
             while let Ok(l) = self.lines.try_recv() {
                 self.reports.push(l);
@@ -258,7 +258,19 @@ impl Worker {
         while let Ok(l) = self.lines.recv_timeout(Duration::from_millis(200)) {
             self.reports.push(l);
         }
-        self.reports
+        std::mem::take(&mut self.reports)
+    }
+}
+
+/// A worker left behind by a failing test (stopped at a pause point, or
+/// waiting on its stdin) is killed, so it cannot outlive the test binary and
+/// keep the inherited stderr open (which would hang whatever reads it).
+impl Drop for Worker {
+    fn drop(&mut self) {
+        if let Ok(None) = self.child.try_wait() {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
     }
 }
 
