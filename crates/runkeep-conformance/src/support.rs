@@ -105,7 +105,7 @@ pub fn parked(
 pub async fn take(store: &Arc<dyn RunStore>, scope: &RunScope, opts: ClaimOptions) -> Lease {
     match store.claim(scope, &opts).await.expect("claim call failed") {
         ClaimOutcome::Acquired(l) => l,
-        ClaimOutcome::Held(s) => panic!("expected to acquire {scope}, but it is held: {s:?}"),
+        other => panic!("expected to acquire {scope}, but the claim answered {other:?}"),
     }
 }
 

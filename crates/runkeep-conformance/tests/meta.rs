@@ -193,10 +193,46 @@ impl CheckpointStore for Broken {
     ) -> Result<Option<(RunScope, Lease)>> {
         self.inner.claim_next(scope, filter, options).await
     }
+    fn now(&self) -> Timestamp {
+        self.inner.now()
+    }
+    async fn lifecycle(&self, s: &RunScope) -> runkeep::Result<runkeep::Lifecycle> {
+        self.inner.lifecycle(s).await
+    }
+    async fn enqueue(
+        &self,
+        s: &RunScope,
+        c: &Checkpoint,
+        o: &runkeep::EnqueueOptions,
+    ) -> runkeep::Result<Checkpoint> {
+        self.inner.enqueue(s, c, o).await
+    }
+    async fn finish(
+        &self,
+        s: &RunScope,
+        fence: Fence,
+        o: &runkeep::Outcome,
+    ) -> runkeep::Result<runkeep::Lifecycle> {
+        self.inner.finish(s, fence, o).await
+    }
+    async fn snooze(&self, s: &RunScope, fence: Fence, until: Timestamp) -> runkeep::Result<bool> {
+        self.inner.snooze(s, fence, until).await
+    }
+    async fn reopen(&self, s: &RunScope) -> runkeep::Result<runkeep::Lifecycle> {
+        self.inner.reopen(s).await
+    }
 }
 
 #[async_trait]
 impl EvidenceStore for Broken {
+    async fn commit_step(
+        &self,
+        s: &RunScope,
+        fence: Fence,
+        step: &runkeep::Step,
+    ) -> runkeep::Result<runkeep::StepReceipt> {
+        self.inner.commit_step(s, fence, step).await
+    }
     async fn append_events(
         &self,
         scope: &RunScope,

@@ -223,6 +223,7 @@ pub(crate) fn claim_next(
                 limit: Some(MAX_LIMIT),
                 cursor: cursor.take(),
                 now: Some(now),
+                status: None,
             },
         )?;
         for row in page.entries {
@@ -239,7 +240,9 @@ pub(crate) fn claim_next(
                     }
                     return Ok(Some((row.scope, lease)));
                 }
-                Ok(ClaimOutcome::Held(_)) => {}
+                Ok(
+                    ClaimOutcome::Held(_) | ClaimOutcome::Finished(_) | ClaimOutcome::NotBefore(_),
+                ) => {}
                 Err(e @ Error::Contended { .. }) => contended = Some(e),
                 Err(e) => return Err(e),
             }

@@ -47,6 +47,10 @@ fn chaos_worker() {
                 std::thread::sleep(Duration::from_millis(1));
                 continue;
             }
+            Ok(other) => {
+                report(format!("err claim answered {other:?}"));
+                continue;
+            }
             Err(e) => {
                 report(format!("err claim {e}"));
                 continue;

@@ -11,7 +11,7 @@ use std::time::Duration;
 use common::*;
 use runkeep::{
     CheckpointId, CheckpointStore, Error, EvidenceStore, Integrity, ListingScope, MessageSnapshot,
-    NewEvent, ReadEventsOptions, RunStoreExt,
+    NewEvent, ReadEventsOptions,
 };
 use runkeep_fs::testing::{inject, FaultPoint};
 use runkeep_fs::{Durability, FsOptions, FsStore};

@@ -36,6 +36,7 @@ fn worker_process_entry() {
     let outcome = |r: runkeep::Result<ClaimOutcome>| match r {
         Ok(ClaimOutcome::Acquired(l)) => format!("acquired {}", l.fence),
         Ok(ClaimOutcome::Held(h)) => format!("held {}", h.fence),
+        Ok(other) => format!("unexpected {other:?}"),
         Err(e) => format!("error {}", e.kind()),
     };
     match role.as_str() {

@@ -88,6 +88,7 @@ proptest! {
                 prop_assert!(l.fence.get() > highest, "fence {} issued at or below holding {highest}", l.fence);
             }
             Ok(runkeep::ClaimOutcome::Held(_)) => {}
+            Ok(other) => prop_assert!(false, "a never-finished run answered {:?}", other),
             Err(e) => prop_assert!(!e.to_string().is_empty()),
         }
         let _ = rt.block_on(store.append_events(&s, &[runkeep::NewEvent::new("after", Default::default())], None));

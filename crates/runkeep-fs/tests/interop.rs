@@ -148,6 +148,7 @@ impl Fx {
             limit: o["limit"].as_u64().map(|l| l as usize),
             cursor: None,
             now: Some(self.now),
+            status: None,
         }
     }
 }

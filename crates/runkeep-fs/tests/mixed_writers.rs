@@ -15,9 +15,7 @@ mod common;
 use std::path::Path;
 
 use common::*;
-use runkeep::{
-    CheckpointStore, ClaimOptions, ClaimOutcome, ListOptions, ListingScope, RunStoreExt, Ttl,
-};
+use runkeep::{CheckpointStore, ClaimOptions, ClaimOutcome, ListOptions, ListingScope, Ttl};
 use serde_json::json;
 
 /// A checkpoint as the reference writes it: no `fence`.

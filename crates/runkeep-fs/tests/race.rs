@@ -96,6 +96,10 @@ fn single_run_worker() {
                 }
                 std::thread::sleep(Duration::from_micros(200));
             }
+            Ok(other) => {
+                errors += 1;
+                report(format!("err unexpected {other:?}"));
+            }
             Err(Error::Contended { .. }) => contended += 1,
             // The claim outlived its ttl; the store released the win.
             Err(Error::Unavailable { .. }) => late += 1,
@@ -302,6 +306,7 @@ fn claim_once_worker() {
             body_holder(&base, "run_forced", l.fence.get())
         )),
         Ok(ClaimOutcome::Held(h)) => report(format!("held {}", h.fence)),
+        Ok(other) => report(format!("err unexpected {other:?}")),
         Err(e) => report(format!("err {}", e.to_string().replace('\n', " "))),
     }
 }
@@ -410,6 +415,7 @@ fn batch_worker() {
                 body_holder(&base, &run, l.fence.get())
             )),
             Ok(ClaimOutcome::Held(_)) => {}
+            Ok(other) => report(format!("err {run} unexpected {other:?}")),
             Err(e) => report(format!("err {run} {e}")),
         }
     }
@@ -668,6 +674,7 @@ fn df_01_thirty_two_concurrent_takers_in_one_process_get_exactly_one_lease() {
         .filter_map(|o| match o {
             Ok(ClaimOutcome::Acquired(l)) => Some(l.fence.get()),
             Ok(ClaimOutcome::Held(_)) | Err(Error::Contended { .. }) => None,
+            Ok(other) => panic!("unexpected {other:?}"),
             Err(e) => panic!("{e}"),
         })
         .collect();

@@ -8,7 +8,7 @@ mod common;
 use common::*;
 use runkeep::{
     CheckpointStore, ClaimOutcome, Error, EvidenceStore, ListOptions, ListingScope, NewEvent,
-    ParkResolution, ReadEventsOptions, RunStoreExt,
+    ParkResolution, ReadEventsOptions,
 };
 use runkeep_fs::{FsOptions, FsStore};
 

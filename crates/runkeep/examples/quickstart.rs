@@ -34,7 +34,7 @@ async fn main() -> Result<(), runkeep::Error> {
         .await?
     {
         ClaimOutcome::Acquired(l) => l,
-        ClaimOutcome::Held(s) => panic!("unexpectedly held: {s:?}"),
+        other => panic!("a fresh run must be acquired, got {other:?}"),
     };
     println!(
         "claimed by {} at fence {} (expires {})",

@@ -111,19 +111,34 @@ pub struct ClaimOptions {
     pub holder: Holder,
     /// Lease duration.
     pub ttl: Ttl,
-    /// The instant every expiry in this call is judged against; the wall clock
-    /// when `None`.
+    /// The instant every expiry in this call is judged against; the store's
+    /// clock ([`crate::CheckpointStore::now`]) when `None`.
     pub now: Option<Timestamp>,
+    /// The attempt limit for this claim (over the run's own limit and
+    /// [`crate::lifecycle::DEFAULT_MAX_ATTEMPTS`]).
+    pub max_attempts: Option<u32>,
 }
 
 impl ClaimOptions {
-    /// Claim options judged at the wall clock.
+    /// Claim options judged at the store's clock.
     pub fn new(holder: Holder, ttl: Ttl) -> Self {
         Self {
             holder,
             ttl,
             now: None,
+            max_attempts: None,
         }
+    }
+
+    /// With an attempt limit.
+    pub fn with_max_attempts(mut self, limit: u32) -> Self {
+        self.max_attempts = Some(limit);
+        self
+    }
+
+    /// The instant in force for a store whose clock reads `store_now`.
+    pub fn judged_at(&self, store_now: impl FnOnce() -> Timestamp) -> Timestamp {
+        self.now.unwrap_or_else(store_now)
     }
 
     /// Judge at an injected instant.
@@ -132,7 +147,8 @@ impl ClaimOptions {
         self
     }
 
-    /// The instant in force.
+    /// The instant in force, with the machine clock as the store's clock
+    /// (prefer [`Self::judged_at`] with the store's own clock).
     pub fn now(&self) -> Timestamp {
         self.now.unwrap_or_else(Timestamp::now)
     }
@@ -145,6 +161,11 @@ pub enum ClaimOutcome {
     Acquired(Lease),
     /// Someone else holds the run live. The ordinary queue outcome, not an error.
     Held(LeaseSummary),
+    /// The run is finished (by its holder, or just now dead-lettered by this
+    /// claim because its attempts reached the limit); nothing to take.
+    Finished(crate::lifecycle::RunStatus),
+    /// The run is deferred until this instant (`snooze`, `enqueue`).
+    NotBefore(Timestamp),
 }
 
 impl ClaimOutcome {
@@ -152,7 +173,7 @@ impl ClaimOutcome {
     pub fn lease(self) -> Option<Lease> {
         match self {
             ClaimOutcome::Acquired(l) => Some(l),
-            ClaimOutcome::Held(_) => None,
+            _ => None,
         }
     }
 }

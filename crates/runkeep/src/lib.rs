@@ -27,12 +27,15 @@ pub mod error;
 pub mod evidence;
 pub mod id;
 pub mod lease;
+pub mod lifecycle;
 pub mod listing;
 pub mod memory;
 pub mod park;
 pub mod scope;
+pub mod step;
 pub mod store;
 pub mod time;
+pub mod watch;
 pub mod worker;
 
 pub use checkpoint::{Checkpoint, CheckpointHeader, OrderKey};
@@ -43,9 +46,14 @@ pub use evidence::{
 };
 pub use id::{CheckpointId, Holder, ProjectId, RunId, SessionId, TenantId};
 pub use lease::{ClaimOptions, ClaimOutcome, Fence, Lease, LeaseSummary, TopHolding};
+pub use lifecycle::{EnqueueOptions, FinishStatus, Lifecycle, Outcome, RunStatus};
 pub use listing::{ListOptions, ListOrder, RunDigest, RunPage, RunRow};
 pub use memory::MemoryStore;
 pub use park::{ParkResolution, ParkState, ParkSummary, PendingDecision};
 pub use scope::{ListingScope, RunScope};
-pub use store::{CheckpointStore, ClaimNextFilter, EvidenceStore, RunStore, RunStoreExt};
-pub use time::{Timestamp, Ttl};
+pub use step::{MessagesUpdate, Step, StepReceipt};
+pub use store::{
+    CheckpointStore, ClaimNextFilter, EvidenceStore, RunStore, RunStoreExt, CONTRACT_REVISION,
+};
+pub use time::{Clock, ManualClock, SystemClock, Timestamp, Ttl};
+pub use watch::{Watch, WatchTopic};

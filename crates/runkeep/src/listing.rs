@@ -28,6 +28,7 @@ use crate::checkpoint::{CheckpointHeader, FenceHistory, OrderKey};
 use crate::error::{Error, Result};
 use crate::id::{CheckpointId, RunId};
 use crate::lease::{LeaseSummary, TopHolding};
+use crate::lifecycle::{Lifecycle, RunStatus};
 use crate::park::{park_precedence, ParkState, ParkSummary};
 use crate::scope::{ListingScope, RunScope};
 use crate::time::Timestamp;
@@ -85,8 +86,22 @@ pub struct ListOptions {
     pub limit: Option<usize>,
     /// Continue after this cursor.
     pub cursor: Option<String>,
-    /// The instant expiry is judged at; the wall clock when `None`.
+    /// The instant expiry is judged at; the store's clock when `None`.
     pub now: Option<Timestamp>,
+    /// Keep only rows whose lifecycle status is in this set. `None` ⇒ no
+    /// filter; an empty set is refused.
+    pub status: Option<Vec<RunStatus>>,
+}
+
+impl ListOptions {
+    /// These options with `now` filled from the store's clock when unset.
+    pub fn judged_at(&self, store_now: impl FnOnce() -> Timestamp) -> ListOptions {
+        let mut o = self.clone();
+        if o.now.is_none() {
+            o.now = Some(store_now());
+        }
+        o
+    }
 }
 
 /// One run with durable state. A row is addressable: its `scope` can be
@@ -118,6 +133,28 @@ pub struct RunRow {
     /// flagged instead of failing the page or vanishing.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub damaged: Option<String>,
+    /// Lifecycle status (contract v2); `active` for a run without a record.
+    /// Serialized only when not `active`, so a row of a run that never left
+    /// the v1 shape reads as it did (absent means active).
+    #[serde(default, skip_serializing_if = "is_active")]
+    pub status: RunStatus,
+    /// When it was finished.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub finished_at: Option<Timestamp>,
+    /// Takeovers from expired leases so far (serialized when not 0).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub attempts: u32,
+    /// Not claimable before this instant.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub available_at: Option<Timestamp>,
+}
+
+fn is_active(s: &RunStatus) -> bool {
+    *s == RunStatus::Active
+}
+
+fn is_zero(n: &u32) -> bool {
+    *n == 0
 }
 
 impl RunRow {
@@ -132,7 +169,29 @@ impl RunRow {
             park: None,
             claim,
             damaged: Some(error.to_string()),
+            status: RunStatus::Active,
+            finished_at: None,
+            attempts: 0,
+            available_at: None,
         }
+    }
+
+    /// Sets the lifecycle columns from `l`.
+    pub fn with_lifecycle(mut self, l: &Lifecycle) -> Self {
+        self.status = l.status;
+        self.finished_at = l.finished_at;
+        self.attempts = l.attempts;
+        self.available_at = l.available_at;
+        self
+    }
+
+    /// True when a claim at `now` may take this run: active, not deferred
+    /// past `now`, not damaged, nobody holding it live.
+    pub fn is_claimable(&self, now: Timestamp) -> bool {
+        self.damaged.is_none()
+            && !self.status.is_finished()
+            && self.available_at.is_none_or(|at| now >= at)
+            && self.is_unheld()
     }
 
     /// The sort key of this row in `order`.
@@ -319,6 +378,10 @@ impl RunDigest {
             park: park_precedence(&self.parks, &self.fence_history, now),
             claim: top.map(|t| t.summary(now)),
             damaged: None,
+            status: RunStatus::Active,
+            finished_at: None,
+            attempts: 0,
+            available_at: None,
         })
     }
 }
@@ -335,6 +398,8 @@ pub struct ListQuery {
     pub park: Option<Vec<ParkState>>,
     /// Claimed filter.
     pub claimed: Option<bool>,
+    /// Status filter (never empty).
+    pub status: Option<Vec<RunStatus>>,
     /// Effective page size.
     pub limit: usize,
     /// Start strictly after this key.
@@ -383,12 +448,23 @@ impl ListQuery {
             p.sort();
             p.dedup();
         }
+        if options.status.as_ref().is_some_and(Vec::is_empty) {
+            return Err(Error::invalid(
+                "status filter is an empty set; pass no status filter to list every run, or name at least one of active, completed, failed, cancelled",
+            ));
+        }
+        let mut status = options.status.clone();
+        if let Some(s) = status.as_mut() {
+            s.sort();
+            s.dedup();
+        }
         let limit = options.limit.unwrap_or(DEFAULT_LIMIT).clamp(1, MAX_LIMIT);
         let mut q = Self {
             scope: scope.clone(),
             order: options.order,
             park,
             claimed: options.claimed,
+            status,
             limit,
             after: None,
             now: options.now.unwrap_or_else(Timestamp::now),
@@ -410,7 +486,18 @@ impl ListQuery {
             Some(true) => "claimed",
             Some(false) => "unclaimed",
         };
-        format!("park={park};claimed={claimed}")
+        let status = self
+            .status
+            .as_ref()
+            .map(|v| v.iter().map(|s| s.as_str()).collect::<Vec<_>>().join(","))
+            .unwrap_or_else(|| "*".into());
+        if status == "*" {
+            // The digest of a query without a status filter is the one
+            // contract v1 issued, so its cursors stay valid.
+            format!("park={park};claimed={claimed}")
+        } else {
+            format!("park={park};claimed={claimed};status={status}")
+        }
     }
 
     fn body_checksum(&self, k: &RowKey) -> String {
@@ -511,6 +598,11 @@ impl ListQuery {
             match &row.park {
                 Some(p) if states.contains(&p.state) => {}
                 _ => return false,
+            }
+        }
+        if let Some(statuses) = &self.status {
+            if !statuses.contains(&row.status) {
+                return false;
             }
         }
         match self.claimed {

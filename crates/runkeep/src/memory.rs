@@ -7,7 +7,7 @@
 //! any number of tenants. It keeps nothing across processes.
 
 use std::collections::BTreeMap;
-use std::sync::{Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard};
 
 use async_trait::async_trait;
 use serde_json::Value;
@@ -20,14 +20,18 @@ use crate::evidence::{
 };
 use crate::id::CheckpointId;
 use crate::lease::{
-    check_write_fence, decide_claim, decide_release, stamp_fence, ClaimDecision, ClaimOptions,
-    ClaimOutcome, Fence, Lease, LeaseSummary, TopHolding,
+    check_write_fence, decide_release, stamp_fence, ClaimOptions, ClaimOutcome, Fence, Lease,
+    LeaseSummary, TopHolding,
 };
+use crate::lifecycle::{self, ClaimPlan, EnqueueOptions, Lifecycle, Outcome};
 use crate::listing::{ListOptions, ListQuery, RunDigest, RunPage, RunRow};
 use crate::park::{self, ParkResolution};
 use crate::scope::{ListingScope, RunScope};
+use crate::step::{Step, StepReceipt};
 use crate::store::{CheckpointStore, ClaimNextFilter, EvidenceStore};
 use crate::time::Timestamp;
+use crate::time::{Clock, SystemClock};
+use crate::watch::{Notifier, Watch, WatchTopic, DEFAULT_POLL};
 
 #[derive(Debug, Default)]
 struct RunState {
@@ -38,6 +42,7 @@ struct RunState {
     record: Option<RunRecord>,
     messages: Option<MessageSnapshot>,
     report: Option<String>,
+    lifecycle: Lifecycle,
 }
 
 impl RunState {
@@ -50,7 +55,17 @@ impl RunState {
 
     fn row(&self, scope: &RunScope, now: Timestamp) -> Option<RunRow> {
         let headers: Vec<_> = self.checkpoints.values().map(Checkpoint::header).collect();
-        RunDigest::from_headers(&headers).row(scope.clone(), self.top.as_ref(), now)
+        RunDigest::from_headers(&headers)
+            .row(scope.clone(), self.top.as_ref(), now)
+            .map(|r| r.with_lifecycle(&self.lifecycle))
+    }
+
+    /// True when the run has any state at all.
+    fn exists(&self) -> bool {
+        !self.checkpoints.is_empty()
+            || self.top.is_some()
+            || !self.events.is_empty()
+            || self.record.is_some()
     }
 
     fn claim(
@@ -59,9 +74,25 @@ impl RunState {
         options: &ClaimOptions,
         now: Timestamp,
     ) -> Result<ClaimOutcome> {
-        match decide_claim(&scope.run_id, self.top.as_ref(), &options.holder, now)? {
-            ClaimDecision::Held(s) => Ok(ClaimOutcome::Held(s)),
-            ClaimDecision::Take(fence) => {
+        let plan = lifecycle::plan_claim(
+            &scope.run_id,
+            self.top.as_ref(),
+            &self.lifecycle,
+            &options.holder,
+            now,
+            options.max_attempts,
+        )?;
+        match plan {
+            ClaimPlan::Held(s) => Ok(ClaimOutcome::Held(s)),
+            ClaimPlan::Finished(status) => Ok(ClaimOutcome::Finished(status)),
+            ClaimPlan::NotBefore(at) => Ok(ClaimOutcome::NotBefore(at)),
+            ClaimPlan::Exhausted { fence, attempts } => {
+                // Dead-lettered: the fence is spent on a tombstone, never a lease.
+                self.lifecycle = lifecycle::exhausted(&self.lifecycle, fence, attempts, now);
+                self.top = Some(TopHolding::Released { fence });
+                Ok(ClaimOutcome::Finished(self.lifecycle.status))
+            }
+            ClaimPlan::Take { fence, takeover } => {
                 let lease = Lease {
                     holder: options.holder.clone(),
                     fence,
@@ -72,22 +103,57 @@ impl RunState {
                     holder: lease.holder.clone(),
                     expires_at: lease.expires_at,
                 });
+                self.lifecycle = lifecycle::after_take(&self.lifecycle, takeover);
                 Ok(ClaimOutcome::Acquired(lease))
             }
         }
     }
+
+    /// Appends events under the already-checked fence.
+    fn push_events(
+        &mut self,
+        events: &[NewEvent],
+        now: Timestamp,
+        fence: Option<Fence>,
+    ) -> Vec<PersistedEvent> {
+        let mut out = Vec::with_capacity(events.len());
+        for e in events {
+            let persisted = e.persist(self.events.len() as u64 + 1, now, fence);
+            self.events.push(persisted.clone());
+            out.push(persisted);
+        }
+        out
+    }
 }
 
 /// The in-memory reference store.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct MemoryStore {
     runs: Mutex<BTreeMap<RunScope, RunState>>,
+    clock: Arc<dyn Clock>,
+    notifier: Notifier,
+}
+
+impl Default for MemoryStore {
+    fn default() -> Self {
+        Self::with_clock(Arc::new(SystemClock))
+    }
 }
 
 impl MemoryStore {
-    /// An empty store.
+    /// An empty store on the machine clock.
     pub fn new() -> Self {
         Self::default()
+    }
+
+    /// An empty store judging time by `clock` (the store's clock of
+    /// contract v2: every call that passes no instant uses it).
+    pub fn with_clock(clock: Arc<dyn Clock>) -> Self {
+        Self {
+            runs: Mutex::new(BTreeMap::new()),
+            clock,
+            notifier: Notifier::default(),
+        }
     }
 
     fn lock(&self) -> MutexGuard<'_, BTreeMap<RunScope, RunState>> {
@@ -112,6 +178,8 @@ impl CheckpointStore for MemoryStore {
         let mut stored = checkpoint.clone();
         stored.fence = stamp_fence(fence, run.top.as_ref());
         run.checkpoints.insert(stored.id.clone(), stored.clone());
+        drop(runs);
+        self.notifier.notify_run(scope, false);
         Ok(stored)
     }
 
@@ -201,7 +269,7 @@ impl CheckpointStore for MemoryStore {
     }
 
     async fn list_runs(&self, scope: &ListingScope, options: &ListOptions) -> Result<RunPage> {
-        let query = ListQuery::new(scope, options)?;
+        let query = ListQuery::new(scope, &options.judged_at(|| self.clock.now()))?;
         let runs = self.lock();
         let rows: Vec<RunRow> = runs
             .iter()
@@ -212,7 +280,7 @@ impl CheckpointStore for MemoryStore {
     }
 
     async fn claim(&self, scope: &RunScope, options: &ClaimOptions) -> Result<ClaimOutcome> {
-        let now = options.now();
+        let now = options.judged_at(|| self.clock.now());
         let mut runs = self.lock();
         runs.entry(scope.clone())
             .or_default()
@@ -227,6 +295,8 @@ impl CheckpointStore for MemoryStore {
         match decide_release(&scope.run_id, run.top.as_ref(), fence)? {
             Some(tomb) => {
                 run.top = Some(TopHolding::Released { fence: tomb });
+                drop(runs);
+                self.notifier.notify_run(scope, false);
                 Ok(true)
             }
             None => Ok(false),
@@ -246,7 +316,7 @@ impl CheckpointStore for MemoryStore {
         filter: &ClaimNextFilter,
         options: &ClaimOptions,
     ) -> Result<Option<(RunScope, Lease)>> {
-        let now = options.now();
+        let now = options.judged_at(|| self.clock.now());
         let query = ListQuery::new(
             scope,
             &ListOptions {
@@ -256,6 +326,7 @@ impl CheckpointStore for MemoryStore {
                 limit: Some(1),
                 cursor: None,
                 now: Some(now),
+                status: None,
             },
         )?;
         let mut runs = self.lock();
@@ -263,7 +334,7 @@ impl CheckpointStore for MemoryStore {
             .iter()
             .filter(|(s, _)| s.is_within(scope))
             .filter_map(|(s, r)| r.row(s, now))
-            .filter(|row| query.matches(row) && row.damaged.is_none())
+            .filter(|row| query.matches(row) && row.is_claimable(now))
             .map(|row| (row.key(filter.order), row.scope))
             .collect();
         candidates.sort();
@@ -276,6 +347,100 @@ impl CheckpointStore for MemoryStore {
             }
         }
         Ok(None)
+    }
+
+    fn now(&self) -> Timestamp {
+        self.clock.now()
+    }
+
+    async fn lifecycle(&self, scope: &RunScope) -> Result<Lifecycle> {
+        Ok(self
+            .lock()
+            .get(scope)
+            .map(|r| r.lifecycle.clone())
+            .unwrap_or_default())
+    }
+
+    async fn enqueue(
+        &self,
+        scope: &RunScope,
+        checkpoint: &Checkpoint,
+        options: &EnqueueOptions,
+    ) -> Result<Checkpoint> {
+        checkpoint.validate_for_write(scope)?;
+        options.validate(&scope.run_id)?;
+        let mut runs = self.lock();
+        let run = runs.entry(scope.clone()).or_default();
+        if run.exists() {
+            return Err(Error::Conflict {
+                message: format!(
+                    "enqueue of run {}: the run already exists; enqueue creates a new run (use another run id, or reopen a finished one)",
+                    scope.run_id
+                ),
+            });
+        }
+        let mut stored = checkpoint.clone();
+        stored.fence = None;
+        run.checkpoints.insert(stored.id.clone(), stored.clone());
+        run.lifecycle = Lifecycle {
+            max_attempts: options.max_attempts,
+            available_at: options.available_at,
+            ..Lifecycle::default()
+        };
+        drop(runs);
+        self.notifier.notify_run(scope, false);
+        Ok(stored)
+    }
+
+    async fn finish(&self, scope: &RunScope, fence: Fence, outcome: &Outcome) -> Result<Lifecycle> {
+        outcome.validate(&scope.run_id)?;
+        let now = self.clock.now();
+        let mut runs = self.lock();
+        let run = runs.entry(scope.clone()).or_default();
+        run.check(scope, "finish", Some(fence))?;
+        let l = lifecycle::after_finish(&scope.run_id, &run.lifecycle, outcome, fence, now)?;
+        run.top = Some(TopHolding::Released {
+            fence: fence.next(&scope.run_id)?,
+        });
+        run.lifecycle = l.clone();
+        Ok(l)
+    }
+
+    async fn snooze(&self, scope: &RunScope, fence: Fence, until: Timestamp) -> Result<bool> {
+        let mut runs = self.lock();
+        let Some(run) = runs.get_mut(scope) else {
+            return Ok(false);
+        };
+        match decide_release(&scope.run_id, run.top.as_ref(), fence)? {
+            Some(tomb) => {
+                run.top = Some(TopHolding::Released { fence: tomb });
+                run.lifecycle.available_at = Some(until);
+                drop(runs);
+                self.notifier.notify_run(scope, false);
+                Ok(true)
+            }
+            None => Ok(false),
+        }
+    }
+
+    async fn reopen(&self, scope: &RunScope) -> Result<Lifecycle> {
+        let mut runs = self.lock();
+        let Some(run) = runs.get_mut(scope).filter(|r| r.exists()) else {
+            return Err(Error::NotFound {
+                what: format!("run {}", scope.run_id),
+            });
+        };
+        let l = lifecycle::after_reopen(&scope.run_id, &run.lifecycle)?;
+        run.lifecycle = l.clone();
+        drop(runs);
+        self.notifier.notify_run(scope, false);
+        Ok(l)
+    }
+
+    fn watch(&self, topic: &WatchTopic) -> Watch {
+        // Only this process writes a memory store: every change notifies, so
+        // the fallback interval only bounds a missed wake-up.
+        self.notifier.subscribe(topic, DEFAULT_POLL * 20)
     }
 }
 
@@ -290,16 +455,13 @@ impl EvidenceStore for MemoryStore {
         for e in events {
             e.validate()?;
         }
+        let now = self.clock.now();
         let mut runs = self.lock();
         let run = runs.entry(scope.clone()).or_default();
         run.check(scope, "append_events", fence)?;
-        let now = Timestamp::now();
-        let mut out = Vec::with_capacity(events.len());
-        for e in events {
-            let persisted = e.persist(run.events.len() as u64 + 1, now, fence);
-            run.events.push(persisted.clone());
-            out.push(persisted);
-        }
+        let out = run.push_events(events, now, fence);
+        drop(runs);
+        self.notifier.notify_run(scope, true);
         Ok(out)
     }
 
@@ -419,7 +581,7 @@ impl EvidenceStore for MemoryStore {
         let mut runs = self.lock();
         let run = runs.entry(scope.clone()).or_default();
         run.check(scope, "append_audit", fence)?;
-        let now = Timestamp::now();
+        let now = self.clock.now();
         let mut out = Vec::new();
         for e in events {
             let rec = e.record(
@@ -446,5 +608,62 @@ impl EvidenceStore for MemoryStore {
                     .collect()
             })
             .unwrap_or_default())
+    }
+
+    async fn commit_step(
+        &self,
+        scope: &RunScope,
+        fence: Fence,
+        step: &Step,
+    ) -> Result<StepReceipt> {
+        step.validate(scope)?;
+        let now = self.clock.now();
+        let mut runs = self.lock();
+        let run = runs.entry(scope.clone()).or_default();
+        run.check(scope, "commit_step", Some(fence))?;
+        // Everything that can refuse is decided before anything is applied,
+        // so a refused step leaves nothing.
+        let finished = match &step.finish {
+            Some(o) => Some(lifecycle::after_finish(
+                &scope.run_id,
+                &run.lifecycle,
+                o,
+                fence,
+                now,
+            )?),
+            None => None,
+        };
+        let tomb = match finished {
+            Some(_) => Some(fence.next(&scope.run_id)?),
+            None => None,
+        };
+        let last_before = run.events.last().map_or(0, |e| e.seq);
+        let events = run.push_events(&step.events, now, Some(fence));
+        let checkpoint = step.checkpoint.as_ref().map(|cp| {
+            let mut stored = cp.clone();
+            stored.fence = Some(fence);
+            run.checkpoints.insert(stored.id.clone(), stored.clone());
+            stored
+        });
+        if let Some(m) = &step.messages {
+            run.messages = Some(MessageSnapshot::Available {
+                through_event_seq: Step::through_seq(m, &events, last_before),
+                messages: m.messages.clone(),
+            });
+        }
+        if let Some(r) = &step.run_record {
+            run.record = Some(r.clone());
+        }
+        if let (Some(l), Some(t)) = (&finished, tomb) {
+            run.lifecycle = l.clone();
+            run.top = Some(TopHolding::Released { fence: t });
+        }
+        drop(runs);
+        self.notifier.notify_run(scope, !events.is_empty());
+        Ok(StepReceipt {
+            events,
+            checkpoint,
+            lifecycle: finished,
+        })
     }
 }

@@ -8,6 +8,30 @@
 //! Conveniences built on the contract live in [`RunStoreExt`], implemented for
 //! every store, so the implementor traits stay small. Every `# Contract`
 //! bullet has a case in `runkeep-conformance`.
+//!
+//! # Contract revision 2
+//!
+//! Revision 2 makes the store a work queue: run lifecycle ([`finish`],
+//! [`reopen`], [`lifecycle`], [`enqueue`]), attempts and dead-lettering,
+//! deferral ([`snooze`], `available_at`), the atomic step
+//! ([`EvidenceStore::commit_step`]), the answers a backend can index
+//! ([`latest_checkpoint`], [`find_pending`], [`resume_point`] are contract
+//! methods a backend may answer from an index), the store's clock
+//! ([`CheckpointStore::now`]: claims, expiry, deadlines and `finished_at` are
+//! judged by it when a call passes no instant) and waiting instead of
+//! polling ([`CheckpointStore::watch`]).
+//!
+//! [`finish`]: CheckpointStore::finish
+//! [`reopen`]: CheckpointStore::reopen
+//! [`lifecycle`]: CheckpointStore::lifecycle
+//! [`enqueue`]: CheckpointStore::enqueue
+//! [`snooze`]: CheckpointStore::snooze
+//! [`latest_checkpoint`]: CheckpointStore::latest_checkpoint
+//! [`find_pending`]: CheckpointStore::find_pending
+//! [`resume_point`]: CheckpointStore::resume_point
+
+/// The contract revision this crate defines.
+pub const CONTRACT_REVISION: u32 = 2;
 
 use async_trait::async_trait;
 use serde_json::Value;
@@ -20,20 +44,16 @@ use crate::evidence::{
 };
 use crate::id::CheckpointId;
 use crate::lease::{ClaimOptions, ClaimOutcome, Fence, Lease, LeaseSummary};
+use crate::lifecycle::{EnqueueOptions, Lifecycle, Outcome};
 use crate::listing::{ListOptions, ListOrder, RunPage};
 use crate::park::{self, ParkResolution, ParkState};
 use crate::scope::{ListingScope, RunScope};
+use crate::step::{Step, StepReceipt};
 use crate::time::Timestamp;
+use crate::watch::{Watch, WatchTopic, DEFAULT_POLL};
 
-/// What `claim_next` may take.
-///
-/// The store keeps no run status (a checkpoint is written mid-flight, so it
-/// cannot tell a finished run from a dead one), and a finished run stays
-/// listed. To make a queue that forgets finished work, express each work
-/// item as a park and filter on `Outstanding`: answering the park (compare-
-/// and-set, once) takes the run out of the queue. This is how `runkeep
-/// soak` drives its workers. Without a park filter, the worker runtime's
-/// drain steps each run at most once per pass instead.
+/// What `claim_next` may take. It never takes a finished run or one
+/// deferred past the claim's instant (contract v2, [`crate::lifecycle`]).
 #[derive(Clone, Debug, Default)]
 pub struct ClaimNextFilter {
     /// Only runs whose park is in this set (`None`: any run).
@@ -174,6 +194,89 @@ pub trait CheckpointStore: Send + Sync + std::fmt::Debug {
         filter: &ClaimNextFilter,
         options: &ClaimOptions,
     ) -> Result<Option<(RunScope, Lease)>>;
+
+    /// The store's clock: what every judgement of time uses when a call
+    /// passes no instant (`ClaimOptions::now`, `ListOptions::now` `None`).
+    /// The memory and directory stores use the machine clock unless given
+    /// another; a database store uses the database's.
+    fn now(&self) -> Timestamp {
+        Timestamp::now()
+    }
+
+    /// The run's lifecycle ([`crate::lifecycle`]); a run without a record
+    /// (never enqueued or finished, or written by the reference) is
+    /// `Lifecycle::default()` (active).
+    async fn lifecycle(&self, scope: &RunScope) -> Result<Lifecycle>;
+
+    /// Creates a runnable run: writes its first checkpoint (unfenced) and its
+    /// lifecycle (`available_at`, its own attempt limit).
+    ///
+    /// # Contract
+    /// - Refused with `Conflict` when the run already exists (any checkpoint
+    ///   or holding); bad options are `InvalidInput`; a refusal changes
+    ///   nothing.
+    async fn enqueue(
+        &self,
+        scope: &RunScope,
+        checkpoint: &Checkpoint,
+        options: &EnqueueOptions,
+    ) -> Result<Checkpoint>;
+
+    /// Finishes the run its holder holds at `fence`, ending the lease in the
+    /// same change, and returns the lifecycle recorded.
+    ///
+    /// # Contract
+    /// - Fenced like a write: a superseded or released fence is `FencedOut`,
+    ///   a never-issued one `InvalidInput`, a finished run `Conflict`.
+    /// - Afterwards `fence` is spent (writes under it are refused), the run
+    ///   is listed with its status and `finished_at` (store clock), and no
+    ///   claim takes it (`ClaimOutcome::Finished`).
+    async fn finish(&self, scope: &RunScope, fence: Fence, outcome: &Outcome) -> Result<Lifecycle>;
+
+    /// Releases the run held at `fence` and defers it until `until`: claims
+    /// answer `NotBefore` until then. `Ok(false)` and no change when `fence`
+    /// is not the run's current holding (like `release`).
+    async fn snooze(&self, scope: &RunScope, fence: Fence, until: Timestamp) -> Result<bool>;
+
+    /// Makes a finished run active and claimable again (an operator's act;
+    /// unfenced). Its next claim gets a fence above every fence ever
+    /// issued; attempts restart at 0. `Conflict` for an active run,
+    /// `NotFound` for a run that does not exist.
+    async fn reopen(&self, scope: &RunScope) -> Result<Lifecycle>;
+
+    /// The latest checkpoint under the total order.
+    ///
+    /// A contract method (not a convenience) so a backend can answer it from
+    /// an index; the provided body reads every checkpoint and is correct for
+    /// every backend.
+    async fn latest_checkpoint(&self, scope: &RunScope) -> Result<Option<Checkpoint>> {
+        Ok(self.list_checkpoints(scope).await?.pop())
+    }
+
+    /// The checkpoint whose park is outstanding at `now` (latest by the
+    /// total order), if any. Indexable, like [`Self::latest_checkpoint`].
+    async fn find_pending(&self, scope: &RunScope, now: Timestamp) -> Result<Option<Checkpoint>> {
+        let cps = self.list_checkpoints(scope).await?;
+        Ok(park::find_pending(&cps, now).cloned())
+    }
+
+    /// The resume point: the pending checkpoint if any, else the latest.
+    /// Indexable, like [`Self::latest_checkpoint`].
+    async fn resume_point(&self, scope: &RunScope, now: Timestamp) -> Result<Option<Checkpoint>> {
+        let mut cps = self.list_checkpoints(scope).await?;
+        if let Some(p) = park::find_pending(&cps, now) {
+            return Ok(Some(p.clone()));
+        }
+        Ok(cps.pop())
+    }
+
+    /// A subscription that wakes when `topic` may have changed (spurious
+    /// wake-ups allowed: re-read, then wait again). The provided body polls
+    /// every [`DEFAULT_POLL`]; a backend that can notify overrides it.
+    fn watch(&self, topic: &WatchTopic) -> Watch {
+        let _ = topic;
+        Watch::polling(DEFAULT_POLL)
+    }
 }
 
 /// The run's evidence.
@@ -263,6 +366,21 @@ pub trait EvidenceStore: Send + Sync + std::fmt::Debug {
 
     /// Reads the audit trail after `since_seq` (exclusive).
     async fn read_audit(&self, scope: &RunScope, since_seq: u64) -> Result<Vec<AuditRecord>>;
+
+    /// Writes one step of a run ([`crate::step`]): its events, checkpoint,
+    /// message snapshot, run record and finish, under one fence check.
+    ///
+    /// # Contract
+    /// - Every part is validated first; invalid input changes nothing.
+    /// - A superseded, released or never-issued `fence`, or a finished run,
+    ///   is refused and nothing of the step is written.
+    /// - All or nothing: a reader never observes part of a step (memory and
+    ///   SQL backends). The directory backend documents the one order in
+    ///   which a crash can leave a prefix of a step.
+    /// - With `finish`, the step's writes and the finish are one commit: the
+    ///   lease ends with it.
+    async fn commit_step(&self, scope: &RunScope, fence: Fence, step: &Step)
+        -> Result<StepReceipt>;
 }
 
 /// A complete store.
@@ -272,27 +390,6 @@ impl<T: CheckpointStore + EvidenceStore + ?Sized> RunStore for T {}
 /// Conveniences over the contract, for every store.
 #[async_trait]
 pub trait RunStoreExt: RunStore {
-    /// The latest checkpoint under the total order.
-    async fn latest_checkpoint(&self, scope: &RunScope) -> Result<Option<Checkpoint>> {
-        Ok(self.list_checkpoints(scope).await?.pop())
-    }
-
-    /// The checkpoint whose park is outstanding at `now` (latest by the
-    /// total order), if any.
-    async fn find_pending(&self, scope: &RunScope, now: Timestamp) -> Result<Option<Checkpoint>> {
-        let cps = self.list_checkpoints(scope).await?;
-        Ok(park::find_pending(&cps, now).cloned())
-    }
-
-    /// The resume point: the pending checkpoint if any, else the latest.
-    async fn resume_point(&self, scope: &RunScope, now: Timestamp) -> Result<Option<Checkpoint>> {
-        let mut cps = self.list_checkpoints(scope).await?;
-        if let Some(p) = park::find_pending(&cps, now) {
-            return Ok(Some(p.clone()));
-        }
-        Ok(cps.pop())
-    }
-
     /// Every checkpoint whose park expired unanswered at `now`.
     async fn expired_parks(&self, scope: &RunScope, now: Timestamp) -> Result<Vec<Checkpoint>> {
         let cps = self.list_checkpoints(scope).await?;

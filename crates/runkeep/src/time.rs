@@ -182,6 +182,59 @@ impl fmt::Debug for Ttl {
     }
 }
 
+/// The clock a store judges time by (contract v2: lease expiry, parks'
+/// deadlines, `available_at` and `finished_at` are judged on the store's
+/// clock when a call does not pass an instant). The memory and directory
+/// stores use [`SystemClock`] unless given another; a database store uses
+/// the database's clock. Tests inject a [`ManualClock`] into the store, not
+/// into each call.
+pub trait Clock: Send + Sync + fmt::Debug {
+    /// The instant now.
+    fn now(&self) -> Timestamp;
+}
+
+/// The machine's wall clock.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct SystemClock;
+
+impl Clock for SystemClock {
+    fn now(&self) -> Timestamp {
+        Timestamp::now()
+    }
+}
+
+/// A clock that moves only when told (tests, simulations). Cheap to clone;
+/// clones share the instant.
+#[derive(Clone, Debug)]
+pub struct ManualClock(std::sync::Arc<std::sync::atomic::AtomicI64>);
+
+impl ManualClock {
+    /// A clock at `start`.
+    pub fn new(start: Timestamp) -> Self {
+        Self(std::sync::Arc::new(std::sync::atomic::AtomicI64::new(
+            start.as_millis(),
+        )))
+    }
+
+    /// Sets the instant.
+    pub fn set(&self, to: Timestamp) {
+        self.0
+            .store(to.as_millis(), std::sync::atomic::Ordering::SeqCst);
+    }
+
+    /// Moves the instant by `ms` (either way).
+    pub fn advance(&self, ms: i64) {
+        self.set(self.now().offset(ms));
+    }
+}
+
+impl Clock for ManualClock {
+    fn now(&self) -> Timestamp {
+        Timestamp::from_millis(self.0.load(std::sync::atomic::Ordering::SeqCst))
+            .unwrap_or(Timestamp::EPOCH)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

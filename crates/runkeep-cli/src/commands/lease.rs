@@ -92,6 +92,28 @@ pub async fn claim(ctx: &Ctx, args: ClaimArgs) -> CliResult<Exit> {
             ))
             .hint("wait for the lease to expire, or ask its holder to release it (the same --holder renews)"))
         }
+        ClaimOutcome::Finished(status) => {
+            if ctx.json() {
+                emit_json(&json!({"outcome": "finished", "run": scope, "status": status}))?;
+            }
+            Err(CliError::failed(format!(
+                "run {} is finished ({status}); a finished run is not claimed",
+                scope.run_id
+            ))
+            .hint("reopen it first if it must run again"))
+        }
+        ClaimOutcome::NotBefore(at) => {
+            if ctx.json() {
+                emit_json(&json!({"outcome": "deferred", "run": scope, "availableAt": at}))?;
+            }
+            Err(CliError::failed(format!(
+                "run {} is deferred until {} ({})",
+                scope.run_id,
+                crate::output::iso(at),
+                relative(at, now)
+            ))
+            .hint("claim it after that instant"))
+        }
     }
 }
 

@@ -60,6 +60,7 @@ pub async fn run(ctx: &Ctx, args: RunsArgs) -> CliResult<Exit> {
         limit: args.limit.map(|l| l as usize),
         cursor: args.cursor,
         now: Some(now),
+        status: None,
     };
     if !args.all {
         let page = opened.store.list_runs(&listing, &options).await?;

@@ -17,7 +17,7 @@ use runkeep::worker::{
 };
 use runkeep::{
     Checkpoint, CheckpointId, ClaimNextFilter, Error, Fence, Holder, ListingScope, NewEvent,
-    ParkResolution, ParkState, RunScope, RunStore, RunStoreExt, Ttl,
+    ParkResolution, ParkState, RunScope, RunStore, Ttl,
 };
 use serde_json::{json, Map, Value};
 use tokio_util::sync::CancellationToken;

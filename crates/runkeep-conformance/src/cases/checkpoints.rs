@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 
-use runkeep::{RunStore, RunStoreExt};
+use runkeep::RunStore;
 use serde_json::json;
 
 use crate::support::*;

@@ -39,6 +39,7 @@ pub async fn gives_the_run_to_the_first_taker_and_refuses_the_second(
             assert!(!s.expired);
         }
         ClaimOutcome::Acquired(l) => panic!("second taker was granted a live run: {l:?}"),
+        other => panic!("second taker of a live run must see it held, got {other:?}"),
     }
 }
 
@@ -214,6 +215,7 @@ pub async fn gives_exactly_one_lease_to_simultaneous_takers(store: Arc<dyn RunSt
                 assert!(fences.insert(l.fence), "fence {} issued twice", l.fence);
             }
             Ok(ClaimOutcome::Held(_)) | Err(runkeep::Error::Contended { .. }) => {}
+            Ok(other) => panic!("a fresh active run answered {other:?}"),
             Err(e) => panic!("claim failed: {e}"),
         }
     }

@@ -2,7 +2,7 @@
 
 use std::sync::Arc;
 
-use runkeep::{Fence, NewAuditEvent, NewEvent, ParkResolution, RunStore, RunStoreExt};
+use runkeep::{Fence, NewAuditEvent, NewEvent, ParkResolution, RunStore};
 use serde_json::{json, Map};
 
 use crate::support::*;

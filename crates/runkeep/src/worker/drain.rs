@@ -19,7 +19,7 @@ use crate::error::{BoxError, Error, Result};
 use crate::id::Holder;
 use crate::lease::{ClaimOptions, Fence, Lease};
 use crate::scope::{ListingScope, RunScope};
-use crate::store::{ClaimNextFilter, RunStore, RunStoreExt};
+use crate::store::{ClaimNextFilter, RunStore};
 use crate::time::Ttl;
 
 /// How many failures of each kind a [`DrainReport`] lists (the counters

@@ -141,7 +141,9 @@ impl LeaseKeeper {
             ClaimOutcome::Acquired(lease) => {
                 Self::start_at(store, scope, lease, ttl, options, sent_at).map(Some)
             }
-            ClaimOutcome::Held(_) => Ok(None),
+            ClaimOutcome::Held(_) | ClaimOutcome::Finished(_) | ClaimOutcome::NotBefore(_) => {
+                Ok(None)
+            }
         }
     }
 
@@ -355,6 +357,24 @@ async fn renew(shared: &Shared, stop: &CancellationToken, retry_delay: Duration)
                 shared.lose(LeaseLoss::Superseded {
                     current: summary.fence,
                     holder: Some(summary.holder),
+                });
+                return false;
+            }
+            Ok(Ok(ClaimOutcome::Finished(status))) => {
+                shared.lose(LeaseLoss::RenewalFailed {
+                    kind: "finished",
+                    message: format!(
+                        "the run was finished ({status}) while fence {old_fence} was held; nothing is left to renew"
+                    ),
+                });
+                return false;
+            }
+            Ok(Ok(ClaimOutcome::NotBefore(at))) => {
+                shared.lose(LeaseLoss::RenewalFailed {
+                    kind: "deferred",
+                    message: format!(
+                        "the run was released and deferred until {at} while fence {old_fence} was held"
+                    ),
                 });
                 return false;
             }

@@ -1,0 +1,108 @@
+//! The atomic step commit (contract v2): everything one step of a run
+//! writes — events, a checkpoint (a park is a checkpoint with `pending`),
+//! the message snapshot, the run record and, for the last step, the finish —
+//! in one call, under one fence check, all or nothing.
+//!
+//! Every part is validated before anything is written, so bad input changes
+//! nothing. The memory store applies a step as one change under its lock; a
+//! SQL backend as one transaction. The directory backend cannot make several
+//! files change at once; it orders the writes so a crash between them leaves
+//! at most what an at-least-once worker already tolerates (its
+//! `docs/design.md` says exactly what).
+
+use serde_json::Value;
+
+use crate::checkpoint::Checkpoint;
+use crate::error::{Error, Result};
+use crate::evidence::{check_document_size, NewEvent, PersistedEvent, RunRecord};
+use crate::lifecycle::{Lifecycle, Outcome};
+use crate::scope::RunScope;
+
+/// A new message snapshot.
+#[derive(Clone, PartialEq, Debug, Default)]
+pub struct MessagesUpdate {
+    /// The conversation as of this step.
+    pub messages: Vec<Value>,
+    /// The last event the snapshot accounts for; `None` ⇒ the last event of
+    /// this step (or, when the step appends none, the run's last event).
+    pub through_event_seq: Option<u64>,
+}
+
+/// One step of a run.
+#[derive(Clone, PartialEq, Debug, Default)]
+pub struct Step {
+    /// Events to append, in order.
+    pub events: Vec<NewEvent>,
+    /// A checkpoint to write (with `pending` to park the run here).
+    pub checkpoint: Option<Checkpoint>,
+    /// A new message snapshot.
+    pub messages: Option<MessagesUpdate>,
+    /// A new run record.
+    pub run_record: Option<RunRecord>,
+    /// Finish the run with this step (its last).
+    pub finish: Option<Outcome>,
+}
+
+impl Step {
+    /// True when the step writes nothing.
+    pub fn is_empty(&self) -> bool {
+        self.events.is_empty()
+            && self.checkpoint.is_none()
+            && self.messages.is_none()
+            && self.run_record.is_none()
+            && self.finish.is_none()
+    }
+
+    /// Validates every part against the same rules the single writes apply.
+    pub fn validate(&self, scope: &RunScope) -> Result<()> {
+        for e in &self.events {
+            e.validate()?;
+        }
+        if let Some(cp) = &self.checkpoint {
+            cp.validate_for_write(scope)?;
+        }
+        if let Some(m) = &self.messages {
+            let size = serde_json::to_vec(&m.messages)
+                .map(|v| v.len())
+                .unwrap_or(usize::MAX);
+            check_document_size("message snapshot", size)?;
+        }
+        if let Some(r) = &self.run_record {
+            let size = serde_json::to_vec(r).map(|v| v.len()).unwrap_or(usize::MAX);
+            check_document_size("run record", size)?;
+        }
+        if let Some(o) = &self.finish {
+            o.validate(&scope.run_id)?;
+        }
+        if self.is_empty() {
+            return Err(Error::invalid(format!(
+                "commit_step on run {}: the step writes nothing",
+                scope.run_id
+            )));
+        }
+        Ok(())
+    }
+
+    /// The `through_event_seq` a snapshot records, given the events this
+    /// step appended and the run's last `seq` before it.
+    pub fn through_seq(
+        update: &MessagesUpdate,
+        appended: &[PersistedEvent],
+        last_seq_before: u64,
+    ) -> u64 {
+        update
+            .through_event_seq
+            .unwrap_or_else(|| appended.last().map(|e| e.seq).unwrap_or(last_seq_before))
+    }
+}
+
+/// What a committed step wrote.
+#[derive(Clone, PartialEq, Debug, Default)]
+pub struct StepReceipt {
+    /// The events as recorded (with their `seq`).
+    pub events: Vec<PersistedEvent>,
+    /// The checkpoint as stored (with its fence).
+    pub checkpoint: Option<Checkpoint>,
+    /// The lifecycle after the step (set when the step finished the run).
+    pub lifecycle: Option<Lifecycle>,
+}
