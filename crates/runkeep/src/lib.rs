@@ -36,7 +36,6 @@ pub mod step;
 pub mod store;
 pub mod time;
 pub mod watch;
-pub mod worker;
 
 pub use checkpoint::{Checkpoint, CheckpointHeader, OrderKey};
 pub use error::{Error, Result};

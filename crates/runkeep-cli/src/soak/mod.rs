@@ -818,7 +818,7 @@ pub async fn run_worker(ctx: &Ctx, args: SoakWorkerArgs) -> CliResult<Exit> {
     let opened = open_store(&ctx.global.store, &ctx.scope, ctx.global.durability, false)?;
     let listing = ctx.scope.listing()?;
     let shutdown = CancellationToken::new();
-    runkeep::worker::cancel_on_signal(shutdown.clone());
+    runkeep_worker::cancel_on_signal(shutdown.clone());
     let cfg = WorkerConfig {
         soak_dir: args.soak_dir,
         steps: args.steps,

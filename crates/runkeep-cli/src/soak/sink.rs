@@ -1,6 +1,6 @@
 //! The soak's effect sink: a stand-in for an external system (a payment API,
 //! a mailer) that the workers' tools act on. It keeps one log per run and
-//! applies the fence rule of [`runkeep::worker::admit_fence`] across
+//! applies the fence rule of [`runkeep_worker::admit_fence`] across
 //! processes: under an exclusive `flock` of the run's log it reads the
 //! highest fence seen (admitted effects and new holders' announcements) and
 //! refuses an effect presenting a lower one.
@@ -12,7 +12,7 @@ use std::fs::{File, OpenOptions};
 use std::io::{BufRead, BufReader, Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
 
-use runkeep::worker::admit_fence;
+use runkeep_worker::admit_fence;
 use runkeep::{Fence, RunId};
 use rustix::fs::{flock, FlockOperation};
 use serde::{Deserialize, Serialize};

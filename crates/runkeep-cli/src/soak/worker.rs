@@ -12,7 +12,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use runkeep::worker::{
+use runkeep_worker::{
     DrainMode, DrainReport, IdleBackoff, RunHandle, StepOutcome, Worker, WorkerError, WorkerOptions,
 };
 use runkeep::{

@@ -2,8 +2,8 @@
 
 use std::fmt;
 
-use crate::error::Error;
-use crate::lease::Fence;
+use runkeep::error::Error;
+use runkeep::lease::Fence;
 
 /// How a run's lease was lost. Once lost, a handle refuses every write.
 #[derive(Clone, PartialEq, Eq, Debug)]
@@ -60,7 +60,7 @@ impl fmt::Display for LeaseLoss {
     }
 }
 
-/// What a [`RunHandle`](super::RunHandle) answers when it does not write.
+/// What a [`RunHandle`](crate::RunHandle) answers when it does not write.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum WorkerError {

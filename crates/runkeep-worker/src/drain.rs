@@ -11,16 +11,16 @@ use tokio::task::{JoinError, JoinSet};
 use tokio::time::{sleep, sleep_until, Instant};
 use tokio_util::sync::CancellationToken;
 
-use super::error::WorkerError;
-use super::handle::RunHandle;
-use super::keeper::{KeeperOptions, LeaseKeeper};
-use crate::checkpoint::Checkpoint;
-use crate::error::{BoxError, Error, Result};
-use crate::id::Holder;
-use crate::lease::{ClaimOptions, Fence, Lease};
-use crate::scope::{ListingScope, RunScope};
-use crate::store::{ClaimNextFilter, RunStore};
-use crate::time::Ttl;
+use crate::error::WorkerError;
+use crate::handle::RunHandle;
+use crate::keeper::{KeeperOptions, LeaseKeeper};
+use runkeep::checkpoint::Checkpoint;
+use runkeep::error::{BoxError, Error, Result};
+use runkeep::id::Holder;
+use runkeep::lease::{ClaimOptions, Fence, Lease};
+use runkeep::scope::{ListingScope, RunScope};
+use runkeep::store::{ClaimNextFilter, RunStore};
+use runkeep::time::Ttl;
 
 /// How many failures of each kind a [`DrainReport`] lists (the counters
 /// count all of them).

@@ -9,15 +9,15 @@ use tokio::task::JoinHandle;
 use tokio::time::{sleep, sleep_until, timeout_at, Instant};
 use tokio_util::sync::CancellationToken;
 
-use super::clock::{Clock, SystemClock};
-use super::error::LeaseLoss;
-use super::handle::{HeldLease, RunHandle, Shared};
-use crate::error::{Error, Result};
-use crate::id::Holder;
-use crate::lease::{ClaimOptions, ClaimOutcome, Lease};
-use crate::scope::RunScope;
-use crate::store::RunStore;
-use crate::time::Ttl;
+use crate::clock::{Clock, SystemClock};
+use crate::error::LeaseLoss;
+use crate::handle::{HeldLease, RunHandle, Shared};
+use runkeep::error::{Error, Result};
+use runkeep::id::Holder;
+use runkeep::lease::{ClaimOptions, ClaimOutcome, Lease};
+use runkeep::scope::RunScope;
+use runkeep::store::RunStore;
+use runkeep::time::Ttl;
 
 /// How a [`LeaseKeeper`] renews.
 #[derive(Clone, Debug)]

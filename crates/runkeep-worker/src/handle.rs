@@ -10,20 +10,20 @@ use tokio::sync::{watch, Mutex, RwLock};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use super::clock::Clock;
-use super::error::{LeaseLoss, WorkerError};
-use crate::checkpoint::Checkpoint;
-use crate::error::Error;
-use crate::evidence::{
+use crate::clock::Clock;
+use crate::error::{LeaseLoss, WorkerError};
+use runkeep::checkpoint::Checkpoint;
+use runkeep::error::Error;
+use runkeep::evidence::{
     completed_tools, AuditRecord, CompletedTool, CompletedTools, EventBatch, NewAuditEvent,
     NewEvent, PersistedEvent, RunRecord,
 };
-use crate::id::{CheckpointId, Holder};
-use crate::lease::{Fence, Lease};
-use crate::park::ParkResolution;
-use crate::scope::RunScope;
-use crate::store::{RunStore, RunStoreExt};
-use crate::time::{Timestamp, Ttl};
+use runkeep::id::{CheckpointId, Holder};
+use runkeep::lease::{Fence, Lease};
+use runkeep::park::ParkResolution;
+use runkeep::scope::RunScope;
+use runkeep::store::{RunStore, RunStoreExt};
+use runkeep::time::{Timestamp, Ttl};
 
 /// Event type of a completed-tool record in the transcript.
 pub const TOOL_COMPLETED_EVENT: &str = "tool_completed";
@@ -44,7 +44,7 @@ pub struct HeldLease {
 }
 
 /// What a side-effect system needs to refuse a zombie: the run and the fence
-/// the effect was issued under. See [`FenceGate`](super::FenceGate).
+/// the effect was issued under. See [`FenceGate`](crate::FenceGate).
 #[derive(Clone, PartialEq, Eq, Hash, Debug, Serialize, Deserialize)]
 pub struct FenceToken {
     /// The run.
@@ -138,7 +138,7 @@ impl Shared {
 ///
 /// A handle carries the run's current fence and presents it on every write,
 /// so a step cannot forget to fence one. Clones share one fence: when the
-/// [`LeaseKeeper`](super::LeaseKeeper) renews, every clone writes under the
+/// [`LeaseKeeper`](crate::LeaseKeeper) renews, every clone writes under the
 /// new fence from then on (WK-33). A write racing a renewal waits for it (the
 /// renewal excludes writes while it runs), so it presents either the old
 /// fence before the renewal or the new one after it — both valid at the time
@@ -197,7 +197,7 @@ impl RunHandle {
     }
 
     /// The run and current fence, to hand to an external side-effect system
-    /// (see [`FenceGate`](super::FenceGate)). Pass it with the effect; never
+    /// (see [`FenceGate`](crate::FenceGate)). Pass it with the effect; never
     /// cache it across awaits you do not control.
     pub fn fence_token(&self) -> FenceToken {
         FenceToken {
@@ -268,7 +268,7 @@ impl RunHandle {
         write: impl FnOnce(Fence) -> Fut,
     ) -> Result<T, WorkerError>
     where
-        Fut: Future<Output = crate::Result<T>>,
+        Fut: Future<Output = runkeep::Result<T>>,
     {
         self.shared.admit(operation)?;
         let _gate = self.shared.gate.read().await;

@@ -5,7 +5,7 @@
 
 use std::time::Duration;
 
-use runkeep::worker::cancel_on_signal;
+use runkeep_worker::cancel_on_signal;
 use tokio_util::sync::CancellationToken;
 
 #[tokio::test]

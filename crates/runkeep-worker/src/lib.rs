@@ -20,7 +20,7 @@
 //!
 //! ```no_run
 //! use std::sync::Arc;
-//! use runkeep::worker::{cancel_on_signal, StepOutcome, Worker, WorkerError, WorkerOptions};
+//! use runkeep_worker::{cancel_on_signal, StepOutcome, Worker, WorkerError, WorkerOptions};
 //! use runkeep::{Holder, ListingScope, MemoryStore, RunStore, TenantId, Ttl};
 //! use tokio_util::sync::CancellationToken;
 //!

@@ -3,9 +3,9 @@
 use std::collections::HashMap;
 use std::sync::Mutex;
 
-use super::handle::FenceToken;
-use crate::lease::Fence;
-use crate::scope::RunScope;
+use crate::handle::FenceToken;
+use runkeep::lease::Fence;
+use runkeep::scope::RunScope;
 
 /// The rule, as a pure function: an effect presented under `presented` is
 /// admitted iff no higher fence has been seen for its run. Equal is admitted

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use runkeep::evidence::SkippedRecord;
-use runkeep::worker::{
+use runkeep_worker::{
     admit_fence, Clock, DrainMode, DrainStop, FailureKind, FenceGate, FenceToken, KeeperOptions,
     LeaseKeeper, LeaseLoss, StepOutcome, TokioClock, Worker, WorkerError, WorkerOptions,
 };

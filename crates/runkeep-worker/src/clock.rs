@@ -1,29 +1,11 @@
 //! The wall clock a worker judges leases by, injectable for tests.
+//!
+//! [`Clock`] and [`SystemClock`] are the core's ([`runkeep::time`]): one
+//! trait for the store's clock and the worker's, so a test can hand the same
+//! clock to both.
 
-use std::fmt;
-
-use crate::time::Timestamp;
-
-/// Where a worker reads "now" when it asks the store to judge a lease.
-///
-/// Lease expiry is absolute epoch milliseconds (it must survive the process),
-/// so claims and renewals pass the clock's instant to the store. The local
-/// deadline a worker enforces on itself is measured on the monotonic clock
-/// (`tokio::time::Instant`) instead, so a wall-clock jump cannot extend it.
-pub trait Clock: Send + Sync + fmt::Debug {
-    /// The instant now.
-    fn now(&self) -> Timestamp;
-}
-
-/// The system wall clock (the default).
-#[derive(Clone, Copy, Debug, Default)]
-pub struct SystemClock;
-
-impl Clock for SystemClock {
-    fn now(&self) -> Timestamp {
-        Timestamp::now()
-    }
-}
+pub use runkeep::time::{Clock, SystemClock};
+use runkeep::time::Timestamp;
 
 /// A clock that follows tokio's clock from a fixed origin: `origin` plus the
 /// time tokio says has passed since it was built.
