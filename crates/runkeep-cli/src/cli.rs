@@ -107,6 +107,12 @@ pub enum Command {
     Claim(commands::lease::ClaimArgs),
     /// Release a run's lease held at a fence.
     Release(commands::lease::ReleaseArgs),
+    /// Create a runnable run (first checkpoint holds the input; optional not-before time and attempt limit).
+    Enqueue(commands::lifecycle::EnqueueArgs),
+    /// Finish the run held at a fence: completed, failed or cancelled.
+    Finish(commands::lifecycle::FinishArgs),
+    /// Make a finished run active and claimable again.
+    Reopen(commands::lifecycle::ReopenArgs),
     /// Delete all but the newest checkpoints (never an unanswered park).
     Prune(commands::prune::PruneArgs),
     /// Parks: runs waiting on a human decision.

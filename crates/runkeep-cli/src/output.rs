@@ -252,6 +252,75 @@ fn civil_from_days(days: i64) -> (i64, u32, u32) {
     (year, month, day)
 }
 
+/// Days since 1970-01-01 of a civil date (proleptic Gregorian); the
+/// inverse of [`civil_from_days`].
+fn days_from_civil(year: i64, month: u32, day: u32) -> i64 {
+    let y = if month <= 2 { year - 1 } else { year };
+    let era = y.div_euclid(400);
+    let yoe = y.rem_euclid(400);
+    let m = i64::from(month);
+    let mp = if m > 2 { m - 3 } else { m + 9 };
+    let doy = (153 * mp + 2) / 5 + i64::from(day) - 1;
+    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+    era * 146_097 + doe - 719_468
+}
+
+/// What [`parse_instant`] accepts.
+pub const INSTANT_FORMS: &str =
+    "an instant in UTC, YYYY-MM-DDTHH:MM:SSZ (optionally with .mmm milliseconds before the Z)";
+
+/// Parses a UTC instant as [`iso`] and [`iso_millis`] print it:
+/// `2026-11-29T11:52:07Z` or `2026-11-29T11:52:07.315Z`. Other offsets,
+/// dates without a time and out-of-range fields are refused (an instant
+/// that is not what it looks like is worse than a refusal).
+pub fn parse_instant(text: &str) -> Result<Timestamp, String> {
+    let bad = || format!("{text:?} is not {INSTANT_FORMS}");
+    let s = text.trim();
+    let body = s.strip_suffix('Z').ok_or_else(|| {
+        if s.len() >= 19 && s.as_bytes().get(10) == Some(&b'T') {
+            format!("{text:?}: only UTC instants ending in Z are accepted; {INSTANT_FORMS}")
+        } else {
+            bad()
+        }
+    })?;
+    let (main, millis) = match body.split_once('.') {
+        Some((m, f)) if (1..=3).contains(&f.len()) && f.bytes().all(|b| b.is_ascii_digit()) => {
+            let padded = format!("{f:0<3}");
+            (m, padded.parse::<i64>().map_err(|_| bad())?)
+        }
+        Some(_) => return Err(bad()),
+        None => (body, 0),
+    };
+    let b = main.as_bytes();
+    if b.len() != 19
+        || b[4] != b'-'
+        || b[7] != b'-'
+        || b[10] != b'T'
+        || b[13] != b':'
+        || b[16] != b':'
+    {
+        return Err(bad());
+    }
+    let num = |r: std::ops::Range<usize>| -> Result<i64, String> {
+        let part = &main[r];
+        if !part.bytes().all(|c| c.is_ascii_digit()) {
+            return Err(bad());
+        }
+        part.parse::<i64>().map_err(|_| bad())
+    };
+    let (year, month, day) = (num(0..4)?, num(5..7)?, num(8..10)?);
+    let (hour, minute, second) = (num(11..13)?, num(14..16)?, num(17..19)?);
+    if !(1..=12).contains(&month) || hour > 23 || minute > 59 || second > 59 || day < 1 {
+        return Err(bad());
+    }
+    let days = days_from_civil(year, month as u32, day as u32);
+    if civil_from_days(days) != (year, month as u32, day as u32) {
+        return Err(format!("{text:?}: {year:04}-{month:02} has no day {day}"));
+    }
+    let ms = days * 86_400_000 + hour * 3_600_000 + minute * 60_000 + second * 1000 + millis;
+    Timestamp::from_millis(ms).map_err(|e| format!("{text:?}: {e}"))
+}
+
 fn iso_parts(ms: i64) -> (String, i64) {
     let days = ms.div_euclid(86_400_000);
     let rest = ms.rem_euclid(86_400_000);
@@ -338,6 +407,36 @@ mod tests {
             iso_millis(at(1_717_243_445_123)),
             "2024-06-01T12:04:05.123Z"
         );
+    }
+
+    #[test]
+    fn instants_parse_back_exactly_and_refuse_what_is_not_utc() {
+        for ms in [0, 951_782_400_000, 1_717_243_445_123, 4_102_444_799_999] {
+            assert_eq!(parse_instant(&iso_millis(at(ms))), Ok(at(ms)));
+        }
+        assert_eq!(
+            parse_instant("2024-06-01T12:04:05Z"),
+            Ok(at(1_717_243_445_000))
+        );
+        assert_eq!(
+            parse_instant("2024-06-01T12:04:05.1Z"),
+            Ok(at(1_717_243_445_100))
+        );
+        for bad in [
+            "2024-06-01",
+            "2024-06-01T12:04:05",
+            "2024-06-01T12:04:05+02:00",
+            "2024-02-30T00:00:00Z",
+            "2024-13-01T00:00:00Z",
+            "2024-06-01T24:00:00Z",
+            "2024-06-01T12:04:05.1234Z",
+            "yesterday",
+        ] {
+            assert!(parse_instant(bad).is_err(), "{bad}");
+        }
+        assert!(parse_instant("2024-06-01T12:04:05+02:00")
+            .unwrap_err()
+            .contains("only UTC"));
     }
 
     #[test]

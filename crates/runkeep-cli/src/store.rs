@@ -133,6 +133,18 @@ impl Drop for Scratch {
 }
 
 impl OpenedStore {
+    /// A memory store opened around `store` (unit tests that prepare the
+    /// store's contents, e.g. on a manual clock, before a command reads it).
+    #[cfg(test)]
+    pub fn memory_for_tests(store: Arc<dyn RunStore>) -> Self {
+        Self {
+            address: StoreAddress::Memory,
+            store,
+            backend: Backend::Memory,
+            durability: DurabilityArg::ProcessCrash,
+        }
+    }
+
     /// The directory store's own scan; `None` for backends without one.
     pub fn diagnose(&self, now: Timestamp) -> Option<CliResult<Diagnosis>> {
         match &self.backend {

@@ -103,10 +103,25 @@ fn a_healthy_seeded_store_exits_0_and_warns_about_the_lapsed_lease() {
         "store.unreadable-paths",
         "store.oversized-claims",
         "leases.fence-ceiling",
+        "queue.dead-lettered",
         "runtime.invariants",
     ] {
         assert_eq!(status(&doc, id), "pass", "{id}: {doc:#}");
     }
+    // The seeded runs nobody works on: the expired park's (22 min) and the
+    // lapsed lease's (15 min) wait past the default 10 min; the park
+    // answered just now is not stale, nor the outstanding park (a human's).
+    assert_eq!(status(&doc, "queue.stale-runnable"), "warn", "{doc:#}");
+    let stale = message(&doc, "queue.stale-runnable");
+    assert!(stale.starts_with("2 runnable run(s)"), "{stale}");
+    assert!(
+        stale.contains("run_demo_003") && stale.contains("run_demo_006"),
+        "{stale}"
+    );
+    assert!(
+        !stale.contains("run_demo_005") && !stale.contains("run_demo_002"),
+        "{stale}"
+    );
     assert_eq!(status(&doc, "leases.expired-unreclaimed"), "warn");
     assert!(
         message(&doc, "leases.expired-unreclaimed").contains("run_demo_006 (worker-b"),
@@ -141,7 +156,7 @@ fn human_report_has_marks_counts_and_the_exit_code() {
     );
     assert!(text.contains("→ their workers likely died"), "{text}");
     assert!(
-        text.contains("12 check(s): 11 pass, 0 fail, 1 warn, 0 inconclusive, 0 skipped"),
+        text.contains("14 check(s): 12 pass, 0 fail, 2 warn, 0 inconclusive, 0 skipped"),
         "{text}"
     );
     assert!(text.contains("exit 0: healthy"), "{text}");
@@ -162,6 +177,8 @@ fn an_empty_store_skips_what_it_cannot_evaluate_and_never_passes_it() {
         "store.oversized-claims",
         "leases.expired-unreclaimed",
         "leases.fence-ceiling",
+        "queue.dead-lettered",
+        "queue.stale-runnable",
         "runtime.invariants",
     ] {
         assert_eq!(status(&doc, id), "skipped", "{id}: {doc:#}");

@@ -4,7 +4,9 @@ use std::collections::HashSet;
 use std::time::Duration;
 
 use clap::Args;
-use runkeep::{EventBatch, PersistedEvent, ReadEventsOptions, RunScope, RunStore, Timestamp};
+use runkeep::{
+    EventBatch, PersistedEvent, ReadEventsOptions, RunScope, RunStore, Timestamp, Watch, WatchTopic,
+};
 
 use crate::cli::RunArg;
 use crate::commands::{read_error, require_run};
@@ -27,7 +29,8 @@ pub struct EventsArgs {
     /// Keep printing new events as they land, until Ctrl-C (exits 0).
     #[arg(long, short = 'f')]
     follow: bool,
-    /// How often --follow polls the store.
+    /// How often --follow polls a store that cannot wake it (a store that
+    /// notifies wakes it when events land, whatever this says).
     #[arg(long, default_value = "500ms", value_parser = parse_duration, value_name = "DURATION")]
     interval: Duration,
 }
@@ -45,8 +48,8 @@ pub async fn run(ctx: &Ctx, args: EventsArgs) -> CliResult<Exit> {
         header_done: false,
         warned: HashSet::new(),
     };
-    let first = read(store, &scope, args.since, args.limit).await?;
     if !args.follow {
+        let first = read(store, &scope, args.since, args.limit).await?;
         if first.events.is_empty() {
             require_run(store, &scope).await?;
             note(&format!(
@@ -57,21 +60,67 @@ pub async fn run(ctx: &Ctx, args: EventsArgs) -> CliResult<Exit> {
         printer.batch(&first)?;
         return Ok(Exit::Ok);
     }
-    // Listen before the first read, so an early Ctrl-C is not the default (exit 130).
+    // Listen before the first read, so an early Ctrl-C is not the default
+    // (exit 130); subscribe before it too, so an event that lands between
+    // the read and the wait wakes the wait.
     let mut stop = Stop::listen()?;
-    note(&format!("following run {} (Ctrl-C to stop)", scope.run_id));
-    let mut since = printer.batch(&first)?.unwrap_or(args.since);
-    loop {
-        tokio::select! {
-            _ = stop.wait() => break,
-            _ = tokio::time::sleep(args.interval) => {}
+    let watch = follow_watch(store, &scope, args.interval);
+    note(&format!(
+        "following run {} (Ctrl-C to stop; {})",
+        scope.run_id,
+        if watch.is_polling() {
+            format!(
+                "this store cannot notify: polling every {}",
+                crate::output::human_duration(watch.interval())
+            )
+        } else {
+            "woken by the store when events land".to_string()
         }
-        let batch = read(store, &scope, since, None).await?;
-        if let Some(last) = printer.batch(&batch)? {
+    ));
+    follow(store, &scope, args.since, watch, stop.wait(), |batch| {
+        printer.batch(batch)
+    })
+    .await?;
+    Ok(Exit::Ok)
+}
+
+/// The watch `--follow` waits on: the store's own for the run's events; when
+/// the store can only poll, polling every `interval` (the operator's choice).
+fn follow_watch(store: &dyn RunStore, scope: &RunScope, interval: Duration) -> Watch {
+    let watch = store.watch(&WatchTopic::Events(scope.clone()));
+    if watch.is_polling() {
+        Watch::polling(interval)
+    } else {
+        watch
+    }
+}
+
+/// Reads the events after `since`, hands every batch to `print`, then waits
+/// on `watch` (a notification, or its interval) and reads again, until
+/// `stop` resolves. A spurious wake-up costs one read that finds nothing.
+async fn follow<F>(
+    store: &dyn RunStore,
+    scope: &RunScope,
+    since: u64,
+    mut watch: Watch,
+    stop: impl std::future::Future<Output = ()>,
+    mut print: F,
+) -> CliResult<()>
+where
+    F: FnMut(&EventBatch) -> CliResult<Option<u64>>,
+{
+    tokio::pin!(stop);
+    let mut since = since;
+    loop {
+        let batch = read(store, scope, since, None).await?;
+        if let Some(last) = print(&batch)? {
             since = last;
         }
+        tokio::select! {
+            _ = &mut stop => return Ok(()),
+            _ = watch.changed() => {}
+        }
     }
-    Ok(Exit::Ok)
 }
 
 /// Ctrl-C (SIGINT) or SIGTERM.
@@ -187,4 +236,108 @@ fn human(e: &PersistedEvent) -> String {
         &e.generation.map_or("-".into(), |g| g.to_string()),
         &data,
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use runkeep::watch::Notifier;
+    use runkeep::{EvidenceStore, MemoryStore, NewEvent};
+    use serde_json::Map;
+
+    use super::*;
+
+    fn scope() -> RunScope {
+        crate::scope::ScopeParts::parse("t", "p", "s")
+            .unwrap()
+            .run(&"run_f".parse().unwrap(), None)
+            .unwrap()
+    }
+
+    /// Runs `follow` on its own task; every read's event seqs arrive on the
+    /// returned channel (an empty vector for a read that found nothing).
+    fn spawn_follow(
+        store: Arc<MemoryStore>,
+        watch: Watch,
+    ) -> (
+        tokio::sync::mpsc::UnboundedReceiver<Vec<u64>>,
+        tokio::sync::oneshot::Sender<()>,
+        tokio::task::JoinHandle<CliResult<()>>,
+    ) {
+        let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+        let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+        let task = tokio::spawn(async move {
+            let stop = async move {
+                let _ = stop_rx.await;
+            };
+            follow(store.as_ref(), &scope(), 0, watch, stop, |batch| {
+                let _ = tx.send(batch.events.iter().map(|e| e.seq).collect());
+                Ok(batch.events.last().map(|e| e.seq))
+            })
+            .await
+        });
+        (rx, stop_tx, task)
+    }
+
+    async fn next(rx: &mut tokio::sync::mpsc::UnboundedReceiver<Vec<u64>>) -> Vec<u64> {
+        tokio::time::timeout(Duration::from_secs(60), rx.recv())
+            .await
+            .expect("follow read within 60 s")
+            .expect("follow still running")
+    }
+
+    async fn append(store: &MemoryStore) {
+        store
+            .append_events(&scope(), &[NewEvent::new("e", Map::new())], None)
+            .await
+            .unwrap();
+    }
+
+    #[tokio::test]
+    async fn a_notification_wakes_the_follow_long_before_its_interval() {
+        let store = Arc::new(MemoryStore::new());
+        let notifier = Notifier::default();
+        let topic = WatchTopic::Events(scope());
+        // An hour of fallback: only the notification can wake it in time.
+        let watch = notifier.subscribe(&topic, Duration::from_secs(3600));
+        let (mut rx, stop, task) = spawn_follow(store.clone(), watch);
+        assert_eq!(next(&mut rx).await, Vec::<u64>::new(), "the first read");
+        append(&store).await;
+        notifier.notify(&topic);
+        assert_eq!(next(&mut rx).await, vec![1]);
+        stop.send(()).unwrap();
+        task.await.unwrap().unwrap();
+    }
+
+    #[tokio::test]
+    async fn a_watch_that_only_polls_still_sees_new_events() {
+        let store = Arc::new(MemoryStore::new());
+        // The store notifies its own subscribers; this watch is not one of
+        // them, so only its polling can find the event.
+        let (mut rx, stop, task) =
+            spawn_follow(store.clone(), Watch::polling(Duration::from_millis(20)));
+        assert_eq!(next(&mut rx).await, Vec::<u64>::new());
+        append(&store).await;
+        let mut seen = next(&mut rx).await;
+        while seen.is_empty() {
+            seen = next(&mut rx).await;
+        }
+        assert_eq!(seen, vec![1]);
+        stop.send(()).unwrap();
+        task.await.unwrap().unwrap();
+    }
+
+    #[test]
+    fn follow_uses_the_store_watch_and_the_interval_only_when_it_polls() {
+        let store = MemoryStore::new();
+        let w = follow_watch(&store, &scope(), Duration::from_millis(123));
+        assert!(!w.is_polling(), "the memory store notifies");
+        let dir = tempfile::tempdir().unwrap();
+        let fs = runkeep_fs::FsStore::open(dir.path(), runkeep_fs::FsOptions::default()).unwrap();
+        let w = follow_watch(&fs, &scope(), Duration::from_millis(123));
+        if w.is_polling() {
+            assert_eq!(w.interval(), Duration::from_millis(123));
+        }
+    }
 }

@@ -100,7 +100,10 @@ pub async fn claim(ctx: &Ctx, args: ClaimArgs) -> CliResult<Exit> {
                 "run {} is finished ({status}); a finished run is not claimed",
                 scope.run_id
             ))
-            .hint("reopen it first if it must run again"))
+            .hint(format!(
+                "see how it ended with `runkeep show {run}`; if it must run again: runkeep reopen {run}",
+                run = scope.run_id
+            )))
         }
         ClaimOutcome::NotBefore(at) => {
             if ctx.json() {

@@ -12,6 +12,7 @@ use crate::store::OpenedStore;
 pub mod checkpoints;
 pub mod events;
 pub mod lease;
+pub mod lifecycle;
 pub mod park;
 pub mod prune;
 pub mod runs;

@@ -2,10 +2,12 @@
 
 use clap::Args;
 use indicatif::{ProgressBar, ProgressStyle};
-use runkeep::{ListOptions, ListOrder, ParkState, RunRow, Timestamp};
+use runkeep::lifecycle::ATTEMPTS_EXHAUSTED;
+use runkeep::{ListOptions, ListOrder, ParkState, RunRow, RunStatus, RunStore, Timestamp};
 
 use crate::cli::parse_id;
-use crate::commands::{claim_cell, park_cell};
+use crate::commands::lifecycle::status_cell;
+use crate::commands::{claim_cell, park_cell, read_error};
 use crate::context::Ctx;
 use crate::error::{CliError, CliResult, Exit};
 use crate::output::{emit, emit_json, emit_json_line, note, relative, when, Cell, Color, Table};
@@ -23,6 +25,13 @@ pub struct RunsArgs {
     /// Only runs nobody holds live (never claimed, released or expired).
     #[arg(long)]
     unclaimed: bool,
+    /// Only runs whose status is in this list (active, completed, failed, cancelled; comma-separated).
+    #[arg(long, value_delimiter = ',', value_parser = parse_id::<RunStatus>, value_name = "STATUSES")]
+    status: Vec<RunStatus>,
+    /// Only dead-lettered runs: failed with the reason "attempts exhausted"
+    /// (reads each failed run's lifecycle; a page may hold fewer rows than --limit).
+    #[arg(long, conflicts_with = "status")]
+    dead_lettered: bool,
     /// Order: run-id (default) or created-at (unrecorded first).
     #[arg(long, default_value = "run-id", value_parser = parse_id::<ListOrder>)]
     order: ListOrder,
@@ -60,10 +69,18 @@ pub async fn run(ctx: &Ctx, args: RunsArgs) -> CliResult<Exit> {
         limit: args.limit.map(|l| l as usize),
         cursor: args.cursor,
         now: Some(now),
-        status: None,
+        status: if args.dead_lettered {
+            Some(vec![RunStatus::Failed])
+        } else {
+            (!args.status.is_empty()).then_some(args.status)
+        },
     };
+    let dead_lettered = args.dead_lettered;
     if !args.all {
-        let page = opened.store.list_runs(&listing, &options).await?;
+        let mut page = opened.store.list_runs(&listing, &options).await?;
+        if dead_lettered {
+            page.entries = only_dead_lettered(opened.store.as_ref(), page.entries).await?;
+        }
         if ctx.json() {
             emit_json(&page)?;
         } else {
@@ -83,11 +100,20 @@ pub async fn run(ctx: &Ctx, args: RunsArgs) -> CliResult<Exit> {
     bar.enable_steady_tick(std::time::Duration::from_millis(120));
     let mut rows = Vec::new();
     loop {
-        let page = match opened.store.list_runs(&listing, &options).await {
+        let listed = match opened.store.list_runs(&listing, &options).await {
+            Ok(mut p) if dead_lettered => {
+                only_dead_lettered(opened.store.as_ref(), std::mem::take(&mut p.entries))
+                    .await
+                    .map(|entries| runkeep::RunPage { entries, ..p })
+            }
+            Ok(p) => Ok(p),
+            Err(e) => Err(e.into()),
+        };
+        let page = match listed {
             Ok(p) => p,
             Err(e) => {
                 bar.finish_and_clear();
-                return Err(e.into());
+                return Err(e);
             }
         };
         bar.inc(page.entries.len() as u64);
@@ -110,6 +136,27 @@ pub async fn run(ctx: &Ctx, args: RunsArgs) -> CliResult<Exit> {
     Ok(Exit::Ok)
 }
 
+/// Keeps the rows of dead-lettered runs: failed with the reason
+/// [`ATTEMPTS_EXHAUSTED`] (the row does not carry the reason: each failed
+/// run's lifecycle is read). Damaged rows stay, as every filter keeps them.
+async fn only_dead_lettered(store: &dyn RunStore, rows: Vec<RunRow>) -> CliResult<Vec<RunRow>> {
+    let mut kept = Vec::with_capacity(rows.len());
+    for row in rows {
+        if row.damaged.is_some() {
+            kept.push(row);
+            continue;
+        }
+        if row.status != RunStatus::Failed {
+            continue;
+        }
+        let l = store.lifecycle(&row.scope).await.map_err(read_error)?;
+        if l.reason.as_deref() == Some(ATTEMPTS_EXHAUSTED) {
+            kept.push(row);
+        }
+    }
+    Ok(kept)
+}
+
 fn print_rows(
     ctx: &Ctx,
     opened: &OpenedStore,
@@ -130,7 +177,9 @@ fn print_rows(
     if wide_scope {
         headers.push("SCOPE");
     }
-    headers.extend(["CREATED", "CPS", "LATEST", "UPDATED", "PARK", "CLAIM"]);
+    headers.extend([
+        "STATUS", "CREATED", "CPS", "LATEST", "UPDATED", "PARK", "CLAIM", "ATTEMPTS",
+    ]);
     let mut table = Table::new(&headers);
     for r in rows {
         let mut cells: Vec<Cell> = vec![r.scope.run_id.to_string().into()];
@@ -152,11 +201,14 @@ fn print_rows(
                 "-".into(),
                 "-".into(),
                 "-".into(),
+                "-".into(),
                 Cell::colored(crate::output::truncate(damage, 60), Color::Red),
                 claim_cell(opened, &r.scope, r.claim.as_ref(), now),
+                "-".into(),
             ]);
         } else {
             cells.extend([
+                status_cell(r.status, r.finished_at, r.available_at, None, now),
                 r.run_created_at.map_or("-".into(), |t| when(t, now)).into(),
                 r.checkpoint_count.to_string().into(),
                 r.latest_checkpoint_id
@@ -168,6 +220,11 @@ fn print_rows(
                     .into(),
                 park_cell(r.park.as_ref(), now),
                 claim_cell(opened, &r.scope, r.claim.as_ref(), now),
+                if r.attempts > 0 {
+                    Cell::colored(r.attempts.to_string(), Color::Yellow)
+                } else {
+                    "0".into()
+                },
             ]);
         }
         table.row(cells);

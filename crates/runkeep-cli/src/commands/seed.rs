@@ -244,5 +244,38 @@ async fn seed_one(
             fence,
         )
         .await?;
+    if kind == "completed" {
+        finish_completed(store, scope, now).await?;
+    }
+    Ok(())
+}
+
+/// Finishes the completed demo run (contract v2: a claim, then `finish`), so
+/// it leaves the queue. A store that keeps no lifecycle yet leaves it as it
+/// was written (active, as contract v1 had every run).
+async fn finish_completed(
+    store: &dyn RunStore,
+    scope: &RunScope,
+    now: Timestamp,
+) -> runkeep::Result<()> {
+    match store.lifecycle(scope).await {
+        Err(runkeep::Error::Unsupported { .. }) => return Ok(()),
+        other => other?,
+    };
+    let lease = store
+        .claim(
+            scope,
+            &ClaimOptions::new(Holder::new("worker-c")?, Ttl::from_millis(60_000)?).at(now),
+        )
+        .await?
+        .lease()
+        .ok_or_else(|| runkeep::Error::corrupted("the new demo run was reported held"))?;
+    store
+        .finish(
+            scope,
+            lease.fence,
+            &runkeep::Outcome::completed(Some(json!({"tidied": "build/"}))),
+        )
+        .await?;
     Ok(())
 }

@@ -6,10 +6,10 @@ use runkeep::{Checkpoint, MessageSnapshot, Timestamp};
 use serde_json::{json, Value};
 
 use crate::cli::RunArg;
-use crate::commands::{claim_cell, event_head, park_cell, read_error, unknown_run};
+use crate::commands::{claim_cell, event_head, lifecycle, park_cell, read_error, unknown_run};
 use crate::context::Ctx;
 use crate::error::{CliResult, Exit};
-use crate::output::{emit, emit_json, fields, when, Cell};
+use crate::output::{emit, emit_json, fields, when, Cell, Color};
 
 /// `runkeep show`.
 #[derive(Args, Debug)]
@@ -31,6 +31,12 @@ pub async fn run(ctx: &Ctx, args: ShowArgs) -> CliResult<Exit> {
     let record = store.read_run_record(&scope).await?;
     let messages = store.read_messages(&scope).await?;
     let report = store.read_report(&scope).await?;
+    // A backend that keeps no lifecycle says so; show does not guess one.
+    let lifecycle = match store.lifecycle(&scope).await {
+        Ok(l) => Ok(l),
+        Err(e @ runkeep::Error::Unsupported { .. }) => Err(e.to_string()),
+        Err(e) => return Err(read_error(e)),
+    };
     if cps.is_empty()
         && lease.is_none()
         && last_seq == 0
@@ -64,6 +70,8 @@ pub async fn run(ctx: &Ctx, args: ShowArgs) -> CliResult<Exit> {
             })),
             "park": park,
             "lease": lease,
+            "lifecycle": lifecycle.as_ref().ok(),
+            "lifecycleUnavailable": lifecycle.as_ref().err(),
             "unreadableHolding": opened.unreadable_holding(&scope),
             "events": {"lastSeq": last_seq},
             "audit": {"count": audit},
@@ -105,6 +113,13 @@ pub async fn run(ctx: &Ctx, args: ShowArgs) -> CliResult<Exit> {
         }
         .into(),
     ));
+    match &lifecycle {
+        Ok(l) => rows.extend(lifecycle::show_rows(l, now)),
+        Err(why) => rows.push((
+            "status",
+            Cell::colored(format!("unknown: {why}"), Color::Yellow),
+        )),
+    }
     rows.push(("park", park_cell(park.as_ref(), now)));
     if let Some(p) = &park {
         rows.push((

@@ -62,12 +62,16 @@ pub struct DoctorArgs {
     /// How long the whole doctor may take; unfinished checks become inconclusive.
     #[arg(long, default_value = "10s", value_parser = parse_duration, value_name = "DURATION")]
     wall_clock_timeout: Duration,
-    /// Only checks of these categories (store, integrity, leases, runtime; comma-separated).
+    /// Only checks of these categories (store, integrity, leases, queue, runtime; comma-separated).
     #[arg(long, value_delimiter = ',')]
     category: Vec<String>,
     /// List every finding (paths, runs), not only the first few.
     #[arg(long, short = 'v')]
     verbose: bool,
+    /// queue.stale-runnable: how long a runnable run may wait for a worker
+    /// before it is reported.
+    #[arg(long, default_value = "10m", value_parser = parse_duration, value_name = "DURATION")]
+    stale_after: Duration,
 }
 
 /// A check's status.
@@ -285,6 +289,7 @@ pub async fn run(ctx: &Ctx, args: DoctorArgs) -> CliResult<Exit> {
         ctx.scope.clone(),
         now,
         args.verbose,
+        args.stale_after,
     ));
     let mut registered = checks::registry();
     if let Some(ms) = std::env::var(SLOW_CHECK_ENV)
@@ -465,8 +470,10 @@ fn render(report: &Report, scope: &str, style: &Style) -> String {
     let verdict = match report.exit {
         0 => "healthy".to_string(),
         1 => "a check failed (the ✗ rows)".to_string(),
-        2 => "no check ran (does --category match any of store, integrity, leases, runtime?)"
-            .to_string(),
+        2 => {
+            "no check ran (does --category match any of store, integrity, leases, queue, runtime?)"
+                .to_string()
+        }
         69 => "some checks did not answer (the ? rows); the report proves nothing about them"
             .to_string(),
         other => format!("code {other}"),

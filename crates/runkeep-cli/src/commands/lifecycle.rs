@@ -1,0 +1,346 @@
+//! `runkeep enqueue`, `runkeep finish` and `runkeep reopen`: a run's
+//! lifecycle (contract v2) from the command line.
+//!
+//! - `enqueue` creates a runnable run: its first checkpoint holds the input
+//!   (`state.input`), and its lifecycle the not-before instant and its own
+//!   attempt limit. An existing run is refused (`Conflict`, exit 1).
+//! - `finish` ends the run held at `--fence` as completed, failed or
+//!   cancelled, with an optional JSON result and a reason; the fence is
+//!   spent. A superseded fence is `FencedOut`, a finished run `Conflict`
+//!   (both exit 1); a fence never issued for the run is a bad argument
+//!   (exit 64).
+//! - `reopen` makes a finished run active and claimable again (attempts
+//!   restart at 0). An active run is `Conflict`, an unknown one exit 1.
+//!
+//! A backend that does not keep lifecycles answers `Unsupported`: exit 1,
+//! naming the store and the operation, never a silent no-op.
+
+use std::time::Duration;
+
+use clap::Args;
+use runkeep::lifecycle::DEFAULT_MAX_ATTEMPTS;
+use runkeep::{
+    Checkpoint, CheckpointId, EnqueueOptions, Fence, FinishStatus, Lifecycle, Outcome, RunScope,
+    RunStatus, Timestamp, Ttl,
+};
+use serde_json::{json, Map, Value};
+
+use crate::cli::{parse_id, RunArg};
+use crate::commands::{read_error, require_run, unknown_run};
+use crate::context::Ctx;
+use crate::duration::parse_duration;
+use crate::error::{CliError, CliResult, Exit};
+use crate::output::{emit, emit_json, iso, parse_instant, relative, truncate, when, Cell, Color};
+use crate::store::OpenedStore;
+
+/// The id of the checkpoint `enqueue` writes when `--checkpoint` is not given.
+pub const ENQUEUE_CHECKPOINT: &str = "cp_enqueued";
+
+/// `runkeep enqueue`.
+#[derive(Args, Debug)]
+pub struct EnqueueArgs {
+    #[command(flatten)]
+    run: RunArg,
+    /// The run's input, as JSON (kept in the first checkpoint as `state.input`;
+    /// quote a string: '"text"').
+    #[arg(long, value_parser = parse_json, value_name = "JSON")]
+    input: Option<Value>,
+    /// Not claimable before then: a duration from now on the store's clock
+    /// (30s, 5m, 1h30m) or a UTC instant (2026-11-29T12:00:00Z).
+    #[arg(long, value_parser = parse_not_before, value_name = "DURATION|INSTANT")]
+    not_before: Option<NotBefore>,
+    /// The run's own attempt limit: it is dead-lettered (failed, "attempts
+    /// exhausted") once this many holders have lost it (default 25).
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..), value_name = "N")]
+    max_attempts: Option<u32>,
+    /// The id of the first checkpoint.
+    #[arg(long, default_value = ENQUEUE_CHECKPOINT, value_parser = parse_id::<CheckpointId>, value_name = "ID")]
+    checkpoint: CheckpointId,
+}
+
+/// `runkeep finish`.
+#[derive(Args, Debug)]
+pub struct FinishArgs {
+    #[command(flatten)]
+    run: RunArg,
+    /// The fence the run is held at (printed by `runkeep claim`).
+    #[arg(long, value_parser = parse_id::<Fence>)]
+    fence: Fence,
+    /// How it ends: completed, failed or cancelled.
+    #[arg(long, value_parser = parse_finish_status, value_name = "STATUS")]
+    status: FinishStatus,
+    /// The run's result, as JSON (quote a string: '"done"').
+    #[arg(long, value_parser = parse_json, value_name = "JSON")]
+    result: Option<Value>,
+    /// Why, for operators (free text).
+    #[arg(long, value_name = "TEXT")]
+    reason: Option<String>,
+}
+
+/// `runkeep reopen`.
+#[derive(Args, Debug)]
+pub struct ReopenArgs {
+    #[command(flatten)]
+    run: RunArg,
+}
+
+/// When an enqueued run becomes claimable.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum NotBefore {
+    /// This long after the store's clock reads at enqueue.
+    After(Duration),
+    /// At this instant.
+    At(Timestamp),
+}
+
+fn parse_not_before(s: &str) -> Result<NotBefore, String> {
+    if s.trim().as_bytes().first().is_some_and(u8::is_ascii_digit) && s.contains('T') {
+        return parse_instant(s).map(NotBefore::At);
+    }
+    parse_duration(s)
+        .map(NotBefore::After)
+        .map_err(|e| format!("{e}; or give {}", crate::output::INSTANT_FORMS))
+}
+
+fn parse_json(s: &str) -> Result<Value, String> {
+    serde_json::from_str(s)
+        .map_err(|e| format!("{s:?} is not JSON ({e}); quote a string as JSON, e.g. '\"text\"'"))
+}
+
+fn parse_finish_status(s: &str) -> Result<FinishStatus, String> {
+    match s.parse::<RunStatus>().map_err(|e| e.to_string())? {
+        RunStatus::Completed => Ok(FinishStatus::Completed),
+        RunStatus::Failed => Ok(FinishStatus::Failed),
+        RunStatus::Cancelled => Ok(FinishStatus::Cancelled),
+        RunStatus::Active => Err(
+            "a run is finished as completed, failed or cancelled (`runkeep reopen` makes a finished run active again)"
+                .into(),
+        ),
+    }
+}
+
+/// The error of a lifecycle operation refused by the store, with the hint
+/// that fits the refusal.
+fn refusal(err: runkeep::Error, op: &str, scope: &RunScope, opened: &OpenedStore) -> CliError {
+    use runkeep::Error as E;
+    let run = &scope.run_id;
+    let hint = match &err {
+        E::Unsupported { .. } => Some(format!(
+            "store {} cannot {op} runs; use a store that implements contract v2's lifecycle (memory:, or a directory store once its backend does)",
+            opened.address
+        )),
+        E::FencedOut { .. } => Some(format!(
+            "that fence no longer holds the run (superseded, released or already spent by a finish); see the run with `runkeep show {run}`, claim it again for a current fence"
+        )),
+        E::Conflict { .. } if op == "finish" => Some(format!(
+            "see how it ended with `runkeep show {run}`; `runkeep reopen {run}` makes it runnable again"
+        )),
+        E::Conflict { .. } if op == "reopen" => Some(format!(
+            "only a finished run is reopened; see its status with `runkeep show {run}`"
+        )),
+        E::Conflict { .. } => Some(
+            "enqueue creates a new run: pick another run id, or reopen a finished one with `runkeep reopen`".into(),
+        ),
+        E::InvalidInput { .. } if op == "finish" => Some(format!(
+            "the fence must be one the store issued for this run; `runkeep show {run}` shows its lease and fence"
+        )),
+        _ => None,
+    };
+    let not_found = matches!(err, E::NotFound { .. });
+    let e = read_error(err).context(format!("{op} {run}"));
+    if not_found {
+        return unknown_run(scope);
+    }
+    match hint {
+        Some(h) => e.hint(h),
+        None => e,
+    }
+}
+
+/// Creates a runnable run.
+pub async fn enqueue(ctx: &Ctx, args: EnqueueArgs) -> CliResult<Exit> {
+    let scope = ctx.run_scope(&args.run)?;
+    let opened = ctx.store()?;
+    let store = opened.store.as_ref();
+    let now = store.now();
+    let available_at = match args.not_before {
+        None => None,
+        Some(NotBefore::At(at)) => Some(at),
+        Some(NotBefore::After(d)) => Some(now.plus(Ttl::from_duration(d).map_err(|e| {
+            CliError::usage(format!("--not-before: {}", CliError::from(e).message))
+        })?)),
+    };
+    let mut state = Map::new();
+    if let Some(input) = args.input {
+        state.insert("input".into(), input);
+    }
+    let checkpoint = Checkpoint::new(args.checkpoint, now, state).with_run_created_at(now);
+    let options = EnqueueOptions {
+        available_at,
+        max_attempts: args.max_attempts,
+    };
+    let stored = store
+        .enqueue(&scope, &checkpoint, &options)
+        .await
+        .map_err(|e| refusal(e, "enqueue", &scope, &opened))?;
+    let lifecycle = store
+        .lifecycle(&scope)
+        .await
+        .map_err(|e| refusal(e, "read the lifecycle of", &scope, &opened))?;
+    if ctx.json() {
+        emit_json(&json!({
+            "run": scope,
+            "checkpoint": {"id": stored.id, "createdAt": stored.created_at},
+            "lifecycle": lifecycle,
+        }))?;
+        return Ok(Exit::Ok);
+    }
+    let available = match lifecycle.available_at {
+        Some(at) if at > now => format!("not claimable before {}", when(at, now)),
+        _ => "claimable now".to_string(),
+    };
+    emit(&format!(
+        "enqueued {} (checkpoint {}): active, {available}, attempt limit {}\nworkers take it with claim_next; see it with: runkeep show {}\n",
+        scope.run_id,
+        stored.id,
+        limit_text(&lifecycle),
+        scope.run_id
+    ))?;
+    Ok(Exit::Ok)
+}
+
+/// Finishes a run held at `--fence`.
+pub async fn finish(ctx: &Ctx, args: FinishArgs) -> CliResult<Exit> {
+    let scope = ctx.run_scope(&args.run)?;
+    let opened = ctx.store()?;
+    let store = opened.store.as_ref();
+    require_run(store, &scope).await?;
+    let outcome = Outcome {
+        status: args.status,
+        result: args.result,
+        reason: args.reason,
+    };
+    let lifecycle = store
+        .finish(&scope, args.fence, &outcome)
+        .await
+        .map_err(|e| refusal(e, "finish", &scope, &opened))?;
+    if ctx.json() {
+        emit_json(&json!({"run": scope, "fence": args.fence, "lifecycle": lifecycle}))?;
+        return Ok(Exit::Ok);
+    }
+    let now = Timestamp::now();
+    emit(&format!(
+        "finished {} as {}{}; fence {} is spent and no claim takes the run again\nreopen it with: runkeep reopen {}\n",
+        scope.run_id,
+        lifecycle.status,
+        lifecycle
+            .finished_at
+            .map(|t| format!(" at {}", when(t, now)))
+            .unwrap_or_default(),
+        args.fence,
+        scope.run_id
+    ))?;
+    Ok(Exit::Ok)
+}
+
+/// Reopens a finished run.
+pub async fn reopen(ctx: &Ctx, args: ReopenArgs) -> CliResult<Exit> {
+    let scope = ctx.run_scope(&args.run)?;
+    let opened = ctx.store()?;
+    let store = opened.store.as_ref();
+    let lifecycle = store
+        .reopen(&scope)
+        .await
+        .map_err(|e| refusal(e, "reopen", &scope, &opened))?;
+    if ctx.json() {
+        emit_json(&json!({"run": scope, "lifecycle": lifecycle}))?;
+        return Ok(Exit::Ok);
+    }
+    emit(&format!(
+        "reopened {}: active and claimable now, attempts back to 0 (limit {}); its next claim gets a fence above every fence issued\n",
+        scope.run_id,
+        limit_text(&lifecycle)
+    ))?;
+    Ok(Exit::Ok)
+}
+
+/// `3` or `25 (default)`.
+fn limit_text(l: &Lifecycle) -> String {
+    match l.max_attempts {
+        Some(n) => n.to_string(),
+        None => format!("{DEFAULT_MAX_ATTEMPTS} (default)"),
+    }
+}
+
+/// A run's status for humans: `active`, `active · not before … (in 5m)`,
+/// `failed 2m ago: attempts exhausted`, coloured by what it means.
+pub fn status_cell(
+    status: RunStatus,
+    finished_at: Option<Timestamp>,
+    available_at: Option<Timestamp>,
+    reason: Option<&str>,
+    now: Timestamp,
+) -> Cell {
+    let reason = reason
+        .map(|r| format!(": {}", truncate(r, 60)))
+        .unwrap_or_default();
+    let at = finished_at
+        .map(|t| format!(" {}", relative(t, now)))
+        .unwrap_or_default();
+    match status {
+        RunStatus::Active => match available_at {
+            Some(t) if t > now => Cell::colored(
+                format!("active · not before {} ({})", iso(t), relative(t, now)),
+                Color::Blue,
+            ),
+            _ => "active".into(),
+        },
+        RunStatus::Completed => Cell::colored(format!("completed{at}{reason}"), Color::Green),
+        RunStatus::Failed => Cell::colored(format!("failed{at}{reason}"), Color::Red),
+        RunStatus::Cancelled => Cell::colored(format!("cancelled{at}{reason}"), Color::Dim),
+    }
+}
+
+/// The lifecycle lines of `runkeep show`.
+pub fn show_rows(l: &Lifecycle, now: Timestamp) -> Vec<(&'static str, Cell)> {
+    let mut rows = vec![(
+        "status",
+        status_cell(l.status, None, l.available_at, None, now),
+    )];
+    if let Some(t) = l.finished_at {
+        rows.push((
+            "",
+            format!(
+                "finished {}{}",
+                when(t, now),
+                l.finished_fence
+                    .map(|f| format!(" at fence {f}"))
+                    .unwrap_or_default()
+            )
+            .into(),
+        ));
+    }
+    if let Some(r) = &l.reason {
+        rows.push(("reason", truncate(r, 200).into()));
+    }
+    if let Some(r) = &l.result {
+        rows.push((
+            "result",
+            truncate(&serde_json::to_string(r).unwrap_or_default(), 200).into(),
+        ));
+    }
+    let attempts = format!("{} of {}", l.attempts, limit_text(l));
+    rows.push((
+        "attempts",
+        if l.attempts > 0 {
+            Cell::colored(attempts, Color::Yellow)
+        } else {
+            attempts.into()
+        },
+    ));
+    if l.status.is_finished() {
+        // The status cell shows the finish; say how to undo it.
+        rows[0].1 = status_cell(l.status, None, None, None, now);
+    }
+    rows
+}
