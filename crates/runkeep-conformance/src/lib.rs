@@ -7,13 +7,23 @@
 //! ```no_run
 //! # // in a backend's tests/conformance.rs (needs tokio as a dev-dependency)
 //! use std::sync::Arc;
-//! use runkeep_conformance::{conformance_tests, Fixture};
+//! use runkeep_conformance::{conformance_tests, support, Fixture};
 //!
 //! async fn memory() -> Fixture {
-//!     Fixture::new(Arc::new(runkeep::MemoryStore::new()), 1, ())
+//!     // The store judges time by a clock the cases can move.
+//!     let clock = support::store_clock();
+//!     let store = runkeep::MemoryStore::with_clock(Arc::new(clock.clone()));
+//!     Fixture::new(Arc::new(store), 2, ()).with_clock(clock)
 //! }
 //! conformance_tests!(memory);
 //! ```
+//!
+//! # The store clock
+//!
+//! Contract v2 judges time by the store's clock when a call passes no
+//! instant. Cases that depend on time move a [`ManualClock`] the fixture's
+//! store was built on ([`Fixture::with_clock`]); a fixture without one fails
+//! those cases loudly (they are never skipped).
 //!
 //! Every case becomes its own `#[tokio::test]`, named as a sentence, so a
 //! failure says which contract rule broke and cases can be run one by one.
@@ -29,15 +39,48 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 
-use runkeep::RunStore;
+use runkeep::{ManualClock, RunStore};
 
 pub mod cases;
+pub mod differential;
 pub mod support;
 
-/// The contract revision this kit checks. A backend passes the revision it
-/// was written against **as a literal**; passing this constant back would
-/// make the version case unfailable.
-pub const CONTRACT_VERSION: u32 = 1;
+/// The contract revision this kit checks (the core's
+/// [`runkeep::CONTRACT_REVISION`]). A backend passes the revision it was
+/// written against **as a literal**; passing this constant back would make
+/// the version case unfailable.
+pub const CONTRACT_VERSION: u32 = runkeep::CONTRACT_REVISION;
+
+/// What changed in each revision, for the refusal of a backend that
+/// declares an older one.
+pub const CHANGES_IN_V2: &str = "contract v2 added: run lifecycle (finish, reopen, enqueue; status and finished_at in listing rows; the status filter; claim answers Finished), attempts and dead-lettering (a takeover from an expired lease counts; the limit finishes the run as failed \"attempts exhausted\"), deferral (snooze, available_at; claims answer NotBefore), the atomic step (EvidenceStore::commit_step, all or nothing under one fence check), indexed answers (latest_checkpoint, find_pending, resume_point are contract methods), the store clock (CheckpointStore::now judges every call that passes no instant) and watch (CheckpointStore::watch wakes idle workers)";
+
+/// What a case is run with besides the store: the declared revision and
+/// the store's clock.
+#[derive(Clone, Debug)]
+pub struct CaseEnv {
+    /// The contract revision the backend declares (a literal).
+    pub contract_version: u32,
+    /// The clock the store was built on, if the fixture provides one.
+    pub clock: Option<ManualClock>,
+}
+
+impl CaseEnv {
+    /// The store's clock, set to [`support::NOW`]. Panics (the case fails,
+    /// it is never skipped) when the fixture provides none.
+    pub fn clock(&self) -> ManualClock {
+        let Some(c) = self.clock.clone() else {
+            panic!(
+                "this case judges time by the store's clock, but the fixture provides none \
+                 (contract v{}): build the store on a ManualClock (support::store_clock()) and \
+                 pass it with Fixture::with_clock",
+                self.contract_version
+            );
+        };
+        c.set(support::at(0));
+        c
+    }
+}
 
 /// A fresh store for one case, plus whatever must live until the case ends
 /// (a temp directory, a database schema) and is cleaned up when dropped.
@@ -46,6 +89,8 @@ pub struct Fixture {
     pub store: Arc<dyn RunStore>,
     /// The contract revision the backend declares (a literal).
     pub contract_version: u32,
+    /// The clock the store judges time by, when the cases may move it.
+    pub clock: Option<ManualClock>,
     _guard: Box<dyn Any + Send>,
 }
 
@@ -54,6 +99,7 @@ impl std::fmt::Debug for Fixture {
         f.debug_struct("Fixture")
             .field("store", &self.store)
             .field("contract_version", &self.contract_version)
+            .field("clock", &self.clock)
             .finish_non_exhaustive()
     }
 }
@@ -64,7 +110,23 @@ impl Fixture {
         Self {
             store,
             contract_version,
+            clock: None,
             _guard: Box::new(guard),
+        }
+    }
+
+    /// The clock `store` was built on (its store clock), so the cases that
+    /// depend on time can move it. Without it those cases fail.
+    pub fn with_clock(mut self, clock: ManualClock) -> Self {
+        self.clock = Some(clock);
+        self
+    }
+
+    /// What the cases are run with.
+    pub fn env(&self) -> CaseEnv {
+        CaseEnv {
+            contract_version: self.contract_version,
+            clock: self.clock.clone(),
         }
     }
 }
@@ -72,13 +134,16 @@ impl Fixture {
 /// A boxed case future.
 pub type CaseFuture = Pin<Box<dyn Future<Output = ()> + Send>>;
 
+/// A case as a function of the store and its environment.
+pub type CaseFn = fn(Arc<dyn RunStore>, CaseEnv) -> CaseFuture;
+
 /// A case by name, for meta-tests and custom runners.
 #[derive(Clone, Copy)]
 pub struct Case {
     /// The case's name (its test name).
     pub name: &'static str,
-    /// Runs the case against a fixture's store and declared version.
-    pub run: fn(Arc<dyn RunStore>, u32) -> CaseFuture,
+    /// Runs the case against a fixture's store and environment.
+    pub run: CaseFn,
 }
 
 impl std::fmt::Debug for Case {
@@ -89,13 +154,13 @@ impl std::fmt::Debug for Case {
 
 /// Runs one case against a fresh fixture; the guard is dropped afterwards,
 /// pass or fail, and a failure is re-raised with the case's own message.
-pub async fn run_case<F, Fut>(factory: F, case: fn(Arc<dyn RunStore>, u32) -> CaseFuture)
+pub async fn run_case<F, Fut>(factory: F, case: CaseFn)
 where
     F: FnOnce() -> Fut,
     Fut: Future<Output = Fixture>,
 {
     let fixture = factory().await;
-    let outcome = tokio::spawn(case(fixture.store.clone(), fixture.contract_version)).await;
+    let outcome = tokio::spawn(case(fixture.store.clone(), fixture.env())).await;
     drop(fixture);
     if let Err(e) = outcome {
         match e.try_into_panic() {
@@ -107,12 +172,8 @@ where
 
 /// Runs `case` on `store` and answers `Err(message)` if it failed. For
 /// meta-tests and custom runners.
-pub async fn outcome_of(
-    case: Case,
-    store: Arc<dyn RunStore>,
-    contract_version: u32,
-) -> Result<(), String> {
-    match tokio::spawn((case.run)(store, contract_version)).await {
+pub async fn outcome_of(case: Case, store: Arc<dyn RunStore>, env: CaseEnv) -> Result<(), String> {
+    match tokio::spawn((case.run)(store, env)).await {
         Ok(()) => Ok(()),
         Err(e) => match e.try_into_panic() {
             Ok(p) => Err(p
@@ -191,6 +252,33 @@ macro_rules! __runkeep_cases {
             reads_back_the_run_record_messages_and_report,
             keeps_the_audit_trail_in_its_own_sequence,
             records_the_last_completion_of_each_tool,
+            finishes_a_run_with_each_status_and_keeps_its_result_and_reason,
+            refuses_a_finish_under_a_stale_released_or_never_issued_fence,
+            spends_the_fence_on_finish_so_writes_under_it_are_refused,
+            lists_a_finished_run_with_its_status_and_finish_time,
+            answers_finished_to_a_claim_and_claim_next_never_takes_it,
+            refuses_a_second_finish_as_a_conflict,
+            reopens_a_finished_run_at_a_fence_above_every_fence_issued,
+            refuses_to_reopen_an_active_run_or_a_missing_one,
+            treats_a_run_without_a_lifecycle_record_as_active,
+            counts_an_attempt_only_for_a_takeover_from_an_expired_lease,
+            dead_letters_the_run_when_the_takeover_reaches_the_limit,
+            takes_the_attempt_limit_from_the_claim_over_the_run_over_the_default,
+            snooze_releases_the_run_and_defers_it_until_its_instant,
+            claim_next_skips_a_deferred_run_until_it_is_available,
+            enqueues_a_runnable_run_with_its_not_before_time_and_attempt_limit,
+            refuses_to_enqueue_an_existing_run_or_a_zero_attempt_limit,
+            commits_a_whole_step_with_its_finish,
+            defaults_the_message_boundary_to_the_steps_last_event,
+            leaves_nothing_of_a_step_refused_for_its_fence,
+            leaves_nothing_of_a_step_with_one_invalid_part,
+            leaves_nothing_of_a_step_on_a_finished_run,
+            agrees_on_the_latest_checkpoint_with_the_full_read,
+            agrees_on_the_pending_park_and_resume_point_with_the_full_read,
+            judges_expiry_on_the_store_clock_when_no_instant_is_passed,
+            never_lets_two_clients_with_skewed_clocks_both_hold_a_live_lease,
+            wakes_a_runnable_watcher_after_a_release_an_enqueue_and_a_reopen,
+            wakes_an_events_watcher_after_an_append,
         }
     };
     (@expand [tests $factory:path] $($case:ident),* $(,)?) => {

@@ -3,11 +3,15 @@
 use std::sync::Arc;
 
 use runkeep::{
-    Checkpoint, CheckpointId, ClaimOptions, ClaimOutcome, Fence, Holder, Lease, ListOptions,
-    ListingScope, PendingDecision, ProjectId, RunId, RunPage, RunRow, RunScope, RunStore,
-    SessionId, TenantId, Timestamp, Ttl,
+    AuditRecord, Checkpoint, CheckpointId, ClaimOptions, ClaimOutcome, Fence, Holder, Integrity,
+    Lease, LeaseSummary, Lifecycle, ListOptions, ListingScope, ManualClock, MessageSnapshot,
+    NewEvent, PendingDecision, PersistedEvent, ProjectId, ReadEventsOptions, RunId, RunPage,
+    RunRecord, RunRow, RunScope, RunStore, SessionId, TenantId, Timestamp, Ttl,
 };
-use serde_json::{json, Map};
+use serde_json::{json, Map, Value};
+
+pub use crate::CaseEnv;
+pub use runkeep::Clock;
 
 /// The fixed clock of every case.
 pub const NOW: i64 = 5_000_000;
@@ -188,4 +192,164 @@ pub fn expect_fenced_out<T: std::fmt::Debug>(
         Err(other) => panic!("expected a fenced-out refusal (presented {presented}, current {current}), got: {other}"),
         Ok(v) => panic!("expected a fenced-out refusal (presented {presented}, current {current}); the call resolved: {v:?}"),
     }
+}
+
+/// A store clock at [`NOW`], for a fixture's store (`MemoryStore::with_clock`,
+/// the directory store's `FsOptions::clock`) and [`crate::Fixture::with_clock`].
+pub fn store_clock() -> ManualClock {
+    ManualClock::new(at(0))
+}
+
+/// Claim options judged on the store's clock (no instant passed).
+pub fn claim_now(name: &str, ttl_ms: u64) -> ClaimOptions {
+    ClaimOptions::new(holder(name), Ttl::from_millis(ttl_ms).expect("ttl"))
+}
+
+/// An event of `event_type` with a JSON object payload.
+pub fn event(event_type: &str, payload: Value) -> NewEvent {
+    NewEvent::new(event_type, payload.as_object().cloned().unwrap_or_default())
+}
+
+/// Expects a refusal as fenced out of the presented fence (whatever the
+/// current one).
+pub fn expect_fenced<T: std::fmt::Debug>(result: runkeep::Result<T>, presented: Fence, what: &str) {
+    match result {
+        Err(runkeep::Error::FencedOut { presented: p, .. }) => {
+            assert_eq!(p, presented, "{what}: fenced out naming another fence");
+        }
+        Err(other) => {
+            panic!("{what}: expected a fenced-out refusal of fence {presented}, got: {other}")
+        }
+        Ok(v) => panic!(
+            "{what}: expected a fenced-out refusal of fence {presented}; the call resolved: {v:?}"
+        ),
+    }
+}
+
+/// Expects an `InvalidInput` refusal.
+pub fn expect_invalid<T: std::fmt::Debug>(result: runkeep::Result<T>, what: &str) {
+    match result {
+        Err(runkeep::Error::InvalidInput { .. }) => {}
+        Err(other) => panic!("{what}: expected an invalid-input refusal, got: {other}"),
+        Ok(v) => panic!("{what}: expected an invalid-input refusal; the call resolved: {v:?}"),
+    }
+}
+
+/// Expects a `Conflict` refusal.
+pub fn expect_conflict<T: std::fmt::Debug>(result: runkeep::Result<T>, what: &str) {
+    match result {
+        Err(runkeep::Error::Conflict { .. }) => {}
+        Err(other) => panic!("{what}: expected a conflict, got: {other}"),
+        Ok(v) => panic!("{what}: expected a conflict; the call resolved: {v:?}"),
+    }
+}
+
+/// Everything a store says about one run, read through the contract: what
+/// "leaves nothing behind" and the differential test compare.
+#[derive(Clone, PartialEq, Debug)]
+pub struct ReadBack {
+    /// Every checkpoint, in the total order.
+    pub checkpoints: Vec<Checkpoint>,
+    /// The transcript (strict read).
+    pub events: Vec<PersistedEvent>,
+    /// The transcript's head.
+    pub last_seq: u64,
+    /// The run record.
+    pub record: Option<RunRecord>,
+    /// The message snapshot.
+    pub messages: MessageSnapshot,
+    /// The report.
+    pub report: Option<String>,
+    /// The audit trail.
+    pub audit: Vec<AuditRecord>,
+    /// The lifecycle.
+    pub lifecycle: Lifecycle,
+    /// The top holding at the read's instant.
+    pub lease: Option<LeaseSummary>,
+    /// The run's listing row at the read's instant (`None`: not listed).
+    pub row: Option<RunRow>,
+}
+
+/// Reads back everything about `scope` at `now` (the row from a listing of
+/// the run's session).
+pub async fn read_back(store: &Arc<dyn RunStore>, scope: &RunScope, now: Timestamp) -> ReadBack {
+    let ctx = |what: &str, e: runkeep::Error| -> ReadBack {
+        panic!("reading back {what} of {scope} failed: {e}")
+    };
+    let events = match store
+        .read_events(
+            scope,
+            &ReadEventsOptions {
+                integrity: Integrity::Strict,
+                ..Default::default()
+            },
+        )
+        .await
+    {
+        Ok(b) => b,
+        Err(e) => return ctx("the transcript", e),
+    };
+    let session = scope.session_scope();
+    let rows = walk(
+        store,
+        &session,
+        ListOptions::default(),
+        now.as_millis() - NOW,
+    )
+    .await;
+    ReadBack {
+        checkpoints: store
+            .list_checkpoints(scope)
+            .await
+            .unwrap_or_else(|e| panic!("reading back the checkpoints of {scope} failed: {e}")),
+        events: events.events,
+        last_seq: events.last_seq,
+        record: store
+            .read_run_record(scope)
+            .await
+            .unwrap_or_else(|e| panic!("reading back the run record of {scope} failed: {e}")),
+        messages: store
+            .read_messages(scope)
+            .await
+            .unwrap_or_else(|e| panic!("reading back the messages of {scope} failed: {e}")),
+        report: store
+            .read_report(scope)
+            .await
+            .unwrap_or_else(|e| panic!("reading back the report of {scope} failed: {e}")),
+        audit: store
+            .read_audit(scope, 0)
+            .await
+            .unwrap_or_else(|e| panic!("reading back the audit of {scope} failed: {e}")),
+        lifecycle: store
+            .lifecycle(scope)
+            .await
+            .unwrap_or_else(|e| panic!("reading back the lifecycle of {scope} failed: {e}")),
+        lease: store
+            .lease(scope, now)
+            .await
+            .unwrap_or_else(|e| panic!("reading back the lease of {scope} failed: {e}")),
+        row: rows.into_iter().find(|r| &r.scope == scope),
+    }
+}
+
+/// The listing row of `scope` at [`NOW`] + offset (`None`: not listed).
+pub async fn row_of(store: &Arc<dyn RunStore>, scope: &RunScope, offset_ms: i64) -> Option<RunRow> {
+    walk(store, &listing(), ListOptions::default(), offset_ms)
+        .await
+        .into_iter()
+        .find(|r| &r.scope == scope)
+}
+
+/// `claim_next` over the binding's session on the store clock; answers the
+/// run taken.
+pub async fn next_run(store: &Arc<dyn RunStore>, name: &str) -> Option<RunScope> {
+    store
+        .claim_next(
+            &listing(),
+            &runkeep::ClaimNextFilter::default(),
+            &claim_now(name, 60_000),
+        )
+        .await
+        .unwrap_or_else(|e| panic!("claim_next for {name} failed: {e}"))
+        .map(|(s, _)| s)
 }

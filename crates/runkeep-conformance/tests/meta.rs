@@ -12,10 +12,10 @@ use runkeep::evidence::{
 };
 use runkeep::{
     CheckpointId, CheckpointStore, ClaimNextFilter, ClaimOptions, ClaimOutcome, Error,
-    EvidenceStore, Fence, Lease, LeaseSummary, ListOptions, ListingScope, MemoryStore,
-    ParkResolution, Result, RunPage, RunScope, RunStore, TenantId, Timestamp,
+    EvidenceStore, Fence, Lease, LeaseSummary, ListOptions, ListingScope, ManualClock, MemoryStore,
+    ParkResolution, Result, RunPage, RunRow, RunScope, RunStatus, RunStore, TenantId, Timestamp,
 };
-use runkeep_conformance::{all_cases, outcome_of};
+use runkeep_conformance::{all_cases, outcome_of, support, CaseEnv};
 use serde_json::Value;
 
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -29,6 +29,22 @@ enum Flaw {
     RewindsFenceAfterRelease,
     /// Answers every listing as if it were for the conformance tenant.
     IgnoresListingScope,
+    /// Answers each listing page in reverse order.
+    ReversesEachPage,
+    /// Starts every page after the first with the row its cursor names
+    /// (the previous page's last row) again.
+    RepeatsTheCursorRow,
+    /// A second answer to a park overwrites the first (no compare-and-set).
+    AnswersAParkTwice,
+    /// An append after the first answers its first event with the previous
+    /// batch's last seq.
+    ReusesASeq,
+    /// `claim_next` reopens finished runs and hands them out.
+    HandsOutFinishedRuns,
+    /// A finish does not spend the fence: writes under it are accepted.
+    KeepsTheFenceAfterFinish,
+    /// A refused step's events are appended anyway.
+    AppliesTheEventsOfARefusedStep,
 }
 
 #[derive(Debug)]
@@ -36,15 +52,24 @@ struct Broken {
     inner: MemoryStore,
     flaw: Flaw,
     live: Mutex<HashMap<RunScope, Lease>>,
+    /// RepeatsTheCursorRow: the last row of the page each cursor ended.
+    cursor_rows: Mutex<HashMap<String, RunRow>>,
+    /// KeepsTheFenceAfterFinish: the fence each run was finished under.
+    spent: Mutex<HashMap<RunScope, Fence>>,
 }
 
 impl Broken {
-    fn store(flaw: Flaw) -> Arc<dyn RunStore> {
-        Arc::new(Self {
-            inner: MemoryStore::new(),
-            flaw,
-            live: Mutex::default(),
-        })
+    /// A factory of broken stores on the case's store clock.
+    fn on(flaw: Flaw) -> impl Fn(ManualClock) -> Arc<dyn RunStore> {
+        move |clock| {
+            Arc::new(Self {
+                inner: MemoryStore::with_clock(Arc::new(clock)),
+                flaw,
+                live: Mutex::default(),
+                cursor_rows: Mutex::default(),
+                spent: Mutex::default(),
+            })
+        }
     }
 
     fn naive_check(&self, scope: &RunScope, fence: Option<Fence>) -> Result<()> {
@@ -66,7 +91,12 @@ impl Broken {
         match self.flaw {
             Flaw::IgnoresFenceOnWrite | Flaw::GrantsEveryClaimAtFenceOne => Ok(None),
             Flaw::RewindsFenceAfterRelease => self.naive_check(scope, fence).map(|_| None),
-            Flaw::IgnoresListingScope => Ok(fence),
+            Flaw::KeepsTheFenceAfterFinish
+                if fence.is_some() && self.spent.lock().unwrap().get(scope) == fence.as_ref() =>
+            {
+                Ok(None)
+            }
+            _ => Ok(fence),
         }
     }
 }
@@ -110,7 +140,23 @@ impl CheckpointStore for Broken {
         fence: Option<Fence>,
     ) -> Result<Checkpoint> {
         let f = self.pass(scope, fence)?;
-        self.inner.resolve_park(scope, id, r, now, f).await
+        match self.inner.resolve_park(scope, id, r.clone(), now, f).await {
+            Err(Error::Conflict { .. }) if self.flaw == Flaw::AnswersAParkTwice => {
+                // No compare-and-set: clear the first answer and answer again.
+                let mut cp = self
+                    .inner
+                    .read_checkpoint(scope, id)
+                    .await?
+                    .expect("a conflicting park exists");
+                if let Some(p) = cp.pending.as_mut() {
+                    p.resolved_at = None;
+                    p.decision = None;
+                }
+                self.inner.write_checkpoint(scope, &cp, None).await?;
+                self.inner.resolve_park(scope, id, r, now, f).await
+            }
+            other => other,
+        }
     }
     async fn prune_checkpoints(
         &self,
@@ -122,11 +168,29 @@ impl CheckpointStore for Broken {
         self.inner.prune_checkpoints(scope, keep, f).await
     }
     async fn list_runs(&self, scope: &ListingScope, options: &ListOptions) -> Result<RunPage> {
-        if self.flaw == Flaw::IgnoresListingScope {
-            let everything = ListingScope::tenant(TenantId::new("tnt_conformance").unwrap());
-            return self.inner.list_runs(&everything, options).await;
+        match self.flaw {
+            Flaw::IgnoresListingScope => {
+                let everything = ListingScope::tenant(TenantId::new("tnt_conformance").unwrap());
+                self.inner.list_runs(&everything, options).await
+            }
+            Flaw::ReversesEachPage => {
+                let mut page = self.inner.list_runs(scope, options).await?;
+                page.entries.reverse();
+                Ok(page)
+            }
+            Flaw::RepeatsTheCursorRow => {
+                let mut page = self.inner.list_runs(scope, options).await?;
+                let mut rows = self.cursor_rows.lock().unwrap();
+                if let (Some(c), Some(last)) = (&page.cursor, page.entries.last()) {
+                    rows.insert(c.clone(), last.clone());
+                }
+                if let Some(repeat) = options.cursor.as_ref().and_then(|c| rows.get(c)) {
+                    page.entries.insert(0, repeat.clone());
+                }
+                Ok(page)
+            }
+            _ => self.inner.list_runs(scope, options).await,
         }
-        self.inner.list_runs(scope, options).await
     }
     async fn claim(&self, scope: &RunScope, options: &ClaimOptions) -> Result<ClaimOutcome> {
         match self.flaw {
@@ -191,6 +255,19 @@ impl CheckpointStore for Broken {
         filter: &ClaimNextFilter,
         options: &ClaimOptions,
     ) -> Result<Option<(RunScope, Lease)>> {
+        if self.flaw == Flaw::HandsOutFinishedRuns {
+            let every = ListOptions {
+                status: Some(vec![
+                    RunStatus::Completed,
+                    RunStatus::Failed,
+                    RunStatus::Cancelled,
+                ]),
+                ..Default::default()
+            };
+            for row in self.inner.list_runs(scope, &every).await?.entries {
+                self.inner.reopen(&row.scope).await?;
+            }
+        }
         self.inner.claim_next(scope, filter, options).await
     }
     fn now(&self) -> Timestamp {
@@ -213,7 +290,9 @@ impl CheckpointStore for Broken {
         fence: Fence,
         o: &runkeep::Outcome,
     ) -> runkeep::Result<runkeep::Lifecycle> {
-        self.inner.finish(s, fence, o).await
+        let l = self.inner.finish(s, fence, o).await?;
+        self.spent.lock().unwrap().insert(s.clone(), fence);
+        Ok(l)
     }
     async fn snooze(&self, s: &RunScope, fence: Fence, until: Timestamp) -> runkeep::Result<bool> {
         self.inner.snooze(s, fence, until).await
@@ -231,7 +310,11 @@ impl EvidenceStore for Broken {
         fence: Fence,
         step: &runkeep::Step,
     ) -> runkeep::Result<runkeep::StepReceipt> {
-        self.inner.commit_step(s, fence, step).await
+        let answer = self.inner.commit_step(s, fence, step).await;
+        if answer.is_err() && self.flaw == Flaw::AppliesTheEventsOfARefusedStep {
+            let _ = self.inner.append_events(s, &step.events, None).await;
+        }
+        answer
     }
     async fn append_events(
         &self,
@@ -240,7 +323,15 @@ impl EvidenceStore for Broken {
         fence: Option<Fence>,
     ) -> Result<Vec<PersistedEvent>> {
         let f = self.pass(scope, fence)?;
-        self.inner.append_events(scope, events, f).await
+        let mut out = self.inner.append_events(scope, events, f).await?;
+        if self.flaw == Flaw::ReusesASeq {
+            if let Some(first) = out.first_mut() {
+                if first.seq > 1 {
+                    first.seq -= 1;
+                }
+            }
+        }
+        Ok(out)
     }
     async fn read_events(
         &self,
@@ -300,19 +391,48 @@ impl EvidenceStore for Broken {
     }
 }
 
-/// Runs every case against a fresh store from `make`; answers the failed
-/// case names with their messages.
+/// Runs every case against a fresh store from `make`, built on a fresh
+/// store clock; answers the failed case names with their messages.
 async fn failures(
-    make: impl Fn() -> Arc<dyn RunStore>,
+    make: impl Fn(ManualClock) -> Arc<dyn RunStore>,
     version: u32,
 ) -> HashMap<&'static str, String> {
     let mut failed = HashMap::new();
     for case in all_cases() {
-        if let Err(msg) = outcome_of(case, make(), version).await {
+        let clock = support::store_clock();
+        let env = CaseEnv {
+            contract_version: version,
+            clock: Some(clock.clone()),
+        };
+        if let Err(msg) = outcome_of(case, make(clock), env).await {
             failed.insert(case.name, msg);
         }
     }
     failed
+}
+
+fn memory(clock: ManualClock) -> Arc<dyn RunStore> {
+    Arc::new(MemoryStore::with_clock(Arc::new(clock)))
+}
+
+/// Exactly the `expected` cases fail: each is caught, and nothing else
+/// broke (a flaw that failed unrelated cases would not show which case
+/// guards it).
+fn assert_fails_exactly(failed: &HashMap<&'static str, String>, expected: &[&str]) {
+    let all: BTreeSet<&&str> = failed.keys().collect();
+    let missing: BTreeSet<&&str> = expected
+        .iter()
+        .filter(|c| !failed.contains_key(**c))
+        .collect();
+    assert!(
+        missing.is_empty(),
+        "the kit did not catch the flaw in: {missing:?} (failed: {all:?})"
+    );
+    let extra: BTreeSet<&&str> = failed.keys().filter(|c| !expected.contains(*c)).collect();
+    assert!(
+        extra.is_empty(),
+        "the flaw also failed: {extra:?}\n{failed:#?}"
+    );
 }
 
 fn assert_fails(failed: &HashMap<&'static str, String>, expected: &[&str]) {
@@ -328,7 +448,7 @@ fn assert_fails(failed: &HashMap<&'static str, String>, expected: &[&str]) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_reference_model_fails_no_case_and_the_kit_is_not_trivial() {
-    let failed = failures(|| Arc::new(MemoryStore::new()), 1).await;
+    let failed = failures(memory, runkeep_conformance::CONTRACT_VERSION).await;
     assert!(failed.is_empty(), "{failed:#?}");
     assert!(
         all_cases().len() > 50,
@@ -341,7 +461,11 @@ async fn the_reference_model_fails_no_case_and_the_kit_is_not_trivial() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_store_granting_every_claim_at_fence_one_fails_the_exclusivity_cases() {
-    let failed = failures(|| Broken::store(Flaw::GrantsEveryClaimAtFenceOne), 1).await;
+    let failed = failures(
+        Broken::on(Flaw::GrantsEveryClaimAtFenceOne),
+        runkeep_conformance::CONTRACT_VERSION,
+    )
+    .await;
     assert_fails(
         &failed,
         &[
@@ -356,7 +480,11 @@ async fn a_store_granting_every_claim_at_fence_one_fails_the_exclusivity_cases()
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_store_ignoring_the_fence_on_write_fails_the_fenced_out_cases_only_there() {
-    let failed = failures(|| Broken::store(Flaw::IgnoresFenceOnWrite), 1).await;
+    let failed = failures(
+        Broken::on(Flaw::IgnoresFenceOnWrite),
+        runkeep_conformance::CONTRACT_VERSION,
+    )
+    .await;
     assert_fails(
         &failed,
         &[
@@ -375,7 +503,11 @@ async fn a_store_ignoring_the_fence_on_write_fails_the_fenced_out_cases_only_the
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_store_rewinding_the_fence_after_release_fails_the_monotonic_cases() {
-    let failed = failures(|| Broken::store(Flaw::RewindsFenceAfterRelease), 1).await;
+    let failed = failures(
+        Broken::on(Flaw::RewindsFenceAfterRelease),
+        runkeep_conformance::CONTRACT_VERSION,
+    )
+    .await;
     assert_fails(
         &failed,
         &[
@@ -390,7 +522,11 @@ async fn a_store_rewinding_the_fence_after_release_fails_the_monotonic_cases() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_store_ignoring_the_listing_scope_fails_the_isolation_cases() {
-    let failed = failures(|| Broken::store(Flaw::IgnoresListingScope), 1).await;
+    let failed = failures(
+        Broken::on(Flaw::IgnoresListingScope),
+        runkeep_conformance::CONTRACT_VERSION,
+    )
+    .await;
     assert_fails(
         &failed,
         &[
@@ -404,19 +540,174 @@ async fn a_store_ignoring_the_listing_scope_fails_the_isolation_cases() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn declaring_an_older_contract_fails_the_version_case_with_both_numbers() {
-    let failed = failures(
-        || Arc::new(MemoryStore::new()),
-        runkeep_conformance::CONTRACT_VERSION - 1,
-    )
-    .await;
+    let failed = failures(memory, 1).await;
     let msg = failed
         .get("declares_the_contract_revision_this_suite_implements")
         .expect("version case did not fail");
-    assert!(msg.contains("v0") && msg.contains("v1"), "{msg}");
+    assert!(msg.contains("v1") && msg.contains("v2"), "{msg}");
+    for change in [
+        "lifecycle",
+        "attempts",
+        "deferral",
+        "atomic step",
+        "indexed answers",
+        "store clock",
+        "watch",
+    ] {
+        assert!(
+            msg.contains(change),
+            "the refusal does not say {change:?} changed: {msg}"
+        );
+    }
     assert_eq!(failed.len(), 1, "{failed:#?}");
 }
 
 #[test]
 fn the_contract_revision_is_pinned() {
-    assert_eq!(runkeep_conformance::CONTRACT_VERSION, 1);
+    assert_eq!(runkeep_conformance::CONTRACT_VERSION, 2);
+    assert_eq!(
+        runkeep_conformance::CONTRACT_VERSION,
+        runkeep::CONTRACT_REVISION
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_case_needing_the_store_clock_fails_loudly_without_one() {
+    let case = all_cases()
+        .into_iter()
+        .find(|c| c.name == "judges_expiry_on_the_store_clock_when_no_instant_is_passed")
+        .expect("registered");
+    let env = CaseEnv {
+        contract_version: runkeep_conformance::CONTRACT_VERSION,
+        clock: None,
+    };
+    let msg = outcome_of(case, Arc::new(MemoryStore::new()), env)
+        .await
+        .expect_err("a clock case passed without a store clock");
+    assert!(
+        msg.contains("store's clock") && msg.contains("with_clock"),
+        "{msg}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_store_reversing_each_page_fails_the_listing_order_cases() {
+    let failed = failures(
+        Broken::on(Flaw::ReversesEachPage),
+        runkeep_conformance::CONTRACT_VERSION,
+    )
+    .await;
+    assert_fails_exactly(
+        &failed,
+        &[
+            "walks_every_row_exactly_once_in_both_orders",
+            "carries_a_cursor_only_while_rows_remain",
+            "rebuilds_an_addressable_row_for_every_run_it_holds",
+            "shows_the_queue_reader_which_runs_nobody_holds",
+            "filters_the_listing_by_park_state",
+            "lists_sub_runs_with_their_parent",
+            "lists_a_finished_run_with_its_status_and_finish_time",
+        ],
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_store_repeating_the_cursor_row_fails_the_cursor_cases() {
+    let failed = failures(
+        Broken::on(Flaw::RepeatsTheCursorRow),
+        runkeep_conformance::CONTRACT_VERSION,
+    )
+    .await;
+    assert_fails_exactly(
+        &failed,
+        &[
+            "walks_every_row_exactly_once_in_both_orders",
+            "keeps_paging_stable_when_a_run_checkpoints_between_pages",
+            "carries_a_cursor_only_while_rows_remain",
+            "treats_limit_zero_as_one",
+            "puts_unrecorded_start_first_and_recorded_zero_after",
+        ],
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_store_answering_a_park_twice_fails_the_compare_and_set_cases() {
+    let failed = failures(
+        Broken::on(Flaw::AnswersAParkTwice),
+        runkeep_conformance::CONTRACT_VERSION,
+    )
+    .await;
+    assert_fails_exactly(
+        &failed,
+        &[
+            "answers_a_park_once_and_refuses_the_second_answer",
+            "lets_exactly_one_of_concurrent_answers_win",
+        ],
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_store_reusing_a_seq_fails_the_evidence_seq_cases() {
+    let failed = failures(
+        Broken::on(Flaw::ReusesASeq),
+        runkeep_conformance::CONTRACT_VERSION,
+    )
+    .await;
+    assert_fails_exactly(
+        &failed,
+        &[
+            "numbers_events_contiguously_from_one",
+            "never_gives_two_concurrent_appends_one_number",
+        ],
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_store_handing_out_finished_runs_fails_the_lifecycle_cases() {
+    let failed = failures(
+        Broken::on(Flaw::HandsOutFinishedRuns),
+        runkeep_conformance::CONTRACT_VERSION,
+    )
+    .await;
+    assert_fails_exactly(
+        &failed,
+        &[
+            "answers_finished_to_a_claim_and_claim_next_never_takes_it",
+            "dead_letters_the_run_when_the_takeover_reaches_the_limit",
+        ],
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_store_keeping_the_fence_after_finish_fails_the_spent_fence_cases() {
+    let failed = failures(
+        Broken::on(Flaw::KeepsTheFenceAfterFinish),
+        runkeep_conformance::CONTRACT_VERSION,
+    )
+    .await;
+    assert_fails_exactly(
+        &failed,
+        &[
+            "spends_the_fence_on_finish_so_writes_under_it_are_refused",
+            "reopens_a_finished_run_at_a_fence_above_every_fence_issued",
+        ],
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_store_applying_the_events_of_a_refused_step_fails_the_step_atomicity_cases() {
+    let failed = failures(
+        Broken::on(Flaw::AppliesTheEventsOfARefusedStep),
+        runkeep_conformance::CONTRACT_VERSION,
+    )
+    .await;
+    assert_fails_exactly(
+        &failed,
+        &[
+            "leaves_nothing_of_a_step_refused_for_its_fence",
+            "leaves_nothing_of_a_step_with_one_invalid_part",
+            "leaves_nothing_of_a_step_on_a_finished_run",
+            "spends_the_fence_on_finish_so_writes_under_it_are_refused",
+        ],
+    );
 }

@@ -21,7 +21,7 @@ fn open(durability: Durability) -> Fixture {
         },
     )
     .expect("open the store");
-    Fixture::new(Arc::new(store), 1, dir)
+    Fixture::new(Arc::new(store), 2, dir)
 }
 
 async fn process_crash() -> Fixture {

@@ -397,8 +397,11 @@ impl CheckpointStore for MemoryStore {
         let now = self.clock.now();
         let mut runs = self.lock();
         let run = runs.entry(scope.clone()).or_default();
-        run.check(scope, "finish", Some(fence))?;
+        // A finished run answers Conflict whatever the fence (its own spent
+        // fence included): the caller learns the run is finished, not only
+        // that it lost it.
         let l = lifecycle::after_finish(&scope.run_id, &run.lifecycle, outcome, fence, now)?;
+        run.check(scope, "finish", Some(fence))?;
         run.top = Some(TopHolding::Released {
             fence: fence.next(&scope.run_id)?,
         });

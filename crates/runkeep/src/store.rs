@@ -227,7 +227,9 @@ pub trait CheckpointStore: Send + Sync + std::fmt::Debug {
     ///
     /// # Contract
     /// - Fenced like a write: a superseded or released fence is `FencedOut`,
-    ///   a never-issued one `InvalidInput`, a finished run `Conflict`.
+    ///   a never-issued one `InvalidInput`. A finished run is `Conflict`
+    ///   whatever the fence (a second finish under the spent fence
+    ///   included): the answer says the run is finished, not only lost.
     /// - Afterwards `fence` is spent (writes under it are refused), the run
     ///   is listed with its status and `finished_at` (store clock), and no
     ///   claim takes it (`ClaimOutcome::Finished`).

@@ -9,7 +9,7 @@ use serde_json::json;
 use crate::support::*;
 
 /// Everything written reads back (whole-value comparison, not a few fields).
-pub async fn reads_back_a_checkpoint_whole(store: Arc<dyn RunStore>, _v: u32) {
+pub async fn reads_back_a_checkpoint_whole(store: Arc<dyn RunStore>, _env: CaseEnv) {
     let a = run("a");
     let mut cp = parked("1", 10, 11, Some(500)).with_run_created_at(at(-100));
     cp.state.insert(
@@ -36,7 +36,7 @@ pub async fn reads_back_a_checkpoint_whole(store: Arc<dyn RunStore>, _v: u32) {
 /// writes to a never-claimed run none.
 pub async fn stamps_each_checkpoint_with_the_fence_it_was_written_under(
     store: Arc<dyn RunStore>,
-    _v: u32,
+    _env: CaseEnv,
 ) {
     let a = run("a");
     let s0 = write(&store, &a, &checkpoint("0", 0), None).await;
@@ -56,7 +56,7 @@ pub async fn stamps_each_checkpoint_with_the_fence_it_was_written_under(
 
 /// WK-1/WK-14: a write accepted under an older fence never outranks one
 /// written under a newer fence, whatever the clocks say.
-pub async fn orders_latest_by_fence_before_clock(store: Arc<dyn RunStore>, _v: u32) {
+pub async fn orders_latest_by_fence_before_clock(store: Arc<dyn RunStore>, _env: CaseEnv) {
     let a = run("a");
     let w1 = take(&store, &a, claim_opts("w1", 1_000, 0)).await;
     write(
@@ -90,7 +90,7 @@ pub async fn orders_latest_by_fence_before_clock(store: Arc<dyn RunStore>, _v: u
 
 /// `list_checkpoints` is ascending by `(fence, created_at, id)`, ties on the
 /// clock broken by id.
-pub async fn lists_checkpoints_in_the_total_order(store: Arc<dyn RunStore>, _v: u32) {
+pub async fn lists_checkpoints_in_the_total_order(store: Arc<dyn RunStore>, _env: CaseEnv) {
     let a = run("a");
     for (id, t) in [("c", 5), ("a", 5), ("b", 1), ("d", 9)] {
         write(&store, &a, &checkpoint(id, t), None).await;
@@ -114,7 +114,10 @@ pub async fn lists_checkpoints_in_the_total_order(store: Arc<dyn RunStore>, _v: 
 }
 
 /// Writing an existing id replaces it (parks rely on this).
-pub async fn replaces_a_checkpoint_written_twice_under_one_id(store: Arc<dyn RunStore>, _v: u32) {
+pub async fn replaces_a_checkpoint_written_twice_under_one_id(
+    store: Arc<dyn RunStore>,
+    _env: CaseEnv,
+) {
     let a = run("a");
     write(&store, &a, &checkpoint("1", 1), None).await;
     let mut second = checkpoint("1", 2);
@@ -129,7 +132,7 @@ pub async fn replaces_a_checkpoint_written_twice_under_one_id(store: Arc<dyn Run
 }
 
 /// Missing data is absence, not an error; delete is idempotent.
-pub async fn answers_absence_and_deletes_idempotently(store: Arc<dyn RunStore>, _v: u32) {
+pub async fn answers_absence_and_deletes_idempotently(store: Arc<dyn RunStore>, _env: CaseEnv) {
     let a = run("a");
     let id = checkpoint("1", 0).id;
     assert_eq!(store.read_checkpoint(&a, &id).await.expect("read"), None);
@@ -157,7 +160,10 @@ pub async fn answers_absence_and_deletes_idempotently(store: Arc<dyn RunStore>, 
 }
 
 /// WK-10: invalid checkpoints are refused on write and change nothing.
-pub async fn refuses_an_invalid_checkpoint_and_changes_nothing(store: Arc<dyn RunStore>, _v: u32) {
+pub async fn refuses_an_invalid_checkpoint_and_changes_nothing(
+    store: Arc<dyn RunStore>,
+    _env: CaseEnv,
+) {
     let a = run("a");
     write(&store, &a, &checkpoint("ok", 0), None).await;
     let mut foreign = checkpoint("foreign", 1);
@@ -194,7 +200,7 @@ pub async fn refuses_an_invalid_checkpoint_and_changes_nothing(store: Arc<dyn Ru
 }
 
 /// WK-12: mutating what was written or returned never changes the store.
-pub async fn hands_out_copies_not_references(store: Arc<dyn RunStore>, _v: u32) {
+pub async fn hands_out_copies_not_references(store: Arc<dyn RunStore>, _env: CaseEnv) {
     let a = run("a");
     let mut cp = checkpoint("1", 0);
     let stored = write(&store, &a, &cp, None).await;

@@ -8,11 +8,20 @@ use runkeep::{ClaimOutcome, RunStore};
 use crate::support::*;
 
 /// The declared revision must equal the kit's. Both numbers are in the
-/// compared values, so a truncated runner message still shows them.
+/// compared values, so a truncated runner message still shows them; a
+/// backend declaring an older revision is refused with what changed since.
 pub async fn declares_the_contract_revision_this_suite_implements(
     _store: Arc<dyn RunStore>,
-    declared: u32,
+    env: CaseEnv,
 ) {
+    let declared = env.contract_version;
+    assert!(
+        declared >= crate::CONTRACT_VERSION,
+        "the backend declares run-store contract v{declared}, but this kit checks run-store contract v{}; {}. Implement them, then declare {}",
+        crate::CONTRACT_VERSION,
+        crate::CHANGES_IN_V2,
+        crate::CONTRACT_VERSION,
+    );
     assert_eq!(
         format!("run-store contract v{declared}"),
         format!("run-store contract v{}", crate::CONTRACT_VERSION)
@@ -23,7 +32,7 @@ pub async fn declares_the_contract_revision_this_suite_implements(
 /// is held (an answer, not an error).
 pub async fn gives_the_run_to_the_first_taker_and_refuses_the_second(
     store: Arc<dyn RunStore>,
-    _v: u32,
+    _env: CaseEnv,
 ) {
     let a = run("a");
     let first = take(&store, &a, claim_opts("w1", 60_000, 0)).await;
@@ -46,7 +55,7 @@ pub async fn gives_the_run_to_the_first_taker_and_refuses_the_second(
 /// A renewal mints a higher fence, and the old fence is refused on write.
 pub async fn advances_the_fence_on_renewal_so_a_stalled_twin_cannot_write(
     store: Arc<dyn RunStore>,
-    _v: u32,
+    _env: CaseEnv,
 ) {
     let a = run("a");
     let old = take(&store, &a, claim_opts("w1", 1_000, 0)).await;
@@ -68,7 +77,7 @@ pub async fn advances_the_fence_on_renewal_so_a_stalled_twin_cannot_write(
 }
 
 /// Expiry is judged at the injected instant, with the boundary expired.
-pub async fn judges_expiry_at_the_injected_instant(store: Arc<dyn RunStore>, _v: u32) {
+pub async fn judges_expiry_at_the_injected_instant(store: Arc<dyn RunStore>, _env: CaseEnv) {
     let a = run("a");
     take(&store, &a, claim_opts("w1", 1_000, 0)).await;
     assert!(matches!(
@@ -97,7 +106,7 @@ pub async fn judges_expiry_at_the_injected_instant(store: Arc<dyn RunStore>, _v:
 /// An expired holding is taken by a later worker at a higher fence.
 pub async fn lets_a_later_worker_take_a_run_whose_holder_went_away(
     store: Arc<dyn RunStore>,
-    _v: u32,
+    _env: CaseEnv,
 ) {
     let a = run("a");
     let w1 = take(&store, &a, claim_opts("w1", 1_000, 0)).await;
@@ -109,7 +118,7 @@ pub async fn lets_a_later_worker_take_a_run_whose_holder_went_away(
 /// After a release, another worker takes the run at once.
 pub async fn returns_the_run_to_the_queue_when_its_holder_releases(
     store: Arc<dyn RunStore>,
-    _v: u32,
+    _env: CaseEnv,
 ) {
     let a = run("a");
     let w1 = take(&store, &a, claim_opts("w1", 60_000, 0)).await;
@@ -122,7 +131,10 @@ pub async fn returns_the_run_to_the_queue_when_its_holder_releases(
 }
 
 /// A stale fence releases nothing.
-pub async fn releases_only_on_the_fence_that_currently_holds_it(store: Arc<dyn RunStore>, _v: u32) {
+pub async fn releases_only_on_the_fence_that_currently_holds_it(
+    store: Arc<dyn RunStore>,
+    _env: CaseEnv,
+) {
     let a = run("a");
     let w1 = take(&store, &a, claim_opts("w1", 1_000, 0)).await;
     take(&store, &a, claim_opts("w2", 60_000, 2_000)).await;
@@ -145,7 +157,7 @@ pub async fn releases_only_on_the_fence_that_currently_holds_it(store: Arc<dyn R
 /// DF-22: the new holder keeps its holding and fence after a stale release.
 pub async fn a_superseded_holders_late_release_leaves_the_new_holder_intact(
     store: Arc<dyn RunStore>,
-    _v: u32,
+    _env: CaseEnv,
 ) {
     let a = run("a");
     let w1 = take(&store, &a, claim_opts("w1", 1_000, -4_000)).await;
@@ -165,7 +177,7 @@ pub async fn a_superseded_holders_late_release_leaves_the_new_holder_intact(
 
 /// Parity with the reference: claim → 1, release, claim → 3 (the release
 /// tombstone takes 2).
-pub async fn issues_fence_plus_two_after_a_release(store: Arc<dyn RunStore>, _v: u32) {
+pub async fn issues_fence_plus_two_after_a_release(store: Arc<dyn RunStore>, _env: CaseEnv) {
     let a = run("a");
     let first = take(&store, &a, claim_opts("w1", 60_000, 0)).await;
     assert_eq!(
@@ -179,7 +191,10 @@ pub async fn issues_fence_plus_two_after_a_release(store: Arc<dyn RunStore>, _v:
 }
 
 /// DF-3: five claim/release cycles give strictly increasing, unique fences.
-pub async fn never_reissues_a_fence_across_claim_release_cycles(store: Arc<dyn RunStore>, _v: u32) {
+pub async fn never_reissues_a_fence_across_claim_release_cycles(
+    store: Arc<dyn RunStore>,
+    _env: CaseEnv,
+) {
     let a = run("a");
     let mut seen = Vec::new();
     for i in 0..5 {
@@ -194,7 +209,10 @@ pub async fn never_reissues_a_fence_across_claim_release_cycles(store: Arc<dyn R
 }
 
 /// DF-1 / FL-19: 32 simultaneous takers ⇒ exactly one lease.
-pub async fn gives_exactly_one_lease_to_simultaneous_takers(store: Arc<dyn RunStore>, _v: u32) {
+pub async fn gives_exactly_one_lease_to_simultaneous_takers(
+    store: Arc<dyn RunStore>,
+    _env: CaseEnv,
+) {
     let a = run("a");
     let mut tasks = Vec::new();
     for i in 0..32 {
@@ -223,6 +241,6 @@ pub async fn gives_exactly_one_lease_to_simultaneous_takers(store: Arc<dyn RunSt
 }
 
 /// No lease is reported for a run nobody ever claimed.
-pub async fn reports_no_lease_for_a_run_never_claimed(store: Arc<dyn RunStore>, _v: u32) {
+pub async fn reports_no_lease_for_a_run_never_claimed(store: Arc<dyn RunStore>, _env: CaseEnv) {
     assert_eq!(store.lease(&run("a"), at(0)).await.expect("lease"), None);
 }

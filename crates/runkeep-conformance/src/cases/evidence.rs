@@ -16,7 +16,7 @@ fn ev(t: &str, payload: Value) -> NewEvent {
 }
 
 /// Appends are numbered 1, 2, 3… across batches; payloads survive whole.
-pub async fn numbers_events_contiguously_from_one(store: Arc<dyn RunStore>, _v: u32) {
+pub async fn numbers_events_contiguously_from_one(store: Arc<dyn RunStore>, _env: CaseEnv) {
     let a = run("a");
     assert!(store
         .read_events(&a, &Default::default())
@@ -62,7 +62,7 @@ pub async fn numbers_events_contiguously_from_one(store: Arc<dyn RunStore>, _v: 
 }
 
 /// `since_seq` is exclusive; at the head the answer is empty.
-pub async fn reads_events_after_since_seq_exclusively(store: Arc<dyn RunStore>, _v: u32) {
+pub async fn reads_events_after_since_seq_exclusively(store: Arc<dyn RunStore>, _env: CaseEnv) {
     let a = run("a");
     for i in 0..4 {
         store
@@ -114,7 +114,10 @@ pub async fn reads_events_after_since_seq_exclusively(store: Arc<dyn RunStore>, 
 }
 
 /// WK-22: concurrent appenders never share a number and never leave a gap.
-pub async fn never_gives_two_concurrent_appends_one_number(store: Arc<dyn RunStore>, _v: u32) {
+pub async fn never_gives_two_concurrent_appends_one_number(
+    store: Arc<dyn RunStore>,
+    _env: CaseEnv,
+) {
     let a = run("a");
     let mut tasks = Vec::new();
     for w in 0..8 {
@@ -157,7 +160,7 @@ pub async fn never_gives_two_concurrent_appends_one_number(store: Arc<dyn RunSto
 }
 
 /// Fenced appends carry their fence as `generation`; unfenced ones none.
-pub async fn stamps_events_with_their_generation(store: Arc<dyn RunStore>, _v: u32) {
+pub async fn stamps_events_with_their_generation(store: Arc<dyn RunStore>, _env: CaseEnv) {
     let a = run("a");
     let l = take(&store, &a, claim_opts("w1", 60_000, 0)).await;
     store
@@ -194,7 +197,10 @@ pub async fn stamps_events_with_their_generation(store: Arc<dyn RunStore>, _v: u
 
 /// Run record, messages and report read back; never-written and empty are
 /// told apart.
-pub async fn reads_back_the_run_record_messages_and_report(store: Arc<dyn RunStore>, _v: u32) {
+pub async fn reads_back_the_run_record_messages_and_report(
+    store: Arc<dyn RunStore>,
+    _env: CaseEnv,
+) {
     let a = run("a");
     assert_eq!(store.read_run_record(&a).await.expect("record"), None);
     assert_eq!(
@@ -251,7 +257,7 @@ pub async fn reads_back_the_run_record_messages_and_report(store: Arc<dyn RunSto
 }
 
 /// The audit trail has its own sequence, separate from events.
-pub async fn keeps_the_audit_trail_in_its_own_sequence(store: Arc<dyn RunStore>, _v: u32) {
+pub async fn keeps_the_audit_trail_in_its_own_sequence(store: Arc<dyn RunStore>, _env: CaseEnv) {
     let a = run("a");
     store
         .append_events(&a, &[ev("x", json!({})), ev("y", json!({}))], None)
@@ -281,7 +287,7 @@ pub async fn keeps_the_audit_trail_in_its_own_sequence(store: Arc<dyn RunStore>,
 }
 
 /// EV-29: the ledger keeps the last completion per tool use id.
-pub async fn records_the_last_completion_of_each_tool(store: Arc<dyn RunStore>, _v: u32) {
+pub async fn records_the_last_completion_of_each_tool(store: Arc<dyn RunStore>, _env: CaseEnv) {
     let a = run("a");
     store
         .append_events(

@@ -8,7 +8,7 @@ use serde_json::{json, Map};
 use crate::support::*;
 
 /// The holder writes with its fence.
-pub async fn lets_the_current_holder_keep_writing(store: Arc<dyn RunStore>, _v: u32) {
+pub async fn lets_the_current_holder_keep_writing(store: Arc<dyn RunStore>, _env: CaseEnv) {
     let a = run("a");
     let l = take(&store, &a, claim_opts("w1", 60_000, 0)).await;
     write(&store, &a, &checkpoint("1", 1), Some(l.fence)).await;
@@ -16,7 +16,10 @@ pub async fn lets_the_current_holder_keep_writing(store: Arc<dyn RunStore>, _v: 
 }
 
 /// Unfenced writes are accepted on a claimed run (incremental adoption).
-pub async fn still_accepts_an_unfenced_write_on_a_claimed_run(store: Arc<dyn RunStore>, _v: u32) {
+pub async fn still_accepts_an_unfenced_write_on_a_claimed_run(
+    store: Arc<dyn RunStore>,
+    _env: CaseEnv,
+) {
     let a = run("a");
     take(&store, &a, claim_opts("w1", 60_000, 0)).await;
     write(&store, &a, &checkpoint("1", 1), None).await;
@@ -26,7 +29,7 @@ pub async fn still_accepts_an_unfenced_write_on_a_claimed_run(store: Arc<dyn Run
 /// A superseded holder is refused at its write, with both fences.
 pub async fn fences_the_stalled_holder_out_at_the_moment_it_writes(
     store: Arc<dyn RunStore>,
-    _v: u32,
+    _env: CaseEnv,
 ) {
     let a = run("a");
     let w1 = take(&store, &a, claim_opts("w1", 1_000, 0)).await;
@@ -44,7 +47,7 @@ pub async fn fences_the_stalled_holder_out_at_the_moment_it_writes(
 /// DF-18: the refusal survives the new holder's release.
 pub async fn still_refuses_a_superseded_fence_after_the_new_holder_releases(
     store: Arc<dyn RunStore>,
-    _v: u32,
+    _env: CaseEnv,
 ) {
     let a = run("a");
     let w1 = take(&store, &a, claim_opts("w1", 1_000, 0)).await;
@@ -60,7 +63,10 @@ pub async fn still_refuses_a_superseded_fence_after_the_new_holder_releases(
 }
 
 /// A released fence is refused like a superseded one.
-pub async fn refuses_the_fence_its_own_holder_just_released(store: Arc<dyn RunStore>, _v: u32) {
+pub async fn refuses_the_fence_its_own_holder_just_released(
+    store: Arc<dyn RunStore>,
+    _env: CaseEnv,
+) {
     let a = run("a");
     let w1 = take(&store, &a, claim_opts("w1", 60_000, 0)).await;
     store.release(&a, w1.fence).await.expect("release");
@@ -74,7 +80,7 @@ pub async fn refuses_the_fence_its_own_holder_just_released(store: Arc<dyn RunSt
 }
 
 /// WK-4: a fence above every issued one is refused as invalid input.
-pub async fn refuses_a_fence_that_was_never_issued(store: Arc<dyn RunStore>, _v: u32) {
+pub async fn refuses_a_fence_that_was_never_issued(store: Arc<dyn RunStore>, _env: CaseEnv) {
     let a = run("a");
     let never = Fence::new(7).expect("fence");
     let r = store
@@ -97,7 +103,7 @@ pub async fn refuses_a_fence_that_was_never_issued(store: Arc<dyn RunStore>, _v:
 }
 
 /// A refused write changes nothing: a full read-back is identical.
-pub async fn a_refused_write_leaves_nothing_behind(store: Arc<dyn RunStore>, _v: u32) {
+pub async fn a_refused_write_leaves_nothing_behind(store: Arc<dyn RunStore>, _env: CaseEnv) {
     let a = run("a");
     let w1 = take(&store, &a, claim_opts("w1", 1_000, 0)).await;
     write(&store, &a, &checkpoint("keep", 1), Some(w1.fence)).await;
@@ -148,7 +154,7 @@ pub async fn a_refused_write_leaves_nothing_behind(store: Arc<dyn RunStore>, _v:
 
 /// WK-2: events, run record, messages, report, audit, delete, prune and park
 /// resolution all refuse a superseded fence.
-pub async fn fences_every_kind_of_run_evidence(store: Arc<dyn RunStore>, _v: u32) {
+pub async fn fences_every_kind_of_run_evidence(store: Arc<dyn RunStore>, _env: CaseEnv) {
     let a = run("a");
     let w1 = take(&store, &a, claim_opts("w1", 1_000, 0)).await;
     write(&store, &a, &parked("p", 1, 1, None), Some(w1.fence)).await;

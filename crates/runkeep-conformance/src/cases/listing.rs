@@ -8,7 +8,10 @@ use runkeep::{ListOptions, ListOrder, ListingScope, ParkState, RunScope, RunStor
 use crate::support::*;
 
 /// A listing for a tenant the store does not hold is an empty page.
-pub async fn answers_nothing_for_a_tenant_it_does_not_hold(store: Arc<dyn RunStore>, _v: u32) {
+pub async fn answers_nothing_for_a_tenant_it_does_not_hold(
+    store: Arc<dyn RunStore>,
+    _env: CaseEnv,
+) {
     write(&store, &run("a"), &checkpoint("1", 0), None).await;
     let page = list(
         &store,
@@ -21,7 +24,10 @@ pub async fn answers_nothing_for_a_tenant_it_does_not_hold(store: Arc<dyn RunSto
 }
 
 /// Likewise for a project.
-pub async fn answers_nothing_for_a_project_it_does_not_hold(store: Arc<dyn RunStore>, _v: u32) {
+pub async fn answers_nothing_for_a_project_it_does_not_hold(
+    store: Arc<dyn RunStore>,
+    _env: CaseEnv,
+) {
     write(&store, &run("a"), &checkpoint("1", 0), None).await;
     let page = list(
         &store,
@@ -42,7 +48,7 @@ pub async fn answers_nothing_for_a_project_it_does_not_hold(store: Arc<dyn RunSt
 }
 
 /// DF-28: narrowing below the tenant works.
-pub async fn narrows_the_listing_to_a_session(store: Arc<dyn RunStore>, _v: u32) {
+pub async fn narrows_the_listing_to_a_session(store: Arc<dyn RunStore>, _env: CaseEnv) {
     write(&store, &run("a"), &checkpoint("1", 0), None).await;
     let other = ListingScope::session(
         tenant(),
@@ -70,7 +76,10 @@ pub async fn narrows_the_listing_to_a_session(store: Arc<dyn RunStore>, _v: u32)
 }
 
 /// Rows carry the full scope and the run's figures.
-pub async fn rebuilds_an_addressable_row_for_every_run_it_holds(store: Arc<dyn RunStore>, _v: u32) {
+pub async fn rebuilds_an_addressable_row_for_every_run_it_holds(
+    store: Arc<dyn RunStore>,
+    _env: CaseEnv,
+) {
     write(
         &store,
         &run("b"),
@@ -107,7 +116,7 @@ pub async fn rebuilds_an_addressable_row_for_every_run_it_holds(store: Arc<dyn R
 /// multi-tenant store keeps them apart. Either way no row leaks.
 pub async fn keeps_one_tenants_runs_out_of_another_tenants_listing(
     store: Arc<dyn RunStore>,
-    _v: u32,
+    _env: CaseEnv,
 ) {
     write(&store, &run("a"), &checkpoint("1", 0), None).await;
     let z = RunScope::new(
@@ -150,7 +159,10 @@ pub async fn keeps_one_tenants_runs_out_of_another_tenants_listing(
 }
 
 /// DF-37: an expired claim reads as unheld; a live one as held.
-pub async fn shows_the_queue_reader_which_runs_nobody_holds(store: Arc<dyn RunStore>, _v: u32) {
+pub async fn shows_the_queue_reader_which_runs_nobody_holds(
+    store: Arc<dyn RunStore>,
+    _env: CaseEnv,
+) {
     for r in ["a", "b", "c"] {
         write(&store, &run(r), &checkpoint(r, 0), None).await;
     }
@@ -192,7 +204,7 @@ pub async fn shows_the_queue_reader_which_runs_nobody_holds(store: Arc<dyn RunSt
 /// and never "never claimed".
 pub async fn shows_a_released_run_as_a_tombstone_not_a_live_claim(
     store: Arc<dyn RunStore>,
-    _v: u32,
+    _env: CaseEnv,
 ) {
     let a = run("a");
     write(&store, &a, &checkpoint("1", 0), None).await;
@@ -221,7 +233,7 @@ pub async fn shows_a_released_run_as_a_tombstone_not_a_live_claim(
 }
 
 /// The park filter keeps only the named states; never-parked runs drop out.
-pub async fn filters_the_listing_by_park_state(store: Arc<dyn RunStore>, _v: u32) {
+pub async fn filters_the_listing_by_park_state(store: Arc<dyn RunStore>, _env: CaseEnv) {
     write(&store, &run("a"), &parked("a", 0, 0, None), None).await;
     write(&store, &run("b"), &parked("b", 0, 0, Some(10)), None).await;
     write(&store, &run("c"), &checkpoint("c", 0), None).await;
@@ -298,7 +310,7 @@ async fn seed_runs(store: &Arc<dyn RunStore>, n: usize) -> Vec<String> {
 
 /// Walking with small pages returns every row exactly once, in order, in
 /// both orders.
-pub async fn walks_every_row_exactly_once_in_both_orders(store: Arc<dyn RunStore>, _v: u32) {
+pub async fn walks_every_row_exactly_once_in_both_orders(store: Arc<dyn RunStore>, _env: CaseEnv) {
     let names = seed_runs(&store, 11).await;
     for order in [ListOrder::RunId, ListOrder::CreatedAt] {
         let rows = walk(
@@ -334,7 +346,7 @@ pub async fn walks_every_row_exactly_once_in_both_orders(store: Arc<dyn RunStore
 /// repeated.
 pub async fn keeps_paging_stable_when_a_run_checkpoints_between_pages(
     store: Arc<dyn RunStore>,
-    _v: u32,
+    _env: CaseEnv,
 ) {
     let names = seed_runs(&store, 6).await;
     for order in [ListOrder::RunId, ListOrder::CreatedAt] {
@@ -377,7 +389,7 @@ pub async fn keeps_paging_stable_when_a_run_checkpoints_between_pages(
 
 /// CS-43: the exhausting page has no cursor; an exactly-full page with rows
 /// remaining has one.
-pub async fn carries_a_cursor_only_while_rows_remain(store: Arc<dyn RunStore>, _v: u32) {
+pub async fn carries_a_cursor_only_while_rows_remain(store: Arc<dyn RunStore>, _env: CaseEnv) {
     for r in ["a", "b", "c", "d"] {
         write(&store, &run(r), &checkpoint(r, 0), None).await;
     }
@@ -423,7 +435,7 @@ pub async fn carries_a_cursor_only_while_rows_remain(store: Arc<dyn RunStore>, _
 }
 
 /// DF-29: limit 0 returns one row and paging continues one at a time.
-pub async fn treats_limit_zero_as_one(store: Arc<dyn RunStore>, _v: u32) {
+pub async fn treats_limit_zero_as_one(store: Arc<dyn RunStore>, _env: CaseEnv) {
     for r in ["a", "b"] {
         write(&store, &run(r), &checkpoint(r, 0), None).await;
     }
@@ -455,7 +467,7 @@ pub async fn treats_limit_zero_as_one(store: Arc<dyn RunStore>, _v: u32) {
 /// page boundary.
 pub async fn puts_unrecorded_start_first_and_recorded_zero_after(
     store: Arc<dyn RunStore>,
-    _v: u32,
+    _env: CaseEnv,
 ) {
     write(&store, &run("z"), &checkpoint("z", 0), None).await;
     write(
@@ -480,7 +492,7 @@ pub async fn puts_unrecorded_start_first_and_recorded_zero_after(
 /// DM-16.7: run start is the minimum and pruning the oldest does not move it.
 pub async fn keeps_run_start_when_the_oldest_checkpoint_is_pruned(
     store: Arc<dyn RunStore>,
-    _v: u32,
+    _env: CaseEnv,
 ) {
     let a = run("a");
     for i in 0..3 {
@@ -501,7 +513,7 @@ pub async fn keeps_run_start_when_the_oldest_checkpoint_is_pruned(
 /// WK-24: a cursor is bound to its order; forged text is refused.
 pub async fn refuses_a_cursor_from_another_order_or_a_forged_one(
     store: Arc<dyn RunStore>,
-    _v: u32,
+    _env: CaseEnv,
 ) {
     for r in ["a", "b"] {
         write(&store, &run(r), &checkpoint(r, 0), None).await;
@@ -554,7 +566,7 @@ pub async fn refuses_a_cursor_from_another_order_or_a_forged_one(
 }
 
 /// CS-68: children and grandchildren are listed with their parents.
-pub async fn lists_sub_runs_with_their_parent(store: Arc<dyn RunStore>, _v: u32) {
+pub async fn lists_sub_runs_with_their_parent(store: Arc<dyn RunStore>, _env: CaseEnv) {
     let a = run("a");
     let b = run("b").with_parent(a.run_id.clone());
     let c = run("c").with_parent(b.run_id.clone());

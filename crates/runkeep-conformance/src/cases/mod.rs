@@ -1,18 +1,33 @@
 //! The cases, grouped by the rule they check. Each is `async fn(store,
-//! declared_version)` and panics with a message naming what broke.
+//! env)` ([`crate::CaseEnv`]: the declared revision and the store clock)
+//! and panics with a message naming what broke.
 
+mod attempts;
 mod checkpoints;
 mod claims;
+mod clock;
+mod deferral;
 mod evidence;
 mod fencing;
+mod indexed;
+mod lifecycle;
 mod listing;
 mod parks;
 mod queue;
+mod step;
+mod watch;
 
+pub use attempts::*;
 pub use checkpoints::*;
 pub use claims::*;
+pub use clock::*;
+pub use deferral::*;
 pub use evidence::*;
 pub use fencing::*;
+pub use indexed::*;
+pub use lifecycle::*;
 pub use listing::*;
 pub use parks::*;
 pub use queue::*;
+pub use step::*;
+pub use watch::*;

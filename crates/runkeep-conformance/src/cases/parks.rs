@@ -8,7 +8,10 @@ use serde_json::json;
 use crate::support::*;
 
 /// WK-16: one answer; the second is refused and the first kept.
-pub async fn answers_a_park_once_and_refuses_the_second_answer(store: Arc<dyn RunStore>, _v: u32) {
+pub async fn answers_a_park_once_and_refuses_the_second_answer(
+    store: Arc<dyn RunStore>,
+    _env: CaseEnv,
+) {
     let a = run("a");
     let cp = parked("p", 0, 0, None);
     write(&store, &a, &cp, None).await;
@@ -63,7 +66,7 @@ pub async fn answers_a_park_once_and_refuses_the_second_answer(store: Arc<dyn Ru
 }
 
 /// Eight concurrent answers: exactly one wins and its decision is the one kept.
-pub async fn lets_exactly_one_of_concurrent_answers_win(store: Arc<dyn RunStore>, _v: u32) {
+pub async fn lets_exactly_one_of_concurrent_answers_win(store: Arc<dyn RunStore>, _env: CaseEnv) {
     let a = run("a");
     let cp = parked("p", 0, 0, None);
     write(&store, &a, &cp, None).await;
@@ -98,7 +101,7 @@ pub async fn lets_exactly_one_of_concurrent_answers_win(store: Arc<dyn RunStore>
 }
 
 /// Expiring is refused before the deadline and recorded as a pause after.
-pub async fn expires_a_park_only_after_its_deadline(store: Arc<dyn RunStore>, _v: u32) {
+pub async fn expires_a_park_only_after_its_deadline(store: Arc<dyn RunStore>, _env: CaseEnv) {
     let a = run("a");
     let cp = parked("p", 0, 0, Some(100));
     write(&store, &a, &cp, None).await;
@@ -137,7 +140,10 @@ pub async fn expires_a_park_only_after_its_deadline(store: Arc<dyn RunStore>, _v
 }
 
 /// DM-17: an answer given after the deadline reads resolved, not expired.
-pub async fn reads_an_answer_after_the_deadline_as_resolved(store: Arc<dyn RunStore>, _v: u32) {
+pub async fn reads_an_answer_after_the_deadline_as_resolved(
+    store: Arc<dyn RunStore>,
+    _env: CaseEnv,
+) {
     let a = run("a");
     let cp = parked("p", 0, 0, Some(10));
     write(&store, &a, &cp, None).await;
@@ -159,7 +165,7 @@ pub async fn reads_an_answer_after_the_deadline_as_resolved(store: Arc<dyn RunSt
 }
 
 /// WK-15: pruning keeps unanswered parks (outstanding or expired).
-pub async fn never_prunes_an_unanswered_park(store: Arc<dyn RunStore>, _v: u32) {
+pub async fn never_prunes_an_unanswered_park(store: Arc<dyn RunStore>, _env: CaseEnv) {
     let a = run("a");
     write(&store, &a, &parked("outstanding", 1, 1, None), None).await;
     write(&store, &a, &parked("expired", 2, 2, Some(3)), None).await;
@@ -187,7 +193,7 @@ pub async fn never_prunes_an_unanswered_park(store: Arc<dyn RunStore>, _v: u32) 
 
 /// CS-32 tightened: the listing's park and the pending lookup name the same
 /// checkpoint.
-pub async fn agrees_between_pending_lookup_and_listing(store: Arc<dyn RunStore>, _v: u32) {
+pub async fn agrees_between_pending_lookup_and_listing(store: Arc<dyn RunStore>, _env: CaseEnv) {
     let a = run("a");
     write(&store, &a, &parked("older", 1, 50, None), None).await;
     write(&store, &a, &parked("newer", 2, 40, None), None).await;
@@ -212,7 +218,7 @@ pub async fn agrees_between_pending_lookup_and_listing(store: Arc<dyn RunStore>,
 }
 
 /// CS-35: a live park outranks a newer resolved one.
-pub async fn shows_a_live_park_over_a_newer_resolved_one(store: Arc<dyn RunStore>, _v: u32) {
+pub async fn shows_a_live_park_over_a_newer_resolved_one(store: Arc<dyn RunStore>, _env: CaseEnv) {
     let a = run("a");
     write(&store, &a, &parked("live", 1, 1, None), None).await;
     let done = parked("done", 2, 2, None);

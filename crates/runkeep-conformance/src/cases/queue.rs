@@ -8,7 +8,7 @@ use runkeep::{ClaimNextFilter, ParkState, RunStore};
 use crate::support::*;
 
 /// Takes unheld runs in order, skips live ones, answers `None` when empty.
-pub async fn claim_next_takes_only_runs_nobody_holds(store: Arc<dyn RunStore>, _v: u32) {
+pub async fn claim_next_takes_only_runs_nobody_holds(store: Arc<dyn RunStore>, _env: CaseEnv) {
     for r in ["a", "b", "c"] {
         write(&store, &run(r), &checkpoint(r, 0), None).await;
     }
@@ -44,7 +44,7 @@ pub async fn claim_next_takes_only_runs_nobody_holds(store: Arc<dyn RunStore>, _
 }
 
 /// Only runs whose park matches are taken.
-pub async fn claim_next_respects_the_park_filter(store: Arc<dyn RunStore>, _v: u32) {
+pub async fn claim_next_respects_the_park_filter(store: Arc<dyn RunStore>, _env: CaseEnv) {
     write(&store, &run("a"), &checkpoint("a", 0), None).await;
     write(&store, &run("b"), &parked("b", 0, 0, None), None).await;
     let f = ClaimNextFilter {
@@ -67,7 +67,7 @@ pub async fn claim_next_respects_the_park_filter(store: Arc<dyn RunStore>, _v: u
 /// one worker.
 pub async fn concurrent_claim_next_never_hands_one_run_to_two_workers(
     store: Arc<dyn RunStore>,
-    _v: u32,
+    _env: CaseEnv,
 ) {
     for i in 0..6 {
         write(

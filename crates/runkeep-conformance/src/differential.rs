@@ -1,0 +1,1 @@
+//! The differential property test (see the driver below).
