@@ -77,6 +77,7 @@ pub(crate) fn encode(cp: &Checkpoint) -> Vec<u8> {
 
 /// Parses a checkpoint file.
 pub(crate) fn decode(bytes: &[u8], path: &Path, ctx: &Ctx) -> Result<Checkpoint> {
+    crate::testing_hooks::count_checkpoint_read(path);
     let v: Value = serde_json::from_slice(bytes)
         .map_err(|e| ctx.corrupted(path, format!("not a usable checkpoint: invalid JSON ({e})")))?;
     let Value::Object(m) = v else {
@@ -337,6 +338,30 @@ pub(crate) fn current_digest(run_dir: &Path, ctx: &Ctx) -> Result<Option<RunDige
     let cps = read_entries(&dir, &list, ctx)?;
     let headers: Vec<CheckpointHeader> = cps.iter().map(Checkpoint::header).collect();
     Ok(Some(RunDigest::from_headers(&headers)))
+}
+
+/// What the digest can answer without reading the checkpoints.
+#[derive(Debug)]
+pub(crate) enum Fresh {
+    /// The run has no checkpoints directory: no checkpoints.
+    NoDirectory,
+    /// The digest matches the directory's stamp.
+    Digest(RunDigest),
+    /// Missing, unreadable or stale: read the checkpoints.
+    Stale,
+}
+
+/// The run's digest only when it can be trusted (its stamp matches the
+/// directory now); never rebuilt here.
+pub(crate) fn fresh_digest(run_dir: &Path) -> Fresh {
+    match stamp(&run_dir.join(CHECKPOINTS_DIR)) {
+        Ok(None) => Fresh::NoDirectory,
+        Ok(Some((now, _))) => match read_stored(run_dir) {
+            Some(d) if d.stamp == now => Fresh::Digest(d.digest),
+            _ => Fresh::Stale,
+        },
+        Err(_) => Fresh::Stale,
+    }
 }
 
 /// What a writer knows before its change (taken under the run lock).

@@ -4,8 +4,11 @@
 //! next number with a hard `link` from a body that is already whole, so the
 //! kernel picks exactly one winner per number and no reader ever sees a
 //! holding name without its complete body. The body is
-//! `{"holder","expiresAt"}`; a release publishes the tombstone
-//! `{"holder":"","expiresAt":0}` at `fence + 1`. Holdings more than 32 below
+//! `{"holder","expiresAt","attempts"}`; a release publishes the tombstone
+//! `{"holder":"","expiresAt":0,"attempts"}` at `fence + 1` (a snooze's also
+//! carries `availableAt`, a dead-lettering claim's `deadLetteredAt`; see
+//! [`crate::run_state`]). The reference reads these bodies as its own: it
+//! looks only at `holder` and `expiresAt` (spec FL-12). Holdings more than 32 below
 //! the top are pruned; scratch files older than ten minutes are swept.
 //!
 //! Names are canonical (`[1-9][0-9]{0,14}.json`) and only regular files are
@@ -20,14 +23,16 @@ use std::os::unix::fs::OpenOptionsExt;
 use std::path::Path;
 use std::time::{Duration, SystemTime};
 
-use runkeep::lease::{decide_claim, decide_release, ClaimDecision};
+use runkeep::lease::decide_release;
+use runkeep::lifecycle::{self, ClaimPlan};
 use runkeep::{
     ClaimOptions, ClaimOutcome, Error, Fence, Holder, Lease, Result, RunScope, Timestamp,
     TopHolding,
 };
-use serde_json::Value;
+use serde_json::{Map, Value};
 
 use crate::lock::{self, Mode, RunLock};
+use crate::run_state::{self, Record};
 use crate::sys::{self, errno, Ctx};
 use crate::testing_hooks::{self, Mutation, Point};
 use crate::{Durability, Inner};
@@ -92,65 +97,149 @@ pub(crate) fn scan(claims_dir: &Path) -> io::Result<Option<Scan>> {
     Ok(Some(out))
 }
 
-/// Parses a holding body. Anything but a well-formed body reads as an
-/// unreadable holding (expired, anonymous): an unreadable value never grants.
-pub(crate) fn parse_body(fence: Fence, bytes: &[u8]) -> TopHolding {
+/// A holding as this store reads it: the holding, and the lifecycle fields
+/// its body carries (absent in a body the reference wrote).
+#[derive(Clone, PartialEq, Eq, Debug)]
+pub(crate) struct Holding {
+    /// The holding.
+    pub(crate) top: TopHolding,
+    /// The run's attempt count as of this holding.
+    pub(crate) attempts: Option<u32>,
+    /// A snooze's not-before instant (tombstones only).
+    pub(crate) available_at: Option<Timestamp>,
+    /// Set on the tombstone of a dead-lettering claim: when.
+    pub(crate) dead_lettered_at: Option<Timestamp>,
+}
+
+impl Holding {
+    fn unreadable(fence: Fence) -> Self {
+        Self {
+            top: TopHolding::Unreadable { fence },
+            attempts: None,
+            available_at: None,
+            dead_lettered_at: None,
+        }
+    }
+}
+
+fn timestamp_field(m: &Map<String, Value>, key: &str) -> Option<Timestamp> {
+    let v = m
+        .get(key)?
+        .as_f64()
+        .filter(|f| f.is_finite() && *f >= 0.0)?;
+    Timestamp::from_millis(v.floor().min(runkeep::time::MAX_TIMESTAMP_MS as f64) as i64).ok()
+}
+
+/// Parses a holding body with its lifecycle fields. The holding itself is
+/// read exactly as the reference reads it (only `holder` and `expiresAt`
+/// decide); a lifecycle field that is malformed is ignored, never fatal.
+pub(crate) fn parse_holding(fence: Fence, bytes: &[u8]) -> Holding {
     let Ok(Value::Object(m)) = serde_json::from_slice::<Value>(bytes) else {
-        return TopHolding::Unreadable { fence };
+        return Holding::unreadable(fence);
     };
     let (Some(Value::String(holder)), Some(exp)) = (m.get("holder"), m.get("expiresAt")) else {
-        return TopHolding::Unreadable { fence };
+        return Holding::unreadable(fence);
     };
     let Some(exp) = exp.as_f64().filter(|f| f.is_finite()) else {
-        return TopHolding::Unreadable { fence };
+        return Holding::unreadable(fence);
     };
+    let attempts = m
+        .get("attempts")
+        .and_then(Value::as_u64)
+        .and_then(|n| u32::try_from(n).ok());
     if holder.is_empty() && exp == 0.0 {
-        return TopHolding::Released { fence };
+        return Holding {
+            top: TopHolding::Released { fence },
+            attempts,
+            available_at: timestamp_field(&m, "availableAt"),
+            dead_lettered_at: timestamp_field(&m, "deadLetteredAt"),
+        };
     }
     let Ok(holder) = Holder::new(holder.clone()) else {
-        return TopHolding::Unreadable { fence };
+        return Holding::unreadable(fence);
     };
     let ms = exp
         .floor()
         .clamp(0.0, runkeep::time::MAX_TIMESTAMP_MS as f64) as i64;
-    TopHolding::Lease {
-        fence,
-        holder,
-        expires_at: Timestamp::from_millis(ms).unwrap_or(Timestamp::EPOCH),
+    Holding {
+        top: TopHolding::Lease {
+            fence,
+            holder,
+            expires_at: Timestamp::from_millis(ms).unwrap_or(Timestamp::EPOCH),
+        },
+        attempts,
+        available_at: None,
+        dead_lettered_at: None,
     }
 }
 
-/// The body of a holding.
-pub(crate) fn body(holder: &str, expires_at: i64) -> Vec<u8> {
-    serde_json::to_vec(&serde_json::json!({ "holder": holder, "expiresAt": expires_at }))
-        .unwrap_or_default()
+/// Parses a holding body. Anything but a well-formed body reads as an
+/// unreadable holding (expired, anonymous): an unreadable value never grants.
+#[cfg(test)]
+pub(crate) fn parse_body(fence: Fence, bytes: &[u8]) -> TopHolding {
+    parse_holding(fence, bytes).top
+}
+
+/// The body of a lease.
+pub(crate) fn lease_body(holder: &str, expires_at: i64, attempts: u32) -> Vec<u8> {
+    serde_json::to_vec(&serde_json::json!({
+        "holder": holder,
+        "expiresAt": expires_at,
+        "attempts": attempts,
+    }))
+    .unwrap_or_default()
+}
+
+/// The body of a tombstone (release, snooze, finish, dead-letter).
+pub(crate) fn tomb_body(
+    attempts: u32,
+    available_at: Option<Timestamp>,
+    dead_lettered_at: Option<Timestamp>,
+) -> Vec<u8> {
+    let mut m = Map::new();
+    m.insert("holder".into(), Value::from(""));
+    m.insert("expiresAt".into(), Value::from(0));
+    m.insert("attempts".into(), Value::from(attempts));
+    if let Some(at) = available_at {
+        m.insert("availableAt".into(), Value::from(at.as_millis()));
+    }
+    if let Some(at) = dead_lettered_at {
+        m.insert("deadLetteredAt".into(), Value::from(at.as_millis()));
+    }
+    serde_json::to_vec(&Value::Object(m)).unwrap_or_default()
 }
 
 /// Reads the top holding named by a scan.
-fn top_of(claims_dir: &Path, scan: &Scan, ctx: &Ctx) -> Result<Option<TopHolding>> {
+fn holding_of(claims_dir: &Path, scan: &Scan, ctx: &Ctx) -> Result<Option<Holding>> {
     let Some((fence, name)) = scan.top() else {
         return Ok(None);
     };
     let path = claims_dir.join(name);
     match sys::read_opt(&path) {
-        Ok(Some(bytes)) => Ok(Some(parse_body(*fence, &bytes))),
+        Ok(Some(bytes)) => Ok(Some(parse_holding(*fence, &bytes))),
         // Vanished or replaced by a non-file since the listing: the name
         // already told the taker everything it needs.
-        Ok(None) => Ok(Some(TopHolding::Unreadable { fence: *fence })),
-        Err(e) if e.raw_os_error() == Some(errno::ISDIR) => {
-            Ok(Some(TopHolding::Unreadable { fence: *fence }))
-        }
+        Ok(None) => Ok(Some(Holding::unreadable(*fence))),
+        Err(e) if e.raw_os_error() == Some(errno::ISDIR) => Ok(Some(Holding::unreadable(*fence))),
         Err(e) => Err(ctx.io("read the holding", &path, e)),
     }
 }
 
-/// The run's top holding; `None` when it was never claimed. Reads only.
-pub(crate) fn read_top(run_dir: &Path, ctx: &Ctx) -> Result<Option<TopHolding>> {
+/// The run's top holding as it is in `claims/` (no lifecycle applied);
+/// `None` when it was never claimed. Reads only.
+pub(crate) fn read_holding(run_dir: &Path, ctx: &Ctx) -> Result<Option<Holding>> {
     let dir = run_dir.join(CLAIMS_DIR);
     match scan(&dir).map_err(|e| ctx.io("list the claims directory", &dir, e))? {
-        Some(s) => top_of(&dir, &s, ctx),
+        Some(s) => holding_of(&dir, &s, ctx),
         None => Ok(None),
     }
+}
+
+/// The run's top holding as the contract sees it (a committed finish
+/// whose tombstone is missing reads as that tombstone,
+/// [`run_state::effective`]); `None` when it was never claimed. Reads only.
+pub(crate) fn read_top(run_dir: &Path, ctx: &Ctx) -> Result<Option<TopHolding>> {
+    Ok(run_state::read_state(run_dir, ctx)?.top)
 }
 
 /// Why a publish did not happen.
@@ -504,7 +593,7 @@ pub(crate) fn claim(
     inner.refuse_read_only()?;
     let ctx = Ctx::new(scope, "claim");
     let started = std::time::Instant::now();
-    let now = options.now();
+    let now = options.judged_at(|| inner.now());
     let run_dir = inner.run_dir(scope);
     let claims_dir = run_dir.join(CLAIMS_DIR);
     inner.check_poison()?;
@@ -512,18 +601,41 @@ pub(crate) fn claim(
         .map_err(|e| ctx.io("create the claims directory", &claims_dir, e))
         .map_err(|e| inner.note(e))?;
     let lock = RunLock::acquire(&run_dir, Mode::Shared, inner.durability, &ctx)?;
+    // The record changes only under the exclusive run lock (finish,
+    // enqueue, reopen) or by the winner of a dead-lettering link: read once.
+    let record = run_state::read_record(&run_dir, &ctx)?;
     let expires_at = now.plus(options.ttl);
-    let body = body(options.holder.as_str(), expires_at.as_millis());
     let mut lost = 0;
     let mut floor: Option<Fence> = None;
     for _ in 0..(MAX_ATTEMPTS + 64) {
         let s = scan(&claims_dir)
             .map_err(|e| ctx.io("list the claims directory", &claims_dir, e))?
             .unwrap_or_default();
-        let top = top_of(&claims_dir, &s, &ctx)?;
-        let mut fence = match decide_claim(&scope.run_id, top.as_ref(), &options.holder, now)? {
-            ClaimDecision::Held(summary) => return Ok(ClaimOutcome::Held(summary)),
-            ClaimDecision::Take(f) => f,
+        let holding = holding_of(&claims_dir, &s, &ctx)?;
+        let state = run_state::state_with(record.as_ref(), holding.as_ref(), &claims_dir, &ctx);
+        let plan = lifecycle::plan_claim(
+            &scope.run_id,
+            state.top.as_ref(),
+            &state.lifecycle,
+            &options.holder,
+            now,
+            options.max_attempts,
+        )?;
+        // What this attempt publishes: a lease, or (dead-lettering) a
+        // tombstone that finishes the run.
+        let (mut fence, body, dead) = match plan {
+            ClaimPlan::Held(summary) => return Ok(ClaimOutcome::Held(summary)),
+            ClaimPlan::Finished(status) => return Ok(ClaimOutcome::Finished(status)),
+            ClaimPlan::NotBefore(at) => return Ok(ClaimOutcome::NotBefore(at)),
+            ClaimPlan::Take { fence, takeover } => {
+                let attempts = lifecycle::after_take(&state.lifecycle, takeover).attempts;
+                let body = lease_body(options.holder.as_str(), expires_at.as_millis(), attempts);
+                (fence, body, None)
+            }
+            ClaimPlan::Exhausted { fence, attempts } => {
+                let body = tomb_body(attempts, None, Some(now));
+                (fence, body, Some(attempts))
+            }
         };
         if let Some(fl) = floor {
             if fence <= fl {
@@ -537,10 +649,26 @@ pub(crate) fn claim(
                 testing_hooks::trace(|| format!("linked {fence}"));
                 match after_link(&claims_dir, fence, &ctx)? {
                     AfterLink::Top(after) => {
+                        if let Some(attempts) = dead {
+                            // Dead-lettered by the link (the commit point);
+                            // the record materializes it (written under the
+                            // shared lock: only the link's winner writes it,
+                            // and record writers with the exclusive lock are
+                            // excluded).
+                            testing_hooks::pause("dead-letter-after-link");
+                            let l = lifecycle::exhausted(&state.lifecycle, fence, attempts, now);
+                            let rec = Record::new(l.clone(), fence.get());
+                            run_state::write(&run_dir, &rec, inner.durability, &ctx)
+                                .map_err(|e| inner.note(e))?;
+                            drop(lock);
+                            prune(&claims_dir, fence, &after);
+                            tracing::info!(run = %scope.run_id, attempts, "run dead-lettered: {}", lifecycle::ATTEMPTS_EXHAUSTED);
+                            return Ok(ClaimOutcome::Finished(l.status));
+                        }
                         drop(lock);
                         prune(&claims_dir, fence, &after);
                         testing_hooks::delay("claim-after-link");
-                        return hand_back(inner, scope, options, fence, started, &ctx);
+                        return hand_back(inner, scope, options, fence, now, started, &ctx);
                     }
                     AfterLink::Superseded { above, scan: after } => {
                         testing_hooks::trace(|| {
@@ -598,10 +726,10 @@ fn hand_back(
     scope: &RunScope,
     options: &ClaimOptions,
     fence: Fence,
+    now: Timestamp,
     started: std::time::Instant,
     ctx: &Ctx,
 ) -> Result<ClaimOutcome> {
-    let now = options.now();
     let expires_at = now.plus(options.ttl);
     let took = started.elapsed();
     let took_ms = i64::try_from(took.as_millis()).unwrap_or(i64::MAX);
@@ -626,7 +754,7 @@ fn hand_back(
     }))
 }
 /// The holding at exactly `fence`, read by name (no directory listing).
-fn holding_at(claims_dir: &Path, fence: Fence, ctx: &Ctx) -> Result<Option<TopHolding>> {
+pub(crate) fn holding_at(claims_dir: &Path, fence: Fence, ctx: &Ctx) -> Result<Option<Holding>> {
     let path = claims_dir.join(format!("{fence}.json"));
     match fs::symlink_metadata(&path) {
         Ok(m) if m.is_file() => {}
@@ -635,7 +763,7 @@ fn holding_at(claims_dir: &Path, fence: Fence, ctx: &Ctx) -> Result<Option<TopHo
         Err(e) => return Err(ctx.io("read the holding", &path, e)),
     }
     match sys::read_opt(&path) {
-        Ok(Some(bytes)) => Ok(Some(parse_body(fence, &bytes))),
+        Ok(Some(bytes)) => Ok(Some(parse_holding(fence, &bytes))),
         Ok(None) => Ok(None),
         Err(e) => Err(ctx.io("read the holding", &path, e)),
     }
@@ -653,20 +781,51 @@ fn holding_at(claims_dir: &Path, fence: Fence, ctx: &Ctx) -> Result<Option<TopHo
 /// nothing is above the tombstone. The same listing drives the bounded
 /// prune (a release keeps `claims/` at 33 names too).
 pub(crate) fn release(inner: &Inner, scope: &RunScope, fence: Fence) -> Result<bool> {
+    release_with(inner, scope, fence, None, "release")
+}
+
+/// [`release`], with the tombstone deferring the run until `available_at`
+/// (snooze) when given. The tombstone carries the run's attempt count.
+pub(crate) fn release_with(
+    inner: &Inner,
+    scope: &RunScope,
+    fence: Fence,
+    available_at: Option<Timestamp>,
+    operation: &'static str,
+) -> Result<bool> {
     inner.refuse_read_only()?;
-    let ctx = Ctx::new(scope, "release");
+    let ctx = Ctx::new(scope, operation);
     let run_dir = inner.run_dir(scope);
     let claims_dir = run_dir.join(CLAIMS_DIR);
     // Read-only refusal first: no such lease, nothing to do, nothing touched.
     let mine = holding_at(&claims_dir, fence, &ctx)?;
-    let Some(tomb) = decide_release(&scope.run_id, mine.as_ref(), fence)? else {
+    let Some(tomb) = decide_release(&scope.run_id, mine.as_ref().map(|h| &h.top), fence)? else {
         return Ok(false);
     };
+    let state = run_state::read_state(&run_dir, &ctx)?;
+    if state
+        .lifecycle
+        .finished_fence
+        .is_some_and(|f| state.lifecycle.status.is_finished() && f >= fence)
+    {
+        // Spent by a finish: nothing left to release.
+        return Ok(false);
+    }
+    let attempts = mine
+        .as_ref()
+        .and_then(|h| h.attempts)
+        .unwrap_or(state.lifecycle.attempts);
     inner.check_poison()?;
     let lock = RunLock::acquire(&run_dir, Mode::Shared, inner.durability, &ctx)?;
     testing_hooks::pause_once("release-before-link");
     testing_hooks::delay("release-before-link");
-    match publish(inner, &claims_dir, tomb, &body("", 0), &ctx) {
+    match publish(
+        inner,
+        &claims_dir,
+        tomb,
+        &tomb_body(attempts, available_at, None),
+        &ctx,
+    ) {
         Ok(()) => {
             testing_hooks::trace(|| format!("tombstone {tomb}"));
             let after = after_link(&claims_dir, tomb, &ctx);

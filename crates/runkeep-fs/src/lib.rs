@@ -61,11 +61,12 @@ use std::sync::{Arc, Mutex};
 use async_trait::async_trait;
 use runkeep::checkpoint::Checkpoint;
 use runkeep::lease::{check_write_fence, stamp_fence};
+use runkeep::watch::{Watch, WatchTopic};
 use runkeep::{
-    AuditRecord, CheckpointId, ClaimNextFilter, ClaimOptions, ClaimOutcome, Error, EventBatch,
-    Fence, Lease, LeaseSummary, ListOptions, ListingScope, MessageSnapshot, NewAuditEvent,
-    NewEvent, ParkResolution, PersistedEvent, ProjectId, ReadEventsOptions, Result, RunPage,
-    RunRecord, RunScope, SessionId, TenantId, Timestamp, TopHolding,
+    AuditRecord, CheckpointId, ClaimNextFilter, ClaimOptions, ClaimOutcome, Clock, Error,
+    EventBatch, Fence, Lease, LeaseSummary, ListOptions, ListingScope, MessageSnapshot,
+    NewAuditEvent, NewEvent, ParkResolution, PersistedEvent, ProjectId, ReadEventsOptions, Result,
+    RunPage, RunRecord, RunScope, SessionId, SystemClock, TenantId, Timestamp, TopHolding,
 };
 use serde_json::Value;
 
@@ -75,9 +76,13 @@ mod diagnose;
 mod documents;
 mod listing;
 mod lock;
+mod queue;
+mod run_state;
+mod steps;
 mod sys;
 mod testing_hooks;
 mod transcript;
+mod watching;
 
 #[cfg(feature = "testing")]
 #[doc(hidden)]
@@ -129,6 +134,12 @@ pub struct FsOptions {
     /// every write is refused with [`Error::Unsupported`]. What read-only
     /// tools (`runkeep runs`, `show`, `events`) use.
     pub read_only: bool,
+    /// The store's clock (contract v2): what claims, expiry, listing,
+    /// `available_at`, `finished_at` and event timestamps are judged by when
+    /// a call passes no instant. `None`: the machine clock. On a directory
+    /// every process judges by its own store's clock; see `docs/design.md`
+    /// for what a skewed clock can still do.
+    pub clock: Option<Arc<dyn Clock>>,
 }
 
 /// The directory backend. Cheap to clone; safe to share between threads and
@@ -144,6 +155,7 @@ impl fmt::Debug for FsStore {
             .field("base_dir", &self.inner.base)
             .field("attribution", &self.inner.attribution)
             .field("durability", &self.inner.durability)
+            .field("clock", &self.inner.clock)
             .finish()
     }
 }
@@ -155,6 +167,8 @@ pub(crate) struct Inner {
     read_only: bool,
     tmpfile: AtomicBool,
     poisoned: Mutex<Option<String>>,
+    clock: Arc<dyn Clock>,
+    no_inotify: AtomicBool,
 }
 
 impl FsStore {
@@ -203,6 +217,8 @@ impl FsStore {
                     read_only: true,
                     tmpfile: AtomicBool::new(false),
                     poisoned: Mutex::new(None),
+                    clock: options.clock.unwrap_or_else(|| Arc::new(SystemClock)),
+                    no_inotify: AtomicBool::new(false),
                 }),
             });
         }
@@ -226,6 +242,8 @@ impl FsStore {
                 read_only: false,
                 tmpfile: AtomicBool::new(tmpfile),
                 poisoned: Mutex::new(None),
+                clock: options.clock.unwrap_or_else(|| Arc::new(SystemClock)),
+                no_inotify: AtomicBool::new(false),
             }),
         })
     }
@@ -254,6 +272,12 @@ impl FsStore {
     #[doc(hidden)]
     pub fn testing_force_scratch_publish(&self) {
         self.inner.disable_tmpfile();
+    }
+
+    /// Test seam: `watch` never uses inotify (the polling fallback).
+    #[doc(hidden)]
+    pub fn testing_disable_inotify(&self) {
+        self.inner.no_inotify.store(true, Ordering::Relaxed);
     }
 
     /// Test seam: whether holdings are published through `O_TMPFILE`.
@@ -318,16 +342,6 @@ fn probe_tmpfile(base: &Path, target: &Path) -> bool {
     ok
 }
 
-/// Refusal of a contract-v2 operation the directory backend does not
-/// implement yet (interim, while the contract v2 issue is open).
-fn v2_pending(operation: &str) -> Error {
-    Error::Unsupported {
-        message: format!(
-            "{operation}: the directory backend does not implement contract v2's lifecycle and step operations yet; use the memory store for them until it does"
-        ),
-    }
-}
-
 /// The line appended to `.runkeep/fenced-out.jsonl` on every refusal.
 const FENCED_OUT_LOG: &str = "fenced-out.jsonl";
 
@@ -364,6 +378,11 @@ impl Inner {
 
     pub(crate) fn base(&self) -> &Path {
         &self.base
+    }
+
+    /// The store's clock now.
+    pub(crate) fn now(&self) -> Timestamp {
+        self.clock.now()
     }
 
     pub(crate) fn attribution(&self) -> Option<&Attribution> {
@@ -801,7 +820,15 @@ impl Inner {
                 }
                 None => Ok(()),
             };
-            transcript::append_events(run_dir, events, fence, self.durability, ctx, &recheck)
+            transcript::append_events(
+                run_dir,
+                events,
+                fence,
+                self.durability,
+                ctx,
+                &recheck,
+                self.now(),
+            )
         })
     }
 
@@ -864,6 +891,7 @@ impl Inner {
                 fence,
                 self.durability,
                 ctx,
+                self.now(),
             )
         })
     }
@@ -995,39 +1023,76 @@ impl runkeep::CheckpointStore for FsStore {
         blocking(move || listing::claim_next(&inner, &scope, &filter, &options)).await
     }
 
+    fn now(&self) -> Timestamp {
+        self.inner.now()
+    }
+
     async fn lifecycle(&self, scope: &RunScope) -> Result<runkeep::Lifecycle> {
-        self.inner.check_scope(scope)?;
-        Err(v2_pending("lifecycle"))
+        let (inner, scope) = (self.inner.clone(), scope.clone());
+        blocking(move || inner.lifecycle(&scope)).await
     }
 
     async fn enqueue(
         &self,
         scope: &RunScope,
-        _checkpoint: &Checkpoint,
-        _options: &runkeep::EnqueueOptions,
+        checkpoint: &Checkpoint,
+        options: &runkeep::EnqueueOptions,
     ) -> Result<Checkpoint> {
-        self.inner.check_scope(scope)?;
-        Err(v2_pending("enqueue"))
+        let (inner, scope, cp, options) = (
+            self.inner.clone(),
+            scope.clone(),
+            checkpoint.clone(),
+            options.clone(),
+        );
+        blocking(move || inner.enqueue(&scope, &cp, &options)).await
     }
 
     async fn finish(
         &self,
         scope: &RunScope,
-        _fence: Fence,
-        _outcome: &runkeep::Outcome,
+        fence: Fence,
+        outcome: &runkeep::Outcome,
     ) -> Result<runkeep::Lifecycle> {
-        self.inner.check_scope(scope)?;
-        Err(v2_pending("finish"))
+        let (inner, scope, outcome) = (self.inner.clone(), scope.clone(), outcome.clone());
+        blocking(move || inner.finish(&scope, fence, &outcome)).await
     }
 
-    async fn snooze(&self, scope: &RunScope, _fence: Fence, _until: Timestamp) -> Result<bool> {
-        self.inner.check_scope(scope)?;
-        Err(v2_pending("snooze"))
+    async fn snooze(&self, scope: &RunScope, fence: Fence, until: Timestamp) -> Result<bool> {
+        let (inner, scope) = (self.inner.clone(), scope.clone());
+        blocking(move || inner.snooze(&scope, fence, until)).await
     }
 
     async fn reopen(&self, scope: &RunScope) -> Result<runkeep::Lifecycle> {
-        self.inner.check_scope(scope)?;
-        Err(v2_pending("reopen"))
+        let (inner, scope) = (self.inner.clone(), scope.clone());
+        blocking(move || inner.reopen(&scope)).await
+    }
+
+    async fn latest_checkpoint(&self, scope: &RunScope) -> Result<Option<Checkpoint>> {
+        let (inner, scope) = (self.inner.clone(), scope.clone());
+        blocking(move || inner.latest_checkpoint(&scope)).await
+    }
+
+    async fn find_pending(&self, scope: &RunScope, now: Timestamp) -> Result<Option<Checkpoint>> {
+        let (inner, scope) = (self.inner.clone(), scope.clone());
+        blocking(move || inner.find_pending(&scope, now)).await
+    }
+
+    async fn resume_point(&self, scope: &RunScope, now: Timestamp) -> Result<Option<Checkpoint>> {
+        let (inner, scope) = (self.inner.clone(), scope.clone());
+        blocking(move || inner.resume_point(&scope, now)).await
+    }
+
+    fn watch(&self, topic: &WatchTopic) -> Watch {
+        let run_dir = match topic {
+            WatchTopic::Events(run) => Some(self.inner.run_dir(run)),
+            WatchTopic::Runnable(_) => None,
+        };
+        watching::watch(
+            &self.inner.base,
+            run_dir,
+            topic,
+            self.inner.no_inotify.load(Ordering::Relaxed),
+        )
     }
 }
 
@@ -1036,11 +1101,11 @@ impl runkeep::EvidenceStore for FsStore {
     async fn commit_step(
         &self,
         scope: &RunScope,
-        _fence: Fence,
-        _step: &runkeep::Step,
+        fence: Fence,
+        step: &runkeep::Step,
     ) -> Result<runkeep::StepReceipt> {
-        self.inner.check_scope(scope)?;
-        Err(v2_pending("commit_step"))
+        let (inner, scope, step) = (self.inner.clone(), scope.clone(), step.clone());
+        blocking(move || inner.commit_step(&scope, fence, &step)).await
     }
     async fn append_events(
         &self,

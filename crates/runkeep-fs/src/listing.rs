@@ -18,7 +18,7 @@ use runkeep::{
 };
 
 use crate::sys::{self, Ctx};
-use crate::{checkpoints, claims, Attribution, Inner};
+use crate::{checkpoints, claims, run_state, Attribution, Inner};
 
 /// A run directory found by the walk.
 #[derive(Clone, Debug)]
@@ -117,7 +117,8 @@ fn digest_of(c: &Candidate, ctx: &Ctx) -> Option<std::result::Result<RunDigest, 
     }
 }
 
-/// Builds a row from a digest (or its error) and the run's top holding.
+/// Builds a row from a digest (or its error) and the run's top holding and
+/// lifecycle (contract v2 columns).
 fn row_of(
     c: &Candidate,
     digest: std::result::Result<RunDigest, Error>,
@@ -125,11 +126,13 @@ fn row_of(
     q: &ListQuery,
     ctx: &Ctx,
 ) -> Option<RunRow> {
-    let top = claims::read_top(&c.dir, ctx);
-    match (digest, top) {
-        (Ok(d), Ok(top)) => d.row(scope, top.as_ref(), q.now),
-        (Err(e), top) => {
-            let claim = top.ok().flatten().map(|t| t.summary(q.now));
+    let state = run_state::read_state(&c.dir, ctx);
+    match (digest, state) {
+        (Ok(d), Ok(state)) => d
+            .row(scope, state.top.as_ref(), q.now)
+            .map(|r| r.with_lifecycle(&state.lifecycle)),
+        (Err(e), state) => {
+            let claim = state.ok().and_then(|s| s.top).map(|t| t.summary(q.now));
             Some(RunRow::damaged(scope, &e, claim))
         }
         (Ok(_), Err(e)) => Some(RunRow::damaged(scope, &e, None)),
@@ -151,7 +154,7 @@ pub(crate) fn list_runs(
     scope: &ListingScope,
     options: &ListOptions,
 ) -> Result<RunPage> {
-    let q = ListQuery::new(scope, options)?;
+    let q = ListQuery::new(scope, &options.judged_at(|| inner.now()))?;
     let ctx = Ctx::store("list_runs");
     let Some(a) = inner.attribution() else {
         return Err(Error::invalid(format!(
@@ -209,7 +212,7 @@ pub(crate) fn claim_next(
     filter: &ClaimNextFilter,
     options: &ClaimOptions,
 ) -> Result<Option<(RunScope, Lease)>> {
-    let now = options.now();
+    let now = options.judged_at(|| inner.now());
     let mut cursor = None;
     let mut contended = None;
     loop {
@@ -227,7 +230,8 @@ pub(crate) fn claim_next(
             },
         )?;
         for row in page.entries {
-            if row.damaged.is_some() {
+            if !row.is_claimable(now) {
+                // Damaged, finished, deferred past `now` or held.
                 continue;
             }
             match claims::claim(inner, &row.scope, &options.clone().at(now)) {

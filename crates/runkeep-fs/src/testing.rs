@@ -176,3 +176,26 @@ pub(crate) fn check_short_write(point: FaultPoint, path: &Path) -> Option<io::Er
     f.remaining -= 1;
     Some(io::Error::from_raw_os_error(f.errno))
 }
+
+static CHECKPOINT_READS: Mutex<Vec<(PathBuf, u64)>> = Mutex::new(Vec::new());
+
+pub(crate) fn note_checkpoint_read(path: &Path) {
+    // Keyed by the run directory (`<run>/checkpoints/<id>.json`).
+    let Some(run) = path.parent().and_then(Path::parent) else {
+        return;
+    };
+    let mut r = CHECKPOINT_READS.lock().unwrap_or_else(|p| p.into_inner());
+    match r.iter_mut().find(|(p, _)| p == run) {
+        Some((_, n)) => *n += 1,
+        None => r.push((run.to_path_buf(), 1)),
+    }
+}
+
+/// How many checkpoint files of the run directory `run_dir` have been
+/// parsed (by any store of this process) so far.
+pub fn checkpoint_reads(run_dir: impl AsRef<Path>) -> u64 {
+    let r = CHECKPOINT_READS.lock().unwrap_or_else(|p| p.into_inner());
+    r.iter()
+        .find(|(p, _)| p == run_dir.as_ref())
+        .map_or(0, |(_, n)| *n)
+}

@@ -238,3 +238,14 @@ pub(crate) fn mutation_named(name: &str) -> bool {
 pub(crate) fn mutation_named(_name: &str) -> bool {
     false
 }
+
+/// Counts one checkpoint body parsed at `path` (tests ask how many
+/// checkpoint files an answer read).
+#[cfg(feature = "testing")]
+pub(crate) fn count_checkpoint_read(path: &Path) {
+    crate::testing::note_checkpoint_read(path);
+}
+
+#[cfg(not(feature = "testing"))]
+#[inline(always)]
+pub(crate) fn count_checkpoint_read(_path: &Path) {}

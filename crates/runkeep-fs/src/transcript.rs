@@ -857,6 +857,7 @@ pub(crate) fn append_events(
     durability: Durability,
     ctx: &Ctx,
     recheck: &dyn Fn() -> Result<()>,
+    now: Timestamp,
 ) -> Result<Vec<PersistedEvent>> {
     let path = run_dir.join(TRANSCRIPT);
     let (mut file, len) = open_log(run_dir, TRANSCRIPT, durability, ctx)?;
@@ -888,7 +889,6 @@ pub(crate) fn append_events(
     }
     let len = settle_tail(&mut file, len, &path, ctx)?;
     let tail = catch_up(&file, len, index.as_mut()).map_err(|e| ctx.io("read", &path, e))?;
-    let now = Timestamp::now();
     let mut buf = Vec::new();
     let mut out = Vec::with_capacity(events.len());
     let mut recs = Vec::with_capacity(events.len());
@@ -1031,12 +1031,12 @@ pub(crate) fn append_audit(
     fence: Option<Fence>,
     durability: Durability,
     ctx: &Ctx,
+    now: Timestamp,
 ) -> Result<Vec<AuditRecord>> {
     let path = run_dir.join(AUDIT);
     let (mut file, len) = open_log(run_dir, AUDIT, durability, ctx)?;
     let len = settle_tail(&mut file, len, &path, ctx)?;
     let last = audit_last_seq(&file, len).map_err(|e| ctx.io("read", &path, e))?;
-    let now = Timestamp::now();
     let mut buf = Vec::new();
     let mut out = Vec::with_capacity(events.len());
     for (i, e) in events.iter().enumerate() {

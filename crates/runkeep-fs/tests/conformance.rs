@@ -1,5 +1,6 @@
 //! The directory backend passes the whole conformance kit, against a fresh
-//! temp directory per case, at both durability levels.
+//! temp directory per case, at both durability levels, on a store clock the
+//! kit moves (contract v2).
 
 use std::sync::Arc;
 
@@ -8,6 +9,7 @@ use runkeep_fs::{Attribution, Durability, FsOptions, FsStore};
 
 fn open(durability: Durability) -> Fixture {
     let dir = tempfile::tempdir().expect("temp dir");
+    let clock = support::store_clock();
     let store = FsStore::open(
         dir.path().join("runs"),
         FsOptions {
@@ -17,11 +19,12 @@ fn open(durability: Durability) -> Fixture {
                 session_id: support::session(),
             }),
             durability,
+            clock: Some(Arc::new(clock.clone())),
             ..Default::default()
         },
     )
     .expect("open the store");
-    Fixture::new(Arc::new(store), 2, dir)
+    Fixture::new(Arc::new(store), 2, dir).with_clock(clock)
 }
 
 async fn process_crash() -> Fixture {

@@ -1,0 +1,243 @@
+//! `commit_step` on a directory: one fence check under the run lock, the
+//! parts written in a fixed order so that a crash between two of them
+//! leaves a prefix an at-least-once worker already tolerates
+//! (`docs/design.md`, "Lifecycle, attempts and steps on a directory"):
+//!
+//! 1. events (one all-or-nothing append),
+//! 2. the message snapshot (it names only events that exist),
+//! 3. the run record,
+//! 4. the checkpoint (the resume point: it never references events that
+//!    are not there, because they landed first),
+//! 5. the finish: the lifecycle record (its commit point), then the
+//!    tombstone at `fence + 1`.
+//!
+//! Every whole file is written (and synced) to its sidecar before the run
+//! lock is taken; under the lock only the fence check, the append and the
+//! renames run, and the fence is checked again before each publish.
+
+use runkeep::lifecycle;
+use runkeep::step::{Step, StepReceipt};
+use runkeep::{Fence, ReadEventsOptions, Result, RunScope};
+
+use crate::checkpoints;
+use crate::run_state::{self, Record};
+use crate::sys::{self, Ctx};
+use crate::{documents, testing_hooks, transcript, Inner};
+
+impl Inner {
+    fn last_seq(&self, run_dir: &std::path::Path, ctx: &Ctx) -> Result<u64> {
+        let opts = ReadEventsOptions {
+            since_seq: u64::MAX,
+            limit: Some(0),
+            ..ReadEventsOptions::default()
+        };
+        Ok(transcript::read_events(run_dir, &opts, ctx)?.last_seq)
+    }
+
+    pub(crate) fn commit_step(
+        &self,
+        scope: &RunScope,
+        fence: Fence,
+        step: &Step,
+    ) -> Result<StepReceipt> {
+        self.refuse_read_only()?;
+        self.check_scope(scope)?;
+        step.validate(scope)?;
+        let record_bytes = step
+            .run_record
+            .as_ref()
+            .map(documents::encode_record)
+            .transpose()?;
+        let now = self.now();
+        let ctx = Ctx::new(scope, "commit_step");
+        let run_dir = self.run_dir(scope);
+
+        // Refused (stale fence, finished run) before anything is created.
+        let state0 = run_state::read_state(&run_dir, &ctx)?;
+        self.check_fence(&ctx, &run_dir, fence, state0.top.as_ref(), scope)?;
+        let finish0 = step
+            .finish
+            .as_ref()
+            .map(|o| lifecycle::after_finish(&scope.run_id, &state0.lifecycle, o, fence, now))
+            .transpose()?;
+        let tomb = fence.next(&scope.run_id)?;
+        self.check_poison()?;
+
+        // The whole files, written before the lock.
+        sys::ensure_dir(&run_dir, self.durability)
+            .map_err(|e| self.note(ctx.io("create the run directory", &run_dir, e)))?;
+        let last0 = self.last_seq(&run_dir, &ctx).unwrap_or(0);
+        let predicted_through = step.messages.as_ref().map(|m| {
+            m.through_event_seq
+                .unwrap_or(last0 + step.events.len() as u64)
+        });
+        let messages_temp = match (&step.messages, predicted_through) {
+            (Some(m), Some(through)) => Some((
+                through,
+                sys::TempFile::write(
+                    &run_dir,
+                    documents::MESSAGES,
+                    &documents::encode_messages(&m.messages, through),
+                    self.durability,
+                )
+                .map_err(|e| self.note(ctx.io("write", &run_dir.join(documents::MESSAGES), e)))?,
+            )),
+            _ => None,
+        };
+        let record_temp = match &record_bytes {
+            Some(bytes) => Some(
+                sys::TempFile::write(&run_dir, documents::RUN_RECORD, bytes, self.durability)
+                    .map_err(|e| {
+                        self.note(ctx.io("write", &run_dir.join(documents::RUN_RECORD), e))
+                    })?,
+            ),
+            None => None,
+        };
+        let stored_cp = step.checkpoint.as_ref().map(|cp| {
+            let mut stored = cp.clone();
+            stored.fence = Some(fence);
+            stored
+        });
+        let cps_dir = run_dir.join(checkpoints::CHECKPOINTS_DIR);
+        let cp_temp = match &stored_cp {
+            Some(cp) => {
+                let name = checkpoints::file_name(&cp.id);
+                sys::ensure_dir(&cps_dir, self.durability).map_err(|e| {
+                    self.note(ctx.io("create the checkpoints directory", &cps_dir, e))
+                })?;
+                Some(
+                    sys::TempFile::write(
+                        &cps_dir,
+                        &name,
+                        &checkpoints::encode(cp),
+                        self.durability,
+                    )
+                    .map_err(|e| {
+                        self.note(ctx.io("write the checkpoint", &cps_dir.join(&name), e))
+                    })?,
+                )
+            }
+            None => None,
+        };
+        let finish_temp = match &finish0 {
+            Some(l0) => Some((
+                l0.clone(),
+                run_state::prepare(
+                    &run_dir,
+                    &Record::new(l0.clone(), tomb.get()),
+                    self.durability,
+                    &ctx,
+                )
+                .map_err(|e| self.note(e))?,
+            )),
+            None => None,
+        };
+
+        let (receipt, rebuild) =
+            self.locked_write(scope, "commit_step", Some(fence), |ctx, run_dir, _| {
+                // `locked_write` checked the fence; a finished run is refused
+                // by it too (its fence is spent).
+                let recheck = || -> Result<()> {
+                    let top = claims_top(run_dir, ctx)?;
+                    self.check_fence(ctx, run_dir, fence, top.as_ref(), scope)
+                };
+                if let Some(o) = &step.finish {
+                    let state = run_state::read_state(run_dir, ctx)?;
+                    lifecycle::after_finish(&scope.run_id, &state.lifecycle, o, fence, now)?;
+                }
+                testing_hooks::pause("step-after-check");
+
+                // 1. Events.
+                let events = if step.events.is_empty() {
+                    Vec::new()
+                } else {
+                    transcript::append_events(
+                        run_dir,
+                        &step.events,
+                        Some(fence),
+                        self.durability,
+                        ctx,
+                        &recheck,
+                        now,
+                    )?
+                };
+                testing_hooks::pause("step-after-events");
+
+                // 2. Messages.
+                if let Some(m) = &step.messages {
+                    let last_before = match events.first() {
+                        Some(e) => e.seq - 1,
+                        None => self.last_seq(run_dir, ctx)?,
+                    };
+                    let through = Step::through_seq(m, &events, last_before);
+                    let temp = match messages_temp {
+                        Some((predicted, t)) if predicted == through => t,
+                        _ => sys::TempFile::write(
+                            run_dir,
+                            documents::MESSAGES,
+                            &documents::encode_messages(&m.messages, through),
+                            self.durability,
+                        )
+                        .map_err(|e| ctx.io("write", &run_dir.join(documents::MESSAGES), e))?,
+                    };
+                    recheck()?;
+                    temp.publish(documents::MESSAGES)
+                        .map_err(|e| ctx.io("publish", &run_dir.join(documents::MESSAGES), e))?;
+                }
+                testing_hooks::pause("step-after-messages");
+
+                // 3. Run record.
+                if let Some(temp) = record_temp {
+                    recheck()?;
+                    temp.publish(documents::RUN_RECORD)
+                        .map_err(|e| ctx.io("publish", &run_dir.join(documents::RUN_RECORD), e))?;
+                }
+                testing_hooks::pause("step-after-record");
+
+                // 4. Checkpoint.
+                let mut rebuild = false;
+                if let (Some(cp), Some(temp)) = (&stored_cp, cp_temp) {
+                    recheck()?;
+                    let name = checkpoints::file_name(&cp.id);
+                    let before = checkpoints::before(run_dir);
+                    let ino = temp.ino();
+                    temp.publish(&name)
+                        .map_err(|e| ctx.io("publish the checkpoint", &cps_dir.join(&name), e))?;
+                    rebuild = !checkpoints::after_put(
+                        run_dir,
+                        before,
+                        &name,
+                        ino,
+                        cp.header(),
+                        self.durability,
+                    );
+                }
+                testing_hooks::pause("step-after-checkpoint");
+
+                // 5. Finish.
+                let finished = match &step.finish {
+                    Some(o) => {
+                        recheck()?;
+                        Some(self.finish_locked(ctx, run_dir, scope, fence, o, now, finish_temp)?)
+                    }
+                    None => None,
+                };
+                Ok((
+                    StepReceipt {
+                        events,
+                        checkpoint: stored_cp.clone(),
+                        lifecycle: finished,
+                    },
+                    rebuild,
+                ))
+            })?;
+        if rebuild {
+            checkpoints::rebuild(&run_dir, self.durability, &ctx);
+        }
+        Ok(receipt)
+    }
+}
+
+fn claims_top(run_dir: &std::path::Path, ctx: &Ctx) -> Result<Option<runkeep::TopHolding>> {
+    crate::claims::read_top(run_dir, ctx)
+}
