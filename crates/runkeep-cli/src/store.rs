@@ -353,6 +353,7 @@ mod fs {
                 attribution,
                 durability,
                 read_only,
+                ..FsOptions::default()
             },
         ).map_err(|e| {
             let hint = match e {
