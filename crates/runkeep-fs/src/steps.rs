@@ -145,6 +145,33 @@ impl Inner {
                     let state = run_state::read_state(run_dir, ctx)?;
                     lifecycle::after_finish(&scope.run_id, &state.lifecycle, o, fence, now)?;
                 }
+                let mut cp_temp = cp_temp;
+                let mut rebuild = false;
+                let mut publish_checkpoint = |temp: Option<sys::TempFile>| -> Result<()> {
+                    if let (Some(cp), Some(temp)) = (&stored_cp, temp) {
+                        recheck()?;
+                        let name = checkpoints::file_name(&cp.id);
+                        let before = checkpoints::before(run_dir);
+                        let ino = temp.ino();
+                        temp.publish(&name).map_err(|e| {
+                            ctx.io("publish the checkpoint", &cps_dir.join(&name), e)
+                        })?;
+                        rebuild = !checkpoints::after_put(
+                            run_dir,
+                            before,
+                            &name,
+                            ino,
+                            cp.header(),
+                            self.durability,
+                        );
+                    }
+                    Ok(())
+                };
+                if testing_hooks::mutation_named("step-checkpoint-first") {
+                    // Mutation only: the checkpoint before its events (the
+                    // order the crash test must catch).
+                    publish_checkpoint(cp_temp.take())?;
+                }
                 testing_hooks::pause("step-after-check");
 
                 // 1. Events.
@@ -195,23 +222,8 @@ impl Inner {
                 testing_hooks::pause("step-after-record");
 
                 // 4. Checkpoint.
-                let mut rebuild = false;
-                if let (Some(cp), Some(temp)) = (&stored_cp, cp_temp) {
-                    recheck()?;
-                    let name = checkpoints::file_name(&cp.id);
-                    let before = checkpoints::before(run_dir);
-                    let ino = temp.ino();
-                    temp.publish(&name)
-                        .map_err(|e| ctx.io("publish the checkpoint", &cps_dir.join(&name), e))?;
-                    rebuild = !checkpoints::after_put(
-                        run_dir,
-                        before,
-                        &name,
-                        ino,
-                        cp.header(),
-                        self.durability,
-                    );
-                }
+                publish_checkpoint(cp_temp.take())?;
+                drop(publish_checkpoint);
                 testing_hooks::pause("step-after-checkpoint");
 
                 // 5. Finish.

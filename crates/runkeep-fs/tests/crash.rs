@@ -40,7 +40,10 @@ fn chaos_worker() {
     loop {
         let run = format!("run_crash_{}", rng.gen_range(0..RUNS));
         let s = scope(&run);
-        let opts = ClaimOptions::new(me.clone(), Ttl::from_millis(200).unwrap());
+        // Kills make takeovers (attempts, contract v2); lift the limit so
+        // no run is dead-lettered by the chaos itself.
+        let opts = ClaimOptions::new(me.clone(), Ttl::from_millis(200).unwrap())
+            .with_max_attempts(u32::MAX);
         let lease = match rt.block_on(store.claim(&s, &opts)) {
             Ok(ClaimOutcome::Acquired(l)) => l,
             Ok(ClaimOutcome::Held(_)) | Err(runkeep::Error::Contended { .. }) => {
