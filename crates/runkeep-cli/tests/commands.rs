@@ -378,18 +378,20 @@ fn events_follow_tails_new_events_and_exits_0_on_ctrl_c() {
 
 #[test]
 fn claim_renew_held_and_release() {
+    // run_demo_005 (its park answered) was never claimed; run_demo_001 is
+    // finished by the seed where the store keeps lifecycles.
     let store = Store::seeded();
-    let doc = store.json(&["claim", "run_demo_001", "--holder", "alice", "--ttl", "30s"]);
+    let doc = store.json(&["claim", "run_demo_005", "--holder", "alice", "--ttl", "30s"]);
     assert_eq!(doc["outcome"], "acquired");
     assert_eq!(doc["lease"]["holder"], "alice");
     assert_eq!(doc["lease"]["fence"], 1);
     let held = store
-        .cmd(&["claim", "run_demo_001", "--holder", "bob", "--ttl", "1m"])
+        .cmd(&["claim", "run_demo_005", "--holder", "bob", "--ttl", "1m"])
         .assert()
         .code(1);
     let err = String::from_utf8_lossy(&held.get_output().stderr).to_string();
     assert!(
-        err.contains("error: run run_demo_001 is held by alice at fence 1"),
+        err.contains("error: run run_demo_005 is held by alice at fence 1"),
         "{err}"
     );
     assert!(
@@ -398,14 +400,14 @@ fn claim_renew_held_and_release() {
     );
     let renewed = stdout(&mut store.cmd(&[
         "claim",
-        "run_demo_001",
+        "run_demo_005",
         "--holder",
         "alice",
         "--ttl",
         "1h30m",
     ]));
     assert!(
-        renewed.starts_with("claimed run_demo_001 at fence 2 for alice"),
+        renewed.starts_with("claimed run_demo_005 at fence 2 for alice"),
         "{renewed}"
     );
     assert!(
@@ -413,14 +415,14 @@ fn claim_renew_held_and_release() {
         "{renewed}"
     );
     store
-        .cmd(&["release", "run_demo_001", "--fence", "1"])
+        .cmd(&["release", "run_demo_005", "--fence", "1"])
         .assert()
         .code(1)
         .stderr(predicate::str::contains("not the current holding"));
-    let released = store.json(&["release", "run_demo_001", "--fence", "2"]);
+    let released = store.json(&["release", "run_demo_005", "--fence", "2"]);
     assert_eq!(released["released"], true);
     assert_eq!(released["lease"]["holder"], "");
-    let bob = store.json(&["claim", "run_demo_001", "--holder", "bob"]);
+    let bob = store.json(&["claim", "run_demo_005", "--holder", "bob"]);
     assert_eq!(
         bob["lease"]["fence"], 4,
         "release leaves a tombstone at fence 3"
@@ -435,7 +437,7 @@ fn claim_renew_held_and_release() {
         .assert()
         .success();
     store
-        .cmd(&["claim", "run_demo_001", "--holder", " "])
+        .cmd(&["claim", "run_demo_005", "--holder", " "])
         .assert()
         .code(64);
 }
@@ -769,7 +771,7 @@ fn a_closed_pipe_ends_the_command_quietly() {
 #[test]
 fn a_fractional_duration_with_a_unit_is_accepted() {
     let store = Store::seeded();
-    let doc = store.json(&["claim", "run_demo_001", "--holder", "ops", "--ttl", "1.5s"]);
+    let doc = store.json(&["claim", "run_demo_005", "--holder", "ops", "--ttl", "1.5s"]);
     assert_eq!(doc["outcome"], "acquired", "{doc}");
     let lease = &doc["lease"];
     let expires = lease["expiresAt"].as_i64().unwrap();

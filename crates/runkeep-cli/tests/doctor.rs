@@ -639,16 +639,16 @@ fn a_volume_without_hard_links_fails_the_hard_link_check() {
 fn a_refused_superseded_write_is_counted_by_the_single_open_writer_check() {
     let store = Store::seeded();
     store
-        .cmd(&["claim", "run_demo_001", "--holder", "alice"])
+        .cmd(&["claim", "run_demo_005", "--holder", "alice"])
         .assert()
         .success();
     store
-        .cmd(&["claim", "run_demo_001", "--holder", "alice"])
+        .cmd(&["claim", "run_demo_005", "--holder", "alice"])
         .assert()
         .success();
     // A second process still presenting fence 1: refused, and counted on disk.
     store
-        .cmd(&["prune", "run_demo_001", "--keep", "1", "--fence", "1"])
+        .cmd(&["prune", "run_demo_005", "--keep", "1", "--fence", "1"])
         .assert()
         .code(1)
         .stderr(predicate::str::contains("fenced out"));
@@ -656,7 +656,7 @@ fn a_refused_superseded_write_is_counted_by_the_single_open_writer_check() {
     assert_eq!(status(&doc, "runtime.invariants"), "warn", "{doc:#}");
     let text = message(&doc, "runtime.invariants");
     assert!(text.contains("store.run:single-open-writer"), "{text}");
-    assert!(text.contains("run_demo_001 (1)"), "{text}");
+    assert!(text.contains("run_demo_005 (1)"), "{text}");
     assert_eq!(doc["exit"], 0);
 }
 

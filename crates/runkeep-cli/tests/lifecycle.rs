@@ -4,9 +4,10 @@
 //!
 //! A single command runs against `--store memory:` (each process has its
 //! own empty store). The multi-command flows need a store that keeps its
-//! lifecycles between processes, the directory store: until its backend
-//! implements contract v2 they fail **on purpose** with the backend's
-//! `Unsupported` message (see [`fs_v2`]), never silently ignored.
+//! lifecycles between processes, the directory store; a directory backend
+//! without contract v2 fails them with a message saying so (see [`fs_v2`]).
+//! The refusal of a backend that cannot keep lifecycles is unit-tested in
+//! `commands::lifecycle`.
 
 mod common;
 
@@ -219,46 +220,6 @@ fn runs_filters_on_status_in_human_and_json_output() {
     assert_eq!(doc["entries"], serde_json::json!([]));
 }
 
-#[test]
-fn a_backend_without_lifecycles_is_named_with_exit_1_not_a_silent_no_op() {
-    // Only meaningful while the directory backend refuses contract v2: then
-    // every lifecycle command exits 1 naming the store and the operation.
-    let store = Store::seeded();
-    let out = store.cmd(&["enqueue", "run_q"]).output().unwrap();
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    if !stderr.contains("does not implement contract v2") {
-        return; // the backend implements it: the flows below cover it
-    }
-    assert_eq!(out.status.code(), Some(1));
-    assert!(
-        stderr.contains(&format!("store {} cannot enqueue runs", store.address())),
-        "{stderr}"
-    );
-    for (args, op) in [
-        (
-            &[
-                "finish",
-                "run_demo_004",
-                "--fence",
-                "1",
-                "--status",
-                "completed",
-            ][..],
-            "finish",
-        ),
-        (&["reopen", "run_demo_001"], "reopen"),
-    ] {
-        store
-            .cmd(args)
-            .assert()
-            .code(1)
-            .stderr(predicate::str::contains(format!("cannot {op} runs")));
-    }
-    // show says it cannot tell, instead of guessing "active".
-    let text = stdout(&mut store.cmd(&["show", "run_demo_001"]));
-    assert!(text.contains("status       unknown: unsupported"), "{text}");
-}
-
 // ---- several commands: the directory store (needs its contract v2) ------
 
 #[test]
@@ -433,7 +394,14 @@ fn the_doctor_reports_runnable_runs_no_worker_took() {
     std::thread::sleep(Duration::from_millis(20));
     let doc = ok_json(
         &store,
-        &["doctor", "--stale-after", "1ms", "--category", "queue", "-v"],
+        &[
+            "doctor",
+            "--stale-after",
+            "1ms",
+            "--category",
+            "queue",
+            "-v",
+        ],
     );
     let check = doc["checks"]
         .as_array()

@@ -42,7 +42,7 @@ fn read_commands_and_usage_errors_do_not_change_the_store_directory() {
     let store = Store::seeded();
     // A run with a claim, events and a park, so every reader has work.
     store
-        .cmd(&["claim", "run_demo_001", "--holder", "alice"])
+        .cmd(&["claim", "run_demo_005", "--holder", "alice"])
         .assert()
         .success();
     let before = snapshot(store.path());

@@ -344,3 +344,48 @@ pub fn show_rows(l: &Lifecycle, now: Timestamp) -> Vec<(&'static str, Cell)> {
     }
     rows
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use super::*;
+
+    #[test]
+    fn every_refusal_exits_1_with_its_own_hint_and_unknown_runs_are_named() {
+        let opened = OpenedStore::memory_for_tests(Arc::new(runkeep::MemoryStore::new()));
+        let scope = crate::scope::ScopeParts::parse("t", "p", "s")
+            .unwrap()
+            .run(&"run_x".parse().unwrap(), None)
+            .unwrap();
+        let unsupported = runkeep::Error::Unsupported {
+            message: "enqueue: not here".into(),
+        };
+        let e = refusal(unsupported, "enqueue", &scope, &opened);
+        assert_eq!(e.exit, Exit::Failed);
+        assert!(e.message.starts_with("enqueue run_x: "), "{}", e.message);
+        assert!(
+            e.hint
+                .unwrap()
+                .contains("store memory: cannot enqueue runs"),
+            "names the store and the operation"
+        );
+        let conflict = || runkeep::Error::Conflict {
+            message: "x".into(),
+        };
+        let hint = |e: CliError| e.hint.unwrap_or_default();
+        assert!(
+            hint(refusal(conflict(), "finish", &scope, &opened)).contains("runkeep reopen run_x")
+        );
+        assert!(
+            hint(refusal(conflict(), "reopen", &scope, &opened)).contains("only a finished run")
+        );
+        assert!(hint(refusal(conflict(), "enqueue", &scope, &opened)).contains("another run id"));
+        let gone = runkeep::Error::NotFound {
+            what: "run run_x".into(),
+        };
+        let e = refusal(gone, "reopen", &scope, &opened);
+        assert_eq!(e.exit, Exit::Failed);
+        assert!(e.message.starts_with("unknown run"), "{}", e.message);
+    }
+}

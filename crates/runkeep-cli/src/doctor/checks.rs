@@ -708,10 +708,10 @@ async fn stale_runnable(env: &Env) -> CliResult<Outcome> {
         .iter()
         .filter(|r| {
             r.is_claimable(env.now)
-                && !r
+                && r
                     .park
                     .as_ref()
-                    .is_some_and(|p| p.state == runkeep::ParkState::Outstanding)
+                    .is_none_or(|p| p.state != runkeep::ParkState::Outstanding)
         })
         .collect();
     let stale: Vec<String> = runnable
