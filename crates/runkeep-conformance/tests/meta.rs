@@ -15,7 +15,7 @@ use runkeep::{
     EvidenceStore, Fence, Lease, LeaseSummary, ListOptions, ListingScope, ManualClock, MemoryStore,
     ParkResolution, Result, RunPage, RunRow, RunScope, RunStatus, RunStore, TenantId, Timestamp,
 };
-use runkeep_conformance::{all_cases, outcome_of, support, CaseEnv};
+use runkeep_conformance::{all_cases, differential, outcome_of, support, CaseEnv, Fixture};
 use serde_json::Value;
 
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -710,4 +710,36 @@ async fn a_store_applying_the_events_of_a_refused_step_fails_the_step_atomicity_
             "spends_the_fence_on_finish_so_writes_under_it_are_refused",
         ],
     );
+}
+
+/// The differential test must be able to fail: against each of these
+/// broken stores it reports a disagreement with the reference model.
+#[test]
+fn the_differential_test_catches_broken_stores() {
+    for flaw in [
+        Flaw::HandsOutFinishedRuns,
+        Flaw::KeepsTheFenceAfterFinish,
+        Flaw::AppliesTheEventsOfARefusedStep,
+        Flaw::ReusesASeq,
+        Flaw::IgnoresFenceOnWrite,
+    ] {
+        let make = Broken::on(flaw);
+        let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            differential::check(
+                |clock| Fixture::new(make(clock.clone()), 2, ()).with_clock(clock),
+                differential::Config {
+                    max_shrink_iters: 64,
+                    ..Default::default()
+                },
+            )
+        }));
+        let msg = match outcome {
+            Ok(report) => panic!("the differential test passed a store with {flaw:?}: {report:?}"),
+            Err(p) => p.downcast_ref::<String>().cloned().unwrap_or_default(),
+        };
+        assert!(
+            msg.contains("disagrees with the reference model"),
+            "{flaw:?}: the differential test failed for another reason: {msg}"
+        );
+    }
 }

@@ -60,6 +60,17 @@ impl RunState {
             .map(|r| r.with_lifecycle(&self.lifecycle))
     }
 
+    /// True when nothing was ever stored for the run (an entry a refused
+    /// write left): answered like a run that does not exist, as a backend
+    /// that creates nothing on a refusal answers.
+    fn is_blank(&self) -> bool {
+        !self.exists()
+            && self.messages.is_none()
+            && self.report.is_none()
+            && self.audit.is_empty()
+            && self.lifecycle == Lifecycle::default()
+    }
+
     /// True when the run has any state at all.
     fn exists(&self) -> bool {
         !self.checkpoints.is_empty()
@@ -230,7 +241,7 @@ impl CheckpointStore for MemoryStore {
         fence: Option<Fence>,
     ) -> Result<Checkpoint> {
         let mut runs = self.lock();
-        let run = runs.get_mut(scope);
+        let run = runs.get_mut(scope).filter(|r| !r.is_blank());
         let Some(run) = run else {
             return Err(Error::NotFound {
                 what: format!("checkpoint {id} of run {}", scope.run_id),
@@ -256,7 +267,7 @@ impl CheckpointStore for MemoryStore {
         fence: Option<Fence>,
     ) -> Result<Vec<CheckpointId>> {
         let mut runs = self.lock();
-        let Some(run) = runs.get_mut(scope) else {
+        let Some(run) = runs.get_mut(scope).filter(|r| !r.is_blank()) else {
             return Ok(Vec::new());
         };
         run.check(scope, "prune_checkpoints", fence)?;

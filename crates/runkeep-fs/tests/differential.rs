@@ -1,0 +1,37 @@
+//! The differential property test for the directory backend: random
+//! sequences of claims, releases, snoozes, checkpoint writes (with parks),
+//! appends, step commits, finishes, reopens, enqueues, park answers and
+//! store-clock moves against an `FsStore` and against `MemoryStore` side by
+//! side, every answer and whole read-back compared after each operation
+//! (`runkeep_conformance::differential`).
+
+use std::sync::Arc;
+
+use runkeep_conformance::{differential, support, Fixture};
+use runkeep_fs::{Attribution, FsOptions, FsStore};
+
+fn fs_fixture(clock: runkeep::ManualClock) -> Fixture {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let store = FsStore::open(
+        dir.path().join("runs"),
+        FsOptions {
+            attribution: Some(Attribution {
+                tenant_id: support::tenant(),
+                project_id: support::project(),
+                session_id: support::session(),
+            }),
+            clock: Some(Arc::new(clock.clone())),
+            ..Default::default()
+        },
+    )
+    .expect("open the store");
+    Fixture::new(Arc::new(store), 2, dir).with_clock(clock)
+}
+
+#[test]
+fn the_directory_store_agrees_with_the_reference_model_under_random_operations() {
+    let config = differential::Config::default();
+    let report = differential::check(fs_fixture, config);
+    eprintln!("differential (fs vs memory): {report:?}");
+    assert_eq!(report.cases, config.cases);
+}
