@@ -189,6 +189,7 @@ fn start(base: &Path, run_dir: Option<PathBuf>, topic: &WatchTopic) -> Result<Wa
         }
     }
     let (tx, rx) = tokio::sync::watch::channel(0u64);
+    let traced = base.display().to_string();
     std::thread::Builder::new()
         .name("runkeep-fs-watch".into())
         .spawn(move || {
@@ -206,7 +207,7 @@ fn start(base: &Path, run_dir: Option<PathBuf>, topic: &WatchTopic) -> Result<Wa
                     Ok(0) => continue,
                     Ok(_) => {
                         if w.drain() {
-                            crate::testing_hooks::trace(|| "watch-woke".to_string());
+                            crate::testing_hooks::trace(|| format!("watch-woke {traced}"));
                             tx.send_modify(|n| *n = n.wrapping_add(1));
                         }
                     }

@@ -101,9 +101,11 @@ fn df_03_release_appends_a_tombstone_so_fences_never_rewind() {
     }
     assert_eq!(fences, [1, 3, 5, 7, 9]);
     let tomb = std::fs::read_to_string(claims_dir(&base, "run_cycle").join("10.json")).unwrap();
+    // The reference's tombstone, plus the attempt count contract v2 keeps
+    // in every body (the reference ignores the extra key, spec FL-12).
     assert_eq!(
         serde_json::from_str::<serde_json::Value>(&tomb).unwrap(),
-        json!({"holder": "", "expiresAt": 0})
+        json!({"holder": "", "expiresAt": 0, "attempts": 0})
     );
     assert!(rt
         .block_on(store.write_checkpoint(&s, &cp("cp_a", 1), Fence::new(9).ok()))
