@@ -346,7 +346,7 @@ pub(crate) enum Fresh {
     /// The run has no checkpoints directory: no checkpoints.
     NoDirectory,
     /// The digest matches the directory's stamp.
-    Digest(RunDigest),
+    Digest(Box<RunDigest>),
     /// Missing, unreadable or stale: read the checkpoints.
     Stale,
 }
@@ -357,7 +357,7 @@ pub(crate) fn fresh_digest(run_dir: &Path) -> Fresh {
     match stamp(&run_dir.join(CHECKPOINTS_DIR)) {
         Ok(None) => Fresh::NoDirectory,
         Ok(Some((now, _))) => match read_stored(run_dir) {
-            Some(d) if d.stamp == now => Fresh::Digest(d.digest),
+            Some(d) if d.stamp == now => Fresh::Digest(Box::new(d.digest)),
             _ => Fresh::Stale,
         },
         Err(_) => Fresh::Stale,

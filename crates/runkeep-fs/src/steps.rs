@@ -223,7 +223,6 @@ impl Inner {
 
                 // 4. Checkpoint.
                 publish_checkpoint(cp_temp.take())?;
-                drop(publish_checkpoint);
                 testing_hooks::pause("step-after-checkpoint");
 
                 // 5. Finish.
