@@ -14,7 +14,7 @@
 //!
 //! What is compared: each operation's answer (values whole; errors by kind,
 //! and for `FencedOut` both fences), then for every run the
-//! [`ReadBack`](crate::support::ReadBack) (checkpoints, transcript, record,
+//! [`ReadBack`] (checkpoints, transcript, record,
 //! messages, report, audit, lifecycle, lease, listing row) and the listing
 //! walked in both orders in pages of two. What legitimately differs is
 //! normalized away: error messages (each backend words its own) and cursor

@@ -45,6 +45,14 @@ enum Flaw {
     KeepsTheFenceAfterFinish,
     /// A refused step's events are appended anyway.
     AppliesTheEventsOfARefusedStep,
+    /// `snooze` only releases: the run is not deferred.
+    IgnoresAvailableAt,
+    /// A claim that passes no instant is judged on the machine clock, not
+    /// the store's.
+    JudgesClaimsOnTheMachineClock,
+    /// `latest_checkpoint` answers the newest by `created_at` (an index on
+    /// the wrong column).
+    IndexesLatestByClock,
 }
 
 #[derive(Debug)]
@@ -194,6 +202,11 @@ impl CheckpointStore for Broken {
     }
     async fn claim(&self, scope: &RunScope, options: &ClaimOptions) -> Result<ClaimOutcome> {
         match self.flaw {
+            Flaw::JudgesClaimsOnTheMachineClock if options.now.is_none() => {
+                self.inner
+                    .claim(scope, &options.clone().at(Timestamp::now()))
+                    .await
+            }
             Flaw::GrantsEveryClaimAtFenceOne => {
                 let _ = self.inner.claim(scope, options).await?;
                 Ok(ClaimOutcome::Acquired(Lease {
@@ -295,10 +308,20 @@ impl CheckpointStore for Broken {
         Ok(l)
     }
     async fn snooze(&self, s: &RunScope, fence: Fence, until: Timestamp) -> runkeep::Result<bool> {
+        if self.flaw == Flaw::IgnoresAvailableAt {
+            return self.inner.release(s, fence).await;
+        }
         self.inner.snooze(s, fence, until).await
     }
     async fn reopen(&self, s: &RunScope) -> runkeep::Result<runkeep::Lifecycle> {
         self.inner.reopen(s).await
+    }
+    async fn latest_checkpoint(&self, s: &RunScope) -> Result<Option<Checkpoint>> {
+        if self.flaw == Flaw::IndexesLatestByClock {
+            let cps = self.inner.list_checkpoints(s).await?;
+            return Ok(cps.into_iter().max_by_key(|c| c.created_at));
+        }
+        self.inner.latest_checkpoint(s).await
     }
 }
 
@@ -742,4 +765,60 @@ fn the_differential_test_catches_broken_stores() {
             "{flaw:?}: the differential test failed for another reason: {msg}"
         );
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_store_ignoring_available_at_fails_the_deferral_cases() {
+    let failed = failures(
+        Broken::on(Flaw::IgnoresAvailableAt),
+        runkeep_conformance::CONTRACT_VERSION,
+    )
+    .await;
+    assert_fails_exactly(
+        &failed,
+        &[
+            "snooze_releases_the_run_and_defers_it_until_its_instant",
+            "claim_next_skips_a_deferred_run_until_it_is_available",
+        ],
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_store_judging_claims_on_the_machine_clock_fails_the_store_clock_cases() {
+    let failed = failures(
+        Broken::on(Flaw::JudgesClaimsOnTheMachineClock),
+        runkeep_conformance::CONTRACT_VERSION,
+    )
+    .await;
+    assert_fails_exactly(
+        &failed,
+        &[
+            "judges_expiry_on_the_store_clock_when_no_instant_is_passed",
+            "never_lets_two_clients_with_skewed_clocks_both_hold_a_live_lease",
+            "counts_an_attempt_only_for_a_takeover_from_an_expired_lease",
+            "dead_letters_the_run_when_the_takeover_reaches_the_limit",
+            "takes_the_attempt_limit_from_the_claim_over_the_run_over_the_default",
+            "enqueues_a_runnable_run_with_its_not_before_time_and_attempt_limit",
+            "snooze_releases_the_run_and_defers_it_until_its_instant",
+            "refuses_a_finish_under_a_stale_released_or_never_issued_fence",
+            "reopens_a_finished_run_at_a_fence_above_every_fence_issued",
+            "leaves_nothing_of_a_step_refused_for_its_fence",
+        ],
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_store_indexing_latest_by_clock_fails_the_indexed_answer_cases() {
+    let failed = failures(
+        Broken::on(Flaw::IndexesLatestByClock),
+        runkeep_conformance::CONTRACT_VERSION,
+    )
+    .await;
+    assert_fails_exactly(
+        &failed,
+        &[
+            "agrees_on_the_latest_checkpoint_with_the_full_read",
+            "orders_latest_by_fence_before_clock",
+        ],
+    );
 }
