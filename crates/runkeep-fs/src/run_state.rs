@@ -27,7 +27,7 @@ use runkeep::lifecycle::{self, Lifecycle};
 use runkeep::{Fence, Result, TopHolding};
 use serde::{Deserialize, Serialize};
 
-use crate::claims::{self, Holding, CLAIMS_DIR, KEEP_BELOW_TOP};
+use crate::claims::{self, Holding, CLAIMS_DIR};
 use crate::lock::META_DIR;
 use crate::sys::{self, Ctx};
 use crate::Durability;
@@ -185,16 +185,23 @@ pub(crate) fn effective(
     }
 }
 
+/// How many holdings below a reference-written top are read to continue
+/// the attempt count (every fence check and listing row pays for it while
+/// the reference holds the top, so it is kept small).
+pub(crate) const ATTEMPTS_LOOKBACK: u64 = 4;
+
 /// The attempt count of the nearest holding below `fence` that carries
-/// one and is newer than the record (at most [`KEEP_BELOW_TOP`] reads).
+/// one and is newer than the record, among the [`ATTEMPTS_LOOKBACK`]
+/// holdings below it.
 pub(crate) fn last_known_attempts(
     claims_dir: &Path,
     fence: Fence,
     as_of: u64,
     ctx: &Ctx,
 ) -> Option<u32> {
-    let mut f = fence.get();
-    let floor = f.saturating_sub(KEEP_BELOW_TOP + 1).max(as_of);
+    let top = fence.get();
+    let floor = top.saturating_sub(ATTEMPTS_LOOKBACK + 1).max(as_of);
+    let mut f = top;
     while f > floor + 1 {
         f -= 1;
         let fence = Fence::new(f).ok()?;
