@@ -4,8 +4,8 @@
 //! trait for the store's clock and the worker's, so a test can hand the same
 //! clock to both.
 
-pub use runkeep::time::{Clock, SystemClock};
 use runkeep::time::Timestamp;
+pub use runkeep::time::{Clock, SystemClock};
 
 /// A clock that follows tokio's clock from a fixed origin: `origin` plus the
 /// time tokio says has passed since it was built.

@@ -1,61 +1,69 @@
 //! [`Worker`]: the drain loop over `claim_next`.
 
-use std::collections::{HashMap, HashSet, VecDeque};
+use std::collections::HashMap;
 use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
 use rand::Rng;
+use runkeep::checkpoint::Checkpoint;
+use runkeep::error::{BoxError, Error, Result};
+use runkeep::id::Holder;
+use runkeep::lease::{ClaimOptions, Fence, Lease};
+use runkeep::lifecycle::Outcome;
+use runkeep::scope::{ListingScope, RunScope};
+use runkeep::store::{ClaimNextFilter, RunStore};
+use runkeep::time::Ttl;
+use runkeep::watch::WatchTopic;
 use tokio::sync::Semaphore;
 use tokio::task::{JoinError, JoinSet};
 use tokio::time::{sleep, sleep_until, Instant};
 use tokio_util::sync::CancellationToken;
 
-use crate::error::WorkerError;
+use crate::error::{LeaseLoss, WorkerError};
 use crate::handle::RunHandle;
 use crate::keeper::{KeeperOptions, LeaseKeeper};
-use runkeep::checkpoint::Checkpoint;
-use runkeep::error::{BoxError, Error, Result};
-use runkeep::id::Holder;
-use runkeep::lease::{ClaimOptions, Fence, Lease};
-use runkeep::scope::{ListingScope, RunScope};
-use runkeep::store::{ClaimNextFilter, RunStore};
-use runkeep::time::Ttl;
 
 /// How many failures of each kind a [`DrainReport`] lists (the counters
 /// count all of them).
 pub const MAX_LISTED: usize = 100;
 
-/// How many finished runs a drain remembers, to skip them when `claim_next`
-/// hands them back. Older ones are forgotten (and stepped again if handed
-/// back: correct, only slower).
-pub const MAX_REMEMBERED_FINISHED: usize = 100_000;
-
 /// What a step tells the drain about the run it was given.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 pub enum StepOutcome {
-    /// The run needs no more work (it completed, or there is nothing this
-    /// worker can do for it). The drain does not step it again.
+    /// The run needs no more work: the drain finishes it as `completed`
+    /// (contract v2; nothing hands it out again), unless the step already
+    /// finished it through its handle ([`RunHandle::finish`], or a
+    /// [`RunHandle::commit_step`] with `finish`), whose outcome stands.
     Finished,
-    /// More work remains: release it; it may be stepped again in the next
-    /// pass, by this worker or another.
+    /// More work remains: release it; it is runnable again at once, by this
+    /// worker or another.
     Yield,
+    /// More work remains, but not before this long has passed: the drain
+    /// gives it back with a not-before time
+    /// ([`CheckpointStore::snooze`](runkeep::CheckpointStore::snooze)), so
+    /// no worker sleeps on it.
+    RetryAfter(Duration),
 }
 
 /// When a drain stops on its own.
 #[derive(Clone, Copy, PartialEq, Eq, Debug, Default)]
 pub enum DrainMode {
-    /// Poll forever (backing off while idle) until shutdown.
+    /// Wait for work forever (woken by the store's watch, with idle backoff
+    /// as the polling fallback) until shutdown.
     #[default]
     Continuous,
-    /// Stop after the first pass in which no step succeeded (the queue held
-    /// nothing new, or only runs that keep failing).
+    /// Stop the first time `claim_next` finds no runnable run while no run
+    /// is in flight.
     UntilIdle,
 }
 
-/// Backoff while the queue is empty: `min × 2^streak`, capped at `max`, each
-/// delay shortened by a random part of up to `jitter` of itself (so a pool of
-/// idle workers does not poll in step).
+/// The polling fallback while the queue is empty: `min × 2^streak`, capped
+/// at `max`, each delay shortened by a random part of up to `jitter` of
+/// itself (so a pool of idle workers does not poll in step). The store's
+/// [`watch`](runkeep::CheckpointStore::watch) wakes an idle drain sooner
+/// when it can notify; this bounds how late a change it cannot see (a lease
+/// that lapsed, a not-before time that passed) is noticed.
 #[derive(Clone, Debug)]
 pub struct IdleBackoff {
     /// First delay. Default 100 ms.
@@ -127,14 +135,18 @@ pub struct WorkerOptions {
     pub keeper: KeeperOptions,
     /// Which runs `claim_next` may take, in which order.
     pub filter: ClaimNextFilter,
-    /// Backoff while idle.
+    /// The polling fallback while idle.
     pub idle: IdleBackoff,
-    /// Stop on an empty queue, or keep polling.
+    /// Stop on an empty queue, or keep waiting for work.
     pub mode: DrainMode,
     /// After shutdown is requested, how long runs in flight may take to
     /// finish before their steps are dropped and the runs released. Default
     /// 10 s.
     pub shutdown_grace: Duration,
+    /// A run whose step failed (an error, a panic, an unreadable resume
+    /// point) is given back not claimable for this long (`snooze`), so it
+    /// is retried later rather than in a hot loop. Default 1 s.
+    pub failure_backoff: Duration,
 }
 
 impl WorkerOptions {
@@ -149,6 +161,7 @@ impl WorkerOptions {
             idle: IdleBackoff::default(),
             mode: DrainMode::default(),
             shutdown_grace: Duration::from_secs(10),
+            failure_backoff: Duration::from_secs(1),
         }
     }
 
@@ -183,7 +196,7 @@ pub enum DrainStop {
     /// Shutdown was requested.
     #[default]
     Shutdown,
-    /// [`DrainMode::UntilIdle`] and a pass in which no step succeeded.
+    /// [`DrainMode::UntilIdle`] and no runnable run while none was in flight.
     Idle,
     /// `claim_next` failed with an error retrying cannot fix.
     ClaimError {
@@ -216,13 +229,28 @@ pub struct RunFailure {
     pub message: String,
 }
 
-/// A release that failed (the run stays unclaimable until its lease expires).
+/// How the drain ended a holding after its step (or a failure to do so).
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum EndAction {
+    /// Released: runnable again at once.
+    Release,
+    /// Finished as completed.
+    Finish,
+    /// Given back with a not-before time.
+    Snooze,
+}
+
+/// A release, finish or snooze of the drain's that failed (a failed release
+/// or snooze leaves the run unclaimable until its lease expires; a failed
+/// finish leaves it active, to be stepped again).
 #[derive(Clone, PartialEq, Eq, Debug)]
 pub struct ReleaseFailure {
     /// The run.
     pub scope: RunScope,
-    /// The fence the release presented.
+    /// The fence presented.
     pub fence: Fence,
+    /// What the drain tried.
+    pub action: EndAction,
     /// The store's error.
     pub message: String,
 }
@@ -232,35 +260,41 @@ pub struct ReleaseFailure {
 pub struct DrainReport {
     /// Runs claimed and stepped.
     pub claimed: u64,
-    /// Steps that answered [`StepOutcome::Finished`].
+    /// Runs finished: by the drain after [`StepOutcome::Finished`], or by
+    /// the step through its handle.
     pub completed: u64,
     /// Steps that answered [`StepOutcome::Yield`].
     pub yielded: u64,
+    /// Steps that answered [`StepOutcome::RetryAfter`].
+    pub deferred: u64,
     /// Steps that failed (error or panic, or the resume point could not be
-    /// read).
+    /// read); their runs are snoozed for `failure_backoff`.
     pub failed: u64,
     /// Runs whose lease was lost while stepped (the step was stopped).
     pub fenced_out: u64,
     /// Runs whose step was dropped when the shutdown grace ran out.
     pub interrupted: u64,
-    /// Releases that took effect (stepped runs and skip holds).
+    /// Releases that took effect.
     pub released: u64,
-    /// Releases that found the fence already superseded (nothing to release).
+    /// Snoozes that took effect (deferred and failed runs, and steps that
+    /// snoozed through their handle).
+    pub snoozed: u64,
+    /// Releases, finishes and snoozes that found the fence superseded
+    /// (nothing to end).
     pub release_superseded: u64,
-    /// Releases that failed.
+    /// Releases, finishes and snoozes that failed.
     pub release_failed: u64,
-    /// Runs `claim_next` handed back that this drain had already stepped in
-    /// the pass (or finished): held without work until the pass ended, so
-    /// the queue could move past them.
-    pub skipped: u64,
-    /// Passes over the queue (a pass ends when `claim_next` finds nothing
-    /// and no run is in flight).
+    /// Times the drain found no runnable run and nothing in flight.
     pub passes: u64,
+    /// Idle waits ended by the store's watch (a notification).
+    pub woken_by_watch: u64,
+    /// Idle waits ended by the polling fallback ([`IdleBackoff`]).
+    pub woken_by_poll: u64,
     /// `claim_next` calls that failed.
     pub claim_errors: u64,
     /// The first [`MAX_LISTED`] failed, fenced-out and interrupted runs.
     pub failures: Vec<RunFailure>,
-    /// The first [`MAX_LISTED`] failed releases.
+    /// The first [`MAX_LISTED`] failed releases, finishes and snoozes.
     pub release_failures: Vec<ReleaseFailure>,
     /// Why the drain returned.
     pub stopped: DrainStop,
@@ -282,18 +316,23 @@ impl DrainReport {
         }
     }
 
-    fn release(&mut self, scope: &RunScope, fence: Fence, result: Result<bool>) {
-        match result {
-            Ok(true) => self.released += 1,
+    fn ended(&mut self, scope: &RunScope, fence: Fence, end: &Ended) {
+        match &end.result {
+            Ok(true) => match end.action {
+                EndAction::Release => self.released += 1,
+                EndAction::Snooze => self.snoozed += 1,
+                EndAction::Finish => {}
+            },
             Ok(false) => self.release_superseded += 1,
             Err(e) => {
-                tracing::warn!(run = %scope, %fence, error = %e, "release failed; the run stays unclaimable until its lease expires");
+                tracing::warn!(run = %scope, %fence, action = ?end.action, error = %e, "ending the holding failed");
                 self.release_failed += 1;
                 if self.release_failures.len() < MAX_LISTED {
                     self.release_failures.push(ReleaseFailure {
                         scope: scope.clone(),
                         fence,
-                        message: e.to_string(),
+                        action: end.action,
+                        message: e.clone(),
                     });
                 }
             }
@@ -302,45 +341,44 @@ impl DrainReport {
 }
 
 /// A pool of runs drained from one store: `claim_next` → resume point → the
-/// host's step → release, up to `concurrency` runs at once, each kept by a
-/// [`LeaseKeeper`].
+/// host's step → finish (or release, or snooze), up to `concurrency` runs at
+/// once, each kept by a [`LeaseKeeper`].
 ///
 /// # The loop
 ///
 /// 1. Wait for a free slot, then `claim_next(scope, filter)`. Leases are
-///    taken only as work starts.
-/// 2. Read the run's resume point ([`RunStoreExt::resume_point`]) and call
-///    the step with a [`RunHandle`] and that checkpoint. The step runs in its
-///    own task; renewals run in the background.
-/// 3. When the step returns (or panics), when the lease is lost (the step is
-///    then dropped at once: its writes would be refused anyway), or when
-///    shutdown's grace runs out, release the run. Always; a failed release
-///    is reported, never swallowed.
+///    taken only as work starts. Contract v2: `claim_next` never hands out a
+///    finished run or one deferred past now, and it dead-letters a run whose
+///    attempts reached their limit, so the drain keeps no memory of runs it
+///    stepped: every run it is handed is work.
+/// 2. Read the run's resume point (`resume_point`) and call the step with a
+///    [`RunHandle`] and that checkpoint. The step runs in its own task;
+///    renewals run in the background. Its writes go through the handle:
+///    [`RunHandle::commit_step`] writes a step's events, checkpoint,
+///    messages, record and (last step) the finish as one commit.
+/// 3. When the step returns, end the holding by its [`StepOutcome`]:
+///    `Finished` → finish as completed (unless the step finished the run
+///    itself), `Yield` → release, `RetryAfter(d)` → snooze for `d`. A step
+///    that failed (error, panic) → snooze for `failure_backoff`. The lease
+///    lost (the step is then dropped at once: its writes would be refused
+///    anyway), or shutdown's grace ran out → release. A failed release,
+///    finish or snooze is reported, never swallowed.
 ///
-/// # Passes, and runs that stay in the queue
+/// # Waiting
 ///
-/// The store keeps no run status: a finished run stays claimable, and
-/// `claim_next` always answers the first claimable run in order, so a naive
-/// loop would step the same run forever. The drain therefore works in
-/// passes: within a pass each run is stepped at most once, and a run
-/// `claim_next` hands back again (or one the step called
-/// [`StepOutcome::Finished`]) is held without work until the pass ends, so
-/// the queue moves past it. A pass ends when `claim_next` finds nothing and
-/// no run is in flight; the skip holds are then released. A pass in which no
-/// step succeeded (nothing to step, or every step failed) is idle:
-/// [`DrainMode::UntilIdle`] stops there, [`DrainMode::Continuous`] backs off
-/// ([`IdleBackoff`]) and polls again. So a failing run is retried once per
-/// pass while other runs progress, and never in a hot loop.
-/// Runs that stay finished cost one claim and one release per pass: moving
-/// them out of the queue (answer their park, filter on park state) is
-/// cheaper for large queues.
+/// When `claim_next` finds nothing, the drain waits on the store's
+/// [`watch`](runkeep::CheckpointStore::watch) of `Runnable(scope)` (a
+/// notification: a run enqueued, released, reopened…), a run of its own
+/// coming back, or the [`IdleBackoff`] polling fallback, whichever comes
+/// first, and claims again. [`DrainMode::UntilIdle`] stops instead when no
+/// run is in flight.
 ///
 /// # Shutdown
 ///
 /// Cancel the `shutdown` token (see [`cancel_on_signal`]): no new run is
 /// claimed, runs in flight see their [`RunHandle::stop_token`] cancelled and
 /// get `shutdown_grace` to finish; then their steps are dropped and every
-/// held run (and skip hold) is released before `drain` returns.
+/// held run is released before `drain` returns.
 #[derive(Debug)]
 pub struct Worker {
     store: Arc<dyn RunStore>,
@@ -348,11 +386,21 @@ pub struct Worker {
     options: WorkerOptions,
 }
 
+/// How a holding was ended.
+struct Ended {
+    action: EndAction,
+    /// `Ok(true)` took effect, `Ok(false)` superseded, `Err` failed.
+    result: std::result::Result<bool, String>,
+}
+
 struct Ran {
     scope: RunScope,
     fence: Fence,
-    outcome: Result<StepOutcome, (FailureKind, String)>,
-    release: Result<bool>,
+    outcome: std::result::Result<StepOutcome, (FailureKind, String)>,
+    /// `None`: the step ended the holding itself (finish or snooze).
+    end: Option<Ended>,
+    /// The step finished or snoozed the run through its handle.
+    by_handle: Option<LeaseLoss>,
 }
 
 impl Worker {
@@ -375,9 +423,9 @@ impl Worker {
         &self.options
     }
 
-    /// Drains until shutdown (or, in [`DrainMode::UntilIdle`], an idle pass,
-    /// or a `claim_next` error retrying cannot fix) and reports what
-    /// happened. See the type's documentation for the loop.
+    /// Drains until shutdown (or, in [`DrainMode::UntilIdle`], an empty
+    /// queue with nothing in flight, or a `claim_next` error retrying cannot
+    /// fix) and reports what happened. See the type's documentation.
     pub async fn drain<F, Fut, E>(&self, shutdown: CancellationToken, step: F) -> DrainReport
     where
         F: Fn(RunHandle, Option<Checkpoint>) -> Fut + Send + Sync + 'static,
@@ -390,15 +438,14 @@ impl Worker {
         let mut tasks: JoinSet<Ran> = JoinSet::new();
         let mut in_flight: HashMap<tokio::task::Id, RunScope> = HashMap::new();
         let mut report = DrainReport::default();
-        let mut visited: HashSet<RunScope> = HashSet::new();
-        let mut finished = Remembered::default();
-        let mut skip_holds: HashMap<RunScope, Fence> = HashMap::new();
-        let mut progressed = false;
         let mut idle_streak = 0u32;
+        // Subscribed before the first claim, so a change between a claim
+        // that found nothing and the wait is not missed.
+        let mut watch = self.store.watch(&WatchTopic::Runnable(self.scope.clone()));
 
         let stopped = 'drain: loop {
             while let Some(joined) = tasks.try_join_next_with_id() {
-                progressed |= absorb(joined, &mut in_flight, &mut report, &mut finished);
+                absorb(joined, &mut in_flight, &mut report);
             }
             let slot = tokio::select! {
                 biased;
@@ -417,12 +464,7 @@ impl Worker {
                 .await
             {
                 Ok(Some((run, lease))) => {
-                    if visited.contains(&run) || finished.contains(&run) {
-                        report.skipped += 1;
-                        skip_holds.insert(run, lease.fence);
-                        continue;
-                    }
-                    visited.insert(run.clone());
+                    idle_streak = 0;
                     report.claimed += 1;
                     let job = run_one(
                         self.store.clone(),
@@ -442,35 +484,24 @@ impl Worker {
                 }
                 Ok(None) => {
                     drop(slot);
-                    if !tasks.is_empty() {
-                        // The pass goes on: wait for a run to come back, or
-                        // poll again after a short pause.
-                        tokio::select! {
-                            biased;
-                            _ = shutdown.cancelled() => break 'drain DrainStop::Shutdown,
-                            Some(joined) = tasks.join_next_with_id() => {
-                                progressed |= absorb(joined, &mut in_flight, &mut report, &mut finished);
-                            }
-                            _ = sleep(opts.idle.next_delay(0)) => {}
+                    if tasks.is_empty() {
+                        report.passes += 1;
+                        if opts.mode == DrainMode::UntilIdle {
+                            break 'drain DrainStop::Idle;
                         }
-                        continue;
-                    }
-                    report.passes += 1;
-                    visited.clear();
-                    release_holds(&*self.store, &mut skip_holds, &mut report).await;
-                    if std::mem::take(&mut progressed) {
-                        idle_streak = 0;
-                        continue;
-                    }
-                    if opts.mode == DrainMode::UntilIdle {
-                        break 'drain DrainStop::Idle;
                     }
                     let pause = opts.idle.next_delay(idle_streak);
-                    idle_streak = idle_streak.saturating_add(1);
                     tokio::select! {
                         biased;
                         _ = shutdown.cancelled() => break 'drain DrainStop::Shutdown,
-                        _ = sleep(pause) => {}
+                        Some(joined) = tasks.join_next_with_id(), if !tasks.is_empty() => {
+                            absorb(joined, &mut in_flight, &mut report);
+                        }
+                        _ = watch.changed() => report.woken_by_watch += 1,
+                        _ = sleep(pause) => {
+                            report.woken_by_poll += 1;
+                            idle_streak = idle_streak.saturating_add(1);
+                        }
                     }
                 }
                 Err(e) => {
@@ -497,59 +528,39 @@ impl Worker {
         // Runs in flight watch the shutdown token themselves (grace, then
         // drop and release); otherwise they finish normally.
         while let Some(joined) = tasks.join_next_with_id().await {
-            absorb(joined, &mut in_flight, &mut report, &mut finished);
+            absorb(joined, &mut in_flight, &mut report);
         }
-        release_holds(&*self.store, &mut skip_holds, &mut report).await;
         report.stopped = stopped;
         report
     }
 }
 
-/// Runs remembered as finished, oldest forgotten first.
-#[derive(Default)]
-struct Remembered {
-    set: HashSet<RunScope>,
-    order: VecDeque<RunScope>,
-}
-
-impl Remembered {
-    fn contains(&self, run: &RunScope) -> bool {
-        self.set.contains(run)
-    }
-
-    fn insert(&mut self, run: RunScope) {
-        if self.set.insert(run.clone()) {
-            self.order.push_back(run);
-            if self.order.len() > MAX_REMEMBERED_FINISHED {
-                if let Some(old) = self.order.pop_front() {
-                    self.set.remove(&old);
-                }
-            }
-        }
-    }
-}
-
-/// Books a run's end; true when its step succeeded (the pass progressed).
+/// Books a run's end.
 fn absorb(
     joined: std::result::Result<(tokio::task::Id, Ran), JoinError>,
     in_flight: &mut HashMap<tokio::task::Id, RunScope>,
     report: &mut DrainReport,
-    finished: &mut Remembered,
-) -> bool {
+) {
     match joined {
         Ok((id, ran)) => {
             in_flight.remove(&id);
-            let progressed = ran.outcome.is_ok();
             match ran.outcome {
-                Ok(StepOutcome::Finished) => {
-                    report.completed += 1;
-                    finished.insert(ran.scope.clone());
-                }
+                Ok(StepOutcome::Finished) => {}
                 Ok(StepOutcome::Yield) => report.yielded += 1,
+                Ok(StepOutcome::RetryAfter(_)) => report.deferred += 1,
                 Err((kind, message)) => report.fail(ran.scope.clone(), kind, message),
             }
-            report.release(&ran.scope, ran.fence, ran.release);
-            progressed
+            match (&ran.by_handle, &ran.end) {
+                (Some(LeaseLoss::Finished { .. }), _) => report.completed += 1,
+                (Some(LeaseLoss::Snoozed { .. }), _) => report.snoozed += 1,
+                (_, Some(end)) => {
+                    if end.action == EndAction::Finish && end.result == Ok(true) {
+                        report.completed += 1;
+                    }
+                    report.ended(&ran.scope, ran.fence, end);
+                }
+                _ => {}
+            }
         }
         Err(e) => {
             // The run's own task (not the step) died: nothing was released.
@@ -562,23 +573,11 @@ fn absorb(
                     format!("the worker's run task died: {e}"),
                 );
             }
-            false
         }
     }
 }
 
-async fn release_holds(
-    store: &dyn RunStore,
-    holds: &mut HashMap<RunScope, Fence>,
-    report: &mut DrainReport,
-) {
-    for (scope, fence) in holds.drain() {
-        let result = store.release(&scope, fence).await;
-        report.release(&scope, fence, result);
-    }
-}
-
-/// One run: keep its lease, step it, release it.
+/// One run: keep its lease, step it, end the holding.
 async fn run_one<F, Fut, E>(
     store: Arc<dyn RunStore>,
     scope: RunScope,
@@ -612,7 +611,11 @@ where
                     FailureKind::Failed,
                     format!("could not keep the lease: {e}"),
                 )),
-                release,
+                end: Some(Ended {
+                    action: EndAction::Release,
+                    result: release.map_err(|e| e.to_string()),
+                }),
+                by_handle: None,
             };
         }
     };
@@ -652,12 +655,59 @@ where
     }
     .await;
     let fence = handle.fence();
-    let release = keeper.release().await;
+    let by_handle = handle.ended_by_handle();
+    if by_handle.is_some() {
+        // The step finished or snoozed the run itself; the keeper stopped.
+        drop(keeper);
+        return Ran {
+            scope,
+            fence,
+            outcome,
+            end: None,
+            by_handle,
+        };
+    }
+    let end = match &outcome {
+        Ok(StepOutcome::Finished) => Some((EndAction::Finish, None)),
+        Ok(StepOutcome::RetryAfter(d)) => Some((EndAction::Snooze, Some(*d))),
+        Err((FailureKind::Failed, _)) => Some((EndAction::Snooze, Some(opts.failure_backoff))),
+        Ok(StepOutcome::Yield) | Err(_) => None,
+    };
+    let end = match end {
+        Some((EndAction::Finish, _)) => Ended {
+            action: EndAction::Finish,
+            result: end_result(handle.finish(&Outcome::completed(None)).await.map(|_| true)),
+        },
+        Some((_, Some(d))) => {
+            let until = handle
+                .now()
+                .offset(i64::try_from(d.as_millis()).unwrap_or(i64::MAX));
+            Ended {
+                action: EndAction::Snooze,
+                result: end_result(handle.snooze(until).await),
+            }
+        }
+        _ => Ended {
+            action: EndAction::Release,
+            result: keeper.release().await.map_err(|e| e.to_string()),
+        },
+    };
     Ran {
         scope,
         fence,
         outcome,
-        release,
+        end: Some(end),
+        by_handle: None,
+    }
+}
+
+/// A handle's finish or snooze as an end result: a lost lease is
+/// "superseded" (nothing to end), other refusals are failures.
+fn end_result(r: std::result::Result<bool, WorkerError>) -> std::result::Result<bool, String> {
+    match r {
+        Ok(v) => Ok(v),
+        Err(e) if e.is_fenced_out() => Ok(false),
+        Err(e) => Err(e.to_string()),
     }
 }
 
@@ -665,7 +715,11 @@ fn classify<E: Into<BoxError>>(
     joined: std::result::Result<std::result::Result<StepOutcome, E>, JoinError>,
     handle: &RunHandle,
 ) -> std::result::Result<StepOutcome, (FailureKind, String)> {
-    let lost = || handle.loss().map(|l| l.to_string());
+    let lost = || {
+        handle
+            .is_lost()
+            .then(|| handle.loss().map(|l| l.to_string()).unwrap_or_default())
+    };
     match joined {
         Ok(Ok(outcome)) => match lost() {
             // The step returned normally, but the lease was lost on the way:

@@ -4,6 +4,8 @@ use std::fmt;
 
 use runkeep::error::Error;
 use runkeep::lease::Fence;
+use runkeep::lifecycle::RunStatus;
+use runkeep::time::Timestamp;
 
 /// How a run's lease was lost. Once lost, a handle refuses every write.
 #[derive(Clone, PartialEq, Eq, Debug)]
@@ -36,6 +38,29 @@ pub enum LeaseLoss {
     },
     /// The worker released the run itself.
     Released,
+    /// This handle finished the run (contract v2): the fence is spent. Not a
+    /// loss of the lease to anyone else: the run's token is not cancelled.
+    Finished {
+        /// The status recorded.
+        status: RunStatus,
+    },
+    /// This handle gave the run back with a not-before time (`snooze`). Not
+    /// a loss to anyone else: the run's token is not cancelled.
+    Snoozed {
+        /// Not claimable before this instant.
+        until: Timestamp,
+    },
+}
+
+impl LeaseLoss {
+    /// True when this worker itself ended the holding (released, finished
+    /// or snoozed it), rather than losing it.
+    pub fn is_own_end(&self) -> bool {
+        matches!(
+            self,
+            LeaseLoss::Released | LeaseLoss::Finished { .. } | LeaseLoss::Snoozed { .. }
+        )
+    }
 }
 
 impl fmt::Display for LeaseLoss {
@@ -56,6 +81,12 @@ impl fmt::Display for LeaseLoss {
                 write!(f, "renewal failed ({kind}): {message}")
             }
             LeaseLoss::Released => f.write_str("the run was released by this worker"),
+            LeaseLoss::Finished { status } => {
+                write!(f, "the run was finished ({status}) by this worker")
+            }
+            LeaseLoss::Snoozed { until } => {
+                write!(f, "the run was given back by this worker until {until}")
+            }
         }
     }
 }

@@ -20,8 +20,10 @@ use runkeep::evidence::{
 };
 use runkeep::id::{CheckpointId, Holder};
 use runkeep::lease::{Fence, Lease};
+use runkeep::lifecycle::{Lifecycle, Outcome};
 use runkeep::park::ParkResolution;
 use runkeep::scope::RunScope;
+use runkeep::step::{Step, StepReceipt};
 use runkeep::store::{RunStore, RunStoreExt};
 use runkeep::time::{Timestamp, Ttl};
 
@@ -80,6 +82,9 @@ pub(crate) struct Shared {
     pub(crate) lost: CancellationToken,
     /// Cancelled when the lease is lost or the worker asks the run to stop.
     pub(crate) stopping: CancellationToken,
+    /// Cancelled when the holding ends, lost or by this worker's own
+    /// finish, snooze or release: the keeper stops renewing.
+    pub(crate) ended: CancellationToken,
     /// The completed-tool ledger, read once per holding on first use.
     pub(crate) ledger: Mutex<Option<CompletedTools>>,
 }
@@ -98,6 +103,19 @@ impl Shared {
         }
         self.lost.cancel();
         self.stopping.cancel();
+        self.ended.cancel();
+    }
+
+    /// Records that this worker ended the holding itself (finish, snooze):
+    /// writes are refused from now on, the keeper stops, but the run's
+    /// "lost" token is not cancelled (nothing was lost to anyone).
+    pub(crate) fn end(&self, end: LeaseLoss) {
+        if self.loss.set(end).is_ok() {
+            let end = self.loss.get().map(ToString::to_string).unwrap_or_default();
+            tracing::debug!(run = %self.scope, %end, "holding ended; its handles write no more");
+        }
+        self.stopping.cancel();
+        self.ended.cancel();
     }
 
     fn lost_error(&self, operation: &'static str, fence: Fence, loss: LeaseLoss) -> WorkerError {
@@ -240,7 +258,9 @@ impl RunHandle {
         self.shared.lost.cancelled().await;
     }
 
-    /// True once the lease is lost (or released).
+    /// True once the lease is lost (or released by the keeper). A finish or
+    /// snooze through this handle is not a loss: see
+    /// [`RunHandle::ended_by_handle`].
     pub fn is_lost(&self) -> bool {
         self.shared.lost.is_cancelled()
     }
@@ -284,6 +304,134 @@ impl RunHandle {
                     });
                 }
                 Err(e.into())
+            }
+        }
+    }
+
+    /// Runs one store write that ends the holding (finish, snooze, a
+    /// finishing step) under the gate held exclusively, so no other write
+    /// of this run is in flight when the fence is spent; `end` says how the
+    /// holding ended when the write succeeds.
+    async fn ending<T, Fut>(
+        &self,
+        operation: &'static str,
+        write: impl FnOnce(Fence) -> Fut,
+        end: impl FnOnce(&T) -> Option<LeaseLoss>,
+    ) -> Result<T, WorkerError>
+    where
+        Fut: Future<Output = runkeep::Result<T>>,
+    {
+        self.shared.admit(operation)?;
+        let _gate = self.shared.gate.write().await;
+        let fence = self.shared.admit(operation)?;
+        match write(fence).await {
+            Ok(v) => {
+                if let Some(loss) = end(&v) {
+                    self.shared.end(loss);
+                }
+                Ok(v)
+            }
+            Err(e) => {
+                if let Error::FencedOut { current, .. } = &e {
+                    self.shared.lose(LeaseLoss::Superseded {
+                        current: *current,
+                        holder: None,
+                    });
+                }
+                Err(e.into())
+            }
+        }
+    }
+
+    /// Writes one step of the run under the current fence, atomically
+    /// (contract v2, [`EvidenceStore::commit_step`](runkeep::EvidenceStore::commit_step)):
+    /// its events, checkpoint (or park), message snapshot, run record and,
+    /// for the last step, the finish — one fence check, all or nothing. A
+    /// step with `finish` ends the holding: the handle writes no more
+    /// ([`LeaseLoss::Finished`]) and the drain neither releases nor
+    /// finishes the run again. `tool_completed` events update the ledger.
+    pub async fn commit_step(&self, step: &Step) -> Result<StepReceipt, WorkerError> {
+        let (store, scope) = (&self.shared.store, &self.shared.scope);
+        let receipt = if step.finish.is_some() {
+            self.ending(
+                "commit_step",
+                |f| store.commit_step(scope, f, step),
+                |r: &StepReceipt| {
+                    Some(LeaseLoss::Finished {
+                        status: r.lifecycle.as_ref().map(|l| l.status).unwrap_or_default(),
+                    })
+                },
+            )
+            .await?
+        } else {
+            self.fenced("commit_step", |f| store.commit_step(scope, f, step))
+                .await?
+        };
+        self.note_tools(&receipt.events).await;
+        Ok(receipt)
+    }
+
+    /// Finishes the run under the current fence (contract v2,
+    /// [`CheckpointStore::finish`](runkeep::CheckpointStore::finish)): the
+    /// lease ends with it, the handle writes no more, and no claim takes the
+    /// run again. To make the last step and the finish one commit, use
+    /// [`RunHandle::commit_step`] with `finish` instead.
+    pub async fn finish(&self, outcome: &Outcome) -> Result<Lifecycle, WorkerError> {
+        let (store, scope) = (&self.shared.store, &self.shared.scope);
+        self.ending(
+            "finish",
+            |f| store.finish(scope, f, outcome),
+            |l: &Lifecycle| Some(LeaseLoss::Finished { status: l.status }),
+        )
+        .await
+    }
+
+    /// Gives the run back, not claimable before `until` (contract v2,
+    /// [`CheckpointStore::snooze`](runkeep::CheckpointStore::snooze)): retry
+    /// with backoff without a sleeping worker. `Ok(false)` when the fence was
+    /// no longer the run's holding (nothing changed; the lease is then
+    /// marked lost). The handle writes no more either way.
+    pub async fn snooze(&self, until: Timestamp) -> Result<bool, WorkerError> {
+        let (store, scope) = (&self.shared.store, &self.shared.scope);
+        let fence = self.fence();
+        let snoozed = self
+            .ending(
+                "snooze",
+                |f| store.snooze(scope, f, until),
+                |ok: &bool| ok.then_some(LeaseLoss::Snoozed { until }),
+            )
+            .await?;
+        if !snoozed {
+            self.shared.lose(LeaseLoss::Superseded {
+                current: fence,
+                holder: None,
+            });
+        }
+        Ok(snoozed)
+    }
+
+    /// How this worker ended the holding itself (finish or snooze through
+    /// the handle), if it did.
+    pub fn ended_by_handle(&self) -> Option<LeaseLoss> {
+        self.shared
+            .loss
+            .get()
+            .filter(|l| matches!(l, LeaseLoss::Finished { .. } | LeaseLoss::Snoozed { .. }))
+            .cloned()
+    }
+
+    async fn note_tools(&self, recorded: &[PersistedEvent]) {
+        if recorded
+            .iter()
+            .any(|e| e.event_type == TOOL_COMPLETED_EVENT)
+        {
+            let mut ledger = self.shared.ledger.lock().await;
+            if let Some(ledger) = ledger.as_mut() {
+                let batch = EventBatch {
+                    events: recorded.to_vec(),
+                    ..EventBatch::default()
+                };
+                ledger.tools.extend(completed_tools(&batch).tools);
             }
         }
     }
@@ -347,19 +495,7 @@ impl RunHandle {
                 store.append_events(scope, events, Some(f))
             })
             .await?;
-        if recorded
-            .iter()
-            .any(|e| e.event_type == TOOL_COMPLETED_EVENT)
-        {
-            let mut ledger = self.shared.ledger.lock().await;
-            if let Some(ledger) = ledger.as_mut() {
-                let batch = EventBatch {
-                    events: recorded.clone(),
-                    ..EventBatch::default()
-                };
-                ledger.tools.extend(completed_tools(&batch).tools);
-            }
-        }
+        self.note_tools(&recorded).await;
         Ok(recorded)
     }
 

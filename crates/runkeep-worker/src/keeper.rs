@@ -116,7 +116,9 @@ impl KeeperOptions {
 /// even if the keeper task never ran.
 ///
 /// Dropping the keeper stops the renewals (writes then stop at the
-/// deadline); [`LeaseKeeper::release`] stops them and releases the run.
+/// deadline); [`LeaseKeeper::release`] stops them and releases the run; a
+/// finish or snooze through a [`RunHandle`] stops them too (the holding
+/// ended).
 #[derive(Debug)]
 pub struct LeaseKeeper {
     shared: Arc<Shared>,
@@ -196,6 +198,7 @@ impl LeaseKeeper {
             loss: OnceLock::new(),
             lost: CancellationToken::new(),
             stopping: CancellationToken::new(),
+            ended: CancellationToken::new(),
             ledger: Mutex::new(None),
         });
         let stop = CancellationToken::new();
@@ -236,13 +239,22 @@ impl LeaseKeeper {
     /// fence. `Ok(true)` when the release took effect; `Ok(false)` when the
     /// fence was no longer the run's top holding (superseded: nothing to
     /// release). Errors are the store's and are worth reporting: the run then
-    /// stays unclaimable until its lease expires.
+    /// stays unclaimable until its lease expires. A holding the handle
+    /// already ended (finish, snooze) is not released again: `Ok(false)`.
     pub async fn release(mut self) -> Result<bool> {
         self.stop.cancel();
         if let Some(task) = self.task.take() {
             let _ = task.await;
         }
         let _gate = self.shared.gate.write().await;
+        if self
+            .shared
+            .loss
+            .get()
+            .is_some_and(|l| !matches!(l, LeaseLoss::Released) && l.is_own_end())
+        {
+            return Ok(false);
+        }
         let fence = self.shared.state.borrow().lease.fence;
         self.shared.lose(LeaseLoss::Released);
         self.shared.store.release(&self.shared.scope, fence).await
@@ -267,7 +279,7 @@ async fn keep(
         tokio::select! {
             biased;
             _ = stop.cancelled() => return,
-            _ = shared.lost.cancelled() => return,
+            _ = shared.ended.cancelled() => return,
             _ = sleep_until(next) => {}
         }
         if !renew(&shared, &stop, retry_delay).await {
@@ -305,10 +317,14 @@ async fn renew(shared: &Shared, stop: &CancellationToken, retry_delay: Duration)
             }
         },
     };
+    // The holding may have ended (finished, snoozed) while we waited.
+    if shared.loss.get().is_some() {
+        return false;
+    }
     let mut delay = retry_delay;
     let mut attempts = 0u32;
     loop {
-        if shared.lost.is_cancelled() || stop.is_cancelled() {
+        if shared.ended.is_cancelled() || stop.is_cancelled() {
             return false;
         }
         attempts += 1;

@@ -1,5 +1,7 @@
-//! The worker runtime: what a host needs to work on runs without getting the
-//! lease wrong.
+//! The worker runtime of runkeep: what a host needs to work on runs without
+//! getting the lease wrong. It lives apart from the core (`runkeep`) so a
+//! backend or a tool that only reads and writes runs does not pull in
+//! tokio's signal handling or `tokio-util`.
 //!
 //! - [`LeaseKeeper`] renews a held run in the background at a fraction of its
 //!   TTL and cancels the run's token the moment the lease is lost or could
@@ -7,10 +9,13 @@
 //! - [`RunHandle`] is the one door a run's writes go through. It presents the
 //!   current fence on every write (a step cannot forget), swaps to the new
 //!   fence for every clone at once when the keeper renews (WK-33), and
-//!   refuses every write once the lease is lost.
+//!   refuses every write once the lease is lost. [`RunHandle::commit_step`]
+//!   writes a whole step (events, checkpoint, messages, record, and for the
+//!   last step the finish) as one atomic commit; [`RunHandle::finish`] and
+//!   [`RunHandle::snooze`] end the holding (contract v2).
 //! - [`Worker`] drains a store: `claim_next` → resume point → the host's step
-//!   → release, with a concurrency limit, idle backoff and graceful shutdown
-//!   ([`cancel_on_signal`]).
+//!   → finish, release or snooze, with a concurrency limit, waiting on the
+//!   store's watch when idle, and graceful shutdown ([`cancel_on_signal`]).
 //! - [`RunHandle::run_tool`] consults the completed-tool ledger, so a resumed
 //!   run does not repeat a tool whose result is recorded.
 //! - [`FenceGate`] is the check an external side-effect system applies to
@@ -97,8 +102,8 @@ mod keeper;
 
 pub use clock::{Clock, SystemClock, TokioClock};
 pub use drain::{
-    cancel_on_signal, DrainMode, DrainReport, DrainStop, FailureKind, IdleBackoff, ReleaseFailure,
-    RunFailure, StepOutcome, Worker, WorkerOptions, MAX_LISTED, MAX_REMEMBERED_FINISHED,
+    cancel_on_signal, DrainMode, DrainReport, DrainStop, EndAction, FailureKind, IdleBackoff,
+    ReleaseFailure, RunFailure, StepOutcome, Worker, WorkerOptions, MAX_LISTED,
 };
 pub use error::{LeaseLoss, WorkerError};
 pub use gate::{admit_fence, EffectRefused, FenceGate};

@@ -9,16 +9,16 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use runkeep::evidence::SkippedRecord;
-use runkeep_worker::{
-    admit_fence, Clock, DrainMode, DrainStop, FailureKind, FenceGate, FenceToken, KeeperOptions,
-    LeaseKeeper, LeaseLoss, StepOutcome, TokioClock, Worker, WorkerError, WorkerOptions,
-};
 use runkeep::{
     AuditRecord, Checkpoint, CheckpointId, CheckpointStore, ClaimNextFilter, ClaimOptions,
     ClaimOutcome, Error, EventBatch, EvidenceStore, Fence, Holder, Lease, LeaseSummary,
     ListOptions, ListingScope, MemoryStore, MessageSnapshot, NewAuditEvent, NewEvent,
-    ParkResolution, PersistedEvent, ReadEventsOptions, RunPage, RunRecord, RunScope, RunStore,
-    RunStoreExt, Timestamp, Ttl,
+    ParkResolution, PersistedEvent, ReadEventsOptions, RunPage, RunRecord, RunScope, RunStatus,
+    RunStore, RunStoreExt, Timestamp, Ttl,
+};
+use runkeep_worker::{
+    admit_fence, Clock, DrainMode, DrainStop, FailureKind, FenceGate, FenceToken, KeeperOptions,
+    LeaseKeeper, LeaseLoss, StepOutcome, TokioClock, Worker, WorkerError, WorkerOptions,
 };
 use serde_json::{json, Map, Value};
 use tokio::time::sleep;
@@ -957,16 +957,18 @@ async fn drain_steps_every_run_once_with_concurrency_n_and_stops_on_an_empty_que
     );
     assert_eq!(report.release_failed, 0);
     assert_eq!(
-        report.released,
-        report.claimed + report.skipped,
-        "{report:?}"
+        (report.released, report.release_superseded),
+        (0, 0),
+        "finished runs are finished, not released: {report:?}"
     );
     for id in ids {
         let top = store.lease(&run(id), clock.now()).await.unwrap().unwrap();
         assert!(
             top.expired && top.holder.is_empty(),
-            "{id} released: {top:?}"
+            "{id}: the finish ended the lease: {top:?}"
         );
+        let life = store.lifecycle(&run(id)).await.unwrap();
+        assert_eq!(life.status, RunStatus::Completed, "{id}: {life:?}");
         let latest = store.latest_checkpoint(&run(id)).await.unwrap().unwrap();
         assert_eq!(latest.id.as_str(), "cp_done");
     }
@@ -1183,7 +1185,7 @@ async fn a_drained_run_that_loses_its_lease_is_stopped_and_reported_fenced_out()
 }
 
 #[tokio::test(start_paused = true)]
-async fn a_failing_step_is_reported_and_its_run_released() {
+async fn a_failing_step_is_reported_and_its_run_snoozed_for_the_failure_backoff() {
     let clock = clock();
     let store: Arc<dyn RunStore> = Arc::new(MemoryStore::new());
     seed(&*store, &["run_err", "run_panic"], clock.now()).await;
@@ -1213,8 +1215,11 @@ async fn a_failing_step_is_reported_and_its_run_released() {
         "{report:?}"
     );
     assert_eq!(report.stopped, DrainStop::Idle);
-    assert_eq!(report.released, report.claimed + report.skipped);
-    assert_eq!(report.release_failed, 0);
+    assert_eq!(
+        (report.snoozed, report.released, report.release_failed),
+        (2, 0, 0),
+        "failed runs are given back with the failure backoff: {report:?}"
+    );
     let messages: Vec<_> = report.failures.iter().map(|f| f.message.clone()).collect();
     assert!(
         messages.iter().any(|m| m.contains("tool said no")),
@@ -1232,6 +1237,13 @@ async fn a_failing_step_is_reported_and_its_run_released() {
             .unwrap()
             .holder
             .is_empty());
+        let life = store.lifecycle(&run(id)).await.unwrap();
+        assert_eq!(life.status, RunStatus::Active, "{id}: a failure is retried");
+        assert_eq!(
+            life.available_at,
+            Some(clock.now().offset(1_000)),
+            "{id}: not before the failure backoff (1 s by default): {life:?}"
+        );
     }
 }
 
@@ -1460,4 +1472,425 @@ async fn the_effect_sink_refuses_a_lower_fence() {
             && !admit_fence(Some(f(4)), f(3))
     );
     drop(heir);
+}
+
+// ------------------------------------------------------------ contract v2
+
+fn enqueue_options(max_attempts: Option<u32>) -> runkeep::EnqueueOptions {
+    runkeep::EnqueueOptions {
+        max_attempts,
+        ..Default::default()
+    }
+}
+
+async fn enqueue(store: &dyn RunStore, id: &str, at: Timestamp, max_attempts: Option<u32>) {
+    store
+        .enqueue(
+            &run(id),
+            &checkpoint("cp_0", at, json!({"n": 0})),
+            &enqueue_options(max_attempts),
+        )
+        .await
+        .unwrap();
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_last_step_committed_with_its_finish_ends_the_run_and_the_drain_leaves_it_alone() {
+    let clock = clock();
+    let store: Arc<dyn RunStore> = Arc::new(MemoryStore::new());
+    enqueue(&*store, "run_s", clock.now(), None).await;
+    let worker = Worker::new(
+        store.clone(),
+        tenant(),
+        worker_options(&clock, "w-a", 1, DrainMode::UntilIdle),
+    )
+    .unwrap();
+    let after: Arc<Mutex<Option<WorkerError>>> = Arc::default();
+    let a = after.clone();
+    let dog = Watchdog::new(5);
+    let report = tokio::time::timeout(
+        ms(60_000),
+        worker.drain(dog.shutdown.clone(), move |h, _| {
+            let (a, dog) = (a.clone(), dog.clone());
+            async move {
+                dog.tick();
+                let step = runkeep::Step {
+                    events: vec![event("last", 1)],
+                    checkpoint: Some(checkpoint("cp_1", h.now(), json!({"n": 1}))),
+                    finish: Some(runkeep::Outcome::completed(Some(json!({"ok": true})))),
+                    ..Default::default()
+                };
+                let receipt = h.commit_step(&step).await?;
+                assert_eq!(receipt.events.len(), 1);
+                // The holding ended with the commit: the handle writes no more.
+                *a.lock().unwrap() = h.append_event(event("late", 2)).await.err();
+                assert!(!h.is_lost(), "a finish is not a lost lease");
+                Ok::<_, WorkerError>(StepOutcome::Finished)
+            }
+        }),
+    )
+    .await
+    .unwrap();
+    let late = after
+        .lock()
+        .unwrap()
+        .take()
+        .expect("a write after the finish is refused");
+    assert!(
+        matches!(
+            &late,
+            WorkerError::LeaseLost {
+                loss: LeaseLoss::Finished {
+                    status: RunStatus::Completed
+                },
+                ..
+            }
+        ),
+        "{late}"
+    );
+    assert_eq!(
+        (
+            report.claimed,
+            report.completed,
+            report.failed,
+            report.fenced_out
+        ),
+        (1, 1, 0, 0),
+        "{report:?}"
+    );
+    assert_eq!(
+        (
+            report.released,
+            report.release_superseded,
+            report.release_failed
+        ),
+        (0, 0, 0),
+        "the drain neither released nor finished the run again: {report:?}"
+    );
+    let life = store.lifecycle(&run("run_s")).await.unwrap();
+    assert_eq!(life.status, RunStatus::Completed);
+    assert_eq!(life.result, Some(json!({"ok": true})));
+    let kinds: Vec<String> = events(&*store, &run("run_s"))
+        .await
+        .into_iter()
+        .map(|e| e.event_type)
+        .collect();
+    assert_eq!(
+        kinds,
+        vec!["last".to_string()],
+        "the late write wrote nothing"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_run_one_worker_finished_is_never_stepped_by_another_or_after_a_restart() {
+    let clock = clock();
+    let store: Arc<dyn RunStore> = Arc::new(MemoryStore::new());
+    seed(&*store, &["run_1", "run_2", "run_3"], clock.now()).await;
+    let steps = Arc::new(AtomicU64::new(0));
+    for who in ["w-a", "w-b", "w-a-restarted"] {
+        let worker = Worker::new(
+            store.clone(),
+            tenant(),
+            worker_options(&clock, who, 2, DrainMode::UntilIdle),
+        )
+        .unwrap();
+        let s = steps.clone();
+        let dog = Watchdog::new(10);
+        let report = tokio::time::timeout(
+            ms(60_000),
+            worker.drain(dog.shutdown.clone(), move |_, _| {
+                let (s, dog) = (s.clone(), dog.clone());
+                async move {
+                    dog.tick();
+                    s.fetch_add(1, Ordering::SeqCst);
+                    Ok::<_, WorkerError>(StepOutcome::Finished)
+                }
+            }),
+        )
+        .await
+        .unwrap();
+        assert_eq!(report.stopped, DrainStop::Idle, "{who}: {report:?}");
+    }
+    assert_eq!(
+        steps.load(Ordering::SeqCst),
+        3,
+        "each run stepped once across three drains (the store keeps the status, no drain remembers)"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn retry_after_gives_the_run_back_with_a_not_before_time() {
+    let clock = clock();
+    let store: Arc<dyn RunStore> = Arc::new(MemoryStore::new());
+    enqueue(&*store, "run_r", clock.now(), None).await;
+    let worker = Worker::new(
+        store.clone(),
+        tenant(),
+        worker_options(&clock, "w-a", 1, DrainMode::UntilIdle),
+    )
+    .unwrap();
+    let dog = Watchdog::new(5);
+    let d = dog.clone();
+    let report = tokio::time::timeout(
+        ms(60_000),
+        worker.drain(dog.shutdown.clone(), move |_, _| {
+            d.tick();
+            async move { Ok::<_, WorkerError>(StepOutcome::RetryAfter(ms(5_000))) }
+        }),
+    )
+    .await
+    .unwrap();
+    assert_eq!(
+        (
+            report.claimed,
+            report.deferred,
+            report.snoozed,
+            report.released
+        ),
+        (1, 1, 1, 0),
+        "stepped once, then deferred (not handed out again at once): {report:?}"
+    );
+    assert_eq!(report.stopped, DrainStop::Idle);
+    let life = store.lifecycle(&run("run_r")).await.unwrap();
+    assert_eq!(
+        life.available_at,
+        Some(clock.now().offset(5_000)),
+        "{life:?}"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_finish_through_the_handle_stops_the_keeper_and_refuses_later_writes() {
+    let clock = clock();
+    let store: Arc<dyn RunStore> = Arc::new(MemoryStore::new());
+    enqueue(&*store, "run_f", clock.now(), None).await;
+    let keeper = LeaseKeeper::claim(
+        store.clone(),
+        run("run_f"),
+        holder("w-a"),
+        ttl(),
+        keeper_options(&clock),
+    )
+    .await
+    .unwrap()
+    .unwrap();
+    let h = keeper.handle();
+    let fence = h.fence();
+    h.finish(&runkeep::Outcome::failed("gave up"))
+        .await
+        .unwrap();
+    sleep(ms(3 * TTL_MS)).await; // renewals would have been due twice
+    assert_eq!(h.renewals(), 0, "the keeper stopped renewing at the finish");
+    let top = store
+        .lease(&run("run_f"), clock.now())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        top.fence,
+        fence.next(&run("run_f").run_id).unwrap(),
+        "{top:?}"
+    );
+    assert!(h
+        .write_run_record(&RunRecord::default())
+        .await
+        .unwrap_err()
+        .is_fenced_out());
+    assert!(h.ended_by_handle().is_some() && !h.is_lost());
+    assert_eq!(
+        keeper.release().await.unwrap(),
+        false,
+        "nothing left to release"
+    );
+}
+
+/// A poison run (its step kills the worker every time) is handed out until
+/// its attempt limit, then dead-lettered by `claim_next` instead of being
+/// handed to the next worker. Each "crash" abandons the drain mid-step (its
+/// tasks are dropped, nothing is released), as `kill -9` would.
+#[tokio::test(start_paused = true)]
+async fn a_poison_run_that_crashes_every_worker_is_dead_lettered_at_its_attempt_limit() {
+    let clock = clock();
+    let store: Arc<dyn RunStore> = Arc::new(MemoryStore::new());
+    enqueue(&*store, "run_poison", clock.now(), Some(3)).await;
+    enqueue(&*store, "run_fine", clock.now(), None).await;
+    let crashed = Arc::new(AtomicU64::new(0));
+    let completed = Arc::new(AtomicU64::new(0));
+    for n in 0..3 {
+        let worker = Worker::new(
+            store.clone(),
+            tenant(),
+            worker_options(&clock, &format!("w-{n}"), 1, DrainMode::Continuous),
+        )
+        .unwrap();
+        let started = Arc::new(tokio::sync::Notify::new());
+        let (st, c) = (started.clone(), completed.clone());
+        let dog = Watchdog::new(20);
+        let drain = tokio::spawn(async move {
+            worker
+                .drain(dog.shutdown.clone(), move |h, _| {
+                    let (st, c, dog) = (st.clone(), c.clone(), dog.clone());
+                    async move {
+                        dog.tick();
+                        if h.scope().run_id.as_str() == "run_poison" {
+                            st.notify_one();
+                            std::future::pending::<()>().await;
+                        }
+                        c.fetch_add(1, Ordering::SeqCst);
+                        Ok::<_, WorkerError>(StepOutcome::Finished)
+                    }
+                })
+                .await
+        });
+        tokio::time::timeout(ms(60_000), started.notified())
+            .await
+            .expect("the poison run is handed out again until its limit");
+        drain.abort(); // the crash: nothing is released
+        let _ = drain.await;
+        crashed.fetch_add(1, Ordering::SeqCst);
+        sleep(ms(2 * TTL_MS)).await; // its lease lapses
+    }
+    let worker = Worker::new(
+        store.clone(),
+        tenant(),
+        worker_options(&clock, "w-last", 1, DrainMode::UntilIdle),
+    )
+    .unwrap();
+    let stepped_poison = Arc::new(AtomicBool::new(false));
+    let sp = stepped_poison.clone();
+    let dog = Watchdog::new(5);
+    let report = tokio::time::timeout(
+        ms(60_000),
+        worker.drain(dog.shutdown.clone(), move |h, _| {
+            let (sp, dog) = (sp.clone(), dog.clone());
+            async move {
+                dog.tick();
+                sp.fetch_or(h.scope().run_id.as_str() == "run_poison", Ordering::SeqCst);
+                Ok::<_, WorkerError>(StepOutcome::Finished)
+            }
+        }),
+    )
+    .await
+    .unwrap();
+    assert!(!stepped_poison.load(Ordering::SeqCst), "{report:?}");
+    let life = store.lifecycle(&run("run_poison")).await.unwrap();
+    assert_eq!(life.status, RunStatus::Failed, "{life:?}");
+    assert_eq!(
+        life.reason.as_deref(),
+        Some(runkeep::lifecycle::ATTEMPTS_EXHAUSTED)
+    );
+    assert_eq!((crashed.load(Ordering::SeqCst), life.attempts), (3, 3));
+    let fine = store.lifecycle(&run("run_fine")).await.unwrap();
+    assert_eq!(fine.status, RunStatus::Completed, "the other run completed");
+}
+
+/// An idle drain is woken by the store's watch, not by its polling
+/// fallback: on tokio's paused clock, the run enqueued while the drain
+/// waits is stepped without any time passing, though the fallback is a
+/// minute and the memory store's own watch fallback is seconds.
+#[tokio::test(start_paused = true)]
+async fn an_idle_drain_is_woken_by_the_stores_watch_not_by_polling() {
+    let clock = clock();
+    let store: Arc<dyn RunStore> = Arc::new(MemoryStore::new());
+    let mut o = worker_options(&clock, "w-a", 1, DrainMode::Continuous);
+    o.idle = runkeep_worker::IdleBackoff {
+        min: ms(60_000),
+        max: ms(60_000),
+        jitter: 0.0,
+    };
+    let worker = Worker::new(store.clone(), tenant(), o).unwrap();
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<tokio::time::Instant>();
+    let shutdown = CancellationToken::new();
+    let drain = tokio::spawn({
+        let shutdown = shutdown.clone();
+        async move {
+            worker
+                .drain(shutdown, move |_, _| {
+                    let tx = tx.clone();
+                    async move {
+                        let _ = tx.send(tokio::time::Instant::now());
+                        Ok::<_, WorkerError>(StepOutcome::Finished)
+                    }
+                })
+                .await
+        }
+    });
+    sleep(ms(1_000)).await; // the drain found nothing and waits
+    let enqueued = tokio::time::Instant::now();
+    enqueue(&*store, "run_w", clock.now(), None).await;
+    let stepped = tokio::time::timeout(ms(120_000), rx.recv())
+        .await
+        .expect("the run is stepped")
+        .unwrap();
+    let waited = stepped - enqueued;
+    assert!(
+        waited < ms(100),
+        "woken after {waited:?} of tokio time: by a poll, not by the watch"
+    );
+    shutdown.cancel();
+    let report = drain.await.unwrap();
+    assert!(report.woken_by_watch >= 1, "{report:?}");
+    assert_eq!(report.woken_by_poll, 0, "{report:?}");
+}
+
+/// Measures (does not assert) the wall-clock wake-up latency of an idle
+/// drain on the memory store: enqueue → the step starts. Reported with
+/// `--nocapture`; the polling fallback is a minute, so every wake-up counted
+/// here is the watch's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn wake_up_latency_of_an_idle_drain_on_the_memory_store() {
+    let store: Arc<dyn RunStore> = Arc::new(MemoryStore::new());
+    let mut o = WorkerOptions::new(holder("w-lat"), ttl());
+    o.idle = runkeep_worker::IdleBackoff {
+        min: ms(60_000),
+        max: ms(60_000),
+        jitter: 0.0,
+    };
+    let worker = Worker::new(store.clone(), tenant(), o).unwrap();
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<std::time::Instant>();
+    let shutdown = CancellationToken::new();
+    let drain = tokio::spawn({
+        let shutdown = shutdown.clone();
+        async move {
+            worker
+                .drain(shutdown, move |_, _| {
+                    let tx = tx.clone();
+                    async move {
+                        let _ = tx.send(std::time::Instant::now());
+                        Ok::<_, WorkerError>(StepOutcome::Finished)
+                    }
+                })
+                .await
+        }
+    });
+    let mut latencies = Vec::new();
+    for i in 0..50 {
+        tokio::time::sleep(ms(5)).await; // let the drain go idle
+        let sent = std::time::Instant::now();
+        enqueue(&*store, &format!("run_lat{i}"), Timestamp::now(), None).await;
+        let stepped = tokio::time::timeout(ms(30_000), rx.recv())
+            .await
+            .expect("stepped within the bound")
+            .unwrap();
+        latencies.push(stepped - sent);
+    }
+    shutdown.cancel();
+    let report = tokio::time::timeout(ms(30_000), drain)
+        .await
+        .unwrap()
+        .unwrap();
+    latencies.sort();
+    eprintln!(
+        "wake-up latency (memory store, enqueue → step start, {} samples): min {:?}, median {:?}, p90 {:?}, max {:?}; woken by watch {}, by poll {}",
+        latencies.len(),
+        latencies[0],
+        latencies[latencies.len() / 2],
+        latencies[latencies.len() * 9 / 10],
+        latencies[latencies.len() - 1],
+        report.woken_by_watch,
+        report.woken_by_poll
+    );
+    assert_eq!(report.woken_by_poll, 0, "{report:?}");
+    assert_eq!(report.completed, 50);
 }

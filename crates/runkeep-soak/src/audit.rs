@@ -7,18 +7,31 @@
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::Path;
 
-use runkeep::{Integrity, ParkState, ReadEventsOptions, RunScope, RunStore, Timestamp};
+use runkeep::lifecycle::ATTEMPTS_EXHAUSTED;
+use runkeep::{Integrity, ReadEventsOptions, RunScope, RunStatus, RunStore};
 use serde::Serialize;
 use serde_json::Value;
 
-use super::sink::{EffectSink, SinkEntry};
-use super::worker::SEED_CHECKPOINT;
+use crate::sink::{EffectSink, SinkEntry};
+use crate::worker::{SEED_CHECKPOINT, STEP_EVENT};
 
 /// What the audit found.
 #[derive(Clone, Debug, Default, Serialize)]
 pub struct Audit {
-    /// Runs that completed every step with a single-line checkpoint chain.
+    /// Runs that completed every step with a single-line checkpoint chain
+    /// and were finished as completed.
     pub runs_completed: u64,
+    /// Runs the store reports finished (any status).
+    pub runs_finished: u64,
+    /// Takeovers from expired leases, summed over every run (the store's
+    /// attempt counts).
+    pub attempts: u64,
+    /// Runs dead-lettered (finished as failed, attempts exhausted).
+    pub runs_dead_lettered: u64,
+    /// Poison runs dead-lettered after exactly their attempt limit.
+    pub poison_dead_lettered: u64,
+    /// Workers a poison run crashed (from the ack logs).
+    pub poison_crashes: u64,
     /// Checkpoints read back.
     pub checkpoints: u64,
     /// Events read back.
@@ -43,7 +56,7 @@ pub struct Audit {
     /// Torn lines in logs of killed processes (their operations never returned).
     pub torn_log_lines: u64,
     /// Runs that had not finished when the soak stopped (a prefix of their
-    /// steps committed, work item unanswered): the soak ran out of time.
+    /// steps committed, not finished; a poison run not dead-lettered yet): the soak ran out of time.
     /// Not a violation of any guarantee.
     pub runs_incomplete: Vec<String>,
     /// Every violation, with its run.
@@ -63,13 +76,34 @@ pub struct ReExecution {
     pub fences: Vec<u64>,
 }
 
-/// Audits `runs` (each seeded with `steps` steps).
-pub async fn audit(store: &dyn RunStore, runs: &[RunScope], steps: u64, soak_dir: &Path) -> Audit {
+/// What the audit expects of the runs.
+#[derive(Clone, Debug)]
+pub struct Expect {
+    /// Steps per run.
+    pub steps: u64,
+    /// The poison runs (a subset of the runs audited).
+    pub poison: HashSet<RunScope>,
+    /// The attempt limit the poison runs were enqueued with.
+    pub max_attempts: u32,
+}
+
+/// Audits `runs`.
+pub async fn audit(
+    store: &dyn RunStore,
+    runs: &[RunScope],
+    expect: &Expect,
+    soak_dir: &Path,
+) -> Audit {
     let mut a = Audit::default();
     let acks = read_acks(&soak_dir.join("acks"), &mut a);
     for scope in runs {
-        audit_run(store, scope, steps, &acks, &mut a).await;
+        if expect.poison.contains(scope) {
+            audit_poison(store, scope, expect, &mut a).await;
+        } else {
+            audit_run(store, scope, expect.steps, &acks, &mut a).await;
+        }
     }
+    a.poison_crashes = acks.iter().filter(|v| v["k"] == "poison").count() as u64;
     audit_effects(soak_dir, &mut a);
     audit_fences(&acks, &mut a);
     a.fenced_out_refusals = acks
@@ -115,10 +149,18 @@ async fn audit_run(
         }
     };
     a.checkpoints += cps.len() as u64;
+    let life = match store.lifecycle(scope).await {
+        Ok(l) => l,
+        Err(e) => {
+            a.violations
+                .push(format!("{run}: lifecycle unreadable: {e}"));
+            return;
+        }
+    };
+    count_lifecycle(&life, a);
     // The step checkpoints, in the store's total order, must be 1, 2, …,
-    // steps: one line, no divergent branch, nothing skipped or repeated. (The
-    // seed holds the work item's park; answering it rewrites it under the
-    // final fence, so it is left out of the chain.)
+    // steps: one line, no divergent branch, nothing skipped or repeated.
+    // (The seed is step 0.)
     let chain: Vec<u64> = cps
         .iter()
         .filter(|c| c.id.as_str() != SEED_CHECKPOINT)
@@ -133,42 +175,44 @@ async fn audit_run(
     // A prefix of 1..=steps is a run still under way; anything else is a
     // divergent branch, a skipped or a repeated step.
     let is_prefix = chain.len() <= expected.len() && chain[..] == expected[..chain.len()];
-    let answered = matches!(
-        cps.iter()
-            .find(|c| c.id.as_str() == SEED_CHECKPOINT)
-            .and_then(|c| c.pending.clone()),
-        Some(p) if p.state(Timestamp::now()) == ParkState::Resolved
-    );
     let mut complete = true;
     if !cps.iter().any(|c| c.id.as_str() == SEED_CHECKPOINT) {
         complete = false;
-        a.violations.push(format!(
-            "{run}: its seed checkpoint (the work item) is gone"
-        ));
+        a.violations
+            .push(format!("{run}: its seed checkpoint (step 0) is gone"));
     } else if !is_prefix {
         complete = false;
         a.violations.push(format!(
             "{run}: checkpoint chain in the total order is {:?}, expected 1..={steps} in order (a divergent branch or a lost step)",
             abbreviate(&chain)
         ));
-    } else if chain.len() < expected.len() {
-        complete = false;
-        if answered {
-            a.violations.push(format!(
-                "{run}: its work item was answered after only {} of {steps} steps (a lost step)",
-                chain.len()
-            ));
-        } else {
-            a.runs_incomplete.push(format!(
-                "{run}: {} of {steps} steps committed, work item not answered yet",
-                chain.len()
-            ));
+    } else {
+        match life.status {
+            RunStatus::Completed if chain.len() < expected.len() => {
+                complete = false;
+                a.violations.push(format!(
+                    "{run}: finished as completed after only {} of {steps} steps (a lost step)",
+                    chain.len()
+                ));
+            }
+            RunStatus::Completed => {}
+            RunStatus::Active => {
+                complete = false;
+                a.runs_incomplete.push(format!(
+                    "{run}: {} of {steps} steps committed, not finished yet (attempts {})",
+                    chain.len(),
+                    life.attempts
+                ));
+            }
+            status => {
+                complete = false;
+                a.violations.push(format!(
+                    "{run}: finished {status} ({}) after {} attempts, though it is not a poison run: every other run must complete",
+                    life.reason.as_deref().unwrap_or("no reason"),
+                    life.attempts
+                ));
+            }
         }
-    } else if !answered {
-        complete = false;
-        a.runs_incomplete.push(format!(
-            "{run}: all {steps} steps committed, work item not answered yet"
-        ));
     }
     let strict = ReadEventsOptions {
         integrity: Integrity::Strict,
@@ -186,27 +230,22 @@ async fn audit_run(
                 a.acks_checked += 1;
                 let seq = ack["seq"].as_u64().unwrap_or(0);
                 let nonce = ack["nonce"].as_str().unwrap_or("");
-                let present = by_seq.get(&seq).is_some_and(|e| {
-                    e.payload.get("nonce").and_then(Value::as_str) == Some(nonce)
-                        || nonce.starts_with("completed-")
-                });
+                let present = by_seq
+                    .get(&seq)
+                    .is_some_and(|e| e.payload.get("nonce").and_then(Value::as_str) == Some(nonce));
                 if !present {
                     a.violations.push(format!("{run}: acknowledged event seq {seq} (nonce {nonce}) is missing or different"));
                 }
             }
             let mut seen_steps = HashSet::new();
-            for e in batch
-                .events
-                .iter()
-                .filter(|e| e.event_type == "step_started")
-            {
+            for e in batch.events.iter().filter(|e| e.event_type == STEP_EVENT) {
                 if let Some(s) = e.payload.get("step").and_then(Value::as_u64) {
                     seen_steps.insert(s);
                 }
             }
             if complete && seen_steps.len() as u64 != steps {
                 a.violations.push(format!(
-                    "{run}: transcript records {} distinct started steps, expected {steps}",
+                    "{run}: transcript records {} distinct committed steps, expected {steps}",
                     seen_steps.len()
                 ));
             }
@@ -229,6 +268,65 @@ async fn audit_run(
     }
     if complete {
         a.runs_completed += 1;
+    }
+}
+
+fn count_lifecycle(life: &runkeep::Lifecycle, a: &mut Audit) {
+    a.attempts += u64::from(life.attempts);
+    if life.status.is_finished() {
+        a.runs_finished += 1;
+    }
+    if life.status == RunStatus::Failed && life.reason.as_deref() == Some(ATTEMPTS_EXHAUSTED) {
+        a.runs_dead_lettered += 1;
+    }
+}
+
+/// A poison run must end dead-lettered at exactly its attempt limit, with
+/// no step committed; until then it is incomplete, not a violation.
+async fn audit_poison(store: &dyn RunStore, scope: &RunScope, expect: &Expect, a: &mut Audit) {
+    let run = scope.run_id.to_string();
+    let life = match store.lifecycle(scope).await {
+        Ok(l) => l,
+        Err(e) => {
+            a.violations
+                .push(format!("{run}: lifecycle unreadable: {e}"));
+            return;
+        }
+    };
+    count_lifecycle(&life, a);
+    match store.list_checkpoints(scope).await {
+        Ok(cps) => {
+            a.checkpoints += cps.len() as u64;
+            let stepped = cps
+                .iter()
+                .filter(|c| c.id.as_str() != SEED_CHECKPOINT)
+                .count();
+            if stepped > 0 {
+                a.violations.push(format!(
+                    "{run}: a poison run (its step crashes every worker) has {stepped} step checkpoints"
+                ));
+            }
+        }
+        Err(e) => a
+            .violations
+            .push(format!("{run}: checkpoints unreadable: {e}")),
+    }
+    let dead =
+        life.status == RunStatus::Failed && life.reason.as_deref() == Some(ATTEMPTS_EXHAUSTED);
+    match life.status {
+        RunStatus::Active => a.runs_incomplete.push(format!(
+            "{run}: poison run not dead-lettered yet ({} of {} attempts)",
+            life.attempts, expect.max_attempts
+        )),
+        _ if dead && life.attempts == expect.max_attempts => a.poison_dead_lettered += 1,
+        _ if dead => a.violations.push(format!(
+            "{run}: poison run dead-lettered after {} attempts, its limit is {}",
+            life.attempts, expect.max_attempts
+        )),
+        status => a.violations.push(format!(
+            "{run}: poison run finished {status} ({}), expected failed: {ATTEMPTS_EXHAUSTED}",
+            life.reason.as_deref().unwrap_or("no reason")
+        )),
     }
 }
 

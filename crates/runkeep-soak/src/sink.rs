@@ -12,8 +12,8 @@ use std::fs::{File, OpenOptions};
 use std::io::{BufRead, BufReader, Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
 
-use runkeep_worker::admit_fence;
 use runkeep::{Fence, RunId};
+use runkeep_worker::admit_fence;
 use rustix::fs::{flock, FlockOperation};
 use serde::{Deserialize, Serialize};
 
