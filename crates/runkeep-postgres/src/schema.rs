@@ -1,0 +1,247 @@
+//! The SQL schema: embedded, versioned migrations, applied under a
+//! transaction-level advisory lock.
+//!
+//! Every table lives in the store's own schema (`PgOptions::schema`); the
+//! version applied is recorded in its `runkeep_schema` table, one row per
+//! migration. A database whose recorded version is newer than
+//! [`SCHEMA_VERSION`] is refused: this binary does not know what the newer
+//! one changed.
+
+use runkeep::{Error, Result};
+use tokio_postgres::Client;
+
+use crate::error::map_pg;
+
+/// The schema version this binary writes and reads.
+pub const SCHEMA_VERSION: i32 = 1;
+
+/// The migrations, in order: `(version, SQL)`. Never edit a released one;
+/// add the next.
+pub const MIGRATIONS: &[(i32, &str)] = &[(1, V1)];
+
+/// Version 1: runs (the lease row, lifecycle, digest and documents),
+/// checkpoints, events and audit records.
+///
+/// Times are epoch milliseconds (`bigint`), as in the contract's
+/// `Timestamp`; identifiers are `text COLLATE "C"` so SQL orders them
+/// bytewise, exactly as the core's `RowKey` does.
+const V1: &str = r#"
+CREATE TABLE runs (
+    tenant_id        text COLLATE "C" NOT NULL,
+    project_id       text COLLATE "C" NOT NULL,
+    session_id       text COLLATE "C" NOT NULL,
+    run_id           text COLLATE "C" NOT NULL,
+    parent_id        text COLLATE "C" NOT NULL DEFAULT '',
+    -- The top holding: NULL never claimed, 1 a lease, 2 a release tombstone.
+    top_kind         smallint CHECK (top_kind IN (1, 2)),
+    top_fence        bigint,
+    holder           text,
+    expires_at       bigint,
+    -- The lifecycle (NULL: the default, active) and its filter columns.
+    lifecycle        jsonb,
+    status           text COLLATE "C" NOT NULL DEFAULT 'active',
+    available_at     bigint,
+    -- The listing digest (NULL: no checkpoints) and its index columns.
+    digest           jsonb,
+    checkpoint_count bigint NOT NULL DEFAULT 0,
+    created_rank     smallint NOT NULL DEFAULT 0,
+    created_stamp    bigint NOT NULL DEFAULT 0,
+    park_count       integer NOT NULL DEFAULT 0,
+    -- Sequence heads, advanced under the row lock.
+    last_seq         bigint NOT NULL DEFAULT 0,
+    last_audit_seq   bigint NOT NULL DEFAULT 0,
+    -- Documents.
+    record           jsonb,
+    messages         jsonb,
+    messages_through bigint,
+    report           text,
+    PRIMARY KEY (tenant_id, project_id, session_id, run_id, parent_id),
+    CHECK ((top_kind IS NULL) = (top_fence IS NULL)),
+    CHECK (top_kind IS DISTINCT FROM 1 OR (holder IS NOT NULL AND expires_at IS NOT NULL))
+);
+-- Listing in both orders, O(page) by keyset (tenant, project or session scope).
+CREATE INDEX runs_by_run_id ON runs
+    (tenant_id, run_id, parent_id, project_id, session_id) WHERE checkpoint_count > 0;
+CREATE INDEX runs_by_created_at ON runs
+    (tenant_id, created_rank, created_stamp, run_id, parent_id, project_id, session_id)
+    WHERE checkpoint_count > 0;
+-- claim_next: only active runs with checkpoints, in both orders.
+CREATE INDEX runs_runnable_by_run_id ON runs
+    (tenant_id, run_id, parent_id, project_id, session_id)
+    WHERE checkpoint_count > 0 AND status = 'active';
+CREATE INDEX runs_runnable_by_created_at ON runs
+    (tenant_id, created_rank, created_stamp, run_id, parent_id, project_id, session_id)
+    WHERE checkpoint_count > 0 AND status = 'active';
+-- The doctor's dead-letter and stale-lease questions.
+CREATE INDEX runs_by_status ON runs (tenant_id, status) WHERE status <> 'active';
+
+CREATE TABLE checkpoints (
+    tenant_id     text COLLATE "C" NOT NULL,
+    project_id    text COLLATE "C" NOT NULL,
+    session_id    text COLLATE "C" NOT NULL,
+    run_id        text COLLATE "C" NOT NULL,
+    parent_id     text COLLATE "C" NOT NULL,
+    checkpoint_id text COLLATE "C" NOT NULL,
+    -- The header the digest is built from (id, times, fence, park).
+    header        jsonb NOT NULL,
+    -- The checkpoint's flat JSON form (state and header fields).
+    body          jsonb NOT NULL,
+    PRIMARY KEY (tenant_id, project_id, session_id, run_id, parent_id, checkpoint_id),
+    FOREIGN KEY (tenant_id, project_id, session_id, run_id, parent_id)
+        REFERENCES runs ON DELETE CASCADE
+);
+
+CREATE TABLE events (
+    tenant_id  text COLLATE "C" NOT NULL,
+    project_id text COLLATE "C" NOT NULL,
+    session_id text COLLATE "C" NOT NULL,
+    run_id     text COLLATE "C" NOT NULL,
+    parent_id  text COLLATE "C" NOT NULL,
+    seq        bigint NOT NULL CHECK (seq > 0),
+    -- The event's flat JSON line form (payload, type, seq, timestamp, generation).
+    body       jsonb NOT NULL,
+    PRIMARY KEY (tenant_id, project_id, session_id, run_id, parent_id, seq),
+    FOREIGN KEY (tenant_id, project_id, session_id, run_id, parent_id)
+        REFERENCES runs ON DELETE CASCADE
+);
+
+CREATE TABLE audit (
+    tenant_id  text COLLATE "C" NOT NULL,
+    project_id text COLLATE "C" NOT NULL,
+    session_id text COLLATE "C" NOT NULL,
+    run_id     text COLLATE "C" NOT NULL,
+    parent_id  text COLLATE "C" NOT NULL,
+    seq        bigint NOT NULL CHECK (seq > 0),
+    body       jsonb NOT NULL,
+    PRIMARY KEY (tenant_id, project_id, session_id, run_id, parent_id, seq),
+    FOREIGN KEY (tenant_id, project_id, session_id, run_id, parent_id)
+        REFERENCES runs ON DELETE CASCADE
+);
+"#;
+
+/// Quotes a validated schema name as an identifier.
+pub(crate) fn ident(schema: &str) -> String {
+    format!("\"{schema}\"")
+}
+
+/// Checks a schema name: 1 to 40 of `[a-z0-9_]`, starting with a letter or
+/// `_` (so it needs no escaping and the NOTIFY channel name fits).
+pub(crate) fn validate_schema_name(schema: &str) -> Result<()> {
+    let ok = !schema.is_empty()
+        && schema.len() <= 40
+        && schema
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_')
+        && !schema.as_bytes()[0].is_ascii_digit()
+        && !schema.starts_with("pg_");
+    if ok {
+        Ok(())
+    } else {
+        Err(Error::invalid(format!(
+            "PostgreSQL schema name {schema:?} must be 1 to 40 of a-z, 0-9 and _, start with a letter or _, and not start with pg_"
+        )))
+    }
+}
+
+/// Applies every missing migration to `schema`, under a transaction-level
+/// advisory lock keyed by the schema name, so two processes migrating at
+/// once serialize (the second finds the work done). Refuses a schema at a
+/// newer version than [`SCHEMA_VERSION`]. Answers the version now applied.
+pub async fn migrate(client: &mut Client, schema: &str) -> Result<i32> {
+    validate_schema_name(schema)?;
+    let q = ident(schema);
+    let tx = client
+        .transaction()
+        .await
+        .map_err(|e| map_pg("migrate: begin", e))?;
+    tx.execute(
+        "SELECT pg_advisory_xact_lock(hashtextextended('runkeep-migrate:' || $1::text, 0))",
+        &[&schema],
+    )
+    .await
+    .map_err(|e| map_pg("migrate: advisory lock", e))?;
+    tx.batch_execute(&format!(
+        "CREATE SCHEMA IF NOT EXISTS {q};
+         CREATE TABLE IF NOT EXISTS {q}.runkeep_schema (
+             version    integer PRIMARY KEY,
+             applied_at timestamptz NOT NULL DEFAULT clock_timestamp()
+         );"
+    ))
+    .await
+    .map_err(|e| map_pg("migrate: create the schema table", e))?;
+    let current = current_version_in(&tx, schema).await?;
+    refuse_newer(schema, current)?;
+    for (version, sql) in MIGRATIONS {
+        if *version <= current {
+            continue;
+        }
+        tx.batch_execute(&format!("SET LOCAL search_path TO {q}; {sql}"))
+            .await
+            .map_err(|e| map_pg(&format!("migrate: apply version {version}"), e))?;
+        tx.execute(
+            &format!("INSERT INTO {q}.runkeep_schema (version) VALUES ($1)"),
+            &[version],
+        )
+        .await
+        .map_err(|e| map_pg("migrate: record the version", e))?;
+        tracing::info!(schema, version, "runkeep-postgres: applied migration");
+    }
+    tx.commit()
+        .await
+        .map_err(|e| map_pg("migrate: commit", e))?;
+    Ok(SCHEMA_VERSION.max(current))
+}
+
+async fn current_version_in(tx: &tokio_postgres::Transaction<'_>, schema: &str) -> Result<i32> {
+    let row = tx
+        .query_one(
+            &format!(
+                "SELECT coalesce(max(version), 0) FROM {}.runkeep_schema",
+                ident(schema)
+            ),
+            &[],
+        )
+        .await
+        .map_err(|e| map_pg("read the schema version", e))?;
+    Ok(row.get(0))
+}
+
+/// The version recorded in `schema` (0 when the schema or its version table
+/// does not exist).
+pub async fn current_version(client: &Client, schema: &str) -> Result<i32> {
+    validate_schema_name(schema)?;
+    let exists: bool = client
+        .query_one(
+            "SELECT to_regclass($1) IS NOT NULL",
+            &[&format!("{}.runkeep_schema", ident(schema))],
+        )
+        .await
+        .map_err(|e| map_pg("look for the schema table", e))?
+        .get(0);
+    if !exists {
+        return Ok(0);
+    }
+    let row = client
+        .query_one(
+            &format!(
+                "SELECT coalesce(max(version), 0) FROM {}.runkeep_schema",
+                ident(schema)
+            ),
+            &[],
+        )
+        .await
+        .map_err(|e| map_pg("read the schema version", e))?;
+    Ok(row.get(0))
+}
+
+/// Refuses a version this binary cannot use.
+pub(crate) fn refuse_newer(schema: &str, found: i32) -> Result<()> {
+    if found > SCHEMA_VERSION {
+        return Err(Error::Unsupported {
+            message: format!(
+                "PostgreSQL schema {schema:?} is at runkeep schema version {found}, newer than version {SCHEMA_VERSION} this binary knows; upgrade runkeep (a newer binary migrated it), or point it at another schema"
+            ),
+        });
+    }
+    Ok(())
+}
