@@ -1698,11 +1698,7 @@ async fn a_finish_through_the_handle_stops_the_keeper_and_refuses_later_writes()
         .unwrap_err()
         .is_fenced_out());
     assert!(h.ended_by_handle().is_some() && !h.is_lost());
-    assert_eq!(
-        keeper.release().await.unwrap(),
-        false,
-        "nothing left to release"
-    );
+    assert!(!keeper.release().await.unwrap(), "nothing left to release");
 }
 
 /// A poison run (its step kills the worker every time) is handed out until
