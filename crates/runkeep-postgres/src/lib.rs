@@ -544,6 +544,63 @@ impl PgStore {
         Ok(config)
     }
 
+    /// The query plan (`EXPLAIN`) of the first page `list_runs` would read
+    /// for `scope` and `options`: what an operator (or a test) checks for
+    /// index use.
+    pub async fn explain_list_runs(
+        &self,
+        scope: &ListingScope,
+        options: &ListOptions,
+    ) -> Result<String> {
+        let c = self.conn("explain list_runs").await?;
+        let now = match options.now {
+            Some(n) => n,
+            None => self.judged_now(&c).await?,
+        };
+        let query = ListQuery::new(scope, &options.judged_at(|| now))?;
+        let listing = Listing {
+            scope,
+            order: query.order,
+            statuses: query
+                .status
+                .as_ref()
+                .map(|v| v.iter().map(|s| s.as_str().to_string()).collect()),
+            claimed: query.claimed,
+            parks: query.park.is_some(),
+            runnable: false,
+            now: query.now.as_millis(),
+        };
+        let after = match &query.after {
+            Some(k) => After::Cursor(k.clone()),
+            None => After::None,
+        };
+        let fetch = i64::try_from(query.limit + 1).unwrap_or(i64::MAX);
+        let (sql, params) = listing.sql_and_params(&after, fetch, false);
+        explain(&c, &sql, &params).await
+    }
+
+    /// The query plan of `claim_next`'s candidate search for `scope` and
+    /// `filter` (its first, row-locking step).
+    pub async fn explain_claim_next(
+        &self,
+        scope: &ListingScope,
+        filter: &ClaimNextFilter,
+    ) -> Result<String> {
+        let c = self.conn("explain claim_next").await?;
+        let now = self.judged_now(&c).await?;
+        let listing = Listing {
+            scope,
+            order: filter.order,
+            statuses: None,
+            claimed: Some(false),
+            parks: filter.park.is_some(),
+            runnable: true,
+            now: now.as_millis(),
+        };
+        let (sql, params) = listing.sql_and_params(&After::None, 1, true);
+        explain(&c, &sql, &params).await
+    }
+
     /// The options this store was built with.
     pub fn options(&self) -> &PgOptions {
         &self.options
@@ -1201,6 +1258,19 @@ fn listed_row(
             Ok((scope, RunState::default(), row))
         }
     }
+}
+
+async fn explain(
+    c: &deadpool_postgres::Object,
+    sql: &str,
+    params: &[Box<dyn ToSql + Sync + Send>],
+) -> Result<String> {
+    let rs = rows(c, "explain", &format!("EXPLAIN {sql}"), &params_ref(params)).await?;
+    Ok(rs
+        .iter()
+        .map(|r| r.get::<_, String>(0))
+        .collect::<Vec<_>>()
+        .join("\n"))
 }
 
 fn params_ref(p: &[Box<dyn ToSql + Sync + Send>]) -> Vec<&(dyn ToSql + Sync)> {

@@ -72,6 +72,13 @@ CREATE INDEX runs_runnable_by_run_id ON runs
 CREATE INDEX runs_runnable_by_created_at ON runs
     (tenant_id, created_rank, created_stamp, run_id, parent_id, project_id, session_id)
     WHERE checkpoint_count > 0 AND status = 'active';
+-- The park filter (listing and claim_next): only runs with a park.
+CREATE INDEX runs_parked_by_run_id ON runs
+    (tenant_id, run_id, parent_id, project_id, session_id)
+    WHERE checkpoint_count > 0 AND park_count > 0;
+CREATE INDEX runs_parked_by_created_at ON runs
+    (tenant_id, created_rank, created_stamp, run_id, parent_id, project_id, session_id)
+    WHERE checkpoint_count > 0 AND park_count > 0;
 -- The doctor's dead-letter and stale-lease questions.
 CREATE INDEX runs_by_status ON runs (tenant_id, status) WHERE status <> 'active';
 
