@@ -97,10 +97,7 @@ async fn poison_runs_on_thread_workers_are_dead_lettered_at_their_limit_and_the_
         text.contains("2 / 2 dead-lettered after 3 attempts"),
         "{text}"
     );
-    assert!(
-        text.contains("8 / 8 (2 dead-lettered)"),
-        "{text}"
-    );
+    assert!(text.contains("8 / 8 (2 dead-lettered)"), "{text}");
 }
 
 /// The audit's lifecycle checks can fail: an ordinary run finished as

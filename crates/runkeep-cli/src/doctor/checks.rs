@@ -708,8 +708,7 @@ async fn stale_runnable(env: &Env) -> CliResult<Outcome> {
         .iter()
         .filter(|r| {
             r.is_claimable(env.now)
-                && r
-                    .park
+                && r.park
                     .as_ref()
                     .is_none_or(|p| p.state != runkeep::ParkState::Outstanding)
         })
