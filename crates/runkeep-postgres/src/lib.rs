@@ -1756,13 +1756,11 @@ impl CheckpointStore for PgStore {
         let r = row_opt(
             &c,
             "read the latest checkpoint",
-            &format!(
-                "SELECT c.body FROM runs r JOIN checkpoints c
+            "SELECT c.body FROM runs r JOIN checkpoints c
                    ON (c.tenant_id, c.project_id, c.session_id, c.run_id, c.parent_id)
                     = (r.tenant_id, r.project_id, r.session_id, r.run_id, r.parent_id)
                   AND c.checkpoint_id = r.digest->'latest'->>'id'
-                 WHERE r.tenant_id = $1 AND r.project_id = $2 AND r.session_id = $3 AND r.run_id = $4 AND r.parent_id = $5"
-            ),
+                 WHERE r.tenant_id = $1 AND r.project_id = $2 AND r.session_id = $3 AND r.run_id = $4 AND r.parent_id = $5",
             &key.params(),
         )
         .await?;
