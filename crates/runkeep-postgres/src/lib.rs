@@ -59,7 +59,7 @@ use tokio_postgres::{NoTls, Row};
 use runkeep::checkpoint::sort_checkpoints;
 use runkeep::evidence::check_document_size;
 use runkeep::lease::{check_write_fence, decide_release, stamp_fence};
-use runkeep::lifecycle::{self, ClaimPlan};
+use runkeep::lifecycle;
 use runkeep::listing::{ListQuery, RowKey};
 use runkeep::park::{self, ParkState};
 use runkeep::watch::Notifier;
@@ -453,6 +453,31 @@ impl PgStore {
             }
         });
         let r = schema::migrate(&mut client, &options.schema).await;
+        drop(client);
+        let _ = driver.await;
+        r
+    }
+
+    /// The runkeep schema version recorded in `options.schema` (0 when the
+    /// schema has never been migrated), read on a connection of its own
+    /// without changing anything: what `runkeep` checks before a read-only
+    /// command and what the doctor reports.
+    ///
+    /// # Errors
+    /// `Unavailable` when the server cannot be reached; `InvalidInput` for a
+    /// bad URL or schema name.
+    pub async fn schema_version(url: &str, options: &PgOptions) -> Result<i32> {
+        let config = Self::pg_config(url, options)?;
+        let (client, conn) = config
+            .connect(NoTls)
+            .await
+            .map_err(|e| map_pg("connect (to read the schema version)", e))?;
+        let driver = tokio::spawn(async move {
+            if let Err(e) = conn.await {
+                tracing::debug!(error = %e, "runkeep-postgres: version connection ended");
+            }
+        });
+        let r = schema::current_version(&client, &options.schema).await;
         drop(client);
         let _ = driver.await;
         r
@@ -953,38 +978,13 @@ impl PgStore {
         options: &ClaimOptions,
         now: Timestamp,
     ) -> Result<ClaimOutcome> {
-        let plan = lifecycle::plan_claim(
+        lifecycle::apply_claim(
             &scope.run_id,
-            run.top.as_ref(),
-            &run.lifecycle,
-            &options.holder,
+            &mut run.top,
+            &mut run.lifecycle,
+            options,
             now,
-            options.max_attempts,
-        )?;
-        match plan {
-            ClaimPlan::Held(s) => Ok(ClaimOutcome::Held(s)),
-            ClaimPlan::Finished(status) => Ok(ClaimOutcome::Finished(status)),
-            ClaimPlan::NotBefore(at) => Ok(ClaimOutcome::NotBefore(at)),
-            ClaimPlan::Exhausted { fence, attempts } => {
-                run.lifecycle = lifecycle::exhausted(&run.lifecycle, fence, attempts, now);
-                run.top = Some(TopHolding::Released { fence });
-                Ok(ClaimOutcome::Finished(run.lifecycle.status))
-            }
-            ClaimPlan::Take { fence, takeover } => {
-                let lease = Lease {
-                    holder: options.holder.clone(),
-                    fence,
-                    expires_at: now.plus(options.ttl),
-                };
-                run.top = Some(TopHolding::Lease {
-                    fence,
-                    holder: lease.holder.clone(),
-                    expires_at: lease.expires_at,
-                });
-                run.lifecycle = lifecycle::after_take(&run.lifecycle, takeover);
-                Ok(ClaimOutcome::Acquired(lease))
-            }
-        }
+        )
     }
 
     /// Starts the LISTEN connection once, on the current runtime (none:
@@ -1696,12 +1696,14 @@ impl CheckpointStore for PgStore {
         let tx = begin!(conn, "finish");
         let mut run = self.lock(&tx, scope, &key, true).await?.unwrap_or_default();
         let now = self.judged_now(&tx).await?;
-        let l = lifecycle::after_finish(&scope.run_id, &run.lifecycle, outcome, fence, now)?;
-        run.check(scope, "finish", Some(fence))?;
-        run.top = Some(TopHolding::Released {
-            fence: fence.next(&scope.run_id)?,
-        });
-        run.lifecycle = l.clone();
+        let l = lifecycle::apply_finish(
+            &scope.run_id,
+            &mut run.top,
+            &mut run.lifecycle,
+            outcome,
+            fence,
+            now,
+        )?;
         self.save(&tx, &key, &run).await?;
         self.notify(&tx, scope, false).await?;
         commit(tx, "finish").await?;
@@ -1715,17 +1717,19 @@ impl CheckpointStore for PgStore {
         let Some(mut run) = self.lock(&tx, scope, &key, false).await? else {
             return Ok(false);
         };
-        match decide_release(&scope.run_id, run.top.as_ref(), fence)? {
-            Some(tomb) => {
-                run.top = Some(TopHolding::Released { fence: tomb });
-                run.lifecycle.available_at = Some(until);
-                self.save(&tx, &key, &run).await?;
-                self.notify(&tx, scope, false).await?;
-                commit(tx, "snooze").await?;
-                Ok(true)
-            }
-            None => Ok(false),
+        if !lifecycle::apply_snooze(
+            &scope.run_id,
+            &mut run.top,
+            &mut run.lifecycle,
+            fence,
+            until,
+        )? {
+            return Ok(false);
         }
+        self.save(&tx, &key, &run).await?;
+        self.notify(&tx, scope, false).await?;
+        commit(tx, "snooze").await?;
+        Ok(true)
     }
 
     async fn reopen(&self, scope: &RunScope) -> Result<Lifecycle> {

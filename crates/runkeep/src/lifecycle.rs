@@ -45,7 +45,10 @@ use serde_json::Value;
 
 use crate::error::{Error, Result};
 use crate::id::{Holder, RunId};
-use crate::lease::{decide_claim, is_expired, ClaimDecision, Fence, LeaseSummary, TopHolding};
+use crate::lease::{
+    check_write_fence, decide_claim, decide_release, is_expired, ClaimDecision, ClaimOptions,
+    ClaimOutcome, Fence, Lease, LeaseSummary, TopHolding,
+};
 use crate::time::Timestamp;
 
 /// The attempt limit when neither the claim nor the run sets one.
@@ -408,6 +411,91 @@ pub fn after_reopen(run: &RunId, l: &Lifecycle) -> Result<Lifecycle> {
         max_attempts: l.max_attempts,
         ..Lifecycle::default()
     })
+}
+
+/// The claim transition on a run whose top holding and lifecycle are kept
+/// together (the memory store, a database row): [`plan_claim`] applied.
+/// `Exhausted` spends the fence on a tombstone (never a lease) and records
+/// the dead-lettering. The directory backend, whose state lives in separate
+/// files, applies the same plan its own way.
+pub fn apply_claim(
+    run: &RunId,
+    top: &mut Option<TopHolding>,
+    lifecycle: &mut Lifecycle,
+    options: &ClaimOptions,
+    now: Timestamp,
+) -> Result<ClaimOutcome> {
+    match plan_claim(
+        run,
+        top.as_ref(),
+        lifecycle,
+        &options.holder,
+        now,
+        options.max_attempts,
+    )? {
+        ClaimPlan::Held(s) => Ok(ClaimOutcome::Held(s)),
+        ClaimPlan::Finished(status) => Ok(ClaimOutcome::Finished(status)),
+        ClaimPlan::NotBefore(at) => Ok(ClaimOutcome::NotBefore(at)),
+        ClaimPlan::Exhausted { fence, attempts } => {
+            *lifecycle = exhausted(lifecycle, fence, attempts, now);
+            *top = Some(TopHolding::Released { fence });
+            Ok(ClaimOutcome::Finished(lifecycle.status))
+        }
+        ClaimPlan::Take { fence, takeover } => {
+            let lease = Lease {
+                holder: options.holder.clone(),
+                fence,
+                expires_at: now.plus(options.ttl),
+            };
+            *top = Some(TopHolding::Lease {
+                fence,
+                holder: lease.holder.clone(),
+                expires_at: lease.expires_at,
+            });
+            *lifecycle = after_take(lifecycle, takeover);
+            Ok(ClaimOutcome::Acquired(lease))
+        }
+    }
+}
+
+/// The finish transition (kept-together state, as [`apply_claim`]): a
+/// finished run is `Conflict` whatever the fence (the caller learns the run
+/// is finished, not only that it lost it), then the fence rule, then the
+/// lease ends with a tombstone at `fence + 1`. Nothing changes on a refusal.
+pub fn apply_finish(
+    run: &RunId,
+    top: &mut Option<TopHolding>,
+    lifecycle: &mut Lifecycle,
+    outcome: &Outcome,
+    fence: Fence,
+    now: Timestamp,
+) -> Result<Lifecycle> {
+    let l = after_finish(run, lifecycle, outcome, fence, now)?;
+    check_write_fence(run, "finish", fence, top.as_ref())?;
+    let tomb = fence.next(run)?;
+    *top = Some(TopHolding::Released { fence: tomb });
+    *lifecycle = l.clone();
+    Ok(l)
+}
+
+/// The snooze transition (kept-together state, as [`apply_claim`]): a
+/// release of `fence` that also defers the run until `until`; `false` and no
+/// change when `fence` is not the run's current holding.
+pub fn apply_snooze(
+    run: &RunId,
+    top: &mut Option<TopHolding>,
+    lifecycle: &mut Lifecycle,
+    fence: Fence,
+    until: Timestamp,
+) -> Result<bool> {
+    match decide_release(run, top.as_ref(), fence)? {
+        Some(tomb) => {
+            *top = Some(TopHolding::Released { fence: tomb });
+            lifecycle.available_at = Some(until);
+            Ok(true)
+        }
+        None => Ok(false),
+    }
 }
 
 #[cfg(test)]

@@ -23,7 +23,7 @@ use crate::lease::{
     check_write_fence, decide_release, stamp_fence, ClaimOptions, ClaimOutcome, Fence, Lease,
     LeaseSummary, TopHolding,
 };
-use crate::lifecycle::{self, ClaimPlan, EnqueueOptions, Lifecycle, Outcome};
+use crate::lifecycle::{self, EnqueueOptions, Lifecycle, Outcome};
 use crate::listing::{ListOptions, ListQuery, RunDigest, RunPage, RunRow};
 use crate::park::{self, ParkResolution};
 use crate::scope::{ListingScope, RunScope};
@@ -85,39 +85,13 @@ impl RunState {
         options: &ClaimOptions,
         now: Timestamp,
     ) -> Result<ClaimOutcome> {
-        let plan = lifecycle::plan_claim(
+        lifecycle::apply_claim(
             &scope.run_id,
-            self.top.as_ref(),
-            &self.lifecycle,
-            &options.holder,
+            &mut self.top,
+            &mut self.lifecycle,
+            options,
             now,
-            options.max_attempts,
-        )?;
-        match plan {
-            ClaimPlan::Held(s) => Ok(ClaimOutcome::Held(s)),
-            ClaimPlan::Finished(status) => Ok(ClaimOutcome::Finished(status)),
-            ClaimPlan::NotBefore(at) => Ok(ClaimOutcome::NotBefore(at)),
-            ClaimPlan::Exhausted { fence, attempts } => {
-                // Dead-lettered: the fence is spent on a tombstone, never a lease.
-                self.lifecycle = lifecycle::exhausted(&self.lifecycle, fence, attempts, now);
-                self.top = Some(TopHolding::Released { fence });
-                Ok(ClaimOutcome::Finished(self.lifecycle.status))
-            }
-            ClaimPlan::Take { fence, takeover } => {
-                let lease = Lease {
-                    holder: options.holder.clone(),
-                    fence,
-                    expires_at: now.plus(options.ttl),
-                };
-                self.top = Some(TopHolding::Lease {
-                    fence,
-                    holder: lease.holder.clone(),
-                    expires_at: lease.expires_at,
-                });
-                self.lifecycle = lifecycle::after_take(&self.lifecycle, takeover);
-                Ok(ClaimOutcome::Acquired(lease))
-            }
-        }
+        )
     }
 
     /// Appends events under the already-checked fence.
@@ -408,16 +382,14 @@ impl CheckpointStore for MemoryStore {
         let now = self.clock.now();
         let mut runs = self.lock();
         let run = runs.entry(scope.clone()).or_default();
-        // A finished run answers Conflict whatever the fence (its own spent
-        // fence included): the caller learns the run is finished, not only
-        // that it lost it.
-        let l = lifecycle::after_finish(&scope.run_id, &run.lifecycle, outcome, fence, now)?;
-        run.check(scope, "finish", Some(fence))?;
-        run.top = Some(TopHolding::Released {
-            fence: fence.next(&scope.run_id)?,
-        });
-        run.lifecycle = l.clone();
-        Ok(l)
+        lifecycle::apply_finish(
+            &scope.run_id,
+            &mut run.top,
+            &mut run.lifecycle,
+            outcome,
+            fence,
+            now,
+        )
     }
 
     async fn snooze(&self, scope: &RunScope, fence: Fence, until: Timestamp) -> Result<bool> {
@@ -425,16 +397,18 @@ impl CheckpointStore for MemoryStore {
         let Some(run) = runs.get_mut(scope) else {
             return Ok(false);
         };
-        match decide_release(&scope.run_id, run.top.as_ref(), fence)? {
-            Some(tomb) => {
-                run.top = Some(TopHolding::Released { fence: tomb });
-                run.lifecycle.available_at = Some(until);
-                drop(runs);
-                self.notifier.notify_run(scope, false);
-                Ok(true)
-            }
-            None => Ok(false),
+        let snoozed = lifecycle::apply_snooze(
+            &scope.run_id,
+            &mut run.top,
+            &mut run.lifecycle,
+            fence,
+            until,
+        )?;
+        drop(runs);
+        if snoozed {
+            self.notifier.notify_run(scope, false);
         }
+        Ok(snoozed)
     }
 
     async fn reopen(&self, scope: &RunScope) -> Result<Lifecycle> {
