@@ -9,7 +9,7 @@ use rand::Rng;
 use runkeep::checkpoint::Checkpoint;
 use runkeep::error::{BoxError, Error, Result};
 use runkeep::id::Holder;
-use runkeep::lease::{ClaimOptions, Fence, Lease};
+use runkeep::lease::{Fence, Lease};
 use runkeep::lifecycle::Outcome;
 use runkeep::scope::{ListingScope, RunScope};
 use runkeep::store::{ClaimNextFilter, RunStore};
@@ -131,7 +131,7 @@ pub struct WorkerOptions {
     pub ttl: Ttl,
     /// Runs held and stepped at once (at least 1). Default 1.
     pub concurrency: usize,
-    /// Renewal settings (and the clock).
+    /// Renewal settings (and, rarely, a judging clock of the host's own).
     pub keeper: KeeperOptions,
     /// Which runs `claim_next` may take, in which order.
     pub filter: ClaimNextFilter,
@@ -456,8 +456,11 @@ impl Worker {
                 },
             };
             let sent_at = Instant::now();
-            let claim =
-                ClaimOptions::new(opts.holder.clone(), opts.ttl).at(opts.keeper.clock.now());
+            let claim = crate::keeper::claim_options(
+                opts.holder.clone(),
+                opts.ttl,
+                opts.keeper.clock.as_ref(),
+            );
             match self
                 .store
                 .claim_next(&self.scope, &opts.filter, &claim)

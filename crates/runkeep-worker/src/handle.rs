@@ -72,7 +72,8 @@ pub(crate) struct Shared {
     pub(crate) holder: Holder,
     pub(crate) ttl: Ttl,
     pub(crate) margin: Duration,
-    pub(crate) clock: Arc<dyn Clock>,
+    /// The host's judging clock, when it judges (`KeeperOptions::clock`).
+    pub(crate) clock: Option<Arc<dyn Clock>>,
     pub(crate) state: watch::Sender<HeldLease>,
     /// Writes hold it shared; a renewal holds it exclusively, so no write
     /// can present a fence that this worker's own renewal just superseded.
@@ -199,14 +200,20 @@ impl RunHandle {
         self.shared.ttl
     }
 
-    /// The clock leases are judged by.
-    pub fn clock(&self) -> &Arc<dyn Clock> {
-        &self.shared.clock
+    /// The host's own judging clock, when it judges claims itself
+    /// (`KeeperOptions::clock`); `None`: the store's clock judges.
+    pub fn clock(&self) -> Option<&Arc<dyn Clock>> {
+        self.shared.clock.as_ref()
     }
 
-    /// The instant now, on the worker's clock.
+    /// The instant now, on the clock that judges this run's lease: the
+    /// host's (when it judges) or the store's
+    /// ([`now`](runkeep::CheckpointStore::now)).
     pub fn now(&self) -> Timestamp {
-        self.shared.clock.now()
+        match &self.shared.clock {
+            Some(c) => c.now(),
+            None => self.shared.store.now(),
+        }
     }
 
     /// The fence the next write will present (it changes on every renewal).

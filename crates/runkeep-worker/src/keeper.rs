@@ -9,7 +9,7 @@ use tokio::task::JoinHandle;
 use tokio::time::{sleep, sleep_until, timeout_at, Instant};
 use tokio_util::sync::CancellationToken;
 
-use crate::clock::{Clock, SystemClock};
+use crate::clock::Clock;
 use crate::error::LeaseLoss;
 use crate::handle::{HeldLease, RunHandle, Shared};
 use runkeep::error::{Error, Result};
@@ -37,8 +37,15 @@ pub struct KeeperOptions {
     /// error; doubles on each retry, and retries stop at the safety margin.
     /// Default 50 ms.
     pub retry_delay: Duration,
-    /// The clock the store judges expiry by (the wall clock by default).
-    pub clock: Arc<dyn Clock>,
+    /// `None` (the default): claims and renewals carry no instant, so the
+    /// **store's clock** judges them (spec WK-5; the database's clock on
+    /// PostgreSQL), and [`RunHandle::now`] answers the store's
+    /// [`now`](runkeep::CheckpointStore::now). `Some(clock)`: every claim
+    /// and renewal is judged at `clock.now()` (`ClaimOptions::at`), for a
+    /// host that must judge on a clock of its own. Either way the keeper's
+    /// own deadline is measured on the monotonic clock from when the claim
+    /// was sent, so it never outlives the store's expiry.
+    pub clock: Option<Arc<dyn Clock>>,
 }
 
 impl Default for KeeperOptions {
@@ -47,7 +54,7 @@ impl Default for KeeperOptions {
             renew_fraction: 1.0 / 3.0,
             safety_fraction: 0.1,
             retry_delay: Duration::from_millis(50),
-            clock: Arc::new(SystemClock),
+            clock: None,
         }
     }
 }
@@ -138,7 +145,7 @@ impl LeaseKeeper {
     ) -> Result<Option<Self>> {
         options.validate()?;
         let sent_at = Instant::now();
-        let claim = ClaimOptions::new(holder, ttl).at(options.clock.now());
+        let claim = claim_options(holder, ttl, options.clock.as_ref());
         match store.claim(&scope, &claim).await? {
             ClaimOutcome::Acquired(lease) => {
                 Self::start_at(store, scope, lease, ttl, options, sent_at).map(Some)
@@ -161,7 +168,13 @@ impl LeaseKeeper {
         options: KeeperOptions,
     ) -> Result<Self> {
         options.validate()?;
-        let left_ms = lease.expires_at.as_millis() - options.clock.now().as_millis();
+        // The lease's expiry is on the judging clock (the store's, unless
+        // the host judges): compare it with that clock's now.
+        let judged_now = options
+            .clock
+            .as_ref()
+            .map_or_else(|| store.now(), |c| c.now());
+        let left_ms = lease.expires_at.as_millis() - judged_now.as_millis();
         let left =
             Duration::from_millis(u64::try_from(left_ms).unwrap_or(0)).min(ttl.as_duration());
         let now = Instant::now();
@@ -267,6 +280,20 @@ impl Drop for LeaseKeeper {
     }
 }
 
+/// Claim options for `holder`: judged by the store's clock, unless the host
+/// judges on a clock of its own.
+pub(crate) fn claim_options(
+    holder: Holder,
+    ttl: Ttl,
+    clock: Option<&Arc<dyn Clock>>,
+) -> ClaimOptions {
+    let options = ClaimOptions::new(holder, ttl);
+    match clock {
+        Some(c) => options.at(c.now()),
+        None => options,
+    }
+}
+
 /// The renewal loop.
 async fn keep(
     shared: Arc<Shared>,
@@ -329,7 +356,7 @@ async fn renew(shared: &Shared, stop: &CancellationToken, retry_delay: Duration)
         }
         attempts += 1;
         let sent_at = Instant::now();
-        let options = ClaimOptions::new(shared.holder.clone(), shared.ttl).at(shared.clock.now());
+        let options = claim_options(shared.holder.clone(), shared.ttl, shared.clock.as_ref());
         let answer = timeout_at(give_up_at, shared.store.claim(&shared.scope, &options)).await;
         match answer {
             Err(_) => {

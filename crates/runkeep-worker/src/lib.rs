@@ -87,11 +87,15 @@
 //!
 //! # Time
 //!
-//! Lease expiry is judged by the store against absolute wall-clock instants
-//! (from [`Clock`]); the worker's own deadline is measured on the monotonic
-//! clock from when the claim was sent, minus a safety margin for clock
-//! disagreement between processes. Tests inject [`TokioClock`] so a paused
-//! tokio runtime moves both.
+//! Lease expiry is judged by the **store's clock**: the worker's claims and
+//! renewals carry no instant (spec WK-5), so workers on machines with skewed
+//! clocks cannot take each other's live leases (on PostgreSQL the database's
+//! clock decides). The worker's own deadline is measured on its monotonic
+//! clock from when the claim was *sent*, minus a safety margin, so it never
+//! outlives the store's expiry whatever either wall clock says. A host that
+//! must judge on a clock of its own sets [`KeeperOptions::clock`]. Tests
+//! inject a [`TokioClock`] into the store (e.g.
+//! `MemoryStore::with_clock`), so a paused tokio runtime moves both.
 
 mod clock;
 mod drain;

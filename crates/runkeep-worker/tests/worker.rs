@@ -61,11 +61,10 @@ fn clock() -> Arc<TokioClock> {
     ))
 }
 
-fn keeper_options(clock: &Arc<TokioClock>) -> KeeperOptions {
-    KeeperOptions {
-        clock: clock.clone(),
-        ..KeeperOptions::default()
-    }
+/// Keeper options for tests: the store judges on the clock injected into
+/// it (the keeper passes no instant), as in production.
+fn keeper_options(_clock: &Arc<TokioClock>) -> KeeperOptions {
+    KeeperOptions::default()
 }
 
 fn event(kind: &str, n: u64) -> NewEvent {
@@ -119,6 +118,19 @@ struct Faulty {
     append_delay_ms: AtomicU64,
     /// Event reads report a damaged record.
     damaged_transcript: AtomicBool,
+    /// The instant every claim and claim_next was asked to be judged at
+    /// (`None`: by the store's clock).
+    judged_at: Mutex<Vec<Option<Timestamp>>>,
+}
+
+impl Faulty {
+    /// A faulty store whose inner store judges on `clock`.
+    fn on(clock: &Arc<TokioClock>) -> Self {
+        Self {
+            inner: MemoryStore::with_clock(clock.clone()),
+            ..Self::default()
+        }
+    }
 }
 
 #[async_trait]
@@ -172,6 +184,7 @@ impl CheckpointStore for Faulty {
     }
     async fn claim(&self, s: &RunScope, o: &ClaimOptions) -> runkeep::Result<ClaimOutcome> {
         self.claim_calls.fetch_add(1, Ordering::SeqCst);
+        self.judged_at.lock().unwrap().push(o.now);
         let delay = self.claim_delay_ms.load(Ordering::SeqCst);
         if delay > 0 {
             sleep(ms(delay)).await;
@@ -200,6 +213,7 @@ impl CheckpointStore for Faulty {
         f: &ClaimNextFilter,
         o: &ClaimOptions,
     ) -> runkeep::Result<Option<(RunScope, Lease)>> {
+        self.judged_at.lock().unwrap().push(o.now);
         self.inner.claim_next(s, f, o).await
     }
     fn now(&self) -> Timestamp {
@@ -320,7 +334,7 @@ impl EvidenceStore for Faulty {
 #[tokio::test(start_paused = true)]
 async fn renewal_keeps_a_run_held_past_several_ttls_and_every_writer_sees_each_new_fence() {
     let clock = clock();
-    let store: Arc<dyn RunStore> = Arc::new(MemoryStore::new());
+    let store: Arc<dyn RunStore> = Arc::new(MemoryStore::with_clock(clock.clone()));
     let scope = run("run_long");
     let keeper = LeaseKeeper::claim(
         store.clone(),
@@ -381,7 +395,7 @@ async fn renewal_keeps_a_run_held_past_several_ttls_and_every_writer_sees_each_n
 #[tokio::test(start_paused = true)]
 async fn a_takeover_stops_the_work_before_its_next_write_and_that_write_writes_nothing() {
     let clock = clock();
-    let store: Arc<dyn RunStore> = Arc::new(MemoryStore::new());
+    let store: Arc<dyn RunStore> = Arc::new(MemoryStore::with_clock(clock.clone()));
     let scope = run("run_taken");
     let keeper = LeaseKeeper::claim(
         store.clone(),
@@ -462,7 +476,7 @@ async fn a_takeover_stops_the_work_before_its_next_write_and_that_write_writes_n
 #[tokio::test(start_paused = true)]
 async fn a_write_refused_as_fenced_out_stops_every_writer_of_the_run() {
     let clock = clock();
-    let store: Arc<dyn RunStore> = Arc::new(MemoryStore::new());
+    let store: Arc<dyn RunStore> = Arc::new(MemoryStore::with_clock(clock.clone()));
     let scope = run("run_refused");
     let keeper = LeaseKeeper::claim(
         store.clone(),
@@ -497,7 +511,7 @@ async fn a_write_refused_as_fenced_out_stops_every_writer_of_the_run() {
 #[tokio::test(start_paused = true)]
 async fn renewals_that_keep_failing_stop_the_work_before_the_lease_lapses() {
     let clock = clock();
-    let faulty = Arc::new(Faulty::default());
+    let faulty = Arc::new(Faulty::on(&clock));
     let store: Arc<dyn RunStore> = faulty.clone();
     let scope = run("run_outage");
     let keeper = LeaseKeeper::claim(
@@ -553,7 +567,7 @@ async fn renewals_that_keep_failing_stop_the_work_before_the_lease_lapses() {
 #[tokio::test(start_paused = true)]
 async fn without_renewals_the_handle_refuses_writes_at_its_own_deadline() {
     let clock = clock();
-    let store: Arc<dyn RunStore> = Arc::new(MemoryStore::new());
+    let store: Arc<dyn RunStore> = Arc::new(MemoryStore::with_clock(clock.clone()));
     let scope = run("run_unkept");
     let keeper = LeaseKeeper::claim(
         store.clone(),
@@ -593,7 +607,7 @@ async fn without_renewals_the_handle_refuses_writes_at_its_own_deadline() {
 #[tokio::test(start_paused = true)]
 async fn a_write_in_flight_during_a_renewal_keeps_its_fence_and_the_next_write_takes_the_new_one() {
     let clock = clock();
-    let faulty = Arc::new(Faulty::default());
+    let faulty = Arc::new(Faulty::on(&clock));
     let store: Arc<dyn RunStore> = faulty.clone();
     let scope = run("run_race");
     let keeper = LeaseKeeper::claim(
@@ -632,7 +646,7 @@ async fn a_write_in_flight_during_a_renewal_keeps_its_fence_and_the_next_write_t
 #[tokio::test(start_paused = true)]
 async fn a_write_that_arrives_during_a_renewal_waits_for_it_and_presents_the_new_fence() {
     let clock = clock();
-    let faulty = Arc::new(Faulty::default());
+    let faulty = Arc::new(Faulty::on(&clock));
     let store: Arc<dyn RunStore> = faulty.clone();
     let scope = run("run_wait");
     let keeper = LeaseKeeper::claim(
@@ -667,7 +681,7 @@ async fn a_write_that_arrives_during_a_renewal_waits_for_it_and_presents_the_new
 #[tokio::test(start_paused = true)]
 async fn a_renewal_that_answers_after_the_deadline_does_not_count() {
     let clock = clock();
-    let faulty = Arc::new(Faulty::default());
+    let faulty = Arc::new(Faulty::on(&clock));
     let store: Arc<dyn RunStore> = faulty.clone();
     let scope = run("run_frozen");
     let keeper = LeaseKeeper::claim(
@@ -709,7 +723,7 @@ async fn a_renewal_that_answers_after_the_deadline_does_not_count() {
 #[tokio::test(start_paused = true)]
 async fn release_leaves_a_tombstone_and_refuses_later_writes() {
     let clock = clock();
-    let store: Arc<dyn RunStore> = Arc::new(MemoryStore::new());
+    let store: Arc<dyn RunStore> = Arc::new(MemoryStore::with_clock(clock.clone()));
     let scope = run("run_rel");
     let keeper = LeaseKeeper::claim(
         store.clone(),
@@ -743,7 +757,7 @@ async fn release_leaves_a_tombstone_and_refuses_later_writes() {
 #[tokio::test(start_paused = true)]
 async fn a_keeper_started_from_a_lease_taken_elsewhere_judges_it_by_its_expiry() {
     let clock = clock();
-    let store: Arc<dyn RunStore> = Arc::new(MemoryStore::new());
+    let store: Arc<dyn RunStore> = Arc::new(MemoryStore::with_clock(clock.clone()));
     let scope = run("run_adopted");
     let lease = claim_at(&*store, &scope, "w-a", clock.now())
         .await
@@ -891,7 +905,7 @@ async fn seed(store: &dyn RunStore, ids: &[&str], at: Timestamp) {
 #[tokio::test(start_paused = true)]
 async fn drain_steps_every_run_once_with_concurrency_n_and_stops_on_an_empty_queue() {
     let clock = clock();
-    let store: Arc<dyn RunStore> = Arc::new(MemoryStore::new());
+    let store: Arc<dyn RunStore> = Arc::new(MemoryStore::with_clock(clock.clone()));
     let ids = [
         "run_1", "run_2", "run_3", "run_4", "run_5", "run_6", "run_7", "run_8",
     ];
@@ -977,7 +991,7 @@ async fn drain_steps_every_run_once_with_concurrency_n_and_stops_on_an_empty_que
 #[tokio::test(start_paused = true)]
 async fn drain_until_idle_comes_back_to_yielded_runs_until_they_finish() {
     let clock = clock();
-    let store: Arc<dyn RunStore> = Arc::new(MemoryStore::new());
+    let store: Arc<dyn RunStore> = Arc::new(MemoryStore::with_clock(clock.clone()));
     let ids = ["run_a", "run_b", "run_c"];
     seed(&*store, &ids, clock.now()).await;
     let worker = Worker::new(
@@ -1032,7 +1046,7 @@ async fn drain_until_idle_comes_back_to_yielded_runs_until_they_finish() {
 #[tokio::test(start_paused = true)]
 async fn shutdown_lets_runs_finish_within_the_grace_and_releases_every_held_run() {
     let clock = clock();
-    let store: Arc<dyn RunStore> = Arc::new(MemoryStore::new());
+    let store: Arc<dyn RunStore> = Arc::new(MemoryStore::with_clock(clock.clone()));
     seed(&*store, &["run_coop", "run_stuck"], clock.now()).await;
     let worker = Worker::new(
         store.clone(),
@@ -1123,7 +1137,7 @@ async fn shutdown_lets_runs_finish_within_the_grace_and_releases_every_held_run(
 #[tokio::test(start_paused = true)]
 async fn a_drained_run_that_loses_its_lease_is_stopped_and_reported_fenced_out() {
     let clock = clock();
-    let store: Arc<dyn RunStore> = Arc::new(MemoryStore::new());
+    let store: Arc<dyn RunStore> = Arc::new(MemoryStore::with_clock(clock.clone()));
     seed(&*store, &["run_z"], clock.now()).await;
     let worker = Worker::new(
         store.clone(),
@@ -1187,7 +1201,7 @@ async fn a_drained_run_that_loses_its_lease_is_stopped_and_reported_fenced_out()
 #[tokio::test(start_paused = true)]
 async fn a_failing_step_is_reported_and_its_run_snoozed_for_the_failure_backoff() {
     let clock = clock();
-    let store: Arc<dyn RunStore> = Arc::new(MemoryStore::new());
+    let store: Arc<dyn RunStore> = Arc::new(MemoryStore::with_clock(clock.clone()));
     seed(&*store, &["run_err", "run_panic"], clock.now()).await;
     let worker = Worker::new(
         store.clone(),
@@ -1252,7 +1266,7 @@ async fn a_failing_step_is_reported_and_its_run_snoozed_for_the_failure_backoff(
 #[tokio::test(start_paused = true)]
 async fn the_tool_ledger_skips_a_recorded_tool_after_a_crash_and_runs_an_unrecorded_one() {
     let clock = clock();
-    let store: Arc<dyn RunStore> = Arc::new(MemoryStore::new());
+    let store: Arc<dyn RunStore> = Arc::new(MemoryStore::with_clock(clock.clone()));
     let scope = run("run_tools");
     let executions: Arc<Mutex<HashMap<&'static str, u32>>> = Arc::default();
     let tool = |name: &'static str, answer: Result<&'static str, &'static str>| {
@@ -1352,7 +1366,7 @@ async fn the_tool_ledger_skips_a_recorded_tool_after_a_crash_and_runs_an_unrecor
 #[tokio::test(start_paused = true)]
 async fn an_incomplete_ledger_refuses_to_run_an_unrecorded_tool_but_replays_a_recorded_one() {
     let clock = clock();
-    let faulty = Arc::new(Faulty::default());
+    let faulty = Arc::new(Faulty::on(&clock));
     let store: Arc<dyn RunStore> = faulty.clone();
     let scope = run("run_damaged");
     let keeper = LeaseKeeper::claim(
@@ -1407,7 +1421,7 @@ async fn an_incomplete_ledger_refuses_to_run_an_unrecorded_tool_but_replays_a_re
 #[tokio::test(start_paused = true)]
 async fn the_effect_sink_refuses_a_lower_fence() {
     let clock = clock();
-    let store: Arc<dyn RunStore> = Arc::new(MemoryStore::new());
+    let store: Arc<dyn RunStore> = Arc::new(MemoryStore::with_clock(clock.clone()));
     let scope = run("run_effects");
     let sink = FenceGate::new();
     let applied = Mutex::new(Vec::new());
@@ -1497,7 +1511,7 @@ async fn enqueue(store: &dyn RunStore, id: &str, at: Timestamp, max_attempts: Op
 #[tokio::test(start_paused = true)]
 async fn a_last_step_committed_with_its_finish_ends_the_run_and_the_drain_leaves_it_alone() {
     let clock = clock();
-    let store: Arc<dyn RunStore> = Arc::new(MemoryStore::new());
+    let store: Arc<dyn RunStore> = Arc::new(MemoryStore::with_clock(clock.clone()));
     enqueue(&*store, "run_s", clock.now(), None).await;
     let worker = Worker::new(
         store.clone(),
@@ -1585,7 +1599,7 @@ async fn a_last_step_committed_with_its_finish_ends_the_run_and_the_drain_leaves
 #[tokio::test(start_paused = true)]
 async fn a_run_one_worker_finished_is_never_stepped_by_another_or_after_a_restart() {
     let clock = clock();
-    let store: Arc<dyn RunStore> = Arc::new(MemoryStore::new());
+    let store: Arc<dyn RunStore> = Arc::new(MemoryStore::with_clock(clock.clone()));
     seed(&*store, &["run_1", "run_2", "run_3"], clock.now()).await;
     let steps = Arc::new(AtomicU64::new(0));
     for who in ["w-a", "w-b", "w-a-restarted"] {
@@ -1622,7 +1636,7 @@ async fn a_run_one_worker_finished_is_never_stepped_by_another_or_after_a_restar
 #[tokio::test(start_paused = true)]
 async fn retry_after_gives_the_run_back_with_a_not_before_time() {
     let clock = clock();
-    let store: Arc<dyn RunStore> = Arc::new(MemoryStore::new());
+    let store: Arc<dyn RunStore> = Arc::new(MemoryStore::with_clock(clock.clone()));
     enqueue(&*store, "run_r", clock.now(), None).await;
     let worker = Worker::new(
         store.clone(),
@@ -1663,7 +1677,7 @@ async fn retry_after_gives_the_run_back_with_a_not_before_time() {
 #[tokio::test(start_paused = true)]
 async fn a_finish_through_the_handle_stops_the_keeper_and_refuses_later_writes() {
     let clock = clock();
-    let store: Arc<dyn RunStore> = Arc::new(MemoryStore::new());
+    let store: Arc<dyn RunStore> = Arc::new(MemoryStore::with_clock(clock.clone()));
     enqueue(&*store, "run_f", clock.now(), None).await;
     let keeper = LeaseKeeper::claim(
         store.clone(),
@@ -1708,7 +1722,7 @@ async fn a_finish_through_the_handle_stops_the_keeper_and_refuses_later_writes()
 #[tokio::test(start_paused = true)]
 async fn a_poison_run_that_crashes_every_worker_is_dead_lettered_at_its_attempt_limit() {
     let clock = clock();
-    let store: Arc<dyn RunStore> = Arc::new(MemoryStore::new());
+    let store: Arc<dyn RunStore> = Arc::new(MemoryStore::with_clock(clock.clone()));
     enqueue(&*store, "run_poison", clock.now(), Some(3)).await;
     enqueue(&*store, "run_fine", clock.now(), None).await;
     let crashed = Arc::new(AtomicU64::new(0));
@@ -1788,7 +1802,7 @@ async fn a_poison_run_that_crashes_every_worker_is_dead_lettered_at_its_attempt_
 #[tokio::test(start_paused = true)]
 async fn an_idle_drain_is_woken_by_the_stores_watch_not_by_polling() {
     let clock = clock();
-    let store: Arc<dyn RunStore> = Arc::new(MemoryStore::new());
+    let store: Arc<dyn RunStore> = Arc::new(MemoryStore::with_clock(clock.clone()));
     let mut o = worker_options(&clock, "w-a", 1, DrainMode::Continuous);
     o.idle = runkeep_worker::IdleBackoff {
         min: ms(60_000),
@@ -1889,4 +1903,57 @@ async fn wake_up_latency_of_an_idle_drain_on_the_memory_store() {
     );
     assert_eq!(report.woken_by_poll, 0, "{report:?}");
     assert_eq!(report.completed, 50);
+}
+
+/// WK-5: the worker's claims, renewals and `claim_next` carry no instant,
+/// so the store's clock judges them (the database's on PostgreSQL); the
+/// keeper still renews on its own monotonic schedule and the handle's
+/// `now` is the store's clock.
+#[tokio::test(start_paused = true)]
+async fn the_worker_leaves_judging_claims_and_renewals_to_the_stores_clock() {
+    let clock = clock();
+    let faulty = Arc::new(Faulty::on(&clock));
+    let store: Arc<dyn RunStore> = faulty.clone();
+    let scope = run("run_store_clock");
+    let keeper = LeaseKeeper::claim(
+        store.clone(),
+        scope.clone(),
+        holder("w-a"),
+        ttl(),
+        keeper_options(&clock),
+    )
+    .await
+    .unwrap()
+    .expect("claimed");
+    let h = keeper.handle();
+    // Three TTLs pass: the keeper renewed several times on the store's clock.
+    sleep(ms(3 * TTL_MS)).await;
+    assert!(h.renewals() >= 3, "renewals {}", h.renewals());
+    assert!(!h.is_lost(), "{:?}", h.loss());
+    assert_eq!(
+        h.now(),
+        clock.now(),
+        "the handle's now is the store's clock"
+    );
+    keeper.release().await.unwrap();
+    // The drain's claim_next too.
+    seed(&*store, &["run_store_clock_2"], clock.now()).await;
+    let worker = Worker::new(
+        store.clone(),
+        tenant(),
+        worker_options(&clock, "w-b", 1, DrainMode::UntilIdle),
+    )
+    .unwrap();
+    let report = worker
+        .drain(CancellationToken::new(), |_run, _resume| async move {
+            Ok::<_, WorkerError>(StepOutcome::Finished)
+        })
+        .await;
+    assert!(report.claimed >= 1, "{report:?}");
+    let judged = faulty.judged_at.lock().unwrap().clone();
+    assert!(judged.len() >= 5, "{judged:?}");
+    assert!(
+        judged.iter().all(Option::is_none),
+        "every claim must leave the instant to the store: {judged:?}"
+    );
 }
