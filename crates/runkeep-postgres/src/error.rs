@@ -16,8 +16,9 @@
 use runkeep::Error;
 use tokio_postgres::error::SqlState;
 
-/// The prefix of an `Unavailable` whose commit may have happened.
-pub const OUTCOME_UNKNOWN: &str = "outcome unknown";
+/// The prefix of an `Unavailable` whose commit may have happened (the
+/// core's marker, [`Error::is_outcome_unknown`]).
+pub use runkeep::error::OUTCOME_UNKNOWN;
 
 /// True when `e` is a fault a retry can get past.
 fn is_transient(e: &tokio_postgres::Error) -> bool {
@@ -65,9 +66,9 @@ pub(crate) fn map_pg(what: &str, e: tokio_postgres::Error) -> Error {
 /// Maps a fault of `COMMIT`: a transient one leaves the outcome unknown.
 pub(crate) fn map_commit(what: &str, e: tokio_postgres::Error) -> Error {
     if is_transient(&e) && e.code().is_none() {
-        return Error::unavailable(
+        return Error::outcome_unknown(
             format!(
-                "{OUTCOME_UNKNOWN}: PostgreSQL: {what}: the connection failed while COMMIT was in flight ({e}); the change may or may not be stored: read it back before repeating it"
+                "PostgreSQL: {what}: the connection failed while COMMIT was in flight ({e}); the change may or may not be stored: read it back before repeating it"
             ),
             e,
         );

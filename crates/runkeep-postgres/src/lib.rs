@@ -105,6 +105,15 @@ pub struct PgOptions {
     /// TCP connect timeout, and the longest wait for a pooled connection.
     /// Default 10 s.
     pub connect_timeout: Duration,
+    /// The longest this client waits for the server's reply to any one
+    /// statement (`BEGIN` and `COMMIT` included), on its own timer: the
+    /// server's `statement_timeout` cannot fire for a statement that never
+    /// reached it (a partition that stops forwarding without a reset, where
+    /// TCP keepalives still pass). A statement cut by it is `Unavailable`
+    /// (nothing committed); a `COMMIT` cut by it is outcome unknown
+    /// ([`Error::is_outcome_unknown`]). Keep it above `statement_timeout`
+    /// so the server's own timeout answers first. Default 35 s.
+    pub reply_timeout: Duration,
     /// Largest JSON value stored (checkpoint, event, document, result), in
     /// bytes. Default [`DEFAULT_MAX_PAYLOAD_BYTES`].
     pub max_payload_bytes: usize,
@@ -132,6 +141,7 @@ impl Default for PgOptions {
             lock_timeout: Duration::from_secs(10),
             idle_in_transaction_timeout: Duration::from_secs(60),
             connect_timeout: Duration::from_secs(10),
+            reply_timeout: Duration::from_secs(35),
             max_payload_bytes: DEFAULT_MAX_PAYLOAD_BYTES,
             clock: None,
             local_clock: Arc::new(SystemClock),
@@ -372,53 +382,87 @@ fn object(v: Value) -> Map<String, Value> {
 /// Begins a transaction on a pooled connection (a macro so the borrow of
 /// the connection stays in the caller).
 macro_rules! begin {
-    ($conn:ident, $what:expr) => {
-        $conn
-            .transaction()
-            .await
-            .map_err(|e| map_pg(&format!("{}: begin", $what), e))?
+    ($store:ident, $conn:ident, $what:expr) => {
+        match tokio::time::timeout($store.options.reply_timeout, $conn.transaction()).await {
+            Ok(r) => r.map_err(|e| map_pg(&format!("{}: begin", $what), e))?,
+            Err(_) => return Err($store.no_reply(&format!("{}: begin", $what))),
+        }
     };
 }
 
-async fn rows<C: GenericClient + Sync>(
-    c: &C,
-    what: &str,
-    sql: &str,
-    params: &[&(dyn ToSql + Sync)],
-) -> Result<Vec<Row>> {
-    let st = c
-        .prepare_cached(sql)
-        .await
-        .map_err(|e| map_pg(&format!("{what}: prepare"), e))?;
-    c.query(&st, params).await.map_err(|e| map_pg(what, e))
-}
+impl PgStore {
+    /// `Unavailable`: a statement got no reply within `reply_timeout`.
+    fn no_reply(&self, what: &str) -> Error {
+        Error::Unavailable {
+            message: format!(
+                "PostgreSQL: {what}: no reply within {} ms (PgOptions::reply_timeout; a partition, or an overloaded server); nothing was committed; retry",
+                self.options.reply_timeout.as_millis()
+            ),
+            source: None,
+        }
+    }
 
-async fn row_opt<C: GenericClient + Sync>(
-    c: &C,
-    what: &str,
-    sql: &str,
-    params: &[&(dyn ToSql + Sync)],
-) -> Result<Option<Row>> {
-    Ok(rows(c, what, sql, params).await?.into_iter().next())
-}
+    async fn rows<C: GenericClient + Sync>(
+        &self,
+        c: &C,
+        what: &str,
+        sql: &str,
+        params: &[&(dyn ToSql + Sync)],
+    ) -> Result<Vec<Row>> {
+        let bound = self.options.reply_timeout;
+        let st = tokio::time::timeout(bound, c.prepare_cached(sql))
+            .await
+            .map_err(|_| self.no_reply(&format!("{what}: prepare")))?
+            .map_err(|e| map_pg(&format!("{what}: prepare"), e))?;
+        tokio::time::timeout(bound, c.query(&st, params))
+            .await
+            .map_err(|_| self.no_reply(what))?
+            .map_err(|e| map_pg(what, e))
+    }
 
-async fn exec<C: GenericClient + Sync>(
-    c: &C,
-    what: &str,
-    sql: &str,
-    params: &[&(dyn ToSql + Sync)],
-) -> Result<u64> {
-    let st = c
-        .prepare_cached(sql)
-        .await
-        .map_err(|e| map_pg(&format!("{what}: prepare"), e))?;
-    c.execute(&st, params).await.map_err(|e| map_pg(what, e))
-}
+    async fn row_opt<C: GenericClient + Sync>(
+        &self,
+        c: &C,
+        what: &str,
+        sql: &str,
+        params: &[&(dyn ToSql + Sync)],
+    ) -> Result<Option<Row>> {
+        Ok(self.rows(c, what, sql, params).await?.into_iter().next())
+    }
 
-async fn commit(tx: deadpool_postgres::Transaction<'_>, what: &str) -> Result<()> {
-    tx.commit()
-        .await
-        .map_err(|e| map_commit(&format!("{what}: commit"), e))
+    async fn exec<C: GenericClient + Sync>(
+        &self,
+        c: &C,
+        what: &str,
+        sql: &str,
+        params: &[&(dyn ToSql + Sync)],
+    ) -> Result<u64> {
+        let bound = self.options.reply_timeout;
+        let st = tokio::time::timeout(bound, c.prepare_cached(sql))
+            .await
+            .map_err(|_| self.no_reply(&format!("{what}: prepare")))?
+            .map_err(|e| map_pg(&format!("{what}: prepare"), e))?;
+        tokio::time::timeout(bound, c.execute(&st, params))
+            .await
+            .map_err(|_| self.no_reply(what))?
+            .map_err(|e| map_pg(what, e))
+    }
+
+    /// Commits; a fault or a missing reply while `COMMIT` is in flight
+    /// leaves the outcome unknown.
+    async fn commit(&self, tx: deadpool_postgres::Transaction<'_>, what: &str) -> Result<()> {
+        let what = format!("{what}: commit");
+        match tokio::time::timeout(self.options.reply_timeout, tx.commit()).await {
+            Ok(r) => r.map_err(|e| map_commit(&what, e)),
+            Err(_) => Err(Error::outcome_unknown(
+                format!(
+                    "PostgreSQL: {what}: COMMIT was sent but no reply came within {} ms (PgOptions::reply_timeout); the change may or may not be stored: read it back before repeating it",
+                    self.options.reply_timeout.as_millis()
+                ),
+                std::io::Error::from(std::io::ErrorKind::TimedOut),
+            )),
+        }
+    }
 }
 
 impl PgStore {
@@ -601,7 +645,7 @@ impl PgStore {
         };
         let fetch = i64::try_from(query.limit + 1).unwrap_or(i64::MAX);
         let (sql, params) = listing.sql_and_params(&after, fetch, false);
-        explain(&c, &sql, &params).await
+        self.explain(&c, &sql, &params).await
     }
 
     /// The query plan of `claim_next`'s candidate search for `scope` and
@@ -623,7 +667,7 @@ impl PgStore {
             now: now.as_millis(),
         };
         let (sql, params) = listing.sql_and_params(&After::None, 1, true);
-        explain(&c, &sql, &params).await
+        self.explain(&c, &sql, &params).await
     }
 
     /// The options this store was built with.
@@ -662,7 +706,8 @@ impl PgStore {
     }
 
     async fn server_now<C: GenericClient + Sync>(&self, c: &C) -> Result<Timestamp> {
-        let row = rows(c, "read the server clock", NOW_SQL, &[])
+        let row = self
+            .rows(c, "read the server clock", NOW_SQL, &[])
             .await?
             .into_iter()
             .next()
@@ -701,9 +746,13 @@ impl PgStore {
         create: bool,
     ) -> Result<Option<RunState>> {
         if create {
-            exec(tx, "create the run row", &sql_ensure(), &key.params()).await?;
+            self.exec(tx, "create the run row", &sql_ensure(), &key.params())
+                .await?;
         }
-        match row_opt(tx, "lock the run row", &sql_lock(), &key.params()).await? {
+        match self
+            .row_opt(tx, "lock the run row", &sql_lock(), &key.params())
+            .await?
+        {
             Some(r) => Ok(Some(state_of(scope, &r)?)),
             None => Ok(None),
         }
@@ -715,7 +764,10 @@ impl PgStore {
         scope: &RunScope,
         key: &Key,
     ) -> Result<Option<RunState>> {
-        match row_opt(c, "read the run row", &sql_state(), &key.params()).await? {
+        match self
+            .row_opt(c, "read the run row", &sql_state(), &key.params())
+            .await?
+        {
             Some(r) => Ok(Some(state_of(scope, &r)?)),
             None => Ok(None),
         }
@@ -768,7 +820,7 @@ impl PgStore {
         let parks: i32 = d.map_or(0, |d| i32::try_from(d.parks.len()).unwrap_or(i32::MAX));
         let last_seq = i64_of(run.last_seq);
         let last_audit = i64_of(run.last_audit);
-        exec(
+        self.exec(
             tx,
             "save the run row",
             &sql_save(),
@@ -800,7 +852,7 @@ impl PgStore {
         events: bool,
     ) -> Result<()> {
         let payload = json!({ "s": scope, "e": events }).to_string();
-        exec(
+        self.exec(
             tx,
             "notify",
             "SELECT pg_notify($1, $2)",
@@ -825,7 +877,7 @@ impl PgStore {
         let body = Value::Object(stored.to_json());
         self.check_json(&format!("checkpoint {}", stored.id), &body)?;
         let id = stored.id.to_string();
-        let row = row_opt(
+        let row = self.row_opt(
             tx,
             "write the checkpoint",
             &format!(
@@ -858,13 +910,14 @@ impl PgStore {
         scope: &RunScope,
         key: &Key,
     ) -> Result<Option<RunDigest>> {
-        let rs = rows(
-            tx,
-            "read the checkpoint headers",
-            &format!("SELECT header FROM checkpoints WHERE {KEY_WHERE}"),
-            &key.params(),
-        )
-        .await?;
+        let rs = self
+            .rows(
+                tx,
+                "read the checkpoint headers",
+                &format!("SELECT header FROM checkpoints WHERE {KEY_WHERE}"),
+                &key.params(),
+            )
+            .await?;
         if rs.is_empty() {
             return Ok(None);
         }
@@ -885,13 +938,14 @@ impl PgStore {
         id: &str,
     ) -> Result<Option<Checkpoint>> {
         let id = id.to_string();
-        match row_opt(
-            c,
-            "read a checkpoint",
-            &format!("SELECT body FROM checkpoints WHERE {KEY_WHERE} AND checkpoint_id = $6"),
-            &key.with(&[&id]),
-        )
-        .await?
+        match self
+            .row_opt(
+                c,
+                "read a checkpoint",
+                &format!("SELECT body FROM checkpoints WHERE {KEY_WHERE} AND checkpoint_id = $6"),
+                &key.with(&[&id]),
+            )
+            .await?
         {
             Some(r) => Ok(Some(checkpoint_of(scope, r.get(0))?)),
             None => Ok(None),
@@ -923,7 +977,7 @@ impl PgStore {
             bodies.push(body);
             out.push(p);
         }
-        exec(
+        self.exec(
             tx,
             "append events",
             &format!(
@@ -942,7 +996,7 @@ impl PgStore {
         column: &str,
         value: &(dyn ToSql + Sync),
     ) -> Result<()> {
-        exec(
+        self.exec(
             tx,
             "write a document",
             &format!("UPDATE runs SET {column} = $6 WHERE {KEY_WHERE}"),
@@ -962,7 +1016,7 @@ impl PgStore {
         let v = Value::Array(messages.to_vec());
         self.check_json("message snapshot", &v)?;
         let through = i64_of(through);
-        exec(
+        self.exec(
             tx,
             "write the message snapshot",
             &format!("UPDATE runs SET messages = $6, messages_through = $7 WHERE {KEY_WHERE}"),
@@ -1260,17 +1314,22 @@ fn listed_row(
     }
 }
 
-async fn explain(
-    c: &deadpool_postgres::Object,
-    sql: &str,
-    params: &[Box<dyn ToSql + Sync + Send>],
-) -> Result<String> {
-    let rs = rows(c, "explain", &format!("EXPLAIN {sql}"), &params_ref(params)).await?;
-    Ok(rs
-        .iter()
-        .map(|r| r.get::<_, String>(0))
-        .collect::<Vec<_>>()
-        .join("\n"))
+impl PgStore {
+    async fn explain(
+        &self,
+        c: &deadpool_postgres::Object,
+        sql: &str,
+        params: &[Box<dyn ToSql + Sync + Send>],
+    ) -> Result<String> {
+        let rs = self
+            .rows(c, "explain", &format!("EXPLAIN {sql}"), &params_ref(params))
+            .await?;
+        Ok(rs
+            .iter()
+            .map(|r| r.get::<_, String>(0))
+            .collect::<Vec<_>>()
+            .join("\n"))
+    }
 }
 
 fn params_ref(p: &[Box<dyn ToSql + Sync + Send>]) -> Vec<&(dyn ToSql + Sync)> {
@@ -1290,7 +1349,7 @@ impl CheckpointStore for PgStore {
         checkpoint.validate_for_write(scope)?;
         let key = Key::of(scope);
         let mut conn = self.conn("write_checkpoint").await?;
-        let tx = begin!(conn, "write_checkpoint");
+        let tx = begin!(self, conn, "write_checkpoint");
         let mut run = self.lock(&tx, scope, &key, true).await?.unwrap_or_default();
         run.check(scope, "write_checkpoint", fence)?;
         let mut stored = checkpoint.clone();
@@ -1299,7 +1358,7 @@ impl CheckpointStore for PgStore {
             .await?;
         self.save(&tx, &key, &run).await?;
         self.notify(&tx, scope, false).await?;
-        commit(tx, "write_checkpoint").await?;
+        self.commit(tx, "write_checkpoint").await?;
         Ok(stored)
     }
 
@@ -1316,13 +1375,14 @@ impl CheckpointStore for PgStore {
     async fn list_checkpoints(&self, scope: &RunScope) -> Result<Vec<Checkpoint>> {
         let key = Key::of(scope);
         let c = self.conn("list_checkpoints").await?;
-        let rs = rows(
-            &c,
-            "list checkpoints",
-            &format!("SELECT body FROM checkpoints WHERE {KEY_WHERE}"),
-            &key.params(),
-        )
-        .await?;
+        let rs = self
+            .rows(
+                &c,
+                "list checkpoints",
+                &format!("SELECT body FROM checkpoints WHERE {KEY_WHERE}"),
+                &key.params(),
+            )
+            .await?;
         let mut cps = rs
             .into_iter()
             .map(|r| checkpoint_of(scope, r.get(0)))
@@ -1339,7 +1399,7 @@ impl CheckpointStore for PgStore {
     ) -> Result<bool> {
         let key = Key::of(scope);
         let mut conn = self.conn("delete_checkpoint").await?;
-        let tx = begin!(conn, "delete_checkpoint");
+        let tx = begin!(self, conn, "delete_checkpoint");
         let Some(mut run) = self.lock(&tx, scope, &key, false).await? else {
             if let Some(f) = fence {
                 check_write_fence(&scope.run_id, "delete_checkpoint", f, None)?;
@@ -1348,18 +1408,19 @@ impl CheckpointStore for PgStore {
         };
         run.check(scope, "delete_checkpoint", fence)?;
         let idv = id.to_string();
-        let n = exec(
-            &tx,
-            "delete a checkpoint",
-            &format!("DELETE FROM checkpoints WHERE {KEY_WHERE} AND checkpoint_id = $6"),
-            &key.with(&[&idv]),
-        )
-        .await?;
+        let n = self
+            .exec(
+                &tx,
+                "delete a checkpoint",
+                &format!("DELETE FROM checkpoints WHERE {KEY_WHERE} AND checkpoint_id = $6"),
+                &key.with(&[&idv]),
+            )
+            .await?;
         if n > 0 {
             run.digest = self.rebuild_digest(&tx, scope, &key).await?;
             self.save(&tx, &key, &run).await?;
         }
-        commit(tx, "delete_checkpoint").await?;
+        self.commit(tx, "delete_checkpoint").await?;
         Ok(n > 0)
     }
 
@@ -1376,7 +1437,7 @@ impl CheckpointStore for PgStore {
             what: format!("checkpoint {id} of run {}", scope.run_id),
         };
         let mut conn = self.conn("resolve_park").await?;
-        let tx = begin!(conn, "resolve_park");
+        let tx = begin!(self, conn, "resolve_park");
         let Some(mut run) = self
             .lock(&tx, scope, &key, false)
             .await?
@@ -1398,7 +1459,7 @@ impl CheckpointStore for PgStore {
             .await?;
         self.save(&tx, &key, &run).await?;
         self.notify(&tx, scope, false).await?;
-        commit(tx, "resolve_park").await?;
+        self.commit(tx, "resolve_park").await?;
         Ok(updated)
     }
 
@@ -1410,7 +1471,7 @@ impl CheckpointStore for PgStore {
     ) -> Result<Vec<CheckpointId>> {
         let key = Key::of(scope);
         let mut conn = self.conn("prune_checkpoints").await?;
-        let tx = begin!(conn, "prune_checkpoints");
+        let tx = begin!(self, conn, "prune_checkpoints");
         let Some(mut run) = self
             .lock(&tx, scope, &key, false)
             .await?
@@ -1419,13 +1480,14 @@ impl CheckpointStore for PgStore {
             return Ok(Vec::new());
         };
         run.check(scope, "prune_checkpoints", fence)?;
-        let rs = rows(
-            &tx,
-            "read checkpoints to prune",
-            &format!("SELECT body FROM checkpoints WHERE {KEY_WHERE}"),
-            &key.params(),
-        )
-        .await?;
+        let rs = self
+            .rows(
+                &tx,
+                "read checkpoints to prune",
+                &format!("SELECT body FROM checkpoints WHERE {KEY_WHERE}"),
+                &key.params(),
+            )
+            .await?;
         let cps = rs
             .into_iter()
             .map(|r| checkpoint_of(scope, r.get(0)))
@@ -1433,7 +1495,7 @@ impl CheckpointStore for PgStore {
         let victims = park::prune_victims(&cps, keep_last);
         if !victims.is_empty() {
             let ids: Vec<String> = victims.iter().map(ToString::to_string).collect();
-            exec(
+            self.exec(
                 &tx,
                 "delete pruned checkpoints",
                 &format!(
@@ -1445,7 +1507,7 @@ impl CheckpointStore for PgStore {
             run.digest = self.rebuild_digest(&tx, scope, &key).await?;
             self.save(&tx, &key, &run).await?;
         }
-        commit(tx, "prune_checkpoints").await?;
+        self.commit(tx, "prune_checkpoints").await?;
         Ok(victims)
     }
 
@@ -1476,7 +1538,9 @@ impl CheckpointStore for PgStore {
         let mut out: Vec<(RowKey, RunRow)> = Vec::new();
         loop {
             let (sql, params) = listing.sql_and_params(&after, fetch, false);
-            let rs = rows(&c, "list runs", &sql, &params_ref(&params)).await?;
+            let rs = self
+                .rows(&c, "list runs", &sql, &params_ref(&params))
+                .await?;
             let n = rs.len();
             for r in &rs {
                 let (s, _, row) = listed_row(scope.tenant_id(), r, query.now)?;
@@ -1503,7 +1567,7 @@ impl CheckpointStore for PgStore {
     async fn claim(&self, scope: &RunScope, options: &ClaimOptions) -> Result<ClaimOutcome> {
         let key = Key::of(scope);
         let mut conn = self.conn("claim").await?;
-        let tx = begin!(conn, "claim");
+        let tx = begin!(self, conn, "claim");
         let mut run = self.lock(&tx, scope, &key, true).await?.unwrap_or_default();
         let now = match options.now {
             Some(n) => n,
@@ -1514,14 +1578,14 @@ impl CheckpointStore for PgStore {
         if (run.top.clone(), run.lifecycle.clone()) != before {
             self.save(&tx, &key, &run).await?;
         }
-        commit(tx, "claim").await?;
+        self.commit(tx, "claim").await?;
         Ok(outcome)
     }
 
     async fn release(&self, scope: &RunScope, fence: Fence) -> Result<bool> {
         let key = Key::of(scope);
         let mut conn = self.conn("release").await?;
-        let tx = begin!(conn, "release");
+        let tx = begin!(self, conn, "release");
         let Some(mut run) = self.lock(&tx, scope, &key, false).await? else {
             return Ok(false);
         };
@@ -1530,7 +1594,7 @@ impl CheckpointStore for PgStore {
                 run.top = Some(TopHolding::Released { fence: tomb });
                 self.save(&tx, &key, &run).await?;
                 self.notify(&tx, scope, false).await?;
-                commit(tx, "release").await?;
+                self.commit(tx, "release").await?;
                 Ok(true)
             }
             None => Ok(false),
@@ -1552,7 +1616,7 @@ impl CheckpointStore for PgStore {
         options: &ClaimOptions,
     ) -> Result<Option<(RunScope, Lease)>> {
         let mut conn = self.conn("claim_next").await?;
-        let tx = begin!(conn, "claim_next");
+        let tx = begin!(self, conn, "claim_next");
         let now = match options.now {
             Some(n) => n,
             None => self.judged_now(&tx).await?,
@@ -1585,15 +1649,17 @@ impl CheckpointStore for PgStore {
             // locked: a claimer never blocks on another, and never locks
             // more rows than it judges.
             let (sql, params) = listing.sql_and_params(&after, 1, true);
-            let Some(r) = rows(
-                &tx,
-                "claim_next: find a candidate",
-                &sql,
-                &params_ref(&params),
-            )
-            .await?
-            .into_iter()
-            .next() else {
+            let Some(r) = self
+                .rows(
+                    &tx,
+                    "claim_next: find a candidate",
+                    &sql,
+                    &params_ref(&params),
+                )
+                .await?
+                .into_iter()
+                .next()
+            else {
                 break;
             };
             let (run_scope, mut state, row) = listed_row(scope.tenant_id(), &r, now)?;
@@ -1614,7 +1680,7 @@ impl CheckpointStore for PgStore {
             match outcome {
                 ClaimOutcome::Acquired(lease) => {
                     self.save(&tx, &key, &state).await?;
-                    commit(tx, "claim_next").await?;
+                    self.commit(tx, "claim_next").await?;
                     return Ok(Some((run_scope, lease)));
                 }
                 ClaimOutcome::Finished(_) => {
@@ -1626,7 +1692,7 @@ impl CheckpointStore for PgStore {
             }
         }
         if changed {
-            commit(tx, "claim_next").await?;
+            self.commit(tx, "claim_next").await?;
         }
         Ok(None)
     }
@@ -1661,7 +1727,7 @@ impl CheckpointStore for PgStore {
         options.validate(&scope.run_id)?;
         let key = Key::of(scope);
         let mut conn = self.conn("enqueue").await?;
-        let tx = begin!(conn, "enqueue");
+        let tx = begin!(self, conn, "enqueue");
         let mut run = self.lock(&tx, scope, &key, true).await?.unwrap_or_default();
         if run.exists() {
             return Err(Error::Conflict {
@@ -1682,7 +1748,7 @@ impl CheckpointStore for PgStore {
         };
         self.save(&tx, &key, &run).await?;
         self.notify(&tx, scope, false).await?;
-        commit(tx, "enqueue").await?;
+        self.commit(tx, "enqueue").await?;
         Ok(stored)
     }
 
@@ -1693,7 +1759,7 @@ impl CheckpointStore for PgStore {
         }
         let key = Key::of(scope);
         let mut conn = self.conn("finish").await?;
-        let tx = begin!(conn, "finish");
+        let tx = begin!(self, conn, "finish");
         let mut run = self.lock(&tx, scope, &key, true).await?.unwrap_or_default();
         let now = self.judged_now(&tx).await?;
         let l = lifecycle::apply_finish(
@@ -1706,14 +1772,14 @@ impl CheckpointStore for PgStore {
         )?;
         self.save(&tx, &key, &run).await?;
         self.notify(&tx, scope, false).await?;
-        commit(tx, "finish").await?;
+        self.commit(tx, "finish").await?;
         Ok(l)
     }
 
     async fn snooze(&self, scope: &RunScope, fence: Fence, until: Timestamp) -> Result<bool> {
         let key = Key::of(scope);
         let mut conn = self.conn("snooze").await?;
-        let tx = begin!(conn, "snooze");
+        let tx = begin!(self, conn, "snooze");
         let Some(mut run) = self.lock(&tx, scope, &key, false).await? else {
             return Ok(false);
         };
@@ -1728,14 +1794,14 @@ impl CheckpointStore for PgStore {
         }
         self.save(&tx, &key, &run).await?;
         self.notify(&tx, scope, false).await?;
-        commit(tx, "snooze").await?;
+        self.commit(tx, "snooze").await?;
         Ok(true)
     }
 
     async fn reopen(&self, scope: &RunScope) -> Result<Lifecycle> {
         let key = Key::of(scope);
         let mut conn = self.conn("reopen").await?;
-        let tx = begin!(conn, "reopen");
+        let tx = begin!(self, conn, "reopen");
         let Some(mut run) = self
             .lock(&tx, scope, &key, false)
             .await?
@@ -1749,7 +1815,7 @@ impl CheckpointStore for PgStore {
         run.lifecycle = l.clone();
         self.save(&tx, &key, &run).await?;
         self.notify(&tx, scope, false).await?;
-        commit(tx, "reopen").await?;
+        self.commit(tx, "reopen").await?;
         Ok(l)
     }
 
@@ -1757,7 +1823,7 @@ impl CheckpointStore for PgStore {
         // One indexed read: the digest names the latest, the join reads it.
         let key = Key::of(scope);
         let c = self.conn("latest_checkpoint").await?;
-        let r = row_opt(
+        let r = self.row_opt(
             &c,
             "read the latest checkpoint",
             "SELECT c.body FROM runs r JOIN checkpoints c
@@ -1826,7 +1892,7 @@ impl EvidenceStore for PgStore {
         }
         let key = Key::of(scope);
         let mut conn = self.conn("append_events").await?;
-        let tx = begin!(conn, "append_events");
+        let tx = begin!(self, conn, "append_events");
         let mut run = self.lock(&tx, scope, &key, true).await?.unwrap_or_default();
         run.check(scope, "append_events", fence)?;
         let now = self.judged_now(&tx).await?;
@@ -1835,7 +1901,7 @@ impl EvidenceStore for PgStore {
             .await?;
         self.save(&tx, &key, &run).await?;
         self.notify(&tx, scope, true).await?;
-        commit(tx, "append_events").await?;
+        self.commit(tx, "append_events").await?;
         Ok(out)
     }
 
@@ -1849,7 +1915,7 @@ impl EvidenceStore for PgStore {
         let since = i64_of(options.since_seq);
         let limit: Option<i64> = options.limit.map(|l| i64::try_from(l).unwrap_or(i64::MAX));
         let c = self.conn("read_events").await?;
-        let Some(r) = row_opt(
+        let Some(r) = self.row_opt(
             &c,
             "read events",
             &format!(
@@ -1896,23 +1962,24 @@ impl EvidenceStore for PgStore {
         self.check_json("run record", &v)?;
         let key = Key::of(scope);
         let mut conn = self.conn("write_run_record").await?;
-        let tx = begin!(conn, "write_run_record");
+        let tx = begin!(self, conn, "write_run_record");
         let run = self.lock(&tx, scope, &key, true).await?.unwrap_or_default();
         run.check(scope, "write_run_record", fence)?;
         self.set_document(&tx, &key, "record", &v).await?;
-        commit(tx, "write_run_record").await
+        self.commit(tx, "write_run_record").await
     }
 
     async fn read_run_record(&self, scope: &RunScope) -> Result<Option<RunRecord>> {
         let key = Key::of(scope);
         let c = self.conn("read_run_record").await?;
-        let r = row_opt(
-            &c,
-            "read the run record",
-            &format!("SELECT record FROM runs WHERE {KEY_WHERE}"),
-            &key.params(),
-        )
-        .await?;
+        let r = self
+            .row_opt(
+                &c,
+                "read the run record",
+                &format!("SELECT record FROM runs WHERE {KEY_WHERE}"),
+                &key.params(),
+            )
+            .await?;
         match r.and_then(|r| r.get::<_, Option<Value>>(0)) {
             None => Ok(None),
             Some(v) => serde_json::from_value(v)
@@ -1934,24 +2001,25 @@ impl EvidenceStore for PgStore {
         )?;
         let key = Key::of(scope);
         let mut conn = self.conn("write_messages").await?;
-        let tx = begin!(conn, "write_messages");
+        let tx = begin!(self, conn, "write_messages");
         let run = self.lock(&tx, scope, &key, true).await?.unwrap_or_default();
         run.check(scope, "write_messages", fence)?;
         self.set_messages(&tx, &key, messages, through_event_seq)
             .await?;
-        commit(tx, "write_messages").await
+        self.commit(tx, "write_messages").await
     }
 
     async fn read_messages(&self, scope: &RunScope) -> Result<MessageSnapshot> {
         let key = Key::of(scope);
         let c = self.conn("read_messages").await?;
-        let r = row_opt(
-            &c,
-            "read the message snapshot",
-            &format!("SELECT messages, messages_through FROM runs WHERE {KEY_WHERE}"),
-            &key.params(),
-        )
-        .await?;
+        let r = self
+            .row_opt(
+                &c,
+                "read the message snapshot",
+                &format!("SELECT messages, messages_through FROM runs WHERE {KEY_WHERE}"),
+                &key.params(),
+            )
+            .await?;
         let Some(r) = r else {
             return Ok(MessageSnapshot::Unavailable);
         };
@@ -1986,24 +2054,25 @@ impl EvidenceStore for PgStore {
         }
         let key = Key::of(scope);
         let mut conn = self.conn("write_report").await?;
-        let tx = begin!(conn, "write_report");
+        let tx = begin!(self, conn, "write_report");
         let run = self.lock(&tx, scope, &key, true).await?.unwrap_or_default();
         run.check(scope, "write_report", fence)?;
         let r = report.to_string();
         self.set_document(&tx, &key, "report", &r).await?;
-        commit(tx, "write_report").await
+        self.commit(tx, "write_report").await
     }
 
     async fn read_report(&self, scope: &RunScope) -> Result<Option<String>> {
         let key = Key::of(scope);
         let c = self.conn("read_report").await?;
-        let r = row_opt(
-            &c,
-            "read the report",
-            &format!("SELECT report FROM runs WHERE {KEY_WHERE}"),
-            &key.params(),
-        )
-        .await?;
+        let r = self
+            .row_opt(
+                &c,
+                "read the report",
+                &format!("SELECT report FROM runs WHERE {KEY_WHERE}"),
+                &key.params(),
+            )
+            .await?;
         Ok(r.and_then(|r| r.get(0)))
     }
 
@@ -2018,7 +2087,7 @@ impl EvidenceStore for PgStore {
         }
         let key = Key::of(scope);
         let mut conn = self.conn("append_audit").await?;
-        let tx = begin!(conn, "append_audit");
+        let tx = begin!(self, conn, "append_audit");
         let mut run = self.lock(&tx, scope, &key, true).await?.unwrap_or_default();
         run.check(scope, "append_audit", fence)?;
         let now = self.judged_now(&tx).await?;
@@ -2036,7 +2105,7 @@ impl EvidenceStore for PgStore {
             out.push(rec);
         }
         if !out.is_empty() {
-            exec(
+            self.exec(
                 &tx,
                 "append audit records",
                 &format!(
@@ -2047,7 +2116,7 @@ impl EvidenceStore for PgStore {
             .await?;
         }
         self.save(&tx, &key, &run).await?;
-        commit(tx, "append_audit").await?;
+        self.commit(tx, "append_audit").await?;
         Ok(out)
     }
 
@@ -2055,13 +2124,14 @@ impl EvidenceStore for PgStore {
         let key = Key::of(scope);
         let since = i64_of(since_seq);
         let c = self.conn("read_audit").await?;
-        let rs = rows(
-            &c,
-            "read audit records",
-            &format!("SELECT body FROM audit WHERE {KEY_WHERE} AND seq > $6 ORDER BY seq"),
-            &key.with(&[&since]),
-        )
-        .await?;
+        let rs = self
+            .rows(
+                &c,
+                "read audit records",
+                &format!("SELECT body FROM audit WHERE {KEY_WHERE} AND seq > $6 ORDER BY seq"),
+                &key.with(&[&since]),
+            )
+            .await?;
         rs.into_iter()
             .map(|r| {
                 serde_json::from_value(r.get(0)).map_err(|e| corrupted(scope, "an audit record", e))
@@ -2090,7 +2160,7 @@ impl EvidenceStore for PgStore {
         };
         let key = Key::of(scope);
         let mut conn = self.conn("commit_step").await?;
-        let tx = begin!(conn, "commit_step");
+        let tx = begin!(self, conn, "commit_step");
         let mut run = self.lock(&tx, scope, &key, true).await?.unwrap_or_default();
         run.check(scope, "commit_step", Some(fence))?;
         let now = self.judged_now(&tx).await?;
@@ -2137,7 +2207,7 @@ impl EvidenceStore for PgStore {
         }
         self.save(&tx, &key, &run).await?;
         self.notify(&tx, scope, !events.is_empty()).await?;
-        commit(tx, "commit_step").await?;
+        self.commit(tx, "commit_step").await?;
         Ok(StepReceipt {
             events,
             checkpoint,

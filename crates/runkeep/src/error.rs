@@ -88,7 +88,9 @@ pub enum Error {
     },
 
     /// The backend is temporarily unreachable or overloaded; the same call may
-    /// succeed later.
+    /// succeed later. When the message starts with [`OUTCOME_UNKNOWN`]
+    /// ([`Error::is_outcome_unknown`]) the write may have been stored: its
+    /// acknowledgement was lost, so read back before repeating it.
     #[error("unavailable: {message}")]
     Unavailable {
         /// What could not be reached.
@@ -110,7 +112,31 @@ pub enum Error {
     },
 }
 
+/// The message prefix of an [`Error::Unavailable`] whose write may or may
+/// not have been stored (the acknowledgement of its commit was lost):
+/// distinct from a refusal (nothing stored) and from a plain outage
+/// (nothing stored). Build it with [`Error::outcome_unknown`], test it with
+/// [`Error::is_outcome_unknown`].
+pub const OUTCOME_UNKNOWN: &str = "outcome unknown";
+
 impl Error {
+    /// An [`Error::Unavailable`] whose write may have been stored: the
+    /// message is prefixed with [`OUTCOME_UNKNOWN`].
+    pub fn outcome_unknown(message: impl Into<String>, source: impl Into<BoxError>) -> Self {
+        Error::Unavailable {
+            message: format!("{OUTCOME_UNKNOWN}: {}", message.into()),
+            source: Some(source.into()),
+        }
+    }
+
+    /// True when the call's write may or may not have been stored (its
+    /// acknowledgement was lost). Still [`Error::is_retryable`], but a
+    /// caller must read back before repeating a write that is not
+    /// idempotent (an append): the worker runtime's `RunHandle` does.
+    pub fn is_outcome_unknown(&self) -> bool {
+        matches!(self, Error::Unavailable { message, .. } if message.starts_with(OUTCOME_UNKNOWN))
+    }
+
     /// True when repeating the same call later may succeed.
     pub fn is_retryable(&self) -> bool {
         matches!(self, Error::Contended { .. } | Error::Unavailable { .. })
@@ -189,6 +215,12 @@ mod tests {
         }
         .is_retryable());
         assert!(Error::unavailable("db", std::io::Error::other("x")).is_retryable());
+        assert!(!Error::unavailable("db", std::io::Error::other("x")).is_outcome_unknown());
+        let unknown = Error::outcome_unknown("commit", std::io::Error::other("x"));
+        assert!(unknown.is_outcome_unknown() && unknown.is_retryable());
+        assert!(unknown
+            .to_string()
+            .starts_with("unavailable: outcome unknown: commit"));
         assert!(!Error::backend("disk", std::io::Error::other("x")).is_retryable());
         assert!(!Error::invalid("x").is_retryable());
         assert!(!Error::corrupted("x").is_retryable());
