@@ -22,7 +22,8 @@ Exit codes:
   69  the store or a doctor check did not answer (doctor: a check is inconclusive)
   70  internal error (a bug in runkeep)
   78  the store cannot be opened as configured (missing directory, not a
-      directory, permission denied, backend not built into this binary)";
+      directory, permission denied; a PostgreSQL schema never migrated, older
+      or newer than this binary: run `runkeep migrate`)";
 
 /// `runkeep`: see and steer durable agent runs.
 #[derive(Parser, Debug)]
@@ -45,7 +46,8 @@ pub struct Cli {
 /// Options every command takes.
 #[derive(Args, Debug, Clone)]
 pub struct GlobalArgs {
-    /// Where the runs live: fs:PATH, memory: (empty, in-process) or postgres://… (not built yet).
+    /// Where the runs live: fs:PATH, memory: (empty, in-process) or
+    /// postgres://USER[:PASSWORD]@HOST:PORT/DATABASE[?schema=NAME] (postgresql:// too; the password is never printed).
     #[arg(
         long,
         env = "RUNKEEP_STORE",
@@ -54,6 +56,10 @@ pub struct GlobalArgs {
         global = true
     )]
     pub store: StoreAddress,
+
+    /// PostgreSQL schema of a postgres:// store (default `runkeep`); the same as ?schema=NAME in the URL.
+    #[arg(long, env = "RUNKEEP_PG_SCHEMA", global = true, value_name = "SCHEMA")]
+    pub pg_schema: Option<String>,
 
     /// Tenant id.
     #[arg(long, env = "RUNKEEP_TENANT", default_value = "default", global = true)]
@@ -121,6 +127,8 @@ pub enum Command {
     /// Write a few demo runs (parked, expired, claimed, …) into an empty session.
     #[command(alias = "demo")]
     Seed(commands::seed::SeedArgs),
+    /// Create or upgrade a PostgreSQL store's tables (idempotent); prints the schema version.
+    Migrate(crate::commands::migrate::MigrateArgs),
     /// Check the store's health.
     Doctor(doctor::DoctorArgs),
     /// Prove the guarantees under crashes: worker processes killed and stalled at random, then an audit.

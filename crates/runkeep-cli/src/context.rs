@@ -22,7 +22,8 @@ pub struct Ctx {
 
 impl Ctx {
     /// Validates the global options.
-    pub fn new(global: GlobalArgs) -> CliResult<Self> {
+    pub fn new(mut global: GlobalArgs) -> CliResult<Self> {
+        global.store = crate::store::with_pg_schema(&global.store, global.pg_schema.as_deref())?;
         let scope = ScopeParts::parse(&global.tenant, &global.project, &global.session)?;
         Ok(Self {
             global,
@@ -37,30 +38,33 @@ impl Ctx {
     }
 
     /// Opens the configured store; a missing directory is an error.
-    pub fn store(&self) -> CliResult<OpenedStore> {
+    pub async fn store(&self) -> CliResult<OpenedStore> {
         open_store(
             &self.global.store,
             &self.scope,
             self.global.durability,
             false,
         )
+        .await
     }
 
     /// Opens the configured store for reading only (nothing in it is
     /// created or changed; writes are refused).
-    pub fn store_read_only(&self) -> CliResult<OpenedStore> {
+    pub async fn store_read_only(&self) -> CliResult<OpenedStore> {
         crate::store::open_store_read_only(&self.global.store, &self.scope, self.global.durability)
+            .await
     }
 
     /// Opens the configured store, creating its directory if missing (for
     /// commands that write new runs).
-    pub fn store_creating(&self) -> CliResult<OpenedStore> {
+    pub async fn store_creating(&self) -> CliResult<OpenedStore> {
         open_store(
             &self.global.store,
             &self.scope,
             self.global.durability,
             true,
         )
+        .await
     }
 
     /// The full scope of the run `arg` names.

@@ -125,8 +125,10 @@ impl CliError {
 }
 
 /// Collapses a message to one line (newlines become "; ").
+/// Store passwords are redacted here, so no error or hint can print one.
 fn one_line(s: &str) -> String {
-    s.lines()
+    crate::store::redact(s)
+        .lines()
         .map(str::trim)
         .filter(|l| !l.is_empty())
         .collect::<Vec<_>>()

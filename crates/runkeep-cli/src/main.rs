@@ -54,6 +54,7 @@ async fn dispatch(cli: Cli) -> CliResult<Exit> {
         Command::Prune(args) => commands::prune::run(&ctx, args).await,
         Command::Park(command) => commands::park::run(&ctx, command).await,
         Command::Seed(args) => commands::seed::run(&ctx, args).await,
+        Command::Migrate(args) => commands::migrate::run(&ctx, args).await,
         Command::Doctor(args) => doctor::run(&ctx, args).await,
         Command::Soak(args) => soak::run(&ctx, args).await,
         Command::SoakWorker(args) => soak::run_worker(&ctx, args).await,

@@ -194,7 +194,10 @@ pub fn fields(pairs: &[(&str, Cell)], style: &Style) -> String {
 /// Writes text to stdout. A closed pipe (`EPIPE`: the reader went away, as
 /// in `runkeep runs | head -1`) is not a failure of the command: it becomes a
 /// silent [`CliError`] that `main` turns into exit 0 with nothing printed.
+/// A store password this process parsed never reaches stdout
+/// ([`crate::store::redact`]).
 pub fn emit(text: &str) -> CliResult<()> {
+    let text = crate::store::redact(text);
     let mut out = std::io::stdout().lock();
     out.write_all(text.as_bytes())?;
     out.flush()?;
@@ -219,6 +222,7 @@ pub fn emit_json_line<T: Serialize + ?Sized>(value: &T) -> CliResult<()> {
 /// `runkeep runs 2>&1 >/dev/null | true`) loses the line and nothing else:
 /// unlike `eprintln!`, this never panics.
 fn stderr_line(line: &str) {
+    let line = crate::store::redact(line);
     let mut err = std::io::stderr().lock();
     let _ = writeln!(err, "{line}");
 }

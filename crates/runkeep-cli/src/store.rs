@@ -20,8 +20,199 @@ pub enum StoreAddress {
     Fs(PathBuf),
     /// `memory:`: an empty in-process store (demos, doctor self-test).
     Memory,
-    /// `postgres://…`: reserved for the PostgreSQL backend.
-    Postgres(String),
+    /// `postgres://…` or `postgresql://…`: the PostgreSQL backend.
+    Postgres(PgAddress),
+}
+
+/// A PostgreSQL address: the connection URL (it may carry a password, so
+/// it is never printed: `Display` redacts it) and the schema named by its
+/// `schema=` query parameter, if any (removed from the URL the driver sees).
+#[derive(Clone, PartialEq, Eq)]
+pub struct PgAddress {
+    /// The URL as given (secret: only the driver and child processes'
+    /// environment see it).
+    original: String,
+    /// The URL without `schema=`, for the driver.
+    url: String,
+    /// `?schema=NAME`, when given.
+    schema: Option<String>,
+}
+
+impl fmt::Debug for PgAddress {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "PgAddress({})", redact_url(&self.original))
+    }
+}
+
+/// The schema a PostgreSQL store uses when neither `?schema=` nor
+/// `--pg-schema` names one.
+pub const DEFAULT_PG_SCHEMA: &str = "runkeep";
+
+impl PgAddress {
+    fn parse(s: &str) -> Self {
+        let (base, query) = match s.split_once('?') {
+            Some((b, q)) => (b, Some(q)),
+            None => (s, None),
+        };
+        let mut schema = None;
+        let mut kept = Vec::new();
+        for pair in query.into_iter().flat_map(|q| q.split('&')) {
+            match pair.split_once('=') {
+                Some(("schema", v)) => schema = Some(percent_decode(v)),
+                _ if pair.is_empty() => {}
+                _ => kept.push(pair),
+            }
+        }
+        let url = if kept.is_empty() {
+            base.to_string()
+        } else {
+            format!("{base}?{}", kept.join("&"))
+        };
+        let address = Self {
+            original: s.to_string(),
+            url,
+            schema,
+        };
+        register_secrets(address.secrets());
+        address
+    }
+
+    /// The URL the driver connects with (secret).
+    pub fn url(&self) -> &str {
+        &self.url
+    }
+
+    /// The URL exactly as given (secret), to hand to a child process in its
+    /// environment (never on its command line, which `ps` shows).
+    pub fn original(&self) -> &str {
+        &self.original
+    }
+
+    /// The schema `?schema=` names.
+    pub fn schema(&self) -> Option<&str> {
+        self.schema.as_deref()
+    }
+
+    /// The same server and database with another `schema=` (the soak's
+    /// fresh schema).
+    pub fn with_schema(&self, schema: &str) -> Self {
+        let sep = if self.url.contains('?') { '&' } else { '?' };
+        Self::parse(&format!("{}{sep}schema={schema}", self.url))
+    }
+
+    /// The same address with `application_name=NAME` unless one is set.
+    pub fn with_application_name(&self, name: &str) -> Self {
+        if self.url.contains("application_name=") {
+            return self.clone();
+        }
+        let sep = if self.original.contains('?') {
+            '&'
+        } else {
+            '?'
+        };
+        Self::parse(&format!("{}{sep}application_name={name}", self.original))
+    }
+
+    /// The passwords in the URL: the userinfo's and `password=`'s, as
+    /// written and percent-decoded.
+    fn secrets(&self) -> Vec<String> {
+        let mut out = Vec::new();
+        let (base, query) = match self.original.split_once('?') {
+            Some((b, q)) => (b, Some(q)),
+            None => (self.original.as_str(), None),
+        };
+        if let Some((_, rest)) = base.split_once("://") {
+            if let Some(at) = rest.rfind('@') {
+                if let Some((_, password)) = rest[..at].split_once(':') {
+                    out.push(password.to_string());
+                }
+            }
+        }
+        for pair in query.into_iter().flat_map(|q| q.split('&')) {
+            if let Some(("password", v)) = pair.split_once('=') {
+                out.push(v.to_string());
+            }
+        }
+        let decoded: Vec<String> = out.iter().map(|s| percent_decode(s)).collect();
+        out.extend(decoded);
+        out.retain(|s| !s.is_empty());
+        out
+    }
+}
+
+fn percent_decode(s: &str) -> String {
+    let bytes = s.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i] == b'%' && i + 3 <= bytes.len() {
+            let hex = |b: u8| (b as char).to_digit(16);
+            if let (Some(h), Some(l)) = (hex(bytes[i + 1]), hex(bytes[i + 2])) {
+                out.push((h * 16 + l) as u8);
+                i += 3;
+                continue;
+            }
+        }
+        out.push(bytes[i]);
+        i += 1;
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+/// `scheme://…@host…` with every `password=` value replaced by `…`: the
+/// only form of a PostgreSQL URL this binary prints.
+fn redact_url(url: &str) -> String {
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return "postgres://…".into();
+    };
+    // Everything up to the last `@` is user information (over-redacting a
+    // query value holding `@` is safe; printing a password is not).
+    let rest = match rest.rfind('@') {
+        Some(at) => format!("…@{}", &rest[at + 1..]),
+        None => rest.to_string(),
+    };
+    let rest = match rest.split_once('?') {
+        Some((base, query)) => {
+            let query: Vec<String> = query
+                .split('&')
+                .map(|pair| match pair.split_once('=') {
+                    Some((k, _)) if k == "password" => format!("{k}=…"),
+                    _ => pair.to_string(),
+                })
+                .collect();
+            format!("{base}?{}", query.join("&"))
+        }
+        None => rest,
+    };
+    format!("{scheme}://{rest}")
+}
+
+/// Every password met in a `--store` URL of this process.
+static SECRETS: std::sync::Mutex<Vec<String>> = std::sync::Mutex::new(Vec::new());
+
+fn register_secrets(secrets: Vec<String>) {
+    let mut all = SECRETS.lock().unwrap_or_else(|p| p.into_inner());
+    for s in secrets {
+        if !all.contains(&s) {
+            all.push(s);
+        }
+    }
+    // Longest first, so a secret containing another is replaced whole.
+    all.sort_by_key(|s| std::cmp::Reverse(s.len()));
+}
+
+/// `text` with every password of a store URL this process parsed replaced
+/// by `…`: the last line of defence of every error and report line (a
+/// driver message quoting its connection string would otherwise print it).
+pub fn redact(text: &str) -> String {
+    let all = SECRETS.lock().unwrap_or_else(|p| p.into_inner());
+    let mut out = text.to_string();
+    for s in all.iter() {
+        if out.contains(s.as_str()) {
+            out = out.replace(s.as_str(), "…");
+        }
+    }
+    out
 }
 
 impl FromStr for StoreAddress {
@@ -37,10 +228,21 @@ impl FromStr for StoreAddress {
             return Ok(StoreAddress::Fs(PathBuf::from(path)));
         }
         if s.starts_with("postgres://") || s.starts_with("postgresql://") {
-            return Ok(StoreAddress::Postgres(s.to_string()));
+            return Ok(StoreAddress::Postgres(PgAddress::parse(s)));
         }
+        // Never echo what might be a connection string with a password.
+        let shown = if s.contains('@') || s.contains("password") {
+            "the given address".to_string()
+        } else {
+            format!("{s:?}")
+        };
         Err(format!(
-            "{s:?} is not a store address; use fs:PATH, memory: or postgres://… (did you mean fs:{s}?)"
+            "{shown} is not a store address; use fs:PATH, memory: or postgres://…{}",
+            if shown.starts_with('"') {
+                format!(" (did you mean fs:{s}?)")
+            } else {
+                String::new()
+            }
         ))
     }
 }
@@ -51,14 +253,31 @@ impl fmt::Display for StoreAddress {
             StoreAddress::Fs(p) => write!(f, "fs:{}", p.display()),
             StoreAddress::Memory => f.write_str("memory:"),
             // Never print a password.
-            StoreAddress::Postgres(url) => match url.split_once("://").and_then(|(scheme, rest)| {
-                rest.split_once('@')
-                    .map(|(_, host)| format!("{scheme}://…@{host}"))
-            }) {
-                Some(redacted) => f.write_str(&redacted),
-                None => f.write_str(url),
-            },
+            StoreAddress::Postgres(pg) => f.write_str(&redact_url(&pg.original)),
         }
+    }
+}
+
+/// Applies `--pg-schema` to a PostgreSQL address. Refused (exit 64): a
+/// schema for another backend, or one that contradicts the URL's
+/// `?schema=`.
+pub fn with_pg_schema(address: &StoreAddress, schema: Option<&str>) -> CliResult<StoreAddress> {
+    let Some(schema) = schema else {
+        return Ok(address.clone());
+    };
+    match address {
+        StoreAddress::Postgres(pg) => match pg.schema() {
+            Some(s) if s != schema => Err(CliError::usage(format!(
+                "--pg-schema {schema} contradicts the store URL's schema={s}"
+            ))
+            .hint("name the schema once: in the URL (?schema=NAME) or with --pg-schema")),
+            Some(_) => Ok(address.clone()),
+            None => Ok(StoreAddress::Postgres(pg.with_schema(schema))),
+        },
+        other => Err(CliError::usage(format!(
+            "--pg-schema {schema} applies to a postgres:// store, not {other}"
+        ))
+        .hint("drop --pg-schema (or RUNKEEP_PG_SCHEMA), or pass --store postgres://…")),
     }
 }
 
@@ -81,6 +300,18 @@ pub enum Backend {
     Memory,
     /// A directory.
     Fs(Arc<runkeep_fs::FsStore>),
+    /// A PostgreSQL schema.
+    Postgres(Arc<runkeep_postgres::PgStore>, PgTarget),
+}
+
+/// What a PostgreSQL store was opened on, for what only it can do (the
+/// doctor's checks, the soak's chaos).
+#[derive(Clone, Debug)]
+pub struct PgTarget {
+    /// The address (its `Display` redacts).
+    pub address: PgAddress,
+    /// The options it was opened with (schema included).
+    pub options: runkeep_postgres::PgOptions,
 }
 
 /// An opened store.
@@ -106,6 +337,7 @@ pub struct Scratch {
     /// The probe run.
     pub scope: runkeep::RunScope,
     dir: Option<PathBuf>,
+    pg: Option<Arc<runkeep_postgres::PgStore>>,
 }
 
 impl Scratch {
@@ -121,6 +353,31 @@ impl Scratch {
             ),
             None => format!("scratch scope {}", self.scope),
         }
+    }
+}
+
+impl Scratch {
+    /// Removes what the probe left behind: the directory (also on drop),
+    /// or the probe run's rows in PostgreSQL (a store without a delete of
+    /// runs keeps its events otherwise).
+    pub async fn clean_up(&self) -> CliResult<()> {
+        if let Some(pg) = &self.pg {
+            let c = pg.pool().get().await.map_err(|e| {
+                CliError::failed(format!("clean up the probe run: no connection: {e}"))
+            })?;
+            c.execute(
+                "DELETE FROM runs WHERE tenant_id = $1 AND project_id = $2 AND session_id = $3 AND run_id = $4",
+                &[
+                    &self.scope.tenant_id.as_str(),
+                    &self.scope.project_id.as_str(),
+                    &self.scope.session_id.as_str(),
+                    &self.scope.run_id.as_str(),
+                ],
+            )
+            .await
+            .map_err(|e| CliError::failed(format!("clean up the probe run: {e}")))?;
+        }
+        Ok(())
     }
 }
 
@@ -148,7 +405,7 @@ impl OpenedStore {
     /// The directory store's own scan; `None` for backends without one.
     pub fn diagnose(&self, now: Timestamp) -> Option<CliResult<Diagnosis>> {
         match &self.backend {
-            Backend::Memory => None,
+            Backend::Memory | Backend::Postgres(..) => None,
             Backend::Fs(fs) => Some(fs.diagnose(now).map_err(CliError::from)),
         }
     }
@@ -159,7 +416,7 @@ impl OpenedStore {
     /// them apart, so an operator sees damage, not "free".
     pub fn unreadable_holding(&self, scope: &runkeep::RunScope) -> Option<String> {
         match &self.backend {
-            Backend::Memory => None,
+            Backend::Memory | Backend::Postgres(..) => None,
             Backend::Fs(fs) => match fs.top_holding(scope) {
                 Ok(Some((runkeep::TopHolding::Unreadable { .. }, path))) => {
                     let file = path.file_name()?.to_string_lossy().into_owned();
@@ -170,10 +427,18 @@ impl OpenedStore {
         }
     }
 
+    /// The PostgreSQL store and what it was opened on.
+    pub fn postgres(&self) -> Option<(&Arc<runkeep_postgres::PgStore>, &PgTarget)> {
+        match &self.backend {
+            Backend::Postgres(pg, target) => Some((pg, target)),
+            _ => None,
+        }
+    }
+
     /// The store's directory, for a directory store.
     pub fn base_dir(&self) -> Option<&Path> {
         match &self.backend {
-            Backend::Memory => None,
+            Backend::Memory | Backend::Postgres(..) => None,
             Backend::Fs(fs) => Some(fs.base_dir()),
         }
     }
@@ -192,6 +457,13 @@ impl OpenedStore {
                 store: self.store.clone(),
                 scope,
                 dir: None,
+                pg: None,
+            }),
+            Backend::Postgres(pg, _) => Ok(Scratch {
+                store: self.store.clone(),
+                scope,
+                dir: None,
+                pg: Some(pg.clone()),
             }),
             Backend::Fs(fs) => {
                 let dir = fs
@@ -205,6 +477,7 @@ impl OpenedStore {
                         store: Arc::new(store),
                         scope,
                         dir: Some(dir),
+                        pg: None,
                     }),
                     Err(e) => {
                         let _ = std::fs::remove_dir_all(&dir);
@@ -216,36 +489,59 @@ impl OpenedStore {
     }
 }
 
+/// How a command opens its store.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum OpenMode {
+    /// The store must exist: a missing directory, or a PostgreSQL schema
+    /// that was never migrated, is a configuration error (exit 78), so a
+    /// typo in `--store` does not silently create an empty store.
+    Existing,
+    /// Commands that write new runs (`seed`, `soak`): a missing directory is
+    /// created; a PostgreSQL schema is migrated.
+    Create,
+    /// Reading only: nothing is created, linked or removed, and any write
+    /// is refused (a directory opened read-only; a PostgreSQL session with
+    /// `default_transaction_read_only`). The commands that only read:
+    /// `runs`, `show`, `checkpoints`, `events`.
+    ReadOnly,
+    /// The doctor: open whatever is there without judging it (a PostgreSQL
+    /// schema that is missing or newer is a finding of its checks).
+    Examine,
+}
+
 /// Opens the store at `address` for `scope`. With `create`, a missing
 /// directory is created (only commands that write new runs pass it); without,
 /// a missing directory is a configuration error, so a typo in `--store` does
 /// not silently create an empty store.
-pub fn open_store(
+pub async fn open_store(
     address: &StoreAddress,
     scope: &ScopeParts,
     durability: DurabilityArg,
     create: bool,
 ) -> CliResult<OpenedStore> {
-    open_store_as(address, scope, durability, create, false)
+    let mode = if create {
+        OpenMode::Create
+    } else {
+        OpenMode::Existing
+    };
+    open_store_as(address, scope, durability, mode).await
 }
 
-/// Opens the store at `address` for reading only: nothing in its directory
-/// is created, linked or removed, and any write is refused (the commands
-/// that only read: `runs`, `show`, `checkpoints`, `events`).
-pub fn open_store_read_only(
+/// Opens the store at `address` for reading only (see [`OpenMode::ReadOnly`]).
+pub async fn open_store_read_only(
     address: &StoreAddress,
     scope: &ScopeParts,
     durability: DurabilityArg,
 ) -> CliResult<OpenedStore> {
-    open_store_as(address, scope, durability, false, true)
+    open_store_as(address, scope, durability, OpenMode::ReadOnly).await
 }
 
-fn open_store_as(
+/// Opens the store at `address` in `mode`.
+pub async fn open_store_as(
     address: &StoreAddress,
     scope: &ScopeParts,
     durability: DurabilityArg,
-    create: bool,
-    read_only: bool,
+    mode: OpenMode,
 ) -> CliResult<OpenedStore> {
     match address {
         StoreAddress::Memory => Ok(OpenedStore {
@@ -255,8 +551,13 @@ fn open_store_as(
             durability,
         }),
         StoreAddress::Fs(path) => {
-            check_directory(path, create)?;
-            let store = Arc::new(fs::open(path, scope, durability, read_only)?);
+            check_directory(path, mode == OpenMode::Create)?;
+            let store = Arc::new(fs::open(
+                path,
+                scope,
+                durability,
+                mode == OpenMode::ReadOnly,
+            )?);
             Ok(OpenedStore {
                 address: address.clone(),
                 store: store.clone(),
@@ -264,10 +565,15 @@ fn open_store_as(
                 durability,
             })
         }
-        StoreAddress::Postgres(_) => Err(CliError::config(format!(
-            "store {address}: the PostgreSQL backend is not built into this binary yet"
-        ))
-        .hint("use --store fs:PATH (the default is fs:./runkeep-data) or --store memory:")),
+        StoreAddress::Postgres(pg) => {
+            let (store, target) = pg::open(pg, mode).await?;
+            Ok(OpenedStore {
+                address: address.clone(),
+                store: store.clone(),
+                backend: Backend::Postgres(store, target),
+                durability,
+            })
+        }
     }
 }
 
@@ -364,6 +670,161 @@ mod fs {
             };
             CliError::config(format!("cannot open store fs:{}: {}", path.display(), CliError::from(e).message)).hint(hint)
         })
+    }
+}
+
+/// `events --follow --interval`: the PostgreSQL watch's fallback poll.
+static WATCH_FALLBACK: std::sync::Mutex<Option<std::time::Duration>> = std::sync::Mutex::new(None);
+
+/// Sets how often a PostgreSQL store opened after this call re-reads when
+/// no notification came (`events --follow --interval`: LISTEN/NOTIFY wakes
+/// the follow; the interval only bounds how late a missed notification —
+/// a reconnecting listener — is noticed).
+pub fn set_pg_watch_fallback(interval: std::time::Duration) {
+    *WATCH_FALLBACK.lock().unwrap_or_else(|p| p.into_inner()) = Some(interval);
+}
+
+/// The PostgreSQL backend's wiring (the only place that names
+/// `runkeep_postgres`'s constructors).
+pub mod pg {
+    use runkeep_postgres::{PgOptions, PgStore, SCHEMA_VERSION};
+
+    use super::*;
+
+    /// The options every command opens a PostgreSQL store with: the
+    /// address's schema (default [`DEFAULT_PG_SCHEMA`]) and a small pool
+    /// (one command, a few connections).
+    pub fn options(address: &PgAddress) -> PgOptions {
+        let fallback = *WATCH_FALLBACK.lock().unwrap_or_else(|p| p.into_inner());
+        PgOptions {
+            watch_fallback: fallback.unwrap_or(PgOptions::default().watch_fallback),
+            schema: address.schema().unwrap_or(DEFAULT_PG_SCHEMA).to_string(),
+            pool_size: 4,
+            ..PgOptions::default()
+        }
+    }
+
+    /// `store postgres://…@host/db (schema S)`: how messages name it.
+    pub fn describe(address: &PgAddress, options: &PgOptions) -> String {
+        format!(
+            "store {} (schema {})",
+            StoreAddress::Postgres(address.clone()),
+            options.schema
+        )
+    }
+
+    /// Maps a store error met while opening: bad URL or schema name 64,
+    /// unreachable 69, a newer or older schema 78.
+    pub fn open_error(address: &PgAddress, options: &PgOptions, e: runkeep::Error) -> CliError {
+        let what = describe(address, options);
+        match &e {
+            runkeep::Error::Unsupported { .. } => CliError::config(format!(
+                "{what}: {}",
+                CliError::from(e).message
+            ))
+            .hint("run `runkeep migrate` with a runkeep at least as new as the one that migrated it, or point --store/--pg-schema at another schema"),
+            runkeep::Error::Unavailable { .. } => CliError::from(e)
+                .context(format!("cannot reach {what}"))
+                .hint("check that the server runs and the URL's host, port, user and database (`runkeep doctor` shows what fails)"),
+            runkeep::Error::InvalidInput { .. } => CliError::from(e)
+                .context(&what)
+                .hint("pass --store postgres://USER@HOST:PORT/DATABASE and a schema of a-z, 0-9 and _ (?schema=NAME or --pg-schema)"),
+            _ => CliError::from(e).context(&what),
+        }
+    }
+
+    /// The schema version check of [`OpenMode::Existing`] and
+    /// [`OpenMode::ReadOnly`]: missing or older is exit 78 with "run
+    /// `runkeep migrate`", newer is exit 78 with "upgrade".
+    pub async fn require_current(address: &PgAddress, options: &PgOptions) -> CliResult<i32> {
+        let found = PgStore::schema_version(address.url(), options)
+            .await
+            .map_err(|e| open_error(address, options, e))?;
+        let what = describe(address, options);
+        match found {
+            0 => Err(CliError::config(format!(
+                "{what}: the schema holds no runkeep tables (never migrated)"
+            ))
+            .hint("run `runkeep migrate` once with the same --store (and --pg-schema) to create them; read commands never migrate")),
+            v if v < SCHEMA_VERSION => Err(CliError::config(format!(
+                "{what}: the schema is at runkeep schema version {v}, older than {SCHEMA_VERSION}"
+            ))
+            .hint("run `runkeep migrate` to bring it to this binary's version")),
+            v if v > SCHEMA_VERSION => Err(CliError::config(format!(
+                "{what}: the schema is at runkeep schema version {v}, newer than version {SCHEMA_VERSION} this binary knows"
+            ))
+            .hint("upgrade runkeep (a newer binary migrated it), or point --store/--pg-schema at another schema")),
+            v => Ok(v),
+        }
+    }
+
+    /// Opens a PostgreSQL store in `mode`.
+    pub(super) async fn open(
+        address: &PgAddress,
+        mode: OpenMode,
+    ) -> CliResult<(Arc<PgStore>, PgTarget)> {
+        let options = options(address);
+        let url = match mode {
+            // The server refuses every write of a read-only command.
+            OpenMode::ReadOnly => read_only_url(address.url()),
+            _ => address.url().to_string(),
+        };
+        let store = match mode {
+            OpenMode::Create => PgStore::connect(&url, options.clone())
+                .await
+                .map_err(|e| open_error(address, &options, e))?,
+            OpenMode::Existing | OpenMode::ReadOnly => {
+                require_current(address, &options).await?;
+                PgStore::open_migrated(&url, options.clone())
+                    .map_err(|e| open_error(address, &options, e))?
+            }
+            OpenMode::Examine => PgStore::open_migrated(&url, options.clone())
+                .map_err(|e| open_error(address, &options, e))?,
+        };
+        Ok((
+            Arc::new(store),
+            PgTarget {
+                address: address.clone(),
+                options,
+            },
+        ))
+    }
+
+    /// Applies the embedded migrations (`runkeep migrate`): the version now
+    /// applied.
+    pub async fn migrate(address: &PgAddress) -> CliResult<(i32, PgOptions)> {
+        let options = options(address);
+        let v = PgStore::migrate(address.url(), &options)
+            .await
+            .map_err(|e| open_error(address, &options, e))?;
+        Ok((v, options))
+    }
+
+    /// `url` with `-c default_transaction_read_only=on` added to its
+    /// `options` parameter.
+    fn read_only_url(url: &str) -> String {
+        const RO: &str = "-c%20default_transaction_read_only%3Don";
+        match url.split_once('?') {
+            None => format!("{url}?options={RO}"),
+            Some((base, query)) => {
+                let mut found = false;
+                let pairs: Vec<String> = query
+                    .split('&')
+                    .map(|pair| match pair.split_once('=') {
+                        Some(("options", v)) => {
+                            found = true;
+                            format!("options={v}%20{RO}")
+                        }
+                        _ => pair.to_string(),
+                    })
+                    .collect();
+                let mut q = pairs.join("&");
+                if !found {
+                    q.push_str(&format!("&options={RO}"));
+                }
+                format!("{base}?{q}")
+            }
+        }
     }
 }
 

@@ -23,7 +23,7 @@ pub struct CheckpointsArgs {
 /// Lists a run's checkpoints.
 pub async fn run(ctx: &Ctx, args: CheckpointsArgs) -> CliResult<Exit> {
     let scope = ctx.run_scope(&args.run)?;
-    let opened = ctx.store_read_only()?;
+    let opened = ctx.store_read_only().await?;
     let store = opened.store.as_ref();
     let cps = store.list_checkpoints(&scope).await?;
     if cps.is_empty() {

@@ -30,7 +30,8 @@ pub struct EventsArgs {
     #[arg(long, short = 'f')]
     follow: bool,
     /// How often --follow polls a store that cannot wake it (a store that
-    /// notifies wakes it when events land, whatever this says).
+    /// notifies wakes it when events land; on PostgreSQL this is also how
+    /// soon a notification missed while its listener reconnects is caught up).
     #[arg(long, default_value = "500ms", value_parser = parse_duration, value_name = "DURATION")]
     interval: Duration,
 }
@@ -40,7 +41,10 @@ pub struct EventsArgs {
 /// line in the store's flat form.
 pub async fn run(ctx: &Ctx, args: EventsArgs) -> CliResult<Exit> {
     let scope = ctx.run_scope(&args.run)?;
-    let opened = ctx.store_read_only()?;
+    if args.follow {
+        crate::store::set_pg_watch_fallback(args.interval);
+    }
+    let opened = ctx.store_read_only().await?;
     let store = opened.store.as_ref();
     let mut printer = Printer {
         json: ctx.json(),

@@ -45,7 +45,7 @@ pub struct ReleaseArgs {
 /// Claims (or renews) a run. A run held live by someone else exits 1.
 pub async fn claim(ctx: &Ctx, args: ClaimArgs) -> CliResult<Exit> {
     let scope = ctx.run_scope(&args.run)?;
-    let opened = ctx.store()?;
+    let opened = ctx.store().await?;
     let store = opened.store.as_ref();
     // Only a run the store holds nothing for needs --new; a run that cannot
     // be read keeps the read error and its own hint (permission denied).
@@ -124,7 +124,7 @@ pub async fn claim(ctx: &Ctx, args: ClaimArgs) -> CliResult<Exit> {
 /// holding changes nothing and exits 1.
 pub async fn release(ctx: &Ctx, args: ReleaseArgs) -> CliResult<Exit> {
     let scope = ctx.run_scope(&args.run)?;
-    let opened = ctx.store()?;
+    let opened = ctx.store().await?;
     let store = opened.store.as_ref();
     require_run(store, &scope).await?;
     let released = store

@@ -160,7 +160,7 @@ fn refusal(err: runkeep::Error, op: &str, scope: &RunScope, opened: &OpenedStore
 /// Creates a runnable run.
 pub async fn enqueue(ctx: &Ctx, args: EnqueueArgs) -> CliResult<Exit> {
     let scope = ctx.run_scope(&args.run)?;
-    let opened = ctx.store()?;
+    let opened = ctx.store().await?;
     let store = opened.store.as_ref();
     let now = store.now();
     let available_at = match args.not_before {
@@ -212,7 +212,7 @@ pub async fn enqueue(ctx: &Ctx, args: EnqueueArgs) -> CliResult<Exit> {
 /// Finishes a run held at `--fence`.
 pub async fn finish(ctx: &Ctx, args: FinishArgs) -> CliResult<Exit> {
     let scope = ctx.run_scope(&args.run)?;
-    let opened = ctx.store()?;
+    let opened = ctx.store().await?;
     let store = opened.store.as_ref();
     require_run(store, &scope).await?;
     let outcome = Outcome {
@@ -246,7 +246,7 @@ pub async fn finish(ctx: &Ctx, args: FinishArgs) -> CliResult<Exit> {
 /// Reopens a finished run.
 pub async fn reopen(ctx: &Ctx, args: ReopenArgs) -> CliResult<Exit> {
     let scope = ctx.run_scope(&args.run)?;
-    let opened = ctx.store()?;
+    let opened = ctx.store().await?;
     let store = opened.store.as_ref();
     let lifecycle = store
         .reopen(&scope)

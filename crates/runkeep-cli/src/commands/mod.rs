@@ -13,6 +13,7 @@ pub mod checkpoints;
 pub mod events;
 pub mod lease;
 pub mod lifecycle;
+pub mod migrate;
 pub mod park;
 pub mod prune;
 pub mod runs;

@@ -45,7 +45,7 @@ pub async fn run(ctx: &Ctx, command: ParkCommand) -> CliResult<Exit> {
 
 async fn resolve(ctx: &Ctx, args: ResolveArgs) -> CliResult<Exit> {
     let scope = ctx.run_scope(&args.run)?;
-    let opened = ctx.store()?;
+    let opened = ctx.store().await?;
     let store = opened.store.as_ref();
     require_run(store, &scope).await?;
     let now = Timestamp::now();

@@ -31,7 +31,7 @@ pub struct PruneArgs {
 /// Prunes a run's checkpoints.
 pub async fn run(ctx: &Ctx, args: PruneArgs) -> CliResult<Exit> {
     let scope = ctx.run_scope(&args.run)?;
-    let opened = ctx.store()?;
+    let opened = ctx.store().await?;
     let store = opened.store.as_ref();
     require_run(store, &scope).await?;
     let keep = usize::try_from(args.keep).unwrap_or(usize::MAX);

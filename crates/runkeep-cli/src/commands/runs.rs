@@ -49,7 +49,7 @@ pub struct RunsArgs {
 /// Lists runs.
 pub async fn run(ctx: &Ctx, args: RunsArgs) -> CliResult<Exit> {
     let listing = ctx.scope.listing()?;
-    let opened = ctx.store_read_only()?;
+    let opened = ctx.store_read_only().await?;
     if opened.base_dir().is_some() && ctx.scope.session.is_none() {
         return Err(CliError::usage(format!(
             "{} is one session's runs directory; it cannot list the wider scope {listing}",

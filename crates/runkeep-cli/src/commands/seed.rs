@@ -56,7 +56,7 @@ pub async fn run(ctx: &Ctx, args: SeedArgs) -> CliResult<Exit> {
         .map(|i| RunId::new(format!("run_{}_{i:03}", args.prefix)))
         .collect::<Result<Vec<_>, _>>()
         .map_err(|e| CliError::from(e).hint("--prefix may only use [A-Za-z0-9_-]"))?;
-    let opened = ctx.store_creating()?;
+    let opened = ctx.store_creating().await?;
     let store = opened.store.as_ref();
     let first = ctx.scope.run(&ids[0], None)?;
     if run_exists(store, &first).await? {

@@ -21,7 +21,7 @@ pub struct ShowArgs {
 /// Shows one run.
 pub async fn run(ctx: &Ctx, args: ShowArgs) -> CliResult<Exit> {
     let scope = ctx.run_scope(&args.run)?;
-    let opened = ctx.store_read_only()?;
+    let opened = ctx.store_read_only().await?;
     let store = opened.store.as_ref();
     let now = Timestamp::now();
     let cps = store.list_checkpoints(&scope).await.map_err(read_error)?;

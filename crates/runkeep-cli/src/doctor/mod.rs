@@ -72,6 +72,10 @@ pub struct DoctorArgs {
     /// before it is reported.
     #[arg(long, default_value = "10m", value_parser = parse_duration, value_name = "DURATION")]
     stale_after: Duration,
+    /// store.row-locks (PostgreSQL): how long a transaction may hold locks
+    /// on the store's tables before it is reported.
+    #[arg(long, default_value = "10s", value_parser = parse_duration, value_name = "DURATION")]
+    lock_age: Duration,
 }
 
 /// A check's status.
@@ -263,6 +267,11 @@ pub struct Report {
     exit: u8,
 }
 
+/// The `application_name` of the doctor's own PostgreSQL connections.
+pub fn doctor_application_name() -> String {
+    format!("runkeep-doctor-{}", std::process::id())
+}
+
 /// Runs the doctor.
 pub async fn run(ctx: &Ctx, args: DoctorArgs) -> CliResult<Exit> {
     // A store that cannot be opened at all (no such directory, not a
@@ -277,12 +286,49 @@ pub async fn run(ctx: &Ctx, args: DoctorArgs) -> CliResult<Exit> {
             crate::store::check_readable(path)?;
         }
     }
-    let opened = match ctx.store() {
-        Ok(opened) => Ok(opened),
-        Err(e) if matches!(&address, StoreAddress::Fs(path) if path.is_dir()) => Err(e),
-        Err(e) => return Err(e),
+    // A PostgreSQL store is opened without judging its schema (missing,
+    // older or newer is store.schema-version's finding), under an
+    // application name of its own so store.row-locks can leave the
+    // doctor's own connections out.
+    let opened_at = match &address {
+        StoreAddress::Postgres(pg) => {
+            StoreAddress::Postgres(pg.with_application_name(&doctor_application_name()))
+        }
+        other => other.clone(),
     };
-    let now = Timestamp::now();
+    let opened = match &opened_at {
+        StoreAddress::Postgres(_) => Ok(crate::store::open_store_as(
+            &opened_at,
+            &ctx.scope,
+            ctx.global.durability,
+            crate::store::OpenMode::Examine,
+        )
+        .await?),
+        _ => match ctx.store().await {
+            Ok(opened) => Ok(opened),
+            Err(e) if matches!(&address, StoreAddress::Fs(path) if path.is_dir()) => Err(e),
+            Err(e) => return Err(e),
+        },
+    };
+    let mut now = Timestamp::now();
+    if let Ok(opened) = opened
+        .as_ref()
+        .map_err(|_| ())
+        .and_then(|o| o.postgres().map(|_| o).ok_or(()))
+    {
+        // The database's clock decides: one read judged by the server
+        // measures the offset, and every check then judges at the server's
+        // instant (a skewed operator machine misreports nothing).
+        let probe = runkeep::ListOptions {
+            limit: Some(1),
+            ..runkeep::ListOptions::default()
+        };
+        if let Ok(listing) = ctx.scope.listing() {
+            if opened.store.list_runs(&listing, &probe).await.is_ok() {
+                now = opened.store.now();
+            }
+        }
+    }
     let env = Arc::new(Env::new(
         address.clone(),
         opened,
@@ -290,6 +336,7 @@ pub async fn run(ctx: &Ctx, args: DoctorArgs) -> CliResult<Exit> {
         now,
         args.verbose,
         args.stale_after,
+        args.lock_age,
     ));
     let mut registered = checks::registry();
     if let Some(ms) = std::env::var(SLOW_CHECK_ENV)
@@ -409,8 +456,8 @@ async fn run_checks(
             id: id.to_string(),
             category: category.to_string(),
             status: outcome.status,
-            message: outcome.message,
-            remediation: outcome.remediation,
+            message: crate::store::redact(&outcome.message),
+            remediation: outcome.remediation.as_deref().map(crate::store::redact),
             duration_ms: u64::try_from(took.as_millis()).unwrap_or(u64::MAX),
         });
     }

@@ -197,7 +197,7 @@ pub async fn run(ctx: &Ctx, args: SoakArgs) -> CliResult<Exit> {
     let soak_dir = runkeep_soak::soak_dir(&dir);
     std::fs::create_dir_all(&soak_dir)
         .map_err(|e| CliError::config(format!("cannot create {}: {e}", soak_dir.display())))?;
-    let opened = open_store(&address, &ctx.scope, ctx.global.durability, true)?;
+    let opened = open_store(&address, &ctx.scope, ctx.global.durability, true).await?;
     let target = Target {
         store: opened.store.clone(),
         address: address.to_string(),
@@ -273,7 +273,7 @@ pub async fn run(ctx: &Ctx, args: SoakArgs) -> CliResult<Exit> {
 
 /// `runkeep soak-worker`.
 pub async fn run_worker(ctx: &Ctx, args: SoakWorkerArgs) -> CliResult<Exit> {
-    let opened = open_store(&ctx.global.store, &ctx.scope, ctx.global.durability, false)?;
+    let opened = open_store(&ctx.global.store, &ctx.scope, ctx.global.durability, false).await?;
     let listing = ctx.scope.listing()?;
     let shutdown = CancellationToken::new();
     runkeep_worker::cancel_on_signal(shutdown.clone());
