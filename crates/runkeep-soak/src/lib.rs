@@ -30,8 +30,10 @@ pub mod audit;
 pub mod sink;
 pub mod worker;
 
-use std::collections::HashSet;
+use std::collections::{BTreeMap, HashSet};
+use std::future::Future;
 use std::path::{Path, PathBuf};
+use std::pin::Pin;
 use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -172,8 +174,24 @@ impl std::fmt::Debug for Launcher {
     }
 }
 
+/// Chaos only a backend can add to the soak's own (kill -9 and SIGSTOP of
+/// workers): on PostgreSQL, terminated server connections and partitions.
+/// The engine calls [`BackendChaos::strike`] at random chaos moments and
+/// counts what each strike answers by its label.
+pub trait BackendChaos: Send + Sync {
+    /// One action, now (a strike that starts something lasting, such as a
+    /// partition, returns once it started). Answers the label to count it
+    /// under ("backends terminated"), `None` when there was nothing to hit,
+    /// or an error the report lists (not a violation: the chaos failed,
+    /// not a guarantee).
+    fn strike(&self) -> Pin<Box<dyn Future<Output = Result<Option<String>, String>> + Send + '_>>;
+
+    /// Ends every lasting action (heals a partition) before the audit.
+    fn heal(&self) -> Pin<Box<dyn Future<Output = ()> + Send + '_>>;
+}
+
 /// Where a soak runs.
-#[derive(Clone, Debug)]
+#[derive(Clone)]
 pub struct Target {
     /// The store (fresh: the soak enqueues its runs there).
     pub store: Arc<dyn RunStore>,
@@ -183,6 +201,20 @@ pub struct Target {
     pub session: ListingScope,
     /// The soak's own directory (effect logs, ack logs, worker logs).
     pub soak_dir: PathBuf,
+    /// The backend's own chaos, struck alongside the workers' (`None`: the
+    /// workers' chaos only).
+    pub backend_chaos: Option<Arc<dyn BackendChaos>>,
+}
+
+impl std::fmt::Debug for Target {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Target")
+            .field("address", &self.address)
+            .field("session", &self.session)
+            .field("soak_dir", &self.soak_dir)
+            .field("backend_chaos", &self.backend_chaos.is_some())
+            .finish_non_exhaustive()
+    }
 }
 
 /// The soak's report.
@@ -213,6 +245,12 @@ pub struct SoakReport {
     /// Workers that exited without being killed by the soak (poison runs
     /// crash theirs).
     pub unexpected_exits: u64,
+    /// The backend's chaos, by label (e.g. "backends terminated").
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub backend_chaos: BTreeMap<String, u64>,
+    /// Backend chaos that failed to strike (not a violation).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub backend_chaos_errors: Vec<String>,
     /// Whether every run finished before the timeout.
     pub finished_in_time: bool,
     /// When it did not: how many runs were left, and the timeout. Not a
@@ -560,6 +598,8 @@ pub async fn drive(
     let mut last_poll = Instant::now() - Duration::from_secs(1);
     let mut pending_restarts: Vec<Instant> = Vec::new();
     let mut finished_in_time = false;
+    let mut backend_counts: BTreeMap<String, u64> = BTreeMap::new();
+    let mut backend_errors: Vec<String> = Vec::new();
     let total = runs.len() as u64;
     loop {
         tokio::time::sleep(Duration::from_millis(50)).await;
@@ -601,7 +641,18 @@ pub async fn drive(
                 .collect();
             if running.len() >= 2 || (running.len() == 1 && workers.slots.len() > 1) {
                 let pick = running[rand::thread_rng().gen_range(0..running.len())];
-                if !options.stall_only && rand::thread_rng().gen_bool(0.5) {
+                let backend = target
+                    .backend_chaos
+                    .as_ref()
+                    .filter(|_| !options.stall_only && rand::thread_rng().gen_bool(1.0 / 3.0));
+                if let Some(chaos) = backend {
+                    match chaos.strike().await {
+                        Ok(Some(label)) => *backend_counts.entry(label).or_insert(0) += 1,
+                        Ok(None) => {}
+                        Err(e) if backend_errors.len() < 10 => backend_errors.push(e),
+                        Err(_) => {}
+                    }
+                } else if !options.stall_only && rand::thread_rng().gen_bool(0.5) {
                     workers.kill(pick);
                     kills += 1;
                     pending_restarts
@@ -616,6 +667,9 @@ pub async fn drive(
         }
     }
     let elapsed = started.elapsed();
+    if let Some(chaos) = &target.backend_chaos {
+        chaos.heal().await;
+    }
     workers.shutdown().await;
     let expect = Expect {
         steps: options.steps,
@@ -645,6 +699,8 @@ pub async fn drive(
         stalls,
         restarts,
         unexpected_exits: unexpected,
+        backend_chaos: backend_counts,
+        backend_chaos_errors: backend_errors,
         finished_in_time,
         timed_out,
         audit,
@@ -706,6 +762,24 @@ fn render(r: &SoakReport) -> String {
                 r.kills, r.stalls, r.restarts, r.unexpected_exits
             ),
         ),
+    ];
+    if !r.backend_chaos.is_empty() || !r.backend_chaos_errors.is_empty() {
+        let mut text = r
+            .backend_chaos
+            .iter()
+            .map(|(label, n)| format!("{n} {label}"))
+            .collect::<Vec<_>>()
+            .join(", ");
+        if !r.backend_chaos_errors.is_empty() {
+            text.push_str(&format!(
+                "; {} strike(s) failed (not a violation): {}",
+                r.backend_chaos_errors.len(),
+                r.backend_chaos_errors.join("; ")
+            ));
+        }
+        rows.push(("backend chaos", text));
+    }
+    rows.extend([
         (
             "runs completed",
             format!(
@@ -726,7 +800,7 @@ fn render(r: &SoakReport) -> String {
             "attempts",
             format!("{} takeovers from expired leases", a.attempts),
         ),
-    ];
+    ]);
     if r.poison > 0 {
         rows.push((
             "poison runs",

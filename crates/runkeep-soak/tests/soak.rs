@@ -38,6 +38,7 @@ async fn soak(options: SoakOptions, work: WorkFn) -> (SoakReport, tempfile::Temp
         address: "memory:".into(),
         session: session(),
         soak_dir: runkeep_soak::soak_dir(dir.path()),
+        backend_chaos: None,
     };
     std::fs::create_dir_all(&target.soak_dir).unwrap();
     runkeep_soak::check_progress(&options).unwrap();

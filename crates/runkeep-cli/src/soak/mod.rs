@@ -15,7 +15,7 @@
 
 use std::path::PathBuf;
 use std::process::Command as Process;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use clap::Args;
@@ -29,6 +29,8 @@ use crate::duration::{parse_duration, parse_ttl};
 use crate::error::{CliError, CliResult, Exit};
 use crate::output::{emit, emit_json};
 use crate::store::{open_store, DurabilityArg, StoreAddress};
+
+mod pg;
 
 /// `runkeep soak` options.
 #[derive(Args, Debug, Clone)]
@@ -127,38 +129,79 @@ fn store_given_explicitly() -> bool {
         || std::env::args().any(|a| a == "--store" || a.starts_with("--store="))
 }
 
+/// How worker processes reach a PostgreSQL store: under the soak's
+/// application name, each through a proxy of its own (for partitions).
+struct PgWorkers {
+    address: crate::store::PgAddress,
+    app: String,
+    upstream: Option<String>,
+    proxies: Arc<Mutex<Vec<Arc<pg::Proxy>>>>,
+}
+
 /// The command line of one worker process: this binary, the same store and
-/// scope, `soak-worker`.
-fn worker_command(ctx: &Ctx, address: &StoreAddress) -> CliResult<Launcher> {
+/// scope, `soak-worker`. A PostgreSQL URL goes in the worker's environment
+/// (`RUNKEEP_STORE`), never on its command line (`ps` shows that to every
+/// user; the URL may carry a password).
+fn worker_command(
+    ctx: &Ctx,
+    address: &StoreAddress,
+    pg_workers: Option<Arc<PgWorkers>>,
+) -> CliResult<Launcher> {
     let exe = std::env::current_exe()
         .map_err(|e| CliError::internal(format!("cannot find this binary: {e}")))?;
     let g = ctx.global.clone();
     let address = address.to_string();
     Ok(Launcher::Processes(Arc::new(move |cfg: &WorkerConfig| {
         let mut cmd = Process::new(&exe);
-        cmd.arg("--store")
-            .arg(&address)
-            .args([
-                "--tenant",
-                &g.tenant,
-                "--project",
-                &g.project,
-                "--session",
-                &g.session,
-            ])
-            .arg("--durability")
-            .arg(match g.durability {
-                DurabilityArg::ProcessCrash => "process-crash",
-                DurabilityArg::PowerLoss => "power-loss",
-            })
-            .arg("soak-worker")
-            .arg("--soak-dir")
-            .arg(&cfg.soak_dir)
-            .args(["--steps", &cfg.steps.to_string()])
-            .args(["--ttl", &format!("{}ms", cfg.ttl.as_millis())])
-            .args(["--step-time", &format!("{}ms", cfg.step_time.as_millis())])
-            .args(["--concurrency", &cfg.concurrency.to_string()])
-            .args(["--label", &cfg.label]);
+        match &pg_workers {
+            Some(w) => {
+                let proxy = w.upstream.as_ref().and_then(|up| match pg::Proxy::start(up.clone()) {
+                    Ok(p) => {
+                        w.proxies
+                            .lock()
+                            .unwrap_or_else(|p| p.into_inner())
+                            .push(p.clone());
+                        Some(p)
+                    }
+                    Err(e) => {
+                        crate::output::warn(&format!(
+                            "soak: cannot start a proxy for worker {} ({e}); it connects directly and cannot be partitioned",
+                            cfg.label
+                        ));
+                        None
+                    }
+                });
+                cmd.env(
+                    "RUNKEEP_STORE",
+                    pg::worker_address(&w.address, &w.app, proxy.as_deref()),
+                )
+                .env_remove("RUNKEEP_PG_SCHEMA");
+            }
+            None => {
+                cmd.arg("--store").arg(&address);
+            }
+        }
+        cmd.args([
+            "--tenant",
+            &g.tenant,
+            "--project",
+            &g.project,
+            "--session",
+            &g.session,
+        ])
+        .arg("--durability")
+        .arg(match g.durability {
+            DurabilityArg::ProcessCrash => "process-crash",
+            DurabilityArg::PowerLoss => "power-loss",
+        })
+        .arg("soak-worker")
+        .arg("--soak-dir")
+        .arg(&cfg.soak_dir)
+        .args(["--steps", &cfg.steps.to_string()])
+        .args(["--ttl", &format!("{}ms", cfg.ttl.as_millis())])
+        .args(["--step-time", &format!("{}ms", cfg.step_time.as_millis())])
+        .args(["--concurrency", &cfg.concurrency.to_string()])
+        .args(["--label", &cfg.label]);
         cmd
     })))
 }
@@ -194,20 +237,50 @@ pub async fn run(ctx: &Ctx, args: SoakArgs) -> CliResult<Exit> {
     } else {
         StoreAddress::Fs(dir.join("runs"))
     };
+    // PostgreSQL: a fresh schema per soak (dropped afterwards unless --keep
+    // or a violation), whatever schema the address names.
+    let fresh_schema = match &address {
+        StoreAddress::Postgres(_) => Some(pg::fresh_schema()),
+        _ => None,
+    };
+    let address = match (&address, &fresh_schema) {
+        (StoreAddress::Postgres(a), Some(schema)) => StoreAddress::Postgres(a.with_schema(schema)),
+        _ => address,
+    };
     let soak_dir = runkeep_soak::soak_dir(&dir);
     std::fs::create_dir_all(&soak_dir)
         .map_err(|e| CliError::config(format!("cannot create {}: {e}", soak_dir.display())))?;
     let opened = open_store(&address, &ctx.scope, ctx.global.durability, true).await?;
+    let pg_workers = match (&address, &fresh_schema) {
+        (StoreAddress::Postgres(a), Some(schema)) => Some(Arc::new(PgWorkers {
+            address: a.clone(),
+            app: pg::worker_application_name(schema),
+            upstream: pg::upstream(a.url()),
+            proxies: Arc::new(Mutex::new(Vec::new())),
+        })),
+        _ => None,
+    };
+    let backend_chaos: Option<Arc<dyn runkeep_soak::BackendChaos>> =
+        match (opened.postgres(), &pg_workers) {
+            (Some((store, _)), Some(w)) if !args.no_chaos => Some(Arc::new(pg::PgChaos::new(
+                store.clone(),
+                w.app.clone(),
+                w.proxies.clone(),
+                args.ttl.as_duration(),
+            ))),
+            _ => None,
+        };
     let target = Target {
         store: opened.store.clone(),
         address: address.to_string(),
         session: ctx.scope.listing()?,
         soak_dir,
+        backend_chaos,
     };
     let launcher = if matches!(address, StoreAddress::Memory) {
         Launcher::Threads(runkeep_soak::worker::correct())
     } else {
-        worker_command(ctx, &address)?
+        worker_command(ctx, &address, pg_workers.clone())?
     };
     let (runs, poison) = runkeep_soak::seed(target.store.as_ref(), &target.session, &options)
         .await
@@ -249,6 +322,18 @@ pub async fn run(ctx: &Ctx, args: SoakArgs) -> CliResult<Exit> {
             report.kept_dir = Some(path.display().to_string());
         } else {
             report.kept_dir = Some(dir.display().to_string());
+        }
+    }
+    if let (Some((store, _)), Some(schema)) = (opened.postgres(), &fresh_schema) {
+        if keep {
+            crate::output::note(&format!(
+                "kept PostgreSQL schema {schema} (drop it with: DROP SCHEMA {schema} CASCADE)"
+            ));
+        } else if let Err(e) = pg::drop_schema(store, schema).await {
+            crate::output::warn(&format!(
+                "could not drop the soak's schema {schema}: {}",
+                e.message
+            ));
         }
     }
     let exit = match report.verdict() {
