@@ -30,6 +30,12 @@ use runkeep::time::{Timestamp, Ttl};
 /// Event type of a completed-tool record in the transcript.
 pub const TOOL_COMPLETED_EVENT: &str = "tool_completed";
 
+/// The payload field [`RunHandle::commit_step`] adds to every event of a
+/// step: the step's id (`<holder>#<first fence of the holding>#<n>`), unique
+/// per step. When a commit's outcome is unknown, the handle finds the step's
+/// events by it instead of appending them again.
+pub const STEP_ID_FIELD: &str = "runkeepStep";
+
 /// The lease a handle currently writes under, as its keeper last set it.
 #[derive(Clone, PartialEq, Eq, Debug)]
 pub struct HeldLease {
@@ -88,6 +94,10 @@ pub(crate) struct Shared {
     pub(crate) ended: CancellationToken,
     /// The completed-tool ledger, read once per holding on first use.
     pub(crate) ledger: Mutex<Option<CompletedTools>>,
+    /// The fence the holding started at (part of every step id).
+    pub(crate) first_fence: Fence,
+    /// Steps committed (or tried) through this holding's handles.
+    pub(crate) steps: std::sync::atomic::AtomicU64,
 }
 
 impl Shared {
@@ -357,25 +367,199 @@ impl RunHandle {
     /// step with `finish` ends the holding: the handle writes no more
     /// ([`LeaseLoss::Finished`]) and the drain neither releases nor
     /// finishes the run again. `tool_completed` events update the ledger.
+    ///
+    /// # Outcome unknown
+    ///
+    /// Every event of the step carries the step's id in [`STEP_ID_FIELD`].
+    /// When the store answers that the commit's outcome is unknown (its
+    /// acknowledgement was lost, [`Error::is_outcome_unknown`]), the handle
+    /// never repeats the step blindly. It first fences the attempt off: a
+    /// renewal mints a higher fence, and on a store that checks fences under
+    /// the run's lock the renewal cannot pass an attempt still in flight,
+    /// so after it the attempt has landed or never will. Then it reads back
+    /// by the step id (or, for a step without events, the finish's fence,
+    /// the checkpoint, the snapshot or the record). Landed: the receipt as
+    /// read back. Not landed: `Unavailable` saying so (retryable: repeat
+    /// the step). When the attempt cannot be fenced off or read back, the
+    /// outcome-unknown error is answered as it came: do not repeat the step.
     pub async fn commit_step(&self, step: &Step) -> Result<StepReceipt, WorkerError> {
         let (store, scope) = (&self.shared.store, &self.shared.scope);
-        let receipt = if step.finish.is_some() {
-            self.ending(
-                "commit_step",
-                |f| store.commit_step(scope, f, step),
-                |r: &StepReceipt| {
-                    Some(LeaseLoss::Finished {
-                        status: r.lifecycle.as_ref().map(|l| l.status).unwrap_or_default(),
-                    })
-                },
-            )
-            .await?
+        let n = self
+            .shared
+            .steps
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let step_id = format!("{}#{}#{n}", self.shared.holder, self.shared.first_fence);
+        let mut marked = step.clone();
+        for e in &mut marked.events {
+            e.payload
+                .insert(STEP_ID_FIELD.into(), Value::String(step_id.clone()));
+        }
+        let step = &marked;
+        let used = std::sync::atomic::AtomicU64::new(0);
+        let write = |f: Fence| {
+            used.store(f.get(), std::sync::atomic::Ordering::Relaxed);
+            store.commit_step(scope, f, step)
+        };
+        let answer = if step.finish.is_some() {
+            self.ending("commit_step", write, |r: &StepReceipt| {
+                Some(LeaseLoss::Finished {
+                    status: r.lifecycle.as_ref().map(|l| l.status).unwrap_or_default(),
+                })
+            })
+            .await
         } else {
-            self.fenced("commit_step", |f| store.commit_step(scope, f, step))
-                .await?
+            self.fenced("commit_step", write).await
+        };
+        let receipt = match answer {
+            Err(WorkerError::Store(e)) if e.is_outcome_unknown() => {
+                let fence = Fence::new(used.load(std::sync::atomic::Ordering::Relaxed))
+                    .map_err(WorkerError::Store)?;
+                self.resolve_unknown(step, &step_id, fence, e).await?
+            }
+            other => other?,
         };
         self.note_tools(&receipt.events).await;
         Ok(receipt)
+    }
+
+    /// Fences off an attempt whose outcome is unknown, then reads back
+    /// whether it landed (see [`RunHandle::commit_step`]).
+    async fn resolve_unknown(
+        &self,
+        step: &Step,
+        step_id: &str,
+        fence: Fence,
+        unknown: Error,
+    ) -> Result<StepReceipt, WorkerError> {
+        let (store, scope) = (&self.shared.store, &self.shared.scope);
+        tracing::warn!(run = %scope, %fence, step_id, error = %unknown, "step commit outcome unknown; fencing the attempt off and reading back");
+        // 1. Fence the attempt off with a renewal (writes excluded).
+        let fenced_off = {
+            let _gate = self.shared.gate.write().await;
+            let mut delay = Duration::from_millis(50);
+            loop {
+                let deadline = self.shared.state.borrow().deadline;
+                if Instant::now() + self.shared.margin >= deadline {
+                    break false;
+                }
+                let sent_at = Instant::now();
+                let options = crate::keeper::claim_options(
+                    self.shared.holder.clone(),
+                    self.shared.ttl,
+                    self.shared.clock.as_ref(),
+                );
+                match store.claim(scope, &options).await {
+                    Ok(runkeep::ClaimOutcome::Acquired(lease)) if lease.fence > fence => {
+                        self.shared.state.send_modify(|s| {
+                            s.lease = lease;
+                            s.acquired_at = sent_at;
+                            s.deadline = sent_at + self.shared.ttl.as_duration();
+                            s.renewals += 1;
+                        });
+                        break true;
+                    }
+                    Ok(runkeep::ClaimOutcome::Held(summary)) => {
+                        // Someone else holds it: our fence is superseded too.
+                        self.shared.lose(LeaseLoss::Superseded {
+                            current: summary.fence,
+                            holder: Some(summary.holder),
+                        });
+                        break true;
+                    }
+                    // Finished (by this step's finish, or by an operator):
+                    // the fence is spent, nothing more lands under it.
+                    Ok(runkeep::ClaimOutcome::Finished(_)) => break true,
+                    Ok(_) => break false,
+                    Err(e) if e.is_retryable() => {
+                        tokio::time::sleep(delay).await;
+                        delay = delay.saturating_mul(2);
+                    }
+                    Err(_) => break false,
+                }
+            }
+        };
+        if !fenced_off {
+            return Err(WorkerError::Store(unknown));
+        }
+        // 2. Read back.
+        let landed = match self.read_back(step, step_id, fence).await {
+            Ok(r) => r,
+            Err(_) => return Err(WorkerError::Store(unknown)),
+        };
+        match landed {
+            Some(receipt) => {
+                tracing::info!(run = %scope, %fence, step_id, "the step had landed; not repeated");
+                if let Some(l) = &receipt.lifecycle {
+                    self.shared.end(LeaseLoss::Finished { status: l.status });
+                }
+                Ok(receipt)
+            }
+            None => Err(WorkerError::Store(Error::Unavailable {
+                message: format!(
+                    "commit_step on run {}: the acknowledgement of the commit under fence {fence} was lost; after fencing the attempt off, the read-back shows the step was not stored: repeat it",
+                    scope.run_id
+                ),
+                source: Some(Box::new(unknown)),
+            })),
+        }
+    }
+
+    /// The step as stored, when it landed under `fence`; `None` when not.
+    async fn read_back(
+        &self,
+        step: &Step,
+        step_id: &str,
+        fence: Fence,
+    ) -> runkeep::Result<Option<StepReceipt>> {
+        let (store, scope) = (&self.shared.store, &self.shared.scope);
+        let landed = if !step.events.is_empty() {
+            let batch = store
+                .read_events(scope, &runkeep::ReadEventsOptions::default())
+                .await?;
+            let events: Vec<PersistedEvent> = batch
+                .events
+                .into_iter()
+                .filter(|e| e.payload.get(STEP_ID_FIELD).and_then(Value::as_str) == Some(step_id))
+                .collect();
+            if events.is_empty() {
+                return Ok(None);
+            }
+            events
+        } else {
+            let there = if step.finish.is_some() {
+                store.lifecycle(scope).await?.finished_fence == Some(fence)
+            } else if let Some(cp) = &step.checkpoint {
+                store
+                    .read_checkpoint(scope, &cp.id)
+                    .await?
+                    .is_some_and(|c| c.fence == Some(fence) && c.state == cp.state)
+            } else if let Some(m) = &step.messages {
+                matches!(store.read_messages(scope).await?,
+                    runkeep::MessageSnapshot::Available { messages, .. } if messages == m.messages)
+            } else if let Some(r) = &step.run_record {
+                store.read_run_record(scope).await?.as_ref() == Some(r)
+            } else {
+                false
+            };
+            if !there {
+                return Ok(None);
+            }
+            Vec::new()
+        };
+        // The step is atomic: one part there means all of it is.
+        let checkpoint = match &step.checkpoint {
+            Some(cp) => store.read_checkpoint(scope, &cp.id).await?,
+            None => None,
+        };
+        let lifecycle = match &step.finish {
+            Some(_) => Some(store.lifecycle(scope).await?),
+            None => None,
+        };
+        Ok(Some(StepReceipt {
+            events: landed,
+            checkpoint,
+            lifecycle,
+        }))
     }
 
     /// Finishes the run under the current fence (contract v2,

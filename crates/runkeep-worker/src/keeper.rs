@@ -213,6 +213,8 @@ impl LeaseKeeper {
             stopping: CancellationToken::new(),
             ended: CancellationToken::new(),
             ledger: Mutex::new(None),
+            first_fence: lease.fence,
+            steps: std::sync::atomic::AtomicU64::new(0),
         });
         let stop = CancellationToken::new();
         let task = tokio::spawn(keep(

@@ -111,5 +111,5 @@ pub use drain::{
 };
 pub use error::{LeaseLoss, WorkerError};
 pub use gate::{admit_fence, EffectRefused, FenceGate};
-pub use handle::{FenceToken, HeldLease, RunHandle, ToolRun, TOOL_COMPLETED_EVENT};
+pub use handle::{FenceToken, HeldLease, RunHandle, ToolRun, STEP_ID_FIELD, TOOL_COMPLETED_EVENT};
 pub use keeper::{KeeperOptions, LeaseKeeper};

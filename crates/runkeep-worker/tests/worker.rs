@@ -121,6 +121,12 @@ struct Faulty {
     /// The instant every claim and claim_next was asked to be judged at
     /// (`None`: by the store's clock).
     judged_at: Mutex<Vec<Option<Timestamp>>>,
+    /// The next step commit loses its acknowledgement: 1 = it is stored and
+    /// answers outcome unknown; 2 = it is not stored and answers outcome
+    /// unknown.
+    lose_next_ack: AtomicU64,
+    /// Step commits that reached the store.
+    step_calls: AtomicU64,
 }
 
 impl Faulty {
@@ -254,7 +260,17 @@ impl EvidenceStore for Faulty {
         fence: Fence,
         step: &runkeep::Step,
     ) -> runkeep::Result<runkeep::StepReceipt> {
-        self.inner.commit_step(s, fence, step).await
+        self.step_calls.fetch_add(1, Ordering::SeqCst);
+        let lost =
+            || Error::outcome_unknown("commit_step", std::io::Error::other("injected lost ack"));
+        match self.lose_next_ack.swap(0, Ordering::SeqCst) {
+            1 => {
+                self.inner.commit_step(s, fence, step).await?;
+                Err(lost())
+            }
+            2 => Err(lost()),
+            _ => self.inner.commit_step(s, fence, step).await,
+        }
     }
     async fn append_events(
         &self,
@@ -1956,4 +1972,80 @@ async fn the_worker_leaves_judging_claims_and_renewals_to_the_stores_clock() {
         judged.iter().all(Option::is_none),
         "every claim must leave the instant to the store: {judged:?}"
     );
+}
+
+/// A step whose commit acknowledgement is lost: the handle fences the
+/// attempt off (a renewal), reads back by the step id and never appends
+/// the step twice; one that did not land is reported as not stored
+/// (retryable, no longer "outcome unknown"), and repeating it stores it once.
+#[tokio::test(start_paused = true)]
+async fn a_lost_commit_acknowledgement_is_resolved_by_reading_back_never_by_repeating() {
+    let clock = clock();
+    let faulty = Arc::new(Faulty::on(&clock));
+    let store: Arc<dyn RunStore> = faulty.clone();
+    let scope = run("run_lost_ack");
+    let keeper = LeaseKeeper::claim(
+        store.clone(),
+        scope.clone(),
+        holder("w-a"),
+        ttl(),
+        keeper_options(&clock),
+    )
+    .await
+    .unwrap()
+    .expect("claimed");
+    let h = keeper.handle();
+    let first_fence = h.fence();
+    let step = runkeep::Step {
+        events: vec![event("work", 1), event("work", 2)],
+        checkpoint: Some(checkpoint("cp_1", clock.now(), json!({"n": 1}))),
+        ..runkeep::Step::default()
+    };
+    // 1. Stored, acknowledgement lost: resolved as landed, not repeated.
+    faulty.lose_next_ack.store(1, Ordering::SeqCst);
+    let receipt = h.commit_step(&step).await.expect("resolved as landed");
+    assert_eq!(
+        faulty.step_calls.load(Ordering::SeqCst),
+        1,
+        "never repeated"
+    );
+    let evs = events(&*store, &scope).await;
+    assert_eq!(evs.len(), 2, "the step's events exactly once: {evs:?}");
+    assert_eq!(receipt.events, evs, "the receipt is the read-back");
+    assert!(evs.iter().all(|e| e.generation == Some(first_fence)));
+    assert_eq!(receipt.checkpoint.unwrap().fence, Some(first_fence));
+    assert!(
+        h.fence() > first_fence,
+        "the attempt was fenced off by a renewal"
+    );
+    // 2. Not stored, acknowledgement lost: reported as not stored.
+    faulty.lose_next_ack.store(2, Ordering::SeqCst);
+    let second = runkeep::Step {
+        events: vec![event("work", 3)],
+        ..runkeep::Step::default()
+    };
+    let err = h.commit_step(&second).await.expect_err("not stored");
+    assert!(err.is_retryable(), "{err}");
+    assert!(
+        matches!(&err, WorkerError::Store(e) if !e.is_outcome_unknown()),
+        "resolved: {err}"
+    );
+    assert!(err.to_string().contains("not stored"), "{err}");
+    assert_eq!(events(&*store, &scope).await.len(), 2);
+    // Repeating it (the caller's choice) stores it once.
+    h.commit_step(&second).await.unwrap();
+    let evs = events(&*store, &scope).await;
+    assert_eq!(evs.len(), 3);
+    assert_eq!(faulty.step_calls.load(Ordering::SeqCst), 3);
+    // 3. A finishing step: landed, the holding ends as finished.
+    faulty.lose_next_ack.store(1, Ordering::SeqCst);
+    let last = runkeep::Step {
+        events: vec![event("done", 4)],
+        finish: Some(runkeep::Outcome::completed(None)),
+        ..runkeep::Step::default()
+    };
+    let r = h.commit_step(&last).await.expect("resolved as landed");
+    assert_eq!(r.lifecycle.unwrap().status, RunStatus::Completed);
+    assert!(h.ended_by_handle().is_some(), "{:?}", h.loss());
+    assert_eq!(events(&*store, &scope).await.len(), 4);
 }
