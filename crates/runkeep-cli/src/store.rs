@@ -230,7 +230,19 @@ impl FromStr for StoreAddress {
         if s.starts_with("postgres://") || s.starts_with("postgresql://") {
             return Ok(StoreAddress::Postgres(PgAddress::parse(s)));
         }
-        // Never echo what might be a connection string with a password.
+        // Never echo what might be a connection string with a password
+        // (clap quotes the value it refused: register its password so the
+        // error line redacts it).
+        if s.contains("://") {
+            register_secrets(
+                PgAddress {
+                    original: s.to_string(),
+                    url: String::new(),
+                    schema: None,
+                }
+                .secrets(),
+            );
+        }
         let shown = if s.contains('@') || s.contains("password") {
             "the given address".to_string()
         } else {
