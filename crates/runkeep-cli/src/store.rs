@@ -313,7 +313,7 @@ pub enum Backend {
     /// A directory.
     Fs(Arc<runkeep_fs::FsStore>),
     /// A PostgreSQL schema.
-    Postgres(Arc<runkeep_postgres::PgStore>, PgTarget),
+    Postgres(Arc<runkeep_postgres::PgStore>, Box<PgTarget>),
 }
 
 /// What a PostgreSQL store was opened on, for what only it can do (the
@@ -774,7 +774,7 @@ pub mod pg {
     pub(super) async fn open(
         address: &PgAddress,
         mode: OpenMode,
-    ) -> CliResult<(Arc<PgStore>, PgTarget)> {
+    ) -> CliResult<(Arc<PgStore>, Box<PgTarget>)> {
         let options = options(address);
         let url = match mode {
             // The server refuses every write of a read-only command.
@@ -795,10 +795,10 @@ pub mod pg {
         };
         Ok((
             Arc::new(store),
-            PgTarget {
+            Box::new(PgTarget {
                 address: address.clone(),
                 options,
-            },
+            }),
         ))
     }
 

@@ -212,13 +212,14 @@ fn read_commands_refuse_an_unmigrated_schema_and_migrate_is_idempotent() {
         );
     }
     // Nothing was created by the refused commands (not even the schema).
-    let rows = scalar(&server, &format!(
+    let rows = scalar(
+        &server,
+        &format!(
             "SELECT count(*) FROM pg_namespace WHERE nspname = '{}'",
             s.name
-        ));
-    assert!(rows == "0",
-        "a refused command created the schema"
+        ),
     );
+    assert!(rows == "0", "a refused command created the schema");
 
     let first = ok(&s, &["migrate"]);
     assert!(
@@ -299,11 +300,7 @@ fn every_command_works_on_postgres_and_never_prints_the_password() {
     let show = json(&s, &["show", "run_demo_002"]);
     assert_eq!(show["park"]["state"], "outstanding", "{show}");
     let cps = json(&s, &["checkpoints", "run_demo_001"]);
-    assert_eq!(
-        cps.as_array().map(Vec::len),
-        Some(3),
-        "{cps}"
-    );
+    assert_eq!(cps.as_array().map(Vec::len), Some(3), "{cps}");
     let events = ok(&s, &["--json", "events", "run_demo_001"]);
     let seqs: Vec<u64> = events
         .stdout
@@ -452,13 +449,14 @@ fn every_command_works_on_postgres_and_never_prints_the_password() {
     assert_eq!(status("queue.dead-lettered"), "pass");
     assert_eq!(status("store.hard-links"), "skipped");
     // The doctor's probe left nothing behind.
-    let left = scalar(&server, &format!(
+    let left = scalar(
+        &server,
+        &format!(
             "SELECT count(*) FROM \"{}\".runs WHERE tenant_id = 'runkeep-doctor'",
             s.name
-        ));
-    assert!(left == "0",
-        "the probe run was left in the store"
+        ),
     );
+    assert!(left == "0", "the probe run was left in the store");
     // Human output names the store without the password.
     let human = ok(&s, &["runs"]);
     assert!(human.stdout.contains("run_demo_001"));
@@ -708,10 +706,14 @@ fn events_follow_is_woken_by_listen_notify() {
     // The LISTEN connection is up once the server lists it.
     let listening = Instant::now() + Duration::from_secs(10);
     loop {
-        if scalar(&server, &format!(
+        if scalar(
+            &server,
+            &format!(
                 "SELECT count(*) FROM pg_stat_activity WHERE query ILIKE 'LISTEN%runkeep_{}%'",
                 s.name
-            )) != "0" {
+            ),
+        ) != "0"
+        {
             break;
         }
         assert!(Instant::now() < listening, "the follow never LISTENed");
@@ -800,10 +802,11 @@ fn soak_on_postgres_survives_kills_stalls_terminated_backends_and_partitions() {
         .unwrap_or(0);
     assert!(struck > 0, "no backend chaos struck: {report:#}");
     // Dropped afterwards (no --keep, no violation).
-    let rows = scalar(&server, &format!("SELECT count(*) FROM pg_namespace WHERE nspname = '{schema}'"));
-    assert!(rows == "0",
-        "schema {schema} was left behind"
+    let rows = scalar(
+        &server,
+        &format!("SELECT count(*) FROM pg_namespace WHERE nspname = '{schema}'"),
     );
+    assert!(rows == "0", "schema {schema} was left behind");
     eprintln!(
         "soak on PostgreSQL: {}",
         serde_json::to_string(&report["backend_chaos"]).unwrap()

@@ -184,6 +184,7 @@ fn clean_env(c: &mut Command) {
         "RUNKEEP_DOCTOR_TEST_SLOW_CHECK_MS",
         "RUNKEEP_DOCTOR_TEST_FAULTY_CHECK",
         "RUNKEEP_TEST_PANIC",
+        "RUNKEEP_PG_SCHEMA",
     ] {
         c.env_remove(var);
     }
