@@ -47,10 +47,13 @@ pub struct Cli {
 #[derive(Args, Debug, Clone)]
 pub struct GlobalArgs {
     /// Where the runs live: fs:PATH, memory: (empty, in-process) or
-    /// postgres://USER[:PASSWORD]@HOST:PORT/DATABASE[?schema=NAME] (postgresql:// too; the password is never printed).
+    /// postgres://USER:PASSWORD@HOST:PORT/DATABASE?schema=NAME (password and schema optional;
+    /// postgresql:// too; the password is never printed).
     #[arg(
         long,
         env = "RUNKEEP_STORE",
+        // `--help` would print the variable's value: it may hold a password.
+        hide_env_values = true,
         default_value = "fs:./runkeep-data",
         value_parser = StoreAddress::from_str,
         global = true

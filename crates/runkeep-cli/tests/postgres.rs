@@ -519,6 +519,16 @@ fn errors_never_print_the_password() {
     ]);
     let r = ran(&["password="], c.output().unwrap());
     assert!(r.stderr.contains("password=…"), "{}", r.stderr);
+    // --help never shows the RUNKEEP_STORE it was given.
+    let mut c = runkeep();
+    c.env(
+        "RUNKEEP_STORE",
+        format!("postgres://postgres:{PASSWORD}@127.0.0.1:1/test"),
+    )
+    .args(["runs", "--help"]);
+    let r = ran(&["--help"], c.output().unwrap());
+    assert_eq!(r.code, Some(0), "{}", r.stderr);
+    assert!(r.stdout.contains("RUNKEEP_STORE"), "{}", r.stdout);
     // A store address that does not parse is not echoed when it may hold one.
     let mut c = runkeep();
     c.args(["--store", &format!("mysql://root:{PASSWORD}@db/x"), "runs"]);

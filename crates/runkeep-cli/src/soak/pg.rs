@@ -52,8 +52,8 @@ pub async fn drop_schema(store: &PgStore, schema: &str) -> CliResult<()> {
     Ok(())
 }
 
-/// Splits a URL around its one TCP `host[:port]`: (before, host[:port],
-/// after). `None` for what the proxy cannot stand in for (no host, several
+/// Splits a URL around its one TCP `host:port` (port optional): (before,
+/// `host:port`, after). `None` for what the proxy cannot stand in for (no host, several
 /// hosts, an IPv6 literal).
 fn split_host(url: &str) -> Option<(&str, &str, &str)> {
     let scheme_end = url.find("://")? + 3;
