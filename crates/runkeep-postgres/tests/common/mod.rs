@@ -9,6 +9,8 @@
 
 #![allow(dead_code)]
 
+pub mod proxy;
+
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
 
