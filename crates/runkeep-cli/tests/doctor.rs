@@ -156,7 +156,7 @@ fn human_report_has_marks_counts_and_the_exit_code() {
     );
     assert!(text.contains("→ their workers likely died"), "{text}");
     assert!(
-        text.contains("14 check(s): 12 pass, 0 fail, 2 warn, 0 inconclusive, 0 skipped"),
+        text.contains("16 check(s): 12 pass, 0 fail, 2 warn, 0 inconclusive, 2 skipped"),
         "{text}"
     );
     assert!(text.contains("exit 0: healthy"), "{text}");
@@ -549,7 +549,10 @@ fn a_category_that_matches_nothing_exits_2() {
     assert_eq!(doc["exit"], 2);
     assert_eq!(doc["summary"]["total"], 0);
     let only = report(&mut store.cmd(&[]), &["--category", "store"]);
-    assert_eq!(only["summary"]["total"], 3);
+    assert_eq!(
+        only["summary"]["total"], 4,
+        "reachable, writable, schema-version (PostgreSQL only), hard-links"
+    );
 }
 
 /// An exFAT volume over FUSE on a loop device: `link` answers EPERM there.
