@@ -135,9 +135,14 @@ fn poison_runs_are_dead_lettered_after_the_attempt_limit_while_every_other_run_c
     assert_eq!(a["poison_dead_lettered"], 2, "{r:#}");
     assert_eq!(a["runs_dead_lettered"], 2, "{r:#}");
     assert_eq!(a["runs_finished"], 8, "{r:#}");
+    // A poison run is dead-lettered at its third takeover; a chaos kill of
+    // the worker holding it is a takeover too, so under chaos a poison run
+    // may crash fewer than three workers itself. What must hold: the poison
+    // path really ran, and no more crashes than attempts allow.
+    let crashes = a["poison_crashes"].as_u64().unwrap();
     assert!(
-        a["poison_crashes"].as_u64().unwrap() >= 2 * 3,
-        "each poison run crashed a worker at every attempt: {r:#}"
+        (1..=2 * 3).contains(&crashes),
+        "poison crashes out of range: {r:#}"
     );
     assert!(
         a["attempts"].as_u64().unwrap() >= 2 * 3,
