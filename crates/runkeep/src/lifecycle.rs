@@ -25,7 +25,7 @@
 //! nor the first claim of a run. When a takeover would bring `attempts` to
 //! the run's limit, the claim does not hand the run out: it finishes it as
 //! `failed` with the reason [`ATTEMPTS_EXHAUSTED`] (the dead-letter state)
-//! and answers [`ClaimOutcome::Finished`](crate::ClaimOutcome::Finished).
+//! and answers [`ClaimOutcome::Finished`].
 //! The limit is, in order: the claim's `ClaimOptions::max_attempts`, the
 //! run's own limit (set when it was enqueued), else
 //! [`DEFAULT_MAX_ATTEMPTS`]. So a limit of `N` dead-letters a run once `N`
@@ -36,7 +36,7 @@
 //! A holder can give a run back with a not-before time
 //! ([`snooze`](crate::CheckpointStore::snooze)): the lease is released and
 //! the run's `available_at` is set; claims (direct or `claim_next`) answer
-//! [`ClaimOutcome::NotBefore`](crate::ClaimOutcome::NotBefore) until then.
+//! [`ClaimOutcome::NotBefore`] until then.
 //! Retry with backoff without a sleeping worker. A successful claim clears
 //! `available_at`.
 
