@@ -26,7 +26,7 @@ pub enum Exit {
     /// time (sysexits' EX_TEMPFAIL).
     Incomplete,
     /// 78: the store cannot be opened as configured (missing directory, not a
-    /// directory, permission denied, backend not built into this binary).
+    /// directory, permission denied, a backend refusing the address).
     Config,
 }
 
