@@ -7,7 +7,9 @@
 //! - a renewal after 10 and after 100 000 renewals (pruning keeps it flat);
 //! - one listing page of 100 over 1 000 and 10 000 runs (first page in both
 //!   orders, and a deep page);
-//! - transcript catch-up: the last 10 events of 1 000 and of 100 000.
+//! - transcript catch-up: the last 10 events of 1 000 and of 100 000;
+//! - the checkpoint-write growth curve: the marginal fenced 4 KiB write into
+//!   a run that holds 10, 100, 1 000 and 10 000 checkpoints (flat: ≤ 1.2×).
 //!
 //! `cargo bench -p runkeep-fs --bench fs`
 
@@ -282,5 +284,74 @@ fn catch_up(c: &mut Criterion) {
     g.finish();
 }
 
-criterion_group!(benches, claim_release, renew, listing, catch_up);
+/// The marginal fenced 4 KiB checkpoint write at 10 … 10 000 checkpoints in
+/// one run. Each timed write adds a new checkpoint; after every `n / 10`
+/// writes (untimed) the added files are removed and the digest rebuilt, so
+/// the run stays within 10 % of its nominal size and the digest is fresh
+/// when timing resumes.
+fn checkpoint_write_growth(c: &mut Criterion) {
+    let dir = tempfile::tempdir().unwrap();
+    let store = open(&dir.path().join("runs"));
+    let opts = ClaimOptions::new(
+        Holder::new("bench").unwrap(),
+        Ttl::from_millis(3_600_000).unwrap(),
+    );
+    let mut g = c.benchmark_group("checkpoint_write_at");
+    g.sample_size(20).measurement_time(Duration::from_secs(4));
+    for n in [10usize, 100, 1_000, 10_000] {
+        let s = scope(&format!("run_growth_{n}"));
+        let fence = match inline(store.claim(&s, &opts)).unwrap() {
+            runkeep::ClaimOutcome::Acquired(l) => l.fence,
+            other => panic!("not acquired: {other:?}"),
+        };
+        for i in 0..n {
+            inline(store.write_checkpoint(
+                &s,
+                &checkpoint(&format!("cp_{i:06}"), i as i64),
+                Some(fence),
+            ))
+            .unwrap();
+        }
+        let cps_dir = store.run_dir(&s).join("checkpoints");
+        let chunk = (n / 10).max(1) as u64;
+        let mut next = 0u64;
+        g.bench_with_input(BenchmarkId::from_parameter(n), &n, |b, _| {
+            b.iter_custom(|iters| {
+                let mut total = Duration::ZERO;
+                let mut done = 0;
+                while done < iters {
+                    let k = chunk.min(iters - done);
+                    let ids: Vec<String> = (0..k).map(|j| format!("m_{}", next + j)).collect();
+                    next += k;
+                    let cps: Vec<Checkpoint> =
+                        ids.iter().map(|id| checkpoint(id, 1_000_000)).collect();
+                    let t = std::time::Instant::now();
+                    for cp in &cps {
+                        inline(store.write_checkpoint(&s, cp, Some(fence))).unwrap();
+                    }
+                    total += t.elapsed();
+                    done += k;
+                    // Back to n checkpoints, with a fresh digest (untimed).
+                    let (last, rest) = ids.split_last().unwrap();
+                    for id in rest {
+                        std::fs::remove_file(cps_dir.join(format!("{id}.json"))).unwrap();
+                    }
+                    let last = CheckpointId::new(last.as_str()).unwrap();
+                    assert!(inline(store.delete_checkpoint(&s, &last, Some(fence))).unwrap());
+                }
+                total
+            })
+        });
+    }
+    g.finish();
+}
+
+criterion_group!(
+    benches,
+    claim_release,
+    renew,
+    listing,
+    catch_up,
+    checkpoint_write_growth
+);
 criterion_main!(benches);

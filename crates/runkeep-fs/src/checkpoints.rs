@@ -147,6 +147,7 @@ fn entry_hash(name: &str, ino: u64) -> u64 {
 /// Lists the record entries (`*.json`, not hidden) of a checkpoints
 /// directory with their inode numbers; `None` when it does not exist.
 pub(crate) fn entries(cps_dir: &Path) -> io::Result<Option<Vec<Entry>>> {
+    crate::testing_hooks::count_checkpoint_listing(cps_dir);
     let Some(items) = sys::list_dir(cps_dir)? else {
         return Ok(None);
     };
@@ -202,42 +203,52 @@ pub(crate) fn stamp(cps_dir: &Path) -> io::Result<Option<(Stamp, Vec<Entry>)>> {
         Err(e) if sys::is_not_found(&e) => return Ok(None),
         Err(e) => return Err(e),
     };
-    let content = content_hash(&dir, &list)?;
+    let content = content_hash(&dir, cps_dir, &list)?;
     Ok(Some((stamp_of(&list, &meta, content), list)))
 }
 
-/// XOR over the entries of a hash of `(name, size, mtime, ctime)`, each
-/// read with `fstatat` (not following symlinks). An entry gone since the
-/// `readdir` hashes as absent (the directory's mtime changed anyway).
-// The `stat` field types differ between platforms (signed on some).
-#[allow(clippy::unnecessary_cast)]
-fn content_hash(dir: &rustix::fd::OwnedFd, list: &[Entry]) -> io::Result<u64> {
+/// XOR over the entries of [`content_entry_hash`], each entry read with
+/// `fstatat` (not following symlinks). An entry gone since the `readdir`
+/// hashes as absent (the directory's mtime changed anyway).
+fn content_hash(dir: &rustix::fd::OwnedFd, cps_dir: &Path, list: &[Entry]) -> io::Result<u64> {
     let mut h = 0u64;
     for e in list {
+        crate::testing_hooks::count_checkpoint_stat(cps_dir);
         let words =
             match rustix::fs::statat(dir, e.name.as_str(), rustix::fs::AtFlags::SYMLINK_NOFOLLOW) {
-                Ok(st) => [
-                    st.st_size as u64,
-                    st.st_mtime as u64,
-                    st.st_mtime_nsec as u64,
-                    st.st_ctime as u64,
-                    st.st_ctime_nsec as u64,
-                ],
+                Ok(st) => stat_words(&st),
                 Err(err) if err == rustix::io::Errno::NOENT => [u64::MAX; 5],
                 Err(err) => return Err(err.into()),
             };
-        let mut x: u64 = 0xcbf2_9ce4_8422_2325;
-        for b in e
-            .name
-            .bytes()
-            .chain(words.iter().flat_map(|w| w.to_le_bytes()))
-        {
-            x ^= u64::from(b);
-            x = x.wrapping_mul(0x0100_0000_01b3);
-        }
-        h ^= x;
+        h ^= content_entry_hash(&e.name, &words);
     }
     Ok(h)
+}
+
+/// The `(size, mtime s, mtime ns, ctime s, ctime ns)` words of a stat.
+// The `stat` field types differ between platforms (signed on some).
+#[allow(clippy::unnecessary_cast)]
+fn stat_words(st: &rustix::fs::Stat) -> [u64; 5] {
+    [
+        st.st_size as u64,
+        st.st_mtime as u64,
+        st.st_mtime_nsec as u64,
+        st.st_ctime as u64,
+        st.st_ctime_nsec as u64,
+    ]
+}
+
+/// One entry's share of the content hash: FNV-1a of its name and words.
+fn content_entry_hash(name: &str, words: &[u64; 5]) -> u64 {
+    let mut x: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in name
+        .bytes()
+        .chain(words.iter().flat_map(|w| w.to_le_bytes()))
+    {
+        x ^= u64::from(b);
+        x = x.wrapping_mul(0x0100_0000_01b3);
+    }
+    x
 }
 
 fn stamp_of(list: &[Entry], meta: &fs::Metadata, content: u64) -> Stamp {
@@ -247,12 +258,15 @@ fn stamp_of(list: &[Entry], meta: &fs::Metadata, content: u64) -> Stamp {
     Stamp {
         count: list.len() as u64,
         ino_hash: format!("{hash:016x}"),
-        mtime_ns: meta
-            .mtime()
-            .saturating_mul(1_000_000_000)
-            .saturating_add(meta.mtime_nsec()),
+        mtime_ns: mtime_ns_of(meta),
         content_hash: format!("{content:016x}"),
     }
+}
+
+fn mtime_ns_of(meta: &fs::Metadata) -> i64 {
+    meta.mtime()
+        .saturating_mul(1_000_000_000)
+        .saturating_add(meta.mtime_nsec())
 }
 
 /// Reads every checkpoint of a run, in the total order. Never silently
@@ -364,43 +378,102 @@ pub(crate) fn fresh_digest(run_dir: &Path) -> Fresh {
     }
 }
 
-/// What a writer knows before its change (taken under the run lock).
-#[derive(Debug)]
-pub(crate) struct Before {
-    stamp: Option<Stamp>,
-    entries: Vec<Entry>,
-    digest: Option<RunDigest>,
+/// Writes a checkpoint's bytes to a sidecar in the run's meta directory
+/// (`.runkeep/`, same filesystem as `checkpoints/`, ignored by the
+/// reference), so that creating it leaves the checkpoints directory — and
+/// therefore its stamp — untouched until the publishing rename. A leftover
+/// of a crash ends in `.tmp` and is reported by the doctor like any other.
+pub(crate) fn sidecar(
+    run_dir: &Path,
+    name: &str,
+    bytes: &[u8],
+    durability: Durability,
+) -> io::Result<sys::TempFile> {
+    let meta = run_dir.join(META_DIR);
+    sys::ensure_dir(&meta, durability)?;
+    sys::TempFile::write_beside(
+        &meta,
+        &run_dir.join(CHECKPOINTS_DIR),
+        name,
+        bytes,
+        durability,
+    )
 }
 
-/// Snapshot before a change: the stamp and the digest if it is fresh.
-pub(crate) fn before(run_dir: &Path) -> Before {
+/// What a writer knows before its change (taken under the run lock, with
+/// O(1) file-system work: the digest file, one `stat` of the directory,
+/// one `lstat` of the target name).
+#[derive(Debug)]
+pub(crate) struct Before {
+    /// The stored stamp and digest, when the directory's mtime is still the
+    /// one the last writer stored (nothing renamed, created or deleted
+    /// since, up to the filesystem's timestamp granularity).
+    fresh: Option<(Stamp, RunDigest)>,
+    /// The entry the write replaces: its inode and stat words.
+    old: Option<(u64, [u64; 5])>,
+}
+
+/// `lstat` of one entry of the checkpoints directory: `Ok(None)` when absent.
+fn lstat_entry(cps_dir: &Path, name: &str) -> io::Result<Option<rustix::fs::Stat>> {
+    crate::testing_hooks::count_checkpoint_stat(cps_dir);
+    match rustix::fs::lstat(cps_dir.join(name)) {
+        Ok(st) => Ok(Some(st)),
+        Err(e) if e == rustix::io::Errno::NOENT => Ok(None),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// `stat` of the checkpoints directory: its mtime in nanoseconds.
+fn dir_mtime_ns(cps_dir: &Path) -> io::Result<i64> {
+    crate::testing_hooks::count_checkpoint_stat(cps_dir);
+    fs::metadata(cps_dir).map(|m| mtime_ns_of(&m))
+}
+
+/// Snapshot before this writer renames its sidecar onto `name`.
+///
+/// The stored digest is trusted when its stamp's directory mtime equals the
+/// directory's now: every create, delete and rename in the directory since
+/// the last writer stored it (after its own rename) changes that mtime. An
+/// in-place rewrite of an entry does not, and is not looked for here: its
+/// stale share of the content hash stays in the stamp this writer stores,
+/// so a reader's full check still fails and the reader answers from the
+/// files.
+pub(crate) fn before(run_dir: &Path, name: &str) -> Before {
     let dir = run_dir.join(CHECKPOINTS_DIR);
-    match stamp(&dir) {
-        Ok(Some((s, entries))) => {
-            let digest = read_stored(run_dir)
-                .filter(|d| d.stamp == s)
-                .map(|d| d.digest);
-            Before {
-                stamp: Some(s),
-                entries,
-                digest,
-            }
-        }
-        _ => Before {
-            stamp: None,
-            entries: Vec::new(),
-            digest: None,
+    let fresh = read_stored(run_dir).and_then(|d| match dir_mtime_ns(&dir) {
+        Ok(m) if m == d.stamp.mtime_ns => Some((d.stamp, d.digest)),
+        _ => None,
+    });
+    if fresh.is_none() {
+        return Before { fresh, old: None };
+    }
+    match lstat_entry(&dir, name) {
+        Ok(old) => Before {
+            fresh,
+            #[allow(clippy::unnecessary_cast)]
+            old: old.map(|st| (st.st_ino as u64, stat_words(&st))),
+        },
+        Err(_) => Before {
+            fresh: None,
+            old: None,
         },
     }
 }
 
+fn parse_hash(h: &str) -> Option<u64> {
+    u64::from_str_radix(h, 16).ok()
+}
+
 /// Updates the digest after this writer put `header` under `name` (inode
-/// `ino`), when that can be done incrementally: the digest was fresh and the
-/// directory changed exactly by this write. Returns false when the digest
-/// must be rebuilt from the files instead ([`rebuild`], which the caller runs
-/// after releasing the run lock, so a long rebuild never holds it). Best
-/// effort: the digest is an index; a failure leaves it stale (and therefore
-/// unused), never wrong.
+/// `ino`), incrementally when the digest was fresh ([`before`]): the stamp's
+/// count, inode hash and content hash have the replaced entry's share
+/// XOR-ed out (from the `lstat` before the rename) and the new entry's
+/// XOR-ed in (from an `lstat` after it: the rename changed its ctime), and
+/// the directory's mtime after the rename is stored. Returns false when the
+/// digest must be rebuilt from the files instead ([`rebuild`], which the
+/// caller runs after releasing the run lock, so a long rebuild never holds
+/// it). Best effort: the digest is an index; a failure leaves it stale (and
+/// therefore unused), never wrong.
 #[must_use]
 pub(crate) fn after_put(
     run_dir: &Path,
@@ -410,29 +483,36 @@ pub(crate) fn after_put(
     header: CheckpointHeader,
     durability: Durability,
 ) -> bool {
-    let dir = run_dir.join(CHECKPOINTS_DIR);
-    let Ok(Some((now, _))) = stamp(&dir) else {
+    let Some((s0, mut d)) = before.fresh else {
         return false;
     };
-    let old = before.entries.iter().find(|e| e.name == name);
-    let incremental = match (&before.stamp, before.digest) {
-        (Some(s0), Some(mut d)) => {
-            let h0 = u64::from_str_radix(&s0.ino_hash, 16).unwrap_or(0);
-            let predicted =
-                h0 ^ old.map_or(0, |e| entry_hash(&e.name, e.ino)) ^ entry_hash(name, ino);
-            let count = s0.count + u64::from(old.is_none());
-            let exact = format!("{predicted:016x}") == now.ino_hash && count == now.count;
-            (exact && d.apply_write(header, old.is_some())).then_some(d)
-        }
-        _ => None,
+    let dir = run_dir.join(CHECKPOINTS_DIR);
+    let (Ok(Some(new)), Ok(mtime_ns)) = (lstat_entry(&dir, name), dir_mtime_ns(&dir)) else {
+        return false;
     };
-    match incremental {
-        Some(d) => {
-            store(run_dir, now, d, durability);
-            true
-        }
-        None => false,
+    #[allow(clippy::unnecessary_cast)]
+    if new.st_ino as u64 != ino {
+        return false;
     }
+    let (Some(h0), Some(c0)) = (parse_hash(&s0.ino_hash), parse_hash(&s0.content_hash)) else {
+        return false;
+    };
+    let (h_old, c_old) = before.old.map_or((0, 0), |(old_ino, words)| {
+        (entry_hash(name, old_ino), content_entry_hash(name, &words))
+    });
+    let ino_hash = h0 ^ h_old ^ entry_hash(name, ino);
+    let content = c0 ^ c_old ^ content_entry_hash(name, &stat_words(&new));
+    let now = Stamp {
+        count: s0.count + u64::from(before.old.is_none()),
+        ino_hash: format!("{ino_hash:016x}"),
+        mtime_ns,
+        content_hash: format!("{content:016x}"),
+    };
+    if !d.apply_write(header, before.old.is_some()) {
+        return false;
+    }
+    store(run_dir, now, d, durability);
+    true
 }
 
 /// Rebuilds the digest from the files (best effort; needs no lock: the stamp

@@ -572,9 +572,9 @@ impl Inner {
             .map_err(|e| ctx.io("create the checkpoints directory", &cps_dir, e))?;
         let name = checkpoints::file_name(&cp.id);
         let path = cps_dir.join(&name);
-        let temp = sys::TempFile::write(&cps_dir, &name, &checkpoints::encode(cp), self.durability)
+        let temp = checkpoints::sidecar(run_dir, &name, &checkpoints::encode(cp), self.durability)
             .map_err(|e| ctx.io("write the checkpoint", &path, e))?;
-        let before = checkpoints::before(run_dir);
+        let before = checkpoints::before(run_dir, &name);
         let ino = temp.ino();
         temp.publish(&name)
             .map_err(|e| ctx.io("publish the checkpoint", &path, e))?;
@@ -614,8 +614,8 @@ impl Inner {
                 .map_err(|e| ctx.io("create the checkpoints directory", &cps_dir, e))?;
             // The heavy write happens before the lock; only check + rename
             // happen under it.
-            let mut temp = sys::TempFile::write(
-                &cps_dir,
+            let mut temp = checkpoints::sidecar(
+                &run_dir,
                 &name,
                 &checkpoints::encode(&stored),
                 self.durability,
@@ -631,15 +631,15 @@ impl Inner {
             if now_stamp != stored.fence {
                 stored.fence = now_stamp;
                 drop(temp);
-                temp = sys::TempFile::write(
-                    &cps_dir,
+                temp = checkpoints::sidecar(
+                    &run_dir,
                     &name,
                     &checkpoints::encode(&stored),
                     self.durability,
                 )
                 .map_err(|e| ctx.io("write the checkpoint", &path, e))?;
             }
-            let before = checkpoints::before(&run_dir);
+            let before = checkpoints::before(&run_dir, &name);
             let ino = temp.ino();
             temp.publish(&name)
                 .map_err(|e| ctx.io("publish the checkpoint", &path, e))?;

@@ -106,8 +106,8 @@ impl Inner {
                     self.note(ctx.io("create the checkpoints directory", &cps_dir, e))
                 })?;
                 Some(
-                    sys::TempFile::write(
-                        &cps_dir,
+                    checkpoints::sidecar(
+                        &run_dir,
                         &name,
                         &checkpoints::encode(cp),
                         self.durability,
@@ -151,7 +151,7 @@ impl Inner {
                     if let (Some(cp), Some(temp)) = (&stored_cp, temp) {
                         recheck()?;
                         let name = checkpoints::file_name(&cp.id);
-                        let before = checkpoints::before(run_dir);
+                        let before = checkpoints::before(run_dir, &name);
                         let ino = temp.ino();
                         temp.publish(&name).map_err(|e| {
                             ctx.io("publish the checkpoint", &cps_dir.join(&name), e)

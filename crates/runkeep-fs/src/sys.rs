@@ -292,7 +292,20 @@ impl TempFile {
         bytes: &[u8],
         durability: Durability,
     ) -> io::Result<Self> {
-        let path = dir.join(sidecar_name(target_name));
+        Self::write_beside(dir, dir, target_name, bytes, durability)
+    }
+
+    /// Writes `bytes` to a fresh sidecar in `scratch_dir` (which must be on
+    /// the same filesystem as `dir`, so the publishing rename stays atomic)
+    /// for `dir/target_name`: creating it leaves `dir` untouched.
+    pub(crate) fn write_beside(
+        scratch_dir: &Path,
+        dir: &Path,
+        target_name: &str,
+        bytes: &[u8],
+        durability: Durability,
+    ) -> io::Result<Self> {
+        let path = scratch_dir.join(sidecar_name(target_name));
         crate::testing_hooks::fault(crate::testing_hooks::Point::Write, &path)?;
         let mut f = OpenOptions::new()
             .write(true)

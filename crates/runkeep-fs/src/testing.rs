@@ -199,3 +199,44 @@ pub fn checkpoint_reads(run_dir: impl AsRef<Path>) -> u64 {
         .find(|(p, _)| p == run_dir.as_ref())
         .map_or(0, |(_, n)| *n)
 }
+
+/// Per run directory: (checkpoints directory listings, stats).
+static CHECKPOINT_DIR_OPS: Mutex<Vec<(PathBuf, u64, u64)>> = Mutex::new(Vec::new());
+
+pub(crate) fn note_checkpoint_dir_op(cps_dir: &Path, stat: bool) {
+    // Keyed by the run directory (`<run>/checkpoints`).
+    let Some(run) = cps_dir.parent() else {
+        return;
+    };
+    let mut r = CHECKPOINT_DIR_OPS.lock().unwrap_or_else(|p| p.into_inner());
+    let i = match r.iter().position(|(p, _, _)| p == run) {
+        Some(i) => i,
+        None => {
+            r.push((run.to_path_buf(), 0, 0));
+            r.len() - 1
+        }
+    };
+    if stat {
+        r[i].2 += 1;
+    } else {
+        r[i].1 += 1;
+    }
+}
+
+/// How many times the checkpoints directory of the run directory `run_dir`
+/// has been listed (`readdir`, by any store of this process) so far.
+pub fn checkpoint_dir_listings(run_dir: impl AsRef<Path>) -> u64 {
+    let r = CHECKPOINT_DIR_OPS.lock().unwrap_or_else(|p| p.into_inner());
+    r.iter()
+        .find(|(p, _, _)| p == run_dir.as_ref())
+        .map_or(0, |(_, n, _)| *n)
+}
+
+/// How many `stat`s of the checkpoints directory of `run_dir`, or of its
+/// entries, the digest's freshness checks have made so far.
+pub fn checkpoint_dir_stats(run_dir: impl AsRef<Path>) -> u64 {
+    let r = CHECKPOINT_DIR_OPS.lock().unwrap_or_else(|p| p.into_inner());
+    r.iter()
+        .find(|(p, _, _)| p == run_dir.as_ref())
+        .map_or(0, |(_, _, n)| *n)
+}

@@ -249,3 +249,23 @@ pub(crate) fn count_checkpoint_read(path: &Path) {
 #[cfg(not(feature = "testing"))]
 #[inline(always)]
 pub(crate) fn count_checkpoint_read(_path: &Path) {}
+
+/// Counts one listing of a checkpoints directory (`cps_dir`).
+#[cfg(feature = "testing")]
+pub(crate) fn count_checkpoint_listing(cps_dir: &Path) {
+    crate::testing::note_checkpoint_dir_op(cps_dir, false);
+}
+
+#[cfg(not(feature = "testing"))]
+#[inline(always)]
+pub(crate) fn count_checkpoint_listing(_cps_dir: &Path) {}
+
+/// Counts one `stat` of a checkpoints directory or of one of its entries.
+#[cfg(feature = "testing")]
+pub(crate) fn count_checkpoint_stat(cps_dir: &Path) {
+    crate::testing::note_checkpoint_dir_op(cps_dir, true);
+}
+
+#[cfg(not(feature = "testing"))]
+#[inline(always)]
+pub(crate) fn count_checkpoint_stat(_cps_dir: &Path) {}
