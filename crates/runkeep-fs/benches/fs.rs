@@ -285,10 +285,10 @@ fn catch_up(c: &mut Criterion) {
 }
 
 /// The marginal fenced 4 KiB checkpoint write at 10 … 10 000 checkpoints in
-/// one run. Each timed write adds a new checkpoint; after every `n / 10`
-/// writes (untimed) the added files are removed and the digest rebuilt, so
-/// the run stays within 10 % of its nominal size and the digest is fresh
-/// when timing resumes.
+/// one run. Each timed write adds a new checkpoint; once `n / 10` have been
+/// added (untimed) they are removed and the digest rebuilt, so the run
+/// stays within 10 % of its nominal size and the digest is fresh when
+/// timing resumes.
 fn checkpoint_write_growth(c: &mut Criterion) {
     let dir = tempfile::tempdir().unwrap();
     let store = open(&dir.path().join("runs"));
@@ -313,31 +313,29 @@ fn checkpoint_write_growth(c: &mut Criterion) {
             .unwrap();
         }
         let cps_dir = store.run_dir(&s).join("checkpoints");
-        let chunk = (n / 10).max(1) as u64;
+        let chunk = (n / 10).max(1);
         let mut next = 0u64;
+        let mut added: Vec<String> = Vec::new();
         g.bench_with_input(BenchmarkId::from_parameter(n), &n, |b, _| {
             b.iter_custom(|iters| {
                 let mut total = Duration::ZERO;
-                let mut done = 0;
-                while done < iters {
-                    let k = chunk.min(iters - done);
-                    let ids: Vec<String> = (0..k).map(|j| format!("m_{}", next + j)).collect();
-                    next += k;
-                    let cps: Vec<Checkpoint> =
-                        ids.iter().map(|id| checkpoint(id, 1_000_000)).collect();
+                for _ in 0..iters {
+                    let id = format!("m_{next}");
+                    next += 1;
+                    let cp = checkpoint(&id, 1_000_000);
                     let t = std::time::Instant::now();
-                    for cp in &cps {
-                        inline(store.write_checkpoint(&s, cp, Some(fence))).unwrap();
-                    }
+                    inline(store.write_checkpoint(&s, &cp, Some(fence))).unwrap();
                     total += t.elapsed();
-                    done += k;
-                    // Back to n checkpoints, with a fresh digest (untimed).
-                    let (last, rest) = ids.split_last().unwrap();
-                    for id in rest {
-                        std::fs::remove_file(cps_dir.join(format!("{id}.json"))).unwrap();
+                    added.push(id);
+                    if added.len() >= chunk {
+                        // Back to n checkpoints, with a fresh digest (untimed).
+                        let last = added.pop().unwrap();
+                        for id in added.drain(..) {
+                            std::fs::remove_file(cps_dir.join(format!("{id}.json"))).unwrap();
+                        }
+                        let last = CheckpointId::new(last).unwrap();
+                        assert!(inline(store.delete_checkpoint(&s, &last, Some(fence))).unwrap());
                     }
-                    let last = CheckpointId::new(last.as_str()).unwrap();
-                    assert!(inline(store.delete_checkpoint(&s, &last, Some(fence))).unwrap());
                 }
                 total
             })

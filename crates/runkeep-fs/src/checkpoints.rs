@@ -17,6 +17,16 @@
 //! from the checkpoint files (read-only, nothing is written; a damaged file
 //! makes the listing flag the run) and the next write of the run persists a
 //! fresh digest.
+//!
+//! # The writer's update
+//!
+//! A checkpoint's sidecar is written in `.runkeep/` (see [`sidecar`]), so
+//! only the publishing rename touches the checkpoints directory. Under the
+//! run lock, the writer trusts the stored digest when the directory's mtime
+//! is still the one the last writer stored (after its own rename), and
+//! updates the stamp by XOR-ing the replaced entry's shares out and the new
+//! entry's in, from one `lstat` before and one after the rename: O(1)
+//! syscalls whatever the run's size. Readers keep the full check above.
 
 use std::fs;
 use std::io;
@@ -178,13 +188,12 @@ pub(crate) fn entries(cps_dir: &Path) -> io::Result<Option<Vec<Entry>>> {
 /// rewrite within the same timestamp tick as the entry's previous change
 /// (filesystems with coarse timestamps: FAT/exFAT's 2 s or 10 ms, a
 /// kernel's coarse clock tick), the system clock set back, or the bytes
-/// changed under the filesystem (block device, bit rot). Also, a digest
-/// that a writer updates incrementally (under the run lock) trusts its
-/// snapshot from before the write: an in-place damage of *another* entry
-/// landing inside that write's window is stamped as fresh.
+/// changed under the filesystem (block device, bit rot).
 ///
-/// Cost: one `fstatat` per entry on every freshness check (a listing row,
-/// a writer's before/after snapshot), on top of the `readdir`.
+/// Cost: one `fstatat` per entry on every reader's freshness check (a
+/// listing row, a rebuild), on top of the `readdir`. A writer never takes
+/// it: it checks and updates the stored stamp in O(1) ([`before`],
+/// [`after_put`]).
 pub(crate) fn stamp(cps_dir: &Path) -> io::Result<Option<(Stamp, Vec<Entry>)>> {
     let Some(list) = entries(cps_dir)? else {
         return Ok(None);
