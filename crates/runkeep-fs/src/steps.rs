@@ -15,7 +15,6 @@
 //! lock is taken; under the lock only the fence check, the append and the
 //! renames run, and the fence is checked again before each publish.
 
-use runkeep::lifecycle;
 use runkeep::step::{Step, StepReceipt};
 use runkeep::{Fence, ReadEventsOptions, Result, RunScope};
 
@@ -55,12 +54,7 @@ impl Inner {
         // Refused (stale fence, finished run) before anything is created.
         let state0 = run_state::read_state(&run_dir, &ctx)?;
         self.check_fence(&ctx, &run_dir, fence, state0.top.as_ref(), scope)?;
-        let finish0 = step
-            .finish
-            .as_ref()
-            .map(|o| lifecycle::after_finish(&scope.run_id, &state0.lifecycle, o, fence, now))
-            .transpose()?;
-        let tomb = fence.next(&scope.run_id)?;
+        let finish0 = step.plan_finish(&scope.run_id, &state0.lifecycle, fence, now)?;
         self.check_poison()?;
 
         // The whole files, written before the lock.
@@ -120,11 +114,11 @@ impl Inner {
             None => None,
         };
         let finish_temp = match &finish0 {
-            Some(l0) => Some((
-                l0.clone(),
+            Some(f0) => Some((
+                f0.lifecycle.clone(),
                 run_state::prepare(
                     &run_dir,
-                    &Record::new(l0.clone(), tomb.get()),
+                    &Record::new(f0.lifecycle.clone(), f0.tombstone.get()),
                     self.durability,
                     &ctx,
                 )
@@ -141,9 +135,9 @@ impl Inner {
                     let top = claims_top(run_dir, ctx)?;
                     self.check_fence(ctx, run_dir, fence, top.as_ref(), scope)
                 };
-                if let Some(o) = &step.finish {
+                if step.finish.is_some() {
                     let state = run_state::read_state(run_dir, ctx)?;
-                    lifecycle::after_finish(&scope.run_id, &state.lifecycle, o, fence, now)?;
+                    step.plan_finish(&scope.run_id, &state.lifecycle, fence, now)?;
                 }
                 let mut cp_temp = cp_temp;
                 let mut rebuild = false;

@@ -2166,20 +2166,7 @@ impl EvidenceStore for PgStore {
         let now = self.judged_now(&tx).await?;
         // Everything that can refuse is decided before anything is written;
         // a refusal after a write rolls the whole transaction back anyway.
-        let finished = match &step.finish {
-            Some(o) => Some(lifecycle::after_finish(
-                &scope.run_id,
-                &run.lifecycle,
-                o,
-                fence,
-                now,
-            )?),
-            None => None,
-        };
-        let tomb = match finished {
-            Some(_) => Some(fence.next(&scope.run_id)?),
-            None => None,
-        };
+        let finished = step.plan_finish(&scope.run_id, &run.lifecycle, fence, now)?;
         let last_before = run.last_seq;
         let events = self
             .push_events(&tx, &key, &mut run, &step.events, now, Some(fence))
@@ -2201,9 +2188,8 @@ impl EvidenceStore for PgStore {
         if let Some(v) = &record {
             self.set_document(&tx, &key, "record", v).await?;
         }
-        if let (Some(l), Some(t)) = (&finished, tomb) {
-            run.lifecycle = l.clone();
-            run.top = Some(TopHolding::Released { fence: t });
+        if let Some(f) = &finished {
+            f.apply(&mut run.top, &mut run.lifecycle);
         }
         self.save(&tx, &key, &run).await?;
         self.notify(&tx, scope, !events.is_empty()).await?;
@@ -2211,7 +2197,7 @@ impl EvidenceStore for PgStore {
         Ok(StepReceipt {
             events,
             checkpoint,
-            lifecycle: finished,
+            lifecycle: finished.map(|f| f.lifecycle),
         })
     }
 }

@@ -50,7 +50,7 @@ pub use listing::{ListOptions, ListOrder, RunDigest, RunPage, RunRow};
 pub use memory::MemoryStore;
 pub use park::{ParkResolution, ParkState, ParkSummary, PendingDecision};
 pub use scope::{ListingScope, RunScope};
-pub use step::{MessagesUpdate, Step, StepReceipt};
+pub use step::{MessagesUpdate, Step, StepFinish, StepReceipt};
 pub use store::{
     CheckpointStore, ClaimNextFilter, EvidenceStore, RunStore, RunStoreExt, CONTRACT_REVISION,
 };

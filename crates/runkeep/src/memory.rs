@@ -611,20 +611,7 @@ impl EvidenceStore for MemoryStore {
         run.check(scope, "commit_step", Some(fence))?;
         // Everything that can refuse is decided before anything is applied,
         // so a refused step leaves nothing.
-        let finished = match &step.finish {
-            Some(o) => Some(lifecycle::after_finish(
-                &scope.run_id,
-                &run.lifecycle,
-                o,
-                fence,
-                now,
-            )?),
-            None => None,
-        };
-        let tomb = match finished {
-            Some(_) => Some(fence.next(&scope.run_id)?),
-            None => None,
-        };
+        let finished = step.plan_finish(&scope.run_id, &run.lifecycle, fence, now)?;
         let last_before = run.events.last().map_or(0, |e| e.seq);
         let events = run.push_events(&step.events, now, Some(fence));
         let checkpoint = step.checkpoint.as_ref().map(|cp| {
@@ -642,16 +629,15 @@ impl EvidenceStore for MemoryStore {
         if let Some(r) = &step.run_record {
             run.record = Some(r.clone());
         }
-        if let (Some(l), Some(t)) = (&finished, tomb) {
-            run.lifecycle = l.clone();
-            run.top = Some(TopHolding::Released { fence: t });
+        if let Some(f) = &finished {
+            f.apply(&mut run.top, &mut run.lifecycle);
         }
         drop(runs);
         self.notifier.notify_run(scope, !events.is_empty());
         Ok(StepReceipt {
             events,
             checkpoint,
-            lifecycle: finished,
+            lifecycle: finished.map(|f| f.lifecycle),
         })
     }
 }

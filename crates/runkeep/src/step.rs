@@ -15,8 +15,11 @@ use serde_json::Value;
 use crate::checkpoint::Checkpoint;
 use crate::error::{Error, Result};
 use crate::evidence::{check_document_size, NewEvent, PersistedEvent, RunRecord};
-use crate::lifecycle::{Lifecycle, Outcome};
+use crate::id::RunId;
+use crate::lease::{Fence, TopHolding};
+use crate::lifecycle::{self, Lifecycle, Outcome};
 use crate::scope::RunScope;
+use crate::time::Timestamp;
 
 /// A new message snapshot.
 #[derive(Clone, PartialEq, Debug, Default)]
@@ -93,6 +96,48 @@ impl Step {
         update
             .through_event_seq
             .unwrap_or_else(|| appended.last().map(|e| e.seq).unwrap_or(last_seq_before))
+    }
+}
+
+/// A step's finish, decided before anything of the step is applied (so a
+/// refused finish leaves nothing): the lifecycle it records and the
+/// tombstone that ends the lease.
+#[derive(Clone, PartialEq, Debug)]
+pub struct StepFinish {
+    /// The lifecycle after the finish.
+    pub lifecycle: Lifecycle,
+    /// The tombstone's fence (`fence + 1`).
+    pub tombstone: Fence,
+}
+
+impl StepFinish {
+    /// Applies it to a run whose top holding and lifecycle are kept
+    /// together (the memory store, a database row).
+    pub fn apply(&self, top: &mut Option<TopHolding>, lifecycle: &mut Lifecycle) {
+        *lifecycle = self.lifecycle.clone();
+        *top = Some(TopHolding::Released {
+            fence: self.tombstone,
+        });
+    }
+}
+
+impl Step {
+    /// Decides the step's finish (if any) against the run's lifecycle at
+    /// `now`: `Conflict` for a finished run, else what it will record.
+    pub fn plan_finish(
+        &self,
+        run: &RunId,
+        current: &Lifecycle,
+        fence: Fence,
+        now: Timestamp,
+    ) -> Result<Option<StepFinish>> {
+        let Some(o) = &self.finish else {
+            return Ok(None);
+        };
+        Ok(Some(StepFinish {
+            lifecycle: lifecycle::after_finish(run, current, o, fence, now)?,
+            tombstone: fence.next(run)?,
+        }))
     }
 }
 
