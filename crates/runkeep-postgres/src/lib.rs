@@ -627,18 +627,7 @@ impl PgStore {
             None => self.judged_now(&c).await?,
         };
         let query = ListQuery::new(scope, &options.judged_at(|| now))?;
-        let listing = Listing {
-            scope,
-            order: query.order,
-            statuses: query
-                .status
-                .as_ref()
-                .map(|v| v.iter().map(|s| s.as_str().to_string()).collect()),
-            claimed: query.claimed,
-            parks: query.park.is_some(),
-            runnable: false,
-            now: query.now.as_millis(),
-        };
+        let listing = Listing::of(scope, &query);
         let after = match &query.after {
             Some(k) => After::Cursor(k.clone()),
             None => After::None,
@@ -1132,6 +1121,25 @@ struct Listing<'a> {
     now: i64,
 }
 
+impl<'a> Listing<'a> {
+    /// The listing a validated query asks for (not restricted to runnable
+    /// runs): what `list_runs` and its `EXPLAIN` share.
+    fn of(scope: &'a ListingScope, query: &ListQuery) -> Self {
+        Listing {
+            scope,
+            order: query.order,
+            statuses: query
+                .status
+                .as_ref()
+                .map(|v| v.iter().map(|s| s.as_str().to_string()).collect()),
+            claimed: query.claimed,
+            parks: query.park.is_some(),
+            runnable: false,
+            now: query.now.as_millis(),
+        }
+    }
+}
+
 enum After {
     None,
     /// The user's cursor: strictly after this `RowKey`.
@@ -1518,18 +1526,7 @@ impl CheckpointStore for PgStore {
             None => self.judged_now(&c).await?,
         };
         let query = ListQuery::new(scope, &options.judged_at(|| now))?;
-        let listing = Listing {
-            scope,
-            order: query.order,
-            statuses: query
-                .status
-                .as_ref()
-                .map(|v| v.iter().map(|s| s.as_str().to_string()).collect()),
-            claimed: query.claimed,
-            parks: query.park.is_some(),
-            runnable: false,
-            now: query.now.as_millis(),
-        };
+        let listing = Listing::of(scope, &query);
         let fetch = i64::try_from(query.limit + 1).unwrap_or(i64::MAX);
         let mut after = match &query.after {
             Some(k) => After::Cursor(k.clone()),
@@ -1621,18 +1618,7 @@ impl CheckpointStore for PgStore {
             Some(n) => n,
             None => self.judged_now(&tx).await?,
         };
-        let query = ListQuery::new(
-            scope,
-            &ListOptions {
-                order: filter.order,
-                park: filter.park.clone(),
-                claimed: Some(false),
-                limit: Some(1),
-                cursor: None,
-                now: Some(now),
-                status: None,
-            },
-        )?;
+        let query = ListQuery::claim_next(scope, filter, now)?;
         let listing = Listing {
             scope,
             order: filter.order,

@@ -475,6 +475,27 @@ impl ListQuery {
         Ok(q)
     }
 
+    /// The query `claim_next` filters candidates with: the filter's park
+    /// states and order, nobody holding the run live at `now`.
+    pub fn claim_next(
+        scope: &ListingScope,
+        filter: &crate::store::ClaimNextFilter,
+        now: Timestamp,
+    ) -> Result<Self> {
+        Self::new(
+            scope,
+            &ListOptions {
+                order: filter.order,
+                park: filter.park.clone(),
+                claimed: Some(false),
+                limit: Some(1),
+                cursor: None,
+                now: Some(now),
+                status: None,
+            },
+        )
+    }
+
     fn filter_digest(&self) -> String {
         let park = self
             .park

@@ -302,18 +302,7 @@ impl CheckpointStore for MemoryStore {
         options: &ClaimOptions,
     ) -> Result<Option<(RunScope, Lease)>> {
         let now = options.judged_at(|| self.clock.now());
-        let query = ListQuery::new(
-            scope,
-            &ListOptions {
-                order: filter.order,
-                park: filter.park.clone(),
-                claimed: Some(false),
-                limit: Some(1),
-                cursor: None,
-                now: Some(now),
-                status: None,
-            },
-        )?;
+        let query = ListQuery::claim_next(scope, filter, now)?;
         let mut runs = self.lock();
         let mut candidates: Vec<_> = runs
             .iter()
