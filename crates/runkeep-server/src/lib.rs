@@ -1,0 +1,18 @@
+//! runkeep over HTTP.
+//!
+//! - [`api`]: the versioned JSON API's routes, one module per part of the
+//!   contract (runs, claims, checkpoints, events, documents, parks, prune);
+//!   every write carries its fence to the store, which checks it.
+//! - [`problem`]: every error as RFC 9457 problem details.
+//! - [`auth`]: bearer tokens bound to a tenant and a [`auth::Role`]; the
+//!   [`auth::Principal`] extractor every tenant route takes.
+//! - [`manners`]: body limit, timeouts, concurrency limit, graceful shutdown.
+//! - [`metrics`]: Prometheus `/metrics`.
+//! - [`client`]: [`client::HttpStore`], a `RunStore` over the API.
+
+pub mod api;
+pub mod auth;
+pub mod client;
+pub mod manners;
+pub mod metrics;
+pub mod problem;
