@@ -8,6 +8,7 @@
 //!   [`auth::Principal`] extractor every tenant route takes.
 //! - [`manners`]: body limit, timeouts, concurrency limit, graceful shutdown.
 //! - [`metrics`]: Prometheus `/metrics`.
+//! - [`state`]: [`state::AppState`], what every handler shares.
 //! - [`client`]: [`client::HttpStore`], a `RunStore` over the API.
 
 pub mod api;
@@ -16,3 +17,4 @@ pub mod client;
 pub mod manners;
 pub mod metrics;
 pub mod problem;
+pub mod state;
