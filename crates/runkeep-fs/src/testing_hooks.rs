@@ -239,6 +239,43 @@ pub(crate) fn mutation_named(_name: &str) -> bool {
     false
 }
 
+/// True when a test removed the `fsync` of `path` (a directory when `dir`)
+/// to prove the power-loss harness (`crates/runkeep-powerloss`) catches a
+/// missing sync: `RUNKEEP_FS_TEST_MUTATION=no-dir-fsync` (every directory
+/// sync), `no-file-fsync` (every file sync), or either with `:<name>`,
+/// only for paths with a component equal to `<name>` or a file name
+/// starting with `<name>.` (`no-dir-fsync:claims`,
+/// `no-file-fsync:transcript.jsonl`).
+#[cfg(feature = "testing")]
+pub(crate) fn skip_sync(dir: bool, path: &Path) -> bool {
+    let Ok(m) = std::env::var("RUNKEEP_FS_TEST_MUTATION") else {
+        return false;
+    };
+    let (kind, only) = match m.split_once(':') {
+        Some((k, n)) => (k, Some(n)),
+        None => (m.as_str(), None),
+    };
+    if kind != if dir { "no-dir-fsync" } else { "no-file-fsync" } {
+        return false;
+    }
+    match only {
+        None => true,
+        Some(name) => {
+            path.components().any(|c| c.as_os_str() == name)
+                || path
+                    .file_name()
+                    .and_then(|f| f.to_str())
+                    .is_some_and(|f| f.starts_with(&format!("{name}.")))
+        }
+    }
+}
+
+#[cfg(not(feature = "testing"))]
+#[inline(always)]
+pub(crate) fn skip_sync(_dir: bool, _path: &Path) -> bool {
+    false
+}
+
 /// Counts one checkpoint body parsed at `path` (tests ask how many
 /// checkpoint files an answer read).
 #[cfg(feature = "testing")]

@@ -1,0 +1,537 @@
+//! The model filesystem's state, its operation log, and the crash model.
+//!
+//! Every mutating operation the FUSE layer serves is one [`Op`], applied to
+//! a [`State`] by [`State::apply`] and appended to the log. The same
+//! `apply` replays a prefix of the log offline, so the state after `k`
+//! operations is exactly what the workload saw at that instant.
+//!
+//! **What survives a power cut** ([`CrashModel`]). A file's contents are
+//! durable as of its last `fsync`/`fdatasync` (a file never synced is
+//! empty); a directory's entries are durable as of its last `fsync` of the
+//! directory (a directory never synced is empty). Everything else is lost.
+//! [`CrashModel::SyncedOnly`] applies both rules; [`CrashModel::EagerMetadata`]
+//! keeps every directory entry as of the cut (a journal that committed all
+//! metadata) but file contents still only as of their last sync — the state
+//! in which a rename published a file whose data never reached the disk.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::ffi::{OsStr, OsString};
+use std::hash::{Hash, Hasher};
+use std::io;
+use std::os::unix::ffi::OsStrExt;
+use std::path::{Path, PathBuf};
+
+/// Inode number of the root directory (FUSE's).
+pub const ROOT: u64 = 1;
+
+/// What kind of node an operation creates.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum NewNode {
+    /// An empty regular file.
+    File,
+    /// An empty directory.
+    Dir,
+    /// A symbolic link (durable with its entry, as on ext4's fast symlinks).
+    Symlink(PathBuf),
+}
+
+/// One mutating operation, as the filesystem served it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Op {
+    /// `parent/name` created as a new inode `ino`.
+    Create {
+        /// Directory.
+        parent: u64,
+        /// Entry name.
+        name: OsString,
+        /// The new inode.
+        ino: u64,
+        /// What it is.
+        node: NewNode,
+    },
+    /// A hard link `parent/name` to `ino`.
+    Link {
+        /// Directory.
+        parent: u64,
+        /// Entry name.
+        name: OsString,
+        /// Existing inode.
+        ino: u64,
+    },
+    /// `unlink` or `rmdir` of `parent/name`.
+    Remove {
+        /// Directory.
+        parent: u64,
+        /// Entry name.
+        name: OsString,
+    },
+    /// `rename(parent/name, newparent/newname)`, replacing the target.
+    Rename {
+        /// Source directory.
+        parent: u64,
+        /// Source name.
+        name: OsString,
+        /// Target directory.
+        newparent: u64,
+        /// Target name.
+        newname: OsString,
+    },
+    /// Bytes written at `offset`.
+    Write {
+        /// File.
+        ino: u64,
+        /// Where.
+        offset: u64,
+        /// What.
+        data: Vec<u8>,
+    },
+    /// `ftruncate`/`truncate` to `size`.
+    Truncate {
+        /// File.
+        ino: u64,
+        /// New size.
+        size: u64,
+    },
+    /// `fsync`/`fdatasync` of a file: its contents become durable.
+    Fsync {
+        /// File.
+        ino: u64,
+    },
+    /// `fsync` of a directory: its entries become durable.
+    FsyncDir {
+        /// Directory.
+        ino: u64,
+    },
+}
+
+impl Op {
+    /// A short label for reports.
+    pub fn label(&self) -> &'static str {
+        match self {
+            Op::Create { node: NewNode::Dir, .. } => "mkdir",
+            Op::Create { node: NewNode::File, .. } => "create",
+            Op::Create { .. } => "symlink",
+            Op::Link { .. } => "link",
+            Op::Remove { .. } => "unlink",
+            Op::Rename { .. } => "rename",
+            Op::Write { .. } => "write",
+            Op::Truncate { .. } => "truncate",
+            Op::Fsync { .. } => "fsync",
+            Op::FsyncDir { .. } => "fsyncdir",
+        }
+    }
+}
+
+/// A node's content: current and durable.
+#[derive(Clone, Debug)]
+pub enum Node {
+    /// A regular file.
+    File {
+        /// What a reader sees now.
+        data: Vec<u8>,
+        /// What survives a power cut (as of the last fsync).
+        durable: Vec<u8>,
+    },
+    /// A directory.
+    Dir {
+        /// Entries now.
+        entries: BTreeMap<OsString, u64>,
+        /// Entries as of the last directory fsync.
+        durable: BTreeMap<OsString, u64>,
+    },
+    /// A symbolic link.
+    Symlink(PathBuf),
+}
+
+/// Every inode (never freed: an unlinked inode may still be named by a
+/// directory's durable entries).
+#[derive(Clone, Debug)]
+pub struct State {
+    /// Inodes by number.
+    pub nodes: HashMap<u64, Node>,
+}
+
+impl Default for State {
+    fn default() -> Self {
+        let mut nodes = HashMap::new();
+        nodes.insert(
+            ROOT,
+            Node::Dir {
+                entries: BTreeMap::new(),
+                durable: BTreeMap::new(),
+            },
+        );
+        State { nodes }
+    }
+}
+
+impl State {
+    /// The entries of directory `ino` now.
+    pub fn entries(&self, ino: u64) -> Option<&BTreeMap<OsString, u64>> {
+        match self.nodes.get(&ino) {
+            Some(Node::Dir { entries, .. }) => Some(entries),
+            _ => None,
+        }
+    }
+
+    fn entries_mut(&mut self, ino: u64) -> &mut BTreeMap<OsString, u64> {
+        match self.nodes.get_mut(&ino) {
+            Some(Node::Dir { entries, .. }) => entries,
+            _ => panic!("inode {ino} is not a directory (the FUSE layer checks before logging)"),
+        }
+    }
+
+    /// Applies one operation (already validated by the FUSE layer).
+    pub fn apply(&mut self, op: &Op) {
+        match op {
+            Op::Create {
+                parent,
+                name,
+                ino,
+                node,
+            } => {
+                let n = match node {
+                    NewNode::File => Node::File {
+                        data: Vec::new(),
+                        durable: Vec::new(),
+                    },
+                    NewNode::Dir => Node::Dir {
+                        entries: BTreeMap::new(),
+                        durable: BTreeMap::new(),
+                    },
+                    NewNode::Symlink(t) => Node::Symlink(t.clone()),
+                };
+                self.nodes.insert(*ino, n);
+                self.entries_mut(*parent).insert(name.clone(), *ino);
+            }
+            Op::Link { parent, name, ino } => {
+                self.entries_mut(*parent).insert(name.clone(), *ino);
+            }
+            Op::Remove { parent, name } => {
+                self.entries_mut(*parent).remove(name);
+            }
+            Op::Rename {
+                parent,
+                name,
+                newparent,
+                newname,
+            } => {
+                let ino = self
+                    .entries_mut(*parent)
+                    .remove(name)
+                    .expect("rename source exists");
+                self.entries_mut(*newparent).insert(newname.clone(), ino);
+            }
+            Op::Write { ino, offset, data } => {
+                if let Some(Node::File { data: d, .. }) = self.nodes.get_mut(ino) {
+                    let end = *offset as usize + data.len();
+                    if d.len() < end {
+                        d.resize(end, 0);
+                    }
+                    d[*offset as usize..end].copy_from_slice(data);
+                }
+            }
+            Op::Truncate { ino, size } => {
+                if let Some(Node::File { data, .. }) = self.nodes.get_mut(ino) {
+                    data.resize(*size as usize, 0);
+                }
+            }
+            Op::Fsync { ino } => {
+                if let Some(Node::File { data, durable }) = self.nodes.get_mut(ino) {
+                    *durable = data.clone();
+                }
+            }
+            Op::FsyncDir { ino } => {
+                if let Some(Node::Dir { entries, durable }) = self.nodes.get_mut(ino) {
+                    *durable = entries.clone();
+                }
+            }
+        }
+    }
+
+    /// What a power cut now would leave, under `model`.
+    pub fn durable_view(&self, model: CrashModel) -> View {
+        let mut view = View::default();
+        let mut on_path = HashSet::new();
+        self.walk(ROOT, PathBuf::new(), model, &mut on_path, &mut view);
+        view
+    }
+
+    fn walk(
+        &self,
+        dir: u64,
+        at: PathBuf,
+        model: CrashModel,
+        on_path: &mut HashSet<u64>,
+        view: &mut View,
+    ) {
+        let Some(Node::Dir { entries, durable }) = self.nodes.get(&dir) else {
+            return;
+        };
+        let entries = match model {
+            CrashModel::SyncedOnly => durable,
+            CrashModel::EagerMetadata => entries,
+        };
+        on_path.insert(dir);
+        for (name, ino) in entries {
+            let path = at.join(name);
+            match self.nodes.get(ino) {
+                Some(Node::Dir { .. }) => {
+                    // A stale durable entry can name a directory that is
+                    // already on the way here; a cycle is cut, not followed.
+                    if on_path.contains(ino) {
+                        continue;
+                    }
+                    view.entries.insert(path.clone(), ViewEntry::Dir);
+                    self.walk(*ino, path, model, on_path, view);
+                }
+                Some(Node::File { durable, .. }) => {
+                    view.entries.insert(
+                        path,
+                        ViewEntry::File {
+                            ino: *ino,
+                            data: durable.clone(),
+                        },
+                    );
+                }
+                Some(Node::Symlink(t)) => {
+                    view.entries.insert(path, ViewEntry::Symlink(t.clone()));
+                }
+                None => {}
+            }
+        }
+        on_path.remove(&dir);
+    }
+}
+
+/// Which crash a view models (module docs).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+pub enum CrashModel {
+    /// Only what was synced: file contents and directory entries each as of
+    /// their last fsync.
+    SyncedOnly,
+    /// Every directory entry as of the cut, file contents as of their last
+    /// fsync.
+    EagerMetadata,
+}
+
+/// One entry of a durable view.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub enum ViewEntry {
+    /// A directory.
+    Dir,
+    /// A regular file: its inode (names sharing one are hard links) and
+    /// its durable bytes.
+    File {
+        /// Inode (identity only).
+        ino: u64,
+        /// Bytes.
+        data: Vec<u8>,
+    },
+    /// A symbolic link.
+    Symlink(PathBuf),
+}
+
+/// A whole durable tree, by path relative to the mount root.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct View {
+    /// Paths in order (a directory before what it contains).
+    pub entries: BTreeMap<PathBuf, ViewEntry>,
+}
+
+impl View {
+    /// A digest of the view, to materialise each distinct view once.
+    /// Inode numbers count only as "which names are one file".
+    pub fn fingerprint(&self) -> u64 {
+        let mut h = std::collections::hash_map::DefaultHasher::new();
+        let mut first_name: HashMap<u64, &Path> = HashMap::new();
+        for (path, e) in &self.entries {
+            path.as_os_str().as_bytes().hash(&mut h);
+            match e {
+                ViewEntry::Dir => 0u8.hash(&mut h),
+                ViewEntry::File { ino, data } => {
+                    1u8.hash(&mut h);
+                    data.hash(&mut h);
+                    first_name
+                        .entry(*ino)
+                        .or_insert(path.as_path())
+                        .as_os_str()
+                        .as_bytes()
+                        .hash(&mut h);
+                }
+                ViewEntry::Symlink(t) => {
+                    2u8.hash(&mut h);
+                    t.as_os_str().as_bytes().hash(&mut h);
+                }
+            }
+        }
+        h.finish()
+    }
+
+    /// Writes the view into `dest` (an empty real directory): directories,
+    /// files with their durable bytes, hard links for names of one inode.
+    pub fn materialise(&self, dest: &Path) -> io::Result<()> {
+        let mut made: HashMap<u64, PathBuf> = HashMap::new();
+        for (path, e) in &self.entries {
+            let target = dest.join(path);
+            match e {
+                ViewEntry::Dir => std::fs::create_dir(&target)?,
+                ViewEntry::File { ino, data } => match made.get(ino) {
+                    Some(first) => std::fs::hard_link(first, &target)?,
+                    None => {
+                        std::fs::write(&target, data)?;
+                        made.insert(*ino, target);
+                    }
+                },
+                ViewEntry::Symlink(t) => std::os::unix::fs::symlink(t, &target)?,
+            }
+        }
+        Ok(())
+    }
+
+    /// True when the view has an entry at `path`.
+    pub fn contains(&self, path: &Path) -> bool {
+        self.entries.contains_key(path)
+    }
+}
+
+/// A name as bytes, for messages.
+pub fn show(name: &OsStr) -> String {
+    String::from_utf8_lossy(name.as_bytes()).into_owned()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn name(s: &str) -> OsString {
+        OsString::from(s)
+    }
+
+    /// The crash model, operation by operation: a published, synced file
+    /// survives; data written but not synced does not; an entry whose
+    /// directory was not synced does not (under `SyncedOnly`), but does
+    /// under `EagerMetadata` with the file's synced bytes only.
+    #[test]
+    fn only_what_was_synced_survives() {
+        let mut s = State::default();
+        let log = vec![
+            Op::Create {
+                parent: ROOT,
+                name: name("d"),
+                ino: 2,
+                node: NewNode::Dir,
+            },
+            Op::FsyncDir { ino: ROOT },
+            Op::Create {
+                parent: 2,
+                name: name("f.tmp"),
+                ino: 3,
+                node: NewNode::File,
+            },
+            Op::Write {
+                ino: 3,
+                offset: 0,
+                data: b"one".to_vec(),
+            },
+            Op::Fsync { ino: 3 },
+            Op::Rename {
+                parent: 2,
+                name: name("f.tmp"),
+                newparent: 2,
+                newname: name("f"),
+            },
+            Op::FsyncDir { ino: 2 },
+            Op::Write {
+                ino: 3,
+                offset: 3,
+                data: b" two".to_vec(),
+            },
+            Op::Create {
+                parent: 2,
+                name: name("g"),
+                ino: 4,
+                node: NewNode::File,
+            },
+        ];
+        let mut views = Vec::new();
+        views.push(s.durable_view(CrashModel::SyncedOnly));
+        for op in &log {
+            s.apply(op);
+            views.push(s.durable_view(CrashModel::SyncedOnly));
+        }
+        let f = Path::new("d/f");
+        // Before the root's fsync, not even the directory survives.
+        assert!(!views[1].contains(Path::new("d")));
+        assert!(views[2].contains(Path::new("d")));
+        // Renamed but the directory not synced: the old name survives
+        // (created before the sync? no: created after it, so nothing).
+        assert!(!views[6].contains(f) && !views[6].contains(Path::new("d/f.tmp")));
+        assert_eq!(
+            views[7].entries.get(f),
+            Some(&ViewEntry::File {
+                ino: 3,
+                data: b"one".to_vec()
+            })
+        );
+        // The unsynced append is lost; the unsynced create too.
+        assert_eq!(views[9], views[7]);
+        // Eager metadata: the new entry survives, empty (never synced), and
+        // the appended bytes are still lost.
+        let eager = s.durable_view(CrashModel::EagerMetadata);
+        assert_eq!(
+            eager.entries.get(Path::new("d/g")),
+            Some(&ViewEntry::File {
+                ino: 4,
+                data: Vec::new()
+            })
+        );
+        assert_eq!(
+            eager.entries.get(f),
+            Some(&ViewEntry::File {
+                ino: 3,
+                data: b"one".to_vec()
+            })
+        );
+        assert_ne!(views[7].fingerprint(), eager.fingerprint());
+        assert_eq!(views[9].fingerprint(), views[7].fingerprint());
+    }
+
+    /// Hard links materialise as hard links; a view materialises into a
+    /// real directory that reads back the durable bytes.
+    #[test]
+    fn a_view_materialises_with_its_hard_links() {
+        let mut s = State::default();
+        for op in [
+            Op::Create {
+                parent: ROOT,
+                name: name("a"),
+                ino: 2,
+                node: NewNode::File,
+            },
+            Op::Write {
+                ino: 2,
+                offset: 0,
+                data: b"body".to_vec(),
+            },
+            Op::Fsync { ino: 2 },
+            Op::Link {
+                parent: ROOT,
+                name: name("b"),
+                ino: 2,
+            },
+            Op::FsyncDir { ino: ROOT },
+        ] {
+            s.apply(&op);
+        }
+        let dir = tempfile::tempdir().unwrap();
+        s.durable_view(CrashModel::SyncedOnly)
+            .materialise(dir.path())
+            .unwrap();
+        use std::os::unix::fs::MetadataExt;
+        let a = std::fs::metadata(dir.path().join("a")).unwrap();
+        let b = std::fs::metadata(dir.path().join("b")).unwrap();
+        assert_eq!(a.ino(), b.ino());
+        assert_eq!(std::fs::read(dir.path().join("b")).unwrap(), b"body");
+    }
+}
