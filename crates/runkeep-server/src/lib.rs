@@ -8,13 +8,23 @@
 //!   [`auth::Principal`] extractor every tenant route takes.
 //! - [`manners`]: body limit, timeouts, concurrency limit, graceful shutdown.
 //! - [`metrics`]: Prometheus `/metrics`.
+//! - [`tokens`]: the token store ([`tokens::TokenStore`], an
+//!   [`auth::Authenticator`] over a hashed `tokens.json`).
+//! - [`server`]: [`server::ServerConfig`], [`server::app`] and
+//!   [`server::serve`]: the API with `/healthz`, `/readyz`, `/metrics`,
+//!   `/openapi.json` and the manners, on a listener.
 //! - [`state`]: [`state::AppState`], what every handler shares.
 //! - [`client`]: [`client::HttpStore`], a `RunStore` over the API.
+//! - [`wire`]: the API's JSON shapes; [`openapi`]: its OpenAPI 3.1 document.
 
 pub mod api;
 pub mod auth;
 pub mod client;
 pub mod manners;
 pub mod metrics;
+pub mod openapi;
 pub mod problem;
+pub mod server;
 pub mod state;
+pub mod tokens;
+pub mod wire;

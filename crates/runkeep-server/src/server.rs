@@ -1,0 +1,402 @@
+//! The server: the API with its operations routes and manners, on a
+//! listener, with a graceful shutdown.
+//!
+//! - [`ServerConfig`]: listen address, limits, timeouts, the token file.
+//! - [`app`]: the whole router — the API ([`crate::api`]), `/healthz`,
+//!   `/readyz`, `/metrics` and `/openapi.json` (these four need no token),
+//!   under the [`crate::manners`].
+//! - [`Server::bind`] then [`Server::run`] (or [`serve`] in one call): the
+//!   HTTP/1.1 connection loop with hyper's header-read timeout and graceful
+//!   shutdown.
+//!
+//! # Operations routes
+//!
+//! - `GET /healthz`: 200 `{"status":"ok"}` while the process serves.
+//! - `GET /readyz`: the doctor's quick check through the store: its clock
+//!   (`now()`) and a listing of one run of
+//!   [`ServerConfig::readiness_scope`], bounded by
+//!   [`ServerConfig::readiness_timeout`]. 200 `{"status":"ready",…}` or 503
+//!   `{"status":"unavailable",…}` with `Retry-After`; the answer names the
+//!   check and the error's kind (`unavailable`, `corrupted`, `timeout`, …),
+//!   never a path or a query (those go to the log).
+//! - `GET /metrics`: the Prometheus text exposition ([`crate::metrics`]).
+//! - `GET /openapi.json`: the API's OpenAPI document.
+//!
+//! # Shutdown
+//!
+//! When the `shutdown` future resolves ([`crate::manners::shutdown_signal`]
+//! for SIGTERM / Ctrl-C) the listener is closed at once (new connections
+//! are refused), every Server-Sent Events stream is ended (its client
+//! resumes elsewhere with `Last-Event-ID`), idle kept-alive connections are
+//! closed, and requests in flight run to their end, for at most
+//! [`ServerConfig::shutdown_grace`]; then [`Server::run`] returns.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use axum::extract::State;
+use axum::http::{header, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use axum::{Json, Router};
+use hyper_util::rt::{TokioIo, TokioTimer};
+use hyper_util::server::graceful::GracefulShutdown;
+use hyper_util::service::TowerToHyperService;
+use runkeep::{ListOptions, ListingScope, RunStore, TenantId};
+use serde_json::json;
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+
+use crate::auth::SharedAuthenticator;
+use crate::manners::{self, Limits};
+use crate::metrics::Metrics;
+use crate::state::AppState;
+use crate::tokens::{TokenFile, TokenStore, DEFAULT_RELOAD_EVERY};
+
+/// Default `--listen`.
+pub const DEFAULT_LISTEN: &str = "127.0.0.1:7420";
+
+/// How the server listens, what it accepts and how long it waits.
+#[derive(Clone, Debug)]
+pub struct ServerConfig {
+    /// Address to listen on (port 0: any free port; see
+    /// [`Server::local_addr`]).
+    pub listen: SocketAddr,
+    /// Largest request body, in bytes (413 above it). Default
+    /// [`crate::api::DEFAULT_BODY_LIMIT`] (65 MiB: the contract's largest
+    /// checkpoint and its envelope); lower it when no run writes large
+    /// checkpoints.
+    pub body_limit: usize,
+    /// Longest a request may take up to its response head, body upload
+    /// included (408 for a body not received, 503 for a store that did not
+    /// answer). Default 30 s. A long-polling `claim_next` must wait less.
+    pub request_timeout: Duration,
+    /// Longest a client may take to send a request head, and to stay idle
+    /// on a kept-alive connection; then it is disconnected. Default 10 s.
+    pub header_read_timeout: Duration,
+    /// Most requests inside a handler at once (503 + `Retry-After` above
+    /// it). Default 256.
+    pub concurrency_limit: usize,
+    /// Longest a shutdown waits for requests in flight. Default 30 s.
+    pub shutdown_grace: Duration,
+    /// The token file (`runkeep token …` manages it).
+    pub tokens: PathBuf,
+    /// Longest a `runkeep token revoke` takes to reach a running server
+    /// (how often it stats the token file). Default 1 s; zero: every
+    /// request.
+    pub token_reload_every: Duration,
+    /// What `/readyz` lists (one run of it).
+    pub readiness_scope: ListingScope,
+    /// Longest `/readyz` waits for the store. Default 2 s.
+    pub readiness_timeout: Duration,
+}
+
+impl Default for ServerConfig {
+    fn default() -> Self {
+        Self {
+            listen: SocketAddr::from(([127, 0, 0, 1], 7420)),
+            body_limit: crate::api::DEFAULT_BODY_LIMIT,
+            request_timeout: Duration::from_secs(30),
+            header_read_timeout: Duration::from_secs(10),
+            concurrency_limit: 256,
+            shutdown_grace: Duration::from_secs(30),
+            tokens: PathBuf::from("runkeep-tokens.json"),
+            token_reload_every: DEFAULT_RELOAD_EVERY,
+            readiness_scope: ListingScope::tenant(default_tenant()),
+            readiness_timeout: Duration::from_secs(2),
+        }
+    }
+}
+
+fn default_tenant() -> TenantId {
+    match TenantId::new("default") {
+        Ok(t) => t,
+        Err(e) => unreachable!("\"default\" is a valid tenant id: {e}"),
+    }
+}
+
+impl ServerConfig {
+    /// The limits [`manners::apply`] enforces.
+    pub fn limits(&self) -> Limits {
+        Limits {
+            body_limit: self.body_limit,
+            request_timeout: self.request_timeout,
+        }
+    }
+}
+
+/// The whole router: the API, the operations routes, the manners. Server-
+/// Sent Events streams are not ended by a shutdown (see
+/// [`app_with_shutdown`]).
+pub fn app(state: AppState, config: &ServerConfig) -> Router {
+    app_with_shutdown(state, config, CancellationToken::new())
+}
+
+/// [`app`], with every Server-Sent Events stream ended when `shutdown` is
+/// cancelled.
+pub fn app_with_shutdown(
+    state: AppState,
+    config: &ServerConfig,
+    shutdown: CancellationToken,
+) -> Router {
+    let metrics = state.metrics.clone();
+    let readiness = Readiness {
+        store: state.store.clone(),
+        scope: config.readiness_scope.clone(),
+        timeout: config.readiness_timeout,
+    };
+    let store_bound = crate::api::router_with_limit(state, config.body_limit).merge(
+        Router::new()
+            .route("/readyz", get(readyz))
+            .with_state(readiness),
+    );
+    let store_bound =
+        manners::concurrency_limit(store_bound, config.concurrency_limit, metrics.clone());
+    let open = Router::new()
+        .route("/healthz", get(healthz))
+        .route("/metrics", get(metrics_text))
+        .with_state(metrics.clone());
+    let router = manners::end_streams_on(store_bound.merge(open), shutdown);
+    manners::apply(router, config.limits(), metrics)
+}
+
+async fn healthz() -> Json<serde_json::Value> {
+    Json(json!({ "status": "ok" }))
+}
+
+async fn metrics_text(State(metrics): State<Arc<Metrics>>) -> Response {
+    (
+        [(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static(crate::metrics::CONTENT_TYPE),
+        )],
+        metrics.render(),
+    )
+        .into_response()
+}
+
+#[derive(Clone, Debug)]
+struct Readiness {
+    store: Arc<dyn RunStore>,
+    scope: ListingScope,
+    timeout: Duration,
+}
+
+/// The kind of a store error, for answers that must not leak its text.
+fn error_kind(e: &runkeep::Error) -> &'static str {
+    use runkeep::Error as E;
+    match e {
+        E::InvalidInput { .. } => "invalid-input",
+        E::NotFound { .. } => "not-found",
+        E::FencedOut { .. } => "fenced-out",
+        E::Contended { .. } => "contended",
+        E::Conflict { .. } => "conflict",
+        E::Unsupported { .. } => "unsupported",
+        E::Corrupted { .. } => "corrupted",
+        E::Unavailable { .. } => "unavailable",
+        _ => "error",
+    }
+}
+
+async fn readyz(State(r): State<Readiness>) -> Response {
+    let started = Instant::now();
+    let store = r.store.clone();
+    let probe = async move {
+        let options = ListOptions {
+            limit: Some(1),
+            now: Some(store.now()),
+            ..ListOptions::default()
+        };
+        store.list_runs(&r.scope, &options).await
+    };
+    let outcome = match tokio::time::timeout(r.timeout, probe).await {
+        Ok(Ok(_)) => Ok(()),
+        Ok(Err(e)) => {
+            tracing::warn!(error = %e, "readiness: the store's listing failed");
+            Err(error_kind(&e))
+        }
+        Err(_) => {
+            tracing::warn!(timeout_ms = r.timeout.as_millis() as u64, "readiness: the store did not answer in time");
+            Err("timeout")
+        }
+    };
+    let ms = started.elapsed().as_millis() as u64;
+    match outcome {
+        Ok(()) => Json(json!({
+            "status": "ready",
+            "checks": [{ "id": "store.reachable", "status": "pass", "ms": ms }],
+        }))
+        .into_response(),
+        Err(kind) => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            [(header::RETRY_AFTER, HeaderValue::from_static("1"))],
+            Json(json!({
+                "status": "unavailable",
+                "checks": [{ "id": "store.reachable", "status": "fail", "error": kind, "ms": ms }],
+            })),
+        )
+            .into_response(),
+    }
+}
+
+/// A server bound to its address, not yet serving.
+#[derive(Debug)]
+pub struct Server {
+    listener: TcpListener,
+    router: Router,
+    config: ServerConfig,
+    streams: CancellationToken,
+}
+
+impl Server {
+    /// Binds `config.listen` and builds [`app_with_shutdown`] around
+    /// `state`.
+    pub async fn bind(config: ServerConfig, state: AppState) -> std::io::Result<Self> {
+        let streams = CancellationToken::new();
+        let router = app_with_shutdown(state, &config, streams.clone());
+        Self::bind_router(config, router, streams).await
+    }
+
+    /// Binds `config.listen` to serve `router` as it is (tests serve routes
+    /// of their own under [`manners::apply`]); `streams` is cancelled when
+    /// the shutdown starts (pass the token given to
+    /// [`manners::end_streams_on`]).
+    pub async fn bind_router(
+        config: ServerConfig,
+        router: Router,
+        streams: CancellationToken,
+    ) -> std::io::Result<Self> {
+        let listener = TcpListener::bind(config.listen).await?;
+        Ok(Self {
+            listener,
+            router,
+            config,
+            streams,
+        })
+    }
+
+    /// The address it listens on (the real port when bound to port 0).
+    pub fn local_addr(&self) -> std::io::Result<SocketAddr> {
+        self.listener.local_addr()
+    }
+
+    /// Serves until `shutdown` resolves, then shuts down gracefully (see
+    /// the module doc) and says whether every connection finished in the
+    /// grace. Errors accepting a connection (a full file table) are logged
+    /// and retried, never fatal.
+    pub async fn run(
+        self,
+        shutdown: impl std::future::Future<Output = ()>,
+    ) -> std::io::Result<Stopped> {
+        let Self {
+            listener,
+            router,
+            config,
+            streams,
+        } = self;
+        let graceful = GracefulShutdown::new();
+        let mut http = hyper::server::conn::http1::Builder::new();
+        http.timer(TokioTimer::new())
+            .header_read_timeout(config.header_read_timeout);
+        tokio::pin!(shutdown);
+        loop {
+            tokio::select! {
+                () = &mut shutdown => break,
+                accepted = listener.accept() => {
+                    let (stream, peer) = match accepted {
+                        Ok(a) => a,
+                        Err(e) => {
+                            tracing::warn!(error = %e, "accept failed");
+                            tokio::time::sleep(Duration::from_millis(50)).await;
+                            continue;
+                        }
+                    };
+                    let service = TowerToHyperService::new(router.clone());
+                    let connection = http.serve_connection(TokioIo::new(stream), service);
+                    let connection = graceful.watch(connection);
+                    tokio::spawn(async move {
+                        if let Err(e) = connection.await {
+                            tracing::debug!(%peer, error = %e, "connection ended with an error");
+                        }
+                    });
+                }
+            }
+        }
+        drop(listener);
+        streams.cancel();
+        let open = graceful.count();
+        tracing::info!(connections = open, "shutting down: waiting for requests in flight");
+        tokio::select! {
+            () = graceful.shutdown() => {
+                tracing::info!("every connection closed");
+                Ok(Stopped::Drained)
+            }
+            () = tokio::time::sleep(config.shutdown_grace) => {
+                tracing::warn!(grace_ms = config.shutdown_grace.as_millis() as u64, "shutdown grace elapsed; closing the connections left");
+                Ok(Stopped::GraceElapsed { connections: open })
+            }
+        }
+    }
+}
+
+/// How [`Server::run`] ended.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum Stopped {
+    /// Every connection finished its requests and closed.
+    Drained,
+    /// The grace elapsed first; the connections left were dropped
+    /// (`connections` were open when the shutdown started).
+    GraceElapsed {
+        /// Connections open when the shutdown started.
+        connections: usize,
+    },
+}
+
+/// The state of a server over `store` with the tokens of
+/// `config.tokens`.
+pub fn state(config: &ServerConfig, store: Arc<dyn RunStore>) -> Result<AppState, ServeError> {
+    let tokens = TokenStore::open(
+        TokenFile::new(config.tokens.clone()),
+        config.token_reload_every,
+    )?;
+    let auth: SharedAuthenticator = Arc::new(tokens);
+    Ok(AppState {
+        store,
+        auth,
+        metrics: Arc::new(Metrics::new()),
+    })
+}
+
+/// Why [`serve`] could not serve.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ServeError {
+    /// The token file cannot be read.
+    #[error(transparent)]
+    Tokens(#[from] crate::tokens::TokenError),
+    /// Binding or serving failed.
+    #[error("listen on {address}: {source}")]
+    Io {
+        /// The address.
+        address: SocketAddr,
+        /// The OS error.
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+/// Binds `config.listen`, serves `store` with the tokens of
+/// `config.tokens` until `shutdown` resolves, then shuts down gracefully.
+pub async fn serve(
+    config: ServerConfig,
+    store: Arc<dyn RunStore>,
+    shutdown: impl std::future::Future<Output = ()>,
+) -> Result<(), ServeError> {
+    let address = config.listen;
+    let io = |source| ServeError::Io { address, source };
+    let state = state(&config, store)?;
+    let server = Server::bind(config, state).await.map_err(io)?;
+    server.run(shutdown).await.map_err(io).map(|_| ())
+}

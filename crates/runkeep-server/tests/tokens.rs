@@ -1,0 +1,226 @@
+//! The token store: hashed at rest, constant-time compare, revocation
+//! without a restart, no lost update between two writers, fail closed.
+
+use std::os::unix::fs::PermissionsExt;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{mpsc, Arc};
+use std::time::Duration;
+
+use runkeep::TenantId;
+use runkeep_server::auth::{Authenticator, Role};
+use runkeep_server::tokens::{Revoked, TokenFile, TokenStore};
+use sha2::{Digest, Sha256};
+
+fn tenant(s: &str) -> TenantId {
+    TenantId::new(s).unwrap()
+}
+
+fn file_in(dir: &tempfile::TempDir) -> TokenFile {
+    TokenFile::new(dir.path().join("tokens.json"))
+}
+
+#[test]
+fn a_created_token_authenticates_as_its_tenant_and_role_and_the_file_never_holds_the_secret() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = file_in(&dir);
+    let created = file
+        .create(&tenant("acme"), Role::Worker, Some("ci"))
+        .unwrap();
+    let secret = created.secret().to_string();
+    assert!(secret.starts_with("rk_"), "{secret}");
+    // 256 bits of secret in hex after the id.
+    let (_, hex) = secret["rk_".len()..].split_once('_').unwrap();
+    assert_eq!(hex.len(), 64);
+
+    let text = std::fs::read_to_string(file.path()).unwrap();
+    assert!(!text.contains(&secret), "the file holds the token");
+    assert!(!text.contains(hex), "the file holds the secret part");
+    let digest: String = Sha256::digest(secret.as_bytes())
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect();
+    assert!(text.contains(&digest), "the file keeps the SHA-256: {text}");
+    let mode = std::fs::metadata(file.path()).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode, 0o600, "token file mode {mode:o}");
+    assert!(!format!("{created:?}").contains(hex), "Debug shows the secret");
+
+    let store = TokenStore::open(file.clone(), Duration::ZERO).unwrap();
+    let who = store.authenticate(&secret).expect("the new token is accepted");
+    assert_eq!(who.tenant, tenant("acme"));
+    assert_eq!(who.role, Role::Worker);
+    assert_eq!(who.token_id, created.record.id);
+    let listed = file.list().unwrap();
+    assert_eq!(listed.len(), 1);
+    assert_eq!(listed[0].label.as_deref(), Some("ci"));
+    assert!(listed[0].is_active());
+}
+
+#[test]
+fn a_wrong_secret_of_the_same_length_and_malformed_tokens_are_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = file_in(&dir);
+    let created = file.create(&tenant("acme"), Role::Operator, None).unwrap();
+    let other = file.create(&tenant("acme"), Role::Reader, None).unwrap();
+    let store = TokenStore::open(file.clone(), Duration::ZERO).unwrap();
+    let secret = created.secret();
+
+    // Same id, same length, last hex digit changed.
+    let mut wrong = secret.to_string();
+    let last = wrong.pop().unwrap();
+    wrong.push(if last == '0' { '1' } else { '0' });
+    assert_eq!(wrong.len(), secret.len());
+    assert!(store.authenticate(&wrong).is_none());
+    // One token's id with another's secret.
+    let (_, other_secret) = other.secret()["rk_".len()..].split_once('_').unwrap();
+    let spliced = format!("rk_{}_{other_secret}", created.record.id);
+    assert!(store.authenticate(&spliced).is_none());
+    // The stored hash presented as if it were the token.
+    let stored = &file.list().unwrap()[0].sha256;
+    assert!(store
+        .authenticate(&format!("rk_{}_{stored}", created.record.id))
+        .is_none());
+    for bad in ["", "rk_", "Bearer x", &secret[..secret.len() - 1], &format!("{secret}0")] {
+        assert!(store.authenticate(bad).is_none(), "{bad:?} was accepted");
+    }
+    assert!(store.authenticate(secret).is_some());
+}
+
+#[test]
+fn a_revoked_token_is_refused_by_a_running_store_without_a_restart() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = file_in(&dir);
+    let created = file.create(&tenant("acme"), Role::Worker, None).unwrap();
+    let store = TokenStore::open(file.clone(), Duration::ZERO).unwrap();
+    assert!(store.authenticate(created.secret()).is_some());
+
+    // Another process's `runkeep token revoke`: its own TokenFile.
+    let elsewhere = TokenFile::new(file.path());
+    assert!(matches!(
+        elsewhere.revoke(&created.record.id).unwrap(),
+        Revoked::Now(_)
+    ));
+    assert!(store.authenticate(created.secret()).is_none());
+    assert!(matches!(
+        elsewhere.revoke(&created.record.id).unwrap(),
+        Revoked::Already(_)
+    ));
+    assert!(elsewhere.revoke("nosuchtoken0").is_err());
+
+    // A token created after the store opened works at once.
+    let later = elsewhere.create(&tenant("acme"), Role::Reader, None).unwrap();
+    assert_eq!(
+        store.authenticate(later.secret()).map(|p| p.role),
+        Some(Role::Reader)
+    );
+    // Revoked stays in the list, marked.
+    let listed = file.list().unwrap();
+    assert_eq!(listed.len(), 2);
+    assert!(!listed[0].is_active() && listed[1].is_active());
+}
+
+#[test]
+fn the_reload_interval_bounds_how_long_a_revocation_takes() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = file_in(&dir);
+    let created = file.create(&tenant("acme"), Role::Worker, None).unwrap();
+    let store = TokenStore::open(file.clone(), Duration::from_millis(200)).unwrap();
+    assert!(store.authenticate(created.secret()).is_some());
+    file.revoke(&created.record.id).unwrap();
+    // Within the interval the store has not looked; once it has passed, it
+    // must have (the bound the module doc promises).
+    std::thread::sleep(Duration::from_millis(250));
+    assert!(store.authenticate(created.secret()).is_none());
+}
+
+#[test]
+fn an_unreadable_token_file_fails_closed() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = file_in(&dir);
+    let created = file.create(&tenant("acme"), Role::Worker, None).unwrap();
+    let store = TokenStore::open(file.clone(), Duration::ZERO).unwrap();
+    assert!(store.authenticate(created.secret()).is_some());
+    // A hand edit gone wrong (written by rename, as an editor would).
+    let tmp = dir.path().join("edit");
+    std::fs::write(&tmp, b"{ not json").unwrap();
+    std::fs::rename(&tmp, file.path()).unwrap();
+    assert!(store.authenticate(created.secret()).is_none());
+    assert!(TokenStore::open(file.clone(), Duration::ZERO).is_err());
+    assert!(file.create(&tenant("acme"), Role::Worker, None).is_err());
+    // Deleted: no tokens at all.
+    std::fs::remove_file(file.path()).unwrap();
+    assert!(store.authenticate(created.secret()).is_none());
+}
+
+#[test]
+fn bad_input_is_refused_and_changes_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = file_in(&dir);
+    assert!(file
+        .create(&tenant("acme"), Role::Worker, Some("two\nlines"))
+        .is_err());
+    assert!(!file.path().exists());
+    assert!("admin".parse::<Role>().is_err());
+    assert_eq!("operator".parse::<Role>().unwrap(), Role::Operator);
+}
+
+/// Two writers: A reads the file and is held (the hook) while B tries to
+/// create a token. B must wait for A's lock, so neither token is lost.
+/// Without the lock, B reads, writes and finishes while A is held, then A
+/// writes its stale list over B's token.
+#[test]
+fn two_concurrent_creates_lose_neither_token() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("tokens.json");
+    TokenFile::new(&path)
+        .create(&tenant("acme"), Role::Reader, Some("first"))
+        .unwrap();
+
+    let (read_tx, read_rx) = mpsc::channel();
+    let (go_tx, go_rx) = mpsc::channel::<()>();
+    let a_path = path.clone();
+    let a = std::thread::spawn(move || {
+        TokenFile::new(&a_path)
+            .update(|tokens| {
+                read_tx.send(tokens.len()).unwrap();
+                go_rx.recv().unwrap();
+                let mut t = tokens[0].clone();
+                t.id = "aaaaaaaaaaaa".into();
+                t.label = Some("from A".into());
+                tokens.push(t);
+                Ok(())
+            })
+            .unwrap();
+    });
+    assert_eq!(read_rx.recv().unwrap(), 1, "A read the file");
+
+    let b_started = Arc::new(AtomicBool::new(false));
+    let b_done = Arc::new(AtomicBool::new(false));
+    let (b_path, started, done) = (path.clone(), b_started.clone(), b_done.clone());
+    let b = std::thread::spawn(move || {
+        started.store(true, Ordering::SeqCst);
+        let t = TokenFile::new(&b_path)
+            .create(&tenant("acme"), Role::Worker, Some("from B"))
+            .unwrap();
+        done.store(true, Ordering::SeqCst);
+        t
+    });
+    // Give B every chance to race past A.
+    while !b_started.load(Ordering::SeqCst) {
+        std::thread::yield_now();
+    }
+    std::thread::sleep(Duration::from_millis(300));
+    let b_finished_while_a_held = b_done.load(Ordering::SeqCst);
+    go_tx.send(()).unwrap();
+    a.join().unwrap();
+    let b_token = b.join().unwrap();
+
+    let tokens = TokenFile::new(&path).list().unwrap();
+    let labels: Vec<_> = tokens.iter().filter_map(|t| t.label.clone()).collect();
+    assert!(
+        !b_finished_while_a_held,
+        "B wrote while A held the file: there is no lock"
+    );
+    assert_eq!(labels, ["first", "from A", "from B"], "{labels:?}");
+    let store = TokenStore::open(TokenFile::new(&path), Duration::ZERO).unwrap();
+    assert!(store.authenticate(b_token.secret()).is_some());
+}
