@@ -12,8 +12,12 @@ use std::sync::Arc;
 
 use runkeep::TenantId;
 
+use crate::problem::{Problem, ProblemType};
+
 /// What a token may do. Ordered: each role can do all the one before it can.
-#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Debug, serde::Serialize, serde::Deserialize)]
+#[derive(
+    Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Debug, serde::Serialize, serde::Deserialize,
+)]
 #[serde(rename_all = "lowercase")]
 pub enum Role {
     /// Reads: listings, summaries, checkpoints, events, documents, audit.
@@ -45,3 +49,157 @@ pub trait Authenticator: Send + Sync + std::fmt::Debug {
 
 /// The authenticator the server's state holds.
 pub type SharedAuthenticator = Arc<dyn Authenticator>;
+
+impl Role {
+    /// The lowercase name (`reader`, `worker`, `operator`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Role::Reader => "reader",
+            Role::Worker => "worker",
+            Role::Operator => "operator",
+        }
+    }
+}
+
+impl std::fmt::Display for Role {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl Principal {
+    /// `Ok` when this caller's role is at least `role`, else the 403
+    /// problem naming the role needed.
+    pub fn require(&self, role: Role) -> Result<(), Problem> {
+        if self.role >= role {
+            return Ok(());
+        }
+        let mut p = Problem::new(
+            ProblemType::Forbidden,
+            format!(
+                "this operation needs a {role} token; this token ({}) is a {}",
+                self.token_id, self.role
+            ),
+        );
+        p.required_role = Some(role.as_str().to_string());
+        Err(p)
+    }
+
+    /// `Ok` when `tenant` is this caller's tenant, else the 404 answered for
+    /// a run that does not exist ([`Problem::no_such_run`]): another
+    /// tenant's data is not there for this caller.
+    pub fn tenant_scope(&self, tenant: &TenantId) -> Result<(), Problem> {
+        if &self.tenant == tenant {
+            Ok(())
+        } else {
+            Err(Problem::no_such_run())
+        }
+    }
+
+    /// Authenticates the `Authorization: Bearer <secret>` header with
+    /// `auth`: no header, another scheme or an unknown secret is the 401
+    /// problem (which never echoes what was presented).
+    pub fn from_headers(
+        headers: &axum::http::HeaderMap,
+        auth: &dyn Authenticator,
+    ) -> Result<Principal, Problem> {
+        let Some(value) = headers.get(axum::http::header::AUTHORIZATION) else {
+            return Err(Problem::new(
+                ProblemType::Unauthorized,
+                "no bearer token: send `Authorization: Bearer <token>` (`runkeep token create` makes one)",
+            ));
+        };
+        let secret = value
+            .to_str()
+            .ok()
+            .and_then(|v| {
+                let (scheme, rest) = v.split_once(' ')?;
+                scheme.eq_ignore_ascii_case("bearer").then(|| rest.trim())
+            })
+            .filter(|s| !s.is_empty());
+        let Some(secret) = secret else {
+            return Err(Problem::new(
+                ProblemType::Unauthorized,
+                "the Authorization header is not `Bearer <token>`",
+            ));
+        };
+        auth.authenticate(secret).ok_or_else(|| {
+            Problem::new(
+                ProblemType::Unauthorized,
+                "the bearer token is unknown or revoked",
+            )
+        })
+    }
+}
+
+/// The extractor: the principal the API's auth layer put on the request,
+/// or, on a route without that layer, the one the `Authorization` header
+/// authenticates to (401 otherwise).
+impl axum::extract::FromRequestParts<crate::state::AppState> for Principal {
+    type Rejection = Problem;
+
+    async fn from_request_parts(
+        parts: &mut axum::http::request::Parts,
+        state: &crate::state::AppState,
+    ) -> Result<Self, Self::Rejection> {
+        if let Some(p) = parts.extensions.get::<Principal>() {
+            return Ok(p.clone());
+        }
+        let p = Principal::from_headers(&parts.headers, state.auth.as_ref())?;
+        parts.extensions.insert(p.clone());
+        Ok(p)
+    }
+}
+
+/// An in-memory [`Authenticator`] over a fixed set of secrets (tests,
+/// embedding). Secrets are compared in constant time over the whole set.
+#[derive(Default)]
+pub struct StaticTokens {
+    tokens: Vec<(Vec<u8>, Principal)>,
+}
+
+impl std::fmt::Debug for StaticTokens {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // Never the secrets.
+        f.debug_struct("StaticTokens")
+            .field("tokens", &self.tokens.len())
+            .finish()
+    }
+}
+
+impl StaticTokens {
+    /// No tokens.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// With a token `secret` for `tenant` at `role` (its id is
+    /// `static-<n>`).
+    pub fn with(mut self, secret: impl Into<String>, tenant: TenantId, role: Role) -> Self {
+        let token_id = format!("static-{}", self.tokens.len() + 1);
+        self.tokens.push((
+            secret.into().into_bytes(),
+            Principal {
+                tenant,
+                role,
+                token_id,
+            },
+        ));
+        self
+    }
+}
+
+impl Authenticator for StaticTokens {
+    fn authenticate(&self, secret: &str) -> Option<Principal> {
+        use subtle::ConstantTimeEq as _;
+        let presented = secret.as_bytes();
+        let mut found = None;
+        for (s, p) in &self.tokens {
+            // Every secret is compared, each in constant time.
+            if bool::from(s.as_slice().ct_eq(presented)) && found.is_none() {
+                found = Some(p.clone());
+            }
+        }
+        found
+    }
+}

@@ -1,1 +1,1287 @@
-//! (being written)
+//! `HttpStore`: a [`RunStore`] over the JSON API, so code written against
+//! the contract (the worker runtime, the soak, the conformance kit) runs
+//! through `runkeep serve` unchanged.
+//!
+//! # How it answers
+//!
+//! - **Errors keep their variant.** Every problem the server answers is
+//!   mapped back to the `runkeep::Error` variant the backing store
+//!   returned ([`Problem::into_error`]): `FencedOut` with both fences,
+//!   `Contended`, `Conflict`, `NotFound`, `InvalidInput`…
+//! - **A lost reply is outcome unknown.** A write whose request may have
+//!   reached the server but whose answer did not come back (reset
+//!   connection, the reply timeout, a 408 from the server's own request
+//!   timeout, which cancels the handler mid-write) answers an
+//!   `Error::Unavailable` for which [`Error::is_outcome_unknown`] is true:
+//!   the worker runtime then resolves the step by reading back, never by
+//!   repeating it blindly. A request that never connected answers a plain
+//!   `Unavailable` (nothing was sent). Reads answer `Unavailable` either way.
+//! - **Bounded.** Every request has a reply timeout
+//!   ([`HttpStoreOptions::request_timeout`]; long-polls their wait plus a
+//!   margin), so a server that went away is an error, not a hang, and a
+//!   server that comes back is used again by the next call.
+//! - **The store's clock.** Every answer carries the store's clock
+//!   ([`crate::api::NOW_HEADER`]); [`CheckpointStore::now`] answers the
+//!   machine clock corrected by the offset last measured, like `PgStore`.
+//!   Tests may replace it with [`HttpStoreOptions::clock`].
+//! - **Tenants.** A token is bound to one tenant; an `HttpStore` holds one
+//!   token per tenant it serves ([`HttpStore::with_token`]). A run of a
+//!   tenant it holds no token for is refused with `InvalidInput` (like a
+//!   directory store bound to one session), and a listing of such a tenant
+//!   is an empty page (the contract's answer for a tenant a store does not
+//!   hold).
+//! - **Waiting.** [`CheckpointStore::watch`] is woken by a background
+//!   long-poll of the server's wait routes (which wait on the backing
+//!   store's own watch), with a fallback interval for the moment between
+//!   the subscription and the long-poll reaching the server.
+//!   [`HttpStore::claim_next_waiting`] long-polls `claim_next`;
+//!   [`HttpStore::follow_events`] is the SSE tail, resuming with
+//!   `Last-Event-ID` across disconnects and server restarts.
+
+use std::collections::HashMap;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicI64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use futures_util::{Stream, StreamExt};
+use reqwest::Method;
+use runkeep::{
+    AuditRecord, Checkpoint, CheckpointId, CheckpointStore, ClaimNextFilter, ClaimOptions,
+    ClaimOutcome, Clock, EnqueueOptions, Error, EventBatch, EvidenceStore, Fence, Integrity, Lease,
+    LeaseSummary, Lifecycle, ListOptions, ListingScope, MessageSnapshot, NewAuditEvent, NewEvent,
+    Outcome, ParkResolution, PersistedEvent, ReadEventsOptions, Result, RunPage, RunRecord,
+    RunScope, Step, StepReceipt, SystemClock, TenantId, Timestamp, Watch, WatchTopic,
+};
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+use serde_json::{json, Value};
+
+use crate::api::NOW_HEADER;
+use crate::problem::{Problem, ProblemType, PROBLEM_JSON};
+use crate::wire::*;
+
+/// How an [`HttpStore`] talks to the server.
+#[derive(Clone, Debug)]
+pub struct HttpStoreOptions {
+    /// The longest wait for an answer to one request (long-polls add their
+    /// own wait). Past it a read is `Unavailable` and a write outcome
+    /// unknown.
+    pub request_timeout: Duration,
+    /// The longest wait for a connection.
+    pub connect_timeout: Duration,
+    /// The fallback interval of a [`Watch`] (its wake-ups come from the
+    /// long-poll; this covers a change the long-poll could not see).
+    pub watch_fallback: Duration,
+    /// How long one background long-poll of a watch waits on the server.
+    pub watch_wait: Duration,
+    /// **Tests only.** Answer [`CheckpointStore::now`] from this clock (the
+    /// backing store's own `ManualClock` in the conformance kit) instead of
+    /// the offset measured from the server's answers.
+    pub clock: Option<Arc<dyn Clock>>,
+    /// The machine clock the measured offset is added to.
+    pub local_clock: Arc<dyn Clock>,
+}
+
+impl Default for HttpStoreOptions {
+    fn default() -> Self {
+        Self {
+            request_timeout: Duration::from_secs(30),
+            connect_timeout: Duration::from_secs(5),
+            watch_fallback: Duration::from_secs(1),
+            watch_wait: Duration::from_secs(25),
+            clock: None,
+            local_clock: Arc::new(SystemClock),
+        }
+    }
+}
+
+/// A [`RunStore`](runkeep::RunStore) over `runkeep serve`'s API (module docs).
+#[derive(Clone)]
+pub struct HttpStore {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    base: String,
+    client: reqwest::Client,
+    tokens: HashMap<TenantId, String>,
+    options: HttpStoreOptions,
+    /// The store's clock minus the local clock, ms, as last measured.
+    offset_ms: AtomicI64,
+}
+
+impl std::fmt::Debug for HttpStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // Never the tokens.
+        let mut tenants: Vec<&str> = self.inner.tokens.keys().map(|t| t.as_str()).collect();
+        tenants.sort_unstable();
+        f.debug_struct("HttpStore")
+            .field("base", &self.inner.base)
+            .field("tenants", &tenants)
+            .finish_non_exhaustive()
+    }
+}
+
+/// What kind of call a request is: a read is repeatable; a write whose
+/// reply was lost is outcome unknown.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Kind {
+    Read,
+    Write,
+}
+
+impl HttpStore {
+    /// A store at `base_url` (`http://127.0.0.1:7420`) with no token yet.
+    pub fn new(base_url: impl Into<String>, options: HttpStoreOptions) -> Result<Self> {
+        let base = base_url.into().trim_end_matches('/').to_string();
+        if !(base.starts_with("http://") || base.starts_with("https://")) {
+            return Err(Error::invalid(format!(
+                "HttpStore address {base:?} is not an http:// or https:// URL"
+            )));
+        }
+        let client = reqwest::Client::builder()
+            .connect_timeout(options.connect_timeout)
+            .tcp_nodelay(true)
+            .pool_idle_timeout(Duration::from_secs(30))
+            .build()
+            .map_err(|e| Error::backend("HttpStore: build the HTTP client", e))?;
+        Ok(Self {
+            inner: Arc::new(Inner {
+                base,
+                client,
+                tokens: HashMap::new(),
+                options,
+                offset_ms: AtomicI64::new(0),
+            }),
+        })
+    }
+
+    /// With `secret` as the token for `tenant`.
+    pub fn with_token(self, tenant: TenantId, secret: impl Into<String>) -> Self {
+        let mut inner = Arc::try_unwrap(self.inner).unwrap_or_else(|a| Inner {
+            base: a.base.clone(),
+            client: a.client.clone(),
+            tokens: a.tokens.clone(),
+            options: a.options.clone(),
+            offset_ms: AtomicI64::new(a.offset_ms.load(Ordering::Relaxed)),
+        });
+        inner.tokens.insert(tenant, secret.into());
+        Self {
+            inner: Arc::new(inner),
+        }
+    }
+
+    /// Connects with one token, asking the server which tenant it is for.
+    pub async fn connect(
+        base_url: impl Into<String>,
+        secret: impl Into<String>,
+        options: HttpStoreOptions,
+    ) -> Result<Self> {
+        let store = Self::new(base_url, options)?;
+        let secret = secret.into();
+        let who: WhoAmI = store
+            .send_with(
+                "whoami",
+                &secret,
+                Method::GET,
+                "/v1/whoami".into(),
+                &[],
+                None::<&()>,
+                Kind::Read,
+                None,
+            )
+            .await?;
+        let tenant = TenantId::new(who.tenant)?;
+        Ok(store.with_token(tenant, secret))
+    }
+
+    /// The base URL.
+    pub fn base_url(&self) -> &str {
+        &self.inner.base
+    }
+
+    fn token(&self, tenant: &TenantId) -> Result<&str> {
+        self.inner
+            .tokens
+            .get(tenant)
+            .map(String::as_str)
+            .ok_or_else(|| {
+                Error::invalid(format!(
+                    "this HttpStore holds no token for tenant {tenant}; add one with HttpStore::with_token (a token serves one tenant)"
+                ))
+            })
+    }
+
+    fn run_path(scope: &RunScope, tail: &str) -> String {
+        format!(
+            "/v1/tenants/{}/projects/{}/sessions/{}/runs/{}{tail}",
+            scope.tenant_id, scope.project_id, scope.session_id, scope.run_id
+        )
+    }
+
+    fn run_query(
+        scope: &RunScope,
+        mut q: Vec<(&'static str, String)>,
+    ) -> Vec<(&'static str, String)> {
+        if let Some(p) = &scope.parent_run_id {
+            q.push(("parent", p.to_string()));
+        }
+        q
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    async fn send_with<B: Serialize + ?Sized, T: DeserializeOwned>(
+        &self,
+        operation: &'static str,
+        token: &str,
+        method: Method,
+        path: String,
+        query: &[(&'static str, String)],
+        body: Option<&B>,
+        kind: Kind,
+        extra_wait: Option<Duration>,
+    ) -> Result<T> {
+        let url = format!("{}{path}", self.inner.base);
+        let timeout = self.inner.options.request_timeout + extra_wait.unwrap_or_default();
+        let mut req = self
+            .inner
+            .client
+            .request(method, &url)
+            .bearer_auth(token)
+            .timeout(timeout);
+        if !query.is_empty() {
+            req = req.query(query);
+        }
+        if let Some(b) = body {
+            req = req.json(b);
+        }
+        let res = match req.send().await {
+            Ok(r) => r,
+            Err(e) => return Err(self.transport(operation, kind, e)),
+        };
+        self.note_clock(res.headers());
+        let status = res.status();
+        let is_problem = res
+            .headers()
+            .get(reqwest::header::CONTENT_TYPE)
+            .and_then(|v| v.to_str().ok())
+            .is_some_and(|v| v.starts_with(PROBLEM_JSON));
+        let bytes = match res.bytes().await {
+            Ok(b) => b,
+            Err(e) => return Err(self.transport(operation, kind, e)),
+        };
+        if status.is_success() {
+            return serde_json::from_slice(&bytes).map_err(|e| {
+                Error::backend(
+                    format!("HttpStore {operation}: the server's answer is not the API's JSON"),
+                    e,
+                )
+            });
+        }
+        if is_problem {
+            if let Ok(p) = serde_json::from_slice::<Problem>(&bytes) {
+                // The server's request timeout cancels the handler, which
+                // may have been writing: the write's outcome is unknown.
+                if kind == Kind::Write && p.kind() == Some(ProblemType::Timeout) {
+                    return Err(Error::outcome_unknown(
+                        format!(
+                            "HttpStore {operation}: the server timed the request out while it was being served"
+                        ),
+                        std::io::Error::other("request timeout"),
+                    ));
+                }
+                return Err(p.into_error(operation));
+            }
+        }
+        let text = String::from_utf8_lossy(&bytes[..bytes.len().min(200)]).to_string();
+        if status.is_server_error() {
+            let message = format!(
+                "HttpStore {operation}: the server answered {status} without a problem body"
+            );
+            if kind == Kind::Write && status != reqwest::StatusCode::SERVICE_UNAVAILABLE {
+                return Err(Error::outcome_unknown(message, std::io::Error::other(text)));
+            }
+            return Err(Error::unavailable(message, std::io::Error::other(text)));
+        }
+        Err(Error::Backend {
+            message: format!(
+                "HttpStore {operation}: the server answered {status} without a problem body: {text}"
+            ),
+            source: None,
+        })
+    }
+
+    fn transport(&self, operation: &'static str, kind: Kind, e: reqwest::Error) -> Error {
+        let base = &self.inner.base;
+        if e.is_connect() || e.is_builder() {
+            return Error::unavailable(
+                format!("HttpStore {operation}: cannot connect to {base}; nothing was sent; retry"),
+                e,
+            );
+        }
+        match kind {
+            Kind::Write => Error::outcome_unknown(
+                format!(
+                    "HttpStore {operation}: the request was sent to {base} but no answer came back (within {} ms or at all); the change may or may not be stored: read it back before repeating it",
+                    self.inner.options.request_timeout.as_millis()
+                ),
+                e,
+            ),
+            Kind::Read => Error::unavailable(
+                format!("HttpStore {operation}: no answer from {base}; retry"),
+                e,
+            ),
+        }
+    }
+
+    fn note_clock(&self, headers: &reqwest::header::HeaderMap) {
+        if let Some(now) = headers
+            .get(NOW_HEADER)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.parse::<i64>().ok())
+        {
+            let local = self.inner.options.local_clock.now().as_millis();
+            self.inner.offset_ms.store(now - local, Ordering::Relaxed);
+        }
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    async fn call<B: Serialize + ?Sized, T: DeserializeOwned>(
+        &self,
+        operation: &'static str,
+        tenant: &TenantId,
+        method: Method,
+        path: String,
+        query: &[(&'static str, String)],
+        body: Option<&B>,
+        kind: Kind,
+    ) -> Result<T> {
+        let token = self.token(tenant)?.to_string();
+        self.send_with(operation, &token, method, path, query, body, kind, None)
+            .await
+    }
+
+    async fn run_get<T: DeserializeOwned>(
+        &self,
+        operation: &'static str,
+        scope: &RunScope,
+        tail: &str,
+        query: Vec<(&'static str, String)>,
+    ) -> Result<T> {
+        self.call(
+            operation,
+            &scope.tenant_id,
+            Method::GET,
+            Self::run_path(scope, tail),
+            &Self::run_query(scope, query),
+            None::<&()>,
+            Kind::Read,
+        )
+        .await
+    }
+
+    async fn run_write<B: Serialize + ?Sized, T: DeserializeOwned>(
+        &self,
+        operation: &'static str,
+        method: Method,
+        scope: &RunScope,
+        tail: &str,
+        body: &B,
+    ) -> Result<T> {
+        self.call(
+            operation,
+            &scope.tenant_id,
+            method,
+            Self::run_path(scope, tail),
+            &Self::run_query(scope, vec![]),
+            Some(body),
+            Kind::Write,
+        )
+        .await
+    }
+
+    /// `claim_next`, waiting up to `wait` (at most 30 s) on the server for a
+    /// run to become runnable when none is.
+    pub async fn claim_next_waiting(
+        &self,
+        scope: &ListingScope,
+        filter: &ClaimNextFilter,
+        options: &ClaimOptions,
+        wait: Duration,
+    ) -> Result<Option<(RunScope, Lease)>> {
+        let body = ClaimNextBody {
+            project: scope.project_id().map(ToString::to_string),
+            session: scope.session_id().map(ToString::to_string),
+            park: filter
+                .park
+                .as_ref()
+                .map(|v| v.iter().map(|p| (*p).into()).collect()),
+            order: filter.order.into(),
+            claim: ClaimBody::of(options),
+            wait_ms: (!wait.is_zero()).then(|| wait.as_millis() as u64),
+        };
+        let token = self.token(scope.tenant_id())?.to_string();
+        let answer: ClaimNextAnswer = self
+            .send_with(
+                "claim_next",
+                &token,
+                Method::POST,
+                format!("/v1/tenants/{}/claim-next", scope.tenant_id()),
+                &[],
+                Some(&body),
+                Kind::Write,
+                Some(wait),
+            )
+            .await?;
+        match answer.claimed {
+            None => Ok(None),
+            Some(c) => Ok(Some((
+                c.run.to_scope("run").map_err(problem_error)?,
+                c.lease.to_lease().map_err(problem_error)?,
+            ))),
+        }
+    }
+
+    /// The run's summary (lease, lifecycle, latest and pending checkpoint,
+    /// last seq) in one call; `NotFound` for a run that does not exist.
+    pub async fn summary(&self, scope: &RunScope) -> Result<RunSummary> {
+        self.run_get("run_summary", scope, "", vec![]).await
+    }
+
+    /// The live tail of a run's events after `since_seq`, over SSE. It
+    /// reconnects by itself (to the same server, or a restarted one)
+    /// resuming with `Last-Event-ID`, so each event is yielded once, in
+    /// order; a connection failure is yielded as an `Err` item (the stream
+    /// then retries), a problem answered by the server ends it. Dropping the
+    /// stream stops it.
+    pub fn follow_events(
+        &self,
+        scope: &RunScope,
+        since_seq: u64,
+    ) -> Pin<Box<dyn Stream<Item = Result<PersistedEvent>> + Send>> {
+        let (tx, rx) = tokio::sync::mpsc::channel::<Result<PersistedEvent>>(256);
+        let store = self.clone();
+        let scope = scope.clone();
+        tokio::spawn(async move {
+            let mut last = since_seq;
+            let mut backoff = Duration::from_millis(50);
+            loop {
+                match store.tail_once(&scope, &mut last, &tx).await {
+                    Tail::Closed => return,
+                    Tail::Ended(e) => {
+                        let _ = tx.send(Err(e)).await;
+                        return;
+                    }
+                    Tail::Dropped(e) => {
+                        if let Some(e) = e {
+                            if tx.send(Err(e)).await.is_err() {
+                                return;
+                            }
+                        } else {
+                            backoff = Duration::from_millis(50);
+                        }
+                    }
+                }
+                tokio::select! {
+                    _ = tokio::time::sleep(backoff) => {}
+                    _ = tx.closed() => return,
+                }
+                backoff = (backoff * 2).min(Duration::from_secs(1));
+            }
+        });
+        Box::pin(futures_util::stream::unfold(rx, |mut rx| async move {
+            rx.recv().await.map(|item| (item, rx))
+        }))
+    }
+
+    async fn tail_once(
+        &self,
+        scope: &RunScope,
+        last: &mut u64,
+        tx: &tokio::sync::mpsc::Sender<Result<PersistedEvent>>,
+    ) -> Tail {
+        let token = match self.token(&scope.tenant_id) {
+            Ok(t) => t.to_string(),
+            Err(e) => return Tail::Ended(e),
+        };
+        let url = format!(
+            "{}{}",
+            self.inner.base,
+            Self::run_path(scope, "/events/stream")
+        );
+        let req = self
+            .inner
+            .client
+            .get(&url)
+            .bearer_auth(token)
+            .header("last-event-id", last.to_string())
+            .header(reqwest::header::ACCEPT, "text/event-stream")
+            .query(&Self::run_query(scope, vec![]));
+        let res = tokio::select! {
+            r = tokio::time::timeout(self.inner.options.request_timeout, req.send()) => r,
+            _ = tx.closed() => return Tail::Closed,
+        };
+        let res = match res {
+            Ok(Ok(r)) => r,
+            Ok(Err(e)) => return Tail::Dropped(Some(self.transport("tail_events", Kind::Read, e))),
+            Err(_) => {
+                return Tail::Dropped(Some(Error::Unavailable {
+                    message: "HttpStore tail_events: no answer within the request timeout".into(),
+                    source: None,
+                }))
+            }
+        };
+        self.note_clock(res.headers());
+        if !res.status().is_success() {
+            let status = res.status();
+            let bytes = res.bytes().await.unwrap_or_default();
+            let e = match serde_json::from_slice::<Problem>(&bytes) {
+                Ok(p) => p.into_error("tail_events"),
+                Err(_) => Error::Unavailable {
+                    message: format!("HttpStore tail_events: the server answered {status}"),
+                    source: None,
+                },
+            };
+            return if e.is_retryable() {
+                Tail::Dropped(Some(e))
+            } else {
+                Tail::Ended(e)
+            };
+        }
+        let mut body = res.bytes_stream();
+        let mut buf: Vec<u8> = Vec::new();
+        // The server sends a keep-alive every 15 s: three missed is a dead
+        // connection.
+        let idle = Duration::from_secs(45);
+        loop {
+            let chunk = tokio::select! {
+                c = tokio::time::timeout(idle, body.next()) => c,
+                _ = tx.closed() => return Tail::Closed,
+            };
+            let chunk = match chunk {
+                Err(_) | Ok(None) => return Tail::Dropped(None),
+                Ok(Some(Err(_))) => return Tail::Dropped(None),
+                Ok(Some(Ok(c))) => c,
+            };
+            buf.extend_from_slice(&chunk);
+            while let Some(end) = find_frame_end(&buf) {
+                let frame: Vec<u8> = buf.drain(..end.0).collect();
+                buf.drain(..end.1);
+                let Some(frame) = SseFrame::parse(&String::from_utf8_lossy(&frame)) else {
+                    continue;
+                };
+                match frame.event.as_deref() {
+                    Some("event") => {
+                        let parsed = serde_json::from_str::<EventBody>(&frame.data)
+                            .ok()
+                            .and_then(|b| b.to_event().ok());
+                        let Some(e) = parsed else {
+                            return Tail::Ended(Error::corrupted(
+                                "HttpStore tail_events: the server sent an event that is not the API's JSON",
+                            ));
+                        };
+                        if e.seq <= *last {
+                            continue;
+                        }
+                        *last = e.seq;
+                        if tx.send(Ok(e)).await.is_err() {
+                            return Tail::Closed;
+                        }
+                    }
+                    Some("problem") => {
+                        let e = serde_json::from_str::<Problem>(&frame.data)
+                            .map(|p| p.into_error("tail_events"))
+                            .unwrap_or_else(|_| {
+                                Error::corrupted("HttpStore tail_events: bad problem frame")
+                            });
+                        return if e.is_retryable() {
+                            Tail::Dropped(Some(e))
+                        } else {
+                            Tail::Ended(e)
+                        };
+                    }
+                    _ => {}
+                }
+            }
+        }
+    }
+
+    fn watch_task(&self, topic: WatchTopic, tx: tokio::sync::watch::Sender<u64>) {
+        let store = self.clone();
+        let wait = store.inner.options.watch_wait;
+        let fallback = store.inner.options.watch_fallback;
+        tokio::spawn(async move {
+            let mut since: Option<u64> = None;
+            loop {
+                let r: Result<Waited> = match &topic {
+                    WatchTopic::Runnable(scope) => {
+                        let mut q = vec![("timeoutMs", wait.as_millis().to_string())];
+                        if let Some(p) = scope.project_id() {
+                            q.push(("project", p.to_string()));
+                        }
+                        if let Some(s) = scope.session_id() {
+                            q.push(("session", s.to_string()));
+                        }
+                        let token = match store.token(scope.tenant_id()) {
+                            Ok(t) => t.to_string(),
+                            Err(_) => return,
+                        };
+                        let call = store.send_with(
+                            "watch",
+                            &token,
+                            Method::GET,
+                            format!("/v1/tenants/{}/runnable/wait", scope.tenant_id()),
+                            &q,
+                            None::<&()>,
+                            Kind::Read,
+                            Some(wait),
+                        );
+                        tokio::select! {
+                            r = call => r,
+                            _ = tx.closed() => return,
+                        }
+                    }
+                    WatchTopic::Events(scope) => {
+                        let head = match since {
+                            Some(s) => Ok(s),
+                            None => {
+                                let r: Result<EventBatchBody> = tokio::select! {
+                                    r = store.run_get("watch", scope, "/events", vec![("sinceSeq", u64::MAX.to_string())]) => r,
+                                    _ = tx.closed() => return,
+                                };
+                                r.map(|b| b.last_seq)
+                            }
+                        };
+                        match head {
+                            Err(e) => Err(e),
+                            Ok(head) => {
+                                since = Some(head);
+                                let q = Self::run_query(
+                                    scope,
+                                    vec![
+                                        ("sinceSeq", head.to_string()),
+                                        ("timeoutMs", wait.as_millis().to_string()),
+                                    ],
+                                );
+                                let token = match store.token(&scope.tenant_id) {
+                                    Ok(t) => t.to_string(),
+                                    Err(_) => return,
+                                };
+                                let call = store.send_with(
+                                    "watch",
+                                    &token,
+                                    Method::GET,
+                                    Self::run_path(scope, "/events/wait"),
+                                    &q,
+                                    None::<&()>,
+                                    Kind::Read,
+                                    Some(wait),
+                                );
+                                tokio::select! {
+                                    r = call => r,
+                                    _ = tx.closed() => return,
+                                }
+                            }
+                        }
+                    }
+                };
+                match r {
+                    Ok(w) => {
+                        if let Some(s) = w.last_seq {
+                            since = Some(s);
+                        }
+                        if w.changed {
+                            tx.send_modify(|n| *n = n.wrapping_add(1));
+                        }
+                    }
+                    Err(_) => {
+                        // The server is away: the fallback interval wakes the
+                        // watcher meanwhile; try again after it.
+                        tokio::select! {
+                            _ = tokio::time::sleep(fallback) => {}
+                            _ = tx.closed() => return,
+                        }
+                    }
+                }
+            }
+        });
+    }
+}
+
+enum Tail {
+    /// The consumer dropped the stream.
+    Closed,
+    /// The connection ended (with the error, if one is worth telling):
+    /// reconnect.
+    Dropped(Option<Error>),
+    /// A refusal that reconnecting cannot cure.
+    Ended(Error),
+}
+
+/// The end of the first SSE frame in `buf`: (frame length, separator length).
+fn find_frame_end(buf: &[u8]) -> Option<(usize, usize)> {
+    let mut i = 0;
+    while i + 1 < buf.len() {
+        if buf[i] == b'\n' && buf[i + 1] == b'\n' {
+            return Some((i, 2));
+        }
+        if i + 3 < buf.len() && &buf[i..i + 4] == b"\r\n\r\n" {
+            return Some((i, 4));
+        }
+        i += 1;
+    }
+    None
+}
+
+/// One Server-Sent Events frame (the fields the API sends).
+struct SseFrame {
+    event: Option<String>,
+    data: String,
+}
+
+impl SseFrame {
+    fn parse(frame: &str) -> Option<Self> {
+        let mut event = None;
+        let mut data: Vec<&str> = Vec::new();
+        for line in frame.lines() {
+            if line.starts_with(':') {
+                continue;
+            }
+            let (field, value) = line.split_once(':').unwrap_or((line, ""));
+            let value = value.strip_prefix(' ').unwrap_or(value);
+            match field {
+                "event" => event = Some(value.to_string()),
+                "data" => data.push(value),
+                _ => {}
+            }
+        }
+        if event.is_none() && data.is_empty() {
+            return None;
+        }
+        Some(Self {
+            event,
+            data: data.join("\n"),
+        })
+    }
+}
+
+fn problem_error(p: Problem) -> Error {
+    Error::corrupted(format!(
+        "the server's answer does not convert: {}",
+        p.detail.unwrap_or_default()
+    ))
+}
+
+fn ms(t: Timestamp) -> String {
+    t.as_millis().to_string()
+}
+
+fn fence_json(f: Option<Fence>) -> Option<u64> {
+    f.map(Fence::get)
+}
+
+#[async_trait]
+impl CheckpointStore for HttpStore {
+    async fn write_checkpoint(
+        &self,
+        scope: &RunScope,
+        checkpoint: &Checkpoint,
+        fence: Option<Fence>,
+    ) -> Result<Checkpoint> {
+        let body = WriteCheckpointBody {
+            checkpoint: checkpoint.into(),
+            fence: fence_json(fence),
+        };
+        let cp: CheckpointBody = self
+            .run_write(
+                "write_checkpoint",
+                Method::POST,
+                scope,
+                "/checkpoints",
+                &body,
+            )
+            .await?;
+        cp.to_checkpoint("checkpoint").map_err(problem_error)
+    }
+
+    async fn read_checkpoint(
+        &self,
+        scope: &RunScope,
+        id: &CheckpointId,
+    ) -> Result<Option<Checkpoint>> {
+        let m: MaybeCheckpoint = self
+            .run_get(
+                "read_checkpoint",
+                scope,
+                &format!("/checkpoints/by-id/{id}"),
+                vec![],
+            )
+            .await?;
+        m.checkpoint
+            .map(|c| c.to_checkpoint("checkpoint").map_err(problem_error))
+            .transpose()
+    }
+
+    async fn list_checkpoints(&self, scope: &RunScope) -> Result<Vec<Checkpoint>> {
+        let v: Vec<CheckpointBody> = self
+            .run_get("list_checkpoints", scope, "/checkpoints", vec![])
+            .await?;
+        v.iter()
+            .map(|c| c.to_checkpoint("checkpoint").map_err(problem_error))
+            .collect()
+    }
+
+    async fn delete_checkpoint(
+        &self,
+        scope: &RunScope,
+        id: &CheckpointId,
+        fence: Option<Fence>,
+    ) -> Result<bool> {
+        let mut q = vec![];
+        if let Some(f) = fence {
+            q.push(("fence", f.get().to_string()));
+        }
+        let d: Done = self
+            .call(
+                "delete_checkpoint",
+                &scope.tenant_id,
+                Method::DELETE,
+                Self::run_path(scope, &format!("/checkpoints/by-id/{id}")),
+                &Self::run_query(scope, q),
+                None::<&()>,
+                Kind::Write,
+            )
+            .await?;
+        Ok(d.done)
+    }
+
+    async fn resolve_park(
+        &self,
+        scope: &RunScope,
+        id: &CheckpointId,
+        resolution: ParkResolution,
+        now: Timestamp,
+        fence: Option<Fence>,
+    ) -> Result<Checkpoint> {
+        let body = ResolveBody {
+            resolution: ResolutionBody::of(&resolution),
+            now: Some(now.as_millis()),
+            fence: fence_json(fence),
+        };
+        let cp: CheckpointBody = self
+            .run_write(
+                "resolve_park",
+                Method::POST,
+                scope,
+                &format!("/checkpoints/by-id/{id}/answer"),
+                &body,
+            )
+            .await?;
+        cp.to_checkpoint("checkpoint").map_err(problem_error)
+    }
+
+    async fn prune_checkpoints(
+        &self,
+        scope: &RunScope,
+        keep_last: usize,
+        fence: Option<Fence>,
+    ) -> Result<Vec<CheckpointId>> {
+        let body = PruneBody {
+            keep_last,
+            fence: fence_json(fence),
+        };
+        let p: Pruned = self
+            .run_write("prune_checkpoints", Method::POST, scope, "/prune", &body)
+            .await?;
+        p.deleted.into_iter().map(CheckpointId::new).collect()
+    }
+
+    async fn list_runs(&self, scope: &ListingScope, options: &ListOptions) -> Result<RunPage> {
+        if !self.inner.tokens.contains_key(scope.tenant_id()) {
+            // A tenant this store does not hold: nothing of it is here.
+            return Ok(RunPage::default());
+        }
+        let mut q: Vec<(&'static str, String)> = vec![];
+        if let Some(p) = scope.project_id() {
+            q.push(("project", p.to_string()));
+        }
+        if let Some(s) = scope.session_id() {
+            q.push(("session", s.to_string()));
+        }
+        q.push((
+            "order",
+            match OrderBody::from(options.order) {
+                OrderBody::RunId => "runId",
+                OrderBody::CreatedAt => "createdAt",
+            }
+            .to_string(),
+        ));
+        if let Some(park) = &options.park {
+            q.push((
+                "park",
+                park.iter()
+                    .map(|p| p.as_str())
+                    .collect::<Vec<_>>()
+                    .join(","),
+            ));
+        }
+        if let Some(c) = options.claimed {
+            q.push(("claimed", c.to_string()));
+        }
+        if let Some(status) = &options.status {
+            q.push((
+                "status",
+                status
+                    .iter()
+                    .map(|s| s.as_str())
+                    .collect::<Vec<_>>()
+                    .join(","),
+            ));
+        }
+        if let Some(l) = options.limit {
+            q.push(("limit", l.to_string()));
+        }
+        if let Some(c) = &options.cursor {
+            q.push(("cursor", c.clone()));
+        }
+        if let Some(n) = options.now {
+            q.push(("now", ms(n)));
+        }
+        let page: RunPageBody = self
+            .call(
+                "list_runs",
+                scope.tenant_id(),
+                Method::GET,
+                format!("/v1/tenants/{}/runs", scope.tenant_id()),
+                &q,
+                None::<&()>,
+                Kind::Read,
+            )
+            .await?;
+        page.to_page().map_err(problem_error)
+    }
+
+    async fn claim(&self, scope: &RunScope, options: &ClaimOptions) -> Result<ClaimOutcome> {
+        let a: ClaimAnswer = self
+            .run_write(
+                "claim",
+                Method::POST,
+                scope,
+                "/claim",
+                &ClaimBody::of(options),
+            )
+            .await?;
+        a.to_outcome().map_err(problem_error)
+    }
+
+    async fn release(&self, scope: &RunScope, fence: Fence) -> Result<bool> {
+        let d: Done = self
+            .run_write(
+                "release",
+                Method::POST,
+                scope,
+                "/release",
+                &ReleaseBody {
+                    fence: Some(fence.get()),
+                },
+            )
+            .await?;
+        Ok(d.done)
+    }
+
+    async fn lease(&self, scope: &RunScope, now: Timestamp) -> Result<Option<LeaseSummary>> {
+        let l: MaybeLease = self
+            .run_get("lease", scope, "/lease", vec![("now", ms(now))])
+            .await?;
+        l.lease
+            .map(|l| l.to_summary().map_err(problem_error))
+            .transpose()
+    }
+
+    async fn claim_next(
+        &self,
+        scope: &ListingScope,
+        filter: &ClaimNextFilter,
+        options: &ClaimOptions,
+    ) -> Result<Option<(RunScope, Lease)>> {
+        self.claim_next_waiting(scope, filter, options, Duration::ZERO)
+            .await
+    }
+
+    fn now(&self) -> Timestamp {
+        match &self.inner.options.clock {
+            Some(c) => c.now(),
+            None => self
+                .inner
+                .options
+                .local_clock
+                .now()
+                .offset(self.inner.offset_ms.load(Ordering::Relaxed)),
+        }
+    }
+
+    async fn lifecycle(&self, scope: &RunScope) -> Result<Lifecycle> {
+        let l: LifecycleBody = self
+            .run_get("lifecycle", scope, "/lifecycle", vec![])
+            .await?;
+        l.to_lifecycle().map_err(problem_error)
+    }
+
+    async fn enqueue(
+        &self,
+        scope: &RunScope,
+        checkpoint: &Checkpoint,
+        options: &EnqueueOptions,
+    ) -> Result<Checkpoint> {
+        let body = EnqueueBody {
+            checkpoint: checkpoint.into(),
+            available_at: options.available_at.map(Timestamp::as_millis),
+            max_attempts: options.max_attempts,
+        };
+        let cp: CheckpointBody = self
+            .run_write("enqueue", Method::POST, scope, "/enqueue", &body)
+            .await?;
+        cp.to_checkpoint("checkpoint").map_err(problem_error)
+    }
+
+    async fn finish(&self, scope: &RunScope, fence: Fence, outcome: &Outcome) -> Result<Lifecycle> {
+        let body = FinishBody {
+            fence: fence.get(),
+            outcome: outcome.into(),
+        };
+        let l: LifecycleBody = self
+            .run_write("finish", Method::POST, scope, "/finish", &body)
+            .await?;
+        l.to_lifecycle().map_err(problem_error)
+    }
+
+    async fn snooze(&self, scope: &RunScope, fence: Fence, until: Timestamp) -> Result<bool> {
+        let body = SnoozeBody {
+            fence: fence.get(),
+            until: until.as_millis(),
+        };
+        let d: Done = self
+            .run_write("snooze", Method::POST, scope, "/snooze", &body)
+            .await?;
+        Ok(d.done)
+    }
+
+    async fn reopen(&self, scope: &RunScope) -> Result<Lifecycle> {
+        let l: LifecycleBody = self
+            .run_write("reopen", Method::POST, scope, "/reopen", &json!({}))
+            .await?;
+        l.to_lifecycle().map_err(problem_error)
+    }
+
+    async fn latest_checkpoint(&self, scope: &RunScope) -> Result<Option<Checkpoint>> {
+        let m: MaybeCheckpoint = self
+            .run_get("latest_checkpoint", scope, "/checkpoints/latest", vec![])
+            .await?;
+        m.checkpoint
+            .map(|c| c.to_checkpoint("checkpoint").map_err(problem_error))
+            .transpose()
+    }
+
+    async fn find_pending(&self, scope: &RunScope, now: Timestamp) -> Result<Option<Checkpoint>> {
+        let m: MaybeCheckpoint = self
+            .run_get(
+                "find_pending",
+                scope,
+                "/checkpoints/pending",
+                vec![("now", ms(now))],
+            )
+            .await?;
+        m.checkpoint
+            .map(|c| c.to_checkpoint("checkpoint").map_err(problem_error))
+            .transpose()
+    }
+
+    async fn resume_point(&self, scope: &RunScope, now: Timestamp) -> Result<Option<Checkpoint>> {
+        let m: MaybeCheckpoint = self
+            .run_get(
+                "resume_point",
+                scope,
+                "/checkpoints/resume-point",
+                vec![("now", ms(now))],
+            )
+            .await?;
+        m.checkpoint
+            .map(|c| c.to_checkpoint("checkpoint").map_err(problem_error))
+            .transpose()
+    }
+
+    fn watch(&self, topic: &WatchTopic) -> Watch {
+        let fallback = self.inner.options.watch_fallback;
+        let tenant = match topic {
+            WatchTopic::Runnable(s) => s.tenant_id(),
+            WatchTopic::Events(s) => &s.tenant_id,
+        };
+        if tokio::runtime::Handle::try_current().is_err() || self.token(tenant).is_err() {
+            return Watch::polling(fallback);
+        }
+        let (tx, rx) = tokio::sync::watch::channel(0u64);
+        self.watch_task(topic.clone(), tx);
+        Watch::notified(rx, fallback)
+    }
+}
+
+#[async_trait]
+impl EvidenceStore for HttpStore {
+    async fn append_events(
+        &self,
+        scope: &RunScope,
+        events: &[NewEvent],
+        fence: Option<Fence>,
+    ) -> Result<Vec<PersistedEvent>> {
+        let body = AppendEventsBody {
+            events: events.iter().map(Into::into).collect(),
+            fence: fence_json(fence),
+        };
+        let a: Appended = self
+            .run_write("append_events", Method::POST, scope, "/events", &body)
+            .await?;
+        a.events
+            .iter()
+            .map(|e| e.to_event().map_err(problem_error))
+            .collect()
+    }
+
+    async fn read_events(
+        &self,
+        scope: &RunScope,
+        options: &ReadEventsOptions,
+    ) -> Result<EventBatch> {
+        let mut q = vec![("sinceSeq", options.since_seq.to_string())];
+        if options.integrity == Integrity::Strict {
+            q.push(("integrity", "strict".to_string()));
+        }
+        if let Some(l) = options.limit {
+            q.push(("limit", l.to_string()));
+        }
+        let b: EventBatchBody = self.run_get("read_events", scope, "/events", q).await?;
+        b.to_batch().map_err(problem_error)
+    }
+
+    async fn write_run_record(
+        &self,
+        scope: &RunScope,
+        record: &RunRecord,
+        fence: Option<Fence>,
+    ) -> Result<()> {
+        let body = RecordBody {
+            record: record.clone(),
+            fence: fence_json(fence),
+        };
+        let _: Done = self
+            .run_write("write_run_record", Method::PUT, scope, "/record", &body)
+            .await?;
+        Ok(())
+    }
+
+    async fn read_run_record(&self, scope: &RunScope) -> Result<Option<RunRecord>> {
+        let r: MaybeRecord = self
+            .run_get("read_run_record", scope, "/record", vec![])
+            .await?;
+        Ok(r.record)
+    }
+
+    async fn write_messages(
+        &self,
+        scope: &RunScope,
+        messages: &[Value],
+        through_event_seq: u64,
+        fence: Option<Fence>,
+    ) -> Result<()> {
+        let body = WriteMessagesBody {
+            messages: messages.to_vec(),
+            through_event_seq,
+            fence: fence_json(fence),
+        };
+        let _: Done = self
+            .run_write("write_messages", Method::PUT, scope, "/messages", &body)
+            .await?;
+        Ok(())
+    }
+
+    async fn read_messages(&self, scope: &RunScope) -> Result<MessageSnapshot> {
+        let m: MessagesBody = self
+            .run_get("read_messages", scope, "/messages", vec![])
+            .await?;
+        Ok(m.to_snapshot())
+    }
+
+    async fn write_report(
+        &self,
+        scope: &RunScope,
+        report: &str,
+        fence: Option<Fence>,
+    ) -> Result<()> {
+        let body = ReportBody {
+            report: report.to_string(),
+            fence: fence_json(fence),
+        };
+        let _: Done = self
+            .run_write("write_report", Method::PUT, scope, "/report", &body)
+            .await?;
+        Ok(())
+    }
+
+    async fn read_report(&self, scope: &RunScope) -> Result<Option<String>> {
+        let r: MaybeReport = self
+            .run_get("read_report", scope, "/report", vec![])
+            .await?;
+        Ok(r.report)
+    }
+
+    async fn append_audit(
+        &self,
+        scope: &RunScope,
+        events: &[NewAuditEvent],
+        fence: Option<Fence>,
+    ) -> Result<Vec<AuditRecord>> {
+        let body = AppendAuditBody {
+            events: events.iter().map(Into::into).collect(),
+            fence: fence_json(fence),
+        };
+        let a: AuditList = self
+            .run_write("append_audit", Method::POST, scope, "/audit", &body)
+            .await?;
+        a.records
+            .iter()
+            .map(|r| r.to_record().map_err(problem_error))
+            .collect()
+    }
+
+    async fn read_audit(&self, scope: &RunScope, since_seq: u64) -> Result<Vec<AuditRecord>> {
+        let a: AuditList = self
+            .run_get(
+                "read_audit",
+                scope,
+                "/audit",
+                vec![("sinceSeq", since_seq.to_string())],
+            )
+            .await?;
+        a.records
+            .iter()
+            .map(|r| r.to_record().map_err(problem_error))
+            .collect()
+    }
+
+    async fn commit_step(
+        &self,
+        scope: &RunScope,
+        fence: Fence,
+        step: &Step,
+    ) -> Result<StepReceipt> {
+        let body = CommitStepBody {
+            fence: fence.get(),
+            step: step.into(),
+        };
+        let r: StepReceiptBody = self
+            .run_write("commit_step", Method::POST, scope, "/steps", &body)
+            .await?;
+        r.to_receipt().map_err(problem_error)
+    }
+}

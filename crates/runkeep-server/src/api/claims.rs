@@ -1,0 +1,145 @@
+//! Claims and the run lifecycle: claim (and renew), release, finish,
+//! snooze, enqueue, reopen, lease, lifecycle.
+
+use axum::extract::State;
+use axum::{Extension, Json};
+use runkeep::EnqueueOptions;
+use serde::Deserialize;
+
+use super::extract::{JsonBody, RunAddr, Q};
+use super::runs::ApiResult;
+use crate::auth::Principal;
+use crate::problem::Problem;
+use crate::state::AppState;
+use crate::wire::{self, ClaimAnswer, Done, LifecycleBody, MaybeLease};
+
+pub(super) fn checked<T>(state: &AppState, r: runkeep::Result<T>) -> Result<T, Problem> {
+    if let Err(e) = &r {
+        if e.is_fenced_out() {
+            state.metrics.record_fenced_out();
+        }
+    }
+    r.map_err(Problem::from)
+}
+
+pub(super) async fn claim(
+    State(state): State<AppState>,
+    RunAddr(scope): RunAddr,
+    JsonBody(body): JsonBody<wire::ClaimBody>,
+) -> ApiResult<ClaimAnswer> {
+    let options = body.to_options()?;
+    let outcome = state.store.claim(&scope, &options).await?;
+    let answer = ClaimAnswer::from(&outcome);
+    state.metrics.record_claim(answer.label());
+    Ok(Json(answer))
+}
+
+pub(super) async fn release(
+    State(state): State<AppState>,
+    Extension(principal): Extension<Principal>,
+    RunAddr(scope): RunAddr,
+    JsonBody(body): JsonBody<wire::ReleaseBody>,
+) -> ApiResult<Done> {
+    let fence = match wire::opt_fence("fence", body.fence)? {
+        Some(f) => f,
+        None => {
+            // An operator's release of whoever holds the run: the store
+            // still releases only the top holding's own fence.
+            principal.require(super::unfenced_role("release"))?;
+            match state.store.lease(&scope, state.store.now()).await? {
+                Some(l) if !l.holder.is_empty() => l.fence,
+                _ => return Ok(Json(Done { done: false })),
+            }
+        }
+    };
+    let done = state.store.release(&scope, fence).await?;
+    Ok(Json(Done { done }))
+}
+
+pub(super) async fn finish(
+    State(state): State<AppState>,
+    RunAddr(scope): RunAddr,
+    JsonBody(body): JsonBody<wire::FinishBody>,
+) -> ApiResult<LifecycleBody> {
+    let fence = wire::fence("fence", body.fence)?;
+    let outcome = (&body.outcome).into();
+    let l = checked(&state, state.store.finish(&scope, fence, &outcome).await)?;
+    Ok(Json((&l).into()))
+}
+
+pub(super) async fn snooze(
+    State(state): State<AppState>,
+    RunAddr(scope): RunAddr,
+    JsonBody(body): JsonBody<wire::SnoozeBody>,
+) -> ApiResult<Done> {
+    let fence = wire::fence("fence", body.fence)?;
+    let until = wire::instant("until", body.until)?;
+    let done = state.store.snooze(&scope, fence, until).await?;
+    Ok(Json(Done { done }))
+}
+
+pub(super) async fn enqueue(
+    State(state): State<AppState>,
+    RunAddr(scope): RunAddr,
+    JsonBody(body): JsonBody<wire::EnqueueBody>,
+) -> ApiResult<wire::CheckpointBody> {
+    let cp = body.checkpoint.to_checkpoint("checkpoint")?;
+    let options = EnqueueOptions {
+        available_at: body
+            .available_at
+            .map(|t| wire::instant("availableAt", t))
+            .transpose()?,
+        max_attempts: body.max_attempts,
+    };
+    let stored = state.store.enqueue(&scope, &cp, &options).await?;
+    Ok(Json((&stored).into()))
+}
+
+pub(super) async fn reopen(
+    State(state): State<AppState>,
+    RunAddr(scope): RunAddr,
+) -> ApiResult<LifecycleBody> {
+    let l = state.store.reopen(&scope).await?;
+    Ok(Json((&l).into()))
+}
+
+/// An optional instant.
+#[derive(Debug, Deserialize, utoipa::IntoParams)]
+#[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
+pub struct NowQuery {
+    /// Judge at this instant (epoch ms); the store's clock when absent.
+    now: Option<i64>,
+    /// The parent run, for a sub-run.
+    #[allow(dead_code)]
+    parent: Option<String>,
+}
+
+impl NowQuery {
+    pub(super) fn at(&self, state: &AppState) -> Result<runkeep::Timestamp, Problem> {
+        match self.now {
+            Some(n) => wire::instant("now", n),
+            None => Ok(state.store.now()),
+        }
+    }
+}
+
+pub(super) async fn lease(
+    State(state): State<AppState>,
+    RunAddr(scope): RunAddr,
+    Q(q): Q<NowQuery>,
+) -> ApiResult<MaybeLease> {
+    let now = q.at(&state)?;
+    let l = state.store.lease(&scope, now).await?;
+    Ok(Json(MaybeLease {
+        lease: l.as_ref().map(Into::into),
+    }))
+}
+
+pub(super) async fn lifecycle(
+    State(state): State<AppState>,
+    RunAddr(scope): RunAddr,
+) -> ApiResult<LifecycleBody> {
+    let l = state.store.lifecycle(&scope).await?;
+    Ok(Json((&l).into()))
+}

@@ -1,0 +1,225 @@
+//! The listing, a run's summary, `claim_next` (with its long-poll), the
+//! runnable wait, the store's clock and `whoami`.
+
+use std::time::Duration;
+
+use axum::extract::State;
+use axum::Extension;
+use axum::Json;
+use runkeep::{
+    ClaimNextFilter, ListOptions, ListingScope, ParkState, ProjectId, RunStatus, SessionId,
+    WatchTopic,
+};
+use serde::Deserialize;
+
+use super::events::MAX_WAIT_MS;
+use super::extract::{JsonBody, RunAddr, TenantParam, Q};
+use crate::auth::Principal;
+use crate::problem::Problem;
+use crate::state::AppState;
+use crate::wire::{self, ClaimNextAnswer, Claimed, RunPageBody, RunSummary, Waited};
+
+pub(super) type ApiResult<T> = Result<Json<T>, Problem>;
+
+/// The store's clock.
+pub(super) async fn clock(State(state): State<AppState>) -> Json<wire::Clock> {
+    Json(wire::Clock {
+        now: state.store.now().as_millis(),
+    })
+}
+
+/// Who the token is.
+pub(super) async fn whoami(Extension(p): Extension<Principal>) -> Json<wire::WhoAmI> {
+    Json(wire::WhoAmI {
+        tenant: p.tenant.to_string(),
+        role: p.role.as_str().to_string(),
+        token_id: p.token_id,
+    })
+}
+
+fn listing_scope(
+    tenant: runkeep::TenantId,
+    project: Option<&str>,
+    session: Option<&str>,
+) -> Result<ListingScope, Problem> {
+    let project = project
+        .map(ProjectId::new)
+        .transpose()
+        .map_err(|e| Problem::from(e).with_field("project"))?;
+    let session = session
+        .map(SessionId::new)
+        .transpose()
+        .map_err(|e| Problem::from(e).with_field("session"))?;
+    ListingScope::from_parts(tenant, project, session)
+        .map_err(|e| Problem::from(e).with_field("session"))
+}
+
+fn csv<T: std::str::FromStr<Err = runkeep::Error>>(
+    field: &str,
+    v: Option<&str>,
+) -> Result<Option<Vec<T>>, Problem> {
+    v.map(|s| {
+        s.split(',')
+            .filter(|x| !x.is_empty())
+            .map(|x| {
+                x.parse::<T>()
+                    .map_err(|e| Problem::from(e).with_field(field))
+            })
+            .collect::<Result<Vec<T>, Problem>>()
+    })
+    .transpose()
+}
+
+/// The listing's query.
+#[derive(Debug, Deserialize, utoipa::IntoParams)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
+pub struct ListQuery {
+    /// Only this project.
+    project: Option<String>,
+    /// Only this session (needs `project`).
+    session: Option<String>,
+    /// `runId` (default) or `createdAt`.
+    order: Option<String>,
+    /// Park states, comma-separated (`outstanding,expired`).
+    park: Option<String>,
+    /// `true`: only runs held live; `false`: only runs nobody holds.
+    claimed: Option<bool>,
+    /// Statuses, comma-separated (`active,failed`).
+    status: Option<String>,
+    /// Page size (default 100, at most 1000).
+    limit: Option<usize>,
+    /// The cursor of the previous page.
+    cursor: Option<String>,
+    /// Judge expiry at this instant (epoch ms) instead of the store's clock.
+    now: Option<i64>,
+}
+
+pub(super) async fn list_runs(
+    State(state): State<AppState>,
+    TenantParam(tenant): TenantParam,
+    Q(q): Q<ListQuery>,
+) -> ApiResult<RunPageBody> {
+    let scope = listing_scope(tenant, q.project.as_deref(), q.session.as_deref())?;
+    let options = ListOptions {
+        order: q
+            .order
+            .as_deref()
+            .map(str::parse)
+            .transpose()
+            .map_err(|e: runkeep::Error| Problem::from(e).with_field("order"))?
+            .unwrap_or_default(),
+        park: csv::<ParkState>("park", q.park.as_deref())?,
+        claimed: q.claimed,
+        limit: q.limit,
+        cursor: q.cursor,
+        now: q.now.map(|n| wire::instant("now", n)).transpose()?,
+        status: csv::<RunStatus>("status", q.status.as_deref())?,
+    };
+    let page = state.store.list_runs(&scope, &options).await?;
+    Ok(Json((&page).into()))
+}
+
+pub(super) async fn claim_next(
+    State(state): State<AppState>,
+    TenantParam(tenant): TenantParam,
+    JsonBody(body): JsonBody<wire::ClaimNextBody>,
+) -> ApiResult<ClaimNextAnswer> {
+    let scope = listing_scope(tenant, body.project.as_deref(), body.session.as_deref())?;
+    let filter = ClaimNextFilter {
+        park: body
+            .park
+            .as_ref()
+            .map(|v| v.iter().map(|p| (*p).into()).collect()),
+        order: body.order.into(),
+    };
+    let options = body.claim.to_options()?;
+    let wait = body.wait_ms.unwrap_or(0);
+    if wait > MAX_WAIT_MS {
+        return Err(Problem::invalid(
+            "waitMs",
+            format!("waitMs {wait} is above the limit of {MAX_WAIT_MS} ms; wait again instead"),
+        ));
+    }
+    let deadline = tokio::time::Instant::now() + Duration::from_millis(wait);
+    loop {
+        // Subscribe before looking, so a run made runnable in between wakes us.
+        let mut watch = state.store.watch(&WatchTopic::Runnable(scope.clone()));
+        let got = state.store.claim_next(&scope, &filter, &options).await?;
+        if let Some((run, lease)) = got {
+            state.metrics.record_claim("acquired");
+            return Ok(Json(ClaimNextAnswer {
+                claimed: Some(Claimed {
+                    run: (&run).into(),
+                    lease: (&lease).into(),
+                }),
+            }));
+        }
+        if tokio::time::Instant::now() >= deadline {
+            state.metrics.record_claim("empty");
+            return Ok(Json(ClaimNextAnswer { claimed: None }));
+        }
+        let _ = tokio::time::timeout_at(deadline, watch.changed()).await;
+    }
+}
+
+/// The runnable wait's query.
+#[derive(Debug, Deserialize, utoipa::IntoParams)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
+pub struct WaitRunnableQuery {
+    /// Only this project.
+    project: Option<String>,
+    /// Only this session (needs `project`).
+    session: Option<String>,
+    /// Wait at most this long, ms (at most 30 000; default 25 000).
+    timeout_ms: Option<u64>,
+}
+
+pub(super) async fn wait_runnable(
+    State(state): State<AppState>,
+    TenantParam(tenant): TenantParam,
+    Q(q): Q<WaitRunnableQuery>,
+) -> ApiResult<Waited> {
+    let scope = listing_scope(tenant, q.project.as_deref(), q.session.as_deref())?;
+    let timeout = super::events::bounded_wait(q.timeout_ms)?;
+    let mut watch = state.store.watch(&WatchTopic::Runnable(scope));
+    let changed = tokio::time::timeout(timeout, watch.changed()).await.is_ok();
+    Ok(Json(Waited {
+        changed,
+        last_seq: None,
+    }))
+}
+
+pub(super) async fn summary(
+    State(state): State<AppState>,
+    RunAddr(scope): RunAddr,
+) -> ApiResult<RunSummary> {
+    let now = state.store.now();
+    let lease = state.store.lease(&scope, now).await?;
+    let lifecycle = state.store.lifecycle(&scope).await?;
+    let latest = state.store.latest_checkpoint(&scope).await?;
+    if lease.is_none() && latest.is_none() && lifecycle == runkeep::Lifecycle::default() {
+        return Err(Problem::no_such_run());
+    }
+    let pending = state.store.find_pending(&scope, now).await?;
+    let events = state
+        .store
+        .read_events(
+            &scope,
+            &runkeep::ReadEventsOptions {
+                since_seq: u64::MAX,
+                ..Default::default()
+            },
+        )
+        .await?;
+    Ok(Json(RunSummary {
+        run: (&scope).into(),
+        lease: lease.as_ref().map(Into::into),
+        lifecycle: (&lifecycle).into(),
+        latest_checkpoint: latest.as_ref().map(Into::into),
+        pending: pending.as_ref().map(Into::into),
+        last_seq: events.last_seq,
+        now: now.as_millis(),
+    }))
+}
