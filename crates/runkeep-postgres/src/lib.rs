@@ -628,10 +628,7 @@ impl PgStore {
         };
         let query = ListQuery::new(scope, &options.judged_at(|| now))?;
         let listing = Listing::of(scope, &query);
-        let after = match &query.after {
-            Some(k) => After::Cursor(k.clone()),
-            None => After::None,
-        };
+        let after = After::of_cursor(query.after.as_ref());
         let fetch = i64::try_from(query.limit + 1).unwrap_or(i64::MAX);
         let (sql, params) = listing.sql_and_params(&after, fetch, false);
         self.explain(&c, &sql, &params).await
@@ -1148,6 +1145,19 @@ enum After {
     Row(RowKey, String, String),
 }
 
+impl After {
+    /// Where a user's cursor continues: strictly after its key, and after
+    /// its project and session too when it carries them (the core's
+    /// tie-break between runs of one id in different sessions).
+    fn of_cursor(key: Option<&RowKey>) -> Self {
+        match key {
+            None => After::None,
+            Some(k) if k.has_tie() => After::Row(k.clone(), k.project.clone(), k.session.clone()),
+            Some(k) => After::Cursor(k.clone()),
+        }
+    }
+}
+
 impl Listing<'_> {
     const COLS: &'static str = "project_id, session_id, run_id, parent_id, top_kind, top_fence, holder, expires_at, lifecycle, digest";
 
@@ -1528,10 +1538,7 @@ impl CheckpointStore for PgStore {
         let query = ListQuery::new(scope, &options.judged_at(|| now))?;
         let listing = Listing::of(scope, &query);
         let fetch = i64::try_from(query.limit + 1).unwrap_or(i64::MAX);
-        let mut after = match &query.after {
-            Some(k) => After::Cursor(k.clone()),
-            None => After::None,
-        };
+        let mut after = After::of_cursor(query.after.as_ref());
         let mut out: Vec<(RowKey, RunRow)> = Vec::new();
         loop {
             let (sql, params) = listing.sql_and_params(&after, fetch, false);

@@ -12,7 +12,10 @@
 //!   runs come first; a recorded `0` sorts after all of them.
 //!
 //! The parent is part of the key, so the same run id under two parents pages
-//! correctly.
+//! correctly. Across sessions (a tenant or project listing) the same run id
+//! may recur, so a row's key ends with its project and session
+//! ([`RowKey::project`], [`RowKey::session`]): the order is total over a
+//! whole tenant, and a page boundary between two such rows loses neither.
 //!
 //! # Cursor
 //!
@@ -26,7 +29,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::checkpoint::{CheckpointHeader, FenceHistory, OrderKey};
 use crate::error::{Error, Result};
-use crate::id::{CheckpointId, RunId};
+use crate::id::{CheckpointId, ProjectId, RunId, SessionId};
 use crate::lease::{LeaseSummary, TopHolding};
 use crate::lifecycle::{Lifecycle, RunStatus};
 use crate::park::{park_precedence, ParkState, ParkSummary};
@@ -202,6 +205,7 @@ impl RunRow {
             self.scope.parent_run_id.as_ref(),
             self.run_created_at,
         )
+        .in_session(&self.scope.project_id, &self.scope.session_id)
     }
 
     /// True when nobody holds the run live at the page's instant.
@@ -232,6 +236,16 @@ pub struct RowKey {
     pub run_id: String,
     /// Parent id, empty for a top-level run.
     pub parent: String,
+    /// The row's project: breaks ties between runs of the same id in
+    /// different sessions of a tenant or project listing. Empty in a key
+    /// built by [`RowKey::new`] alone (a single session's walk, which needs
+    /// no tie-break) and in cursors issued before it existed; see
+    /// [`ListQuery::is_after_cursor`] for how an empty one compares.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub project: String,
+    /// The row's session (the tie-break's second part, with `project`).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub session: String,
 }
 
 impl RowKey {
@@ -251,7 +265,63 @@ impl RowKey {
             stamp,
             run_id: run.to_string(),
             parent: parent.map(|p| p.to_string()).unwrap_or_default(),
+            project: String::new(),
+            session: String::new(),
         }
+    }
+
+    /// This key with the tie-break of a row in `project`/`session`.
+    pub fn in_session(mut self, project: &ProjectId, session: &SessionId) -> Self {
+        self.project = project.to_string();
+        self.session = session.to_string();
+        self
+    }
+
+    /// True when the key carries the project/session tie-break.
+    pub fn has_tie(&self) -> bool {
+        !self.project.is_empty() || !self.session.is_empty()
+    }
+
+    /// The key without its tie-break: `(rank, stamp, run_id, parent)`.
+    fn base(&self) -> (u8, i64, &str, &str) {
+        (self.rank, self.stamp, &self.run_id, &self.parent)
+    }
+
+    /// This key without its tie-break.
+    pub fn without_tie(&self) -> RowKey {
+        RowKey {
+            project: String::new(),
+            session: String::new(),
+            ..self.clone()
+        }
+    }
+
+    /// A key just below this one (without a tie-break): no run's key lies
+    /// between the two, so a cursor there continues with this key's own
+    /// run. What continues one session's listing at a run that a cursor of
+    /// a wider listing stopped at in an earlier session. It holds a
+    /// character no id can hold (ids are ASCII, the module's id rule), so
+    /// it is never a row's key.
+    pub fn just_before(&self) -> RowKey {
+        // The largest string below an id: its last character lowered by
+        // one, followed by the highest character. Every id character is at
+        // least `-`, so the lowered one is still a character.
+        fn below(s: &str) -> String {
+            let mut out: String = s.chars().take(s.chars().count().saturating_sub(1)).collect();
+            if let Some(last) = s.chars().last() {
+                out.push(char::from_u32(u32::from(last) - 1).unwrap_or('\0'));
+            }
+            out.push(char::MAX);
+            out
+        }
+        let mut k = self.without_tie();
+        if k.parent.is_empty() {
+            k.run_id = below(&k.run_id);
+            k.parent = char::MAX.to_string();
+        } else {
+            k.parent = below(&k.parent);
+        }
+        k
     }
 }
 
@@ -420,6 +490,20 @@ struct CursorBody {
 
 const CURSOR_PREFIX: &str = "rk1.";
 
+/// The checksum of a cursor body. The tie-break joins the summed parts only
+/// when the key has one, so a cursor issued without it stays valid.
+fn key_checksum(order: &str, filters: &str, scope: &str, k: &RowKey) -> String {
+    let (rank, stamp) = (k.rank.to_string(), k.stamp.to_string());
+    let mut parts = vec![
+        "v1", order, filters, scope, &rank, &stamp, &k.run_id, &k.parent,
+    ];
+    if k.has_tie() {
+        parts.push(&k.project);
+        parts.push(&k.session);
+    }
+    checksum(&parts)
+}
+
 fn checksum(parts: &[&str]) -> String {
     // FNV-1a 64 over the parts with separators: detects edits and damage. It
     // is not a secret; it makes a cursor something only a listing issues.
@@ -522,16 +606,12 @@ impl ListQuery {
     }
 
     fn body_checksum(&self, k: &RowKey) -> String {
-        checksum(&[
-            "v1",
+        key_checksum(
             self.order.code(),
             &self.filter_digest(),
             &self.scope.to_string(),
-            &k.rank.to_string(),
-            &k.stamp.to_string(),
-            &k.run_id,
-            &k.parent,
-        ])
+            k,
+        )
     }
 
     /// Encodes a cursor positioned at `key`.
@@ -569,18 +649,7 @@ impl ListQuery {
                 body.v
             )));
         }
-        if body.c
-            != checksum(&[
-                "v1",
-                &body.o,
-                &body.f,
-                &body.s,
-                &body.k.rank.to_string(),
-                &body.k.stamp.to_string(),
-                &body.k.run_id,
-                &body.k.parent,
-            ])
-        {
+        if body.c != key_checksum(&body.o, &body.f, &body.s, &body.k) {
             return Err(Error::invalid(format!(
                 "cursor {cursor:?} is malformed: its checksum does not match (edited or damaged)"
             )));
@@ -634,8 +703,26 @@ impl ListQuery {
     }
 
     /// True when a row with `key` lies after the cursor.
+    ///
+    /// Keys compare as `(rank, stamp, run_id, parent)`, then by the
+    /// tie-break `(project, session)` when both the key and the cursor
+    /// carry one. A key without it (a single session's walk builds its keys
+    /// with [`RowKey::new`]) is not after a cursor at the same run; a
+    /// cursor without it (one issued before the tie-break existed, or by a
+    /// single session) continues strictly after its run, as it always did.
     pub fn is_after_cursor(&self, key: &RowKey) -> bool {
-        self.after.as_ref().is_none_or(|a| key > a)
+        let Some(a) = &self.after else {
+            return true;
+        };
+        match key.base().cmp(&a.base()) {
+            std::cmp::Ordering::Greater => true,
+            std::cmp::Ordering::Less => false,
+            std::cmp::Ordering::Equal => {
+                a.has_tie()
+                    && key.has_tie()
+                    && (&key.project, &key.session) > (&a.project, &a.session)
+            }
+        }
     }
 
     /// Builds a page from candidate rows in any order: filters, orders,
@@ -739,6 +826,8 @@ mod tests {
                 stamp: 0,
                 run_id: "run_z".into(),
                 parent: String::new(),
+                project: String::new(),
+                session: String::new(),
             },
             c: "0000000000000000".into(),
         };
