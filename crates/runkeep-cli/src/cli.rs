@@ -136,6 +136,11 @@ pub enum Command {
     Doctor(doctor::DoctorArgs),
     /// Prove the guarantees under crashes: worker processes killed and stalled at random, then an audit.
     Soak(crate::soak::SoakArgs),
+    /// Serve the store over HTTP: the JSON API under /v1, /healthz, /readyz, /metrics, /openapi.json.
+    Serve(commands::serve::ServeArgs),
+    /// Bearer tokens of `runkeep serve`: create (the secret is shown once), list, revoke.
+    #[command(subcommand)]
+    Token(commands::token::TokenCommand),
     /// One worker process of a soak (internal).
     #[command(hide = true)]
     SoakWorker(crate::soak::SoakWorkerArgs),

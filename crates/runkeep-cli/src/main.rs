@@ -58,6 +58,8 @@ async fn dispatch(cli: Cli) -> CliResult<Exit> {
         Command::Doctor(args) => doctor::run(&ctx, args).await,
         Command::Soak(args) => soak::run(&ctx, args).await,
         Command::SoakWorker(args) => soak::run_worker(&ctx, args).await,
+        Command::Serve(args) => commands::serve::run(&ctx, args).await,
+        Command::Token(command) => commands::token::run(&ctx, command).await,
     }
 }
 

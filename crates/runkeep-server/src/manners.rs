@@ -181,7 +181,9 @@ async fn track(State(metrics): State<Arc<Metrics>>, req: Request, next: Next) ->
         latency_ms = tracing::field::Empty,
     );
     let started = Instant::now();
+    let in_flight = metrics.request_started();
     let response = next.run(req).instrument(span.clone()).await;
+    drop(in_flight);
     let elapsed = started.elapsed();
     let status = response.status().as_u16();
     span.record("status", status);
@@ -296,7 +298,10 @@ async fn request_timeout(
             let mut p = if writes {
                 Problem::new(ProblemType::Unavailable, format!("outcome unknown: the store did not answer within {secs} s; the write may have been stored, so read it back before repeating it"))
             } else {
-                Problem::new(ProblemType::Unavailable, format!("the store did not answer within {secs} s; retry"))
+                Problem::new(
+                    ProblemType::Unavailable,
+                    format!("the store did not answer within {secs} s; retry"),
+                )
             };
             p.outcome_unknown = writes;
             p.into_response()

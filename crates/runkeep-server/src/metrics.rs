@@ -15,6 +15,7 @@
 //! | `runkeep_sse_clients` | gauge | | Server-Sent Events tails connected now |
 //! | `runkeep_http_requests_total` | counter | `method`, `route`, `status` | every request answered; `route` is the matched route template (`/v1/…/{run}`), never the raw path, so the label set stays bounded |
 //! | `runkeep_http_request_seconds` | histogram | `method`, `route` | time to the response head |
+//! | `runkeep_http_requests_in_flight` | gauge | | requests between their head and their response head now (a scrape counts itself) |
 //! | `runkeep_http_rejected_total` | counter | `reason` | requests refused by the server's manners: `overloaded` (503), `body_too_large` (413), `timeout` (408/503) |
 //!
 //! The `prometheus` crate (tikv's, without its protobuf feature) does the
@@ -43,6 +44,7 @@ pub struct Metrics {
     sse_clients: IntGauge,
     requests: IntCounterVec,
     request_seconds: HistogramVec,
+    in_flight: IntGauge,
     rejected: IntCounterVec,
 }
 
@@ -63,12 +65,15 @@ fn must<T>(r: prometheus::Result<T>) -> T {
 impl Metrics {
     /// Fresh counters, all zero.
     pub fn new() -> Self {
-        let registry = Registry::new_custom(Some("runkeep".into()), None)
-            .unwrap_or_else(|_| Registry::new());
+        let registry =
+            Registry::new_custom(Some("runkeep".into()), None).unwrap_or_else(|_| Registry::new());
         // 0.5 ms … ~8 s, doubling.
         let latency = must(exponential_buckets(0.0005, 2.0, 15));
         let claims = must(IntCounterVec::new(
-            Opts::new("claims_total", "Claims and claim_next answered, by outcome."),
+            Opts::new(
+                "claims_total",
+                "Claims and claim_next answered, by outcome.",
+            ),
             &["outcome"],
         ));
         let fenced_out = must(IntCounter::new(
@@ -101,6 +106,10 @@ impl Metrics {
             .buckets(latency),
             &["method", "route"],
         ));
+        let in_flight = must(IntGauge::new(
+            "http_requests_in_flight",
+            "Requests between their head and their response head now.",
+        ));
         let rejected = must(IntCounterVec::new(
             Opts::new(
                 "http_rejected_total",
@@ -115,6 +124,7 @@ impl Metrics {
             Box::new(sse_clients.clone()),
             Box::new(requests.clone()),
             Box::new(request_seconds.clone()),
+            Box::new(in_flight.clone()),
             Box::new(rejected.clone()),
         ] {
             must(registry.register(c));
@@ -127,6 +137,7 @@ impl Metrics {
             sse_clients,
             requests,
             request_seconds,
+            in_flight,
             rejected,
         }
     }
@@ -174,6 +185,15 @@ impl Metrics {
             .observe(elapsed.as_secs_f64());
     }
 
+    /// A request entered the server; the guard counts it in
+    /// `runkeep_http_requests_in_flight` until dropped.
+    pub fn request_started(self: &Arc<Self>) -> InFlightGuard {
+        self.in_flight.inc();
+        InFlightGuard {
+            metrics: self.clone(),
+        }
+    }
+
     /// A request the server's limits refused: `overloaded`,
     /// `body_too_large` or `timeout`.
     pub fn record_rejected(&self, reason: &'static str) {
@@ -191,6 +211,18 @@ impl Metrics {
         // Encoding plain counters into a Vec cannot fail.
         let _ = TextEncoder::new().encode(&self.registry.gather(), &mut out);
         String::from_utf8(out).unwrap_or_default()
+    }
+}
+
+/// Counts one request in flight while alive ([`Metrics::request_started`]).
+#[derive(Debug)]
+pub struct InFlightGuard {
+    metrics: Arc<Metrics>,
+}
+
+impl Drop for InFlightGuard {
+    fn drop(&mut self) {
+        self.metrics.in_flight.dec();
     }
 }
 
@@ -244,7 +276,10 @@ mod tests {
         let g2 = m.sse_client_owned();
         m.record_request("GET", "/v1/runs", 200, Duration::from_millis(1));
         m.record_rejected("overloaded");
+        let in_flight = m.request_started();
         let text = m.render();
+        assert_eq!(sample(&text, "runkeep_http_requests_in_flight"), Some(1.0));
+        drop(in_flight);
         assert_eq!(
             sample(&text, r#"runkeep_claims_total{outcome="acquired"}"#),
             Some(2.0)

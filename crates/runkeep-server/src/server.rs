@@ -55,6 +55,9 @@ use crate::metrics::Metrics;
 use crate::state::AppState;
 use crate::tokens::{TokenFile, TokenStore, DEFAULT_RELOAD_EVERY};
 
+/// How much longer than the longest long-poll the request timeout must be.
+pub const LONG_POLL_MARGIN: Duration = Duration::from_secs(5);
+
 /// Default `--listen`.
 pub const DEFAULT_LISTEN: &str = "127.0.0.1:7420";
 
@@ -71,7 +74,9 @@ pub struct ServerConfig {
     pub body_limit: usize,
     /// Longest a request may take up to its response head, body upload
     /// included (408 for a body not received, 503 for a store that did not
-    /// answer). Default 30 s. A long-polling `claim_next` must wait less.
+    /// answer). Default 60 s. [`Server::bind`] refuses one that does not
+    /// exceed the API's longest long-poll ([`crate::api::MAX_WAIT_MS`]) by
+    /// [`LONG_POLL_MARGIN`], so a waiting `claim_next` is never cut off.
     pub request_timeout: Duration,
     /// Longest a client may take to send a request head, and to stay idle
     /// on a kept-alive connection; then it is disconnected. Default 10 s.
@@ -98,7 +103,7 @@ impl Default for ServerConfig {
         Self {
             listen: SocketAddr::from(([127, 0, 0, 1], 7420)),
             body_limit: crate::api::DEFAULT_BODY_LIMIT,
-            request_timeout: Duration::from_secs(30),
+            request_timeout: Duration::from_secs(60),
             header_read_timeout: Duration::from_secs(10),
             concurrency_limit: 256,
             shutdown_grace: Duration::from_secs(30),
@@ -118,6 +123,32 @@ fn default_tenant() -> TenantId {
 }
 
 impl ServerConfig {
+    /// Refuses a configuration the API cannot be served with: a request
+    /// timeout that would cut off a long-poll, a zero concurrency limit or
+    /// body limit.
+    pub fn check(&self) -> Result<(), ServeError> {
+        let longest = Duration::from_millis(crate::api::MAX_WAIT_MS) + LONG_POLL_MARGIN;
+        if self.request_timeout < longest {
+            return Err(ServeError::Config(format!(
+                "the request timeout ({} ms) must be at least {} ms: the API's long-polls (claim_next and runnable/wait) wait up to {} ms and would be cut off",
+                self.request_timeout.as_millis(),
+                longest.as_millis(),
+                crate::api::MAX_WAIT_MS
+            )));
+        }
+        if self.concurrency_limit == 0 {
+            return Err(ServeError::Config(
+                "a concurrency limit of 0 would refuse every request; give at least 1".into(),
+            ));
+        }
+        if self.body_limit == 0 {
+            return Err(ServeError::Config(
+                "a body limit of 0 bytes would refuse every write; give at least 1".into(),
+            ));
+        }
+        Ok(())
+    }
+
     /// The limits [`manners::apply`] enforces.
     pub fn limits(&self) -> Limits {
         Limits {
@@ -218,7 +249,10 @@ async fn readyz(State(r): State<Readiness>) -> Response {
             Err(error_kind(&e))
         }
         Err(_) => {
-            tracing::warn!(timeout_ms = r.timeout.as_millis() as u64, "readiness: the store did not answer in time");
+            tracing::warn!(
+                timeout_ms = r.timeout.as_millis() as u64,
+                "readiness: the store did not answer in time"
+            );
             Err("timeout")
         }
     };
@@ -251,12 +285,16 @@ pub struct Server {
 }
 
 impl Server {
-    /// Binds `config.listen` and builds [`app_with_shutdown`] around
-    /// `state`.
-    pub async fn bind(config: ServerConfig, state: AppState) -> std::io::Result<Self> {
+    /// Checks `config` ([`ServerConfig::check`]), binds `config.listen`
+    /// and builds [`app_with_shutdown`] around `state`.
+    pub async fn bind(config: ServerConfig, state: AppState) -> Result<Self, ServeError> {
+        config.check()?;
         let streams = CancellationToken::new();
         let router = app_with_shutdown(state, &config, streams.clone());
-        Self::bind_router(config, router, streams).await
+        let address = config.listen;
+        Self::bind_router(config, router, streams)
+            .await
+            .map_err(|source| ServeError::Io { address, source })
     }
 
     /// Binds `config.listen` to serve `router` as it is (tests serve routes
@@ -327,7 +365,10 @@ impl Server {
         drop(listener);
         streams.cancel();
         let open = graceful.count();
-        tracing::info!(connections = open, "shutting down: waiting for requests in flight");
+        tracing::info!(
+            connections = open,
+            "shutting down: waiting for requests in flight"
+        );
         tokio::select! {
             () = graceful.shutdown() => {
                 tracing::info!("every connection closed");
@@ -376,6 +417,9 @@ pub enum ServeError {
     /// The token file cannot be read.
     #[error(transparent)]
     Tokens(#[from] crate::tokens::TokenError),
+    /// The configuration cannot be served ([`ServerConfig::check`]).
+    #[error("{0}")]
+    Config(String),
     /// Binding or serving failed.
     #[error("listen on {address}: {source}")]
     Io {
@@ -395,8 +439,11 @@ pub async fn serve(
     shutdown: impl std::future::Future<Output = ()>,
 ) -> Result<(), ServeError> {
     let address = config.listen;
-    let io = |source| ServeError::Io { address, source };
     let state = state(&config, store)?;
-    let server = Server::bind(config, state).await.map_err(io)?;
-    server.run(shutdown).await.map_err(io).map(|_| ())
+    let server = Server::bind(config, state).await?;
+    server
+        .run(shutdown)
+        .await
+        .map_err(|source| ServeError::Io { address, source })
+        .map(|_| ())
 }

@@ -18,7 +18,9 @@ pub mod park;
 pub mod prune;
 pub mod runs;
 pub mod seed;
+pub mod serve;
 pub mod show;
+pub mod token;
 
 /// True when the store holds anything for the run: a checkpoint, a lease, an
 /// event or a run record. Reads only.

@@ -1,0 +1,154 @@
+//! `runkeep serve`: the store over HTTP (`runkeep_server`).
+//!
+//! Opens the store like every command (`--store`, creating a missing
+//! directory; a PostgreSQL schema must have been migrated), makes sure the
+//! token file holds a token (started with none, it creates an operator
+//! token for `--tenant` and prints it once), prints the address it listens
+//! on (`listening on http://ADDR`, the real port when `--listen` asks for
+//! port 0), and serves until SIGTERM or Ctrl-C, then shuts down gracefully:
+//! new connections are refused, event streams are ended, requests in flight
+//! finish (for up to `--shutdown-grace`), exit 0.
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use clap::Args;
+use runkeep_server::auth::Role;
+use runkeep_server::server::{self, Server, ServerConfig, Stopped};
+use runkeep_server::tokens::TokenFile;
+use serde_json::json;
+
+use crate::commands::token::{token_error, TokenFileArg};
+use crate::context::Ctx;
+use crate::duration::parse_duration;
+use crate::error::{CliError, CliResult, Exit};
+use crate::output::{emit, emit_json_line, warn};
+use crate::store::StoreAddress;
+
+/// `runkeep serve`.
+#[derive(Args, Debug)]
+pub struct ServeArgs {
+    /// Address to listen on; port 0 picks a free port (the bound address is printed).
+    #[arg(long, default_value = server::DEFAULT_LISTEN, value_name = "ADDR")]
+    pub listen: SocketAddr,
+    #[command(flatten)]
+    pub file: TokenFileArg,
+    /// Largest request body in bytes (413 above it).
+    #[arg(long, default_value_t = runkeep_server::api::DEFAULT_BODY_LIMIT, value_name = "BYTES")]
+    pub body_limit: usize,
+    /// Longest a request may take up to its answer, body upload included (408 / 503 after it); at least 35s (long-polls wait up to 30s).
+    #[arg(long, default_value = "60s", value_parser = parse_duration, value_name = "DURATION")]
+    pub request_timeout: Duration,
+    /// Longest a client may take to send a request head or stay idle on a connection.
+    #[arg(long, default_value = "10s", value_parser = parse_duration, value_name = "DURATION")]
+    pub header_timeout: Duration,
+    /// Most requests served at once (503 with Retry-After above it).
+    #[arg(long, default_value_t = 256, value_name = "N")]
+    pub max_concurrent: usize,
+    /// Longest a shutdown waits for requests in flight.
+    #[arg(long, default_value = "30s", value_parser = parse_duration, value_name = "DURATION")]
+    pub shutdown_grace: Duration,
+    /// How often the token file is looked at: the longest a `runkeep token revoke` takes to reach the server.
+    #[arg(long, default_value = "1s", value_parser = parse_duration, value_name = "DURATION")]
+    pub token_reload: Duration,
+}
+
+fn serve_error(e: server::ServeError) -> CliError {
+    match e {
+        server::ServeError::Tokens(t) => token_error(t),
+        server::ServeError::Config(message) => CliError::usage(message)
+            .hint("see `runkeep serve --help` for the limits and their defaults"),
+        e @ server::ServeError::Io { .. } => CliError::config(e.to_string()).hint(
+            "pick another --listen address or port (port 0 picks a free one), or stop what uses it",
+        ),
+        other => CliError::failed(other.to_string()),
+    }
+}
+
+/// Runs `runkeep serve`.
+pub async fn run(ctx: &Ctx, args: ServeArgs) -> CliResult<Exit> {
+    let config = ServerConfig {
+        listen: args.listen,
+        body_limit: args.body_limit,
+        request_timeout: args.request_timeout,
+        header_read_timeout: args.header_timeout,
+        concurrency_limit: args.max_concurrent,
+        shutdown_grace: args.shutdown_grace,
+        tokens: args.file.tokens.clone(),
+        token_reload_every: args.token_reload,
+        readiness_scope: ctx.scope.listing()?,
+        ..ServerConfig::default()
+    };
+    config.check().map_err(serve_error)?;
+    // A directory (or memory) store is created on first use; a PostgreSQL
+    // schema is only migrated by `runkeep migrate`.
+    let opened = match &ctx.global.store {
+        StoreAddress::Postgres(_) => ctx.store().await?,
+        _ => ctx.store_creating().await?,
+    };
+
+    let file = TokenFile::new(&args.file.tokens);
+    let tokens = file.list().map_err(token_error)?;
+    if tokens.is_empty() {
+        let created = file
+            .create(&ctx.scope.tenant, Role::Operator, Some("first start"))
+            .map_err(token_error)?;
+        let r = &created.record;
+        if ctx.json() {
+            emit_json_line(&json!({
+                "event": "token-created",
+                "id": r.id,
+                "tenant": r.tenant,
+                "role": r.role,
+                "tokens": file.path(),
+                "token": created.secret(),
+            }))?;
+        } else {
+            emit(&format!(
+                "No token was configured, so this is the first one: an operator token for tenant {} (id {}), stored hashed in {}. It is shown only now; keep it secret:\n\n    {}\n\nSend it as `Authorization: Bearer <token>`. Create others with `runkeep token create --tenant T --role worker|operator|reader`, list them with `runkeep token list`, revoke one with `runkeep token revoke ID`.\n\n",
+                r.tenant,
+                r.id,
+                file.path().display(),
+                created.secret()
+            ))?;
+        }
+    } else if tokens.iter().all(|t| !t.is_active()) {
+        warn(&format!(
+            "every token in {} is revoked: every API request will be refused (401); create one with `runkeep token create --role operator`",
+            file.path().display()
+        ));
+    }
+
+    let state = server::state(&config, opened.store.clone()).map_err(serve_error)?;
+    let server = Server::bind(config, state).await.map_err(serve_error)?;
+    let address = server
+        .local_addr()
+        .map_err(|e| CliError::failed(format!("the listening socket has no address: {e}")))?;
+    if ctx.json() {
+        emit_json_line(&json!({
+            "event": "listening",
+            "address": format!("http://{address}"),
+            "store": ctx.global.store.to_string(),
+        }))?;
+    } else {
+        emit(&format!(
+            "runkeep serve: {} for tenant routes under /v1; listening on http://{address} (SIGTERM or Ctrl-C stops it)\n",
+            ctx.global.store
+        ))?;
+    }
+    let stopped = server
+        .run(runkeep_server::manners::shutdown_signal())
+        .await
+        .map_err(|e| CliError::failed(format!("serving on {address}: {e}")))?;
+    match stopped {
+        Stopped::Drained => {
+            if !ctx.json() {
+                emit("runkeep serve: stopped; every request in flight was answered\n")?;
+            }
+        }
+        Stopped::GraceElapsed { connections } => warn(&format!(
+            "stopped after --shutdown-grace with requests still in flight ({connections} connection(s) were open at the signal)"
+        )),
+    }
+    Ok(Exit::Ok)
+}
