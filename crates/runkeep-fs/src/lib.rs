@@ -74,9 +74,11 @@ mod checkpoints;
 mod claims;
 mod diagnose;
 mod documents;
+mod index;
 mod listing;
 mod lock;
 mod queue;
+mod root;
 mod run_state;
 mod steps;
 mod sys;
@@ -89,6 +91,10 @@ mod watching;
 pub mod testing;
 
 pub use diagnose::Diagnosis;
+pub use root::{
+    FsRootOptions, FsRootStore, MAX_WATCHED_SESSIONS, ROOT_LAYOUT_VERSION, ROOT_MARKER,
+    SESSION_RUNS_DIR,
+};
 
 use lock::{Mode, RunLock};
 use sys::Ctx;
@@ -169,6 +175,10 @@ pub(crate) struct Inner {
     poisoned: Mutex<Option<String>>,
     clock: Arc<dyn Clock>,
     no_inotify: AtomicBool,
+    /// The session index the listing and `claim_next` consult.
+    index: index::SessionIndex,
+    /// Test seam: never use the index (the walk).
+    no_index: AtomicBool,
 }
 
 impl FsStore {
@@ -190,6 +200,7 @@ impl FsStore {
                 base = cwd.join(base);
             }
         }
+        root::refuse_root_as_session(&base)?;
         if options.read_only {
             match std::fs::metadata(&base) {
                 Ok(m) if m.is_dir() => {}
@@ -219,6 +230,8 @@ impl FsStore {
                     poisoned: Mutex::new(None),
                     clock: options.clock.unwrap_or_else(|| Arc::new(SystemClock)),
                     no_inotify: AtomicBool::new(false),
+                    index: index::SessionIndex::default(),
+                    no_index: AtomicBool::new(false),
                 }),
             });
         }
@@ -244,6 +257,8 @@ impl FsStore {
                 poisoned: Mutex::new(None),
                 clock: options.clock.unwrap_or_else(|| Arc::new(SystemClock)),
                 no_inotify: AtomicBool::new(false),
+                index: index::SessionIndex::default(),
+                no_index: AtomicBool::new(false),
             }),
         })
     }
