@@ -307,7 +307,10 @@ impl RowKey {
         // one, followed by the highest character. Every id character is at
         // least `-`, so the lowered one is still a character.
         fn below(s: &str) -> String {
-            let mut out: String = s.chars().take(s.chars().count().saturating_sub(1)).collect();
+            let mut out: String = s
+                .chars()
+                .take(s.chars().count().saturating_sub(1))
+                .collect();
             if let Some(last) = s.chars().last() {
                 out.push(char::from_u32(u32::from(last) - 1).unwrap_or('\0'));
             }
