@@ -19,6 +19,9 @@ if [ "$(id -u)" = "0" ]; then
                 || echo "test.sh: could not install exfat tools; the no-hard-link mount test will fail and say why"
         fi
     fi
+    # The power-loss harness (crates/runkeep-powerloss) mounts its FUSE model
+    # filesystem with mount(2) on /dev/fuse: it needs root and /dev/fuse,
+    # no package (no libfuse, no fusermount).
     include_ignored=(--include-ignored)
 else
     echo "test.sh: not root: tests that need mounts or a second user stay ignored (they are listed as ignored below)"

@@ -37,8 +37,8 @@ use runkeep::step::{MessagesUpdate, Step};
 use runkeep::{
     Checkpoint, CheckpointId, CheckpointStore, ClaimOptions, ClaimOutcome, EnqueueOptions,
     EvidenceStore, Fence, Holder, Integrity, ListOptions, ListingScope, ManualClock,
-    MessageSnapshot, NewAuditEvent, NewEvent, Outcome, ParkResolution, PendingDecision,
-    ProjectId, ReadEventsOptions, RunId, RunScope, SessionId, TenantId, Timestamp, Ttl,
+    MessageSnapshot, NewAuditEvent, NewEvent, Outcome, ParkResolution, PendingDecision, ProjectId,
+    ReadEventsOptions, RunId, RunScope, SessionId, TenantId, Timestamp, Ttl,
 };
 use runkeep_fs::{Attribution, Durability, FsOptions, FsStore};
 use serde::{Deserialize, Serialize};
@@ -146,6 +146,8 @@ pub struct ModelReport {
     pub losses: usize,
     /// The first few, for the message.
     pub examples: Vec<Loss>,
+    /// Milliseconds to judge every cut.
+    pub check_ms: u64,
 }
 
 /// The harness's answer.
@@ -165,6 +167,8 @@ pub struct Report {
     pub calls: Vec<String>,
     /// Whether holdings went through `O_TMPFILE`.
     pub tmpfile_publish: bool,
+    /// Milliseconds to mount, record the workload and unmount.
+    pub record_ms: u64,
     /// One verdict per crash model.
     pub models: Vec<ModelReport>,
 }
@@ -180,7 +184,7 @@ impl std::fmt::Display for Report {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         writeln!(
             f,
-            "power-loss harness: durability {}, mutation {}, {} operations logged ({} file fsyncs, {} directory fsyncs), {} acknowledged calls, holdings via {}",
+            "power-loss harness: durability {}, mutation {}, {} operations logged ({} file fsyncs, {} directory fsyncs), {} acknowledged calls, holdings via {}, recorded in {} ms",
             self.durability,
             self.mutation.as_deref().unwrap_or("none"),
             self.ops_logged,
@@ -188,11 +192,12 @@ impl std::fmt::Display for Report {
             self.fsyncs.1,
             self.acked_calls,
             if self.tmpfile_publish { "O_TMPFILE" } else { "scratch name + link" },
+            self.record_ms,
         )?;
         for m in &self.models {
             writeln!(
                 f,
-                "  {:?}: points cut {}, distinct durable states {}, acknowledged writes checked {}, facets checked {}, fence checks {}, losses {} (in {} cuts) {:?}",
+                "  {:?}: points cut {}, distinct durable states {}, acknowledged writes checked {}, facets checked {}, fence checks {}, losses {} (in {} cuts) {:?}, judged in {} ms",
                 m.model,
                 m.points_cut,
                 m.distinct_states,
@@ -202,13 +207,10 @@ impl std::fmt::Display for Report {
                 m.losses,
                 m.cuts_with_losses,
                 m.losses_by_kind,
+                m.check_ms,
             )?;
             for l in &m.examples {
-                writeln!(
-                    f,
-                    "    cut {} {} {}: {}",
-                    l.cut, l.kind, l.what, l.detail
-                )?;
+                writeln!(f, "    cut {} {} {}: {}", l.cut, l.kind, l.what, l.detail)?;
             }
         }
         Ok(())
@@ -462,7 +464,8 @@ impl Rec {
         let seen = facets(&self.store, &self.runs).await;
         let after = self.recorder.position();
         assert_eq!(
-            end, after,
+            end,
+            after,
             "reading the live store after {label} wrote to the filesystem ({} operations)",
             after - end
         );
@@ -627,9 +630,7 @@ pub async fn workload(store: FsStore, recorder: Recorder, clock: ManualClock) ->
         st.prune_checkpoints(&a, 2, Some(f2)),
     )
     .await;
-    let released = rec
-        .call("release run_a".into(), st.release(&a, f2))
-        .await;
+    let released = rec.call("release run_a".into(), st.release(&a, f2)).await;
     assert!(released, "release run_a");
     rec.spent(ra, f2);
     let f4 = rec.claim(ra, "worker_2", 60_000).await;
@@ -839,7 +840,9 @@ pub fn check(rec: &Recording, model: CrashModel, scratch: &Path) -> ModelReport 
         losses_by_kind: BTreeMap::new(),
         losses: 0,
         examples: Vec::new(),
+        check_ms: 0,
     };
+    let started = std::time::Instant::now();
     for k in 0..=n {
         if k > 0 {
             state.apply(&rec.log[k - 1]);
@@ -870,6 +873,7 @@ pub fn check(rec: &Recording, model: CrashModel, scratch: &Path) -> ModelReport 
         }
     }
     report.distinct_states = recovered.len();
+    report.check_ms = started.elapsed().as_millis() as u64;
     report
 }
 
@@ -945,8 +949,7 @@ fn judge(
             }
         }
         let key = format!("{}/lifecycle", rec.runs.label(i));
-        let finished_in =
-            |f: &Facets| f.get(&key).is_some_and(|l| !l.contains("status: Active"));
+        let finished_in = |f: &Facets| f.get(&key).is_some_and(|l| !l.contains("status: Active"));
         if finished_in(before) && after.is_none_or(finished_in) {
             finished = true;
         }
@@ -999,8 +1002,14 @@ pub fn fsync_counts(log: &[Op]) -> (usize, usize) {
     (files, dirs)
 }
 
-/// A scratch directory for materialised views, on the same volume as the
+/// Where materialised views go: `/dev/shm` (tmpfs: a view is written,
+/// read back and removed, never needed on disk) when it is there, else the
 /// system temp directory.
 pub fn scratch_dir() -> PathBuf {
-    std::env::temp_dir()
+    let shm = Path::new("/dev/shm");
+    if shm.is_dir() && tempfile::tempdir_in(shm).is_ok() {
+        shm.to_path_buf()
+    } else {
+        std::env::temp_dir()
+    }
 }

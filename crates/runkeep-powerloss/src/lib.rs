@@ -62,9 +62,7 @@ pub fn fuse_usable() -> Result<(), Unusable> {
 
 /// Mounts a fresh model filesystem at `mountpoint` (served on a background
 /// thread until the session is dropped or unmounted).
-pub fn mount(
-    mountpoint: &Path,
-) -> Result<(fuser::BackgroundSession, fs::Recorder), Unusable> {
+pub fn mount(mountpoint: &Path) -> Result<(fuser::BackgroundSession, fs::Recorder), Unusable> {
     fuse_usable()?;
     let fs = fs::ModelFs::default();
     let recorder = fs.recorder();
@@ -86,6 +84,15 @@ pub fn mount(
 /// `RUNKEEP_FS_TEST_MUTATION` says), then judges every cut under both crash
 /// models.
 pub fn run(durability: Durability) -> Result<Report, Unusable> {
+    run_models(
+        durability,
+        &[CrashModel::SyncedOnly, CrashModel::EagerMetadata],
+    )
+}
+
+/// [`run`], judging only under `models`.
+pub fn run_models(durability: Durability, models: &[CrashModel]) -> Result<Report, Unusable> {
+    let started = std::time::Instant::now();
     let mnt = tempfile::tempdir().map_err(|e| Unusable(format!("a temp directory: {e}")))?;
     let (session, recorder) = mount(mnt.path())?;
     let recording = harness::record(mnt.path(), durability, recorder);
@@ -94,9 +101,10 @@ pub fn run(durability: Durability) -> Result<Report, Unusable> {
         .map_err(|e| Unusable(format!("unmount {}: {e}", mnt.path().display())))?;
     let scratch = tempfile::tempdir_in(harness::scratch_dir())
         .map_err(|e| Unusable(format!("a scratch directory: {e}")))?;
-    let models = [CrashModel::SyncedOnly, CrashModel::EagerMetadata]
-        .into_iter()
-        .map(|m| harness::check(&recording, m, scratch.path()))
+    let record_ms = started.elapsed().as_millis() as u64;
+    let models = models
+        .iter()
+        .map(|m| harness::check(&recording, *m, scratch.path()))
         .collect();
     Ok(Report {
         durability: format!("{durability:?}"),
@@ -106,6 +114,7 @@ pub fn run(durability: Durability) -> Result<Report, Unusable> {
         acked_calls: recording.steps.len(),
         calls: recording.steps.iter().map(|s| s.label.clone()).collect(),
         tmpfile_publish: recording.tmpfile_publish,
+        record_ms,
         models,
     })
 }

@@ -108,8 +108,13 @@ impl Op {
     /// A short label for reports.
     pub fn label(&self) -> &'static str {
         match self {
-            Op::Create { node: NewNode::Dir, .. } => "mkdir",
-            Op::Create { node: NewNode::File, .. } => "create",
+            Op::Create {
+                node: NewNode::Dir, ..
+            } => "mkdir",
+            Op::Create {
+                node: NewNode::File,
+                ..
+            } => "create",
             Op::Create { .. } => "symlink",
             Op::Link { .. } => "link",
             Op::Remove { .. } => "unlink",

@@ -8,12 +8,13 @@
 //! Needs root and `/dev/fuse`; `scripts/test.sh` runs these as root. Run by
 //! hand: `cargo test -p runkeep-powerloss --test powerloss -- --include-ignored --nocapture`.
 
-use std::process::Command;
+use std::process::{Command, Stdio};
 
 use runkeep_fs::Durability;
 use runkeep_powerloss::{CrashModel, Report};
 
 const WORKER_ENV: &str = "RUNKEEP_POWERLOSS_WORKER";
+const MODEL_ENV: &str = "RUNKEEP_POWERLOSS_MODEL";
 const REPORT_PREFIX: &str = "@@REPORT ";
 
 fn run(durability: Durability) -> Report {
@@ -33,21 +34,43 @@ fn worker_process_entry() {
     if std::env::var(WORKER_ENV).is_err() {
         return;
     }
-    let report = run(Durability::PowerLoss);
+    let model = match std::env::var(MODEL_ENV).as_deref() {
+        Ok("SyncedOnly") => CrashModel::SyncedOnly,
+        Ok("EagerMetadata") => CrashModel::EagerMetadata,
+        other => panic!("{MODEL_ENV} must name a crash model, not {other:?}"),
+    };
+    let report = match runkeep_powerloss::run_models(Durability::PowerLoss, &[model]) {
+        Ok(r) => r,
+        Err(e) => panic!("the power-loss harness cannot run here: {e}"),
+    };
     println!(
-        "{REPORT_PREFIX}{}",
+        "\n{REPORT_PREFIX}{}",
         serde_json::to_string(&report).expect("a report serialises")
     );
 }
 
-fn run_mutated(mutation: &str) -> Report {
+/// Starts a worker judging `model` under `mutation`.
+fn spawn_mutated(mutation: &str, model: CrashModel) -> std::process::Child {
     let exe = std::env::current_exe().expect("the test binary");
-    let out = Command::new(exe)
-        .args(["--exact", "worker_process_entry", "--nocapture", "--test-threads=1"])
+    Command::new(exe)
+        .args([
+            "--exact",
+            "worker_process_entry",
+            "--nocapture",
+            "--test-threads=1",
+        ])
         .env(WORKER_ENV, "1")
+        .env(MODEL_ENV, format!("{model:?}"))
         .env("RUNKEEP_FS_TEST_MUTATION", mutation)
-        .output()
-        .expect("spawn the test binary as a worker");
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn the test binary as a worker")
+}
+
+/// The report a worker printed.
+fn report_of(mutation: &str, child: std::process::Child) -> Report {
+    let out = child.wait_with_output().expect("wait for the worker");
     let stdout = String::from_utf8_lossy(&out.stdout);
     let line = stdout
         .lines()
@@ -63,7 +86,10 @@ fn run_mutated(mutation: &str) -> Report {
 }
 
 fn model(r: &Report, m: CrashModel) -> &runkeep_powerloss::ModelReport {
-    r.models.iter().find(|x| x.model == m).expect("both models judged")
+    r.models
+        .iter()
+        .find(|x| x.model == m)
+        .expect("both models judged")
 }
 
 #[test]
@@ -128,31 +154,66 @@ fn the_harness_reports_losses_for_a_store_that_does_not_fsync() {
 fn the_harness_catches_each_skipped_fsync() {
     // (mutation, the model that must see it, the kind of loss it must report)
     let cases = [
-        // Sidecars renamed into place before their data is on disk: a
-        // published checkpoint reads back empty (damaged) once the rename
-        // is durable.
+        // Every file sync skipped: sidecars are renamed into place before
+        // their bytes are on disk, so once the rename is durable a
+        // published checkpoint reads back empty.
         ("no-file-fsync", CrashModel::EagerMetadata, "damaged"),
-        // Renames and links never made durable: acknowledged checkpoints
-        // and holdings vanish.
+        // Every directory sync skipped: renames and links never made
+        // durable, acknowledged writes vanish.
         ("no-dir-fsync", CrashModel::SyncedOnly, "lost"),
         // Only the claims directory unsynced: the acknowledged holding is
-        // lost and its fence is handed out again.
+        // lost and its fence handed out again.
         ("no-dir-fsync:claims", CrashModel::SyncedOnly, "fence"),
-        // Only the transcript's fdatasync skipped: acknowledged events lost.
-        ("no-file-fsync:transcript.jsonl", CrashModel::SyncedOnly, "lost"),
+        // Only a holding's body unsynced: the link survives, the body does
+        // not; the holding reads as unreadable (anonymous), its holder lost.
+        ("no-file-fsync:claims", CrashModel::EagerMetadata, "lost"),
+        // Only the checkpoints directory unsynced: an acknowledged
+        // checkpoint (and an acknowledged delete) is lost.
+        ("no-dir-fsync:checkpoints", CrashModel::SyncedOnly, "lost"),
+        // Only the checkpoint and lifecycle sidecars unsynced (they live in
+        // .runkeep/): published empty.
+        (
+            "no-file-fsync:.runkeep",
+            CrashModel::EagerMetadata,
+            "damaged",
+        ),
+        // Only the transcript's fdatasync skipped: acknowledged events
+        // lost, checkpoints naming them dangle.
+        (
+            "no-file-fsync:transcript.jsonl",
+            CrashModel::SyncedOnly,
+            "lost",
+        ),
+        // Only the run record's sidecar unsynced: run.json published empty.
+        (
+            "no-file-fsync:run.json",
+            CrashModel::EagerMetadata,
+            "damaged",
+        ),
     ];
     let mut failures = Vec::new();
-    for (mutation, m, kind) in cases {
-        let r = run_mutated(mutation);
-        println!("{r}");
-        assert_eq!(r.mutation.as_deref(), Some(mutation));
-        let mr = model(&r, m);
-        if mr.losses_by_kind.get(kind).copied().unwrap_or(0) == 0 {
-            failures.push(format!(
-                "{mutation}: no {kind} loss under {m:?}: {:?}",
-                mr.losses_by_kind
-            ));
+    // Two workers at a time (the machine has two cores).
+    for pair in cases.chunks(2) {
+        let children: Vec<_> = pair
+            .iter()
+            .map(|(mutation, m, _)| spawn_mutated(mutation, *m))
+            .collect();
+        for ((mutation, m, kind), child) in pair.iter().zip(children) {
+            let r = report_of(mutation, child);
+            println!("{r}");
+            assert_eq!(r.mutation.as_deref(), Some(*mutation));
+            let mr = model(&r, *m);
+            assert_eq!(mr.points_cut, r.ops_logged + 1, "{r}");
+            if mr.losses_by_kind.get(*kind).copied().unwrap_or(0) == 0 {
+                failures.push(format!(
+                    "{mutation}: no {kind} loss under {m:?}: {:?}",
+                    mr.losses_by_kind
+                ));
+            }
         }
     }
-    assert!(failures.is_empty(), "{failures:#?}");
+    assert!(
+        failures.is_empty(),
+        "the harness missed a skipped fsync: {failures:#?}"
+    );
 }
