@@ -11,12 +11,13 @@
 
 use std::path::{Path, PathBuf};
 
-use runkeep::listing::{ListQuery, RowKey, MAX_LIMIT};
+use runkeep::listing::{ListQuery, RowKey};
 use runkeep::{
     ClaimNextFilter, ClaimOptions, ClaimOutcome, Error, Lease, ListOptions, ListOrder,
     ListingScope, Result, RunDigest, RunId, RunPage, RunRow, RunScope,
 };
 
+use crate::index::Summary;
 use crate::sys::{self, Ctx};
 use crate::{checkpoints, claims, run_state, Attribution, Inner};
 
@@ -104,7 +105,7 @@ pub(crate) fn enumerate(base: &Path, ctx: &Ctx) -> Result<Vec<Candidate>> {
 
 /// A run's digest, or why it could not be read; `None` when the run has no
 /// checkpoints (or vanished).
-fn digest_of(c: &Candidate, ctx: &Ctx) -> Option<std::result::Result<RunDigest, Error>> {
+fn digest_of(c: &Candidate, ctx: &Ctx) -> Option<DigestRead> {
     match checkpoints::current_digest(&c.dir, ctx) {
         Ok(Some(d)) if d.checkpoint_count > 0 => Some(Ok(d)),
         Ok(_) => None,
@@ -117,26 +118,46 @@ fn digest_of(c: &Candidate, ctx: &Ctx) -> Option<std::result::Result<RunDigest, 
     }
 }
 
-/// Builds a row from a digest (or its error) and the run's top holding and
-/// lifecycle (contract v2 columns).
-fn row_of(
-    c: &Candidate,
-    digest: std::result::Result<RunDigest, Error>,
-    scope: RunScope,
-    q: &ListQuery,
-    ctx: &Ctx,
-) -> Option<RunRow> {
-    let state = run_state::read_state(&c.dir, ctx);
-    match (digest, state) {
-        (Ok(d), Ok(state)) => d
-            .row(scope, state.top.as_ref(), q.now)
-            .map(|r| r.with_lifecycle(&state.lifecycle)),
-        (Err(e), state) => {
-            let claim = state.ok().and_then(|s| s.top).map(|t| t.summary(q.now));
-            Some(RunRow::damaged(scope, &e, claim))
-        }
-        (Ok(_), Err(e)) => Some(RunRow::damaged(scope, &e, None)),
+/// What a row is built from: the run's digest (or why it could not be
+/// read), then its top holding and lifecycle (contract v2 columns).
+pub(crate) struct RunRead {
+    pub(crate) digest: DigestRead,
+    pub(crate) state: Result<run_state::RunState>,
+}
+
+impl RunRead {
+    /// The run start the created-at order sorts by.
+    pub(crate) fn created(&self) -> Option<runkeep::Timestamp> {
+        self.digest.as_ref().ok().and_then(|d| d.run_created_at)
     }
+
+    /// The listing row at `now`; `None` when the run is not a row.
+    fn row(&self, scope: RunScope, now: runkeep::Timestamp) -> Option<RunRow> {
+        match (&self.digest, &self.state) {
+            (Ok(d), Ok(state)) => d
+                .row(scope, state.top.as_ref(), now)
+                .map(|r| r.with_lifecycle(&state.lifecycle)),
+            (Err(e), state) => {
+                let claim = state
+                    .as_ref()
+                    .ok()
+                    .and_then(|s| s.top.as_ref())
+                    .map(|t| t.summary(now));
+                Some(RunRow::damaged(scope, e, claim))
+            }
+            (Ok(_), Err(e)) => Some(RunRow::damaged(scope, e, None)),
+        }
+    }
+}
+
+/// Reads what a run's row is built from (the digest first, then the
+/// state); `None` when the run has no checkpoints or vanished.
+pub(crate) fn read_run(c: &Candidate, ctx: &Ctx) -> Option<RunRead> {
+    let digest = digest_of(c, ctx)?;
+    Some(RunRead {
+        digest,
+        state: run_state::read_state(&c.dir, ctx),
+    })
 }
 
 fn scope_matches(a: &Attribution, scope: &ListingScope) -> bool {
@@ -148,14 +169,14 @@ fn scope_matches(a: &Attribution, scope: &ListingScope) -> bool {
 /// A run's digest as read: the digest, or why it could not be read.
 type DigestRead = std::result::Result<RunDigest, Error>;
 
-/// One page of the listing.
-pub(crate) fn list_runs(
-    inner: &Inner,
+/// The validated query and the attribution, or the early answer (an empty
+/// page for a scope the store is not bound to).
+fn prepare<'a>(
+    inner: &'a Inner,
     scope: &ListingScope,
     options: &ListOptions,
-) -> Result<RunPage> {
+) -> Result<Option<(ListQuery, &'a Attribution)>> {
     let q = ListQuery::new(scope, &options.judged_at(|| inner.now()))?;
-    let ctx = Ctx::store("list_runs");
     let Some(a) = inner.attribution() else {
         return Err(Error::invalid(format!(
             "list_runs: the store at {} was opened without attribution, so it cannot say which tenant, project or session its runs belong to (a row that carries no scope cannot be resumed or swept). Pass FsOptions::attribution; refusing rather than returning rows stamped with a guessed tenant",
@@ -163,34 +184,101 @@ pub(crate) fn list_runs(
         )));
     };
     if !scope_matches(a, scope) {
-        return Ok(RunPage::default());
+        return Ok(None);
     }
+    Ok(Some((q, a)))
+}
+
+/// One page of the listing: from the session index when it can be used
+/// ([`crate::index`]), else by walking every run directory.
+pub(crate) fn list_runs(
+    inner: &Inner,
+    scope: &ListingScope,
+    options: &ListOptions,
+) -> Result<RunPage> {
+    let Some((q, a)) = prepare(inner, scope, options)? else {
+        return Ok(RunPage::default());
+    };
+    match indexed_page(inner, &q, a) {
+        Some(page) => Ok(page),
+        None => walk_page(inner, &q, a),
+    }
+}
+
+/// One page by walking every run directory (the index's oracle in tests).
+pub(crate) fn list_runs_walk(
+    inner: &Inner,
+    scope: &ListingScope,
+    options: &ListOptions,
+) -> Result<RunPage> {
+    let Some((q, a)) = prepare(inner, scope, options)? else {
+        return Ok(RunPage::default());
+    };
+    walk_page(inner, &q, a)
+}
+
+/// How many candidates a page asks the index for at a time beyond what it
+/// still needs (a candidate whose fresh read no longer matches is skipped).
+const SLACK: usize = 8;
+
+/// One page from the index: the index picks the candidates after the
+/// cursor whose summary passes the filters; each is read from its files
+/// and checked again, and its entry corrected from that read. `None` when
+/// the index cannot be used.
+fn indexed_page(inner: &Inner, q: &ListQuery, a: &Attribution) -> Option<RunPage> {
+    let ctx = Ctx::store("list_runs");
+    let mut after = q.after.clone();
+    let mut page: Vec<(RowKey, RunRow)> = Vec::new();
+    'pages: loop {
+        let want = q.limit + 1 - page.len() + SLACK;
+        let batch = inner.index_candidates(q.order, after.as_ref(), want, &|s| s.matches(q))?;
+        let exhausted = batch.len() < want;
+        for found in batch {
+            after = Some(found.key.clone());
+            let c = &found.candidate;
+            let read = read_run(c, &ctx);
+            inner.index_reconcile(&found, read.as_ref().and_then(Summary::of));
+            let Some(row) = read.and_then(|r| r.row(c.scope(a), q.now)) else {
+                continue;
+            };
+            if q.matches(&row) {
+                page.push((found.key, row));
+                if page.len() > q.limit {
+                    break 'pages;
+                }
+            }
+        }
+        if exhausted {
+            break;
+        }
+    }
+    Some(q.page_from_sorted(page))
+}
+
+/// One page by walking every run directory: O(runs) directory entries,
+/// O(page) rows in run-id order, every run's digest in created-at order.
+/// Holds one key per run, never a digest per run.
+fn walk_page(inner: &Inner, q: &ListQuery, a: &Attribution) -> Result<RunPage> {
+    let ctx = Ctx::store("list_runs");
     let candidates = enumerate(inner.base(), &ctx)?;
     // Run-id order needs no digest to sort, so digests are read only for the
     // rows the page reaches; created-at order needs every run's start first.
-    let mut keyed: Vec<(RowKey, Candidate, Option<DigestRead>)> = candidates
+    let mut keyed: Vec<(RowKey, Candidate)> = candidates
         .into_iter()
         .filter_map(|c| {
-            let d = match q.order {
+            let created = match q.order {
                 ListOrder::RunId => None,
-                ListOrder::CreatedAt => Some(digest_of(&c, &ctx)?),
+                ListOrder::CreatedAt => digest_of(&c, &ctx)?.ok().and_then(|d| d.run_created_at),
             };
-            let created = d
-                .as_ref()
-                .and_then(|d| d.as_ref().ok())
-                .and_then(|d| d.run_created_at);
             let k = RowKey::new(q.order, &c.run, c.parent.as_ref(), created);
-            Some((k, c, d))
+            Some((k, c))
         })
-        .filter(|(k, _, _)| q.is_after_cursor(k))
+        .filter(|(k, _)| q.is_after_cursor(k))
         .collect();
     keyed.sort_by(|x, y| x.0.cmp(&y.0));
     let mut page: Vec<(RowKey, RunRow)> = Vec::new();
-    for (k, c, d) in keyed {
-        let Some(d) = d.or_else(|| digest_of(&c, &ctx)) else {
-            continue;
-        };
-        let Some(row) = row_of(&c, d, c.scope(a), &q, &ctx) else {
+    for (k, c) in keyed {
+        let Some(row) = read_run(&c, &ctx).and_then(|r| r.row(c.scope(a), q.now)) else {
             continue;
         };
         if q.matches(&row) {
@@ -203,9 +291,15 @@ pub(crate) fn list_runs(
     Ok(q.page_from_sorted(page))
 }
 
+/// How many rows `claim_next` reads per step when the index cannot be used.
+const CLAIM_PAGE: usize = 16;
+
 /// Takes the next run nobody holds live (scan-and-claim): candidates in the
 /// filter's order, each claimed through the lease (link arbitration), so two
-/// concurrent callers never get one run at one fence.
+/// concurrent callers never get one run at one fence. From the index, a
+/// call reads only the candidates it tries (the index skips held,
+/// finished, deferred and non-matching runs in memory); without it, it
+/// walks pages of [`CLAIM_PAGE`] rows.
 pub(crate) fn claim_next(
     inner: &Inner,
     scope: &ListingScope,
@@ -213,23 +307,69 @@ pub(crate) fn claim_next(
     options: &ClaimOptions,
 ) -> Result<Option<(RunScope, Lease)>> {
     let now = options.judged_at(|| inner.now());
-    let mut cursor = None;
+    let list = ListOptions {
+        order: filter.order,
+        park: filter.park.clone(),
+        claimed: Some(false),
+        limit: Some(CLAIM_PAGE),
+        cursor: None,
+        now: Some(now),
+        status: None,
+    };
+    let Some((q, a)) = prepare(inner, scope, &list)? else {
+        return Ok(None);
+    };
+    let ctx = Ctx::store("claim_next");
     let mut contended = None;
+    let mut after: Option<RowKey> = None;
+    let mut cursor: Option<String> = None;
     loop {
-        let page = list_runs(
-            inner,
-            scope,
-            &ListOptions {
-                order: filter.order,
-                park: filter.park.clone(),
-                claimed: Some(false),
-                limit: Some(MAX_LIMIT),
-                cursor: cursor.take(),
-                now: Some(now),
-                status: None,
-            },
-        )?;
-        for row in page.entries {
+        let indexed = inner.index_candidates(q.order, after.as_ref(), CLAIM_PAGE, &|s| {
+            s.claimable(now) && s.matches(&q)
+        });
+        // From the index: candidates, each read only when its turn comes
+        // (the first claimable one usually ends the call).
+        let (candidates, mut rows, more) = match indexed {
+            Some(batch) => {
+                let more = batch.len() == CLAIM_PAGE;
+                (batch, Vec::new(), more)
+            }
+            None => {
+                let page = walk_page(
+                    inner,
+                    &ListQuery::new(
+                        scope,
+                        &ListOptions {
+                            cursor: cursor.take(),
+                            ..list.clone()
+                        },
+                    )?,
+                    a,
+                )?;
+                cursor = page.cursor;
+                let more = cursor.is_some();
+                (Vec::new(), page.entries, more)
+            }
+        };
+        rows.reverse();
+        let mut candidates = candidates.into_iter();
+        loop {
+            let row = match candidates.next() {
+                Some(found) => {
+                    after = Some(found.key.clone());
+                    let c = &found.candidate;
+                    let read = read_run(c, &ctx);
+                    inner.index_reconcile(&found, read.as_ref().and_then(Summary::of));
+                    match read.and_then(|r| r.row(c.scope(a), now)) {
+                        Some(row) if q.matches(&row) => row,
+                        _ => continue,
+                    }
+                }
+                None => match rows.pop() {
+                    Some(row) => row,
+                    None => break,
+                },
+            };
             if !row.is_claimable(now) {
                 // Damaged, finished, deferred past `now` or held.
                 continue;
@@ -251,9 +391,8 @@ pub(crate) fn claim_next(
                 Err(e) => return Err(e),
             }
         }
-        match page.cursor {
-            Some(c) => cursor = Some(c),
-            None => break,
+        if !more {
+            break;
         }
     }
     match contended {
