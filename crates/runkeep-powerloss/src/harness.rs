@@ -281,6 +281,29 @@ fn short(s: &str) -> String {
     }
 }
 
+/// A transcript facet: one event per line.
+fn event_lines(events: &[runkeep::PersistedEvent]) -> String {
+    events
+        .iter()
+        .map(|e| format!("{e:?}"))
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+/// True when transcript facet `got` is `before` plus a proper, non-empty
+/// part of what `after` appended.
+fn part_of_batch(before: &str, got: &str, after: &str) -> bool {
+    let lines = |s: &str| -> Vec<String> {
+        if s == "(absent)" {
+            Vec::new()
+        } else {
+            s.lines().map(str::to_string).collect()
+        }
+    };
+    let (b, g, a) = (lines(before), lines(got), lines(after));
+    b.len() < g.len() && g.len() < a.len() && g.starts_with(&b) && a.starts_with(&g)
+}
+
 /// Reads every facet of every run through `store` (no side effects).
 pub async fn facets(store: &FsStore, runs: &Runs) -> Facets {
     let mut out = Facets::new();
@@ -301,11 +324,15 @@ pub async fn facets(store: &FsStore, runs: &Runs) -> Facets {
             Ok(b) => {
                 last_seq = b.last_seq;
                 if !b.events.is_empty() {
-                    out.insert(format!("{r}/events"), format!("{:?}", b.events));
+                    out.insert(format!("{r}/events"), event_lines(&b.events));
                 }
             }
             Err(e) => {
                 out.insert(format!("{r}/events"), err(e));
+                // What the dangling check measures against: the readable part.
+                if let Ok(b) = store.read_events(s, &ReadEventsOptions::default()).await {
+                    last_seq = b.last_seq;
+                }
             }
         }
         match store.list_checkpoints(s).await {
@@ -774,8 +801,21 @@ enum Reclaim {
     Other(String),
 }
 
-/// Reads a materialised view back: its facets, then one claim per run.
-fn recover(dir: &Path, runs: &Runs) -> (Facets, Vec<Reclaim>) {
+/// What a materialised view read back as.
+#[derive(Debug)]
+struct Recovered {
+    /// Its facets, read before anything was written.
+    seen: Facets,
+    /// One claim per run.
+    claims: Vec<Reclaim>,
+    /// `<run>/events` after one event appended under the recovery claim's
+    /// fence (which settles a torn tail), without that event.
+    healed: Facets,
+}
+
+/// Reads a materialised view back: its facets, then one claim per run,
+/// then one append per run and the strict transcript again.
+fn recover(dir: &Path, runs: &Runs) -> Recovered {
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -793,7 +833,11 @@ fn recover(dir: &Path, runs: &Runs) -> (Facets, Vec<Reclaim>) {
         Err(e) => {
             let mut f = Facets::new();
             f.insert("open".into(), format!("ERROR {e}"));
-            return (f, Vec::new());
+            return Recovered {
+                seen: f,
+                claims: Vec::new(),
+                healed: Facets::new(),
+            };
         }
     };
     rt.block_on(async {
@@ -819,7 +863,44 @@ fn recover(dir: &Path, runs: &Runs) -> (Facets, Vec<Reclaim>) {
             };
             claims.push(r);
         }
-        (seen, claims)
+        let mut healed = Facets::new();
+        for (i, s) in runs.scopes.iter().enumerate() {
+            let fence = match &claims[i] {
+                Reclaim::Fence(f) | Reclaim::FinishedThen(Ok(f)) => *f,
+                _ => continue,
+            };
+            let key = format!("{}/events", runs.label(i));
+            let fence = Fence::new(fence).expect("a fence the store issued");
+            if let Err(e) = store
+                .append_events(s, &[ev("recovery", 0)], Some(fence))
+                .await
+            {
+                healed.insert(key, format!("ERROR the recovery append: {e}"));
+                continue;
+            }
+            let strict = ReadEventsOptions {
+                integrity: Integrity::Strict,
+                ..Default::default()
+            };
+            let v = match store.read_events(s, &strict).await {
+                Ok(mut b) => match b.events.pop() {
+                    Some(last) if last.event_type == "recovery" && last.seq == b.last_seq => {
+                        if b.events.is_empty() {
+                            continue;
+                        }
+                        event_lines(&b.events)
+                    }
+                    other => format!("ERROR the recovery event is not last: {other:?}"),
+                },
+                Err(e) => format!("ERROR after the recovery append: {e}"),
+            };
+            healed.insert(key, v);
+        }
+        Recovered {
+            seen,
+            claims,
+            healed,
+        }
     })
 }
 
@@ -828,7 +909,7 @@ pub fn check(rec: &Recording, model: CrashModel, scratch: &Path) -> ModelReport 
     let n = rec.log.len();
     let mut state = State::default();
     let mut by_view: HashMap<u64, usize> = HashMap::new();
-    let mut recovered: Vec<(Facets, Vec<Reclaim>)> = Vec::new();
+    let mut recovered: Vec<Recovered> = Vec::new();
     let mut report = ModelReport {
         model,
         points_cut: 0,
@@ -858,8 +939,7 @@ pub fn check(rec: &Recording, model: CrashModel, scratch: &Path) -> ModelReport 
             recovered.push(r);
             recovered.len() - 1
         });
-        let (seen, claims) = &recovered[idx];
-        let losses = judge(rec, model, k, seen, claims, &mut report);
+        let losses = judge(rec, model, k, &recovered[idx], &mut report);
         report.points_cut += 1;
         if !losses.is_empty() {
             report.cuts_with_losses += 1;
@@ -881,10 +961,10 @@ fn judge(
     rec: &Recording,
     model: CrashModel,
     k: usize,
-    seen: &Facets,
-    claims: &[Reclaim],
+    got: &Recovered,
     report: &mut ModelReport,
 ) -> Vec<Loss> {
+    let (seen, claims) = (&got.seen, &got.claims);
     let mut out = Vec::new();
     let loss = |kind: &str, what: &str, detail: String| Loss {
         model,
@@ -907,9 +987,37 @@ fn judge(
     }
     keys.sort();
     keys.dedup();
-    for key in keys {
+    // The transcript as the recovered store left it after one append (its
+    // torn tail, if any, settled), compared like any facet below.
+    let mut healed = Vec::new();
+    for (i, _) in rec.runs.scopes.iter().enumerate() {
+        let key = format!("{}/events", rec.runs.label(i));
+        if matches!(
+            claims.get(i),
+            Some(Reclaim::Fence(_) | Reclaim::FinishedThen(Ok(_)))
+        ) {
+            healed.push((
+                key,
+                got.healed.get(&format!("{}/events", rec.runs.label(i))),
+            ));
+        }
+    }
+    let pre = keys.into_iter().filter_map(|key| {
+        // A torn tail is what a torn append leaves: the strict read before
+        // any write may refuse it; the read after the recovery append is
+        // what must hold (below).
+        if model == CrashModel::TornWrites && key.ends_with("/events") {
+            return None;
+        }
+        Some((key.clone(), seen.get(key), ""))
+    });
+    let post = healed
+        .into_iter()
+        .map(|(key, v)| (key, v, " (after the recovery append)"));
+    for (key, got, when) in pre.collect::<Vec<_>>().into_iter().chain(post) {
+        let key = &key;
         report.facets_checked += 1;
-        let got = seen.get(key).unwrap_or(&absent);
+        let got = got.unwrap_or(&absent);
         let want = before.get(key).unwrap_or(&absent);
         if got == want || after.is_some_and(|a| a.get(key).unwrap_or(&absent) == got) {
             continue;
@@ -918,6 +1026,12 @@ fn judge(
             "damaged"
         } else if got.starts_with("DANGLING") {
             "dangling"
+        } else if key.ends_with("/events")
+            && after.is_some_and(|a| part_of_batch(want, got, a.get(key).unwrap_or(&absent)))
+        {
+            // Every acknowledged event is there, and a part of the batch in
+            // flight: all or nothing broken, nothing acknowledged lost.
+            "torn-batch"
         } else {
             "lost"
         };
@@ -927,7 +1041,7 @@ fn judge(
             .unwrap_or("(nothing yet)");
         out.push(loss(
             kind,
-            key,
+            &format!("{key}{when}"),
             format!("after \"{last}\" expected {want}, found {got}"),
         ));
     }

@@ -81,12 +81,16 @@ pub fn mount(mountpoint: &Path) -> Result<(fuser::BackgroundSession, fs::Recorde
 }
 
 /// Records the workload on a fresh mount with `durability` (and whatever
-/// `RUNKEEP_FS_TEST_MUTATION` says), then judges every cut under both crash
-/// models.
+/// `RUNKEEP_FS_TEST_MUTATION` says), then judges every cut under every crash
+/// model.
 pub fn run(durability: Durability) -> Result<Report, Unusable> {
     run_models(
         durability,
-        &[CrashModel::SyncedOnly, CrashModel::EagerMetadata],
+        &[
+            CrashModel::SyncedOnly,
+            CrashModel::EagerMetadata,
+            CrashModel::TornWrites,
+        ],
     )
 }
 

@@ -13,6 +13,11 @@
 //! keeps every directory entry as of the cut (a journal that committed all
 //! metadata) but file contents still only as of their last sync — the state
 //! in which a rename published a file whose data never reached the disk.
+//! [`CrashModel::TornWrites`] is `SyncedOnly` with the first half of each
+//! file's unsynced appends kept: a log whose in-flight append was torn.
+//!
+//! A materialised view's files are all an hour old (the machine rebooted),
+//! so a reader judging a torn tail by its age sees a writer long gone.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::ffi::{OsStr, OsString};
@@ -276,6 +281,7 @@ impl State {
         let entries = match model {
             CrashModel::SyncedOnly => durable,
             CrashModel::EagerMetadata => entries,
+            CrashModel::TornWrites => durable,
         };
         on_path.insert(dir);
         for (name, ino) in entries {
@@ -290,12 +296,16 @@ impl State {
                     view.entries.insert(path.clone(), ViewEntry::Dir);
                     self.walk(*ino, path, model, on_path, view);
                 }
-                Some(Node::File { durable, .. }) => {
+                Some(Node::File { data, durable }) => {
+                    let bytes = match model {
+                        CrashModel::TornWrites => torn(durable, data),
+                        _ => durable.clone(),
+                    };
                     view.entries.insert(
                         path,
                         ViewEntry::File {
                             ino: *ino,
-                            data: durable.clone(),
+                            data: bytes,
                         },
                     );
                 }
@@ -309,6 +319,19 @@ impl State {
     }
 }
 
+/// The bytes of a file whose unsynced writes only extended its synced
+/// bytes (appends): the synced bytes and the first half of the rest, a
+/// tear in the middle of what was in flight. Any other file keeps its
+/// synced bytes.
+fn torn(durable: &[u8], data: &[u8]) -> Vec<u8> {
+    if data.len() > durable.len() && data.starts_with(durable) {
+        let keep = durable.len() + (data.len() - durable.len()).div_ceil(2);
+        data[..keep].to_vec()
+    } else {
+        durable.to_vec()
+    }
+}
+
 /// Which crash a view models (module docs).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
 pub enum CrashModel {
@@ -318,6 +341,9 @@ pub enum CrashModel {
     /// Every directory entry as of the cut, file contents as of their last
     /// fsync.
     EagerMetadata,
+    /// As `SyncedOnly`, but a file whose unsynced writes were appends keeps
+    /// the first half of them: a torn tail (an append cut mid-record).
+    TornWrites,
 }
 
 /// One entry of a durable view.
@@ -377,6 +403,7 @@ impl View {
     /// files with their durable bytes, hard links for names of one inode.
     pub fn materialise(&self, dest: &Path) -> io::Result<()> {
         let mut made: HashMap<u64, PathBuf> = HashMap::new();
+        let rebooted = std::time::SystemTime::now() - std::time::Duration::from_secs(3_600);
         for (path, e) in &self.entries {
             let target = dest.join(path);
             match e {
@@ -384,7 +411,9 @@ impl View {
                 ViewEntry::File { ino, data } => match made.get(ino) {
                     Some(first) => std::fs::hard_link(first, &target)?,
                     None => {
-                        std::fs::write(&target, data)?;
+                        let mut f = std::fs::File::create(&target)?;
+                        std::io::Write::write_all(&mut f, data)?;
+                        f.set_modified(rebooted)?;
                         made.insert(*ino, target);
                     }
                 },

