@@ -146,6 +146,9 @@ pub struct ModelReport {
     pub losses: usize,
     /// The first few, for the message.
     pub examples: Vec<Loss>,
+    /// Cuts that fell inside a call (after its first operation, before its
+    /// acknowledgement), by the call's kind (`claim`, `commit_step`, …).
+    pub cuts_inside: BTreeMap<String, usize>,
     /// Milliseconds to judge every cut.
     pub check_ms: u64,
 }
@@ -209,6 +212,7 @@ impl std::fmt::Display for Report {
                 m.losses_by_kind,
                 m.check_ms,
             )?;
+            writeln!(f, "    cuts inside a call: {:?}", m.cuts_inside)?;
             for l in &m.examples {
                 writeln!(f, "    cut {} {} {}: {}", l.cut, l.kind, l.what, l.detail)?;
             }
@@ -921,6 +925,7 @@ pub fn check(rec: &Recording, model: CrashModel, scratch: &Path) -> ModelReport 
         losses_by_kind: BTreeMap::new(),
         losses: 0,
         examples: Vec::new(),
+        cuts_inside: BTreeMap::new(),
         check_ms: 0,
     };
     let started = std::time::Instant::now();
@@ -978,6 +983,10 @@ fn judge(
     let acked = rec.steps.iter().take_while(|s| s.end <= k).count();
     let in_flight = rec.steps.get(acked).filter(|s| s.start < k);
     report.acked_writes_checked += acked;
+    if let Some(s) = in_flight {
+        let kind = s.label.split(' ').next().unwrap_or_default().to_string();
+        *report.cuts_inside.entry(kind).or_default() += 1;
+    }
     let before = &rec.observed[acked];
     let after = in_flight.map(|_| &rec.observed[acked + 1]);
     let absent = String::from("(absent)");

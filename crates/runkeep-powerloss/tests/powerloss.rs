@@ -130,6 +130,20 @@ fn power_loss_keeps_every_acknowledged_write_at_every_cut() {
         assert_eq!(m.points_cut, r.ops_logged + 1, "{r}");
         assert!(m.distinct_states > 40, "too few distinct states: {r}");
         assert!(m.acked_writes_checked > 0 && m.fence_checks > 0, "{r}");
+        // Power was cut inside every kind of write, not only between calls.
+        for path in [
+            "claim",
+            "release",
+            "write_checkpoint",
+            "append_events",
+            "commit_step",
+            "finish",
+        ] {
+            assert!(
+                m.cuts_inside.get(path).copied().unwrap_or(0) >= 2,
+                "no cut inside {path}: {r}"
+            );
+        }
     }
     for m in &r.models {
         match m.model {
