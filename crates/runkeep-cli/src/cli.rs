@@ -46,7 +46,9 @@ pub struct Cli {
 /// Options every command takes.
 #[derive(Args, Debug, Clone)]
 pub struct GlobalArgs {
-    /// Where the runs live: fs:PATH, memory: (empty, in-process) or
+    /// Where the runs live: root:PATH (a directory of many tenants:
+    /// PATH/<tenant>/<project>/<session>/runs), fs:PATH (one session's runs/
+    /// directory, the reference's layout), memory: (empty, in-process) or
     /// postgres://USER:PASSWORD@HOST:PORT/DATABASE?schema=NAME (password and schema optional;
     /// postgresql:// too; the password is never printed).
     #[arg(
@@ -54,7 +56,7 @@ pub struct GlobalArgs {
         env = "RUNKEEP_STORE",
         // `--help` would print the variable's value: it may hold a password.
         hide_env_values = true,
-        default_value = "fs:./runkeep-data",
+        default_value = "root:./runkeep-data",
         value_parser = StoreAddress::from_str,
         global = true
     )]

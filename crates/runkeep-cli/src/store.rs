@@ -1,7 +1,24 @@
 //! Store addresses and opening a store.
 //!
 //! Every command reaches its backend through [`open_store`], so a new backend
-//! (PostgreSQL is next) is one more arm here and no change to any command.
+//! is one more arm here and no change to any command.
+//!
+//! # Directory addresses
+//!
+//! - `root:PATH` (the default, `root:./runkeep-data`): a root of many
+//!   tenants, `PATH/<tenant>/<project>/<session>/runs/`
+//!   ([`runkeep_fs::FsRootStore`]). `--tenant`/`--project`/`--session` pick
+//!   the directory, so two tenants can never see each other's runs, and a
+//!   listing may cover a whole project or tenant.
+//! - `fs:PATH`: one session's `runs/` directory ([`runkeep_fs::FsStore`]),
+//!   exactly the reference's `baseDir`, for sharing a session with the
+//!   reference implementation. The scope flags only label it.
+//!
+//! `fs:` keeps the meaning it always had (an address written for it still
+//! opens the same directory, and a root given to it is refused by name);
+//! the root is a new form rather than a new meaning of an old one, so no
+//! existing address silently changes what it reads. Each refuses the
+//! other's directory, saying which form to use.
 
 use std::fmt;
 use std::path::{Path, PathBuf};
@@ -16,8 +33,10 @@ use crate::scope::ScopeParts;
 /// Where the runs live (`--store` / `RUNKEEP_STORE`).
 #[derive(Clone, PartialEq, Eq, Debug)]
 pub enum StoreAddress {
-    /// `fs:PATH`: the directory backend.
+    /// `fs:PATH`: one session's `runs/` directory.
     Fs(PathBuf),
+    /// `root:PATH`: a root of many tenants, projects and sessions.
+    Root(PathBuf),
     /// `memory:`: an empty in-process store (demos, doctor self-test).
     Memory,
     /// `postgres://…` or `postgresql://…`: the PostgreSQL backend.
@@ -223,9 +242,17 @@ impl FromStr for StoreAddress {
         }
         if let Some(path) = s.strip_prefix("fs:") {
             if path.is_empty() {
-                return Err("`fs:` needs a directory, e.g. fs:./runkeep-data".into());
+                return Err(
+                    "`fs:` needs one session's runs/ directory, e.g. fs:./session/runs".into(),
+                );
             }
             return Ok(StoreAddress::Fs(PathBuf::from(path)));
+        }
+        if let Some(path) = s.strip_prefix("root:") {
+            if path.is_empty() {
+                return Err("`root:` needs a directory, e.g. root:./runkeep-data".into());
+            }
+            return Ok(StoreAddress::Root(PathBuf::from(path)));
         }
         if s.starts_with("postgres://") || s.starts_with("postgresql://") {
             return Ok(StoreAddress::Postgres(PgAddress::parse(s)));
@@ -249,9 +276,9 @@ impl FromStr for StoreAddress {
             format!("{s:?}")
         };
         Err(format!(
-            "{shown} is not a store address; use fs:PATH, memory: or postgres://…{}",
+            "{shown} is not a store address; use root:PATH, fs:PATH, memory: or postgres://…{}",
             if shown.starts_with('"') {
-                format!(" (did you mean fs:{s}?)")
+                format!(" (did you mean root:{s}, or fs:{s} for one session's runs/ directory?)")
             } else {
                 String::new()
             }
@@ -263,9 +290,20 @@ impl fmt::Display for StoreAddress {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             StoreAddress::Fs(p) => write!(f, "fs:{}", p.display()),
+            StoreAddress::Root(p) => write!(f, "root:{}", p.display()),
             StoreAddress::Memory => f.write_str("memory:"),
             // Never print a password.
             StoreAddress::Postgres(pg) => f.write_str(&redact_url(&pg.original)),
+        }
+    }
+}
+
+impl StoreAddress {
+    /// The directory of a directory store (`fs:` or `root:`).
+    pub fn directory(&self) -> Option<&Path> {
+        match self {
+            StoreAddress::Fs(p) | StoreAddress::Root(p) => Some(p),
+            _ => None,
         }
     }
 }
@@ -310,8 +348,10 @@ pub use runkeep_fs::Diagnosis;
 pub enum Backend {
     /// In-process.
     Memory,
-    /// A directory.
+    /// One session's directory.
     Fs(Arc<runkeep_fs::FsStore>),
+    /// A root of many sessions.
+    FsRoot(Arc<runkeep_fs::FsRootStore>),
     /// A PostgreSQL schema.
     Postgres(Arc<runkeep_postgres::PgStore>, Box<PgTarget>),
 }
@@ -337,6 +377,8 @@ pub struct OpenedStore {
     pub backend: Backend,
     /// The durability it was opened with.
     durability: DurabilityArg,
+    /// The scope it was opened for (what a root's doctor scan covers).
+    scope: ScopeParts,
 }
 
 /// A scratch location to probe writes in without touching real runs: a
@@ -411,15 +453,30 @@ impl OpenedStore {
             store,
             backend: Backend::Memory,
             durability: DurabilityArg::ProcessCrash,
+            scope: ScopeParts::parse("default", "default", "default")
+                .expect("the default scope is valid"),
         }
     }
 
     /// The directory store's own scan; `None` for backends without one.
+    /// Under a root it covers every session of the scope's prefix
+    /// (`--tenant`/`--project`/`--session`, `''` widening it).
     pub fn diagnose(&self, now: Timestamp) -> Option<CliResult<Diagnosis>> {
         match &self.backend {
             Backend::Memory | Backend::Postgres(..) => None,
             Backend::Fs(fs) => Some(fs.diagnose(now).map_err(CliError::from)),
+            Backend::FsRoot(root) => Some(
+                self.scope
+                    .listing()
+                    .and_then(|l| root.diagnose(&l, now).map_err(CliError::from)),
+            ),
         }
+    }
+
+    /// True for a store that is one session's directory (`fs:`): it cannot
+    /// list a wider scope than that session.
+    pub fn is_single_session(&self) -> bool {
+        matches!(self.backend, Backend::Fs(_))
     }
 
     /// `claims/N.json` when the run's top holding is a file whose body
@@ -429,11 +486,9 @@ impl OpenedStore {
     pub fn unreadable_holding(&self, scope: &runkeep::RunScope) -> Option<String> {
         match &self.backend {
             Backend::Memory | Backend::Postgres(..) => None,
-            Backend::Fs(fs) => match fs.top_holding(scope) {
-                Ok(Some((runkeep::TopHolding::Unreadable { .. }, path))) => {
-                    let file = path.file_name()?.to_string_lossy().into_owned();
-                    Some(format!("claims/{file}"))
-                }
+            Backend::Fs(fs) => unreadable_holding(fs, scope),
+            Backend::FsRoot(root) => match root.session_store(scope) {
+                Ok(Some(fs)) => unreadable_holding(&fs, scope),
                 _ => None,
             },
         }
@@ -447,11 +502,13 @@ impl OpenedStore {
         }
     }
 
-    /// The store's directory, for a directory store.
+    /// The store's directory, for a directory store (a root's own
+    /// directory for `root:`).
     pub fn base_dir(&self) -> Option<&Path> {
         match &self.backend {
             Backend::Memory | Backend::Postgres(..) => None,
             Backend::Fs(fs) => Some(fs.base_dir()),
+            Backend::FsRoot(root) => Some(root.root_dir()),
         }
     }
 
@@ -477,9 +534,12 @@ impl OpenedStore {
                 dir: None,
                 pg: Some(pg.clone()),
             }),
-            Backend::Fs(fs) => {
-                let dir = fs
+            Backend::Fs(_) | Backend::FsRoot(_) => {
+                // A hidden directory (never an id, so never a run, tenant
+                // or session) on the store's own volume.
+                let dir = self
                     .base_dir()
+                    .unwrap_or_else(|| Path::new("."))
                     .join(format!(".runkeep-doctor-{}-{suffix}", std::process::id()));
                 std::fs::create_dir(&dir).map_err(|e| {
                     CliError::failed(format!("cannot create {}: {e}", dir.display()))
@@ -498,6 +558,16 @@ impl OpenedStore {
                 }
             }
         }
+    }
+}
+
+fn unreadable_holding(fs: &runkeep_fs::FsStore, scope: &runkeep::RunScope) -> Option<String> {
+    match fs.top_holding(scope) {
+        Ok(Some((runkeep::TopHolding::Unreadable { .. }, path))) => {
+            let file = path.file_name()?.to_string_lossy().into_owned();
+            Some(format!("claims/{file}"))
+        }
+        _ => None,
     }
 }
 
@@ -561,9 +631,11 @@ pub async fn open_store_as(
             store: Arc::new(MemoryStore::new()),
             backend: Backend::Memory,
             durability,
+            scope: scope.clone(),
         }),
         StoreAddress::Fs(path) => {
-            check_directory(path, mode == OpenMode::Create)?;
+            check_directory(address, path, mode == OpenMode::Create)?;
+            fs::refuse_session_dir(path)?;
             let store = Arc::new(fs::open(
                 path,
                 scope,
@@ -575,6 +647,22 @@ pub async fn open_store_as(
                 store: store.clone(),
                 backend: Backend::Fs(store),
                 durability,
+                scope: scope.clone(),
+            })
+        }
+        StoreAddress::Root(path) => {
+            check_directory(address, path, mode == OpenMode::Create)?;
+            let store = Arc::new(fs::open_root(
+                path,
+                durability,
+                mode == OpenMode::ReadOnly,
+            )?);
+            Ok(OpenedStore {
+                address: address.clone(),
+                store: store.clone(),
+                backend: Backend::FsRoot(store),
+                durability,
+                scope: scope.clone(),
             })
         }
         StoreAddress::Postgres(pg) => {
@@ -584,6 +672,7 @@ pub async fn open_store_as(
                 store: store.clone(),
                 backend: Backend::Postgres(store, target),
                 durability,
+                scope: scope.clone(),
             })
         }
     }
@@ -591,31 +680,29 @@ pub async fn open_store_as(
 
 /// Refuses a store directory this process may not list and enter (exit 78):
 /// every read would fail with permission denied, one run at a time.
-pub fn check_readable(path: &Path) -> CliResult<()> {
+pub fn check_readable(address: &StoreAddress, path: &Path) -> CliResult<()> {
     use rustix::fs::{access, Access};
     match access(path, Access::READ_OK | Access::EXEC_OK) {
         Ok(()) => Ok(()),
         Err(e) if e == rustix::io::Errno::ACCESS || e == rustix::io::Errno::PERM => {
             Err(CliError::config(format!(
-                "cannot read store fs:{}: permission denied (EACCES): this user (uid {}) may not list the directory",
-                path.display(),
+                "cannot read store {address}: permission denied (EACCES): this user (uid {}) may not list the directory",
                 rustix::process::getuid().as_raw()
             ))
             .hint("run as the user that owns the store (the workers' user), or grant this user read and search permission on the directory (chmod/chgrp)"))
         }
         Err(e) => Err(CliError::config(format!(
-            "cannot reach store fs:{}: {}",
-            path.display(),
+            "cannot reach store {address}: {}",
             std::io::Error::from(e)
         ))),
     }
 }
 
-fn check_directory(path: &Path, create: bool) -> CliResult<()> {
+fn check_directory(address: &StoreAddress, path: &Path, create: bool) -> CliResult<()> {
     match std::fs::metadata(path) {
-        Ok(m) if m.is_dir() => check_readable(path),
+        Ok(m) if m.is_dir() => check_readable(address, path),
         Ok(_) => Err(
-            CliError::config(format!("store fs:{} is not a directory", path.display()))
+            CliError::config(format!("store {address} is not a directory"))
                 .hint("point --store (or RUNKEEP_STORE) at a directory"),
         ),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound && create => {
@@ -627,23 +714,80 @@ fn check_directory(path: &Path, create: bool) -> CliResult<()> {
             })
         }
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Err(CliError::config(format!(
-            "no store at fs:{}: the directory does not exist",
-            path.display()
+            "no store at {address}: the directory does not exist"
         ))
         .hint("check --store / RUNKEEP_STORE, or create a demo store with `runkeep seed`")),
-        Err(e) => Err(CliError::config(format!(
-            "cannot reach store fs:{}: {e}",
-            path.display()
-        ))),
+        Err(e) => Err(CliError::config(format!("cannot reach store {address}: {e}"))),
     }
 }
 
 /// The directory backend's wiring (the only place that names `runkeep_fs`'s
-/// constructor).
+/// constructors).
 mod fs {
-    use runkeep_fs::{Attribution, Durability, FsOptions, FsStore};
+    use runkeep_fs::{Attribution, Durability, FsOptions, FsRootOptions, FsRootStore, FsStore};
 
     use super::*;
+
+    fn durability_of(durability: DurabilityArg) -> Durability {
+        match durability {
+            DurabilityArg::ProcessCrash => Durability::ProcessCrash,
+            DurabilityArg::PowerLoss => Durability::PowerLoss,
+        }
+    }
+
+    /// Refuses `fs:PATH` on a session directory (one that holds `runs/`
+    /// and no run of its own): its runs are in `PATH/runs`.
+    pub(super) fn refuse_session_dir(path: &Path) -> CliResult<()> {
+        let runs = path.join(runkeep_fs::SESSION_RUNS_DIR);
+        let holds_runs = std::fs::symlink_metadata(&runs).is_ok_and(|m| m.is_dir());
+        let holds_a_run = std::fs::read_dir(path).is_ok_and(|rd| {
+            rd.flatten().any(|e| {
+                e.file_name().to_string_lossy().starts_with("run_")
+                    && e.file_type().is_ok_and(|t| t.is_dir())
+            })
+        });
+        if holds_runs && !holds_a_run {
+            return Err(CliError::config(format!(
+                "store fs:{} is a session directory (it holds runs/), not a session's runs/ directory",
+                path.display()
+            ))
+            .hint(format!(
+                "use --store fs:{} for this session, or --store root:DIR for a root of many sessions",
+                runs.display()
+            )));
+        }
+        Ok(())
+    }
+
+    /// Opens a root of many sessions.
+    pub(super) fn open_root(
+        path: &Path,
+        durability: DurabilityArg,
+        read_only: bool,
+    ) -> CliResult<FsRootStore> {
+        FsRootStore::open(
+            path,
+            FsRootOptions {
+                durability: durability_of(durability),
+                read_only,
+                ..FsRootOptions::default()
+            },
+        )
+        .map_err(|e| {
+            let hint = match e {
+                runkeep::Error::InvalidInput { .. } => {
+                    "a root holds <tenant>/<project>/<session>/runs/; give one session's runs/ directory as fs:PATH, or give the root an empty directory"
+                }
+                _ => "check --store / RUNKEEP_STORE and this user's permissions on the directory",
+            };
+            CliError::config(format!(
+                "cannot open store root:{}: {}",
+                path.display(),
+                CliError::from(e).message
+            ))
+            .hint(hint)
+        })
+    }
 
     /// Opens a directory store. The scope is its attribution when complete
     /// (a listing of a wider prefix then has none and is refused by the store).
@@ -661,10 +805,7 @@ mod fs {
             }),
             _ => None,
         };
-        let durability = match durability {
-            DurabilityArg::ProcessCrash => Durability::ProcessCrash,
-            DurabilityArg::PowerLoss => Durability::PowerLoss,
-        };
+        let durability = durability_of(durability);
         FsStore::open(
             path,
             FsOptions {
@@ -677,6 +818,9 @@ mod fs {
             let hint = match e {
                 runkeep::Error::Unsupported { .. } => {
                     "put the store on a filesystem with hard links (ext4, xfs, btrfs, tmpfs); `runkeep doctor` shows what fails"
+                }
+                runkeep::Error::InvalidInput { .. } => {
+                    "a root of many sessions is opened with --store root:PATH; fs:PATH takes one session's runs/ directory"
                 }
                 _ => "check --store / RUNKEEP_STORE and this user's permissions on the directory",
             };
@@ -855,10 +999,18 @@ mod tests {
             StoreAddress::Fs(PathBuf::from("/tmp/x"))
         );
         assert!("fs:".parse::<StoreAddress>().is_err());
-        assert!("./data"
-            .parse::<StoreAddress>()
-            .unwrap_err()
-            .contains("did you mean fs:./data"));
+        assert_eq!(
+            "root:/tmp/x".parse::<StoreAddress>().unwrap(),
+            StoreAddress::Root(PathBuf::from("/tmp/x"))
+        );
+        assert_eq!(
+            StoreAddress::Root(PathBuf::from("/tmp/x")).to_string(),
+            "root:/tmp/x"
+        );
+        assert!("root:".parse::<StoreAddress>().is_err());
+        let e = "./data".parse::<StoreAddress>().unwrap_err();
+        assert!(e.contains("did you mean root:./data"), "{e}");
+        assert!(e.contains("fs:./data"), "{e}");
         let pg: StoreAddress = "postgres://u:secret@db:5432/test".parse().unwrap();
         assert_eq!(pg.to_string(), "postgres://…@db:5432/test");
     }

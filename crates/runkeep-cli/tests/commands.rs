@@ -62,7 +62,7 @@ fn usage_errors_exit_64_with_one_error_line_and_never_panic() {
         .args(["--store", "./data", "runs"])
         .assert()
         .code(64)
-        .stderr(predicate::str::contains("did you mean fs:./data"));
+        .stderr(predicate::str::contains("did you mean root:./data"));
 }
 
 #[test]

@@ -50,12 +50,12 @@ pub struct RunsArgs {
 pub async fn run(ctx: &Ctx, args: RunsArgs) -> CliResult<Exit> {
     let listing = ctx.scope.listing()?;
     let opened = ctx.store_read_only().await?;
-    if opened.base_dir().is_some() && ctx.scope.session.is_none() {
+    if opened.is_single_session() && ctx.scope.session.is_none() {
         return Err(CliError::usage(format!(
             "{} is one session's runs directory; it cannot list the wider scope {listing}",
             opened.address
         ))
-        .hint("give --project and --session (the directory does not record them; the defaults are `default`)"));
+        .hint("give --project and --session (the directory does not record them; the defaults are `default`), or keep many sessions in a root (--store root:DIR) to list a project or tenant"));
     }
     let now = Timestamp::now();
     let mut options = ListOptions {

@@ -89,8 +89,7 @@ impl Env {
     fn base_dir(&self) -> Option<PathBuf> {
         match (&self.opened, &self.address) {
             (Ok(opened), _) => opened.base_dir().map(Path::to_path_buf),
-            (Err(_), StoreAddress::Fs(path)) => Some(path.clone()),
-            _ => None,
+            (Err(_), address) => address.directory().map(Path::to_path_buf),
         }
     }
 

@@ -281,9 +281,9 @@ pub async fn run(ctx: &Ctx, args: DoctorArgs) -> CliResult<Exit> {
     let address = ctx.global.store.clone();
     // A directory this user may not even list is not examined: every check
     // would only repeat "permission denied". Exit 78, as every command does.
-    if let StoreAddress::Fs(path) = &address {
+    if let Some(path) = address.directory() {
         if path.is_dir() {
-            crate::store::check_readable(path)?;
+            crate::store::check_readable(&address, path)?;
         }
     }
     // A PostgreSQL store is opened without judging its schema (missing,
@@ -306,7 +306,7 @@ pub async fn run(ctx: &Ctx, args: DoctorArgs) -> CliResult<Exit> {
         .await?),
         _ => match ctx.store().await {
             Ok(opened) => Ok(opened),
-            Err(e) if matches!(&address, StoreAddress::Fs(path) if path.is_dir()) => Err(e),
+            Err(e) if address.directory().is_some_and(std::path::Path::is_dir) => Err(e),
             Err(e) => return Err(e),
         },
     };
