@@ -1,0 +1,669 @@
+/**
+ * {@link RunkeepClient}: one method per operation of the runkeep HTTP API
+ * (`runkeep serve`, `/v1`), over the platform's `fetch`.
+ *
+ * Every method takes an `AbortSignal` (`{ signal }`); an aborted call
+ * rejects with the signal's reason, as `fetch` does. Every non-2xx answer
+ * rejects with the typed error of its problem details (errors.ts); a
+ * failure below HTTP rejects with a `ConnectionError`. Writes that a fence
+ * guards take it as `fence`; the server passes it to the store, which
+ * checks it (a stale one is `FencedOut`, with `presented` and `current`).
+ *
+ * @module
+ */
+
+import { ConnectionError, problemError, responseError, RunkeepError } from "./errors.js";
+import { SseParser, sseMessages } from "./sse.js";
+import type {
+  AppendAuditBody,
+  AppendEventsBody,
+  Appended,
+  AuditBody,
+  AuditList,
+  CommitStepBody,
+  EnqueueBody,
+  FinishBody,
+  MaybeCheckpoint,
+  MaybeLease,
+  MaybeRecord,
+  MaybeReport,
+  PruneBody,
+  RecordBody,
+  ReleaseBody,
+  ReportBody,
+  ResolveBody,
+  SnoozeBody,
+  WriteCheckpointBody,
+  WriteMessagesBody,
+  CheckpointBody,
+  ClaimAnswer,
+  ClaimBody,
+  ClaimNextAnswer,
+  ClaimNextBody,
+  Clock,
+  Done,
+  EventBatchBody,
+  EventBody,
+  JsonObject,
+  Json,
+  LeaseSummaryBody,
+  LifecycleBody,
+  ListRunsQuery,
+  MessagesBody,
+  NewAuditBody,
+  NewEventBody,
+  OutcomeBody,
+  ProblemBody,
+  Pruned,
+  ResolutionBody,
+  RunAddress,
+  RunPageBody,
+  RunRef,
+  RunRowBody,
+  RunSummary,
+  StepBody,
+  StepReceiptBody,
+  Waited,
+  WhoAmI,
+} from "./types.js";
+
+/** How a {@link RunkeepClient} reaches its server. */
+export interface RunkeepClientOptions {
+  /** The server's address, e.g. `http://127.0.0.1:8080` (a path prefix is kept). */
+  baseUrl: string | URL;
+  /** A bearer token (`runkeep token create`). */
+  token: string;
+  /**
+   * The tenant a {@link RunRef} without `tenantId` belongs to. Default: the
+   * token's own tenant, asked once from `/v1/whoami`.
+   */
+  tenant?: string;
+  /** The `fetch` to use (default: the global one). */
+  fetch?: typeof fetch;
+  /** Extra headers sent with every request. */
+  headers?: Record<string, string>;
+}
+
+/** What every call takes. */
+export interface CallOptions {
+  /** Aborts the call. */
+  signal?: AbortSignal | undefined;
+}
+
+/** A write a fence may guard. */
+export interface FencedOptions extends CallOptions {
+  /** The holding the write is made under; absent: unfenced. */
+  fence?: number | undefined;
+}
+
+/** Options of {@link RunkeepClient.tail}. */
+export interface TailOptions extends CallOptions {
+  /** Start after this `seq` (default 0: from the first event). */
+  sinceSeq?: number;
+  /**
+   * Reconnect after a dropped connection or a server restart, asking for
+   * the events after the last one delivered (`Last-Event-ID`), so none is
+   * lost or repeated. Default true. Refusals (401, 403, 404, 400) are never
+   * retried: they reject the iteration.
+   */
+  reconnect?: boolean;
+  /** First pause before reconnecting, ms (doubles up to {@link maxRetryDelayMs}). Default 200. */
+  retryDelayMs?: number;
+  /** Longest pause between reconnections, ms. Default 5000. */
+  maxRetryDelayMs?: number;
+  /** Called before each reconnection (for logs and tests). */
+  onReconnect?: (info: TailReconnect) => void;
+}
+
+/** What {@link TailOptions.onReconnect} is told. */
+export interface TailReconnect {
+  /** Reconnections since the last delivered event (1 for the first). */
+  attempt: number;
+  /** The last `seq` delivered: the tail resumes after it. */
+  lastSeq: number;
+  /** Why the previous connection ended. */
+  error: unknown;
+}
+
+type Query = Record<string, string | number | boolean | undefined>;
+
+/** The runkeep API over `fetch`. */
+export class RunkeepClient {
+  readonly baseUrl: string;
+  private readonly token: string;
+  private readonly fetchImpl: typeof fetch;
+  private readonly headers: Record<string, string>;
+  private tenant: Promise<string> | undefined;
+  private clock: { store: number; local: number } | undefined;
+
+  constructor(options: RunkeepClientOptions) {
+    if (!options.token) throw new TypeError("RunkeepClient: a token is required (runkeep token create)");
+    this.baseUrl = String(options.baseUrl).replace(/\/+$/, "");
+    if (!/^https?:\/\//.test(this.baseUrl)) {
+      throw new TypeError(`RunkeepClient: baseUrl ${JSON.stringify(this.baseUrl)} is not an http(s) URL`);
+    }
+    this.token = options.token;
+    this.fetchImpl = options.fetch ?? globalThis.fetch.bind(globalThis);
+    this.headers = options.headers ?? {};
+    if (options.tenant !== undefined) this.tenant = Promise.resolve(options.tenant);
+  }
+
+  /**
+   * The store's clock as last seen (every answer carries it in
+   * `runkeep-now`), advanced by the local monotonic clock since; the local
+   * wall clock before the first answer.
+   */
+  storeNow(): number {
+    if (!this.clock) return Date.now();
+    return Math.round(this.clock.store + (performance.now() - this.clock.local));
+  }
+
+  /** The default tenant (option `tenant`, else the token's). */
+  defaultTenant(options: CallOptions = {}): Promise<string> {
+    if (!this.tenant) {
+      const p = this.whoami(options).then((w) => w.tenant);
+      this.tenant = p;
+      p.catch(() => {
+        if (this.tenant === p) this.tenant = undefined;
+      });
+    }
+    return this.tenant;
+  }
+
+  // ---- transport -------------------------------------------------------
+
+  private async send(
+    method: string,
+    path: string,
+    options: { query?: Query | undefined; body?: unknown; signal?: AbortSignal | undefined; headers?: Record<string, string> },
+  ): Promise<Response> {
+    const url = this.baseUrl + path + queryString(options.query);
+    const headers: Record<string, string> = {
+      ...this.headers,
+      authorization: `Bearer ${this.token}`,
+      accept: "application/json",
+      ...options.headers,
+    };
+    let body: string | undefined;
+    if (options.body !== undefined) {
+      headers["content-type"] = "application/json";
+      body = JSON.stringify(options.body);
+    }
+    const request = { method, path };
+    let res: Response;
+    try {
+      const init: RequestInit = { method, headers };
+      if (body !== undefined) init.body = body;
+      if (options.signal) init.signal = options.signal;
+      res = await this.fetchImpl(url, init);
+    } catch (e) {
+      if (options.signal?.aborted) throw options.signal.reason;
+      const refused = connectionRefused(e);
+      throw new ConnectionError(
+        refused
+          ? `cannot connect to ${this.baseUrl}; nothing was sent; retry`
+          : `no answer from ${this.baseUrl} (${describe(e)})${method === "GET" ? "" : "; the write may or may not have landed: read it back before repeating it"}`,
+        request,
+        !refused && method !== "GET",
+        e,
+      );
+    }
+    const now = Number(res.headers.get("runkeep-now"));
+    if (Number.isFinite(now) && now > 0) this.clock = { store: now, local: performance.now() };
+    if (!res.ok) throw await responseError(res, request);
+    return res;
+  }
+
+  private async call<T>(
+    method: string,
+    path: string,
+    options: { query?: Query | undefined; body?: unknown; signal?: AbortSignal | undefined } = {},
+  ): Promise<T> {
+    const res = await this.send(method, path, options);
+    const text = await readText(res, options.signal, { method, path });
+    try {
+      return JSON.parse(text) as T;
+    } catch {
+      throw new RunkeepError(
+        {
+          type: "urn:runkeep:client:unexpected-answer",
+          title: "Unexpected answer",
+          status: res.status,
+          detail: `the server's answer is not JSON: ${text.slice(0, 200)}`,
+        },
+        { method, path },
+      );
+    }
+  }
+
+  private async runPath(run: RunRef, tail: string, options: CallOptions): Promise<{ path: string; query: Query }> {
+    const tenant = run.tenantId ?? (await this.defaultTenant(options));
+    const seg = encodeURIComponent;
+    const path = `/v1/tenants/${seg(tenant)}/projects/${seg(run.projectId)}/sessions/${seg(run.sessionId)}/runs/${seg(run.runId)}${tail}`;
+    return { path, query: run.parentRunId !== undefined ? { parent: run.parentRunId } : {} };
+  }
+
+  private async tenantPath(tail: string, options: CallOptions): Promise<string> {
+    return `/v1/tenants/${encodeURIComponent(await this.defaultTenant(options))}${tail}`;
+  }
+
+  private async runGet<T>(run: RunRef, tail: string, options: CallOptions, query: Query = {}): Promise<T> {
+    const p = await this.runPath(run, tail, options);
+    return this.call<T>("GET", p.path, { query: { ...query, ...p.query }, signal: options.signal });
+  }
+
+  private async runWrite<T>(method: string, run: RunRef, tail: string, body: unknown, options: CallOptions): Promise<T> {
+    const p = await this.runPath(run, tail, options);
+    return this.call<T>(method, p.path, { query: p.query, body, signal: options.signal });
+  }
+
+  // ---- the store and the token ------------------------------------------
+
+  /** The store's clock (`GET /v1/clock`). */
+  clockNow(options: CallOptions = {}): Promise<Clock> {
+    return this.call("GET", "/v1/clock", options);
+  }
+
+  /** Who the token is (`GET /v1/whoami`). */
+  whoami(options: CallOptions = {}): Promise<WhoAmI> {
+    return this.call("GET", "/v1/whoami", options);
+  }
+
+  // ---- the listing and the queue ------------------------------------------
+
+  /** One page of the listing (`GET …/runs`). */
+  async listRuns(query: ListRunsQuery = {}, options: CallOptions = {}): Promise<RunPageBody> {
+    return this.call("GET", await this.tenantPath("/runs", options), {
+      query: {
+        project: query.project,
+        session: query.session,
+        order: query.order,
+        park: query.park?.join(","),
+        claimed: query.claimed,
+        status: query.status?.join(","),
+        limit: query.limit,
+        cursor: query.cursor,
+        now: query.now,
+      },
+      signal: options.signal,
+    });
+  }
+
+  /** Every row of the listing, page after page (following the cursor). */
+  async *allRuns(query: ListRunsQuery = {}, options: CallOptions = {}): AsyncGenerator<RunRowBody> {
+    let cursor = query.cursor;
+    for (;;) {
+      const page = await this.listRuns(cursor === undefined ? query : { ...query, cursor }, options);
+      yield* page.entries;
+      if (page.cursor === undefined) return;
+      cursor = page.cursor;
+    }
+  }
+
+  /**
+   * Takes the next runnable run of the tenant (`POST …/claim-next`); with
+   * `waitMs` (at most 30 000) the server waits that long for one before
+   * answering `{ claimed: null }`.
+   */
+  async claimNext(body: ClaimNextBody, options: CallOptions = {}): Promise<ClaimNextAnswer> {
+    return this.call("POST", await this.tenantPath("/claim-next", options), { body, signal: options.signal });
+  }
+
+  /** Waits until a run may have become runnable (`GET …/runnable/wait`). */
+  async waitRunnable(
+    query: { project?: string; session?: string; timeoutMs?: number } = {},
+    options: CallOptions = {},
+  ): Promise<Waited> {
+    return this.call("GET", await this.tenantPath("/runnable/wait", options), { query, signal: options.signal });
+  }
+
+  /** Everything about one run in one call (`GET …/runs/{run}`). */
+  summary(run: RunRef, options: CallOptions = {}): Promise<RunSummary> {
+    return this.runGet(run, "", options);
+  }
+
+  // ---- claims and the lifecycle -----------------------------------------
+
+  /** Claims (or, for the same holder, renews with a new fence) a run (`POST …/claim`). */
+  claim(run: RunRef, body: ClaimBody, options: CallOptions = {}): Promise<ClaimAnswer> {
+    return this.runWrite("POST", run, "/claim", body, options);
+  }
+
+  /**
+   * Releases the holding at `fence` (`POST …/release`); without a fence, an
+   * operator's release of whoever holds the run.
+   */
+  release(run: RunRef, options: FencedOptions = {}): Promise<Done> {
+    const body: ReleaseBody = withFence({}, options.fence);
+    return this.runWrite("POST", run, "/release", body, options);
+  }
+
+  /** Finishes the run held at `fence` (`POST …/finish`); spends the fence. */
+  finish(run: RunRef, fence: number, outcome: OutcomeBody, options: CallOptions = {}): Promise<LifecycleBody> {
+    const body: FinishBody = { fence, outcome };
+    return this.runWrite("POST", run, "/finish", body, options);
+  }
+
+  /** Releases the holding and defers the run until `until` (epoch ms, `POST …/snooze`). */
+  snooze(run: RunRef, fence: number, until: number, options: CallOptions = {}): Promise<Done> {
+    const body: SnoozeBody = { fence, until };
+    return this.runWrite("POST", run, "/snooze", body, options);
+  }
+
+  /** Creates a runnable run with its first checkpoint (`POST …/enqueue`). */
+  enqueue(
+    run: RunRef,
+    body: EnqueueBody,
+    options: CallOptions = {},
+  ): Promise<CheckpointBody> {
+    return this.runWrite("POST", run, "/enqueue", body, options);
+  }
+
+  /** Makes a finished run active and claimable again (operator, `POST …/reopen`). */
+  reopen(run: RunRef, options: CallOptions = {}): Promise<LifecycleBody> {
+    return this.runWrite("POST", run, "/reopen", {}, options);
+  }
+
+  /** The run's top holding (`GET …/lease`), `null` when never claimed. */
+  async lease(run: RunRef, options: CallOptions & { now?: number } = {}): Promise<LeaseSummaryBody | null> {
+    const r = await this.runGet<MaybeLease>(run, "/lease", options, { now: options.now });
+    return r.lease;
+  }
+
+  /** The run's lifecycle (`GET …/lifecycle`). */
+  lifecycle(run: RunRef, options: CallOptions = {}): Promise<LifecycleBody> {
+    return this.runGet(run, "/lifecycle", options);
+  }
+
+  // ---- the atomic step and checkpoints ------------------------------------
+
+  /**
+   * Commits one step all or nothing under `fence` (`POST …/steps`): its
+   * events, checkpoint, messages, run record and, with `finish`, the end of
+   * the run.
+   */
+  commitStep(run: RunRef, fence: number, step: StepBody, options: CallOptions = {}): Promise<StepReceiptBody> {
+    const body: CommitStepBody = { fence, step };
+    return this.runWrite("POST", run, "/steps", body, options);
+  }
+
+  /** Every checkpoint, in the store's total order (`GET …/checkpoints`). */
+  listCheckpoints(run: RunRef, options: CallOptions = {}): Promise<CheckpointBody[]> {
+    return this.runGet(run, "/checkpoints", options);
+  }
+
+  /** Writes a checkpoint (`POST …/checkpoints`). */
+  writeCheckpoint(run: RunRef, checkpoint: CheckpointBody, options: FencedOptions = {}): Promise<CheckpointBody> {
+    const body: WriteCheckpointBody = withFence({ checkpoint }, options.fence);
+    return this.runWrite("POST", run, "/checkpoints", body, options);
+  }
+
+  /** The latest checkpoint (`GET …/checkpoints/latest`). */
+  async latestCheckpoint(run: RunRef, options: CallOptions = {}): Promise<CheckpointBody | null> {
+    return (await this.runGet<MaybeCheckpoint>(run, "/checkpoints/latest", options)).checkpoint;
+  }
+
+  /** The outstanding park's checkpoint (`GET …/checkpoints/pending`). */
+  async findPending(run: RunRef, options: CallOptions & { now?: number } = {}): Promise<CheckpointBody | null> {
+    const q = { now: options.now };
+    return (await this.runGet<MaybeCheckpoint>(run, "/checkpoints/pending", options, q)).checkpoint;
+  }
+
+  /** The checkpoint to resume from (`GET …/checkpoints/resume-point`). */
+  async resumePoint(run: RunRef, options: CallOptions & { now?: number } = {}): Promise<CheckpointBody | null> {
+    const q = { now: options.now };
+    return (await this.runGet<MaybeCheckpoint>(run, "/checkpoints/resume-point", options, q))
+      .checkpoint;
+  }
+
+  /** One checkpoint by id (`GET …/checkpoints/by-id/{id}`), `null` when absent. */
+  async readCheckpoint(run: RunRef, id: string, options: CallOptions = {}): Promise<CheckpointBody | null> {
+    const tail = `/checkpoints/by-id/${encodeURIComponent(id)}`;
+    return (await this.runGet<MaybeCheckpoint>(run, tail, options)).checkpoint;
+  }
+
+  /** Deletes a checkpoint (`DELETE …/checkpoints/by-id/{id}`). */
+  async deleteCheckpoint(run: RunRef, id: string, options: FencedOptions = {}): Promise<Done> {
+    const p = await this.runPath(run, `/checkpoints/by-id/${encodeURIComponent(id)}`, options);
+    return this.call("DELETE", p.path, { query: { ...p.query, fence: options.fence }, signal: options.signal });
+  }
+
+  /**
+   * Answers a park exactly once (`POST …/checkpoints/by-id/{id}/answer`):
+   * with `fence`, the holder's answer; without, an operator's. A second
+   * answer is `Conflict`, whose `firstAnswer` is the one that won.
+   */
+  resolvePark(
+    run: RunRef,
+    checkpointId: string,
+    resolution: ResolutionBody,
+    options: FencedOptions & { now?: number } = {},
+  ): Promise<CheckpointBody> {
+    const body: ResolveBody = { resolution };
+    if (options.fence !== undefined) body.fence = options.fence;
+    if (options.now !== undefined) body.now = options.now;
+    return this.runWrite("POST", run, `/checkpoints/by-id/${encodeURIComponent(checkpointId)}/answer`, body, options);
+  }
+
+  /** Deletes all but the newest `keepLast` checkpoints (`POST …/prune`). */
+  prune(run: RunRef, keepLast: number, options: FencedOptions = {}): Promise<Pruned> {
+    const body: PruneBody = withFence({ keepLast }, options.fence);
+    return this.runWrite("POST", run, "/prune", body, options);
+  }
+
+  // ---- events -------------------------------------------------------------
+
+  /** Events after `sinceSeq` (`GET …/events`). */
+  readEvents(
+    run: RunRef,
+    query: { sinceSeq?: number; integrity?: "tolerant" | "strict"; limit?: number } = {},
+    options: CallOptions = {},
+  ): Promise<EventBatchBody> {
+    return this.runGet(run, "/events", options, query);
+  }
+
+  /** Appends events (`POST …/events`); answers them with their `seq`. */
+  async appendEvents(run: RunRef, events: NewEventBody[], options: FencedOptions = {}): Promise<EventBody[]> {
+    const body: AppendEventsBody = withFence({ events }, options.fence);
+    const r = await this.runWrite<Appended>("POST", run, "/events", body, options);
+    return r.events;
+  }
+
+  /** Waits until the log's last `seq` is above `sinceSeq` (`GET …/events/wait`). */
+  waitEvents(run: RunRef, query: { sinceSeq?: number; timeoutMs?: number } = {}, options: CallOptions = {}): Promise<Waited> {
+    return this.runGet(run, "/events/wait", options, query);
+  }
+
+  /**
+   * The run's events as they are appended, as an async iterator over the
+   * SSE tail (`GET …/events/stream`): every event after `sinceSeq`, then
+   * each new one as it lands, until the caller breaks out or aborts
+   * `signal` (the iteration then rejects with the signal's reason).
+   *
+   * A dropped connection or a restarted server is reconnected with
+   * `Last-Event-ID` set to the last event delivered: the server's ids are
+   * the store's `seq`s, so no event is lost or delivered twice. A refusal
+   * (401, 403, 404, 400) or a `problem` event from the server rejects.
+   */
+  async *tail(run: RunRef, options: TailOptions = {}): AsyncGenerator<EventBody> {
+    const reconnect = options.reconnect ?? true;
+    const firstDelay = options.retryDelayMs ?? 200;
+    const maxDelay = options.maxRetryDelayMs ?? 5000;
+    const p = await this.runPath(run, "/events/stream", options);
+    let lastSeq = options.sinceSeq ?? 0;
+    let attempt = 0;
+    let delay = firstDelay;
+    for (;;) {
+      const local = new AbortController();
+      const onAbort = () => local.abort(options.signal?.reason);
+      options.signal?.addEventListener("abort", onAbort, { once: true });
+      let error: unknown;
+      try {
+        if (options.signal?.aborted) throw options.signal.reason;
+        const res = await this.send("GET", p.path, {
+          query: { ...p.query, sinceSeq: lastSeq },
+          signal: local.signal,
+          headers: { accept: "text/event-stream", "last-event-id": String(lastSeq) },
+        });
+        if (!res.body) throw new ConnectionError("the tail answered without a body", { method: "GET", path: p.path }, false, undefined);
+        const parser = new SseParser(String(lastSeq));
+        for await (const m of sseMessages(res.body, parser)) {
+          if (m.event === "problem") {
+            throw problemOf(m.data, p.path);
+          }
+          if (m.event !== "event") continue;
+          const ev = JSON.parse(m.data) as EventBody;
+          // Seqs only increase; a repeat (never expected) is dropped, not delivered twice.
+          if (ev.seq <= lastSeq) continue;
+          lastSeq = ev.seq;
+          attempt = 0;
+          delay = firstDelay;
+          yield ev;
+        }
+        error = new ConnectionError("the server ended the event stream", { method: "GET", path: p.path }, false, undefined);
+      } catch (e) {
+        if (options.signal?.aborted) throw options.signal.reason;
+        if (!isTransient(e)) throw e;
+        error = e;
+      } finally {
+        options.signal?.removeEventListener("abort", onAbort);
+        local.abort();
+      }
+      if (!reconnect) throw error;
+      attempt += 1;
+      options.onReconnect?.({ attempt, lastSeq, error });
+      await sleep(delay, options.signal);
+      delay = Math.min(delay * 2, maxDelay);
+    }
+  }
+
+  // ---- documents and audit --------------------------------------------------
+
+  /** The run record (`GET …/record`), `null` when never written. */
+  async readRecord(run: RunRef, options: CallOptions = {}): Promise<JsonObject | null> {
+    return (await this.runGet<MaybeRecord>(run, "/record", options)).record;
+  }
+
+  /** Replaces the run record (`PUT …/record`). */
+  writeRecord(run: RunRef, record: JsonObject, options: FencedOptions = {}): Promise<Done> {
+    const body: RecordBody = withFence({ record }, options.fence);
+    return this.runWrite("PUT", run, "/record", body, options);
+  }
+
+  /** The message snapshot (`GET …/messages`). */
+  readMessages(run: RunRef, options: CallOptions = {}): Promise<MessagesBody> {
+    return this.runGet(run, "/messages", options);
+  }
+
+  /** Publishes a message snapshot accounting for events up to `throughEventSeq` (`PUT …/messages`). */
+  writeMessages(run: RunRef, messages: Json[], throughEventSeq: number, options: FencedOptions = {}): Promise<Done> {
+    const body: WriteMessagesBody = withFence({ messages, throughEventSeq }, options.fence);
+    return this.runWrite("PUT", run, "/messages", body, options);
+  }
+
+  /** The report (`GET …/report`), `null` when never written. */
+  async readReport(run: RunRef, options: CallOptions = {}): Promise<string | null> {
+    return (await this.runGet<MaybeReport>(run, "/report", options)).report;
+  }
+
+  /** Replaces the report (`PUT …/report`). */
+  writeReport(run: RunRef, report: string, options: FencedOptions = {}): Promise<Done> {
+    const body: ReportBody = withFence({ report }, options.fence);
+    return this.runWrite("PUT", run, "/report", body, options);
+  }
+
+  /** The audit trail after `sinceSeq` (`GET …/audit`). */
+  async readAudit(run: RunRef, options: CallOptions & { sinceSeq?: number } = {}): Promise<AuditBody[]> {
+    return (await this.runGet<AuditList>(run, "/audit", options, { sinceSeq: options.sinceSeq })).records;
+  }
+
+  /** Appends audit events (`POST …/audit`). */
+  async appendAudit(run: RunRef, events: NewAuditBody[], options: FencedOptions = {}): Promise<AuditBody[]> {
+    const body: AppendAuditBody = withFence({ events }, options.fence);
+    const r = await this.runWrite<AuditList>("POST", run, "/audit", body, options);
+    return r.records;
+  }
+}
+
+/** The {@link RunRef} of a run's address. */
+export function refOf(run: RunAddress): RunRef {
+  const r: RunRef = { tenantId: run.tenantId, projectId: run.projectId, sessionId: run.sessionId, runId: run.runId };
+  if (run.parentRunId !== undefined) r.parentRunId = run.parentRunId;
+  return r;
+}
+
+function withFence<T extends object>(body: T, fence: number | undefined): T & { fence?: number } {
+  return fence === undefined ? body : { ...body, fence };
+}
+
+function queryString(q: Query | undefined): string {
+  if (!q) return "";
+  const parts: string[] = [];
+  for (const [k, v] of Object.entries(q)) {
+    if (v === undefined) continue;
+    parts.push(`${encodeURIComponent(k)}=${encodeURIComponent(String(v))}`);
+  }
+  return parts.length ? `?${parts.join("&")}` : "";
+}
+
+async function readText(res: Response, signal: AbortSignal | undefined, request: { method: string; path: string }): Promise<string> {
+  try {
+    return await res.text();
+  } catch (e) {
+    if (signal?.aborted) throw signal.reason;
+    throw new ConnectionError(
+      `the answer was cut off (${describe(e)})`,
+      request,
+      request.method !== "GET",
+      e,
+    );
+  }
+}
+
+function problemOf(data: string, path: string): RunkeepError {
+  let body: ProblemBody;
+  try {
+    body = JSON.parse(data) as ProblemBody;
+  } catch {
+    body = { type: "about:blank", title: "Event stream failed", status: 500, detail: data.slice(0, 200) };
+  }
+  return problemError(body, { method: "GET", path });
+}
+
+function isTransient(e: unknown): boolean {
+  if (e instanceof ConnectionError) return true;
+  if (e instanceof RunkeepError) return e.retryable || e.status >= 500;
+  // A body read that failed mid-stream (socket closed) surfaces as a TypeError from undici.
+  return e instanceof TypeError;
+}
+
+function connectionRefused(e: unknown): boolean {
+  const code = (e as { cause?: { code?: unknown } } | undefined)?.cause?.code;
+  return code === "ECONNREFUSED";
+}
+
+function describe(e: unknown): string {
+  const cause = (e as { cause?: { code?: unknown; message?: unknown } } | undefined)?.cause;
+  if (cause && typeof cause.code === "string") return cause.code;
+  if (e instanceof Error) return e.message;
+  return String(e);
+}
+
+/** Resolves after `ms`, or rejects with the signal's reason when it aborts first. */
+export function sleep(ms: number, signal?: AbortSignal): Promise<void> {
+  return new Promise((resolve, reject) => {
+    if (signal?.aborted) {
+      reject(signal.reason);
+      return;
+    }
+    const t = setTimeout(() => {
+      signal?.removeEventListener("abort", onAbort);
+      resolve();
+    }, ms);
+    const onAbort = () => {
+      clearTimeout(t);
+      reject(signal?.reason);
+    };
+    signal?.addEventListener("abort", onAbort, { once: true });
+  });
+}

@@ -1,0 +1,153 @@
+/**
+ * An incremental Server-Sent Events parser (the WHATWG event-stream
+ * format): feed it text as it arrives, in chunks cut anywhere, and it yields
+ * each complete message once its terminating blank line has arrived.
+ *
+ * Lines end with `\n`, `\r\n` or `\r` (a `\r` at the end of one chunk and a
+ * `\n` at the start of the next are one line end). Comment lines (`:` —
+ * the server's keep-alives) are ignored, `data` lines are joined with `\n`,
+ * an `id` containing NUL is ignored, a message with no `data` is not
+ * dispatched. A message cut off by the end of the stream (no blank line) is
+ * dropped, as the format requires: its `id` is not taken as seen, so a
+ * resumed tail asks for it again.
+ *
+ * @module
+ */
+
+/** One dispatched SSE message. */
+export interface SseMessage {
+  /** `event:` (default `message`). */
+  event: string;
+  /** The `data:` lines, joined with `\n`. */
+  data: string;
+  /** The last event id after this message (`id:`), if any was ever set. */
+  id: string | undefined;
+  /** `retry:`, ms, when this message set it. */
+  retry: number | undefined;
+}
+
+/** The parser's state between chunks. */
+export class SseParser {
+  private buffer = "";
+  private pendingCr = false;
+  private data: string[] = [];
+  private hasData = false;
+  private eventType = "";
+  private retry: number | undefined;
+  /** The last event id (persists across messages, as the format says). */
+  lastEventId: string | undefined;
+
+  constructor(lastEventId?: string) {
+    this.lastEventId = lastEventId;
+  }
+
+  /** Feeds a chunk; returns the messages it completed. */
+  push(chunk: string): SseMessage[] {
+    const out: SseMessage[] = [];
+    let text = chunk;
+    if (this.pendingCr && text.startsWith("\n")) text = text.slice(1);
+    this.pendingCr = false;
+    this.buffer += text;
+    let start = 0;
+    for (;;) {
+      const cr = this.buffer.indexOf("\r", start);
+      const lf = this.buffer.indexOf("\n", start);
+      if (cr < 0 && lf < 0) break;
+      let end: number;
+      let next: number;
+      if (cr >= 0 && (lf < 0 || cr < lf)) {
+        end = cr;
+        if (cr + 1 < this.buffer.length) {
+          next = this.buffer[cr + 1] === "\n" ? cr + 2 : cr + 1;
+        } else {
+          // A `\r` at the very end: the line ended; skip a `\n` that may open the next chunk.
+          next = cr + 1;
+          this.pendingCr = true;
+        }
+      } else {
+        end = lf;
+        next = lf + 1;
+      }
+      const msg = this.line(this.buffer.slice(start, end));
+      if (msg) out.push(msg);
+      start = next;
+    }
+    this.buffer = this.buffer.slice(start);
+    return out;
+  }
+
+  private line(line: string): SseMessage | undefined {
+    if (line === "") return this.dispatch();
+    if (line.startsWith(":")) return undefined;
+    const colon = line.indexOf(":");
+    let field: string;
+    let value: string;
+    if (colon < 0) {
+      field = line;
+      value = "";
+    } else {
+      field = line.slice(0, colon);
+      value = line.slice(colon + 1);
+      if (value.startsWith(" ")) value = value.slice(1);
+    }
+    switch (field) {
+      case "event":
+        this.eventType = value;
+        break;
+      case "data":
+        this.data.push(value);
+        this.hasData = true;
+        break;
+      case "id":
+        if (!value.includes("\0")) this.lastEventId = value;
+        break;
+      case "retry":
+        if (/^\d+$/.test(value)) this.retry = Number(value);
+        break;
+      default:
+        break;
+    }
+    return undefined;
+  }
+
+  private dispatch(): SseMessage | undefined {
+    const retry = this.retry;
+    this.retry = undefined;
+    if (!this.hasData) {
+      this.eventType = "";
+      return undefined;
+    }
+    const msg: SseMessage = {
+      event: this.eventType || "message",
+      data: this.data.join("\n"),
+      id: this.lastEventId,
+      retry,
+    };
+    this.data = [];
+    this.hasData = false;
+    this.eventType = "";
+    return msg;
+  }
+}
+
+/**
+ * The SSE messages of a byte stream, as an async iterator. Cancels the
+ * stream's reader when the consumer stops early.
+ */
+export async function* sseMessages(body: ReadableStream<Uint8Array>, parser = new SseParser()): AsyncGenerator<SseMessage> {
+  const reader = body.getReader();
+  const decoder = new TextDecoder("utf-8");
+  try {
+    for (;;) {
+      const { done, value } = await reader.read();
+      if (done) {
+        // Flush the decoder; a message without its blank line is dropped.
+        parser.push(decoder.decode());
+        return;
+      }
+      for (const m of parser.push(decoder.decode(value, { stream: true }))) yield m;
+    }
+  } finally {
+    await reader.cancel().catch(() => undefined);
+  }
+}

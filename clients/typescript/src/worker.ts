@@ -1,0 +1,623 @@
+/**
+ * The worker helper: {@link runWorker} drains runs through `claim_next`,
+ * keeps each lease while its handler works, and stops the handler the
+ * moment the lease is lost.
+ *
+ * For each run it takes:
+ *
+ * 1. **Claim** with `claim_next` and a long-poll (`waitMs`), so an idle
+ *    worker waits at the server instead of polling.
+ * 2. **Keep** the lease: renew (a claim by the same holder, which mints a
+ *    new, higher fence) every third of the TTL, measured from when the
+ *    previous claim was *sent*. Renewals and writes exclude each other, so
+ *    no write presents a fence a renewal is retiring.
+ * 3. **Stop the work the moment the lease is lost**: `ctx.signal` aborts
+ *    with a {@link LeaseLost} when a renewal answers that another holder has
+ *    the run, when any write is refused as fenced out, when renewals keep
+ *    failing into the safety margin (a tenth of the TTL before the local
+ *    deadline), or when nothing renewed the lease by then (a stalled event
+ *    loop). From then on every `ctx.step()` is refused locally, before it
+ *    is sent.
+ * 4. **Write through the atomic step**: `ctx.step(step)` commits events,
+ *    checkpoint, messages, record and optionally the finish as one
+ *    `POST …/steps`, always with the current fence.
+ * 5. **End the holding** by what the handler returned: finish (default
+ *    `completed`, with the returned value as result), release, or snooze;
+ *    a handler that throws has its run snoozed for `failureBackoffMs`
+ *    (`onError: "fail"` finishes it as failed instead). A run that keeps
+ *    losing its holders is dead-lettered by the store itself (its attempt
+ *    limit, `maxAttempts`).
+ *
+ * Lease expiry is judged by the store's clock (claims carry no instant);
+ * the worker's own deadline runs on the monotonic clock from the moment the
+ * claim was sent, so it is never later than the store's.
+ *
+ * @module
+ */
+
+import type { RunkeepClient } from "./client.js";
+import { refOf, sleep } from "./client.js";
+import { FencedOut, RunkeepError } from "./errors.js";
+import type {
+  CheckpointBody,
+  Json,
+  LeaseBody,
+  OutcomeBody,
+  Order,
+  ParkState,
+  RunAddress,
+  RunRef,
+  StepBody,
+  StepReceiptBody,
+} from "./types.js";
+
+/** Why a lease was lost. */
+export type LeaseLossKind =
+  /** A renewal found another holder on the run. */
+  | "superseded"
+  /** A write was refused: the fence no longer holds the run. */
+  | "fenced-out"
+  /** No renewal landed before the safety margin of the local deadline. */
+  | "expiring"
+  /** A renewal was refused for good (run finished or deferred meanwhile, a refusal). */
+  | "renewal-failed";
+
+/**
+ * The reason `ctx.signal` aborts with when the lease is lost, and the error
+ * every later `ctx.step()` rejects with.
+ */
+export class LeaseLost extends RunkeepError {
+  override name = "LeaseLost";
+  readonly kind: LeaseLossKind;
+  /** The fence this worker held. */
+  readonly fence: number;
+  /** The run's current fence, when known (superseded, fenced-out). */
+  readonly current: number | undefined;
+  constructor(kind: LeaseLossKind, fence: number, detail: string, current?: number, cause?: unknown) {
+    super(
+      { type: `urn:runkeep:client:lease-lost`, title: "Lease lost", status: 0, detail },
+      undefined,
+      cause === undefined ? undefined : { cause },
+    );
+    this.kind = kind;
+    this.fence = fence;
+    this.current = current;
+  }
+}
+
+/** What a handler returns: how the holding ends. */
+export type WorkResult =
+  /** Finish as `completed` with no result. */
+  | undefined
+  /** Finish with this outcome. */
+  | { finish: OutcomeBody }
+  /** More work remains: release the run; it is runnable again at once. */
+  | { release: true }
+  /** More work remains, not before this many ms: snooze it. */
+  | { retryAfterMs: number };
+
+/** What a handler is given for one run. */
+export interface RunContext {
+  /** The run. */
+  readonly run: RunAddress;
+  /** Its address for the client's methods. */
+  readonly ref: RunRef;
+  /** The lease as last taken or renewed. */
+  readonly lease: LeaseBody;
+  /** The current fence (it changes with every renewal). */
+  readonly fence: number;
+  /**
+   * Aborts the moment the lease is lost (reason: a {@link LeaseLost}) or the
+   * worker is stopped (reason: the worker signal's). Pass it to everything
+   * the handler awaits.
+   */
+  readonly signal: AbortSignal;
+  /** The client (for reads; make writes through {@link step}). */
+  readonly client: RunkeepClient;
+  /** The checkpoint to resume from (`null`: a fresh run with no checkpoint). */
+  resumePoint(): Promise<CheckpointBody | null>;
+  /**
+   * Commits one step atomically under the current fence. Refused locally
+   * with {@link LeaseLost} once the lease is lost; a `FencedOut` answer
+   * aborts {@link signal} and rejects with it. A step with `finish` ends the
+   * holding: the worker then does not finish the run again.
+   */
+  step(step: StepBody): Promise<StepReceiptBody>;
+  /** Throws the {@link LeaseLost} if the lease is already known lost. */
+  ensureHeld(): void;
+}
+
+/** What happened to one run, for {@link WorkerOptions.onEvent}. */
+export type WorkerEvent =
+  | { type: "claimed"; run: RunAddress; fence: number }
+  | { type: "renewed"; run: RunAddress; from: number; to: number }
+  | { type: "lost"; run: RunAddress; loss: LeaseLost }
+  | { type: "finished"; run: RunAddress; outcome: OutcomeBody }
+  | { type: "released"; run: RunAddress; done: boolean }
+  | { type: "snoozed"; run: RunAddress; until: number }
+  | { type: "failed"; run: RunAddress; error: unknown }
+  | { type: "error"; error: unknown };
+
+/** How {@link runWorker} works. */
+export interface WorkerOptions {
+  client: RunkeepClient;
+  /** Unique per process (it is what tells a renewal from a theft). Default: a random one. */
+  holder?: string;
+  /** Lease length, ms. */
+  ttlMs: number;
+  /** Only runs of this project / session, with this park state, in this order. */
+  filter?: { project?: string; session?: string; park?: ParkState[]; order?: Order };
+  /** Attempt limit passed with each claim (the store dead-letters past it). */
+  maxAttempts?: number;
+  /** Long-poll of each `claim_next`, ms (at most 30 000). Default 20 000. */
+  waitMs?: number;
+  /** Runs worked on at once. Default 1. */
+  concurrency?: number;
+  /** `"continuous"` (default): wait for work until stopped; `"until-idle"`: stop when no run is runnable. */
+  mode?: "continuous" | "until-idle";
+  /** Stops the worker: no more claims; running handlers see `ctx.signal` abort, their runs are released. */
+  signal?: AbortSignal;
+  /** A handler that throws: `"snooze"` (default) retries later, `"fail"` finishes the run as failed. */
+  onError?: "snooze" | "fail";
+  /** The snooze after a handler failure, ms. Default 1000. */
+  failureBackoffMs?: number;
+  /** Renew every `renewFraction × ttlMs`. Default 1/3. */
+  renewFraction?: number;
+  /** Give the lease up `safetyFraction × ttlMs` before its local deadline. Default 0.1. */
+  safetyFraction?: number;
+  /** Observes what the worker does. */
+  onEvent?: (event: WorkerEvent) => void;
+  /** The work. */
+  handler: (ctx: RunContext) => Promise<WorkResult> | WorkResult;
+}
+
+/** What {@link runWorker} did. */
+export interface WorkerReport {
+  claimed: number;
+  finished: number;
+  released: number;
+  snoozed: number;
+  /** Handlers that threw (their runs were snoozed or failed). */
+  failed: number;
+  /** Leases lost while working. */
+  lost: number;
+}
+
+/**
+ * Runs a worker until `options.signal` aborts (or, in `"until-idle"` mode,
+ * until no run is runnable). Rejects on a refusal that retrying cannot fix
+ * (a token without the worker role, a bad filter), after stopping its runs.
+ */
+export async function runWorker(options: WorkerOptions): Promise<WorkerReport> {
+  const ttl = options.ttlMs;
+  if (!Number.isInteger(ttl) || ttl <= 0) throw new TypeError(`ttlMs ${ttl} must be a positive whole number of ms`);
+  const renewFraction = options.renewFraction ?? 1 / 3;
+  const safetyFraction = options.safetyFraction ?? 0.1;
+  if (!(renewFraction > 0 && renewFraction < 1)) throw new TypeError(`renewFraction ${renewFraction} must lie in (0, 1)`);
+  if (!(safetyFraction >= 0 && safetyFraction < 1) || renewFraction + safetyFraction >= 1) {
+    throw new TypeError(`safetyFraction ${safetyFraction} must lie in [0, 1) with renewFraction + safetyFraction < 1`);
+  }
+  const waitMs = options.waitMs ?? 20_000;
+  const concurrency = options.concurrency ?? 1;
+  if (!Number.isInteger(concurrency) || concurrency < 1) throw new TypeError(`concurrency ${concurrency} must be at least 1`);
+  const holder = options.holder ?? `ts-${randomId()}`;
+  const report: WorkerReport = { claimed: 0, finished: 0, released: 0, snoozed: 0, failed: 0, lost: 0 };
+  const stop = new AbortController();
+  const onStop = () => stop.abort(options.signal?.reason);
+  if (options.signal?.aborted) return report;
+  options.signal?.addEventListener("abort", onStop, { once: true });
+  const emit = (e: WorkerEvent) => {
+    try {
+      options.onEvent?.(e);
+    } catch {
+      // An observer's failure is not the worker's.
+    }
+  };
+  let fatal: unknown;
+
+  const slot = async () => {
+    let backoff = 100;
+    while (!stop.signal.aborted) {
+      let claimed;
+      let sentAt = 0;
+      try {
+        const body = {
+          holder,
+          ttlMs: ttl,
+          waitMs: options.mode === "until-idle" ? 0 : waitMs,
+          ...(options.maxAttempts !== undefined ? { maxAttempts: options.maxAttempts } : {}),
+          ...options.filter,
+        };
+        sentAt = performance.now();
+        claimed = (await options.client.claimNext(body, { signal: stop.signal })).claimed;
+        backoff = 100;
+      } catch (e) {
+        if (stop.signal.aborted) return;
+        if (e instanceof RunkeepError && e.retryable) {
+          emit({ type: "error", error: e });
+          await sleep(Math.max(backoff, retryAfter(e)), stop.signal).catch(() => undefined);
+          backoff = Math.min(backoff * 2, 5000);
+          continue;
+        }
+        fatal = e;
+        stop.abort(e);
+        return;
+      }
+      if (!claimed) {
+        // Until idle: this slot stops; the others stop when they find nothing either.
+        if (options.mode === "until-idle") return;
+        continue;
+      }
+      report.claimed += 1;
+      emit({ type: "claimed", run: claimed.run, fence: claimed.lease.fence });
+      const held = new HeldRun(options, claimed.run, claimed.lease, sentAt, renewFraction, safetyFraction, stop.signal, emit);
+      await held.work(report);
+    }
+  };
+
+  try {
+    await Promise.all(Array.from({ length: concurrency }, slot));
+  } finally {
+    options.signal?.removeEventListener("abort", onStop);
+  }
+  if (fatal !== undefined) throw fatal;
+  return report;
+}
+
+/** One run while this worker holds it. */
+class HeldRun {
+  private lease: LeaseBody;
+  /** Monotonic ms when the current lease's claim was sent. */
+  private sentAt: number;
+  private lost: LeaseLost | undefined;
+  private ended = false;
+  private readonly lossController = new AbortController();
+  private readonly signal: AbortSignal;
+  private readonly gate = new Gate();
+  private renewTimer: ReturnType<typeof setTimeout> | undefined;
+  private watchdog: ReturnType<typeof setTimeout> | undefined;
+  private renewing: Promise<void> = Promise.resolve();
+  private readonly ref: RunRef;
+
+  constructor(
+    private readonly options: WorkerOptions,
+    private readonly run: RunAddress,
+    lease: LeaseBody,
+    sentAt: number,
+    private readonly renewFraction: number,
+    private readonly safetyFraction: number,
+    stopSignal: AbortSignal,
+    private readonly emit: (e: WorkerEvent) => void,
+  ) {
+    this.lease = lease;
+    this.sentAt = sentAt;
+    this.ref = refOf(run);
+    this.signal = AbortSignal.any([this.lossController.signal, stopSignal]);
+  }
+
+  private get ttl(): number {
+    return this.options.ttlMs;
+  }
+
+  /** Monotonic ms past which no write is sent and the lease counts as lost. */
+  private giveUpAt(): number {
+    return this.sentAt + this.ttl * (1 - this.safetyFraction);
+  }
+
+  private lose(loss: LeaseLost): void {
+    if (this.lost || this.ended) return;
+    this.lost = loss;
+    this.stopTimers();
+    this.emit({ type: "lost", run: this.run, loss });
+    this.lossController.abort(loss);
+  }
+
+  private stopTimers(): void {
+    if (this.renewTimer) clearTimeout(this.renewTimer);
+    if (this.watchdog) clearTimeout(this.watchdog);
+    this.renewTimer = undefined;
+    this.watchdog = undefined;
+  }
+
+  private arm(): void {
+    this.stopTimers();
+    if (this.lost || this.ended) return;
+    const now = performance.now();
+    const renewAt = this.sentAt + this.ttl * this.renewFraction;
+    this.renewTimer = setTimeout(() => {
+      this.renewing = this.renew();
+    }, Math.max(0, renewAt - now));
+    // Whatever the renewal does (hung request, starved loop), the work stops at the margin.
+    this.watchdog = setTimeout(() => {
+      this.lose(
+        new LeaseLost(
+          "expiring",
+          this.lease.fence,
+          `no renewal of fence ${this.lease.fence} landed before the safety margin of its lease`,
+        ),
+      );
+    }, Math.max(0, this.giveUpAt() - now));
+  }
+
+  private async renew(): Promise<void> {
+    const old = this.lease.fence;
+    const giveUpAt = this.giveUpAt();
+    const deadline = this.sentAt + this.ttl;
+    if (performance.now() >= giveUpAt) {
+      // Due long before, but the event loop only ran it now (blocked or starved).
+      this.lose(new LeaseLost("expiring", old, `the renewal of fence ${old} only ran within the safety margin of its lease (event loop blocked)`));
+      return;
+    }
+    // No write may present the fence this renewal retires.
+    const bound = new AbortController();
+    const t = setTimeout(() => bound.abort(), Math.max(0, giveUpAt - performance.now()));
+    const signal = AbortSignal.any([bound.signal, this.lossController.signal]);
+    let delay = 50;
+    try {
+      await this.gate.exclusive(signal, async () => {
+        for (let attempt = 1; ; attempt++) {
+          if (this.lost || this.ended) return;
+          const sentAt = performance.now();
+          try {
+            const answer = await this.options.client.claim(
+              this.ref,
+              {
+                holder: this.lease.holder,
+                ttlMs: this.ttl,
+                ...(this.options.maxAttempts !== undefined ? { maxAttempts: this.options.maxAttempts } : {}),
+              },
+              { signal },
+            );
+            switch (answer.outcome) {
+              case "acquired": {
+                if (performance.now() >= deadline) {
+                  this.lose(new LeaseLost("expiring", old, `the renewal of fence ${old} answered after its deadline`));
+                  return;
+                }
+                if (answer.lease.fence <= old) {
+                  this.lose(
+                    new LeaseLost("renewal-failed", old, `the store renewed fence ${old} with fence ${answer.lease.fence}; a renewal must mint a higher one`),
+                  );
+                  return;
+                }
+                this.lease = answer.lease;
+                this.sentAt = sentAt;
+                this.emit({ type: "renewed", run: this.run, from: old, to: answer.lease.fence });
+                this.arm();
+                return;
+              }
+              case "held":
+                this.lose(
+                  new LeaseLost(
+                    "superseded",
+                    old,
+                    `the run is held by ${answer.lease.holder || "another holding"} at fence ${answer.lease.fence}`,
+                    answer.lease.fence,
+                  ),
+                );
+                return;
+              case "finished":
+                this.lose(new LeaseLost("renewal-failed", old, `the run was finished (${answer.status}) while fence ${old} was held`));
+                return;
+              case "notBefore":
+                this.lose(new LeaseLost("renewal-failed", old, `the run was released and deferred while fence ${old} was held`));
+                return;
+            }
+          } catch (e) {
+            if (this.lost || this.ended) return;
+            if (bound.signal.aborted) {
+              this.lose(new LeaseLost("expiring", old, `renewal attempt ${attempt} of fence ${old} did not answer before the safety margin`));
+              return;
+            }
+            if (e instanceof RunkeepError && e.retryable && performance.now() + delay < giveUpAt) {
+              await sleep(delay, signal).catch(() => undefined);
+              delay *= 2;
+              continue;
+            }
+            this.lose(new LeaseLost("renewal-failed", old, `renewing fence ${old} failed: ${String(e instanceof Error ? e.message : e)}`, undefined, e));
+            return;
+          }
+        }
+      });
+    } catch {
+      // The gate wait was cut by the margin: writes in flight held the renewal off.
+      this.lose(new LeaseLost("expiring", old, `writes in flight held off the renewal of fence ${old} until the safety margin`));
+    } finally {
+      clearTimeout(t);
+    }
+  }
+
+  private ensureHeld(): void {
+    if (this.lost) throw this.lost;
+    if (this.ended) throw new Error(`the holding of fence ${this.lease.fence} already ended (finished, released or snoozed); nothing more can be written under it`);
+    if (performance.now() >= this.giveUpAt()) {
+      this.lose(new LeaseLost("expiring", this.lease.fence, `fence ${this.lease.fence} is within the safety margin of its deadline`));
+      throw this.lost;
+    }
+  }
+
+  /** A write under the current fence, shared with other writes, exclusive of renewals. */
+  private fenced<T>(write: (fence: number) => Promise<T>): Promise<T> {
+    return this.gate.shared(async () => {
+      this.ensureHeld();
+      const fence = this.lease.fence;
+      try {
+        return await write(fence);
+      } catch (e) {
+        if (e instanceof FencedOut) {
+          this.lose(new LeaseLost("fenced-out", fence, e.message, e.current, e));
+          throw e;
+        }
+        throw e;
+      }
+    });
+  }
+
+  private context(): RunContext {
+    const self = this;
+    return {
+      run: this.run,
+      ref: this.ref,
+      get lease() {
+        return self.lease;
+      },
+      get fence() {
+        return self.lease.fence;
+      },
+      signal: this.signal,
+      client: this.options.client,
+      resumePoint: () => this.options.client.resumePoint(this.ref, { signal: this.signal }),
+      step: (step: StepBody) =>
+        this.fenced(async (fence) => {
+          const receipt = await this.options.client.commitStep(this.ref, fence, step, { signal: this.signal });
+          if (step.finish) this.end();
+          return receipt;
+        }),
+      ensureHeld: () => this.ensureHeld(),
+    };
+  }
+
+  private end(): void {
+    this.ended = true;
+    this.stopTimers();
+  }
+
+  async work(report: WorkerReport): Promise<void> {
+    this.arm();
+    let result: WorkResult;
+    let failure: unknown;
+    let threw = false;
+    try {
+      result = await this.options.handler(this.context());
+    } catch (e) {
+      threw = true;
+      failure = e;
+    }
+    await this.renewing;
+    if (this.lost) {
+      report.lost += 1;
+      return;
+    }
+    if (this.ended) {
+      // The handler's last step finished the run.
+      report.finished += 1;
+      this.emit({ type: "finished", run: this.run, outcome: { status: "completed" } });
+      return;
+    }
+    try {
+      if (threw && this.signal.aborted) {
+        // Stopped by the worker's signal: give the run back at once.
+        await this.endWith({ release: true }, report);
+        return;
+      }
+      if (threw) {
+        report.failed += 1;
+        this.emit({ type: "failed", run: this.run, error: failure });
+        if (this.options.onError === "fail") {
+          await this.endWith({ finish: { status: "failed", reason: reasonOf(failure) } }, report);
+        } else {
+          await this.endWith({ retryAfterMs: this.options.failureBackoffMs ?? 1000 }, report);
+        }
+        return;
+      }
+      await this.endWith(result, report);
+    } catch (e) {
+      if (this.lost) {
+        report.lost += 1;
+        return;
+      }
+      this.emit({ type: "error", error: e });
+    } finally {
+      this.end();
+    }
+  }
+
+  private async endWith(result: WorkResult, report: WorkerReport): Promise<void> {
+    const client = this.options.client;
+    if (result === undefined || "finish" in result) {
+      const outcome: OutcomeBody = result?.finish ?? { status: "completed" };
+      await this.fenced((fence) => client.finish(this.ref, fence, outcome).then(() => this.end()));
+      report.finished += 1;
+      this.emit({ type: "finished", run: this.run, outcome });
+    } else if ("release" in result) {
+      const r = await this.fenced((fence) =>
+        client.release(this.ref, { fence }).then((done) => {
+          this.end();
+          return done;
+        }),
+      );
+      report.released += 1;
+      this.emit({ type: "released", run: this.run, done: r.done });
+    } else {
+      const until = client.storeNow() + result.retryAfterMs;
+      await this.fenced((fence) => client.snooze(this.ref, fence, until).then(() => this.end()));
+      report.snoozed += 1;
+      this.emit({ type: "snoozed", run: this.run, until });
+    }
+  }
+}
+
+/**
+ * Writes share the gate; a renewal takes it alone, after the writes in
+ * flight, and writes that arrive meanwhile wait for it.
+ */
+class Gate {
+  private readers = 0;
+  private writer: Promise<void> | undefined;
+  private drained: (() => void) | undefined;
+
+  async shared<T>(fn: () => Promise<T>): Promise<T> {
+    while (this.writer) await this.writer;
+    this.readers += 1;
+    try {
+      return await fn();
+    } finally {
+      this.readers -= 1;
+      if (this.readers === 0) this.drained?.();
+    }
+  }
+
+  /** Rejects (without running `fn`) when `signal` aborts before the writes drain. */
+  async exclusive<T>(signal: AbortSignal, fn: () => Promise<T>): Promise<T> {
+    while (this.writer) await this.writer;
+    let open!: () => void;
+    this.writer = new Promise<void>((r) => (open = r));
+    try {
+      if (this.readers > 0) {
+        await new Promise<void>((resolve, reject) => {
+          const onAbort = () => reject(signal.reason);
+          if (signal.aborted) return onAbort();
+          this.drained = () => {
+            signal.removeEventListener("abort", onAbort);
+            resolve();
+          };
+          signal.addEventListener("abort", onAbort, { once: true });
+        });
+      }
+      return await fn();
+    } finally {
+      this.drained = undefined;
+      this.writer = undefined;
+      open();
+    }
+  }
+}
+
+function retryAfter(e: unknown): number {
+  const ms = (e as { retryAfterMs?: unknown }).retryAfterMs;
+  return typeof ms === "number" ? ms : 0;
+}
+
+function reasonOf(e: unknown): string {
+  const s = e instanceof Error ? `${e.name}: ${e.message}` : String(e);
+  return s.slice(0, 500);
+}
+
+function randomId(): string {
+  const b = new Uint8Array(8);
+  crypto.getRandomValues(b);
+  return Array.from(b, (x) => x.toString(16).padStart(2, "0")).join("");
+}
+
+/** A JSON value (re-exported for handlers' results). */
+export type { Json };
