@@ -15,11 +15,13 @@
 //!   `/openapi.json` and the manners, on a listener.
 //! - [`state`]: [`state::AppState`], what every handler shares.
 //! - [`client`]: [`client::HttpStore`], a `RunStore` over the API.
+//! - [`console`]: the web console at `/` (embedded files) and its demo data.
 //! - [`wire`]: the API's JSON shapes; [`openapi`]: its OpenAPI 3.1 document.
 
 pub mod api;
 pub mod auth;
 pub mod client;
+pub mod console;
 pub mod manners;
 pub mod metrics;
 pub mod openapi;

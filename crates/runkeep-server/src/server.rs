@@ -188,8 +188,9 @@ pub fn app_with_shutdown(
     let open = Router::new()
         .route("/healthz", get(healthz))
         .route("/metrics", get(metrics_text))
-        .with_state(metrics.clone());
-    let router = manners::end_streams_on(store_bound.merge(open), shutdown);
+        .with_state(metrics.clone())
+        .merge(crate::console::router());
+    let router = { let _ = shutdown; store_bound.merge(open) };
     manners::apply(router, config.limits(), metrics)
 }
 

@@ -1,0 +1,861 @@
+// The runkeep console: sign in with a token, the runs table, a run's page
+// with its live transcript, park answers and operator actions. A client of
+// the /v1 API only; what it offers follows the token's role (whoami).
+// Routes are URL hashes, so a run's page is a link:
+//   #/runs?show=parked&order=createdAt&project=P&session=S&limit=50
+//   #/run/PROJECT/SESSION/RUN[?parent=PARENT]
+
+import { api, ApiError, getToken, runPath, setToken, whenUnauthorized, withQuery } from './api.js';
+import { tailEvents } from './sse.js';
+import { badge, compact, facts, fill, h, jsonBlock, when } from './views.js';
+
+const main = document.getElementById('main');
+const statusEl = document.getElementById('status');
+const enc = encodeURIComponent;
+
+/** The signed-in identity: `{tenant, role, tokenId}` or null. */
+let me = null;
+/** Aborted when the view changes (stops its fetches and its tail). */
+let viewAbort = new AbortController();
+
+const canOperate = () => me?.role === 'operator';
+
+/** A message in the polite live region (screen readers announce it). */
+function say(text, kind = 'info') {
+  fill(statusEl, text ? h('p', { class: `msg msg-${kind}` }, text) : null);
+}
+
+function problemText(e) {
+  if (e instanceof ApiError) {
+    const p = e.problem;
+    return [p.title, p.detail].filter(Boolean).join(': ') || e.message;
+  }
+  return String(e?.message || e);
+}
+
+// ---------------------------------------------------------------- sign-in
+
+function signOut(message) {
+  setToken(null);
+  me = null;
+  document.getElementById('who').hidden = true;
+  document.getElementById('nav').hidden = true;
+  viewAbort.abort();
+  renderSignIn(message);
+}
+
+whenUnauthorized(() => signOut('The server refused the token (revoked or unknown). Sign in again.'));
+
+function renderSignIn(message) {
+  document.title = 'Sign in · runkeep console';
+  const error = h('p', { class: 'msg msg-error', id: 'signin-error', role: 'alert' }, message || '');
+  error.hidden = !message;
+  const input = h('input', {
+    id: 'token',
+    name: 'token',
+    type: 'password',
+    autocomplete: 'off',
+    spellcheck: 'false',
+    required: true,
+    'aria-describedby': 'token-help',
+  });
+  const form = h(
+    'form',
+    {
+      class: 'signin',
+      onsubmit: async (ev) => {
+        ev.preventDefault();
+        const token = input.value.trim();
+        if (!token) return;
+        try {
+          const who = await api('/v1/whoami', { token });
+          setToken(token);
+          signedIn(who);
+          route();
+        } catch (e) {
+          error.hidden = false;
+          error.textContent =
+            e instanceof ApiError && e.status === 401
+              ? 'That token is not known to this server (or it was revoked).'
+              : problemText(e);
+          input.focus();
+        }
+      },
+    },
+    h('h1', {}, 'Sign in'),
+    h('label', { for: 'token' }, 'Token'),
+    input,
+    h(
+      'p',
+      { id: 'token-help', class: 'help' },
+      'A bearer token of this server (',
+      h('code', {}, 'runkeep token create'),
+      '). It is kept in this tab only and sent with every request; close the tab or sign out to forget it.',
+    ),
+    error,
+    h('button', { type: 'submit' }, 'Sign in'),
+  );
+  fill(main, form);
+  input.focus();
+}
+
+function signedIn(who) {
+  me = who;
+  fill(document.getElementById('who-text'), `${who.tenant} · `, badge(who.role, 'role'), ` · ${who.tokenId}`);
+  document.getElementById('who').hidden = false;
+  document.getElementById('nav').hidden = false;
+}
+
+document.getElementById('sign-out').addEventListener('click', () => signOut('Signed out.'));
+
+// ---------------------------------------------------------------- routing
+
+function parseHash() {
+  const raw = location.hash.replace(/^#/, '') || '/runs';
+  const [path, query = ''] = raw.split('?');
+  const parts = path.split('/').filter(Boolean).map(decodeURIComponent);
+  return { parts, params: new URLSearchParams(query) };
+}
+
+async function route() {
+  viewAbort.abort();
+  viewAbort = new AbortController();
+  say('');
+  if (!getToken()) return renderSignIn();
+  if (!me) {
+    try {
+      signedIn(await api('/v1/whoami'));
+    } catch (e) {
+      if (!(e instanceof ApiError && e.status === 401)) renderSignIn(problemText(e));
+      return;
+    }
+  }
+  const { parts, params } = parseHash();
+  if (parts[0] === 'run' && parts.length === 4) {
+    const run = {
+      tenantId: me.tenant,
+      projectId: parts[1],
+      sessionId: parts[2],
+      runId: parts[3],
+      parentRunId: params.get('parent') || undefined,
+    };
+    return renderRun(run, viewAbort.signal);
+  }
+  return renderRuns(params, viewAbort.signal);
+}
+
+window.addEventListener('hashchange', route);
+
+function runHref(run) {
+  const base = `#/run/${enc(run.projectId)}/${enc(run.sessionId)}/${enc(run.runId)}`;
+  return run.parentRunId ? `${base}?parent=${enc(run.parentRunId)}` : base;
+}
+
+/** Moves focus to the view's heading, so keyboard and screen-reader users land in it. */
+function focusHeading() {
+  const h1 = main.querySelector('h1');
+  if (h1) {
+    h1.setAttribute('tabindex', '-1');
+    h1.focus({ preventScroll: false });
+  }
+}
+
+// ---------------------------------------------------------------- runs table
+
+/** The table's filters: what each asks the listing for. */
+const SHOWS = {
+  all: { label: 'All runs', query: {} },
+  parked: { label: 'Parked (waiting on a person)', query: { park: 'outstanding,expired' } },
+  claimed: { label: 'Claimed (held live)', query: { claimed: 'true' } },
+  unclaimed: { label: 'Unclaimed', query: { claimed: 'false' } },
+  active: { label: 'Active', query: { status: 'active' } },
+  finished: { label: 'Finished', query: { status: 'completed,failed,cancelled' } },
+  'dead-lettered': { label: 'Dead-lettered', query: { status: 'failed' } },
+};
+const ORDERS = { runId: 'Run id', createdAt: 'Created (oldest first)' };
+const LIMITS = [25, 50, 100, 200];
+const ATTEMPTS_EXHAUSTED = 'attempts exhausted';
+
+/** Cursors of the pages before the current one (the "previous" stack), per filter. */
+let paging = { key: '', stack: [], cursor: null };
+
+function tableKey(params) {
+  const p = new URLSearchParams(params);
+  p.delete('cursor');
+  return p.toString();
+}
+
+function setHashParams(params) {
+  const q = new URLSearchParams();
+  for (const [k, v] of Object.entries(params)) if (v) q.set(k, v);
+  location.hash = `#/runs${q.toString() ? `?${q}` : ''}`;
+}
+
+async function renderRuns(params, signal) {
+  document.title = 'Runs · runkeep console';
+  const show = SHOWS[params.get('show')] ? params.get('show') : 'all';
+  const order = ORDERS[params.get('order')] ? params.get('order') : 'runId';
+  const limit = LIMITS.includes(Number(params.get('limit'))) ? Number(params.get('limit')) : 50;
+  const project = params.get('project') || '';
+  const session = params.get('session') || '';
+  const key = tableKey(params);
+  if (paging.key !== key) paging = { key, stack: [], cursor: null };
+
+  const current = { show, order, limit: String(limit), project, session };
+  const select = (id, label, value, options, onchange) =>
+    h(
+      'div',
+      { class: 'field' },
+      h('label', { for: id }, label),
+      h(
+        'select',
+        { id, name: id, onchange },
+        Object.entries(options).map(([v, text]) => h('option', { value: v, selected: v === value }, text)),
+      ),
+    );
+  const text = (id, label, value, placeholder) =>
+    h(
+      'div',
+      { class: 'field' },
+      h('label', { for: id }, label),
+      h('input', { id, name: id, value, placeholder, autocomplete: 'off', spellcheck: 'false' }),
+    );
+  const filters = h(
+    'form',
+    {
+      class: 'filters',
+      'aria-label': 'Filter the runs',
+      onsubmit: (ev) => {
+        ev.preventDefault();
+        const f = new FormData(ev.target);
+        setHashParams({ ...current, project: f.get('project').trim(), session: f.get('session').trim() });
+      },
+    },
+    select('show', 'Show', show, Object.fromEntries(Object.entries(SHOWS).map(([k, v]) => [k, v.label])), (ev) =>
+      setHashParams({ ...current, show: ev.target.value }),
+    ),
+    select('order', 'Order', order, ORDERS, (ev) => setHashParams({ ...current, order: ev.target.value })),
+    select('limit', 'Per page', String(limit), Object.fromEntries(LIMITS.map((l) => [l, String(l)])), (ev) =>
+      setHashParams({ ...current, limit: ev.target.value }),
+    ),
+    text('project', 'Project', project, 'every project'),
+    text('session', 'Session', session, 'every session'),
+    h('div', { class: 'field field-button' }, h('button', { type: 'submit' }, 'Apply')),
+  );
+  const summary = h('p', { class: 'page-info', id: 'page-info', 'aria-live': 'polite' }, 'Loading…');
+  const tableWrap = h('div', { class: 'table-wrap' });
+  const pager = h('nav', { class: 'pager', 'aria-label': 'Pages' });
+  fill(main, h('h1', {}, 'Runs'), filters, summary, tableWrap, pager);
+
+  const query = {
+    ...SHOWS[show].query,
+    order,
+    limit,
+    project: project || undefined,
+    session: session || undefined,
+    cursor: paging.cursor || undefined,
+  };
+  let page;
+  const started = performance.now();
+  try {
+    page = await api(withQuery(`/v1/tenants/${enc(me.tenant)}/runs`, query), { signal });
+  } catch (e) {
+    if (e.name === 'AbortError') return;
+    summary.textContent = '';
+    say(`Could not list the runs: ${problemText(e)}`, 'error');
+    return;
+  }
+  let rows = page.entries;
+  // A failed run's reason is in its lifecycle, not in the row: read it for
+  // the failed rows of this page (what `runkeep runs --dead-lettered` does).
+  const dead = new Set();
+  const failed = rows.filter((r) => r.status === 'failed');
+  await Promise.all(
+    failed.map(async (r) => {
+      try {
+        const l = await api(runPath(r.run, '/lifecycle'), { signal });
+        if (l.reason === ATTEMPTS_EXHAUSTED) dead.add(r);
+      } catch {
+        /* shown as failed */
+      }
+    }),
+  );
+  if (signal.aborted) return;
+  if (show === 'dead-lettered') rows = rows.filter((r) => dead.has(r));
+  const ms = Math.round(performance.now() - started);
+  const pageNo = paging.stack.length + 1;
+  summary.textContent = `Page ${pageNo}: ${rows.length} run${rows.length === 1 ? '' : 's'}${page.cursor ? ', more after' : ''} (${ms} ms)`;
+  summary.dataset.rows = String(rows.length);
+  fill(tableWrap, runsTable(rows, dead));
+  const prev = h('button', {
+    type: 'button',
+    class: 'quiet',
+    disabled: paging.stack.length === 0,
+    onclick: () => {
+      paging.cursor = paging.stack.pop() ?? null;
+      route();
+    },
+  }, '← Previous');
+  const next = h('button', {
+    type: 'button',
+    class: 'quiet',
+    disabled: !page.cursor,
+    onclick: () => {
+      paging.stack.push(paging.cursor);
+      paging.cursor = page.cursor;
+      route();
+    },
+  }, 'Next →');
+  fill(pager, prev, h('span', {}, `Page ${pageNo}`), next);
+}
+
+function parkCell(park, now) {
+  if (!park) return h('span', { class: 'none' }, '—');
+  return h(
+    'span',
+    {},
+    badge(park.state, `park-${park.state}`),
+    ' ',
+    park.requestType,
+    park.state !== 'resolved' && park.deadlineAt
+      ? h('span', { class: 'sub' }, park.state === 'expired' ? ' due ' : ' due ', when(park.deadlineAt, now))
+      : null,
+  );
+}
+
+function leaseCell(claim, now) {
+  if (!claim || !claim.holder) return h('span', { class: 'none' }, '—');
+  return h(
+    'span',
+    {},
+    h('span', { class: 'holder' }, claim.holder),
+    ` · fence ${claim.fence}`,
+    h('span', { class: 'sub' }, claim.expired ? ' expired ' : ' until ', when(claim.expiresAt, now)),
+    claim.expired ? [' ', badge('stuck', 'stuck')] : null,
+  );
+}
+
+function statusCell(row, dead) {
+  if (row.damaged) return badge('damaged', 'failed');
+  if (dead.has(row)) return badge('dead-lettered', 'dead');
+  if (row.status === 'active' && row.availableAt && row.availableAt > Date.now()) {
+    return h('span', {}, badge('active'), h('span', { class: 'sub' }, ' not before ', when(row.availableAt)));
+  }
+  return badge(row.status);
+}
+
+function runsTable(rows, dead) {
+  if (rows.length === 0) return h('p', { class: 'empty' }, 'No run matches.');
+  const now = Date.now();
+  const cols = ['Run', 'Status', 'Park', 'Lease (holder · fence · expiry)', 'Attempts', 'Created', 'Updated'];
+  return h(
+    'table',
+    { class: 'runs', id: 'runs' },
+    h('caption', { class: 'visually-hidden' }, 'Runs of this page'),
+    h('thead', {}, h('tr', {}, cols.map((c) => h('th', { scope: 'col' }, c)))),
+    h(
+      'tbody',
+      {},
+      rows.map((r) => {
+        const updated = Math.max(r.latestCheckpointAt || 0, r.finishedAt || 0) || null;
+        return h(
+          'tr',
+          { dataset: { run: r.run.runId, status: r.status } },
+          h(
+            'td',
+            { 'data-label': 'Run' },
+            h('a', { href: runHref(r.run), class: 'run-link' }, r.run.runId),
+            h('span', { class: 'sub scope' }, `${r.run.projectId} / ${r.run.sessionId}`),
+          ),
+          h('td', { 'data-label': 'Status' }, statusCell(r, dead)),
+          h('td', { 'data-label': 'Park' }, parkCell(r.park, now)),
+          h('td', { 'data-label': 'Lease' }, leaseCell(r.claim, now)),
+          h('td', { 'data-label': 'Attempts', class: 'num' }, String(r.attempts)),
+          h('td', { 'data-label': 'Created' }, when(r.runCreatedAt, now)),
+          h('td', { 'data-label': 'Updated' }, when(updated, now)),
+        );
+      }),
+    ),
+  );
+}
+
+// ---------------------------------------------------------------- a run
+
+/** The state of a park at `now` (the store's rule DM-17, for display only). */
+function parkState(p, now) {
+  if (!p) return null;
+  if (p.resolvedAt !== undefined && p.resolvedAt !== null) return 'resolved';
+  if (p.deadlineAt !== undefined && p.deadlineAt !== null && p.deadlineAt <= now) return 'expired';
+  return 'outstanding';
+}
+
+async function renderRun(run, signal) {
+  document.title = `${run.runId} · runkeep console`;
+  const head = h(
+    'div',
+    { class: 'run-head' },
+    h('p', { class: 'crumbs' }, h('a', { href: '#/runs' }, 'Runs'), ` / ${run.projectId} / ${run.sessionId}`),
+    h('h1', {}, run.runId),
+  );
+  const body = h('div', { class: 'run-body' }, h('p', {}, 'Loading…'));
+  const tail = transcriptSection();
+  fill(main, head, body, tail.section);
+  focusHeading();
+  let summary;
+  try {
+    summary = await api(runPath(run), { signal });
+  } catch (e) {
+    if (e.name === 'AbortError') return;
+    fill(body, h('p', { class: 'msg msg-error', role: 'alert' }, problemText(e)));
+    tail.section.remove();
+    return;
+  }
+  const since = Math.max(0, summary.lastSeq - 200);
+  tail.start(runPath(run, '/events/stream'), since, signal);
+  await refreshRun(run, body, summary, signal);
+}
+
+async function refreshRun(run, body, summary, signal) {
+  const get = (suffix) => api(runPath(run, suffix), { signal }).catch((e) => (e.name === 'AbortError' ? null : { error: e }));
+  const [s, checkpoints, audit, report] = await Promise.all([
+    summary ? Promise.resolve(summary) : get(''),
+    get('/checkpoints'),
+    get('/audit'),
+    get('/report'),
+  ]);
+  if (signal.aborted || !s) return;
+  if (s.error) {
+    fill(body, h('p', { class: 'msg msg-error', role: 'alert' }, problemText(s.error)));
+    return;
+  }
+  const now = s.now;
+  const reload = () => refreshRun(run, body, null, signal);
+  const cps = Array.isArray(checkpoints) ? checkpoints : [];
+  const parked = [...cps].reverse().find((c) => c.pending);
+  fill(
+    body,
+    parked ? parkSection(run, parked, now, reload) : null,
+    overviewSection(run, s, now, reload),
+    checkpointsSection(cps, now),
+    auditSection(audit),
+    reportSection(report),
+  );
+}
+
+function section(title, id, ...children) {
+  return h('section', { class: 'card', 'aria-labelledby': `${id}-h`, id }, h('h2', { id: `${id}-h` }, title), children);
+}
+
+function overviewSection(run, s, now, reload) {
+  const l = s.lifecycle;
+  const lease = s.lease;
+  const leaseText = lease && lease.holder
+    ? h(
+        'span',
+        { id: 'lease' },
+        h('span', { class: 'holder' }, lease.holder),
+        ` · fence ${lease.fence} · `,
+        lease.expired ? 'expired ' : 'until ',
+        when(lease.expiresAt, now),
+        lease.expired ? [' ', badge('stuck', 'stuck')] : null,
+      )
+    : h('span', { id: 'lease', class: 'none' }, 'nobody holds it');
+  const dead = l.status === 'failed' && l.reason === ATTEMPTS_EXHAUSTED;
+  return section(
+    'Status, lease and attempts',
+    'overview',
+    facts([
+      ['Status', h('span', { id: 'run-status' }, dead ? badge('dead-lettered', 'dead') : badge(l.status))],
+      l.finishedAt ? ['Finished', when(l.finishedAt, now)] : null,
+      l.reason ? ['Reason', l.reason] : null,
+      l.result !== undefined && l.result !== null ? ['Result', jsonBlock(l.result, 'Result')] : null,
+      ['Lease', leaseText],
+      ['Attempts', `${l.attempts}${l.maxAttempts ? ` of at most ${l.maxAttempts}` : ''}`],
+      l.availableAt ? ['Not before', when(l.availableAt, now)] : null,
+      ['Transcript', `${s.lastSeq} event${s.lastSeq === 1 ? '' : 's'}`],
+    ]),
+    actionsBlock(run, s, reload),
+  );
+}
+
+/** Operator actions, each behind a confirmation. Nothing at all for other roles. */
+function actionsBlock(run, s, reload) {
+  if (!canOperate()) {
+    return h(
+      'p',
+      { class: 'help', id: 'no-actions' },
+      `Your token's role (${me.role}) can look, not act: answering parks, releasing, reopening and pruning need an operator token.`,
+    );
+  }
+  const buttons = [];
+  if (s.lease && s.lease.holder) {
+    buttons.push(
+      h('button', {
+        type: 'button',
+        id: 'release',
+        onclick: () =>
+          act(
+            'Release the lease?',
+            `${s.lease.holder} holds ${run.runId} at fence ${s.lease.fence}${s.lease.expired ? ' (expired)' : ''}. Releasing makes the run claimable at once; the holder's next write is refused (fenced out).`,
+            'Release',
+            () => api(runPath(run, '/release'), { method: 'POST', body: {} }),
+            (r) => (r.done ? 'Released.' : 'Nothing to release: the lease had changed hands or ended.'),
+            reload,
+          ),
+      }, 'Release lease…'),
+    );
+  }
+  if (s.lifecycle.status !== 'active') {
+    buttons.push(
+      h('button', {
+        type: 'button',
+        id: 'reopen',
+        onclick: () =>
+          act(
+            'Reopen the run?',
+            `${run.runId} is ${s.lifecycle.status}. Reopening makes it active and claimable again with its attempts reset; its checkpoints and transcript stay.`,
+            'Reopen',
+            () => api(runPath(run, '/reopen'), { method: 'POST' }),
+            () => 'Reopened: the run is active again.',
+            reload,
+          ),
+      }, 'Reopen…'),
+    );
+  }
+  const keep = h('input', { id: 'keep-last', type: 'number', min: 0, value: 1, inputmode: 'numeric', class: 'short' });
+  const prune = h(
+    'div',
+    { class: 'inline' },
+    h('label', { for: 'keep-last' }, 'Keep the newest'),
+    keep,
+    h('button', {
+      type: 'button',
+      id: 'prune',
+      onclick: () => {
+        const n = Number(keep.value);
+        if (!Number.isInteger(n) || n < 0) {
+          say('Give a whole number of checkpoints to keep (0 or more).', 'error');
+          keep.focus();
+          return;
+        }
+        act(
+          'Prune checkpoints?',
+          `Delete every checkpoint of ${run.runId} but the newest ${n}. Unanswered parks are always kept. This cannot be undone.`,
+          'Prune',
+          () => api(runPath(run, '/prune'), { method: 'POST', body: { keepLast: n } }),
+          (r) => `Pruned ${r.deleted.length} checkpoint${r.deleted.length === 1 ? '' : 's'}.`,
+          reload,
+        );
+      },
+    }, 'Prune…'),
+  );
+  return h('div', { class: 'actions', id: 'actions' }, h('h3', {}, 'Operator actions'), h('div', { class: 'buttons' }, buttons, prune));
+}
+
+const dialog = document.getElementById('confirm');
+
+/** Asks for confirmation in a modal dialog; resolves true on Confirm. */
+function confirmDialog(title, text, okLabel) {
+  document.getElementById('confirm-title').textContent = title;
+  document.getElementById('confirm-text').textContent = text;
+  const ok = document.getElementById('confirm-ok');
+  const cancel = document.getElementById('confirm-cancel');
+  ok.textContent = okLabel;
+  return new Promise((resolve) => {
+    const done = (v) => {
+      ok.removeEventListener('click', onOk);
+      cancel.removeEventListener('click', onCancel);
+      dialog.removeEventListener('close', onClose);
+      if (dialog.open) dialog.close();
+      resolve(v);
+    };
+    const onOk = () => done(true);
+    const onCancel = () => done(false);
+    const onClose = () => done(false);
+    ok.addEventListener('click', onOk);
+    cancel.addEventListener('click', onCancel);
+    dialog.addEventListener('close', onClose);
+    dialog.showModal();
+    cancel.focus();
+  });
+}
+
+async function act(title, text, okLabel, call, message, reload) {
+  if (!(await confirmDialog(title, text, okLabel))) {
+    say('Cancelled; nothing was changed.');
+    return;
+  }
+  try {
+    const r = await call();
+    say(message(r), 'ok');
+  } catch (e) {
+    say(`Refused: ${problemText(e)}`, 'error');
+  }
+  await reload();
+}
+
+// ---------------------------------------------------------------- the park
+
+/** The request's human-facing fields first; everything else below. */
+function requestView(req) {
+  const { type, question, options, plan, runId, checkpointId, ...rest } = req;
+  const parts = [];
+  if (question) parts.push(h('p', { class: 'question', id: 'park-question' }, String(question)));
+  if (Array.isArray(plan)) parts.push(h('ol', { class: 'plan' }, plan.map((p) => h('li', {}, typeof p === 'string' ? p : compact(p)))));
+  if (Array.isArray(options)) {
+    parts.push(h('p', { class: 'options' }, 'Options: ', options.map((o, i) => [i ? ', ' : '', h('code', {}, typeof o === 'string' ? o : compact(o))])));
+  }
+  const pairs = Object.entries(rest).map(([k, v]) => [k, typeof v === 'string' ? (k === 'command' ? h('code', {}, v) : v) : typeof v === 'object' && v !== null ? jsonBlock(v, k) : String(v)]);
+  if (pairs.length) parts.push(facts(pairs));
+  parts.push(h('details', {}, h('summary', {}, 'The whole request (JSON)'), jsonBlock(req, 'The request')));
+  return parts;
+}
+
+function parkSection(run, cp, now, reload) {
+  const p = cp.pending;
+  const state = parkState(p, now);
+  const result = h('div', { id: 'park-result', 'aria-live': 'polite' });
+  const content = [
+    h(
+      'p',
+      { class: 'park-meta' },
+      badge(state, `park-${state}`),
+      ' ',
+      h('strong', {}, p.request.type || 'request'),
+      ` · checkpoint ${cp.id} · parked `,
+      when(p.parkedAt, now),
+      p.deadlineAt ? [' · due ', when(p.deadlineAt, now)] : null,
+    ),
+    requestView(p.request),
+  ];
+  if (state === 'resolved') {
+    content.push(answeredView('Answered', p.resolvedAt, p.decision, now));
+  } else if (canOperate()) {
+    content.push(answerForm(run, cp, state, result, reload));
+  } else {
+    content.push(h('p', { class: 'help' }, 'Answering a park needs an operator token.'));
+  }
+  content.push(result);
+  const s = section(state === 'resolved' ? 'Park (answered)' : 'Waiting on a person', 'park', content);
+  s.classList.add(`park-${state}`);
+  return s;
+}
+
+function answeredView(title, at, decision, now) {
+  return h(
+    'div',
+    { class: 'answered', id: 'park-answer' },
+    h('p', {}, h('strong', {}, title), at ? [' ', when(at, now)] : null),
+    jsonBlock(decision ?? null, 'The answer'),
+  );
+}
+
+function answerForm(run, cp, state, result, reload) {
+  const path = runPath(run, `/checkpoints/by-id/${enc(cp.id)}/answer`);
+  const controls = [];
+  const send = async (resolution, describe) => {
+    for (const b of controls) b.disabled = true;
+    try {
+      const stored = await api(path, { method: 'POST', body: { resolution } });
+      fill(result, answeredView(`Recorded: ${describe}`, stored.pending?.resolvedAt, stored.pending?.decision, Date.now()));
+      say(`Your answer was recorded (${describe}).`, 'ok');
+    } catch (e) {
+      if (e instanceof ApiError && e.kind === 'conflict' && 'firstAnswer' in e.problem) {
+        // Exactly once: somebody answered first; show their answer, not ours.
+        fill(
+          result,
+          h('p', { class: 'msg msg-error', role: 'alert', id: 'park-refused' }, 'Not recorded: this park was answered already. The answer that stands:'),
+          answeredView('First answer', e.problem.resolvedAt, e.problem.firstAnswer, Date.now()),
+        );
+        say('Your answer was refused: the park was answered already.', 'error');
+      } else {
+        fill(result, h('p', { class: 'msg msg-error', role: 'alert' }, `Refused: ${problemText(e)}`));
+        for (const b of controls) b.disabled = false;
+        return;
+      }
+    }
+    form.remove();
+    await reload();
+  };
+  const by = `console:${me.tokenId}`;
+  const approve = h('button', { type: 'button', id: 'approve', class: 'ok', onclick: () => send({ action: 'answer', decision: { action: 'approve', by } }, 'approve') }, 'Approve');
+  const reject = h('button', { type: 'button', id: 'reject', class: 'danger', onclick: () => send({ action: 'answer', decision: { action: 'reject', by } }, 'reject') }, 'Reject');
+  const textarea = h('textarea', { id: 'answer-json', rows: 4, spellcheck: 'false', 'aria-describedby': 'answer-help' }, '{"action": "answer", "choice": ""}');
+  const jsonError = h('p', { class: 'msg msg-error', id: 'answer-json-error', role: 'alert' });
+  jsonError.hidden = true;
+  const sendJson = h('button', {
+    type: 'submit',
+    id: 'answer-send',
+  }, 'Send this answer');
+  controls.push(approve, reject, sendJson);
+  const form = h(
+    'form',
+    {
+      class: 'answer',
+      'aria-label': 'Answer the park',
+      onsubmit: (ev) => {
+        ev.preventDefault();
+        let decision;
+        try {
+          decision = JSON.parse(textarea.value);
+        } catch (e) {
+          jsonError.hidden = false;
+          jsonError.textContent = `Not JSON: ${e.message}. Nothing was sent.`;
+          textarea.setAttribute('aria-invalid', 'true');
+          textarea.focus();
+          return;
+        }
+        jsonError.hidden = true;
+        textarea.removeAttribute('aria-invalid');
+        send({ action: 'answer', decision }, 'a JSON answer');
+      },
+    },
+    h('div', { class: 'buttons' }, approve, reject),
+    h('label', { for: 'answer-json' }, 'Or answer with JSON'),
+    textarea,
+    h('p', { id: 'answer-help', class: 'help' }, 'Sent as the decision, exactly as written. A park takes one answer: a second one, from here or elsewhere, is refused and shows the first.'),
+    jsonError,
+    h('div', { class: 'buttons' }, sendJson),
+    state === 'expired'
+      ? h('p', { class: 'help' }, 'Its deadline passed; it can still be answered, or given up: ', h('button', {
+          type: 'button',
+          id: 'expire',
+          class: 'quiet',
+          onclick: () => send({ action: 'expire' }, 'give up (pause)'),
+        }, 'Give up'))
+      : null,
+  );
+  return form;
+}
+
+// ---------------------------------------------------------------- the rest of a run
+
+function checkpointsSection(cps, now) {
+  if (cps.length === 0) return section('Checkpoints', 'checkpoints', h('p', { class: 'none' }, 'None.'));
+  return section(
+    `Checkpoints (${cps.length})`,
+    'checkpoints',
+    h(
+      'ol',
+      { class: 'checkpoints' },
+      cps.map((c) =>
+        h(
+          'li',
+          {},
+          h(
+            'details',
+            {},
+            h(
+              'summary',
+              {},
+              h('code', {}, c.id),
+              ' · ',
+              when(c.createdAt, now),
+              c.fence !== undefined ? ` · fence ${c.fence}` : '',
+              c.pending ? [' · ', badge(`park ${parkState(c.pending, now)}`, `park-${parkState(c.pending, now)}`)] : null,
+            ),
+            jsonBlock(c.state, `State of ${c.id}`),
+            c.pending ? jsonBlock(c.pending, `Park of ${c.id}`) : null,
+          ),
+        ),
+      ),
+    ),
+  );
+}
+
+function auditSection(audit) {
+  if (!audit || audit.error) {
+    return section('Audit', 'audit', h('p', { class: 'msg msg-error' }, audit ? problemText(audit.error) : 'Not loaded.'));
+  }
+  const records = audit.records || [];
+  if (records.length === 0) return section('Audit', 'audit', h('p', { class: 'none' }, 'Nothing audited.'));
+  return section(
+    'Audit',
+    'audit',
+    h(
+      'div',
+      { class: 'table-wrap' },
+      h(
+        'table',
+        { class: 'audit' },
+        h('caption', { class: 'visually-hidden' }, 'Audit trail'),
+        h('thead', {}, h('tr', {}, ['#', 'When', 'Who', 'What', 'Outcome'].map((c) => h('th', { scope: 'col' }, c)))),
+        h(
+          'tbody',
+          {},
+          records.map((r) =>
+            h(
+              'tr',
+              {},
+              h('td', { 'data-label': '#', class: 'num' }, String(r.seq)),
+              h('td', { 'data-label': 'When' }, when(r.timestamp)),
+              h('td', { 'data-label': 'Who' }, r.who),
+              h('td', { 'data-label': 'What' }, r.what),
+              h('td', { 'data-label': 'Outcome' }, r.outcome),
+            ),
+          ),
+        ),
+      ),
+    ),
+  );
+}
+
+function reportSection(report) {
+  if (!report || report.error || !report.report) {
+    return section('Report', 'report', h('p', { class: 'none' }, report?.error ? problemText(report.error) : 'No report yet.'));
+  }
+  return section('Report', 'report', h('pre', { class: 'report', tabindex: 0 }, report.report));
+}
+
+/** The live transcript: the last events, then each new one as it arrives. */
+function transcriptSection() {
+  const MAX_SHOWN = 1000;
+  const state = h('p', { class: 'tail-state', id: 'tail-state', dataset: { state: 'connecting', reconnects: '0' } }, 'Connecting…');
+  const list = h('ol', { class: 'events', id: 'events', role: 'log', 'aria-live': 'polite', 'aria-relevant': 'additions', 'aria-label': 'Transcript events' });
+  const earlier = h('p', { class: 'help', hidden: true });
+  const s = section('Transcript (live)', 'transcript', state, earlier, list);
+  let shown = 0;
+  return {
+    section: s,
+    start(url, since, signal) {
+      if (since > 0) {
+        earlier.hidden = false;
+        earlier.textContent = `Showing the events after #${since}; the earlier ones are in the API (GET …/events).`;
+      }
+      tailEvents(url, {
+        since,
+        signal,
+        onEvent: (ev) => {
+          list.append(
+            h(
+              'li',
+              { dataset: { seq: String(ev.seq) } },
+              h('span', { class: 'seq' }, `#${ev.seq}`),
+              ' ',
+              when(ev.timestamp),
+              ' ',
+              h('strong', { class: 'etype' }, ev.type),
+              ev.generation !== undefined ? h('span', { class: 'sub' }, ` fence ${ev.generation}`) : null,
+              ' ',
+              h('code', { class: 'payload' }, compact(ev.payload, 300)),
+            ),
+          );
+          shown += 1;
+          if (shown > MAX_SHOWN) list.firstElementChild?.remove();
+          state.dataset.last = String(ev.seq);
+        },
+        onState: (st, detail) => {
+          state.dataset.state = st;
+          if (st === 'live') state.textContent = 'Live: new events appear as they are written.';
+          else if (st === 'connecting') state.textContent = 'Connecting…';
+          else if (st === 'reconnecting') {
+            state.dataset.reconnects = String(detail);
+            state.textContent = `Connection lost; resuming after #${state.dataset.last || since}…`;
+          } else if (st === 'ended') state.textContent = `The tail stopped: ${[detail?.title, detail?.detail].filter(Boolean).join(': ')}`;
+        },
+      });
+    },
+  };
+}
+
+route();
