@@ -190,7 +190,7 @@ pub fn app_with_shutdown(
         .route("/metrics", get(metrics_text))
         .with_state(metrics.clone())
         .merge(crate::console::router());
-    let router = { let _ = shutdown; store_bound.merge(open) };
+    let router = manners::end_streams_on(store_bound.merge(open), shutdown);
     manners::apply(router, config.limits(), metrics)
 }
 
