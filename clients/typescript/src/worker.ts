@@ -88,6 +88,7 @@ export class LeaseLost extends RunkeepError {
 /** What a handler returns: how the holding ends. */
 export type WorkResult =
   /** Finish as `completed` with no result. */
+  | void
   | undefined
   /** Finish with this outcome. */
   | { finish: OutcomeBody }
