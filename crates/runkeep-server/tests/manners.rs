@@ -227,7 +227,7 @@ async fn an_oversized_body_is_refused_with_413_problem_details_whether_announced
 }
 
 #[tokio::test]
-async fn a_client_that_trickles_its_request_head_is_disconnected() {
+async fn a_client_that_trickles_its_request_head_is_disconnected_or_closed() {
     let r = start(ServerConfig {
         header_read_timeout: Duration::from_millis(500),
         ..config()
@@ -241,15 +241,17 @@ async fn a_client_that_trickles_its_request_head_is_disconnected() {
     let mut cut_off_after = None;
     for i in 0..50 {
         tokio::time::sleep(Duration::from_millis(200)).await;
-        if s.write_all(format!("X-Slow-{i}: y\r\n").as_bytes()).await.is_err() {
+        if s.write_all(format!("X-Slow-{i}: y\r\n").as_bytes())
+            .await
+            .is_err()
+        {
             cut_off_after = Some(i);
             break;
         }
         // A closed connection shows as EOF to a reader before a writer
         // notices.
         let mut probe = [0u8; 1];
-        if let Ok(Ok(0)) =
-            tokio::time::timeout(Duration::from_millis(1), s.read(&mut probe)).await
+        if let Ok(Ok(0)) = tokio::time::timeout(Duration::from_millis(1), s.read(&mut probe)).await
         {
             cut_off_after = Some(i);
             break;
@@ -260,7 +262,7 @@ async fn a_client_that_trickles_its_request_head_is_disconnected() {
 }
 
 #[tokio::test]
-async fn a_connection_that_says_nothing_is_closed() {
+async fn a_connection_that_says_nothing_is_disconnected_or_closed() {
     let r = start(ServerConfig {
         header_read_timeout: Duration::from_millis(300),
         ..config()
@@ -307,10 +309,18 @@ async fn a_body_that_never_arrives_gets_408_and_a_store_that_never_answers_503()
     let write = send(r.addr, &post_request("/stall", b"{}")).await;
     assert_problem(&write, 503, "unavailable");
     assert!(write.text.to_ascii_lowercase().contains("retry-after: 1"));
-    assert!(write.text.contains("\"outcomeUnknown\":true"), "{}", write.text);
+    assert!(
+        write.text.contains("\"outcomeUnknown\":true"),
+        "{}",
+        write.text
+    );
     let read = send(r.addr, &get_request("/stall")).await;
     assert_problem(&read, 503, "unavailable");
-    assert!(!read.text.contains("\"outcomeUnknown\":true"), "{}", read.text);
+    assert!(
+        !read.text.contains("\"outcomeUnknown\":true"),
+        "{}",
+        read.text
+    );
 }
 
 #[tokio::test]
@@ -372,11 +382,17 @@ async fn a_graceful_shutdown_finishes_the_request_in_flight_and_refuses_new_conn
     })
     .await
     .expect("new connections are refused once the shutdown started");
-    assert!(!r.done.is_finished(), "the server stopped with a request in flight");
+    assert!(
+        !r.done.is_finished(),
+        "the server stopped with a request in flight"
+    );
     assert!(!in_flight.is_finished());
 
     r.open_gate.send(true).unwrap();
-    let answer = tokio::time::timeout(BOUND, in_flight).await.unwrap().unwrap();
+    let answer = tokio::time::timeout(BOUND, in_flight)
+        .await
+        .unwrap()
+        .unwrap();
     assert_eq!(answer.status, 200, "{}", answer.text);
     assert!(answer.text.ends_with("done"));
     tokio::time::timeout(BOUND, &mut r.done)
@@ -456,7 +472,13 @@ async fn every_request_gets_one_span_with_method_route_status_and_latency_and_ne
     let answered: Vec<&str> = log.lines().filter(|l| l.contains("answered")).collect();
     assert_eq!(answered.len(), 2, "{log}");
     let echo = answered[0];
-    for want in ["request{", "method=\"POST\"", "route=\"/echo\"", "status=200", "latency_ms="] {
+    for want in [
+        "request{",
+        "method=\"POST\"",
+        "route=\"/echo\"",
+        "status=200",
+        "latency_ms=",
+    ] {
         assert!(echo.contains(want), "{want} missing from {echo}");
     }
     assert!(answered[1].contains("route=\"unmatched\"") && answered[1].contains("status=404"));
@@ -499,18 +521,26 @@ async fn healthz_readyz_and_metrics_answer_without_a_token() {
     assert_eq!(health.status, 200, "{}", health.text);
     let ready = send(addr, &get_request("/readyz")).await;
     assert_eq!(ready.status, 200, "{}", ready.text);
-    assert!(ready.text.contains("\"status\":\"ready\""), "{}", ready.text);
+    assert!(
+        ready.text.contains("\"status\":\"ready\""),
+        "{}",
+        ready.text
+    );
     let metrics = send(addr, &get_request("/metrics")).await;
     assert_eq!(metrics.status, 200);
-    assert!(metrics.text.contains("runkeep_http_requests_total{method=\"GET\",route=\"/readyz\",status=\"200\"} 1"), "{}", metrics.text);
+    assert!(
+        metrics.text.contains(
+            "runkeep_http_requests_total{method=\"GET\",route=\"/readyz\",status=\"200\"} 1"
+        ),
+        "{}",
+        metrics.text
+    );
 }
 
 fn pg_state(url: &str) -> AppState {
-    let store = runkeep_postgres::PgStore::open_migrated(
-        url,
-        runkeep_postgres::PgOptions::default(),
-    )
-    .unwrap();
+    let store =
+        runkeep_postgres::PgStore::open_migrated(url, runkeep_postgres::PgOptions::default())
+            .unwrap();
     AppState {
         store: Arc::new(store),
         ..memory_state()
@@ -528,10 +558,22 @@ async fn readyz_is_503_when_the_store_is_down_and_never_names_its_address() {
     let ready = send(addr, &get_request("/readyz")).await;
     assert_eq!(ready.status, 503, "{}", ready.text);
     assert!(ready.text.to_ascii_lowercase().contains("retry-after: 1"));
-    assert!(ready.text.contains("\"status\":\"unavailable\""), "{}", ready.text);
-    assert!(ready.text.contains("\"error\":\"unavailable\""), "{}", ready.text);
+    assert!(
+        ready.text.contains("\"status\":\"unavailable\""),
+        "{}",
+        ready.text
+    );
+    assert!(
+        ready.text.contains("\"error\":\"unavailable\""),
+        "{}",
+        ready.text
+    );
     for secret in [port.to_string().as_str(), "sesame", "nowhere", "127.0.0.1"] {
-        assert!(!ready.text.contains(secret), "{secret} leaked: {}", ready.text);
+        assert!(
+            !ready.text.contains(secret),
+            "{secret} leaked: {}",
+            ready.text
+        );
     }
 }
 
@@ -557,6 +599,54 @@ async fn readyz_is_503_when_the_store_does_not_answer_in_time() {
     .await;
     let ready = send(addr, &get_request("/readyz")).await;
     assert_eq!(ready.status, 503, "{}", ready.text);
-    assert!(ready.text.contains("\"error\":\"timeout\""), "{}", ready.text);
+    assert!(
+        ready.text.contains("\"error\":\"timeout\""),
+        "{}",
+        ready.text
+    );
     held.abort();
+}
+
+/// Through the real `Server::bind` (the API's own event tail): a shutdown
+/// ends the tail instead of waiting out the 30 s grace on it.
+#[tokio::test]
+async fn a_shutdown_of_the_real_app_ends_the_apis_event_tail() {
+    let tenant = runkeep::TenantId::new("default").unwrap();
+    let state = AppState {
+        auth: Arc::new(StaticTokens::new().with(
+            "reader-secret",
+            tenant,
+            runkeep_server::auth::Role::Reader,
+        )),
+        ..memory_state()
+    };
+    let config = ServerConfig {
+        listen: "127.0.0.1:0".parse().unwrap(),
+        ..ServerConfig::default()
+    };
+    let server = Server::bind(config, state).await.unwrap();
+    let addr = server.local_addr().unwrap();
+    let (stop, stopped) = oneshot::channel::<()>();
+    let mut done = tokio::spawn(server.run(async {
+        let _ = stopped.await;
+    }));
+    let mut s = TcpStream::connect(addr).await.unwrap();
+    s.write_all(b"GET /v1/tenants/default/projects/p/sessions/s/runs/run_tail/events/stream HTTP/1.1\r\nHost: t\r\nAuthorization: Bearer reader-secret\r\n\r\n")
+        .await
+        .unwrap();
+    let mut head = vec![0u8; 1024];
+    let n = tokio::time::timeout(BOUND, s.read(&mut head))
+        .await
+        .unwrap()
+        .unwrap();
+    let head = String::from_utf8_lossy(&head[..n]).into_owned();
+    assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+    assert!(head.contains("text/event-stream"), "{head}");
+    let _ = stop.send(());
+    let stopped = tokio::time::timeout(BOUND, &mut done)
+        .await
+        .expect("the server waited on the event tail")
+        .unwrap()
+        .unwrap();
+    assert_eq!(stopped, runkeep_server::server::Stopped::Drained);
 }

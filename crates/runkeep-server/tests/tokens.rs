@@ -42,10 +42,15 @@ fn a_created_token_authenticates_as_its_tenant_and_role_and_the_file_never_holds
     assert!(text.contains(&digest), "the file keeps the SHA-256: {text}");
     let mode = std::fs::metadata(file.path()).unwrap().permissions().mode() & 0o777;
     assert_eq!(mode, 0o600, "token file mode {mode:o}");
-    assert!(!format!("{created:?}").contains(hex), "Debug shows the secret");
+    assert!(
+        !format!("{created:?}").contains(hex),
+        "Debug shows the secret"
+    );
 
     let store = TokenStore::open(file.clone(), Duration::ZERO).unwrap();
-    let who = store.authenticate(&secret).expect("the new token is accepted");
+    let who = store
+        .authenticate(&secret)
+        .expect("the new token is accepted");
     assert_eq!(who.tenant, tenant("acme"));
     assert_eq!(who.role, Role::Worker);
     assert_eq!(who.token_id, created.record.id);
@@ -79,7 +84,13 @@ fn a_wrong_secret_of_the_same_length_and_malformed_tokens_are_refused() {
     assert!(store
         .authenticate(&format!("rk_{}_{stored}", created.record.id))
         .is_none());
-    for bad in ["", "rk_", "Bearer x", &secret[..secret.len() - 1], &format!("{secret}0")] {
+    for bad in [
+        "",
+        "rk_",
+        "Bearer x",
+        &secret[..secret.len() - 1],
+        &format!("{secret}0"),
+    ] {
         assert!(store.authenticate(bad).is_none(), "{bad:?} was accepted");
     }
     assert!(store.authenticate(secret).is_some());
@@ -107,7 +118,9 @@ fn a_revoked_token_is_refused_by_a_running_store_without_a_restart() {
     assert!(elsewhere.revoke("nosuchtoken0").is_err());
 
     // A token created after the store opened works at once.
-    let later = elsewhere.create(&tenant("acme"), Role::Reader, None).unwrap();
+    let later = elsewhere
+        .create(&tenant("acme"), Role::Reader, None)
+        .unwrap();
     assert_eq!(
         store.authenticate(later.secret()).map(|p| p.role),
         Some(Role::Reader)
@@ -223,4 +236,67 @@ fn two_concurrent_creates_lose_neither_token() {
     assert_eq!(labels, ["first", "from A", "from B"], "{labels:?}");
     let store = TokenStore::open(TokenFile::new(&path), Duration::ZERO).unwrap();
     assert!(store.authenticate(b_token.secret()).is_some());
+}
+
+/// One request over a fresh connection: the status code.
+async fn status_of(addr: std::net::SocketAddr, path: &str, token: Option<&str>) -> (u16, String) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let auth = token
+        .map(|t| format!("Authorization: Bearer {t}\r\n"))
+        .unwrap_or_default();
+    s.write_all(
+        format!("GET {path} HTTP/1.1\r\nHost: t\r\nConnection: close\r\n{auth}\r\n").as_bytes(),
+    )
+    .await
+    .unwrap();
+    let mut text = String::new();
+    tokio::time::timeout(Duration::from_secs(10), s.read_to_string(&mut text))
+        .await
+        .unwrap()
+        .unwrap();
+    let code = text.split(' ').nth(1).unwrap().parse().unwrap();
+    (code, text)
+}
+
+#[tokio::test]
+async fn a_running_server_answers_401_for_a_revoked_token_and_404_for_another_tenant() {
+    use runkeep_server::server::{self, Server, ServerConfig};
+    let dir = tempfile::tempdir().unwrap();
+    let file = file_in(&dir);
+    let acme = file.create(&tenant("acme"), Role::Reader, None).unwrap();
+    let other = file
+        .create(&tenant("globex"), Role::Operator, None)
+        .unwrap();
+    let config = ServerConfig {
+        listen: "127.0.0.1:0".parse().unwrap(),
+        tokens: file.path().to_path_buf(),
+        token_reload_every: Duration::ZERO,
+        ..ServerConfig::default()
+    };
+    let store: Arc<dyn runkeep::RunStore> = Arc::new(runkeep::MemoryStore::new());
+    let state = server::state(&config, store).unwrap();
+    let server = Server::bind(config, state).await.unwrap();
+    let addr = server.local_addr().unwrap();
+    tokio::spawn(server.run(std::future::pending()));
+
+    assert_eq!(
+        status_of(addr, "/v1/tenants/acme/runs", Some(acme.secret()))
+            .await
+            .0,
+        200
+    );
+    // Another tenant's token: as if the tenant's runs did not exist.
+    let (code, body) = status_of(addr, "/v1/tenants/acme/runs", Some(other.secret())).await;
+    assert_eq!(code, 404, "{body}");
+    assert_eq!(status_of(addr, "/v1/tenants/acme/runs", None).await.0, 401);
+
+    file.revoke(&acme.record.id).unwrap();
+    let (code, body) = status_of(addr, "/v1/tenants/acme/runs", Some(acme.secret())).await;
+    assert_eq!(code, 401, "a revoked token still works: {body}");
+    assert!(!body.contains(acme.secret()));
+    // The open routes need no token at all.
+    for open in ["/healthz", "/readyz", "/metrics"] {
+        assert_eq!(status_of(addr, open, None).await.0, 200, "{open}");
+    }
 }
