@@ -652,11 +652,7 @@ pub async fn open_store_as(
         }
         StoreAddress::Root(path) => {
             check_directory(address, path, mode == OpenMode::Create)?;
-            let store = Arc::new(fs::open_root(
-                path,
-                durability,
-                mode == OpenMode::ReadOnly,
-            )?);
+            let store = Arc::new(fs::open_root(path, durability, mode == OpenMode::ReadOnly)?);
             Ok(OpenedStore {
                 address: address.clone(),
                 store: store.clone(),
@@ -717,7 +713,9 @@ fn check_directory(address: &StoreAddress, path: &Path, create: bool) -> CliResu
             "no store at {address}: the directory does not exist"
         ))
         .hint("check --store / RUNKEEP_STORE, or create a demo store with `runkeep seed`")),
-        Err(e) => Err(CliError::config(format!("cannot reach store {address}: {e}"))),
+        Err(e) => Err(CliError::config(format!(
+            "cannot reach store {address}: {e}"
+        ))),
     }
 }
 

@@ -85,12 +85,28 @@ fn two_tenants_share_a_root_and_never_see_each_others_runs() {
     let store = at(dir.path());
     for (tenant, session) in [("acme", "s1"), ("acme", "s2"), ("globex", "s1")] {
         runkeep()
-            .args(["--store", &store, "--tenant", tenant, "--session", session, "seed"])
+            .args([
+                "--store",
+                &store,
+                "--tenant",
+                tenant,
+                "--session",
+                session,
+                "seed",
+            ])
             .assert()
             .success();
     }
     let acme = json(&[
-        "--store", &store, "--tenant", "acme", "--project", "", "--session", "", "runs",
+        "--store",
+        &store,
+        "--tenant",
+        "acme",
+        "--project",
+        "",
+        "--session",
+        "",
+        "runs",
     ]);
     let names = scopes(&acme);
     assert_eq!(names.len(), 12, "{names:?}");
@@ -99,7 +115,15 @@ fn two_tenants_share_a_root_and_never_see_each_others_runs() {
     assert_eq!(names[0], "acme/s1/run_demo_001");
     assert_eq!(names[1], "acme/s2/run_demo_001");
     let globex = json(&[
-        "--store", &store, "--tenant", "globex", "--project", "", "--session", "", "runs",
+        "--store",
+        &store,
+        "--tenant",
+        "globex",
+        "--project",
+        "",
+        "--session",
+        "",
+        "runs",
     ]);
     assert_eq!(scopes(&globex).len(), 6);
     assert!(scopes(&globex).iter().all(|n| n.starts_with("globex/s1/")));
@@ -108,8 +132,17 @@ fn two_tenants_share_a_root_and_never_see_each_others_runs() {
     let mut cursor: Option<String> = None;
     loop {
         let mut args = vec![
-            "--store", &store, "--tenant", "acme", "--project", "default", "--session", "",
-            "runs", "--limit", "5",
+            "--store",
+            &store,
+            "--tenant",
+            "acme",
+            "--project",
+            "default",
+            "--session",
+            "",
+            "runs",
+            "--limit",
+            "5",
         ];
         if let Some(c) = &cursor {
             args.extend(["--cursor", c]);
@@ -143,18 +176,27 @@ fn two_tenants_share_a_root_and_never_see_each_others_runs() {
 fn the_address_forms_refuse_each_others_directories() {
     let dir = tempfile::tempdir().unwrap();
     let store = at(dir.path());
-    runkeep().args(["--store", &store, "seed"]).assert().success();
+    runkeep()
+        .args(["--store", &store, "seed"])
+        .assert()
+        .success();
     runkeep()
         .args(["--store", &format!("fs:{}", dir.path().display()), "runs"])
         .assert()
         .code(78)
-        .stderr(predicate::str::contains(format!("root:{}", dir.path().display())));
+        .stderr(predicate::str::contains(format!(
+            "root:{}",
+            dir.path().display()
+        )));
     let session = dir.path().join("default/default/default");
     runkeep()
         .args(["--store", &at(&session), "runs"])
         .assert()
         .code(78)
-        .stderr(predicate::str::contains(format!("fs:{}/runs", session.display())));
+        .stderr(predicate::str::contains(format!(
+            "fs:{}/runs",
+            session.display()
+        )));
     runkeep()
         .args(["--store", &at(&session.join("runs")), "runs"])
         .assert()
@@ -167,7 +209,10 @@ fn the_address_forms_refuse_each_others_directories() {
         .args(["--store", &format!("fs:{}", session.display()), "runs"])
         .assert()
         .code(78)
-        .stderr(predicate::str::contains(format!("fs:{}/runs", session.display())));
+        .stderr(predicate::str::contains(format!(
+            "fs:{}/runs",
+            session.display()
+        )));
     assert!(!session.join(".runkeep-root.json").exists());
     assert!(!session.join("runs/.runkeep-root.json").exists());
     // A reader never creates a root.
