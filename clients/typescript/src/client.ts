@@ -127,6 +127,53 @@ export interface TailReconnect {
 
 type Query = Record<string, string | number | boolean | undefined>;
 
+/**
+ * Every operation of the API (its OpenAPI `operationId`) with its method,
+ * path and the {@link RunkeepClient} method that calls it.
+ * `test/openapi.test.ts` checks it against the document both ways.
+ */
+export const OPERATIONS = {
+  clock: ["GET", "/v1/clock", "clockNow"],
+  whoami: ["GET", "/v1/whoami", "whoami"],
+  list_runs: ["GET", "/v1/tenants/{tenant}/runs", "listRuns"],
+  claim_next: ["POST", "/v1/tenants/{tenant}/claim-next", "claimNext"],
+  wait_runnable: ["GET", "/v1/tenants/{tenant}/runnable/wait", "waitRunnable"],
+  run_summary: ["GET", "{run}", "summary"],
+  claim: ["POST", "{run}/claim", "claim"],
+  release: ["POST", "{run}/release", "release"],
+  finish: ["POST", "{run}/finish", "finish"],
+  snooze: ["POST", "{run}/snooze", "snooze"],
+  enqueue: ["POST", "{run}/enqueue", "enqueue"],
+  reopen: ["POST", "{run}/reopen", "reopen"],
+  lease: ["GET", "{run}/lease", "lease"],
+  lifecycle: ["GET", "{run}/lifecycle", "lifecycle"],
+  commit_step: ["POST", "{run}/steps", "commitStep"],
+  list_checkpoints: ["GET", "{run}/checkpoints", "listCheckpoints"],
+  write_checkpoint: ["POST", "{run}/checkpoints", "writeCheckpoint"],
+  latest_checkpoint: ["GET", "{run}/checkpoints/latest", "latestCheckpoint"],
+  find_pending: ["GET", "{run}/checkpoints/pending", "findPending"],
+  resume_point: ["GET", "{run}/checkpoints/resume-point", "resumePoint"],
+  read_checkpoint: ["GET", "{run}/checkpoints/by-id/{checkpoint}", "readCheckpoint"],
+  delete_checkpoint: ["DELETE", "{run}/checkpoints/by-id/{checkpoint}", "deleteCheckpoint"],
+  resolve_park: ["POST", "{run}/checkpoints/by-id/{checkpoint}/answer", "resolvePark"],
+  prune_checkpoints: ["POST", "{run}/prune", "prune"],
+  read_events: ["GET", "{run}/events", "readEvents"],
+  append_events: ["POST", "{run}/events", "appendEvents"],
+  tail_events: ["GET", "{run}/events/stream", "tail"],
+  wait_events: ["GET", "{run}/events/wait", "waitEvents"],
+  read_run_record: ["GET", "{run}/record", "readRecord"],
+  write_run_record: ["PUT", "{run}/record", "writeRecord"],
+  read_messages: ["GET", "{run}/messages", "readMessages"],
+  write_messages: ["PUT", "{run}/messages", "writeMessages"],
+  read_report: ["GET", "{run}/report", "readReport"],
+  write_report: ["PUT", "{run}/report", "writeReport"],
+  read_audit: ["GET", "{run}/audit", "readAudit"],
+  append_audit: ["POST", "{run}/audit", "appendAudit"],
+} as const satisfies Record<string, readonly [string, string, keyof RunkeepClient]>;
+
+/** The path prefix `{run}` stands for in {@link OPERATIONS}. */
+export const RUN_PATH = "/v1/tenants/{tenant}/projects/{project}/sessions/{session}/runs/{run}";
+
 /** The runkeep API over `fetch`. */
 export class RunkeepClient {
   readonly baseUrl: string;
@@ -367,7 +414,7 @@ export class RunkeepClient {
   /** The run's top holding (`GET …/lease`), `null` when never claimed. */
   async lease(run: RunRef, options: CallOptions & { now?: number } = {}): Promise<LeaseSummaryBody | null> {
     const r = await this.runGet<MaybeLease>(run, "/lease", options, { now: options.now });
-    return r.lease;
+    return r.lease ?? null;
   }
 
   /** The run's lifecycle (`GET …/lifecycle`). */
@@ -400,26 +447,26 @@ export class RunkeepClient {
 
   /** The latest checkpoint (`GET …/checkpoints/latest`). */
   async latestCheckpoint(run: RunRef, options: CallOptions = {}): Promise<CheckpointBody | null> {
-    return (await this.runGet<MaybeCheckpoint>(run, "/checkpoints/latest", options)).checkpoint;
+    return (await this.runGet<MaybeCheckpoint>(run, "/checkpoints/latest", options)).checkpoint ?? null;
   }
 
   /** The outstanding park's checkpoint (`GET …/checkpoints/pending`). */
   async findPending(run: RunRef, options: CallOptions & { now?: number } = {}): Promise<CheckpointBody | null> {
     const q = { now: options.now };
-    return (await this.runGet<MaybeCheckpoint>(run, "/checkpoints/pending", options, q)).checkpoint;
+    return (await this.runGet<MaybeCheckpoint>(run, "/checkpoints/pending", options, q)).checkpoint ?? null;
   }
 
   /** The checkpoint to resume from (`GET …/checkpoints/resume-point`). */
   async resumePoint(run: RunRef, options: CallOptions & { now?: number } = {}): Promise<CheckpointBody | null> {
     const q = { now: options.now };
     return (await this.runGet<MaybeCheckpoint>(run, "/checkpoints/resume-point", options, q))
-      .checkpoint;
+      .checkpoint ?? null;
   }
 
   /** One checkpoint by id (`GET …/checkpoints/by-id/{id}`), `null` when absent. */
   async readCheckpoint(run: RunRef, id: string, options: CallOptions = {}): Promise<CheckpointBody | null> {
     const tail = `/checkpoints/by-id/${encodeURIComponent(id)}`;
-    return (await this.runGet<MaybeCheckpoint>(run, tail, options)).checkpoint;
+    return (await this.runGet<MaybeCheckpoint>(run, tail, options)).checkpoint ?? null;
   }
 
   /** Deletes a checkpoint (`DELETE …/checkpoints/by-id/{id}`). */
@@ -541,7 +588,7 @@ export class RunkeepClient {
 
   /** The run record (`GET …/record`), `null` when never written. */
   async readRecord(run: RunRef, options: CallOptions = {}): Promise<JsonObject | null> {
-    return (await this.runGet<MaybeRecord>(run, "/record", options)).record;
+    return (await this.runGet<MaybeRecord>(run, "/record", options)).record ?? null;
   }
 
   /** Replaces the run record (`PUT …/record`). */
@@ -563,7 +610,7 @@ export class RunkeepClient {
 
   /** The report (`GET …/report`), `null` when never written. */
   async readReport(run: RunRef, options: CallOptions = {}): Promise<string | null> {
-    return (await this.runGet<MaybeReport>(run, "/report", options)).report;
+    return (await this.runGet<MaybeReport>(run, "/report", options)).report ?? null;
   }
 
   /** Replaces the report (`PUT …/report`). */

@@ -101,7 +101,7 @@ export const SCHEMA_KEYS = {
     waitMs: false,
   } satisfies Shape<T.ClaimNextBody>,
   Claimed: { run: true, lease: true } satisfies Shape<T.Claimed>,
-  ClaimNextAnswer: { claimed: true } satisfies Shape<T.ClaimNextAnswer>,
+  ClaimNextAnswer: { claimed: false } satisfies Shape<T.ClaimNextAnswer>,
   Done: { done: true } satisfies Shape<T.Done>,
   StepMessagesBody: { messages: true, throughEventSeq: false } satisfies Shape<T.StepMessagesBody>,
   StepBody: {
@@ -155,10 +155,30 @@ export const SCHEMA_KEYS = {
   ReportBody: { report: true, fence: false } satisfies Shape<T.ReportBody>,
   AppendAuditBody: { events: true, fence: false } satisfies Shape<T.AppendAuditBody>,
   CommitStepBody: { fence: true, step: true } satisfies Shape<T.CommitStepBody>,
-  MaybeCheckpoint: { checkpoint: true } satisfies Shape<T.MaybeCheckpoint>,
-  MaybeLease: { lease: true } satisfies Shape<T.MaybeLease>,
-  MaybeRecord: { record: true } satisfies Shape<T.MaybeRecord>,
-  MaybeReport: { report: true } satisfies Shape<T.MaybeReport>,
+  MaybeCheckpoint: { checkpoint: false } satisfies Shape<T.MaybeCheckpoint>,
+  MaybeLease: { lease: false } satisfies Shape<T.MaybeLease>,
+  MaybeRecord: { record: false } satisfies Shape<T.MaybeRecord>,
+  MaybeReport: { report: false } satisfies Shape<T.MaybeReport>,
   Appended: { events: true } satisfies Shape<T.Appended>,
   AuditList: { records: true } satisfies Shape<T.AuditList>,
+} as const;
+
+/** Proves at compile time that `values` lists every member of the union `U`. */
+function every<U extends string>() {
+  return <const A extends readonly U[]>(values: A & ([U] extends [A[number]] ? unknown : never)): A => values;
+}
+
+/** Every string enum the client types, by its schema name: the values. */
+export const ENUMS = {
+  ParkStateBody: every<T.ParkState>()(["outstanding", "expired", "resolved"]),
+  RunStatusBody: every<T.RunStatus>()(["active", "completed", "failed", "cancelled"]),
+  FinishStatusBody: every<T.FinishStatus>()(["completed", "failed", "cancelled"]),
+  OrderBody: every<T.Order>()(["runId", "createdAt"]),
+  MessagesKind: every<T.MessagesKind>()(["available", "legacy-unverified", "unavailable"]),
+} as const;
+
+/** Every tagged union the client types: schema name → tag → its values. */
+export const TAGGED = {
+  ClaimAnswer: { outcome: every<T.ClaimAnswer["outcome"]>()(["acquired", "held", "finished", "notBefore"]) },
+  ResolutionBody: { action: every<T.ResolutionBody["action"]>()(["answer", "expire"]) },
 } as const;

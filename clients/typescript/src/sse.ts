@@ -34,11 +34,16 @@ export class SseParser {
   private hasData = false;
   private eventType = "";
   private retry: number | undefined;
-  /** The last event id (persists across messages, as the format says). */
+  private idBuffer: string | undefined;
+  /**
+   * The last event id, as of the last dispatch (a blank line). It persists
+   * across messages, as the format says.
+   */
   lastEventId: string | undefined;
 
   constructor(lastEventId?: string) {
     this.lastEventId = lastEventId;
+    this.idBuffer = lastEventId;
   }
 
   /** Feeds a chunk; returns the messages it completed. */
@@ -99,7 +104,7 @@ export class SseParser {
         this.hasData = true;
         break;
       case "id":
-        if (!value.includes("\0")) this.lastEventId = value;
+        if (!value.includes("\0")) this.idBuffer = value;
         break;
       case "retry":
         if (/^\d+$/.test(value)) this.retry = Number(value);
@@ -113,6 +118,7 @@ export class SseParser {
   private dispatch(): SseMessage | undefined {
     const retry = this.retry;
     this.retry = undefined;
+    this.lastEventId = this.idBuffer;
     if (!this.hasData) {
       this.eventType = "";
       return undefined;

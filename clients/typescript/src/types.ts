@@ -267,7 +267,7 @@ export interface Claimed {
 /** The answer of `claim_next`. */
 export interface ClaimNextAnswer {
   /** The run taken, or `null` when none was runnable (within the wait). */
-  claimed: Claimed | null;
+  claimed?: Claimed | null;
 }
 
 /** Whether a release, snooze or write took effect. */
@@ -389,6 +389,10 @@ export interface ListRunsQuery {
 }
 
 // ---- request and answer envelopes -------------------------------------------
+//
+// The `Maybe…` answers and `ClaimNextAnswer.claimed` are typed as the
+// OpenAPI document has them (optional and nullable); the server sends the
+// key with `null` when there is nothing. The client's methods answer `null`.
 
 /** `POST …/release`. */
 export interface ReleaseBody {
@@ -483,22 +487,22 @@ export interface CommitStepBody {
 
 /** A checkpoint read (`null` when there is none). */
 export interface MaybeCheckpoint {
-  checkpoint: CheckpointBody | null;
+  checkpoint?: CheckpointBody | null;
 }
 
 /** A lease read. */
 export interface MaybeLease {
-  lease: LeaseSummaryBody | null;
+  lease?: LeaseSummaryBody | null;
 }
 
 /** A run record read. */
 export interface MaybeRecord {
-  record: JsonObject | null;
+  record?: JsonObject | null;
 }
 
 /** A report read. */
 export interface MaybeReport {
-  report: string | null;
+  report?: string | null;
 }
 
 /** Events as recorded by an append. */
