@@ -90,6 +90,7 @@ pub fn run(durability: Durability) -> Result<Report, Unusable> {
             CrashModel::SyncedOnly,
             CrashModel::EagerMetadata,
             CrashModel::TornWrites,
+            CrashModel::TornWithIndex,
         ],
     )
 }

@@ -278,10 +278,19 @@ impl State {
         let Some(Node::Dir { entries, durable }) = self.nodes.get(&dir) else {
             return;
         };
+        let mut with_index;
         let entries = match model {
-            CrashModel::SyncedOnly => durable,
+            CrashModel::SyncedOnly | CrashModel::TornWrites => durable,
             CrashModel::EagerMetadata => entries,
-            CrashModel::TornWrites => durable,
+            CrashModel::TornWithIndex => {
+                // The index's own entry as of the cut, too.
+                with_index = durable.clone();
+                with_index.remove(OsStr::new(INDEX_FILE));
+                if let Some(ino) = entries.get(OsStr::new(INDEX_FILE)) {
+                    with_index.insert(INDEX_FILE.into(), *ino);
+                }
+                &with_index
+            }
         };
         on_path.insert(dir);
         for (name, ino) in entries {
@@ -299,6 +308,10 @@ impl State {
                 Some(Node::File { data, durable }) => {
                     let bytes = match model {
                         CrashModel::TornWrites => torn(durable, data),
+                        CrashModel::TornWithIndex if name.as_os_str() == OsStr::new(INDEX_FILE) => {
+                            data.clone()
+                        }
+                        CrashModel::TornWithIndex => torn(durable, data),
                         _ => durable.clone(),
                     };
                     view.entries.insert(
@@ -332,6 +345,12 @@ fn torn(durable: &[u8], data: &[u8]) -> Vec<u8> {
     }
 }
 
+/// `runkeep-fs`'s transcript offset index: header `RKTXIDX1`, then the
+/// transcript's device and inode (little-endian `u64` at 8 and 16).
+pub const INDEX_FILE: &str = "transcript.idx";
+/// The transcript the index names (its sibling's parent holds it).
+const TRANSCRIPT_FILE: &str = "transcript.jsonl";
+
 /// Which crash a view models (module docs).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
 pub enum CrashModel {
@@ -344,6 +363,12 @@ pub enum CrashModel {
     /// As `SyncedOnly`, but a file whose unsynced writes were appends keeps
     /// the first half of them: a torn tail (an append cut mid-record).
     TornWrites,
+    /// As `TornWrites`, with `runkeep-fs`'s transcript offset index
+    /// (`.runkeep/transcript.idx`, never synced) as of the cut, as if it
+    /// were synced on every write: a diagnostic of whether its
+    /// pending-batch marker, were it durable, keeps a torn batch all or
+    /// nothing.
+    TornWithIndex,
 }
 
 /// One entry of a durable view.
@@ -419,6 +444,45 @@ impl View {
                 },
                 ViewEntry::Symlink(t) => std::os::unix::fs::symlink(t, &target)?,
             }
+        }
+        Ok(())
+    }
+
+    /// A machine that reboots keeps its files' device and inode numbers; a
+    /// materialised copy does not. So every transcript offset index that
+    /// names (by model inode) the transcript now beside it is made to name
+    /// that transcript's new device and inode; one naming another file
+    /// stays stale, as it would be.
+    pub fn carry_index_identity(&self, dest: &Path) -> io::Result<()> {
+        use std::os::unix::fs::{FileExt, MetadataExt};
+        for (path, e) in &self.entries {
+            let ViewEntry::File { data, .. } = e else {
+                continue;
+            };
+            if path.file_name() != Some(OsStr::new(INDEX_FILE)) || data.len() < 24 {
+                continue;
+            }
+            if &data[..8] != b"RKTXIDX1" {
+                continue;
+            }
+            let Some(run) = path.parent().and_then(Path::parent) else {
+                continue;
+            };
+            let transcript = run.join(TRANSCRIPT_FILE);
+            let Some(ViewEntry::File { ino, .. }) = self.entries.get(&transcript) else {
+                continue;
+            };
+            let named = u64::from_le_bytes(data[16..24].try_into().expect("8 bytes"));
+            if named != *ino {
+                continue;
+            }
+            let real = std::fs::metadata(dest.join(&transcript))?;
+            let mut ids = real.dev().to_le_bytes().to_vec();
+            ids.extend_from_slice(&real.ino().to_le_bytes());
+            let f = std::fs::OpenOptions::new()
+                .write(true)
+                .open(dest.join(path))?;
+            f.write_all_at(&ids, 8)?;
         }
         Ok(())
     }
