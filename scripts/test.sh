@@ -28,3 +28,7 @@ else
 fi
 
 cargo test --workspace --all-features --no-fail-fast -- "${include_ignored[@]}"
+
+# The TypeScript client (clients/typescript): npm ci, tsc --noEmit, its tests
+# against a live `runkeep serve`. Fails when node/npm are missing.
+bash clients/typescript/scripts/ci.sh

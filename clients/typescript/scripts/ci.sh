@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# The TypeScript client's CI: install from the committed lockfile, type-check
+# (tsc --noEmit), build, and run the tests against a live `runkeep serve`
+# (each test file starts its own on a free port). Needs Node >= 20 and npm;
+# fails, never skips, without them. `scripts/test.sh` calls this.
+set -euo pipefail
+here="$(cd "$(dirname "$0")/.." && pwd)"
+repo="$(cd "$here/../.." && pwd)"
+
+if ! command -v node >/dev/null 2>&1 || ! command -v npm >/dev/null 2>&1; then
+    echo "clients/typescript: node and npm are required (Node 20 or later) to test the TypeScript client; install them (Debian: apt-get install nodejs npm) and run again" >&2
+    exit 1
+fi
+major="$(node -p 'process.versions.node.split(".")[0]')"
+if [ "$major" -lt 20 ]; then
+    echo "clients/typescript: Node $(node --version) is too old; the client needs Node 20 or later" >&2
+    exit 1
+fi
+
+# The server the tests start.
+export RUNKEEP_BIN="${RUNKEEP_BIN:-$repo/target/debug/runkeep}"
+(cd "$repo" && cargo build --quiet -p runkeep-cli --bin runkeep --all-features)
+
+cd "$here"
+npm ci --no-audit --no-fund --loglevel=error
+npx tsc --noEmit -p .
+rm -rf dist
+npx tsc -p .
+node --test --test-concurrency=1 dist/test/*.test.js
