@@ -255,3 +255,47 @@ fn bad_limits_are_refused_before_anything_is_created() {
     assert!(!dir.path().join("tokens.json").exists());
     assert!(!dir.path().join("data").exists());
 }
+
+/// Supplements the forced interleaving of the server crate's
+/// `two_concurrent_creates_lose_neither_token` (the same `flock`) with real
+/// processes: eight `runkeep token create` at once, eight tokens kept.
+#[test]
+fn concurrent_token_create_processes_lose_none() {
+    let dir = tempfile::tempdir().unwrap();
+    let children: Vec<Child> = (0..8)
+        .map(|i| {
+            let mut c = Command::new(binary());
+            c.env_remove("RUNKEEP_TOKENS")
+                .env_remove("RUNKEEP_TENANT")
+                .args(["--json", "token", "create", "--role", "reader", "--label"])
+                .arg(format!("p{i}"))
+                .arg("--tokens")
+                .arg(dir.path().join("tokens.json"))
+                .stdout(Stdio::piped());
+            c.spawn().unwrap()
+        })
+        .collect();
+    let mut secrets = Vec::new();
+    for child in children {
+        let out = child.wait_with_output().unwrap();
+        assert!(out.status.success());
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        secrets.push(v["token"].as_str().unwrap().to_string());
+    }
+    secrets.sort();
+    secrets.dedup();
+    assert_eq!(secrets.len(), 8);
+    let listed = runkeep()
+        .env_remove("RUNKEEP_TOKENS")
+        .args(["--json", "token", "list", "--tokens"])
+        .arg(dir.path().join("tokens.json"))
+        .output()
+        .unwrap();
+    let v: serde_json::Value = serde_json::from_slice(&listed.stdout).unwrap();
+    assert_eq!(v.as_array().unwrap().len(), 8, "{v}");
+    let text = String::from_utf8_lossy(&listed.stdout).into_owned();
+    for s in &secrets {
+        assert!(!text.contains(s.as_str()));
+    }
+    assert!(!text.contains("sha256"), "list shows the hashes: {text}");
+}

@@ -20,7 +20,8 @@
 //!   check and the error's kind (`unavailable`, `corrupted`, `timeout`, …),
 //!   never a path or a query (those go to the log).
 //! - `GET /metrics`: the Prometheus text exposition ([`crate::metrics`]).
-//! - `GET /openapi.json`: the API's OpenAPI document.
+//! - `GET /openapi.json`: the API's OpenAPI 3.1 document
+//!   ([`crate::openapi::json`], the committed `openapi.json`).
 //!
 //! # Shutdown
 //!
@@ -188,6 +189,7 @@ pub fn app_with_shutdown(
     let open = Router::new()
         .route("/healthz", get(healthz))
         .route("/metrics", get(metrics_text))
+        .route("/openapi.json", get(openapi_json))
         .with_state(metrics.clone())
         .merge(crate::console::router());
     let router = manners::end_streams_on(store_bound.merge(open), shutdown);
@@ -196,6 +198,17 @@ pub fn app_with_shutdown(
 
 async fn healthz() -> Json<serde_json::Value> {
     Json(json!({ "status": "ok" }))
+}
+
+/// The OpenAPI document, built once.
+async fn openapi_json() -> Response {
+    static DOCUMENT: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    let text = DOCUMENT.get_or_init(crate::openapi::json).clone();
+    (
+        [(header::CONTENT_TYPE, HeaderValue::from_static("application/json"))],
+        text,
+    )
+        .into_response()
 }
 
 async fn metrics_text(State(metrics): State<Arc<Metrics>>) -> Response {
