@@ -67,6 +67,13 @@ impl std::fmt::Display for Role {
     }
 }
 
+fn article(role: Role) -> &'static str {
+    match role {
+        Role::Operator => "an",
+        _ => "a",
+    }
+}
+
 impl Principal {
     /// `Ok` when this caller's role is at least `role`, else the 403
     /// problem naming the role needed.
@@ -77,8 +84,11 @@ impl Principal {
         let mut p = Problem::new(
             ProblemType::Forbidden,
             format!(
-                "this operation needs a {role} token; this token ({}) is a {}",
-                self.token_id, self.role
+                "this operation needs {} {role} token; this token ({}) is {} {}",
+                article(role),
+                self.token_id,
+                article(self.role),
+                self.role
             ),
         );
         p.required_role = Some(role.as_str().to_string());

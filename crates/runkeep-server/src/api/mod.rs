@@ -43,6 +43,15 @@ mod runs;
 
 pub use events::{MAX_WAIT_MS, SSE_BATCH};
 
+/// The query structs, for the OpenAPI document.
+pub(crate) mod docs {
+    pub(crate) use super::checkpoints::FenceQuery;
+    pub(crate) use super::claims::NowQuery;
+    pub(crate) use super::documents::AuditQuery;
+    pub(crate) use super::events::{ReadQuery, StreamQuery, WaitEventsQuery};
+    pub(crate) use super::runs::{ListQuery, WaitRunnableQuery};
+}
+
 /// The response header carrying the store's clock (epoch ms).
 pub const NOW_HEADER: &str = "runkeep-now";
 
@@ -392,7 +401,9 @@ pub async fn guard(
     }
     if let Some(t) = tenant {
         if principal.tenant.as_str() != t {
-            return Problem::no_such_run().with_instance(path).into_response();
+            // Exactly the body a missing run gets (no instance: it would
+            // tell the two apart).
+            return Problem::no_such_run().into_response();
         }
     }
     if let Err(p) = principal.require(role) {
