@@ -550,7 +550,6 @@ pub async fn workload(store: FsStore, recorder: Recorder, clock: ManualClock) ->
     let runs = Runs {
         scopes: vec![a.clone(), b.clone(), c.clone()],
     };
-    let tmpfile_publish = store.testing_uses_tmpfile();
     let mut rec = Rec {
         observed: vec![facets(&store, &runs).await],
         store: store.clone(),
@@ -765,12 +764,17 @@ pub async fn workload(store: FsStore, recorder: Recorder, clock: ManualClock) ->
     .await;
     rec.spent(rb, h4);
 
+    let log = rec.recorder.log();
     Recording {
-        log: rec.recorder.log(),
         steps: rec.steps,
         observed: rec.observed,
         runs: rec.runs,
-        tmpfile_publish,
+        // The scratch-name publish creates `claims/.tmp-…` names; the
+        // `O_TMPFILE` one creates none.
+        tmpfile_publish: !log.iter().any(|op| {
+            matches!(op, Op::Create { name, .. } if name.to_string_lossy().starts_with(".tmp-"))
+        }),
+        log,
     }
 }
 
@@ -1138,5 +1142,24 @@ pub fn scratch_dir() -> PathBuf {
         shm.to_path_buf()
     } else {
         std::env::temp_dir()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::part_of_batch;
+
+    /// A transcript is "part of a batch" only when it keeps everything
+    /// acknowledged and a proper, non-empty part of the call in flight.
+    #[test]
+    fn part_of_a_batch_is_told_from_a_loss() {
+        let (before, after) = ("e1", "e1\ne2\ne3");
+        assert!(part_of_batch(before, "e1\ne2", after));
+        assert!(part_of_batch("(absent)", "e1", "e1\ne2"));
+        // All or nothing is not a part; a lost acknowledged event is not either.
+        assert!(!part_of_batch(before, before, after));
+        assert!(!part_of_batch(before, after, after));
+        assert!(!part_of_batch(before, "e2", after));
+        assert!(!part_of_batch(before, "e1\nx2", after));
     }
 }

@@ -595,6 +595,89 @@ mod tests {
         assert_eq!(views[9].fingerprint(), views[7].fingerprint());
     }
 
+    /// A torn view keeps the first half of unsynced appends, and only of
+    /// appends: a file rewritten since its sync keeps its synced bytes.
+    #[test]
+    fn a_torn_view_keeps_half_of_the_unsynced_appends_only() {
+        assert_eq!(torn(b"ab\n", b"ab\ncd\nef\n"), b"ab\ncd\n".to_vec());
+        assert_eq!(torn(b"", b"xyz1"), b"xy".to_vec());
+        assert_eq!(torn(b"ab\n", b"zz\ncd\n"), b"ab\n".to_vec());
+        assert_eq!(torn(b"ab\n", b"ab\n"), b"ab\n".to_vec());
+        let mut s = State::default();
+        for op in [
+            Op::Create {
+                parent: ROOT,
+                name: name("log"),
+                ino: 2,
+                node: NewNode::File,
+            },
+            Op::FsyncDir { ino: ROOT },
+            Op::Write {
+                ino: 2,
+                offset: 0,
+                data: b"one\n".to_vec(),
+            },
+            Op::Fsync { ino: 2 },
+            Op::Write {
+                ino: 2,
+                offset: 4,
+                data: b"two\nthree\n".to_vec(),
+            },
+        ] {
+            s.apply(&op);
+        }
+        let bytes = |m| match s.durable_view(m).entries.get(Path::new("log")) {
+            Some(ViewEntry::File { data, .. }) => data.clone(),
+            other => panic!("{other:?}"),
+        };
+        assert_eq!(bytes(CrashModel::SyncedOnly), b"one\n");
+        assert_eq!(bytes(CrashModel::TornWrites), b"one\ntwo\nt");
+    }
+
+    /// An index naming the transcript beside it is made to name the copy's
+    /// device and inode; one naming another inode is left stale.
+    #[test]
+    fn index_identity_is_carried_over_only_for_its_own_transcript() {
+        let mut header = b"RKTXIDX1".to_vec();
+        header.extend_from_slice(&77u64.to_le_bytes());
+        header.extend_from_slice(&5u64.to_le_bytes());
+        header.extend_from_slice(&[0u8; 16]);
+        let mut view = View::default();
+        for run in ["a", "b"] {
+            view.entries.insert(run.into(), ViewEntry::Dir);
+            view.entries
+                .insert(format!("{run}/.runkeep").into(), ViewEntry::Dir);
+            view.entries.insert(
+                format!("{run}/transcript.jsonl").into(),
+                ViewEntry::File {
+                    ino: if run == "a" { 5 } else { 6 },
+                    data: b"{}\n".to_vec(),
+                },
+            );
+            view.entries.insert(
+                format!("{run}/.runkeep/transcript.idx").into(),
+                ViewEntry::File {
+                    ino: if run == "a" { 10 } else { 11 },
+                    data: header.clone(),
+                },
+            );
+        }
+        let dir = tempfile::tempdir().unwrap();
+        view.materialise(dir.path()).unwrap();
+        view.carry_index_identity(dir.path()).unwrap();
+        use std::os::unix::fs::MetadataExt;
+        let ids = |run: &str| {
+            let b = std::fs::read(dir.path().join(run).join(".runkeep/transcript.idx")).unwrap();
+            (
+                u64::from_le_bytes(b[8..16].try_into().unwrap()),
+                u64::from_le_bytes(b[16..24].try_into().unwrap()),
+            )
+        };
+        let t = std::fs::metadata(dir.path().join("a/transcript.jsonl")).unwrap();
+        assert_eq!(ids("a"), (t.dev(), t.ino()));
+        assert_eq!(ids("b"), (77, 5), "an index of another file stays stale");
+    }
+
     /// Hard links materialise as hard links; a view materialises into a
     /// real directory that reads back the durable bytes.
     #[test]
