@@ -273,3 +273,48 @@ fn the_doctor_scans_the_sessions_of_the_prefix() {
         .collect();
     assert!(names.iter().all(|n| !n.contains("doctor")), "{names:?}");
 }
+
+/// A short soak against a root (worker processes killed and stopped while
+/// they hold runs of the root's default session) keeps every invariant.
+#[test]
+fn a_short_soak_on_a_root_keeps_every_invariant() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = runkeep()
+        .args([
+            "--store",
+            &at(&dir.path().join("root")),
+            "--json",
+            "soak",
+            "--dir",
+        ])
+        .arg(dir.path().join("soak"))
+        .args([
+            "--runs",
+            "8",
+            "--steps",
+            "12",
+            "--workers",
+            "3",
+            "--step-time",
+            "30ms",
+            "--ttl",
+            "500ms",
+            "--chaos-every",
+            "150ms",
+        ])
+        .output()
+        .unwrap();
+    let r: Value = serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|e| panic!("not JSON ({e}): {}", String::from_utf8_lossy(&out.stderr)));
+    assert_eq!(r["audit"]["violations"], serde_json::json!([]), "{r:#}");
+    assert_eq!(r["audit"]["runs_completed"], 8, "{r:#}");
+    assert!(
+        r["kills"].as_u64().unwrap() + r["stalls"].as_u64().unwrap() > 0,
+        "no chaos happened: {r:#}"
+    );
+    assert_eq!(out.status.code(), Some(0));
+    assert!(dir
+        .path()
+        .join("root/default/default/default/runs")
+        .is_dir());
+}
