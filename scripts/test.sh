@@ -32,3 +32,9 @@ cargo test --workspace --all-features --no-fail-fast -- "${include_ignored[@]}"
 # The TypeScript client (clients/typescript): npm ci, tsc --noEmit, its tests
 # against a live `runkeep serve`. Fails when node/npm are missing.
 bash clients/typescript/scripts/ci.sh
+
+# The web console's browser tests (crates/runkeep-server/console/tests):
+# headless Debian chromium driven by playwright-core against
+# `runkeep serve --demo`. Installs chromium as root when missing; fails when
+# it cannot run.
+bash crates/runkeep-server/console/tests/ci.sh

@@ -64,7 +64,9 @@ export async function api(path, { method = 'GET', body, signal, token = getToken
   }
   if (!res.ok) {
     const err = new ApiError(res.status, data);
-    if (res.status === 401) onUnauthorized(err);
+    // The kept token refused (revoked): sign out. A token being tried at
+    // sign-in is not kept yet; the sign-in form says why it failed.
+    if (res.status === 401 && token && token === getToken()) onUnauthorized(err);
     throw err;
   }
   return data;

@@ -7,7 +7,7 @@
 
 import { api, ApiError, getToken, runPath, setToken, whenUnauthorized, withQuery } from './api.js';
 import { tailEvents } from './sse.js';
-import { badge, compact, facts, fill, h, jsonBlock, when } from './views.js';
+import { ago, badge, compact, facts, fill, h, isoLocal, jsonBlock, when } from './views.js';
 
 const main = document.getElementById('main');
 const statusEl = document.getElementById('status');
@@ -318,7 +318,7 @@ function parkCell(park, now) {
     ' ',
     park.requestType,
     park.state !== 'resolved' && park.deadlineAt
-      ? h('span', { class: 'sub' }, park.state === 'expired' ? ' due ' : ' due ', when(park.deadlineAt, now))
+      ? h('span', { class: 'sub' }, park.state === 'expired' ? 'was due ' : 'due ', ago(park.deadlineAt, now))
       : null,
   );
 }
@@ -330,7 +330,7 @@ function leaseCell(claim, now) {
     {},
     h('span', { class: 'holder' }, claim.holder),
     ` · fence ${claim.fence}`,
-    h('span', { class: 'sub' }, claim.expired ? ' expired ' : ' until ', when(claim.expiresAt, now)),
+    h('span', { class: 'sub' }, claim.expired ? 'expired ' : 'expires ', ago(claim.expiresAt, now)),
     claim.expired ? [' ', badge('stuck', 'stuck')] : null,
   );
 }
@@ -339,7 +339,7 @@ function statusCell(row, dead) {
   if (row.damaged) return badge('damaged', 'failed');
   if (dead.has(row)) return badge('dead-lettered', 'dead');
   if (row.status === 'active' && row.availableAt && row.availableAt > Date.now()) {
-    return h('span', {}, badge('active'), h('span', { class: 'sub' }, ' not before ', when(row.availableAt)));
+    return h('span', {}, badge('active'), h('span', { class: 'sub' }, 'not before ', ago(row.availableAt)));
   }
   return badge(row.status);
 }
@@ -358,21 +358,17 @@ function runsTable(rows, dead) {
       {},
       rows.map((r) => {
         const updated = Math.max(r.latestCheckpointAt || 0, r.finishedAt || 0) || null;
+        const cell = (label, ...content) => h('td', { 'data-label': label, class: label === 'Attempts' ? 'num' : undefined }, h('div', {}, content));
         return h(
           'tr',
           { dataset: { run: r.run.runId, status: r.status } },
-          h(
-            'td',
-            { 'data-label': 'Run' },
-            h('a', { href: runHref(r.run), class: 'run-link' }, r.run.runId),
-            h('span', { class: 'sub scope' }, `${r.run.projectId} / ${r.run.sessionId}`),
-          ),
-          h('td', { 'data-label': 'Status' }, statusCell(r, dead)),
-          h('td', { 'data-label': 'Park' }, parkCell(r.park, now)),
-          h('td', { 'data-label': 'Lease' }, leaseCell(r.claim, now)),
-          h('td', { 'data-label': 'Attempts', class: 'num' }, String(r.attempts)),
-          h('td', { 'data-label': 'Created' }, when(r.runCreatedAt, now)),
-          h('td', { 'data-label': 'Updated' }, when(updated, now)),
+          cell('Run', h('a', { href: runHref(r.run), class: 'run-link' }, r.run.runId), h('span', { class: 'sub scope' }, `${r.run.projectId} / ${r.run.sessionId}`)),
+          cell('Status', statusCell(r, dead)),
+          cell('Park', parkCell(r.park, now)),
+          cell('Lease', leaseCell(r.claim, now)),
+          cell('Attempts', String(r.attempts)),
+          cell('Created', ago(r.runCreatedAt, now)),
+          cell('Updated', ago(updated, now)),
         );
       }),
     ),
@@ -668,11 +664,18 @@ function answerForm(run, cp, state, result, reload) {
           answeredView('First answer', e.problem.resolvedAt, e.problem.firstAnswer, Date.now()),
         );
         say('Your answer was refused: the park was answered already.', 'error');
-      } else {
-        fill(result, h('p', { class: 'msg msg-error', role: 'alert' }, `Refused: ${problemText(e)}`));
-        for (const b of controls) b.disabled = false;
+        // Show the park as answered here, keeping the refusal in view.
+        form.remove();
+        const card = result.closest('section');
+        card?.classList.remove('park-outstanding', 'park-expired');
+        card?.classList.add('park-resolved');
+        const title = card?.querySelector('h2');
+        if (title) title.textContent = 'Park (answered)';
         return;
       }
+      fill(result, h('p', { class: 'msg msg-error', role: 'alert' }, `Refused: ${problemText(e)}`));
+      for (const b of controls) b.disabled = false;
+      return;
     }
     form.remove();
     await reload();
@@ -832,7 +835,7 @@ function transcriptSection() {
               { dataset: { seq: String(ev.seq) } },
               h('span', { class: 'seq' }, `#${ev.seq}`),
               ' ',
-              when(ev.timestamp),
+              h('time', { datetime: new Date(ev.timestamp).toISOString() }, isoLocal(ev.timestamp)),
               ' ',
               h('strong', { class: 'etype' }, ev.type),
               ev.generation !== undefined ? h('span', { class: 'sub' }, ` fence ${ev.generation}`) : null,

@@ -61,6 +61,12 @@ export function when(ms, now) {
   );
 }
 
+/** A compact `<time>`: how long ago (or until), the instant in its tooltip. */
+export function ago(ms, now) {
+  if (ms === undefined || ms === null) return h('span', { class: 'none' }, '—');
+  return h('time', { datetime: new Date(ms).toISOString(), title: isoLocal(ms) }, relative(ms, now));
+}
+
 /** Pretty JSON in a `<pre>`. */
 export function jsonBlock(value, label) {
   return h('pre', { class: 'json', tabindex: 0, 'aria-label': label || 'JSON' }, JSON.stringify(value, null, 2));

@@ -19,6 +19,7 @@ pub mod prune;
 pub mod runs;
 pub mod seed;
 pub mod serve;
+pub mod serve_demo;
 pub mod show;
 pub mod token;
 

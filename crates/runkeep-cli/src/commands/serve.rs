@@ -51,9 +51,12 @@ pub struct ServeArgs {
     /// How often the token file is looked at: the longest a `runkeep token revoke` takes to reach the server.
     #[arg(long, default_value = "1s", value_parser = parse_duration, value_name = "DURATION")]
     pub token_reload: Duration,
+    /// Serve a fresh in-memory store seeded with demo runs (parked, claimed, stuck, finished, dead-lettered), with new operator, worker and reader tokens in a temporary token file; prints the console's address and the tokens. Uses neither --store nor --tokens; nothing outlives the process.
+    #[arg(long)]
+    pub demo: bool,
 }
 
-fn serve_error(e: server::ServeError) -> CliError {
+pub(crate) fn serve_error(e: server::ServeError) -> CliError {
     match e {
         server::ServeError::Tokens(t) => token_error(t),
         server::ServeError::Config(message) => CliError::usage(message)
@@ -80,6 +83,9 @@ pub async fn run(ctx: &Ctx, args: ServeArgs) -> CliResult<Exit> {
         ..ServerConfig::default()
     };
     config.check().map_err(serve_error)?;
+    if args.demo {
+        return crate::commands::serve_demo::run(ctx, &args, config).await;
+    }
     // A directory (or memory) store is created on first use; a PostgreSQL
     // schema is only migrated by `runkeep migrate`.
     let opened = match &ctx.global.store {
@@ -120,6 +126,26 @@ pub async fn run(ctx: &Ctx, args: ServeArgs) -> CliResult<Exit> {
     }
 
     let state = server::state(&config, opened.store.clone()).map_err(serve_error)?;
+    serve_until_signal(
+        ctx,
+        config,
+        state,
+        &ctx.global.store.to_string(),
+        |_| Ok(()),
+    )
+    .await
+}
+
+/// Binds `config.listen`, prints the address (then what `announce` prints
+/// for it), serves `state` until SIGTERM or Ctrl-C, then shuts down
+/// gracefully (`runkeep serve` and `runkeep serve --demo`).
+pub(crate) async fn serve_until_signal(
+    ctx: &Ctx,
+    config: ServerConfig,
+    state: runkeep_server::state::AppState,
+    store_label: &str,
+    announce: impl FnOnce(SocketAddr) -> CliResult<()>,
+) -> CliResult<Exit> {
     let server = Server::bind(config, state).await.map_err(serve_error)?;
     let address = server
         .local_addr()
@@ -128,14 +154,14 @@ pub async fn run(ctx: &Ctx, args: ServeArgs) -> CliResult<Exit> {
         emit_json_line(&json!({
             "event": "listening",
             "address": format!("http://{address}"),
-            "store": ctx.global.store.to_string(),
+            "store": store_label,
         }))?;
     } else {
         emit(&format!(
-            "runkeep serve: {} for tenant routes under /v1; listening on http://{address} (SIGTERM or Ctrl-C stops it)\n",
-            ctx.global.store
+            "runkeep serve: {store_label} for tenant routes under /v1; listening on http://{address} (SIGTERM or Ctrl-C stops it)\n",
         ))?;
     }
+    announce(address)?;
     let stopped = server
         .run(runkeep_server::manners::shutdown_signal())
         .await

@@ -193,7 +193,9 @@ fn transcript(goal: &str, kind: DemoKind) -> Vec<NewEvent> {
         ),
         NewEvent::new(
             "tool_started",
-            obj(json!({ "toolUseId": "tu_1", "toolName": "read_file", "input": {"path": "README.md"} })),
+            obj(
+                json!({ "toolUseId": "tu_1", "toolName": "read_file", "input": {"path": "README.md"} }),
+            ),
         ),
         NewEvent::new(
             "tool_completed",
@@ -222,9 +224,8 @@ fn transcript(goal: &str, kind: DemoKind) -> Vec<NewEvent> {
 /// returns them. Refused with `Conflict` when a demo run exists already.
 pub async fn seed(store: &dyn RunStore, tenant: &TenantId) -> runkeep::Result<Vec<DemoRun>> {
     let now = store.now();
-    let mut out = Vec::with_capacity(RUNS.len());
-    let mut parked = 0usize;
-    for (i, (project, run, kind)) in RUNS.iter().enumerate() {
+    let mut scopes = Vec::with_capacity(RUNS.len());
+    for (project, run, _) in RUNS {
         let (p, s) = PROJECTS[*project];
         let scope = RunScope::new(
             tenant.clone(),
@@ -232,6 +233,22 @@ pub async fn seed(store: &dyn RunStore, tenant: &TenantId) -> runkeep::Result<Ve
             SessionId::new(s)?,
             RunId::new(*run)?,
         );
+        // Nothing is written when a demo run is there already.
+        if !store.list_checkpoints(&scope).await?.is_empty()
+            || store.lease(&scope, now).await?.is_some()
+        {
+            return Err(runkeep::Error::Conflict {
+                message: format!(
+                    "demo run {} exists already in tenant {tenant}; seed the demo into an empty tenant",
+                    scope.run_id
+                ),
+            });
+        }
+        scopes.push(scope);
+    }
+    let mut out = Vec::with_capacity(RUNS.len());
+    let mut parked = 0usize;
+    for (i, ((_, _, kind), scope)) in RUNS.iter().zip(scopes).enumerate() {
         let started = now.offset(-(MIN * (15 + (i as i64 * 37) % 400)));
         seed_one(store, &scope, *kind, started, now, &mut parked).await?;
         out.push(DemoRun { scope, kind: *kind });
@@ -270,7 +287,9 @@ async fn held(
         .await?
         .lease()
         .map(|l| l.fence)
-        .ok_or_else(|| runkeep::Error::Conflict { message: format!("demo run {} is held already", scope.run_id) })
+        .ok_or_else(|| runkeep::Error::Conflict {
+            message: format!("demo run {} is held already", scope.run_id),
+        })
 }
 
 async fn seed_one(
@@ -291,7 +310,8 @@ async fn seed_one(
     let mut fence: Option<Fence> = None;
     match kind {
         Queued => {
-            let available_at = (scope.run_id.as_str() == "changelog-12").then(|| now.offset(60 * MIN));
+            let available_at =
+                (scope.run_id.as_str() == "changelog-12").then(|| now.offset(60 * MIN));
             store
                 .enqueue(
                     scope,
@@ -347,7 +367,8 @@ async fn seed_one(
                     ParkExpired => (now.offset(-180 * MIN), now.offset(-60 * MIN)),
                     _ => (started.offset(3 * MIN), now.offset(6 * 60 * MIN)),
                 };
-                second = second.with_pending(PendingDecision::new(t, obj(req), at).with_deadline(deadline));
+                second = second
+                    .with_pending(PendingDecision::new(t, obj(req), at).with_deadline(deadline));
             }
             store.write_checkpoint(scope, &second, fence).await?;
             store
@@ -376,7 +397,11 @@ async fn seed_one(
     store
         .append_audit(
             scope,
-            &[NewAuditEvent::new("runkeep serve --demo", "seeded demo run", "ok")],
+            &[NewAuditEvent::new(
+                "runkeep serve --demo",
+                "seeded demo run",
+                "ok",
+            )],
             fence,
         )
         .await?;
@@ -386,7 +411,14 @@ async fn seed_one(
     };
     match kind {
         Stuck => {
-            claim_at(store, scope, "worker-b", 5 * MIN as u64, now.offset(-30 * MIN)).await?;
+            claim_at(
+                store,
+                scope,
+                "worker-b",
+                5 * MIN as u64,
+                now.offset(-30 * MIN),
+            )
+            .await?;
         }
         Completed => {
             store
