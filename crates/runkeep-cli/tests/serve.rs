@@ -38,7 +38,14 @@ fn binary() -> PathBuf {
 
 fn serve(dir: &Path, extra: &[&str]) -> Serve {
     let mut cmd = Command::new(binary());
-    for var in ["RUNKEEP_STORE", "RUNKEEP_TENANT", "RUNKEEP_PROJECT", "RUNKEEP_SESSION", "RUNKEEP_TOKENS", "RUNKEEP_LOG"] {
+    for var in [
+        "RUNKEEP_STORE",
+        "RUNKEEP_TENANT",
+        "RUNKEEP_PROJECT",
+        "RUNKEEP_SESSION",
+        "RUNKEEP_TOKENS",
+        "RUNKEEP_LOG",
+    ] {
         cmd.env_remove(var);
     }
     cmd.env("NO_COLOR", "1")
@@ -85,7 +92,13 @@ fn serve(dir: &Path, extra: &[&str]) -> Serve {
 }
 
 /// One HTTP/1.1 exchange: status and the whole answer as text.
-fn request(addr: SocketAddr, method: &str, path: &str, token: Option<&str>, body: &str) -> (u16, String) {
+fn request(
+    addr: SocketAddr,
+    method: &str,
+    path: &str,
+    token: Option<&str>,
+    body: &str,
+) -> (u16, String) {
     let mut s = TcpStream::connect(addr).expect("connect");
     s.set_read_timeout(Some(BOUND)).unwrap();
     let auth = token
@@ -99,7 +112,11 @@ fn request(addr: SocketAddr, method: &str, path: &str, token: Option<&str>, body
     .unwrap();
     let mut text = String::new();
     s.read_to_string(&mut text).expect("read the answer");
-    let status = text.split(' ').nth(1).and_then(|c| c.parse().ok()).unwrap_or(0);
+    let status = text
+        .split(' ')
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0);
     (status, text)
 }
 
@@ -141,16 +158,25 @@ fn the_first_start_prints_one_operator_token_that_works_and_token_list_never_sho
     assert_eq!(status, 401, "{body}");
     let (status, body) = get(s.addr, "/v1/whoami", Some(&token));
     assert_eq!(status, 200, "{body}");
-    assert!(body.contains("\"default\"") && body.contains("operator"), "{body}");
+    assert!(
+        body.contains("\"default\"") && body.contains("operator"),
+        "{body}"
+    );
     let (status, body) = get(s.addr, "/v1/tenants/default/runs", Some(&token));
     assert_eq!(status, 200, "{body}");
 
     let file = std::fs::read_to_string(dir.path().join("tokens.json")).unwrap();
     assert!(!file.contains(&token), "the token file holds the token");
     let listed = common::stdout(&mut token_cmd(dir.path(), &["list"]));
-    assert!(listed.contains("operator") && listed.contains("active"), "{listed}");
+    assert!(
+        listed.contains("operator") && listed.contains("active"),
+        "{listed}"
+    );
     let secret_part = token.rsplit('_').next().unwrap();
-    assert!(!listed.contains(secret_part), "token list printed the secret");
+    assert!(
+        !listed.contains(secret_part),
+        "token list printed the secret"
+    );
 }
 
 #[test]
@@ -161,7 +187,9 @@ fn a_revoked_token_is_refused_by_the_running_server_and_a_restart_prints_no_new_
     // A worker token, created while the server runs, works at once.
     let out = common::stdout(&mut token_cmd(
         dir.path(),
-        &["create", "--tenant", "acme", "--role", "worker", "--label", "ci"],
+        &[
+            "create", "--tenant", "acme", "--role", "worker", "--label", "ci",
+        ],
     ));
     let worker = out
         .lines()
@@ -187,7 +215,9 @@ fn a_revoked_token_is_refused_by_the_running_server_and_a_restart_prints_no_new_
     let again = serve(dir.path(), &[]);
     assert!(again.token.is_none(), "a second start printed a token");
     assert_eq!(get(again.addr, "/v1/whoami", Some(&worker)).0, 200);
-    let unknown = token_cmd(dir.path(), &["revoke", "nosuchtoken0"]).assert().code(1);
+    let unknown = token_cmd(dir.path(), &["revoke", "nosuchtoken0"])
+        .assert()
+        .code(1);
     let err = String::from_utf8_lossy(&unknown.get_output().stderr).into_owned();
     assert!(err.contains("no token has id"), "{err}");
 }
@@ -215,7 +245,10 @@ fn sigterm_lets_the_request_in_flight_finish_refuses_new_connections_and_exits_0
         if m.lines().any(|l| l == "runkeep_http_requests_in_flight 2") {
             break;
         }
-        assert!(Instant::now() < deadline, "the slow request never got in: {m}");
+        assert!(
+            Instant::now() < deadline,
+            "the slow request never got in: {m}"
+        );
         std::thread::sleep(Duration::from_millis(20));
     }
 
@@ -225,7 +258,10 @@ fn sigterm_lets_the_request_in_flight_finish_refuses_new_connections_and_exits_0
         assert!(Instant::now() < deadline, "still accepting after SIGTERM");
         std::thread::sleep(Duration::from_millis(10));
     }
-    assert!(s.child.try_wait().unwrap().is_none(), "exited with a request in flight");
+    assert!(
+        s.child.try_wait().unwrap().is_none(),
+        "exited with a request in flight"
+    );
 
     slow.write_all(tail.as_bytes()).unwrap();
     let mut answer = String::new();
@@ -236,7 +272,11 @@ fn sigterm_lets_the_request_in_flight_finish_refuses_new_connections_and_exits_0
     let status = wait_within(&mut s.child, BOUND, "runkeep serve after SIGTERM");
     assert_eq!(status.code(), Some(0));
     let rest: Vec<String> = s.lines.try_iter().collect();
-    assert!(rest.iter().any(|l| l.contains("stopped; every request in flight was answered")), "{rest:?}");
+    assert!(
+        rest.iter()
+            .any(|l| l.contains("stopped; every request in flight was answered")),
+        "{rest:?}"
+    );
 }
 
 #[test]
@@ -246,7 +286,14 @@ fn bad_limits_are_refused_before_anything_is_created() {
         .env_remove("RUNKEEP_TOKENS")
         .arg("--store")
         .arg(format!("fs:{}", dir.path().join("data").display()))
-        .args(["serve", "--listen", "127.0.0.1:0", "--request-timeout", "10s", "--tokens"])
+        .args([
+            "serve",
+            "--listen",
+            "127.0.0.1:0",
+            "--request-timeout",
+            "10s",
+            "--tokens",
+        ])
         .arg(dir.path().join("tokens.json"))
         .assert()
         .code(64);

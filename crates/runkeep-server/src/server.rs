@@ -205,7 +205,10 @@ async fn openapi_json() -> Response {
     static DOCUMENT: std::sync::OnceLock<String> = std::sync::OnceLock::new();
     let text = DOCUMENT.get_or_init(crate::openapi::json).clone();
     (
-        [(header::CONTENT_TYPE, HeaderValue::from_static("application/json"))],
+        [(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("application/json"),
+        )],
         text,
     )
         .into_response()

@@ -528,7 +528,11 @@ async fn healthz_readyz_and_metrics_answer_without_a_token() {
     );
     let openapi = send(addr, &get_request("/openapi.json")).await;
     assert_eq!(openapi.status, 200, "{}", openapi.text);
-    assert!(openapi.text.contains("\"openapi\": \"3.1"), "{}", &openapi.text[..300.min(openapi.text.len())]);
+    assert!(
+        openapi.text.contains("\"openapi\": \"3.1"),
+        "{}",
+        &openapi.text[..300.min(openapi.text.len())]
+    );
     let metrics = send(addr, &get_request("/metrics")).await;
     assert_eq!(metrics.status, 200);
     assert!(
