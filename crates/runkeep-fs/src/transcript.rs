@@ -361,6 +361,10 @@ struct IndexWriter {
     count: u64,
     /// Records of the batch in flight, after the committed ones.
     pending: u64,
+    /// The file was created (or was empty) when opened: under
+    /// `Durability::PowerLoss` its directory entry must be synced before a
+    /// pending record in it can be relied on.
+    created: bool,
 }
 
 impl IndexWriter {
@@ -384,6 +388,7 @@ impl IndexWriter {
             },
             count: 0,
             pending: 0,
+            created: ilen == 0,
         };
         match read_header(&me.file) {
             Some(h) if h.dev == tmeta.dev() && h.ino == tmeta.ino() && ilen >= HDR => {
@@ -438,6 +443,23 @@ impl IndexWriter {
             self.header.flags |= FLAG_PENDING | (u64::from(fp) << 32);
         }
         self.file.write_all_at(&header_bytes(&self.header), 0)
+    }
+
+    /// Makes the pending record durable before the batch is written, so a
+    /// power cut that tears a batch of several events after a complete line
+    /// still finds the record and cuts the batch back whole. (A single
+    /// event needs none of this: its line is either complete — the whole
+    /// batch — or incomplete and removed as a torn tail.) The power-loss
+    /// harness (`crates/runkeep-powerloss`) found the gap this closes.
+    fn sync_pending(&mut self, run_dir: &Path) -> io::Result<()> {
+        let meta = run_dir.join(META_DIR);
+        sys::sync_file(&self.file, &meta.join(INDEX_FILE))?;
+        if self.created {
+            sys::sync_dir(&meta)?;
+            sys::sync_dir(run_dir)?;
+            self.created = false;
+        }
+        Ok(())
     }
 
     /// The pending batch landed whole: its records become committed.
@@ -913,6 +935,11 @@ pub(crate) fn append_events(
             // for the grace rule; a failure is still rolled back below.
             tracing::debug!("could not update the transcript index of {}: {e}", ctx.run);
             index = None;
+        } else if durability == Durability::PowerLoss && recs.len() > 1 {
+            // Nothing of the batch is written yet: a failure here refuses
+            // the append (the next appender drops the unlanded record).
+            ix.sync_pending(run_dir)
+                .map_err(|e| ctx.io("sync the transcript index of", &path, e))?;
         }
     }
     // Numbers are assigned; only the write is left (the soak once caught a
