@@ -70,6 +70,10 @@ pub const SESSION_RUNS_DIR: &str = "runs";
 /// watches (each holds an inotify thread) and wakes on every rescan
 /// instead (once a second).
 pub const MAX_WATCHED_SESSIONS: usize = 64;
+/// How many candidates `claim_next` reads from a session at a time (the
+/// first claimable run is usually near the front; more are read as the
+/// merge consumes them).
+const CLAIM_FETCH: usize = 32;
 /// How often a prefix watch looks for new sessions (and, like a session's
 /// own watch, wakes at least this often: a lapsed lease changes no file).
 const RESCAN: Duration = Duration::from_secs(1);
@@ -491,7 +495,13 @@ impl RootInner {
                 return Ok(s);
             }
         }
-        let store = self.open_session(k)?;
+        let store = match self.open_session(k) {
+            Ok(s) => s,
+            // Another process tidied the directory away between the open's
+            // create and its check (a refused call of its own): once more.
+            Err(_) if !self.check_path(k)? => self.open_session(k)?,
+            Err(e) => return Err(e),
+        };
         // Created by the open: a link swapped in meanwhile is refused too.
         self.check_path(k)?;
         Ok(store)
@@ -1004,7 +1014,7 @@ impl CheckpointStore for FsRootStore {
             park: filter.park.clone(),
             claimed: Some(false),
             status: None,
-            limit: Some(MAX_LIMIT),
+            limit: Some(CLAIM_FETCH),
             cursor: None,
             now: Some(now),
         };

@@ -607,6 +607,23 @@ fn claim_next_over_a_tenant_takes_the_first_run_of_the_whole_prefix() {
                 .await
                 .unwrap();
         }
+        // A third session whose first 35 runs are deferred: claim_next
+        // reads its candidates a few at a time and must read on past them.
+        let later = Some(Timestamp::now().offset(3_600_000));
+        for i in 0..40 {
+            let options = EnqueueOptions {
+                available_at: if i < 35 { later } else { None },
+                ..Default::default()
+            };
+            store
+                .enqueue(
+                    &scope("tnt_a", "prj_x", "ses_c", &format!("run_g{i:02}")),
+                    &cp("cp_1", 0),
+                    &options,
+                )
+                .await
+                .unwrap();
+        }
         let tenant = ListingScope::tenant(t("tnt_a"));
         let mut order = Vec::new();
         while let Some((sc, _)) = store
@@ -616,10 +633,18 @@ fn claim_next_over_a_tenant_takes_the_first_run_of_the_whole_prefix() {
         {
             order.push(format!("{}/{}", sc.session_id, sc.run_id));
         }
+        let first: Vec<&str> = order.iter().take(5).map(String::as_str).collect();
         assert_eq!(
-            order,
-            ["ses_b/run_a", "ses_a/run_c", "ses_a/run_d", "ses_b/run_e"]
+            first,
+            [
+                "ses_b/run_a",
+                "ses_a/run_c",
+                "ses_a/run_d",
+                "ses_b/run_e",
+                "ses_c/run_g35"
+            ]
         );
+        assert_eq!(order.len(), 4 + 5, "{order:?}");
     });
 }
 
