@@ -5,6 +5,9 @@
 //! [`runkeep::EvidenceStore`] over one session's `runs/` directory, laid out
 //! as the reference design lays it out (so the reference can still read it)
 //! plus a few additive, ignorable files under each run's `.runkeep/`.
+//! [`FsRootStore`] holds many tenants in one directory, one such session
+//! per `ROOT/<tenant>/<project>/<session>/runs/` (isolation by path,
+//! listings and `claim_next` over a project or tenant).
 //!
 //! # Why it looks like this
 //!
