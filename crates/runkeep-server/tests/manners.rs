@@ -657,3 +657,49 @@ async fn a_shutdown_of_the_real_app_ends_the_apis_event_tail() {
         .unwrap();
     assert_eq!(stopped, runkeep_server::server::Stopped::Drained);
 }
+
+/// The body limit holds on the API's own routes, as `runkeep serve` builds
+/// them: an oversized body is 413 problem details; one under it is served.
+#[tokio::test]
+async fn the_real_app_applies_the_body_limit_to_api_routes() {
+    let tenant = runkeep::TenantId::new("default").unwrap();
+    let state = AppState {
+        auth: Arc::new(StaticTokens::new().with(
+            "worker-secret",
+            tenant,
+            runkeep_server::auth::Role::Worker,
+        )),
+        ..memory_state()
+    };
+    let config = ServerConfig {
+        listen: "127.0.0.1:0".parse().unwrap(),
+        body_limit: 1024,
+        // The shortest `check` accepts: the long-polls' 30 s and 5 s more.
+        request_timeout: Duration::from_secs(35),
+        ..ServerConfig::default()
+    };
+    let server = Server::bind(config, state).await.unwrap();
+    let addr = server.local_addr().unwrap();
+    tokio::spawn(server.run(std::future::pending()));
+    let big = format!(
+        r#"{{"holder":"w","ttlMs":30000,"pad":"{}"}}"#,
+        "x".repeat(4096)
+    );
+    let mut request = format!(
+        "POST /v1/tenants/default/claim-next HTTP/1.1\r\nHost: t\r\nConnection: close\r\nAuthorization: Bearer worker-secret\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n",
+        big.len()
+    )
+    .into_bytes();
+    request.extend_from_slice(big.as_bytes());
+    let answer = send(addr, &request).await;
+    assert_problem(&answer, 413, "payload-too-large");
+    let small = br#"{"holder":"w","ttlMs":30000}"#;
+    let mut request = format!(
+        "POST /v1/tenants/default/claim-next HTTP/1.1\r\nHost: t\r\nConnection: close\r\nAuthorization: Bearer worker-secret\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n",
+        small.len()
+    )
+    .into_bytes();
+    request.extend_from_slice(small);
+    let answer = send(addr, &request).await;
+    assert_eq!(answer.status, 200, "{}", answer.text);
+}
