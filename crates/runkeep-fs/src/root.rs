@@ -111,7 +111,15 @@ struct RootInner {
     sessions: Mutex<HashMap<SessionKey, FsStore>>,
     /// Rows read from sessions' listings (what a page cost; a test seam).
     fetched: Arc<AtomicU64>,
+    /// Test seam: a pause before `claim_next`'s first claim.
+    #[cfg(feature = "testing")]
+    pause: Mutex<Option<ClaimPause>>,
 }
+
+/// Where `claim_next` pauses once (test seam): the candidate it is about
+/// to claim is recorded, then it waits at the barrier.
+#[cfg(feature = "testing")]
+type ClaimPause = (Arc<tokio::sync::Barrier>, Arc<Mutex<Vec<RunScope>>>);
 
 impl fmt::Debug for FsRootStore {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -276,6 +284,8 @@ impl FsRootStore {
                 clock: options.clock.unwrap_or_else(|| Arc::new(SystemClock)),
                 sessions: Mutex::new(HashMap::new()),
                 fetched: Arc::new(AtomicU64::new(0)),
+                #[cfg(feature = "testing")]
+                pause: Mutex::new(None),
             }),
         })
     }
@@ -285,6 +295,19 @@ impl FsRootStore {
     #[doc(hidden)]
     pub fn testing_rows_fetched(&self) -> u64 {
         self.inner.fetched.load(Ordering::Relaxed)
+    }
+
+    /// Test seam: the next `claim_next` records the first candidate it is
+    /// about to claim in `seen`, then waits at `barrier` before claiming it
+    /// (two callers made to race for one run).
+    #[cfg(feature = "testing")]
+    #[doc(hidden)]
+    pub fn testing_pause_first_claim(
+        &self,
+        barrier: Arc<tokio::sync::Barrier>,
+        seen: Arc<Mutex<Vec<RunScope>>>,
+    ) {
+        *self.inner.pause.lock().unwrap_or_else(|p| p.into_inner()) = Some((barrier, seen));
     }
 
     /// The root directory (absolute).
@@ -1032,6 +1055,21 @@ impl CheckpointStore for FsRootStore {
             let Some(store) = stores.get(&key_of(&row.scope)) else {
                 continue;
             };
+            #[cfg(feature = "testing")]
+            {
+                let pause = self
+                    .inner
+                    .pause
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .take();
+                if let Some((barrier, seen)) = pause {
+                    seen.lock()
+                        .unwrap_or_else(|p| p.into_inner())
+                        .push(row.scope.clone());
+                    barrier.wait().await;
+                }
+            }
             match store.claim(&row.scope, &options).await {
                 Ok(ClaimOutcome::Acquired(lease)) => {
                     if !still_matches(store, &row.scope, filter, now).await? {

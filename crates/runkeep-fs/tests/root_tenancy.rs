@@ -919,3 +919,99 @@ fn prefix_watches_wake_for_new_and_existing_sessions() {
             .expect("woke after an append");
     });
 }
+
+/// Two `claim_next` callers (two stores on one root, as two processes) are
+/// made to race for the same first run of a tenant: each records the
+/// candidate it is about to claim and waits for the other before claiming.
+/// Both saw the same run (the race happened); the lease gives it to one,
+/// and the other moves on to the next run of the merged order, never the
+/// same run. Mutation tried: giving up on a `Held` candidate (`return
+/// Ok(None)`) — the loser gets nothing and the test fails.
+#[test]
+fn two_claimers_racing_for_one_run_get_two_runs() {
+    rt().block_on(async {
+        let dir = tempfile::tempdir().unwrap();
+        let seed = root(dir.path());
+        for (sess, run) in [("ses_a", "run_b"), ("ses_b", "run_a"), ("ses_a", "run_c")] {
+            seed.enqueue(
+                &scope("tnt_a", "prj_x", sess, run),
+                &cp("cp_1", 0),
+                &EnqueueOptions::default(),
+            )
+            .await
+            .unwrap();
+        }
+        let barrier = Arc::new(tokio::sync::Barrier::new(2));
+        let seen = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let claimers: Vec<_> = (0..2)
+            .map(|i| {
+                let store = root(dir.path());
+                store.testing_pause_first_claim(barrier.clone(), seen.clone());
+                tokio::spawn(async move {
+                    store
+                        .claim_next(
+                            &ListingScope::tenant(t("tnt_a")),
+                            &ClaimNextFilter::default(),
+                            &claim(&format!("w{i}"), 60_000),
+                        )
+                        .await
+                        .unwrap()
+                        .map(|(sc, l)| (format!("{}/{}", sc.session_id, sc.run_id), l.fence.get()))
+                })
+            })
+            .collect();
+        let mut got = Vec::new();
+        for c in claimers {
+            got.push(c.await.unwrap());
+        }
+        let seen: Vec<String> = seen
+            .lock()
+            .unwrap()
+            .iter()
+            .map(|sc| format!("{}/{}", sc.session_id, sc.run_id))
+            .collect();
+        assert_eq!(
+            seen,
+            ["ses_b/run_a", "ses_b/run_a"],
+            "both raced for one run"
+        );
+        got.sort();
+        assert_eq!(
+            got,
+            [
+                Some(("ses_a/run_b".to_string(), 1)),
+                Some(("ses_b/run_a".to_string(), 1))
+            ]
+        );
+    });
+}
+
+/// A session whose directory vanished under a store that had it cached
+/// (tidied away by another process's refused call, or removed by hand) is
+/// recreated by the next write, and reads meanwhile answer "absent".
+#[test]
+fn a_cached_session_whose_directory_vanished_is_recreated_by_the_next_write() {
+    rt().block_on(async {
+        let dir = tempfile::tempdir().unwrap();
+        let store = root(dir.path());
+        let first = scope("tnt_a", "prj_x", "ses_x", "run_a");
+        store
+            .write_checkpoint(&first, &cp("cp_1", 0), None)
+            .await
+            .unwrap();
+        std::fs::remove_dir_all(dir.path().join("tnt_a")).unwrap();
+        assert!(store.list_checkpoints(&first).await.unwrap().is_empty());
+        let second = scope("tnt_a", "prj_x", "ses_x", "run_b");
+        store
+            .write_checkpoint(&second, &cp("cp_1", 0), None)
+            .await
+            .unwrap();
+        let (rows, _) = walk(
+            &store,
+            &ListingScope::tenant(t("tnt_a")),
+            ListOptions::default(),
+        )
+        .await;
+        assert_eq!(names(&rows), ["tnt_a/prj_x/ses_x/run_b"]);
+    });
+}
