@@ -190,3 +190,98 @@ test("a renewal that finds another holder aborts the signal at once, and later s
   assert.equal(lease?.holder, "worker-B");
   assert.equal(lease?.fence, bFence);
 });
+
+/** A worker client whose requests to `runId` pass through `hook` first. */
+function hookedClient(runId: string, hook: (what: string, init: RequestInit | undefined) => Promise<void>): RunkeepClient {
+  return new RunkeepClient({
+    baseUrl: serve.url,
+    token: serve.token("worker"),
+    tenant: "acme",
+    fetch: async (input, init) => {
+      const url = new URL(String(input));
+      if (url.pathname.includes(`/runs/${runId}/`)) await hook(url.pathname.split("/").pop()!, init);
+      return fetch(input, init);
+    },
+  });
+}
+
+test("a renewal waits for the write in flight, so the write never presents a retired fence", async () => {
+  const runId = "renewal-vs-write";
+  const run = serve.run(runId);
+  await operator.enqueue(run, { checkpoint: firstCheckpoint("z") });
+  const log: string[] = [];
+  // The step is held at the client for 900 ms; the renewal is due 500 ms after the claim
+  // (and would give up at 1350 ms).
+  const client = hookedClient(runId, async (what) => {
+    if (what === "steps") {
+      log.push("step sent");
+      await new Promise((r) => setTimeout(r, 900));
+    }
+    if (what === "claim") log.push("renewal sent");
+  });
+  let stepFence = 0;
+  const report = await within(
+    10_000,
+    runWorker({
+      client,
+      holder: "gated",
+      ttlMs: 1500,
+      mode: "until-idle",
+      onEvent: (e) => {
+        if (e.type === "renewed") log.push(`renewed ${e.from} -> ${e.to}`);
+      },
+      handler: async (ctx) => {
+        stepFence = ctx.fence;
+        const receipt = await ctx.step({ events: [{ type: "slow-step" }] });
+        log.push(`step answered at generation ${receipt.events[0]?.generation}`);
+        // Let a renewal land before finishing.
+        while (!log.some((l) => l.startsWith("renewed")) && !ctx.signal.aborted) await new Promise((r) => setTimeout(r, 20));
+      },
+    }),
+    "the worker",
+  );
+  assert.deepEqual(report, { claimed: 1, finished: 1, released: 0, snoozed: 0, failed: 0, lost: 0 });
+  assert.deepEqual(log.slice(0, 4), [
+    "step sent",
+    `step answered at generation ${stepFence}`,
+    "renewal sent",
+    `renewed ${stepFence} -> ${stepFence + 1}`,
+  ]);
+});
+
+test("a renewal that does not answer stops the work at the safety margin", async () => {
+  const runId = "renewal-hangs";
+  const run = serve.run(runId);
+  await operator.enqueue(run, { checkpoint: firstCheckpoint("h") });
+  const sent: string[] = [];
+  // Renewals never reach the server: they hang until the worker gives up on them.
+  const client = hookedClient(runId, async (what, init) => {
+    sent.push(what);
+    if (what === "claim") {
+      await new Promise<void>((_, reject) => init?.signal?.addEventListener("abort", () => reject(init.signal?.reason)));
+    }
+  });
+  let reason: unknown;
+  let refused: unknown;
+  const report = await within(
+    10_000,
+    runWorker({
+      client,
+      holder: "hung",
+      ttlMs: 900,
+      mode: "until-idle",
+      handler: async (ctx) => {
+        await within(5000, new Promise<void>((r) => ctx.signal.addEventListener("abort", () => r(), { once: true })), "A's signal");
+        reason = ctx.signal.reason;
+        await ctx.step({ events: [{ type: "after-expiry" }] }).catch((e: unknown) => (refused = e));
+      },
+    }),
+    "the worker",
+  );
+  assert.ok(reason instanceof LeaseLost, String(reason));
+  assert.equal(reason.kind, "expiring");
+  assert.ok(refused instanceof LeaseLost, "the step after the margin is refused locally");
+  assert.deepEqual(sent, ["claim"], "only the hung renewal was sent: no step after the margin");
+  assert.equal(report.lost, 1);
+  assert.deepEqual((await operator.readEvents(run)).events, []);
+});
