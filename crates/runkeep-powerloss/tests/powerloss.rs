@@ -150,7 +150,10 @@ fn power_loss_keeps_every_acknowledged_write_at_every_cut() {
     // synced before the batch is written (the harness's first run found a
     // torn batch kept in part, "torn-batch", before that sync existed).
     for m in &r.models {
-        assert_eq!(m.losses, 0, "power loss lost or tore acknowledged writes:\n{r}");
+        assert_eq!(
+            m.losses, 0,
+            "power loss lost or tore acknowledged writes:\n{r}"
+        );
     }
 }
 
