@@ -755,6 +755,10 @@ fn refused(base: &Path, why: String) -> State {
     State::Refused(why)
 }
 
+/// Index builds running in this process, and how many may.
+static BUILDS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+const MAX_BUILDS: usize = 2;
+
 /// A test's code run inside the build (after the store directory was read).
 type BuildHook = Box<dyn FnOnce() + Send>;
 
@@ -778,13 +782,25 @@ impl SessionIndex {
     /// and has seen `Unbuilt`): the listing that needs the index first
     /// walks, so a one-shot listing (a CLI call) costs what the walk costs.
     fn start_build(&self, st: &mut State, base: &Path) {
+        use std::sync::atomic::Ordering;
+        if BUILDS.fetch_add(1, Ordering::SeqCst) >= MAX_BUILDS {
+            // Enough builds running in this process (a root store opening
+            // many sessions): stay unbuilt, walk, and try at the next page.
+            BUILDS.fetch_sub(1, Ordering::SeqCst);
+            *st = State::Unbuilt;
+            return;
+        }
         *st = State::Building;
         let (state, dir) = (self.state.clone(), base.to_path_buf());
         let hook = self.hook.lock().unwrap_or_else(|p| p.into_inner()).take();
         let spawned = std::thread::Builder::new()
             .name("runkeep-fs-index".into())
-            .spawn(move || build_into(&state, &dir, hook));
+            .spawn(move || {
+                build_into(&state, &dir, hook);
+                BUILDS.fetch_sub(1, Ordering::SeqCst);
+            });
         if let Err(e) = spawned {
+            BUILDS.fetch_sub(1, Ordering::SeqCst);
             *st = refused(base, format!("cannot start the index thread ({e})"));
         }
     }

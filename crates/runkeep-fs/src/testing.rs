@@ -12,10 +12,11 @@
 //!   `after-fence-check`)
 //! - `RUNKEEP_FS_TEST_LOCK_WAIT_MS=<n>` (the run lock's wait bound)
 
+use std::collections::HashMap;
 use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Mutex;
+use std::sync::{LazyLock, Mutex};
 
 pub use crate::testing_hooks::Point as FaultPoint;
 
@@ -177,7 +178,10 @@ pub(crate) fn check_short_write(point: FaultPoint, path: &Path) -> Option<io::Er
     Some(io::Error::from_raw_os_error(f.errno))
 }
 
-static CHECKPOINT_READS: Mutex<Vec<(PathBuf, u64)>> = Mutex::new(Vec::new());
+// Counters keyed by run directory, in hash maps: a lookup per counted
+// operation must not grow with the number of runs a process has touched
+// (the benches run with these seams compiled in).
+static CHECKPOINT_READS: LazyLock<Mutex<HashMap<PathBuf, u64>>> = LazyLock::new(Default::default);
 
 pub(crate) fn note_checkpoint_read(path: &Path) {
     // Keyed by the run directory (`<run>/checkpoints/<id>.json`).
@@ -185,9 +189,11 @@ pub(crate) fn note_checkpoint_read(path: &Path) {
         return;
     };
     let mut r = CHECKPOINT_READS.lock().unwrap_or_else(|p| p.into_inner());
-    match r.iter_mut().find(|(p, _)| p == run) {
-        Some((_, n)) => *n += 1,
-        None => r.push((run.to_path_buf(), 1)),
+    match r.get_mut(run) {
+        Some(n) => *n += 1,
+        None => {
+            r.insert(run.to_path_buf(), 1);
+        }
     }
 }
 
@@ -195,13 +201,12 @@ pub(crate) fn note_checkpoint_read(path: &Path) {
 /// parsed (by any store of this process) so far.
 pub fn checkpoint_reads(run_dir: impl AsRef<Path>) -> u64 {
     let r = CHECKPOINT_READS.lock().unwrap_or_else(|p| p.into_inner());
-    r.iter()
-        .find(|(p, _)| p == run_dir.as_ref())
-        .map_or(0, |(_, n)| *n)
+    r.get(run_dir.as_ref()).copied().unwrap_or(0)
 }
 
 /// Per run directory: (checkpoints directory listings, stats).
-static CHECKPOINT_DIR_OPS: Mutex<Vec<(PathBuf, u64, u64)>> = Mutex::new(Vec::new());
+static CHECKPOINT_DIR_OPS: LazyLock<Mutex<HashMap<PathBuf, (u64, u64)>>> =
+    LazyLock::new(Default::default);
 
 pub(crate) fn note_checkpoint_dir_op(cps_dir: &Path, stat: bool) {
     // Keyed by the run directory (`<run>/checkpoints`).
@@ -209,17 +214,15 @@ pub(crate) fn note_checkpoint_dir_op(cps_dir: &Path, stat: bool) {
         return;
     };
     let mut r = CHECKPOINT_DIR_OPS.lock().unwrap_or_else(|p| p.into_inner());
-    let i = match r.iter().position(|(p, _, _)| p == run) {
-        Some(i) => i,
-        None => {
-            r.push((run.to_path_buf(), 0, 0));
-            r.len() - 1
+    if !r.contains_key(run) {
+        r.insert(run.to_path_buf(), (0, 0));
+    }
+    if let Some(n) = r.get_mut(run) {
+        if stat {
+            n.1 += 1;
+        } else {
+            n.0 += 1;
         }
-    };
-    if stat {
-        r[i].2 += 1;
-    } else {
-        r[i].1 += 1;
     }
 }
 
@@ -227,16 +230,12 @@ pub(crate) fn note_checkpoint_dir_op(cps_dir: &Path, stat: bool) {
 /// has been listed (`readdir`, by any store of this process) so far.
 pub fn checkpoint_dir_listings(run_dir: impl AsRef<Path>) -> u64 {
     let r = CHECKPOINT_DIR_OPS.lock().unwrap_or_else(|p| p.into_inner());
-    r.iter()
-        .find(|(p, _, _)| p == run_dir.as_ref())
-        .map_or(0, |(_, n, _)| *n)
+    r.get(run_dir.as_ref()).map_or(0, |n| n.0)
 }
 
 /// How many `stat`s of the checkpoints directory of `run_dir`, or of its
 /// entries, the digest's freshness checks have made so far.
 pub fn checkpoint_dir_stats(run_dir: impl AsRef<Path>) -> u64 {
     let r = CHECKPOINT_DIR_OPS.lock().unwrap_or_else(|p| p.into_inner());
-    r.iter()
-        .find(|(p, _, _)| p == run_dir.as_ref())
-        .map_or(0, |(_, _, n)| *n)
+    r.get(run_dir.as_ref()).map_or(0, |n| n.1)
 }

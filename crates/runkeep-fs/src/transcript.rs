@@ -139,56 +139,146 @@ fn strict_error(ctx: &Ctx, path: &Path, what: String) -> Error {
     ))
 }
 
-/// Reads lines of `buf` (starting at position `first_pos`) into a batch.
-/// `expect_first`: the index record the first line must match.
-fn collect(
-    buf: &[u8],
-    base: u64,
-    first_pos: u64,
+/// How much of a transcript a read holds at a time: a read's memory is this
+/// plus the events it returns, whatever the log's length (issue 11, item 4).
+const READ_CHUNK: usize = 1 << 20;
+
+/// Feeds every non-empty line of `file` in `[start, end)` to `f` (absolute
+/// offset, bytes, newline-terminated), reading [`READ_CHUNK`] bytes at a
+/// time; the same lines as [`lines`] over the whole range. Stops when `f`
+/// answers false.
+fn stream_lines(
+    file: &File,
+    start: u64,
+    end: u64,
+    f: &mut dyn FnMut(u64, &[u8], bool) -> bool,
+) -> io::Result<()> {
+    stream_lines_by(file, start, end, READ_CHUNK, f)
+}
+
+/// [`stream_lines`] with a chunk size of `chunk` bytes.
+fn stream_lines_by(
+    file: &File,
+    start: u64,
+    end: u64,
+    chunk: usize,
+    f: &mut dyn FnMut(u64, &[u8], bool) -> bool,
+) -> io::Result<()> {
+    let mut chunk = vec![0u8; chunk.max(1).min(end.saturating_sub(start) as usize)];
+    // The unfinished line at the end of the previous chunk, and its offset.
+    let mut carry: Vec<u8> = Vec::new();
+    let mut carry_off = start;
+    let mut off = start;
+    while off < end {
+        let n = ((end - off) as usize).min(chunk.len());
+        file.read_exact_at(&mut chunk[..n], off)?;
+        let buf = &chunk[..n];
+        let mut s = 0usize;
+        while let Some(i) = buf[s..].iter().position(|b| *b == b'\n') {
+            let line_end = s + i;
+            if carry.is_empty() {
+                let line = &buf[s..line_end];
+                if !line.is_empty() && !f(off + s as u64, line, true) {
+                    return Ok(());
+                }
+            } else {
+                carry.extend_from_slice(&buf[s..line_end]);
+                if !f(carry_off, &carry, true) {
+                    return Ok(());
+                }
+                carry.clear();
+            }
+            s = line_end + 1;
+        }
+        if s < n {
+            if carry.is_empty() {
+                carry_off = off + s as u64;
+            }
+            carry.extend_from_slice(&buf[s..]);
+        }
+        off += n as u64;
+    }
+    if !carry.is_empty() {
+        f(carry_off, &carry, false);
+    }
+    Ok(())
+}
+
+/// Builds a batch from lines fed in order (starting at position
+/// `first_pos`). `expect_first`: the index record the first line must
+/// match.
+struct Collector<'a> {
+    out: Collected,
+    limit: usize,
+    pos: u64,
+    expected: u64,
+    first: bool,
     expect_first: Option<u64>,
-    options: &ReadEventsOptions,
-    strict: Option<(&Ctx, &Path)>,
-) -> Result<Option<Collected>> {
-    let mut out = Collected::default();
-    let limit = options.limit.unwrap_or(usize::MAX);
-    let mut pos = first_pos - 1;
-    let mut expected = 1u64;
-    for (i, (_, line, terminated)) in lines(buf, base).enumerate() {
-        pos += 1;
+    options: &'a ReadEventsOptions,
+    strict: Option<(&'a Ctx, &'a Path)>,
+}
+
+impl<'a> Collector<'a> {
+    fn new(
+        first_pos: u64,
+        expect_first: Option<u64>,
+        options: &'a ReadEventsOptions,
+        strict: Option<(&'a Ctx, &'a Path)>,
+    ) -> Self {
+        Self {
+            out: Collected::default(),
+            limit: options.limit.unwrap_or(usize::MAX),
+            pos: first_pos - 1,
+            expected: 1,
+            first: true,
+            expect_first,
+            options,
+            strict,
+        }
+    }
+
+    /// One line; `Ok(false)`: the first line is not the expected record.
+    fn feed(&mut self, line: &[u8], terminated: bool) -> Result<bool> {
+        self.pos += 1;
+        let pos = self.pos;
         let parsed = parse_line(line, pos);
-        if i == 0 {
-            if let Some(seq) = expect_first {
+        if std::mem::take(&mut self.first) {
+            if let Some(seq) = self.expect_first {
                 if !matches!(&parsed, Parsed::Event(e) if e.seq == seq) {
-                    return Ok(None);
+                    return Ok(false);
                 }
             }
         }
+        let out = &mut self.out;
         match parsed {
             Parsed::Event(e) => {
-                if let Some((ctx, path)) = strict {
-                    if e.seq != expected {
+                if let Some((ctx, path)) = self.strict {
+                    if e.seq != self.expected {
                         return Err(strict_error(
                             ctx,
                             path,
-                            format!("record {pos} has sequence {}, expected {expected}", e.seq),
+                            format!(
+                                "record {pos} has sequence {}, expected {}",
+                                e.seq, self.expected
+                            ),
                         ));
                     }
-                    expected += 1;
+                    self.expected += 1;
                 }
                 out.max_seq = out.max_seq.max(e.seq);
-                if e.seq <= options.since_seq {
+                if e.seq <= self.options.since_seq {
                     // Damage before the reader's cursor is not its concern.
                     out.skipped.clear();
-                } else if out.events.len() < limit {
+                } else if out.events.len() < self.limit {
                     out.events.push(e);
                 }
             }
             Parsed::BadSeq(v) => {
-                if let Some((ctx, path)) = strict {
+                if let Some((ctx, path)) = self.strict {
                     return Err(strict_error(
                         ctx,
                         path,
-                        format!("record {pos} has sequence {v}, expected {expected}"),
+                        format!("record {pos} has sequence {v}, expected {}", self.expected),
                     ));
                 }
                 out.skipped.push(SkippedRecord {
@@ -197,7 +287,7 @@ fn collect(
                 });
             }
             Parsed::Damaged(reason) => {
-                if let Some((ctx, path)) = strict {
+                if let Some((ctx, path)) = self.strict {
                     return Err(strict_error(ctx, path, format!("record {pos} {reason}")));
                 }
                 let reason = if terminated {
@@ -211,8 +301,33 @@ fn collect(
                 });
             }
         }
+        Ok(true)
     }
-    Ok(Some(out))
+}
+
+/// Reads the lines of `file` in `[start, end)` (the first at position
+/// `first_pos`) into a batch, streaming; `None` when the first line is not
+/// the record `expect_first` names.
+#[allow(clippy::too_many_arguments)]
+fn collect(
+    file: &File,
+    start: u64,
+    end: u64,
+    first_pos: u64,
+    expect_first: Option<u64>,
+    options: &ReadEventsOptions,
+    strict: Option<(&Ctx, &Path)>,
+    ctx: &Ctx,
+    path: &Path,
+) -> Result<Option<Collected>> {
+    let mut c = Collector::new(first_pos, expect_first, options, strict);
+    let mut outcome: Result<bool> = Ok(true);
+    stream_lines(file, start, end, &mut |_, line, terminated| {
+        outcome = c.feed(line, terminated);
+        matches!(outcome, Ok(true))
+    })
+    .map_err(|e| ctx.io("read the transcript", path, e))?;
+    Ok(outcome?.then_some(c.out))
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -317,14 +432,24 @@ pub(crate) fn read_events(
     let len = meta.len();
     if options.integrity == Integrity::Tolerant && options.since_seq > 0 {
         if let Some((r, hdr_max)) = index_start(run_dir, &meta, options.since_seq) {
-            let start = r.off.saturating_sub(1);
-            let mut buf = vec![0u8; (len - start) as usize];
-            file.read_exact_at(&mut buf, start)
-                .map_err(|e| ctx.io("read the transcript", &path, e))?;
-            let aligned = r.off == 0 || buf.first() == Some(&b'\n');
-            let body = if r.off == 0 { &buf[..] } else { &buf[1..] };
-            if aligned {
-                if let Some(c) = collect(body, r.off, r.pos, Some(r.seq), options, None)? {
+            let mut before = [b'\n'];
+            if r.off > 0 {
+                file.read_exact_at(&mut before, r.off - 1)
+                    .map_err(|e| ctx.io("read the transcript", &path, e))?;
+            }
+            if before[0] == b'\n' {
+                let got = collect(
+                    &file,
+                    r.off,
+                    len,
+                    r.pos,
+                    Some(r.seq),
+                    options,
+                    None,
+                    ctx,
+                    &path,
+                )?;
+                if let Some(c) = got {
                     return Ok(EventBatch {
                         events: c.events,
                         skipped: c.skipped,
@@ -334,18 +459,31 @@ pub(crate) fn read_events(
             }
         }
     }
-    let mut buf = vec![0u8; len as usize];
-    file.read_exact_at(&mut buf, 0)
-        .map_err(|e| ctx.io("read the transcript", &path, e))?;
     let strict = options.integrity == Integrity::Strict;
-    if strict && !buf.is_empty() && buf.last() != Some(&b'\n') {
-        return Err(strict_error(
-            ctx,
-            &path,
-            "final record is not newline-terminated".into(),
-        ));
+    if strict && len > 0 {
+        let mut last = [0u8];
+        file.read_exact_at(&mut last, len - 1)
+            .map_err(|e| ctx.io("read the transcript", &path, e))?;
+        if last[0] != b'\n' {
+            return Err(strict_error(
+                ctx,
+                &path,
+                "final record is not newline-terminated".into(),
+            ));
+        }
     }
-    let c = collect(&buf, 0, 1, None, options, strict.then_some((ctx, &path)))?.unwrap_or_default();
+    let c = collect(
+        &file,
+        0,
+        len,
+        1,
+        None,
+        options,
+        strict.then_some((ctx, &path)),
+        ctx,
+        &path,
+    )?
+    .unwrap_or_default();
     Ok(EventBatch {
         events: c.events,
         skipped: c.skipped,
@@ -1126,4 +1264,59 @@ pub(crate) fn is_torn(path: &Path) -> bool {
     };
     let mut b = [0u8; 1];
     len > 0 && f.read_exact_at(&mut b, len - 1).is_ok() && b[0] != b'\n'
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The streamed lines are the whole buffer's lines, at every chunk size
+    /// (lines longer than a chunk, empty lines, an unterminated tail) and
+    /// every start offset.
+    #[test]
+    fn streamed_lines_are_the_buffers_lines_at_every_chunk_size() {
+        let texts: [&[u8]; 6] = [
+            b"",
+            b"\n\n",
+            b"a\nbb\n\nccc\n",
+            b"a\nbb\n\nccc",
+            b"{\"type\":\"x\",\"seq\":1}\n\n{\"type\":\"y\",\"seq\":2}\ntorn",
+            b"x",
+        ];
+        for text in texts {
+            let f = tempfile_in_memory(text);
+            for start in 0..=text.len() {
+                let want: Vec<(u64, Vec<u8>, bool)> = lines(&text[start..], start as u64)
+                    .map(|(o, l, t)| (o, l.to_vec(), t))
+                    .collect();
+                for chunk in 1..=text.len() + 2 {
+                    let mut got = Vec::new();
+                    stream_lines_by(
+                        &f,
+                        start as u64,
+                        text.len() as u64,
+                        chunk,
+                        &mut |o, l, t| {
+                            got.push((o, l.to_vec(), t));
+                            true
+                        },
+                    )
+                    .unwrap();
+                    assert_eq!(got, want, "{text:?} from {start} by {chunk}");
+                }
+            }
+        }
+    }
+
+    fn tempfile_in_memory(bytes: &[u8]) -> File {
+        let dir = std::env::temp_dir().join(format!(
+            "runkeep-fs-stream-{}-{}",
+            std::process::id(),
+            bytes.len()
+        ));
+        std::fs::write(&dir, bytes).unwrap();
+        let f = File::open(&dir).unwrap();
+        let _ = std::fs::remove_file(&dir);
+        f
+    }
 }
