@@ -124,6 +124,13 @@ export interface RunContext {
    * holding: the worker then does not finish the run again.
    */
   step(step: StepBody): Promise<StepReceiptBody>;
+  /**
+   * Any other fenced write (`writeReport`, `appendAudit`, …) under the
+   * current fence, with the same guarantees as {@link step}: excluded from
+   * renewals, refused locally once the lease is lost, a `FencedOut` answer
+   * aborts {@link signal}. `write` gets the fence to present.
+   */
+  fenced<T>(write: (fence: number, signal: AbortSignal) => Promise<T>): Promise<T>;
   /** Throws the {@link LeaseLost} if the lease is already known lost. */
   ensureHeld(): void;
 }
@@ -474,6 +481,7 @@ class HeldRun {
           if (step.finish) this.end();
           return receipt;
         }),
+      fenced: <T>(write: (fence: number, signal: AbortSignal) => Promise<T>) => this.fenced((fence) => write(fence, this.signal)),
       ensureHeld: () => this.ensureHeld(),
     };
   }

@@ -125,6 +125,7 @@ test("worker helper: claim_next, renewal at a third of the TTL, fenced steps, fi
         await within(5000, renewed, "a renewal");
         assert.equal(ctx.signal.aborted, false);
         fences.push(ctx.fence);
+        await ctx.fenced((fence, signal) => ctx.client.writeReport(ctx.ref, `renewed to ${fence}`, { fence, signal }));
         await ctx.step({
           events: [{ type: "after-renewal" }],
           checkpoint: { id: "cp_done", createdAt: Date.now(), state: { ok: true } },
@@ -149,6 +150,7 @@ test("worker helper: claim_next, renewal at a third of the TTL, fenced steps, fi
       ["after-renewal", second],
     ],
   );
+  assert.equal(await operator.readReport(run), `renewed to ${second}`, "ctx.fenced wrote under the renewed fence");
   const life = await operator.lifecycle(run);
   assert.equal(life.status, "completed");
   assert.ok((life.finishedFence ?? 0) >= second, "finished under the renewed holding");
