@@ -1,4 +1,4 @@
-//! `HttpStore`: a [`RunStore`] over the JSON API, so code written against
+//! `HttpStore`: a [`RunStore`](runkeep::RunStore) over the JSON API, so code written against
 //! the contract (the worker runtime, the soak, the conformance kit) runs
 //! through `runkeep serve` unchanged.
 //!
@@ -37,6 +37,10 @@
 //!   [`HttpStore::claim_next_waiting`] long-polls `claim_next`;
 //!   [`HttpStore::follow_events`] is the SSE tail, resuming with
 //!   `Last-Event-ID` across disconnects and server restarts.
+
+// A `Problem` is returned straight into a response, once per refused
+// request: its size costs nothing measurable, boxing it would cost clarity.
+#![allow(clippy::result_large_err)]
 
 use std::collections::HashMap;
 use std::pin::Pin;
@@ -110,6 +114,10 @@ struct Inner {
     options: HttpStoreOptions,
     /// The store's clock minus the local clock, ms, as last measured.
     offset_ms: AtomicI64,
+    /// The last event seq this client has seen per run (appends, reads,
+    /// steps): where an events watch starts, so a change after `watch()`
+    /// is never missed.
+    seen: std::sync::Mutex<HashMap<RunScope, u64>>,
 }
 
 impl std::fmt::Debug for HttpStore {
@@ -154,6 +162,7 @@ impl HttpStore {
                 tokens: HashMap::new(),
                 options,
                 offset_ms: AtomicI64::new(0),
+                seen: std::sync::Mutex::new(HashMap::new()),
             }),
         })
     }
@@ -166,6 +175,7 @@ impl HttpStore {
             tokens: a.tokens.clone(),
             options: a.options.clone(),
             offset_ms: AtomicI64::new(a.offset_ms.load(Ordering::Relaxed)),
+            seen: std::sync::Mutex::new(HashMap::new()),
         });
         inner.tokens.insert(tenant, secret.into());
         Self {
@@ -336,6 +346,21 @@ impl HttpStore {
         }
     }
 
+    fn note_seq(&self, scope: &RunScope, seq: u64) {
+        let mut seen = self.inner.seen.lock().unwrap_or_else(|p| p.into_inner());
+        if seen.len() >= 10_000 && !seen.contains_key(scope) {
+            // Bounded: forgetting only costs a watch one spurious wake-up.
+            seen.clear();
+        }
+        let e = seen.entry(scope.clone()).or_insert(0);
+        *e = (*e).max(seq);
+    }
+
+    fn seen_seq(&self, scope: &RunScope) -> u64 {
+        let seen = self.inner.seen.lock().unwrap_or_else(|p| p.into_inner());
+        seen.get(scope).copied().unwrap_or(0)
+    }
+
     fn note_clock(&self, headers: &reqwest::header::HeaderMap) {
         if let Some(now) = headers
             .get(NOW_HEADER)
@@ -420,7 +445,7 @@ impl HttpStore {
                 .map(|v| v.iter().map(|p| (*p).into()).collect()),
             order: filter.order.into(),
             claim: ClaimBody::of(options),
-            wait_ms: (!wait.is_zero()).then(|| wait.as_millis() as u64),
+            wait_ms: (!wait.is_zero()).then_some(wait.as_millis() as u64),
         };
         let token = self.token(scope.tenant_id())?.to_string();
         let answer: ClaimNextAnswer = self
@@ -612,8 +637,14 @@ impl HttpStore {
         let store = self.clone();
         let wait = store.inner.options.watch_wait;
         let fallback = store.inner.options.watch_fallback;
+        // An events watch starts at the last seq this client has seen, so an
+        // append after `watch()` always wakes it (one before it may, too:
+        // wake-ups may be spurious).
+        let mut since: Option<u64> = match &topic {
+            WatchTopic::Events(scope) => Some(self.seen_seq(scope)),
+            WatchTopic::Runnable(_) => None,
+        };
         tokio::spawn(async move {
-            let mut since: Option<u64> = None;
             loop {
                 let r: Result<Waited> = match &topic {
                     WatchTopic::Runnable(scope) => {
@@ -1142,6 +1173,9 @@ impl EvidenceStore for HttpStore {
         let a: Appended = self
             .run_write("append_events", Method::POST, scope, "/events", &body)
             .await?;
+        if let Some(last) = a.events.last() {
+            self.note_seq(scope, last.seq);
+        }
         a.events
             .iter()
             .map(|e| e.to_event().map_err(problem_error))
@@ -1161,6 +1195,7 @@ impl EvidenceStore for HttpStore {
             q.push(("limit", l.to_string()));
         }
         let b: EventBatchBody = self.run_get("read_events", scope, "/events", q).await?;
+        self.note_seq(scope, b.last_seq);
         b.to_batch().map_err(problem_error)
     }
 
@@ -1282,6 +1317,9 @@ impl EvidenceStore for HttpStore {
         let r: StepReceiptBody = self
             .run_write("commit_step", Method::POST, scope, "/steps", &body)
             .await?;
+        if let Some(last) = r.events.last() {
+            self.note_seq(scope, last.seq);
+        }
         r.to_receipt().map_err(problem_error)
     }
 }

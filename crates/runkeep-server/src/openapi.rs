@@ -8,6 +8,10 @@
 //! when the two disagree and says how to regenerate the file
 //! (`RUNKEEP_WRITE_OPENAPI=1 cargo test -p runkeep-server --test openapi`).
 
+// A `Problem` is returned straight into a response, once per refused
+// request: its size costs nothing measurable, boxing it would cost clarity.
+#![allow(clippy::result_large_err)]
+
 use utoipa::openapi::path::{
     HttpMethod, OperationBuilder, Parameter, ParameterBuilder, ParameterIn, Paths,
 };
