@@ -17,9 +17,12 @@ if [ "$major" -lt 20 ]; then
     exit 1
 fi
 
-# The server the tests start.
-export RUNKEEP_BIN="${RUNKEEP_BIN:-$repo/target/debug/runkeep}"
-(cd "$repo" && cargo build --quiet -p runkeep-cli --bin runkeep --all-features)
+# The server the tests start: this repository's, built now, unless the
+# caller names one in RUNKEEP_BIN.
+if [ -z "${RUNKEEP_BIN:-}" ]; then
+    (cd "$repo" && cargo build --quiet -p runkeep-cli --bin runkeep --all-features)
+    export RUNKEEP_BIN="$repo/target/debug/runkeep"
+fi
 
 cd "$here"
 npm ci --no-audit --no-fund --loglevel=error
