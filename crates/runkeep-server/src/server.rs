@@ -6,8 +6,9 @@
 //!   `/readyz`, `/metrics` and `/openapi.json` (these four need no token),
 //!   under the [`crate::manners`].
 //! - [`Server::bind`] then [`Server::run`] (or [`serve`] in one call): the
-//!   HTTP/1.1 connection loop with hyper's header-read timeout and graceful
-//!   shutdown.
+//!   HTTP/1.1 connection loop with hyper's header-read timeout, a write
+//!   timeout per connection (a client that stops reading is dropped) and
+//!   graceful shutdown.
 //!
 //! # Operations routes
 //!
@@ -82,6 +83,11 @@ pub struct ServerConfig {
     /// Longest a client may take to send a request head, and to stay idle
     /// on a kept-alive connection; then it is disconnected. Default 10 s.
     pub header_read_timeout: Duration,
+    /// Longest a write to a client may wait for the client to read (its
+    /// receive window full); then the connection is dropped, so a client
+    /// that stops reading its answer (or its event stream) cannot hold it
+    /// forever. Default 30 s.
+    pub write_timeout: Duration,
     /// Most requests inside a handler at once (503 + `Retry-After` above
     /// it). Default 256.
     pub concurrency_limit: usize,
@@ -106,6 +112,7 @@ impl Default for ServerConfig {
             body_limit: crate::api::DEFAULT_BODY_LIMIT,
             request_timeout: Duration::from_secs(60),
             header_read_timeout: Duration::from_secs(10),
+            write_timeout: Duration::from_secs(30),
             concurrency_limit: 256,
             shutdown_grace: Duration::from_secs(30),
             tokens: PathBuf::from("runkeep-tokens.json"),
@@ -369,7 +376,10 @@ impl Server {
                         }
                     };
                     let service = TowerToHyperService::new(router.clone());
-                    let connection = http.serve_connection(TokioIo::new(stream), service);
+                    let mut io = tokio_io_timeout::TimeoutStream::new(stream);
+                    io.set_write_timeout(Some(config.write_timeout));
+                    let connection =
+                        http.serve_connection(TokioIo::new(Box::pin(io)), service);
                     let connection = graceful.watch(connection);
                     tokio::spawn(async move {
                         if let Err(e) = connection.await {

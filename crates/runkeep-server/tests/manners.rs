@@ -62,6 +62,12 @@ async fn stream() -> Response {
         .into_response()
 }
 
+async fn endless() -> Response {
+    let chunk = Bytes::from(vec![b'x'; 64 * 1024]);
+    let body = futures_util::stream::repeat_with(move || Ok::<_, std::io::Error>(chunk.clone()));
+    Body::from_stream(body).into_response()
+}
+
 struct Running {
     addr: SocketAddr,
     stop: Option<oneshot::Sender<()>>,
@@ -107,6 +113,7 @@ async fn start(config: ServerConfig) -> Running {
         .route("/gate", get(gated).post(gated))
         .route("/stall", get(stall).post(stall))
         .route("/stream", get(stream))
+        .route("/endless", get(endless))
         .with_state(gate);
     let working = manners::concurrency_limit(working, config.concurrency_limit, metrics.clone());
     let open_routes = Router::new().route("/healthz", get(|| async { "ok" }));
@@ -702,4 +709,32 @@ async fn the_real_app_applies_the_body_limit_to_api_routes() {
     request.extend_from_slice(small);
     let answer = send(addr, &request).await;
     assert_eq!(answer.status, 200, "{}", answer.text);
+}
+
+#[tokio::test]
+async fn a_client_that_stops_reading_its_answer_is_dropped() {
+    let r = start(ServerConfig {
+        write_timeout: Duration::from_millis(300),
+        ..config()
+    })
+    .await;
+    let mut s = TcpStream::connect(r.addr).await.unwrap();
+    s.write_all(&get_request("/endless")).await.unwrap();
+    // Read nothing while the server fills the socket buffers and waits.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    // Then drain: an endless answer ends only if the server dropped us.
+    let mut buf = vec![0u8; 256 * 1024];
+    let ended = tokio::time::timeout(BOUND, async {
+        loop {
+            match s.read(&mut buf).await {
+                Ok(0) | Err(_) => return,
+                Ok(_) => {}
+            }
+        }
+    })
+    .await;
+    assert!(
+        ended.is_ok(),
+        "a client that stopped reading kept its connection"
+    );
 }

@@ -42,6 +42,9 @@ pub struct ServeArgs {
     /// Longest a client may take to send a request head or stay idle on a connection.
     #[arg(long, default_value = "10s", value_parser = parse_duration, value_name = "DURATION")]
     pub header_timeout: Duration,
+    /// Longest a write may wait for a client that stopped reading; then its connection is dropped.
+    #[arg(long, default_value = "30s", value_parser = parse_duration, value_name = "DURATION")]
+    pub write_timeout: Duration,
     /// Most requests served at once (503 with Retry-After above it).
     #[arg(long, default_value_t = 256, value_name = "N")]
     pub max_concurrent: usize,
@@ -75,6 +78,7 @@ pub async fn run(ctx: &Ctx, args: ServeArgs) -> CliResult<Exit> {
         body_limit: args.body_limit,
         request_timeout: args.request_timeout,
         header_read_timeout: args.header_timeout,
+        write_timeout: args.write_timeout,
         concurrency_limit: args.max_concurrent,
         shutdown_grace: args.shutdown_grace,
         tokens: args.file.tokens.clone(),
@@ -158,7 +162,7 @@ pub(crate) async fn serve_until_signal(
         }))?;
     } else {
         emit(&format!(
-            "runkeep serve: {store_label} for tenant routes under /v1; listening on http://{address} (SIGTERM or Ctrl-C stops it)\n",
+            "runkeep serve: store {store_label}; listening on http://{address} (SIGTERM or Ctrl-C stops it)\n",
         ))?;
     }
     announce(address)?;
