@@ -444,6 +444,36 @@ mod tests {
     }
 
     #[test]
+    fn retryable_answers_carry_retry_after_and_401_carries_www_authenticate() {
+        let contended = Problem::from(Error::Contended {
+            run: "run_a".into(),
+            attempts: 8,
+        })
+        .into_response();
+        assert_eq!(contended.status(), StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(contended.headers()[header::RETRY_AFTER], "1");
+        assert_eq!(contended.headers()[header::CONTENT_TYPE], PROBLEM_JSON);
+        let unavailable =
+            Problem::from(Error::unavailable("db", std::io::Error::other("x"))).into_response();
+        assert_eq!(unavailable.headers()[header::RETRY_AFTER], "1");
+        let fenced = Problem::from(Error::FencedOut {
+            run: "run_a".into(),
+            operation: "finish",
+            presented: Fence::new(1).unwrap(),
+            current: Fence::new(2).unwrap(),
+        })
+        .into_response();
+        assert_eq!(fenced.status(), StatusCode::CONFLICT);
+        assert!(fenced.headers().get(header::RETRY_AFTER).is_none());
+        let unauthorized = Problem::new(ProblemType::Unauthorized, "x").into_response();
+        assert!(unauthorized
+            .headers()
+            .contains_key(header::WWW_AUTHENTICATE));
+        let invalid = Problem::from(Error::invalid("bad")).into_response();
+        assert_eq!(invalid.status(), StatusCode::BAD_REQUEST);
+    }
+
+    #[test]
     fn every_store_variant_round_trips_through_its_problem() {
         let f = |n| Fence::new(n).unwrap();
         let cases = vec![

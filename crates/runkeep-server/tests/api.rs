@@ -550,3 +550,47 @@ async fn fenced_out_is_409_with_both_fences() {
     assert_eq!((p.presented, p.current), (Some(1), Some(2)));
     assert_eq!(p.run.as_deref(), Some(RUN));
 }
+
+/// A park is answered exactly once: the second answer is 409 `conflict`
+/// carrying the first answer and when it was recorded, and the stored
+/// answer is still the first.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_second_park_answer_is_a_conflict_carrying_the_first() {
+    let (server, store) = seeded().await;
+    let scope = runkeep::RunScope::new(
+        support::tenant(),
+        support::project(),
+        support::session(),
+        RUN.parse().unwrap(),
+    );
+    let parked = support::checkpoint("park", 5).with_pending(runkeep::PendingDecision::new(
+        "approval",
+        serde_json::Map::new(),
+        support::at(5),
+    ));
+    store.write_checkpoint(&scope, &parked, None).await.unwrap();
+    let path = format!(
+        "{}/checkpoints/by-id/{}/answer",
+        concrete(api::RUN),
+        parked.id
+    );
+    let first = json!({"resolution": {"action": "answer", "decision": {"approve": true}}, "now": support::at(6).as_millis()});
+    let a = send(&server, &Method::POST, &path, Some(TOKEN_A), Some(first)).await;
+    assert_eq!(a.status, 200, "{}", String::from_utf8_lossy(&a.body));
+    let second = json!({"resolution": {"action": "answer", "decision": {"approve": false}}});
+    let a = send(&server, &Method::POST, &path, Some(TOKEN_A), Some(second)).await;
+    assert_eq!(a.status, 409, "{}", String::from_utf8_lossy(&a.body));
+    let p = a.problem();
+    assert_eq!(p.kind(), Some(ProblemType::Conflict));
+    assert_eq!(p.first_answer, Some(json!({"approve": true})));
+    assert_eq!(p.resolved_at, Some(support::at(6).as_millis()));
+    let stored = store
+        .read_checkpoint(&scope, &parked.id)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        stored.pending.unwrap().decision,
+        Some(json!({"approve": true}))
+    );
+}

@@ -90,3 +90,27 @@ fn the_document_is_openapi_3_1_and_has_every_route_of_the_table() {
         "the document has operations the table lacks"
     );
 }
+
+/// The README's route table lists every route of the table (with `{run}`
+/// and `{tenant}` standing for the per-run and tenant prefixes).
+#[test]
+fn the_readme_route_table_lists_every_route() {
+    let readme =
+        std::fs::read_to_string(PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("README.md"))
+            .expect("README.md");
+    for spec in api::route_table() {
+        let short = if let Some(rest) = spec.path.strip_prefix(api::RUN) {
+            format!("{{run}}{rest}")
+        } else if let Some(rest) = spec.path.strip_prefix(api::TENANT) {
+            format!("{{tenant}}{rest}")
+        } else {
+            spec.path.clone()
+        };
+        let row = format!("| `{} {short}` |", spec.method);
+        assert!(
+            readme.contains(&row),
+            "README.md's route table lacks {row} ({})",
+            spec.operation
+        );
+    }
+}
