@@ -50,7 +50,8 @@ pub struct GlobalArgs {
     /// PATH/<tenant>/<project>/<session>/runs), fs:PATH (one session's runs/
     /// directory, the reference's layout), memory: (empty, in-process) or
     /// postgres://USER:PASSWORD@HOST:PORT/DATABASE?schema=NAME (password and schema optional;
-    /// postgresql:// too; the password is never printed).
+    /// postgresql:// too; the password is never printed), or http://HOST:PORT
+    /// (a `runkeep serve` API; its token from --token / RUNKEEP_TOKEN).
     #[arg(
         long,
         env = "RUNKEEP_STORE",
@@ -65,6 +66,16 @@ pub struct GlobalArgs {
     /// PostgreSQL schema of a postgres:// store (default `runkeep`); the same as ?schema=NAME in the URL.
     #[arg(long, env = "RUNKEEP_PG_SCHEMA", global = true, value_name = "SCHEMA")]
     pub pg_schema: Option<String>,
+
+    /// Bearer token of an http:// store (a `runkeep serve` API); never printed. Prefer the environment variable: `ps` shows command lines.
+    #[arg(
+        long,
+        env = "RUNKEEP_TOKEN",
+        hide_env_values = true,
+        global = true,
+        value_name = "TOKEN"
+    )]
+    pub token: Option<String>,
 
     /// Tenant id.
     #[arg(long, env = "RUNKEEP_TENANT", default_value = "default", global = true)]

@@ -24,6 +24,7 @@ impl Ctx {
     /// Validates the global options.
     pub fn new(mut global: GlobalArgs) -> CliResult<Self> {
         global.store = crate::store::with_pg_schema(&global.store, global.pg_schema.as_deref())?;
+        global.store = crate::store::with_token(&global.store, global.token.as_deref());
         let scope = ScopeParts::parse(&global.tenant, &global.project, &global.session)?;
         Ok(Self {
             global,

@@ -41,6 +41,93 @@ pub enum StoreAddress {
     Memory,
     /// `postgres://…` or `postgresql://…`: the PostgreSQL backend.
     Postgres(PgAddress),
+    /// `http://HOST:PORT` or `https://…`: a `runkeep serve` API, through
+    /// [`runkeep_server::client::HttpStore`]; its bearer token comes from
+    /// `--token` / `RUNKEEP_TOKEN` (never from the URL, never printed).
+    Http(HttpAddress),
+}
+
+/// A `runkeep serve` address: the base URL and the bearer token to send
+/// (`--token` / `RUNKEEP_TOKEN`, attached by [`with_token`]). The token is
+/// secret: `Display` shows the URL only, `Debug` never the token, and
+/// every printed line passes through [`redact`].
+#[derive(Clone, PartialEq, Eq)]
+pub struct HttpAddress {
+    url: String,
+    token: Option<String>,
+}
+
+impl fmt::Debug for HttpAddress {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "HttpAddress({}, token {})",
+            self.url,
+            if self.token.is_some() { "set" } else { "unset" }
+        )
+    }
+}
+
+impl HttpAddress {
+    /// `http://HOST:PORT` without a trailing `/`. A URL carrying user
+    /// information (`http://user:secret@…`) is refused: the token goes in
+    /// `RUNKEEP_TOKEN` or `--token`.
+    fn parse(s: &str) -> Result<Self, String> {
+        let rest = s.split_once("://").map_or(s, |(_, r)| r);
+        let authority = rest.split('/').next().unwrap_or("");
+        if let Some(at) = authority.rfind('@') {
+            // clap quotes the refused value: register the credentials so
+            // the error line redacts them.
+            let userinfo = &authority[..at];
+            let mut secrets = vec![userinfo.to_string(), percent_decode(userinfo)];
+            if let Some((_, password)) = userinfo.split_once(':') {
+                secrets.push(password.to_string());
+                secrets.push(percent_decode(password));
+            }
+            secrets.retain(|s| !s.is_empty());
+            register_secrets(secrets);
+            return Err(
+                "an http:// store address carries no credentials; pass the token in RUNKEEP_TOKEN or --token".into(),
+            );
+        }
+        if authority.is_empty() {
+            return Err("`http://` needs a host and port, e.g. http://127.0.0.1:7420".into());
+        }
+        Ok(Self {
+            url: s.trim_end_matches('/').to_string(),
+            token: None,
+        })
+    }
+
+    /// The base URL (not secret).
+    pub fn url(&self) -> &str {
+        &self.url
+    }
+
+    /// The token, when one was given (secret: hand it to a child process in
+    /// its environment, never on its command line).
+    pub fn token(&self) -> Option<&str> {
+        self.token.as_deref()
+    }
+
+    /// The same server with `token`.
+    pub fn with_token(&self, token: &str) -> Self {
+        register_secrets(vec![token.to_string()]);
+        Self {
+            url: self.url.clone(),
+            token: Some(token.to_string()),
+        }
+    }
+}
+
+/// Attaches `--token` / `RUNKEEP_TOKEN` to an `http://` address (other
+/// stores take no token: a `RUNKEEP_TOKEN` left in the environment does not
+/// change what they open).
+pub fn with_token(address: &StoreAddress, token: Option<&str>) -> StoreAddress {
+    match (address, token) {
+        (StoreAddress::Http(h), Some(t)) if !t.is_empty() => StoreAddress::Http(h.with_token(t)),
+        _ => address.clone(),
+    }
 }
 
 /// A PostgreSQL address: the connection URL (it may carry a password, so
@@ -257,6 +344,9 @@ impl FromStr for StoreAddress {
         if s.starts_with("postgres://") || s.starts_with("postgresql://") {
             return Ok(StoreAddress::Postgres(PgAddress::parse(s)));
         }
+        if s.starts_with("http://") || s.starts_with("https://") {
+            return HttpAddress::parse(s).map(StoreAddress::Http);
+        }
         // Never echo what might be a connection string with a password
         // (clap quotes the value it refused: register its password so the
         // error line redacts it).
@@ -276,7 +366,7 @@ impl FromStr for StoreAddress {
             format!("{s:?}")
         };
         Err(format!(
-            "{shown} is not a store address; use root:PATH, fs:PATH, memory: or postgres://…{}",
+            "{shown} is not a store address; use root:PATH, fs:PATH, memory:, postgres://… or http://HOST:PORT{}",
             if shown.starts_with('"') {
                 format!(" (did you mean root:{s}, or fs:{s} for one session's runs/ directory?)")
             } else {
@@ -294,6 +384,8 @@ impl fmt::Display for StoreAddress {
             StoreAddress::Memory => f.write_str("memory:"),
             // Never print a password.
             StoreAddress::Postgres(pg) => f.write_str(&redact_url(&pg.original)),
+            // The URL only: the token is never part of it.
+            StoreAddress::Http(h) => f.write_str(&h.url),
         }
     }
 }
@@ -354,6 +446,8 @@ pub enum Backend {
     FsRoot(Arc<runkeep_fs::FsRootStore>),
     /// A PostgreSQL schema.
     Postgres(Arc<runkeep_postgres::PgStore>, Box<PgTarget>),
+    /// A `runkeep serve` API (the store behind it is the server's).
+    Http,
 }
 
 /// What a PostgreSQL store was opened on, for what only it can do (the
@@ -463,7 +557,7 @@ impl OpenedStore {
     /// (`--tenant`/`--project`/`--session`, `''` widening it).
     pub fn diagnose(&self, now: Timestamp) -> Option<CliResult<Diagnosis>> {
         match &self.backend {
-            Backend::Memory | Backend::Postgres(..) => None,
+            Backend::Memory | Backend::Postgres(..) | Backend::Http => None,
             Backend::Fs(fs) => Some(fs.diagnose(now).map_err(CliError::from)),
             Backend::FsRoot(root) => Some(
                 self.scope
@@ -485,7 +579,7 @@ impl OpenedStore {
     /// them apart, so an operator sees damage, not "free".
     pub fn unreadable_holding(&self, scope: &runkeep::RunScope) -> Option<String> {
         match &self.backend {
-            Backend::Memory | Backend::Postgres(..) => None,
+            Backend::Memory | Backend::Postgres(..) | Backend::Http => None,
             Backend::Fs(fs) => unreadable_holding(fs, scope),
             Backend::FsRoot(root) => match root.session_store(scope) {
                 Ok(Some(fs)) => unreadable_holding(&fs, scope),
@@ -506,7 +600,7 @@ impl OpenedStore {
     /// directory for `root:`).
     pub fn base_dir(&self) -> Option<&Path> {
         match &self.backend {
-            Backend::Memory | Backend::Postgres(..) => None,
+            Backend::Memory | Backend::Postgres(..) | Backend::Http => None,
             Backend::Fs(fs) => Some(fs.base_dir()),
             Backend::FsRoot(root) => Some(root.root_dir()),
         }
@@ -534,6 +628,10 @@ impl OpenedStore {
                 dir: None,
                 pg: Some(pg.clone()),
             }),
+            Backend::Http => Err(CliError::usage(
+                "a write probe cannot run through an http:// store: a token serves one tenant, and the probe writes in a scratch tenant of its own",
+            )
+            .hint("run the doctor where the server runs, against its --store")),
             Backend::Fs(_) | Backend::FsRoot(_) => {
                 // A hidden directory (never an id, so never a run, tenant
                 // or session) on the store's own volume.
@@ -657,6 +755,16 @@ pub async fn open_store_as(
                 address: address.clone(),
                 store: store.clone(),
                 backend: Backend::FsRoot(store),
+                durability,
+                scope: scope.clone(),
+            })
+        }
+        StoreAddress::Http(h) => {
+            let store = Arc::new(http::open(h, scope).await?);
+            Ok(OpenedStore {
+                address: address.clone(),
+                store,
+                backend: Backend::Http,
                 durability,
                 scope: scope.clone(),
             })
@@ -836,6 +944,51 @@ static WATCH_FALLBACK: std::sync::Mutex<Option<std::time::Duration>> = std::sync
 /// a reconnecting listener — is noticed).
 pub fn set_pg_watch_fallback(interval: std::time::Duration) {
     *WATCH_FALLBACK.lock().unwrap_or_else(|p| p.into_inner()) = Some(interval);
+}
+
+/// `http://` stores: how every command reaches `runkeep serve`.
+pub mod http {
+    use std::time::Duration;
+
+    use runkeep_server::client::{HttpStore, HttpStoreOptions};
+
+    use super::*;
+
+    /// The longest one request may wait for its answer (long-polls add their
+    /// own wait): a server that went away is an error within this, never a
+    /// hang. `runkeep soak-worker` lowers it to its lease TTL.
+    static REQUEST_TIMEOUT: std::sync::Mutex<Option<Duration>> = std::sync::Mutex::new(None);
+
+    /// Sets the request timeout of `http://` stores opened after this call.
+    pub fn set_request_timeout(d: Duration) {
+        *REQUEST_TIMEOUT.lock().unwrap_or_else(|p| p.into_inner()) = Some(d);
+    }
+
+    /// The options every command opens an `HttpStore` with.
+    pub fn options() -> HttpStoreOptions {
+        let mut o = HttpStoreOptions::default();
+        if let Some(d) = *REQUEST_TIMEOUT.lock().unwrap_or_else(|p| p.into_inner()) {
+            o.request_timeout = d;
+            o.connect_timeout = o.connect_timeout.min(d);
+        }
+        o
+    }
+
+    /// An `HttpStore` sending the token for `--tenant`. Nothing is sent
+    /// yet: a server that is down (restarting) is met by the first call as
+    /// `Unavailable`, which callers retry, and a token for another tenant
+    /// is refused by the server on the first call (403). Refused here: no
+    /// token (exit 78).
+    pub async fn open(address: &HttpAddress, scope: &ScopeParts) -> CliResult<HttpStore> {
+        let Some(token) = address.token() else {
+            return Err(CliError::config(format!(
+                "store {} needs a bearer token",
+                address.url()
+            ))
+            .hint("set RUNKEEP_TOKEN (or pass --token); create one with `runkeep token create --tenant T --role worker` where the server runs"));
+        };
+        Ok(HttpStore::new(address.url(), options())?.with_token(scope.tenant.clone(), token))
+    }
 }
 
 /// The PostgreSQL backend's wiring (the only place that names

@@ -51,6 +51,14 @@ pub struct Audit {
     pub fences_observed: u64,
     /// Writes refused with fenced-out / lease lost, as the workers logged them.
     pub fenced_out_refusals: u64,
+    /// Steps that failed because the store did not answer (`Unavailable`:
+    /// a server that was down, a connection cut), as the workers logged
+    /// them; the run was retried. Not a violation: the evidence that the
+    /// chaos reached the workers' requests.
+    pub unavailable_refusals: u64,
+    /// Of those, writes whose answer was lost on the way back (outcome
+    /// unknown: the request was in flight when the connection was cut).
+    pub outcome_unknown_refusals: u64,
     /// Acknowledged events and checkpoints checked present.
     pub acks_checked: u64,
     /// Torn lines in logs of killed processes (their operations never returned).
@@ -109,6 +117,14 @@ pub async fn audit(
     a.fenced_out_refusals = acks
         .iter()
         .filter(|v| v["k"] == "refused" && v["fenced_out"] == true)
+        .count() as u64;
+    a.unavailable_refusals = acks
+        .iter()
+        .filter(|v| v["k"] == "refused" && v["unavailable"] == true)
+        .count() as u64;
+    a.outcome_unknown_refusals = acks
+        .iter()
+        .filter(|v| v["k"] == "refused" && v["outcome_unknown"] == true)
         .count() as u64;
     a
 }

@@ -188,6 +188,15 @@ pub trait BackendChaos: Send + Sync {
 
     /// Ends every lasting action (heals a partition) before the audit.
     fn heal(&self) -> Pin<Box<dyn Future<Output = ()> + Send + '_>>;
+
+    /// `None` (the default): struck at a third of the chaos moments, in
+    /// place of a worker's kill or stall. `Some(mean)`: struck on a
+    /// schedule of its own, every `mean` (jittered ×0.5–1.5), besides the
+    /// workers' chaos (the HTTP soak's server restarts: a restart costs
+    /// every worker at once, so it is paced apart).
+    fn every(&self) -> Option<Duration> {
+        None
+    }
 }
 
 /// Where a soak runs.
@@ -251,6 +260,11 @@ pub struct SoakReport {
     /// Backend chaos that failed to strike (not a violation).
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub backend_chaos_errors: Vec<String>,
+    /// Over HTTP: how often the server was killed (`kill -9`) and started
+    /// again on the same port and backing store (set by the caller that
+    /// runs the server; `None` when the workers reach the store directly).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub server_restarts: Option<u64>,
     /// Whether every run finished before the timeout.
     pub finished_in_time: bool,
     /// When it did not: how many runs were left, and the timeout. Not a
@@ -595,6 +609,12 @@ pub async fn drive(
     }
     let (mut kills, mut stalls, mut restarts, mut unexpected) = (0u64, 0u64, 0u64, 0u64);
     let mut next_chaos = started + jitter(options.chaos_every);
+    let paced = target
+        .backend_chaos
+        .as_ref()
+        .and_then(|c| c.every().map(|every| (c.clone(), every)))
+        .filter(|_| !options.no_chaos && !options.stall_only);
+    let mut next_paced = paced.as_ref().map(|(_, every)| started + jitter(*every));
     let mut last_poll = Instant::now() - Duration::from_secs(1);
     let mut pending_restarts: Vec<Instant> = Vec::new();
     let mut finished_in_time = false;
@@ -634,6 +654,17 @@ pub async fn drive(
         if now - started > options.timeout {
             break;
         }
+        if let (Some((chaos, every)), Some(at)) = (&paced, next_paced) {
+            if now >= at {
+                match chaos.strike().await {
+                    Ok(Some(label)) => *backend_counts.entry(label).or_insert(0) += 1,
+                    Ok(None) => {}
+                    Err(e) if backend_errors.len() < 10 => backend_errors.push(e),
+                    Err(_) => {}
+                }
+                next_paced = Some(Instant::now() + jitter(*every));
+            }
+        }
         if !options.no_chaos && now >= next_chaos && !workers.slots.is_empty() {
             next_chaos = now + jitter(options.chaos_every);
             let running: Vec<usize> = (0..workers.slots.len())
@@ -641,10 +672,11 @@ pub async fn drive(
                 .collect();
             if running.len() >= 2 || (running.len() == 1 && workers.slots.len() > 1) {
                 let pick = running[rand::thread_rng().gen_range(0..running.len())];
-                let backend = target
-                    .backend_chaos
-                    .as_ref()
-                    .filter(|_| !options.stall_only && rand::thread_rng().gen_bool(1.0 / 3.0));
+                let backend = target.backend_chaos.as_ref().filter(|c| {
+                    c.every().is_none()
+                        && !options.stall_only
+                        && rand::thread_rng().gen_bool(1.0 / 3.0)
+                });
                 if let Some(chaos) = backend {
                     match chaos.strike().await {
                         Ok(Some(label)) => *backend_counts.entry(label).or_insert(0) += 1,
@@ -701,6 +733,7 @@ pub async fn drive(
         unexpected_exits: unexpected,
         backend_chaos: backend_counts,
         backend_chaos_errors: backend_errors,
+        server_restarts: None,
         finished_in_time,
         timed_out,
         audit,
@@ -778,6 +811,15 @@ fn render(r: &SoakReport) -> String {
             ));
         }
         rows.push(("backend chaos", text));
+    }
+    if let Some(n) = r.server_restarts {
+        rows.push((
+            "server restarts",
+            format!(
+                "{n} (runkeep serve killed with kill -9 and started again on the same port and backing store while the workers went on; {} steps failed with the store unavailable and were retried, {} of them cut in flight: outcome unknown)",
+                a.unavailable_refusals, a.outcome_unknown_refusals
+            ),
+        ));
     }
     rows.extend([
         (

@@ -170,7 +170,26 @@ pub async fn work(
 
 /// Logs a refused step (the audit counts the fenced-out ones).
 pub fn log_refusal(acks: &Acks, scope: &RunScope, e: &(dyn std::error::Error + 'static)) {
-    acks.log(json!({"k": "refused", "run": run_key(scope), "error": e.to_string(), "fenced_out": is_fenced_out(e)}));
+    acks.log(json!({"k": "refused", "run": run_key(scope), "error": e.to_string(), "fenced_out": is_fenced_out(e), "unavailable": is_unavailable(e), "outcome_unknown": is_outcome_unknown(e)}));
+}
+
+fn store_error<'a>(e: &'a (dyn std::error::Error + 'static)) -> Option<&'a Error> {
+    match e.downcast_ref::<WorkerError>() {
+        Some(WorkerError::Store(s)) => Some(s),
+        Some(_) => None,
+        None => e.downcast_ref::<Error>(),
+    }
+}
+
+/// True for a store that did not answer (`Unavailable`, outcome unknown
+/// included), as opposed to a refusal.
+fn is_unavailable(e: &(dyn std::error::Error + 'static)) -> bool {
+    matches!(store_error(e), Some(Error::Unavailable { .. }))
+}
+
+/// True for a write whose answer was lost (it may or may not be stored).
+fn is_outcome_unknown(e: &(dyn std::error::Error + 'static)) -> bool {
+    store_error(e).is_some_and(Error::is_outcome_unknown)
 }
 
 fn is_fenced_out(e: &(dyn std::error::Error + 'static)) -> bool {

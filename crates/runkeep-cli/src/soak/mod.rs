@@ -30,6 +30,7 @@ use crate::error::{CliError, CliResult, Exit};
 use crate::output::{emit, emit_json};
 use crate::store::{open_store, DurabilityArg, StoreAddress};
 
+mod http;
 mod pg;
 
 /// `runkeep soak` options.
@@ -77,6 +78,18 @@ pub struct SoakArgs {
     /// Keep the soak directory.
     #[arg(long)]
     pub keep: bool,
+    /// Drive the workers through the HTTP API: the soak starts its own
+    /// `runkeep serve` over --store (a fresh directory root by default, or
+    /// a fresh schema of a postgres:// store), gives the workers
+    /// --store http://127.0.0.1:PORT and a worker token, and kills the
+    /// server (kill -9) and starts it again on the same port as part of the
+    /// chaos. The audit reads the backing store directly.
+    #[arg(long)]
+    pub over_http: bool,
+    /// With --over-http: mean time between server restarts (each a kill -9,
+    /// a pause of a fifth to half the lease TTL, a start on the same port).
+    #[arg(long, default_value = "3s", value_parser = parse_duration, requires = "over_http")]
+    pub server_restart_every: Duration,
     /// Chaos stalls workers only (no kills); for tests of the stall path.
     #[arg(long, hide = true)]
     pub stall_only: bool,
@@ -150,6 +163,10 @@ fn worker_command(
     let exe = std::env::current_exe()
         .map_err(|e| CliError::internal(format!("cannot find this binary: {e}")))?;
     let g = ctx.global.clone();
+    let token = match address {
+        StoreAddress::Http(h) => h.token().map(str::to_string),
+        _ => None,
+    };
     let address = address.to_string();
     Ok(Launcher::Processes(Arc::new(move |cfg: &WorkerConfig| {
         let mut cmd = Process::new(&exe);
@@ -181,6 +198,12 @@ fn worker_command(
                 cmd.arg("--store").arg(&address);
             }
         }
+        // An http:// store's token: environment only (`ps` shows command
+        // lines).
+        match &token {
+            Some(t) => cmd.env("RUNKEEP_TOKEN", t),
+            None => cmd.env_remove("RUNKEEP_TOKEN"),
+        };
         cmd.args([
             "--tenant",
             &g.tenant,
@@ -234,9 +257,28 @@ pub async fn run(ctx: &Ctx, args: SoakArgs) -> CliResult<Exit> {
     };
     let address = if store_given_explicitly() {
         ctx.global.store.clone()
+    } else if args.over_http {
+        // The server's natural backing: a root of tenants.
+        StoreAddress::Root(dir.join("root"))
     } else {
         StoreAddress::Fs(dir.join("runs"))
     };
+    match &address {
+        StoreAddress::Http(h) => {
+            return Err(CliError::usage(format!(
+                "the soak does not run against a server it did not start ({}): it kills and restarts the server as part of the chaos, and audits the store behind it directly",
+                h.url()
+            ))
+            .hint("use --over-http with --store naming the backing store (root:PATH, the default a fresh directory, or postgres://…); the soak starts runkeep serve over it"));
+        }
+        StoreAddress::Memory if args.over_http => {
+            return Err(CliError::usage(
+                "--over-http needs a store the server process and the soak can both open: memory: lives in one process",
+            )
+            .hint("leave --store out (a fresh directory root) or pass root:PATH or postgres://…"));
+        }
+        _ => {}
+    }
     // PostgreSQL: a fresh schema per soak (dropped afterwards unless --keep
     // or a violation), whatever schema the address names.
     let fresh_schema = match &address {
@@ -252,6 +294,8 @@ pub async fn run(ctx: &Ctx, args: SoakArgs) -> CliResult<Exit> {
         .map_err(|e| CliError::config(format!("cannot create {}: {e}", soak_dir.display())))?;
     let opened = open_store(&address, &ctx.scope, ctx.global.durability, true).await?;
     let pg_workers = match (&address, &fresh_schema) {
+        // Over HTTP the workers reach PostgreSQL only through the server.
+        _ if args.over_http => None,
         (StoreAddress::Postgres(a), Some(schema)) => Some(Arc::new(PgWorkers {
             address: a.clone(),
             app: pg::worker_application_name(schema),
@@ -270,17 +314,54 @@ pub async fn run(ctx: &Ctx, args: SoakArgs) -> CliResult<Exit> {
             ))),
             _ => None,
         };
+    // Over HTTP: the soak's own server, a worker token, the workers on
+    // http://…, the server's restarts as the backend's chaos.
+    let server = if args.over_http {
+        let token = http::Server::worker_token(&soak_dir, &ctx.scope.tenant)?;
+        let server = Arc::new(http::Server::start(
+            &address,
+            [
+                ctx.global.tenant.clone(),
+                ctx.global.project.clone(),
+                ctx.global.session.clone(),
+            ],
+            &soak_dir,
+        )?);
+        let http_address = server.http_address(&token)?;
+        Some((server, http_address))
+    } else {
+        None
+    };
+    let backend_chaos = match &server {
+        Some((server, _)) if !args.no_chaos => {
+            let ttl = args.ttl.as_duration();
+            Some(Arc::new(http::ServerChaos::new(
+                server.clone(),
+                args.server_restart_every,
+                (ttl / 5, ttl / 2),
+            )) as Arc<dyn runkeep_soak::BackendChaos>)
+        }
+        Some(_) => None,
+        None => backend_chaos,
+    };
     let target = Target {
+        // The audit reads the backing store directly, never through the
+        // server, so a server bug cannot hide a violation.
         store: opened.store.clone(),
-        address: address.to_string(),
+        address: match &server {
+            Some((_, http)) => format!("{http} (runkeep serve over {address})"),
+            None => address.to_string(),
+        },
         session: ctx.scope.listing()?,
         soak_dir,
         backend_chaos,
     };
-    let launcher = if matches!(address, StoreAddress::Memory) {
-        Launcher::Threads(runkeep_soak::worker::correct())
-    } else {
-        worker_command(ctx, &address, pg_workers.clone())?
+    let launcher = match &server {
+        Some((_, http)) => worker_command(ctx, http, None)?,
+        None if matches!(address, StoreAddress::Memory) => {
+            Launcher::Threads(runkeep_soak::worker::correct())
+        }
+        None => worker_command(ctx, &address, pg_workers.clone())?,
     };
     let (runs, poison) = runkeep_soak::seed(target.store.as_ref(), &target.session, &options)
         .await
@@ -315,6 +396,10 @@ pub async fn run(ctx: &Ctx, args: SoakArgs) -> CliResult<Exit> {
         .await
         .map_err(CliError::internal)?;
     bar.finish_and_clear();
+    if let Some((server, _)) = &server {
+        server.stop();
+        report.server_restarts = Some(server.restarts());
+    }
     let keep = args.keep || report.verdict() != Verdict::Pass || args.dir.is_some();
     if keep {
         if let Some(t) = tmp {
@@ -358,6 +443,11 @@ pub async fn run(ctx: &Ctx, args: SoakArgs) -> CliResult<Exit> {
 
 /// `runkeep soak-worker`.
 pub async fn run_worker(ctx: &Ctx, args: SoakWorkerArgs) -> CliResult<Exit> {
+    if matches!(ctx.global.store, StoreAddress::Http(_)) {
+        // A server that vanished answers within the lease TTL, never hangs
+        // the worker (its lease keeper gives the run up at the TTL anyway).
+        crate::store::http::set_request_timeout(args.ttl.as_duration().max(Duration::from_secs(1)));
+    }
     let opened = open_store(&ctx.global.store, &ctx.scope, ctx.global.durability, false).await?;
     let listing = ctx.scope.listing()?;
     let shutdown = CancellationToken::new();

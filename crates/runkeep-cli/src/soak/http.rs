@@ -1,0 +1,351 @@
+//! `runkeep soak --over-http`: the workers drive the store through the HTTP
+//! API of a `runkeep serve` the soak starts itself, and the chaos also
+//! kills that server (`kill -9`) and starts it again on the same port and
+//! backing store while the workers go on.
+//!
+//! - **The server** is this binary as a child process (`runkeep serve
+//!   --listen 127.0.0.1:0`, the port it bound read from its `--json`
+//!   `listening` line; every restart binds that same port). Its backing
+//!   store is the soak's own fresh store (a directory root by default, or
+//!   the PostgreSQL schema of `--store postgres://…`), handed over like a
+//!   worker's: a PostgreSQL URL in the environment, never on a command
+//!   line.
+//! - **The workers** get `--store http://127.0.0.1:PORT` and a worker token
+//!   (created in the soak's own token file, in their environment as
+//!   `RUNKEEP_TOKEN`, never on a command line), and a request timeout of
+//!   their lease TTL, so a vanished server is an error, never a hang.
+//! - **The audit** reads the backing store directly, never through the
+//!   server, so a server bug cannot hide a violation.
+
+use std::io::{BufRead, BufReader, Write};
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::pin::Pin;
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{mpsc, Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use rand::Rng;
+use runkeep::TenantId;
+use runkeep_server::auth::Role;
+use runkeep_server::tokens::TokenFile;
+use runkeep_soak::BackendChaos;
+
+use crate::error::{CliError, CliResult};
+use crate::store::{HttpAddress, StoreAddress};
+
+/// How long a (re)started server may take to print its address.
+const START_TIMEOUT: Duration = Duration::from_secs(20);
+
+/// How many times a restart tries to bind the port again (the port may
+/// still be held for a moment after the kill).
+const BIND_ATTEMPTS: u32 = 20;
+
+/// The label the server's kills are counted under in the backend chaos.
+pub const KILL_LABEL: &str = "server kill -9s";
+
+/// The soak's own `runkeep serve`.
+pub struct Server {
+    exe: PathBuf,
+    backing: StoreAddress,
+    scope: [String; 3],
+    tokens: PathBuf,
+    log_dir: PathBuf,
+    child: Mutex<Option<Child>>,
+    listen: Mutex<SocketAddr>,
+    starts: AtomicU64,
+    restarts: AtomicU64,
+}
+
+impl std::fmt::Debug for Server {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Server")
+            .field("backing", &self.backing.to_string())
+            .field("listen", &self.address())
+            .finish_non_exhaustive()
+    }
+}
+
+impl Server {
+    /// Starts `runkeep serve` over `backing` on a free port of 127.0.0.1,
+    /// with its tokens in `soak_dir/tokens.json` and its logs in
+    /// `soak_dir` (`server-N.stdout`, `server-N.stderr`).
+    pub fn start(backing: &StoreAddress, scope: [String; 3], soak_dir: &Path) -> CliResult<Self> {
+        let exe = std::env::current_exe()
+            .map_err(|e| CliError::internal(format!("cannot find this binary: {e}")))?;
+        let server = Self {
+            exe,
+            backing: backing.clone(),
+            scope,
+            tokens: soak_dir.join("tokens.json"),
+            log_dir: soak_dir.to_path_buf(),
+            child: Mutex::new(None),
+            listen: Mutex::new(SocketAddr::from(([127, 0, 0, 1], 0))),
+            starts: AtomicU64::new(0),
+            restarts: AtomicU64::new(0),
+        };
+        server.launch().map_err(|e| {
+            CliError::failed(format!("soak --over-http: cannot start runkeep serve: {e}"))
+        })?;
+        Ok(server)
+    }
+
+    /// A worker token for `tenant` (created before the server reads the
+    /// file, so the server prints no operator token of its own).
+    pub fn worker_token(soak_dir: &Path, tenant: &TenantId) -> CliResult<String> {
+        let created = TokenFile::new(soak_dir.join("tokens.json"))
+            .create(tenant, Role::Worker, Some("soak workers"))
+            .map_err(crate::commands::token::token_error)?;
+        Ok(created.secret().to_string())
+    }
+
+    /// The address it listens on.
+    pub fn address(&self) -> SocketAddr {
+        *self.listen.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// `http://ADDR` with `token`.
+    pub fn http_address(&self, token: &str) -> CliResult<StoreAddress> {
+        match format!("http://{}", self.address()).parse::<StoreAddress>() {
+            Ok(StoreAddress::Http(h)) => Ok(StoreAddress::Http(HttpAddress::with_token(&h, token))),
+            Ok(_) | Err(_) => Err(CliError::internal(
+                "the server's address is not an http:// store address",
+            )),
+        }
+    }
+
+    /// Times the server was started again after a kill.
+    pub fn restarts(&self) -> u64 {
+        self.restarts.load(Ordering::Relaxed)
+    }
+
+    fn command(&self, listen: SocketAddr) -> Command {
+        let mut cmd = Command::new(&self.exe);
+        match &self.backing {
+            // The URL may carry a password: environment only.
+            StoreAddress::Postgres(pg) => {
+                cmd.env("RUNKEEP_STORE", pg.original())
+                    .env_remove("RUNKEEP_PG_SCHEMA");
+            }
+            other => {
+                cmd.arg("--store").arg(other.to_string());
+            }
+        }
+        let [tenant, project, session] = &self.scope;
+        cmd.env_remove("RUNKEEP_TOKEN")
+            .args([
+                "--tenant",
+                tenant,
+                "--project",
+                project,
+                "--session",
+                session,
+            ])
+            .args(["--json", "serve", "--listen", &listen.to_string()])
+            .arg("--tokens")
+            .arg(&self.tokens)
+            .args(["--shutdown-grace", "2s"]);
+        cmd
+    }
+
+    /// Starts the server on the last address (port 0 the first time),
+    /// waits for its `listening` line, and retries a bind that fails.
+    fn launch(&self) -> Result<SocketAddr, String> {
+        let listen = self.address();
+        let mut last = String::new();
+        for attempt in 0..BIND_ATTEMPTS {
+            if attempt > 0 {
+                std::thread::sleep(Duration::from_millis(100 * u64::from(attempt.min(5))));
+            }
+            match self.launch_once(listen) {
+                Ok(bound) => return Ok(bound),
+                Err(e) => last = e,
+            }
+            if listen.port() == 0 {
+                break;
+            }
+        }
+        Err(last)
+    }
+
+    fn launch_once(&self, listen: SocketAddr) -> Result<SocketAddr, String> {
+        let n = self.starts.fetch_add(1, Ordering::Relaxed);
+        let stdout_log = self.log_dir.join(format!("server-{n}.stdout"));
+        let stderr_log = std::fs::File::create(self.log_dir.join(format!("server-{n}.stderr")))
+            .map_err(|e| format!("cannot create the server's log: {e}"))?;
+        let mut child = self
+            .command(listen)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(stderr_log)
+            .spawn()
+            .map_err(|e| format!("cannot start {}: {e}", self.exe.display()))?;
+        let stdout = child
+            .stdout
+            .take()
+            .ok_or_else(|| "the server's stdout is not a pipe".to_string())?;
+        let (tx, rx) = mpsc::channel::<SocketAddr>();
+        // Reads the `listening` line, then copies the rest to the log until
+        // the server exits (so it never blocks on a full pipe).
+        std::thread::spawn(move || {
+            let mut log = std::fs::File::create(stdout_log).ok();
+            for line in BufReader::new(stdout).lines() {
+                let Ok(line) = line else { break };
+                if let Some(f) = log.as_mut() {
+                    let _ = writeln!(f, "{line}");
+                }
+                let v: serde_json::Value = serde_json::from_str(&line).unwrap_or_default();
+                if v["event"] == "listening" {
+                    if let Some(a) = v["address"]
+                        .as_str()
+                        .and_then(|a| a.strip_prefix("http://"))
+                        .and_then(|a| a.parse().ok())
+                    {
+                        let _ = tx.send(a);
+                    }
+                }
+            }
+        });
+        let deadline = Instant::now() + START_TIMEOUT;
+        loop {
+            match rx.recv_timeout(Duration::from_millis(20)) {
+                Ok(bound) => {
+                    *self.listen.lock().unwrap_or_else(|p| p.into_inner()) = bound;
+                    *self.child.lock().unwrap_or_else(|p| p.into_inner()) = Some(child);
+                    return Ok(bound);
+                }
+                Err(mpsc::RecvTimeoutError::Timeout) => {}
+                Err(mpsc::RecvTimeoutError::Disconnected) => {}
+            }
+            if let Ok(Some(status)) = child.try_wait() {
+                return Err(format!(
+                    "runkeep serve on {listen} exited ({status}) before listening; see {}",
+                    self.log_dir.join(format!("server-{n}.stderr")).display()
+                ));
+            }
+            if Instant::now() >= deadline {
+                let _ = child.kill();
+                let _ = child.wait();
+                return Err(format!(
+                    "runkeep serve on {listen} did not listen within {}s",
+                    START_TIMEOUT.as_secs()
+                ));
+            }
+        }
+    }
+
+    /// `kill -9` (nothing released, requests in flight cut), reaped.
+    fn kill(&self) -> bool {
+        let child = self.child.lock().unwrap_or_else(|p| p.into_inner()).take();
+        match child {
+            Some(mut c) => {
+                let _ = c.kill();
+                let _ = c.wait();
+                true
+            }
+            None => false,
+        }
+    }
+
+    fn is_running(&self) -> bool {
+        let mut g = self.child.lock().unwrap_or_else(|p| p.into_inner());
+        match g.as_mut() {
+            Some(c) => matches!(c.try_wait(), Ok(None)),
+            None => false,
+        }
+    }
+
+    /// Stops the server (SIGTERM, then SIGKILL after a grace).
+    pub fn stop(&self) {
+        let child = self.child.lock().unwrap_or_else(|p| p.into_inner()).take();
+        if let Some(mut c) = child {
+            if let Some(pid) = rustix::process::Pid::from_raw(c.id() as i32) {
+                let _ = rustix::process::kill_process(pid, rustix::process::Signal::Term);
+            }
+            let deadline = Instant::now() + Duration::from_secs(5);
+            while Instant::now() < deadline {
+                if matches!(c.try_wait(), Ok(Some(_))) {
+                    return;
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// The HTTP soak's chaos: the server killed and started again, paced on
+/// its own schedule ([`BackendChaos::every`]).
+pub struct ServerChaos {
+    server: Arc<Server>,
+    every: Duration,
+    /// How long the server stays down: a random pause in this range.
+    down: (Duration, Duration),
+}
+
+impl ServerChaos {
+    /// Restarts `server` every `every` (jittered), down for `down` each
+    /// time.
+    pub fn new(server: Arc<Server>, every: Duration, down: (Duration, Duration)) -> Self {
+        Self {
+            server,
+            every,
+            down,
+        }
+    }
+
+    async fn restart(&self) -> Result<Option<String>, String> {
+        let killed = self.server.kill();
+        let (lo, hi) = self.down;
+        let pause = if hi > lo {
+            rand::thread_rng().gen_range(lo..hi)
+        } else {
+            lo
+        };
+        // Down: the workers' requests are refused (or were cut in flight).
+        tokio::time::sleep(pause).await;
+        let server = self.server.clone();
+        tokio::task::spawn_blocking(move || server.launch())
+            .await
+            .map_err(|e| format!("the restart task failed: {e}"))?
+            .map_err(|e| format!("runkeep serve could not be started again after a kill: {e}"))?;
+        if killed {
+            self.server.restarts.fetch_add(1, Ordering::Relaxed);
+            Ok(Some(KILL_LABEL.to_string()))
+        } else {
+            // A server that had not come back from the last strike came
+            // back now: nothing was killed this time.
+            Ok(None)
+        }
+    }
+}
+
+impl BackendChaos for ServerChaos {
+    fn strike(
+        &self,
+    ) -> Pin<Box<dyn std::future::Future<Output = Result<Option<String>, String>> + Send + '_>>
+    {
+        Box::pin(self.restart())
+    }
+
+    fn heal(&self) -> Pin<Box<dyn std::future::Future<Output = ()> + Send + '_>> {
+        Box::pin(async move {
+            if !self.server.is_running() {
+                let server = self.server.clone();
+                let _ = tokio::task::spawn_blocking(move || server.launch()).await;
+            }
+        })
+    }
+
+    fn every(&self) -> Option<Duration> {
+        Some(self.every)
+    }
+}
