@@ -12,9 +12,8 @@ use std::time::Duration;
 
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
 use runkeep::{
-    Checkpoint, CheckpointId, CheckpointStore, ClaimOptions, EvidenceStore, Holder, MemoryStore,
-    NewEvent, Outcome, ProjectId, RunId, RunScope, RunStore, SessionId, Step, TenantId, Timestamp,
-    Ttl,
+    Checkpoint, CheckpointId, ClaimOptions, Holder, MemoryStore, NewEvent, Outcome, ProjectId,
+    RunId, RunScope, RunStore, SessionId, Step, TenantId, Timestamp, Ttl,
 };
 use runkeep_server::auth::{Role, StaticTokens};
 use runkeep_server::client::{HttpStore, HttpStoreOptions};
