@@ -8,7 +8,7 @@ mod common;
 use std::sync::Arc;
 
 use axum::http::Method;
-use runkeep::{CheckpointStore, ListOptions, ListingScope, RunStore};
+use runkeep::{ListOptions, ListingScope, RunStore};
 use runkeep_conformance::support;
 use runkeep_server::api::{self, RouteSpec};
 use runkeep_server::auth::Role;
