@@ -51,6 +51,16 @@ impl TestServer {
     /// Serves `store` on `addr` (retrying the bind for a few seconds, for a
     /// restart on the port just freed).
     pub fn start_on(addr: SocketAddr, store: Arc<dyn RunStore>) -> Self {
+        Self::start_wrapped(addr, store, |r| r)
+    }
+
+    /// Serves `store` on `addr` with `wrap` applied to the API router (a
+    /// test layer: fault injection).
+    pub fn start_wrapped(
+        addr: SocketAddr,
+        store: Arc<dyn RunStore>,
+        wrap: impl FnOnce(axum::Router) -> axum::Router + Send + 'static,
+    ) -> Self {
         let listener = {
             let mut tries = 0;
             loop {
@@ -81,7 +91,7 @@ impl TestServer {
                     auth: Arc::new(tokens()),
                     metrics: Arc::new(Metrics::default()),
                 };
-                let app = runkeep_server::api::router(state);
+                let app = wrap(runkeep_server::api::router(state));
                 tokio::select! {
                     r = axum::serve(listener, app) => { r.unwrap(); }
                     _ = stopped => {}
