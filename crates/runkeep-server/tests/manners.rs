@@ -660,8 +660,9 @@ async fn a_client_that_stops_reading_its_answer_is_dropped() {
     .await;
     let mut s = TcpStream::connect(r.addr).await.unwrap();
     s.write_all(&get_request("/endless")).await.unwrap();
-    // Read nothing while the server fills the socket buffers and waits.
-    tokio::time::sleep(Duration::from_millis(1500)).await;
+    // Read nothing while the server fills the socket buffers and waits
+    // (8 x the write timeout: margin for a loaded machine).
+    tokio::time::sleep(Duration::from_millis(2500)).await;
     // Then drain: an endless answer ends only if the server dropped us.
     let mut buf = vec![0u8; 256 * 1024];
     let ended = tokio::time::timeout(BOUND, async {
