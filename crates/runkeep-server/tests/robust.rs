@@ -155,3 +155,73 @@ async fn a_watch_is_woken_by_the_server_not_by_its_fallback() {
         .await
         .expect("the runnable watch woke within 10 s (its fallback is 60 s)");
 }
+
+/// `claim_next` long-polls on the server: an empty queue answers `None`
+/// after the wait; a run enqueued during the wait is handed out when the
+/// store's watch wakes the poll (long before the wait runs out); a wait
+/// above the bound is refused naming `waitMs`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn claim_next_long_polls_and_is_woken_by_an_enqueue() {
+    let server = TestServer::start(Arc::new(runkeep::MemoryStore::new()));
+    let store = server.client(None);
+    let filter = runkeep::ClaimNextFilter::default();
+    let claim = support::claim_now("w1", 60_000);
+    let started = Instant::now();
+    let none = store
+        .claim_next_waiting(
+            &support::listing(),
+            &filter,
+            &claim,
+            Duration::from_millis(400),
+        )
+        .await
+        .unwrap();
+    assert!(none.is_none());
+    assert!(
+        started.elapsed() >= Duration::from_millis(400),
+        "it did not wait"
+    );
+
+    let other = store.clone();
+    let enqueue = tokio::spawn(async move {
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        other
+            .enqueue(
+                &support::run("late"),
+                &support::checkpoint("0", 0),
+                &runkeep::EnqueueOptions::default(),
+            )
+            .await
+            .unwrap();
+    });
+    let started = Instant::now();
+    let got = store
+        .claim_next_waiting(
+            &support::listing(),
+            &filter,
+            &claim,
+            Duration::from_secs(25),
+        )
+        .await
+        .unwrap()
+        .expect("the enqueued run");
+    assert_eq!(got.0, support::run("late"));
+    assert!(
+        started.elapsed() < Duration::from_secs(20),
+        "handed out only when the wait ran out ({:?}): the watch did not wake the poll",
+        started.elapsed()
+    );
+    enqueue.await.unwrap();
+
+    let e = store
+        .claim_next_waiting(
+            &support::listing(),
+            &filter,
+            &claim,
+            Duration::from_secs(31),
+        )
+        .await
+        .expect_err("above the bound");
+    assert!(matches!(e, runkeep::Error::InvalidInput { .. }), "{e}");
+    assert!(e.to_string().contains("waitMs"), "{e}");
+}
