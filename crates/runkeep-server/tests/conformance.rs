@@ -1,7 +1,8 @@
 //! The whole conformance kit through the server: every case runs against
 //! an `HttpStore` talking to a live API server on 127.0.0.1, backed by a
-//! `MemoryStore`, by a directory store (`FsStore` on a temp directory) and,
-//! when `RUNKEEP_TEST_POSTGRES_URL` is set, by PostgreSQL. The variants,
+//! `MemoryStore`, by a directory store (`FsStore` on a temp directory), by
+//! the root of many tenants (`FsRootStore`); `conformance_postgres.rs` does
+//! the same on PostgreSQL. The variants,
 //! fences and answers the kit checks are the backing store's, carried over
 //! HTTP and mapped back by `HttpStore`.
 
@@ -50,4 +51,29 @@ mod directory {
     }
 
     runkeep_conformance::conformance_tests!(directory);
+}
+
+/// Through the server on the root of many tenants (`FsRootStore`, what
+/// `runkeep serve` opens by default): both tenants are held and kept apart.
+mod directory_root {
+    use super::*;
+    use runkeep_fs::{FsRootOptions, FsRootStore};
+
+    async fn root() -> Fixture {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let clock = support::store_clock();
+        let backing = FsRootStore::open(
+            dir.path().join("root"),
+            FsRootOptions {
+                clock: Some(Arc::new(clock.clone())),
+                ..Default::default()
+            },
+        )
+        .expect("open the root");
+        let server = TestServer::start(Arc::new(backing));
+        let store = server.client(Some(clock.clone()));
+        Fixture::new(Arc::new(store), 2, (server, dir)).with_clock(clock)
+    }
+
+    runkeep_conformance::conformance_tests!(root);
 }
