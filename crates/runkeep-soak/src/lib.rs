@@ -265,6 +265,10 @@ pub struct SoakReport {
     /// runs the server; `None` when the workers reach the store directly).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub server_restarts: Option<u64>,
+    /// Over HTTP: step commits whose answer was lost (outcome unknown) and
+    /// how the worker runtime resolved them, from the workers' logs.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub read_backs: Option<ReadBacks>,
     /// Whether every run finished before the timeout.
     pub finished_in_time: bool,
     /// When it did not: how many runs were left, and the timeout. Not a
@@ -276,6 +280,54 @@ pub struct SoakReport {
     /// The soak directory, when kept.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub kept_dir: Option<String>,
+}
+
+/// Step commits whose answer was lost, as the workers' runtime logged
+/// them (`runkeep_worker`'s `commit_step`: the attempt fenced off by a
+/// renewal, then read back by its step id). A count from the logs, not an
+/// invariant: the audit proves no step was stored twice or lost.
+#[derive(Clone, Debug, Default, Serialize, PartialEq, Eq)]
+pub struct ReadBacks {
+    /// Commits answered outcome unknown.
+    pub outcome_unknown: u64,
+    /// Of those, read back as stored (answered from the store, not
+    /// repeated).
+    pub landed: u64,
+    /// Of those, read back as not stored (repeated).
+    pub not_landed: u64,
+}
+
+/// Marks of [`ReadBacks`]: the runtime's own messages, in a worker's log
+/// (`RUNKEEP_LOG` at `runkeep_worker=info`) for the first two, in the
+/// error of a refused step (the ack log) for the third.
+pub const READ_BACK_MARKS: [&str; 3] = [
+    "step commit outcome unknown; fencing the attempt off and reading back",
+    "the step had landed; not repeated",
+    "the read-back shows the step was not stored: repeat it",
+];
+
+impl ReadBacks {
+    /// Tallies the marks in the worker logs (`w*.stderr`) and the ack logs
+    /// (`acks/`) of `soak_dir`.
+    pub fn from_worker_logs(soak_dir: &Path) -> Self {
+        let mut r = ReadBacks::default();
+        let count = |dir: &Path, keep: &dyn Fn(&str) -> bool, mark: &str| -> u64 {
+            let Ok(entries) = std::fs::read_dir(dir) else {
+                return 0;
+            };
+            entries
+                .flatten()
+                .filter(|e| keep(&e.file_name().to_string_lossy()))
+                .filter_map(|e| std::fs::read_to_string(e.path()).ok())
+                .map(|text| text.lines().filter(|l| l.contains(mark)).count() as u64)
+                .sum()
+        };
+        let worker_log = |n: &str| n.starts_with('w') && n.ends_with(".stderr");
+        r.outcome_unknown = count(soak_dir, &worker_log, READ_BACK_MARKS[0]);
+        r.landed = count(soak_dir, &worker_log, READ_BACK_MARKS[1]);
+        r.not_landed = count(&soak_dir.join("acks"), &|_| true, READ_BACK_MARKS[2]);
+        r
+    }
 }
 
 /// The soak's verdict.
@@ -734,6 +786,7 @@ pub async fn drive(
         backend_chaos: backend_counts,
         backend_chaos_errors: backend_errors,
         server_restarts: None,
+        read_backs: None,
         finished_in_time,
         timed_out,
         audit,
@@ -816,8 +869,26 @@ fn render(r: &SoakReport) -> String {
         rows.push((
             "server restarts",
             format!(
-                "{n} (runkeep serve killed with kill -9 and started again on the same port and backing store while the workers went on; {} steps failed with the store unavailable and were retried, {} of them cut in flight: outcome unknown)",
+                "{n} (runkeep serve killed with kill -9 and started again on the same port and backing store while the workers went on)"
+            ),
+        ));
+        rows.push((
+            "across them",
+            format!(
+                "{} steps failed with the store unavailable and were retried ({} cut in flight: outcome unknown)",
                 a.unavailable_refusals, a.outcome_unknown_refusals
+            ),
+        ));
+    }
+    if let Some(rb) = &r.read_backs {
+        rows.push((
+            "lost answers",
+            format!(
+                "{} step commits answered outcome unknown; read back: {} had landed (not repeated), {} had not (repeated), {} unresolved (the error stood and the step was not repeated, or the worker was killed first)",
+                rb.outcome_unknown,
+                rb.landed,
+                rb.not_landed,
+                rb.outcome_unknown.saturating_sub(rb.landed + rb.not_landed)
             ),
         ));
     }

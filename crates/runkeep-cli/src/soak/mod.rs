@@ -201,7 +201,11 @@ fn worker_command(
         // An http:// store's token: environment only (`ps` shows command
         // lines).
         match &token {
-            Some(t) => cmd.env("RUNKEEP_TOKEN", t),
+            // Over HTTP the runtime's outcome-unknown resolutions are
+            // logged, for the report's read-back tally.
+            Some(t) => cmd
+                .env("RUNKEEP_TOKEN", t)
+                .env("RUNKEEP_LOG", "warn,runkeep_worker=info"),
             None => cmd.env_remove("RUNKEEP_TOKEN"),
         };
         cmd.args([
@@ -399,6 +403,7 @@ pub async fn run(ctx: &Ctx, args: SoakArgs) -> CliResult<Exit> {
     if let Some((server, _)) = &server {
         server.stop();
         report.server_restarts = Some(server.restarts());
+        report.read_backs = Some(runkeep_soak::ReadBacks::from_worker_logs(&target.soak_dir));
     }
     let keep = args.keep || report.verdict() != Verdict::Pass || args.dir.is_some();
     if keep {
