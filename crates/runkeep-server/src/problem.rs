@@ -311,7 +311,7 @@ impl From<Error> for Problem {
         let kind = ProblemType::of(&error);
         let mut p = Problem::new(kind, String::new());
         p.detail = Some(match &error {
-            Error::NotFound { what } => format!("not found: {}", redact_paths(what)),
+            Error::NotFound { what } => redact_paths(what),
             Error::InvalidInput { message } => redact_paths(message),
             Error::Conflict { message } => redact_paths(message),
             Error::Unsupported { message } => redact_paths(message),
