@@ -594,3 +594,96 @@ async fn a_second_park_answer_is_a_conflict_carrying_the_first() {
         Some(json!({"approve": true}))
     );
 }
+
+/// Nothing leaks: a directory store's refusals and failures name files in
+/// their messages; over HTTP the body never holds the directory's path
+/// (an invalid-input detail has it replaced, a corrupted one is generic).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_answer_leaks_a_filesystem_path() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().display().to_string();
+    let fs = runkeep_fs::FsStore::open(
+        dir.path().join("runs"),
+        runkeep_fs::FsOptions {
+            attribution: Some(runkeep_fs::Attribution {
+                tenant_id: support::tenant(),
+                project_id: support::project(),
+                session_id: support::session(),
+            }),
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    let store: Arc<dyn RunStore> = Arc::new(fs);
+    let scope = runkeep::RunScope::new(
+        support::tenant(),
+        support::project(),
+        support::session(),
+        RUN.parse().unwrap(),
+    );
+    store
+        .write_checkpoint(&scope, &support::checkpoint("1", 0), None)
+        .await
+        .unwrap();
+    // The store's own refusal names its directory.
+    let foreign = runkeep::RunScope::new(
+        support::tenant(),
+        support::other_project(),
+        support::session(),
+        RUN.parse().unwrap(),
+    );
+    let direct = store
+        .write_checkpoint(&foreign, &support::checkpoint("1", 0), None)
+        .await
+        .unwrap_err();
+    assert!(direct.to_string().contains(&root), "the premise: {direct}");
+    // Damage the checkpoint file: the store's Corrupted names the file.
+    let mut damaged = 0;
+    for path in walk(dir.path()) {
+        if path.ends_with(".json") && path.contains("checkpoints") {
+            std::fs::write(&path, b"{ not json").unwrap();
+            damaged += 1;
+        }
+    }
+    assert!(damaged > 0, "no checkpoint file found to damage");
+    let direct = store.list_checkpoints(&scope).await.unwrap_err();
+    assert!(
+        matches!(direct, runkeep::Error::Corrupted { .. }),
+        "the premise: {direct}"
+    );
+
+    let server = TestServer::start(store);
+    let cp = json!({"checkpoint": {"id": "cp_1", "createdAt": 1, "state": {}}});
+    let foreign_path = concrete(api::RUN).replace(
+        support::project().as_str(),
+        support::other_project().as_str(),
+    ) + "/checkpoints";
+    let a = send(
+        &server,
+        &Method::POST,
+        &foreign_path,
+        Some(TOKEN_A),
+        Some(cp),
+    )
+    .await;
+    assert_eq!(a.status, 400, "{}", String::from_utf8_lossy(&a.body));
+    let text = String::from_utf8_lossy(&a.body).to_string();
+    assert!(!text.contains(&root), "a path leaked: {text}");
+    assert!(text.contains("<path>"), "{text}");
+
+    let a = send(
+        &server,
+        &Method::GET,
+        &(concrete(api::RUN) + "/checkpoints"),
+        Some(TOKEN_A),
+        None,
+    )
+    .await;
+    assert_eq!(a.status, 500, "{}", String::from_utf8_lossy(&a.body));
+    let text = String::from_utf8_lossy(&a.body).to_string();
+    assert_eq!(a.problem().kind(), Some(ProblemType::Corrupted));
+    assert!(
+        !text.contains(&root) && !text.contains(".json"),
+        "a path leaked: {text}"
+    );
+}
