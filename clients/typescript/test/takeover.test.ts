@@ -285,3 +285,60 @@ test("a renewal that does not answer stops the work at the safety margin", async
   assert.equal(report.lost, 1);
   assert.deepEqual((await operator.readEvents(run)).events, []);
 });
+
+for (const yieldFirst of [false, true]) {
+test(`a handler that blocked the event loop past its lease is refused locally${yieldFirst ? " (timers run first)" : " (writing at once)"}: the store alone would still take the write`, async () => {
+  const runId = `blocked-loop-${yieldFirst}`;
+  const run = serve.run(runId);
+  await operator.enqueue(run, { checkpoint: firstCheckpoint("b") });
+  const sent: string[] = [];
+  const client = hookedClient(runId, async (what) => {
+    sent.push(what);
+  });
+  let refused: unknown;
+  let fence = 0;
+  // Stop claiming once the lease is lost (else this drain would take the expired run again).
+  const stop = new AbortController();
+  const report = await within(
+    10_000,
+    runWorker({
+      client,
+      holder: "blocker",
+      ttlMs: 500,
+      mode: "until-idle",
+      signal: stop.signal,
+      onEvent: (e) => {
+        if (e.type === "lost") stop.abort();
+      },
+      handler: async (ctx) => {
+        fence = ctx.fence;
+        // Synchronous work longer than the lease: no timer (renewal, watchdog) can run meanwhile.
+        const until = performance.now() + 700;
+        while (performance.now() < until) {
+          /* busy */
+        }
+        // At once: the write's own deadline check refuses it. After a yield: the overdue
+        // renewal runs first and gives the lease up without sending anything.
+        if (yieldFirst) await new Promise((r) => setTimeout(r, 0));
+        await ctx.step({ events: [{ type: "after-block" }] }).catch((e: unknown) => (refused = e));
+      },
+    }),
+    "the worker",
+  );
+  assert.ok(refused instanceof LeaseLost, String(refused));
+  assert.equal(refused.kind, "expiring");
+  assert.deepEqual(sent, [], "nothing was sent after the block: no step, no renewal");
+  assert.equal(report.lost, 1);
+  // Nobody took the run over, so the store would have accepted that write at the old fence:
+  // the local deadline is what stopped it.
+  const lease = await operator.lease(run);
+  assert.equal(lease?.fence, fence);
+  assert.equal(lease?.expired, true);
+  const accepted = await worker.appendEvents(run, [{ type: "probe" }], { fence });
+  assert.equal(accepted.length, 1, "the store takes a write at an expired but unsuperseded fence");
+  // Out of the way of the next test's drain.
+  const cleanup = await worker.claim(run, { holder: "cleanup", ttlMs: 30_000 });
+  assert.equal(cleanup.outcome, "acquired");
+  if (cleanup.outcome === "acquired") await worker.finish(run, cleanup.lease.fence, { status: "cancelled" });
+});
+}
