@@ -51,6 +51,7 @@ impl Inner {
         self.check_scope(scope)?;
         checkpoint.validate_for_write(scope)?;
         options.validate(&scope.run_id)?;
+        refuse_unlisted(scope)?;
         let ctx = Ctx::new(scope, "enqueue");
         let run_dir = self.run_dir(scope);
         let conflict = || {
@@ -307,4 +308,27 @@ impl Inner {
             None => self.latest_checkpoint(scope),
         }
     }
+}
+
+/// A directory lists, and `claim_next` hands out, only run directories named
+/// `run_*` (the reference layout's listing rule, LY-4): a run enqueued under
+/// any other id would wait in the queue forever, invisible. Refused here —
+/// enqueue is runkeep's own (the reference has no queue), so no shared
+/// directory depends on it — while plain checkpoint writes under such ids
+/// stay allowed, as the reference allows them.
+fn refuse_unlisted(scope: &RunScope) -> Result<()> {
+    let unlisted = |id: &str| !id.starts_with("run_");
+    if unlisted(scope.run_id.as_str())
+        || scope
+            .parent_run_id
+            .as_ref()
+            .is_some_and(|p| unlisted(p.as_str()))
+    {
+        return Err(Error::invalid(format!(
+            "enqueue: run id {:?} does not start with \"run_\": a directory store lists and hands out only run_* runs (the layout it shares with the reference), so this run would never be listed or claimed by claim_next. Use an id such as \"run_{}\" (runkeep's generated ids already are)",
+            scope.parent_run_id.as_ref().filter(|p| unlisted(p.as_str())).unwrap_or(&scope.run_id).as_str(),
+            scope.run_id.as_str().trim_start_matches("run_")
+        )));
+    }
+    Ok(())
 }

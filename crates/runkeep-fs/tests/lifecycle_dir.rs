@@ -366,3 +366,40 @@ fn a_skewed_clock_can_take_over_early_but_never_shares_the_run() {
     rt.block_on(fast.write_checkpoint(&a, &cp("c3", 3), Some(theirs.fence)))
         .unwrap();
 }
+
+/// A directory lists (and `claim_next` hands out) only `run_*` runs
+/// (LY-4), so enqueueing any other id would leave a run nobody can see or
+/// take: refused, naming the fix, with nothing written. (Found when
+/// `runkeep enqueue r9` then `runkeep runs` listed nothing.)
+#[test]
+fn an_enqueue_the_listing_would_never_show_is_refused() {
+    let dir = tempdir();
+    let clock = ManualClock::new(at(1_000_000));
+    let store = open_on(dir.path(), &clock);
+    let rt = rt();
+    let hidden = scope("r9");
+    let err = rt
+        .block_on(store.enqueue(&hidden, &cp("c1", 1), &EnqueueOptions::default()))
+        .unwrap_err();
+    assert!(matches!(err, Error::InvalidInput { .. }), "{err:?}");
+    assert!(err.to_string().contains("run_r9"), "{err}");
+    assert!(
+        !store.run_dir(&hidden).exists(),
+        "a refused enqueue wrote its run directory"
+    );
+    // The same run under a listable id is enqueued, listed and handed out.
+    let shown = scope("run_r9");
+    rt.block_on(store.enqueue(&shown, &cp("c1", 1), &EnqueueOptions::default()))
+        .unwrap();
+    let page = rt
+        .block_on(store.list_runs(
+            &ListingScope::session(
+                shown.tenant_id.clone(),
+                shown.project_id.clone(),
+                shown.session_id.clone(),
+            ),
+            &ListOptions::default(),
+        ))
+        .unwrap();
+    assert_eq!(page.entries.len(), 1, "{page:?}");
+}
