@@ -607,7 +607,9 @@ impl Built {
                     CHECKPOINTS_DIR | CLAIMS_DIR | META_DIR => {
                         d.runs.insert(slot);
                     }
-                    CHILDREN_DIR => {
+                    // Only a top-level run's sub-runs are runs (a
+                    // grandchild lives beside its own parent, CS-68).
+                    CHILDREN_DIR if self.entry(slot).is_some_and(|e| e.key.0.is_none()) => {
                         d.children.insert(slot);
                     }
                     _ => {}

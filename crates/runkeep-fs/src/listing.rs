@@ -1,13 +1,19 @@
-//! The listing walk (spec CS-67/68, LY-4) and `claim_next`.
+//! The listing (spec CS-67/68, LY-4) and `claim_next`.
 //!
-//! Runs are the directories named `run_*` directly under the base directory
-//! and under `<base>/<parent>/children/`. In run-id order the key is known
-//! from the names alone, so rows are built lazily in key order and the walk
-//! stops as soon as the page is full: one digest and one claims directory
-//! per row considered. In created-at order the run start comes from each
-//! run's digest (a small file, never a checkpoint) and claims are read only
-//! for rows on the page. A damaged run is a flagged row; a run directory
-//! removed mid-walk is simply not a row.
+//! A page comes from the session index ([`crate::index`]) when it can be
+//! used: the index picks the candidates after the cursor in key order whose
+//! summary passes the filters, and each candidate is read here exactly as
+//! the walk reads it. Where the index cannot be used (being built, refused)
+//! the page is the walk's, which is also the index's oracle in the tests.
+//!
+//! The walk: runs are the directories named `run_*` directly under the base
+//! directory and under `<base>/<parent>/children/`. In run-id order the key
+//! is known from the names alone, so rows are built lazily in key order and
+//! the walk stops as soon as the page is full: one digest and one claims
+//! directory per row considered. In created-at order the run start comes
+//! from each run's digest (a small file, never a checkpoint) and only the
+//! key is kept. A damaged run is a flagged row; a run directory removed
+//! mid-walk is simply not a row.
 
 use std::path::{Path, PathBuf};
 

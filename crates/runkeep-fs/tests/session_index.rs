@@ -270,6 +270,17 @@ fn foreign_changes_appear_in_the_next_listing() {
     foreign_cp(&base.join("run_f"), "run_f", "cp_f", 2_000, 1, None);
     check_all(&store, "a checkpoint into the shell");
 
+    // A children/ directory inside a sub-run holds no runs (CS-68).
+    foreign_cp(
+        &base.join("run_c/children/run_k/children/run_deep"),
+        "run_deep",
+        "cp_x",
+        2_100,
+        1,
+        None,
+    );
+    check_all(&store, "a children/ directory inside a sub-run");
+
     // The whole children/ directory of a run removed.
     std::fs::remove_dir_all(base.join("run_c/children")).unwrap();
     check_all(&store, "a foreign removal of children/");
