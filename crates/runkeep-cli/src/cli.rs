@@ -47,7 +47,7 @@ pub struct Cli {
 #[derive(Args, Debug, Clone)]
 pub struct GlobalArgs {
     /// Where the runs live: root:PATH (a directory of many tenants:
-    /// PATH/<tenant>/<project>/<session>/runs), fs:PATH (one session's runs/
+    /// `PATH/<tenant>/<project>/<session>/runs`), fs:PATH (one session's runs/
     /// directory, the reference's layout), memory: (empty, in-process) or
     /// postgres://USER:PASSWORD@HOST:PORT/DATABASE?schema=NAME (password and schema optional;
     /// postgresql:// too; the password is never printed), or http://HOST:PORT

@@ -13,15 +13,16 @@ use std::time::Duration;
 use assert_cmd::Command;
 use serde_json::Value;
 
-/// The flags of a short soak over HTTP: a few seconds of work with a server
-/// restart every ~0.8 s (jittered 0.4–1.2 s), each down for 100–250 ms (a
-/// fifth to half of the 500 ms lease TTL) plus the time it takes to start.
+/// The flags of a short soak over HTTP: several seconds of work with a
+/// server strike every ~0.6 s (jittered 0.3–0.9 s): two in three a restart,
+/// down for 100–250 ms (a fifth to half of the 500 ms lease TTL) plus the
+/// time it takes to start; one in three a stall (SIGSTOP for 650 ms–1 s).
 const SHORT: &[&str] = &[
     "--over-http",
     "--runs",
     "10",
     "--steps",
-    "16",
+    "20",
     "--workers",
     "3",
     "--step-time",
@@ -31,7 +32,7 @@ const SHORT: &[&str] = &[
     "--chaos-every",
     "400ms",
     "--server-restart-every",
-    "800ms",
+    "600ms",
     "--timeout",
     "90s",
 ];
@@ -85,11 +86,19 @@ fn check_over_http(code: i32, r: &Value, stderr: &str, dir: &tempfile::TempDir, 
         a["unavailable_refusals"].as_u64().unwrap() >= 1,
         "no worker request failed across {restarts} restarts: the chaos never reached the workers: {r:#}"
     );
+    // How the runtime resolved lost answers is tallied from its logs: the
+    // parts never exceed the whole.
+    let rb = &r["read_backs"];
+    assert!(
+        rb["landed"].as_u64().unwrap() + rb["not_landed"].as_u64().unwrap()
+            <= rb["outcome_unknown"].as_u64().unwrap(),
+        "{r:#}"
+    );
     assert_eq!(a["runs_completed"], runs, "{r:#}");
     assert_eq!(a["runs_finished"], runs, "{r:#}");
     assert_eq!(a["effects_from_superseded_fence"], 0);
     assert_eq!(a["fences_issued_twice"], 0);
-    assert!(a["acks_checked"].as_u64().unwrap() >= runs * 16, "{r:#}");
+    assert!(a["acks_checked"].as_u64().unwrap() >= runs * 20, "{r:#}");
     assert!(
         r["store"]
             .as_str()

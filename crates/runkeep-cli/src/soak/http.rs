@@ -45,6 +45,10 @@ const BIND_ATTEMPTS: u32 = 20;
 /// The label the server's kills are counted under in the backend chaos.
 pub const KILL_LABEL: &str = "server kill -9s";
 
+/// The label the server's stalls are counted under in the backend chaos.
+pub const STALL_LABEL: &str =
+    "server stalls (SIGSTOP past the lease TTL: connections open, nothing answered)";
+
 /// The soak's own `runkeep serve`.
 pub struct Server {
     exe: PathBuf,
@@ -248,6 +252,18 @@ impl Server {
         }
     }
 
+    /// Sends `sig` to the running server; false when there is none.
+    fn signal(&self, sig: rustix::process::Signal) -> bool {
+        let g = self.child.lock().unwrap_or_else(|p| p.into_inner());
+        let Some(pid) = g
+            .as_ref()
+            .and_then(|c| rustix::process::Pid::from_raw(c.id() as i32))
+        else {
+            return false;
+        };
+        rustix::process::kill_process(pid, sig).is_ok()
+    }
+
     fn is_running(&self) -> bool {
         let mut g = self.child.lock().unwrap_or_else(|p| p.into_inner());
         match g.as_mut() {
@@ -282,24 +298,47 @@ impl Drop for Server {
     }
 }
 
-/// The HTTP soak's chaos: the server killed and started again, paced on
-/// its own schedule ([`BackendChaos::every`]).
+/// The HTTP soak's chaos, paced on its own schedule
+/// ([`BackendChaos::every`]): two strikes in three kill the server and
+/// start it again; one in three stalls it (SIGSTOP for 1.3–2 × the lease
+/// TTL, then SIGCONT): the server has not vanished, it just stops
+/// answering, so the workers' requests hang until their request timeout,
+/// and on SIGCONT it serves what queued up meanwhile (stale fences
+/// included).
 pub struct ServerChaos {
     server: Arc<Server>,
     every: Duration,
     /// How long the server stays down: a random pause in this range.
     down: (Duration, Duration),
+    /// The lease TTL (a stall lasts 1.3–2 × it).
+    ttl: Duration,
 }
 
 impl ServerChaos {
     /// Restarts `server` every `every` (jittered), down for `down` each
     /// time.
-    pub fn new(server: Arc<Server>, every: Duration, down: (Duration, Duration)) -> Self {
+    pub fn new(
+        server: Arc<Server>,
+        every: Duration,
+        down: (Duration, Duration),
+        ttl: Duration,
+    ) -> Self {
         Self {
             server,
             every,
             down,
+            ttl,
         }
+    }
+
+    async fn stall(&self) -> Option<String> {
+        let d = self.ttl + self.ttl.mul_f64(rand::thread_rng().gen_range(0.3..1.0));
+        if !self.server.signal(rustix::process::Signal::Stop) {
+            return None;
+        }
+        tokio::time::sleep(d).await;
+        self.server.signal(rustix::process::Signal::Cont);
+        Some(STALL_LABEL.to_string())
     }
 
     async fn restart(&self) -> Result<Option<String>, String> {
@@ -333,11 +372,19 @@ impl BackendChaos for ServerChaos {
         &self,
     ) -> Pin<Box<dyn std::future::Future<Output = Result<Option<String>, String>> + Send + '_>>
     {
-        Box::pin(self.restart())
+        Box::pin(async move {
+            if rand::thread_rng().gen_bool(1.0 / 3.0) {
+                if let Some(label) = self.stall().await {
+                    return Ok(Some(label));
+                }
+            }
+            self.restart().await
+        })
     }
 
     fn heal(&self) -> Pin<Box<dyn std::future::Future<Output = ()> + Send + '_>> {
         Box::pin(async move {
+            self.server.signal(rustix::process::Signal::Cont);
             if !self.server.is_running() {
                 let server = self.server.clone();
                 let _ = tokio::task::spawn_blocking(move || server.launch()).await;

@@ -343,6 +343,7 @@ pub async fn run(ctx: &Ctx, args: SoakArgs) -> CliResult<Exit> {
                 server.clone(),
                 args.server_restart_every,
                 (ttl / 5, ttl / 2),
+                ttl,
             )) as Arc<dyn runkeep_soak::BackendChaos>)
         }
         Some(_) => None,
