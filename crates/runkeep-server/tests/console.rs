@@ -95,7 +95,8 @@ async fn the_page_is_served_at_the_root_without_a_token_under_a_strict_csp() {
 }
 
 /// The `/console/…` files a console file refers to: `src=`/`href=` in the
-/// page, `import … from './x.js'` in the modules.
+/// page, `import … from './x.js'` (and `import './x.js'`, `import('./x.js')`)
+/// in the modules.
 fn referenced(asset: &console::Asset) -> BTreeSet<String> {
     let mut out = BTreeSet::new();
     let body = asset.body;
@@ -109,9 +110,11 @@ fn referenced(asset: &console::Asset) -> BTreeSet<String> {
             }
         }
     }
-    for (i, _) in body.match_indices("from './") {
-        let rest = &body[i + "from './".len()..];
-        out.insert(rest[..rest.find('\'').unwrap()].to_string());
+    for marker in ["from './", "import './", "import('./"] {
+        for (i, _) in body.match_indices(marker) {
+            let rest = &body[i + marker.len()..];
+            out.insert(rest[..rest.find('\'').unwrap()].to_string());
+        }
     }
     out
 }
@@ -278,8 +281,25 @@ async fn the_demo_seeds_every_kind_of_run_an_operator_meets_and_refuses_to_seed_
             r.scope.run_id
         );
     }
+    let snapshot = || async {
+        let mut all = Vec::new();
+        for r in &runs {
+            let cps = store.list_checkpoints(&r.scope).await.unwrap();
+            let events = store
+                .read_events(&r.scope, &runkeep::ReadEventsOptions::default())
+                .await
+                .unwrap();
+            all.push((cps, events.last_seq));
+        }
+        all
+    };
+    let before = snapshot().await;
     assert!(matches!(
         demo::seed(&store, &tenant).await,
         Err(runkeep::Error::Conflict { .. })
     ));
+    assert!(
+        before == snapshot().await,
+        "a refused second seed changed a run"
+    );
 }

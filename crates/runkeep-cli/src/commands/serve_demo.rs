@@ -10,6 +10,9 @@
 //! until SIGTERM or Ctrl-C. Nothing outlives the process: the store is in
 //! memory and the token directory is removed at exit.
 //!
+//! With `RUNKEEP_DEMO_EXTRA_RUNS=N` it also enqueues N plain queued runs
+//! (project `bulk`, session `load`): the console at scale.
+//!
 //! It refuses a `--store` or `--tokens` other than the defaults rather
 //! than ignore them: demo data is never written into a real store (seed
 //! one with `runkeep seed`).
@@ -29,6 +32,27 @@ use crate::context::Ctx;
 use crate::error::{CliError, CliResult, Exit};
 use crate::output::{emit, emit_json_line};
 use crate::store::StoreAddress;
+
+/// The environment variable asking for that many more queued runs (project
+/// `bulk`, session `load`), to try the console at scale.
+pub const EXTRA_RUNS_ENV: &str = "RUNKEEP_DEMO_EXTRA_RUNS";
+
+/// The bulk runs [`EXTRA_RUNS_ENV`] asks for (0 when unset).
+fn extra_runs() -> CliResult<usize> {
+    match std::env::var(EXTRA_RUNS_ENV) {
+        Err(_) => Ok(0),
+        Ok(v) => v
+            .trim()
+            .parse::<usize>()
+            .ok()
+            .filter(|n| *n <= 1_000_000)
+            .ok_or_else(|| {
+                CliError::usage(format!(
+                    "{EXTRA_RUNS_ENV}={v:?} is not a number of runs from 0 to 1000000"
+                ))
+            }),
+    }
+}
 
 /// The default value of `--{id}` (of `runkeep serve` when `serve`).
 fn default_of(id: &str, serve: bool) -> Option<String> {
@@ -70,6 +94,13 @@ pub async fn run(ctx: &Ctx, args: &ServeArgs, mut config: ServerConfig) -> CliRe
         .await
         .map_err(|e| CliError::from(e).context("seed the demo runs"))?;
 
+    let extra = extra_runs()?;
+    if extra > 0 {
+        runkeep_server::console::demo::seed_bulk(store.as_ref(), &tenant, extra)
+            .await
+            .map_err(|e| CliError::from(e).context("seed the bulk demo runs"))?;
+    }
+
     let dir = tempfile::Builder::new()
         .prefix("runkeep-demo-")
         .tempdir()
@@ -91,7 +122,7 @@ pub async fn run(ctx: &Ctx, args: &ServeArgs, mut config: ServerConfig) -> CliRe
 
     let store: Arc<dyn RunStore> = store;
     let state = server::state(&config, store).map_err(serve_error)?;
-    let count = runs.len();
+    let count = runs.len() + extra;
     let exit = serve_until_signal(ctx, config, state, "memory: (demo)", |address| {
         let console = format!("http://{address}/");
         if ctx.json() {

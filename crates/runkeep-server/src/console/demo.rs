@@ -256,6 +256,38 @@ pub async fn seed(store: &dyn RunStore, tenant: &TenantId) -> runkeep::Result<Ve
     Ok(out)
 }
 
+/// Enqueues `n` plain runs (`bulk-000001`, … in project `bulk`, session
+/// `load`), each with one checkpoint and one event: the demo at scale.
+pub async fn seed_bulk(store: &dyn RunStore, tenant: &TenantId, n: usize) -> runkeep::Result<()> {
+    let now = store.now();
+    let project = ProjectId::new("bulk")?;
+    let session = SessionId::new("load")?;
+    for i in 1..=n {
+        let scope = RunScope::new(
+            tenant.clone(),
+            project.clone(),
+            session.clone(),
+            RunId::new(format!("bulk-{i:06}"))?,
+        );
+        let at = now.offset(-((n - i) as i64) * 1000);
+        store
+            .enqueue(
+                &scope,
+                &cp(1, at, at, json!({ "input": { "n": i } }))?,
+                &EnqueueOptions::default(),
+            )
+            .await?;
+        store
+            .append_events(
+                &scope,
+                &[NewEvent::new("run_enqueued", obj(json!({ "n": i })))],
+                None,
+            )
+            .await?;
+    }
+    Ok(())
+}
+
 /// The listing scope of the whole demo (the tenant).
 pub fn scope(tenant: &TenantId) -> ListingScope {
     ListingScope::tenant(tenant.clone())
