@@ -57,7 +57,7 @@ async fn get(app: &Router, path: &str, if_none_match: Option<&str>) -> Answer {
     }
 }
 
-fn header_of<'a>(a: &'a Answer, name: header::HeaderName) -> &'a str {
+fn header_of(a: &Answer, name: header::HeaderName) -> &str {
     a.headers
         .get(&name)
         .unwrap_or_else(|| panic!("no {name} header"))

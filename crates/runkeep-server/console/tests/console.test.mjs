@@ -387,6 +387,34 @@ describe('the runkeep console', () => {
     }
   });
 
+  test('every control has a label, and a park can be answered with the keyboard alone', async () => {
+    const { context, page } = await signedIn('operator');
+    const unlabelled = async () =>
+      page.evaluate(() =>
+        [...document.querySelectorAll('input, select, textarea, button')]
+          .filter((el) => !(el.labels?.length || el.getAttribute('aria-label') || el.textContent.trim()))
+          .map((el) => el.outerHTML.slice(0, 80)),
+      );
+    assert.deepEqual(await unlabelled(), [], 'the table view');
+    await page.goto(`${origin}/#/run/support-bot/prod/escalate-9902`);
+    await page.waitForSelector('#approve');
+    assert.deepEqual(await unlabelled(), [], 'a parked run');
+    // Tab from the heading to Approve, press Enter.
+    let reached = false;
+    for (let i = 0; i < 40 && !reached; i++) {
+      await page.keyboard.press('Tab');
+      reached = await page.evaluate(() => document.activeElement?.id === 'approve');
+    }
+    assert.ok(reached, 'Approve is reachable with Tab');
+    const outline = await page.evaluate(() => getComputedStyle(document.activeElement).outlineStyle);
+    assert.notEqual(outline, 'none', 'the focus is visible');
+    await page.keyboard.press('Enter');
+    await page.waitForSelector('#park-answer');
+    const cp = await call('reader', 'GET', runPath('support-bot', 'prod', 'escalate-9902', '/checkpoints/by-id/cp_2'));
+    assert.equal(cp.checkpoint.pending.decision.action, 'approve');
+    await context.close();
+  });
+
   test('is readable on a narrow screen: table rows become labelled cards', async () => {
     const { context, page } = await signedIn('reader', { width: 390, height: 844 });
     const display = await page.locator('#runs tbody tr').first().evaluate((tr) => getComputedStyle(tr).display);
