@@ -1165,4 +1165,30 @@ mod tests {
         let pg: StoreAddress = "postgres://u:secret@db:5432/test".parse().unwrap();
         assert_eq!(pg.to_string(), "postgres://…@db:5432/test");
     }
+
+    #[test]
+    fn http_addresses_show_the_url_only_and_refuse_credentials() {
+        let a: StoreAddress = "http://127.0.0.1:7420/".parse().unwrap();
+        let a = with_token(&a, Some("rk_abc_0123456789sekrit"));
+        assert_eq!(a.to_string(), "http://127.0.0.1:7420");
+        assert!(!format!("{a:?}").contains("sekrit"), "{a:?}");
+        let StoreAddress::Http(h) = &a else {
+            panic!("not http: {a:?}")
+        };
+        assert_eq!(h.token(), Some("rk_abc_0123456789sekrit"));
+        // Every printed line redacts the token once it was met.
+        assert_eq!(redact("token rk_abc_0123456789sekrit here"), "token … here");
+        // Other stores take no token.
+        let root = with_token(&StoreAddress::Memory, Some("rk_x"));
+        assert_eq!(root, StoreAddress::Memory);
+
+        let e = "http://alice:pa55word@h:1"
+            .parse::<StoreAddress>()
+            .unwrap_err();
+        assert!(e.contains("RUNKEEP_TOKEN"), "{e}");
+        assert!(!e.contains("pa55word"), "{e}");
+        // clap quotes the refused value: its credentials are redacted.
+        assert!(!redact("'http://alice:pa55word@h:1'").contains("pa55word"));
+        assert!("http://".parse::<StoreAddress>().is_err());
+    }
 }
