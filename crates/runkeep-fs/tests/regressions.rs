@@ -201,10 +201,13 @@ fn df_09_holding_names_carry_nothing_but_the_fence() {
     let base = dir.path().join("runs");
     let store = open(&base);
     let rt = rt();
+    // TTLs well above what a claim takes on a loaded machine (a claim that
+    // outlasts its TTL is handed back and refused: 10 ms once flaked), each
+    // claim long after the previous one expired.
     for (i, h) in ["a", "b", "c"].iter().enumerate() {
         rt.block_on(store.claim(
             &scope("run_n"),
-            &opts(h, 10 + i as u64, 1_000 * (i as i64 + 1)),
+            &opts(h, 2_000 + i as u64, 10_000 * (i as i64 + 1)),
         ))
         .unwrap();
     }

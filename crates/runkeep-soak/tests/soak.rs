@@ -91,7 +91,13 @@ async fn poison_runs_on_thread_workers_are_dead_lettered_at_their_limit_and_the_
         "{}",
         r.render()
     );
-    assert!(a.poison_crashes >= 6, "{}", r.render());
+    // Each of the 3 attempts of a poison run ends in a crash — its own
+    // poison step or a chaos kill/stall of its worker before it got there
+    // (then no poison ack is written) — so the poison step ran at least once
+    // per poison run (the dead-lettering above is not chaos alone) and at
+    // most once per attempt (a crash never escapes the attempt count). The
+    // old `>= 6` assumed no chaos hit a poison attempt: 1 run in 6 failed.
+    assert!((2..=6).contains(&a.poison_crashes), "{}", r.render());
     assert!(a.attempts >= 6, "{}", r.render());
     let text = r.render();
     assert!(
