@@ -615,7 +615,7 @@ function parkSection(run, cp, now, reload) {
     h(
       'p',
       { class: 'park-meta' },
-      badge(state, `park-${state}`),
+      h('span', { id: 'park-state' }, badge(state, `park-${state}`)),
       ' ',
       h('strong', {}, p.request.type || 'request'),
       ` · checkpoint ${cp.id} · parked `,
@@ -671,6 +671,8 @@ function answerForm(run, cp, state, result, reload) {
         card?.classList.add('park-resolved');
         const title = card?.querySelector('h2');
         if (title) title.textContent = 'Park (answered)';
+        const stateBadge = card?.querySelector('#park-state');
+        if (stateBadge) fill(stateBadge, badge('resolved', 'park-resolved'));
         return;
       }
       fill(result, h('p', { class: 'msg msg-error', role: 'alert' }, `Refused: ${problemText(e)}`));

@@ -320,6 +320,7 @@ describe('the runkeep console', () => {
     await b.page.locator('#park').screenshot({ path: path.join(SHOTS, 'second-answer-refused.png') });
     // After the refusal B's page shows the park answered, with no answer buttons.
     await b.page.waitForSelector('#park.park-resolved');
+    assert.equal((await b.page.textContent('#park-state')).trim(), 'resolved');
     assert.equal(await b.page.$('#approve'), null);
 
     // A JSON answer: bad JSON is refused in the page and sends nothing.
