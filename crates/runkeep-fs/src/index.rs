@@ -744,8 +744,9 @@ enum State {
     Unbuilt,
     /// Being built by a background thread; listings walk meanwhile.
     Building,
-    /// Cannot be used; the listing walks.
-    Refused(String),
+    /// Cannot be used; the listing walks. (The reason was logged when it
+    /// was refused; tests and benches read it back through `status`.)
+    Refused(#[cfg_attr(not(feature = "testing"), allow(dead_code))] String),
     Built(Box<Built>),
 }
 
@@ -872,6 +873,7 @@ impl SessionIndex {
     }
 
     /// Whether the index is in use, and why not (tests, benches).
+    #[cfg(feature = "testing")]
     pub(crate) fn status(&self) -> std::result::Result<usize, String> {
         let st = self.state.lock().unwrap_or_else(|p| p.into_inner());
         match &*st {

@@ -212,6 +212,7 @@ pub(crate) fn list_runs(
 }
 
 /// One page by walking every run directory (the index's oracle in tests).
+#[cfg(feature = "testing")]
 pub(crate) fn list_runs_walk(
     inner: &Inner,
     scope: &ListingScope,
