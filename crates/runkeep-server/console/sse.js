@@ -15,6 +15,7 @@ export class SseParser {
   constructor(onMessage) {
     this.onMessage = onMessage;
     this.buffer = '';
+    this.skipLF = false;
     this.reset();
   }
 
@@ -25,13 +26,17 @@ export class SseParser {
   }
 
   push(chunk) {
+    // A \r that ended the last chunk may be the first half of a \r\n.
+    if (this.skipLF && chunk.startsWith('\n')) chunk = chunk.slice(1);
+    this.skipLF = false;
     this.buffer += chunk;
     let at;
-    // A line ends with \n, \r\n or \r (a lone \r at the end may be half of \r\n).
-    while ((at = this.buffer.search(/\r\n|\n|\r(?!$)/)) >= 0) {
+    // A line ends with \n, \r\n or \r.
+    while ((at = this.buffer.search(/\r\n|\n|\r/)) >= 0) {
       const line = this.buffer.slice(0, at);
-      const eol = this.buffer.startsWith('\r\n', at) ? 2 : 1;
-      this.buffer = this.buffer.slice(at + eol);
+      const crlf = this.buffer.startsWith('\r\n', at);
+      if (!crlf && this.buffer[at] === '\r' && at === this.buffer.length - 1) this.skipLF = true;
+      this.buffer = this.buffer.slice(at + (crlf ? 2 : 1));
       this.line(line);
     }
   }

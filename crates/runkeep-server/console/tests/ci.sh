@@ -34,4 +34,4 @@ export RUNKEEP_BIN="${RUNKEEP_BIN:-$repo/target/debug/runkeep}"
 
 cd "$here"
 npm ci --no-audit --no-fund --loglevel=error
-node --test --test-concurrency=1 console.test.mjs
+node --test --test-concurrency=1 sse.test.mjs console.test.mjs
