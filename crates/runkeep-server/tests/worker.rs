@@ -12,8 +12,8 @@ use std::time::Duration;
 use axum::extract::Request;
 use axum::middleware::Next;
 use runkeep::{
-    CheckpointStore, EnqueueOptions, EvidenceStore, Holder, ListingScope, NewEvent,
-    ReadEventsOptions, RunId, RunScope, RunStatus, RunStore, Step, Ttl,
+    EnqueueOptions, Holder, ListingScope, NewEvent, ReadEventsOptions, RunId, RunScope, RunStatus,
+    RunStore, Step, Ttl,
 };
 use runkeep_conformance::support;
 use runkeep_worker::{DrainMode, StepOutcome, Worker, WorkerError, WorkerOptions};
