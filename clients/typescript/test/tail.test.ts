@@ -24,7 +24,7 @@ after(async () => {
 
 test("the SSE tail resumes across a server restart with no gap and no repeat", async () => {
   serve = await Serve.start({ store: "fs", project: "default", session: "default" });
-  const run = serve.run("tail-1");
+  const run = serve.run("run_tail1");
   const token = serve.token("worker");
   const reader = serve.token("reader");
   const w = new RunkeepClient({ baseUrl: serve.url, token, tenant: "acme" });
