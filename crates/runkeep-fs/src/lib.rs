@@ -197,12 +197,8 @@ impl FsStore {
     /// directory is [`Error::NotFound`] and every write is refused.
     pub fn open(base_dir: impl AsRef<Path>, options: FsOptions) -> Result<FsStore> {
         let ctx = Ctx::store("open");
-        let mut base = base_dir.as_ref().to_path_buf();
-        if base.is_relative() {
-            if let Ok(cwd) = std::env::current_dir() {
-                base = cwd.join(base);
-            }
-        }
+        let base = std::path::absolute(base_dir.as_ref())
+            .unwrap_or_else(|_| base_dir.as_ref().to_path_buf());
         root::refuse_root_as_session(&base)?;
         if options.read_only {
             match std::fs::metadata(&base) {

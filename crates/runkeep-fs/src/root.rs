@@ -237,12 +237,8 @@ impl FsRootStore {
     /// marker is refused.
     pub fn open(root: impl AsRef<Path>, options: FsRootOptions) -> Result<FsRootStore> {
         let ctx = Ctx::store("open");
-        let mut root = root.as_ref().to_path_buf();
-        if root.is_relative() {
-            if let Ok(cwd) = std::env::current_dir() {
-                root = cwd.join(root);
-            }
-        }
+        let root =
+            std::path::absolute(root.as_ref()).unwrap_or_else(|_| root.as_ref().to_path_buf());
         match std::fs::metadata(&root) {
             Ok(m) if m.is_dir() => {}
             Ok(_) => {

@@ -131,40 +131,17 @@ pub fn parent_of(query: Option<&str>) -> Result<Option<RunId>, Problem> {
     for pair in q.split('&') {
         let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
         if k == "parent" {
-            let v = percent_decode(v).ok_or_else(|| {
-                Problem::invalid("parent", "parent is not valid percent-encoded UTF-8")
-            })?;
+            let v = percent_encoding::percent_decode_str(v)
+                .decode_utf8()
+                .map_err(|_| {
+                    Problem::invalid("parent", "parent is not valid percent-encoded UTF-8")
+                })?;
             return RunId::new(v)
                 .map(Some)
                 .map_err(|e| Problem::from(e).with_field("parent"));
         }
     }
     Ok(None)
-}
-
-fn percent_decode(s: &str) -> Option<String> {
-    let b = s.as_bytes();
-    let mut out = Vec::with_capacity(b.len());
-    let mut i = 0;
-    while i < b.len() {
-        match b[i] {
-            b'%' if i + 2 < b.len() => {
-                let h = std::str::from_utf8(&b[i + 1..i + 3]).ok()?;
-                out.push(u8::from_str_radix(h, 16).ok()?);
-                i += 3;
-            }
-            b'%' => return None,
-            b'+' => {
-                out.push(b' ');
-                i += 1;
-            }
-            c => {
-                out.push(c);
-                i += 1;
-            }
-        }
-    }
-    String::from_utf8(out).ok()
 }
 
 /// The run a per-run route addresses: its path ids and `?parent=`,
@@ -215,17 +192,9 @@ impl FromRequestParts<AppState> for CheckpointParam {
         parts: &mut Parts,
         state: &AppState,
     ) -> Result<Self, Self::Rejection> {
-        let params = RawPathParams::from_request_parts(parts, state)
+        path_id(parts, state, "checkpoint", CheckpointId::new)
             .await
-            .map_err(|_| Problem::invalid("path", "the path could not be read"))?;
-        let v = params
-            .iter()
-            .find(|(k, _)| *k == "checkpoint")
-            .map(|(_, v)| v.to_string())
-            .ok_or_else(|| Problem::invalid("checkpoint", "the path has no checkpoint"))?;
-        CheckpointId::new(v)
             .map(CheckpointParam)
-            .map_err(|e| Problem::from(e).with_field("checkpoint"))
     }
 }
 
@@ -240,16 +209,27 @@ impl FromRequestParts<AppState> for TenantParam {
         parts: &mut Parts,
         state: &AppState,
     ) -> Result<Self, Self::Rejection> {
-        let params = RawPathParams::from_request_parts(parts, state)
+        path_id(parts, state, "tenant", TenantId::new)
             .await
-            .map_err(|_| Problem::invalid("path", "the path could not be read"))?;
-        let v = params
-            .iter()
-            .find(|(k, _)| *k == "tenant")
-            .map(|(_, v)| v.to_string())
-            .ok_or_else(|| Problem::invalid("tenant", "the path has no tenant"))?;
-        TenantId::new(v)
             .map(TenantParam)
-            .map_err(|e| Problem::from(e).with_field("tenant"))
     }
+}
+
+/// The path parameter `name`, validated by `parse` (an id type's `new`); a
+/// refusal is a 400 naming the parameter.
+async fn path_id<T>(
+    parts: &mut Parts,
+    state: &AppState,
+    name: &'static str,
+    parse: fn(String) -> runkeep::Result<T>,
+) -> Result<T, Problem> {
+    let params = RawPathParams::from_request_parts(parts, state)
+        .await
+        .map_err(|_| Problem::invalid("path", "the path could not be read"))?;
+    let v = params
+        .iter()
+        .find(|(k, _)| *k == name)
+        .map(|(_, v)| v.to_string())
+        .ok_or_else(|| Problem::invalid(name, format!("the path has no {name}")))?;
+    parse(v).map_err(|e| Problem::from(e).with_field(name))
 }
