@@ -835,7 +835,7 @@ mod fs {
         let holds_runs = std::fs::symlink_metadata(&runs).is_ok_and(|m| m.is_dir());
         let holds_a_run = std::fs::read_dir(path).is_ok_and(|rd| {
             rd.flatten().any(|e| {
-                e.file_name().to_string_lossy().starts_with("run_")
+                runkeep_fs::is_listed_run_name(&e.file_name().to_string_lossy())
                     && e.file_type().is_ok_and(|t| t.is_dir())
             })
         });

@@ -301,10 +301,6 @@ fn fatal(e: rustix::io::Errno, path: &Path) -> Option<Refusal> {
     Some(Refusal(why))
 }
 
-fn is_run_name(name: &str) -> bool {
-    name.starts_with("run_")
-}
-
 /// Whether `path` is a real directory (not a link to one).
 fn is_real_dir(path: &Path) -> bool {
     std::fs::symlink_metadata(path).is_ok_and(|m| m.is_dir())
@@ -317,7 +313,7 @@ fn run_names(dir: &Path) -> Vec<RunId> {
         .flatten()
         .unwrap_or_default()
         .into_iter()
-        .filter(|i| i.file_type.is_dir() && is_run_name(&i.name))
+        .filter(|i| i.file_type.is_dir() && crate::listing::is_listed_run_name(&i.name))
         .filter_map(|i| RunId::new(&i.name).ok())
         .collect()
 }
@@ -596,7 +592,7 @@ impl Built {
             match kind {
                 Kind::Base if itself => d.rebuild = true,
                 Kind::Base => {
-                    if is_run_name(&name) {
+                    if crate::listing::is_listed_run_name(&name) {
                         d.top.insert(name);
                     }
                 }
@@ -626,7 +622,7 @@ impl Built {
                     d.children.insert(slot);
                 }
                 Kind::Children => {
-                    if is_run_name(&name) {
+                    if crate::listing::is_listed_run_name(&name) {
                         d.child_names.insert((slot, name));
                     }
                 }

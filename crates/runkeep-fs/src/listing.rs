@@ -50,13 +50,25 @@ impl Candidate {
     }
 }
 
+/// The prefix of every run directory a listing takes, at both levels (the
+/// reference's rule LY-4): runs under other ids are readable and writable
+/// by id but never listed nor handed out by `claim_next`.
+pub const LISTED_RUN_PREFIX: &str = "run_";
+
+/// Whether a directory entry named `name` is a run the listing takes
+/// ([`LISTED_RUN_PREFIX`]): the one test of that rule, for the walk, the
+/// index, the watches, the root's session probe and `enqueue`.
+pub fn is_listed_run_name(name: &str) -> bool {
+    name.starts_with(LISTED_RUN_PREFIX)
+}
+
 fn run_dirs(dir: &Path, ctx: &Ctx) -> Result<Vec<(RunId, PathBuf)>> {
     let items = sys::list_dir(dir)
         .map_err(|e| ctx.io("list run directories in", dir, e))?
         .unwrap_or_default();
     let out = items
         .into_iter()
-        .filter(|i| i.file_type.is_dir() && i.name.starts_with("run_"))
+        .filter(|i| i.file_type.is_dir() && is_listed_run_name(&i.name))
         .filter_map(|i| Some((RunId::new(&i.name).ok()?, dir.join(&i.name))))
         .collect();
     Ok(out)

@@ -317,7 +317,7 @@ impl Inner {
 /// directory depends on it — while plain checkpoint writes under such ids
 /// stay allowed, as the reference allows them.
 fn refuse_unlisted(scope: &RunScope) -> Result<()> {
-    let unlisted = |id: &str| !id.starts_with("run_");
+    let unlisted = |id: &str| !crate::listing::is_listed_run_name(id);
     if unlisted(scope.run_id.as_str())
         || scope
             .parent_run_id

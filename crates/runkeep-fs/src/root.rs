@@ -153,10 +153,10 @@ fn shape_of(dir: &Path) -> Result<Shape> {
     {
         return Ok(Shape::SessionDir);
     }
-    if items
-        .iter()
-        .any(|i| (i.name.starts_with("run_") && i.file_type.is_dir()) || i.name == "index.json")
-    {
+    if items.iter().any(|i| {
+        (crate::listing::is_listed_run_name(&i.name) && i.file_type.is_dir())
+            || i.name == "index.json"
+    }) {
         return Ok(Shape::RunsDir);
     }
     Ok(Shape::Root)

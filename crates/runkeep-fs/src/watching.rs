@@ -94,7 +94,7 @@ impl Watcher {
         for e in rd.flatten() {
             let name = e.file_name();
             let is_dir = e.file_type().is_ok_and(|t| t.is_dir());
-            if is_dir && name.to_string_lossy().starts_with("run_") {
+            if is_dir && crate::listing::is_listed_run_name(&name.to_string_lossy()) {
                 self.add_run(&e.path());
             }
         }
@@ -119,7 +119,7 @@ impl Watcher {
                     Kind::Any => woke = true,
                     Kind::Meta => woke |= name == LIFECYCLE_FILE,
                     Kind::Runs => {
-                        if name.starts_with("run_") {
+                        if crate::listing::is_listed_run_name(&name) {
                             added.push((path.join(&name), Kind::Run));
                             woke = true;
                         }
