@@ -1,7 +1,7 @@
 //! The session index: what a listing page and `claim_next` consult instead
 //! of walking every run directory (issue 11, item 2).
 //!
-//! # What it holds
+//! # What it holds, and where
 //!
 //! One entry per run directory at both levels (`<base>/run_*`,
 //! `<base>/run_*/children/run_*`), each with a small [`Summary`] of the run's
@@ -13,6 +13,14 @@
 //! returns (plus the ones a filter rejects, decided in memory); each row on
 //! the page is still built from the run's files, exactly as the walk builds
 //! it, and the entry is corrected from what was read.
+//!
+//! The entries and both orders live in an ordered on-disk B-tree (redb) in
+//! an unnamed temporary file (`O_TMPFILE` on the store's filesystem, else
+//! the system temporary directory), with a fixed page cache
+//! ([`CACHE_BYTES`]): the process keeps nothing per run in memory, so a
+//! listing's resident memory does not grow with the store. The file is
+//! scratch — never synced for durability, gone with the process, rebuilt by
+//! the next one — and a failure of it drops the index (the listing walks).
 //!
 //! # How it stays true: inotify, not trust
 //!
@@ -47,12 +55,13 @@
 //! deferral ending) — which is not a change at all: the summary keeps the
 //! instants and every filter is judged at the page's `now`.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::BTreeSet;
 use std::ops::Bound;
-use std::os::fd::{AsFd, OwnedFd};
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
+use redb::{Database, Durability, ReadableDatabase, ReadableTable, Table, TableDefinition};
 use runkeep::listing::{ListQuery, RowKey};
 use runkeep::park::ParkState;
 use runkeep::{ListOrder, RunId, RunStatus, Timestamp, TopHolding};
@@ -240,16 +249,225 @@ fn mask(kind: Kind) -> WatchFlags {
     }
 }
 
+/// The scratch store's tables. Keys and values are this module's own
+/// encodings (below); nothing here outlives the process.
+///
+/// - `entries`: directory key (`run`, or `parent/run` for a sub-run) →
+///   [`Entry`];
+/// - `watches`: watch descriptor → its [`Kind`] and directory key;
+/// - `by_id`, `by_created`: the order's [`RowKey`], encoded so that byte
+///   order is key order → the entry's generation, summary and directory key
+///   (a page reads one table only).
+const ENTRIES: TableDefinition<&str, &[u8]> = TableDefinition::new("entries");
+const WATCHES: TableDefinition<i32, &[u8]> = TableDefinition::new("watches");
+const BY_ID: TableDefinition<&[u8], &[u8]> = TableDefinition::new("by_id");
+const BY_CREATED: TableDefinition<&[u8], &[u8]> = TableDefinition::new("by_created");
+
+/// The scratch store's page cache: what the index may keep resident,
+/// whatever the number of runs (the rest is read back from the file, which
+/// the kernel's page cache serves).
+const CACHE_BYTES: usize = 4 << 20;
+
+/// Non-durable commits between two durable ones: redb keeps the pages a
+/// non-durable commit freed in memory until a durable commit, so an
+/// occasional fsync of the scratch file keeps that bounded too.
+const DURABLE_EVERY: u32 = 256;
+
+/// Runs read between two commits while building.
+const BUILD_BATCH: usize = 512;
+
+/// A directory's key in the tables: `run` or `parent/run` (ids never contain
+/// `/`).
+fn dir_key(k: &DirKey) -> String {
+    match &k.0 {
+        Some(p) => format!("{}/{}", p.as_str(), k.1.as_str()),
+        None => k.1.as_str().to_owned(),
+    }
+}
+
+fn parse_dir_key(s: &str) -> Option<DirKey> {
+    match s.split_once('/') {
+        Some((p, r)) => Some((Some(RunId::new(p).ok()?), RunId::new(r).ok()?)),
+        None => Some((None, RunId::new(s).ok()?)),
+    }
+}
+
+/// `RowKey` (without its tie-break, which a single session's keys never
+/// carry) as bytes whose order is the key's order: rank, the stamp with its
+/// sign flipped (big-endian), the run id, a 0 byte (below every id byte, so
+/// a prefix sorts first, as `String` does), the parent.
+fn encode_key(k: &RowKey) -> Vec<u8> {
+    let mut out = Vec::with_capacity(10 + k.run_id.len() + k.parent.len());
+    out.push(k.rank);
+    out.extend_from_slice(&((k.stamp as u64) ^ (1 << 63)).to_be_bytes());
+    out.extend_from_slice(k.run_id.as_bytes());
+    out.push(0);
+    out.extend_from_slice(k.parent.as_bytes());
+    out
+}
+
+const SUMMARY_LEN: usize = 2 + 5 * 8;
+
+fn status_code(s: RunStatus) -> u8 {
+    match s {
+        RunStatus::Active => 0,
+        RunStatus::Completed => 1,
+        RunStatus::Failed => 2,
+        RunStatus::Cancelled => 3,
+    }
+}
+
+fn status_of(c: u8) -> RunStatus {
+    match c {
+        1 => RunStatus::Completed,
+        2 => RunStatus::Failed,
+        3 => RunStatus::Cancelled,
+        _ => RunStatus::Active,
+    }
+}
+
+impl Summary {
+    /// Fixed layout: presence flags, status, then five instants (epoch ms,
+    /// 0 when absent).
+    fn encode(&self, out: &mut Vec<u8>) {
+        let times = [
+            self.created,
+            self.available_at,
+            self.live_until,
+            self.park.last_deadline,
+            self.park.first_deadline,
+        ];
+        let mut flags = 0u8;
+        for (i, t) in times.iter().enumerate() {
+            if t.is_some() {
+                flags |= 1 << i;
+            }
+        }
+        if self.damaged {
+            flags |= 1 << 5;
+        }
+        if self.park.resolved {
+            flags |= 1 << 6;
+        }
+        if self.park.open_forever {
+            flags |= 1 << 7;
+        }
+        out.push(flags);
+        out.push(status_code(self.status));
+        for t in times {
+            out.extend_from_slice(&t.map_or(0, Timestamp::as_millis).to_le_bytes());
+        }
+    }
+
+    fn decode(b: &[u8]) -> Option<Summary> {
+        let (&flags, rest) = b.split_first()?;
+        let (&status, rest) = rest.split_first()?;
+        let mut times = [None; 5];
+        for (i, t) in times.iter_mut().enumerate() {
+            let ms = i64::from_le_bytes(rest.get(i * 8..i * 8 + 8)?.try_into().ok()?);
+            if flags & (1 << i) != 0 {
+                *t = Some(Timestamp::from_millis(ms).ok()?);
+            }
+        }
+        Some(Summary {
+            damaged: flags & (1 << 5) != 0,
+            created: times[0],
+            status: status_of(status),
+            available_at: times[1],
+            live_until: times[2],
+            park: ParkTimes {
+                resolved: flags & (1 << 6) != 0,
+                open_forever: flags & (1 << 7) != 0,
+                last_deadline: times[3],
+                first_deadline: times[4],
+            },
+        })
+    }
+}
+
+/// One run directory's entry.
+#[derive(Default)]
 struct Entry {
-    key: DirKey,
-    /// The watch descriptors this entry added (the map says which it still
-    /// owns).
-    wds: Vec<i32>,
-    /// Sub-run directories (a top-level entry only).
-    children: BTreeSet<RunId>,
-    summary: Option<Summary>,
     /// Bumped by every change of `summary` (see [`SessionIndex::reconcile`]).
     generation: u64,
+    summary: Option<Summary>,
+    /// The watch descriptors this entry added (the watches table says which
+    /// it still owns).
+    wds: Vec<i32>,
+}
+
+impl Entry {
+    fn encode(&self) -> Vec<u8> {
+        let mut out = Vec::with_capacity(9 + SUMMARY_LEN + 4 * self.wds.len());
+        out.extend_from_slice(&self.generation.to_le_bytes());
+        match &self.summary {
+            Some(s) => {
+                out.push(1);
+                s.encode(&mut out);
+            }
+            None => out.push(0),
+        }
+        for wd in &self.wds {
+            out.extend_from_slice(&wd.to_le_bytes());
+        }
+        out
+    }
+
+    fn decode(b: &[u8]) -> Option<Entry> {
+        let generation = u64::from_le_bytes(b.get(..8)?.try_into().ok()?);
+        let (summary, rest) = match *b.get(8)? {
+            1 => (
+                Some(Summary::decode(b.get(9..9 + SUMMARY_LEN)?)?),
+                b.get(9 + SUMMARY_LEN..)?,
+            ),
+            _ => (None, b.get(9..)?),
+        };
+        let wds = rest
+            .chunks_exact(4)
+            .map(|c| i32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+            .collect();
+        Some(Entry {
+            generation,
+            summary,
+            wds,
+        })
+    }
+}
+
+/// An order map's value: the entry's generation, summary and directory key.
+fn encode_row(generation: u64, s: &Summary, key: &str) -> Vec<u8> {
+    let mut out = Vec::with_capacity(8 + SUMMARY_LEN + key.len());
+    out.extend_from_slice(&generation.to_le_bytes());
+    s.encode(&mut out);
+    out.extend_from_slice(key.as_bytes());
+    out
+}
+
+fn decode_row(b: &[u8]) -> Option<(u64, Summary, DirKey)> {
+    let generation = u64::from_le_bytes(b.get(..8)?.try_into().ok()?);
+    let summary = Summary::decode(b.get(8..8 + SUMMARY_LEN)?)?;
+    let key = parse_dir_key(std::str::from_utf8(b.get(8 + SUMMARY_LEN..)?).ok()?)?;
+    Some((generation, summary, key))
+}
+
+fn kind_code(k: Kind) -> u8 {
+    match k {
+        Kind::Base => 0,
+        Kind::Run => 1,
+        Kind::Rows => 2,
+        Kind::Meta => 3,
+        Kind::Children => 4,
+    }
+}
+
+fn kind_of(c: u8) -> Kind {
+    match c {
+        0 => Kind::Base,
+        1 => Kind::Run,
+        2 => Kind::Rows,
+        3 => Kind::Meta,
+        _ => Kind::Children,
+    }
 }
 
 /// A candidate the index found, with its entry's generation.
@@ -263,16 +481,22 @@ pub(crate) struct Found {
 #[derive(Clone, Debug)]
 struct Refusal(String);
 
-/// The built index.
+/// A failure of the scratch store: the index is dropped and the listing
+/// walks (correct, O(runs)), rather than answering from a store it cannot
+/// trust.
+fn store_failed(e: impl std::fmt::Display) -> Refusal {
+    Refusal(format!("the session index's scratch file failed ({e})"))
+}
+
+/// The built index: the inotify descriptor and the scratch store.
 struct Built {
     fd: OwnedFd,
     base: PathBuf,
-    wds: HashMap<i32, (u32, Kind)>,
-    slots: Vec<Option<Entry>>,
-    free: Vec<u32>,
-    dirs: HashMap<DirKey, u32>,
-    by_id: BTreeMap<RowKey, u32>,
-    by_created: BTreeMap<RowKey, u32>,
+    db: Database,
+    /// Run directories indexed (kept here: counting a table is a scan).
+    count: usize,
+    /// Non-durable commits since the last durable one.
+    lazy_commits: u32,
 }
 
 /// What a drain found to re-read.
@@ -280,9 +504,9 @@ struct Built {
 struct Dirty {
     rebuild: bool,
     top: BTreeSet<String>,
-    runs: BTreeSet<u32>,
-    children: BTreeSet<u32>,
-    child_names: BTreeSet<(u32, String)>,
+    runs: BTreeSet<String>,
+    children: BTreeSet<String>,
+    child_names: BTreeSet<(String, String)>,
 }
 
 /// An add_watch failure that makes the index unusable.
@@ -318,247 +542,129 @@ fn run_names(dir: &Path) -> Vec<RunId> {
         .collect()
 }
 
+/// The scratch store's unnamed file: on the store's own filesystem when it
+/// can hold one (`O_TMPFILE`: no name ever appears in the store directory),
+/// else in the system's temporary directory.
+fn scratch_file(base: &Path) -> Result<std::fs::File, Refusal> {
+    tempfile::tempfile_in(base)
+        .or_else(|_| tempfile::tempfile())
+        .map_err(|e| {
+            Refusal(format!(
+                "cannot create the session index's scratch file ({e})"
+            ))
+        })
+}
+
+/// One write transaction's view of the index: every change goes through
+/// here.
+struct Writer<'t> {
+    fd: BorrowedFd<'t>,
+    base: &'t Path,
+    count: &'t mut usize,
+    entries: Table<'t, &'static str, &'static [u8]>,
+    watches: Table<'t, i32, &'static [u8]>,
+    by_id: Table<'t, &'static [u8], &'static [u8]>,
+    by_created: Table<'t, &'static [u8], &'static [u8]>,
+}
+
 impl Built {
     fn build(base: &Path, hook: Option<BuildHook>) -> Result<Built, Refusal> {
+        let db = redb::Builder::new()
+            .set_cache_size(CACHE_BYTES)
+            .create_with_backend(
+                redb::backends::FileBackend::new(scratch_file(base)?).map_err(store_failed)?,
+            )
+            .map_err(store_failed)?;
         let fd = inotify::init(CreateFlags::CLOEXEC | CreateFlags::NONBLOCK)
             .map_err(|e| Refusal(format!("inotify_init failed ({e})")))?;
         let mut b = Built {
             fd,
             base: base.to_path_buf(),
-            wds: HashMap::new(),
-            slots: Vec::new(),
-            free: Vec::new(),
-            dirs: HashMap::new(),
-            by_id: BTreeMap::new(),
-            by_created: BTreeMap::new(),
+            db,
+            count: 0,
+            lazy_commits: 0,
         };
         let wd = inotify::add_watch(&b.fd, base, mask(Kind::Base)).map_err(|e| {
             fatal(e, base).unwrap_or_else(|| Refusal(format!("{} is gone", base.display())))
         })?;
-        b.wds.insert(wd, (u32::MAX, Kind::Base));
+        b.write(|w| w.add_watch(wd, Kind::Base, ""))?;
         let names = run_names(base);
         if let Some(hook) = hook {
             // Tests: changes between the store directory's read and the
             // runs' (each must be read or queued).
             hook();
         }
-        for run in names {
-            b.reload_top(run.as_str())?;
+        for batch in names.chunks(BUILD_BATCH) {
+            b.write(|w| {
+                for run in batch {
+                    w.reload_top(run.as_str())?;
+                }
+                Ok(())
+            })?;
         }
+        b.durable()?;
         Ok(b)
     }
 
-    fn dir_of(&self, k: &DirKey) -> PathBuf {
-        match &k.0 {
-            Some(p) => self
-                .base
-                .join(p.as_str())
-                .join(CHILDREN_DIR)
-                .join(k.1.as_str()),
-            None => self.base.join(k.1.as_str()),
+    /// Runs `f` in one write transaction and commits it (durably every
+    /// [`DURABLE_EVERY`] commits, see there).
+    fn write<T>(
+        &mut self,
+        f: impl FnOnce(&mut Writer<'_>) -> Result<T, Refusal>,
+    ) -> Result<T, Refusal> {
+        let mut tx = self.db.begin_write().map_err(store_failed)?;
+        self.lazy_commits += 1;
+        let durable = self.lazy_commits >= DURABLE_EVERY;
+        if durable {
+            self.lazy_commits = 0;
         }
-    }
-
-    fn entry(&self, slot: u32) -> Option<&Entry> {
-        self.slots.get(slot as usize).and_then(Option::as_ref)
-    }
-
-    fn slot_for(&mut self, key: DirKey) -> u32 {
-        if let Some(s) = self.dirs.get(&key) {
-            return *s;
-        }
-        let entry = Entry {
-            key: key.clone(),
-            wds: Vec::new(),
-            children: BTreeSet::new(),
-            summary: None,
-            generation: 0,
-        };
-        let slot = match self.free.pop() {
-            Some(s) => {
-                self.slots[s as usize] = Some(entry);
-                s
-            }
-            None => {
-                self.slots.push(Some(entry));
-                u32::try_from(self.slots.len() - 1).unwrap_or(u32::MAX)
-            }
-        };
-        self.dirs.insert(key, slot);
-        slot
-    }
-
-    fn watch(&mut self, slot: u32, path: &Path, kind: Kind) -> Result<Option<i32>, Refusal> {
-        match inotify::add_watch(&self.fd, path, mask(kind)) {
-            Ok(wd) => {
-                self.wds.insert(wd, (slot, kind));
-                Ok(Some(wd))
-            }
-            Err(e) => match fatal(e, path) {
-                Some(r) => Err(r),
-                None => Ok(None),
-            },
-        }
-    }
-
-    /// Drops the watches of `slot` not in `keep` that it still owns.
-    fn unwatch(&mut self, slot: u32, old: &[i32], keep: &[i32]) {
-        for wd in old {
-            if keep.contains(wd) {
-                continue;
-            }
-            if self.wds.get(wd).is_some_and(|(s, _)| *s == slot) {
-                self.wds.remove(wd);
-                let _ = inotify::remove_watch(&self.fd, *wd);
-            }
-        }
-    }
-
-    fn set_summary(&mut self, slot: u32, summary: Option<Summary>) {
-        let Some(e) = self.entry(slot) else { return };
-        let key = e.key.clone();
-        let old = e.summary.as_ref().map(|o| {
-            (
-                o.key(ListOrder::RunId, &key),
-                o.key(ListOrder::CreatedAt, &key),
-            )
-        });
-        if let Some((by_id, by_created)) = old {
-            self.by_id.remove(&by_id);
-            self.by_created.remove(&by_created);
-        }
-        if let Some(new) = &summary {
-            self.by_id.insert(new.key(ListOrder::RunId, &key), slot);
-            self.by_created
-                .insert(new.key(ListOrder::CreatedAt, &key), slot);
-        }
-        if let Some(Some(e)) = self.slots.get_mut(slot as usize) {
-            e.summary = summary;
-            e.generation += 1;
-        }
-    }
-
-    fn remove(&mut self, slot: u32) {
-        let Some(e) = self.entry(slot) else { return };
-        let (key, wds) = (e.key.clone(), e.wds.clone());
-        let children: Vec<RunId> = e.children.iter().cloned().collect();
-        for c in children {
-            if let Some(s) = self.dirs.get(&(Some(key.1.clone()), c)).copied() {
-                self.remove(s);
-            }
-        }
-        self.set_summary(slot, None);
-        self.unwatch(slot, &wds, &[]);
-        self.dirs.remove(&key);
-        self.slots[slot as usize] = None;
-        self.free.push(slot);
-    }
-
-    /// Re-reads one run directory: watches first, then the files.
-    fn reload(&mut self, slot: u32) -> Result<(), Refusal> {
-        let Some(e) = self.entry(slot) else {
-            return Ok(());
-        };
-        let (key, old) = (e.key.clone(), e.wds.clone());
-        let dir = self.dir_of(&key);
-        if !is_real_dir(&dir) {
-            self.remove(slot);
-            return Ok(());
-        }
-        let mut wds = Vec::with_capacity(WATCHES_PER_RUN + 1);
-        wds.extend(self.watch(slot, &dir, Kind::Run)?);
-        wds.extend(self.watch(slot, &dir.join(CHECKPOINTS_DIR), Kind::Rows)?);
-        wds.extend(self.watch(slot, &dir.join(CLAIMS_DIR), Kind::Rows)?);
-        wds.extend(self.watch(slot, &dir.join(META_DIR), Kind::Meta)?);
-        if key.0.is_none() {
-            wds.extend(self.watch(slot, &dir.join(CHILDREN_DIR), Kind::Children)?);
-        }
-        self.unwatch(slot, &old, &wds);
-        if let Some(Some(e)) = self.slots.get_mut(slot as usize) {
-            e.wds = wds;
-        }
-        let c = Candidate {
-            run: key.1.clone(),
-            parent: key.0.clone(),
-            dir,
-        };
-        let read = listing::read_run(&c, &Ctx::store("list_runs"));
-        self.set_summary(slot, read.as_ref().and_then(Summary::of));
-        Ok(())
-    }
-
-    /// A top-level run directory named `name` appeared, changed or went.
-    fn reload_top(&mut self, name: &str) -> Result<(), Refusal> {
-        let Ok(run) = RunId::new(name) else {
-            return Ok(());
-        };
-        let key = (None, run);
-        if !is_real_dir(&self.dir_of(&key)) {
-            if let Some(s) = self.dirs.get(&key).copied() {
-                self.remove(s);
-            }
-            return Ok(());
-        }
-        let slot = self.slot_for(key);
-        self.reload(slot)?;
-        self.rescan_children(slot)
-    }
-
-    /// Re-reads a top-level run's `children/` (its watch is in place).
-    fn rescan_children(&mut self, slot: u32) -> Result<(), Refusal> {
-        let Some(e) = self.entry(slot) else {
-            return Ok(());
-        };
-        let (parent, known) = (e.key.1.clone(), e.children.clone());
-        let dir = self.dir_of(&e.key).join(CHILDREN_DIR);
-        let now: BTreeSet<RunId> = run_names(&dir).into_iter().collect();
-        for gone in known.difference(&now) {
-            if let Some(s) = self
-                .dirs
-                .get(&(Some(parent.clone()), gone.clone()))
-                .copied()
-            {
-                self.remove(s);
-            }
-        }
-        for c in &now {
-            let s = self.slot_for((Some(parent.clone()), c.clone()));
-            self.reload(s)?;
-        }
-        if let Some(Some(e)) = self.slots.get_mut(slot as usize) {
-            e.children = now;
-        }
-        Ok(())
-    }
-
-    /// A sub-run directory `name` of the top-level run at `slot` appeared,
-    /// changed or went.
-    fn reload_child(&mut self, slot: u32, name: &str) -> Result<(), Refusal> {
-        let (Some(e), Ok(run)) = (self.entry(slot), RunId::new(name)) else {
-            return Ok(());
-        };
-        let key = (Some(e.key.1.clone()), run.clone());
-        if is_real_dir(&self.dir_of(&key)) {
-            let s = self.slot_for(key);
-            if let Some(Some(e)) = self.slots.get_mut(slot as usize) {
-                e.children.insert(run);
-            }
-            self.reload(s)
+        tx.set_durability(if durable {
+            Durability::Immediate
         } else {
-            if let Some(s) = self.dirs.get(&key).copied() {
-                self.remove(s);
-            }
-            if let Some(Some(e)) = self.slots.get_mut(slot as usize) {
-                e.children.remove(&run);
-            }
-            Ok(())
-        }
+            Durability::None
+        })
+        .map_err(store_failed)?;
+        let out = {
+            let mut w = Writer {
+                fd: self.fd.as_fd(),
+                base: &self.base,
+                count: &mut self.count,
+                entries: tx.open_table(ENTRIES).map_err(store_failed)?,
+                watches: tx.open_table(WATCHES).map_err(store_failed)?,
+                by_id: tx.open_table(BY_ID).map_err(store_failed)?,
+                by_created: tx.open_table(BY_CREATED).map_err(store_failed)?,
+            };
+            f(&mut w)?
+        };
+        tx.commit().map_err(store_failed)?;
+        Ok(out)
+    }
+
+    /// A durable commit (nothing else): releases what the lazy ones kept.
+    fn durable(&mut self) -> Result<(), Refusal> {
+        self.lazy_commits = DURABLE_EVERY;
+        self.write(|_| Ok(()))
+    }
+
+    fn dir_of(&self, k: &DirKey) -> PathBuf {
+        dir_of(&self.base, k)
+    }
+
+    /// An entry's generation and summary, read back.
+    fn entry(&self, key: &DirKey) -> Result<Option<Entry>, Refusal> {
+        let tx = self.db.begin_read().map_err(store_failed)?;
+        let t = tx.open_table(ENTRIES).map_err(store_failed)?;
+        let got = t.get(dir_key(key).as_str()).map_err(store_failed)?;
+        Ok(got.and_then(|v| Entry::decode(v.value())))
     }
 
     /// Drains the queued events into what must be re-read.
-    fn drain(&mut self) -> Dirty {
+    fn drain(&mut self) -> Result<Dirty, Refusal> {
         let mut d = Dirty::default();
         let mut buf = [std::mem::MaybeUninit::<u8>::uninit(); 16384];
+        let tx = self.db.begin_read().map_err(store_failed)?;
+        let watches = tx.open_table(WATCHES).map_err(store_failed)?;
+        let mut gone = Vec::new();
         let mut reader = inotify::Reader::new(self.fd.as_fd(), &mut buf);
         loop {
             let ev = match reader.next() {
@@ -578,17 +684,22 @@ impl Built {
             }
             let wd = ev.wd();
             if flags.contains(ReadFlags::IGNORED) {
-                self.wds.remove(&wd);
+                gone.push(wd);
                 continue;
             }
-            let Some((slot, kind)) = self.wds.get(&wd).copied() else {
+            let Some(v) = watches.get(wd).map_err(store_failed)? else {
                 continue;
+            };
+            let (kind, owner) = match v.value().split_first() {
+                Some((k, rest)) => (kind_of(*k), String::from_utf8_lossy(rest).into_owned()),
+                None => continue,
             };
             let name = ev
                 .file_name()
                 .map(|n| n.to_string_lossy().into_owned())
                 .unwrap_or_default();
             let itself = flags.intersects(ReadFlags::DELETE_SELF | ReadFlags::MOVE_SELF);
+            let top_level = !owner.contains('/');
             match kind {
                 Kind::Base if itself => d.rebuild = true,
                 Kind::Base => {
@@ -597,64 +708,94 @@ impl Built {
                     }
                 }
                 Kind::Run if itself => {
-                    d.runs.insert(slot);
+                    d.runs.insert(owner);
                 }
                 Kind::Run => match name.as_str() {
                     CHECKPOINTS_DIR | CLAIMS_DIR | META_DIR => {
-                        d.runs.insert(slot);
+                        d.runs.insert(owner);
                     }
                     // Only a top-level run's sub-runs are runs (a
                     // grandchild lives beside its own parent, CS-68).
-                    CHILDREN_DIR if self.entry(slot).is_some_and(|e| e.key.0.is_none()) => {
-                        d.children.insert(slot);
+                    CHILDREN_DIR if top_level => {
+                        d.children.insert(owner);
                     }
                     _ => {}
                 },
                 Kind::Rows => {
-                    d.runs.insert(slot);
+                    d.runs.insert(owner);
                 }
                 Kind::Meta => {
                     if itself || name == LIFECYCLE_FILE {
-                        d.runs.insert(slot);
+                        d.runs.insert(owner);
                     }
                 }
                 Kind::Children if itself => {
-                    d.children.insert(slot);
+                    d.children.insert(owner);
                 }
                 Kind::Children => {
                     if crate::listing::is_listed_run_name(&name) {
-                        d.child_names.insert((slot, name));
+                        d.child_names.insert((owner, name));
                     }
                 }
             }
         }
-        if crate::testing_hooks::mutation_named("index-ignores-events") {
-            return Dirty::default();
+        drop(watches);
+        drop(tx);
+        if !gone.is_empty() {
+            // The kernel dropped these watches (their directory went).
+            self.write(|w| {
+                for wd in gone {
+                    w.watches.remove(wd).map_err(store_failed)?;
+                }
+                Ok(())
+            })?;
         }
-        d
+        if crate::testing_hooks::mutation_named("index-ignores-events") {
+            return Ok(Dirty::default());
+        }
+        Ok(d)
     }
 
     /// Brings the index up to the directory: every change queued so far.
     /// `Ok(false)`: an overflow; rebuild.
     fn sync(&mut self) -> Result<bool, Refusal> {
-        let d = self.drain();
+        let d = self.drain()?;
         if d.rebuild {
             return Ok(false);
         }
-        for name in &d.top {
-            self.reload_top(name)?;
+        if d.top.is_empty()
+            && d.runs.is_empty()
+            && d.children.is_empty()
+            && d.child_names.is_empty()
+        {
+            return Ok(true);
         }
-        for slot in d.children {
-            // `children/` appeared (or went): watch it, then read it.
-            self.reload(slot)?;
-            self.rescan_children(slot)?;
-        }
-        for (slot, name) in &d.child_names {
-            self.reload_child(*slot, name)?;
-        }
-        for slot in d.runs {
-            self.reload(slot)?;
-        }
+        self.write(|w| {
+            for name in &d.top {
+                w.reload_top(name)?;
+            }
+            for key in &d.children {
+                // `children/` appeared (or went): watch it, then read it.
+                let Some(k) = parse_dir_key(key) else {
+                    continue;
+                };
+                w.reload(&k)?;
+                w.rescan_children(&k)?;
+            }
+            for (parent, name) in &d.child_names {
+                let Some(k) = parse_dir_key(parent) else {
+                    continue;
+                };
+                w.reload_child(&k, name)?;
+            }
+            for key in &d.runs {
+                let Some(k) = parse_dir_key(key) else {
+                    continue;
+                };
+                w.reload(&k)?;
+            }
+            Ok(())
+        })?;
         Ok(true)
     }
 
@@ -666,35 +807,340 @@ impl Built {
         after: Option<&RowKey>,
         want: usize,
         keep: &dyn Fn(&Summary) -> bool,
-    ) -> Vec<Found> {
-        let map = match order {
-            ListOrder::RunId => &self.by_id,
-            ListOrder::CreatedAt => &self.by_created,
-        };
-        let range = match after {
-            Some(a) => map.range((Bound::Excluded(a.clone()), Bound::Unbounded)),
-            None => map.range::<RowKey, _>(..),
-        };
+    ) -> Result<Vec<Found>, Refusal> {
+        let tx = self.db.begin_read().map_err(store_failed)?;
+        let map = tx
+            .open_table(match order {
+                ListOrder::RunId => BY_ID,
+                ListOrder::CreatedAt => BY_CREATED,
+            })
+            .map_err(store_failed)?;
+        let from = after.map(|a| encode_key(&a.without_tie()));
+        let range = match &from {
+            Some(a) => map.range::<&[u8]>((Bound::Excluded(a.as_slice()), Bound::Unbounded)),
+            None => map.range::<&[u8]>(..),
+        }
+        .map_err(store_failed)?;
         let mut out = Vec::new();
-        for (k, slot) in range {
+        for item in range {
             if out.len() >= want {
                 break;
             }
-            let Some(e) = self.entry(*slot) else { continue };
-            let Some(s) = &e.summary else { continue };
-            if keep(s) {
+            let (_, v) = item.map_err(store_failed)?;
+            let Some((generation, s, key)) = decode_row(v.value()) else {
+                return Err(store_failed("an undecodable row"));
+            };
+            if keep(&s) {
                 out.push(Found {
-                    key: k.clone(),
+                    key: s.key(order, &key),
                     candidate: Candidate {
-                        run: e.key.1.clone(),
-                        parent: e.key.0.clone(),
-                        dir: self.dir_of(&e.key),
+                        dir: self.dir_of(&key),
+                        run: key.1,
+                        parent: key.0,
                     },
-                    generation: e.generation,
+                    generation,
                 });
             }
         }
+        Ok(out)
+    }
+}
+
+/// The directories watched for one run directory: itself, `checkpoints/`,
+/// `claims/`, `.runkeep/` and (a top-level run's) `children/` — those that
+/// exist get a watch.
+fn watched_dirs(dir: &Path, top_level: bool) -> Vec<(PathBuf, Kind)> {
+    let mut out = vec![
+        (dir.to_path_buf(), Kind::Run),
+        (dir.join(CHECKPOINTS_DIR), Kind::Rows),
+        (dir.join(CLAIMS_DIR), Kind::Rows),
+        (dir.join(META_DIR), Kind::Meta),
+    ];
+    if top_level {
+        out.push((dir.join(CHILDREN_DIR), Kind::Children));
+    }
+    out
+}
+
+/// What the session index of one store directory needs from this machine
+/// (`runkeep doctor`'s `store.listing-index`).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct IndexOutlook {
+    /// Run directories the index would hold (top-level runs and sub-runs).
+    pub run_dirs: u64,
+    /// inotify watches one process's index of this store holds: one per
+    /// directory it watches (counted as the index counts them).
+    pub watches: u64,
+    /// Why the index is never used on this store, whatever the limits (a
+    /// network or FUSE filesystem), if so.
+    pub refused: Option<String>,
+}
+
+impl IndexOutlook {
+    /// The outlook of the store directory `base` (reads every run
+    /// directory's entries: O(runs), for diagnosis, not for a listing).
+    pub fn of(base: &Path) -> IndexOutlook {
+        let mut out = IndexOutlook {
+            refused: remote(base),
+            watches: 1,
+            ..Default::default()
+        };
+        let mut count = |dir: &Path, top: bool| {
+            out.run_dirs += 1;
+            out.watches += watched_dirs(dir, top)
+                .iter()
+                .filter(|(p, _)| is_real_dir(p))
+                .count() as u64;
+        };
+        for run in run_names(base) {
+            let dir = base.join(run.as_str());
+            count(&dir, true);
+            for child in run_names(&dir.join(CHILDREN_DIR)) {
+                count(&dir.join(CHILDREN_DIR).join(child.as_str()), false);
+            }
+        }
         out
+    }
+
+    /// This user's inotify watch limit (`fs.inotify.max_user_watches`),
+    /// shared by every process of the user; `None` when it cannot be read.
+    pub fn watch_limit() -> Option<u64> {
+        std::fs::read_to_string("/proc/sys/fs/inotify/max_user_watches")
+            .ok()?
+            .trim()
+            .parse()
+            .ok()
+    }
+}
+
+/// The directory of a run in the store at `base`.
+fn dir_of(base: &Path, k: &DirKey) -> PathBuf {
+    match &k.0 {
+        Some(p) => base.join(p.as_str()).join(CHILDREN_DIR).join(k.1.as_str()),
+        None => base.join(k.1.as_str()),
+    }
+}
+
+impl Writer<'_> {
+    fn entry(&self, key: &str) -> Result<Option<Entry>, Refusal> {
+        let got = self.entries.get(key).map_err(store_failed)?;
+        Ok(got.and_then(|v| Entry::decode(v.value())))
+    }
+
+    fn put_entry(&mut self, key: &str, e: &Entry) -> Result<(), Refusal> {
+        let old = self
+            .entries
+            .insert(key, e.encode().as_slice())
+            .map_err(store_failed)?;
+        if old.is_none() {
+            *self.count += 1;
+        }
+        Ok(())
+    }
+
+    fn add_watch(&mut self, wd: i32, kind: Kind, owner: &str) -> Result<(), Refusal> {
+        let mut v = Vec::with_capacity(1 + owner.len());
+        v.push(kind_code(kind));
+        v.extend_from_slice(owner.as_bytes());
+        self.watches
+            .insert(wd, v.as_slice())
+            .map_err(store_failed)?;
+        Ok(())
+    }
+
+    fn watch(&mut self, owner: &str, path: &Path, kind: Kind) -> Result<Option<i32>, Refusal> {
+        match inotify::add_watch(self.fd, path, mask(kind)) {
+            Ok(wd) => {
+                self.add_watch(wd, kind, owner)?;
+                Ok(Some(wd))
+            }
+            Err(e) => match fatal(e, path) {
+                Some(r) => Err(r),
+                None => Ok(None),
+            },
+        }
+    }
+
+    /// Drops the watches of `owner` not in `keep` that it still owns.
+    fn unwatch(&mut self, owner: &str, old: &[i32], keep: &[i32]) -> Result<(), Refusal> {
+        for wd in old {
+            if keep.contains(wd) {
+                continue;
+            }
+            let owned = self
+                .watches
+                .get(*wd)
+                .map_err(store_failed)?
+                .is_some_and(|v| v.value().get(1..) == Some(owner.as_bytes()));
+            if owned {
+                self.watches.remove(*wd).map_err(store_failed)?;
+                let _ = inotify::remove_watch(self.fd, *wd);
+            }
+        }
+        Ok(())
+    }
+
+    /// Replaces the summary of the entry `key` (which exists), keeping the
+    /// order maps in step and bumping its generation.
+    fn set_summary(&mut self, k: &DirKey, summary: Option<Summary>) -> Result<(), Refusal> {
+        let key = dir_key(k);
+        let Some(mut e) = self.entry(&key)? else {
+            return Ok(());
+        };
+        if let Some(o) = &e.summary {
+            self.by_id
+                .remove(encode_key(&o.key(ListOrder::RunId, k)).as_slice())
+                .map_err(store_failed)?;
+            self.by_created
+                .remove(encode_key(&o.key(ListOrder::CreatedAt, k)).as_slice())
+                .map_err(store_failed)?;
+        }
+        e.generation += 1;
+        if let Some(new) = &summary {
+            let row = encode_row(e.generation, new, &key);
+            self.by_id
+                .insert(
+                    encode_key(&new.key(ListOrder::RunId, k)).as_slice(),
+                    row.as_slice(),
+                )
+                .map_err(store_failed)?;
+            self.by_created
+                .insert(
+                    encode_key(&new.key(ListOrder::CreatedAt, k)).as_slice(),
+                    row.as_slice(),
+                )
+                .map_err(store_failed)?;
+        }
+        e.summary = summary;
+        self.put_entry(&key, &e)
+    }
+
+    /// The sub-runs indexed under the top-level run `parent`.
+    fn children_of(&self, parent: &RunId) -> Result<BTreeSet<RunId>, Refusal> {
+        // Keys `parent/child`: from `parent/` up to `parent0` ('0' follows
+        // '/').
+        let lo = format!("{}/", parent.as_str());
+        let hi = format!("{}0", parent.as_str());
+        let mut out = BTreeSet::new();
+        for item in self
+            .entries
+            .range::<&str>(lo.as_str()..hi.as_str())
+            .map_err(store_failed)?
+        {
+            let (k, _) = item.map_err(store_failed)?;
+            if let Some((_, c)) = k.value().split_once('/') {
+                if let Ok(c) = RunId::new(c) {
+                    out.insert(c);
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    fn remove(&mut self, k: &DirKey) -> Result<(), Refusal> {
+        let key = dir_key(k);
+        let Some(e) = self.entry(&key)? else {
+            return Ok(());
+        };
+        if k.0.is_none() {
+            for c in self.children_of(&k.1)? {
+                self.remove(&(Some(k.1.clone()), c))?;
+            }
+        }
+        self.set_summary(k, None)?;
+        self.unwatch(&key, &e.wds, &[])?;
+        if self
+            .entries
+            .remove(key.as_str())
+            .map_err(store_failed)?
+            .is_some()
+        {
+            *self.count -= 1;
+        }
+        Ok(())
+    }
+
+    /// Re-reads one run directory: watches first, then the files.
+    fn reload(&mut self, k: &DirKey) -> Result<(), Refusal> {
+        let key = dir_key(k);
+        let Some(mut e) = self.entry(&key)? else {
+            return Ok(());
+        };
+        let dir = dir_of(self.base, k);
+        if !is_real_dir(&dir) {
+            return self.remove(k);
+        }
+        let mut wds = Vec::with_capacity(WATCHES_PER_RUN + 1);
+        for (path, kind) in watched_dirs(&dir, k.0.is_none()) {
+            wds.extend(self.watch(&key, &path, kind)?);
+        }
+        self.unwatch(&key, &e.wds, &wds)?;
+        e.wds = wds;
+        self.put_entry(&key, &e)?;
+        let c = Candidate {
+            run: k.1.clone(),
+            parent: k.0.clone(),
+            dir,
+        };
+        let read = listing::read_run(&c, &Ctx::store("list_runs"));
+        self.set_summary(k, read.as_ref().and_then(Summary::of))
+    }
+
+    /// Makes sure the entry `k` exists (empty), then re-reads it.
+    fn load(&mut self, k: &DirKey) -> Result<(), Refusal> {
+        let key = dir_key(k);
+        if self.entry(&key)?.is_none() {
+            self.put_entry(&key, &Entry::default())?;
+        }
+        self.reload(k)
+    }
+
+    /// A top-level run directory named `name` appeared, changed or went.
+    fn reload_top(&mut self, name: &str) -> Result<(), Refusal> {
+        let Ok(run) = RunId::new(name) else {
+            return Ok(());
+        };
+        let k = (None, run);
+        if !is_real_dir(&dir_of(self.base, &k)) {
+            return self.remove(&k);
+        }
+        self.load(&k)?;
+        self.rescan_children(&k)
+    }
+
+    /// Re-reads a top-level run's `children/` (its watch is in place).
+    fn rescan_children(&mut self, k: &DirKey) -> Result<(), Refusal> {
+        if self.entry(&dir_key(k))?.is_none() {
+            return Ok(());
+        }
+        let parent = k.1.clone();
+        let known = self.children_of(&parent)?;
+        let dir = dir_of(self.base, k).join(CHILDREN_DIR);
+        let now: BTreeSet<RunId> = run_names(&dir).into_iter().collect();
+        for gone in known.difference(&now) {
+            self.remove(&(Some(parent.clone()), gone.clone()))?;
+        }
+        for c in now {
+            self.load(&(Some(parent.clone()), c))?;
+        }
+        Ok(())
+    }
+
+    /// A sub-run directory `name` of the top-level run `k` appeared,
+    /// changed or went.
+    fn reload_child(&mut self, k: &DirKey, name: &str) -> Result<(), Refusal> {
+        let Ok(run) = RunId::new(name) else {
+            return Ok(());
+        };
+        if self.entry(&dir_key(k))?.is_none() {
+            return Ok(());
+        }
+        let child = (Some(k.1.clone()), run);
+        if is_real_dir(&dir_of(self.base, &child)) {
+            self.load(&child)
+        } else {
+            self.remove(&child)
+        }
     }
 }
 
@@ -806,7 +1252,12 @@ impl SessionIndex {
 
     /// Runs `f` on the index brought up to date with the directory, or
     /// answers `None` when the index cannot be used (yet): the caller walks.
-    fn with<T>(&self, base: &Path, off: bool, f: impl FnOnce(&Built) -> T) -> Option<T> {
+    fn with<T>(
+        &self,
+        base: &Path,
+        off: bool,
+        f: impl FnOnce(&Built) -> Result<T, Refusal>,
+    ) -> Option<T> {
         if off {
             return None;
         }
@@ -818,7 +1269,13 @@ impl SessionIndex {
                 None
             }
             State::Built(b) => match b.sync() {
-                Ok(true) => Some(f(b)),
+                Ok(true) => match f(b) {
+                    Ok(v) => Some(v),
+                    Err(Refusal(why)) => {
+                        *st = refused(base, why);
+                        None
+                    }
+                },
                 Ok(false) => {
                     tracing::info!(
                         "the directory store's index at {} missed events (inotify queue overflow); rebuilding it",
@@ -856,14 +1313,16 @@ impl SessionIndex {
     /// re-read at the next sync.
     pub(crate) fn reconcile(&self, found: &Found, summary: Option<Summary>) {
         let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
-        if let State::Built(b) = &mut *st {
-            let key = (found.candidate.parent.clone(), found.candidate.run.clone());
-            if let Some(slot) = b.dirs.get(&key).copied() {
-                if b.entry(slot)
-                    .is_some_and(|e| e.generation == found.generation && e.summary != summary)
-                {
-                    b.set_summary(slot, summary);
-                }
+        let State::Built(b) = &mut *st else { return };
+        let key = (found.candidate.parent.clone(), found.candidate.run.clone());
+        // Read first: a write transaction only when the entry is wrong.
+        let stale = match b.entry(&key) {
+            Ok(e) => e.is_some_and(|e| e.generation == found.generation && e.summary != summary),
+            Err(_) => false,
+        };
+        if stale {
+            if let Err(Refusal(why)) = b.write(|w| w.set_summary(&key, summary)) {
+                *st = refused(b.base.clone().as_path(), why);
             }
         }
     }
@@ -873,7 +1332,7 @@ impl SessionIndex {
     pub(crate) fn status(&self) -> std::result::Result<usize, String> {
         let st = self.state.lock().unwrap_or_else(|p| p.into_inner());
         match &*st {
-            State::Built(b) => Ok(b.dirs.len()),
+            State::Built(b) => Ok(b.count),
             State::Refused(why) => Err(why.clone()),
             State::Unbuilt => Err("not built yet (the first listing starts it)".into()),
             State::Building => Err("being built".into()),

@@ -94,6 +94,7 @@ mod watching;
 pub mod testing;
 
 pub use diagnose::Diagnosis;
+pub use index::IndexOutlook;
 pub use listing::{is_listed_run_name, LISTED_RUN_PREFIX};
 pub use root::{
     FsRootOptions, FsRootStore, MAX_WATCHED_SESSIONS, ROOT_LAYOUT_VERSION, ROOT_MARKER,
