@@ -306,3 +306,40 @@ pub(crate) fn count_checkpoint_stat(cps_dir: &Path) {
 #[cfg(not(feature = "testing"))]
 #[inline(always)]
 pub(crate) fn count_checkpoint_stat(_cps_dir: &Path) {}
+
+/// Counts what one transcript read cost (bytes read, lines parsed), keyed
+/// by the transcript's path: the test that a page costs O(log n + page),
+/// not the log's length, counts it (`transcript.rs`).
+#[cfg(feature = "testing")]
+pub(crate) fn note_transcript_read(path: &Path, cost: crate::transcript::ReadCost) {
+    let mut r = TRANSCRIPT_READS.lock().unwrap_or_else(|p| p.into_inner());
+    match r.get_mut(path) {
+        Some(c) => {
+            c.bytes += cost.bytes;
+            c.lines += cost.lines;
+        }
+        None => {
+            r.insert(path.to_path_buf(), cost);
+        }
+    }
+}
+
+#[cfg(not(feature = "testing"))]
+#[inline(always)]
+pub(crate) fn note_transcript_read(_path: &Path, _cost: crate::transcript::ReadCost) {}
+
+/// Per transcript path: what its reads have cost so far (a hash map: a
+/// lookup per read must not grow with the runs a process has read).
+#[cfg(feature = "testing")]
+static TRANSCRIPT_READS: std::sync::LazyLock<
+    std::sync::Mutex<std::collections::HashMap<std::path::PathBuf, crate::transcript::ReadCost>>,
+> = std::sync::LazyLock::new(Default::default);
+
+/// What the reads of the transcript at `path` have cost so far (by any
+/// store of this process).
+#[cfg(feature = "testing")]
+#[cfg_attr(not(test), allow(dead_code))]
+pub(crate) fn transcript_reads(path: &Path) -> crate::transcript::ReadCost {
+    let r = TRANSCRIPT_READS.lock().unwrap_or_else(|p| p.into_inner());
+    r.get(path).copied().unwrap_or_default()
+}

@@ -209,6 +209,15 @@ pub struct EventBatch {
     /// Events in log order with `seq > since_seq`.
     pub events: Vec<PersistedEvent>,
     /// Damaged records skipped (tolerant mode); empty in a clean log.
+    ///
+    /// A read reports the damaged records of the span of the log it
+    /// covered: those after the reader's cursor (the last record with
+    /// `seq <= since_seq`, in log order) up to the last event it returns
+    /// when it returns `limit` events, up to the log's end otherwise; a
+    /// `limit` of 0 covers nothing. A reader paging with `since_seq` set to
+    /// the last `seq` it got, until a page comes back with fewer than
+    /// `limit` events, is told of each damaged record once, by the page
+    /// that passed over it.
     pub skipped: Vec<SkippedRecord>,
     /// The log's last `seq` (0 when empty).
     pub last_seq: u64,
