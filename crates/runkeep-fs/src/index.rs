@@ -42,10 +42,30 @@
 //! saying why:
 //! - a network or FUSE filesystem (NFS, SMB, 9p, Ceph, …: inotify does not
 //!   see other hosts' writes);
-//! - inotify unavailable, or the per-user watch limit
-//!   (`fs.inotify.max_user_watches`) reached: the index needs about
-//!   [`WATCHES_PER_RUN`] watches per run;
+//! - inotify unavailable;
 //! - after an inotify queue overflow the index is rebuilt (one walk).
+//!
+//! # Over the watch budget: swept by stamp
+//!
+//! A run directory costs up to five watches (see [`watched_dirs`]) from a
+//! per-user limit (`fs.inotify.max_user_watches`). The index holds at most
+//! half of that limit (a second listing process and the user's other
+//! inotify users keep theirs), or less if `add_watch` says the limit is
+//! reached. Run directories past it are **swept** instead: each keeps the
+//! [`Stamp`] of its directories taken before it was read, and a sweeper
+//! thread compares every swept stamp with the directories at least every
+//! [`SWEEP_EVERY`] (pausing four times as long as a pass took) and re-reads
+//! the runs whose stamp moved or was too young to trust. Runs that are not
+//! finished take watches from finished ones (which are then swept), so the
+//! runs that change keep seeing every change at once. What a swept run's
+//! row sees late, and the bound: a change that adds, removes or renames a
+//! name in the run's directory, `checkpoints/`, `claims/`, `.runkeep/` or
+//! `children/` (every write of this store and of the reference does) is in
+//! the index after the next sweep pass that starts after it — within one
+//! pause plus two passes; a change that rewrites a file in place without
+//! touching a name (a hand edit with `>`) is not seen until the run's next
+//! such change. A page's rows are read from the files anyway; what is late
+//! is a swept run's place in the order and its filters.
 //!
 //! What the kernel does not report, and the index therefore sees late (at
 //! the run's next reported change, or never): a change written through a
@@ -59,7 +79,9 @@ use std::collections::BTreeSet;
 use std::ops::Bound;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex};
+use std::sync::atomic::AtomicBool;
+use std::sync::{Arc, Mutex, Weak};
+use std::time::{Duration, Instant};
 
 use redb::{Database, Durability, ReadableDatabase, ReadableTable, Table, TableDefinition};
 use runkeep::listing::{ListQuery, RowKey};
@@ -73,10 +95,6 @@ use crate::listing::{self, Candidate, RunRead};
 use crate::lock::META_DIR;
 use crate::run_state::LIFECYCLE_FILE;
 use crate::sys::Ctx;
-
-/// inotify watches one run costs: its directory, `checkpoints/`, `claims/`
-/// and `.runkeep/` (a parent also watches its `children/`).
-pub(crate) const WATCHES_PER_RUN: usize = 4;
 
 /// The directory a run's sub-runs live in.
 const CHILDREN_DIR: &str = "children";
@@ -262,6 +280,11 @@ const ENTRIES: TableDefinition<&str, &[u8]> = TableDefinition::new("entries");
 const WATCHES: TableDefinition<i32, &[u8]> = TableDefinition::new("watches");
 const BY_ID: TableDefinition<&[u8], &[u8]> = TableDefinition::new("by_id");
 const BY_CREATED: TableDefinition<&[u8], &[u8]> = TableDefinition::new("by_created");
+/// Entries without watches (over the watch budget): swept by stamp.
+const SWEPT: TableDefinition<&str, ()> = TableDefinition::new("swept");
+/// Watched entries of finished runs: the first to give up their watches
+/// when a run that is not finished needs them.
+const EVICTABLE: TableDefinition<&str, ()> = TableDefinition::new("evictable");
 
 /// The scratch store's page cache: what the index may keep resident,
 /// whatever the number of runs (the rest is read back from the file, which
@@ -391,9 +414,68 @@ struct Entry {
     /// Bumped by every change of `summary` (see [`SessionIndex::reconcile`]).
     generation: u64,
     summary: Option<Summary>,
+    /// Unwatched (over the watch budget): the stamp of its directories when
+    /// it was last read, and whether that stamp was too young to trust
+    /// (see [`Stamp`]).
+    stamp: Option<Stamp>,
     /// The watch descriptors this entry added (the watches table says which
     /// it still owns).
     wds: Vec<i32>,
+}
+
+/// What an unwatched run directory looked like when it was read: a hash of
+/// the identity, mode, mtime and ctime of each directory a watch would
+/// cover (or of the error that stat gave). Every writer of a row's files —
+/// the reference's atomic writes (sidecar + rename) and claim links, this
+/// store's publishes, a sub-run appearing — adds or removes a name in one
+/// of them, which moves that directory's mtime and ctime.
+///
+/// `racy`: a directory's ctime was within [`RACY_NS`] of the instant the
+/// stamp was taken, so a later change in the same timestamp tick could
+/// leave the stamp equal; such an entry is read again at the next sweep
+/// whatever its stamp says, until its stamp is old enough to trust.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+struct Stamp {
+    hash: u64,
+    racy: bool,
+}
+
+/// How young a directory's ctime makes a stamp untrustworthy.
+const RACY_NS: i128 = 2_000_000_000;
+
+/// The stamp of the run directory `dir` now (taken before it is read).
+fn stamp_of(dir: &Path, top_level: bool, racy_ns: i128) -> Stamp {
+    use std::hash::{Hash, Hasher};
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as i128);
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    let mut racy = false;
+    for (path, _) in watched_dirs(dir, top_level) {
+        match rustix::fs::lstat(&path) {
+            Ok(st) => {
+                (
+                    st.st_dev,
+                    st.st_ino,
+                    st.st_mode,
+                    st.st_mtime,
+                    st.st_mtime_nsec,
+                    st.st_ctime,
+                    st.st_ctime_nsec,
+                )
+                    .hash(&mut h);
+                let ctime = i128::from(st.st_ctime) * 1_000_000_000 + i128::from(st.st_ctime_nsec);
+                if ctime + racy_ns > now {
+                    racy = true;
+                }
+            }
+            Err(e) => e.raw_os_error().hash(&mut h),
+        }
+    }
+    Stamp {
+        hash: h.finish(),
+        racy,
+    }
 }
 
 impl Entry {
@@ -404,6 +486,13 @@ impl Entry {
             Some(s) => {
                 out.push(1);
                 s.encode(&mut out);
+            }
+            None => out.push(0),
+        }
+        match &self.stamp {
+            Some(st) => {
+                out.push(1 + u8::from(st.racy));
+                out.extend_from_slice(&st.hash.to_le_bytes());
             }
             None => out.push(0),
         }
@@ -422,6 +511,16 @@ impl Entry {
             ),
             _ => (None, b.get(9..)?),
         };
+        let (stamp, rest) = match *rest.first()? {
+            0 => (None, rest.get(1..)?),
+            flag => (
+                Some(Stamp {
+                    hash: u64::from_le_bytes(rest.get(1..9)?.try_into().ok()?),
+                    racy: flag == 2,
+                }),
+                rest.get(9..)?,
+            ),
+        };
         let wds = rest
             .chunks_exact(4)
             .map(|c| i32::from_le_bytes([c[0], c[1], c[2], c[3]]))
@@ -429,6 +528,7 @@ impl Entry {
         Some(Entry {
             generation,
             summary,
+            stamp,
             wds,
         })
     }
@@ -493,10 +593,35 @@ struct Built {
     fd: OwnedFd,
     base: PathBuf,
     db: Database,
-    /// Run directories indexed (kept here: counting a table is a scan).
-    count: usize,
+    tally: Tally,
     /// Non-durable commits since the last durable one.
     lazy_commits: u32,
+}
+
+/// Counts the index keeps beside its tables.
+#[derive(Clone, Copy, Debug, Default)]
+struct Tally {
+    /// Run directories indexed.
+    entries: usize,
+    /// Run directories without watches (swept by stamp).
+    swept: usize,
+    /// inotify watches held, the store directory's included.
+    watches: u64,
+    /// How many watches the index may hold (see [`watch_budget`]).
+    budget: u64,
+    /// A sweeper thread is running for this index.
+    sweeper: bool,
+    /// How young a ctime makes a stamp untrustworthy ([`RACY_NS`]; a test
+    /// seam sets 0).
+    racy_ns: i128,
+}
+
+/// The watches one index may hold: half of this user's limit
+/// (`fs.inotify.max_user_watches`, shared by every process of the user), so
+/// a second listing process and the user's other inotify users still get
+/// theirs. Past it, run directories are swept by stamp instead of watched.
+fn watch_budget() -> u64 {
+    IndexOutlook::watch_limit().map_or(8192, |l| l / 2)
 }
 
 /// What a drain found to re-read.
@@ -509,20 +634,22 @@ struct Dirty {
     child_names: BTreeSet<(String, String)>,
 }
 
-/// An add_watch failure that makes the index unusable.
+/// An add_watch failure that makes the index unusable (ENOSPC, the watch
+/// limit, is not one: the run directory is swept instead).
 fn fatal(e: rustix::io::Errno, path: &Path) -> Option<Refusal> {
     if e == rustix::io::Errno::NOENT || e == rustix::io::Errno::NOTDIR {
         return None;
     }
-    let why = if e == rustix::io::Errno::NOSPC {
-        format!(
-            "the inotify watch limit was reached while watching {} (the index needs about {WATCHES_PER_RUN} watches per run; raise fs.inotify.max_user_watches, e.g. `sysctl fs.inotify.max_user_watches=1048576`)",
-            path.display()
-        )
-    } else {
-        format!("cannot watch {} ({e})", path.display())
-    };
-    Some(Refusal(why))
+    Some(Refusal(format!("cannot watch {} ({e})", path.display())))
+}
+
+/// What adding one watch gave.
+enum Watched {
+    Yes(i32),
+    /// The directory is not there (nothing to watch).
+    Absent,
+    /// The user's inotify watch limit is reached.
+    NoRoom,
 }
 
 /// Whether `path` is a real directory (not a link to one).
@@ -560,15 +687,22 @@ fn scratch_file(base: &Path) -> Result<std::fs::File, Refusal> {
 struct Writer<'t> {
     fd: BorrowedFd<'t>,
     base: &'t Path,
-    count: &'t mut usize,
+    tally: &'t mut Tally,
     entries: Table<'t, &'static str, &'static [u8]>,
+    swept: Table<'t, &'static str, ()>,
+    evictable: Table<'t, &'static str, ()>,
     watches: Table<'t, i32, &'static [u8]>,
     by_id: Table<'t, &'static [u8], &'static [u8]>,
     by_created: Table<'t, &'static [u8], &'static [u8]>,
 }
 
 impl Built {
-    fn build(base: &Path, hook: Option<BuildHook>) -> Result<Built, Refusal> {
+    fn build(
+        base: &Path,
+        hook: Option<BuildHook>,
+        budget: Option<u64>,
+        racy_ns: Option<i128>,
+    ) -> Result<Built, Refusal> {
         let db = redb::Builder::new()
             .set_cache_size(CACHE_BYTES)
             .create_with_backend(
@@ -581,7 +715,11 @@ impl Built {
             fd,
             base: base.to_path_buf(),
             db,
-            count: 0,
+            tally: Tally {
+                budget: budget.unwrap_or_else(watch_budget),
+                racy_ns: racy_ns.unwrap_or(RACY_NS),
+                ..Tally::default()
+            },
             lazy_commits: 0,
         };
         let wd = inotify::add_watch(&b.fd, base, mask(Kind::Base)).map_err(|e| {
@@ -628,8 +766,10 @@ impl Built {
             let mut w = Writer {
                 fd: self.fd.as_fd(),
                 base: &self.base,
-                count: &mut self.count,
+                tally: &mut self.tally,
                 entries: tx.open_table(ENTRIES).map_err(store_failed)?,
+                swept: tx.open_table(SWEPT).map_err(store_failed)?,
+                evictable: tx.open_table(EVICTABLE).map_err(store_failed)?,
                 watches: tx.open_table(WATCHES).map_err(store_failed)?,
                 by_id: tx.open_table(BY_ID).map_err(store_failed)?,
                 by_created: tx.open_table(BY_CREATED).map_err(store_failed)?,
@@ -745,7 +885,9 @@ impl Built {
             // The kernel dropped these watches (their directory went).
             self.write(|w| {
                 for wd in gone {
-                    w.watches.remove(wd).map_err(store_failed)?;
+                    if w.watches.remove(wd).map_err(store_failed)?.is_some() {
+                        w.tally.watches -= 1;
+                    }
                 }
                 Ok(())
             })?;
@@ -846,6 +988,148 @@ impl Built {
     }
 }
 
+impl Built {
+    /// Swept entries after `after` (at most `n`), with their stamps.
+    fn swept_batch(&self, after: Option<&str>, n: usize) -> Result<Vec<(String, Stamp)>, Refusal> {
+        let tx = self.db.begin_read().map_err(store_failed)?;
+        let swept = tx.open_table(SWEPT).map_err(store_failed)?;
+        let entries = tx.open_table(ENTRIES).map_err(store_failed)?;
+        let range = match after {
+            Some(a) => swept.range::<&str>((Bound::Excluded(a), Bound::Unbounded)),
+            None => swept.range::<&str>(..),
+        }
+        .map_err(store_failed)?;
+        let mut out = Vec::new();
+        for item in range.take(n) {
+            let (k, _) = item.map_err(store_failed)?;
+            let key = k.value().to_owned();
+            let got = entries.get(key.as_str()).map_err(store_failed)?;
+            if let Some(stamp) = got
+                .and_then(|v| Entry::decode(v.value()))
+                .and_then(|e| e.stamp)
+            {
+                out.push((key, stamp));
+            }
+        }
+        Ok(out)
+    }
+
+    /// Re-reads the swept entries `keys` (their directories changed, or
+    /// their stamps were too young to trust).
+    fn resweep(&mut self, keys: &[String]) -> Result<(), Refusal> {
+        self.write(|w| {
+            for key in keys {
+                let Some(k) = parse_dir_key(key) else {
+                    continue;
+                };
+                w.reload(&k)?;
+                if k.0.is_none() {
+                    w.rescan_children(&k)?;
+                }
+            }
+            Ok(())
+        })
+    }
+
+    /// Starts the sweeper thread if entries are swept and none runs.
+    fn ensure_sweeper(&mut self, state: &Arc<Mutex<State>>, paused: &Arc<AtomicBool>) {
+        if self.tally.swept == 0 || self.tally.sweeper {
+            return;
+        }
+        self.tally.sweeper = true;
+        let (weak, paused) = (Arc::downgrade(state), paused.clone());
+        let spawned = std::thread::Builder::new()
+            .name("runkeep-fs-sweep".into())
+            .spawn(move || sweeper(&weak, &paused));
+        if let Err(e) = spawned {
+            tracing::warn!(
+                "cannot start the index's sweeper thread ({e}); retried at the next listing"
+            );
+            self.tally.sweeper = false;
+        }
+    }
+}
+
+/// The least pause between two sweeps.
+const SWEEP_EVERY: Duration = Duration::from_secs(1);
+/// Swept entries read per lock hold.
+const SWEEP_BATCH: usize = 1024;
+
+/// The sweeper: while the store lives and entries are swept, a pass over
+/// every swept entry's stamp, then a pause of at least [`SWEEP_EVERY`] and
+/// four times the pass (so it takes at most a fifth of a core).
+fn sweeper(state: &Weak<Mutex<State>>, paused: &AtomicBool) {
+    let mut pace = SWEEP_EVERY;
+    loop {
+        std::thread::sleep(pace);
+        let Some(state) = state.upgrade() else { return };
+        if paused.load(std::sync::atomic::Ordering::Relaxed) {
+            continue;
+        }
+        let started = Instant::now();
+        if sweep_pass(&state, true).is_none() {
+            return;
+        }
+        pace = SWEEP_EVERY.max(started.elapsed() * 4);
+    }
+}
+
+/// One pass over every swept entry: stamps are compared without the lock,
+/// the changed (or racy) entries re-read with it. `(checked, re-read)`, or
+/// `None` when there is no index (or, with `stop_if_idle`, nothing swept:
+/// the sweeper then ends, under the lock, so a later swept entry starts a
+/// new one).
+fn sweep_pass(state: &Mutex<State>, stop_if_idle: bool) -> Option<(usize, usize)> {
+    let (mut checked, mut reread) = (0, 0);
+    let mut after: Option<String> = None;
+    loop {
+        let (batch, base, racy_ns) = {
+            let mut st = state.lock().unwrap_or_else(|p| p.into_inner());
+            let State::Built(b) = &mut *st else {
+                return None;
+            };
+            if stop_if_idle && after.is_none() && b.tally.swept == 0 {
+                b.tally.sweeper = false;
+                return None;
+            }
+            match b.swept_batch(after.as_deref(), SWEEP_BATCH) {
+                Ok(batch) => (batch, b.base.clone(), b.tally.racy_ns),
+                Err(Refusal(why)) => {
+                    let base = b.base.clone();
+                    *st = refused(&base, why);
+                    return None;
+                }
+            }
+        };
+        let Some((last, _)) = batch.last() else { break };
+        after = Some(last.clone());
+        checked += batch.len();
+        let changed: Vec<String> = batch
+            .into_iter()
+            .filter(|(key, stamp)| {
+                stamp.racy
+                    || parse_dir_key(key).is_none_or(|k| {
+                        stamp_of(&dir_of(&base, &k), k.0.is_none(), racy_ns).hash != stamp.hash
+                    })
+            })
+            .map(|(key, _)| key)
+            .collect();
+        if changed.is_empty() {
+            continue;
+        }
+        reread += changed.len();
+        let mut st = state.lock().unwrap_or_else(|p| p.into_inner());
+        let State::Built(b) = &mut *st else {
+            return None;
+        };
+        if let Err(Refusal(why)) = b.resweep(&changed) {
+            *st = refused(&base, why);
+            return None;
+        }
+    }
+    Some((checked, reread))
+}
+
 /// The directories watched for one run directory: itself, `checkpoints/`,
 /// `claims/`, `.runkeep/` and (a top-level run's) `children/` — those that
 /// exist get a watch.
@@ -933,7 +1217,7 @@ impl Writer<'_> {
             .insert(key, e.encode().as_slice())
             .map_err(store_failed)?;
         if old.is_none() {
-            *self.count += 1;
+            self.tally.entries += 1;
         }
         Ok(())
     }
@@ -942,21 +1226,27 @@ impl Writer<'_> {
         let mut v = Vec::with_capacity(1 + owner.len());
         v.push(kind_code(kind));
         v.extend_from_slice(owner.as_bytes());
-        self.watches
+        if self
+            .watches
             .insert(wd, v.as_slice())
-            .map_err(store_failed)?;
+            .map_err(store_failed)?
+            .is_none()
+        {
+            self.tally.watches += 1;
+        }
         Ok(())
     }
 
-    fn watch(&mut self, owner: &str, path: &Path, kind: Kind) -> Result<Option<i32>, Refusal> {
+    fn watch(&mut self, owner: &str, path: &Path, kind: Kind) -> Result<Watched, Refusal> {
         match inotify::add_watch(self.fd, path, mask(kind)) {
             Ok(wd) => {
                 self.add_watch(wd, kind, owner)?;
-                Ok(Some(wd))
+                Ok(Watched::Yes(wd))
             }
+            Err(e) if e == rustix::io::Errno::NOSPC => Ok(Watched::NoRoom),
             Err(e) => match fatal(e, path) {
                 Some(r) => Err(r),
-                None => Ok(None),
+                None => Ok(Watched::Absent),
             },
         }
     }
@@ -974,6 +1264,7 @@ impl Writer<'_> {
                 .is_some_and(|v| v.value().get(1..) == Some(owner.as_bytes()));
             if owned {
                 self.watches.remove(*wd).map_err(store_failed)?;
+                self.tally.watches -= 1;
                 let _ = inotify::remove_watch(self.fd, *wd);
             }
         }
@@ -1049,18 +1340,42 @@ impl Writer<'_> {
         }
         self.set_summary(k, None)?;
         self.unwatch(&key, &e.wds, &[])?;
+        self.mark(&key, false, false)?;
         if self
             .entries
             .remove(key.as_str())
             .map_err(store_failed)?
             .is_some()
         {
-            *self.count -= 1;
+            self.tally.entries -= 1;
         }
         Ok(())
     }
 
-    /// Re-reads one run directory: watches first, then the files.
+    /// Keeps the swept and evictable tables (and their tally) in step with
+    /// an entry: `swept` when it has no watches, `evictable` when it is
+    /// watched and its run finished.
+    fn mark(&mut self, key: &str, swept: bool, evictable: bool) -> Result<(), Refusal> {
+        let was = if swept {
+            self.swept.insert(key, ()).map_err(store_failed)?.is_some()
+        } else {
+            self.swept.remove(key).map_err(store_failed)?.is_some()
+        };
+        match (was, swept) {
+            (false, true) => self.tally.swept += 1,
+            (true, false) => self.tally.swept -= 1,
+            _ => {}
+        }
+        if evictable {
+            self.evictable.insert(key, ()).map_err(store_failed)?;
+        } else {
+            self.evictable.remove(key).map_err(store_failed)?;
+        }
+        Ok(())
+    }
+
+    /// Re-reads one run directory: watches first (or, over the watch
+    /// budget, its stamp), then the files.
     fn reload(&mut self, k: &DirKey) -> Result<(), Refusal> {
         let key = dir_key(k);
         let Some(mut e) = self.entry(&key)? else {
@@ -1070,12 +1385,57 @@ impl Writer<'_> {
         if !is_real_dir(&dir) {
             return self.remove(k);
         }
-        let mut wds = Vec::with_capacity(WATCHES_PER_RUN + 1);
-        for (path, kind) in watched_dirs(&dir, k.0.is_none()) {
-            wds.extend(self.watch(&key, &path, kind)?);
+        let top = k.0.is_none();
+        let wants = watched_dirs(&dir, top);
+        // The budget counts the directories there now; every one is still
+        // asked for (one created meanwhile is then watched, not missed).
+        let need = wants.iter().filter(|(p, _)| is_real_dir(p)).count() as u64;
+        let held = e.wds.len() as u64;
+        let finished = e.summary.as_ref().is_some_and(|s| s.status.is_finished());
+        let room = |t: &Tally| t.watches.saturating_sub(held) + need <= t.budget;
+        // A run that is not finished may take the watches of a finished
+        // one (which is then swept); a finished one waits for room.
+        while !room(self.tally) && !finished && self.evict_one(&key)? {}
+        let mut watched = room(self.tally);
+        let mut enospc = false;
+        let mut wds = Vec::with_capacity(wants.len());
+        if watched {
+            for (path, kind) in wants {
+                match self.watch(&key, &path, kind)? {
+                    Watched::Yes(wd) => wds.push(wd),
+                    Watched::Absent => {}
+                    Watched::NoRoom => {
+                        // Other watchers of this user took the rest of the
+                        // limit: hold no more than the index has now.
+                        tracing::warn!(
+                            "the inotify watch limit was reached at {} watches held by the index of {}; run directories past it are swept by stamp (raise fs.inotify.max_user_watches, e.g. `sysctl fs.inotify.max_user_watches=1048576`)",
+                            self.tally.watches,
+                            self.base.display()
+                        );
+                        watched = false;
+                        enospc = true;
+                        break;
+                    }
+                }
+            }
         }
-        self.unwatch(&key, &e.wds, &wds)?;
-        e.wds = wds;
+        if watched {
+            self.unwatch(&key, &e.wds, &wds)?;
+            e.wds = wds;
+            e.stamp = None;
+        } else {
+            let mut all = e.wds.clone();
+            all.extend(wds);
+            self.unwatch(&key, &all, &[])?;
+            if enospc {
+                // ENOSPC within the budget: other watchers of this user
+                // hold the rest; never ask for more than is held now.
+                self.tally.budget = self.tally.budget.min(self.tally.watches.max(1));
+            }
+            e.wds = Vec::new();
+            // The stamp before the read: a change after it moves it.
+            e.stamp = Some(stamp_of(&dir, top, self.tally.racy_ns));
+        }
         self.put_entry(&key, &e)?;
         let c = Candidate {
             run: k.1.clone(),
@@ -1083,7 +1443,48 @@ impl Writer<'_> {
             dir,
         };
         let read = listing::read_run(&c, &Ctx::store("list_runs"));
-        self.set_summary(k, read.as_ref().and_then(Summary::of))
+        let summary = read.as_ref().and_then(Summary::of);
+        let finished = summary.as_ref().is_some_and(|s| s.status.is_finished());
+        self.mark(&key, !watched, watched && finished)?;
+        self.set_summary(k, summary)
+    }
+
+    /// Takes the watches of one finished run (not `except`), which is then
+    /// swept; `false` when there is none.
+    fn evict_one(&mut self, except: &str) -> Result<bool, Refusal> {
+        let mut victim = None;
+        for item in self.evictable.range::<&str>(..).map_err(store_failed)? {
+            let (k, _) = item.map_err(store_failed)?;
+            if k.value() != except {
+                victim = Some(k.value().to_owned());
+                break;
+            }
+        }
+        let Some(victim) = victim else {
+            return Ok(false);
+        };
+        let (Some(vk), Some(mut ve)) = (parse_dir_key(&victim), self.entry(&victim)?) else {
+            self.evictable
+                .remove(victim.as_str())
+                .map_err(store_failed)?;
+            return Ok(true);
+        };
+        let dir = dir_of(self.base, &vk);
+        self.unwatch(&victim, &ve.wds, &[])?;
+        ve.wds = Vec::new();
+        // Events queued for the dropped watches since the last drain go
+        // with them: stamp, then read the run again now.
+        ve.stamp = Some(stamp_of(&dir, vk.0.is_none(), self.tally.racy_ns));
+        self.put_entry(&victim, &ve)?;
+        self.mark(&victim, true, false)?;
+        let c = Candidate {
+            run: vk.1.clone(),
+            parent: vk.0.clone(),
+            dir,
+        };
+        let read = listing::read_run(&c, &Ctx::store("list_runs"));
+        self.set_summary(&vk, read.as_ref().and_then(Summary::of))?;
+        Ok(true)
     }
 
     /// Makes sure the entry `k` exists (empty), then re-reads it.
@@ -1177,6 +1578,11 @@ fn remote(base: &Path) -> Option<String> {
 pub(crate) struct SessionIndex {
     state: Arc<Mutex<State>>,
     hook: Mutex<Option<BuildHook>>,
+    /// Test seams: the watch budget of the next build (`None`: half the
+    /// user's limit) and its racy window (`None`: [`RACY_NS`]).
+    budget: Mutex<(Option<u64>, Option<i128>)>,
+    /// Test seam: the sweeper skips its passes while set.
+    sweeper_paused: Arc<AtomicBool>,
 }
 
 #[derive(Default)]
@@ -1208,15 +1614,32 @@ const MAX_BUILDS: usize = 2;
 type BuildHook = Box<dyn FnOnce() + Send>;
 
 /// Builds the index of `base` and installs it, unless the state moved on.
-fn build_into(state: &Mutex<State>, base: &Path, hook: Option<BuildHook>) {
+fn build_into(
+    state: &Arc<Mutex<State>>,
+    base: &Path,
+    hook: Option<BuildHook>,
+    budget: (Option<u64>, Option<i128>),
+    paused: &Arc<AtomicBool>,
+) {
     let built = match remote(base) {
         Some(why) => Err(Refusal(why)),
-        None => Built::build(base, hook),
+        None => Built::build(base, hook, budget.0, budget.1),
     };
     let mut st = state.lock().unwrap_or_else(|p| p.into_inner());
     if matches!(*st, State::Building) {
         *st = match built {
-            Ok(b) => State::Built(Box::new(b)),
+            Ok(mut b) => {
+                if b.tally.swept > 0 {
+                    tracing::warn!(
+                        "the index of {} holds {} inotify watches (its budget: half of fs.inotify.max_user_watches); {} run directories past it are swept by stamp, so other processes' changes to them are seen within seconds rather than at once (raise fs.inotify.max_user_watches, e.g. `sysctl fs.inotify.max_user_watches=1048576`)",
+                        base.display(),
+                        b.tally.watches,
+                        b.tally.swept
+                    );
+                }
+                b.ensure_sweeper(state, paused);
+                State::Built(Box::new(b))
+            }
             Err(Refusal(why)) => refused(base, why),
         };
     }
@@ -1238,10 +1661,12 @@ impl SessionIndex {
         *st = State::Building;
         let (state, dir) = (self.state.clone(), base.to_path_buf());
         let hook = self.hook.lock().unwrap_or_else(|p| p.into_inner()).take();
+        let budget = *self.budget.lock().unwrap_or_else(|p| p.into_inner());
+        let paused = self.sweeper_paused.clone();
         let spawned = std::thread::Builder::new()
             .name("runkeep-fs-index".into())
             .spawn(move || {
-                build_into(&state, &dir, hook);
+                build_into(&state, &dir, hook, budget, &paused);
                 BUILDS.fetch_sub(1, Ordering::SeqCst);
             });
         if let Err(e) = spawned {
@@ -1270,7 +1695,10 @@ impl SessionIndex {
             }
             State::Built(b) => match b.sync() {
                 Ok(true) => match f(b) {
-                    Ok(v) => Some(v),
+                    Ok(v) => {
+                        b.ensure_sweeper(&self.state, &self.sweeper_paused);
+                        Some(v)
+                    }
                     Err(Refusal(why)) => {
                         *st = refused(base, why);
                         None
@@ -1332,10 +1760,20 @@ impl SessionIndex {
     pub(crate) fn status(&self) -> std::result::Result<usize, String> {
         let st = self.state.lock().unwrap_or_else(|p| p.into_inner());
         match &*st {
-            State::Built(b) => Ok(b.count),
+            State::Built(b) => Ok(b.tally.entries),
             State::Refused(why) => Err(why.clone()),
             State::Unbuilt => Err("not built yet (the first listing starts it)".into()),
             State::Building => Err("being built".into()),
+        }
+    }
+
+    /// `(entries, swept, watches held)` of the built index (tests).
+    #[cfg(feature = "testing")]
+    pub(crate) fn counts(&self) -> std::result::Result<(usize, usize, u64), String> {
+        let st = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        match &*st {
+            State::Built(b) => Ok((b.tally.entries, b.tally.swept, b.tally.watches)),
+            _ => Err("the index is not built".into()),
         }
     }
 
@@ -1392,6 +1830,53 @@ impl crate::FsStore {
     #[doc(hidden)]
     pub fn testing_index_status(&self) -> std::result::Result<usize, String> {
         self.inner.index.status()
+    }
+
+    /// Test seam: the inotify watches the next index build may hold (the
+    /// store directory's included); run directories past it are swept.
+    #[doc(hidden)]
+    pub fn testing_set_index_watch_budget(&self, watches: u64) {
+        self.inner
+            .index
+            .budget
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .0 = Some(watches);
+    }
+
+    /// Test seam: stamps of the next index build are trusted however young
+    /// (no racy window), so a sweep re-reads only runs whose stamp moved.
+    #[doc(hidden)]
+    pub fn testing_trust_young_index_stamps(&self) {
+        self.inner
+            .index
+            .budget
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .1 = Some(0);
+    }
+
+    /// Test seam: the index's background sweeper skips its passes while
+    /// `paused` (so a test decides when a sweep happens).
+    #[doc(hidden)]
+    pub fn testing_pause_index_sweeper(&self, paused: bool) {
+        self.inner
+            .index
+            .sweeper_paused
+            .store(paused, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// Test seam: one sweep pass now; `Some((checked, re-read))`.
+    #[doc(hidden)]
+    pub fn testing_index_sweep(&self) -> Option<(usize, usize)> {
+        sweep_pass(&self.inner.index.state, false)
+    }
+
+    /// Test seam: `(run directories indexed, swept by stamp, inotify
+    /// watches held)`.
+    #[doc(hidden)]
+    pub fn testing_index_counts(&self) -> std::result::Result<(usize, usize, u64), String> {
+        self.inner.index.counts()
     }
 
     /// Test seam: runs `f` inside the next index build, after the store

@@ -703,3 +703,264 @@ fn claim_next_reads_a_handful_of_rows() {
         );
     }
 }
+
+// ---------------------------------------------------------------------------
+// Over the watch budget: run directories swept by stamp.
+
+/// Every run swept (a budget of one watch: the store directory's). Each
+/// foreign change is first shown to be missing from the index — the run is
+/// swept, nothing told the index — and then present after one sweep pass,
+/// compared with the walk in both orders and every filter.
+#[test]
+fn over_the_watch_budget_a_sweep_brings_in_every_foreign_change() {
+    let dir = tempfile::tempdir().unwrap();
+    let base = dir.path().join("runs");
+    let store = open(&base);
+    let rt = rt();
+    for (i, run) in ["run_a", "run_b", "run_c"].iter().enumerate() {
+        let c = cp(&format!("cp_{i}"), 1_000 + i as i64).with_run_created_at(at(900 - i as i64));
+        rt.block_on(store.write_checkpoint(&scope(run), &c, None))
+            .unwrap();
+    }
+    store.testing_set_index_watch_budget(1);
+    store.testing_pause_index_sweeper(true);
+    store.testing_wait_index().unwrap();
+    let (entries, swept, watches) = store.testing_index_counts().unwrap();
+    assert_eq!((entries, swept, watches), (3, 3, 1), "every run swept");
+    check_all(&store, "the build");
+
+    // Each change: late before the sweep (the listing whose filter the
+    // stale entry fails differs from the walk: nothing told the index),
+    // right after it.
+    let revealing =
+        |park: Option<Vec<ParkState>>, claimed, status: Option<Vec<RunStatus>>| ListOptions {
+            park,
+            claimed,
+            status,
+            limit: Some(2),
+            now: Some(at(50_000)),
+            ..Default::default()
+        };
+    let step = |what: &str, late: Option<ListOptions>| {
+        if let Some(o) = late {
+            assert!(
+                compare(&store, &o).is_err(),
+                "after {what}: the index was not late, so the run was not swept"
+            );
+        }
+        let (_, reread) = store.testing_index_sweep().expect("a sweep");
+        assert!(reread >= 1, "after {what}: the sweep re-read nothing");
+        check_all(&store, what);
+    };
+    foreign_cp(&base.join("run_b"), "run_b", "cp_b2", 9_000, 5, Some(None));
+    step(
+        "a foreign checkpoint (parked) into a swept run",
+        Some(revealing(Some(vec![ParkState::Outstanding]), None, None)),
+    );
+    foreign_claim(&base.join("run_a"), 1, "ref:1:x", 100_000);
+    step(
+        "a foreign holding on a swept run",
+        Some(revealing(None, Some(true), None)),
+    );
+    foreign_cp(
+        &base.join("run_c").join("children").join("run_k"),
+        "run_k",
+        "cp_k",
+        1_700,
+        20,
+        Some(Some(10_000)),
+    );
+    step(
+        "a foreign sub-run under a swept run",
+        Some(revealing(None, None, None)),
+    );
+    let other = open(&base);
+    let lease = rt
+        .block_on(other.claim(&scope("run_c"), &opts("w2", 60_000, 2_000)))
+        .unwrap()
+        .lease()
+        .unwrap();
+    rt.block_on(other.finish(
+        &scope("run_c"),
+        lease.fence,
+        &runkeep::Outcome::completed(None),
+    ))
+    .unwrap();
+    step(
+        "another store's finish of a swept run",
+        Some(revealing(None, None, Some(vec![RunStatus::Completed]))),
+    );
+    // (A row that stops being a row is left out by the page's own read,
+    // so this one cannot be seen late.)
+    std::fs::remove_file(base.join("run_c/children/run_k/checkpoints/cp_k.json")).unwrap();
+    step("a checkpoint removed from a swept sub-run", None);
+    // New run directories appear through the store directory's watch, at
+    // once; removal of a swept one too.
+    foreign_cp(&base.join("run_d"), "run_d", "cp_d", 1_500, 10, None);
+    check_all(&store, "a foreign run created");
+    std::fs::remove_dir_all(base.join("run_b")).unwrap();
+    check_all(&store, "a swept run removed");
+    let (_, swept, watches) = store.testing_index_counts().unwrap();
+    assert_eq!(watches, 1, "over the budget");
+    assert!(swept >= 3, "{swept} swept");
+}
+
+/// Stamps decide: with young stamps trusted, a sweep over unchanged runs
+/// re-reads none, and after one run's change exactly that run. (Mutation
+/// tried: a stamp that hashes only the directories' inode numbers ->
+/// `reread` 0 after the change and the comparison fails.)
+#[test]
+fn a_sweep_re_reads_exactly_the_runs_whose_stamp_moved() {
+    let dir = tempfile::tempdir().unwrap();
+    let base = dir.path().join("runs");
+    let store = open(&base);
+    seed(&store, 20);
+    store.testing_set_index_watch_budget(1);
+    store.testing_trust_young_index_stamps();
+    store.testing_pause_index_sweeper(true);
+    store.testing_wait_index().unwrap();
+    // Past the coarsest timestamp tick, so a change cannot share the
+    // stamp's tick (kernels with multigrain timestamps never would).
+    std::thread::sleep(std::time::Duration::from_millis(50));
+    assert_eq!(store.testing_index_sweep(), Some((20, 0)), "nothing moved");
+    foreign_claim(&base.join("run_0007"), 1, "ref:1:x", 4_000_000_000_000);
+    assert_eq!(store.testing_index_sweep(), Some((20, 1)), "one run moved");
+    check_all(&store, "a holding on one swept run");
+    foreign_cp(
+        &base.join("run_0003"),
+        "run_0003",
+        "cp_2",
+        9_000,
+        5,
+        Some(None),
+    );
+    std::thread::sleep(std::time::Duration::from_millis(50));
+    assert_eq!(store.testing_index_sweep(), Some((20, 1)));
+    check_all(&store, "a checkpoint into another");
+}
+
+/// The sweeper thread does it unprompted: a foreign change to a swept run
+/// shows in a listing within a few seconds (polled; the bound is the
+/// sweeper's pace, not asserted as a time).
+#[test]
+fn the_sweeper_thread_brings_in_a_change_by_itself() {
+    let dir = tempfile::tempdir().unwrap();
+    let base = dir.path().join("runs");
+    let store = open(&base);
+    seed(&store, 5);
+    store.testing_set_index_watch_budget(1);
+    store.testing_wait_index().unwrap();
+    foreign_claim(&base.join("run_0002"), 1, "ref:1:x", 4_000_000_000_000);
+    let claimed = ListOptions {
+        claimed: Some(true),
+        ..Default::default()
+    };
+    let rt = rt();
+    let mut seen = false;
+    for _ in 0..600 {
+        let page = rt
+            .block_on(store.list_runs(&listing_scope(), &claimed))
+            .unwrap();
+        if page.entries.len() == 1 {
+            seen = true;
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    assert!(seen, "the sweeper never brought the holding in");
+    check_all(&store, "the sweeper's pass");
+}
+
+/// A run that is not finished takes the watches of a finished one: with
+/// room for three runs, all finished, a new run gets watched (its changes
+/// are in the very next listing, no sweep) and one finished run is swept.
+#[test]
+fn a_new_run_takes_the_watches_of_a_finished_one() {
+    let dir = tempfile::tempdir().unwrap();
+    let base = dir.path().join("runs");
+    let store = open(&base);
+    let rt = rt();
+    seed(&store, 3);
+    for i in 0..3 {
+        let s = scope(&format!("run_{i:04}"));
+        let lease = rt
+            .block_on(store.claim(&s, &opts("w", 60_000, 2_000)))
+            .unwrap()
+            .lease()
+            .unwrap();
+        rt.block_on(store.finish(&s, lease.fence, &runkeep::Outcome::completed(None)))
+            .unwrap();
+    }
+    let probe = runkeep_fs::IndexOutlook::of(&base);
+    store.testing_set_index_watch_budget(probe.watches);
+    store.testing_pause_index_sweeper(true);
+    store.testing_wait_index().unwrap();
+    assert_eq!(
+        store.testing_index_counts().unwrap(),
+        (3, 0, probe.watches),
+        "all watched"
+    );
+    foreign_cp(&base.join("run_new"), "run_new", "cp_n", 5_000, 7, None);
+    check_all(&store, "a new run");
+    let (entries, swept, watches) = store.testing_index_counts().unwrap();
+    assert_eq!(
+        (entries, swept),
+        (4, 1),
+        "one finished run gave up its watches"
+    );
+    assert!(watches <= probe.watches);
+    // The new run is watched: a holding shows without a sweep, in the very
+    // listing whose filter a stale entry would fail (run first: any other
+    // listing that reads the run would correct its entry). (Mutation
+    // tried: no eviction -> the new run is swept and this fails.)
+    foreign_claim(&base.join("run_new"), 1, "ref:1:x", 4_000_000_000_000);
+    let claimed = ListOptions {
+        claimed: Some(true),
+        limit: Some(2),
+        now: Some(at(50_000)),
+        ..Default::default()
+    };
+    if let Err(e) = compare(&store, &claimed) {
+        panic!("the new run's holding is late, so it was not watched: {e}");
+    }
+    check_all(&store, "a holding on the new run, no sweep");
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig {
+        cases: 16,
+        failure_persistence: None,
+        .. ProptestConfig::default()
+    })]
+
+    /// The property above with room for only a few runs' watches: some
+    /// runs watched, some swept, watches moving from finished runs to
+    /// others; a sweep before each comparison.
+    #[test]
+    fn over_the_watch_budget_the_index_lists_what_the_walk_lists(
+        ops in proptest::collection::vec(op_strategy(), 1..40)
+    ) {
+        let dir = tempfile::tempdir().unwrap();
+        let base = dir.path().join("runs");
+        let store = open(&base);
+        store.testing_set_index_watch_budget(10);
+        store.testing_pause_index_sweeper(true);
+        let mut leases = std::collections::HashMap::new();
+        prop_assert!(store.testing_wait_index().is_ok());
+        for op in &ops {
+            apply(&store, op, &mut leases);
+            if let Op::List { limit } = op {
+                prop_assert!(store.testing_index_sweep().is_some());
+                if let Err(e) = compare_all(&store, &[20_000, 45_000, 500_000], *limit) {
+                    prop_assert!(false, "after {op:?} in {ops:?}: {e}");
+                }
+                let (_, _, watches) = store.testing_index_counts().unwrap();
+                prop_assert!(watches <= 10, "{watches} watches held");
+            }
+        }
+        prop_assert!(store.testing_index_sweep().is_some());
+        if let Err(e) = compare_all(&store, &[20_000, 500_000], 2) {
+            prop_assert!(false, "at the end of {ops:?}: {e}");
+        }
+    }
+}
