@@ -61,7 +61,19 @@ fn rss() -> (u64, u64) {
 
 fn report(what: &str) {
     let (now, peak) = rss();
-    println!("{what}: VmRSS {now} KiB, VmHWM {peak} KiB");
+    let s = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    let field = |name: &str| {
+        s.lines()
+            .find(|l| l.starts_with(name))
+            .and_then(|l| l.split_whitespace().nth(1))
+            .unwrap_or("?")
+            .to_owned()
+    };
+    println!(
+        "{what}: VmRSS {now} KiB, VmHWM {peak} KiB (RssAnon {} KiB, RssFile {} KiB)",
+        field("RssAnon:"),
+        field("RssFile:")
+    );
 }
 
 fn open(base: &Path) -> FsStore {
@@ -190,6 +202,9 @@ fn catch_up(dir: &Path, events: u64, page: usize) {
 }
 
 fn main() {
+    // The test seams' counters hold an entry per run they count: not the
+    // store's memory.
+    runkeep_fs::testing::stop_counting();
     let args: Vec<String> = std::env::args().collect();
     match args.get(1).map(String::as_str) {
         Some("list") => list(Path::new(&args[2]), false),

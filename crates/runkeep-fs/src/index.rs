@@ -726,16 +726,31 @@ impl Built {
             fatal(e, base).unwrap_or_else(|| Refusal(format!("{} is gone", base.display())))
         })?;
         b.write(|w| w.add_watch(wd, Kind::Base, ""))?;
-        let names = run_names(base);
-        if let Some(hook) = hook {
-            // Tests: changes between the store directory's read and the
-            // runs' (each must be read or queued).
-            hook();
-        }
-        for batch in names.chunks(BUILD_BATCH) {
+        // The store directory is read a batch at a time (never every name
+        // at once: the build's memory does not grow with the store either);
+        // a name created meanwhile is read or queued (the watch is in
+        // place), a name gone meanwhile is dropped by its read.
+        let mut names = std::fs::read_dir(base)
+            .into_iter()
+            .flatten()
+            .filter_map(Result::ok)
+            .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
+            .filter_map(|e| e.file_name().into_string().ok())
+            .filter(|n| crate::listing::is_listed_run_name(n));
+        let mut hook = hook;
+        loop {
+            let batch: Vec<String> = names.by_ref().take(BUILD_BATCH).collect();
+            if let Some(hook) = hook.take() {
+                // Tests: changes between the store directory's read and the
+                // runs' (each must be read or queued).
+                hook();
+            }
+            if batch.is_empty() {
+                break;
+            }
             b.write(|w| {
-                for run in batch {
-                    w.reload_top(run.as_str())?;
+                for run in &batch {
+                    w.reload_top(run)?;
                 }
                 Ok(())
             })?;

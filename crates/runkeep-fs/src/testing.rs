@@ -181,9 +181,28 @@ pub(crate) fn check_short_write(point: FaultPoint, path: &Path) -> Option<io::Er
 // Counters keyed by run directory, in hash maps: a lookup per counted
 // operation must not grow with the number of runs a process has touched
 // (the benches run with these seams compiled in).
+
+/// Set by [`stop_counting`].
+static NOT_COUNTING: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// Stops the counters of this module for the rest of the process: they
+/// hold an entry per run directory (and transcript) they count, which a
+/// measurement of the store's own memory (`examples/rss.rs`, the benches)
+/// must not include.
+pub fn stop_counting() {
+    NOT_COUNTING.store(true, std::sync::atomic::Ordering::Relaxed);
+}
+
+pub(crate) fn counting() -> bool {
+    !NOT_COUNTING.load(std::sync::atomic::Ordering::Relaxed)
+}
+
 static CHECKPOINT_READS: LazyLock<Mutex<HashMap<PathBuf, u64>>> = LazyLock::new(Default::default);
 
 pub(crate) fn note_checkpoint_read(path: &Path) {
+    if !counting() {
+        return;
+    }
     // Keyed by the run directory (`<run>/checkpoints/<id>.json`).
     let Some(run) = path.parent().and_then(Path::parent) else {
         return;
@@ -209,6 +228,9 @@ static CHECKPOINT_DIR_OPS: LazyLock<Mutex<HashMap<PathBuf, (u64, u64)>>> =
     LazyLock::new(Default::default);
 
 pub(crate) fn note_checkpoint_dir_op(cps_dir: &Path, stat: bool) {
+    if !counting() {
+        return;
+    }
     // Keyed by the run directory (`<run>/checkpoints`).
     let Some(run) = cps_dir.parent() else {
         return;
