@@ -554,6 +554,33 @@ impl OpenedStore {
         }
     }
 
+    /// What the session index needs for the session directories in the
+    /// store's scope, summed (one process listing them all holds that many
+    /// watches); `None` for backends without one.
+    pub fn index_outlook(&self) -> Option<CliResult<runkeep_fs::IndexOutlook>> {
+        let sum = |bases: Vec<PathBuf>| {
+            let mut total = runkeep_fs::IndexOutlook::default();
+            for base in bases {
+                let o = runkeep_fs::IndexOutlook::of(&base);
+                total.run_dirs += o.run_dirs;
+                total.watches += o.watches;
+                total.refused = total.refused.or(o.refused);
+            }
+            total
+        };
+        match &self.backend {
+            Backend::Memory | Backend::Postgres(..) | Backend::Http => None,
+            Backend::Fs(fs) => Some(Ok(sum(vec![fs.base_dir().to_path_buf()]))),
+            Backend::FsRoot(root) => Some(self.scope.listing().and_then(|l| {
+                let sessions = root.sessions(&l).map_err(CliError::from)?;
+                Ok(sum(sessions
+                    .iter()
+                    .map(|(_, s)| s.base_dir().to_path_buf())
+                    .collect()))
+            })),
+        }
+    }
+
     /// True for a store that is one session's directory (`fs:`): it cannot
     /// list a wider scope than that session.
     pub fn is_single_session(&self) -> bool {
