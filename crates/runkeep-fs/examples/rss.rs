@@ -205,6 +205,10 @@ fn main() {
     // The test seams' counters hold an entry per run they count: not the
     // store's memory.
     runkeep_fs::testing::stop_counting();
+    // The store's warnings (an index refused or sweeping) on stderr.
+    tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .init();
     let args: Vec<String> = std::env::args().collect();
     match args.get(1).map(String::as_str) {
         Some("list") => list(Path::new(&args[2]), false),

@@ -1,0 +1,586 @@
+//! The session index: what a listing page and `claim_next` consult instead
+//! of walking every run directory (issue 11, item 2).
+//!
+//! # What it holds, and where
+//!
+//! One entry per run directory at both levels (`<base>/run_*`,
+//! `<base>/run_*/children/run_*`), each with a small [`Summary`] of the run's
+//! row: whether it is a row at all, damaged or not, its `runCreatedAt` (the
+//! created-at key), lifecycle status, deferral, when its live lease ends and
+//! when its parks change state. That is enough to order every row in both
+//! orders and to decide the park, claimed and status filters (and
+//! claimability) at any instant, so a page visits only the entries it
+//! returns (plus the ones a filter rejects, decided in memory); each row on
+//! the page is still built from the run's files, exactly as the walk builds
+//! it, and the entry is corrected from what was read.
+//!
+//! The entries and both orders live in an ordered on-disk B-tree (redb) in
+//! an unnamed temporary file (`O_TMPFILE` on the store's filesystem, else
+//! the system temporary directory), with a fixed page cache
+//! ([`CACHE_BYTES`]): the process keeps nothing per run in memory, so a
+//! listing's resident memory does not grow with the store. The file is
+//! scratch — never synced for durability, gone with the process, rebuilt by
+//! the next one — and a failure of it drops the index (the listing walks).
+//!
+//! # How it stays true: inotify, not trust
+//!
+//! The index never believes it saw every write. Every directory a row
+//! depends on is watched with inotify — the store directory, each run
+//! directory, its `checkpoints/`, `claims/` and `.runkeep/` (for the
+//! lifecycle record), and each `children/` — and every listing first drains
+//! the events queued since the last one and re-reads the runs they name:
+//! O(changed runs), whoever changed them (this process, another runkeep
+//! process, the reference implementation, a hand edit). The kernel queues an
+//! event before the changing system call returns, so a change whose call
+//! returned before the listing started is in the drained queue: the
+//! listing sees it (nothing is seen *late* on a local filesystem). Watches
+//! are added before a directory is read, so a change racing the first read
+//! is either read or queued.
+//!
+//! Where this cannot be honoured the index is not used and the listing walks
+//! the directories as before (correct, O(runs) per page), with one log line
+//! saying why:
+//! - a network or FUSE filesystem (NFS, SMB, 9p, Ceph, …: inotify does not
+//!   see other hosts' writes);
+//! - inotify unavailable;
+//! - after an inotify queue overflow the index is rebuilt (one walk).
+//!
+//! # Over the watch budget: swept by stamp
+//!
+//! A run directory costs up to five watches (see [`watched_dirs`]) from a
+//! per-user limit (`fs.inotify.max_user_watches`). The indexes of one
+//! process hold at most half of that limit together (a second listing
+//! process and the user's other inotify users keep theirs), or less if
+//! `add_watch` says the limit is reached. Run directories past it are **swept** instead: each keeps the
+//! [`Stamp`] of its directories taken before it was read, and a sweeper
+//! thread compares every swept stamp with the directories at least every
+//! [`SWEEP_EVERY`] (pausing four times as long as a pass took) and re-reads
+//! the runs whose stamp moved or was too young to trust. Runs that are not
+//! finished take watches from finished ones (which are then swept), so the
+//! runs that change keep seeing every change at once. What a swept run's
+//! row sees late, and the bound: a change that adds, removes or renames a
+//! name in the run's directory, `checkpoints/`, `claims/`, `.runkeep/` or
+//! `children/` (every write of this store and of the reference does) is in
+//! the index after the next sweep pass that starts after it — within one
+//! pause plus two passes; a change that rewrites a file in place without
+//! touching a name (a hand edit with `>`) is not seen until the run's next
+//! such change. A page's rows are read from the files anyway; what is late
+//! is a swept run's place in the order and its filters.
+//!
+//! What the kernel does not report, and the index therefore sees late (at
+//! the run's next reported change, or never): a change written through a
+//! shared memory mapping (`mmap`, no `IN_MODIFY`), bytes changed beneath the
+//! filesystem (block device, another host on a shared block device), and a
+//! row that changes with time only (a lease lapsing, a park deadline, a
+//! deferral ending) — which is not a change at all: the summary keeps the
+//! instants and every filter is judged at the page's `now`.
+
+use std::collections::BTreeSet;
+use std::ops::Bound;
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::AtomicBool;
+use std::sync::{Arc, Mutex, Weak};
+use std::time::{Duration, Instant};
+
+use redb::{Database, Durability, ReadableDatabase, ReadableTable, Table, TableDefinition};
+use runkeep::listing::{ListQuery, RowKey};
+use runkeep::park::ParkState;
+use runkeep::{ListOrder, RunId, RunStatus, Timestamp, TopHolding};
+use rustix::fs::inotify::{self, CreateFlags, ReadFlags, WatchFlags};
+
+use crate::checkpoints::CHECKPOINTS_DIR;
+use crate::claims::CLAIMS_DIR;
+use crate::listing::{self, Candidate, RunRead};
+use crate::lock::META_DIR;
+use crate::run_state::LIFECYCLE_FILE;
+use crate::sys::Ctx;
+
+/// The directory a run's sub-runs live in.
+const CHILDREN_DIR: &str = "children";
+
+/// A run directory: `(parent, run)`.
+type DirKey = (Option<RunId>, RunId);
+
+mod outlook;
+mod store;
+mod summary;
+mod sweep;
+
+pub use outlook::IndexOutlook;
+use store::*;
+pub(crate) use summary::Summary;
+use summary::*;
+use sweep::*;
+
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Kind {
+    /// The store directory: run directories come and go here.
+    Base,
+    /// A run directory: its subdirectories come and go here.
+    Run,
+    /// `checkpoints/` or `claims/`: every change matters.
+    Rows,
+    /// `.runkeep/`: only the lifecycle record matters.
+    Meta,
+    /// A run's `children/`: sub-run directories come and go here.
+    Children,
+}
+
+/// The events a watch asks for.
+fn mask(kind: Kind) -> WatchFlags {
+    let tree = WatchFlags::CREATE
+        | WatchFlags::DELETE
+        | WatchFlags::MOVED_FROM
+        | WatchFlags::MOVED_TO
+        | WatchFlags::DELETE_SELF
+        | WatchFlags::MOVE_SELF
+        | WatchFlags::ONLYDIR;
+    match kind {
+        Kind::Base | Kind::Run | Kind::Children => tree,
+        // In-place rewrites too (a truncated checkpoint, an edited body).
+        Kind::Rows => tree | WatchFlags::MODIFY | WatchFlags::ATTRIB | WatchFlags::CLOSE_WRITE,
+        Kind::Meta => tree | WatchFlags::CLOSE_WRITE,
+    }
+}
+
+/// A candidate the index found, with its entry's generation.
+pub(crate) struct Found {
+    pub(crate) key: RowKey,
+    pub(crate) candidate: Candidate,
+    generation: u64,
+}
+
+/// Why the index cannot be used.
+#[derive(Clone, Debug)]
+struct Refusal(String);
+
+/// A failure of the scratch store: the index is dropped and the listing
+/// walks (correct, O(runs)), rather than answering from a store it cannot
+/// trust.
+fn store_failed(e: impl std::fmt::Display) -> Refusal {
+    Refusal(format!("the session index's scratch file failed ({e})"))
+}
+
+/// Whether `path` is a real directory (not a link to one).
+fn is_real_dir(path: &Path) -> bool {
+    std::fs::symlink_metadata(path).is_ok_and(|m| m.is_dir())
+}
+
+/// Run directories named `run_*` in `dir` (the walk's rule).
+fn run_names(dir: &Path) -> Vec<RunId> {
+    crate::sys::list_dir(dir)
+        .ok()
+        .flatten()
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|i| i.file_type.is_dir() && crate::listing::is_listed_run_name(&i.name))
+        .filter_map(|i| RunId::new(&i.name).ok())
+        .collect()
+}
+
+/// The directories watched for one run directory: itself, `checkpoints/`,
+/// `claims/`, `.runkeep/` and (a top-level run's) `children/` — those that
+/// exist get a watch.
+fn watched_dirs(dir: &Path, top_level: bool) -> Vec<(PathBuf, Kind)> {
+    let mut out = vec![
+        (dir.to_path_buf(), Kind::Run),
+        (dir.join(CHECKPOINTS_DIR), Kind::Rows),
+        (dir.join(CLAIMS_DIR), Kind::Rows),
+        (dir.join(META_DIR), Kind::Meta),
+    ];
+    if top_level {
+        out.push((dir.join(CHILDREN_DIR), Kind::Children));
+    }
+    out
+}
+
+/// The directory of a run in the store at `base`.
+fn dir_of(base: &Path, k: &DirKey) -> PathBuf {
+    match &k.0 {
+        Some(p) => base.join(p.as_str()).join(CHILDREN_DIR).join(k.1.as_str()),
+        None => base.join(k.1.as_str()),
+    }
+}
+
+/// Filesystems where inotify does not see other hosts' (or the server's)
+/// writes: `statfs` magic numbers.
+const REMOTE_MAGIC: &[i64] = &[
+    0x6969,                 // NFS
+    0x517B,                 // SMB
+    0xFF53_4D42_u32 as i64, // CIFS
+    0xFE53_4D42_u32 as i64, // SMB2
+    0x6573_5546,            // FUSE
+    0x0102_1997,            // 9P
+    0x00C3_6400,            // Ceph
+    0x5346_414F,            // AFS
+    0x7375_7245,            // Coda
+    0x564C,                 // NCP
+    0x0116_1970,            // GFS2
+    0x7461_636F,            // OCFS2
+    0x0BD0_0BD0,            // Lustre
+    0x4750_4653,            // GPFS
+];
+
+fn remote(base: &Path) -> Option<String> {
+    let st = rustix::fs::statfs(base).ok()?;
+    #[allow(clippy::unnecessary_cast)]
+    let magic = st.f_type as i64;
+    REMOTE_MAGIC.contains(&magic).then(|| {
+        format!("{} is on a network or FUSE filesystem (statfs type {magic:#x}), where inotify does not see other hosts' writes", base.display())
+    })
+}
+
+/// The index of one store (shared by its clones and its build thread).
+#[derive(Default)]
+pub(crate) struct SessionIndex {
+    state: Arc<Mutex<State>>,
+    hook: Mutex<Option<BuildHook>>,
+    /// Test seams: the watch budget of the next build (`None`: half the
+    /// user's limit) and its racy window (`None`: [`RACY_NS`]).
+    budget: Mutex<(Option<u64>, Option<i128>)>,
+    /// Test seam: the sweeper skips its passes while set.
+    sweeper_paused: Arc<AtomicBool>,
+}
+
+#[derive(Default)]
+enum State {
+    /// Not built yet: the next listing starts the build.
+    #[default]
+    Unbuilt,
+    /// Being built by a background thread; listings walk meanwhile.
+    Building,
+    /// Cannot be used; the listing walks. (The reason was logged when it
+    /// was refused; tests and benches read it back through `status`.)
+    Refused(#[cfg_attr(not(feature = "testing"), allow(dead_code))] String),
+    Built(Box<Built>),
+}
+
+fn refused(base: &Path, why: String) -> State {
+    tracing::warn!(
+        "the directory store at {} lists by walking every run directory (O(runs) per page): {why}",
+        base.display()
+    );
+    State::Refused(why)
+}
+
+/// Index builds running in this process, and how many may.
+static BUILDS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+const MAX_BUILDS: usize = 2;
+
+/// A test's code run inside the build (after the store directory was read).
+type BuildHook = Box<dyn FnOnce() + Send>;
+
+/// Builds the index of `base` and installs it, unless the state moved on.
+fn build_into(
+    state: &Arc<Mutex<State>>,
+    base: &Path,
+    hook: Option<BuildHook>,
+    budget: (Option<u64>, Option<i128>),
+    paused: &Arc<AtomicBool>,
+) {
+    let built = match remote(base) {
+        Some(why) => Err(Refusal(why)),
+        None => Built::build(base, hook, budget.0, budget.1),
+    };
+    let mut st = state.lock().unwrap_or_else(|p| p.into_inner());
+    if matches!(*st, State::Building) {
+        *st = match built {
+            Ok(mut b) => {
+                if b.tally.swept > 0 {
+                    tracing::warn!(
+                        "the index of {} holds {} inotify watches (its budget: half of fs.inotify.max_user_watches); {} run directories past it are swept by stamp, so other processes' changes to them are seen within seconds rather than at once (raise fs.inotify.max_user_watches, e.g. `sysctl fs.inotify.max_user_watches=1048576`)",
+                        base.display(),
+                        b.tally.watches,
+                        b.tally.swept
+                    );
+                }
+                b.ensure_sweeper(state, paused);
+                State::Built(Box::new(b))
+            }
+            Err(Refusal(why)) => refused(base, why),
+        };
+    }
+}
+
+impl SessionIndex {
+    /// Starts the build on a background thread (the caller holds the lock
+    /// and has seen `Unbuilt`): the listing that needs the index first
+    /// walks, so a one-shot listing (a CLI call) costs what the walk costs.
+    fn start_build(&self, st: &mut State, base: &Path) {
+        use std::sync::atomic::Ordering;
+        if BUILDS.fetch_add(1, Ordering::SeqCst) >= MAX_BUILDS {
+            // Enough builds running in this process (a root store opening
+            // many sessions): stay unbuilt, walk, and try at the next page.
+            BUILDS.fetch_sub(1, Ordering::SeqCst);
+            *st = State::Unbuilt;
+            return;
+        }
+        *st = State::Building;
+        let (state, dir) = (self.state.clone(), base.to_path_buf());
+        let hook = self.hook.lock().unwrap_or_else(|p| p.into_inner()).take();
+        let budget = *self.budget.lock().unwrap_or_else(|p| p.into_inner());
+        let paused = self.sweeper_paused.clone();
+        let spawned = std::thread::Builder::new()
+            .name("runkeep-fs-index".into())
+            .spawn(move || {
+                build_into(&state, &dir, hook, budget, &paused);
+                BUILDS.fetch_sub(1, Ordering::SeqCst);
+            });
+        if let Err(e) = spawned {
+            BUILDS.fetch_sub(1, Ordering::SeqCst);
+            *st = refused(base, format!("cannot start the index thread ({e})"));
+        }
+    }
+
+    /// Runs `f` on the index brought up to date with the directory, or
+    /// answers `None` when the index cannot be used (yet): the caller walks.
+    fn with<T>(
+        &self,
+        base: &Path,
+        off: bool,
+        f: impl FnOnce(&Built) -> Result<T, Refusal>,
+    ) -> Option<T> {
+        if off {
+            return None;
+        }
+        let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        match &mut *st {
+            State::Refused(_) | State::Building => None,
+            State::Unbuilt => {
+                self.start_build(&mut st, base);
+                None
+            }
+            State::Built(b) => match b.sync() {
+                Ok(true) => match f(b) {
+                    Ok(v) => {
+                        b.ensure_sweeper(&self.state, &self.sweeper_paused);
+                        Some(v)
+                    }
+                    Err(Refusal(why)) => {
+                        *st = refused(base, why);
+                        None
+                    }
+                },
+                Ok(false) => {
+                    tracing::info!(
+                        "the directory store's index at {} missed events (inotify queue overflow); rebuilding it",
+                        base.display()
+                    );
+                    self.start_build(&mut st, base);
+                    None
+                }
+                Err(Refusal(why)) => {
+                    *st = refused(base, why);
+                    None
+                }
+            },
+        }
+    }
+
+    /// Up to `want` candidates after `after` in `order` whose summary passes
+    /// `keep`, from an index brought up to date first; `None` when the index
+    /// cannot be used (yet).
+    pub(crate) fn candidates(
+        &self,
+        base: &Path,
+        off: bool,
+        order: ListOrder,
+        after: Option<&RowKey>,
+        want: usize,
+        keep: &dyn Fn(&Summary) -> bool,
+    ) -> Option<Vec<Found>> {
+        self.with(base, off, |b| b.scan(order, after, want, keep))
+    }
+
+    /// Corrects a run's entry from a read the caller made after the index
+    /// answered, unless the entry was re-read since (then the read may be
+    /// older than the entry). A change after the read is still queued and
+    /// re-read at the next sync.
+    pub(crate) fn reconcile(&self, found: &Found, summary: Option<Summary>) {
+        let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        let State::Built(b) = &mut *st else { return };
+        let key = (found.candidate.parent.clone(), found.candidate.run.clone());
+        // Read first: a write transaction only when the entry is wrong.
+        let stale = match b.entry(&key) {
+            Ok(e) => e.is_some_and(|e| e.generation == found.generation && e.summary != summary),
+            Err(_) => false,
+        };
+        if stale {
+            if let Err(Refusal(why)) = b.write(|w| w.set_summary(&key, summary)) {
+                *st = refused(b.base.clone().as_path(), why);
+            }
+        }
+    }
+
+    /// Whether the index is in use, and why not (tests, benches).
+    #[cfg(feature = "testing")]
+    pub(crate) fn status(&self) -> std::result::Result<usize, String> {
+        let st = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        match &*st {
+            State::Built(b) => Ok(b.tally.entries),
+            State::Refused(why) => Err(why.clone()),
+            State::Unbuilt => Err("not built yet (the first listing starts it)".into()),
+            State::Building => Err("being built".into()),
+        }
+    }
+
+    /// `(entries, swept, watches held)` of the built index (tests).
+    #[cfg(feature = "testing")]
+    pub(crate) fn counts(&self) -> std::result::Result<(usize, usize, u64), String> {
+        let st = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        match &*st {
+            State::Built(b) => Ok((b.tally.entries, b.tally.swept, b.tally.watches)),
+            _ => Err("the index is not built".into()),
+        }
+    }
+
+    /// Evictions the built index made (tests).
+    #[cfg(feature = "testing")]
+    pub(crate) fn evicted(&self) -> Option<u64> {
+        let st = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        match &*st {
+            State::Built(b) => Some(b.tally.evicted),
+            _ => None,
+        }
+    }
+
+    /// Starts the build if needed and waits for it (tests, benches).
+    #[cfg(feature = "testing")]
+    pub(crate) fn wait_built(&self, base: &Path) -> std::result::Result<usize, String> {
+        loop {
+            {
+                let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
+                match &*st {
+                    State::Unbuilt => self.start_build(&mut st, base),
+                    State::Building => {}
+                    _ => break,
+                }
+            }
+            std::thread::sleep(std::time::Duration::from_millis(2));
+        }
+        self.status()
+    }
+}
+
+impl crate::Inner {
+    /// [`SessionIndex::candidates`] on this store's index.
+    pub(crate) fn index_candidates(
+        &self,
+        order: ListOrder,
+        after: Option<&RowKey>,
+        want: usize,
+        keep: &dyn Fn(&Summary) -> bool,
+    ) -> Option<Vec<Found>> {
+        let off = self.no_index.load(std::sync::atomic::Ordering::Relaxed);
+        self.index
+            .candidates(self.base(), off, order, after, want, keep)
+    }
+
+    /// [`SessionIndex::reconcile`] on this store's index.
+    pub(crate) fn index_reconcile(&self, found: &Found, summary: Option<Summary>) {
+        self.index.reconcile(found, summary);
+    }
+}
+
+#[cfg(feature = "testing")]
+impl crate::FsStore {
+    /// Test seam: never use the session index (every listing walks).
+    #[doc(hidden)]
+    pub fn testing_disable_index(&self) {
+        self.inner
+            .no_index
+            .store(true, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// Test seam: `Ok(run directories indexed)` when the index is in use,
+    /// else why not.
+    #[doc(hidden)]
+    pub fn testing_index_status(&self) -> std::result::Result<usize, String> {
+        self.inner.index.status()
+    }
+
+    /// Test seam: the inotify watches the next index build may hold (the
+    /// store directory's included); run directories past it are swept.
+    #[doc(hidden)]
+    pub fn testing_set_index_watch_budget(&self, watches: u64) {
+        self.inner
+            .index
+            .budget
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .0 = Some(watches);
+    }
+
+    /// Test seam: stamps of the next index build are trusted however young
+    /// (no racy window), so a sweep re-reads only runs whose stamp moved.
+    #[doc(hidden)]
+    pub fn testing_trust_young_index_stamps(&self) {
+        self.inner
+            .index
+            .budget
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .1 = Some(0);
+    }
+
+    /// Test seam: the index's background sweeper skips its passes while
+    /// `paused` (so a test decides when a sweep happens).
+    #[doc(hidden)]
+    pub fn testing_pause_index_sweeper(&self, paused: bool) {
+        self.inner
+            .index
+            .sweeper_paused
+            .store(paused, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// Test seam: one sweep pass now; `Some((checked, re-read))`.
+    #[doc(hidden)]
+    pub fn testing_index_sweep(&self) -> Option<(usize, usize)> {
+        sweep_pass(&self.inner.index.state, false)
+    }
+
+    /// Test seam: `(run directories indexed, swept by stamp, inotify
+    /// watches held)`.
+    #[doc(hidden)]
+    pub fn testing_index_counts(&self) -> std::result::Result<(usize, usize, u64), String> {
+        self.inner.index.counts()
+    }
+
+    /// Test seam: how many times the index gave a finished run's watches
+    /// to a run that moved; `None` when it is not built.
+    #[doc(hidden)]
+    pub fn testing_index_evictions(&self) -> Option<u64> {
+        self.inner.index.evicted()
+    }
+
+    /// Test seam: runs `f` inside the next index build, after the store
+    /// directory was read and before any run directory is.
+    #[doc(hidden)]
+    pub fn testing_on_index_build(&self, f: impl FnOnce() + Send + 'static) {
+        *self
+            .inner
+            .index
+            .hook
+            .lock()
+            .unwrap_or_else(|p| p.into_inner()) = Some(Box::new(f));
+    }
+
+    /// Test seam: starts building the index if needed and waits for it;
+    /// answers as [`FsStore::testing_index_status`].
+    #[doc(hidden)]
+    pub fn testing_wait_index(&self) -> std::result::Result<usize, String> {
+        self.inner.index.wait_built(self.inner.base())
+    }
+
+    /// Test seam: the listing by walking every run directory, never the
+    /// index (the oracle the index is checked against).
+    #[doc(hidden)]
+    pub fn testing_list_runs_walk(
+        &self,
+        scope: &runkeep::ListingScope,
+        options: &runkeep::ListOptions,
+    ) -> runkeep::Result<runkeep::RunPage> {
+        crate::listing::list_runs_walk(&self.inner, scope, options)
+    }
+}

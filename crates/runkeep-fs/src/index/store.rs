@@ -1,0 +1,1065 @@
+//! The scratch store: the index's tables in an unnamed temporary file
+//! (redb), their encodings, and every change to them (one write
+//! transaction's [`Writer`]).
+
+use super::*;
+
+/// The scratch store's tables. Keys and values are this module's own
+/// encodings (below); nothing here outlives the process.
+///
+/// - `entries`: directory key (`run`, or `parent/run` for a sub-run) →
+///   [`Entry`];
+/// - `watches`: watch descriptor → its [`Kind`] and directory key;
+/// - `by_id`, `by_created`: the order's [`RowKey`], encoded so that byte
+///   order is key order → the entry's generation, summary and directory key
+///   (a page reads one table only).
+pub(super) const ENTRIES: TableDefinition<&str, &[u8]> = TableDefinition::new("entries");
+pub(super) const WATCHES: TableDefinition<i32, &[u8]> = TableDefinition::new("watches");
+pub(super) const BY_ID: TableDefinition<&[u8], &[u8]> = TableDefinition::new("by_id");
+pub(super) const BY_CREATED: TableDefinition<&[u8], &[u8]> = TableDefinition::new("by_created");
+/// Entries without watches (over the watch budget): swept by stamp.
+pub(super) const SWEPT: TableDefinition<&str, ()> = TableDefinition::new("swept");
+/// Watched entries of finished runs: the first to give up their watches
+/// when a run that is not finished needs them.
+pub(super) const EVICTABLE: TableDefinition<&str, ()> = TableDefinition::new("evictable");
+
+/// The scratch store's page cache: what the index may keep resident,
+/// whatever the number of runs (the rest is read back from the file, which
+/// the kernel's page cache serves).
+pub(super) const CACHE_BYTES: usize = 4 << 20;
+
+/// Non-durable commits between two durable ones: redb keeps the pages a
+/// non-durable commit freed in memory until a durable commit, so an
+/// occasional fsync of the scratch file keeps that bounded too.
+pub(super) const DURABLE_EVERY: u32 = 256;
+
+/// Runs that may take a finished run's watches per write transaction (each
+/// eviction queues about four `IN_IGNORED` events; the queue holds
+/// `fs.inotify.max_queued_events`, 16 384 by default, between two drains).
+pub(super) const EVICTIONS_PER_WRITE: u32 = 256;
+
+/// Runs read between two commits while building.
+pub(super) const BUILD_BATCH: usize = 512;
+
+/// A directory's key in the tables: `run` or `parent/run` (ids never contain
+/// `/`).
+pub(super) fn dir_key(k: &DirKey) -> String {
+    match &k.0 {
+        Some(p) => format!("{}/{}", p.as_str(), k.1.as_str()),
+        None => k.1.as_str().to_owned(),
+    }
+}
+
+pub(super) fn parse_dir_key(s: &str) -> Option<DirKey> {
+    match s.split_once('/') {
+        Some((p, r)) => Some((Some(RunId::new(p).ok()?), RunId::new(r).ok()?)),
+        None => Some((None, RunId::new(s).ok()?)),
+    }
+}
+
+/// `RowKey` (without its tie-break, which a single session's keys never
+/// carry) as bytes whose order is the key's order: rank, the stamp with its
+/// sign flipped (big-endian), the run id, a 0 byte (below every id byte, so
+/// a prefix sorts first, as `String` does), the parent.
+pub(super) fn encode_key(k: &RowKey) -> Vec<u8> {
+    let mut out = Vec::with_capacity(10 + k.run_id.len() + k.parent.len());
+    out.push(k.rank);
+    out.extend_from_slice(&((k.stamp as u64) ^ (1 << 63)).to_be_bytes());
+    out.extend_from_slice(k.run_id.as_bytes());
+    out.push(0);
+    out.extend_from_slice(k.parent.as_bytes());
+    out
+}
+
+pub(super) const SUMMARY_LEN: usize = 2 + 5 * 8;
+
+pub(super) fn status_code(s: RunStatus) -> u8 {
+    match s {
+        RunStatus::Active => 0,
+        RunStatus::Completed => 1,
+        RunStatus::Failed => 2,
+        RunStatus::Cancelled => 3,
+    }
+}
+
+pub(super) fn status_of(c: u8) -> RunStatus {
+    match c {
+        1 => RunStatus::Completed,
+        2 => RunStatus::Failed,
+        3 => RunStatus::Cancelled,
+        _ => RunStatus::Active,
+    }
+}
+
+impl Summary {
+    /// Fixed layout: presence flags, status, then five instants (epoch ms,
+    /// 0 when absent).
+    pub(super) fn encode(&self, out: &mut Vec<u8>) {
+        let times = [
+            self.created,
+            self.available_at,
+            self.live_until,
+            self.park.last_deadline,
+            self.park.first_deadline,
+        ];
+        let mut flags = 0u8;
+        for (i, t) in times.iter().enumerate() {
+            if t.is_some() {
+                flags |= 1 << i;
+            }
+        }
+        if self.damaged {
+            flags |= 1 << 5;
+        }
+        if self.park.resolved {
+            flags |= 1 << 6;
+        }
+        if self.park.open_forever {
+            flags |= 1 << 7;
+        }
+        out.push(flags);
+        out.push(status_code(self.status));
+        for t in times {
+            out.extend_from_slice(&t.map_or(0, Timestamp::as_millis).to_le_bytes());
+        }
+    }
+
+    pub(super) fn decode(b: &[u8]) -> Option<Summary> {
+        let (&flags, rest) = b.split_first()?;
+        let (&status, rest) = rest.split_first()?;
+        let mut times = [None; 5];
+        for (i, t) in times.iter_mut().enumerate() {
+            let ms = i64::from_le_bytes(rest.get(i * 8..i * 8 + 8)?.try_into().ok()?);
+            if flags & (1 << i) != 0 {
+                *t = Some(Timestamp::from_millis(ms).ok()?);
+            }
+        }
+        Some(Summary {
+            damaged: flags & (1 << 5) != 0,
+            created: times[0],
+            status: status_of(status),
+            available_at: times[1],
+            live_until: times[2],
+            park: ParkTimes {
+                resolved: flags & (1 << 6) != 0,
+                open_forever: flags & (1 << 7) != 0,
+                last_deadline: times[3],
+                first_deadline: times[4],
+            },
+        })
+    }
+}
+
+/// One run directory's entry.
+#[derive(Default)]
+pub(super) struct Entry {
+    /// Bumped by every change of `summary` (see [`SessionIndex::reconcile`]).
+    pub(super) generation: u64,
+    pub(super) summary: Option<Summary>,
+    /// Unwatched (over the watch budget): the stamp of its directories when
+    /// it was last read, and whether that stamp was too young to trust
+    /// (see [`Stamp`]).
+    pub(super) stamp: Option<Stamp>,
+    /// The watch descriptors this entry added (the watches table says which
+    /// it still owns).
+    pub(super) wds: Vec<i32>,
+}
+
+impl Entry {
+    pub(super) fn encode(&self) -> Vec<u8> {
+        let mut out = Vec::with_capacity(9 + SUMMARY_LEN + 4 * self.wds.len());
+        out.extend_from_slice(&self.generation.to_le_bytes());
+        match &self.summary {
+            Some(s) => {
+                out.push(1);
+                s.encode(&mut out);
+            }
+            None => out.push(0),
+        }
+        match &self.stamp {
+            Some(st) => {
+                out.push(1 + u8::from(st.racy));
+                out.extend_from_slice(&st.hash.to_le_bytes());
+            }
+            None => out.push(0),
+        }
+        for wd in &self.wds {
+            out.extend_from_slice(&wd.to_le_bytes());
+        }
+        out
+    }
+
+    pub(super) fn decode(b: &[u8]) -> Option<Entry> {
+        let generation = u64::from_le_bytes(b.get(..8)?.try_into().ok()?);
+        let (summary, rest) = match *b.get(8)? {
+            1 => (
+                Some(Summary::decode(b.get(9..9 + SUMMARY_LEN)?)?),
+                b.get(9 + SUMMARY_LEN..)?,
+            ),
+            _ => (None, b.get(9..)?),
+        };
+        let (stamp, rest) = match *rest.first()? {
+            0 => (None, rest.get(1..)?),
+            flag => (
+                Some(Stamp {
+                    hash: u64::from_le_bytes(rest.get(1..9)?.try_into().ok()?),
+                    racy: flag == 2,
+                }),
+                rest.get(9..)?,
+            ),
+        };
+        let wds = rest
+            .chunks_exact(4)
+            .map(|c| i32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+            .collect();
+        Some(Entry {
+            generation,
+            summary,
+            stamp,
+            wds,
+        })
+    }
+}
+
+/// An order map's value: the entry's generation, summary and directory key.
+pub(super) fn encode_row(generation: u64, s: &Summary, key: &str) -> Vec<u8> {
+    let mut out = Vec::with_capacity(8 + SUMMARY_LEN + key.len());
+    out.extend_from_slice(&generation.to_le_bytes());
+    s.encode(&mut out);
+    out.extend_from_slice(key.as_bytes());
+    out
+}
+
+pub(super) fn decode_row(b: &[u8]) -> Option<(u64, Summary, DirKey)> {
+    let generation = u64::from_le_bytes(b.get(..8)?.try_into().ok()?);
+    let summary = Summary::decode(b.get(8..8 + SUMMARY_LEN)?)?;
+    let key = parse_dir_key(std::str::from_utf8(b.get(8 + SUMMARY_LEN..)?).ok()?)?;
+    Some((generation, summary, key))
+}
+
+pub(super) fn kind_code(k: Kind) -> u8 {
+    match k {
+        Kind::Base => 0,
+        Kind::Run => 1,
+        Kind::Rows => 2,
+        Kind::Meta => 3,
+        Kind::Children => 4,
+    }
+}
+
+pub(super) fn kind_of(c: u8) -> Kind {
+    match c {
+        0 => Kind::Base,
+        1 => Kind::Run,
+        2 => Kind::Rows,
+        3 => Kind::Meta,
+        _ => Kind::Children,
+    }
+}
+
+/// The built index: the inotify descriptor and the scratch store.
+pub(super) struct Built {
+    pub(super) fd: OwnedFd,
+    pub(super) base: PathBuf,
+    pub(super) db: Database,
+    pub(super) tally: Tally,
+    /// Non-durable commits since the last durable one.
+    pub(super) lazy_commits: u32,
+}
+
+/// Counts the index keeps beside its tables.
+#[derive(Clone, Copy, Debug, Default)]
+pub(super) struct Tally {
+    /// Run directories indexed.
+    pub(super) entries: usize,
+    /// Run directories without watches (swept by stamp).
+    pub(super) swept: usize,
+    /// inotify watches held, the store directory's included.
+    pub(super) watches: u64,
+    /// How many watches the index may hold (see [`watch_budget`]).
+    pub(super) budget: u64,
+    /// A sweeper thread is running for this index.
+    pub(super) sweeper: bool,
+    /// Evictions this write transaction may still make.
+    pub(super) evictions_left: u32,
+    /// Evictions made since the build began.
+    pub(super) evicted: u64,
+    /// How young a ctime makes a stamp untrustworthy ([`RACY_NS`]; a test
+    /// seam sets 0).
+    pub(super) racy_ns: i128,
+    /// The budget is this index's own (a test seam), not the process's.
+    pub(super) own_budget: bool,
+}
+
+/// inotify watches held by every index of this process: the budget is the
+/// process's, whatever the number of stores it lists (a root of many
+/// sessions opens one index per session).
+pub(super) static PROCESS_WATCHES: std::sync::atomic::AtomicU64 =
+    std::sync::atomic::AtomicU64::new(0);
+
+impl Tally {
+    /// Counts `delta` watches added (or, negative, removed).
+    pub(super) fn held(&mut self, delta: i64) {
+        use std::sync::atomic::Ordering;
+        if delta >= 0 {
+            self.watches += delta as u64;
+            PROCESS_WATCHES.fetch_add(delta as u64, Ordering::Relaxed);
+        } else {
+            self.watches -= delta.unsigned_abs();
+            PROCESS_WATCHES.fetch_sub(delta.unsigned_abs(), Ordering::Relaxed);
+        }
+    }
+
+    /// What the budget is measured against: the watches held by every
+    /// index of this process (a budget set by a test seam: this index's).
+    pub(super) fn process_watches(&self) -> u64 {
+        if self.own_budget {
+            self.watches
+        } else {
+            PROCESS_WATCHES.load(std::sync::atomic::Ordering::Relaxed)
+        }
+    }
+}
+
+impl Drop for Built {
+    fn drop(&mut self) {
+        // Its watches go with its inotify descriptor.
+        let n = self.tally.watches;
+        PROCESS_WATCHES.fetch_sub(n, std::sync::atomic::Ordering::Relaxed);
+    }
+}
+
+/// The watches this process's indexes may hold together: half of this user's limit
+/// (`fs.inotify.max_user_watches`, shared by every process of the user), so
+/// a second listing process and the user's other inotify users still get
+/// theirs. Past it, run directories are swept by stamp instead of watched.
+pub(super) fn watch_budget() -> u64 {
+    IndexOutlook::watch_limit().map_or(8192, |l| l / 2)
+}
+
+/// What a drain found to re-read.
+#[derive(Default)]
+pub(super) struct Dirty {
+    pub(super) rebuild: bool,
+    pub(super) top: BTreeSet<String>,
+    pub(super) runs: BTreeSet<String>,
+    pub(super) children: BTreeSet<String>,
+    pub(super) child_names: BTreeSet<(String, String)>,
+}
+
+/// An add_watch failure that makes the index unusable (ENOSPC, the watch
+/// limit, is not one: the run directory is swept instead).
+pub(super) fn fatal(e: rustix::io::Errno, path: &Path) -> Option<Refusal> {
+    if e == rustix::io::Errno::NOENT || e == rustix::io::Errno::NOTDIR {
+        return None;
+    }
+    Some(Refusal(format!("cannot watch {} ({e})", path.display())))
+}
+
+/// What adding one watch gave.
+pub(super) enum Watched {
+    Yes(i32),
+    /// The directory is not there (nothing to watch).
+    Absent,
+    /// The user's inotify watch limit is reached.
+    NoRoom,
+}
+
+/// The scratch store's unnamed file: on the store's own filesystem when it
+/// can hold one (`O_TMPFILE`: no name ever appears in the store directory),
+/// else in the system's temporary directory.
+pub(super) fn scratch_file(base: &Path) -> Result<std::fs::File, Refusal> {
+    tempfile::tempfile_in(base)
+        .or_else(|_| tempfile::tempfile())
+        .map_err(|e| {
+            Refusal(format!(
+                "cannot create the session index's scratch file ({e})"
+            ))
+        })
+}
+
+/// One write transaction's view of the index: every change goes through
+/// here.
+pub(super) struct Writer<'t> {
+    pub(super) fd: BorrowedFd<'t>,
+    pub(super) base: &'t Path,
+    pub(super) tally: &'t mut Tally,
+    pub(super) entries: Table<'t, &'static str, &'static [u8]>,
+    pub(super) swept: Table<'t, &'static str, ()>,
+    pub(super) evictable: Table<'t, &'static str, ()>,
+    pub(super) watches: Table<'t, i32, &'static [u8]>,
+    pub(super) by_id: Table<'t, &'static [u8], &'static [u8]>,
+    pub(super) by_created: Table<'t, &'static [u8], &'static [u8]>,
+}
+
+impl Built {
+    pub(super) fn build(
+        base: &Path,
+        hook: Option<BuildHook>,
+        budget: Option<u64>,
+        racy_ns: Option<i128>,
+    ) -> Result<Built, Refusal> {
+        let db = redb::Builder::new()
+            .set_cache_size(CACHE_BYTES)
+            .create_with_backend(
+                redb::backends::FileBackend::new(scratch_file(base)?).map_err(store_failed)?,
+            )
+            .map_err(store_failed)?;
+        let fd = inotify::init(CreateFlags::CLOEXEC | CreateFlags::NONBLOCK)
+            .map_err(|e| Refusal(format!("inotify_init failed ({e})")))?;
+        let mut b = Built {
+            fd,
+            base: base.to_path_buf(),
+            db,
+            tally: Tally {
+                budget: budget.unwrap_or_else(watch_budget),
+                own_budget: budget.is_some(),
+                racy_ns: racy_ns.unwrap_or(RACY_NS),
+                ..Tally::default()
+            },
+            lazy_commits: 0,
+        };
+        let wd = inotify::add_watch(&b.fd, base, mask(Kind::Base)).map_err(|e| {
+            fatal(e, base).unwrap_or_else(|| Refusal(format!("{} is gone", base.display())))
+        })?;
+        b.write(|w| w.add_watch(wd, Kind::Base, ""))?;
+        // The store directory is read a batch at a time (never every name
+        // at once: the build's memory does not grow with the store either);
+        // a name created meanwhile is read or queued (the watch is in
+        // place), a name gone meanwhile is dropped by its read.
+        let mut names = std::fs::read_dir(base)
+            .into_iter()
+            .flatten()
+            .filter_map(Result::ok)
+            .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
+            .filter_map(|e| e.file_name().into_string().ok())
+            .filter(|n| crate::listing::is_listed_run_name(n));
+        let mut hook = hook;
+        loop {
+            let batch: Vec<String> = names.by_ref().take(BUILD_BATCH).collect();
+            if let Some(hook) = hook.take() {
+                // Tests: changes between the store directory's read and the
+                // runs' (each must be read or queued).
+                hook();
+            }
+            if batch.is_empty() {
+                break;
+            }
+            b.write(|w| {
+                for run in &batch {
+                    w.reload_top(run)?;
+                }
+                Ok(())
+            })?;
+        }
+        b.durable()?;
+        Ok(b)
+    }
+
+    /// Runs `f` in one write transaction and commits it (durably every
+    /// [`DURABLE_EVERY`] commits, see there).
+    pub(super) fn write<T>(
+        &mut self,
+        f: impl FnOnce(&mut Writer<'_>) -> Result<T, Refusal>,
+    ) -> Result<T, Refusal> {
+        let mut tx = self.db.begin_write().map_err(store_failed)?;
+        self.tally.evictions_left = EVICTIONS_PER_WRITE;
+        self.lazy_commits += 1;
+        let durable = self.lazy_commits >= DURABLE_EVERY;
+        if durable {
+            self.lazy_commits = 0;
+        }
+        tx.set_durability(if durable {
+            Durability::Immediate
+        } else {
+            Durability::None
+        })
+        .map_err(store_failed)?;
+        let out = {
+            let mut w = Writer {
+                fd: self.fd.as_fd(),
+                base: &self.base,
+                tally: &mut self.tally,
+                entries: tx.open_table(ENTRIES).map_err(store_failed)?,
+                swept: tx.open_table(SWEPT).map_err(store_failed)?,
+                evictable: tx.open_table(EVICTABLE).map_err(store_failed)?,
+                watches: tx.open_table(WATCHES).map_err(store_failed)?,
+                by_id: tx.open_table(BY_ID).map_err(store_failed)?,
+                by_created: tx.open_table(BY_CREATED).map_err(store_failed)?,
+            };
+            f(&mut w)?
+        };
+        tx.commit().map_err(store_failed)?;
+        Ok(out)
+    }
+
+    /// A durable commit (nothing else): releases what the lazy ones kept.
+    pub(super) fn durable(&mut self) -> Result<(), Refusal> {
+        self.lazy_commits = DURABLE_EVERY;
+        self.write(|_| Ok(()))
+    }
+
+    pub(super) fn dir_of(&self, k: &DirKey) -> PathBuf {
+        dir_of(&self.base, k)
+    }
+
+    /// An entry's generation and summary, read back.
+    pub(super) fn entry(&self, key: &DirKey) -> Result<Option<Entry>, Refusal> {
+        let tx = self.db.begin_read().map_err(store_failed)?;
+        let t = tx.open_table(ENTRIES).map_err(store_failed)?;
+        let got = t.get(dir_key(key).as_str()).map_err(store_failed)?;
+        Ok(got.and_then(|v| Entry::decode(v.value())))
+    }
+
+    /// Drains the queued events into what must be re-read.
+    pub(super) fn drain(&mut self) -> Result<Dirty, Refusal> {
+        let mut d = Dirty::default();
+        let mut buf = [std::mem::MaybeUninit::<u8>::uninit(); 16384];
+        let tx = self.db.begin_read().map_err(store_failed)?;
+        let watches = tx.open_table(WATCHES).map_err(store_failed)?;
+        let mut gone = Vec::new();
+        let mut reader = inotify::Reader::new(self.fd.as_fd(), &mut buf);
+        loop {
+            let ev = match reader.next() {
+                Ok(ev) => ev,
+                Err(e) if e == rustix::io::Errno::INTR => continue,
+                // EAGAIN: drained. Anything else: rebuild rather than trust.
+                Err(e) if e == rustix::io::Errno::AGAIN => break,
+                Err(_) => {
+                    d.rebuild = true;
+                    break;
+                }
+            };
+            let flags = ev.events();
+            if flags.contains(ReadFlags::QUEUE_OVERFLOW) {
+                d.rebuild = true;
+                continue;
+            }
+            let wd = ev.wd();
+            if flags.contains(ReadFlags::IGNORED) {
+                gone.push(wd);
+                continue;
+            }
+            let Some(v) = watches.get(wd).map_err(store_failed)? else {
+                continue;
+            };
+            let (kind, owner) = match v.value().split_first() {
+                Some((k, rest)) => (kind_of(*k), String::from_utf8_lossy(rest).into_owned()),
+                None => continue,
+            };
+            let name = ev
+                .file_name()
+                .map(|n| n.to_string_lossy().into_owned())
+                .unwrap_or_default();
+            let itself = flags.intersects(ReadFlags::DELETE_SELF | ReadFlags::MOVE_SELF);
+            let top_level = !owner.contains('/');
+            match kind {
+                Kind::Base if itself => d.rebuild = true,
+                Kind::Base => {
+                    if crate::listing::is_listed_run_name(&name) {
+                        d.top.insert(name);
+                    }
+                }
+                Kind::Run if itself => {
+                    d.runs.insert(owner);
+                }
+                Kind::Run => match name.as_str() {
+                    CHECKPOINTS_DIR | CLAIMS_DIR | META_DIR => {
+                        d.runs.insert(owner);
+                    }
+                    // Only a top-level run's sub-runs are runs (a
+                    // grandchild lives beside its own parent, CS-68).
+                    CHILDREN_DIR if top_level => {
+                        d.children.insert(owner);
+                    }
+                    _ => {}
+                },
+                Kind::Rows => {
+                    d.runs.insert(owner);
+                }
+                Kind::Meta => {
+                    if itself || name == LIFECYCLE_FILE {
+                        d.runs.insert(owner);
+                    }
+                }
+                Kind::Children if itself => {
+                    d.children.insert(owner);
+                }
+                Kind::Children => {
+                    if crate::listing::is_listed_run_name(&name) {
+                        d.child_names.insert((owner, name));
+                    }
+                }
+            }
+        }
+        drop(watches);
+        drop(tx);
+        if !gone.is_empty() {
+            // The kernel dropped these watches (their directory went).
+            self.write(|w| {
+                for wd in gone {
+                    if w.watches.remove(wd).map_err(store_failed)?.is_some() {
+                        w.tally.held(-1);
+                    }
+                }
+                Ok(())
+            })?;
+        }
+        if crate::testing_hooks::mutation_named("index-ignores-events") {
+            return Ok(Dirty::default());
+        }
+        Ok(d)
+    }
+
+    /// Brings the index up to the directory: every change queued so far.
+    /// `Ok(false)`: an overflow; rebuild.
+    pub(super) fn sync(&mut self) -> Result<bool, Refusal> {
+        let d = self.drain()?;
+        if d.rebuild {
+            return Ok(false);
+        }
+        if d.top.is_empty()
+            && d.runs.is_empty()
+            && d.children.is_empty()
+            && d.child_names.is_empty()
+        {
+            return Ok(true);
+        }
+        self.write(|w| {
+            for name in &d.top {
+                w.reload_top(name)?;
+            }
+            for key in &d.children {
+                // `children/` appeared (or went): watch it, then read it.
+                let Some(k) = parse_dir_key(key) else {
+                    continue;
+                };
+                w.reload(&k)?;
+                w.rescan_children(&k)?;
+            }
+            for (parent, name) in &d.child_names {
+                let Some(k) = parse_dir_key(parent) else {
+                    continue;
+                };
+                w.reload_child(&k, name)?;
+            }
+            for key in &d.runs {
+                let Some(k) = parse_dir_key(key) else {
+                    continue;
+                };
+                w.reload(&k)?;
+            }
+            Ok(())
+        })?;
+        Ok(true)
+    }
+
+    /// Up to `want` entries after `after` in `order` whose summary passes
+    /// `keep`.
+    pub(super) fn scan(
+        &self,
+        order: ListOrder,
+        after: Option<&RowKey>,
+        want: usize,
+        keep: &dyn Fn(&Summary) -> bool,
+    ) -> Result<Vec<Found>, Refusal> {
+        let tx = self.db.begin_read().map_err(store_failed)?;
+        let map = tx
+            .open_table(match order {
+                ListOrder::RunId => BY_ID,
+                ListOrder::CreatedAt => BY_CREATED,
+            })
+            .map_err(store_failed)?;
+        let from = after.map(|a| encode_key(&a.without_tie()));
+        let range = match &from {
+            Some(a) => map.range::<&[u8]>((Bound::Excluded(a.as_slice()), Bound::Unbounded)),
+            None => map.range::<&[u8]>(..),
+        }
+        .map_err(store_failed)?;
+        let mut out = Vec::new();
+        for item in range {
+            if out.len() >= want {
+                break;
+            }
+            let (_, v) = item.map_err(store_failed)?;
+            let Some((generation, s, key)) = decode_row(v.value()) else {
+                return Err(store_failed("an undecodable row"));
+            };
+            if keep(&s) {
+                out.push(Found {
+                    key: s.key(order, &key),
+                    candidate: Candidate {
+                        dir: self.dir_of(&key),
+                        run: key.1,
+                        parent: key.0,
+                    },
+                    generation,
+                });
+            }
+        }
+        Ok(out)
+    }
+}
+
+impl Writer<'_> {
+    pub(super) fn entry(&self, key: &str) -> Result<Option<Entry>, Refusal> {
+        let got = self.entries.get(key).map_err(store_failed)?;
+        Ok(got.and_then(|v| Entry::decode(v.value())))
+    }
+
+    pub(super) fn put_entry(&mut self, key: &str, e: &Entry) -> Result<(), Refusal> {
+        let old = self
+            .entries
+            .insert(key, e.encode().as_slice())
+            .map_err(store_failed)?;
+        if old.is_none() {
+            self.tally.entries += 1;
+        }
+        Ok(())
+    }
+
+    pub(super) fn add_watch(&mut self, wd: i32, kind: Kind, owner: &str) -> Result<(), Refusal> {
+        let mut v = Vec::with_capacity(1 + owner.len());
+        v.push(kind_code(kind));
+        v.extend_from_slice(owner.as_bytes());
+        if self
+            .watches
+            .insert(wd, v.as_slice())
+            .map_err(store_failed)?
+            .is_none()
+        {
+            self.tally.held(1);
+        }
+        Ok(())
+    }
+
+    pub(super) fn watch(
+        &mut self,
+        owner: &str,
+        path: &Path,
+        kind: Kind,
+    ) -> Result<Watched, Refusal> {
+        match inotify::add_watch(self.fd, path, mask(kind)) {
+            Ok(wd) => {
+                self.add_watch(wd, kind, owner)?;
+                Ok(Watched::Yes(wd))
+            }
+            Err(e) if e == rustix::io::Errno::NOSPC => Ok(Watched::NoRoom),
+            Err(e) => match fatal(e, path) {
+                Some(r) => Err(r),
+                None => Ok(Watched::Absent),
+            },
+        }
+    }
+
+    /// Drops the watches of `owner` not in `keep` that it still owns.
+    pub(super) fn unwatch(
+        &mut self,
+        owner: &str,
+        old: &[i32],
+        keep: &[i32],
+    ) -> Result<(), Refusal> {
+        for wd in old {
+            if keep.contains(wd) {
+                continue;
+            }
+            let owned = self
+                .watches
+                .get(*wd)
+                .map_err(store_failed)?
+                .is_some_and(|v| v.value().get(1..) == Some(owner.as_bytes()));
+            if owned {
+                self.watches.remove(*wd).map_err(store_failed)?;
+                self.tally.held(-1);
+                let _ = inotify::remove_watch(self.fd, *wd);
+            }
+        }
+        Ok(())
+    }
+
+    /// Replaces the summary of the entry `key` (which exists), keeping the
+    /// order maps in step and bumping its generation.
+    pub(super) fn set_summary(
+        &mut self,
+        k: &DirKey,
+        summary: Option<Summary>,
+    ) -> Result<(), Refusal> {
+        let key = dir_key(k);
+        let Some(mut e) = self.entry(&key)? else {
+            return Ok(());
+        };
+        if let Some(o) = &e.summary {
+            self.by_id
+                .remove(encode_key(&o.key(ListOrder::RunId, k)).as_slice())
+                .map_err(store_failed)?;
+            self.by_created
+                .remove(encode_key(&o.key(ListOrder::CreatedAt, k)).as_slice())
+                .map_err(store_failed)?;
+        }
+        e.generation += 1;
+        if let Some(new) = &summary {
+            let row = encode_row(e.generation, new, &key);
+            self.by_id
+                .insert(
+                    encode_key(&new.key(ListOrder::RunId, k)).as_slice(),
+                    row.as_slice(),
+                )
+                .map_err(store_failed)?;
+            self.by_created
+                .insert(
+                    encode_key(&new.key(ListOrder::CreatedAt, k)).as_slice(),
+                    row.as_slice(),
+                )
+                .map_err(store_failed)?;
+        }
+        e.summary = summary;
+        self.put_entry(&key, &e)
+    }
+
+    /// The sub-runs indexed under the top-level run `parent`.
+    pub(super) fn children_of(&self, parent: &RunId) -> Result<BTreeSet<RunId>, Refusal> {
+        // Keys `parent/child`: from `parent/` up to `parent0` ('0' follows
+        // '/').
+        let lo = format!("{}/", parent.as_str());
+        let hi = format!("{}0", parent.as_str());
+        let mut out = BTreeSet::new();
+        for item in self
+            .entries
+            .range::<&str>(lo.as_str()..hi.as_str())
+            .map_err(store_failed)?
+        {
+            let (k, _) = item.map_err(store_failed)?;
+            if let Some((_, c)) = k.value().split_once('/') {
+                if let Ok(c) = RunId::new(c) {
+                    out.insert(c);
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    pub(super) fn remove(&mut self, k: &DirKey) -> Result<(), Refusal> {
+        let key = dir_key(k);
+        let Some(e) = self.entry(&key)? else {
+            return Ok(());
+        };
+        if k.0.is_none() {
+            for c in self.children_of(&k.1)? {
+                self.remove(&(Some(k.1.clone()), c))?;
+            }
+        }
+        self.set_summary(k, None)?;
+        self.unwatch(&key, &e.wds, &[])?;
+        self.mark(&key, false, false)?;
+        if self
+            .entries
+            .remove(key.as_str())
+            .map_err(store_failed)?
+            .is_some()
+        {
+            self.tally.entries -= 1;
+        }
+        Ok(())
+    }
+
+    /// Keeps the swept and evictable tables (and their tally) in step with
+    /// an entry: `swept` when it has no watches, `evictable` when it is
+    /// watched and its run finished.
+    pub(super) fn mark(&mut self, key: &str, swept: bool, evictable: bool) -> Result<(), Refusal> {
+        let was = if swept {
+            self.swept.insert(key, ()).map_err(store_failed)?.is_some()
+        } else {
+            self.swept.remove(key).map_err(store_failed)?.is_some()
+        };
+        match (was, swept) {
+            (false, true) => self.tally.swept += 1,
+            (true, false) => self.tally.swept -= 1,
+            _ => {}
+        }
+        if evictable {
+            self.evictable.insert(key, ()).map_err(store_failed)?;
+        } else {
+            self.evictable.remove(key).map_err(store_failed)?;
+        }
+        Ok(())
+    }
+
+    /// Re-reads one run directory: watches first (or, over the watch
+    /// budget, its stamp), then the files.
+    pub(super) fn reload(&mut self, k: &DirKey) -> Result<(), Refusal> {
+        let key = dir_key(k);
+        let Some(mut e) = self.entry(&key)? else {
+            return Ok(());
+        };
+        let dir = dir_of(self.base, k);
+        if !is_real_dir(&dir) {
+            return self.remove(k);
+        }
+        let top = k.0.is_none();
+        let wants = watched_dirs(&dir, top);
+        // The budget counts the directories there now; every one is still
+        // asked for (one created meanwhile is then watched, not missed).
+        let need = wants.iter().filter(|(p, _)| is_real_dir(p)).count() as u64;
+        let held = e.wds.len() as u64;
+        // A run known not to be finished (read before, now changed) may
+        // take the watches of a finished one, which is then swept; a run
+        // not read yet (every run of a build) or finished waits for room.
+        let unfinished = e.summary.as_ref().is_some_and(|s| !s.status.is_finished());
+        let room = |t: &Tally| t.process_watches().saturating_sub(held) + need <= t.budget;
+        while !room(self.tally) && unfinished && self.evict_one(&key)? {}
+        let mut watched = room(self.tally);
+        let mut enospc = false;
+        let mut wds = Vec::with_capacity(wants.len());
+        if watched {
+            for (path, kind) in wants {
+                match self.watch(&key, &path, kind)? {
+                    Watched::Yes(wd) => wds.push(wd),
+                    Watched::Absent => {}
+                    Watched::NoRoom => {
+                        // Other watchers of this user took the rest of the
+                        // limit: hold no more than the index has now.
+                        tracing::warn!(
+                            "the inotify watch limit was reached at {} watches held by the index of {}; run directories past it are swept by stamp (raise fs.inotify.max_user_watches, e.g. `sysctl fs.inotify.max_user_watches=1048576`)",
+                            self.tally.watches,
+                            self.base.display()
+                        );
+                        watched = false;
+                        enospc = true;
+                        break;
+                    }
+                }
+            }
+        }
+        if watched {
+            self.unwatch(&key, &e.wds, &wds)?;
+            e.wds = wds;
+            e.stamp = None;
+        } else {
+            let mut all = e.wds.clone();
+            all.extend(wds);
+            self.unwatch(&key, &all, &[])?;
+            if enospc {
+                // ENOSPC within the budget: other watchers of this user
+                // hold the rest; never ask for more than is held now.
+                self.tally.budget = self.tally.budget.min(self.tally.process_watches().max(1));
+            }
+            e.wds = Vec::new();
+            // The stamp before the read: a change after it moves it.
+            e.stamp = Some(stamp_of(&dir, top, self.tally.racy_ns));
+        }
+        self.put_entry(&key, &e)?;
+        let c = Candidate {
+            run: k.1.clone(),
+            parent: k.0.clone(),
+            dir,
+        };
+        let read = listing::read_run(&c, &Ctx::store("list_runs"));
+        let summary = read.as_ref().and_then(Summary::of);
+        let finished = summary.as_ref().is_some_and(|s| s.status.is_finished());
+        self.mark(&key, !watched, watched && finished)?;
+        self.set_summary(k, summary)
+    }
+
+    /// Takes the watches of one finished run (not `except`), which is then
+    /// swept; `false` when there is none.
+    pub(super) fn evict_one(&mut self, except: &str) -> Result<bool, Refusal> {
+        // Each dropped watch queues an IN_IGNORED event: a bounded number
+        // per transaction keeps the queue far below its limit between two
+        // drains.
+        if self.tally.evictions_left == 0 {
+            return Ok(false);
+        }
+        self.tally.evictions_left -= 1;
+        let mut victim = None;
+        for item in self.evictable.range::<&str>(..).map_err(store_failed)? {
+            let (k, _) = item.map_err(store_failed)?;
+            if k.value() != except {
+                victim = Some(k.value().to_owned());
+                break;
+            }
+        }
+        let Some(victim) = victim else {
+            return Ok(false);
+        };
+        self.tally.evicted += 1;
+        let (Some(vk), Some(mut ve)) = (parse_dir_key(&victim), self.entry(&victim)?) else {
+            self.evictable
+                .remove(victim.as_str())
+                .map_err(store_failed)?;
+            return Ok(true);
+        };
+        let dir = dir_of(self.base, &vk);
+        self.unwatch(&victim, &ve.wds, &[])?;
+        ve.wds = Vec::new();
+        // Events queued for the dropped watches since the last drain go
+        // with them: stamp, then read the run again now.
+        ve.stamp = Some(stamp_of(&dir, vk.0.is_none(), self.tally.racy_ns));
+        self.put_entry(&victim, &ve)?;
+        self.mark(&victim, true, false)?;
+        let c = Candidate {
+            run: vk.1.clone(),
+            parent: vk.0.clone(),
+            dir,
+        };
+        let read = listing::read_run(&c, &Ctx::store("list_runs"));
+        self.set_summary(&vk, read.as_ref().and_then(Summary::of))?;
+        Ok(true)
+    }
+
+    /// Makes sure the entry `k` exists (empty), then re-reads it.
+    pub(super) fn load(&mut self, k: &DirKey) -> Result<(), Refusal> {
+        let key = dir_key(k);
+        if self.entry(&key)?.is_none() {
+            self.put_entry(&key, &Entry::default())?;
+        }
+        self.reload(k)
+    }
+
+    /// A top-level run directory named `name` appeared, changed or went.
+    pub(super) fn reload_top(&mut self, name: &str) -> Result<(), Refusal> {
+        let Ok(run) = RunId::new(name) else {
+            return Ok(());
+        };
+        let k = (None, run);
+        if !is_real_dir(&dir_of(self.base, &k)) {
+            return self.remove(&k);
+        }
+        self.load(&k)?;
+        self.rescan_children(&k)
+    }
+
+    /// Re-reads a top-level run's `children/` (its watch is in place).
+    pub(super) fn rescan_children(&mut self, k: &DirKey) -> Result<(), Refusal> {
+        if self.entry(&dir_key(k))?.is_none() {
+            return Ok(());
+        }
+        let parent = k.1.clone();
+        let known = self.children_of(&parent)?;
+        let dir = dir_of(self.base, k).join(CHILDREN_DIR);
+        let now: BTreeSet<RunId> = run_names(&dir).into_iter().collect();
+        for gone in known.difference(&now) {
+            self.remove(&(Some(parent.clone()), gone.clone()))?;
+        }
+        for c in now {
+            self.load(&(Some(parent.clone()), c))?;
+        }
+        Ok(())
+    }
+
+    /// A sub-run directory `name` of the top-level run `k` appeared,
+    /// changed or went.
+    pub(super) fn reload_child(&mut self, k: &DirKey, name: &str) -> Result<(), Refusal> {
+        let Ok(run) = RunId::new(name) else {
+            return Ok(());
+        };
+        if self.entry(&dir_key(k))?.is_none() {
+            return Ok(());
+        }
+        let child = (Some(k.1.clone()), run);
+        if is_real_dir(&dir_of(self.base, &child)) {
+            self.load(&child)
+        } else {
+            self.remove(&child)
+        }
+    }
+}
