@@ -133,6 +133,21 @@ fn list(base: &Path, walk: bool) {
     }
     println!("listed {rows} rows in {:?}", t.elapsed());
     report("after listing");
+    // The index's scratch file: an unlinked file this process holds open.
+    if let Ok(fds) = std::fs::read_dir("/proc/self/fd") {
+        for fd in fds.flatten() {
+            let target = std::fs::read_link(fd.path()).unwrap_or_default();
+            if target.to_string_lossy().ends_with("(deleted)") {
+                if let Ok(m) = std::fs::metadata(fd.path()) {
+                    println!(
+                        "index scratch file: {} KiB on disk ({} KiB allocated)",
+                        m.len() / 1024,
+                        std::os::unix::fs::MetadataExt::blocks(&m) / 2
+                    );
+                }
+            }
+        }
+    }
 }
 
 fn catch_up(dir: &Path, events: u64, page: usize) {

@@ -14,6 +14,12 @@
 //! the page is still built from the run's files, exactly as the walk builds
 //! it, and the entry is corrected from what was read.
 //!
+//! Where each part lives: the summary and the filters in `summary.rs`, the
+//! tables and every change to them in `store.rs`, the stamps and the
+//! sweeper in `sweep.rs`, what it needs from the machine (`runkeep doctor`)
+//! in `outlook.rs`; this file keeps the watches' rules and the lifecycle of
+//! the index (built, refused, rebuilt).
+//!
 //! The entries and both orders live in an ordered on-disk B-tree (redb) in
 //! an unnamed temporary file (`O_TMPFILE` on the store's filesystem, else
 //! the system temporary directory), with a fixed page cache
@@ -55,9 +61,11 @@
 //! [`Stamp`] of its directories taken before it was read, and a sweeper
 //! thread compares every swept stamp with the directories at least every
 //! [`SWEEP_EVERY`] (pausing four times as long as a pass took) and re-reads
-//! the runs whose stamp moved or was too young to trust. Runs that are not
-//! finished take watches from finished ones (which are then swept), so the
-//! runs that change keep seeing every change at once. What a swept run's
+//! the runs whose stamp moved or was too young to trust. A run read as not
+//! finished whose stamp moves takes the watches of a finished one (which is
+//! then swept; at most 256 per transaction, never during a build: each
+//! dropped watch queues an event), so the runs that keep changing see every
+//! change at once. What a swept run's
 //! row sees late, and the bound: a change that adds, removes or renames a
 //! name in the run's directory, `checkpoints/`, `claims/`, `.runkeep/` or
 //! `children/` (every write of this store and of the reference does) is in

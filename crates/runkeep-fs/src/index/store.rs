@@ -38,6 +38,12 @@ pub(super) const DURABLE_EVERY: u32 = 256;
 /// `fs.inotify.max_queued_events`, 16 384 by default, between two drains).
 pub(super) const EVICTIONS_PER_WRITE: u32 = 256;
 
+/// Build batches between two durable commits: a copy-on-write page freed
+/// by a non-durable commit is reused only after a durable one, so without
+/// them the scratch file grows with every batch's garbage (measured:
+/// 71 MB at 31 000 runs into a build of 100 000).
+pub(super) const BUILD_DURABLE_EVERY: u32 = 4;
+
 /// Runs read between two commits while building.
 pub(super) const BUILD_BATCH: usize = 512;
 
@@ -435,6 +441,7 @@ impl Built {
             .filter_map(|e| e.file_name().into_string().ok())
             .filter(|n| crate::listing::is_listed_run_name(n));
         let mut hook = hook;
+        let mut batches = 0u32;
         loop {
             let batch: Vec<String> = names.by_ref().take(BUILD_BATCH).collect();
             if let Some(hook) = hook.take() {
@@ -451,6 +458,10 @@ impl Built {
                 }
                 Ok(())
             })?;
+            batches += 1;
+            if batches % BUILD_DURABLE_EVERY == 0 {
+                b.durable()?;
+            }
         }
         b.durable()?;
         Ok(b)
