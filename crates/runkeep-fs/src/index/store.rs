@@ -459,7 +459,7 @@ impl Built {
                 Ok(())
             })?;
             batches += 1;
-            if batches % BUILD_DURABLE_EVERY == 0 {
+            if batches.is_multiple_of(BUILD_DURABLE_EVERY) {
                 b.durable()?;
             }
         }
