@@ -9,25 +9,13 @@
 
 mod common;
 
-use std::io::Write;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 use common::*;
 use rand::Rng;
 use runkeep::{EventBatch, EvidenceStore, NewEvent, ReadEventsOptions, RunScope};
 use runkeep_fs::FsStore;
 use serde_json::{json, Map};
-
-/// Appends bytes as a lock-less writer does (no lock, no index).
-fn raw_append(path: &Path, bytes: &[u8]) {
-    std::fs::OpenOptions::new()
-        .append(true)
-        .create(true)
-        .open(path)
-        .unwrap()
-        .write_all(bytes)
-        .unwrap();
-}
 
 struct Run {
     _dir: tempfile::TempDir,

@@ -606,6 +606,19 @@ fn seed(store: &FsStore, n: usize) {
     }
 }
 
+/// Claims and finishes (completed) the seeded run `i`.
+fn finish_seeded(store: &FsStore, i: usize) {
+    let rt = rt();
+    let s = scope(&format!("run_{i:04}"));
+    let lease = rt
+        .block_on(store.claim(&s, &opts("w", 60_000, 2_000)))
+        .unwrap()
+        .lease()
+        .unwrap();
+    rt.block_on(store.finish(&s, lease.fence, &runkeep::Outcome::completed(None)))
+        .unwrap();
+}
+
 /// Runs whose checkpoints directory was listed since `before`.
 fn runs_read(base: &Path, n: usize, before: &[u64]) -> usize {
     (0..n)
@@ -881,17 +894,9 @@ fn a_run_that_moves_takes_the_watches_of_a_finished_one() {
     let dir = tempfile::tempdir().unwrap();
     let base = dir.path().join("runs");
     let store = open(&base);
-    let rt = rt();
     seed(&store, 3);
     for i in 0..3 {
-        let s = scope(&format!("run_{i:04}"));
-        let lease = rt
-            .block_on(store.claim(&s, &opts("w", 60_000, 2_000)))
-            .unwrap()
-            .lease()
-            .unwrap();
-        rt.block_on(store.finish(&s, lease.fence, &runkeep::Outcome::completed(None)))
-            .unwrap();
+        finish_seeded(&store, i);
     }
     let probe = runkeep_fs::IndexOutlook::of(&base);
     store.testing_set_index_watch_budget(probe.watches);
@@ -949,17 +954,9 @@ fn a_build_evicts_nothing() {
     let dir = tempfile::tempdir().unwrap();
     let base = dir.path().join("runs");
     let store = open(&base);
-    let rt = rt();
     seed(&store, 24);
     for i in (0..24).step_by(2) {
-        let s = scope(&format!("run_{i:04}"));
-        let lease = rt
-            .block_on(store.claim(&s, &opts("w", 60_000, 2_000)))
-            .unwrap()
-            .lease()
-            .unwrap();
-        rt.block_on(store.finish(&s, lease.fence, &runkeep::Outcome::completed(None)))
-            .unwrap();
+        finish_seeded(&store, i);
     }
     store.testing_set_index_watch_budget(12);
     store.testing_pause_index_sweeper(true);

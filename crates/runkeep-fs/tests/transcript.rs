@@ -3,7 +3,6 @@
 
 mod common;
 
-use std::io::Write;
 use std::time::Duration;
 
 use common::*;
@@ -246,16 +245,6 @@ fn concurrent_appends() -> Outcome {
         },
     ));
     (reports, back)
-}
-
-fn raw_append(path: &std::path::Path, bytes: &[u8]) {
-    std::fs::OpenOptions::new()
-        .append(true)
-        .create(true)
-        .open(path)
-        .unwrap()
-        .write_all(bytes)
-        .unwrap();
 }
 
 /// The offset index answers every `since_seq` exactly as a full scan does,

@@ -307,3 +307,15 @@ pub fn sleep_until(ms: i64) {
         std::thread::sleep(Duration::from_millis(d as u64));
     }
 }
+
+/// Appends bytes to a log as a lock-less writer does (the reference: no
+/// lock, no offset index).
+pub fn raw_append(path: &Path, bytes: &[u8]) {
+    std::fs::OpenOptions::new()
+        .append(true)
+        .create(true)
+        .open(path)
+        .unwrap()
+        .write_all(bytes)
+        .unwrap();
+}
