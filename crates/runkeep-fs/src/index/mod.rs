@@ -404,7 +404,8 @@ impl SessionIndex {
     /// Corrects a run's entry from a read the caller made after the index
     /// answered, unless the entry was re-read since (then the read may be
     /// older than the entry). A change after the read is still queued and
-    /// re-read at the next sync.
+    /// re-read at the next sync (or, for a swept run, moves its stamp and
+    /// is re-read at the next sweep).
     pub(crate) fn reconcile(&self, found: &Found, summary: Option<Summary>) {
         let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
         let State::Built(b) = &mut *st else { return };
