@@ -712,8 +712,7 @@ fn verdict_of_index(o: &runkeep_fs::IndexOutlook, limit: Option<u64>) -> CliResu
     let raise = format!(
         "raise the limit, e.g. `sysctl fs.inotify.max_user_watches={suggest}` (and in /etc/sysctl.d/ to keep it); each watch costs about 1 KiB of kernel memory"
     );
-    // The index holds at most half of the user's limit (runkeep-fs).
-    let budget = limit / 2;
+    let budget = runkeep_fs::IndexOutlook::budget_of(limit);
     if o.watches > budget {
         let swept = o.run_dirs - o.run_dirs * budget / o.watches;
         return Ok(Outcome::warn(format!(

@@ -42,6 +42,19 @@ impl IndexOutlook {
         out
     }
 
+    /// The watches one process's indexes may hold together: half of this
+    /// user's limit, so a second listing process and the user's other
+    /// inotify users still get theirs; past it, run directories are swept
+    /// by stamp instead of watched. `None` when the limit cannot be read.
+    pub fn watch_budget() -> Option<u64> {
+        Some(Self::budget_of(Self::watch_limit()?))
+    }
+
+    /// The budget a watch limit gives (see [`IndexOutlook::watch_budget`]).
+    pub fn budget_of(limit: u64) -> u64 {
+        limit / 2
+    }
+
     /// This user's inotify watch limit (`fs.inotify.max_user_watches`),
     /// shared by every process of the user; `None` when it cannot be read.
     pub fn watch_limit() -> Option<u64> {

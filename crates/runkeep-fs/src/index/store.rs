@@ -335,12 +335,10 @@ impl Drop for Built {
     }
 }
 
-/// The watches this process's indexes may hold together: half of this user's limit
-/// (`fs.inotify.max_user_watches`, shared by every process of the user), so
-/// a second listing process and the user's other inotify users still get
-/// theirs. Past it, run directories are swept by stamp instead of watched.
+/// The watches this process's indexes may hold together
+/// ([`IndexOutlook::watch_budget`]; 8 192 when the limit cannot be read).
 pub(super) fn watch_budget() -> u64 {
-    IndexOutlook::watch_limit().map_or(8192, |l| l / 2)
+    IndexOutlook::watch_budget().unwrap_or(8192)
 }
 
 /// What a drain found to re-read.
