@@ -797,6 +797,20 @@ impl Writer<'_> {
         let Some(mut e) = self.entry(&key)? else {
             return Ok(());
         };
+        self.apply_summary(k, &key, &mut e, summary)?;
+        self.put_entry(&key, &e)
+    }
+
+    /// Gives the entry `e` (of `k`, keyed `key`) the summary `summary`: the
+    /// order tables follow and its generation is bumped; the caller stores
+    /// `e`.
+    fn apply_summary(
+        &mut self,
+        k: &DirKey,
+        key: &str,
+        e: &mut Entry,
+        summary: Option<Summary>,
+    ) -> Result<(), Refusal> {
         if let Some(o) = &e.summary {
             self.by_id
                 .remove(encode_key(&o.key(ListOrder::RunId, k)).as_slice())
@@ -807,7 +821,7 @@ impl Writer<'_> {
         }
         e.generation += 1;
         if let Some(new) = &summary {
-            let row = encode_row(e.generation, new, &key);
+            let row = encode_row(e.generation, new, key);
             self.by_id
                 .insert(
                     encode_key(&new.key(ListOrder::RunId, k)).as_slice(),
@@ -822,7 +836,7 @@ impl Writer<'_> {
                 .map_err(store_failed)?;
         }
         e.summary = summary;
-        self.put_entry(&key, &e)
+        Ok(())
     }
 
     /// The sub-runs indexed under the top-level run `parent`.
@@ -906,15 +920,22 @@ impl Writer<'_> {
         }
         let top = k.0.is_none();
         let wants = watched_dirs(&dir, top);
-        // The budget counts the directories there now; every one is still
-        // asked for (one created meanwhile is then watched, not missed).
-        let need = wants.iter().filter(|(p, _)| is_real_dir(p)).count() as u64;
         let held = e.wds.len() as u64;
+        let fits = |t: &Tally, n: u64| t.process_watches().saturating_sub(held) + n <= t.budget;
+        // Near the budget, it counts the directories there now (a stat
+        // each, so only there); every one is still asked for (one created
+        // meanwhile is then watched, not missed).
+        let most = wants.len() as u64;
+        let need = if fits(self.tally, most) {
+            most
+        } else {
+            wants.iter().filter(|(p, _)| is_real_dir(p)).count() as u64
+        };
         // A run known not to be finished (read before, now changed) may
         // take the watches of a finished one, which is then swept; a run
         // not read yet (every run of a build) or finished waits for room.
         let unfinished = e.summary.as_ref().is_some_and(|s| !s.status.is_finished());
-        let room = |t: &Tally| t.process_watches().saturating_sub(held) + need <= t.budget;
+        let room = |t: &Tally| fits(t, need);
         while !room(self.tally) && unfinished && self.evict_one(&key)? {}
         let mut watched = room(self.tally);
         let mut enospc = false;
@@ -956,17 +977,11 @@ impl Writer<'_> {
             // The stamp before the read: a change after it moves it.
             e.stamp = Some(stamp_of(&dir, top, self.tally.racy_ns));
         }
-        self.put_entry(&key, &e)?;
-        let c = Candidate {
-            run: k.1.clone(),
-            parent: k.0.clone(),
-            dir,
-        };
-        let read = listing::read_run(&c, &Ctx::store("list_runs"));
-        let summary = read.as_ref().and_then(Summary::of);
+        let summary = read_summary(k, dir);
         let finished = summary.as_ref().is_some_and(|s| s.status.is_finished());
         self.mark(&key, !watched, watched && finished)?;
-        self.set_summary(k, summary)
+        self.apply_summary(k, &key, &mut e, summary)?;
+        self.put_entry(&key, &e)
     }
 
     /// Takes the watches of one finished run (not `except`), which is then
@@ -1003,15 +1018,10 @@ impl Writer<'_> {
         // Events queued for the dropped watches since the last drain go
         // with them: stamp, then read the run again now.
         ve.stamp = Some(stamp_of(&dir, vk.0.is_none(), self.tally.racy_ns));
-        self.put_entry(&victim, &ve)?;
         self.mark(&victim, true, false)?;
-        let c = Candidate {
-            run: vk.1.clone(),
-            parent: vk.0.clone(),
-            dir,
-        };
-        let read = listing::read_run(&c, &Ctx::store("list_runs"));
-        self.set_summary(&vk, read.as_ref().and_then(Summary::of))?;
+        let summary = read_summary(&vk, dir);
+        self.apply_summary(&vk, &victim, &mut ve, summary)?;
+        self.put_entry(&victim, &ve)?;
         Ok(true)
     }
 
@@ -1071,4 +1081,16 @@ impl Writer<'_> {
             self.remove(&child)
         }
     }
+}
+
+/// The summary of the run directory `dir` of `k`, read as the walk reads it.
+fn read_summary(k: &DirKey, dir: PathBuf) -> Option<Summary> {
+    let c = Candidate {
+        run: k.1.clone(),
+        parent: k.0.clone(),
+        dir,
+    };
+    listing::read_run(&c, &Ctx::store("list_runs"))
+        .as_ref()
+        .and_then(Summary::of)
 }
