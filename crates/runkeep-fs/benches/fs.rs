@@ -14,10 +14,7 @@
 //!
 //! `cargo bench -p runkeep-fs --bench fs`
 
-use std::future::Future;
 use std::path::Path;
-use std::pin::pin;
-use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion};
@@ -26,21 +23,12 @@ use runkeep::{
     ListOrder, ListingScope, NewEvent, ProjectId, ReadEventsOptions, RunId, RunScope, SessionId,
     TenantId, Timestamp, Ttl,
 };
+use runkeep_fs::testing::inline;
 use runkeep_fs::{Attribution, FsOptions, FsStore};
 use serde_json::{json, Map};
 
 /// Polls a future that completes without waiting (the store's calls do
 /// when no runtime is present).
-fn inline<F: Future>(f: F) -> F::Output {
-    let mut f = pin!(f);
-    let mut cx = Context::from_waker(Waker::noop());
-    loop {
-        if let Poll::Ready(v) = f.as_mut().poll(&mut cx) {
-            return v;
-        }
-    }
-}
-
 fn attribution() -> Attribution {
     Attribution {
         tenant_id: TenantId::new("tnt_bench").unwrap(),

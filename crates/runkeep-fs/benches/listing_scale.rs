@@ -20,10 +20,7 @@
 //!
 //! `cargo bench -p runkeep-fs --bench listing_scale`
 
-use std::future::Future;
 use std::path::{Path, PathBuf};
-use std::pin::pin;
-use std::task::{Context, Poll, Waker};
 use std::time::{Duration, Instant};
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion};
@@ -33,18 +30,9 @@ use runkeep::{
     ListOrder, ListingScope, PendingDecision, ProjectId, RunStatus, SessionId, TenantId, Timestamp,
     Ttl,
 };
+use runkeep_fs::testing::inline;
 use runkeep_fs::{Attribution, FsOptions, FsStore};
 use serde_json::{json, Map, Value};
-
-fn inline<F: Future>(f: F) -> F::Output {
-    let mut f = pin!(f);
-    let mut cx = Context::from_waker(Waker::noop());
-    loop {
-        if let Poll::Ready(v) = f.as_mut().poll(&mut cx) {
-            return v;
-        }
-    }
-}
 
 fn attribution() -> Attribution {
     Attribution {

@@ -14,10 +14,7 @@
 //! reader catching up does. The listing fixtures are the bench's
 //! (`benches/listing_scale.rs`, `/tmp/runkeep-bench-listing-v1-<n>/runs`).
 
-use std::future::Future;
 use std::path::Path;
-use std::pin::pin;
-use std::task::{Context, Poll, Waker};
 use std::time::Instant;
 
 use runkeep::park::ParkState;
@@ -25,18 +22,9 @@ use runkeep::{
     CheckpointStore, EvidenceStore, ListOptions, ListOrder, ListingScope, NewEvent, ProjectId,
     ReadEventsOptions, RunId, RunScope, SessionId, TenantId, Timestamp,
 };
+use runkeep_fs::testing::inline;
 use runkeep_fs::{Attribution, FsOptions, FsStore};
 use serde_json::{json, Map};
-
-fn inline<F: Future>(f: F) -> F::Output {
-    let mut f = pin!(f);
-    let mut cx = Context::from_waker(Waker::noop());
-    loop {
-        if let Poll::Ready(v) = f.as_mut().poll(&mut cx) {
-            return v;
-        }
-    }
-}
 
 fn attribution() -> Attribution {
     Attribution {

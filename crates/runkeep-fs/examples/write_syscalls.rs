@@ -10,27 +10,15 @@
 //! The first `N` writes fill the run (one store, one claim); the last `M`
 //! are the measured ones, each a 4 KiB checkpoint under the same fence.
 
-use std::future::Future;
 use std::path::Path;
-use std::pin::pin;
-use std::task::{Context, Poll, Waker};
 
 use runkeep::{
     Checkpoint, CheckpointId, CheckpointStore, ClaimOptions, Holder, ProjectId, RunId, RunScope,
     SessionId, TenantId, Timestamp, Ttl,
 };
+use runkeep_fs::testing::inline;
 use runkeep_fs::{Attribution, FsOptions, FsStore};
 use serde_json::{json, Map};
-
-fn inline<F: Future>(f: F) -> F::Output {
-    let mut f = pin!(f);
-    let mut cx = Context::from_waker(Waker::noop());
-    loop {
-        if let Poll::Ready(v) = f.as_mut().poll(&mut cx) {
-            return v;
-        }
-    }
-}
 
 fn checkpoint(id: &str) -> Checkpoint {
     let mut state = Map::new();

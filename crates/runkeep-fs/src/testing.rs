@@ -261,3 +261,16 @@ pub fn checkpoint_dir_stats(run_dir: impl AsRef<Path>) -> u64 {
     let r = CHECKPOINT_DIR_OPS.lock().unwrap_or_else(|p| p.into_inner());
     r.get(run_dir.as_ref()).map_or(0, |n| n.1)
 }
+
+/// Runs a store future to completion on this thread, without a runtime:
+/// the directory store's futures do their work when first polled and never
+/// wait on a waker (benches and examples measure the store, not a runtime).
+pub fn inline<F: std::future::Future>(f: F) -> F::Output {
+    let mut f = std::pin::pin!(f);
+    let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+    loop {
+        if let std::task::Poll::Ready(v) = f.as_mut().poll(&mut cx) {
+            return v;
+        }
+    }
+}
