@@ -577,24 +577,47 @@ proptest! {
     fn the_index_lists_what_the_walk_lists_under_random_changes(
         ops in proptest::collection::vec(op_strategy(), 1..40)
     ) {
-        let dir = tempfile::tempdir().unwrap();
-        let base = dir.path().join("runs");
-        let store = open(&base);
-        let mut leases = std::collections::HashMap::new();
-        // Built before the changes, so every change reaches it as an event.
-        prop_assert!(store.testing_wait_index().is_ok());
-        for op in &ops {
-            apply(&store, op, &mut leases);
-            if let Op::List { limit } = op {
-                if let Err(e) = compare_all(&store, &[20_000, 45_000, 500_000], *limit) {
-                    prop_assert!(false, "after {op:?} in {ops:?}: {e}");
-                }
+        random_changes_match_the_walk(&ops, None)?;
+    }
+}
+
+/// Applies `ops` to a fresh store whose index was built first (so every
+/// change reaches it as an event, or, over `budget` watches, by a sweep run
+/// before each comparison) and compares every listing with the walk.
+fn random_changes_match_the_walk(ops: &[Op], budget: Option<u64>) -> Result<(), TestCaseError> {
+    let dir = tempfile::tempdir().unwrap();
+    let base = dir.path().join("runs");
+    let store = open(&base);
+    if let Some(b) = budget {
+        store.testing_set_index_watch_budget(b);
+        store.testing_pause_index_sweeper(true);
+    }
+    let sweep = |store: &FsStore| -> Result<(), TestCaseError> {
+        if budget.is_some() {
+            prop_assert!(store.testing_index_sweep().is_some());
+        }
+        Ok(())
+    };
+    let mut leases = std::collections::HashMap::new();
+    prop_assert!(store.testing_wait_index().is_ok());
+    for op in ops {
+        apply(&store, op, &mut leases);
+        if let Op::List { limit } = op {
+            sweep(&store)?;
+            if let Err(e) = compare_all(&store, &[20_000, 45_000, 500_000], *limit) {
+                prop_assert!(false, "after {op:?} in {ops:?}: {e}");
+            }
+            if let Some(b) = budget {
+                let (_, _, watches) = store.testing_index_counts().unwrap();
+                prop_assert!(watches <= b, "{watches} watches held");
             }
         }
-        if let Err(e) = compare_all(&store, &[20_000, 500_000], 2) {
-            prop_assert!(false, "at the end of {ops:?}: {e}");
-        }
     }
+    sweep(&store)?;
+    if let Err(e) = compare_all(&store, &[20_000, 500_000], 2) {
+        prop_assert!(false, "at the end of {ops:?}: {e}");
+    }
+    Ok(())
 }
 
 fn seed(store: &FsStore, n: usize) {
@@ -983,27 +1006,6 @@ proptest! {
     fn over_the_watch_budget_the_index_lists_what_the_walk_lists(
         ops in proptest::collection::vec(op_strategy(), 1..40)
     ) {
-        let dir = tempfile::tempdir().unwrap();
-        let base = dir.path().join("runs");
-        let store = open(&base);
-        store.testing_set_index_watch_budget(10);
-        store.testing_pause_index_sweeper(true);
-        let mut leases = std::collections::HashMap::new();
-        prop_assert!(store.testing_wait_index().is_ok());
-        for op in &ops {
-            apply(&store, op, &mut leases);
-            if let Op::List { limit } = op {
-                prop_assert!(store.testing_index_sweep().is_some());
-                if let Err(e) = compare_all(&store, &[20_000, 45_000, 500_000], *limit) {
-                    prop_assert!(false, "after {op:?} in {ops:?}: {e}");
-                }
-                let (_, _, watches) = store.testing_index_counts().unwrap();
-                prop_assert!(watches <= 10, "{watches} watches held");
-            }
-        }
-        prop_assert!(store.testing_index_sweep().is_some());
-        if let Err(e) = compare_all(&store, &[20_000, 500_000], 2) {
-            prop_assert!(false, "at the end of {ops:?}: {e}");
-        }
+        random_changes_match_the_walk(&ops, Some(10))?;
     }
 }
