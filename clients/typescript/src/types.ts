@@ -232,8 +232,6 @@ export interface ClaimBody {
   holder: string;
   /** Lease length, ms. */
   ttlMs: number;
-  /** Judge at this instant (epoch ms) instead of the store's clock. */
-  now?: number;
   /** Attempt limit for this claim. */
   maxAttempts?: number;
 }
@@ -433,8 +431,6 @@ export interface WriteCheckpointBody {
 /** `POST …/checkpoints/by-id/{id}/answer`. */
 export interface ResolveBody {
   resolution: ResolutionBody;
-  /** The instant it is recorded at (epoch ms); the store's clock when absent. */
-  now?: number;
   /** The holding it is written under; absent: an operator's answer. */
   fence?: number;
 }

@@ -370,10 +370,20 @@ pub(crate) fn write_atomic(
     TempFile::write(dir, target_name, bytes, durability)?.publish(target_name)
 }
 
-/// Pretty JSON, 2-space indent, no trailing newline (whole-file records, as
-/// the reference writes them).
+/// Records whose compact form is above this are written compact.
+pub(crate) const PRETTY_MAX: usize = 256 * 1024;
+
+/// Whole-file records as the reference writes them: pretty JSON, 2-space
+/// indent, no trailing newline; compact above [`PRETTY_MAX`] compact bytes.
+/// Indentation can multiply a record's size (`[0,0,…]` grows 4×), and the
+/// contract's byte limits are on the compact form: a record stored compact
+/// takes on disk exactly what the limit counted. Readers parse either.
 pub(crate) fn pretty(value: &serde_json::Value) -> Vec<u8> {
-    serde_json::to_vec_pretty(value).unwrap_or_default()
+    if runkeep::checkpoint::json_len(value) > PRETTY_MAX {
+        serde_json::to_vec(value).unwrap_or_default()
+    } else {
+        serde_json::to_vec_pretty(value).unwrap_or_default()
+    }
 }
 
 /// One directory entry, as the listers need it.

@@ -23,7 +23,13 @@
 //! - **The store's clock.** Every answer carries the store's clock
 //!   ([`crate::api::NOW_HEADER`]); [`CheckpointStore::now`] answers the
 //!   machine clock corrected by the offset last measured, like `PgStore`.
-//!   Tests may replace it with [`HttpStoreOptions::clock`].
+//!   Tests may replace it with [`HttpStoreOptions::clock`]. **Writes never
+//!   carry a client instant**: a claim with [`ClaimOptions::now`] set is
+//!   refused (`InvalidInput`) before anything is sent, and a park answer is
+//!   recorded at the server's clock whatever `now` it is given; a client
+//!   cannot move a lease's expiry or back-date an answer. Reads (`lease`,
+//!   `find_pending`, `resume_point`, `list_runs`) still send their `now`:
+//!   a read judged at another instant is a view that changes nothing.
 //! - **Tenants.** A token is bound to one tenant; an `HttpStore` holds one
 //!   token per tenant it serves ([`HttpStore::with_token`]). A run of a
 //!   tenant it holds no token for is refused with `InvalidInput` (like a
@@ -98,6 +104,16 @@ impl Default for HttpStoreOptions {
             clock: None,
             local_clock: Arc::new(SystemClock),
         }
+    }
+}
+
+/// The server answers a release or snooze under a stale fence 409
+/// `fenced-out` like every write; the contract's answer is `false`.
+fn stale_is_false(answer: Result<Done>) -> Result<bool> {
+    match answer {
+        Ok(d) => Ok(d.done),
+        Err(e) if e.is_fenced_out() => Ok(false),
+        Err(e) => Err(e),
     }
 }
 
@@ -436,6 +452,7 @@ impl HttpStore {
         options: &ClaimOptions,
         wait: Duration,
     ) -> Result<Option<(RunScope, Lease)>> {
+        let claim = ClaimBody::of(options)?;
         let body = ClaimNextBody {
             project: scope.project_id().map(ToString::to_string),
             session: scope.session_id().map(ToString::to_string),
@@ -444,7 +461,9 @@ impl HttpStore {
                 .as_ref()
                 .map(|v| v.iter().map(|p| (*p).into()).collect()),
             order: filter.order.into(),
-            claim: ClaimBody::of(options),
+            holder: claim.holder,
+            ttl_ms: claim.ttl_ms,
+            max_attempts: claim.max_attempts,
             wait_ms: (!wait.is_zero()).then_some(wait.as_millis() as u64),
         };
         let token = self.token(scope.tenant_id())?.to_string();
@@ -893,12 +912,12 @@ impl CheckpointStore for HttpStore {
         scope: &RunScope,
         id: &CheckpointId,
         resolution: ParkResolution,
-        now: Timestamp,
+        // Over HTTP the server answers at its store's clock (module docs).
+        _now: Timestamp,
         fence: Option<Fence>,
     ) -> Result<Checkpoint> {
         let body = ResolveBody {
             resolution: ResolutionBody::of(&resolution),
-            now: Some(now.as_millis()),
             fence: fence_json(fence),
         };
         let cp: CheckpointBody = self
@@ -1001,14 +1020,14 @@ impl CheckpointStore for HttpStore {
                 Method::POST,
                 scope,
                 "/claim",
-                &ClaimBody::of(options),
+                &ClaimBody::of(options)?,
             )
             .await?;
         a.to_outcome().map_err(problem_error)
     }
 
     async fn release(&self, scope: &RunScope, fence: Fence) -> Result<bool> {
-        let d: Done = self
+        let d: Result<Done> = self
             .run_write(
                 "release",
                 Method::POST,
@@ -1018,8 +1037,8 @@ impl CheckpointStore for HttpStore {
                     fence: Some(fence.get()),
                 },
             )
-            .await?;
-        Ok(d.done)
+            .await;
+        stale_is_false(d)
     }
 
     async fn lease(&self, scope: &RunScope, now: Timestamp) -> Result<Option<LeaseSummary>> {
@@ -1093,10 +1112,10 @@ impl CheckpointStore for HttpStore {
             fence: fence.get(),
             until: until.as_millis(),
         };
-        let d: Done = self
+        let d: Result<Done> = self
             .run_write("snooze", Method::POST, scope, "/snooze", &body)
-            .await?;
-        Ok(d.done)
+            .await;
+        stale_is_false(d)
     }
 
     async fn reopen(&self, scope: &RunScope) -> Result<Lifecycle> {

@@ -119,7 +119,7 @@ pub struct LeaseBody {
 impl From<&Lease> for LeaseBody {
     fn from(l: &Lease) -> Self {
         Self {
-            holder: l.holder.to_string(),
+            holder: crate::api::ownership::display(l.holder.as_str()).to_string(),
             fence: l.fence.get(),
             expires_at: ms(l.expires_at),
         }
@@ -154,7 +154,7 @@ pub struct LeaseSummaryBody {
 impl From<&LeaseSummary> for LeaseSummaryBody {
     fn from(l: &LeaseSummary) -> Self {
         Self {
-            holder: l.holder.clone(),
+            holder: crate::api::ownership::display(&l.holder).to_string(),
             fence: l.fence.get(),
             expires_at: ms(l.expires_at),
             expired: l.expired,
@@ -447,7 +447,7 @@ impl RunPageBody {
 
 /// A finish: status, result, reason.
 #[derive(Clone, PartialEq, Debug, Serialize, Deserialize, ToSchema)]
-#[serde(rename_all = "camelCase")]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct OutcomeBody {
     /// Final status.
     pub status: FinishStatusBody,
@@ -548,7 +548,7 @@ impl LifecycleBody {
 
 /// A park: the human decision a run waits on.
 #[derive(Clone, PartialEq, Debug, Serialize, Deserialize, ToSchema)]
-#[serde(rename_all = "camelCase")]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct PendingBody {
     /// The human-facing request; carries a string `type`.
     #[schema(value_type = Object)]
@@ -598,7 +598,7 @@ impl PendingBody {
 
 /// A checkpoint: its header and the host's state, apart.
 #[derive(Clone, PartialEq, Debug, Serialize, Deserialize, ToSchema)]
-#[serde(rename_all = "camelCase")]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct CheckpointBody {
     /// Id; writing an existing id replaces it.
     pub id: String,
@@ -632,7 +632,37 @@ impl From<&Checkpoint> for CheckpointBody {
     }
 }
 
+impl From<Checkpoint> for CheckpointBody {
+    /// Moves the state (an answer's checkpoint is not copied).
+    fn from(mut c: Checkpoint) -> Self {
+        let state = std::mem::take(&mut c.state);
+        Self {
+            state,
+            ..Self::from(&c)
+        }
+    }
+}
+
 impl CheckpointBody {
+    /// The core checkpoint, moving the state (a request's checkpoint is not
+    /// copied); `field` names it in errors.
+    pub fn into_checkpoint(self, field: &str) -> Result<Checkpoint, Problem> {
+        let mut cp = self.clone_header().to_checkpoint(field)?;
+        cp.state = self.state;
+        Ok(cp)
+    }
+
+    fn clone_header(&self) -> Self {
+        Self {
+            id: self.id.clone(),
+            created_at: self.created_at,
+            run_created_at: self.run_created_at,
+            pending: self.pending.clone(),
+            fence: self.fence,
+            state: Map::new(),
+        }
+    }
+
     /// The core checkpoint; `field` names it in errors.
     pub fn to_checkpoint(&self, field: &str) -> Result<Checkpoint, Problem> {
         let f = |n: &str| format!("{field}.{n}");
@@ -653,7 +683,7 @@ impl CheckpointBody {
 
 /// An event to append.
 #[derive(Clone, PartialEq, Debug, Serialize, Deserialize, ToSchema)]
-#[serde(rename_all = "camelCase")]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct NewEventBody {
     /// The `type` discriminator.
     #[serde(rename = "type")]
@@ -854,7 +884,7 @@ impl MessagesBody {
 
 /// An audit event to append.
 #[derive(Clone, PartialEq, Debug, Serialize, Deserialize, ToSchema)]
-#[serde(rename_all = "camelCase")]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct NewAuditBody {
     /// Who acted.
     pub who: String,
@@ -952,15 +982,12 @@ impl AuditBody {
 
 /// What a claim takes: holder, lease length, optional instant and limit.
 #[derive(Clone, PartialEq, Eq, Debug, Serialize, Deserialize, ToSchema)]
-#[serde(rename_all = "camelCase")]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct ClaimBody {
     /// The claiming worker (unique per process). The same holder renews.
     pub holder: String,
     /// Lease length, ms.
     pub ttl_ms: u64,
-    /// Judge at this instant (epoch ms) instead of the store's clock.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub now: Option<i64>,
     /// Attempt limit for this claim.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_attempts: Option<u32>,
@@ -973,19 +1000,24 @@ impl ClaimBody {
             Holder::new(&self.holder).map_err(|e| bad("holder", e))?,
             Ttl::from_millis(self.ttl_ms).map_err(|e| bad("ttlMs", e))?,
         );
-        o.now = opt_instant("now", self.now)?;
         o.max_attempts = self.max_attempts;
         Ok(o)
     }
 
-    /// The wire form of core options.
-    pub fn of(o: &runkeep::ClaimOptions) -> Self {
-        Self {
+    /// The wire form of core options. Refuses an explicit
+    /// [`ClaimOptions::now`](runkeep::ClaimOptions::now): over HTTP the
+    /// store's clock judges every expiry, and a claim cannot choose it.
+    pub fn of(o: &runkeep::ClaimOptions) -> runkeep::Result<Self> {
+        if o.now.is_some() {
+            return Err(runkeep::Error::invalid(
+                "ClaimOptions::now cannot be sent over HTTP: the server judges every claim at its store's clock. Leave it None (use a ManualClock on the backing store to test time in process)",
+            ));
+        }
+        Ok(Self {
             holder: o.holder.to_string(),
             ttl_ms: o.ttl.as_millis(),
-            now: o.now.map(ms),
             max_attempts: o.max_attempts,
-        }
+        })
     }
 }
 
@@ -1057,7 +1089,7 @@ impl ClaimAnswer {
 
 /// `claim_next`: scope narrowing, filter, claim options, optional wait.
 #[derive(Clone, PartialEq, Eq, Debug, Serialize, Deserialize, ToSchema)]
-#[serde(rename_all = "camelCase")]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct ClaimNextBody {
     /// Only this project.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -1071,13 +1103,28 @@ pub struct ClaimNextBody {
     /// Which run first.
     #[serde(default)]
     pub order: OrderBody,
-    /// The claim.
-    #[serde(flatten)]
-    pub claim: ClaimBody,
+    /// The claiming worker (unique per process).
+    pub holder: String,
+    /// Lease length, ms.
+    pub ttl_ms: u64,
+    /// Attempt limit for this claim.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_attempts: Option<u32>,
     /// Wait up to this many ms (at most 30 000) for a run to become
     /// runnable when none is; 0 or absent answers at once.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub wait_ms: Option<u64>,
+}
+
+impl ClaimNextBody {
+    /// The claim part, as a [`ClaimBody`].
+    pub fn claim(&self) -> ClaimBody {
+        ClaimBody {
+            holder: self.holder.clone(),
+            ttl_ms: self.ttl_ms,
+            max_attempts: self.max_attempts,
+        }
+    }
 }
 
 /// A run taken by `claim_next`.
@@ -1098,6 +1145,7 @@ pub struct ClaimNextAnswer {
 
 /// A fence, for release (absent: an operator's release of whoever holds it).
 #[derive(Clone, PartialEq, Eq, Debug, Default, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
 pub struct ReleaseBody {
     /// The holding to release; absent releases the current holding
     /// (operator only).
@@ -1114,6 +1162,7 @@ pub struct Done {
 
 /// Snooze: release and defer.
 #[derive(Clone, PartialEq, Eq, Debug, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
 pub struct SnoozeBody {
     /// The holding.
     pub fence: u64,
@@ -1123,6 +1172,7 @@ pub struct SnoozeBody {
 
 /// Finish: the holding and the outcome.
 #[derive(Clone, PartialEq, Debug, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
 pub struct FinishBody {
     /// The holding (spent by the finish).
     pub fence: u64,
@@ -1132,7 +1182,7 @@ pub struct FinishBody {
 
 /// Enqueue: the first checkpoint and the run's options.
 #[derive(Clone, PartialEq, Debug, Serialize, Deserialize, ToSchema)]
-#[serde(rename_all = "camelCase")]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct EnqueueBody {
     /// The run's first checkpoint.
     pub checkpoint: CheckpointBody,
@@ -1146,6 +1196,7 @@ pub struct EnqueueBody {
 
 /// A checkpoint write.
 #[derive(Clone, PartialEq, Debug, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
 pub struct WriteCheckpointBody {
     /// The checkpoint.
     pub checkpoint: CheckpointBody,
@@ -1176,12 +1227,10 @@ pub enum ResolutionBody {
 
 /// A park answer.
 #[derive(Clone, PartialEq, Debug, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
 pub struct ResolveBody {
     /// The answer.
     pub resolution: ResolutionBody,
-    /// The instant it is recorded at (epoch ms); the store's clock when absent.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub now: Option<i64>,
     /// The holding it is written under; absent: an operator's answer.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub fence: Option<u64>,
@@ -1209,7 +1258,7 @@ impl ResolutionBody {
 
 /// Prune: keep the newest `keepLast`.
 #[derive(Clone, PartialEq, Eq, Debug, Serialize, Deserialize, ToSchema)]
-#[serde(rename_all = "camelCase")]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct PruneBody {
     /// How many to keep (unanswered parks are always kept).
     pub keep_last: usize,
@@ -1227,6 +1276,7 @@ pub struct Pruned {
 
 /// An event append.
 #[derive(Clone, PartialEq, Debug, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
 pub struct AppendEventsBody {
     /// Events, in order.
     pub events: Vec<NewEventBody>,
@@ -1244,6 +1294,7 @@ pub struct Appended {
 
 /// A run record write.
 #[derive(Clone, PartialEq, Debug, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
 pub struct RecordBody {
     /// The record.
     #[schema(value_type = Object)]
@@ -1263,7 +1314,7 @@ pub struct MaybeRecord {
 
 /// A message snapshot write.
 #[derive(Clone, PartialEq, Debug, Serialize, Deserialize, ToSchema)]
-#[serde(rename_all = "camelCase")]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct WriteMessagesBody {
     /// The conversation.
     pub messages: Vec<Value>,
@@ -1276,6 +1327,7 @@ pub struct WriteMessagesBody {
 
 /// A report write.
 #[derive(Clone, PartialEq, Eq, Debug, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
 pub struct ReportBody {
     /// The report text.
     pub report: String,
@@ -1293,6 +1345,7 @@ pub struct MaybeReport {
 
 /// An audit append.
 #[derive(Clone, PartialEq, Debug, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
 pub struct AppendAuditBody {
     /// Audit events, in order.
     pub events: Vec<NewAuditBody>,
@@ -1310,7 +1363,7 @@ pub struct AuditList {
 
 /// A message update inside a step.
 #[derive(Clone, PartialEq, Debug, Serialize, Deserialize, ToSchema)]
-#[serde(rename_all = "camelCase")]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct StepMessagesBody {
     /// The conversation as of this step.
     pub messages: Vec<Value>,
@@ -1321,7 +1374,7 @@ pub struct StepMessagesBody {
 
 /// One step of a run, written all or nothing.
 #[derive(Clone, PartialEq, Debug, Default, Serialize, Deserialize, ToSchema)]
-#[serde(rename_all = "camelCase")]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct StepBody {
     /// Events to append.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
@@ -1357,6 +1410,27 @@ impl From<&Step> for StepBody {
 }
 
 impl StepBody {
+    /// The core step, moving the payloads (a request's step is not copied).
+    pub fn into_step(self) -> Result<Step, Problem> {
+        Ok(Step {
+            events: self
+                .events
+                .into_iter()
+                .map(|e| NewEvent::new(e.event_type, e.payload))
+                .collect(),
+            checkpoint: self
+                .checkpoint
+                .map(|c| c.into_checkpoint("step.checkpoint"))
+                .transpose()?,
+            messages: self.messages.map(|m| MessagesUpdate {
+                messages: m.messages,
+                through_event_seq: m.through_event_seq,
+            }),
+            run_record: self.run_record,
+            finish: self.finish.as_ref().map(Into::into),
+        })
+    }
+
     /// The core step.
     pub fn to_step(&self) -> Result<Step, Problem> {
         Ok(Step {
@@ -1378,6 +1452,7 @@ impl StepBody {
 
 /// A step commit.
 #[derive(Clone, PartialEq, Debug, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
 pub struct CommitStepBody {
     /// The holding; checked by the store with the whole step.
     pub fence: u64,

@@ -50,6 +50,55 @@ use crate::time::Timestamp;
 /// Largest serialized checkpoint accepted, in bytes (64 MiB).
 pub const MAX_CHECKPOINT_BYTES: usize = 64 * 1024 * 1024;
 
+/// Most JSON values (every scalar, array and object, nested ones included)
+/// a checkpoint's state may hold (1 048 576). A value costs a reader far
+/// more in memory than its bytes on the wire (`[0,0,…]` is 2 bytes a value
+/// on the wire, 32 or more parsed), so the byte limit alone does not bound
+/// what reading a checkpoint back costs. Store large arrays of numbers as
+/// one string (base64, or a blob elsewhere referenced from the state).
+pub const MAX_CHECKPOINT_VALUES: usize = 1 << 20;
+
+/// How many JSON values `values` hold (nested ones included), counting at
+/// most `limit + 1`: the walk stops as soon as the limit is passed.
+pub fn count_values<'a>(values: impl IntoIterator<Item = &'a Value>, limit: usize) -> usize {
+    let mut stack: Vec<&Value> = values.into_iter().collect();
+    let mut n = 0;
+    while let Some(v) = stack.pop() {
+        n += 1;
+        if n > limit {
+            break;
+        }
+        match v {
+            Value::Array(a) => stack.extend(a.iter()),
+            Value::Object(o) => stack.extend(o.values()),
+            _ => {}
+        }
+    }
+    n
+}
+
+/// Bytes written, nothing kept.
+struct ByteCount(usize);
+
+impl std::io::Write for ByteCount {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0 += buf.len();
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+/// The compact JSON length of `value`, without building the text.
+pub fn json_len<T: Serialize + ?Sized>(value: &T) -> usize {
+    let mut c = ByteCount(0);
+    match serde_json::to_writer(&mut c, value) {
+        Ok(()) => c.0,
+        Err(_) => usize::MAX,
+    }
+}
+
 /// JSON keys the store owns; the host's state may not use them.
 pub const RESERVED_CHECKPOINT_KEYS: [&str; 6] = [
     "id",
@@ -288,9 +337,14 @@ impl Checkpoint {
                 ))
             })?;
         }
-        let size = serde_json::to_vec(&self.to_json())
-            .map(|v| v.len())
-            .unwrap_or(usize::MAX);
+        let values = count_values(self.state.values(), MAX_CHECKPOINT_VALUES);
+        if values > MAX_CHECKPOINT_VALUES {
+            return Err(Error::invalid(format!(
+                "checkpoint {} of run {} holds more than {MAX_CHECKPOINT_VALUES} JSON values; store large arrays as one string (e.g. base64) or elsewhere, referenced from the state",
+                self.id, scope.run_id
+            )));
+        }
+        let size = self.json_len();
         if size > MAX_CHECKPOINT_BYTES {
             return Err(Error::invalid(format!(
                 "checkpoint {} of run {} is {size} bytes; the limit is {MAX_CHECKPOINT_BYTES}",
@@ -300,15 +354,25 @@ impl Checkpoint {
         Ok(())
     }
 
-    /// The flat JSON object form (state ∪ header fields) used on disk and in
-    /// database rows. Field names follow the reference layout (`id`,
-    /// `createdAt`, `runCreatedAt`, `pending`); `fence` is additive.
-    pub fn to_json(&self) -> Map<String, Value> {
+    /// The compact length of [`Checkpoint::to_json`], computed without
+    /// copying the state.
+    /// The state holds no reserved key ([`Checkpoint::validate`] refuses
+    /// them), so the two objects merge without overlap.
+    pub fn json_len(&self) -> usize {
+        let header = self.header_json();
+        if self.state.is_empty() {
+            return json_len(&header);
+        }
+        // `{h}` and `{s}` merged: `{h,s}` (the header is never empty).
+        json_len(&header)
+            .saturating_add(json_len(&self.state))
+            .saturating_sub(1)
+    }
+
+    /// The header fields of [`Checkpoint::to_json`], without the state.
+    fn header_json(&self) -> Map<String, Value> {
         let mut out = Map::new();
         out.insert("id".into(), Value::String(self.id.to_string()));
-        for (k, v) in &self.state {
-            out.insert(k.clone(), v.clone());
-        }
         if let Some(r) = self.run_created_at {
             out.insert("runCreatedAt".into(), Value::from(r.as_millis()));
         }
@@ -319,6 +383,17 @@ impl Checkpoint {
         if let Some(f) = self.fence {
             out.insert("fence".into(), Value::from(f.get()));
         }
+        out
+    }
+
+    /// The flat JSON object form (state ∪ header fields) used on disk and in
+    /// database rows. Field names follow the reference layout (`id`,
+    /// `createdAt`, `runCreatedAt`, `pending`); `fence` is additive.
+    pub fn to_json(&self) -> Map<String, Value> {
+        let mut out = self.state.clone();
+        // The header wins over a state key of the same name (validation
+        // refuses such keys; a read of foreign data keeps the header).
+        out.extend(self.header_json());
         out
     }
 
@@ -419,6 +494,48 @@ mod tests {
         assert!(!cp.state.contains_key("schemaVersion"));
         let back = Checkpoint::from_json(cp.to_json()).unwrap();
         assert_eq!(back, cp);
+    }
+
+    #[test]
+    fn json_len_is_the_compact_length_of_to_json() {
+        for raw in [
+            json!({"id": "cp_a", "createdAt": 10}),
+            json!({"id": "cp_a", "createdAt": 10, "runId": "r", "xs": [1, [2, {"a": "é\"q"}]]}),
+            json!({
+                "id": "cp_b", "createdAt": 10, "runCreatedAt": 5, "fence": 7, "z": null,
+                "pending": {"request": {"type": "t"}, "parkedAt": 9}
+            }),
+        ] {
+            let cp = Checkpoint::from_json(raw.as_object().unwrap().clone()).unwrap();
+            let text = serde_json::to_vec(&cp.to_json()).unwrap();
+            assert_eq!(cp.json_len(), text.len(), "{}", String::from_utf8_lossy(&text));
+        }
+    }
+
+    #[test]
+    fn too_many_values_are_refused_before_any_byte_limit() {
+        let scope = RunScope::new(
+            crate::TenantId::new("t").unwrap(),
+            crate::ProjectId::new("p").unwrap(),
+            crate::SessionId::new("s").unwrap(),
+            crate::RunId::new("r").unwrap(),
+        );
+        let mut cp = Checkpoint::from_json(
+            json!({"id": "cp_a", "createdAt": 10}).as_object().unwrap().clone(),
+        )
+        .unwrap();
+        // MAX_CHECKPOINT_VALUES values in all (the array itself is one): accepted.
+        cp.state.insert(
+            "xs".into(),
+            Value::Array(vec![Value::from(0); MAX_CHECKPOINT_VALUES - 1]),
+        );
+        cp.validate_for_write(&scope).unwrap();
+        // One more: refused, saying what to do instead.
+        cp.state.insert("y".into(), Value::from(1));
+        let e = cp.validate_for_write(&scope).unwrap_err().to_string();
+        assert!(e.contains("more than 1048576 JSON values"), "{e}");
+        assert!(e.contains("as one string"), "{e}");
+        assert_eq!(count_values([&json!([[1, 2], {"a": {}}])], 100), 6);
     }
 
     #[test]

@@ -7,6 +7,7 @@ use axum::{Extension, Json};
 
 use super::claims::{checked, NowQuery};
 use super::extract::{CheckpointParam, JsonBody, RunAddr, Q};
+use super::ownership;
 use super::runs::ApiResult;
 use crate::auth::Principal;
 use crate::problem::Problem;
@@ -23,16 +24,18 @@ pub(super) async fn list(
 
 pub(super) async fn write(
     State(state): State<AppState>,
+    Extension(principal): Extension<Principal>,
     RunAddr(scope): RunAddr,
     JsonBody(body): JsonBody<wire::WriteCheckpointBody>,
 ) -> ApiResult<CheckpointBody> {
-    let cp = body.checkpoint.to_checkpoint("checkpoint")?;
     let fence = wire::opt_fence("fence", body.fence)?;
+    let cp = body.checkpoint.into_checkpoint("checkpoint")?;
+    ownership::check_write(&state, &principal, &scope, fence, "write_checkpoint").await?;
     let stored = checked(
         &state,
         state.store.write_checkpoint(&scope, &cp, fence).await,
     )?;
-    Ok(Json((&stored).into()))
+    Ok(Json(stored.into()))
 }
 
 pub(super) async fn read(
@@ -42,7 +45,7 @@ pub(super) async fn read(
 ) -> ApiResult<MaybeCheckpoint> {
     let cp = state.store.read_checkpoint(&scope, &id).await?;
     Ok(Json(MaybeCheckpoint {
-        checkpoint: cp.as_ref().map(Into::into),
+        checkpoint: cp.map(Into::into),
     }))
 }
 
@@ -60,11 +63,13 @@ pub struct FenceQuery {
 
 pub(super) async fn delete(
     State(state): State<AppState>,
+    Extension(principal): Extension<Principal>,
     RunAddr(scope): RunAddr,
     CheckpointParam(id): CheckpointParam,
     Q(q): Q<FenceQuery>,
 ) -> ApiResult<Done> {
     let fence = wire::opt_fence("fence", q.fence)?;
+    ownership::check_write(&state, &principal, &scope, fence, "delete_checkpoint").await?;
     let done = checked(
         &state,
         state.store.delete_checkpoint(&scope, &id, fence).await,
@@ -80,13 +85,12 @@ pub(super) async fn resolve(
     JsonBody(body): JsonBody<wire::ResolveBody>,
 ) -> ApiResult<CheckpointBody> {
     let fence = wire::opt_fence("fence", body.fence)?;
-    if fence.is_none() {
-        principal.require(super::unfenced_role("resolve_park"))?;
+    match fence {
+        None => principal.require(super::unfenced_role("resolve_park"))?,
+        Some(f) => ownership::check_fenced(&state, &principal, &scope, f, "resolve_park").await?,
     }
-    let now = match body.now {
-        Some(n) => wire::instant("now", n)?,
-        None => state.store.now(),
-    };
+    // The store's clock, always: a client cannot back-date an answer.
+    let now = state.store.now();
     let answer = state
         .store
         .resolve_park(&scope, &id, body.resolution.to_resolution(), now, fence)
@@ -115,8 +119,11 @@ pub(super) async fn prune(
     JsonBody(body): JsonBody<wire::PruneBody>,
 ) -> ApiResult<Pruned> {
     let fence = wire::opt_fence("fence", body.fence)?;
-    if fence.is_none() {
-        principal.require(super::unfenced_role("prune_checkpoints"))?;
+    match fence {
+        None => principal.require(super::unfenced_role("prune_checkpoints"))?,
+        Some(f) => {
+            ownership::check_fenced(&state, &principal, &scope, f, "prune_checkpoints").await?
+        }
     }
     let ids = checked(
         &state,
@@ -136,7 +143,7 @@ pub(super) async fn latest(
 ) -> ApiResult<MaybeCheckpoint> {
     let cp = state.store.latest_checkpoint(&scope).await?;
     Ok(Json(MaybeCheckpoint {
-        checkpoint: cp.as_ref().map(Into::into),
+        checkpoint: cp.map(Into::into),
     }))
 }
 
@@ -148,7 +155,7 @@ pub(super) async fn pending(
     let now = q.at(&state)?;
     let cp = state.store.find_pending(&scope, now).await?;
     Ok(Json(MaybeCheckpoint {
-        checkpoint: cp.as_ref().map(Into::into),
+        checkpoint: cp.map(Into::into),
     }))
 }
 
@@ -160,17 +167,19 @@ pub(super) async fn resume_point(
     let now = q.at(&state)?;
     let cp = state.store.resume_point(&scope, now).await?;
     Ok(Json(MaybeCheckpoint {
-        checkpoint: cp.as_ref().map(Into::into),
+        checkpoint: cp.map(Into::into),
     }))
 }
 
 pub(super) async fn commit_step(
     State(state): State<AppState>,
+    Extension(principal): Extension<Principal>,
     RunAddr(scope): RunAddr,
     JsonBody(body): JsonBody<wire::CommitStepBody>,
 ) -> ApiResult<StepReceiptBody> {
     let fence = wire::fence("fence", body.fence)?;
-    let step = body.step.to_step()?;
+    let step = body.step.into_step()?;
+    ownership::check_fenced(&state, &principal, &scope, fence, "commit_step").await?;
     let started = Instant::now();
     let r = state.store.commit_step(&scope, fence, &step).await;
     state.metrics.observe_step(started.elapsed());

@@ -13,6 +13,8 @@ use crate::problem::Problem;
 use crate::state::AppState;
 use crate::wire::{self, ClaimAnswer, Done, LifecycleBody, MaybeLease};
 
+use super::ownership;
+
 pub(super) fn checked<T>(state: &AppState, r: runkeep::Result<T>) -> Result<T, Problem> {
     if let Err(e) = &r {
         if e.is_fenced_out() {
@@ -24,11 +26,18 @@ pub(super) fn checked<T>(state: &AppState, r: runkeep::Result<T>) -> Result<T, P
 
 pub(super) async fn claim(
     State(state): State<AppState>,
+    Extension(principal): Extension<Principal>,
     RunAddr(scope): RunAddr,
     JsonBody(body): JsonBody<wire::ClaimBody>,
 ) -> ApiResult<ClaimAnswer> {
-    let options = body.to_options()?;
+    let mut options = body.to_options()?;
+    options.holder = ownership::tag(&body.holder, &principal.token_id, "holder")?;
     let outcome = state.store.claim(&scope, &options).await?;
+    if let runkeep::ClaimOutcome::Acquired(lease) = &outcome {
+        state
+            .owners
+            .remember(&scope, lease.fence, &principal.token_id);
+    }
     let answer = ClaimAnswer::from(&outcome);
     state.metrics.record_claim(answer.label());
     Ok(Json(answer))
@@ -41,7 +50,14 @@ pub(super) async fn release(
     JsonBody(body): JsonBody<wire::ReleaseBody>,
 ) -> ApiResult<Done> {
     let fence = match wire::opt_fence("fence", body.fence)? {
-        Some(f) => f,
+        Some(f) => {
+            ownership::check_fenced(&state, &principal, &scope, f, "release").await?;
+            let done = state.store.release(&scope, f).await?;
+            if !done {
+                return Err(stale(&state, &scope, "release", f).await);
+            }
+            return Ok(Json(Done { done }));
+        }
         None => {
             // An operator's release of whoever holds the run: the store
             // still releases only the top holding's own fence.
@@ -58,10 +74,12 @@ pub(super) async fn release(
 
 pub(super) async fn finish(
     State(state): State<AppState>,
+    Extension(principal): Extension<Principal>,
     RunAddr(scope): RunAddr,
     JsonBody(body): JsonBody<wire::FinishBody>,
 ) -> ApiResult<LifecycleBody> {
     let fence = wire::fence("fence", body.fence)?;
+    ownership::check_fenced(&state, &principal, &scope, fence, "finish").await?;
     let outcome = (&body.outcome).into();
     let l = checked(&state, state.store.finish(&scope, fence, &outcome).await)?;
     Ok(Json((&l).into()))
@@ -69,13 +87,41 @@ pub(super) async fn finish(
 
 pub(super) async fn snooze(
     State(state): State<AppState>,
+    Extension(principal): Extension<Principal>,
     RunAddr(scope): RunAddr,
     JsonBody(body): JsonBody<wire::SnoozeBody>,
 ) -> ApiResult<Done> {
     let fence = wire::fence("fence", body.fence)?;
     let until = wire::instant("until", body.until)?;
+    ownership::check_fenced(&state, &principal, &scope, fence, "snooze").await?;
     let done = state.store.snooze(&scope, fence, until).await?;
+    if !done {
+        return Err(stale(&state, &scope, "snooze", fence).await);
+    }
     Ok(Json(Done { done }))
+}
+
+/// A release or snooze whose fence was not the current holding: 409
+/// `fenced-out` with both fences, like every other write under a stale
+/// fence (the store's contract answers `false`; `HttpStore` maps it back).
+async fn stale(
+    state: &AppState,
+    scope: &runkeep::RunScope,
+    operation: &'static str,
+    presented: runkeep::Fence,
+) -> Problem {
+    let current = match state.store.lease(scope, state.store.now()).await {
+        Ok(Some(l)) => l.fence,
+        Ok(None) => presented,
+        Err(e) => return Problem::from(e),
+    };
+    state.metrics.record_fenced_out();
+    Problem::from(runkeep::Error::FencedOut {
+        run: scope.run_id.to_string(),
+        operation,
+        presented,
+        current,
+    })
 }
 
 pub(super) async fn enqueue(

@@ -16,7 +16,7 @@ use crate::state::AppState;
 #[derive(Debug)]
 pub struct JsonBody<T>(pub T);
 
-impl<T: DeserializeOwned, S: Send + Sync> FromRequest<S> for JsonBody<T> {
+impl<T: DeserializeOwned + Send + 'static, S: Send + Sync> FromRequest<S> for JsonBody<T> {
     type Rejection = Problem;
 
     async fn from_request(req: Request, state: &S) -> Result<Self, Self::Rejection> {
@@ -46,16 +46,99 @@ impl<T: DeserializeOwned, S: Send + Sync> FromRequest<S> for JsonBody<T> {
                 Problem::new(ProblemType::MalformedBody, "the body could not be read")
             }
         })?;
-        parse_json(&bytes).map(JsonBody)
+        if bytes.len() <= INLINE_PARSE_BYTES {
+            return parse_json(&bytes).map(JsonBody);
+        }
+        // A large body is scanned and parsed on the blocking pool: parsing
+        // megabytes on an async worker thread stalls every request that
+        // thread serves (`/healthz` included).
+        tokio::task::spawn_blocking(move || parse_json(&bytes))
+            .await
+            .map_err(|_| Problem::new(ProblemType::MalformedBody, "the body could not be parsed"))?
+            .map(JsonBody)
     }
 }
 
-/// Parses `bytes` as `T`, naming the field at fault.
+/// Bodies up to this many bytes are parsed on the async thread.
+pub const INLINE_PARSE_BYTES: usize = 64 * 1024;
+
+/// The most JSON values (scalars, arrays and objects; an object member
+/// counts once) a request body may hold: the checkpoint limit
+/// ([`runkeep::checkpoint::MAX_CHECKPOINT_VALUES`]) plus room for its
+/// envelope.
+pub const MAX_BODY_VALUES: usize = runkeep::checkpoint::MAX_CHECKPOINT_VALUES + 4096;
+
+/// The deepest nesting of arrays and objects a request body may have.
+pub const MAX_BODY_DEPTH: usize = 100;
+
+/// Counts a body's values and nesting in one pass over its bytes, keeping
+/// nothing, and refuses it before it is parsed when either is over its
+/// limit: what a parsed body costs in memory grows with its values (32
+/// bytes or more each), not with its bytes (`[0,0,…]` is 2 bytes a value).
+/// Invalid JSON passes (the parser then names the error).
+pub fn scan_json(bytes: &[u8]) -> Result<(), Problem> {
+    let mut values: usize = 1;
+    let mut depth: usize = 0;
+    let mut in_string = false;
+    let mut escaped = false;
+    for &b in bytes {
+        if in_string {
+            if escaped {
+                escaped = false;
+            } else if b == b'\\' {
+                escaped = true;
+            } else if b == b'"' {
+                in_string = false;
+            }
+            continue;
+        }
+        match b {
+            b'"' => in_string = true,
+            b'[' | b'{' => {
+                values += 1;
+                depth += 1;
+                if depth > MAX_BODY_DEPTH {
+                    return Err(Problem::new(
+                        ProblemType::PayloadTooLarge,
+                        format!(
+                            "the body nests arrays and objects more than {MAX_BODY_DEPTH} deep; nothing was changed"
+                        ),
+                    ));
+                }
+            }
+            b']' | b'}' => depth = depth.saturating_sub(1),
+            b',' => {
+                values += 1;
+                if values > MAX_BODY_VALUES {
+                    return Err(Problem::new(
+                        ProblemType::PayloadTooLarge,
+                        format!(
+                            "the body holds more than {MAX_BODY_VALUES} JSON values; nothing was changed. Store large arrays of numbers as one string (e.g. base64) or elsewhere, referenced from the state"
+                        ),
+                    ));
+                }
+            }
+            _ => {}
+        }
+    }
+    Ok(())
+}
+
+/// Parses `bytes` as `T`, naming the field at fault; refuses a body over
+/// the value or depth limits ([`scan_json`]) before parsing it.
 pub fn parse_json<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, Problem> {
+    scan_json(bytes)?;
     let mut de = serde_json::Deserializer::from_slice(bytes);
     let value = serde_path_to_error::deserialize(&mut de).map_err(|e| {
-        let field = e.path().to_string();
+        let path = e.path().to_string();
         let inner = e.into_inner();
+        // An unknown field is named with its own path (`step.fense`): a
+        // misspelled field must not pass as absent.
+        let field = match unknown_field(&inner.to_string()) {
+            Some(name) if path == "." => name.to_string(),
+            Some(name) => format!("{path}.{name}"),
+            None => path,
+        };
         let detail = if inner.is_syntax() || inner.is_eof() {
             format!("the body is not valid JSON: {inner}")
         } else {
@@ -78,6 +161,12 @@ pub fn parse_json<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, Problem> {
         )
     })?;
     Ok(value)
+}
+
+/// The name in serde's "unknown field `name`, expected …".
+fn unknown_field(message: &str) -> Option<&str> {
+    let rest = message.strip_prefix("unknown field `")?;
+    rest.find('`').map(|end| &rest[..end])
 }
 
 /// A query string, parsed into `T`; a bad parameter is `invalid-input`

@@ -122,6 +122,7 @@ pub(super) async fn list_runs(
 
 pub(super) async fn claim_next(
     State(state): State<AppState>,
+    Extension(principal): Extension<Principal>,
     TenantParam(tenant): TenantParam,
     JsonBody(body): JsonBody<wire::ClaimNextBody>,
 ) -> ApiResult<ClaimNextAnswer> {
@@ -133,7 +134,8 @@ pub(super) async fn claim_next(
             .map(|v| v.iter().map(|p| (*p).into()).collect()),
         order: body.order.into(),
     };
-    let options = body.claim.to_options()?;
+    let mut options = body.claim().to_options()?;
+    options.holder = super::ownership::tag(&body.holder, &principal.token_id, "holder")?;
     let wait = body.wait_ms.unwrap_or(0);
     if wait > MAX_WAIT_MS {
         return Err(Problem::invalid(
@@ -148,6 +150,7 @@ pub(super) async fn claim_next(
         let got = state.store.claim_next(&scope, &filter, &options).await?;
         if let Some((run, lease)) = got {
             state.metrics.record_claim("acquired");
+            state.owners.remember(&run, lease.fence, &principal.token_id);
             return Ok(Json(ClaimNextAnswer {
                 claimed: Some(Claimed {
                     run: (&run).into(),
