@@ -16,7 +16,8 @@
 //! | `runkeep_http_requests_total` | counter | `method`, `route`, `status` | every request answered; `route` is the matched route template (`/v1/…/{run}`), never the raw path, so the label set stays bounded |
 //! | `runkeep_http_request_seconds` | histogram | `method`, `route` | time to the response head |
 //! | `runkeep_http_requests_in_flight` | gauge | | requests between their head and their response head now (a scrape counts itself) |
-//! | `runkeep_http_rejected_total` | counter | `reason` | requests refused by the server's manners: `overloaded` (503), `body_too_large` (413), `timeout` (408/503) |
+//! | `runkeep_http_rejected_total` | counter | `reason` | requests refused by the server's manners: `overloaded` (503: every request slot taken), `tenant_share` / `token_share` (503: the caller's tenant or token holds its share of them), `waits` / `tenant_waits` / `token_waits` (503: the same for long-polls and event tails), `body_too_large` (413), `timeout` (408/503) |
+//! | `runkeep_http_slots_held` | gauge | `budget` | slots of the admission budgets held now ([`crate::manners`]): `requests` (short requests inside a handler), `waits` (long-polls waiting, event tails streaming) |
 //!
 //! The `prometheus` crate (tikv's, without its protobuf feature) does the
 //! bookkeeping: label sets, bucket counting and the text format's escaping
@@ -28,7 +29,7 @@ use std::time::Duration;
 
 use prometheus::{
     exponential_buckets, Encoder, Histogram, HistogramOpts, HistogramVec, IntCounter,
-    IntCounterVec, IntGauge, Opts, Registry, TextEncoder,
+    IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry, TextEncoder,
 };
 
 /// The content type of [`Metrics::render`]'s output.
@@ -46,6 +47,7 @@ pub struct Metrics {
     request_seconds: HistogramVec,
     in_flight: IntGauge,
     rejected: IntCounterVec,
+    slots_held: IntGaugeVec,
 }
 
 impl Default for Metrics {
@@ -117,6 +119,13 @@ impl Metrics {
             ),
             &["reason"],
         ));
+        let slots_held = must(IntGaugeVec::new(
+            Opts::new(
+                "http_slots_held",
+                "Slots of the admission budgets held now: requests (short requests in a handler), waits (long-polls, event tails).",
+            ),
+            &["budget"],
+        ));
         for c in [
             Box::new(claims.clone()) as Box<dyn prometheus::core::Collector>,
             Box::new(fenced_out.clone()),
@@ -126,6 +135,7 @@ impl Metrics {
             Box::new(request_seconds.clone()),
             Box::new(in_flight.clone()),
             Box::new(rejected.clone()),
+            Box::new(slots_held.clone()),
         ] {
             must(registry.register(c));
         }
@@ -139,6 +149,7 @@ impl Metrics {
             request_seconds,
             in_flight,
             rejected,
+            slots_held,
         }
     }
 
@@ -195,9 +206,17 @@ impl Metrics {
     }
 
     /// A request the server's limits refused: `overloaded`,
-    /// `body_too_large` or `timeout`.
+    /// `tenant_share`, `token_share`, `waits`, `tenant_waits`,
+    /// `token_waits`, `body_too_large` or `timeout`.
     pub fn record_rejected(&self, reason: &'static str) {
         self.rejected.with_label_values(&[reason]).inc();
+    }
+
+    /// The gauge of the slots of admission budget `budget` (`requests`,
+    /// `waits`) held now; the budget sets it as slots are taken and given
+    /// back.
+    pub fn slots_held(&self, budget: &'static str) -> IntGauge {
+        self.slots_held.with_label_values(&[budget])
     }
 
     /// SSE clients connected now.
@@ -276,6 +295,7 @@ mod tests {
         let g2 = m.sse_client_owned();
         m.record_request("GET", "/v1/runs", 200, Duration::from_millis(1));
         m.record_rejected("overloaded");
+        m.slots_held("waits").set(3);
         let in_flight = m.request_started();
         let text = m.render();
         assert_eq!(sample(&text, "runkeep_http_requests_in_flight"), Some(1.0));
@@ -305,6 +325,10 @@ mod tests {
         assert_eq!(
             sample(&text, r#"runkeep_http_rejected_total{reason="overloaded"}"#),
             Some(1.0)
+        );
+        assert_eq!(
+            sample(&text, r#"runkeep_http_slots_held{budget="waits"}"#),
+            Some(3.0)
         );
         drop(g1);
         drop(g2);

@@ -52,7 +52,7 @@ use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
 use crate::auth::SharedAuthenticator;
-use crate::manners::{self, Limits};
+use crate::manners::{self, Admission, Limits, Shares};
 use crate::metrics::Metrics;
 use crate::state::AppState;
 use crate::tokens::{TokenFile, TokenStore, DEFAULT_RELOAD_EVERY};
@@ -88,9 +88,25 @@ pub struct ServerConfig {
     /// that stops reading its answer (or its event stream) cannot hold it
     /// forever. Default 30 s.
     pub write_timeout: Duration,
-    /// Most requests inside a handler at once (503 + `Retry-After` above
-    /// it). Default 256.
+    /// Most short requests inside a handler at once, all tenants together
+    /// (503 `overloaded` + `Retry-After` above it; see
+    /// [`crate::manners`]). Default 256.
     pub concurrency_limit: usize,
+    /// Most short requests of one tenant inside a handler at once. Default
+    /// 64 (a quarter of the default [`ServerConfig::concurrency_limit`]).
+    pub tenant_concurrency_limit: usize,
+    /// Most short requests of one token inside a handler at once. Default
+    /// 32.
+    pub token_concurrency_limit: usize,
+    /// Most long-polls waiting (`events/wait`, `runnable/wait`, a
+    /// `claim-next` with `waitMs`) and event tails streaming at once, all
+    /// tenants together; they never take one of the
+    /// [`ServerConfig::concurrency_limit`] slots. Default 2048.
+    pub wait_limit: usize,
+    /// Most long-polls and event tails of one tenant at once. Default 512.
+    pub tenant_wait_limit: usize,
+    /// Most long-polls and event tails of one token at once. Default 256.
+    pub token_wait_limit: usize,
     /// Longest a shutdown waits for requests in flight. Default 30 s.
     pub shutdown_grace: Duration,
     /// The token file (`runkeep token …` manages it).
@@ -114,6 +130,11 @@ impl Default for ServerConfig {
             header_read_timeout: Duration::from_secs(10),
             write_timeout: Duration::from_secs(30),
             concurrency_limit: 256,
+            tenant_concurrency_limit: 64,
+            token_concurrency_limit: 32,
+            wait_limit: 2048,
+            tenant_wait_limit: 512,
+            token_wait_limit: 256,
             shutdown_grace: Duration::from_secs(30),
             tokens: PathBuf::from("runkeep-tokens.json"),
             token_reload_every: DEFAULT_RELOAD_EVERY,
@@ -132,8 +153,9 @@ fn default_tenant() -> TenantId {
 
 impl ServerConfig {
     /// Refuses a configuration the API cannot be served with: a request
-    /// timeout that would cut off a long-poll, a zero concurrency limit or
-    /// body limit.
+    /// timeout that would cut off a long-poll, a zero admission limit
+    /// (concurrency or wait, in all, per tenant or per token) or body
+    /// limit. A share above its total is allowed: the total bounds it.
     pub fn check(&self) -> Result<(), ServeError> {
         let longest = Duration::from_millis(crate::api::MAX_WAIT_MS) + LONG_POLL_MARGIN;
         if self.request_timeout < longest {
@@ -144,10 +166,39 @@ impl ServerConfig {
                 crate::api::MAX_WAIT_MS
             )));
         }
-        if self.concurrency_limit == 0 {
-            return Err(ServeError::Config(
-                "a concurrency limit of 0 would refuse every request; give at least 1".into(),
-            ));
+        for (value, what, refused) in [
+            (self.concurrency_limit, "concurrency limit", "every request"),
+            (
+                self.tenant_concurrency_limit,
+                "per-tenant concurrency limit",
+                "every request",
+            ),
+            (
+                self.token_concurrency_limit,
+                "per-token concurrency limit",
+                "every request",
+            ),
+            (
+                self.wait_limit,
+                "wait limit",
+                "every long-poll and event tail",
+            ),
+            (
+                self.tenant_wait_limit,
+                "per-tenant wait limit",
+                "every long-poll and event tail",
+            ),
+            (
+                self.token_wait_limit,
+                "per-token wait limit",
+                "every long-poll and event tail",
+            ),
+        ] {
+            if value == 0 {
+                return Err(ServeError::Config(format!(
+                    "a {what} of 0 would refuse {refused}; give at least 1"
+                )));
+            }
         }
         if self.body_limit == 0 {
             return Err(ServeError::Config(
@@ -155,6 +206,22 @@ impl ServerConfig {
             ));
         }
         Ok(())
+    }
+
+    /// The shares [`manners::admission`] enforces.
+    pub fn admission(&self) -> Admission {
+        Admission {
+            requests: Shares {
+                total: self.concurrency_limit,
+                per_tenant: self.tenant_concurrency_limit,
+                per_token: self.token_concurrency_limit,
+            },
+            waits: Shares {
+                total: self.wait_limit,
+                per_tenant: self.tenant_wait_limit,
+                per_token: self.token_wait_limit,
+            },
+        }
     }
 
     /// The limits [`manners::apply`] enforces.
@@ -181,6 +248,7 @@ pub fn app_with_shutdown(
     shutdown: CancellationToken,
 ) -> Router {
     let metrics = state.metrics.clone();
+    let auth = state.auth.clone();
     let readiness = Readiness {
         store: state.store.clone(),
         scope: config.readiness_scope.clone(),
@@ -191,8 +259,7 @@ pub fn app_with_shutdown(
             .route("/readyz", get(readyz))
             .with_state(readiness),
     );
-    let store_bound =
-        manners::concurrency_limit(store_bound, config.concurrency_limit, metrics.clone());
+    let store_bound = manners::admission(store_bound, config.admission(), auth, metrics.clone());
     let open = Router::new()
         .route("/healthz", get(healthz))
         .route("/metrics", get(metrics_text))
@@ -431,6 +498,7 @@ pub fn state(config: &ServerConfig, store: Arc<dyn RunStore>) -> Result<AppState
     )?;
     let auth: SharedAuthenticator = Arc::new(tokens);
     Ok(AppState {
+        owners: Default::default(),
         store,
         auth,
         metrics: Arc::new(Metrics::new()),

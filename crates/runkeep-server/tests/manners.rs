@@ -97,8 +97,8 @@ fn config() -> ServerConfig {
     }
 }
 
-/// The test routes composed as `server::app` composes the API: the
-/// concurrency limit on the routes that do work, `/healthz` outside it,
+/// The test routes composed as `server::app` composes the API: admission
+/// on the routes that do work, `/healthz` outside it,
 /// event streams ended on shutdown, then the manners.
 async fn start(config: ServerConfig) -> Running {
     let (open_gate, open) = watch::channel(false);
@@ -115,7 +115,13 @@ async fn start(config: ServerConfig) -> Running {
         .route("/stream", get(stream))
         .route("/endless", get(endless))
         .with_state(gate);
-    let working = manners::concurrency_limit(working, config.concurrency_limit, metrics.clone());
+    // No tokens: every request counts against the anonymous tenant.
+    let working = manners::admission(
+        working,
+        config.admission(),
+        Arc::new(StaticTokens::new()),
+        metrics.clone(),
+    );
     let open_routes = Router::new().route("/healthz", get(|| async { "ok" }));
     let streams = CancellationToken::new();
     let router = manners::end_streams_on(working.merge(open_routes), streams.clone());
@@ -442,6 +448,7 @@ async fn a_shutdown_ends_event_streams_instead_of_waiting_for_them() {
 
 fn memory_state() -> AppState {
     AppState {
+        owners: Default::default(),
         store: Arc::new(MemoryStore::new()) as Arc<dyn RunStore>,
         auth: Arc::new(StaticTokens::new()),
         metrics: Arc::new(Metrics::new()),
@@ -496,6 +503,7 @@ fn pg_state(url: &str) -> AppState {
         runkeep_postgres::PgStore::open_migrated(url, runkeep_postgres::PgOptions::default())
             .unwrap();
     AppState {
+        owners: Default::default(),
         store: Arc::new(store),
         ..memory_state()
     }
@@ -567,6 +575,7 @@ async fn readyz_is_503_when_the_store_does_not_answer_in_time() {
 async fn a_shutdown_of_the_real_app_ends_the_apis_event_tail() {
     let tenant = runkeep::TenantId::new("default").unwrap();
     let state = AppState {
+        owners: Default::default(),
         auth: Arc::new(StaticTokens::new().with(
             "reader-secret",
             tenant,
@@ -611,6 +620,7 @@ async fn a_shutdown_of_the_real_app_ends_the_apis_event_tail() {
 async fn the_real_app_applies_the_body_limit_to_api_routes() {
     let tenant = runkeep::TenantId::new("default").unwrap();
     let state = AppState {
+        owners: Default::default(),
         auth: Arc::new(StaticTokens::new().with(
             "worker-secret",
             tenant,

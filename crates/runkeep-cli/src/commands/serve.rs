@@ -45,9 +45,24 @@ pub struct ServeArgs {
     /// Longest a write may wait for a client that stopped reading; then its connection is dropped.
     #[arg(long, default_value = "30s", value_parser = parse_duration, value_name = "DURATION")]
     pub write_timeout: Duration,
-    /// Most requests served at once (503 with Retry-After above it).
+    /// Most short requests served at once, all tenants together (503 with Retry-After above it); long-polls and event tails count under --max-waits instead.
     #[arg(long, default_value_t = 256, value_name = "N")]
     pub max_concurrent: usize,
+    /// Most short requests of one tenant served at once (503 with Retry-After above it; other tenants are not held back).
+    #[arg(long, default_value_t = 64, value_name = "N")]
+    pub max_concurrent_per_tenant: usize,
+    /// Most short requests of one token served at once (503 with Retry-After above it).
+    #[arg(long, default_value_t = 32, value_name = "N")]
+    pub max_concurrent_per_token: usize,
+    /// Most long-polls (events/wait, runnable/wait, claim-next with waitMs) and event tails at once, all tenants together.
+    #[arg(long, default_value_t = 2048, value_name = "N")]
+    pub max_waits: usize,
+    /// Most long-polls and event tails of one tenant at once.
+    #[arg(long, default_value_t = 512, value_name = "N")]
+    pub max_waits_per_tenant: usize,
+    /// Most long-polls and event tails of one token at once.
+    #[arg(long, default_value_t = 256, value_name = "N")]
+    pub max_waits_per_token: usize,
     /// Longest a shutdown waits for requests in flight.
     #[arg(long, default_value = "30s", value_parser = parse_duration, value_name = "DURATION")]
     pub shutdown_grace: Duration,
@@ -80,6 +95,11 @@ pub async fn run(ctx: &Ctx, args: ServeArgs) -> CliResult<Exit> {
         header_read_timeout: args.header_timeout,
         write_timeout: args.write_timeout,
         concurrency_limit: args.max_concurrent,
+        tenant_concurrency_limit: args.max_concurrent_per_tenant,
+        token_concurrency_limit: args.max_concurrent_per_token,
+        wait_limit: args.max_waits,
+        tenant_wait_limit: args.max_waits_per_tenant,
+        token_wait_limit: args.max_waits_per_token,
         shutdown_grace: args.shutdown_grace,
         tokens: args.file.tokens.clone(),
         token_reload_every: args.token_reload,
