@@ -575,7 +575,7 @@ async fn a_second_park_answer_is_a_conflict_carrying_the_first() {
         concrete(api::RUN),
         parked.id
     );
-    let first = json!({"resolution": {"action": "answer", "decision": {"approve": true}}, "now": support::at(6).as_millis()});
+    let first = json!({"resolution": {"action": "answer", "decision": {"approve": true}}});
     let a = send(&server, &Method::POST, &path, Some(TOKEN_A), Some(first)).await;
     assert_eq!(a.status, 200, "{}", String::from_utf8_lossy(&a.body));
     let second = json!({"resolution": {"action": "answer", "decision": {"approve": false}}});
@@ -584,16 +584,16 @@ async fn a_second_park_answer_is_a_conflict_carrying_the_first() {
     let p = a.problem();
     assert_eq!(p.kind(), Some(ProblemType::Conflict));
     assert_eq!(p.first_answer, Some(json!({"approve": true})));
-    assert_eq!(p.resolved_at, Some(support::at(6).as_millis()));
     let stored = store
         .read_checkpoint(&scope, &parked.id)
         .await
         .unwrap()
         .unwrap();
-    assert_eq!(
-        stored.pending.unwrap().decision,
-        Some(json!({"approve": true}))
-    );
+    let pending = stored.pending.unwrap();
+    assert_eq!(pending.decision, Some(json!({"approve": true})));
+    // Recorded at the store's clock (a client cannot choose the instant).
+    assert_eq!(p.resolved_at, pending.resolved_at.map(|t| t.as_millis()));
+    assert!(p.resolved_at.is_some());
 }
 
 /// Nothing leaks: a directory store's refusals and failures name files in

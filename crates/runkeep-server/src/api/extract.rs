@@ -136,8 +136,10 @@ pub fn parse_json<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, Problem> {
         // misspelled field must not pass as absent.
         let field = match unknown_field(&inner.to_string()) {
             Some(name) if path == "." => name.to_string(),
-            Some(name) => format!("{path}.{name}"),
-            None => path,
+            Some(name) if path != name && !path.ends_with(&format!(".{name}")) => {
+                format!("{path}.{name}")
+            }
+            _ => path,
         };
         let detail = if inner.is_syntax() || inner.is_eof() {
             format!("the body is not valid JSON: {inner}")

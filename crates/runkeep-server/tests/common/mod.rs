@@ -24,6 +24,8 @@ pub const TOKEN_B: &str = "test-operator-b";
 pub const READER_A: &str = "test-reader-a";
 /// A worker token of the conformance tenant.
 pub const WORKER_A: &str = "test-worker-a";
+/// A second worker token of the conformance tenant (another worker fleet).
+pub const WORKER_A2: &str = "test-worker-a2";
 
 /// The test tokens: operator, worker and reader of the conformance tenant,
 /// operator of the other tenant.
@@ -31,6 +33,7 @@ pub fn tokens() -> StaticTokens {
     StaticTokens::new()
         .with(TOKEN_A, support::tenant(), Role::Operator)
         .with(WORKER_A, support::tenant(), Role::Worker)
+        .with(WORKER_A2, support::tenant(), Role::Worker)
         .with(READER_A, support::tenant(), Role::Reader)
         .with(TOKEN_B, support::other_tenant(), Role::Operator)
 }
