@@ -8,7 +8,13 @@
 //! - [`Server::bind`] then [`Server::run`] (or [`serve`] in one call): the
 //!   HTTP/1.1 connection loop with hyper's header-read timeout, a write
 //!   timeout per connection (a client that stops reading is dropped) and
-//!   graceful shutdown.
+//!   graceful shutdown. Pipelined requests are answered in order. Before
+//!   any route: a method no route takes (`TRACE`, `CONNECT`, …) is 405, a
+//!   request target over [`MAX_URI_BYTES`] 414, a request head over
+//!   [`MAX_HEAD_BYTES`] (or 100 header fields) 431, a head that is not
+//!   valid HTTP/1.1 (conflicting `Content-Length`s among others) 400, all
+//!   as problem details; the last two are refused by hyper itself and
+//!   rewritten on the way out (see `server/edges.rs`).
 //!
 //! # Operations routes
 //!
@@ -43,9 +49,8 @@ use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::{Json, Router};
-use hyper_util::rt::{TokioIo, TokioTimer};
+use hyper_util::rt::TokioTimer;
 use hyper_util::server::graceful::GracefulShutdown;
-use hyper_util::service::TowerToHyperService;
 use runkeep::{ListOptions, ListingScope, RunStore, TenantId};
 use serde_json::json;
 use tokio::net::TcpListener;
@@ -56,6 +61,9 @@ use crate::manners::{self, Admission, Limits, Shares};
 use crate::metrics::Metrics;
 use crate::state::AppState;
 use crate::tokens::{TokenFile, TokenStore, DEFAULT_RELOAD_EVERY};
+
+mod edges;
+pub use edges::{MAX_HEAD_BYTES, MAX_URI_BYTES};
 
 /// How much longer than the longest long-poll the request timeout must be.
 pub const LONG_POLL_MARGIN: Duration = Duration::from_secs(5);
@@ -426,9 +434,11 @@ impl Server {
             streams,
         } = self;
         let graceful = GracefulShutdown::new();
+        let router = edges::guard(router);
         let mut http = hyper::server::conn::http1::Builder::new();
         http.timer(TokioTimer::new())
             .header_read_timeout(config.header_read_timeout);
+        edges::configure(&mut http);
         tokio::pin!(shutdown);
         loop {
             tokio::select! {
@@ -442,11 +452,10 @@ impl Server {
                             continue;
                         }
                     };
-                    let service = TowerToHyperService::new(router.clone());
                     let mut io = tokio_io_timeout::TimeoutStream::new(stream);
                     io.set_write_timeout(Some(config.write_timeout));
-                    let connection =
-                        http.serve_connection(TokioIo::new(Box::pin(io)), service);
+                    let (io, service) = edges::connection(&router, Box::pin(io));
+                    let connection = http.serve_connection(io, service);
                     let connection = graceful.watch(connection);
                     tokio::spawn(async move {
                         if let Err(e) = connection.await {
