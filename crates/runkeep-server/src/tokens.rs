@@ -48,6 +48,16 @@
 //! most `reload_every` after `runkeep token revoke` returns. A file that
 //! cannot be read or parsed fails closed: every token is refused (and the
 //! error logged) until it is fixed.
+//!
+//! # Who may read it
+//!
+//! Only its owner: every write leaves it 0600, and [`TokenStore::open`]
+//! (a server starting) refuses a file with any group or other permission
+//! bit ([`TokenError::Permissions`], naming the file, its mode and `chmod
+//! 600`); a reload that finds one (the file replaced by hand) fails closed
+//! like an unreadable file. The digests cannot be turned back into tokens,
+//! but whoever can change the file can add a token of their own, and
+//! whoever can read it learns every tenant, role and label.
 
 use std::collections::HashMap;
 use std::fmt;
@@ -111,6 +121,14 @@ pub enum TokenError {
     /// Bad input (a tenant id, a role, a label).
     #[error("invalid input: {0}")]
     Invalid(String),
+    /// The file can be read or changed by users other than its owner.
+    #[error("token file {path} has mode {mode:04o}: users other than its owner can read or change it, and it decides who may call the API; run `chmod 600 {path}` (runkeep creates it 0600)", path = .path.display())]
+    Permissions {
+        /// The file.
+        path: PathBuf,
+        /// Its permission bits.
+        mode: u32,
+    },
 }
 
 /// Result alias of this module.
@@ -253,6 +271,21 @@ impl TokenFile {
             path: self.path.clone(),
             action,
             source,
+        }
+    }
+
+    /// Refuses a file that group or other users may read or change (any of
+    /// the mode bits `0o077`): [`TokenError::Permissions`], naming the fix.
+    /// A missing file passes (no tokens).
+    pub fn check_private(&self) -> TokenResult<()> {
+        match std::fs::metadata(&self.path) {
+            Ok(m) if m.mode() & 0o077 != 0 => Err(TokenError::Permissions {
+                path: self.path.clone(),
+                mode: m.mode() & 0o7777,
+            }),
+            Ok(_) => Ok(()),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+            Err(e) => Err(self.io("stat")(e)),
         }
     }
 
@@ -445,8 +478,9 @@ pub struct TokenStore {
 impl TokenStore {
     /// A store over `file`, looked at again at most every `reload_every`
     /// (zero: on every request). The file is read now: a file that exists
-    /// but cannot be read or parsed is an error here (at start-up), and
-    /// fails closed later.
+    /// but cannot be read or parsed, or that group or other users may read
+    /// or change ([`TokenFile::check_private`]), is an error here (at
+    /// start-up), and fails closed later.
     pub fn open(file: TokenFile, reload_every: Duration) -> TokenResult<Self> {
         let store = Self {
             file,
@@ -484,6 +518,7 @@ impl TokenStore {
     }
 
     fn load(&self) -> TokenResult<HashMap<String, Entry>> {
+        self.file.check_private()?;
         let mut by_id = HashMap::new();
         for t in self.file.read()? {
             if !t.is_active() {

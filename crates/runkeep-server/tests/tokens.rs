@@ -300,3 +300,85 @@ async fn a_running_server_answers_401_for_a_revoked_token_and_404_for_another_te
         assert_eq!(status_of(addr, open, None).await.0, 200, "{open}");
     }
 }
+
+/// A token file that group or other users may read or change is refused
+/// when a server starts, with an error naming the file, its mode and the
+/// fix; owner-only modes pass.
+#[test]
+fn a_token_file_group_or_others_can_read_is_refused_at_start_naming_the_fix() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = file_in(&dir);
+    let created = file.create(&tenant("acme"), Role::Operator, None).unwrap();
+    let path = file.path().to_path_buf();
+    for mode in [0o640, 0o604, 0o644, 0o660, 0o606, 0o610] {
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(mode)).unwrap();
+        let e = TokenStore::open(file.clone(), Duration::ZERO).unwrap_err();
+        assert!(
+            matches!(e, runkeep_server::tokens::TokenError::Permissions { .. }),
+            "{mode:o}: {e:?}"
+        );
+        let text = e.to_string();
+        for needle in [
+            path.display().to_string(),
+            format!("{mode:04o}"),
+            format!("chmod 600 {}", path.display()),
+        ] {
+            assert!(text.contains(&needle), "{needle:?} missing from {text:?}");
+        }
+        // The whole server refuses to start with it.
+        let config = runkeep_server::server::ServerConfig {
+            tokens: path.clone(),
+            ..Default::default()
+        };
+        let store = Arc::new(runkeep::MemoryStore::new()) as Arc<dyn runkeep::RunStore>;
+        assert!(matches!(
+            runkeep_server::server::state(&config, store),
+            Err(runkeep_server::server::ServeError::Tokens(_))
+        ));
+    }
+    for mode in [0o600, 0o400] {
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(mode)).unwrap();
+        let store = TokenStore::open(file.clone(), Duration::ZERO).unwrap();
+        assert!(store.authenticate(created.secret()).is_some(), "{mode:o}");
+    }
+}
+
+/// A running server that finds the file replaced by one others can read
+/// fails closed, as for an unreadable file; a rewrite by runkeep (0600)
+/// heals it.
+#[test]
+fn a_reload_that_finds_a_file_others_can_read_fails_closed_and_a_rewrite_heals_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = file_in(&dir);
+    let created = file.create(&tenant("acme"), Role::Worker, None).unwrap();
+    let store = TokenStore::open(file.clone(), Duration::ZERO).unwrap();
+    assert!(store.authenticate(created.secret()).is_some());
+    // A hand copy with the default umask's 0644, renamed into place.
+    let tmp = dir.path().join("edit");
+    std::fs::copy(file.path(), &tmp).unwrap();
+    std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(0o644)).unwrap();
+    std::fs::rename(&tmp, file.path()).unwrap();
+    assert!(store.authenticate(created.secret()).is_none());
+    // `runkeep token create` rewrites it 0600: served again.
+    let other = file.create(&tenant("acme"), Role::Reader, None).unwrap();
+    let mode = std::fs::metadata(file.path()).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode, 0o600);
+    assert!(store.authenticate(created.secret()).is_some());
+    assert!(store.authenticate(other.secret()).is_some());
+}
+
+/// The token file and its lock file are created 0600 whatever the umask.
+#[test]
+fn the_token_file_and_its_lock_are_created_owner_only_even_under_umask_0() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = file_in(&dir);
+    let old = rustix::process::umask(rustix::fs::Mode::empty());
+    let created = file.create(&tenant("acme"), Role::Operator, None);
+    rustix::process::umask(old);
+    created.unwrap();
+    let lock = dir.path().join("tokens.json.lock");
+    for p in [file.path(), lock.as_path()] {
+        let mode = std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode, 0o600, "{} is {mode:o}", p.display());
+    }
+}
