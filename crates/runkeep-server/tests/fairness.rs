@@ -600,7 +600,8 @@ async fn claim_next_counts_as_a_wait_only_when_its_body_asks_to_wait() {
 #[test]
 fn a_zero_share_is_refused_with_a_message_naming_it() {
     assert!(ServerConfig::default().check().is_ok());
-    let zeroed: [(fn(&mut ServerConfig), &str); 6] = [
+    type Zero = fn(&mut ServerConfig);
+    let zeroed: [(Zero, &str); 6] = [
         (|c| c.concurrency_limit = 0, "a concurrency limit of 0"),
         (
             |c| c.tenant_concurrency_limit = 0,
