@@ -90,6 +90,13 @@ pub struct HttpStoreOptions {
     /// backing store's own `ManualClock` in the conformance kit) instead of
     /// the offset measured from the server's answers.
     pub clock: Option<Arc<dyn Clock>>,
+    /// **Tests only.** The backing store's `ManualClock`, for the
+    /// conformance kit's claims at chosen instants: a claim carrying
+    /// [`ClaimOptions::now`] is sent with this clock set to that instant for
+    /// the call (one such claim at a time) and put back after. The server
+    /// never takes a client instant; without this option such a claim is
+    /// refused.
+    pub steer_clock: Option<runkeep::ManualClock>,
     /// The machine clock the measured offset is added to.
     pub local_clock: Arc<dyn Clock>,
 }
@@ -102,8 +109,22 @@ impl Default for HttpStoreOptions {
             watch_fallback: Duration::from_secs(1),
             watch_wait: Duration::from_secs(25),
             clock: None,
+            steer_clock: None,
             local_clock: Arc::new(SystemClock),
         }
+    }
+}
+
+/// Puts a steered clock back ([`HttpStore::steer`]).
+struct SteeredClock<'a> {
+    clock: runkeep::ManualClock,
+    before: Timestamp,
+    _lock: tokio::sync::MutexGuard<'a, ()>,
+}
+
+impl Drop for SteeredClock<'_> {
+    fn drop(&mut self) {
+        self.clock.set(self.before);
     }
 }
 
@@ -134,6 +155,8 @@ struct Inner {
     /// steps): where an events watch starts, so a change after `watch()`
     /// is never missed.
     seen: std::sync::Mutex<HashMap<RunScope, u64>>,
+    /// One steered claim at a time ([`HttpStoreOptions::steer_clock`]).
+    steering: tokio::sync::Mutex<()>,
 }
 
 impl std::fmt::Debug for HttpStore {
@@ -179,7 +202,38 @@ impl HttpStore {
                 options,
                 offset_ms: AtomicI64::new(0),
                 seen: std::sync::Mutex::new(HashMap::new()),
+                steering: tokio::sync::Mutex::new(()),
             }),
+        })
+    }
+
+    /// A claim's options as sent: with [`HttpStoreOptions::steer_clock`]
+    /// (tests only) an explicit `now` becomes the backing store's clock
+    /// for as long as the returned guard lives; otherwise unchanged (and
+    /// [`ClaimBody::of`] refuses a `now`).
+    async fn steer(&self, options: &ClaimOptions) -> (ClaimOptions, Option<SteeredClock<'_>>) {
+        let Some(now) = options.now else {
+            return (options.clone(), None);
+        };
+        let Some(steered) = self.steer_at(now).await else {
+            return (options.clone(), None);
+        };
+        let mut sent = options.clone();
+        sent.now = None;
+        (sent, Some(steered))
+    }
+
+    /// The backing store's clock at `now` while the guard lives, when
+    /// [`HttpStoreOptions::steer_clock`] is set (tests only).
+    async fn steer_at(&self, now: Timestamp) -> Option<SteeredClock<'_>> {
+        let clock = self.inner.options.steer_clock.as_ref()?;
+        let lock = self.inner.steering.lock().await;
+        let before = clock.now();
+        clock.set(now);
+        Some(SteeredClock {
+            clock: clock.clone(),
+            before,
+            _lock: lock,
         })
     }
 
@@ -192,6 +246,7 @@ impl HttpStore {
             options: a.options.clone(),
             offset_ms: AtomicI64::new(a.offset_ms.load(Ordering::Relaxed)),
             seen: std::sync::Mutex::new(HashMap::new()),
+            steering: tokio::sync::Mutex::new(()),
         });
         inner.tokens.insert(tenant, secret.into());
         Self {
@@ -452,7 +507,8 @@ impl HttpStore {
         options: &ClaimOptions,
         wait: Duration,
     ) -> Result<Option<(RunScope, Lease)>> {
-        let claim = ClaimBody::of(options)?;
+        let (options, _steered) = self.steer(options).await;
+        let claim = ClaimBody::of(&options)?;
         let body = ClaimNextBody {
             project: scope.project_id().map(ToString::to_string),
             session: scope.session_id().map(ToString::to_string),
@@ -912,10 +968,12 @@ impl CheckpointStore for HttpStore {
         scope: &RunScope,
         id: &CheckpointId,
         resolution: ParkResolution,
-        // Over HTTP the server answers at its store's clock (module docs).
-        _now: Timestamp,
+        // Over HTTP the server answers at its store's clock (module docs);
+        // tests steer that clock ([`HttpStoreOptions::steer_clock`]).
+        now: Timestamp,
         fence: Option<Fence>,
     ) -> Result<Checkpoint> {
+        let _steered = self.steer_at(now).await;
         let body = ResolveBody {
             resolution: ResolutionBody::of(&resolution),
             fence: fence_json(fence),
@@ -1014,13 +1072,14 @@ impl CheckpointStore for HttpStore {
     }
 
     async fn claim(&self, scope: &RunScope, options: &ClaimOptions) -> Result<ClaimOutcome> {
+        let (options, _steered) = self.steer(options).await;
         let a: ClaimAnswer = self
             .run_write(
                 "claim",
                 Method::POST,
                 scope,
                 "/claim",
-                &ClaimBody::of(options)?,
+                &ClaimBody::of(&options)?,
             )
             .await?;
         a.to_outcome().map_err(problem_error)

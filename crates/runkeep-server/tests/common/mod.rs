@@ -120,6 +120,7 @@ impl TestServer {
     /// backing store's clock (the conformance kit moves it).
     pub fn client(&self, clock: Option<ManualClock>) -> HttpStore {
         let options = HttpStoreOptions {
+            steer_clock: clock.clone(),
             clock: clock.map(|c| Arc::new(c) as Arc<dyn runkeep::Clock>),
             request_timeout: Duration::from_secs(20),
             watch_fallback: Duration::from_millis(500),
