@@ -168,24 +168,36 @@ request-timeout = 1
 EOF
 
 status=0
+passed=0
+failed=0
 for role in reader worker operator; do
     echo "schemathesis.sh: --- $role token ---"
     started=$(date +%s)
+    rc=0
     SCHEMATHESIS_HOOKS="$repo/scripts/schemathesis_hooks.py" "$venv/bin/st" \
         --config-file "$work/schemathesis.toml" run "$url/openapi.json" \
         --url "$url" \
         --header "Authorization: Bearer ${token[$role]}" \
         --no-color \
         --report junit --report-dir "$base/report-$role" \
-        || status=$?
-    echo "schemathesis.sh: $role: exit $status after $(($(date +%s) - started)) s"
+        || rc=$?
+    echo "schemathesis.sh: $role: exit $rc after $(($(date +%s) - started)) s"
+    if [ "$rc" -eq 0 ]; then
+        passed=$((passed + 1))
+    else
+        failed=$((failed + 1))
+        status=1
+    fi
 done
 if ! kill -0 "$server_pid" 2>/dev/null; then
     echo "schemathesis.sh: runkeep serve died during the run" >&2
     cat "$work/serve.err" >&2
     status=1
+    failed=$((failed + 1))
 fi
 if [ "$status" -ne 0 ]; then
-    echo "schemathesis.sh: FAILED (the reports are in $base/report-*)" >&2
+    echo "schemathesis.sh: FAILED (the reports are in $base/report-*, the server's log in $base/serve.log)" >&2
 fi
+# One line per token run, in the form CI reads.
+echo "schemathesis: $passed passed, $failed failed"
 exit "$status"

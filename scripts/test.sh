@@ -38,3 +38,9 @@ bash clients/typescript/scripts/ci.sh
 # `runkeep serve --demo`. Installs chromium as root when missing; fails when
 # it cannot run.
 bash crates/runkeep-server/console/tests/ci.sh
+
+# Schemathesis (pinned, in a venv under target/schemathesis) against a live
+# `runkeep serve` with a reader, a worker and an operator token: fails on any
+# 5xx, any answer that breaks crates/runkeep-server/openapi.json and any
+# request the document calls valid that the server refuses. About 2 minutes.
+bash scripts/schemathesis.sh
