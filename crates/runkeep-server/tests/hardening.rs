@@ -217,7 +217,10 @@ async fn a_client_cannot_choose_now() {
         serde_json::Map::new(),
         store.now(),
     ));
-    store.write_checkpoint(&scope(), &parked, None).await.unwrap();
+    store
+        .write_checkpoint(&scope(), &parked, None)
+        .await
+        .unwrap();
     let a = post(
         &server,
         &run_path("/checkpoints/by-id/cp_conformance_park/answer"),
@@ -230,10 +233,7 @@ async fn a_client_cannot_choose_now() {
 
     // The Rust client refuses to send one.
     let client = server.client(None);
-    let mut options = ClaimOptions::new(
-        Holder::new("w").unwrap(),
-        Ttl::from_millis(1000).unwrap(),
-    );
+    let mut options = ClaimOptions::new(Holder::new("w").unwrap(), Ttl::from_millis(1000).unwrap());
     options.now = Some(support::at(0));
     let e = runkeep::CheckpointStore::claim(&client, &scope(), &options)
         .await
@@ -291,7 +291,12 @@ async fn a_worker_cannot_act_on_a_holding_it_did_not_claim() {
     assert_eq!(top.fence.get(), fence);
     assert!(!top.expired);
     assert_eq!(checkpoint_ids(&store).await, before);
-    assert!(store.read_events(&scope(), &Default::default()).await.unwrap().events.is_empty());
+    assert!(store
+        .read_events(&scope(), &Default::default())
+        .await
+        .unwrap()
+        .events
+        .is_empty());
 
     // The holder's own token acts, renews, and releases.
     let a = post(
@@ -408,9 +413,7 @@ async fn a_stale_fence_on_release_and_snooze_is_409() {
         assert_eq!(p.presented, Some(fence), "{tail}");
     }
     // The Rust client keeps the contract's answer: false.
-    let client = server
-        .client(None)
-        .with_token(support::tenant(), WORKER_A);
+    let client = server.client(None).with_token(support::tenant(), WORKER_A);
     let done =
         runkeep::CheckpointStore::release(&client, &scope(), runkeep::Fence::new(fence).unwrap())
             .await
@@ -502,4 +505,79 @@ async fn bodies_shaped_to_cost_more_than_their_bytes_are_refused_before_parsing(
         .unwrap()
         .unwrap();
     assert_eq!(back.state["blob"].as_str().map(str::len), Some(16 << 20));
+}
+
+/// Opens a chunked upload of a checkpoint body that never finishes: the
+/// server has charged it the whole body limit and holds it.
+async fn hung_upload(server: &TestServer) -> tokio::net::TcpStream {
+    use tokio::io::AsyncWriteExt;
+    let mut s = tokio::net::TcpStream::connect(server.addr).await.unwrap();
+    let head = format!(
+        "POST {} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {TOKEN_A}\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n1\r\n{{\r\n",
+        run_path("/checkpoints")
+    );
+    s.write_all(head.as_bytes()).await.unwrap();
+    s.flush().await.unwrap();
+    s
+}
+
+#[tokio::test]
+async fn bodies_in_flight_share_one_memory_budget_charged_by_their_values() {
+    let store: Arc<dyn RunStore> = Arc::new(runkeep::MemoryStore::new());
+    let server = TestServer::start(store.clone());
+    let path = run_path("/checkpoints");
+    let budget =
+        runkeep_server::api::budget::BodyBudget::new(runkeep_server::api::DEFAULT_BODY_LIMIT);
+    let limit_kib = runkeep_server::api::DEFAULT_BODY_LIMIT.div_ceil(1024) as u32;
+    // Hold all but less than a dense body's cost with hung uploads.
+    let dense_values = runkeep::checkpoint::MAX_CHECKPOINT_VALUES - 1;
+    let dense_kib = (dense_values * runkeep_server::api::budget::BYTES_PER_VALUE / 1024) as u32;
+    let hung_count = (budget.total_kib() - dense_kib / 2) / limit_kib;
+    assert!(hung_count >= 2, "{hung_count}");
+    let mut hung = Vec::new();
+    for _ in 0..hung_count {
+        hung.push(hung_upload(&server).await);
+    }
+    // Let the server read their heads and charge them.
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    // A dense body (2 MiB on the wire, ~1 Mi values) finds no room: its
+    // bytes alone would have fit.
+    let a = send_raw(
+        &server,
+        reqwest::Method::POST,
+        &path,
+        TOKEN_A,
+        zeros(dense_values),
+    )
+    .await;
+    assert_eq!(a.status, 503, "{}", a.body);
+    assert_eq!(a.problem().kind(), Some(ProblemType::Overloaded));
+    // A small body still passes.
+    let a = post(
+        &server,
+        &path,
+        TOKEN_A,
+        json!({"checkpoint": checkpoint("small", json!({"n": 1}))}),
+    )
+    .await;
+    assert_eq!(a.status, 200, "{}", a.body);
+    // The uploads go away: their charge comes back, the dense body passes.
+    drop(hung);
+    let mut status = 0;
+    for _ in 0..50 {
+        let a = send_raw(
+            &server,
+            reqwest::Method::POST,
+            &path,
+            TOKEN_A,
+            zeros(dense_values),
+        )
+        .await;
+        status = a.status;
+        if status == 200 {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    assert_eq!(status, 200);
 }

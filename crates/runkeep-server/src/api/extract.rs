@@ -20,6 +20,7 @@ impl<T: DeserializeOwned + Send + 'static, S: Send + Sync> FromRequest<S> for Js
     type Rejection = Problem;
 
     async fn from_request(req: Request, state: &S) -> Result<Self, Self::Rejection> {
+        let charge = req.extensions().get::<super::budget::Charge>().cloned();
         let json = req
             .headers()
             .get(CONTENT_TYPE)
@@ -46,13 +47,17 @@ impl<T: DeserializeOwned + Send + 'static, S: Send + Sync> FromRequest<S> for Js
                 Problem::new(ProblemType::MalformedBody, "the body could not be read")
             }
         })?;
+        let values = scan_json(&bytes)?;
+        if let Some(charge) = charge {
+            charge.parsing(bytes.len(), values).await?;
+        }
         if bytes.len() <= INLINE_PARSE_BYTES {
-            return parse_json(&bytes).map(JsonBody);
+            return parse_scanned(&bytes).map(JsonBody);
         }
         // A large body is scanned and parsed on the blocking pool: parsing
         // megabytes on an async worker thread stalls every request that
         // thread serves (`/healthz` included).
-        tokio::task::spawn_blocking(move || parse_json(&bytes))
+        tokio::task::spawn_blocking(move || parse_scanned(&bytes))
             .await
             .map_err(|_| Problem::new(ProblemType::MalformedBody, "the body could not be parsed"))?
             .map(JsonBody)
@@ -71,12 +76,12 @@ pub const MAX_BODY_VALUES: usize = runkeep::checkpoint::MAX_CHECKPOINT_VALUES + 
 /// The deepest nesting of arrays and objects a request body may have.
 pub const MAX_BODY_DEPTH: usize = 100;
 
-/// Counts a body's values and nesting in one pass over its bytes, keeping
-/// nothing, and refuses it before it is parsed when either is over its
+/// Counts a body's values (the count is returned) and nesting in one pass
+/// over its bytes, keeping nothing, and refuses it before it is parsed when either is over its
 /// limit: what a parsed body costs in memory grows with its values (32
 /// bytes or more each), not with its bytes (`[0,0,…]` is 2 bytes a value).
 /// Invalid JSON passes (the parser then names the error).
-pub fn scan_json(bytes: &[u8]) -> Result<(), Problem> {
+pub fn scan_json(bytes: &[u8]) -> Result<usize, Problem> {
     let mut values: usize = 1;
     let mut depth: usize = 0;
     let mut in_string = false;
@@ -121,13 +126,18 @@ pub fn scan_json(bytes: &[u8]) -> Result<(), Problem> {
             _ => {}
         }
     }
-    Ok(())
+    Ok(values)
 }
 
 /// Parses `bytes` as `T`, naming the field at fault; refuses a body over
 /// the value or depth limits ([`scan_json`]) before parsing it.
 pub fn parse_json<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, Problem> {
     scan_json(bytes)?;
+    parse_scanned(bytes)
+}
+
+/// [`parse_json`] of a body [`scan_json`] has already passed.
+fn parse_scanned<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, Problem> {
     let mut de = serde_json::Deserializer::from_slice(bytes);
     let value = serde_path_to_error::deserialize(&mut de).map_err(|e| {
         let path = e.path().to_string();

@@ -26,7 +26,6 @@
 #![allow(clippy::result_large_err)]
 
 use std::collections::BTreeMap;
-use std::sync::Arc;
 
 use axum::extract::{Request, State};
 use axum::http::{HeaderValue, Method};
@@ -39,6 +38,7 @@ use crate::auth::{Principal, Role};
 use crate::problem::{Problem, ProblemType};
 use crate::state::AppState;
 
+pub mod budget;
 mod checkpoints;
 mod claims;
 mod documents;
@@ -335,79 +335,17 @@ pub fn router_with_limit(state: AppState, body_limit: usize) -> Router {
     for (path, handler) in by_path {
         router = router.route(&path, handler);
     }
-    let budget = BodyBudget::new(body_limit);
+    let budget = budget::BodyBudget::new(body_limit);
     router
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
-        .layer(middleware::from_fn_with_state(budget, body_budget))
+        .layer(middleware::from_fn_with_state(
+            budget,
+            budget::charge_bodies,
+        ))
         .layer(axum::extract::DefaultBodyLimit::max(body_limit))
         .layer(middleware::from_fn_with_state(state.clone(), stamp_now))
         .with_state(state)
-}
-
-/// The memory all large request bodies in flight may take together: twice
-/// the body limit, counted in KiB. A body above
-/// [`extract::INLINE_PARSE_BYTES`] takes its declared length (a chunked one
-/// the whole limit) from the budget before a byte of it is read and gives it
-/// back with the response; one that finds no room within
-/// [`BODY_BUDGET_WAIT`] is refused 503 `overloaded` with `Retry-After`,
-/// having changed nothing. With the per-body value limit
-/// ([`extract::MAX_BODY_VALUES`]) this bounds what bodies can cost the
-/// server at once, however many arrive together.
-#[derive(Clone, Debug)]
-pub struct BodyBudget {
-    kib: Arc<tokio::sync::Semaphore>,
-    limit_kib: u32,
-}
-
-/// How long a large body waits for room in the [`BodyBudget`].
-pub const BODY_BUDGET_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
-
-impl BodyBudget {
-    fn new(body_limit: usize) -> Self {
-        let limit_kib = u32::try_from(body_limit.div_ceil(1024)).unwrap_or(u32::MAX / 2);
-        Self {
-            kib: Arc::new(tokio::sync::Semaphore::new(
-                limit_kib.saturating_mul(2) as usize
-            )),
-            limit_kib,
-        }
-    }
-}
-
-async fn body_budget(State(budget): State<BodyBudget>, req: Request, next: Next) -> Response {
-    let declared = req
-        .headers()
-        .get(axum::http::header::CONTENT_LENGTH)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.parse::<u64>().ok());
-    let chunked = req
-        .headers()
-        .get(axum::http::header::TRANSFER_ENCODING)
-        .is_some();
-    let kib = match declared {
-        Some(n) if n as usize > extract::INLINE_PARSE_BYTES => {
-            u32::try_from(n.div_ceil(1024)).unwrap_or(u32::MAX)
-        }
-        None if chunked => budget.limit_kib,
-        _ => return next.run(req).await,
-    }
-    .min(budget.limit_kib)
-    .max(1);
-    let permit = tokio::time::timeout(BODY_BUDGET_WAIT, budget.kib.clone().acquire_many_owned(kib)).await;
-    match permit {
-        Ok(Ok(permit)) => {
-            let res = next.run(req).await;
-            drop(permit);
-            res
-        }
-        _ => Problem::new(
-            ProblemType::Overloaded,
-            "too many large request bodies are in flight; nothing was changed, retry later",
-        )
-        .with_instance(req.uri().path())
-        .into_response(),
-    }
 }
 
 async fn not_found(req: Request) -> Problem {
