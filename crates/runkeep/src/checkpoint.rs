@@ -508,7 +508,12 @@ mod tests {
         ] {
             let cp = Checkpoint::from_json(raw.as_object().unwrap().clone()).unwrap();
             let text = serde_json::to_vec(&cp.to_json()).unwrap();
-            assert_eq!(cp.json_len(), text.len(), "{}", String::from_utf8_lossy(&text));
+            assert_eq!(
+                cp.json_len(),
+                text.len(),
+                "{}",
+                String::from_utf8_lossy(&text)
+            );
         }
     }
 
@@ -521,7 +526,10 @@ mod tests {
             crate::RunId::new("r").unwrap(),
         );
         let mut cp = Checkpoint::from_json(
-            json!({"id": "cp_a", "createdAt": 10}).as_object().unwrap().clone(),
+            json!({"id": "cp_a", "createdAt": 10})
+                .as_object()
+                .unwrap()
+                .clone(),
         )
         .unwrap();
         // MAX_CHECKPOINT_VALUES values in all (the array itself is one): accepted.

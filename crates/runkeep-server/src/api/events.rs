@@ -25,8 +25,8 @@ use serde::Deserialize;
 use super::claims::checked;
 use super::extract::{JsonBody, RunAddr, Q};
 use super::runs::ApiResult;
-use crate::problem::Problem;
 use crate::auth::Principal;
+use crate::problem::Problem;
 use crate::state::AppState;
 use crate::wire::{self, Appended, EventBatchBody, EventBody, Waited};
 
