@@ -478,17 +478,17 @@ export class RunkeepClient {
   /**
    * Answers a park exactly once (`POST …/checkpoints/by-id/{id}/answer`):
    * with `fence`, the holder's answer; without, an operator's. A second
-   * answer is `Conflict`, whose `firstAnswer` is the one that won.
+   * answer is `Conflict`, whose `firstAnswer` is the one that won. The
+   * answer is recorded at the server's store clock (no client instant).
    */
   resolvePark(
     run: RunRef,
     checkpointId: string,
     resolution: ResolutionBody,
-    options: FencedOptions & { now?: number } = {},
+    options: FencedOptions = {},
   ): Promise<CheckpointBody> {
     const body: ResolveBody = { resolution };
     if (options.fence !== undefined) body.fence = options.fence;
-    if (options.now !== undefined) body.now = options.now;
     return this.runWrite("POST", run, `/checkpoints/by-id/${encodeURIComponent(checkpointId)}/answer`, body, options);
   }
 
