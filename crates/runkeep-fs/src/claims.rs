@@ -319,7 +319,7 @@ fn publish_via_tmpfile(
         CWD,
         claims_dir,
         OFlags::TMPFILE | OFlags::WRONLY | OFlags::CLOEXEC,
-        FMode::from_raw_mode(0o644),
+        FMode::from_raw_mode(crate::sys::FILE_MODE),
     ) {
         Ok(fd) => fd,
         Err(e) => {
@@ -425,7 +425,7 @@ fn publish_via_scratch(
         testing_hooks::fault(Point::ScratchCreate, &scratch)?;
         let mut opts = OpenOptions::new();
         opts.write(true)
-            .mode(0o644)
+            .mode(crate::sys::FILE_MODE)
             .custom_flags(rustix::fs::OFlags::CLOEXEC.bits() as i32);
         if unique {
             opts.create_new(true);
@@ -491,7 +491,7 @@ fn publish_open_exclusive(
     let mut f = match OpenOptions::new()
         .write(true)
         .create_new(true)
-        .mode(0o644)
+        .mode(crate::sys::FILE_MODE)
         .open(&target)
     {
         Ok(f) => f,

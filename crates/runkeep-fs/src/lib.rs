@@ -29,6 +29,12 @@
 //!   checkpoints directory, so a row never parses a checkpoint; a damaged run
 //!   is a flagged row, never a failed page.
 //! - **Durability is explicit** ([`Durability`]).
+//! - **Private by default**: every file it creates is mode [`FILE_MODE`]
+//!   (0600) and every directory [`DIR_MODE`] (0700), whatever the umask
+//!   allows beyond that: run data is whatever an agent saw. Every process
+//!   of a store runs as one user; other users read it through `runkeep
+//!   serve` and a reader token. (A directory made before this was the
+//!   rule keeps its mode; `chmod -R go-rwx` makes it private.)
 //!
 //! ```no_run
 //! use runkeep::{CheckpointStore, ClaimOptions, Holder, Ttl};
@@ -100,6 +106,7 @@ pub use root::{
     FsRootOptions, FsRootStore, MAX_WATCHED_SESSIONS, ROOT_LAYOUT_VERSION, ROOT_MARKER,
     SESSION_RUNS_DIR,
 };
+pub use sys::{DIR_MODE, FILE_MODE};
 
 use lock::{Mode, RunLock};
 use sys::Ctx;
@@ -309,7 +316,15 @@ fn probe_links(base: &Path, ctx: &Ctx) -> Result<bool> {
     let (pid, n, r) = sys::unique_parts();
     let a = base.join(format!(".runkeep-probe-{pid}-{n}-{r}"));
     let b = base.join(format!(".runkeep-probe-{pid}-{n}-{r}-link"));
-    match std::fs::File::create(&a) {
+    let created = {
+        use std::os::unix::fs::OpenOptionsExt;
+        std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(sys::FILE_MODE)
+            .open(&a)
+    };
+    match created {
         Ok(_) => {}
         Err(e) => {
             // Cannot write here at all (read-only, no permission): open for
@@ -341,7 +356,7 @@ fn probe_tmpfile(base: &Path, target: &Path) -> bool {
         CWD,
         base,
         OFlags::TMPFILE | OFlags::WRONLY | OFlags::CLOEXEC,
-        FMode::from_raw_mode(0o644),
+        FMode::from_raw_mode(sys::FILE_MODE),
     ) else {
         return false;
     };
@@ -918,8 +933,9 @@ impl Inner {
 /// reported to the caller whether or not it could be recorded.
 fn record_refusal(run_dir: &Path, operation: &str, presented: Fence, current: Fence) {
     use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
     let meta = run_dir.join(lock::META_DIR);
-    if std::fs::create_dir_all(&meta).is_err() {
+    if sys::ensure_dir(&meta, Durability::ProcessCrash).is_err() {
         return;
     }
     let line = serde_json::json!({
@@ -934,6 +950,7 @@ fn record_refusal(run_dir: &Path, operation: &str, presented: Fence, current: Fe
     if let Ok(mut f) = std::fs::OpenOptions::new()
         .append(true)
         .create(true)
+        .mode(sys::FILE_MODE)
         .open(meta.join(FENCED_OUT_LOG))
     {
         let _ = f.write_all(&bytes);

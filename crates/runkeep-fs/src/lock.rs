@@ -75,7 +75,7 @@ impl RunLock {
                 .write(true)
                 .create(true)
                 .truncate(false)
-                .mode(0o644)
+                .mode(sys::FILE_MODE)
                 .custom_flags(rustix::fs::OFlags::CLOEXEC.bits() as i32)
                 .open(&path)
         };

@@ -4,7 +4,7 @@
 
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, Read, Write};
-use std::os::unix::fs::OpenOptionsExt;
+use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -65,6 +65,16 @@ pub(crate) mod errno {
         [PERM, NOTSUP, OPNOTSUPP, NOSYS, XDEV, MLINK].contains(&code)
     }
 }
+
+/// The mode of every file the store creates: its owner's only. A run's
+/// data is whatever its agent saw (prompts, tool output, what it was
+/// handed), and every process writing a store runs as one user; the umask
+/// can only narrow it. Share a store with other users through `runkeep
+/// serve` (a reader token), not through the directory.
+pub const FILE_MODE: u32 = 0o600;
+
+/// The mode of every directory the store creates (see [`FILE_MODE`]).
+pub const DIR_MODE: u32 = 0o700;
 
 /// Who is doing what: every error names the run and the operation.
 #[derive(Clone, Debug)]
@@ -177,8 +187,9 @@ pub(crate) fn is_transient_name(name: &str) -> bool {
     name.starts_with(".tmp-") || name.ends_with(".tmp")
 }
 
-/// Creates `dir` and any missing parents; under [`Durability::PowerLoss`]
-/// every new directory entry is made durable by syncing its parent.
+/// Creates `dir` and any missing parents (mode [`DIR_MODE`]); under
+/// [`Durability::PowerLoss`] every new directory entry is made durable by
+/// syncing its parent.
 pub(crate) fn ensure_dir(dir: &Path, durability: Durability) -> io::Result<()> {
     match fs::metadata(dir) {
         Ok(m) if m.is_dir() => return Ok(()),
@@ -192,7 +203,7 @@ pub(crate) fn ensure_dir(dir: &Path, durability: Durability) -> io::Result<()> {
         ensure_dir(parent, durability)?;
     }
     crate::testing_hooks::fault(crate::testing_hooks::Point::Mkdir, dir)?;
-    match fs::create_dir(dir) {
+    match fs::DirBuilder::new().mode(DIR_MODE).create(dir) {
         Ok(()) => {
             if durability == Durability::PowerLoss {
                 if let Some(parent) = dir.parent() {
@@ -316,7 +327,7 @@ impl TempFile {
         let mut f = OpenOptions::new()
             .write(true)
             .create_new(true)
-            .mode(0o644)
+            .mode(FILE_MODE)
             .custom_flags(rustix::fs::OFlags::CLOEXEC.bits() as i32)
             .open(&path)?;
         let mut me = Self {

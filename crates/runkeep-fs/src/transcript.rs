@@ -732,7 +732,7 @@ impl IndexWriter {
             .write(true)
             .create(true)
             .truncate(false)
-            .mode(0o644)
+            .mode(crate::sys::FILE_MODE)
             .open(path)?;
         let ilen = file.metadata()?.len();
         let mut me = Self {
@@ -1035,7 +1035,7 @@ fn open_log(dir: &Path, name: &str, durability: Durability, ctx: &Ctx) -> Result
         .read(true)
         .append(true)
         .create(true)
-        .mode(0o644)
+        .mode(crate::sys::FILE_MODE)
         .custom_flags(rustix::fs::OFlags::CLOEXEC.bits() as i32)
         .open(&path)
         .map_err(|e| ctx.io("open", &path, e))?;
