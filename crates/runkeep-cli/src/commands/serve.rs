@@ -3,13 +3,18 @@
 //! Opens the store like every command (`--store`, creating a missing
 //! directory; a PostgreSQL schema must have been migrated), makes sure the
 //! token file holds a token (started with none, it creates an operator
-//! token for `--tenant` and prints it once), prints the address it listens
+//! token for `--tenant` and prints it once, or writes it to `--token-out`),
+//! refuses a token file other users can read (`chmod 600` it), prints the
+//! address it listens
 //! on (`listening on http://ADDR`, the real port when `--listen` asks for
 //! port 0), and serves until SIGTERM or Ctrl-C, then shuts down gracefully:
 //! new connections are refused, event streams are ended, requests in flight
 //! finish (for up to `--shutdown-grace`), exit 0.
 
+use std::fs::File;
+use std::io::Write;
 use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use clap::Args;
@@ -22,7 +27,7 @@ use crate::commands::token::{token_error, TokenFileArg};
 use crate::context::Ctx;
 use crate::duration::parse_duration;
 use crate::error::{CliError, CliResult, Exit};
-use crate::output::{emit, emit_json_line, warn};
+use crate::output::{emit, emit_json_line, note, warn};
 use crate::store::StoreAddress;
 
 /// `runkeep serve`.
@@ -69,6 +74,9 @@ pub struct ServeArgs {
     /// How often the token file is looked at: the longest a `runkeep token revoke` takes to reach the server.
     #[arg(long, default_value = "1s", value_parser = parse_duration, value_name = "DURATION")]
     pub token_reload: Duration,
+    /// On a first start (no token in --tokens yet), write the new operator token to this file instead of printing it: created with mode 0600, never overwritten (an existing file is refused before any token is made). Nothing secret goes to stdout. Ignored once the token file holds tokens.
+    #[arg(long, value_name = "PATH")]
+    pub token_out: Option<PathBuf>,
     /// Serve a fresh in-memory store seeded with demo runs (parked, claimed, stuck, finished, dead-lettered), with new operator, worker and reader tokens in a temporary token file; prints the console's address and the tokens. Uses neither --store nor --tokens; nothing outlives the process.
     #[arg(long)]
     pub demo: bool,
@@ -107,6 +115,12 @@ pub async fn run(ctx: &Ctx, args: ServeArgs) -> CliResult<Exit> {
         ..ServerConfig::default()
     };
     config.check().map_err(serve_error)?;
+    if args.demo && args.token_out.is_some() {
+        return Err(CliError::usage(
+            "--token-out is where the first start's operator token goes; --demo makes its own tokens and prints them",
+        )
+        .hint("drop --token-out for the demo"));
+    }
     if args.demo {
         return crate::commands::serve_demo::run(ctx, &args, config).await;
     }
@@ -120,11 +134,50 @@ pub async fn run(ctx: &Ctx, args: ServeArgs) -> CliResult<Exit> {
     let file = TokenFile::new(&args.file.tokens);
     let tokens = file.list().map_err(token_error)?;
     if tokens.is_empty() {
-        let created = file
-            .create(&ctx.scope.tenant, Role::Operator, Some("first start"))
-            .map_err(token_error)?;
+        // Made before the token, so a refusal leaves no token nobody has.
+        let out = match &args.token_out {
+            Some(path) => Some((path, create_token_out(path)?)),
+            None => None,
+        };
+        let created = match file.create(&ctx.scope.tenant, Role::Operator, Some("first start")) {
+            Ok(c) => c,
+            Err(e) => {
+                if let Some((path, _)) = &out {
+                    let _ = std::fs::remove_file(path);
+                }
+                return Err(token_error(e));
+            }
+        };
         let r = &created.record;
-        if ctx.json() {
+        if let Some((path, out)) = out {
+            if let Err(e) = write_token_out(out, created.secret()) {
+                // Nobody has the token: take it back.
+                let _ = std::fs::remove_file(path);
+                let _ = file.revoke(&r.id);
+                return Err(CliError::failed(format!(
+                    "cannot write the first token to --token-out {}: {e}; it was revoked, nothing is served",
+                    path.display()
+                )));
+            }
+            if ctx.json() {
+                emit_json_line(&json!({
+                    "event": "token-created",
+                    "id": r.id,
+                    "tenant": r.tenant,
+                    "role": r.role,
+                    "tokens": file.path(),
+                    "tokenOut": path,
+                }))?;
+            } else {
+                emit(&format!(
+                    "No token was configured, so this is the first one: an operator token for tenant {} (id {}), stored hashed in {}. It was written to {} (mode 0600) and is not shown here.\n\nSend it as `Authorization: Bearer <token>`. Create others with `runkeep token create --tenant T --role worker|operator|reader`, list them with `runkeep token list`, revoke one with `runkeep token revoke ID`.\n\n",
+                    r.tenant,
+                    r.id,
+                    file.path().display(),
+                    path.display()
+                ))?;
+            }
+        } else if ctx.json() {
             emit_json_line(&json!({
                 "event": "token-created",
                 "id": r.id,
@@ -142,11 +195,20 @@ pub async fn run(ctx: &Ctx, args: ServeArgs) -> CliResult<Exit> {
                 created.secret()
             ))?;
         }
-    } else if tokens.iter().all(|t| !t.is_active()) {
-        warn(&format!(
-            "every token in {} is revoked: every API request will be refused (401); create one with `runkeep token create --role operator`",
-            file.path().display()
-        ));
+    } else {
+        if let Some(path) = &args.token_out {
+            note(&format!(
+                "{} holds tokens already: no first token is made, and --token-out {} is left alone",
+                file.path().display(),
+                path.display()
+            ));
+        }
+        if tokens.iter().all(|t| !t.is_active()) {
+            warn(&format!(
+                "every token in {} is revoked: every API request will be refused (401); create one with `runkeep token create --role operator`",
+                file.path().display()
+            ));
+        }
     }
 
     let state = server::state(&config, opened.store.clone()).map_err(serve_error)?;
@@ -158,6 +220,39 @@ pub async fn run(ctx: &Ctx, args: ServeArgs) -> CliResult<Exit> {
         |_| Ok(()),
     )
     .await
+}
+
+/// Creates `--token-out` for the first token: mode 0600, never over an
+/// existing file or symlink (`O_EXCL`): it may hold another server's token,
+/// and a planted link could point anywhere.
+fn create_token_out(path: &Path) -> CliResult<File> {
+    use std::os::unix::fs::OpenOptionsExt;
+    std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(path)
+        .map_err(|e| {
+            if e.kind() == std::io::ErrorKind::AlreadyExists {
+                CliError::config(format!(
+                    "--token-out {} exists: runkeep never writes a token over a file (it may hold another server's token); nothing was created",
+                    path.display()
+                ))
+                .hint("move it away or remove it, or pick another path")
+            } else {
+                CliError::config(format!(
+                    "cannot create --token-out {}: {e}; nothing was created",
+                    path.display()
+                ))
+            }
+        })
+}
+
+/// Writes the token and a newline, and syncs it.
+fn write_token_out(mut out: File, secret: &str) -> std::io::Result<()> {
+    out.write_all(secret.as_bytes())?;
+    out.write_all(b"\n")?;
+    out.sync_all()
 }
 
 /// Binds `config.listen`, prints the address (then what `announce` prints

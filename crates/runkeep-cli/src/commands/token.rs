@@ -101,6 +101,8 @@ pub fn token_error(e: TokenError) -> CliError {
             CliError::failed(e.to_string()).hint("`runkeep token list` shows the ids")
         }
         TokenError::Invalid(_) => CliError::usage(e.to_string()),
+        // The message names the file, its mode and `chmod 600`.
+        TokenError::Permissions { .. } => CliError::config(e.to_string()),
         TokenError::Corrupt { .. } => CliError::config(e.to_string())
             .hint("restore the token file from a backup, or move it away and create tokens again"),
         _ => CliError::failed(e.to_string())
