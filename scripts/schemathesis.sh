@@ -126,8 +126,10 @@ call worker POST run_2/release '{"fence":1}'
 # run_3: finished.
 call worker POST run_3/claim '{"holder":"seed","ttlMs":3600000}'
 call worker POST run_3/finish '{"fence":1,"outcome":{"status":"completed","result":{"ok":true}}}'
-# run_4: held by the operator token (a holding the worker token did not claim).
+# run_4: held by the operator token (a holding the worker token did not
+# claim), parked on cp-park too.
 call operator POST run_4/claim '{"holder":"seed-operator","ttlMs":3600000}'
+call operator POST run_4/steps "{\"fence\":1,\"step\":{\"checkpoint\":$(checkpoint cp-park ",\"pending\":{\"request\":{\"type\":\"approval\"},\"parkedAt\":$now}")}}"
 
 cat >"$work/schemathesis.toml" <<EOF
 workers = 1
@@ -153,13 +155,17 @@ positive_data_acceptance.enabled = true
 "path.project" = { dictionary = "projects", probability = 0.8 }
 "path.session" = { dictionary = "sessions", probability = 0.8 }
 "path.run" = { dictionary = "runs", probability = 0.8 }
-"path.checkpoint" = { dictionary = "checkpoints", probability = 0.7 }
+"path.checkpoint" = { dictionary = "checkpoints", probability = 0.8 }
+# Fences the seeded runs hold (a fence never issued is refused by the store).
+"body.fence" = { dictionary = "fences", probability = 0.7 }
+"query.fence" = { dictionary = "fences", probability = 0.7 }
 
 [dictionaries]
 projects = { values = ["p"] }
 sessions = { values = ["s"] }
 runs = { values = ["run_0", "run_1", "run_2", "run_3", "run_4"] }
 checkpoints = { values = ["cp-0", "cp-1", "cp-park"] }
+fences = { values = [1, 2, 3] }
 
 # The live tail never ends by itself: read it for a second.
 [[operations]]

@@ -110,3 +110,26 @@ def filter_failure(ctx, failure, case, response):
         return True
     detail = str(problem.get("detail", ""))
     return not any(p.search(detail) for p in STATE_DEPENDENT)
+
+
+# `RUNKEEP_SCHEMATHESIS_LOG=FILE` appends every 4xx answer (operation, status,
+# problem type and detail) to FILE: what the server refused, and why.
+_LOG = __import__("os").environ.get("RUNKEEP_SCHEMATHESIS_LOG")
+
+
+@schemathesis.hook
+def after_call(ctx, case, response):
+    if not _LOG or not (400 <= response.status_code < 500):
+        return
+    try:
+        problem = response.json()
+    except Exception:
+        problem = {}
+    if not isinstance(problem, dict):
+        problem = {}
+    mode = getattr(getattr(getattr(case, "meta", None), "generation", None), "mode", None)
+    with open(_LOG, "a", encoding="utf-8") as f:
+        f.write(
+            f"{_operation_id(case)}\t{response.status_code}\t{getattr(mode, 'value', mode)}\t"
+            f"{problem.get('type', '')}\t{problem.get('field', '')}\t{str(problem.get('detail', ''))[:300]}\n"
+        )

@@ -114,3 +114,175 @@ fn the_readme_route_table_lists_every_route() {
         );
     }
 }
+
+/// Every integer the document describes has both bounds (an instant, a
+/// fence, a count, a wait…; `openapi::tighten`): an unbounded one would let
+/// a generator send what the server refuses, or a client read what it
+/// cannot represent.
+#[test]
+fn every_integer_of_the_document_is_bounded() {
+    fn walk(v: &serde_json::Value, at: &str, unbounded: &mut Vec<String>) {
+        match v {
+            serde_json::Value::Object(m) => {
+                let integer = match m.get("type") {
+                    Some(serde_json::Value::String(t)) => t == "integer",
+                    Some(serde_json::Value::Array(ts)) => ts.iter().any(|t| t == "integer"),
+                    _ => false,
+                };
+                if integer && !(m.contains_key("minimum") && m.contains_key("maximum")) {
+                    unbounded.push(at.to_string());
+                }
+                for (k, v) in m {
+                    walk(v, &format!("{at}/{k}"), unbounded);
+                }
+            }
+            serde_json::Value::Array(items) => {
+                for (i, v) in items.iter().enumerate() {
+                    walk(v, &format!("{at}/{i}"), unbounded);
+                }
+            }
+            _ => {}
+        }
+    }
+    let mut unbounded = Vec::new();
+    walk(&openapi::document(), "", &mut unbounded);
+    assert!(
+        unbounded.is_empty(),
+        "integers without minimum and maximum (give their name a rule in openapi::integer_rule): {unbounded:#?}"
+    );
+}
+
+/// The schemas the document closes (`additionalProperties: false`) are the
+/// wire types that refuse an unknown member, and every other object schema
+/// a request body reaches takes one (so the document says what the server
+/// does, both ways).
+#[test]
+fn closed_schemas_are_exactly_the_bodies_that_refuse_unknown_members() {
+    use runkeep_server::wire;
+    fn refuses_unknown<T: serde::de::DeserializeOwned>(sample: &str) -> bool {
+        match serde_json::from_str::<T>(sample) {
+            Ok(_) => false,
+            Err(e) => {
+                assert!(
+                    e.to_string().contains("unknown field"),
+                    "{}: {e}",
+                    std::any::type_name::<T>()
+                );
+                true
+            }
+        }
+    }
+    // Every object schema a request body reaches, with a sample that is
+    // valid but for one unknown member placed first.
+    let unknown = r#"{"zzUnknown": 1}"#;
+    let reached: Vec<(&str, bool)> = vec![
+        (
+            "AppendAuditBody",
+            refuses_unknown::<wire::AppendAuditBody>(unknown),
+        ),
+        (
+            "AppendEventsBody",
+            refuses_unknown::<wire::AppendEventsBody>(unknown),
+        ),
+        (
+            "CheckpointBody",
+            refuses_unknown::<wire::CheckpointBody>(unknown),
+        ),
+        ("ClaimBody", refuses_unknown::<wire::ClaimBody>(unknown)),
+        (
+            "ClaimNextBody",
+            refuses_unknown::<wire::ClaimNextBody>(unknown),
+        ),
+        (
+            "CommitStepBody",
+            refuses_unknown::<wire::CommitStepBody>(unknown),
+        ),
+        ("EnqueueBody", refuses_unknown::<wire::EnqueueBody>(unknown)),
+        ("FinishBody", refuses_unknown::<wire::FinishBody>(unknown)),
+        (
+            "NewAuditBody",
+            refuses_unknown::<wire::NewAuditBody>(unknown),
+        ),
+        (
+            "NewEventBody",
+            refuses_unknown::<wire::NewEventBody>(unknown),
+        ),
+        ("OutcomeBody", refuses_unknown::<wire::OutcomeBody>(unknown)),
+        ("PendingBody", refuses_unknown::<wire::PendingBody>(unknown)),
+        ("PruneBody", refuses_unknown::<wire::PruneBody>(unknown)),
+        ("RecordBody", refuses_unknown::<wire::RecordBody>(unknown)),
+        ("ReleaseBody", refuses_unknown::<wire::ReleaseBody>(unknown)),
+        ("ReportBody", refuses_unknown::<wire::ReportBody>(unknown)),
+        ("ResolveBody", refuses_unknown::<wire::ResolveBody>(unknown)),
+        (
+            "ResolutionBody",
+            refuses_unknown::<wire::ResolutionBody>(r#"{"zzUnknown": 1, "action": "expire"}"#),
+        ),
+        ("SnoozeBody", refuses_unknown::<wire::SnoozeBody>(unknown)),
+        ("StepBody", refuses_unknown::<wire::StepBody>(unknown)),
+        (
+            "StepMessagesBody",
+            refuses_unknown::<wire::StepMessagesBody>(unknown),
+        ),
+        (
+            "WriteCheckpointBody",
+            refuses_unknown::<wire::WriteCheckpointBody>(unknown),
+        ),
+        (
+            "WriteMessagesBody",
+            refuses_unknown::<wire::WriteMessagesBody>(unknown),
+        ),
+    ];
+    let doc = openapi::document();
+    let schemas = &doc["components"]["schemas"];
+    // The list above is every schema the request bodies reach.
+    let mut seen = std::collections::BTreeSet::new();
+    let mut todo: Vec<String> = doc["paths"]
+        .as_object()
+        .unwrap()
+        .values()
+        .flat_map(|item| item.as_object().unwrap().values())
+        .filter_map(|op| op.pointer("/requestBody/content/application~1json/schema/$ref"))
+        .map(|r| {
+            r.as_str()
+                .unwrap()
+                .trim_start_matches("#/components/schemas/")
+                .to_string()
+        })
+        .collect();
+    while let Some(name) = todo.pop() {
+        if !seen.insert(name.clone()) {
+            continue;
+        }
+        let text = schemas[&name].to_string();
+        for r in text.split("\"$ref\":\"#/components/schemas/").skip(1) {
+            todo.push(r[..r.find('"').unwrap()].to_string());
+        }
+    }
+    let enums: Vec<&str> = seen
+        .iter()
+        .filter(|n| schemas[n.as_str()].get("enum").is_some())
+        .map(String::as_str)
+        .collect();
+    let listed: std::collections::BTreeSet<&str> = reached.iter().map(|(n, _)| *n).collect();
+    let objects: std::collections::BTreeSet<&str> = seen
+        .iter()
+        .map(String::as_str)
+        .filter(|n| !enums.contains(n))
+        .collect();
+    assert_eq!(
+        listed, objects,
+        "the test's list is every object schema a request body reaches"
+    );
+    for (name, refuses) in reached {
+        let closed = schemas[name]["additionalProperties"] == serde_json::Value::Bool(false);
+        assert_eq!(
+            closed,
+            refuses,
+            "{name}: the server {} unknown members but the document {} it (openapi::CLOSED_SCHEMAS)",
+            if refuses { "refuses" } else { "takes" },
+            if closed { "closes" } else { "leaves open" }
+        );
+        assert_eq!(openapi::CLOSED_SCHEMAS.contains(&name), refuses, "{name}");
+    }
+}
