@@ -444,9 +444,16 @@ fn operation(spec: &RouteSpec) -> utoipa::openapi::path::Operation {
         op = op.response("409", problem_response(&[FencedOut, Conflict]));
     }
     if d.request.is_some() {
+        // 408: the body did not arrive within the request timeout.
         op = op
+            .response("408", problem_response(&[Timeout]))
             .response("413", problem_response(&[PayloadTooLarge]))
             .response("415", problem_response(&[UnsupportedMediaType]));
+    }
+    if spec.is_tenant_scoped() {
+        // What a store cannot do (`Error::Unsupported`: a fence ceiling
+        // reached, a volume without the locks a directory store needs).
+        op = op.response("422", problem_response(&[Unsupported]));
     }
     op.response("500", problem_response(&[Corrupted, Backend]))
         .response(
