@@ -507,6 +507,9 @@ fn permission_denied_reads_fine_and_refuses_writes_clearly() {
         rt.block_on(store.append_events(&scope("run_root"), &[ev("one")], None))
             .unwrap();
     }
+    // Run data is private by default (0600/0700): the owner shares the
+    // store for reading, as an operator would.
+    assert!(sh("chmod", &["-R", "go+rX", base.to_str().unwrap()]).is_ok());
     let before = tree(&base);
     let reports = spawn_as(
         "unprivileged",
