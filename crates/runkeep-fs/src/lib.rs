@@ -957,10 +957,6 @@ fn record_refusal(run_dir: &Path, operation: &str, presented: Fence, current: Fe
     }
 }
 
-fn size_of(v: &impl serde::Serialize) -> usize {
-    serde_json::to_vec(v).map_or(usize::MAX, |b| b.len())
-}
-
 #[async_trait]
 impl runkeep::CheckpointStore for FsStore {
     async fn write_checkpoint(
@@ -1165,7 +1161,7 @@ impl runkeep::EvidenceStore for FsStore {
         record: &RunRecord,
         fence: Option<Fence>,
     ) -> Result<()> {
-        runkeep::evidence::check_document_size("run record", size_of(record))?;
+        runkeep::evidence::check_json_document("run record", record, record.values())?;
         let bytes = documents::encode_record(record)?;
         let (inner, scope) = (self.inner.clone(), scope.clone());
         blocking(move || {
@@ -1197,7 +1193,7 @@ impl runkeep::EvidenceStore for FsStore {
         through_event_seq: u64,
         fence: Option<Fence>,
     ) -> Result<()> {
-        runkeep::evidence::check_document_size("message snapshot", size_of(&messages))?;
+        runkeep::evidence::check_json_document("message snapshot", messages, messages)?;
         let bytes = documents::encode_messages(messages, through_event_seq);
         let (inner, scope) = (self.inner.clone(), scope.clone());
         blocking(move || {

@@ -459,10 +459,47 @@ pub fn check_document_size(what: &str, bytes: usize) -> Result<()> {
     Ok(())
 }
 
+/// Checks a JSON document (a run record, a message snapshot): its compact
+/// size ([`MAX_DOCUMENT_BYTES`]) and its values (at most
+/// [`crate::checkpoint::MAX_CHECKPOINT_VALUES`], the checkpoint's limit, for
+/// the same reason: a value costs a reader far more than its bytes).
+pub fn check_json_document<'a, T: Serialize + ?Sized>(
+    what: &str,
+    document: &T,
+    values: impl IntoIterator<Item = &'a Value>,
+) -> Result<()> {
+    use crate::checkpoint::{count_values, json_len, MAX_CHECKPOINT_VALUES};
+    check_document_size(what, json_len(document))?;
+    if count_values(values, MAX_CHECKPOINT_VALUES) > MAX_CHECKPOINT_VALUES {
+        return Err(Error::invalid(format!(
+            "{what} holds more than {MAX_CHECKPOINT_VALUES} JSON values; store large arrays as one string (e.g. base64) or elsewhere, referenced from it"
+        )));
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use serde_json::json;
+
+    #[test]
+    fn a_document_of_too_many_values_is_refused_whatever_its_bytes() {
+        let limit = crate::checkpoint::MAX_CHECKPOINT_VALUES;
+        let ok = vec![Value::from(0); limit];
+        check_json_document("message snapshot", &ok, &ok).unwrap();
+        let over = vec![Value::from(0); limit + 1];
+        let e = check_json_document("message snapshot", &over, &over)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("more than 1048576 JSON values"), "{e}");
+        let mut record = RunRecord::new();
+        record.insert("xs".into(), Value::Array(vec![Value::from(0); limit]));
+        let e = check_json_document("run record", &record, record.values())
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("run record holds more than"), "{e}");
+    }
 
     #[test]
     fn legacy_lines_take_their_position_and_undated_lines_read_zero() {

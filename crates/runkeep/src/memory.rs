@@ -15,8 +15,9 @@ use serde_json::Value;
 use crate::checkpoint::{sort_checkpoints, Checkpoint};
 use crate::error::{Error, Result};
 use crate::evidence::{
-    check_document_size, first_sequence_violation, AuditRecord, EventBatch, Integrity,
-    MessageSnapshot, NewAuditEvent, NewEvent, PersistedEvent, ReadEventsOptions, RunRecord,
+    check_document_size, check_json_document, first_sequence_violation, AuditRecord, EventBatch,
+    Integrity, MessageSnapshot, NewAuditEvent, NewEvent, PersistedEvent, ReadEventsOptions,
+    RunRecord,
 };
 use crate::id::CheckpointId;
 use crate::lease::{
@@ -484,10 +485,7 @@ impl EvidenceStore for MemoryStore {
         record: &RunRecord,
         fence: Option<Fence>,
     ) -> Result<()> {
-        check_document_size(
-            "run record",
-            serde_json::to_vec(record).map_or(usize::MAX, |v| v.len()),
-        )?;
+        check_json_document("run record", record, record.values())?;
         let mut runs = self.lock();
         let run = runs.entry(scope.clone()).or_default();
         run.check(scope, "write_run_record", fence)?;
@@ -506,10 +504,7 @@ impl EvidenceStore for MemoryStore {
         through_event_seq: u64,
         fence: Option<Fence>,
     ) -> Result<()> {
-        check_document_size(
-            "message snapshot",
-            serde_json::to_vec(messages).map_or(usize::MAX, |v| v.len()),
-        )?;
+        check_json_document("message snapshot", messages, messages)?;
         let mut runs = self.lock();
         let run = runs.entry(scope.clone()).or_default();
         run.check(scope, "write_messages", fence)?;

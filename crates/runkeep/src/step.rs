@@ -14,7 +14,7 @@ use serde_json::Value;
 
 use crate::checkpoint::Checkpoint;
 use crate::error::{Error, Result};
-use crate::evidence::{check_document_size, NewEvent, PersistedEvent, RunRecord};
+use crate::evidence::{check_json_document, NewEvent, PersistedEvent, RunRecord};
 use crate::id::RunId;
 use crate::lease::{Fence, TopHolding};
 use crate::lifecycle::{self, Lifecycle, Outcome};
@@ -65,14 +65,10 @@ impl Step {
             cp.validate_for_write(scope)?;
         }
         if let Some(m) = &self.messages {
-            let size = serde_json::to_vec(&m.messages)
-                .map(|v| v.len())
-                .unwrap_or(usize::MAX);
-            check_document_size("message snapshot", size)?;
+            check_json_document("message snapshot", &m.messages, &m.messages)?;
         }
         if let Some(r) = &self.run_record {
-            let size = serde_json::to_vec(r).map(|v| v.len()).unwrap_or(usize::MAX);
-            check_document_size("run record", size)?;
+            check_json_document("run record", r, r.values())?;
         }
         if let Some(o) = &self.finish {
             o.validate(&scope.run_id)?;
