@@ -14,7 +14,7 @@
 #   tenant `acme`, and a few runs seeded (queued, held, parked, finished) so
 #   the per-run routes reach real state.
 # - One schemathesis run per token, in that order, each bounded by
-#   SCHEMATHESIS_MAX_TIME seconds (default 40); hooks in
+#   SCHEMATHESIS_MAX_TIME seconds (default 30); hooks in
 #   scripts/schemathesis_hooks.py shorten long-poll waits and leave out what
 #   no document can state (opaque cursors, `session` without `project`).
 #
@@ -24,7 +24,7 @@ repo="$(cd "$(dirname "$0")/.." && pwd)"
 cd "$repo"
 
 python="${PYTHON:-python3}"
-max_time="${SCHEMATHESIS_MAX_TIME:-40}"
+max_time="${SCHEMATHESIS_MAX_TIME:-30}"
 req="scripts/schemathesis-requirements.txt"
 base="$repo/target/schemathesis"
 venv="$base/venv"
@@ -39,7 +39,8 @@ if [ ! -x "$venv/bin/st" ] || [ "$(cat "$venv/.requirements" 2>/dev/null)" != "$
     echo "schemathesis.sh: installing $req into $venv"
     rm -rf "$venv"
     "$python" -m venv "$venv"
-    "$venv/bin/pip" install --quiet --disable-pip-version-check --no-deps --requirement "$req"
+    PIP_CACHE_DIR="$base/pip-cache" "$venv/bin/pip" install --quiet --disable-pip-version-check \
+        --no-deps --requirement "$req"
     "$venv/bin/pip" check --disable-pip-version-check
     echo "$want" >"$venv/.requirements"
 fi
@@ -134,6 +135,7 @@ call operator POST run_4/steps "{\"fence\":1,\"step\":{\"checkpoint\":$(checkpoi
 cat >"$work/schemathesis.toml" <<EOF
 workers = 1
 request-timeout = 10
+cache = { enabled = false }
 max-time = $max_time
 continue-on-failure = true
 suppress-health-check = ["too_slow", "filter_too_much"]
@@ -180,12 +182,14 @@ for role in reader worker operator; do
     echo "schemathesis.sh: --- $role token ---"
     started=$(date +%s)
     rc=0
-    SCHEMATHESIS_HOOKS="$repo/scripts/schemathesis_hooks.py" "$venv/bin/st" \
+    # From the run's directory: schemathesis and hypothesis keep their state
+    # (.schemathesis/, .hypothesis/) in the working directory.
+    (cd "$work" && SCHEMATHESIS_HOOKS="$repo/scripts/schemathesis_hooks.py" "$venv/bin/st" \
         --config-file "$work/schemathesis.toml" run "$url/openapi.json" \
         --url "$url" \
         --header "Authorization: Bearer ${token[$role]}" \
         --no-color \
-        --report junit --report-dir "$base/report-$role" \
+        --report junit --report-dir "$base/report-$role") \
         || rc=$?
     echo "schemathesis.sh: $role: exit $rc after $(($(date +%s) - started)) s"
     if [ "$rc" -eq 0 ]; then
