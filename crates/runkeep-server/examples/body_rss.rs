@@ -3,20 +3,23 @@
 //!
 //! ```sh
 //! cargo build -p runkeep-cli            # the binary measured
-//! cargo run -p runkeep-server --example body_rss -- [--bin target/debug/runkeep] [--mib 60]
+//! cargo run -p runkeep-server --example body_rss -- [--bin target/debug/runkeep] [--mib 60] [--shapes zeros,string]
 //! ```
 //!
 //! For each shape a fresh `runkeep serve --demo` (in-memory store) is
 //! started; its RSS is read from `/proc/<pid>/status` before the body is
 //! sent (`VmRSS`), and its high-water mark (`VmHWM`) after the answer and
-//! again after the checkpoint is read back (a reader's cost). The figures
+//! again after the checkpoint is read back (a reader's cost), and the
+//! slowest `/healthz` answer while the body was handled. The figures
 //! are the growth over the idle server, in MiB and per MiB of body. Any
 //! `runkeep` binary that serves `--demo` can be measured, so an older build
 //! can be compared with this one side by side.
 
 use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Stdio};
-use std::time::Instant;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 const TENANT: &str = "default";
 
@@ -122,8 +125,15 @@ async fn main() {
     let mib: usize = arg("--mib").and_then(|v| v.parse().ok()).unwrap_or(60);
     println!("binary: {bin}");
     println!(
-        "{:<8} {:>9} {:>7} {:>9} {:>12} {:>12} {:>12}",
-        "shape", "body MiB", "status", "seconds", "peak +MiB", "per body MiB", "read +MiB"
+        "{:<8} {:>9} {:>7} {:>9} {:>12} {:>12} {:>12} {:>13}",
+        "shape",
+        "body MiB",
+        "status",
+        "seconds",
+        "peak +MiB",
+        "per body MiB",
+        "read +MiB",
+        "healthz max ms"
     );
     let cases: Vec<(&str, usize)> = vec![
         ("zeros", mib << 20),
@@ -132,8 +142,15 @@ async fn main() {
         ("string", mib << 20),
         ("zeros", 2 << 20),
     ];
+    let only = arg("--shapes");
     let client = reqwest::Client::new();
     for (shape, bytes) in cases {
+        if only
+            .as_deref()
+            .is_some_and(|o| !o.split(',').any(|x| x == shape))
+        {
+            continue;
+        }
         let server = Server::start(&bin);
         let payload = body(shape, bytes);
         let len = payload.len();
@@ -143,6 +160,22 @@ async fn main() {
             server.url
         );
         let started = Instant::now();
+        // `/healthz` is probed while the body is handled: a parse on the
+        // async threads would hold its answer up.
+        let done = Arc::new(AtomicBool::new(false));
+        let probe = {
+            let (client, url, done) = (client.clone(), server.url.clone(), done.clone());
+            tokio::spawn(async move {
+                let mut worst = Duration::ZERO;
+                while !done.load(Ordering::Relaxed) {
+                    let t = Instant::now();
+                    let _ = client.get(format!("{url}/healthz")).send().await;
+                    worst = worst.max(t.elapsed());
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
+                worst
+            })
+        };
         let res = client
             .post(format!("{path}/checkpoints"))
             .bearer_auth(&server.token)
@@ -154,6 +187,8 @@ async fn main() {
         let status = res.status().as_u16();
         let _ = res.bytes().await;
         let secs = started.elapsed().as_secs_f64();
+        done.store(true, Ordering::Relaxed);
+        let healthz = probe.await.unwrap();
         let peak = server.status_kib("VmHWM:").saturating_sub(base);
         let read = if status == 200 {
             let res = client
@@ -172,9 +207,10 @@ async fn main() {
         };
         let body_mib = len as f64 / (1 << 20) as f64;
         println!(
-            "{shape:<8} {body_mib:>9.1} {status:>7} {secs:>9.2} {:>12.0} {:>12.1} {read:>12}",
+            "{shape:<8} {body_mib:>9.1} {status:>7} {secs:>9.2} {:>12.0} {:>12.1} {read:>12} {:>13}",
             peak as f64 / 1024.0,
             peak as f64 / 1024.0 / body_mib,
+            healthz.as_millis(),
         );
     }
 }
