@@ -351,9 +351,19 @@ fn path_param(name: &str) -> Parameter {
 }
 
 fn problem_response(kinds: &[ProblemType]) -> utoipa::openapi::Response {
+    problem_response_because(kinds, "")
+}
+
+/// A problem response; `why` (when not empty) says when it is answered.
+fn problem_response_because(kinds: &[ProblemType], why: &str) -> utoipa::openapi::Response {
     let names: Vec<String> = kinds.iter().map(|k| format!("`{}`", k.uri())).collect();
+    let why = if why.is_empty() {
+        String::new()
+    } else {
+        format!(" {why}")
+    };
     ResponseBuilder::new()
-        .description(format!("A problem detail: {}.", names.join(", ")))
+        .description(format!("A problem detail: {}.{why}", names.join(", ")))
         .content(
             PROBLEM_JSON,
             ContentBuilder::new()
@@ -433,7 +443,21 @@ fn operation(spec: &RouteSpec) -> utoipa::openapi::path::Operation {
     }
     op = op
         .response("400", problem_response(&bad))
-        .response("401", problem_response(&[Unauthorized]));
+        .response("401", problem_response(&[Unauthorized]))
+        .response(
+            "414",
+            problem_response_because(
+                &[InvalidInput],
+                "The request target (path and query) is longer than the server accepts.",
+            ),
+        )
+        .response(
+            "431",
+            problem_response_because(
+                &[InvalidInput],
+                "The request head (request line and header fields) is larger than the server accepts.",
+            ),
+        );
     if spec.role > Role::Reader || spec.unfenced_role.is_some() {
         op = op.response("403", problem_response(&[Forbidden]));
     }
