@@ -1,0 +1,1496 @@
+//! `runkeep bench`: what each backend costs, beside what the hardware and
+//! the database cost for the same work, in one run.
+//!
+//! Backends: memory, the directory store in both durabilities, PostgreSQL
+//! (a fresh schema, dropped afterwards), and `runkeep serve` in process on
+//! a directory root and on PostgreSQL (an [`HttpStore`] client). The
+//! operations, through the public `RunStore` contract: claim+release,
+//! renew, fenced checkpoints of 4 and 64 KiB, single and batched appends,
+//! a step commit, listing pages, a catch-up read, and the drain cycle
+//! (`claim_next` → one `commit_step` with an event, a checkpoint and the
+//! finish) at 1, 8 and 16 workers. Baselines in the same run: 4 KiB
+//! write+fsync and atomic publish for the directory; `SELECT 1`, a
+//! single-row UPDATE commit and a plain `FOR UPDATE SKIP LOCKED` loop with
+//! the same writes in 2 round trips for PostgreSQL. `--scaling` adds the
+//! curves (renew after many checkpoints, listing among many runs, catch-up
+//! in a long log, the drain of a deep queue); `--peers` graphile-worker and
+//! pg-boss on Node.
+//!
+//! Every case is measured `--reps` times, all cases in turn (A B C … A B C
+//! …), so two cases compared are measured alternately under the same
+//! conditions; a figure is the median of its repetitions with their min–max,
+//! and a ratio is the median (min–max) of the per-repetition ratios.
+//! Nothing is hard-coded: every figure is measured in the run it is printed
+//! by, except the one reference figure of issue 19 (350 claim+release/s),
+//! which is named as such.
+//!
+//! [`HttpStore`]: runkeep_server::client::HttpStore
+
+mod fsbase;
+mod peers;
+mod pg;
+mod serve;
+mod stats;
+mod svg;
+mod work;
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use clap::Args;
+use runkeep::{ClaimOptions, MemoryStore, RunScope, RunStore, SessionId};
+use runkeep_fs::{Durability, FsRootOptions, FsRootStore};
+use runkeep_postgres::{PgOptions, PgStore};
+use serde_json::{json, Value};
+
+use crate::context::Ctx;
+use crate::error::{CliError, CliResult, Exit};
+use crate::output::{self, Cell, Color, Table};
+use fsbase::FsBase;
+use stats::{human_rate, human_us, median, min_max, paired, percentile, Sample};
+use work::{Context, Target};
+
+/// The reference design's claim+release rate on the directory store, as
+/// measured in issue 19 (not re-measured here: the reference is not part
+/// of this repository).
+const REFERENCE_CLAIM_RELEASE: f64 = 350.0;
+
+/// Worker counts of the drain cycle.
+const WORKERS: [usize; 3] = [1, 8, 16];
+
+/// Connections of each PostgreSQL store (in process and behind the
+/// server): enough for the most workers.
+const PG_POOL: usize = 16;
+
+/// `runkeep bench`.
+#[derive(Args, Debug)]
+#[command(after_help = "\
+Cases are named BACKEND/OPERATION[@WORKERS]: memory/renew, fs-powerloss/checkpoint-4k,
+pg/drain@8, pg/base.skip-locked@8, serve-pg/drain@16, graphile-worker/default@8, …
+(--list prints them). The global --store, --durability and scope flags are not used:
+the bench makes its own stores and removes them afterwards.
+
+Final figures: on a quiet machine, from the repository root,
+  runkeep bench --scaling --peers --json-out target/bench/bench.json")]
+pub struct BenchArgs {
+    /// A short smoke run (2 repetitions of 0.2 s, small scaling sizes):
+    /// checks every case works; its figures are rough.
+    #[arg(long)]
+    pub quick: bool,
+
+    /// Only the cases whose name contains one of these (comma-separated or
+    /// repeated), e.g. `memory`, `pg/`, `drain@8`, `checkpoint`.
+    #[arg(long, value_delimiter = ',', value_name = "PATTERN")]
+    pub only: Vec<String>,
+
+    /// Also the scaling curves (renew after 10 vs N checkpoints, listing at
+    /// 1 000 vs N runs, catch-up at 1 000 vs 10·N events, the drain of 1 000
+    /// vs N queued runs), on the directory store and PostgreSQL.
+    #[arg(long)]
+    pub scaling: bool,
+
+    /// Also the peers on PostgreSQL: graphile-worker and pg-boss (default
+    /// and batched settings) at 8 and 16 workers. Needs node and npm; they
+    /// are installed by `npm ci` into --peers-dir.
+    #[arg(long)]
+    pub peers: bool,
+
+    /// Write every figure as JSON to FILE, and the plots (SVG) beside it.
+    #[arg(long, value_name = "FILE")]
+    pub json_out: Option<PathBuf>,
+
+    /// The PostgreSQL server (a fresh schema per run, dropped afterwards).
+    #[arg(
+        long,
+        env = "RUNKEEP_BENCH_PG_URL",
+        hide_env_values = true,
+        default_value = pg::DEFAULT_URL,
+        value_name = "URL"
+    )]
+    pub pg_url: String,
+
+    /// Repetitions of every case (default 5; 2 with --quick).
+    #[arg(long, value_name = "N")]
+    pub reps: Option<usize>,
+
+    /// Seconds of one measurement (default 1; 0.2 with --quick).
+    #[arg(long, value_name = "SECONDS")]
+    pub seconds: Option<f64>,
+
+    /// Where the directory stores live (a fresh directory inside it,
+    /// removed afterwards). Default: the working directory.
+    #[arg(long, value_name = "DIR")]
+    pub dir: Option<PathBuf>,
+
+    /// N of the scaling curves (default 100000; 2000 with --quick).
+    #[arg(long, value_name = "N")]
+    pub scaling_size: Option<u64>,
+
+    /// Where --peers installs graphile-worker and pg-boss.
+    #[arg(long, value_name = "DIR", default_value = peers::DEFAULT_DIR)]
+    pub peers_dir: PathBuf,
+
+    /// Print the names of the cases that would run, and stop.
+    #[arg(long)]
+    pub list: bool,
+}
+
+/// What the options come to.
+#[derive(Clone, Debug)]
+struct Settings {
+    quick: bool,
+    reps: usize,
+    budget: Duration,
+    listing_runs: usize,
+    catch_up_events: u64,
+    scaling_size: u64,
+    /// Most runs (jobs) provisioned for one drain measurement.
+    drain_cap: u64,
+}
+
+impl Settings {
+    fn of(args: &BenchArgs) -> CliResult<Self> {
+        let quick = args.quick;
+        let reps = args.reps.unwrap_or(if quick { 2 } else { 5 });
+        let secs = args.seconds.unwrap_or(if quick { 0.2 } else { 1.0 });
+        if reps == 0 {
+            return Err(CliError::usage("--reps must be at least 1"));
+        }
+        if !(secs.is_finite() && secs > 0.0 && secs <= 600.0) {
+            return Err(CliError::usage(
+                "--seconds must be a number of seconds above 0 and at most 600",
+            ));
+        }
+        let scaling_size = args
+            .scaling_size
+            .unwrap_or(if quick { 2000 } else { 100_000 });
+        if scaling_size < 2000 {
+            return Err(CliError::usage(
+                "--scaling-size must be at least 2000 (the small end of the curves is 1 000)",
+            ));
+        }
+        Ok(Self {
+            quick,
+            reps,
+            budget: Duration::from_secs_f64(secs),
+            listing_runs: if quick { 200 } else { 1000 },
+            catch_up_events: if quick { 1000 } else { 10_000 },
+            scaling_size,
+            drain_cap: if quick { 5000 } else { 20_000 },
+        })
+    }
+}
+
+/// The backends, in table order.
+const BACKENDS: [&str; 6] = ["memory", "fs", "fs-powerloss", "pg", "serve-fs", "serve-pg"];
+
+/// What one case does.
+#[derive(Clone, Debug)]
+enum Kind {
+    ClaimRelease,
+    Renew,
+    Checkpoint(usize),
+    Append(usize),
+    StepCommit,
+    ListFirst,
+    ListDeep,
+    CatchUp,
+    Drain(usize),
+    FsBase(FsBase),
+    PgSelect1,
+    PgUpdate,
+    PgSkipLocked(usize),
+    RenewAfter(u64),
+    ListAt(u64),
+    CatchUpAt(u64),
+    DrainQueued(u64, usize),
+    Peer(&'static str, &'static str, usize),
+}
+
+/// What a case prepared once (not timed) and keeps between repetitions.
+#[derive(Debug, Default)]
+enum Prep {
+    #[default]
+    None,
+    Listing(SessionId, Option<String>),
+    Events(RunScope, u64),
+    Held(RunScope, ClaimOptions),
+    Queue {
+        session: SessionId,
+        next: u64,
+    },
+}
+
+/// One case and its results.
+#[derive(Debug)]
+struct Case {
+    /// `backend/op`.
+    name: String,
+    backend: String,
+    op: String,
+    workers: usize,
+    unit: &'static str,
+    what: String,
+    group: &'static str,
+    kind: Kind,
+    prep: Prep,
+    /// The last measured rate (provisioning of drains).
+    hint: Option<f64>,
+    rates: Vec<f64>,
+    latencies: Vec<f64>,
+    error: Option<String>,
+}
+
+impl Case {
+    fn new(backend: &str, op: String, unit: &'static str, what: String, kind: Kind) -> Self {
+        let workers = match kind {
+            Kind::Drain(w)
+            | Kind::PgSkipLocked(w)
+            | Kind::DrainQueued(_, w)
+            | Kind::Peer(_, _, w) => w,
+            _ => 1,
+        };
+        let group = match kind {
+            Kind::RenewAfter(_) | Kind::ListAt(_) | Kind::CatchUpAt(_) | Kind::DrainQueued(..) => {
+                "scaling"
+            }
+            Kind::Peer(..) => "peers",
+            Kind::FsBase(_) | Kind::PgSelect1 | Kind::PgUpdate | Kind::PgSkipLocked(_) => {
+                "baseline"
+            }
+            _ => "store",
+        };
+        Self {
+            name: format!("{backend}/{op}"),
+            backend: backend.to_string(),
+            op,
+            workers,
+            unit,
+            what,
+            group,
+            kind,
+            prep: Prep::None,
+            hint: None,
+            rates: Vec::new(),
+            latencies: Vec::new(),
+            error: None,
+        }
+    }
+}
+
+/// Every case, in the order of one round.
+fn all_cases(s: &Settings, scaling: bool, with_peers: bool) -> Vec<Case> {
+    let mut cases = Vec::new();
+    for b in BACKENDS {
+        let mut add = |op: &str, unit, what: String, kind| {
+            cases.push(Case::new(b, op.to_string(), unit, what, kind));
+        };
+        add(
+            "claim+release",
+            "ops/s",
+            "claim then release one run (one op = both)".into(),
+            Kind::ClaimRelease,
+        );
+        add(
+            "renew",
+            "ops/s",
+            "the holder renews its lease".into(),
+            Kind::Renew,
+        );
+        add(
+            "checkpoint-4k",
+            "ops/s",
+            "fenced checkpoint write, 4 KiB of state".into(),
+            Kind::Checkpoint(4096),
+        );
+        add(
+            "checkpoint-64k",
+            "ops/s",
+            "fenced checkpoint write, 64 KiB of state".into(),
+            Kind::Checkpoint(65536),
+        );
+        add(
+            "append-1",
+            "events/s",
+            "fenced append of 1 event per call".into(),
+            Kind::Append(1),
+        );
+        add(
+            &format!("append-{}", work::BATCH),
+            "events/s",
+            format!("fenced append of {} events per call", work::BATCH),
+            Kind::Append(work::BATCH),
+        );
+        add(
+            "step-commit",
+            "ops/s",
+            "commit_step: 1 event + 1 checkpoint, fenced".into(),
+            Kind::StepCommit,
+        );
+        add(
+            "list-first-page",
+            "pages/s",
+            format!(
+                "first page of {} rows among {} runs",
+                work::PAGE,
+                s.listing_runs
+            ),
+            Kind::ListFirst,
+        );
+        add(
+            "list-deep-page",
+            "pages/s",
+            format!(
+                "last page ({} rows a page) among {} runs, by cursor",
+                work::PAGE,
+                s.listing_runs
+            ),
+            Kind::ListDeep,
+        );
+        add(
+            "catch-up",
+            "reads/s",
+            format!(
+                "read the last {} events of a {}-event log",
+                work::CATCH_UP,
+                s.catch_up_events
+            ),
+            Kind::CatchUp,
+        );
+        if b == "fs" {
+            add(
+                "base.write+fsync-4k",
+                "ops/s",
+                "bare pwrite of 4 KiB + fsync (no store)".into(),
+                Kind::FsBase(FsBase::WriteFsync),
+            );
+            add(
+                "base.publish-4k",
+                "ops/s",
+                "bare atomic publish: create, write 4 KiB, fsync, rename, fsync dir".into(),
+                Kind::FsBase(FsBase::Publish),
+            );
+            add(
+                "base.publish-nosync-4k",
+                "ops/s",
+                "bare atomic publish without fsync: create, write 4 KiB, rename".into(),
+                Kind::FsBase(FsBase::PublishNoSync),
+            );
+        }
+        if b == "pg" {
+            add(
+                "base.select-1",
+                "ops/s",
+                "SELECT 1 on one connection (a round trip)".into(),
+                Kind::PgSelect1,
+            );
+            add(
+                "base.update-commit",
+                "ops/s",
+                "single-row UPDATE, autocommit (a round trip + a WAL flush)".into(),
+                Kind::PgUpdate,
+            );
+        }
+    }
+    // The drains, worker count by worker count, every contender side by
+    // side (so compared figures are measured next to each other).
+    for w in WORKERS {
+        for b in BACKENDS {
+            cases.push(Case::new(
+                b,
+                format!("drain@{w}"),
+                "cycles/s",
+                format!("claim_next → commit_step(event + checkpoint + finish), {w} workers"),
+                Kind::Drain(w),
+            ));
+            if b == "pg" {
+                cases.push(Case::new(
+                    b,
+                    format!("base.skip-locked@{w}"),
+                    "cycles/s",
+                    format!(
+                        "plain SKIP LOCKED loop, same writes in 2 round trips, {w} connections"
+                    ),
+                    Kind::PgSkipLocked(w),
+                ));
+            }
+        }
+        if with_peers && w > 1 {
+            for (lib, mode) in peers::PEERS {
+                cases.push(Case::new(
+                    lib,
+                    format!("{mode}@{w}"),
+                    "jobs/s",
+                    format!("{lib} ({mode} settings): enqueue → take → complete, {w} workers"),
+                    Kind::Peer(lib, mode, w),
+                ));
+            }
+        }
+    }
+    if scaling {
+        let n = s.scaling_size;
+        for b in ["fs", "pg"] {
+            for size in [10, n] {
+                cases.push(Case::new(
+                    b,
+                    format!("renew.after-{size}"),
+                    "ops/s",
+                    format!("renew a lease on a run of {size} checkpoints"),
+                    Kind::RenewAfter(size),
+                ));
+            }
+            for size in [1000, n] {
+                cases.push(Case::new(
+                    b,
+                    format!("list.runs-{size}"),
+                    "pages/s",
+                    format!("first listing page among {size} runs"),
+                    Kind::ListAt(size),
+                ));
+            }
+            for size in [1000, 10 * n] {
+                cases.push(Case::new(
+                    b,
+                    format!("catch-up.events-{size}"),
+                    "reads/s",
+                    format!("read the last {} of {size} events", work::CATCH_UP),
+                    Kind::CatchUpAt(size),
+                ));
+            }
+        }
+        for size in [1000, n] {
+            cases.push(Case::new(
+                "pg",
+                format!("drain.queued-{size}@8"),
+                "cycles/s",
+                format!("the drain cycle at 8 workers with {size} runs queued (kept topped up)"),
+                Kind::DrainQueued(size, 8),
+            ));
+        }
+    }
+    cases
+}
+
+/// Everything the measurements use.
+struct Env {
+    settings: Settings,
+    targets: BTreeMap<&'static str, Target>,
+    baselines: Option<pg::Baselines>,
+    peers: Option<peers::Peers>,
+    pg_url: String,
+    schema_base: String,
+    fs_dir: Option<PathBuf>,
+    extra_schemas: std::sync::Mutex<Vec<String>>,
+}
+
+impl Env {
+    fn target(&self, name: &str) -> Result<&Target, String> {
+        self.targets
+            .get(name)
+            .ok_or_else(|| format!("backend {name} is not open"))
+    }
+}
+
+/// Drains provisioned for one measurement: the rate seen so far times the
+/// budget, with room (a drain stops at its budget, so more is harmless).
+fn provision(hint: f64, budget: Duration, workers: usize, cap: u64) -> u64 {
+    let n = (hint * budget.as_secs_f64() * 1.5).ceil() as u64 + 2 * workers as u64;
+    n.clamp(2 * workers as u64 + 4, cap)
+}
+
+async fn measure(env: &Env, case: &mut Case) -> Result<Sample, String> {
+    let s = &env.settings;
+    let budget = s.budget;
+    match case.kind.clone() {
+        Kind::ClaimRelease => work::claim_release(env.target(&case.backend)?, budget).await,
+        Kind::Renew => work::renew(env.target(&case.backend)?, budget).await,
+        Kind::Checkpoint(bytes) => {
+            work::checkpoint(env.target(&case.backend)?, bytes, budget).await
+        }
+        Kind::Append(batch) => work::append(env.target(&case.backend)?, batch, budget).await,
+        Kind::StepCommit => work::step_commit(env.target(&case.backend)?, budget).await,
+        Kind::ListFirst | Kind::ListDeep | Kind::ListAt(_) => {
+            let t = env.target(&case.backend)?;
+            if matches!(case.prep, Prep::None) {
+                let runs = match case.kind {
+                    Kind::ListAt(n) => n as usize,
+                    _ => s.listing_runs,
+                };
+                let session = work::listed_session(t, runs).await?;
+                let cursor = match case.kind {
+                    Kind::ListDeep => work::last_cursor(t, &session).await?,
+                    _ => None,
+                };
+                case.prep = Prep::Listing(session, cursor);
+            }
+            let Prep::Listing(session, cursor) = &case.prep else {
+                unreachable!("prepared above")
+            };
+            work::list_page(t, session, cursor.clone(), budget).await
+        }
+        Kind::CatchUp | Kind::CatchUpAt(_) => {
+            let t = env.target(&case.backend)?;
+            if matches!(case.prep, Prep::None) {
+                let events = match case.kind {
+                    Kind::CatchUpAt(n) => n,
+                    _ => s.catch_up_events,
+                };
+                case.prep = Prep::Events(work::run_with_events(t, events).await?, events);
+            }
+            let Prep::Events(scope, events) = &case.prep else {
+                unreachable!("prepared above")
+            };
+            work::catch_up(t, scope, *events, budget).await
+        }
+        Kind::RenewAfter(n) => {
+            let t = env.target(&case.backend)?;
+            if matches!(case.prep, Prep::None) {
+                let (scope, opts, fence) = t.held_run("renew-after").await?;
+                work::fill_checkpoints(t, &scope, fence, n).await?;
+                case.prep = Prep::Held(scope, opts);
+            }
+            let Prep::Held(scope, opts) = &case.prep else {
+                unreachable!("prepared above")
+            };
+            work::renew_loop(t, scope, opts, budget).await
+        }
+        Kind::Drain(w) => {
+            let t = env.target(&case.backend)?;
+            let hint = match case.hint {
+                Some(h) => h,
+                None => {
+                    // A probe (not counted): the rate to provision by.
+                    let session = work::fresh_session();
+                    work::fill_queue(t, &session, 0, 4 * w as u64 + 10).await?;
+                    work::drain(t, &session, w, budget).await?.rate()
+                }
+            };
+            let n = provision(hint, budget, w, s.drain_cap);
+            let session = work::fresh_session();
+            work::fill_queue(t, &session, 0, n).await?;
+            let sample = work::drain(t, &session, w, budget).await?;
+            case.hint = Some(sample.rate());
+            Ok(sample)
+        }
+        Kind::DrainQueued(depth, w) => {
+            let t = env.target(&case.backend)?;
+            if matches!(case.prep, Prep::None) {
+                let session = work::fresh_session();
+                work::fill_queue(t, &session, 0, depth).await?;
+                case.prep = Prep::Queue {
+                    session,
+                    next: depth,
+                };
+            }
+            let Prep::Queue { session, next } = &mut case.prep else {
+                unreachable!("prepared above")
+            };
+            let sample = work::drain(t, session, w, budget).await?;
+            // Top the queue up to its depth again (not timed).
+            let done = sample.units as u64;
+            work::fill_queue(t, session, *next, done).await?;
+            *next += done;
+            Ok(sample)
+        }
+        Kind::FsBase(base) => {
+            let dir = env
+                .fs_dir
+                .as_ref()
+                .ok_or("no directory for the fs baselines")?
+                .join(format!("base-{}", case.op));
+            tokio::task::spawn_blocking(move || fsbase::measure(base, &dir, budget))
+                .await
+                .ctx("fs baseline")?
+        }
+        Kind::PgSelect1 => baselines(env)?.select1(budget).await,
+        Kind::PgUpdate => baselines(env)?.update_commit(budget).await,
+        Kind::PgSkipLocked(w) => {
+            let b = baselines(env)?;
+            let hint = match case.hint {
+                Some(h) => h,
+                None => {
+                    let queue = b.fill(4 * w as u64 + 10).await?;
+                    b.skip_locked(&queue, w, budget).await?.rate()
+                }
+            };
+            let queue = b.fill(provision(hint, budget, w, s.drain_cap * 5)).await?;
+            let sample = b.skip_locked(&queue, w, budget).await?;
+            case.hint = Some(sample.rate());
+            Ok(sample)
+        }
+        Kind::Peer(lib, mode, w) => {
+            let p = env.peers.clone().ok_or("the peers are not installed")?;
+            // A first measurement sized small: the defaults of some peers
+            // poll every 2 s.
+            let jobs = match case.hint {
+                Some(h) => provision(h, budget, w, s.drain_cap * 5),
+                None => 4 * w as u64,
+            };
+            let schema = format!(
+                "{}_peer_{}",
+                env.schema_base,
+                runkeep::id::random_suffix(6).to_lowercase()
+            );
+            env.extra_schemas
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .push(schema.clone());
+            let url = env.pg_url.clone();
+            let sch = schema.clone();
+            let r = tokio::task::spawn_blocking(move || p.measure(&url, lib, mode, w, jobs, &sch))
+                .await
+                .ctx("peer")?;
+            let _ = pg::drop_schemas(&env.pg_url, &[schema]).await;
+            let sample = r?;
+            case.hint = Some(sample.rate());
+            Ok(sample)
+        }
+    }
+}
+
+fn baselines(env: &Env) -> Result<&pg::Baselines, String> {
+    env.baselines
+        .as_ref()
+        .ok_or_else(|| "the PostgreSQL baselines are not set up".to_string())
+}
+
+/// Opens what the selected cases need; a backend that cannot be opened is
+/// reported and its cases skipped.
+async fn open_env(
+    args: &BenchArgs,
+    settings: Settings,
+    cases: &[Case],
+    servers: &mut Vec<serve::InProcessServer>,
+    skipped: &mut Vec<(String, String)>,
+) -> CliResult<Env> {
+    let needs = |backend: &str| cases.iter().any(|c| c.backend == backend);
+    let needs_pg = needs("pg") || needs("serve-pg") || cases.iter().any(|c| c.group == "peers");
+    let needs_fs = needs("fs") || needs("fs-powerloss") || needs("serve-fs");
+    let (tenant, project) = Target::ids();
+    let mut env = Env {
+        settings,
+        targets: BTreeMap::new(),
+        baselines: None,
+        peers: None,
+        pg_url: args.pg_url.clone(),
+        schema_base: pg::base_name(),
+        fs_dir: None,
+        extra_schemas: std::sync::Mutex::new(Vec::new()),
+    };
+    let target = |store: Arc<dyn RunStore>, fill| Target {
+        store,
+        tenant: tenant.clone(),
+        project: project.clone(),
+        fill_concurrency: fill,
+    };
+    if needs("memory") {
+        env.targets
+            .insert("memory", target(Arc::new(MemoryStore::new()), 1));
+    }
+    if needs_fs {
+        let parent = args.dir.clone().unwrap_or_else(|| PathBuf::from("."));
+        let dir = tempfile::Builder::new()
+            .prefix(".runkeep-bench-")
+            .tempdir_in(&parent)
+            .map_err(|e| {
+                CliError::config(format!(
+                    "cannot create a directory for the fs stores in {}: {e}",
+                    parent.display()
+                ))
+                .hint("pass --dir DIR on the filesystem to measure")
+            })?
+            .keep();
+        for (name, durability) in [
+            ("fs", Durability::ProcessCrash),
+            ("fs-powerloss", Durability::PowerLoss),
+        ] {
+            if !needs(name) {
+                continue;
+            }
+            let store = FsRootStore::open(
+                dir.join(name),
+                FsRootOptions {
+                    durability,
+                    ..FsRootOptions::default()
+                },
+            )
+            .map_err(|e| CliError::config(format!("open the {name} store: {e}")))?;
+            env.targets.insert(name, target(Arc::new(store), 4));
+        }
+        if needs("serve-fs") {
+            let root = dir.join("serve-fs");
+            let server = serve::InProcessServer::start(
+                "fs",
+                tenant.clone(),
+                Box::new(move || {
+                    Box::pin(async move {
+                        let store = FsRootStore::open(root, FsRootOptions::default())
+                            .map_err(|e| format!("open the served fs store: {e}"))?;
+                        Ok(Arc::new(store) as Arc<dyn RunStore>)
+                    })
+                }),
+            )
+            .map_err(CliError::failed)?;
+            let client = server.client(tenant.clone()).map_err(CliError::failed)?;
+            env.targets.insert("serve-fs", target(Arc::new(client), 8));
+            servers.push(server);
+        }
+        env.fs_dir = Some(dir);
+    }
+    if needs_pg {
+        match pg::connect(&args.pg_url).await {
+            Err(e) => {
+                let why = format!("PostgreSQL at --pg-url is not reachable ({e})");
+                output::warn(&format!("{why}: skipping its cases"));
+                for b in ["pg", "serve-pg", "graphile-worker", "pg-boss"] {
+                    skipped.push((b.to_string(), why.clone()));
+                }
+            }
+            Ok(_) => {
+                let options = |schema: String| PgOptions {
+                    schema,
+                    pool_size: PG_POOL,
+                    ..PgOptions::default()
+                };
+                if needs("pg") {
+                    let schema = format!("{}_pg", env.schema_base);
+                    let store = PgStore::connect(&args.pg_url, options(schema))
+                        .await
+                        .map_err(|e| CliError::failed(format!("open the pg store: {e}")))?;
+                    env.targets.insert("pg", target(Arc::new(store), 8));
+                    env.baselines = Some(
+                        pg::Baselines::create(&args.pg_url, &format!("{}_base", env.schema_base))
+                            .await
+                            .map_err(CliError::failed)?,
+                    );
+                }
+                if needs("serve-pg") {
+                    let (url, schema) = (args.pg_url.clone(), format!("{}_serve", env.schema_base));
+                    let server = serve::InProcessServer::start(
+                        "pg",
+                        tenant.clone(),
+                        Box::new(move || {
+                            Box::pin(async move {
+                                let store = PgStore::connect(&url, options(schema))
+                                    .await
+                                    .map_err(|e| format!("open the served pg store: {e}"))?;
+                                Ok(Arc::new(store) as Arc<dyn RunStore>)
+                            })
+                        }),
+                    )
+                    .map_err(CliError::failed)?;
+                    let client = server.client(tenant.clone()).map_err(CliError::failed)?;
+                    env.targets.insert("serve-pg", target(Arc::new(client), 8));
+                    servers.push(server);
+                }
+                if cases.iter().any(|c| c.group == "peers") {
+                    let dir = args.peers_dir.clone();
+                    match tokio::task::spawn_blocking(move || peers::Peers::install(&dir))
+                        .await
+                        .ctx("install the peers")
+                        .and_then(|r| r)
+                    {
+                        Ok(p) => env.peers = Some(p),
+                        Err(e) => {
+                            output::warn(&format!("the peers cannot run: {e}"));
+                            for b in ["graphile-worker", "pg-boss"] {
+                                skipped.push((b.to_string(), e.clone()));
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+    Ok(env)
+}
+
+/// Removes what the run made: servers, schemas, directories.
+async fn clean_up(env: Env, servers: Vec<serve::InProcessServer>) -> Vec<String> {
+    let mut problems = Vec::new();
+    let Env {
+        targets,
+        baselines,
+        pg_url,
+        schema_base,
+        fs_dir,
+        extra_schemas,
+        ..
+    } = env;
+    drop(targets);
+    drop(baselines);
+    let _ = tokio::task::spawn_blocking(move || drop(servers)).await;
+    let mut schemas: Vec<String> = ["pg", "serve", "base"]
+        .iter()
+        .map(|s| format!("{schema_base}_{s}"))
+        .collect();
+    schemas.extend(
+        extra_schemas
+            .into_inner()
+            .unwrap_or_else(|p| p.into_inner()),
+    );
+    if pg::connect(&pg_url).await.is_ok() {
+        if let Err(e) = pg::drop_schemas(&pg_url, &schemas).await {
+            problems.push(e);
+        }
+    }
+    if let Some(dir) = fs_dir {
+        let d = dir.clone();
+        if let Ok(Err(e)) = tokio::task::spawn_blocking(move || std::fs::remove_dir_all(&d)).await {
+            problems.push(format!("could not remove {}: {e}", dir.display()));
+        }
+    }
+    problems
+}
+
+/// `runkeep bench`.
+pub async fn run(ctx: &Ctx, args: BenchArgs) -> CliResult<Exit> {
+    let settings = Settings::of(&args)?;
+    let mut cases = all_cases(&settings, args.scaling, args.peers);
+    if !args.only.is_empty() {
+        cases.retain(|c| args.only.iter().any(|p| c.name.contains(p.as_str())));
+        if cases.is_empty() {
+            return Err(CliError::usage(format!(
+                "--only {} selects no case",
+                args.only.join(",")
+            ))
+            .hint("list the cases with `runkeep bench --list` (add --scaling / --peers for theirs)"));
+        }
+    }
+    if args.list {
+        let text: String = cases
+            .iter()
+            .map(|c| format!("{}\t{}\n", c.name, c.what))
+            .collect();
+        output::emit(&text)?;
+        return Ok(Exit::Ok);
+    }
+    let started_at = runkeep::Timestamp::now();
+    let clock = Instant::now();
+    let mut servers = Vec::new();
+    let mut skipped = Vec::new();
+    let env = open_env(&args, settings.clone(), &cases, &mut servers, &mut skipped).await?;
+    cases.retain(|c| !skipped.iter().any(|(b, _)| *b == c.backend));
+    let pg_info = if env.targets.contains_key("pg") || env.targets.contains_key("serve-pg") {
+        pg::server_info(&env.pg_url).await.ok()
+    } else {
+        None
+    };
+    let total = cases.len() * settings.reps;
+    let mut done = 0;
+    for rep in 0..settings.reps {
+        for case in cases.iter_mut() {
+            done += 1;
+            if case.error.is_some() {
+                continue;
+            }
+            match measure(&env, case).await {
+                Ok(sample) => {
+                    output::note(&format!(
+                        "[{done}/{total}] rep {}: {} {} {}",
+                        rep + 1,
+                        case.name,
+                        human_rate(sample.rate()),
+                        case.unit
+                    ));
+                    case.rates.push(sample.rate());
+                    case.latencies.extend(sample.latencies_us);
+                }
+                Err(e) => {
+                    output::warn(&format!("{}: {e}", case.name));
+                    case.error = Some(e);
+                }
+            }
+        }
+    }
+    let peers_node = env.peers.as_ref().map(|p| p.node.clone());
+    let fs_dir = env.fs_dir.clone();
+    let problems = clean_up(env, servers).await;
+    for p in &problems {
+        output::warn(p);
+    }
+    let ratios = ratios(&cases, &settings);
+    let report = json!({
+        "runkeep": env!("CARGO_PKG_VERSION"),
+        "command": std::env::args().skip(1).map(|a| crate::store::redact(&a)).collect::<Vec<_>>().join(" "),
+        "startedAt": crate::output::iso(started_at),
+        "seconds": clock.elapsed().as_secs_f64(),
+        "preliminary": settings.quick,
+        "settings": {
+            "quick": settings.quick,
+            "reps": settings.reps,
+            "secondsPerMeasurement": settings.budget.as_secs_f64(),
+            "listingRuns": settings.listing_runs,
+            "catchUpEvents": settings.catch_up_events,
+            "scalingSize": args.scaling.then_some(settings.scaling_size),
+            "pgPoolSize": PG_POOL,
+            "fsDir": fs_dir.as_deref().and_then(Path::parent).map(|p| p.display().to_string()),
+        },
+        "machine": machine(pg_info, peers_node),
+        "cases": cases.iter().map(case_json).collect::<Vec<_>>(),
+        "ratios": ratios.iter().map(Ratio::json).collect::<Vec<_>>(),
+        "skipped": skipped.iter().map(|(b, why)| json!({"backend": b, "why": why})).collect::<Vec<_>>(),
+    });
+    if let Some(path) = &args.json_out {
+        write_outputs(path, &report, &cases)?;
+    }
+    if ctx.json() {
+        output::emit_json(&report)?;
+    } else {
+        output::emit(&render(ctx, &cases, &ratios, &skipped, &settings))?;
+        if let Some(path) = &args.json_out {
+            output::note(&format!(
+                "figures written to {} (plots beside it)",
+                path.display()
+            ));
+        }
+    }
+    if cases.iter().any(|c| c.error.is_some()) {
+        return Err(CliError::failed(
+            "some cases failed (see the warnings above)",
+        ));
+    }
+    Ok(Exit::Ok)
+}
+
+fn case_json(c: &Case) -> Value {
+    let (lo, hi) = min_max(&c.rates);
+    json!({
+        "name": c.name,
+        "backend": c.backend,
+        "op": c.op,
+        "group": c.group,
+        "workers": c.workers,
+        "unit": c.unit,
+        "what": c.what,
+        "median": median(&c.rates),
+        "min": lo,
+        "max": hi,
+        "rates": c.rates,
+        "p50Us": percentile(&c.latencies, 50.0),
+        "p99Us": percentile(&c.latencies, 99.0),
+        "error": c.error,
+    })
+}
+
+/// The machine, for the record (read where it can be; `unknown` otherwise).
+fn machine(pg: Option<Value>, node: Option<String>) -> Value {
+    let read = |p: &str| std::fs::read_to_string(p).unwrap_or_default();
+    let cpuinfo = read("/proc/cpuinfo");
+    let cpu = cpuinfo
+        .lines()
+        .find_map(|l| l.strip_prefix("model name"))
+        .map(|l| l.trim_start_matches([' ', '\t', ':']).to_string())
+        .unwrap_or_else(|| "unknown".into());
+    let mem_gib = read("/proc/meminfo")
+        .lines()
+        .find_map(|l| l.strip_prefix("MemTotal:"))
+        .and_then(|l| l.trim().trim_end_matches("kB").trim().parse::<f64>().ok())
+        .map(|kb| (kb / 1024.0 / 1024.0 * 10.0).round() / 10.0);
+    json!({
+        "cpus": std::thread::available_parallelism().map(|n| n.get()).unwrap_or(0),
+        "cpu": cpu,
+        "memoryGiB": mem_gib,
+        "os": std::env::consts::OS,
+        "kernel": read("/proc/sys/kernel/osrelease").trim(),
+        "loadAverage": read("/proc/loadavg").split_whitespace().take(3).collect::<Vec<_>>().join(" "),
+        "postgres": pg,
+        "node": node,
+        "peerVersions": node.as_ref().map(|_| peers::versions()),
+        "build": if cfg!(debug_assertions) { "debug" } else { "release" },
+    })
+}
+
+/// A comparison between two cases (or a case and a reference figure).
+#[derive(Debug)]
+struct Ratio {
+    what: String,
+    num: String,
+    den: String,
+    /// Times rather than rates: `den / num` (how many times longer).
+    time: bool,
+    values: Vec<f64>,
+    target: Option<(bool, f64)>,
+    note: &'static str,
+}
+
+impl Ratio {
+    fn median(&self) -> f64 {
+        median(&self.values)
+    }
+
+    fn verdict(&self) -> Option<bool> {
+        let (at_least, v) = self.target?;
+        if self.values.is_empty() {
+            return None;
+        }
+        let m = self.median();
+        Some(if at_least { m >= v } else { m <= v })
+    }
+
+    fn target_text(&self) -> String {
+        match self.target {
+            Some((true, v)) => format!("≥ {v}×"),
+            Some((false, v)) => format!("≤ {v}×"),
+            None => "-".into(),
+        }
+    }
+
+    fn json(&self) -> Value {
+        let (lo, hi) = min_max(&self.values);
+        json!({
+            "what": self.what,
+            "numerator": self.num,
+            "denominator": self.den,
+            "kind": if self.time { "time" } else { "rate" },
+            "median": self.median(),
+            "min": lo,
+            "max": hi,
+            "perRep": self.values,
+            "target": self.target_text(),
+            "met": self.verdict(),
+            "note": self.note,
+        })
+    }
+}
+
+/// The comparisons issue 19 asks for (and a few that explain them), for
+/// the cases that ran.
+fn ratios(cases: &[Case], s: &Settings) -> Vec<Ratio> {
+    let find = |name: &str| cases.iter().find(|c| c.name == name && !c.rates.is_empty());
+    let mut out = Vec::new();
+    let mut pairs = Vec::new();
+    let mut pair = |what: String,
+                    num: &str,
+                    den: &str,
+                    time: bool,
+                    target: Option<(bool, f64)>,
+                    note: &'static str| {
+        pairs.push((what, num.to_string(), den.to_string(), time, target, note));
+    };
+    for w in WORKERS {
+        pair(
+            format!("pg drain cycle vs SKIP LOCKED loop (same writes, 2 round trips) @{w}"),
+            &format!("pg/drain@{w}"),
+            &format!("pg/base.skip-locked@{w}"),
+            false,
+            Some((true, 0.8)),
+            "issue 19 target",
+        );
+    }
+    for w in [8, 16] {
+        pair(
+            format!("pg drain cycle vs graphile-worker default @{w}"),
+            &format!("pg/drain@{w}"),
+            &format!("graphile-worker/default@{w}"),
+            false,
+            Some((true, 1.5)),
+            "issue 19 target (runkeep fences every write; graphile-worker does not)",
+        );
+        for (lib, mode) in peers::PEERS.into_iter().skip(1) {
+            pair(
+                format!("pg drain cycle vs {lib} {mode} @{w}"),
+                &format!("pg/drain@{w}"),
+                &format!("{lib}/{mode}@{w}"),
+                false,
+                None,
+                "",
+            );
+        }
+    }
+    for w in WORKERS {
+        pair(
+            format!("serve-pg drain cycle vs pg in process @{w}"),
+            &format!("serve-pg/drain@{w}"),
+            &format!("pg/drain@{w}"),
+            false,
+            (w == 8).then_some((true, 0.85)),
+            if w == 8 { "issue 19 target" } else { "" },
+        );
+    }
+    for w in WORKERS {
+        pair(
+            format!("serve-fs drain cycle vs fs in process @{w}"),
+            &format!("serve-fs/drain@{w}"),
+            &format!("fs/drain@{w}"),
+            false,
+            None,
+            "",
+        );
+    }
+    pair(
+        "pg drain cycle @1, in SELECT 1 round trips (time)".into(),
+        "pg/drain@1",
+        "pg/base.select-1",
+        true,
+        None,
+        "how many round trips one cycle costs",
+    );
+    pair(
+        "pg drain cycle @1, in single-row UPDATE commits (time)".into(),
+        "pg/drain@1",
+        "pg/base.update-commit",
+        true,
+        None,
+        "how many durable commits one cycle costs",
+    );
+    pair(
+        "pg step commit, in single-row UPDATE commits (time)".into(),
+        "pg/step-commit",
+        "pg/base.update-commit",
+        true,
+        None,
+        "",
+    );
+    pair(
+        "fs-powerloss checkpoint 4k vs bare atomic publish with fsync".into(),
+        "fs-powerloss/checkpoint-4k",
+        "fs/base.publish-4k",
+        false,
+        None,
+        "share of the disk's floor",
+    );
+    pair(
+        "fs checkpoint 4k vs bare atomic publish without fsync".into(),
+        "fs/checkpoint-4k",
+        "fs/base.publish-nosync-4k",
+        false,
+        None,
+        "share of the filesystem's floor",
+    );
+    let mut later = Vec::new();
+    for b in ["fs", "fs-powerloss"] {
+        if let Some(c) = find(&format!("{b}/claim+release")) {
+            later.push(Ratio {
+                what: format!(
+                    "{b} claim+release vs the reference design ({REFERENCE_CLAIM_RELEASE}/s)"
+                ),
+                num: c.name.clone(),
+                den: format!("{REFERENCE_CLAIM_RELEASE}/s (issue 19's figure, not re-measured)"),
+                time: false,
+                values: c
+                    .rates
+                    .iter()
+                    .map(|r| r / REFERENCE_CLAIM_RELEASE)
+                    .collect(),
+                target: (b == "fs").then_some((true, 20.0)),
+                note: if b == "fs" {
+                    "issue 19 target (the default durability)"
+                } else {
+                    ""
+                },
+            });
+        }
+    }
+    let n = s.scaling_size;
+    for b in ["fs", "pg"] {
+        pair(
+            format!("{b} renew after {n} vs after 10 checkpoints (time)"),
+            &format!("{b}/renew.after-{n}"),
+            &format!("{b}/renew.after-10"),
+            true,
+            Some((false, 1.2)),
+            "issue 19 target",
+        );
+        pair(
+            format!("{b} listing first page at {n} vs 1000 runs (time)"),
+            &format!("{b}/list.runs-{n}"),
+            &format!("{b}/list.runs-1000"),
+            true,
+            Some((false, 2.0)),
+            "issue 19 target",
+        );
+        pair(
+            format!("{b} catch-up at {} vs 1000 events (time)", 10 * n),
+            &format!("{b}/catch-up.events-{}", 10 * n),
+            &format!("{b}/catch-up.events-1000"),
+            true,
+            (10 * n >= 1_000_000).then_some((false, 2.0)),
+            "issue 19 target at 1 000 000 events",
+        );
+    }
+    pair(
+        format!("pg drain @8 with {n} vs 1000 runs queued (rate)"),
+        &format!("pg/drain.queued-{n}@8"),
+        "pg/drain.queued-1000@8",
+        false,
+        None,
+        "",
+    );
+    for (what, num, den, time, target, note) in pairs {
+        if let (Some(n), Some(d)) = (find(&num), find(&den)) {
+            let values = if time {
+                paired(&d.rates, &n.rates)
+            } else {
+                paired(&n.rates, &d.rates)
+            };
+            out.push(Ratio {
+                what,
+                num,
+                den,
+                time,
+                values,
+                target,
+                note,
+            });
+        }
+    }
+    out.extend(later);
+    out
+}
+
+fn spread(values: &[f64], fmt: impl Fn(f64) -> String) -> String {
+    let (lo, hi) = min_max(values);
+    format!("{}–{}", fmt(lo), fmt(hi))
+}
+
+fn ratio_text(x: f64) -> String {
+    if x >= 100.0 {
+        format!("{x:.0}")
+    } else if x >= 10.0 {
+        format!("{x:.1}")
+    } else {
+        format!("{x:.2}")
+    }
+}
+
+/// The human report.
+fn render(
+    ctx: &Ctx,
+    cases: &[Case],
+    ratios: &[Ratio],
+    skipped: &[(String, String)],
+    s: &Settings,
+) -> String {
+    let style = &ctx.style;
+    let mut out = String::new();
+    out.push_str(&format!(
+        "runkeep bench{}: {} repetitions of {} s per case, alternating; median (min–max)\n",
+        if s.quick {
+            " --quick (preliminary: short measurements)"
+        } else {
+            ""
+        },
+        s.reps,
+        s.budget.as_secs_f64()
+    ));
+    let mut backends: Vec<&str> = Vec::new();
+    for c in cases {
+        if !backends.contains(&c.backend.as_str()) {
+            backends.push(&c.backend);
+        }
+    }
+    backends.sort_by_key(|b| {
+        BACKENDS
+            .iter()
+            .position(|x| x == b)
+            .unwrap_or(BACKENDS.len())
+    });
+    for b in backends {
+        out.push('\n');
+        out.push_str(&style.paint(b, Color::Bold));
+        out.push('\n');
+        let mut table = Table::new(&["case", "median", "min–max", "unit", "p50", "p99"]);
+        for c in cases.iter().filter(|c| c.backend == b) {
+            if let Some(e) = &c.error {
+                table.row(vec![
+                    c.op.as_str().into(),
+                    Cell::colored("failed", Color::Red),
+                    "-".into(),
+                    c.unit.into(),
+                    "-".into(),
+                    Cell::colored(output::truncate(e, 80), Color::Red),
+                ]);
+                continue;
+            }
+            let lat = |p| {
+                percentile(&c.latencies, p)
+                    .map(human_us)
+                    .unwrap_or_else(|| "-".into())
+            };
+            table.row(vec![
+                c.op.as_str().into(),
+                human_rate(median(&c.rates)).into(),
+                spread(&c.rates, human_rate).into(),
+                c.unit.into(),
+                lat(50.0).into(),
+                lat(99.0).into(),
+            ]);
+        }
+        out.push_str(&table.render(style));
+    }
+    if !ratios.is_empty() {
+        out.push('\n');
+        out.push_str(&style.paint("ratios (per repetition, paired)", Color::Bold));
+        out.push('\n');
+        let mut table = Table::new(&["ratio", "median", "min–max", "target", "verdict"]);
+        for r in ratios {
+            let verdict = match r.verdict() {
+                Some(true) => Cell::colored("met", Color::Green),
+                Some(false) => Cell::colored("missed", Color::Red),
+                None => "-".into(),
+            };
+            table.row(vec![
+                r.what.as_str().into(),
+                format!("{}×", ratio_text(r.median())).into(),
+                spread(&r.values, ratio_text).into(),
+                r.target_text().into(),
+                verdict,
+            ]);
+        }
+        out.push_str(&table.render(style));
+    }
+    for (b, why) in skipped {
+        out.push_str(&format!("\nskipped {b}: {why}"));
+    }
+    if !skipped.is_empty() {
+        out.push('\n');
+    }
+    out
+}
+
+/// The JSON report and the plots beside it.
+fn write_outputs(path: &Path, report: &Value, cases: &[Case]) -> CliResult<()> {
+    let dir = path.parent().filter(|p| !p.as_os_str().is_empty());
+    if let Some(d) = dir {
+        std::fs::create_dir_all(d)
+            .map_err(|e| CliError::failed(format!("create {}: {e}", d.display())))?;
+    }
+    let text = serde_json::to_string_pretty(report)
+        .map_err(|e| CliError::internal(format!("encode the report: {e}")))?;
+    std::fs::write(path, format!("{text}\n"))
+        .map_err(|e| CliError::failed(format!("write {}: {e}", path.display())))?;
+    let stem = path
+        .file_stem()
+        .map(|s| s.to_string_lossy().into_owned())
+        .unwrap_or_else(|| "bench".into());
+    let beside = |name: &str| match dir {
+        Some(d) => d.join(format!("{stem}-{name}.svg")),
+        None => PathBuf::from(format!("{stem}-{name}.svg")),
+    };
+    for (name, chart) in charts(cases) {
+        let file = beside(&name);
+        std::fs::write(&file, svg::render(&chart))
+            .map_err(|e| CliError::failed(format!("write {}: {e}", file.display())))?;
+    }
+    Ok(())
+}
+
+fn point(c: &Case, x: f64, invert: bool) -> Option<(f64, f64, f64, f64)> {
+    if c.rates.is_empty() {
+        return None;
+    }
+    let f = |r: f64| if invert { 1e6 / r } else { r };
+    let (lo, hi) = min_max(&c.rates);
+    let (a, b) = (f(lo), f(hi));
+    Some((x, f(median(&c.rates)), a.min(b), a.max(b)))
+}
+
+/// The plots: throughput against workers (every drain, and the
+/// PostgreSQL ones alone on a linear scale) and each scaling curve.
+fn charts(cases: &[Case]) -> Vec<(String, svg::Chart)> {
+    let drain_series = |filter: &dyn Fn(&Case) -> bool| {
+        let mut by: BTreeMap<String, Vec<(f64, f64, f64, f64)>> = BTreeMap::new();
+        for c in cases.iter().filter(|c| filter(c)) {
+            let label = match &c.kind {
+                Kind::Drain(_) => format!("{} (runkeep)", c.backend),
+                Kind::PgSkipLocked(_) => "pg SKIP LOCKED loop".into(),
+                Kind::Peer(lib, mode, _) => format!("{lib} {mode}"),
+                _ => continue,
+            };
+            if let Some(p) = point(c, c.workers as f64, false) {
+                by.entry(label).or_default().push(p);
+            }
+        }
+        by.into_iter()
+            .map(|(label, mut points)| {
+                points.sort_by(|a, b| a.0.total_cmp(&b.0));
+                svg::Series { label, points }
+            })
+            .collect::<Vec<_>>()
+    };
+    let mut out = Vec::new();
+    let all = drain_series(&|c| {
+        matches!(
+            c.kind,
+            Kind::Drain(_) | Kind::PgSkipLocked(_) | Kind::Peer(..)
+        )
+    });
+    if !all.is_empty() {
+        out.push((
+            "drain".to_string(),
+            svg::Chart {
+                title: "Drain cycle throughput against workers".into(),
+                x_label: "concurrent workers".into(),
+                y_label: "cycles (jobs) per second, log scale".into(),
+                x_log: false,
+                y_log: true,
+                series: all,
+            },
+        ));
+    }
+    let pg_family = drain_series(&|c| {
+        matches!(c.kind, Kind::PgSkipLocked(_) | Kind::Peer(..))
+            || (matches!(c.kind, Kind::Drain(_)) && (c.backend == "pg" || c.backend == "serve-pg"))
+    });
+    if !pg_family.is_empty() {
+        out.push((
+            "drain-pg".to_string(),
+            svg::Chart {
+                title: "PostgreSQL: drain cycle against workers".into(),
+                x_label: "concurrent workers".into(),
+                y_label: "cycles (jobs) per second".into(),
+                x_log: false,
+                y_log: false,
+                series: pg_family,
+            },
+        ));
+    }
+    let curves: [(&str, &str, &str, bool); 4] = [
+        ("renew.after-", "renew", "checkpoints in the run", true),
+        ("list.runs-", "listing", "runs in the session", true),
+        ("catch-up.events-", "catch-up", "events in the log", true),
+        ("drain.queued-", "drain-queued", "runs queued", false),
+    ];
+    for (prefix, name, x_label, as_time) in curves {
+        let mut by: BTreeMap<String, Vec<(f64, f64, f64, f64)>> = BTreeMap::new();
+        for c in cases.iter().filter(|c| c.op.starts_with(prefix)) {
+            let size: f64 = c.op[prefix.len()..]
+                .split('@')
+                .next()
+                .and_then(|s| s.parse().ok())
+                .unwrap_or(0.0);
+            if let Some(p) = point(c, size, as_time) {
+                by.entry(c.backend.clone()).or_default().push(p);
+            }
+        }
+        if by.is_empty() {
+            continue;
+        }
+        let series = by
+            .into_iter()
+            .map(|(label, mut points)| {
+                points.sort_by(|a, b| a.0.total_cmp(&b.0));
+                svg::Series { label, points }
+            })
+            .collect();
+        out.push((
+            format!("scaling-{name}"),
+            svg::Chart {
+                title: format!("Scaling: {name}"),
+                x_label: format!("{x_label}, log scale"),
+                y_label: if as_time {
+                    "µs per operation (1 / median rate), log scale".into()
+                } else {
+                    "cycles per second at 8 workers".into()
+                },
+                x_log: true,
+                y_log: as_time,
+                series,
+            },
+        ));
+    }
+    out
+}

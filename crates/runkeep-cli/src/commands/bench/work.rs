@@ -1,0 +1,526 @@
+//! The store operations `runkeep bench` times, through the public
+//! [`RunStore`] contract only (the same calls a worker makes), on any
+//! backend.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use runkeep::{
+    Checkpoint, CheckpointId, ClaimNextFilter, ClaimOptions, ClaimOutcome, EnqueueOptions, Fence,
+    Holder, ListOptions, ListingScope, NewEvent, Outcome, ProjectId, ReadEventsOptions, RunId,
+    RunScope, RunStore, SessionId, Step, TenantId, Ttl,
+};
+use serde_json::{json, Map, Value};
+
+use super::stats::{sequential, Sample};
+
+/// An error as text, with what was being done.
+pub trait Context<T> {
+    /// `what: error`.
+    fn ctx(self, what: &str) -> Result<T, String>;
+}
+
+impl<T, E: std::fmt::Display> Context<T> for Result<T, E> {
+    fn ctx(self, what: &str) -> Result<T, String> {
+        self.map_err(|e| format!("{what}: {e}"))
+    }
+}
+
+/// Checkpoint ids a run's writes rotate among (so a long measurement keeps
+/// the run bounded: writes past the 64th replace a checkpoint).
+pub const ROTATE: u64 = 64;
+
+/// Events per batched append.
+pub const BATCH: usize = 100;
+
+/// Rows per listing page.
+pub const PAGE: usize = 50;
+
+/// Events a catch-up read returns (the tail of the run).
+pub const CATCH_UP: u64 = 100;
+
+/// One backend as the bench drives it.
+#[derive(Clone, Debug)]
+pub struct Target {
+    /// The store.
+    pub store: Arc<dyn RunStore>,
+    /// The tenant every bench run lives in.
+    pub tenant: TenantId,
+    /// The project every bench run lives in.
+    pub project: ProjectId,
+    /// Enqueues at once while preparing (not timed).
+    pub fill_concurrency: usize,
+}
+
+static SESSIONS: AtomicU64 = AtomicU64::new(0);
+
+/// A session id no other measurement of this process uses.
+pub fn fresh_session() -> SessionId {
+    let n = SESSIONS.fetch_add(1, Ordering::Relaxed);
+    SessionId::new(format!("s{n:05}")).expect("a valid session id")
+}
+
+impl Target {
+    /// The tenant and project the bench uses.
+    pub fn ids() -> (TenantId, ProjectId) {
+        (
+            TenantId::new("bench").expect("a valid tenant id"),
+            ProjectId::new("bench").expect("a valid project id"),
+        )
+    }
+
+    /// A session as a listing scope.
+    pub fn listing(&self, session: &SessionId) -> ListingScope {
+        ListingScope::session(self.tenant.clone(), self.project.clone(), session.clone())
+    }
+
+    /// A run of `session`.
+    pub fn run(&self, session: &SessionId, name: &str) -> RunScope {
+        RunScope::new(
+            self.tenant.clone(),
+            self.project.clone(),
+            session.clone(),
+            RunId::new(name).expect("a valid run id"),
+        )
+    }
+
+    fn checkpoint(&self, id: &str, state: Map<String, Value>) -> Checkpoint {
+        Checkpoint::new(
+            CheckpointId::new(id).expect("a valid checkpoint id"),
+            self.store.now(),
+            state,
+        )
+    }
+
+    /// A run's first checkpoint: its input (~100 B).
+    pub fn input(&self) -> Checkpoint {
+        let mut state = Map::new();
+        state.insert(
+            "input".into(),
+            json!({"task": "summarise the ticket", "ticket": 4242}),
+        );
+        self.checkpoint("cp_input", state)
+    }
+
+    /// A step's checkpoint as an agent loop writes it (~300 B of JSON:
+    /// iteration, a message, token usage, cost, guard state).
+    pub fn step_checkpoint(&self, id: &str) -> Checkpoint {
+        let mut state = Map::new();
+        state.insert("iteration".into(), json!(1));
+        state.insert(
+            "messages".into(),
+            json!([{"role": "user", "content": "summarise the ticket"}]),
+        );
+        state.insert(
+            "tokenUsage".into(),
+            json!({"promptTokens": 812, "completionTokens": 96, "totalTokens": 908, "cachedTokens": 0}),
+        );
+        state.insert(
+            "costInfo".into(),
+            json!({"totalCost": 0.0031, "cacheDiscount": 0, "unpricedTokens": 0}),
+        );
+        state.insert(
+            "guardState".into(),
+            json!({"iterationCount": 1, "elapsedMs": 1200}),
+        );
+        self.checkpoint(id, state)
+    }
+
+    /// A checkpoint whose JSON is about `bytes` long.
+    pub fn sized_checkpoint(&self, id: &str, bytes: usize) -> Checkpoint {
+        let mut state = Map::new();
+        state.insert("blob".into(), Value::String("x".repeat(bytes)));
+        self.checkpoint(id, state)
+    }
+
+    /// Enqueues `names` in `session` (not timed), `fill_concurrency` at once.
+    pub async fn enqueue_all(&self, session: &SessionId, names: Vec<String>) -> Result<(), String> {
+        let lanes = self.fill_concurrency.max(1);
+        let names = Arc::new(names);
+        let mut tasks = Vec::new();
+        for lane in 0..lanes {
+            let (t, names, session) = (self.clone(), names.clone(), session.clone());
+            tasks.push(tokio::spawn(async move {
+                let input = t.input();
+                for name in names.iter().skip(lane).step_by(lanes) {
+                    let scope = t.run(&session, name);
+                    t.store
+                        .enqueue(&scope, &input, &EnqueueOptions::default())
+                        .await
+                        .ctx("enqueue")?;
+                }
+                Ok::<(), String>(())
+            }));
+        }
+        for task in tasks {
+            task.await.ctx("enqueue task")??;
+        }
+        Ok(())
+    }
+
+    /// A fresh run, enqueued and claimed: its scope, claim options and lease
+    /// fence.
+    pub async fn held_run(&self, label: &str) -> Result<(RunScope, ClaimOptions, Fence), String> {
+        let session = fresh_session();
+        let scope = self.run(&session, "run_0");
+        self.store
+            .enqueue(&scope, &self.input(), &EnqueueOptions::default())
+            .await
+            .ctx("enqueue")?;
+        let opts = claim_options(label);
+        let fence = acquire(&*self.store, &scope, &opts).await?;
+        Ok((scope, opts, fence))
+    }
+}
+
+/// Claim options with a 10-minute lease (never lapses mid-measurement).
+pub fn claim_options(label: &str) -> ClaimOptions {
+    ClaimOptions::new(
+        Holder::new(format!("bench-{label}")).expect("a valid holder"),
+        Ttl::from_millis(600_000).expect("a valid TTL"),
+    )
+}
+
+/// Claims (or renews) and answers the fence; anything but `Acquired` is an
+/// error.
+pub async fn acquire(
+    store: &dyn RunStore,
+    scope: &RunScope,
+    opts: &ClaimOptions,
+) -> Result<Fence, String> {
+    match store.claim(scope, opts).await.ctx("claim")? {
+        ClaimOutcome::Acquired(lease) => Ok(lease.fence),
+        other => Err(format!("claim of {scope}: not acquired: {other:?}")),
+    }
+}
+
+/// A tool-result event (~120 B).
+pub fn event(n: u64) -> NewEvent {
+    let mut payload = Map::new();
+    payload.insert("toolCallId".into(), json!(format!("call_{n}")));
+    payload.insert("tool".into(), json!("search"));
+    payload.insert("result".into(), json!({"hits": 3, "ms": 41}));
+    NewEvent::new("tool_result", payload)
+}
+
+/// claim → release of one run, one after the other.
+pub async fn claim_release(t: &Target, budget: Duration) -> Result<Sample, String> {
+    let session = fresh_session();
+    let scope = t.run(&session, "run_0");
+    t.store
+        .enqueue(&scope, &t.input(), &EnqueueOptions::default())
+        .await
+        .ctx("enqueue")?;
+    let opts = claim_options("claim-release");
+    sequential(budget, |_| {
+        let (store, scope, opts) = (t.store.clone(), scope.clone(), opts.clone());
+        async move {
+            let fence = acquire(&*store, &scope, &opts).await?;
+            if !store.release(&scope, fence).await.ctx("release")? {
+                return Err(format!("release of {scope} at {fence:?} released nothing"));
+            }
+            Ok(1.0)
+        }
+    })
+    .await
+}
+
+/// Renewals of a held lease by its holder.
+pub async fn renew(t: &Target, budget: Duration) -> Result<Sample, String> {
+    let (scope, opts, _) = t.held_run("renew").await?;
+    renew_loop(t, &scope, &opts, budget).await
+}
+
+/// Renewals of the lease on `scope` held with `opts`.
+pub async fn renew_loop(
+    t: &Target,
+    scope: &RunScope,
+    opts: &ClaimOptions,
+    budget: Duration,
+) -> Result<Sample, String> {
+    sequential(budget, |_| {
+        let (store, scope, opts) = (t.store.clone(), scope.clone(), opts.clone());
+        async move {
+            acquire(&*store, &scope, &opts).await?;
+            Ok(1.0)
+        }
+    })
+    .await
+}
+
+/// Fenced checkpoint writes of about `bytes` each.
+pub async fn checkpoint(t: &Target, bytes: usize, budget: Duration) -> Result<Sample, String> {
+    let (scope, _, fence) = t.held_run("checkpoint").await?;
+    let template = t.sized_checkpoint("cp_0", bytes);
+    sequential(budget, |i| {
+        let (store, scope) = (t.store.clone(), scope.clone());
+        let mut cp = template.clone();
+        cp.id = CheckpointId::new(format!("cp_{}", i % ROTATE)).expect("a valid checkpoint id");
+        cp.created_at = store.now();
+        async move {
+            store
+                .write_checkpoint(&scope, &cp, Some(fence))
+                .await
+                .ctx("write_checkpoint")?;
+            Ok(1.0)
+        }
+    })
+    .await
+}
+
+/// Fenced appends of `batch` events each; counts events.
+pub async fn append(t: &Target, batch: usize, budget: Duration) -> Result<Sample, String> {
+    let (scope, _, fence) = t.held_run("append").await?;
+    let events: Arc<Vec<NewEvent>> = Arc::new((0..batch as u64).map(event).collect());
+    sequential(budget, |_| {
+        let (store, scope, events) = (t.store.clone(), scope.clone(), events.clone());
+        async move {
+            let n = store
+                .append_events(&scope, &events, Some(fence))
+                .await
+                .ctx("append_events")?
+                .len();
+            Ok(n as f64)
+        }
+    })
+    .await
+}
+
+/// `commit_step` with one event and one checkpoint (no finish).
+pub async fn step_commit(t: &Target, budget: Duration) -> Result<Sample, String> {
+    let (scope, _, fence) = t.held_run("step").await?;
+    sequential(budget, |i| {
+        let (store, scope) = (t.store.clone(), scope.clone());
+        let step = Step {
+            events: vec![event(i)],
+            checkpoint: Some(t.step_checkpoint(&format!("cp_{}", i % ROTATE))),
+            ..Step::default()
+        };
+        async move {
+            store
+                .commit_step(&scope, fence, &step)
+                .await
+                .ctx("commit_step")?;
+            Ok(1.0)
+        }
+    })
+    .await
+}
+
+/// A session of `runs` enqueued runs, for listings.
+pub async fn listed_session(t: &Target, runs: usize) -> Result<SessionId, String> {
+    let session = fresh_session();
+    t.enqueue_all(&session, (0..runs).map(|i| format!("run_{i:07}")).collect())
+        .await?;
+    Ok(session)
+}
+
+/// The cursor of the last page of `session` (walking every page once).
+pub async fn last_cursor(t: &Target, session: &SessionId) -> Result<Option<String>, String> {
+    let listing = t.listing(session);
+    let (mut previous, mut cursor) = (None, None);
+    loop {
+        let page = t
+            .store
+            .list_runs(
+                &listing,
+                &ListOptions {
+                    limit: Some(PAGE),
+                    cursor: cursor.clone(),
+                    ..ListOptions::default()
+                },
+            )
+            .await
+            .ctx("list_runs")?;
+        if page.entries.is_empty() {
+            return Ok(previous);
+        }
+        match page.cursor {
+            None => return Ok(cursor),
+            Some(next) => {
+                previous = cursor;
+                cursor = Some(next);
+            }
+        }
+    }
+}
+
+/// Listing pages of [`PAGE`] rows of `session`, after `cursor`.
+pub async fn list_page(
+    t: &Target,
+    session: &SessionId,
+    cursor: Option<String>,
+    budget: Duration,
+) -> Result<Sample, String> {
+    let listing = t.listing(session);
+    sequential(budget, |_| {
+        let (store, listing) = (t.store.clone(), listing.clone());
+        let options = ListOptions {
+            limit: Some(PAGE),
+            cursor: cursor.clone(),
+            ..ListOptions::default()
+        };
+        async move {
+            let page = store.list_runs(&listing, &options).await.ctx("list_runs")?;
+            if page.entries.is_empty() {
+                return Err("the listing page came back empty".into());
+            }
+            Ok(1.0)
+        }
+    })
+    .await
+}
+
+/// A run holding `events` events (appended in batches of 1 000, not
+/// timed): its scope.
+pub async fn run_with_events(t: &Target, events: u64) -> Result<RunScope, String> {
+    let (scope, _, fence) = t.held_run("events").await?;
+    let batch: Vec<NewEvent> = (0..1000).map(event).collect();
+    let mut left = events;
+    while left > 0 {
+        let n = left.min(1000) as usize;
+        t.store
+            .append_events(&scope, &batch[..n], Some(fence))
+            .await
+            .ctx("append_events")?;
+        left -= n as u64;
+    }
+    Ok(scope)
+}
+
+/// Catch-up reads: the last [`CATCH_UP`] events of a run of `events`.
+pub async fn catch_up(
+    t: &Target,
+    scope: &RunScope,
+    events: u64,
+    budget: Duration,
+) -> Result<Sample, String> {
+    let since = events.saturating_sub(CATCH_UP);
+    sequential(budget, |_| {
+        let (store, scope) = (t.store.clone(), scope.clone());
+        async move {
+            let batch = store
+                .read_events(
+                    &scope,
+                    &ReadEventsOptions {
+                        since_seq: since,
+                        limit: Some(CATCH_UP as usize),
+                        ..ReadEventsOptions::default()
+                    },
+                )
+                .await
+                .ctx("read_events")?;
+            if batch.events.len() as u64 != events - since {
+                return Err(format!(
+                    "catch-up read {} events, expected {}",
+                    batch.events.len(),
+                    events - since
+                ));
+            }
+            Ok(1.0)
+        }
+    })
+    .await
+}
+
+/// Fills `session` with `runs` runnable runs named from `first` on.
+pub async fn fill_queue(
+    t: &Target,
+    session: &SessionId,
+    first: u64,
+    runs: u64,
+) -> Result<(), String> {
+    t.enqueue_all(
+        session,
+        (first..first + runs).map(|i| format!("q{i:09}")).collect(),
+    )
+    .await
+}
+
+/// The drain cycle with `workers` concurrent workers on `session`: each
+/// loops `claim_next` → one `commit_step` carrying an event, a checkpoint
+/// and the finish, until the queue is empty or `budget` has passed (a
+/// cycle under way then completes). Counts cycles; latencies are whole
+/// cycles.
+pub async fn drain(
+    t: &Target,
+    session: &SessionId,
+    workers: usize,
+    budget: Duration,
+) -> Result<Sample, String> {
+    let listing = t.listing(session);
+    let started = Instant::now();
+    let mut tasks = Vec::new();
+    for w in 0..workers {
+        let (t, listing) = (t.clone(), listing.clone());
+        tasks.push(tokio::spawn(async move {
+            let opts = claim_options(&format!("drain-{w}"));
+            let filter = ClaimNextFilter::default();
+            let mut latencies = Vec::new();
+            while started.elapsed() < budget {
+                let c = Instant::now();
+                let Some((scope, lease)) = t
+                    .store
+                    .claim_next(&listing, &filter, &opts)
+                    .await
+                    .ctx("claim_next")?
+                else {
+                    break;
+                };
+                let step = Step {
+                    events: vec![event(0)],
+                    checkpoint: Some(t.step_checkpoint("cp_step")),
+                    finish: Some(Outcome::completed(Some(json!({"ok": true})))),
+                    ..Step::default()
+                };
+                t.store
+                    .commit_step(&scope, lease.fence, &step)
+                    .await
+                    .ctx("commit_step")?;
+                latencies.push(c.elapsed().as_secs_f64() * 1e6);
+            }
+            Ok::<Vec<f64>, String>(latencies)
+        }));
+    }
+    let mut latencies = Vec::new();
+    for task in tasks {
+        latencies.extend(task.await.ctx("drain worker")??);
+    }
+    Ok(Sample {
+        units: latencies.len() as f64,
+        secs: started.elapsed().as_secs_f64(),
+        latencies_us: latencies,
+    })
+}
+
+/// Writes `count` checkpoints into the held run `scope` (not timed), 4 at
+/// once.
+pub async fn fill_checkpoints(
+    t: &Target,
+    scope: &RunScope,
+    fence: Fence,
+    count: u64,
+) -> Result<(), String> {
+    let lanes = 4u64;
+    let mut tasks = Vec::new();
+    for lane in 0..lanes {
+        let (t, scope) = (t.clone(), scope.clone());
+        tasks.push(tokio::spawn(async move {
+            let mut i = lane;
+            while i < count {
+                let cp = t.step_checkpoint(&format!("cp_{i:08}"));
+                t.store
+                    .write_checkpoint(&scope, &cp, Some(fence))
+                    .await
+                    .ctx("write_checkpoint")?;
+                i += lanes;
+            }
+            Ok::<(), String>(())
+        }));
+    }
+    for task in tasks {
+        task.await.ctx("checkpoint task")??;
+    }
+    Ok(())
+}
