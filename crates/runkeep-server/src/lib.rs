@@ -16,7 +16,8 @@
 //! - [`state`]: [`state::AppState`], what every handler shares.
 //! - [`client`]: [`client::HttpStore`], a `RunStore` over the API.
 //! - [`console`]: the web console at `/` (embedded files) and its demo data.
-//! - [`wire`]: the API's JSON shapes; [`openapi`]: its OpenAPI 3.1 document.
+//! - [`wire`]: the API's JSON shapes ([`wire_threads`]: the thread routes);
+//!   [`openapi`]: its OpenAPI 3.1 document.
 
 pub mod api;
 pub mod auth;
@@ -30,3 +31,4 @@ pub mod server;
 pub mod state;
 pub mod tokens;
 pub mod wire;
+pub mod wire_threads;

@@ -87,6 +87,17 @@ use crate::problem::{ProblemType, PROBLEM_JSON};
     crate::wire::Clock,
     crate::wire::WhoAmI,
     crate::wire::Waited,
+    crate::wire_threads::ThreadBlobBody,
+    crate::wire_threads::PutThreadCheckpointBody,
+    crate::wire_threads::ThreadWriteBody,
+    crate::wire_threads::ThreadParkBody,
+    crate::wire_threads::PutThreadWritesBody,
+    crate::wire_threads::StoredThreadWrite,
+    crate::wire_threads::ThreadCheckpointBody,
+    crate::wire_threads::ThreadParkState,
+    crate::wire_threads::MaybeThreadCheckpoint,
+    crate::wire_threads::ThreadCheckpointList,
+    crate::wire_threads::ThreadDeleted,
 )))]
 struct Schemas;
 
@@ -324,6 +335,42 @@ fn doc(operation: &str) -> Doc {
             Some("AppendAuditBody"),
             Named("AuditList"),
             parent(),
+        ),
+        "put_thread_checkpoint" => d(
+            "Writes a thread checkpoint (`ns`, `checkpointId`) with its parent, metadata and the channel values it changed (fenced when `fence` is given).",
+            Some("PutThreadCheckpointBody"),
+            Named("Done"),
+            parent(),
+        ),
+        "list_thread_checkpoints" => d(
+            "The thread's checkpoints, greatest checkpoint id first, with their channel values and pending writes; filtered by namespace, id, `before`, metadata `filter`, `limit`.",
+            None,
+            Named("ThreadCheckpointList"),
+            q::<ListThreadQuery>(),
+        ),
+        "get_thread_checkpoint" => d(
+            "One thread checkpoint of a namespace (by id, or the greatest id) with its channel values and pending writes.",
+            None,
+            Named("MaybeThreadCheckpoint"),
+            q::<GetThreadQuery>(),
+        ),
+        "put_thread_writes" => d(
+            "Stores a task's pending writes on a thread checkpoint: a repeated ordinary write (`idx >= 0`) is ignored, a special one (`idx < 0`) replaces; `park` parks the run there.",
+            Some("PutThreadWritesBody"),
+            Named("Done"),
+            parent(),
+        ),
+        "delete_thread" => d(
+            "Deletes every thread checkpoint and pending write of the run (fenced when `fence` is given).",
+            None,
+            Named("ThreadDeleted"),
+            q::<DeleteThreadQuery>(),
+        ),
+        "list_threads_checkpoints" => d(
+            "Thread checkpoints across every thread under the scope, greatest checkpoint id first.",
+            None,
+            Named("ThreadCheckpointList"),
+            q::<ListThreadsQuery>(),
         ),
         other => panic!("route {other} has no OpenAPI documentation: add it to openapi::doc"),
     }
@@ -660,6 +707,8 @@ fn integer_rule(name: &str) -> Option<Value> {
         "attempts" => json!({ "format": "int64", "minimum": 0, "maximum": u32::MAX }),
         "maxAttempts" => json!({ "format": "int64", "minimum": 1, "maximum": u32::MAX }),
         "status" => bounded(100, 599),
+        // A pending write's index: negative for a special channel's slot.
+        "idx" => json!({ "minimum": i32::MIN, "maximum": i32::MAX }),
         _ => return None,
     })
 }
@@ -680,6 +729,8 @@ pub const CLOSED_SCHEMAS: &[&str] = &[
     "OutcomeBody",
     "PendingBody",
     "PruneBody",
+    "PutThreadCheckpointBody",
+    "PutThreadWritesBody",
     "RecordBody",
     "ReleaseBody",
     "ReportBody",
@@ -687,6 +738,9 @@ pub const CLOSED_SCHEMAS: &[&str] = &[
     "SnoozeBody",
     "StepBody",
     "StepMessagesBody",
+    "ThreadBlobBody",
+    "ThreadParkBody",
+    "ThreadWriteBody",
     "WriteCheckpointBody",
     "WriteMessagesBody",
 ];
@@ -717,6 +771,31 @@ fn property_rules() -> Vec<(&'static str, &'static str, Value)> {
                 "properties": { "type": { "type": "string", "minLength": 1 } },
             }),
         ),
+        (
+            "ThreadParkBody",
+            "request",
+            json!({
+                "required": ["type"],
+                "properties": { "type": { "type": "string", "minLength": 1 } },
+            }),
+        ),
+        (
+            "PutThreadCheckpointBody",
+            "thread",
+            json!({ "minLength": 1 }),
+        ),
+        (
+            "PutThreadCheckpointBody",
+            "checkpointId",
+            json!({ "minLength": 1 }),
+        ),
+        ("PutThreadWritesBody", "thread", json!({ "minLength": 1 })),
+        (
+            "PutThreadWritesBody",
+            "checkpointId",
+            json!({ "minLength": 1 }),
+        ),
+        ("PutThreadWritesBody", "taskId", json!({ "minLength": 1 })),
         ("ClaimBody", "holder", holder_rule()),
         ("ClaimNextBody", "holder", holder_rule()),
         ("ClaimNextBody", "project", id()),
@@ -803,10 +882,24 @@ fn parameter_rule(operation: &str, name: &str) -> Option<Value> {
             ),
         }),
         "limit" => count_rule(),
+        "filter" => metadata_filter_rule(),
         "cursor" => json!({
             "description": "The `cursor` of the previous page, as the server issued it (opaque: bound to the listing's order, filters and scope; any other string is refused).",
         }),
         other => return integer_rule(other),
+    })
+}
+
+/// A thread listing's `filter`: the server takes any JSON object; the
+/// document states the flat objects of strings (no escapes), integers,
+/// booleans and nulls, which it certainly parses.
+fn metadata_filter_rule() -> Value {
+    let s = r#""[^"\\\x00-\x1f]*""#;
+    let v = format!(r"(?:{s}|-?(?:0|[1-9][0-9]{{0,15}})|true|false|null)");
+    let member = format!(r"\s*{s}\s*:\s*{v}\s*");
+    json!({
+        "pattern": format!(r"^\{{(?:{member}(?:,{member})*)?\}}$"),
+        "description": "A JSON object: only checkpoints whose metadata has each of its keys with an equal value (an absent key equals null). The server takes any JSON object; the pattern states flat ones.",
     })
 }
 

@@ -46,6 +46,7 @@ mod events;
 pub mod extract;
 pub mod ownership;
 mod runs;
+mod threads;
 
 pub use events::{MAX_WAIT_MS, SSE_BATCH};
 
@@ -56,6 +57,9 @@ pub(crate) mod docs {
     pub(crate) use super::documents::AuditQuery;
     pub(crate) use super::events::{ReadQuery, StreamQuery, WaitEventsQuery};
     pub(crate) use super::runs::{ListQuery, WaitRunnableQuery};
+    pub(crate) use super::threads::{
+        DeleteThreadQuery, GetThreadQuery, ListThreadQuery, ListThreadsQuery,
+    };
 }
 
 /// The response header carrying the store's clock (epoch ms).
@@ -277,6 +281,7 @@ fn table() -> Vec<(RouteSpec, Handler)> {
             routing::post(documents::append_audit),
         ),
     ];
+    v.extend(thread_routes());
     // The park answer: worker with its fence, operator without.
     let mut answer = RouteSpec::new(
         p.clone(),
@@ -292,6 +297,65 @@ fn table() -> Vec<(RouteSpec, Handler)> {
         }
     }
     v
+}
+
+/// The thread routes (`threads`): a LangGraph-style checkpoint chain in
+/// one run, for checkpoint savers.
+fn thread_routes() -> Vec<(RouteSpec, Handler)> {
+    use Role::*;
+    let t = |p: &str| format!("{TENANT}{p}");
+    let r = |p: &str| format!("{RUN}{p}");
+    vec![
+        (
+            RouteSpec::new(
+                Method::PUT,
+                r("/thread/checkpoints"),
+                Worker,
+                "put_thread_checkpoint",
+            ),
+            routing::put(threads::put_checkpoint),
+        ),
+        (
+            RouteSpec::new(
+                Method::GET,
+                r("/thread/checkpoints"),
+                Reader,
+                "list_thread_checkpoints",
+            ),
+            routing::get(threads::list_checkpoints),
+        ),
+        (
+            RouteSpec::new(
+                Method::GET,
+                r("/thread/checkpoint"),
+                Reader,
+                "get_thread_checkpoint",
+            ),
+            routing::get(threads::get_checkpoint),
+        ),
+        (
+            RouteSpec::new(
+                Method::POST,
+                r("/thread/writes"),
+                Worker,
+                "put_thread_writes",
+            ),
+            routing::post(threads::put_writes),
+        ),
+        (
+            RouteSpec::new(Method::DELETE, r("/thread"), Worker, "delete_thread"),
+            routing::delete(threads::delete_thread),
+        ),
+        (
+            RouteSpec::new(
+                Method::GET,
+                t("/thread-checkpoints"),
+                Reader,
+                "list_threads_checkpoints",
+            ),
+            routing::get(threads::list_threads),
+        ),
+    ]
 }
 
 /// Every route of the API with the role it needs (what the auth matrix

@@ -1,0 +1,675 @@
+//! Threads: a LangGraph-style checkpoint chain kept in one run
+//! ([`crate::wire_threads`] has the shapes).
+//!
+//! What a checkpoint saver needs that the per-run checkpoint routes cannot
+//! answer without the client reading the whole run: the latest checkpoint
+//! of a namespace in checkpoint-id order, a listing filtered by metadata
+//! with `before` and `limit`, a listing across every thread of a session,
+//! channel values rebuilt from versions, pending writes under LangGraph's
+//! conflict rule, and deleting a thread.
+//!
+//! # Storage
+//!
+//! Everything is kept as ordinary runkeep checkpoints of the run, so every
+//! write is fenced by the store like any other write and the run's lease is
+//! the thread's write ownership:
+//!
+//! - a thread checkpoint `(ns, checkpointId)` is the runkeep checkpoint
+//!   `tc-<ns key>-<id key>` ([`record_id`]) whose state holds
+//!   `threadRecord: "checkpoint"`, the thread, ns, ids, the checkpoint
+//!   document, its metadata and the blobs (channel values) it changed;
+//! - its pending writes are the runkeep checkpoint `tw-<ns key>-<id key>`
+//!   (`threadRecord: "writes"`), one record per thread checkpoint, changed
+//!   read-modify-write under a per-record lock of this server (so the
+//!   conflict rule is exact for writers going through one server; two
+//!   servers in front of one store can interleave two batches of one
+//!   checkpoint, and the later batch then wins). A write batch that
+//!   carries `park` makes this record a runkeep park: the console shows
+//!   it, and its answer is the decision a worker resumes the graph with.
+//!
+//! Reads scan the run's checkpoints once (`list_checkpoints`): a read costs
+//! one store scan of the thread, and one request.
+
+// A `Problem` is returned straight into a response, once per refused
+// request: its size costs nothing measurable, boxing it would cost clarity.
+#![allow(clippy::result_large_err)]
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::OnceLock;
+
+use axum::extract::State;
+use axum::{Extension, Json};
+use runkeep::{Checkpoint, CheckpointId, ListOptions, ListingScope, RunScope};
+use serde::Deserialize;
+use serde_json::{Map, Value};
+use sha2::{Digest, Sha256};
+
+use super::claims::checked;
+use super::extract::{JsonBody, RunAddr, TenantParam, Q};
+use super::ownership;
+use super::runs::ApiResult;
+use crate::auth::Principal;
+use crate::problem::Problem;
+use crate::state::AppState;
+use crate::wire::{self, Done, PendingBody};
+use crate::wire_threads::{
+    MaybeThreadCheckpoint, PutThreadCheckpointBody, PutThreadWritesBody, StoredThreadWrite,
+    ThreadBlobBody, ThreadCheckpointBody, ThreadCheckpointList, ThreadDeleted, ThreadParkState,
+};
+
+/// The state key that marks a thread record, and its kind.
+pub const RECORD_KEY: &str = "threadRecord";
+const KIND_CHECKPOINT: &str = "checkpoint";
+const KIND_WRITES: &str = "writes";
+
+/// Longest checkpoint id kept as itself in a record id (longer or
+/// non-id-safe ones are hashed).
+const RAW_ID_MAX: usize = 96;
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+fn hashed(text: &str, hex_len: usize) -> String {
+    let mut h = Sha256::new();
+    h.update(text.as_bytes());
+    let d = h.finalize();
+    let mut s = hex(d.as_slice());
+    s.truncate(hex_len);
+    s
+}
+
+fn id_safe(s: &str) -> bool {
+    !s.is_empty()
+        && s.len() <= RAW_ID_MAX
+        && s.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
+}
+
+/// The runkeep checkpoint id of a thread record: `t<kind>-<ns>-<id>` where
+/// `<ns>` is `0` for the root namespace or 20 hex digits of SHA-256 of the
+/// namespace, and `<id>` is `r<checkpoint id>` when the id is id-safe and
+/// short, else `h` and 40 hex digits of its SHA-256. The record also keeps
+/// the namespace and id as given; a read checks them.
+pub fn record_id(kind: &str, ns: &str, checkpoint_id: &str) -> String {
+    let k = if kind == KIND_CHECKPOINT { "c" } else { "w" };
+    let n = if ns.is_empty() {
+        "0".to_string()
+    } else {
+        hashed(ns, 20)
+    };
+    let c = if id_safe(checkpoint_id) {
+        format!("r{checkpoint_id}")
+    } else {
+        format!("h{}", hashed(checkpoint_id, 40))
+    };
+    format!("t{k}-{n}-{c}")
+}
+
+/// Locks that serialize read-modify-writes of one record on this server.
+fn record_lock(scope: &RunScope, id: &str) -> &'static tokio::sync::Mutex<()> {
+    static LOCKS: OnceLock<Vec<tokio::sync::Mutex<()>>> = OnceLock::new();
+    let locks = LOCKS.get_or_init(|| (0..64).map(|_| tokio::sync::Mutex::new(())).collect());
+    let mut h = Sha256::new();
+    h.update(scope.to_string().as_bytes());
+    h.update([0]);
+    h.update(id.as_bytes());
+    let d = h.finalize();
+    &locks[usize::from(d[0]) % locks.len()]
+}
+
+fn checkpoint_id(field: &str, id: &str) -> Result<CheckpointId, Problem> {
+    CheckpointId::new(id).map_err(|e| Problem::from(e).with_field(field))
+}
+
+fn not_empty(field: &str, v: &str) -> Result<(), Problem> {
+    if v.is_empty() {
+        return Err(Problem::invalid(field, format!("{field} may not be empty")));
+    }
+    Ok(())
+}
+
+fn text(state: &Map<String, Value>, key: &str) -> Option<String> {
+    state.get(key).and_then(Value::as_str).map(str::to_string)
+}
+
+fn object(state: &Map<String, Value>, key: &str) -> Map<String, Value> {
+    state
+        .get(key)
+        .and_then(Value::as_object)
+        .cloned()
+        .unwrap_or_default()
+}
+
+/// The text a version is matched by: a string as itself, anything else as
+/// its JSON text.
+fn version_text(v: &Value) -> String {
+    match v {
+        Value::String(s) => s.clone(),
+        other => other.to_string(),
+    }
+}
+
+/// One thread checkpoint record, parsed.
+struct CpRecord {
+    thread: String,
+    ns: String,
+    id: String,
+    parent: Option<String>,
+    checkpoint: Map<String, Value>,
+    metadata: Map<String, Value>,
+    blobs: Vec<ThreadBlobBody>,
+    fence: Option<u64>,
+    created_at: i64,
+}
+
+/// One writes record, parsed.
+struct WritesRecord {
+    record: String,
+    writes: Vec<StoredThreadWrite>,
+    pending: Option<PendingBody>,
+}
+
+fn parse_blobs(v: Option<&Value>) -> Vec<ThreadBlobBody> {
+    v.cloned()
+        .and_then(|v| serde_json::from_value(v).ok())
+        .unwrap_or_default()
+}
+
+fn parse_writes(v: Option<&Value>) -> Vec<StoredThreadWrite> {
+    v.cloned()
+        .and_then(|v| serde_json::from_value(v).ok())
+        .unwrap_or_default()
+}
+
+fn cp_record(cp: &Checkpoint) -> Option<CpRecord> {
+    let s = &cp.state;
+    if s.get(RECORD_KEY).and_then(Value::as_str) != Some(KIND_CHECKPOINT) {
+        return None;
+    }
+    Some(CpRecord {
+        thread: text(s, "thread")?,
+        ns: text(s, "ns")?,
+        id: text(s, "checkpointId")?,
+        parent: text(s, "parentId"),
+        checkpoint: object(s, "checkpoint"),
+        metadata: object(s, "metadata"),
+        blobs: parse_blobs(s.get("blobs")),
+        fence: cp.fence.map(runkeep::Fence::get),
+        created_at: cp.created_at.as_millis(),
+    })
+}
+
+fn writes_key(cp: &Checkpoint) -> Option<(String, String)> {
+    let s = &cp.state;
+    if s.get(RECORD_KEY).and_then(Value::as_str) != Some(KIND_WRITES) {
+        return None;
+    }
+    Some((text(s, "ns")?, text(s, "checkpointId")?))
+}
+
+fn writes_record(cp: &Checkpoint) -> WritesRecord {
+    WritesRecord {
+        record: cp.id.to_string(),
+        writes: parse_writes(cp.state.get("writes")),
+        pending: cp.pending.as_ref().map(Into::into),
+    }
+}
+
+/// A thread, read in one scan.
+struct Thread {
+    run: String,
+    checkpoints: Vec<CpRecord>,
+    writes: HashMap<(String, String), WritesRecord>,
+    /// `(ns, channel, version) → blob`, the later write winning (the
+    /// store's total order: a later holding's write outranks an earlier's).
+    blobs: HashMap<(String, String, String), ThreadBlobBody>,
+}
+
+impl Thread {
+    async fn load(state: &AppState, scope: &RunScope) -> Result<Self, Problem> {
+        let all = state.store.list_checkpoints(scope).await?;
+        let mut t = Thread {
+            run: scope.run_id.to_string(),
+            checkpoints: Vec::new(),
+            writes: HashMap::new(),
+            blobs: HashMap::new(),
+        };
+        for cp in &all {
+            if let Some(r) = cp_record(cp) {
+                for b in &r.blobs {
+                    t.blobs.insert(
+                        (r.ns.clone(), b.channel.clone(), b.version.clone()),
+                        b.clone(),
+                    );
+                }
+                t.checkpoints.push(r);
+            } else if let Some(key) = writes_key(cp) {
+                t.writes.insert(key, writes_record(cp));
+            }
+        }
+        Ok(t)
+    }
+
+    fn body(&self, r: &CpRecord) -> ThreadCheckpointBody {
+        let mut values = Vec::new();
+        if let Some(Value::Object(versions)) = r.checkpoint.get("channel_versions") {
+            for (channel, v) in versions {
+                let key = (r.ns.clone(), channel.clone(), version_text(v));
+                if let Some(b) = self.blobs.get(&key) {
+                    values.push(b.clone());
+                }
+            }
+        }
+        let w = self.writes.get(&(r.ns.clone(), r.id.clone()));
+        ThreadCheckpointBody {
+            thread: r.thread.clone(),
+            run: self.run.clone(),
+            ns: r.ns.clone(),
+            checkpoint_id: r.id.clone(),
+            parent_id: r.parent.clone(),
+            checkpoint: r.checkpoint.clone(),
+            metadata: r.metadata.clone(),
+            values,
+            writes: w.map(|w| sorted(w.writes.clone())).unwrap_or_default(),
+            fence: r.fence,
+            created_at: r.created_at,
+            park: w.and_then(|w| {
+                w.pending.clone().map(|pending| ThreadParkState {
+                    checkpoint: w.record.clone(),
+                    pending,
+                })
+            }),
+        }
+    }
+
+    /// The checkpoints matching `sel`, newest first.
+    fn select<'a>(&'a self, sel: &Selection) -> Vec<&'a CpRecord> {
+        let mut v: Vec<&CpRecord> = self.checkpoints.iter().filter(|r| sel.admits(r)).collect();
+        v.sort_by(|a, b| b.id.cmp(&a.id).then_with(|| a.ns.cmp(&b.ns)));
+        v
+    }
+}
+
+fn sorted(mut w: Vec<StoredThreadWrite>) -> Vec<StoredThreadWrite> {
+    w.sort_by(|a, b| (&a.task_path, &a.task_id, a.idx).cmp(&(&b.task_path, &b.task_id, b.idx)));
+    w
+}
+
+/// What a listing keeps.
+#[derive(Default)]
+struct Selection {
+    ns: Option<String>,
+    id: Option<String>,
+    before: Option<String>,
+    filter: Map<String, Value>,
+}
+
+impl Selection {
+    fn admits(&self, r: &CpRecord) -> bool {
+        self.ns.as_ref().is_none_or(|ns| *ns == r.ns)
+            && self.id.as_ref().is_none_or(|id| *id == r.id)
+            && self.before.as_ref().is_none_or(|b| r.id < *b)
+            && self
+                .filter
+                .iter()
+                .all(|(k, v)| r.metadata.get(k).unwrap_or(&Value::Null) == v)
+    }
+}
+
+fn parse_filter(filter: Option<&str>) -> Result<Map<String, Value>, Problem> {
+    match filter {
+        None | Some("") => Ok(Map::new()),
+        Some(f) => serde_json::from_str::<Map<String, Value>>(f).map_err(|e| {
+            Problem::invalid(
+                "filter",
+                format!("filter must be a JSON object of metadata keys to the values they must equal: {e}"),
+            )
+        }),
+    }
+}
+
+/// A thread checkpoint to read.
+#[derive(Debug, Deserialize, utoipa::IntoParams)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
+pub struct GetThreadQuery {
+    /// The namespace (default `""`, the root graph).
+    ns: Option<String>,
+    /// The checkpoint id; absent: the namespace's latest (greatest id).
+    checkpoint_id: Option<String>,
+    /// The parent run, for a sub-run.
+    #[allow(dead_code)]
+    parent: Option<String>,
+}
+
+/// A listing of a thread's checkpoints.
+#[derive(Debug, Deserialize, utoipa::IntoParams)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
+pub struct ListThreadQuery {
+    /// Only this namespace (absent: every namespace; empty: the root graph).
+    ns: Option<String>,
+    /// Only this checkpoint id.
+    checkpoint_id: Option<String>,
+    /// Only checkpoints whose id is below this one (byte order).
+    before: Option<String>,
+    /// At most this many (newest first).
+    limit: Option<usize>,
+    /// A JSON object: only checkpoints whose metadata has each of its keys
+    /// with an equal value (an absent key equals `null`).
+    filter: Option<String>,
+    /// The parent run, for a sub-run.
+    #[allow(dead_code)]
+    parent: Option<String>,
+}
+
+/// A listing across every thread under a scope.
+#[derive(Debug, Deserialize, utoipa::IntoParams)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
+pub struct ListThreadsQuery {
+    /// Only threads of this project.
+    project: Option<String>,
+    /// Only threads of this session (needs `project`).
+    session: Option<String>,
+    /// Only this namespace (absent: every namespace).
+    ns: Option<String>,
+    /// Only checkpoints whose id is below this one (byte order).
+    before: Option<String>,
+    /// At most this many (newest first).
+    limit: Option<usize>,
+    /// A JSON object of metadata keys to the values they must equal.
+    filter: Option<String>,
+}
+
+/// A thread's deletion.
+#[derive(Debug, Deserialize, utoipa::IntoParams)]
+#[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
+pub struct DeleteThreadQuery {
+    /// The holding the delete is made under (absent: unfenced).
+    fence: Option<u64>,
+    /// The parent run, for a sub-run.
+    #[allow(dead_code)]
+    parent: Option<String>,
+}
+
+pub(super) async fn put_checkpoint(
+    State(state): State<AppState>,
+    Extension(principal): Extension<Principal>,
+    RunAddr(scope): RunAddr,
+    JsonBody(body): JsonBody<PutThreadCheckpointBody>,
+) -> ApiResult<Done> {
+    let fence = wire::opt_fence("fence", body.fence)?;
+    not_empty("thread", &body.thread)?;
+    not_empty("checkpointId", &body.checkpoint_id)?;
+    let id = checkpoint_id(
+        "checkpointId",
+        &record_id(KIND_CHECKPOINT, &body.ns, &body.checkpoint_id),
+    )?;
+    let mut s = Map::new();
+    s.insert(RECORD_KEY.into(), KIND_CHECKPOINT.into());
+    s.insert("thread".into(), body.thread.into());
+    s.insert("ns".into(), body.ns.into());
+    s.insert("checkpointId".into(), body.checkpoint_id.into());
+    if let Some(p) = body.parent_id {
+        s.insert("parentId".into(), p.into());
+    }
+    s.insert("checkpoint".into(), Value::Object(body.checkpoint));
+    s.insert("metadata".into(), Value::Object(body.metadata));
+    s.insert(
+        "blobs".into(),
+        serde_json::to_value(&body.blobs).unwrap_or(Value::Array(vec![])),
+    );
+    let cp = Checkpoint {
+        id,
+        created_at: state.store.now(),
+        run_created_at: None,
+        pending: None,
+        fence: None,
+        state: s,
+    };
+    ownership::check_write(&state, &principal, &scope, fence, "put_thread_checkpoint").await?;
+    checked(
+        &state,
+        state.store.write_checkpoint(&scope, &cp, fence).await,
+    )?;
+    Ok(Json(Done { done: true }))
+}
+
+pub(super) async fn put_writes(
+    State(state): State<AppState>,
+    Extension(principal): Extension<Principal>,
+    RunAddr(scope): RunAddr,
+    JsonBody(body): JsonBody<PutThreadWritesBody>,
+) -> ApiResult<Done> {
+    let fence = wire::opt_fence("fence", body.fence)?;
+    not_empty("thread", &body.thread)?;
+    not_empty("checkpointId", &body.checkpoint_id)?;
+    not_empty("taskId", &body.task_id)?;
+    let park = match &body.park {
+        Some(p) => {
+            let pending = runkeep::PendingDecision {
+                request: p.request.clone(),
+                parked_at: state.store.now(),
+                deadline_at: p
+                    .deadline_at
+                    .map(|d| wire::instant("park.deadlineAt", d))
+                    .transpose()?,
+                resolved_at: None,
+                decision: None,
+                extra: Map::new(),
+            };
+            pending
+                .validate()
+                .map_err(|e| Problem::from(e).with_field("park.request"))?;
+            Some(pending)
+        }
+        None => None,
+    };
+    let rid = record_id(KIND_WRITES, &body.ns, &body.checkpoint_id);
+    let id = checkpoint_id("checkpointId", &rid)?;
+    ownership::check_write(&state, &principal, &scope, fence, "put_thread_writes").await?;
+    let _held = record_lock(&scope, &rid).lock().await;
+    let existing = state.store.read_checkpoint(&scope, &id).await?;
+    let (mut writes, old_pending) = match &existing {
+        Some(cp) if writes_key(cp).is_some() => {
+            (parse_writes(cp.state.get("writes")), cp.pending.clone())
+        }
+        _ => (Vec::new(), None),
+    };
+    for w in body.writes {
+        let slot = writes
+            .iter()
+            .position(|x| x.task_id == body.task_id && x.idx == w.idx);
+        let stored = StoredThreadWrite {
+            task_id: body.task_id.clone(),
+            task_path: body.task_path.clone(),
+            idx: w.idx,
+            channel: w.channel,
+            value_type: w.value_type,
+            data: w.data,
+        };
+        match slot {
+            // An ordinary write is kept as first written.
+            Some(_) if w.idx >= 0 => {}
+            Some(i) => writes[i] = stored,
+            None => writes.push(stored),
+        }
+    }
+    let pending = match (old_pending, park) {
+        // The same park (open or answered) is kept as it is; another
+        // request replaces it (a later interrupt at the same checkpoint).
+        (Some(old), Some(new)) if old.request == new.request => Some(old),
+        (_, Some(new)) => Some(new),
+        (old, None) => old,
+    };
+    let mut s = Map::new();
+    s.insert(RECORD_KEY.into(), KIND_WRITES.into());
+    s.insert("thread".into(), body.thread.into());
+    s.insert("ns".into(), body.ns.into());
+    s.insert("checkpointId".into(), body.checkpoint_id.into());
+    s.insert(
+        "writes".into(),
+        serde_json::to_value(&writes).unwrap_or(Value::Array(vec![])),
+    );
+    let cp = Checkpoint {
+        id,
+        created_at: state.store.now(),
+        run_created_at: None,
+        pending,
+        fence: None,
+        state: s,
+    };
+    checked(
+        &state,
+        state.store.write_checkpoint(&scope, &cp, fence).await,
+    )?;
+    Ok(Json(Done { done: true }))
+}
+
+pub(super) async fn get_checkpoint(
+    State(state): State<AppState>,
+    RunAddr(scope): RunAddr,
+    Q(q): Q<GetThreadQuery>,
+) -> ApiResult<MaybeThreadCheckpoint> {
+    let thread = Thread::load(&state, &scope).await?;
+    let sel = Selection {
+        ns: Some(q.ns.unwrap_or_default()),
+        id: q.checkpoint_id,
+        ..Selection::default()
+    };
+    let found = thread.select(&sel).first().map(|r| thread.body(r));
+    Ok(Json(MaybeThreadCheckpoint { checkpoint: found }))
+}
+
+pub(super) async fn list_checkpoints(
+    State(state): State<AppState>,
+    RunAddr(scope): RunAddr,
+    Q(q): Q<ListThreadQuery>,
+) -> ApiResult<ThreadCheckpointList> {
+    let sel = Selection {
+        ns: q.ns,
+        id: q.checkpoint_id,
+        before: q.before,
+        filter: parse_filter(q.filter.as_deref())?,
+    };
+    let thread = Thread::load(&state, &scope).await?;
+    let limit = q.limit.unwrap_or(usize::MAX);
+    let checkpoints = thread
+        .select(&sel)
+        .into_iter()
+        .take(limit)
+        .map(|r| thread.body(r))
+        .collect();
+    Ok(Json(ThreadCheckpointList { checkpoints }))
+}
+
+pub(super) async fn list_threads(
+    State(state): State<AppState>,
+    TenantParam(tenant): TenantParam,
+    Q(q): Q<ListThreadsQuery>,
+) -> ApiResult<ThreadCheckpointList> {
+    let project = q
+        .project
+        .as_deref()
+        .map(runkeep::ProjectId::new)
+        .transpose()
+        .map_err(|e| Problem::from(e).with_field("project"))?;
+    let session = q
+        .session
+        .as_deref()
+        .map(runkeep::SessionId::new)
+        .transpose()
+        .map_err(|e| Problem::from(e).with_field("session"))?;
+    let listing = ListingScope::from_parts(tenant, project, session)
+        .map_err(|e| Problem::from(e).with_field("session"))?;
+    let sel = Selection {
+        ns: q.ns,
+        id: None,
+        before: q.before,
+        filter: parse_filter(q.filter.as_deref())?,
+    };
+    let limit = q.limit.unwrap_or(usize::MAX);
+    // Newest first across threads: (checkpoint id desc, thread, ns).
+    let mut found: BTreeMap<(std::cmp::Reverse<String>, String, String), ThreadCheckpointBody> =
+        BTreeMap::new();
+    let mut options = ListOptions {
+        limit: Some(runkeep::listing::MAX_LIMIT),
+        ..ListOptions::default()
+    };
+    loop {
+        let page = state.store.list_runs(&listing, &options).await?;
+        for row in &page.entries {
+            if row.damaged.is_some() {
+                continue;
+            }
+            let thread = Thread::load(&state, &row.scope).await?;
+            for r in thread.select(&sel) {
+                let key = (
+                    std::cmp::Reverse(r.id.clone()),
+                    r.thread.clone(),
+                    r.ns.clone(),
+                );
+                found.insert(key, thread.body(r));
+                if found.len() > limit {
+                    found.pop_last();
+                }
+            }
+        }
+        match page.cursor {
+            Some(c) if !page.entries.is_empty() => options.cursor = Some(c),
+            _ => break,
+        }
+    }
+    Ok(Json(ThreadCheckpointList {
+        checkpoints: found.into_values().collect(),
+    }))
+}
+
+pub(super) async fn delete_thread(
+    State(state): State<AppState>,
+    Extension(principal): Extension<Principal>,
+    RunAddr(scope): RunAddr,
+    Q(q): Q<DeleteThreadQuery>,
+) -> ApiResult<ThreadDeleted> {
+    let fence = wire::opt_fence("fence", q.fence)?;
+    ownership::check_write(&state, &principal, &scope, fence, "delete_thread").await?;
+    let all = state.store.list_checkpoints(&scope).await?;
+    let mut checkpoint_count = 0;
+    for cp in all.iter().filter(|cp| cp.state.contains_key(RECORD_KEY)) {
+        if checked(
+            &state,
+            state.store.delete_checkpoint(&scope, &cp.id, fence).await,
+        )? {
+            checkpoint_count += 1;
+        }
+    }
+    Ok(Json(ThreadDeleted { checkpoint_count }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn record_ids_are_valid_and_distinct() {
+        let cases = [
+            ("", "1ef4f797-8335-6428-8001-8a1503f9b875"),
+            ("", "x"),
+            ("node:abc|sub:def", "1ef4f797-8335-6428-8001-8a1503f9b875"),
+            ("", "id with spaces"),
+            ("", &"z".repeat(200)),
+        ];
+        let mut seen = std::collections::BTreeSet::new();
+        for (ns, id) in cases {
+            for kind in [KIND_CHECKPOINT, KIND_WRITES] {
+                let rid = record_id(kind, ns, id);
+                CheckpointId::new(&rid).unwrap();
+                assert!(seen.insert(rid));
+            }
+        }
+        assert_eq!(record_id(KIND_CHECKPOINT, "", "abc"), "tc-0-rabc");
+    }
+}

@@ -1,0 +1,527 @@
+//! The thread routes (`api::threads`): a LangGraph-style checkpoint chain
+//! in one run — latest by checkpoint id, values rebuilt from versions,
+//! listings filtered by namespace, `before`, metadata and `limit`, pending
+//! writes under LangGraph's conflict rule, parks from writes, deletion,
+//! the listing across threads, and every write fenced and bound to the
+//! claiming token.
+
+mod common;
+
+use std::sync::Arc;
+
+use runkeep_conformance::support;
+use serde_json::{json, Value};
+
+use common::{TestServer, READER_A, TOKEN_A, WORKER_A, WORKER_A2};
+
+fn run_path(run: &str, tail: &str) -> String {
+    format!(
+        "/v1/tenants/{}/projects/{}/sessions/{}/runs/{run}{tail}",
+        support::tenant(),
+        support::project(),
+        support::session()
+    )
+}
+
+struct Answer {
+    status: u16,
+    body: Value,
+}
+
+async fn send(
+    server: &TestServer,
+    method: reqwest::Method,
+    path: &str,
+    token: &str,
+    body: Option<Value>,
+) -> Answer {
+    let mut req = reqwest::Client::new()
+        .request(method, format!("{}{path}", server.url()))
+        .bearer_auth(token);
+    if let Some(b) = body {
+        req = req.json(&b);
+    }
+    let res = req.send().await.expect("the server answers");
+    let status = res.status().as_u16();
+    let bytes = res.bytes().await.unwrap();
+    Answer {
+        status,
+        body: serde_json::from_slice(&bytes).unwrap_or(Value::Null),
+    }
+}
+
+async fn get(server: &TestServer, path: &str) -> Answer {
+    send(server, reqwest::Method::GET, path, READER_A, None).await
+}
+
+fn blob(channel: &str, version: &str, data: &str) -> Value {
+    json!({ "channel": channel, "version": version, "type": "json", "data": data })
+}
+
+fn cp(
+    thread: &str,
+    ns: &str,
+    id: &str,
+    parent: Option<&str>,
+    versions: Value,
+    blobs: Value,
+) -> Value {
+    let mut v = json!({
+        "thread": thread,
+        "ns": ns,
+        "checkpointId": id,
+        "checkpoint": { "v": 4, "id": id, "channel_versions": versions },
+        "metadata": { "source": "loop", "step": id.len() },
+        "blobs": blobs,
+    });
+    if let Some(p) = parent {
+        v["parentId"] = json!(p);
+    }
+    v
+}
+
+async fn put_cp(server: &TestServer, run: &str, token: &str, body: Value) -> Answer {
+    send(
+        server,
+        reqwest::Method::PUT,
+        &run_path(run, "/thread/checkpoints"),
+        token,
+        Some(body),
+    )
+    .await
+}
+
+async fn put_writes(server: &TestServer, run: &str, token: &str, body: Value) -> Answer {
+    send(
+        server,
+        reqwest::Method::POST,
+        &run_path(run, "/thread/writes"),
+        token,
+        Some(body),
+    )
+    .await
+}
+
+fn server() -> TestServer {
+    TestServer::start(Arc::new(runkeep::MemoryStore::new()))
+}
+
+fn values(body: &Value) -> Vec<(String, String, String)> {
+    let mut v: Vec<(String, String, String)> = body["values"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|b| {
+            (
+                b["channel"].as_str().unwrap().to_string(),
+                b["version"].as_str().unwrap().to_string(),
+                b["data"].as_str().unwrap().to_string(),
+            )
+        })
+        .collect();
+    v.sort();
+    v
+}
+
+#[tokio::test]
+async fn latest_is_the_greatest_id_and_values_come_from_their_versions() {
+    let s = server();
+    let run = "run_t1";
+    // Written out of id order: "b" first, then "a" (a fork of nothing).
+    let b = cp(
+        "t1",
+        "",
+        "b",
+        Some("a"),
+        json!({"x": 2, "y": "1.0"}),
+        json!([blob("x", "2", "X2")]),
+    );
+    let a = cp(
+        "t1",
+        "",
+        "a",
+        None,
+        json!({"x": 1, "y": "1.0"}),
+        json!([blob("x", "1", "X1"), blob("y", "1.0", "Y1")]),
+    );
+    assert_eq!(put_cp(&s, run, TOKEN_A, b).await.status, 200);
+    assert_eq!(put_cp(&s, run, TOKEN_A, a).await.status, 200);
+    let latest = get(&s, &run_path(run, "/thread/checkpoint")).await;
+    assert_eq!(latest.status, 200, "{}", latest.body);
+    let c = &latest.body["checkpoint"];
+    assert_eq!(c["checkpointId"], "b");
+    assert_eq!(c["parentId"], "a");
+    assert_eq!(c["thread"], "t1");
+    assert_eq!(c["run"], run);
+    // x at version 2 from "b" itself, y at "1.0" from "a".
+    assert_eq!(
+        values(c),
+        vec![
+            ("x".into(), "2".into(), "X2".into()),
+            ("y".into(), "1.0".into(), "Y1".into())
+        ]
+    );
+    let first = get(&s, &run_path(run, "/thread/checkpoint?checkpointId=a")).await;
+    assert_eq!(values(&first.body["checkpoint"]).len(), 2);
+    assert_eq!(first.body["checkpoint"]["parentId"], Value::Null);
+    // A channel the versions no longer name does not come back.
+    let c2 = cp("t1", "", "c", Some("b"), json!({"x": 2}), json!([]));
+    put_cp(&s, run, TOKEN_A, c2).await;
+    let latest = get(&s, &run_path(run, "/thread/checkpoint")).await;
+    assert_eq!(
+        values(&latest.body["checkpoint"]),
+        vec![("x".into(), "2".into(), "X2".into())]
+    );
+    // Another namespace is its own chain; a missing one reads null.
+    let sub = cp("t1", "node:1|sub", "0", None, json!({}), json!([]));
+    put_cp(&s, run, TOKEN_A, sub).await;
+    let latest = get(&s, &run_path(run, "/thread/checkpoint")).await;
+    assert_eq!(latest.body["checkpoint"]["checkpointId"], "c");
+    let sub = get(&s, &run_path(run, "/thread/checkpoint?ns=node%3A1%7Csub")).await;
+    assert_eq!(sub.body["checkpoint"]["checkpointId"], "0");
+    assert_eq!(sub.body["checkpoint"]["ns"], "node:1|sub");
+    let none = get(&s, &run_path(run, "/thread/checkpoint?checkpointId=zz")).await;
+    assert_eq!(none.body["checkpoint"], Value::Null);
+    let none = get(&s, &run_path("run_nothing", "/thread/checkpoint")).await;
+    assert_eq!((none.status, &none.body["checkpoint"]), (200, &Value::Null));
+}
+
+#[tokio::test]
+async fn listings_filter_by_namespace_before_metadata_and_limit() {
+    let s = server();
+    let run = "run_t2";
+    for (ns, id) in [("", "1"), ("", "2"), ("", "3"), ("child", "2")] {
+        let mut body = cp("t2", ns, id, None, json!({}), json!([]));
+        body["metadata"] =
+            json!({ "source": if id == "2" { "input" } else { "loop" }, "score": 1 });
+        assert_eq!(put_cp(&s, run, WORKER_A, body).await.status, 200);
+    }
+    let ids = |a: &Answer| -> Vec<(String, String)> {
+        a.body["checkpoints"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|c| {
+                (
+                    c["ns"].as_str().unwrap().to_string(),
+                    c["checkpointId"].as_str().unwrap().to_string(),
+                )
+            })
+            .collect()
+    };
+    let p = |q: &str| run_path(run, &format!("/thread/checkpoints{q}"));
+    let all = get(&s, &p("")).await;
+    assert_eq!(
+        ids(&all),
+        vec![
+            ("".into(), "3".into()),
+            ("".into(), "2".into()),
+            ("child".into(), "2".into()),
+            ("".into(), "1".into())
+        ]
+    );
+    assert_eq!(ids(&get(&s, &p("?ns=")).await).len(), 3);
+    assert_eq!(
+        ids(&get(&s, &p("?ns=child")).await),
+        vec![("child".into(), "2".into())]
+    );
+    assert_eq!(
+        ids(&get(&s, &p("?ns=&before=3")).await),
+        vec![("".into(), "2".into()), ("".into(), "1".into())]
+    );
+    assert_eq!(
+        ids(&get(&s, &p("?ns=&limit=1")).await),
+        vec![("".into(), "3".into())]
+    );
+    let filter = urlencode(r#"{"source":"input","score":1}"#);
+    assert_eq!(
+        ids(&get(&s, &p(&format!("?filter={filter}"))).await),
+        vec![("".into(), "2".into()), ("child".into(), "2".into())]
+    );
+    let filter = urlencode(r#"{"missing":null}"#);
+    assert_eq!(
+        ids(&get(&s, &p(&format!("?filter={filter}"))).await).len(),
+        4
+    );
+    let bad = get(&s, &p("?filter=notjson")).await;
+    assert_eq!(bad.status, 400);
+    assert_eq!(bad.body["field"], "filter");
+}
+
+fn urlencode(s: &str) -> String {
+    s.bytes()
+        .map(|b| {
+            if b.is_ascii_alphanumeric() {
+                (b as char).to_string()
+            } else {
+                format!("%{b:02X}")
+            }
+        })
+        .collect()
+}
+
+#[tokio::test]
+async fn writes_keep_the_first_ordinary_write_and_replace_special_ones() {
+    let s = server();
+    let run = "run_t3";
+    put_cp(
+        &s,
+        run,
+        TOKEN_A,
+        cp("t3", "", "1", None, json!({}), json!([])),
+    )
+    .await;
+    let w = |task: &str, path: &str, writes: Value| json!({ "thread": "t3", "checkpointId": "1", "taskId": task, "taskPath": path, "writes": writes });
+    let one = |idx: i32, ch: &str, data: &str| json!({ "idx": idx, "channel": ch, "type": "json", "data": data });
+    for (task, path, writes) in [
+        ("tb", "p2", json!([one(0, "a", "first"), one(1, "b", "B")])),
+        ("tb", "p2", json!([one(0, "a", "second")])),
+        ("ta", "p1", json!([one(-1, "__error__", "E1")])),
+        ("ta", "p1", json!([one(-1, "__error__", "E2")])),
+    ] {
+        let a = put_writes(&s, run, WORKER_A, w(task, path, writes)).await;
+        assert_eq!(a.status, 200, "{}", a.body);
+    }
+    let got = get(&s, &run_path(run, "/thread/checkpoint?checkpointId=1")).await;
+    let writes: Vec<(String, i64, String, String)> = got.body["checkpoint"]["writes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|w| {
+            (
+                w["taskId"].as_str().unwrap().into(),
+                w["idx"].as_i64().unwrap(),
+                w["channel"].as_str().unwrap().into(),
+                w["data"].as_str().unwrap().into(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        writes,
+        vec![
+            ("ta".into(), -1, "__error__".into(), "E2".into()),
+            ("tb".into(), 0, "a".into(), "first".into()),
+            ("tb".into(), 1, "b".into(), "B".into()),
+        ]
+    );
+    // A park from writes: the run parks on the writes record, readable
+    // like any park; the same request again keeps it.
+    let mut parked = w("tc", "p3", json!([one(-3, "__interrupt__", "I")]));
+    parked["park"] = json!({ "request": { "type": "langgraph-interrupt", "value": "approve?" } });
+    assert_eq!(
+        put_writes(&s, run, WORKER_A, parked.clone()).await.status,
+        200
+    );
+    let pending = get(&s, &run_path(run, "/checkpoints/pending")).await;
+    let park_id = pending.body["checkpoint"]["id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    assert!(park_id.starts_with("tw-"), "{park_id}");
+    let answer = send(
+        &s,
+        reqwest::Method::POST,
+        &run_path(run, &format!("/checkpoints/by-id/{park_id}/answer")),
+        TOKEN_A,
+        Some(json!({ "resolution": { "action": "answer", "decision": "yes" } })),
+    )
+    .await;
+    assert_eq!(answer.status, 200, "{}", answer.body);
+    assert_eq!(put_writes(&s, run, WORKER_A, parked).await.status, 200);
+    let got = get(&s, &run_path(run, "/thread/checkpoint?checkpointId=1")).await;
+    let park = &got.body["checkpoint"]["park"];
+    assert_eq!(park["checkpoint"], park_id.as_str());
+    assert_eq!(
+        park["pending"]["decision"], "yes",
+        "the answer is kept: {park}"
+    );
+    assert_eq!(park["pending"]["request"]["value"], "approve?");
+    // A park request without a type is refused.
+    let mut bad = w("tc", "p3", json!([]));
+    bad["park"] = json!({ "request": {} });
+    assert_eq!(put_writes(&s, run, WORKER_A, bad).await.status, 400);
+}
+
+#[tokio::test]
+async fn every_thread_write_is_fenced_and_bound_to_the_claiming_token() {
+    let s = server();
+    let run = "run_t4";
+    let claim = |holder: &str| json!({ "holder": holder, "ttlMs": 60000 });
+    let c = send(
+        &s,
+        reqwest::Method::POST,
+        &run_path(run, "/claim"),
+        WORKER_A,
+        Some(claim("w1")),
+    )
+    .await;
+    assert_eq!(c.body["lease"]["fence"], 1, "{}", c.body);
+    let mut body = cp("t4", "", "1", None, json!({}), json!([]));
+    body["fence"] = json!(1);
+    assert_eq!(put_cp(&s, run, WORKER_A, body.clone()).await.status, 200);
+    // Another worker token presenting the holder's fence: 403.
+    assert_eq!(put_cp(&s, run, WORKER_A2, body.clone()).await.status, 403);
+    // An unfenced worker write to the held run: 403. A reader: 403.
+    let mut unfenced = body.clone();
+    unfenced.as_object_mut().unwrap().remove("fence");
+    assert_eq!(
+        put_cp(&s, run, WORKER_A, unfenced.clone()).await.status,
+        403
+    );
+    assert_eq!(put_cp(&s, run, READER_A, unfenced).await.status, 403);
+    // The operator takes the run over (release, then claim: fence 3);
+    // the first holder's fence is refused on every write route.
+    let r = send(
+        &s,
+        reqwest::Method::POST,
+        &run_path(run, "/release"),
+        TOKEN_A,
+        Some(json!({})),
+    )
+    .await;
+    assert_eq!(r.body["done"], true, "{}", r.body);
+    let c = send(
+        &s,
+        reqwest::Method::POST,
+        &run_path(run, "/claim"),
+        WORKER_A2,
+        Some(claim("w2")),
+    )
+    .await;
+    assert_eq!(c.body["lease"]["fence"], 3, "{}", c.body);
+    let mut stale = cp("t4", "", "2", Some("1"), json!({}), json!([]));
+    stale["fence"] = json!(1);
+    let a = put_cp(&s, run, WORKER_A, stale).await;
+    assert_eq!(a.status, 409, "{}", a.body);
+    assert!(
+        a.body["type"].as_str().unwrap().ends_with("fenced-out"),
+        "{}",
+        a.body
+    );
+    assert_eq!(
+        (a.body["presented"].clone(), a.body["current"].clone()),
+        (json!(1), json!(3))
+    );
+    let w = json!({ "thread": "t4", "checkpointId": "1", "taskId": "t", "writes": [
+        { "idx": 0, "channel": "a", "type": "json", "data": "x" } ], "fence": 1 });
+    assert_eq!(put_writes(&s, run, WORKER_A, w).await.status, 409);
+    let d = send(
+        &s,
+        reqwest::Method::DELETE,
+        &run_path(run, "/thread?fence=1"),
+        WORKER_A,
+        None,
+    )
+    .await;
+    assert_eq!(d.status, 409, "{}", d.body);
+    // The chain holds exactly the legitimate checkpoint.
+    let all = get(&s, &run_path(run, "/thread/checkpoints")).await;
+    assert_eq!(all.body["checkpoints"].as_array().unwrap().len(), 1);
+    // The new holder writes and deletes.
+    let mut ok = cp("t4", "", "2", Some("1"), json!({}), json!([]));
+    ok["fence"] = json!(3);
+    assert_eq!(put_cp(&s, run, WORKER_A2, ok).await.status, 200);
+    let d = send(
+        &s,
+        reqwest::Method::DELETE,
+        &run_path(run, "/thread?fence=3"),
+        WORKER_A2,
+        None,
+    )
+    .await;
+    assert_eq!(
+        (d.status, d.body["checkpointCount"].clone()),
+        (200, json!(2))
+    );
+}
+
+#[tokio::test]
+async fn deleting_a_thread_leaves_other_threads_and_listing_spans_threads() {
+    let s = server();
+    for (run, thread, ids) in [("run_ta", "a", ["1", "3"]), ("run_tb", "b", ["2", "4"])] {
+        for id in ids {
+            put_cp(
+                &s,
+                run,
+                TOKEN_A,
+                cp(thread, "", id, None, json!({}), json!([])),
+            )
+            .await;
+        }
+        let w = json!({ "thread": thread, "checkpointId": ids[0], "taskId": "t", "writes": [
+            { "idx": 0, "channel": "a", "type": "json", "data": "x" } ] });
+        put_writes(&s, run, TOKEN_A, w).await;
+    }
+    let tenant_path = |q: &str| {
+        format!(
+            "/v1/tenants/{}/thread-checkpoints?project={}&session={}{q}",
+            support::tenant(),
+            support::project(),
+            support::session()
+        )
+    };
+    let listed = |a: &Answer| -> Vec<(String, String)> {
+        a.body["checkpoints"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|c| {
+                (
+                    c["thread"].as_str().unwrap().to_string(),
+                    c["checkpointId"].as_str().unwrap().to_string(),
+                )
+            })
+            .collect()
+    };
+    let all = get(&s, &tenant_path("")).await;
+    assert_eq!(all.status, 200, "{}", all.body);
+    assert_eq!(
+        listed(&all),
+        vec![
+            ("b".into(), "4".into()),
+            ("a".into(), "3".into()),
+            ("b".into(), "2".into()),
+            ("a".into(), "1".into())
+        ]
+    );
+    assert_eq!(
+        listed(&get(&s, &tenant_path("&limit=2&before=4")).await),
+        vec![("a".into(), "3".into()), ("b".into(), "2".into())]
+    );
+    let d = send(
+        &s,
+        reqwest::Method::DELETE,
+        &run_path("run_ta", "/thread"),
+        TOKEN_A,
+        None,
+    )
+    .await;
+    assert_eq!(
+        (d.status, d.body["checkpointCount"].clone()),
+        (200, json!(3))
+    );
+    let gone = get(&s, &run_path("run_ta", "/thread/checkpoints")).await;
+    assert_eq!(gone.body["checkpoints"], json!([]));
+    assert_eq!(
+        listed(&get(&s, &tenant_path("")).await),
+        vec![("b".into(), "4".into()), ("b".into(), "2".into())]
+    );
+    let kept = get(&s, &run_path("run_tb", "/thread/checkpoint?checkpointId=2")).await;
+    assert_eq!(
+        kept.body["checkpoint"]["writes"].as_array().unwrap().len(),
+        1
+    );
+    // Deleting an unknown thread is a no-op.
+    let d = send(
+        &s,
+        reqwest::Method::DELETE,
+        &run_path("run_none", "/thread"),
+        TOKEN_A,
+        None,
+    )
+    .await;
+    assert_eq!(
+        (d.status, d.body["checkpointCount"].clone()),
+        (200, json!(0))
+    );
+}
