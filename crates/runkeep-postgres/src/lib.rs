@@ -35,10 +35,21 @@
 //!   is not used: the store connects as one role for all tenants, so RLS
 //!   would add a per-transaction `SET` without a second line of defence
 //!   (docs/design.md).
-//! - **Waiting, not polling.** Each change sends `pg_notify` in its own
-//!   transaction (delivered at commit, never for a rolled-back change); one
-//!   dedicated connection per store `LISTEN`s and wakes [`Watch`]es, with
-//!   a fallback poll when the listener is reconnecting.
+//! - **Few round trips.** An operation waits for the server as few times
+//!   as the rule allows: `BEGIN` travels with the statements that lock and
+//!   read the run's row (and read the clock, and whether the checkpoint it
+//!   writes exists), and every write travels with `COMMIT`. So a write is
+//!   two round trips (the core judges between them), `claim_next` too, and
+//!   no row is created for a fenced write (a fence needs a holding, so the
+//!   row exists). The digest is kept from what it holds whenever it can be
+//!   (module `pipeline`, and docs/design.md).
+//! - **Waiting, not polling.** A committed change wakes this process's
+//!   [`Watch`]es at once and is announced to other processes after its
+//!   commit, coalesced, on the store's one listener connection, never
+//!   inside the data transaction (a `NOTIFY` there serialises commits:
+//!   module `wake`). That connection `LISTEN`s and wakes the watches of
+//!   other processes' changes, with a fallback poll when it is
+//!   reconnecting.
 //!
 //! Size limits: the core's (checkpoints and documents 64 MiB, events
 //! 4 MiB, a finish result 1 MiB) and this store's own
@@ -52,7 +63,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use deadpool_postgres::{GenericClient, Manager, ManagerConfig, Pool, RecyclingMethod, Runtime};
-use serde_json::{json, Map, Value};
+use serde_json::{Map, Value};
 use tokio_postgres::types::ToSql;
 use tokio_postgres::{NoTls, Row};
 
@@ -73,10 +84,13 @@ use runkeep::{
 };
 
 pub mod error;
+mod pipeline;
 pub mod schema;
+mod wake;
 
 pub use error::OUTCOME_UNKNOWN;
 use error::{map_commit, map_pg, map_pool};
+use pipeline::{Param, Stmt, Tx};
 pub use schema::SCHEMA_VERSION;
 
 /// The largest JSON value (or report) this store accepts by default, in
@@ -160,6 +174,8 @@ pub struct PgStore {
     /// Server clock minus local clock, in ms, as last measured.
     offset_ms: AtomicI64,
     notifier: Arc<Notifier>,
+    /// This store's changes waiting to be announced to other processes.
+    bus: Arc<wake::Bus>,
     listener: Mutex<Option<tokio::task::JoinHandle<()>>>,
 }
 
@@ -176,14 +192,8 @@ impl std::fmt::Debug for PgStore {
 
 impl Drop for PgStore {
     fn drop(&mut self) {
-        if let Some(h) = self
-            .listener
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .take()
-        {
-            h.abort();
-        }
+        // The listener sends what is still queued, then ends.
+        self.bus.close();
     }
 }
 
@@ -266,12 +276,27 @@ impl Key {
         p.extend_from_slice(more);
         p
     }
+
+    /// The key as owned parameters `$1`..`$5`, then `more`.
+    fn owned(&self, more: Vec<Param>) -> Vec<Param> {
+        let mut p: Vec<Param> = vec![
+            Box::new(self.tenant.clone()),
+            Box::new(self.project.clone()),
+            Box::new(self.session.clone()),
+            Box::new(self.run.clone()),
+            Box::new(self.parent.clone()),
+        ];
+        p.extend(more);
+        p
+    }
 }
 
 const KEY_WHERE: &str =
     "tenant_id = $1 AND project_id = $2 AND session_id = $3 AND run_id = $4 AND parent_id = $5";
 const KEY_COLS: &str = "tenant_id, project_id, session_id, run_id, parent_id";
 const STATE_COLS: &str = "top_kind, top_fence, holder, expires_at, lifecycle, digest, last_seq, last_audit_seq, record IS NOT NULL, messages IS NOT NULL, report IS NOT NULL";
+/// The server's clock in epoch milliseconds.
+const CLOCK: &str = "floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint";
 const NOW_SQL: &str = "SELECT floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint";
 
 fn sql_lock() -> String {
@@ -282,6 +307,17 @@ fn sql_state() -> String {
 }
 fn sql_ensure() -> String {
     format!("INSERT INTO runs ({KEY_COLS}) VALUES ($1, $2, $3, $4, $5) ON CONFLICT DO NOTHING")
+}
+/// Read after the lock, in a statement of its own (so its snapshot is taken
+/// once the lock is held): the clock (`$6` when the test clock decides,
+/// else the server's) and whether checkpoint `$7` exists.
+fn sql_after_lock() -> String {
+    format!(
+        "SELECT coalesce($6::bigint, {CLOCK}), EXISTS (SELECT 1 FROM checkpoints WHERE {KEY_WHERE} AND checkpoint_id = $7::text)"
+    )
+}
+fn sql_headers() -> String {
+    format!("SELECT header FROM checkpoints WHERE {KEY_WHERE}")
 }
 fn sql_save() -> String {
     format!(
@@ -379,15 +415,37 @@ fn object(v: Value) -> Map<String, Value> {
     }
 }
 
-/// Begins a transaction on a pooled connection (a macro so the borrow of
-/// the connection stays in the caller).
-macro_rules! begin {
-    ($store:ident, $conn:ident, $what:expr) => {
-        match tokio::time::timeout($store.options.reply_timeout, $conn.transaction()).await {
-            Ok(r) => r.map_err(|e| map_pg(&format!("{}: begin", $what), e))?,
-            Err(_) => return Err($store.no_reply(&format!("{}: begin", $what))),
-        }
-    };
+/// What a transaction reads in the round trip that begins it.
+#[derive(Default)]
+struct Opening<'a> {
+    /// Create the run's row first: writes that may create a run (never a
+    /// fenced one: a fence needs a holding, so the row exists).
+    create: bool,
+    /// Read the instant every judgement uses (after the lock).
+    clock: bool,
+    /// Whether this checkpoint exists (what the digest needs to know).
+    checkpoint: Option<&'a str>,
+    /// Statements to run after those, under the lock.
+    more: Vec<Stmt>,
+}
+
+/// What [`PgStore::open`] read.
+struct Opened {
+    /// The run's row; `None` when absent.
+    state: Option<RunState>,
+    /// The judging instant (the test clock's, or the server's read after
+    /// the lock); only when asked for.
+    now: Option<Timestamp>,
+    /// The asked-for checkpoint exists.
+    checkpoint_exists: bool,
+    /// The rows of [`Opening::more`], in order.
+    more: Vec<Vec<Row>>,
+}
+
+impl Opened {
+    fn now(&self) -> Timestamp {
+        self.now.unwrap_or(Timestamp::EPOCH)
+    }
 }
 
 impl PgStore {
@@ -400,6 +458,196 @@ impl PgStore {
             ),
             source: None,
         }
+    }
+
+    /// `Unavailable`, outcome unknown: `COMMIT` was sent, no reply came.
+    fn commit_unanswered(&self, what: &str) -> Error {
+        Error::outcome_unknown(
+            format!(
+                "PostgreSQL: {what}: commit: COMMIT was sent but no reply came within {} ms (PgOptions::reply_timeout); the change may or may not be stored: read it back before repeating it",
+                self.options.reply_timeout.as_millis()
+            ),
+            std::io::Error::from(std::io::ErrorKind::TimedOut),
+        )
+    }
+
+    /// Prepares `stmts` on `c` (one round trip only for those the
+    /// connection has not prepared yet).
+    async fn prepare(
+        &self,
+        c: &deadpool_postgres::Object,
+        what: &str,
+        stmts: &[Stmt],
+    ) -> Result<Vec<tokio_postgres::Statement>> {
+        match tokio::time::timeout(self.options.reply_timeout, pipeline::prepare(c, stmts)).await {
+            Ok(Ok(p)) => Ok(p),
+            Ok(Err((i, e))) => Err(map_pg(&format!("{what}: {}: prepare", stmts[i].what), e)),
+            Err(_) => Err(self.no_reply(&format!("{what}: prepare"))),
+        }
+    }
+
+    /// The rows of every statement, or the first statement's error (the
+    /// ones after it only fail because the transaction was aborted).
+    fn replies(
+        what: &str,
+        stmts: &[Stmt],
+        replies: impl Iterator<Item = pipeline::Reply>,
+    ) -> Result<Vec<Vec<Row>>> {
+        stmts
+            .iter()
+            .zip(replies)
+            .map(|(s, r)| r.map_err(|e| map_pg(&format!("{what}: {}", s.what), e)))
+            .collect()
+    }
+
+    /// Begins a transaction with `stmts`: `BEGIN` and the statements in one
+    /// round trip. Answers the open transaction and every statement's rows.
+    async fn begin(&self, what: &'static str, stmts: Vec<Stmt>) -> Result<(Tx, Vec<Vec<Row>>)> {
+        let conn = self.conn(what).await?;
+        // Outside the transaction: a failed prepare leaves nothing open.
+        let prepared = self.prepare(&conn, what, &stmts).await?;
+        let tx = Tx::new(conn, self.options.reply_timeout);
+        let sent = tokio::time::timeout(
+            self.options.reply_timeout,
+            pipeline::send(tx.conn(), true, &stmts, &prepared, false),
+        )
+        .await
+        .map_err(|_| self.no_reply(&format!("{what}: begin")))?;
+        let mut replies = sent.into_iter();
+        if let Some(Err(e)) = replies.next() {
+            return Err(map_pg(&format!("{what}: begin"), e));
+        }
+        let rows = Self::replies(what, &stmts, replies)?;
+        Ok((tx, rows))
+    }
+
+    /// More statements in the open transaction, in one round trip.
+    async fn run(&self, tx: &Tx, what: &str, stmts: Vec<Stmt>) -> Result<Vec<Vec<Row>>> {
+        let prepared = self.prepare(tx.conn(), what, &stmts).await?;
+        let sent = tokio::time::timeout(
+            self.options.reply_timeout,
+            pipeline::send(tx.conn(), false, &stmts, &prepared, false),
+        )
+        .await
+        .map_err(|_| self.no_reply(what))?;
+        Self::replies(what, &stmts, sent.into_iter())
+    }
+
+    /// The writes and `COMMIT` in one round trip. A write the server
+    /// refuses rolls everything back (its error is answered); a fault while
+    /// `COMMIT` is in flight (any connection fault of this round trip: the
+    /// writes and `COMMIT` left together) leaves the outcome unknown.
+    async fn commit(&self, tx: Tx, what: &str, stmts: Vec<Stmt>) -> Result<()> {
+        let prepared = self.prepare(tx.conn(), what, &stmts).await?;
+        let Ok(sent) = tokio::time::timeout(
+            self.options.reply_timeout,
+            pipeline::send(tx.conn(), false, &stmts, &prepared, true),
+        )
+        .await
+        else {
+            // The session's state is unknown: close it.
+            tx.end(false);
+            return Err(self.commit_unanswered(what));
+        };
+        tx.end(true);
+        let mut replies = sent.into_iter();
+        for (s, r) in stmts.iter().zip(replies.by_ref()) {
+            if let Err(e) = r {
+                let what = format!("{what}: {}", s.what);
+                return Err(if e.code().is_some() {
+                    // The server refused it: COMMIT answered ROLLBACK.
+                    map_pg(&what, e)
+                } else {
+                    map_commit(&format!("{what} (with COMMIT)"), e)
+                });
+            }
+        }
+        match replies.next() {
+            Some(Err(e)) => Err(map_commit(&format!("{what}: commit"), e)),
+            _ => Ok(()),
+        }
+    }
+
+    /// Begins a transaction on `scope`'s row: locks it (creating it first
+    /// when asked) and reads what `o` asks for, in one round trip.
+    async fn open(
+        &self,
+        what: &'static str,
+        scope: &RunScope,
+        key: &Key,
+        o: Opening<'_>,
+    ) -> Result<(Tx, Opened)> {
+        let mut stmts = Vec::with_capacity(3 + o.more.len());
+        if o.create {
+            stmts.push(Stmt::new(
+                "create the run row",
+                sql_ensure(),
+                key.owned(vec![]),
+            ));
+        }
+        stmts.push(Stmt::new("lock the run row", sql_lock(), key.owned(vec![])));
+        let test_clock = self.options.clock.as_ref().map(|c| c.now());
+        let after = o.clock || o.checkpoint.is_some();
+        if after {
+            let fixed: Option<i64> = match (o.clock, test_clock) {
+                (true, Some(t)) => Some(t.as_millis()),
+                (true, None) => None,
+                (false, _) => Some(0),
+            };
+            let id: Option<String> = o.checkpoint.map(str::to_string);
+            stmts.push(Stmt::new(
+                "read the clock",
+                sql_after_lock(),
+                key.owned(vec![Box::new(fixed), Box::new(id)]),
+            ));
+        }
+        let n_more = o.more.len();
+        stmts.extend(o.more);
+        let (tx, rows) = self.begin(what, stmts).await?;
+        let mut rows = rows.into_iter();
+        if o.create {
+            rows.next();
+        }
+        let state = match rows.next().and_then(|r| r.into_iter().next()) {
+            Some(r) => Some(state_of(scope, &r)?),
+            None => None,
+        };
+        let mut opened = Opened {
+            state,
+            now: None,
+            checkpoint_exists: false,
+            more: Vec::with_capacity(n_more),
+        };
+        if after {
+            let r = rows
+                .next()
+                .and_then(|r| r.into_iter().next())
+                .ok_or_else(|| Error::corrupted("the clock query answered no row"))?;
+            if o.clock {
+                let ms: i64 = r.get(0);
+                let now = Timestamp::from_millis(ms).map_err(|e| {
+                    Error::corrupted(format!("the server clock is out of range: {e}"))
+                })?;
+                if test_clock.is_none() {
+                    self.note_server_now(now);
+                }
+                opened.now = Some(now);
+            }
+            opened.checkpoint_exists = r.get(1);
+        }
+        opened.more.extend(rows);
+        Ok((tx, opened))
+    }
+
+    /// After a commit (or a commit whose outcome is unknown: it may have
+    /// landed; a spurious wake-up costs a re-read, a lost one a fallback
+    /// interval), wakes the watchers of `scope`.
+    fn announced<T>(&self, r: Result<T>, scope: &RunScope, events: bool) -> Result<T> {
+        if r.is_ok() || r.as_ref().is_err_and(Error::is_outcome_unknown) {
+            self.ensure_listener();
+            self.bus.announce(&self.notifier, scope, events);
+        }
+        r
     }
 
     async fn rows<C: GenericClient + Sync>(
@@ -428,40 +676,6 @@ impl PgStore {
         params: &[&(dyn ToSql + Sync)],
     ) -> Result<Option<Row>> {
         Ok(self.rows(c, what, sql, params).await?.into_iter().next())
-    }
-
-    async fn exec<C: GenericClient + Sync>(
-        &self,
-        c: &C,
-        what: &str,
-        sql: &str,
-        params: &[&(dyn ToSql + Sync)],
-    ) -> Result<u64> {
-        let bound = self.options.reply_timeout;
-        let st = tokio::time::timeout(bound, c.prepare_cached(sql))
-            .await
-            .map_err(|_| self.no_reply(&format!("{what}: prepare")))?
-            .map_err(|e| map_pg(&format!("{what}: prepare"), e))?;
-        tokio::time::timeout(bound, c.execute(&st, params))
-            .await
-            .map_err(|_| self.no_reply(what))?
-            .map_err(|e| map_pg(what, e))
-    }
-
-    /// Commits; a fault or a missing reply while `COMMIT` is in flight
-    /// leaves the outcome unknown.
-    async fn commit(&self, tx: deadpool_postgres::Transaction<'_>, what: &str) -> Result<()> {
-        let what = format!("{what}: commit");
-        match tokio::time::timeout(self.options.reply_timeout, tx.commit()).await {
-            Ok(r) => r.map_err(|e| map_commit(&what, e)),
-            Err(_) => Err(Error::outcome_unknown(
-                format!(
-                    "PostgreSQL: {what}: COMMIT was sent but no reply came within {} ms (PgOptions::reply_timeout); the change may or may not be stored: read it back before repeating it",
-                    self.options.reply_timeout.as_millis()
-                ),
-                std::io::Error::from(std::io::ErrorKind::TimedOut),
-            )),
-        }
     }
 }
 
@@ -579,6 +793,7 @@ impl PgStore {
             options,
             offset_ms: AtomicI64::new(0),
             notifier: Arc::new(Notifier::default()),
+            bus: Arc::new(wake::Bus::default()),
             listener: Mutex::new(None),
         })
     }
@@ -622,12 +837,10 @@ impl PgStore {
         options: &ListOptions,
     ) -> Result<String> {
         let c = self.conn("explain list_runs").await?;
-        let now = match options.now {
-            Some(n) => n,
-            None => self.judged_now(&c).await?,
-        };
-        let query = ListQuery::new(scope, &options.judged_at(|| now))?;
-        let listing = Listing::of(scope, &query);
+        let fixed = self.fixed_now(options.now);
+        let query = ListQuery::new(scope, &options.judged_at(|| fixed.unwrap_or(self.now())))?;
+        let mut listing = Listing::of(scope, &query);
+        listing.now = fixed.map(Timestamp::as_millis);
         let after = After::of_cursor(query.after.as_ref());
         let fetch = i64::try_from(query.limit + 1).unwrap_or(i64::MAX);
         let (sql, params) = listing.sql_and_params(&after, fetch, false);
@@ -642,7 +855,6 @@ impl PgStore {
         filter: &ClaimNextFilter,
     ) -> Result<String> {
         let c = self.conn("explain claim_next").await?;
-        let now = self.judged_now(&c).await?;
         let listing = Listing {
             scope,
             order: filter.order,
@@ -650,10 +862,28 @@ impl PgStore {
             claimed: Some(false),
             parks: filter.park.is_some(),
             runnable: true,
-            now: now.as_millis(),
+            now: self.fixed_now(None).map(Timestamp::as_millis),
         };
         let (sql, params) = listing.sql_and_params(&After::None, 1, true);
         self.explain(&c, &sql, &params).await
+    }
+
+    /// The instant a statement judges at when it is not the server's
+    /// clock: the caller's, else the test clock's.
+    fn fixed_now(&self, given: Option<Timestamp>) -> Option<Timestamp> {
+        given.or_else(|| self.options.clock.as_ref().map(|c| c.now()))
+    }
+
+    /// The instant a listing statement judged at (its last column); the
+    /// offset to the server is kept when it was the server's clock.
+    fn listed_now(&self, r: &Row, fixed: Option<Timestamp>) -> Result<Timestamp> {
+        let ms: i64 = r.get(r.len() - 1);
+        let now = Timestamp::from_millis(ms)
+            .map_err(|e| Error::corrupted(format!("the server clock is out of range: {e}")))?;
+        if fixed.is_none() {
+            self.note_server_now(now);
+        }
+        Ok(now)
     }
 
     /// The options this store was built with.
@@ -681,16 +911,6 @@ impl PgStore {
         Ok(())
     }
 
-    /// The instant every judgement of this transaction uses: the test
-    /// clock, or the server's `clock_timestamp()` (read after the row lock
-    /// is held, so it is never older than the state it judges).
-    async fn judged_now<C: GenericClient + Sync>(&self, c: &C) -> Result<Timestamp> {
-        match &self.options.clock {
-            Some(clock) => Ok(clock.now()),
-            None => self.server_now(c).await,
-        }
-    }
-
     async fn server_now<C: GenericClient + Sync>(&self, c: &C) -> Result<Timestamp> {
         let row = self
             .rows(c, "read the server clock", NOW_SQL, &[])
@@ -701,10 +921,15 @@ impl PgStore {
         let ms: i64 = row.get(0);
         let now = Timestamp::from_millis(ms)
             .map_err(|e| Error::corrupted(format!("the server clock is out of range: {e}")))?;
+        self.note_server_now(now);
+        Ok(now)
+    }
+
+    /// Keeps the offset [`CheckpointStore::now`] adds to the local clock.
+    fn note_server_now(&self, now: Timestamp) {
         let local = self.options.local_clock.now();
         self.offset_ms
             .store(now.as_millis() - local.as_millis(), Ordering::Relaxed);
-        Ok(now)
     }
 
     fn check_payload(&self, what: &str, bytes: usize) -> Result<()> {
@@ -722,28 +947,6 @@ impl PgStore {
         self.check_payload(what, bytes)
     }
 
-    /// Locks the run's row (creating it first when `create`), answering its
-    /// state; `None` when absent and not created.
-    async fn lock<C: GenericClient + Sync>(
-        &self,
-        tx: &C,
-        scope: &RunScope,
-        key: &Key,
-        create: bool,
-    ) -> Result<Option<RunState>> {
-        if create {
-            self.exec(tx, "create the run row", &sql_ensure(), &key.params())
-                .await?;
-        }
-        match self
-            .row_opt(tx, "lock the run row", &sql_lock(), &key.params())
-            .await?
-        {
-            Some(r) => Ok(Some(state_of(scope, &r)?)),
-            None => Ok(None),
-        }
-    }
-
     async fn read_state<C: GenericClient + Sync>(
         &self,
         c: &C,
@@ -759,7 +962,8 @@ impl PgStore {
         }
     }
 
-    async fn save<C: GenericClient + Sync>(&self, tx: &C, key: &Key, run: &RunState) -> Result<()> {
+    /// The `UPDATE` that writes `run` back to its row.
+    fn save_stmt(key: &Key, run: &RunState) -> Result<Stmt> {
         let (kind, fence, holder, expires): (
             Option<i16>,
             Option<i64>,
@@ -804,116 +1008,94 @@ impl PgStore {
             .and_then(|d| d.run_created_at)
             .map_or(0, Timestamp::as_millis);
         let parks: i32 = d.map_or(0, |d| i32::try_from(d.parks.len()).unwrap_or(i32::MAX));
-        let last_seq = i64_of(run.last_seq);
-        let last_audit = i64_of(run.last_audit);
-        self.exec(
-            tx,
+        Ok(Stmt::new(
             "save the run row",
-            &sql_save(),
-            &key.with(&[
-                &kind,
-                &fence,
-                &holder,
-                &expires,
-                &lifecycle,
-                &status,
-                &available,
-                &digest,
-                &count,
-                &rank,
-                &stamp,
-                &parks,
-                &last_seq,
-                &last_audit,
+            sql_save(),
+            key.owned(vec![
+                Box::new(kind),
+                Box::new(fence),
+                Box::new(holder),
+                Box::new(expires),
+                Box::new(lifecycle),
+                Box::new(status),
+                Box::new(available),
+                Box::new(digest),
+                Box::new(count),
+                Box::new(rank),
+                Box::new(stamp),
+                Box::new(parks),
+                Box::new(i64_of(run.last_seq)),
+                Box::new(i64_of(run.last_audit)),
             ]),
-        )
-        .await?;
-        Ok(())
+        ))
     }
 
-    async fn notify<C: GenericClient + Sync>(
+    /// The upsert of `stored` (already stamped), keeping `run`'s digest.
+    /// `exists`: a checkpoint with its id exists (read under the lock).
+    /// The digest is updated by the core's incremental rule, or rebuilt
+    /// from the headers it holds when it holds every checkpoint's (a run
+    /// with one unstamped checkpoint, as enqueued, taking its first fenced
+    /// one); only otherwise are the run's headers read (one more round
+    /// trip).
+    async fn checkpoint_stmt(
         &self,
-        tx: &C,
+        tx: &Tx,
+        what: &str,
         scope: &RunScope,
-        events: bool,
-    ) -> Result<()> {
-        let payload = json!({ "s": scope, "e": events }).to_string();
-        self.exec(
-            tx,
-            "notify",
-            "SELECT pg_notify($1, $2)",
-            &[&self.channel, &payload],
-        )
-        .await?;
-        Ok(())
-    }
-
-    /// Writes `stored` (already stamped) and keeps the digest.
-    async fn put_checkpoint<C: GenericClient + Sync>(
-        &self,
-        tx: &C,
-        scope: &RunScope,
-        key: &Key,
         run: &mut RunState,
         stored: &Checkpoint,
-    ) -> Result<()> {
+        exists: bool,
+    ) -> Result<Stmt> {
+        let key = Key::of(scope);
         let header = stored.header();
         let header_json =
             serde_json::to_value(&header).map_err(|e| Error::backend("encode a header", e))?;
         let body = Value::Object(stored.to_json());
         self.check_json(&format!("checkpoint {}", stored.id), &body)?;
-        let id = stored.id.to_string();
-        let row = self.row_opt(
-            tx,
+        let digest = match next_digest(run.digest.take(), &header, exists) {
+            Some(d) => d,
+            None => {
+                let mut headers = self.read_headers(tx, what, scope, &key).await?;
+                headers.retain(|h| h.id != header.id);
+                headers.push(header);
+                RunDigest::from_headers(&headers)
+            }
+        };
+        run.digest = Some(digest);
+        Ok(Stmt::new(
             "write the checkpoint",
-            &format!(
+            format!(
                 "INSERT INTO checkpoints ({KEY_COLS}, checkpoint_id, header, body) VALUES ($1, $2, $3, $4, $5, $6, $7, $8)
-                 ON CONFLICT ({KEY_COLS}, checkpoint_id) DO UPDATE SET header = EXCLUDED.header, body = EXCLUDED.body
-                 RETURNING (xmax = 0)"
+                 ON CONFLICT ({KEY_COLS}, checkpoint_id) DO UPDATE SET header = EXCLUDED.header, body = EXCLUDED.body"
             ),
-            &key.with(&[&id, &header_json, &body]),
-        )
-        .await?
-        .ok_or_else(|| Error::corrupted("the checkpoint upsert answered no row"))?;
-        let inserted: bool = row.get(0);
-        let mut d = run.digest.take().unwrap_or_default();
-        if d.checkpoint_count == 0 && !inserted {
-            d = RunDigest::default();
-        }
-        if !d.apply_write(header, !inserted) {
-            d = self
-                .rebuild_digest(tx, scope, key)
-                .await?
-                .unwrap_or_default();
-        }
-        run.digest = Some(d);
-        Ok(())
+            key.owned(vec![
+                Box::new(stored.id.to_string()),
+                Box::new(header_json),
+                Box::new(body),
+            ]),
+        ))
     }
 
-    async fn rebuild_digest<C: GenericClient + Sync>(
+    /// Every checkpoint header of the run, in the open transaction.
+    async fn read_headers(
         &self,
-        tx: &C,
+        tx: &Tx,
+        what: &str,
         scope: &RunScope,
         key: &Key,
-    ) -> Result<Option<RunDigest>> {
-        let rs = self
-            .rows(
+    ) -> Result<Vec<CheckpointHeader>> {
+        let rows = self
+            .run(
                 tx,
-                "read the checkpoint headers",
-                &format!("SELECT header FROM checkpoints WHERE {KEY_WHERE}"),
-                &key.params(),
+                what,
+                vec![Stmt::new(
+                    "read the checkpoint headers",
+                    sql_headers(),
+                    key.owned(vec![]),
+                )],
             )
             .await?;
-        if rs.is_empty() {
-            return Ok(None);
-        }
-        let mut headers = Vec::with_capacity(rs.len());
-        for r in rs {
-            let h: CheckpointHeader = serde_json::from_value(r.get(0))
-                .map_err(|e| corrupted(scope, "a checkpoint header", e))?;
-            headers.push(h);
-        }
-        Ok(Some(RunDigest::from_headers(&headers)))
+        headers_of(scope, rows.into_iter().flatten())
     }
 
     async fn read_checkpoint_in<C: GenericClient + Sync>(
@@ -938,18 +1120,18 @@ impl PgStore {
         }
     }
 
-    /// Inserts events under the already-checked fence; advances `last_seq`.
-    async fn push_events<C: GenericClient + Sync>(
+    /// The events as stored under the already-checked fence, advancing
+    /// `last_seq`, and the `INSERT` that stores them (none for none).
+    fn events_stmt(
         &self,
-        tx: &C,
         key: &Key,
         run: &mut RunState,
         events: &[NewEvent],
         now: Timestamp,
         fence: Option<Fence>,
-    ) -> Result<Vec<PersistedEvent>> {
+    ) -> Result<(Vec<PersistedEvent>, Option<Stmt>)> {
         if events.is_empty() {
-            return Ok(Vec::new());
+            return Ok((Vec::new(), None));
         }
         let mut out = Vec::with_capacity(events.len());
         let mut seqs = Vec::with_capacity(events.len());
@@ -963,53 +1145,33 @@ impl PgStore {
             bodies.push(body);
             out.push(p);
         }
-        self.exec(
-            tx,
+        let stmt = Stmt::new(
             "append events",
-            &format!(
+            format!(
                 "INSERT INTO events ({KEY_COLS}, seq, body) SELECT $1, $2, $3, $4, $5, s, b FROM unnest($6::bigint[], $7::jsonb[]) AS t(s, b)"
             ),
-            &key.with(&[&seqs, &bodies]),
-        )
-        .await?;
-        Ok(out)
+            key.owned(vec![Box::new(seqs), Box::new(bodies)]),
+        );
+        Ok((out, Some(stmt)))
     }
 
-    async fn set_document<C: GenericClient + Sync>(
-        &self,
-        tx: &C,
-        key: &Key,
-        column: &str,
-        value: &(dyn ToSql + Sync),
-    ) -> Result<()> {
-        self.exec(
-            tx,
+    /// Sets one document column (`record` or `report`).
+    fn document_stmt(key: &Key, column: &str, value: Param) -> Stmt {
+        Stmt::new(
             "write a document",
-            &format!("UPDATE runs SET {column} = $6 WHERE {KEY_WHERE}"),
-            &key.with(&[value]),
+            format!("UPDATE runs SET {column} = $6 WHERE {KEY_WHERE}"),
+            key.owned(vec![value]),
         )
-        .await?;
-        Ok(())
     }
 
-    async fn set_messages<C: GenericClient + Sync>(
-        &self,
-        tx: &C,
-        key: &Key,
-        messages: &[Value],
-        through: u64,
-    ) -> Result<()> {
+    fn messages_stmt(&self, key: &Key, messages: &[Value], through: u64) -> Result<Stmt> {
         let v = Value::Array(messages.to_vec());
         self.check_json("message snapshot", &v)?;
-        let through = i64_of(through);
-        self.exec(
-            tx,
+        Ok(Stmt::new(
             "write the message snapshot",
-            &format!("UPDATE runs SET messages = $6, messages_through = $7 WHERE {KEY_WHERE}"),
-            &key.with(&[&v, &through]),
-        )
-        .await?;
-        Ok(())
+            format!("UPDATE runs SET messages = $6, messages_through = $7 WHERE {KEY_WHERE}"),
+            key.owned(vec![Box::new(v), Box::new(i64_of(through))]),
+        ))
     }
 
     fn apply_claim(
@@ -1027,7 +1189,7 @@ impl PgStore {
         )
     }
 
-    /// Starts the LISTEN connection once, on the current runtime (none:
+    /// Starts the listener connection once, on the current runtime (none:
     /// watches poll).
     fn ensure_listener(&self) -> bool {
         let mut guard = self.listener.lock().unwrap_or_else(|p| p.into_inner());
@@ -1039,70 +1201,59 @@ impl PgStore {
         let Ok(handle) = tokio::runtime::Handle::try_current() else {
             return false;
         };
-        let config = self.config.clone();
-        let channel = self.channel.clone();
-        let notifier = self.notifier.clone();
-        *guard = Some(handle.spawn(listen_loop(config, channel, notifier)));
+        *guard = Some(handle.spawn(wake::listen_loop(
+            self.config.clone(),
+            self.channel.clone(),
+            self.notifier.clone(),
+            self.bus.clone(),
+            self.options.reply_timeout,
+        )));
         true
     }
 }
 
-/// The dedicated LISTEN connection: wakes the watchers of every change
-/// another connection (of this or any process) commits. Reconnects after a
-/// fault; watches poll at their fallback interval meanwhile.
-async fn listen_loop(config: tokio_postgres::Config, channel: String, notifier: Arc<Notifier>) {
-    use futures_util::StreamExt;
-    let mut backoff = Duration::from_millis(100);
-    loop {
-        match config.connect(NoTls).await {
-            Ok((client, mut conn)) => {
-                let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<String>();
-                let driver = tokio::spawn(async move {
-                    let mut messages =
-                        futures_util::stream::poll_fn(move |cx| conn.poll_message(cx));
-                    while let Some(m) = messages.next().await {
-                        match m {
-                            Ok(tokio_postgres::AsyncMessage::Notification(n)) => {
-                                if tx.send(n.payload().to_string()).is_err() {
-                                    break;
-                                }
-                            }
-                            Ok(_) => {}
-                            Err(e) => {
-                                tracing::warn!(error = %e, "runkeep-postgres: the LISTEN connection failed; reconnecting");
-                                break;
-                            }
-                        }
-                    }
-                });
-                if let Err(e) = client.batch_execute(&format!("LISTEN {channel}")).await {
-                    tracing::warn!(error = %e, "runkeep-postgres: LISTEN failed; reconnecting");
-                } else {
-                    backoff = Duration::from_millis(100);
-                    tracing::debug!(channel, "runkeep-postgres: listening");
-                    while let Some(payload) = rx.recv().await {
-                        let Ok(v) = serde_json::from_str::<Value>(&payload) else {
-                            continue;
-                        };
-                        let events = v.get("e").and_then(Value::as_bool).unwrap_or(true);
-                        if let Some(scope) = v
-                            .get("s")
-                            .and_then(|s| serde_json::from_value::<RunScope>(s.clone()).ok())
-                        {
-                            notifier.notify_run(&scope, events);
-                        }
-                    }
-                }
-                drop(client);
-                driver.abort();
-            }
-            Err(e) => {
-                tracing::warn!(error = %e, "runkeep-postgres: cannot open the LISTEN connection; watches poll meanwhile");
-            }
-        }
-        tokio::time::sleep(backoff).await;
-        backoff = (backoff * 2).min(Duration::from_secs(5));
+/// The digest after writing `h` (`replaced`: a checkpoint with its id
+/// existed): the core's incremental rule ([`RunDigest::apply_write`]);
+/// where it gives up, [`RunDigest::from_headers`] over the headers the
+/// digest holds, when it holds every checkpoint's (the latest and the
+/// parked ones are all of them: the count says so); else `None`, and the
+/// caller reads the headers.
+fn next_digest(
+    digest: Option<RunDigest>,
+    h: &CheckpointHeader,
+    replaced: bool,
+) -> Option<RunDigest> {
+    let mut d = digest.unwrap_or_default();
+    if d.checkpoint_count == 0 && replaced {
+        // A digest that lost its checkpoints: start over.
+        d = RunDigest::default();
     }
+    if d.apply_write(h.clone(), replaced) {
+        return Some(d);
+    }
+    let mut known: Vec<CheckpointHeader> = Vec::new();
+    for k in d.latest.iter().chain(d.parks.iter()) {
+        if !known.iter().any(|x| x.id == k.id) {
+            known.push(k.clone());
+        }
+    }
+    if u64::try_from(known.len()).ok() != Some(d.checkpoint_count) {
+        return None;
+    }
+    known.retain(|k| k.id != h.id);
+    known.push(h.clone());
+    Some(RunDigest::from_headers(&known))
+}
+
+fn headers_of(
+    scope: &RunScope,
+    rows: impl IntoIterator<Item = Row>,
+) -> Result<Vec<CheckpointHeader>> {
+    rows.into_iter()
+        .map(|r| {
+            serde_json::from_value(r.get(0)).map_err(|e| corrupted(scope, "a checkpoint header", e))
+        })
+        .collect()
 }
 
 /// The listing's SQL: scope prefix, the filters SQL can judge exactly
@@ -1115,7 +1266,9 @@ struct Listing<'a> {
     claimed: Option<bool>,
     parks: bool,
     runnable: bool,
-    now: i64,
+    /// The instant the filters use; `None`: the server's clock, read once
+    /// by the statement (and answered in its last column).
+    now: Option<i64>,
 }
 
 impl<'a> Listing<'a> {
@@ -1132,7 +1285,7 @@ impl<'a> Listing<'a> {
             claimed: query.claimed,
             parks: query.park.is_some(),
             runnable: false,
-            now: query.now.as_millis(),
+            now: Some(query.now.as_millis()),
         }
     }
 }
@@ -1160,7 +1313,14 @@ impl After {
 
 impl Listing<'_> {
     const COLS: &'static str = "project_id, session_id, run_id, parent_id, top_kind, top_fence, holder, expires_at, lifecycle, digest";
+    /// The rest of the row's state, read with a candidate `claim_next`
+    /// locks (what a claim writes back).
+    const STATE_COLS: &'static str =
+        "last_seq, last_audit_seq, record IS NOT NULL, messages IS NOT NULL, report IS NOT NULL";
 
+    /// The statement: `COLS` (then `STATE_COLS` when it locks), then the
+    /// instant it judged at, in epoch ms (the last column: `now`, or the
+    /// server's clock read once at its start).
     fn sql_and_params(
         &self,
         after: &After,
@@ -1173,6 +1333,10 @@ impl Listing<'_> {
             params.push(p);
             format!("${}", params.len())
         };
+        let clock = format!(
+            "WITH clock AS (SELECT coalesce({}::bigint, {CLOCK}) AS now_ms) ",
+            push(Box::new(self.now), &mut params)
+        );
         let mut wh = vec![format!(
             "tenant_id = {}",
             push(Box::new(self.scope.tenant_id().to_string()), &mut params)
@@ -1190,11 +1354,7 @@ impl Listing<'_> {
             ));
         }
         wh.push("checkpoint_count > 0".into());
-        let now = if self.runnable || self.claimed.is_some() {
-            format!("{}::bigint", push(Box::new(self.now), &mut params))
-        } else {
-            String::new()
-        };
+        let now = "(SELECT now_ms FROM clock)";
         if self.runnable {
             wh.push("status = 'active'".into());
             wh.push(format!("(available_at IS NULL OR available_at <= {now})"));
@@ -1262,10 +1422,19 @@ impl Listing<'_> {
         }
         let limit = format!("{}::bigint", push(Box::new(limit), &mut params));
         let sql = format!(
-            "SELECT {} FROM runs WHERE {} ORDER BY {order_by} LIMIT {limit}{}",
+            "{clock}SELECT {}{}, {now} FROM runs WHERE {} ORDER BY {order_by} LIMIT {limit}{}",
             Self::COLS,
+            if lock {
+                format!(", {}", Self::STATE_COLS)
+            } else {
+                String::new()
+            },
             wh.join(" AND "),
-            if lock { " FOR UPDATE SKIP LOCKED" } else { "" }
+            if lock {
+                " FOR UPDATE OF runs SKIP LOCKED"
+            } else {
+                ""
+            }
         );
         (sql, params)
     }
@@ -1332,6 +1501,18 @@ fn listed_row(
     }
 }
 
+/// The rest of a locked candidate's state (`Listing::STATE_COLS`, after
+/// `Listing::COLS`).
+fn fill_state(state: &mut RunState, r: &Row) {
+    let last_seq: i64 = r.get(10);
+    let last_audit: i64 = r.get(11);
+    state.last_seq = u64::try_from(last_seq).unwrap_or(0);
+    state.last_audit = u64::try_from(last_audit).unwrap_or(0);
+    state.has_record = r.get(12);
+    state.has_messages = r.get(13);
+    state.has_report = r.get(14);
+}
+
 impl PgStore {
     async fn explain(
         &self,
@@ -1366,17 +1547,23 @@ impl CheckpointStore for PgStore {
     ) -> Result<Checkpoint> {
         checkpoint.validate_for_write(scope)?;
         let key = Key::of(scope);
-        let mut conn = self.conn("write_checkpoint").await?;
-        let tx = begin!(self, conn, "write_checkpoint");
-        let mut run = self.lock(&tx, scope, &key, true).await?.unwrap_or_default();
-        run.check(scope, "write_checkpoint", fence)?;
+        let what = "write_checkpoint";
+        let opening = Opening {
+            create: fence.is_none(),
+            checkpoint: Some(checkpoint.id.as_str()),
+            ..Opening::default()
+        };
+        let (tx, o) = self.open(what, scope, &key, opening).await?;
+        let mut run = o.state.unwrap_or_default();
+        run.check(scope, what, fence)?;
         let mut stored = checkpoint.clone();
         stored.fence = stamp_fence(fence, run.top.as_ref());
-        self.put_checkpoint(&tx, scope, &key, &mut run, &stored)
+        let write = self
+            .checkpoint_stmt(&tx, what, scope, &mut run, &stored, o.checkpoint_exists)
             .await?;
-        self.save(&tx, &key, &run).await?;
-        self.notify(&tx, scope, false).await?;
-        self.commit(tx, "write_checkpoint").await?;
+        let save = Self::save_stmt(&key, &run)?;
+        let r = self.commit(tx, what, vec![write, save]).await;
+        self.announced(r, scope, false)?;
         Ok(stored)
     }
 
@@ -1416,30 +1603,40 @@ impl CheckpointStore for PgStore {
         fence: Option<Fence>,
     ) -> Result<bool> {
         let key = Key::of(scope);
-        let mut conn = self.conn("delete_checkpoint").await?;
-        let tx = begin!(self, conn, "delete_checkpoint");
-        let Some(mut run) = self.lock(&tx, scope, &key, false).await? else {
+        let what = "delete_checkpoint";
+        let opening = Opening {
+            more: vec![Stmt::new(
+                "read the checkpoint headers",
+                sql_headers(),
+                key.owned(vec![]),
+            )],
+            ..Opening::default()
+        };
+        let (tx, o) = self.open(what, scope, &key, opening).await?;
+        let Opened { state, more, .. } = o;
+        let Some(mut run) = state else {
             if let Some(f) = fence {
-                check_write_fence(&scope.run_id, "delete_checkpoint", f, None)?;
+                check_write_fence(&scope.run_id, what, f, None)?;
             }
             return Ok(false);
         };
-        run.check(scope, "delete_checkpoint", fence)?;
-        let idv = id.to_string();
-        let n = self
-            .exec(
-                &tx,
-                "delete a checkpoint",
-                &format!("DELETE FROM checkpoints WHERE {KEY_WHERE} AND checkpoint_id = $6"),
-                &key.with(&[&idv]),
-            )
-            .await?;
-        if n > 0 {
-            run.digest = self.rebuild_digest(&tx, scope, &key).await?;
-            self.save(&tx, &key, &run).await?;
+        run.check(scope, what, fence)?;
+        let mut headers = headers_of(scope, more.into_iter().flatten())?;
+        let before = headers.len();
+        headers.retain(|h| h.id != *id);
+        if headers.len() == before {
+            // Nothing to delete (the transaction rolls back unwaited).
+            return Ok(false);
         }
-        self.commit(tx, "delete_checkpoint").await?;
-        Ok(n > 0)
+        run.digest = (!headers.is_empty()).then(|| RunDigest::from_headers(&headers));
+        let delete = Stmt::new(
+            "delete a checkpoint",
+            format!("DELETE FROM checkpoints WHERE {KEY_WHERE} AND checkpoint_id = $6"),
+            key.owned(vec![Box::new(id.to_string())]),
+        );
+        self.commit(tx, what, vec![delete, Self::save_stmt(&key, &run)?])
+            .await?;
+        Ok(true)
     }
 
     async fn resolve_park(
@@ -1451,33 +1648,37 @@ impl CheckpointStore for PgStore {
         fence: Option<Fence>,
     ) -> Result<Checkpoint> {
         let key = Key::of(scope);
+        let what = "resolve_park";
         let not_found = || Error::NotFound {
             what: format!("checkpoint {id} of run {}", scope.run_id),
         };
-        let mut conn = self.conn("resolve_park").await?;
-        let tx = begin!(self, conn, "resolve_park");
-        let Some(mut run) = self
-            .lock(&tx, scope, &key, false)
-            .await?
-            .filter(|r| !r.is_blank())
-        else {
+        let opening = Opening {
+            more: vec![Stmt::new(
+                "read a checkpoint",
+                format!("SELECT body FROM checkpoints WHERE {KEY_WHERE} AND checkpoint_id = $6"),
+                key.owned(vec![Box::new(id.to_string())]),
+            )],
+            ..Opening::default()
+        };
+        let (tx, o) = self.open(what, scope, &key, opening).await?;
+        let Opened { state, more, .. } = o;
+        let Some(mut run) = state.filter(|r| !r.is_blank()) else {
             return Err(not_found());
         };
-        run.check(scope, "resolve_park", fence)?;
-        let Some(current) = self
-            .read_checkpoint_in(&tx, scope, &key, id.as_str())
-            .await?
-        else {
+        run.check(scope, what, fence)?;
+        let Some(body) = more.into_iter().flatten().next() else {
             return Err(not_found());
         };
+        let current = checkpoint_of(scope, body.get(0))?;
         let mut updated = current.clone();
         park::resolve(&mut updated, resolution, now)?;
         updated.fence = stamp_fence(fence, run.top.as_ref()).or(current.fence);
-        self.put_checkpoint(&tx, scope, &key, &mut run, &updated)
+        let write = self
+            .checkpoint_stmt(&tx, what, scope, &mut run, &updated, true)
             .await?;
-        self.save(&tx, &key, &run).await?;
-        self.notify(&tx, scope, false).await?;
-        self.commit(tx, "resolve_park").await?;
+        let save = Self::save_stmt(&key, &run)?;
+        let r = self.commit(tx, what, vec![write, save]).await;
+        self.announced(r, scope, false)?;
         Ok(updated)
     }
 
@@ -1488,55 +1689,59 @@ impl CheckpointStore for PgStore {
         fence: Option<Fence>,
     ) -> Result<Vec<CheckpointId>> {
         let key = Key::of(scope);
-        let mut conn = self.conn("prune_checkpoints").await?;
-        let tx = begin!(self, conn, "prune_checkpoints");
-        let Some(mut run) = self
-            .lock(&tx, scope, &key, false)
-            .await?
-            .filter(|r| !r.is_blank())
-        else {
+        let what = "prune_checkpoints";
+        let opening = Opening {
+            more: vec![Stmt::new(
+                "read checkpoints to prune",
+                format!("SELECT header, body FROM checkpoints WHERE {KEY_WHERE}"),
+                key.owned(vec![]),
+            )],
+            ..Opening::default()
+        };
+        let (tx, o) = self.open(what, scope, &key, opening).await?;
+        let Opened { state, more, .. } = o;
+        let Some(mut run) = state.filter(|r| !r.is_blank()) else {
             return Ok(Vec::new());
         };
-        run.check(scope, "prune_checkpoints", fence)?;
-        let rs = self
-            .rows(
-                &tx,
-                "read checkpoints to prune",
-                &format!("SELECT body FROM checkpoints WHERE {KEY_WHERE}"),
-                &key.params(),
-            )
-            .await?;
-        let cps = rs
-            .into_iter()
-            .map(|r| checkpoint_of(scope, r.get(0)))
+        run.check(scope, what, fence)?;
+        let rows: Vec<Row> = more.into_iter().flatten().collect();
+        let cps = rows
+            .iter()
+            .map(|r| checkpoint_of(scope, r.get(1)))
             .collect::<Result<Vec<_>>>()?;
         let victims = park::prune_victims(&cps, keep_last);
-        if !victims.is_empty() {
-            let ids: Vec<String> = victims.iter().map(ToString::to_string).collect();
-            self.exec(
-                &tx,
-                "delete pruned checkpoints",
-                &format!(
-                    "DELETE FROM checkpoints WHERE {KEY_WHERE} AND checkpoint_id = ANY($6::text[])"
-                ),
-                &key.with(&[&ids]),
-            )
-            .await?;
-            run.digest = self.rebuild_digest(&tx, scope, &key).await?;
-            self.save(&tx, &key, &run).await?;
+        if victims.is_empty() {
+            return Ok(victims);
         }
-        self.commit(tx, "prune_checkpoints").await?;
+        // The digest of what stays, from the headers read under the lock.
+        let headers = headers_of(scope, rows)?;
+        let rest: Vec<CheckpointHeader> = headers
+            .into_iter()
+            .filter(|h| !victims.contains(&h.id))
+            .collect();
+        run.digest = (!rest.is_empty()).then(|| RunDigest::from_headers(&rest));
+        let ids: Vec<String> = victims.iter().map(ToString::to_string).collect();
+        let delete = Stmt::new(
+            "delete pruned checkpoints",
+            format!(
+                "DELETE FROM checkpoints WHERE {KEY_WHERE} AND checkpoint_id = ANY($6::text[])"
+            ),
+            key.owned(vec![Box::new(ids)]),
+        );
+        self.commit(tx, what, vec![delete, Self::save_stmt(&key, &run)?])
+            .await?;
         Ok(victims)
     }
 
     async fn list_runs(&self, scope: &ListingScope, options: &ListOptions) -> Result<RunPage> {
         let c = self.conn("list_runs").await?;
-        let now = match options.now {
-            Some(n) => n,
-            None => self.judged_now(&c).await?,
-        };
-        let query = ListQuery::new(scope, &options.judged_at(|| now))?;
-        let listing = Listing::of(scope, &query);
+        // The instant: the caller's (or the test clock's), else the
+        // server's, read by the listing statement itself (one round trip).
+        let fixed = self.fixed_now(options.now);
+        let mut query = ListQuery::new(scope, &options.judged_at(|| fixed.unwrap_or(self.now())))?;
+        let mut listing = Listing::of(scope, &query);
+        listing.now = fixed.map(Timestamp::as_millis);
+        let mut judged = fixed;
         let fetch = i64::try_from(query.limit + 1).unwrap_or(i64::MAX);
         let mut after = After::of_cursor(query.after.as_ref());
         let mut out: Vec<(RowKey, RunRow)> = Vec::new();
@@ -1547,6 +1752,12 @@ impl CheckpointStore for PgStore {
                 .await?;
             let n = rs.len();
             for r in &rs {
+                if judged.is_none() {
+                    let now = self.listed_now(r, fixed)?;
+                    query = ListQuery::new(scope, &options.judged_at(|| now))?;
+                    listing.now = Some(now.as_millis());
+                    judged = Some(now);
+                }
                 let (s, _, row) = listed_row(scope.tenant_id(), r, query.now)?;
                 let k = row.key(query.order);
                 after = After::Row(
@@ -1570,35 +1781,39 @@ impl CheckpointStore for PgStore {
 
     async fn claim(&self, scope: &RunScope, options: &ClaimOptions) -> Result<ClaimOutcome> {
         let key = Key::of(scope);
-        let mut conn = self.conn("claim").await?;
-        let tx = begin!(self, conn, "claim");
-        let mut run = self.lock(&tx, scope, &key, true).await?.unwrap_or_default();
-        let now = match options.now {
-            Some(n) => n,
-            None => self.judged_now(&tx).await?,
+        let what = "claim";
+        let opening = Opening {
+            create: true,
+            clock: options.now.is_none(),
+            ..Opening::default()
         };
+        let (tx, o) = self.open(what, scope, &key, opening).await?;
+        let now = options.now.unwrap_or(o.now());
+        let mut run = o.state.unwrap_or_default();
         let before = (run.top.clone(), run.lifecycle.clone());
         let outcome = Self::apply_claim(scope, &mut run, options, now)?;
         if (run.top.clone(), run.lifecycle.clone()) != before {
-            self.save(&tx, &key, &run).await?;
+            self.commit(tx, what, vec![Self::save_stmt(&key, &run)?])
+                .await?;
         }
-        self.commit(tx, "claim").await?;
+        // Otherwise nothing changed: the transaction rolls back unwaited.
         Ok(outcome)
     }
 
     async fn release(&self, scope: &RunScope, fence: Fence) -> Result<bool> {
         let key = Key::of(scope);
-        let mut conn = self.conn("release").await?;
-        let tx = begin!(self, conn, "release");
-        let Some(mut run) = self.lock(&tx, scope, &key, false).await? else {
+        let what = "release";
+        let (tx, o) = self.open(what, scope, &key, Opening::default()).await?;
+        let Some(mut run) = o.state else {
             return Ok(false);
         };
         match decide_release(&scope.run_id, run.top.as_ref(), fence)? {
             Some(tomb) => {
                 run.top = Some(TopHolding::Released { fence: tomb });
-                self.save(&tx, &key, &run).await?;
-                self.notify(&tx, scope, false).await?;
-                self.commit(tx, "release").await?;
+                let r = self
+                    .commit(tx, what, vec![Self::save_stmt(&key, &run)?])
+                    .await;
+                self.announced(r, scope, false)?;
                 Ok(true)
             }
             None => Ok(false),
@@ -1619,74 +1834,80 @@ impl CheckpointStore for PgStore {
         filter: &ClaimNextFilter,
         options: &ClaimOptions,
     ) -> Result<Option<(RunScope, Lease)>> {
-        let mut conn = self.conn("claim_next").await?;
-        let tx = begin!(self, conn, "claim_next");
-        let now = match options.now {
-            Some(n) => n,
-            None => self.judged_now(&tx).await?,
-        };
-        let query = ListQuery::claim_next(scope, filter, now)?;
-        let listing = Listing {
+        let what = "claim_next";
+        // The instant: the caller's (or the test clock's), else the
+        // server's, read by the candidate statement itself. The filter is
+        // checked before anything is sent (the instant does not change
+        // what is valid).
+        let fixed = self.fixed_now(options.now);
+        let mut query = ListQuery::claim_next(scope, filter, fixed.unwrap_or(self.now()))?;
+        let mut listing = Listing {
             scope,
             order: filter.order,
             statuses: None,
             claimed: Some(false),
             parks: query.park.is_some(),
             runnable: true,
-            now: now.as_millis(),
+            now: fixed.map(Timestamp::as_millis),
         };
-        let mut after = After::None;
+        // One candidate at a time, skipping rows other claimers hold
+        // locked: a claimer never blocks on another, and never locks more
+        // rows than it judges. The candidate carries the whole state the
+        // claim writes back, and the instant it was chosen at.
+        let candidate = |listing: &Listing<'_>, after: &After| {
+            let (sql, params) = listing.sql_and_params(after, 1, true);
+            Stmt::new("find a candidate", sql, params)
+        };
+        let (tx, mut replies) = self
+            .begin(what, vec![candidate(&listing, &After::None)])
+            .await?;
+        let mut judged = fixed;
         let mut changed = false;
         loop {
-            // One candidate at a time, skipping rows other claimers hold
-            // locked: a claimer never blocks on another, and never locks
-            // more rows than it judges.
-            let (sql, params) = listing.sql_and_params(&after, 1, true);
-            let Some(r) = self
-                .rows(
-                    &tx,
-                    "claim_next: find a candidate",
-                    &sql,
-                    &params_ref(&params),
-                )
-                .await?
-                .into_iter()
-                .next()
-            else {
+            let Some(r) = replies.pop().and_then(|rows| rows.into_iter().next()) else {
                 break;
             };
+            let now = match judged {
+                Some(n) => n,
+                None => {
+                    let n = self.listed_now(&r, fixed)?;
+                    query = ListQuery::claim_next(scope, filter, n)?;
+                    listing.now = Some(n.as_millis());
+                    judged = Some(n);
+                    n
+                }
+            };
             let (run_scope, mut state, row) = listed_row(scope.tenant_id(), &r, now)?;
-            after = After::Row(
+            let after = After::Row(
                 row.key(filter.order),
                 run_scope.project_id.to_string(),
                 run_scope.session_id.to_string(),
             );
-            if !(query.matches(&row) && row.is_claimable(now)) {
-                continue;
-            }
-            let key = Key::of(&run_scope);
-            // The full state (sequence heads, documents) under the lock we hold.
-            if let Some(full) = self.read_state(&tx, &run_scope, &key).await? {
-                state = full;
-            }
-            let outcome = Self::apply_claim(&run_scope, &mut state, options, now)?;
-            match outcome {
-                ClaimOutcome::Acquired(lease) => {
-                    self.save(&tx, &key, &state).await?;
-                    self.commit(tx, "claim_next").await?;
-                    return Ok(Some((run_scope, lease)));
+            let mut next = vec![candidate(&listing, &after)];
+            if query.matches(&row) && row.is_claimable(now) {
+                fill_state(&mut state, &r);
+                let key = Key::of(&run_scope);
+                match Self::apply_claim(&run_scope, &mut state, options, now)? {
+                    ClaimOutcome::Acquired(lease) => {
+                        self.commit(tx, what, vec![Self::save_stmt(&key, &state)?])
+                            .await?;
+                        return Ok(Some((run_scope, lease)));
+                    }
+                    ClaimOutcome::Finished(_) => {
+                        // Dead-lettered by this claim: recorded (with the
+                        // next candidate's search), then the next run.
+                        next.insert(0, Self::save_stmt(&key, &state)?);
+                        changed = true;
+                    }
+                    _ => {}
                 }
-                ClaimOutcome::Finished(_) => {
-                    // Dead-lettered by this claim: recorded, then the next run.
-                    self.save(&tx, &key, &state).await?;
-                    changed = true;
-                }
-                _ => {}
             }
+            replies = self.run(&tx, what, next).await?;
         }
         if changed {
-            self.commit(tx, "claim_next").await?;
+            self.commit(tx, what, Vec::new()).await?;
         }
+        // Otherwise nothing changed: the transaction rolls back unwaited.
         Ok(None)
     }
 
@@ -1719,9 +1940,14 @@ impl CheckpointStore for PgStore {
         checkpoint.validate_for_write(scope)?;
         options.validate(&scope.run_id)?;
         let key = Key::of(scope);
-        let mut conn = self.conn("enqueue").await?;
-        let tx = begin!(self, conn, "enqueue");
-        let mut run = self.lock(&tx, scope, &key, true).await?.unwrap_or_default();
+        let what = "enqueue";
+        let opening = Opening {
+            create: true,
+            checkpoint: Some(checkpoint.id.as_str()),
+            ..Opening::default()
+        };
+        let (tx, o) = self.open(what, scope, &key, opening).await?;
+        let mut run = o.state.unwrap_or_default();
         if run.exists() {
             return Err(Error::Conflict {
                 message: format!(
@@ -1732,16 +1958,17 @@ impl CheckpointStore for PgStore {
         }
         let mut stored = checkpoint.clone();
         stored.fence = None;
-        self.put_checkpoint(&tx, scope, &key, &mut run, &stored)
+        let write = self
+            .checkpoint_stmt(&tx, what, scope, &mut run, &stored, o.checkpoint_exists)
             .await?;
         run.lifecycle = Lifecycle {
             max_attempts: options.max_attempts,
             available_at: options.available_at,
             ..Lifecycle::default()
         };
-        self.save(&tx, &key, &run).await?;
-        self.notify(&tx, scope, false).await?;
-        self.commit(tx, "enqueue").await?;
+        let save = Self::save_stmt(&key, &run)?;
+        let r = self.commit(tx, what, vec![write, save]).await;
+        self.announced(r, scope, false)?;
         Ok(stored)
     }
 
@@ -1751,10 +1978,14 @@ impl CheckpointStore for PgStore {
             self.check_json("finish result", r)?;
         }
         let key = Key::of(scope);
-        let mut conn = self.conn("finish").await?;
-        let tx = begin!(self, conn, "finish");
-        let mut run = self.lock(&tx, scope, &key, true).await?.unwrap_or_default();
-        let now = self.judged_now(&tx).await?;
+        let what = "finish";
+        let opening = Opening {
+            clock: true,
+            ..Opening::default()
+        };
+        let (tx, o) = self.open(what, scope, &key, opening).await?;
+        let now = o.now();
+        let mut run = o.state.unwrap_or_default();
         let l = lifecycle::apply_finish(
             &scope.run_id,
             &mut run.top,
@@ -1763,17 +1994,18 @@ impl CheckpointStore for PgStore {
             fence,
             now,
         )?;
-        self.save(&tx, &key, &run).await?;
-        self.notify(&tx, scope, false).await?;
-        self.commit(tx, "finish").await?;
+        let r = self
+            .commit(tx, what, vec![Self::save_stmt(&key, &run)?])
+            .await;
+        self.announced(r, scope, false)?;
         Ok(l)
     }
 
     async fn snooze(&self, scope: &RunScope, fence: Fence, until: Timestamp) -> Result<bool> {
         let key = Key::of(scope);
-        let mut conn = self.conn("snooze").await?;
-        let tx = begin!(self, conn, "snooze");
-        let Some(mut run) = self.lock(&tx, scope, &key, false).await? else {
+        let what = "snooze";
+        let (tx, o) = self.open(what, scope, &key, Opening::default()).await?;
+        let Some(mut run) = o.state else {
             return Ok(false);
         };
         if !lifecycle::apply_snooze(
@@ -1785,30 +2017,28 @@ impl CheckpointStore for PgStore {
         )? {
             return Ok(false);
         }
-        self.save(&tx, &key, &run).await?;
-        self.notify(&tx, scope, false).await?;
-        self.commit(tx, "snooze").await?;
+        let r = self
+            .commit(tx, what, vec![Self::save_stmt(&key, &run)?])
+            .await;
+        self.announced(r, scope, false)?;
         Ok(true)
     }
 
     async fn reopen(&self, scope: &RunScope) -> Result<Lifecycle> {
         let key = Key::of(scope);
-        let mut conn = self.conn("reopen").await?;
-        let tx = begin!(self, conn, "reopen");
-        let Some(mut run) = self
-            .lock(&tx, scope, &key, false)
-            .await?
-            .filter(RunState::exists)
-        else {
+        let what = "reopen";
+        let (tx, o) = self.open(what, scope, &key, Opening::default()).await?;
+        let Some(mut run) = o.state.filter(RunState::exists) else {
             return Err(Error::NotFound {
                 what: format!("run {}", scope.run_id),
             });
         };
         let l = lifecycle::after_reopen(&scope.run_id, &run.lifecycle)?;
         run.lifecycle = l.clone();
-        self.save(&tx, &key, &run).await?;
-        self.notify(&tx, scope, false).await?;
-        self.commit(tx, "reopen").await?;
+        let r = self
+            .commit(tx, what, vec![Self::save_stmt(&key, &run)?])
+            .await;
+        self.announced(r, scope, false)?;
         Ok(l)
     }
 
@@ -1884,17 +2114,21 @@ impl EvidenceStore for PgStore {
             e.validate()?;
         }
         let key = Key::of(scope);
-        let mut conn = self.conn("append_events").await?;
-        let tx = begin!(self, conn, "append_events");
-        let mut run = self.lock(&tx, scope, &key, true).await?.unwrap_or_default();
-        run.check(scope, "append_events", fence)?;
-        let now = self.judged_now(&tx).await?;
-        let out = self
-            .push_events(&tx, &key, &mut run, events, now, fence)
-            .await?;
-        self.save(&tx, &key, &run).await?;
-        self.notify(&tx, scope, true).await?;
-        self.commit(tx, "append_events").await?;
+        let what = "append_events";
+        let opening = Opening {
+            create: fence.is_none(),
+            clock: true,
+            ..Opening::default()
+        };
+        let (tx, o) = self.open(what, scope, &key, opening).await?;
+        let now = o.now();
+        let mut run = o.state.unwrap_or_default();
+        run.check(scope, what, fence)?;
+        let (out, insert) = self.events_stmt(&key, &mut run, events, now, fence)?;
+        let mut writes: Vec<Stmt> = insert.into_iter().collect();
+        writes.push(Self::save_stmt(&key, &run)?);
+        let r = self.commit(tx, what, writes).await;
+        self.announced(r, scope, true)?;
         Ok(out)
     }
 
@@ -1954,12 +2188,19 @@ impl EvidenceStore for PgStore {
         )?;
         self.check_json("run record", &v)?;
         let key = Key::of(scope);
-        let mut conn = self.conn("write_run_record").await?;
-        let tx = begin!(self, conn, "write_run_record");
-        let run = self.lock(&tx, scope, &key, true).await?.unwrap_or_default();
-        run.check(scope, "write_run_record", fence)?;
-        self.set_document(&tx, &key, "record", &v).await?;
-        self.commit(tx, "write_run_record").await
+        let what = "write_run_record";
+        let opening = Opening {
+            create: fence.is_none(),
+            ..Opening::default()
+        };
+        let (tx, o) = self.open(what, scope, &key, opening).await?;
+        o.state.unwrap_or_default().check(scope, what, fence)?;
+        self.commit(
+            tx,
+            what,
+            vec![Self::document_stmt(&key, "record", Box::new(v))],
+        )
+        .await
     }
 
     async fn read_run_record(&self, scope: &RunScope) -> Result<Option<RunRecord>> {
@@ -1993,13 +2234,15 @@ impl EvidenceStore for PgStore {
             serde_json::to_vec(messages).map_or(usize::MAX, |v| v.len()),
         )?;
         let key = Key::of(scope);
-        let mut conn = self.conn("write_messages").await?;
-        let tx = begin!(self, conn, "write_messages");
-        let run = self.lock(&tx, scope, &key, true).await?.unwrap_or_default();
-        run.check(scope, "write_messages", fence)?;
-        self.set_messages(&tx, &key, messages, through_event_seq)
-            .await?;
-        self.commit(tx, "write_messages").await
+        let what = "write_messages";
+        let write = self.messages_stmt(&key, messages, through_event_seq)?;
+        let opening = Opening {
+            create: fence.is_none(),
+            ..Opening::default()
+        };
+        let (tx, o) = self.open(what, scope, &key, opening).await?;
+        o.state.unwrap_or_default().check(scope, what, fence)?;
+        self.commit(tx, what, vec![write]).await
     }
 
     async fn read_messages(&self, scope: &RunScope) -> Result<MessageSnapshot> {
@@ -2046,13 +2289,23 @@ impl EvidenceStore for PgStore {
             ));
         }
         let key = Key::of(scope);
-        let mut conn = self.conn("write_report").await?;
-        let tx = begin!(self, conn, "write_report");
-        let run = self.lock(&tx, scope, &key, true).await?.unwrap_or_default();
-        run.check(scope, "write_report", fence)?;
-        let r = report.to_string();
-        self.set_document(&tx, &key, "report", &r).await?;
-        self.commit(tx, "write_report").await
+        let what = "write_report";
+        let opening = Opening {
+            create: fence.is_none(),
+            ..Opening::default()
+        };
+        let (tx, o) = self.open(what, scope, &key, opening).await?;
+        o.state.unwrap_or_default().check(scope, what, fence)?;
+        self.commit(
+            tx,
+            what,
+            vec![Self::document_stmt(
+                &key,
+                "report",
+                Box::new(report.to_string()),
+            )],
+        )
+        .await
     }
 
     async fn read_report(&self, scope: &RunScope) -> Result<Option<String>> {
@@ -2079,11 +2332,16 @@ impl EvidenceStore for PgStore {
             e.validate()?;
         }
         let key = Key::of(scope);
-        let mut conn = self.conn("append_audit").await?;
-        let tx = begin!(self, conn, "append_audit");
-        let mut run = self.lock(&tx, scope, &key, true).await?.unwrap_or_default();
-        run.check(scope, "append_audit", fence)?;
-        let now = self.judged_now(&tx).await?;
+        let what = "append_audit";
+        let opening = Opening {
+            create: fence.is_none(),
+            clock: true,
+            ..Opening::default()
+        };
+        let (tx, o) = self.open(what, scope, &key, opening).await?;
+        let now = o.now();
+        let mut run = o.state.unwrap_or_default();
+        run.check(scope, what, fence)?;
         let mut out = Vec::new();
         let mut seqs = Vec::new();
         let mut bodies = Vec::new();
@@ -2097,19 +2355,18 @@ impl EvidenceStore for PgStore {
             bodies.push(body);
             out.push(rec);
         }
+        let mut writes = Vec::new();
         if !out.is_empty() {
-            self.exec(
-                &tx,
+            writes.push(Stmt::new(
                 "append audit records",
-                &format!(
+                format!(
                     "INSERT INTO audit ({KEY_COLS}, seq, body) SELECT $1, $2, $3, $4, $5, s, b FROM unnest($6::bigint[], $7::jsonb[]) AS t(s, b)"
                 ),
-                &key.with(&[&seqs, &bodies]),
-            )
-            .await?;
+                key.owned(vec![Box::new(seqs), Box::new(bodies)]),
+            ));
         }
-        self.save(&tx, &key, &run).await?;
-        self.commit(tx, "append_audit").await?;
+        writes.push(Self::save_stmt(&key, &run)?);
+        self.commit(tx, what, writes).await?;
         Ok(out)
     }
 
@@ -2152,41 +2409,49 @@ impl EvidenceStore for PgStore {
             None => None,
         };
         let key = Key::of(scope);
-        let mut conn = self.conn("commit_step").await?;
-        let tx = begin!(self, conn, "commit_step");
-        let mut run = self.lock(&tx, scope, &key, true).await?.unwrap_or_default();
-        run.check(scope, "commit_step", Some(fence))?;
-        let now = self.judged_now(&tx).await?;
-        // Everything that can refuse is decided before anything is written;
-        // a refusal after a write rolls the whole transaction back anyway.
+        let what = "commit_step";
+        // Round trip 1: BEGIN, the row lock, then the clock and whether the
+        // checkpoint exists. No row is created: the fence needs a holding.
+        let opening = Opening {
+            clock: true,
+            checkpoint: step.checkpoint.as_ref().map(|c| c.id.as_str()),
+            ..Opening::default()
+        };
+        let (tx, o) = self.open(what, scope, &key, opening).await?;
+        let now = o.now();
+        let mut run = o.state.unwrap_or_default();
+        run.check(scope, what, Some(fence))?;
+        // Everything that can refuse is decided before anything is sent.
         let finished = step.plan_finish(&scope.run_id, &run.lifecycle, fence, now)?;
         let last_before = run.last_seq;
-        let events = self
-            .push_events(&tx, &key, &mut run, &step.events, now, Some(fence))
-            .await?;
+        let (events, insert) = self.events_stmt(&key, &mut run, &step.events, now, Some(fence))?;
+        let mut writes: Vec<Stmt> = insert.into_iter().collect();
         let checkpoint = match &step.checkpoint {
             Some(cp) => {
                 let mut stored = cp.clone();
                 stored.fence = Some(fence);
-                self.put_checkpoint(&tx, scope, &key, &mut run, &stored)
-                    .await?;
+                writes.push(
+                    self.checkpoint_stmt(&tx, what, scope, &mut run, &stored, o.checkpoint_exists)
+                        .await?,
+                );
                 Some(stored)
             }
             None => None,
         };
         if let Some(m) = &step.messages {
             let through = Step::through_seq(m, &events, last_before);
-            self.set_messages(&tx, &key, &m.messages, through).await?;
+            writes.push(self.messages_stmt(&key, &m.messages, through)?);
         }
-        if let Some(v) = &record {
-            self.set_document(&tx, &key, "record", v).await?;
+        if let Some(v) = record {
+            writes.push(Self::document_stmt(&key, "record", Box::new(v)));
         }
         if let Some(f) = &finished {
             f.apply(&mut run.top, &mut run.lifecycle);
         }
-        self.save(&tx, &key, &run).await?;
-        self.notify(&tx, scope, !events.is_empty()).await?;
-        self.commit(tx, "commit_step").await?;
+        writes.push(Self::save_stmt(&key, &run)?);
+        // Round trip 2: every write and COMMIT.
+        let r = self.commit(tx, what, writes).await;
+        self.announced(r, scope, !events.is_empty())?;
         Ok(StepReceipt {
             events,
             checkpoint,

@@ -9,6 +9,7 @@
 
 #![allow(dead_code)]
 
+pub mod counting;
 pub mod proxy;
 
 use std::sync::atomic::{AtomicU32, Ordering};

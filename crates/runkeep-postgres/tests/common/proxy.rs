@@ -4,7 +4,9 @@
 //! - `arm(CommitFault::…)`: the next `COMMIT` a client sends is forwarded
 //!   and its reply swallowed (the commit happens, the acknowledgement is
 //!   lost), or swallowed itself (the commit never happens); either way the
-//!   client's connection is then closed.
+//!   client's connection is then closed. Statements pipelined with the
+//!   `COMMIT` (in the same read) share its fate: forwarded and their
+//!   replies swallowed too, or swallowed with it.
 
 use std::sync::atomic::{AtomicU8, AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -170,6 +172,10 @@ async fn serve(client: TcpStream, server: TcpStream, st: Arc<State>, rx: watch::
     let mut up = up;
     let mut down_rx = rx;
     let mut buf = vec![0u8; 64 * 1024];
+    // What the server sent since the armed COMMIT left (the replies to the
+    // statements pipelined before it come first, possibly in chunks of
+    // their own).
+    let mut swallowed: Vec<u8> = Vec::new();
     loop {
         tokio::select! {
             r = sr.read(&mut buf) => {
@@ -179,11 +185,13 @@ async fn serve(client: TcpStream, server: TcpStream, st: Arc<State>, rx: watch::
                 };
                 pass(&mut down_rx).await;
                 if *cut_rx.borrow() {
-                    // The armed COMMIT's reply: swallow it, then cut.
-                    if find(&buf[..n], COMMIT_DONE) {
+                    // Swallow every reply up to the armed COMMIT's, then cut.
+                    swallowed.extend_from_slice(&buf[..n]);
+                    if find(&swallowed, COMMIT_DONE) {
                         st.acks_lost.fetch_add(1, Ordering::SeqCst);
+                        break;
                     }
-                    break;
+                    continue;
                 }
                 if cw.write_all(&buf[..n]).await.is_err() {
                     break;

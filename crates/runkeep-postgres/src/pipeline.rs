@@ -1,0 +1,211 @@
+//! Pipelined statements: several statements sent back to back on one
+//! connection and awaited together, so they cost one round trip.
+//!
+//! tokio-postgres writes a request to its connection as soon as the query
+//! future is first polled (a statement already prepared needs nothing
+//! else), and the server answers requests in the order it received them.
+//! [`send`] polls every future in order, so `BEGIN`, the statements and
+//! `COMMIT` leave in that order, in one write when the connection task runs
+//! after them. Statements are prepared first ([`prepare`]): a statement
+//! still to prepare would wait for its `Parse` and reach the server after
+//! the ones queued behind it.
+//!
+//! Within a transaction a failed statement aborts it: every later statement
+//! of the pipeline fails too (each query ends with its own `Sync`, so the
+//! server reads on), and a pipelined `COMMIT` then answers `ROLLBACK`. So a
+//! pipeline of writes and `COMMIT` is all or nothing, and the first error
+//! names what failed.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::task::Poll;
+use std::time::Duration;
+
+use deadpool_postgres::Object;
+use tokio_postgres::types::ToSql;
+use tokio_postgres::{Row, Statement};
+
+/// A statement parameter the statement owns.
+pub(crate) type Param = Box<dyn ToSql + Sync + Send>;
+
+/// One statement of a pipeline: what it does (for errors), its SQL and its
+/// parameters.
+pub(crate) struct Stmt {
+    pub what: &'static str,
+    pub sql: String,
+    pub params: Vec<Param>,
+}
+
+impl Stmt {
+    pub fn new(what: &'static str, sql: impl Into<String>, params: Vec<Param>) -> Self {
+        Self {
+            what,
+            sql: sql.into(),
+            params,
+        }
+    }
+}
+
+/// The server's answer to one request.
+pub(crate) type Reply = std::result::Result<Vec<Row>, tokio_postgres::Error>;
+
+type ReplyFuture<'a> = Pin<Box<dyn Future<Output = Reply> + Send + 'a>>;
+
+/// Polls every future, in order, each time the task wakes, until all are
+/// done: whatever a future sends on its first poll reaches the connection
+/// in this order.
+async fn in_order<F: Future + Unpin>(mut futs: Vec<F>) -> Vec<F::Output> {
+    let mut out: Vec<Option<F::Output>> = futs.iter().map(|_| None).collect();
+    std::future::poll_fn(|cx| {
+        let mut pending = false;
+        for (f, o) in futs.iter_mut().zip(out.iter_mut()) {
+            if o.is_none() {
+                match Pin::new(f).poll(cx) {
+                    Poll::Ready(v) => *o = Some(v),
+                    Poll::Pending => pending = true,
+                }
+            }
+        }
+        if pending {
+            Poll::Pending
+        } else {
+            Poll::Ready(())
+        }
+    })
+    .await;
+    out.into_iter().flatten().collect()
+}
+
+/// Prepares (or finds in the connection's cache) every statement; the ones
+/// not cached yet are prepared together, in one round trip.
+pub(crate) async fn prepare(
+    c: &Object,
+    stmts: &[Stmt],
+) -> std::result::Result<Vec<Statement>, (usize, tokio_postgres::Error)> {
+    type Prepared<'a> =
+        Pin<Box<dyn Future<Output = Result<Statement, tokio_postgres::Error>> + Send + 'a>>;
+    let futs: Vec<Prepared<'_>> = stmts
+        .iter()
+        .map(|s| Box::pin(c.prepare_cached(&s.sql)) as Prepared<'_>)
+        .collect();
+    in_order(futs)
+        .await
+        .into_iter()
+        .enumerate()
+        .map(|(i, r)| r.map_err(|e| (i, e)))
+        .collect()
+}
+
+/// Sends `BEGIN` (when `begin`), the statements (`prepared[i]` for
+/// `stmts[i]`) and `COMMIT` (when `commit`) back to back on `c`, and awaits
+/// every reply: one round trip. The replies come in the same order.
+pub(crate) async fn send(
+    c: &Object,
+    begin: bool,
+    stmts: &[Stmt],
+    prepared: &[Statement],
+    commit: bool,
+) -> Vec<Reply> {
+    let client: &tokio_postgres::Client = c;
+    let params: Vec<Vec<&(dyn ToSql + Sync)>> = stmts
+        .iter()
+        .map(|s| {
+            s.params
+                .iter()
+                .map(|p| p.as_ref() as &(dyn ToSql + Sync))
+                .collect()
+        })
+        .collect();
+    let mut futs: Vec<ReplyFuture<'_>> = Vec::with_capacity(stmts.len() + 2);
+    if begin {
+        futs.push(Box::pin(async move {
+            client.batch_execute("BEGIN").await.map(|()| Vec::new())
+        }));
+    }
+    for (st, p) in prepared.iter().zip(&params) {
+        futs.push(Box::pin(client.query(st, p.as_slice())));
+    }
+    if commit {
+        futs.push(Box::pin(async move {
+            client.batch_execute("COMMIT").await.map(|()| Vec::new())
+        }));
+    }
+    in_order(futs).await
+}
+
+/// An open transaction on a pooled connection. Dropped before its commit
+/// (a refusal, an error, a claim that changed nothing, a cancelled
+/// caller), it rolls back in the background: the caller does not wait for
+/// the `ROLLBACK`, and the connection returns to the pool only after it
+/// (or is closed, when the rollback cannot be sent or gets no reply).
+pub(crate) struct Tx {
+    conn: Option<Object>,
+    reply_timeout: Duration,
+}
+
+impl Tx {
+    pub fn new(conn: Object, reply_timeout: Duration) -> Self {
+        Self {
+            conn: Some(conn),
+            reply_timeout,
+        }
+    }
+
+    /// The connection (present until the transaction ends).
+    pub fn conn(&self) -> &Object {
+        self.conn
+            .as_ref()
+            .expect("a transaction keeps its connection until it ends")
+    }
+
+    /// Ends the transaction's hold on the connection: `keep` returns it to
+    /// the pool (the session is idle again), otherwise it is closed (its
+    /// state is unknown: a commit got no reply).
+    pub fn end(mut self, keep: bool) {
+        if let Some(c) = self.conn.take() {
+            if !keep {
+                drop(Object::take(c));
+            }
+        }
+    }
+}
+
+/// Closes a connection unless told it is clean.
+struct Detach(Option<Object>);
+
+impl Drop for Detach {
+    fn drop(&mut self) {
+        if let Some(c) = self.0.take() {
+            drop(Object::take(c));
+        }
+    }
+}
+
+impl Drop for Tx {
+    fn drop(&mut self) {
+        let Some(conn) = self.conn.take() else { return };
+        let bound = self.reply_timeout;
+        // The guard travels into the task: a task that never runs (its
+        // runtime shutting down) closes the connection instead of handing
+        // it back mid-transaction.
+        let mut guard = Detach(Some(conn));
+        match tokio::runtime::Handle::try_current() {
+            Ok(h) => {
+                h.spawn(async move {
+                    let ok = match guard.0.as_ref() {
+                        Some(c) => matches!(
+                            tokio::time::timeout(bound, c.batch_execute("ROLLBACK")).await,
+                            Ok(Ok(()))
+                        ),
+                        None => false,
+                    };
+                    if ok {
+                        // Clean: back to the pool.
+                        drop(guard.0.take());
+                    }
+                });
+            }
+            Err(_) => drop(guard),
+        }
+    }
+}

@@ -1,0 +1,279 @@
+//! Round trips per operation, counted by a proxy between the store and the
+//! server (`common::counting`: a round trip is a wait for the server, so
+//! statements pipelined together count once), each held to its budget: a
+//! change that adds a wait to an operation fails here.
+//!
+//! The store has one pooled connection and runs on a current-thread
+//! runtime (the count is exact there; see `common::counting`). Every
+//! operation runs once first on runs of their own, so every statement is
+//! prepared on that connection before anything is counted.
+
+mod common;
+
+use std::future::Future;
+
+use common::counting::{Counter, Snapshot};
+use runkeep::{
+    CheckpointStore, ClaimNextFilter, ClaimOptions, EnqueueOptions, EvidenceStore, ListOptions,
+    ListingScope, Outcome, ReadEventsOptions, RunId, RunScope, SessionId, Step, Ttl,
+};
+use runkeep_conformance::support;
+use runkeep_postgres::{PgOptions, PgStore};
+use serde_json::json;
+
+/// `host:port` of the server in `url`.
+fn target(url: &str) -> String {
+    let config: tokio_postgres::Config = url.parse().unwrap();
+    let host = match config.get_hosts().first() {
+        Some(tokio_postgres::config::Host::Tcp(h)) => h.clone(),
+        _ => "127.0.0.1".into(),
+    };
+    let port = config.get_ports().first().copied().unwrap_or(5432);
+    format!("{host}:{port}")
+}
+
+struct Meter<'a> {
+    counter: &'a Counter,
+    /// Recording (false while warming up).
+    on: bool,
+    rows: Vec<(&'static str, usize, Snapshot)>,
+}
+
+impl Meter<'_> {
+    /// Runs `op` and, when recording, keeps its count against `budget`.
+    async fn op<T>(&mut self, name: &'static str, budget: usize, op: impl Future<Output = T>) -> T {
+        // Let background work of the previous operation (a rollback sent
+        // after the caller had its answer) finish before counting.
+        tokio::time::sleep(std::time::Duration::from_millis(30)).await;
+        let before = self.counter.snapshot();
+        let out = op.await;
+        let used = self.counter.snapshot() - before;
+        if self.on {
+            self.rows.push((name, budget, used));
+        }
+        out
+    }
+}
+
+fn scope(phase: &str, name: &str) -> RunScope {
+    RunScope::new(
+        support::tenant(),
+        support::project(),
+        SessionId::new(format!("ses_rt_{phase}")).unwrap(),
+        RunId::new(format!("run_rt_{name}")).unwrap(),
+    )
+}
+
+fn listing(phase: &str) -> ListingScope {
+    ListingScope::session(
+        support::tenant(),
+        support::project(),
+        SessionId::new(format!("ses_rt_{phase}")).unwrap(),
+    )
+}
+
+fn opts() -> ClaimOptions {
+    ClaimOptions::new(support::holder("w"), Ttl::from_millis(600_000).unwrap())
+}
+
+fn step(cp: &str, finish: bool) -> Step {
+    Step {
+        events: vec![support::event("tick", json!({"cp": cp}))],
+        checkpoint: Some(support::checkpoint(cp, 0)),
+        finish: finish.then(|| Outcome::completed(None)),
+        ..Step::default()
+    }
+}
+
+/// Every operation once, in `phase`'s own session.
+async fn scenario(store: &PgStore, m: &mut Meter<'_>, phase: &str) {
+    let a = scope(phase, "a");
+    let b = scope(phase, "b");
+    let (ls, filter, co) = (listing(phase), ClaimNextFilter::default(), opts());
+    let next = || store.claim_next(&ls, &filter, &co);
+    let enq = EnqueueOptions::default();
+
+    m.op(
+        "enqueue",
+        2,
+        store.enqueue(&a, &support::checkpoint("start", 0), &enq),
+    )
+    .await
+    .unwrap();
+    let (got, lease) = m.op("claim_next", 2, next()).await.unwrap().unwrap();
+    assert_eq!(got, a);
+    let f = lease.fence;
+    m.op(
+        "commit_step: the first step of an enqueued run",
+        2,
+        store.commit_step(&a, f, &step("s1", false)),
+    )
+    .await
+    .unwrap();
+    m.op(
+        "commit_step: a later step",
+        2,
+        store.commit_step(&a, f, &step("s2", false)),
+    )
+    .await
+    .unwrap();
+    m.op(
+        "append_events (fenced)",
+        2,
+        store.append_events(&a, &[support::event("e", json!({}))], Some(f)),
+    )
+    .await
+    .unwrap();
+    m.op(
+        "write_checkpoint (fenced)",
+        2,
+        store.write_checkpoint(&a, &support::checkpoint("s3", 0), Some(f)),
+    )
+    .await
+    .unwrap();
+    let f = m
+        .op("claim (renewal)", 2, store.claim(&a, &opts()))
+        .await
+        .unwrap()
+        .lease()
+        .unwrap()
+        .fence;
+    m.op("finish", 2, store.finish(&a, f, &Outcome::failed("stop")))
+        .await
+        .unwrap();
+    m.op("reopen", 2, store.reopen(&a)).await.unwrap();
+
+    // The drain cycle's step: an event, a checkpoint and the finish.
+    store
+        .enqueue(&b, &support::checkpoint("start", 0), &enq)
+        .await
+        .unwrap();
+    let (got, lease) = next().await.unwrap().unwrap();
+    assert_eq!(got, a, "the reopened run sorts first");
+    let (got_b, lease_b) = next().await.unwrap().unwrap();
+    assert_eq!(got_b, b);
+    m.op(
+        "commit_step: event, checkpoint and finish (the drain cycle)",
+        2,
+        store.commit_step(&b, lease_b.fence, &step("end", true)),
+    )
+    .await
+    .unwrap();
+    // A new lease on a run mixing its unstamped enqueued checkpoint with
+    // stamped ones: the digest is rebuilt from the headers (one more wait).
+    m.op(
+        "commit_step: first step under a new lease, digest rebuilt",
+        3,
+        store.commit_step(&a, lease.fence, &step("s4", true)),
+    )
+    .await
+    .unwrap();
+    let none = m
+        .op("claim_next: nothing to claim", 1, next())
+        .await
+        .unwrap();
+    assert!(none.is_none());
+
+    let c = scope(phase, "c");
+    let lc = m
+        .op("claim (a new run)", 2, store.claim(&c, &opts()))
+        .await
+        .unwrap()
+        .lease()
+        .unwrap();
+    let until = store.now().offset(3_600_000);
+    assert!(m
+        .op("snooze", 2, store.snooze(&c, lc.fence, until))
+        .await
+        .unwrap());
+    let d = scope(phase, "d");
+    let ld = store.claim(&d, &opts()).await.unwrap().lease().unwrap();
+    assert!(m
+        .op("release", 2, store.release(&d, ld.fence))
+        .await
+        .unwrap());
+    let e = scope(phase, "e");
+    m.op(
+        "append_events (unfenced, a new run)",
+        2,
+        store.append_events(&e, &[support::event("e", json!({}))], None),
+    )
+    .await
+    .unwrap();
+    m.op(
+        "write_checkpoint (unfenced)",
+        2,
+        store.write_checkpoint(&e, &support::checkpoint("u1", 0), None),
+    )
+    .await
+    .unwrap();
+
+    m.op("lease", 1, store.lease(&a, store.now()))
+        .await
+        .unwrap();
+    m.op("lifecycle", 1, store.lifecycle(&a)).await.unwrap();
+    m.op(
+        "read_events",
+        1,
+        store.read_events(&a, &ReadEventsOptions::default()),
+    )
+    .await
+    .unwrap();
+    m.op("latest_checkpoint", 1, store.latest_checkpoint(&a))
+        .await
+        .unwrap()
+        .unwrap();
+    m.op(
+        "list_runs",
+        1,
+        store.list_runs(&listing(phase), &ListOptions::default()),
+    )
+    .await
+    .unwrap();
+}
+
+#[tokio::test]
+async fn round_trips_per_operation_stay_within_their_budgets() {
+    let Some(url) = common::url_or_skip("round_trips") else {
+        return;
+    };
+    let (_direct, guard) = common::store(&url, "rt", None).await;
+    let counter = Counter::start(&target(&url)).await;
+    let store = PgStore::connect(
+        &counter.url(&url),
+        PgOptions {
+            pool_size: 1,
+            ..common::options(&guard.schema, None)
+        },
+    )
+    .await
+    .expect("connect through the counting proxy");
+    let mut m = Meter {
+        counter: &counter,
+        on: false,
+        rows: Vec::new(),
+    };
+    scenario(&store, &mut m, "warm").await;
+    let connections = counter.snapshot().connections;
+    m.on = true;
+    scenario(&store, &mut m, "measured").await;
+    assert_eq!(
+        counter.snapshot().connections,
+        connections,
+        "no connection was opened while counting"
+    );
+
+    let mut table = String::from("round trips (statements) per operation:\n");
+    let mut over = Vec::new();
+    for (name, budget, used) in &m.rows {
+        table.push_str(&format!(
+            "  {name:<62} {:>2} ({:>2})  budget {budget}\n",
+            used.waits, used.exchanges
+        ));
+        if used.waits > *budget {
+            over.push(format!("{name}: {} > {budget}", used.waits));
+        }
+    }
+    eprintln!("{table}");
+    assert!(over.is_empty(), "over budget: {over:#?}\n{table}");
+}
