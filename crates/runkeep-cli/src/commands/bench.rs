@@ -621,33 +621,60 @@ async fn measure(env: &Env, case: &mut Case) -> Result<Sample, String> {
             Ok(sample)
         }
         Kind::Peer(lib, mode, w) => {
-            let p = env.peers.clone().ok_or("the peers are not installed")?;
-            // A first measurement sized small: the defaults of some peers
-            // poll every 2 s.
-            let jobs = match case.hint {
-                Some(h) => provision(h, budget, w, s.drain_cap * 5),
-                None => 4 * w as u64,
+            let cap = s.drain_cap * 5;
+            let hint = match case.hint {
+                Some(h) => h,
+                None => {
+                    // A probe (not counted), grown until the peer takes a
+                    // measurable time (some finish a small batch between two
+                    // polls of the clock; the defaults of others poll every 2 s).
+                    let mut jobs = 4 * w as u64;
+                    loop {
+                        let probe = peer_once(env, lib, mode, w, jobs).await?;
+                        if (probe.units >= 1.0 && probe.secs >= 0.05) || jobs >= cap {
+                            break probe.rate();
+                        }
+                        jobs = (jobs * 10).min(cap);
+                    }
+                }
             };
-            let schema = format!(
-                "{}_peer_{}",
-                env.schema_base,
-                runkeep::id::random_suffix(6).to_lowercase()
-            );
-            env.extra_schemas
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .push(schema.clone());
-            let url = env.pg_url.clone();
-            let sch = schema.clone();
-            let r = tokio::task::spawn_blocking(move || p.measure(&url, lib, mode, w, jobs, &sch))
-                .await
-                .ctx("peer")?;
-            let _ = pg::drop_schemas(&env.pg_url, &[schema]).await;
-            let sample = r?;
+            let sample = peer_once(env, lib, mode, w, provision(hint, budget, w, cap)).await?;
+            if sample.units < 1.0 {
+                return Err(format!(
+                    "{lib} {mode}: every job was done before the first look at the clock; give it more time (--seconds)"
+                ));
+            }
             case.hint = Some(sample.rate());
             Ok(sample)
         }
     }
+}
+
+/// One run of a peer on `jobs` jobs, in a schema of its own (dropped
+/// after).
+async fn peer_once(
+    env: &Env,
+    lib: &'static str,
+    mode: &'static str,
+    workers: usize,
+    jobs: u64,
+) -> Result<Sample, String> {
+    let p = env.peers.clone().ok_or("the peers are not installed")?;
+    let schema = format!(
+        "{}_peer_{}",
+        env.schema_base,
+        runkeep::id::random_suffix(6).to_lowercase()
+    );
+    env.extra_schemas
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .push(schema.clone());
+    let (url, sch) = (env.pg_url.clone(), schema.clone());
+    let r = tokio::task::spawn_blocking(move || p.measure(&url, lib, mode, workers, jobs, &sch))
+        .await
+        .ctx("peer")?;
+    let _ = pg::drop_schemas(&env.pg_url, &[schema]).await;
+    r
 }
 
 fn baselines(env: &Env) -> Result<&pg::Baselines, String> {

@@ -102,7 +102,8 @@ impl Peers {
     }
 
     /// One measurement (blocking): `jobs` jobs enqueued in `schema`, then
-    /// taken and completed by `workers` workers.
+    /// taken and completed by `workers` workers. The jobs timed may be
+    /// fewer (those done before the clock started are not counted), or none.
     pub fn measure(
         &self,
         url: &str,
@@ -131,12 +132,6 @@ impl Peers {
         let line = out.lines().rev().find(|l| l.starts_with('{')).unwrap_or("");
         let a: Answer =
             serde_json::from_str(line).ctx(&format!("the answer of peer.mjs ({line:?})"))?;
-        if a.jobs < 1.0 || a.secs <= 0.0 {
-            return Err(format!(
-                "{lib} {mode}: too few jobs timed ({} in {:.3} s); give it more time (--seconds)",
-                a.jobs, a.secs
-            ));
-        }
         Ok(Sample {
             units: a.jobs,
             secs: a.secs,

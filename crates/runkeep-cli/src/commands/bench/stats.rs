@@ -125,15 +125,17 @@ pub fn human_rate(x: f64) -> String {
 }
 
 fn group_thousands(n: u64) -> String {
-    let s = n.to_string();
-    let mut out = String::new();
-    for (i, c) in s.chars().enumerate() {
-        if i > 0 && (s.len() - i) % 3 == 0 {
+    let mut out = Vec::new();
+    let mut in_group = 0;
+    for c in n.to_string().chars().rev() {
+        if in_group == 3 {
             out.push(' ');
+            in_group = 0;
         }
         out.push(c);
+        in_group += 1;
     }
-    out
+    out.into_iter().rev().collect()
 }
 
 /// A latency for humans, from µs.

@@ -433,7 +433,9 @@ pub async fn fill_queue(
 ) -> Result<(), String> {
     t.enqueue_all(
         session,
-        (first..first + runs).map(|i| format!("q{i:09}")).collect(),
+        (first..first + runs)
+            .map(|i| format!("run_q{i:09}"))
+            .collect(),
     )
     .await
 }
