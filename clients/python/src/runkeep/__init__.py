@@ -1,0 +1,66 @@
+"""runkeep's Python client: the HTTP API (sync and async), typed errors,
+the resuming event tail and the lease-keeping worker helper."""
+
+from .client import AsyncRunkeepClient, ClaimAnswer, Claimed, Lease, RunkeepClient, RunRef
+from .errors import (
+    Backend,
+    Conflict,
+    ConnectionFailed,
+    Contended,
+    Corrupted,
+    FencedOut,
+    Forbidden,
+    InvalidInput,
+    MalformedBody,
+    MethodNotAllowed,
+    NotFound,
+    Overloaded,
+    PayloadTooLarge,
+    RetryLater,
+    RunkeepError,
+    Timeout,
+    Unauthorized,
+    Unavailable,
+    Unsupported,
+    UnsupportedMediaType,
+    problem_error,
+)
+from .sse import SseParser
+from .worker import HeldRun, LeaseLost, Worker, default_holder
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "AsyncRunkeepClient",
+    "Backend",
+    "ClaimAnswer",
+    "Claimed",
+    "Conflict",
+    "ConnectionFailed",
+    "Contended",
+    "Corrupted",
+    "FencedOut",
+    "Forbidden",
+    "HeldRun",
+    "InvalidInput",
+    "Lease",
+    "LeaseLost",
+    "MalformedBody",
+    "MethodNotAllowed",
+    "NotFound",
+    "Overloaded",
+    "PayloadTooLarge",
+    "RetryLater",
+    "RunRef",
+    "RunkeepClient",
+    "RunkeepError",
+    "SseParser",
+    "Timeout",
+    "Unauthorized",
+    "Unavailable",
+    "Unsupported",
+    "UnsupportedMediaType",
+    "Worker",
+    "default_holder",
+    "problem_error",
+]

@@ -1,0 +1,443 @@
+"""The HTTP API's client, sync (:class:`RunkeepClient`) and async
+(:class:`AsyncRunkeepClient`), over httpx.
+
+Both share every method (:class:`_Api`): a method builds its request and
+hands it to the transport, which answers the parsed JSON (sync) or a
+coroutine of it (async). Every refusal raises the typed error of its
+problem (:mod:`runkeep.errors`).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any, AsyncIterator, Awaitable, Callable, Iterator, Mapping, TypeVar, Union
+from urllib.parse import quote
+
+import httpx
+
+from .errors import ConnectionFailed, RunkeepError, parse_retry_after, problem_error
+
+T = TypeVar("T")
+Json = Any
+#: A sync answer, or an awaitable of it (async client).
+Answer = Union[T, Awaitable[T]]
+
+
+@dataclass(frozen=True)
+class RunRef:
+    """A run's address within the client's tenant."""
+
+    project: str
+    session: str
+    run: str
+    parent: str | None = None
+
+
+@dataclass(frozen=True)
+class Lease:
+    """A holding: the run is yours at ``fence`` until ``expires_at`` (epoch ms)."""
+
+    holder: str
+    fence: int
+    expires_at: int
+
+    @staticmethod
+    def of(body: Mapping[str, Any]) -> "Lease":
+        return Lease(holder=body["holder"], fence=int(body["fence"]), expires_at=int(body["expiresAt"]))
+
+
+@dataclass(frozen=True)
+class ClaimAnswer:
+    """What a claim answered: ``outcome`` is ``acquired`` (``lease`` set),
+    ``held`` (``held_by``: the holder's summary), ``finished`` (``status``)
+    or ``notBefore`` (``available_at``)."""
+
+    outcome: str
+    lease: Lease | None = None
+    held_by: dict | None = None
+    status: str | None = None
+    available_at: int | None = None
+
+    @property
+    def acquired(self) -> bool:
+        return self.outcome == "acquired"
+
+    @staticmethod
+    def of(body: Mapping[str, Any]) -> "ClaimAnswer":
+        o = body["outcome"]
+        if o == "acquired":
+            return ClaimAnswer(o, lease=Lease.of(body["lease"]))
+        if o == "held":
+            return ClaimAnswer(o, held_by=body.get("lease"))
+        if o == "finished":
+            return ClaimAnswer(o, status=body.get("status"))
+        return ClaimAnswer(o, available_at=body.get("availableAt"))
+
+
+@dataclass(frozen=True)
+class Claimed:
+    """A run ``claim_next`` took, and its lease."""
+
+    run: RunRef
+    lease: Lease
+
+
+def _drop_none(d: Mapping[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in d.items() if v is not None}
+
+
+@dataclass
+class _Request:
+    method: str
+    path: str
+    params: dict[str, Any] | None = None
+    body: Any = None
+    parse: Callable[[Any], Any] | None = None
+    timeout: float | None = None
+
+
+class _Api:
+    """Every API method, transport-free. ``_send`` answers the parsed value
+    (sync) or an awaitable of it (async)."""
+
+    tenant: str
+
+    def _send(self, req: _Request) -> Any:  # pragma: no cover - per transport
+        raise NotImplementedError
+
+    # -- addresses -------------------------------------------------------
+    def _tenant_path(self, tail: str) -> str:
+        return f"/v1/tenants/{quote(self.tenant, safe='')}{tail}"
+
+    def _run_path(self, run: RunRef, tail: str = "") -> str:
+        return self._tenant_path(
+            f"/projects/{quote(run.project, safe='')}/sessions/{quote(run.session, safe='')}"
+            f"/runs/{quote(run.run, safe='')}{tail}"
+        )
+
+    def _run_params(self, run: RunRef, extra: Mapping[str, Any] | None = None) -> dict[str, Any] | None:
+        p = dict(extra or {})
+        if run.parent:
+            p["parent"] = run.parent
+        p = _drop_none(p)
+        return p or None
+
+    def _run(self, method: str, run: RunRef, tail: str, body: Any = None, params: Mapping[str, Any] | None = None, parse: Callable[[Any], Any] | None = None, timeout: float | None = None) -> Any:
+        return self._send(_Request(method, self._run_path(run, tail), self._run_params(run, params), body, parse, timeout))
+
+    # -- the store -------------------------------------------------------
+    def clock(self) -> Answer[int]:
+        """The store's clock, epoch ms."""
+        return self._send(_Request("GET", "/v1/clock", parse=lambda b: int(b["now"])))
+
+    def whoami(self) -> Answer[dict]:
+        """The token's tenant, role and id."""
+        return self._send(_Request("GET", "/v1/whoami"))
+
+    def list_runs(self, *, project: str | None = None, session: str | None = None, **filters: Any) -> Answer[dict]:
+        """One page of runs (``order``, ``park``, ``claimed``, ``status``, ``limit``, ``cursor``)."""
+        params = _drop_none({"project": project, "session": session, **filters})
+        for k, v in list(params.items()):
+            if isinstance(v, bool):
+                params[k] = "true" if v else "false"
+            elif isinstance(v, (list, tuple)):
+                params[k] = ",".join(v)
+        return self._send(_Request("GET", self._tenant_path("/runs"), params or None))
+
+    def run_summary(self, run: RunRef) -> Answer[dict]:
+        return self._run("GET", run, "")
+
+    # -- leases ----------------------------------------------------------
+    def claim(self, run: RunRef, *, holder: str, ttl_ms: int, max_attempts: int | None = None) -> Answer[ClaimAnswer]:
+        """Claims, renews (same holder) or reclaims the run."""
+        body = _drop_none({"holder": holder, "ttlMs": ttl_ms, "maxAttempts": max_attempts})
+        return self._run("POST", run, "/claim", body, parse=ClaimAnswer.of)
+
+    def claim_next(
+        self,
+        *,
+        holder: str,
+        ttl_ms: int,
+        project: str | None = None,
+        session: str | None = None,
+        park: list[str] | None = None,
+        order: str | None = None,
+        wait_ms: int | None = None,
+        max_attempts: int | None = None,
+    ) -> Answer[Claimed | None]:
+        """Takes the next runnable run, waiting up to ``wait_ms`` (≤ 30 000) for one."""
+        body = _drop_none(
+            {
+                "holder": holder,
+                "ttlMs": ttl_ms,
+                "project": project,
+                "session": session,
+                "park": park,
+                "order": order,
+                "waitMs": wait_ms,
+                "maxAttempts": max_attempts,
+            }
+        )
+
+        def parse(b: Any) -> Claimed | None:
+            c = b.get("claimed")
+            if not c:
+                return None
+            r = c["run"]
+            ref = RunRef(r["projectId"], r["sessionId"], r["runId"], r.get("parentRunId"))
+            return Claimed(ref, Lease.of(c["lease"]))
+
+        timeout = None if not wait_ms else wait_ms / 1000 + 30
+        return self._send(_Request("POST", self._tenant_path("/claim-next"), None, body, parse, timeout))
+
+    def release(self, run: RunRef, fence: int | None = None) -> Answer[bool]:
+        return self._run("POST", run, "/release", _drop_none({"fence": fence}), parse=lambda b: bool(b["done"]))
+
+    def finish(self, run: RunRef, fence: int, status: str = "completed", *, result: Any = None, reason: str | None = None) -> Answer[dict]:
+        outcome = _drop_none({"status": status, "result": result, "reason": reason})
+        return self._run("POST", run, "/finish", {"fence": fence, "outcome": outcome})
+
+    def snooze(self, run: RunRef, fence: int, until: int) -> Answer[bool]:
+        return self._run("POST", run, "/snooze", {"fence": fence, "until": until}, parse=lambda b: bool(b["done"]))
+
+    def enqueue(self, run: RunRef, checkpoint: Mapping[str, Any], *, available_at: int | None = None, max_attempts: int | None = None) -> Answer[dict]:
+        body = _drop_none({"checkpoint": dict(checkpoint), "availableAt": available_at, "maxAttempts": max_attempts})
+        return self._run("POST", run, "/enqueue", body)
+
+    def reopen(self, run: RunRef) -> Answer[dict]:
+        return self._run("POST", run, "/reopen")
+
+    def lease(self, run: RunRef) -> Answer[dict | None]:
+        return self._run("GET", run, "/lease", parse=lambda b: b.get("lease"))
+
+    def lifecycle(self, run: RunRef) -> Answer[dict]:
+        return self._run("GET", run, "/lifecycle")
+
+    # -- checkpoints -----------------------------------------------------
+    def commit_step(self, run: RunRef, fence: int, step: Mapping[str, Any]) -> Answer[dict]:
+        """One step (events, checkpoint, messages, record, finish) under one fence check."""
+        return self._run("POST", run, "/steps", {"fence": fence, "step": dict(step)})
+
+    def write_checkpoint(self, run: RunRef, checkpoint: Mapping[str, Any], fence: int | None = None) -> Answer[dict]:
+        return self._run("POST", run, "/checkpoints", _drop_none({"checkpoint": dict(checkpoint), "fence": fence}))
+
+    def list_checkpoints(self, run: RunRef) -> Answer[list]:
+        return self._run("GET", run, "/checkpoints")
+
+    def read_checkpoint(self, run: RunRef, checkpoint_id: str) -> Answer[dict | None]:
+        return self._run("GET", run, f"/checkpoints/by-id/{quote(checkpoint_id, safe='')}", parse=lambda b: b.get("checkpoint"))
+
+    def delete_checkpoint(self, run: RunRef, checkpoint_id: str, fence: int | None = None) -> Answer[bool]:
+        return self._run("DELETE", run, f"/checkpoints/by-id/{quote(checkpoint_id, safe='')}", params={"fence": fence}, parse=lambda b: bool(b["done"]))
+
+    def latest_checkpoint(self, run: RunRef) -> Answer[dict | None]:
+        return self._run("GET", run, "/checkpoints/latest", parse=lambda b: b.get("checkpoint"))
+
+    def find_pending(self, run: RunRef) -> Answer[dict | None]:
+        return self._run("GET", run, "/checkpoints/pending", parse=lambda b: b.get("checkpoint"))
+
+    def resume_point(self, run: RunRef) -> Answer[dict | None]:
+        return self._run("GET", run, "/checkpoints/resume-point", parse=lambda b: b.get("checkpoint"))
+
+    def resolve_park(self, run: RunRef, checkpoint_id: str, decision: Any, fence: int | None = None) -> Answer[dict]:
+        """Answers a park exactly once (a second answer raises ``Conflict`` with ``first_answer``)."""
+        body = _drop_none({"resolution": {"action": "answer", "decision": decision}, "fence": fence})
+        return self._run("POST", run, f"/checkpoints/by-id/{quote(checkpoint_id, safe='')}/answer", body)
+
+    # -- events ----------------------------------------------------------
+    def append_events(self, run: RunRef, events: list[Mapping[str, Any]], fence: int | None = None) -> Answer[list]:
+        """Appends events (``{"type": ..., "payload": {...}}``); answers them as recorded."""
+        return self._run("POST", run, "/events", _drop_none({"events": [dict(e) for e in events], "fence": fence}), parse=lambda b: b["events"])
+
+    def read_events(self, run: RunRef, since_seq: int = 0, limit: int | None = None) -> Answer[dict]:
+        return self._run("GET", run, "/events", params={"sinceSeq": since_seq, "limit": limit})
+
+    # -- threads (checkpoint savers) ---------------------------------------
+    def put_thread_checkpoint(self, run: RunRef, body: Mapping[str, Any]) -> Answer[dict]:
+        """``PUT …/thread/checkpoints``: a thread checkpoint (``thread``, ``ns``,
+        ``checkpointId``, ``parentId``, ``checkpoint``, ``metadata``, ``blobs``, ``fence``)."""
+        return self._run("PUT", run, "/thread/checkpoints", _drop_none(dict(body)))
+
+    def put_thread_writes(self, run: RunRef, body: Mapping[str, Any]) -> Answer[dict]:
+        """``POST …/thread/writes``: a task's pending writes on a thread checkpoint."""
+        return self._run("POST", run, "/thread/writes", _drop_none(dict(body)))
+
+    def get_thread_checkpoint(self, run: RunRef, *, ns: str = "", checkpoint_id: str | None = None) -> Answer[dict | None]:
+        return self._run("GET", run, "/thread/checkpoint", params={"ns": ns, "checkpointId": checkpoint_id}, parse=lambda b: b.get("checkpoint"))
+
+    def list_thread_checkpoints(
+        self,
+        run: RunRef,
+        *,
+        ns: str | None = None,
+        checkpoint_id: str | None = None,
+        before: str | None = None,
+        limit: int | None = None,
+        filter: Mapping[str, Any] | None = None,
+    ) -> Answer[list]:
+        params = {
+            "ns": ns,
+            "checkpointId": checkpoint_id,
+            "before": before,
+            "limit": limit,
+            "filter": json.dumps(dict(filter), separators=(",", ":")) if filter else None,
+        }
+        return self._run("GET", run, "/thread/checkpoints", params=params, parse=lambda b: b["checkpoints"])
+
+    def list_threads_checkpoints(
+        self,
+        *,
+        project: str | None = None,
+        session: str | None = None,
+        ns: str | None = None,
+        before: str | None = None,
+        limit: int | None = None,
+        filter: Mapping[str, Any] | None = None,
+    ) -> Answer[list]:
+        params = _drop_none(
+            {
+                "project": project,
+                "session": session,
+                "ns": ns,
+                "before": before,
+                "limit": limit,
+                "filter": json.dumps(dict(filter), separators=(",", ":")) if filter else None,
+            }
+        )
+        return self._send(_Request("GET", self._tenant_path("/thread-checkpoints"), params or None, parse=lambda b: b["checkpoints"]))
+
+    def delete_thread(self, run: RunRef, fence: int | None = None) -> Answer[int]:
+        return self._run("DELETE", run, "/thread", params={"fence": fence}, parse=lambda b: int(b["checkpointCount"]))
+
+
+_WRITE_METHODS = {"POST", "PUT", "DELETE", "PATCH"}
+
+
+def _raise_for(res: httpx.Response, method: str, path: str) -> None:
+    if res.is_success:
+        return
+    try:
+        problem = res.json()
+        if not isinstance(problem, dict) or "type" not in problem:
+            raise ValueError
+    except ValueError:
+        problem = {
+            "type": "about:blank",
+            "title": res.reason_phrase or "HTTP error",
+            "status": res.status_code,
+            "detail": res.text[:500],
+        }
+    raise problem_error(problem, method=method, path=path, retry_after=parse_retry_after(res.headers.get("retry-after")))
+
+
+def _connection_error(e: httpx.TransportError, method: str, path: str) -> ConnectionFailed:
+    # A connect failure never reached the server; anything later may have.
+    unknown = method in _WRITE_METHODS and not isinstance(e, (httpx.ConnectError, httpx.ConnectTimeout))
+    return ConnectionFailed(f"{type(e).__name__}: {e}", method=method, path=path, outcome_unknown=unknown)
+
+
+def _headers(token: str) -> dict[str, str]:
+    return {"authorization": f"Bearer {token}", "accept": "application/json"}
+
+
+class RunkeepClient(_Api):
+    """The sync client. ``tenant`` defaults to the token's (``whoami``)."""
+
+    def __init__(self, base_url: str, token: str, *, tenant: str | None = None, timeout: float = 60.0, transport: httpx.BaseTransport | None = None) -> None:
+        self.base_url = base_url.rstrip("/")
+        self.token = token
+        self.timeout = timeout
+        self._http = httpx.Client(base_url=self.base_url, headers=_headers(token), timeout=timeout, transport=transport)
+        self.tenant = tenant or self._send(_Request("GET", "/v1/whoami"))["tenant"]
+
+    def _send(self, req: _Request) -> Any:
+        try:
+            res = self._http.request(
+                req.method,
+                req.path,
+                params=req.params,
+                json=req.body if req.body is not None else ({} if req.method in ("POST", "PUT") else None),
+                timeout=req.timeout or self.timeout,
+            )
+        except httpx.TransportError as e:
+            raise _connection_error(e, req.method, req.path) from e
+        _raise_for(res, req.method, req.path)
+        body = res.json()
+        return req.parse(body) if req.parse else body
+
+    def tail(self, run: RunRef, since_seq: int = 0, *, reconnect_delay: float = 0.5) -> Iterator[dict]:
+        """The run's events after ``since_seq``, live, forever: resumes
+        after a dropped stream from the last event seen (``Last-Event-ID``),
+        so no event is lost or repeated. Break out of the loop to stop."""
+        from .sse import tail_sync
+
+        return tail_sync(self, run, since_seq, reconnect_delay)
+
+    def close(self) -> None:
+        self._http.close()
+
+    def __enter__(self) -> "RunkeepClient":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+
+class AsyncRunkeepClient(_Api):
+    """The async client: every method answers an awaitable. Call
+    :meth:`connect` (or ``async with``) to learn the tenant from the token
+    when none is given."""
+
+    def __init__(self, base_url: str, token: str, *, tenant: str | None = None, timeout: float = 60.0, transport: httpx.AsyncBaseTransport | None = None) -> None:
+        self.base_url = base_url.rstrip("/")
+        self.token = token
+        self.timeout = timeout
+        self._http = httpx.AsyncClient(base_url=self.base_url, headers=_headers(token), timeout=timeout, transport=transport)
+        self.tenant = tenant or ""
+
+    async def connect(self) -> "AsyncRunkeepClient":
+        if not self.tenant:
+            self.tenant = (await self._send(_Request("GET", "/v1/whoami")))["tenant"]
+        return self
+
+    async def _send(self, req: _Request) -> Any:
+        try:
+            res = await self._http.request(
+                req.method,
+                req.path,
+                params=req.params,
+                json=req.body if req.body is not None else ({} if req.method in ("POST", "PUT") else None),
+                timeout=req.timeout or self.timeout,
+            )
+        except httpx.TransportError as e:
+            raise _connection_error(e, req.method, req.path) from e
+        _raise_for(res, req.method, req.path)
+        body = res.json()
+        return req.parse(body) if req.parse else body
+
+    def tail(self, run: RunRef, since_seq: int = 0, *, reconnect_delay: float = 0.5) -> AsyncIterator[dict]:
+        """Async twin of :meth:`RunkeepClient.tail`."""
+        from .sse import tail_async
+
+        return tail_async(self, run, since_seq, reconnect_delay)
+
+    async def aclose(self) -> None:
+        await self._http.aclose()
+
+    async def __aenter__(self) -> "AsyncRunkeepClient":
+        return await self.connect()
+
+    async def __aexit__(self, *exc: Any) -> None:
+        await self.aclose()
+
+
+__all__ = [
+    "AsyncRunkeepClient",
+    "ClaimAnswer",
+    "Claimed",
+    "Lease",
+    "RunRef",
+    "RunkeepClient",
+    "RunkeepError",
+]
