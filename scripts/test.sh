@@ -32,6 +32,7 @@ cargo test --workspace --all-features --no-fail-fast -- "${include_ignored[@]}"
 # The TypeScript client (clients/typescript): npm ci, tsc --noEmit, its tests
 # against a live `runkeep serve`. Fails when node/npm are missing.
 bash clients/typescript/scripts/ci.sh
+bash clients/python/scripts/ci.sh  # Python client + LangGraph saver: conformance, two-process write ownership
 
 # The web console's browser tests (crates/runkeep-server/console/tests):
 # headless Debian chromium driven by playwright-core against
