@@ -335,6 +335,23 @@ class RunkeepSaver(BaseCheckpointSaver[str]):
             ],
         }
 
+    def answered_interrupt(self, thread_id: str) -> tuple[bool, Any]:
+        """``(True, decision)`` when the thread's latest root checkpoint
+        carries a park (from an ``interrupt()``) that was answered (in the
+        console, or ``resolve_park``) and the graph has not resumed from it
+        yet; else ``(False, None)``. Resume with
+        ``graph.invoke(Command(resume=decision), config)``."""
+        body = self.client.get_thread_checkpoint(self.run_ref(thread_id), ns="")
+        park = (body or {}).get("park")
+        if not park:
+            return False, None
+        pending = park["pending"]
+        if pending.get("resolvedAt") is None or "decision" not in pending:
+            return False, None
+        if any(w["channel"] == "__resume__" for w in body["writes"]):
+            return False, None
+        return True, pending["decision"]
+
     def delete_thread(self, thread_id: str) -> None:
         thread_id = str(thread_id)
         self._write(thread_id, lambda fence: self.client.delete_thread(self.run_ref(thread_id), fence))
