@@ -980,7 +980,8 @@ impl AuditBody {
     }
 }
 
-/// What a claim takes: holder, lease length, optional instant and limit.
+/// What a claim takes: holder, lease length and attempt limit (never an
+/// instant: the store's clock judges every claim).
 #[derive(Clone, PartialEq, Eq, Debug, Serialize, Deserialize, ToSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct ClaimBody {

@@ -411,6 +411,8 @@ async fn a_stale_fence_on_release_and_snooze_is_409() {
         let p = a.problem();
         assert_eq!(p.kind(), Some(ProblemType::FencedOut), "{tail}");
         assert_eq!(p.presented, Some(fence), "{tail}");
+        let detail = p.detail.unwrap_or_default();
+        assert!(detail.contains("holding was released"), "{tail}: {detail}");
     }
     // The Rust client keeps the contract's answer: false.
     let client = server.client(None).with_token(support::tenant(), WORKER_A);

@@ -68,7 +68,7 @@ impl std::str::FromStr for ListOrder {
             "runId" | "run-id" | "run_id" => Ok(ListOrder::RunId),
             "createdAt" | "created-at" | "created_at" => Ok(ListOrder::CreatedAt),
             other => Err(Error::invalid(format!(
-                "order {other:?} is not one of run-id, created-at"
+                "order {other:?} is not one of runId, createdAt (run-id, created-at also read)"
             ))),
         }
     }

@@ -110,18 +110,25 @@ async fn stale(
     operation: &'static str,
     presented: runkeep::Fence,
 ) -> Problem {
-    let current = match state.store.lease(scope, state.store.now()).await {
-        Ok(Some(l)) => l.fence,
-        Ok(None) => presented,
+    let (current, released) = match state.store.lease(scope, state.store.now()).await {
+        Ok(Some(l)) => (l.fence, l.holder.is_empty()),
+        Ok(None) => (presented, false),
         Err(e) => return Problem::from(e),
     };
     state.metrics.record_fenced_out();
-    Problem::from(runkeep::Error::FencedOut {
+    let mut p = Problem::from(runkeep::Error::FencedOut {
         run: scope.run_id.to_string(),
         operation,
         presented,
         current,
-    })
+    });
+    if released {
+        p.detail = Some(format!(
+            "fenced out: {operation} on run {} presented fence {presented}, but the run's holding was released (it is at fence {current}); this worker no longer holds it",
+            scope.run_id
+        ));
+    }
+    p
 }
 
 pub(super) async fn enqueue(
