@@ -896,9 +896,11 @@ fn parameter_rule(operation: &str, name: &str) -> Option<Value> {
 fn metadata_filter_rule() -> Value {
     let s = r#""[^"\\\x00-\x1f]*""#;
     let v = format!(r"(?:{s}|-?(?:0|[1-9][0-9]{{0,15}})|true|false|null)");
-    let member = format!(r"\s*{s}\s*:\s*{v}\s*");
+    // JSON's whitespace only: `\s` would also admit \v and \f.
+    let w = r"[ \t\n\r]*";
+    let member = format!(r"{w}{s}{w}:{w}{v}{w}");
     json!({
-        "pattern": format!(r"^\{{(?:{member}(?:,{member})*)?\}}$"),
+        "pattern": format!(r"^\{{(?:{member}(?:,{member})*|{w})\}}$"),
         "description": "A JSON object: only checkpoints whose metadata has each of its keys with an equal value (an absent key equals null). The server takes any JSON object; the pattern states flat ones.",
     })
 }
