@@ -906,31 +906,41 @@ pub async fn run(ctx: &Ctx, args: BenchArgs) -> CliResult<Exit> {
         None
     };
     let total = cases.len() * settings.reps;
-    let mut done = 0;
-    for rep in 0..settings.reps {
-        for case in cases.iter_mut() {
-            done += 1;
-            if case.error.is_some() {
-                continue;
-            }
-            match measure(&env, case).await {
-                Ok(sample) => {
-                    output::note(&format!(
-                        "[{done}/{total}] rep {}: {} {} {}",
-                        rep + 1,
-                        case.name,
-                        human_rate(sample.rate()),
-                        case.unit
-                    ));
-                    case.rates.push(sample.rate());
-                    case.latencies.extend(sample.latencies_us);
+    let rounds = async {
+        let mut done = 0;
+        for rep in 0..settings.reps {
+            for case in cases.iter_mut() {
+                done += 1;
+                if case.error.is_some() {
+                    continue;
                 }
-                Err(e) => {
-                    output::warn(&format!("{}: {e}", case.name));
-                    case.error = Some(e);
+                match measure(&env, case).await {
+                    Ok(sample) => {
+                        output::note(&format!(
+                            "[{done}/{total}] rep {}: {} {} {}",
+                            rep + 1,
+                            case.name,
+                            human_rate(sample.rate()),
+                            case.unit
+                        ));
+                        case.rates.push(sample.rate());
+                        case.latencies.extend(sample.latencies_us);
+                    }
+                    Err(e) => {
+                        output::warn(&format!("{}: {e}", case.name));
+                        case.error = Some(e);
+                    }
                 }
             }
         }
+    };
+    // Ctrl-C stops the measurements; what was made is still removed.
+    let interrupted = tokio::select! {
+        () = rounds => false,
+        _ = tokio::signal::ctrl_c() => true,
+    };
+    if interrupted {
+        output::warn("interrupted: removing the bench's stores; the figures so far follow");
     }
     let peers_node = env.peers.as_ref().map(|p| p.node.clone());
     let fs_dir = env.fs_dir.clone();
@@ -961,7 +971,7 @@ pub async fn run(ctx: &Ctx, args: BenchArgs) -> CliResult<Exit> {
         "skipped": skipped.iter().map(|(b, why)| json!({"backend": b, "why": why})).collect::<Vec<_>>(),
     });
     if let Some(path) = &args.json_out {
-        write_outputs(path, &report, &cases)?;
+        write_outputs(path, &report, &cases, &ratios)?;
     }
     if ctx.json() {
         output::emit_json(&report)?;
@@ -1379,7 +1389,7 @@ fn render(
 }
 
 /// The JSON report and the plots beside it.
-fn write_outputs(path: &Path, report: &Value, cases: &[Case]) -> CliResult<()> {
+fn write_outputs(path: &Path, report: &Value, cases: &[Case], ratios: &[Ratio]) -> CliResult<()> {
     let dir = path.parent().filter(|p| !p.as_os_str().is_empty());
     if let Some(d) = dir {
         std::fs::create_dir_all(d)
@@ -1397,12 +1407,146 @@ fn write_outputs(path: &Path, report: &Value, cases: &[Case]) -> CliResult<()> {
         Some(d) => d.join(format!("{stem}-{name}.svg")),
         None => PathBuf::from(format!("{stem}-{name}.svg")),
     };
+    let md = match dir {
+        Some(d) => d.join(format!("{stem}.md")),
+        None => PathBuf::from(format!("{stem}.md")),
+    };
+    std::fs::write(&md, markdown(report, cases, ratios, &stem))
+        .map_err(|e| CliError::failed(format!("write {}: {e}", md.display())))?;
     for (name, chart) in charts(cases) {
         let file = beside(&name);
         std::fs::write(&file, svg::render(&chart))
             .map_err(|e| CliError::failed(format!("write {}: {e}", file.display())))?;
     }
     Ok(())
+}
+
+/// The figures as Markdown (what BENCHMARKS.md quotes): the machine, a
+/// table per backend, the ratios, the plots.
+fn markdown(report: &Value, cases: &[Case], ratios: &[Ratio], stem: &str) -> String {
+    let m = &report["machine"];
+    let st = &report["settings"];
+    let text = |v: &Value| match v {
+        Value::String(s) => s.clone(),
+        Value::Null => "-".into(),
+        other => other.to_string(),
+    };
+    let mut out = String::new();
+    out.push_str(&format!(
+        "Run {} ({} build), `runkeep {}`: {} repetitions of {} s per case, alternating; {:.0} s in all.{}\n\n",
+        text(&report["startedAt"]),
+        text(&m["build"]),
+        text(&report["command"]),
+        text(&st["reps"]),
+        text(&st["secondsPerMeasurement"]),
+        report["seconds"].as_f64().unwrap_or(0.0),
+        if report["preliminary"] == true {
+            " **Preliminary (`--quick`): short measurements on a busy machine.**"
+        } else {
+            ""
+        }
+    ));
+    out.push_str(&format!(
+        "- Machine: {} CPUs ({}), {} GiB, Linux {}; load average at the end {}.\n",
+        text(&m["cpus"]),
+        text(&m["cpu"]),
+        text(&m["memoryGiB"]),
+        text(&m["kernel"]),
+        text(&m["loadAverage"])
+    ));
+    if let Some(pg) = m["postgres"].as_object() {
+        let set = &pg["settings"];
+        out.push_str(&format!(
+            "- PostgreSQL {} on 127.0.0.1: fsync {}, synchronous_commit {}, wal_sync_method {}, shared_buffers {}, autovacuum {}; pool {} connections per store.\n",
+            text(&set["server_version"]),
+            text(&set["fsync"]),
+            text(&set["synchronous_commit"]),
+            text(&set["wal_sync_method"]),
+            text(&set["shared_buffers"]),
+            text(&set["autovacuum"]),
+            text(&st["pgPoolSize"]),
+        ));
+    }
+    if let Some(node) = m["node"].as_str() {
+        out.push_str(&format!(
+            "- Node {node}; peers {}.\n",
+            m["peerVersions"]
+                .as_object()
+                .map(|o| o
+                    .iter()
+                    .map(|(k, v)| format!("{k} {}", text(v)))
+                    .collect::<Vec<_>>()
+                    .join(", "))
+                .unwrap_or_default()
+        ));
+    }
+    let mut backends: Vec<&str> = Vec::new();
+    for c in cases {
+        if !backends.contains(&c.backend.as_str()) {
+            backends.push(&c.backend);
+        }
+    }
+    backends.sort_by_key(|b| {
+        BACKENDS
+            .iter()
+            .position(|x| x == b)
+            .unwrap_or(BACKENDS.len())
+    });
+    for b in backends {
+        out.push_str(&format!(
+            "\n#### {b}\n\n| case | median | min–max | unit | p50 | p99 | what |\n|---|---:|---:|---|---:|---:|---|\n"
+        ));
+        for c in cases.iter().filter(|c| c.backend == b) {
+            let lat = |p| {
+                percentile(&c.latencies, p)
+                    .map(human_us)
+                    .unwrap_or_else(|| "-".into())
+            };
+            match &c.error {
+                Some(e) => out.push_str(&format!(
+                    "| {} | failed | | {} | | | {} |\n",
+                    c.op,
+                    c.unit,
+                    e.replace('|', "/")
+                )),
+                None => out.push_str(&format!(
+                    "| {} | {} | {} | {} | {} | {} | {} |\n",
+                    c.op,
+                    human_rate(median(&c.rates)),
+                    spread(&c.rates, human_rate),
+                    c.unit,
+                    lat(50.0),
+                    lat(99.0),
+                    c.what
+                )),
+            }
+        }
+    }
+    if !ratios.is_empty() {
+        out.push_str("\n#### Ratios (per repetition, paired)\n\n| ratio | median | min–max | target | verdict |\n|---|---:|---:|---|---|\n");
+        for r in ratios {
+            out.push_str(&format!(
+                "| {} | {}× | {} | {} | {} |\n",
+                r.what,
+                ratio_text(r.median()),
+                spread(&r.values, ratio_text),
+                r.target_text(),
+                match r.verdict() {
+                    Some(true) => "**met**",
+                    Some(false) => "**missed**",
+                    None => "-",
+                }
+            ));
+        }
+    }
+    let plots: Vec<String> = charts(cases)
+        .into_iter()
+        .map(|(name, chart)| format!("![{}]({stem}-{name}.svg)", chart.title))
+        .collect();
+    if !plots.is_empty() {
+        out.push_str(&format!("\n{}\n", plots.join("\n")));
+    }
+    out
 }
 
 fn point(c: &Case, x: f64, invert: bool) -> Option<(f64, f64, f64, f64)> {
