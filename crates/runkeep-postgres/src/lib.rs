@@ -43,13 +43,12 @@
 //!   no row is created for a fenced write (a fence needs a holding, so the
 //!   row exists). The digest is kept from what it holds whenever it can be
 //!   (module `pipeline`, and docs/design.md).
-//! - **Waiting, not polling.** A committed change wakes this process's
-//!   [`Watch`]es at once and is announced to other processes after its
-//!   commit, coalesced, on the store's one listener connection, never
-//!   inside the data transaction (a `NOTIFY` there serialises commits:
-//!   module `wake`). That connection `LISTEN`s and wakes the watches of
-//!   other processes' changes, with a fallback poll when it is
-//!   reconnecting.
+//! - **Waiting, not polling.** A change sends `pg_notify` right after its
+//!   `COMMIT`, in the same write, in a transaction of its own that does
+//!   not wait for a flush, never inside the data transaction (a `NOTIFY`
+//!   there serialises commits: module `wake`); the caller does not wait for
+//!   it. One dedicated connection per store `LISTEN`s and wakes
+//!   [`Watch`]es, with a fallback poll when the listener is reconnecting.
 //!
 //! Size limits: the core's (checkpoints and documents 64 MiB, events
 //! 4 MiB, a finish result 1 MiB) and this store's own
@@ -174,8 +173,6 @@ pub struct PgStore {
     /// Server clock minus local clock, in ms, as last measured.
     offset_ms: AtomicI64,
     notifier: Arc<Notifier>,
-    /// This store's changes waiting to be announced to other processes.
-    bus: Arc<wake::Bus>,
     listener: Mutex<Option<tokio::task::JoinHandle<()>>>,
 }
 
@@ -192,8 +189,14 @@ impl std::fmt::Debug for PgStore {
 
 impl Drop for PgStore {
     fn drop(&mut self) {
-        // The listener sends what is still queued, then ends.
-        self.bus.close();
+        if let Some(h) = self
+            .listener
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take()
+        {
+            h.abort();
+        }
     }
 }
 
@@ -509,7 +512,7 @@ impl PgStore {
         let tx = Tx::new(conn, self.options.reply_timeout);
         let sent = tokio::time::timeout(
             self.options.reply_timeout,
-            pipeline::send(tx.conn(), true, &stmts, &prepared, false),
+            pipeline::send(tx.conn(), true, &stmts, &prepared, false, None),
         )
         .await
         .map_err(|_| self.no_reply(&format!("{what}: begin")))?;
@@ -526,7 +529,7 @@ impl PgStore {
         let prepared = self.prepare(tx.conn(), what, &stmts).await?;
         let sent = tokio::time::timeout(
             self.options.reply_timeout,
-            pipeline::send(tx.conn(), false, &stmts, &prepared, false),
+            pipeline::send(tx.conn(), false, &stmts, &prepared, false, None),
         )
         .await
         .map_err(|_| self.no_reply(what))?;
@@ -538,10 +541,51 @@ impl PgStore {
     /// `COMMIT` is in flight (any connection fault of this round trip: the
     /// writes and `COMMIT` left together) leaves the outcome unknown.
     async fn commit(&self, tx: Tx, what: &str, stmts: Vec<Stmt>) -> Result<()> {
-        let prepared = self.prepare(tx.conn(), what, &stmts).await?;
+        self.commit_then(tx, what, stmts, None).await
+    }
+
+    /// [`Self::commit`], with the change of `scope` notified right after
+    /// the `COMMIT` (module `wake`): sent with it, not waited for.
+    async fn commit_notify(
+        &self,
+        tx: Tx,
+        what: &str,
+        stmts: Vec<Stmt>,
+        scope: &RunScope,
+        events: bool,
+    ) -> Result<()> {
+        let notify = Stmt::new(
+            "notify",
+            wake::NOTIFY_SQL,
+            vec![
+                Box::new(self.channel.clone()),
+                Box::new(wake::payload(scope, events)),
+            ],
+        );
+        self.commit_then(tx, what, stmts, Some(notify)).await
+    }
+
+    async fn commit_then(
+        &self,
+        tx: Tx,
+        what: &str,
+        mut stmts: Vec<Stmt>,
+        then: Option<Stmt>,
+    ) -> Result<()> {
+        let n = stmts.len();
+        stmts.extend(then);
+        let mut prepared = self.prepare(tx.conn(), what, &stmts).await?;
+        let then = (stmts.len() > n).then(|| (stmts.remove(n), prepared.remove(n)));
         let Ok(sent) = tokio::time::timeout(
             self.options.reply_timeout,
-            pipeline::send(tx.conn(), false, &stmts, &prepared, true),
+            pipeline::send(
+                tx.conn(),
+                false,
+                &stmts,
+                &prepared,
+                true,
+                then.as_ref().map(|(s, p)| (s, p)),
+            ),
         )
         .await
         else {
@@ -637,17 +681,6 @@ impl PgStore {
         }
         opened.more.extend(rows);
         Ok((tx, opened))
-    }
-
-    /// After a commit (or a commit whose outcome is unknown: it may have
-    /// landed; a spurious wake-up costs a re-read, a lost one a fallback
-    /// interval), wakes the watchers of `scope`.
-    fn announced<T>(&self, r: Result<T>, scope: &RunScope, events: bool) -> Result<T> {
-        if r.is_ok() || r.as_ref().is_err_and(Error::is_outcome_unknown) {
-            self.ensure_listener();
-            self.bus.announce(&self.notifier, scope, events);
-        }
-        r
     }
 
     async fn rows<C: GenericClient + Sync>(
@@ -793,7 +826,6 @@ impl PgStore {
             options,
             offset_ms: AtomicI64::new(0),
             notifier: Arc::new(Notifier::default()),
-            bus: Arc::new(wake::Bus::default()),
             listener: Mutex::new(None),
         })
     }
@@ -1205,8 +1237,6 @@ impl PgStore {
             self.config.clone(),
             self.channel.clone(),
             self.notifier.clone(),
-            self.bus.clone(),
-            self.options.reply_timeout,
         )));
         true
     }
@@ -1562,8 +1592,8 @@ impl CheckpointStore for PgStore {
             .checkpoint_stmt(&tx, what, scope, &mut run, &stored, o.checkpoint_exists)
             .await?;
         let save = Self::save_stmt(&key, &run)?;
-        let r = self.commit(tx, what, vec![write, save]).await;
-        self.announced(r, scope, false)?;
+        self.commit_notify(tx, what, vec![write, save], scope, false)
+            .await?;
         Ok(stored)
     }
 
@@ -1677,8 +1707,8 @@ impl CheckpointStore for PgStore {
             .checkpoint_stmt(&tx, what, scope, &mut run, &updated, true)
             .await?;
         let save = Self::save_stmt(&key, &run)?;
-        let r = self.commit(tx, what, vec![write, save]).await;
-        self.announced(r, scope, false)?;
+        self.commit_notify(tx, what, vec![write, save], scope, false)
+            .await?;
         Ok(updated)
     }
 
@@ -1810,10 +1840,8 @@ impl CheckpointStore for PgStore {
         match decide_release(&scope.run_id, run.top.as_ref(), fence)? {
             Some(tomb) => {
                 run.top = Some(TopHolding::Released { fence: tomb });
-                let r = self
-                    .commit(tx, what, vec![Self::save_stmt(&key, &run)?])
-                    .await;
-                self.announced(r, scope, false)?;
+                self.commit_notify(tx, what, vec![Self::save_stmt(&key, &run)?], scope, false)
+                    .await?;
                 Ok(true)
             }
             None => Ok(false),
@@ -1967,8 +1995,8 @@ impl CheckpointStore for PgStore {
             ..Lifecycle::default()
         };
         let save = Self::save_stmt(&key, &run)?;
-        let r = self.commit(tx, what, vec![write, save]).await;
-        self.announced(r, scope, false)?;
+        self.commit_notify(tx, what, vec![write, save], scope, false)
+            .await?;
         Ok(stored)
     }
 
@@ -1994,10 +2022,8 @@ impl CheckpointStore for PgStore {
             fence,
             now,
         )?;
-        let r = self
-            .commit(tx, what, vec![Self::save_stmt(&key, &run)?])
-            .await;
-        self.announced(r, scope, false)?;
+        self.commit_notify(tx, what, vec![Self::save_stmt(&key, &run)?], scope, false)
+            .await?;
         Ok(l)
     }
 
@@ -2017,10 +2043,8 @@ impl CheckpointStore for PgStore {
         )? {
             return Ok(false);
         }
-        let r = self
-            .commit(tx, what, vec![Self::save_stmt(&key, &run)?])
-            .await;
-        self.announced(r, scope, false)?;
+        self.commit_notify(tx, what, vec![Self::save_stmt(&key, &run)?], scope, false)
+            .await?;
         Ok(true)
     }
 
@@ -2035,10 +2059,8 @@ impl CheckpointStore for PgStore {
         };
         let l = lifecycle::after_reopen(&scope.run_id, &run.lifecycle)?;
         run.lifecycle = l.clone();
-        let r = self
-            .commit(tx, what, vec![Self::save_stmt(&key, &run)?])
-            .await;
-        self.announced(r, scope, false)?;
+        self.commit_notify(tx, what, vec![Self::save_stmt(&key, &run)?], scope, false)
+            .await?;
         Ok(l)
     }
 
@@ -2127,8 +2149,7 @@ impl EvidenceStore for PgStore {
         let (out, insert) = self.events_stmt(&key, &mut run, events, now, fence)?;
         let mut writes: Vec<Stmt> = insert.into_iter().collect();
         writes.push(Self::save_stmt(&key, &run)?);
-        let r = self.commit(tx, what, writes).await;
-        self.announced(r, scope, true)?;
+        self.commit_notify(tx, what, writes, scope, true).await?;
         Ok(out)
     }
 
@@ -2450,8 +2471,8 @@ impl EvidenceStore for PgStore {
         }
         writes.push(Self::save_stmt(&key, &run)?);
         // Round trip 2: every write and COMMIT.
-        let r = self.commit(tx, what, writes).await;
-        self.announced(r, scope, !events.is_empty())?;
+        self.commit_notify(tx, what, writes, scope, !events.is_empty())
+            .await?;
         Ok(StepReceipt {
             events,
             checkpoint,

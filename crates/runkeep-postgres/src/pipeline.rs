@@ -51,18 +51,20 @@ pub(crate) type Reply = std::result::Result<Vec<Row>, tokio_postgres::Error>;
 
 type ReplyFuture<'a> = Pin<Box<dyn Future<Output = Reply> + Send + 'a>>;
 
-/// Polls every future, in order, each time the task wakes, until all are
-/// done: whatever a future sends on its first poll reaches the connection
-/// in this order.
-async fn in_order<F: Future + Unpin>(mut futs: Vec<F>) -> Vec<F::Output> {
+/// Polls every future, in order, each time the task wakes, until the first
+/// `awaited` are done (the rest are dropped then: their requests were sent
+/// on their first poll, their replies are discarded by the connection):
+/// whatever a future sends on its first poll reaches the connection in this
+/// order. Answers the first `awaited` outputs.
+async fn in_order<F: Future + Unpin>(mut futs: Vec<F>, awaited: usize) -> Vec<F::Output> {
     let mut out: Vec<Option<F::Output>> = futs.iter().map(|_| None).collect();
     std::future::poll_fn(|cx| {
         let mut pending = false;
-        for (f, o) in futs.iter_mut().zip(out.iter_mut()) {
+        for (i, (f, o)) in futs.iter_mut().zip(out.iter_mut()).enumerate() {
             if o.is_none() {
                 match Pin::new(f).poll(cx) {
                     Poll::Ready(v) => *o = Some(v),
-                    Poll::Pending => pending = true,
+                    Poll::Pending => pending |= i < awaited,
                 }
             }
         }
@@ -73,7 +75,8 @@ async fn in_order<F: Future + Unpin>(mut futs: Vec<F>) -> Vec<F::Output> {
         }
     })
     .await;
-    out.into_iter().flatten().collect()
+    drop(futs);
+    out.into_iter().take(awaited).flatten().collect()
 }
 
 /// Prepares (or finds in the connection's cache) every statement; the ones
@@ -88,7 +91,8 @@ pub(crate) async fn prepare(
         .iter()
         .map(|s| Box::pin(c.prepare_cached(&s.sql)) as Prepared<'_>)
         .collect();
-    in_order(futs)
+    let n = futs.len();
+    in_order(futs, n)
         .await
         .into_iter()
         .enumerate()
@@ -97,14 +101,19 @@ pub(crate) async fn prepare(
 }
 
 /// Sends `BEGIN` (when `begin`), the statements (`prepared[i]` for
-/// `stmts[i]`) and `COMMIT` (when `commit`) back to back on `c`, and awaits
-/// every reply: one round trip. The replies come in the same order.
+/// `stmts[i]`), `COMMIT` (when `commit`) and then `then` back to back on
+/// `c`, and awaits every reply but `then`'s: one round trip. The replies
+/// come in the same order. `then` (its statement and its prepared form) is
+/// sent and not waited for: its reply is discarded, after the caller has
+/// its answer, and the connection can serve the next caller meanwhile (the
+/// server answers in order).
 pub(crate) async fn send(
     c: &Object,
     begin: bool,
     stmts: &[Stmt],
     prepared: &[Statement],
     commit: bool,
+    then: Option<(&Stmt, &Statement)>,
 ) -> Vec<Reply> {
     let client: &tokio_postgres::Client = c;
     let params: Vec<Vec<&(dyn ToSql + Sync)>> = stmts
@@ -116,7 +125,13 @@ pub(crate) async fn send(
                 .collect()
         })
         .collect();
-    let mut futs: Vec<ReplyFuture<'_>> = Vec::with_capacity(stmts.len() + 2);
+    let then_params: Vec<&(dyn ToSql + Sync)> = then.map_or_else(Vec::new, |(s, _)| {
+        s.params
+            .iter()
+            .map(|p| p.as_ref() as &(dyn ToSql + Sync))
+            .collect()
+    });
+    let mut futs: Vec<ReplyFuture<'_>> = Vec::with_capacity(stmts.len() + 3);
     if begin {
         futs.push(Box::pin(async move {
             client.batch_execute("BEGIN").await.map(|()| Vec::new())
@@ -130,7 +145,11 @@ pub(crate) async fn send(
             client.batch_execute("COMMIT").await.map(|()| Vec::new())
         }));
     }
-    in_order(futs).await
+    let awaited = futs.len();
+    if let Some((_, st)) = then {
+        futs.push(Box::pin(client.query(st, then_params.as_slice())));
+    }
+    in_order(futs, awaited).await
 }
 
 /// An open transaction on a pooled connection. Dropped before its commit
