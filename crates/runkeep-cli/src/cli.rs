@@ -67,6 +67,16 @@ pub struct GlobalArgs {
     #[arg(long, env = "RUNKEEP_PG_SCHEMA", global = true, value_name = "SCHEMA")]
     pub pg_schema: Option<String>,
 
+    /// Most pooled connections of a postgres:// store (the LISTEN connection is one more); at least 1. Default: 4; `serve`: its --max-concurrent, up to 16; `soak-worker`: its --concurrency when larger.
+    #[arg(
+        long,
+        env = "RUNKEEP_PG_POOL_SIZE",
+        global = true,
+        value_name = "N",
+        value_parser = crate::store::parse_pg_pool_size
+    )]
+    pub pg_pool_size: Option<usize>,
+
     /// Bearer token of an http:// store (a `runkeep serve` API); never printed. Prefer the environment variable: `ps` shows command lines.
     #[arg(
         long,

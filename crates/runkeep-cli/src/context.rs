@@ -25,6 +25,7 @@ impl Ctx {
     pub fn new(mut global: GlobalArgs) -> CliResult<Self> {
         global.store = crate::store::with_pg_schema(&global.store, global.pg_schema.as_deref())?;
         global.store = crate::store::with_token(&global.store, global.token.as_deref());
+        crate::store::set_pg_pool_size(global.pg_pool_size);
         let scope = ScopeParts::parse(&global.tenant, &global.project, &global.session)?;
         Ok(Self {
             global,

@@ -949,6 +949,45 @@ mod fs {
     }
 }
 
+/// `--pg-pool-size`: the pool of a PostgreSQL store opened after it is set
+/// (`None`: the command's default).
+static PG_POOL_SIZE: std::sync::Mutex<Option<usize>> = std::sync::Mutex::new(None);
+/// The command's default pool (`serve`, `soak-worker`); 4 when unset.
+static PG_POOL_DEFAULT: std::sync::Mutex<Option<usize>> = std::sync::Mutex::new(None);
+
+/// The pool a command opens a PostgreSQL store with when `--pg-pool-size`
+/// is not given: one command needs a few connections.
+pub const DEFAULT_PG_POOL_SIZE: usize = 4;
+
+/// `--pg-pool-size N`: at least 1.
+pub fn parse_pg_pool_size(s: &str) -> Result<usize, String> {
+    match s.trim().parse::<usize>() {
+        Ok(0) => Err("the PostgreSQL pool needs at least 1 connection (0 would refuse every operation); pass 1 or more".into()),
+        Ok(n) => Ok(n),
+        Err(_) => Err(format!("{s:?} is not a number of connections (pass 1 or more)")),
+    }
+}
+
+/// Sets `--pg-pool-size` (given or not) for every PostgreSQL store opened
+/// after this call.
+pub fn set_pg_pool_size(n: Option<usize>) {
+    *PG_POOL_SIZE.lock().unwrap_or_else(|p| p.into_inner()) = n;
+}
+
+/// Sets the pool a command that runs `concurrency` operations at once
+/// wants when `--pg-pool-size` is not given: `max(4, concurrency)`.
+pub fn set_pg_pool_default(concurrency: usize) {
+    *PG_POOL_DEFAULT.lock().unwrap_or_else(|p| p.into_inner()) =
+        Some(concurrency.max(DEFAULT_PG_POOL_SIZE));
+}
+
+/// The pool the next PostgreSQL store opens with.
+pub fn pg_pool_size() -> usize {
+    let given = *PG_POOL_SIZE.lock().unwrap_or_else(|p| p.into_inner());
+    let default = *PG_POOL_DEFAULT.lock().unwrap_or_else(|p| p.into_inner());
+    given.or(default).unwrap_or(DEFAULT_PG_POOL_SIZE)
+}
+
 /// `events --follow --interval`: the PostgreSQL watch's fallback poll.
 static WATCH_FALLBACK: std::sync::Mutex<Option<std::time::Duration>> = std::sync::Mutex::new(None);
 
@@ -1013,14 +1052,14 @@ pub mod pg {
     use super::*;
 
     /// The options every command opens a PostgreSQL store with: the
-    /// address's schema (default [`DEFAULT_PG_SCHEMA`]) and a small pool
-    /// (one command, a few connections).
+    /// address's schema (default [`DEFAULT_PG_SCHEMA`]) and the pool of
+    /// `--pg-pool-size`, else the command's default ([`pg_pool_size`]).
     pub fn options(address: &PgAddress) -> PgOptions {
         let fallback = *WATCH_FALLBACK.lock().unwrap_or_else(|p| p.into_inner());
         PgOptions {
             watch_fallback: fallback.unwrap_or(PgOptions::default().watch_fallback),
             schema: address.schema().unwrap_or(DEFAULT_PG_SCHEMA).to_string(),
-            pool_size: 4,
+            pool_size: pg_pool_size(),
             ..PgOptions::default()
         }
     }
@@ -1152,6 +1191,16 @@ pub mod pg {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_pool_of_no_connections_is_refused_with_what_to_pass() {
+        assert_eq!(parse_pg_pool_size("1"), Ok(1));
+        assert_eq!(parse_pg_pool_size("32"), Ok(32));
+        let e = parse_pg_pool_size("0").unwrap_err();
+        assert!(e.contains("at least 1 connection"), "{e}");
+        assert!(parse_pg_pool_size("-1").is_err());
+        assert!(parse_pg_pool_size("many").is_err());
+    }
 
     #[test]
     fn addresses_parse_and_passwords_never_print() {

@@ -124,6 +124,9 @@ pub async fn run(ctx: &Ctx, args: ServeArgs) -> CliResult<Exit> {
     if args.demo {
         return crate::commands::serve_demo::run(ctx, &args, config).await;
     }
+    // A PostgreSQL pool as wide as the requests served at once, up to 16
+    // (--pg-pool-size overrides it).
+    crate::store::set_pg_pool_default(args.max_concurrent.min(16));
     // A directory (or memory) store is created on first use; a PostgreSQL
     // schema is only migrated by `runkeep migrate`.
     let opened = match &ctx.global.store {

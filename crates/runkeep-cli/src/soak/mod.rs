@@ -454,6 +454,7 @@ pub async fn run_worker(ctx: &Ctx, args: SoakWorkerArgs) -> CliResult<Exit> {
         // the worker (its lease keeper gives the run up at the TTL anyway).
         crate::store::http::set_request_timeout(args.ttl.as_duration().max(Duration::from_secs(1)));
     }
+    crate::store::set_pg_pool_default(args.concurrency);
     let opened = open_store(&ctx.global.store, &ctx.scope, ctx.global.durability, false).await?;
     let listing = ctx.scope.listing()?;
     let shutdown = CancellationToken::new();
