@@ -101,6 +101,12 @@ pub struct BenchArgs {
     #[arg(long, value_name = "FILE")]
     pub json_out: Option<PathBuf>,
 
+    /// With --json-out: also replace the generated figures of this Markdown
+    /// document (between its `<!-- runkeep bench: figures begin -->` and
+    /// `… end -->` lines), e.g. BENCHMARKS.md.
+    #[arg(long, value_name = "FILE", requires = "json_out")]
+    pub update_doc: Option<PathBuf>,
+
     /// The PostgreSQL server (a fresh schema per run, dropped afterwards).
     #[arg(
         long,
@@ -402,7 +408,10 @@ fn all_cases(s: &Settings, scaling: bool, with_peers: bool) -> Vec<Case> {
                 b,
                 format!("drain@{w}"),
                 "cycles/s",
-                format!("claim_next → commit_step(event + checkpoint + finish), {w} workers"),
+                format!(
+                    "claim_next → commit_step(event + checkpoint + finish), {w} worker{}",
+                    plural(w)
+                ),
                 Kind::Drain(w),
             ));
             if b == "pg" {
@@ -411,7 +420,8 @@ fn all_cases(s: &Settings, scaling: bool, with_peers: bool) -> Vec<Case> {
                     format!("base.skip-locked@{w}"),
                     "cycles/s",
                     format!(
-                        "plain SKIP LOCKED loop, same writes in 2 round trips, {w} connections"
+                        "plain SKIP LOCKED loop, same writes in 2 round trips, {w} connection{}",
+                        plural(w)
                     ),
                     Kind::PgSkipLocked(w),
                 ));
@@ -473,6 +483,14 @@ fn all_cases(s: &Settings, scaling: bool, with_peers: bool) -> Vec<Case> {
     cases
 }
 
+fn plural(n: usize) -> &'static str {
+    if n == 1 {
+        ""
+    } else {
+        "s"
+    }
+}
+
 /// Everything the measurements use.
 struct Env {
     settings: Settings,
@@ -519,8 +537,12 @@ async fn measure(env: &Env, case: &mut Case) -> Result<Sample, String> {
                     _ => s.listing_runs,
                 };
                 let session = work::listed_session(t, runs).await?;
+                // One walk of every page, not timed: a backend's first
+                // listing of a session may build what later ones use (the
+                // directory store's session index).
+                let last = work::last_cursor(t, &session).await?;
                 let cursor = match case.kind {
-                    Kind::ListDeep => work::last_cursor(t, &session).await?,
+                    Kind::ListDeep => last,
                     _ => None,
                 };
                 case.prep = Prep::Listing(session, cursor);
@@ -971,7 +993,7 @@ pub async fn run(ctx: &Ctx, args: BenchArgs) -> CliResult<Exit> {
         "skipped": skipped.iter().map(|(b, why)| json!({"backend": b, "why": why})).collect::<Vec<_>>(),
     });
     if let Some(path) = &args.json_out {
-        write_outputs(path, &report, &cases, &ratios)?;
+        write_outputs(path, &report, &cases, &ratios, args.update_doc.as_deref())?;
     }
     if ctx.json() {
         output::emit_json(&report)?;
@@ -1389,7 +1411,13 @@ fn render(
 }
 
 /// The JSON report and the plots beside it.
-fn write_outputs(path: &Path, report: &Value, cases: &[Case], ratios: &[Ratio]) -> CliResult<()> {
+fn write_outputs(
+    path: &Path,
+    report: &Value,
+    cases: &[Case],
+    ratios: &[Ratio],
+    update_doc: Option<&Path>,
+) -> CliResult<()> {
     let dir = path.parent().filter(|p| !p.as_os_str().is_empty());
     if let Some(d) = dir {
         std::fs::create_dir_all(d)
@@ -1413,6 +1441,10 @@ fn write_outputs(path: &Path, report: &Value, cases: &[Case], ratios: &[Ratio]) 
     };
     std::fs::write(&md, markdown(report, cases, ratios, &stem))
         .map_err(|e| CliError::failed(format!("write {}: {e}", md.display())))?;
+    if let Some(doc) = update_doc {
+        let images = image_prefix(doc, dir.unwrap_or(Path::new(".")), &stem);
+        splice(doc, &markdown(report, cases, ratios, &images))?;
+    }
     for (name, chart) in charts(cases) {
         let file = beside(&name);
         std::fs::write(&file, svg::render(&chart))
@@ -1421,9 +1453,49 @@ fn write_outputs(path: &Path, report: &Value, cases: &[Case], ratios: &[Ratio]) 
     Ok(())
 }
 
+/// The markers of the generated part of a document (`--update-doc`).
+const DOC_BEGIN: &str = "<!-- runkeep bench: figures begin -->";
+const DOC_END: &str = "<!-- runkeep bench: figures end -->";
+
+/// The plots' path as seen from `doc`'s directory: `<dir>/<stem>`.
+fn image_prefix(doc: &Path, dir: &Path, stem: &str) -> String {
+    let abs = |p: &Path| std::path::absolute(p).unwrap_or_else(|_| p.to_path_buf());
+    let doc_dir = abs(doc
+        .parent()
+        .filter(|p| !p.as_os_str().is_empty())
+        .unwrap_or(Path::new(".")));
+    let dir = abs(dir);
+    match dir.strip_prefix(&doc_dir) {
+        Ok(rel) if rel.as_os_str().is_empty() => stem.to_string(),
+        Ok(rel) => format!("{}/{stem}", rel.display()),
+        Err(_) => format!("{}/{stem}", dir.display()),
+    }
+}
+
+/// Replaces what lies between [`DOC_BEGIN`] and [`DOC_END`] in `doc`.
+fn splice(doc: &Path, figures: &str) -> CliResult<()> {
+    let text = std::fs::read_to_string(doc)
+        .map_err(|e| CliError::failed(format!("read {}: {e}", doc.display())))?;
+    let (Some(b), Some(e)) = (text.find(DOC_BEGIN), text.find(DOC_END)) else {
+        return Err(CliError::failed(format!(
+            "{} has no {DOC_BEGIN} … {DOC_END} section to replace",
+            doc.display()
+        )));
+    };
+    if e < b {
+        return Err(CliError::failed(format!(
+            "{}: {DOC_END} comes before {DOC_BEGIN}",
+            doc.display()
+        )));
+    }
+    let updated = format!("{}{DOC_BEGIN}\n\n{figures}\n{}", &text[..b], &text[e..]);
+    std::fs::write(doc, updated)
+        .map_err(|e| CliError::failed(format!("write {}: {e}", doc.display())))
+}
+
 /// The figures as Markdown (what BENCHMARKS.md quotes): the machine, a
 /// table per backend, the ratios, the plots.
-fn markdown(report: &Value, cases: &[Case], ratios: &[Ratio], stem: &str) -> String {
+fn markdown(report: &Value, cases: &[Case], ratios: &[Ratio], images: &str) -> String {
     let m = &report["machine"];
     let st = &report["settings"];
     let text = |v: &Value| match v {
@@ -1522,26 +1594,38 @@ fn markdown(report: &Value, cases: &[Case], ratios: &[Ratio], stem: &str) -> Str
             }
         }
     }
-    if !ratios.is_empty() {
-        out.push_str("\n#### Ratios (per repetition, paired)\n\n| ratio | median | min–max | target | verdict |\n|---|---:|---:|---|---|\n");
-        for r in ratios {
-            out.push_str(&format!(
-                "| {} | {}× | {} | {} | {} |\n",
-                r.what,
-                ratio_text(r.median()),
-                spread(&r.values, ratio_text),
-                r.target_text(),
-                match r.verdict() {
-                    Some(true) => "**met**",
-                    Some(false) => "**missed**",
-                    None => "-",
-                }
-            ));
-        }
+    let row = |r: &Ratio| {
+        format!(
+            "| {} | {}× | {} | {} | {} |\n",
+            r.what,
+            ratio_text(r.median()),
+            spread(&r.values, ratio_text),
+            r.target_text(),
+            match r.verdict() {
+                Some(true) => "**met**",
+                Some(false) => "**missed**",
+                None => "-",
+            }
+        )
+    };
+    let header = "| ratio | median | min–max | target | verdict |\n|---|---:|---:|---|---|\n";
+    let (targets, others): (Vec<&Ratio>, Vec<&Ratio>) =
+        ratios.iter().partition(|r| r.target.is_some());
+    if !targets.is_empty() {
+        out.push_str(&format!(
+            "\n#### The targets of issue 19 (per repetition, paired)\n\n{header}"
+        ));
+        targets.iter().for_each(|r| out.push_str(&row(r)));
+    }
+    if !others.is_empty() {
+        out.push_str(&format!(
+            "\n#### Other ratios (per repetition, paired)\n\n{header}"
+        ));
+        others.iter().for_each(|r| out.push_str(&row(r)));
     }
     let plots: Vec<String> = charts(cases)
         .into_iter()
-        .map(|(name, chart)| format!("![{}]({stem}-{name}.svg)", chart.title))
+        .map(|(name, chart)| format!("![{}]({images}-{name}.svg)", chart.title))
         .collect();
     if !plots.is_empty() {
         out.push_str(&format!("\n{}\n", plots.join("\n")));

@@ -144,8 +144,10 @@ pub fn human_us(us: f64) -> String {
         format!("{:.2} s", us / 1e6)
     } else if us >= 1000.0 {
         format!("{:.2} ms", us / 1000.0)
-    } else {
+    } else if us >= 10.0 {
         format!("{us:.0} µs")
+    } else {
+        format!("{us:.1} µs")
     }
 }
 
