@@ -51,20 +51,30 @@ async fn runkeep_cycle(url: &str, workers: usize, runs: usize) -> f64 {
             url,
             PgOptions {
                 schema: schema.clone(),
-                pool_size: workers.max(2),
+                pool_size: workers.max(16),
                 ..PgOptions::default()
             },
         )
         .await
         .expect("connect"),
     );
-    for i in 0..runs {
-        let scope = support::run(&format!("b{i:05}"));
-        let cp = support::checkpoint("start", 0);
-        store
-            .enqueue(&scope, &cp, &EnqueueOptions::default())
-            .await
-            .expect("enqueue");
+    // Filled by 16 tasks at once (not timed).
+    let mut fill = Vec::new();
+    for lane in 0..16 {
+        let store = store.clone();
+        fill.push(tokio::spawn(async move {
+            for i in (lane..runs).step_by(16) {
+                let scope = support::run(&format!("b{i:05}"));
+                let cp = support::checkpoint("start", 0);
+                store
+                    .enqueue(&scope, &cp, &EnqueueOptions::default())
+                    .await
+                    .expect("enqueue");
+            }
+        }));
+    }
+    for f in fill {
+        f.await.unwrap();
     }
     let t = Instant::now();
     let mut tasks = Vec::new();
