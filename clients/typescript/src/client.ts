@@ -53,8 +53,16 @@ import type {
   NewAuditBody,
   NewEventBody,
   OutcomeBody,
+  MaybeThreadCheckpoint,
   ProblemBody,
   Pruned,
+  PutThreadCheckpointBody,
+  PutThreadWritesBody,
+  ThreadCheckpointBody,
+  ThreadCheckpointList,
+  ThreadDeleted,
+  ThreadListQuery,
+  ThreadsListQuery,
   ResolutionBody,
   RunAddress,
   RunPageBody,
@@ -169,6 +177,12 @@ export const OPERATIONS = {
   write_report: ["PUT", "{run}/report", "writeReport"],
   read_audit: ["GET", "{run}/audit", "readAudit"],
   append_audit: ["POST", "{run}/audit", "appendAudit"],
+  put_thread_checkpoint: ["PUT", "{run}/thread/checkpoints", "putThreadCheckpoint"],
+  list_thread_checkpoints: ["GET", "{run}/thread/checkpoints", "listThreadCheckpoints"],
+  get_thread_checkpoint: ["GET", "{run}/thread/checkpoint", "getThreadCheckpoint"],
+  put_thread_writes: ["POST", "{run}/thread/writes", "putThreadWrites"],
+  delete_thread: ["DELETE", "{run}/thread", "deleteThread"],
+  list_threads_checkpoints: ["GET", "/v1/tenants/{tenant}/thread-checkpoints", "listThreadsCheckpoints"],
 } as const satisfies Record<string, readonly [string, string, keyof RunkeepClient]>;
 
 /** The path prefix `{run}` stands for in {@link OPERATIONS}. */
@@ -630,6 +644,81 @@ export class RunkeepClient {
     const r = await this.runWrite<AuditList>("POST", run, "/audit", body, options);
     return r.records;
   }
+
+  // ---- threads (checkpoint savers) -------------------------------------------
+
+  /**
+   * Writes a thread checkpoint `(ns, checkpointId)` with the channel values
+   * it changed (`PUT …/thread/checkpoints`), replacing one with the same
+   * key. Fenced like any checkpoint write.
+   */
+  putThreadCheckpoint(run: RunRef, body: Omit<PutThreadCheckpointBody, "fence">, options: FencedOptions = {}): Promise<Done> {
+    return this.runWrite("PUT", run, "/thread/checkpoints", withFence(body, options.fence), options);
+  }
+
+  /**
+   * Stores a task's pending writes on a thread checkpoint
+   * (`POST …/thread/writes`): a repeated ordinary `(taskId, idx)` is
+   * ignored, a special channel's slot (`idx < 0`) replaced; `park` parks
+   * the run there.
+   */
+  putThreadWrites(run: RunRef, body: Omit<PutThreadWritesBody, "fence">, options: FencedOptions = {}): Promise<Done> {
+    return this.runWrite("POST", run, "/thread/writes", withFence(body, options.fence), options);
+  }
+
+  /**
+   * One thread checkpoint (`GET …/thread/checkpoint`): by `checkpointId`,
+   * else the namespace's latest (greatest id); `null` when there is none.
+   */
+  async getThreadCheckpoint(
+    run: RunRef,
+    query: { ns?: string; checkpointId?: string } = {},
+    options: CallOptions = {},
+  ): Promise<ThreadCheckpointBody | null> {
+    const q = { ns: query.ns ?? "", checkpointId: query.checkpointId };
+    return (await this.runGet<MaybeThreadCheckpoint>(run, "/thread/checkpoint", options, q)).checkpoint ?? null;
+  }
+
+  /** A thread's checkpoints, newest first (`GET …/thread/checkpoints`). */
+  async listThreadCheckpoints(run: RunRef, query: ThreadListQuery = {}, options: CallOptions = {}): Promise<ThreadCheckpointBody[]> {
+    const q = {
+      ns: query.ns,
+      checkpointId: query.checkpointId,
+      before: query.before,
+      limit: query.limit,
+      filter: filterParam(query.filter),
+    };
+    return (await this.runGet<ThreadCheckpointList>(run, "/thread/checkpoints", options, q)).checkpoints;
+  }
+
+  /**
+   * Thread checkpoints across every thread of the tenant, or of `project`
+   * (and `session`), newest first (`GET {tenant}/thread-checkpoints`).
+   */
+  async listThreadsCheckpoints(query: ThreadsListQuery = {}, options: CallOptions = {}): Promise<ThreadCheckpointBody[]> {
+    const r = await this.call<ThreadCheckpointList>("GET", await this.tenantPath("/thread-checkpoints", options), {
+      query: {
+        project: query.project,
+        session: query.session,
+        ns: query.ns,
+        before: query.before,
+        limit: query.limit,
+        filter: filterParam(query.filter),
+      },
+      signal: options.signal,
+    });
+    return r.checkpoints;
+  }
+
+  /** Deletes every thread record of the run (`DELETE …/thread`); its lease, lifecycle and events stay. */
+  async deleteThread(run: RunRef, options: FencedOptions = {}): Promise<ThreadDeleted> {
+    const p = await this.runPath(run, "/thread", options);
+    return this.call("DELETE", p.path, { query: { ...p.query, fence: options.fence }, signal: options.signal });
+  }
+}
+
+function filterParam(filter: JsonObject | undefined): string | undefined {
+  return filter === undefined || Object.keys(filter).length === 0 ? undefined : JSON.stringify(filter);
 }
 
 /** The {@link RunRef} of a run's address. */

@@ -510,3 +510,151 @@ export interface Appended {
 export interface AuditList {
   records: AuditBody[];
 }
+
+// ---- threads (checkpoint savers: `…/thread…`, `…/thread-checkpoints`) ----
+
+/** One channel value at one version (a "blob"). */
+export interface ThreadBlobBody {
+  channel: string;
+  /**
+   * The version as text (an integer version as its decimal digits): matched
+   * against the checkpoint's `channel_versions` entry for the channel, a
+   * string as itself and a number as its JSON text.
+   */
+  version: string;
+  /** The client's serialization tag (`json`, `bytes`, `empty`, …). */
+  type: string;
+  /** Base64 of the serialized value; `null` for a value without bytes. */
+  data?: string | null;
+}
+
+/** `PUT …/thread/checkpoints`: a thread checkpoint and the values it changed. */
+export interface PutThreadCheckpointBody {
+  /** The thread's own id as the client names it (cross-thread listings return it). */
+  thread: string;
+  /** The namespace (`""`: the root graph). */
+  ns?: string;
+  /** Its id; the latest of a namespace is the greatest id (byte order). */
+  checkpointId: string;
+  /** The parent's id (same namespace). */
+  parentId?: string;
+  /** The checkpoint document without its channel values (kept as given; its `channel_versions` says which blob each channel reads back). */
+  checkpoint: JsonObject;
+  /** The metadata (kept as given; what `filter` matches). */
+  metadata?: JsonObject;
+  /** The channel values this checkpoint changed. */
+  blobs?: ThreadBlobBody[];
+  fence?: number;
+}
+
+/** One pending write of a task. */
+export interface ThreadWriteBody {
+  /** `>= 0`: an ordinary write (a repeat of `(taskId, idx)` is ignored); `< 0`: a special channel's slot (a repeat replaces it). */
+  idx: number;
+  channel: string;
+  type: string;
+  data?: string | null;
+}
+
+/** The park a batch of writes opens on its checkpoint (an interrupt). */
+export interface ThreadParkBody {
+  /** The human-facing request; carries a string `type`. */
+  request: JsonObject;
+  /** Deadline, epoch ms. */
+  deadlineAt?: number;
+}
+
+/** `POST …/thread/writes`: a task's pending writes on a thread checkpoint. */
+export interface PutThreadWritesBody {
+  thread: string;
+  ns?: string;
+  checkpointId: string;
+  taskId: string;
+  /** The task's path (sorts writes). */
+  taskPath?: string;
+  writes: ThreadWriteBody[];
+  /** Parks the run on this checkpoint (an interrupt). */
+  park?: ThreadParkBody;
+  fence?: number;
+}
+
+/** A stored pending write. */
+export interface StoredThreadWrite {
+  taskId: string;
+  taskPath: string;
+  idx: number;
+  channel: string;
+  type: string;
+  data?: string | null;
+}
+
+/** The park opened on a thread checkpoint by its writes. */
+export interface ThreadParkState {
+  /** The runkeep checkpoint holding the park (what the console and `resolvePark` name). */
+  checkpoint: string;
+  pending: PendingBody;
+}
+
+/** A thread checkpoint as read back. */
+export interface ThreadCheckpointBody {
+  /** The thread's own id (as the writer named it). */
+  thread: string;
+  /** The run that keeps the thread. */
+  run: string;
+  ns: string;
+  checkpointId: string;
+  parentId?: string | null;
+  /** The checkpoint document as written. */
+  checkpoint: JsonObject;
+  /** The metadata as written. */
+  metadata: JsonObject;
+  /** The channel values rebuilt from `channel_versions` (a channel whose blob was never written is absent). */
+  values: ThreadBlobBody[];
+  /** The pending writes, in `(taskPath, taskId, idx)` order. */
+  writes: StoredThreadWrite[];
+  fence?: number;
+  createdAt: number;
+  /** The park its writes opened, with the answer once given. */
+  park?: ThreadParkState;
+}
+
+/** A thread checkpoint read (`null` when there is none). */
+export interface MaybeThreadCheckpoint {
+  checkpoint?: ThreadCheckpointBody | null;
+}
+
+/** Thread checkpoints, newest first. */
+export interface ThreadCheckpointList {
+  checkpoints: ThreadCheckpointBody[];
+}
+
+/** A thread deleted. */
+export interface ThreadDeleted {
+  /** Runkeep checkpoints (thread checkpoints and write records) deleted. */
+  checkpointCount: number;
+}
+
+/** What a thread listing keeps (`GET …/thread/checkpoints`). */
+export interface ThreadListQuery {
+  /** Only this namespace (absent: every namespace; `""`: the root graph). */
+  ns?: string;
+  /** Only this checkpoint id. */
+  checkpointId?: string;
+  /** Only ids below this one (byte order). */
+  before?: string;
+  /** At most this many, newest first. */
+  limit?: number;
+  /** Only checkpoints whose metadata has each key with an equal value (an absent key equals `null`). */
+  filter?: JsonObject;
+}
+
+/** What a listing across threads keeps (`GET {tenant}/thread-checkpoints`). */
+export interface ThreadsListQuery {
+  project?: string;
+  /** Needs `project`. */
+  session?: string;
+  ns?: string;
+  before?: string;
+  limit?: number;
+  filter?: JsonObject;
+}
