@@ -1513,7 +1513,7 @@ fn markdown(report: &Value, cases: &[Case], ratios: &[Ratio], images: &str) -> S
         text(&st["secondsPerMeasurement"]),
         report["seconds"].as_f64().unwrap_or(0.0),
         if report["preliminary"] == true {
-            " **Preliminary (`--quick`): short measurements on a busy machine.**"
+            " **Preliminary (`--quick`): short measurements; judge by a full run.**"
         } else {
             ""
         }

@@ -78,12 +78,9 @@ pub async fn server_info(url: &str) -> Result<Value, String> {
         "max_connections",
     ] {
         let row = client
-            .query_one(
-                "SELECT setting || COALESCE(unit, '') FROM pg_settings WHERE name = $1",
-                &[&name],
-            )
+            .query_one("SELECT current_setting($1)", &[&name])
             .await
-            .ctx("read pg_settings")?;
+            .ctx("read the server's settings")?;
         settings.insert(name.into(), json!(row.get::<_, String>(0)));
     }
     Ok(json!({ "version": version, "settings": settings }))
