@@ -1644,7 +1644,7 @@ fn point(c: &Case, x: f64, invert: bool) -> Option<(f64, f64, f64, f64)> {
 }
 
 /// The plots: throughput against workers (every drain, and the
-/// PostgreSQL ones alone on a linear scale) and each scaling curve.
+/// PostgreSQL ones with the peers) and each scaling curve.
 fn charts(cases: &[Case]) -> Vec<(String, svg::Chart)> {
     let drain_series = |filter: &dyn Fn(&Case) -> bool| {
         let mut by: BTreeMap<String, Vec<(f64, f64, f64, f64)>> = BTreeMap::new();
@@ -1696,9 +1696,9 @@ fn charts(cases: &[Case]) -> Vec<(String, svg::Chart)> {
             svg::Chart {
                 title: "PostgreSQL: drain cycle against workers".into(),
                 x_label: "concurrent workers".into(),
-                y_label: "cycles (jobs) per second".into(),
+                y_label: "cycles (jobs) per second, log scale".into(),
                 x_log: false,
-                y_log: false,
+                y_log: true,
                 series: pg_family,
             },
         ));
