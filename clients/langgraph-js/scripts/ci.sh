@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# The LangGraph.js saver's CI: build the TypeScript client it depends on
+# (file:../typescript), install from the committed lockfile, type-check,
+# build, and run the vitest specs against a live `runkeep serve` (one per
+# run, started by test/global-setup.ts on a free port with reader, worker
+# and operator tokens): LangGraph.js's own validation suite
+# (@langchain/langgraph-checkpoint-validation 1.1.1, through validate()),
+# write ownership, and interrupts as parks under a real graph.
+# Needs Node >= 20 and npm; fails, never skips, without them.
+# `scripts/test.sh` calls this.
+set -euo pipefail
+here="$(cd "$(dirname "$0")/.." && pwd)"
+repo="$(cd "$here/../.." && pwd)"
+
+if ! command -v node >/dev/null 2>&1 || ! command -v npm >/dev/null 2>&1; then
+    echo "clients/langgraph-js: node and npm are required (Node 20 or later); install them (Debian: apt-get install nodejs npm) and run again" >&2
+    exit 1
+fi
+major="$(node -p 'process.versions.node.split(".")[0]')"
+if [ "$major" -lt 20 ]; then
+    echo "clients/langgraph-js: Node $(node --version) is too old; the saver needs Node 20 or later" >&2
+    exit 1
+fi
+
+if [ -z "${RUNKEEP_BIN:-}" ]; then
+    (cd "$repo" && cargo build --quiet -p runkeep-cli --bin runkeep --all-features)
+    export RUNKEEP_BIN="$repo/target/debug/runkeep"
+fi
+
+# The client, built to dist/ (what `@runkeep/client` resolves to).
+(
+    cd "$repo/clients/typescript"
+    [ -d node_modules/typescript ] || npm ci --no-audit --no-fund --loglevel=error
+    npx tsc -p .
+)
+
+cd "$here"
+npm ci --no-audit --no-fund --loglevel=error
+npx tsc --noEmit -p .
+rm -rf dist
+npx tsc -p tsconfig.build.json
+# A hung test fails the run instead of blocking CI.
+timeout 300 npx vitest run --reporter=default
