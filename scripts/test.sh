@@ -33,6 +33,7 @@ cargo test --workspace --all-features --no-fail-fast -- "${include_ignored[@]}"
 # against a live `runkeep serve`. Fails when node/npm are missing.
 bash clients/typescript/scripts/ci.sh
 bash clients/python/scripts/ci.sh  # Python client + LangGraph saver: conformance, two-process write ownership
+bash clients/langgraph-js/scripts/ci.sh  # LangGraph.js saver: @langchain/langgraph-checkpoint-validation 1.1.1 (718 tests), write ownership, parks
 
 # The web console's browser tests (crates/runkeep-server/console/tests):
 # headless Debian chromium driven by playwright-core against
