@@ -29,13 +29,22 @@ class State(TypedDict):
     log: Annotated[list, operator.add]
 
 
+def approved(answer) -> bool:
+    """The answer approves: ``"yes"`` (an answer through the API, as
+    ``--answer yes``) or the console's Approve button, whose decision is
+    ``{"action": "approve", "by": …}``."""
+    if isinstance(answer, dict):
+        return answer.get("action") == "approve"
+    return answer == "yes"
+
+
 def build():
     def draft(state: State) -> dict:
         return {"log": ["drafted"]}
 
     def approve(state: State) -> dict:
         answer = interrupt({"question": "Ship the draft?", "draft": state["log"]})
-        return {"log": [f"approval: {answer}"]}
+        return {"log": [f"approval: {'yes' if approved(answer) else 'no'}"]}
 
     def ship(state: State) -> dict:
         return {"log": ["shipped" if "approval: yes" in state["log"] else "not shipped"]}

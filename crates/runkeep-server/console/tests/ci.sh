@@ -5,6 +5,8 @@
 # the test starts on a free port and stops. Installs chromium with apt-get
 # when it is missing and this runs as root; fails, never skips, when it
 # cannot run. `scripts/test.sh` calls this. Takes docs/console/*.png.
+# parks.test.mjs also runs the Python LangGraph example's workers from the
+# venv clients/python/scripts/ci.sh makes (scripts/test.sh runs that first).
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 repo="$(cd "$here/../../../.." && pwd)"
@@ -34,4 +36,4 @@ export RUNKEEP_BIN="${RUNKEEP_BIN:-$repo/target/debug/runkeep}"
 
 cd "$here"
 npm ci --no-audit --no-fund --loglevel=error
-node --test --test-concurrency=1 sse.test.mjs console.test.mjs
+node --test --test-concurrency=1 sse.test.mjs console.test.mjs parks.test.mjs
