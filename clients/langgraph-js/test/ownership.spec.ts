@@ -115,9 +115,12 @@ describe("write ownership", () => {
       filter: { project: "langgraph-js", session },
       handler: async (ctx) => {
         fence = ctx.fence;
-        const graph = approvalGraph().compile({ checkpointer: base.owned(thread, ctx) });
-        await graph.invoke({ log: [] }, { configurable: { thread_id: thread }, durability: "sync", signal: ctx.signal });
-        stop.abort(); // one run is the test: take no other
+        try {
+          const graph = approvalGraph().compile({ checkpointer: base.owned(thread, ctx) });
+          await graph.invoke({ log: [] }, { configurable: { thread_id: thread }, durability: "sync", signal: ctx.signal });
+        } finally {
+          stop.abort(); // one run is the test: take no other (nor retry a failed one)
+        }
         return { release: true }; // it waits on its park; whoever claims it next resumes it
       },
     });
