@@ -67,7 +67,7 @@ use tokio_postgres::types::ToSql;
 use tokio_postgres::{NoTls, Row};
 
 use runkeep::checkpoint::sort_checkpoints;
-use runkeep::evidence::check_document_size;
+use runkeep::evidence::{check_document_size, check_json_document};
 use runkeep::lease::{check_write_fence, decide_release, stamp_fence};
 use runkeep::lifecycle;
 use runkeep::listing::{ListQuery, RowKey};
@@ -2203,10 +2203,7 @@ impl EvidenceStore for PgStore {
     ) -> Result<()> {
         let v =
             serde_json::to_value(record).map_err(|e| Error::invalid(format!("run record: {e}")))?;
-        check_document_size(
-            "run record",
-            serde_json::to_vec(&v).map_or(usize::MAX, |b| b.len()),
-        )?;
+        check_json_document("run record", record, record.values())?;
         self.check_json("run record", &v)?;
         let key = Key::of(scope);
         let what = "write_run_record";
@@ -2250,10 +2247,7 @@ impl EvidenceStore for PgStore {
         through_event_seq: u64,
         fence: Option<Fence>,
     ) -> Result<()> {
-        check_document_size(
-            "message snapshot",
-            serde_json::to_vec(messages).map_or(usize::MAX, |v| v.len()),
-        )?;
+        check_json_document("message snapshot", messages, messages)?;
         let key = Key::of(scope);
         let what = "write_messages";
         let write = self.messages_stmt(&key, messages, through_event_seq)?;
