@@ -356,7 +356,7 @@ impl Checkpoint {
 
     /// The compact length of [`Checkpoint::to_json`], computed without
     /// copying the state.
-    /// The state holds no reserved key ([`Checkpoint::validate`] refuses
+    /// The state holds no reserved key ([`Checkpoint::validate_for_write`] refuses
     /// them), so the two objects merge without overlap.
     pub fn json_len(&self) -> usize {
         let header = self.header_json();
