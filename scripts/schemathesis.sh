@@ -14,7 +14,7 @@
 #   tenant `acme`, and a few runs seeded (queued, held, parked, finished) so
 #   the per-run routes reach real state.
 # - One schemathesis run per token, in that order, each bounded by
-#   SCHEMATHESIS_MAX_TIME seconds (default 15); hooks in
+#   SCHEMATHESIS_MAX_TIME seconds (default 10); hooks in
 #   scripts/schemathesis_hooks.py shorten long-poll waits and leave out what
 #   no document can state (opaque cursors, `session` without `project`).
 #
@@ -24,7 +24,7 @@ repo="$(cd "$(dirname "$0")/.." && pwd)"
 cd "$repo"
 
 python="${PYTHON:-python3}"
-max_time="${SCHEMATHESIS_MAX_TIME:-15}"
+max_time="${SCHEMATHESIS_MAX_TIME:-10}"
 req="scripts/schemathesis-requirements.txt"
 base="$repo/target/schemathesis"
 venv="$base/venv"
