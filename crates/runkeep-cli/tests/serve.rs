@@ -280,6 +280,86 @@ fn sigterm_lets_the_request_in_flight_finish_refuses_new_connections_and_exits_0
 }
 
 #[test]
+fn a_sigterm_between_bind_and_the_serve_loop_is_a_graceful_stop() {
+    // Forces the interleaving: the server's stdout is a pipe filled to the
+    // brim, so after binding its socket it blocks writing the "listening"
+    // line, before its serve loop ever runs. The SIGTERM lands there. A
+    // handler registered only by the serve loop leaves SIGTERM's default
+    // action in that window: the process is killed, not stopped.
+    let dir = tempfile::tempdir().unwrap();
+    common::stdout(&mut token_cmd(
+        dir.path(),
+        &["create", "--role", "operator", "--label", "t"],
+    ));
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let (mut out_r, out_w) = std::io::pipe().unwrap();
+    let flags = rustix::fs::fcntl_getfl(&out_w).unwrap();
+    rustix::fs::fcntl_setfl(&out_w, flags | rustix::fs::OFlags::NONBLOCK).unwrap();
+    let mut filled = 0usize;
+    let junk = [b'.'; 4096];
+    loop {
+        match (&out_w).write(&junk) {
+            Ok(n) => filled += n,
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
+            Err(e) => panic!("filling the pipe: {e}"),
+        }
+    }
+    rustix::fs::fcntl_setfl(&out_w, flags).unwrap();
+
+    let mut cmd = Command::new(binary());
+    for var in ["RUNKEEP_STORE", "RUNKEEP_TENANT", "RUNKEEP_TOKENS", "RUNKEEP_LOG"] {
+        cmd.env_remove(var);
+    }
+    let mut child = cmd
+        .env("NO_COLOR", "1")
+        .arg("--store")
+        .arg(format!("fs:{}", dir.path().join("data").display()))
+        .args(["serve", "--listen", &format!("127.0.0.1:{port}"), "--tokens"])
+        .arg(dir.path().join("tokens.json"))
+        .stdout(Stdio::from(out_w))
+        .stderr(Stdio::inherit())
+        .spawn()
+        .expect("start runkeep serve");
+    let deadline = Instant::now() + BOUND;
+    while TcpStream::connect(("127.0.0.1", port)).is_err() {
+        assert!(
+            child.try_wait().unwrap().is_none(),
+            "runkeep serve ended before binding"
+        );
+        assert!(Instant::now() < deadline, "runkeep serve never bound");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    // Bound, and the listening line is not out: the pipe holds only ours.
+    assert_eq!(
+        rustix::io::ioctl_fionread(&out_r).unwrap() as usize,
+        filled,
+        "the server wrote to stdout before the SIGTERM: the interleaving did not happen"
+    );
+    sigterm(&child);
+    let reader = std::thread::spawn(move || {
+        let mut all = Vec::new();
+        out_r.read_to_end(&mut all).unwrap();
+        String::from_utf8_lossy(&all[filled..]).into_owned()
+    });
+    let status = wait_within(&mut child, BOUND, "runkeep serve after SIGTERM");
+    let said = reader.join().unwrap();
+    assert_eq!(
+        status.code(),
+        Some(0),
+        "killed by the SIGTERM instead of stopping: {status:?}, stdout {said:?}"
+    );
+    assert!(said.contains("listening on http://127.0.0.1:"), "{said}");
+    assert!(
+        said.contains("stopped; every request in flight was answered"),
+        "{said}"
+    );
+}
+
+#[test]
 fn bad_limits_are_refused_before_anything_is_created() {
     let dir = tempfile::tempdir().unwrap();
     let out = runkeep()

@@ -707,25 +707,24 @@ async fn request_timeout(
     }
 }
 
-/// Resolves on Ctrl-C (SIGINT) or SIGTERM.
-pub async fn shutdown_signal() {
-    let interrupt = async {
-        if tokio::signal::ctrl_c().await.is_err() {
-            std::future::pending::<()>().await;
+/// Listens for Ctrl-C (SIGINT) and SIGTERM from the moment it is called,
+/// and returns a future that resolves on the first of them.
+///
+/// Call it before telling anyone the server is up: until the handlers are
+/// registered a SIGTERM keeps its default action and kills the process
+/// with requests in flight (a lazily registered handler left that window
+/// open between the "listening" line and the first poll of the serve loop).
+pub fn shutdown_signal() -> std::io::Result<impl std::future::Future<Output = ()> + Send + 'static>
+{
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut interrupt = signal(SignalKind::interrupt())?;
+    let mut terminate = signal(SignalKind::terminate())?;
+    Ok(async move {
+        tokio::select! {
+            _ = interrupt.recv() => {}
+            _ = terminate.recv() => {}
         }
-    };
-    let terminate = async {
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(mut s) => {
-                s.recv().await;
-            }
-            Err(_) => std::future::pending::<()>().await,
-        }
-    };
-    tokio::select! {
-        () = interrupt => {}
-        () = terminate => {}
-    }
+    })
 }
 
 #[cfg(test)]

@@ -268,6 +268,10 @@ pub(crate) async fn serve_until_signal(
     store_label: &str,
     announce: impl FnOnce(SocketAddr) -> CliResult<()>,
 ) -> CliResult<Exit> {
+    // Registered before the address is announced: a SIGTERM from then on
+    // is a graceful stop, never the default kill.
+    let shutdown = runkeep_server::manners::shutdown_signal()
+        .map_err(|e| CliError::failed(format!("cannot listen for SIGTERM and Ctrl-C: {e}")))?;
     let server = Server::bind(config, state).await.map_err(serve_error)?;
     let address = server
         .local_addr()
@@ -285,7 +289,7 @@ pub(crate) async fn serve_until_signal(
     }
     announce(address)?;
     let stopped = server
-        .run(runkeep_server::manners::shutdown_signal())
+        .run(shutdown)
         .await
         .map_err(|e| CliError::failed(format!("serving on {address}: {e}")))?;
     match stopped {
