@@ -324,6 +324,9 @@ fn a_sigterm_between_bind_and_the_serve_loop_is_a_graceful_stop() {
         .stderr(Stdio::inherit())
         .spawn()
         .expect("start runkeep serve");
+    // The command holds our copy of the pipe's write end: close it, or the
+    // reader below never sees the end of the server's output.
+    drop(cmd);
     let deadline = Instant::now() + BOUND;
     while TcpStream::connect(("127.0.0.1", port)).is_err() {
         assert!(

@@ -24,8 +24,8 @@ enum Flaw {
     GrantsEveryClaimAtFenceOne,
     /// Mints fences correctly but writes ignore the presented fence.
     IgnoresFenceOnWrite,
-    /// Deletes the claim on release and counts from the live claim (the
-    /// reference's DF-17/DF-18 defect).
+    /// Deletes the claim on release and counts from the live claim, so the
+    /// next holder is issued a fence that was issued before.
     RewindsFenceAfterRelease,
     /// Answers every listing as if it were for the conformance tenant.
     IgnoresListingScope,

@@ -598,7 +598,7 @@ pub enum ReplayVerdict {
     Unavailable(ReplayGap),
 }
 
-/// The replay rule (spec EV-36), in this order: generations both known and
+/// The replay rule, in this order: generations both known and
 /// different ⇒ `GenerationChanged`; cursor past the head ⇒ `CursorAhead`; at
 /// the head ⇒ `Complete`; first event not `since_seq + 1` ⇒ `Gap`; else
 /// `Replayed`. An unknown generation on either side neither matches nor

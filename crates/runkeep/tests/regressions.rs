@@ -26,7 +26,7 @@ fn parked(id: &str) -> Checkpoint {
         .with_pending(PendingDecision::new("plan_approval", Map::new(), at(10)))
 }
 
-/// DF-23: an approval inbox — three parked runs over two tenants (one a
+/// An approval inbox — three parked runs over two tenants (one a
 /// sub-run) and an unparked run ⇒ exactly the tenant's two parked runs, the
 /// sub-run with its parent.
 #[tokio::test]

@@ -54,7 +54,7 @@ pub async fn stamps_each_checkpoint_with_the_fence_it_was_written_under(
     assert_eq!(back.fence, Some(l.fence));
 }
 
-/// WK-1/WK-14: a write accepted under an older fence never outranks one
+/// A write accepted under an older fence never outranks one
 /// written under a newer fence, whatever the clocks say.
 pub async fn orders_latest_by_fence_before_clock(store: Arc<dyn RunStore>, _env: CaseEnv) {
     let a = run("a");
@@ -159,7 +159,7 @@ pub async fn answers_absence_and_deletes_idempotently(store: Arc<dyn RunStore>, 
     );
 }
 
-/// WK-10: invalid checkpoints are refused on write and change nothing.
+/// Invalid checkpoints are refused on write and change nothing.
 pub async fn refuses_an_invalid_checkpoint_and_changes_nothing(
     store: Arc<dyn RunStore>,
     _env: CaseEnv,
@@ -199,7 +199,7 @@ pub async fn refuses_an_invalid_checkpoint_and_changes_nothing(
     assert_eq!(ids, ["cp_conformance_ok"]);
 }
 
-/// WK-12: mutating what was written or returned never changes the store.
+/// Mutating what was written or returned never changes the store.
 pub async fn hands_out_copies_not_references(store: Arc<dyn RunStore>, _env: CaseEnv) {
     let a = run("a");
     let mut cp = checkpoint("1", 0);

@@ -154,7 +154,7 @@ pub async fn releases_only_on_the_fence_that_currently_holds_it(
     );
 }
 
-/// DF-22: the new holder keeps its holding and fence after a stale release.
+/// The new holder keeps its holding and fence after a stale release.
 pub async fn a_superseded_holders_late_release_leaves_the_new_holder_intact(
     store: Arc<dyn RunStore>,
     _env: CaseEnv,
@@ -190,7 +190,7 @@ pub async fn issues_fence_plus_two_after_a_release(store: Arc<dyn RunStore>, _en
     assert_eq!(second.fence.get(), 3);
 }
 
-/// DF-3: five claim/release cycles give strictly increasing, unique fences.
+/// Five claim/release cycles give strictly increasing, unique fences.
 pub async fn never_reissues_a_fence_across_claim_release_cycles(
     store: Arc<dyn RunStore>,
     _env: CaseEnv,
@@ -208,7 +208,7 @@ pub async fn never_reissues_a_fence_across_claim_release_cycles(
     );
 }
 
-/// DF-1 / FL-19: 32 simultaneous takers ⇒ exactly one lease.
+/// 32 simultaneous takers ⇒ exactly one lease.
 pub async fn gives_exactly_one_lease_to_simultaneous_takers(
     store: Arc<dyn RunStore>,
     _env: CaseEnv,

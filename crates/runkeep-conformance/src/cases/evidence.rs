@@ -113,7 +113,7 @@ pub async fn reads_events_after_since_seq_exclusively(store: Arc<dyn RunStore>, 
     );
 }
 
-/// WK-22: concurrent appenders never share a number and never leave a gap.
+/// Concurrent appenders never share a number and never leave a gap.
 pub async fn never_gives_two_concurrent_appends_one_number(
     store: Arc<dyn RunStore>,
     _env: CaseEnv,
@@ -286,7 +286,7 @@ pub async fn keeps_the_audit_trail_in_its_own_sequence(store: Arc<dyn RunStore>,
     assert!(matches!(bad, Err(runkeep::Error::InvalidInput { .. })));
 }
 
-/// EV-29: the ledger keeps the last completion per tool use id.
+/// The ledger keeps the last completion per tool use id.
 pub async fn records_the_last_completion_of_each_tool(store: Arc<dyn RunStore>, _env: CaseEnv) {
     let a = run("a");
     store

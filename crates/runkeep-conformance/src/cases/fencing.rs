@@ -44,7 +44,7 @@ pub async fn fences_the_stalled_holder_out_at_the_moment_it_writes(
     expect_fenced_out(err, w1.fence, w2.fence);
 }
 
-/// DF-18: the refusal survives the new holder's release.
+/// The refusal survives the new holder's release.
 pub async fn still_refuses_a_superseded_fence_after_the_new_holder_releases(
     store: Arc<dyn RunStore>,
     _env: CaseEnv,
@@ -79,7 +79,7 @@ pub async fn refuses_the_fence_its_own_holder_just_released(
     );
 }
 
-/// WK-4: a fence above every issued one is refused as invalid input.
+/// A fence above every issued one is refused as invalid input.
 pub async fn refuses_a_fence_that_was_never_issued(store: Arc<dyn RunStore>, _env: CaseEnv) {
     let a = run("a");
     let never = Fence::new(7).expect("fence");
@@ -152,7 +152,7 @@ pub async fn a_refused_write_leaves_nothing_behind(store: Arc<dyn RunStore>, _en
     let _ = w2;
 }
 
-/// WK-2: events, run record, messages, report, audit, delete, prune and park
+/// Events, run record, messages, report, audit, delete, prune and park
 /// resolution all refuse a superseded fence.
 pub async fn fences_every_kind_of_run_evidence(store: Arc<dyn RunStore>, _env: CaseEnv) {
     let a = run("a");

@@ -47,7 +47,7 @@ pub async fn answers_nothing_for_a_project_it_does_not_hold(
     assert_eq!(ids(&page), ["run_conformance_a"]);
 }
 
-/// DF-28: narrowing below the tenant works.
+/// Narrowing below the tenant works.
 pub async fn narrows_the_listing_to_a_session(store: Arc<dyn RunStore>, _env: CaseEnv) {
     write(&store, &run("a"), &checkpoint("1", 0), None).await;
     let other = ListingScope::session(
@@ -158,7 +158,7 @@ pub async fn keeps_one_tenants_runs_out_of_another_tenants_listing(
     assert_eq!(ids(&ours), ["run_conformance_a"]);
 }
 
-/// DF-37: an expired claim reads as unheld; a live one as held.
+/// An expired claim reads as unheld; a live one as held.
 pub async fn shows_the_queue_reader_which_runs_nobody_holds(
     store: Arc<dyn RunStore>,
     _env: CaseEnv,
@@ -199,7 +199,7 @@ pub async fn shows_the_queue_reader_which_runs_nobody_holds(
     assert!(b.expired);
 }
 
-/// DM-24 decided: after a clean release every backend shows the tombstone
+/// After a clean release every backend shows the tombstone
 /// (holder "", the tombstone's fence, expiry 0, expired) — never a live claim
 /// and never "never claimed".
 pub async fn shows_a_released_run_as_a_tombstone_not_a_live_claim(
@@ -342,7 +342,7 @@ pub async fn walks_every_row_exactly_once_in_both_orders(store: Arc<dyn RunStore
     }
 }
 
-/// CS-39: a run that checkpoints again between pages is neither lost nor
+/// A run that checkpoints again between pages is neither lost nor
 /// repeated.
 pub async fn keeps_paging_stable_when_a_run_checkpoints_between_pages(
     store: Arc<dyn RunStore>,
@@ -387,7 +387,7 @@ pub async fn keeps_paging_stable_when_a_run_checkpoints_between_pages(
     }
 }
 
-/// CS-43: the exhausting page has no cursor; an exactly-full page with rows
+/// The exhausting page has no cursor; an exactly-full page with rows
 /// remaining has one.
 pub async fn carries_a_cursor_only_while_rows_remain(store: Arc<dyn RunStore>, _env: CaseEnv) {
     for r in ["a", "b", "c", "d"] {
@@ -434,7 +434,7 @@ pub async fn carries_a_cursor_only_while_rows_remain(store: Arc<dyn RunStore>, _
     assert!(all.cursor.is_none());
 }
 
-/// DF-29: limit 0 returns one row and paging continues one at a time.
+/// Limit 0 returns one row and paging continues one at a time.
 pub async fn treats_limit_zero_as_one(store: Arc<dyn RunStore>, _env: CaseEnv) {
     for r in ["a", "b"] {
         write(&store, &run(r), &checkpoint(r, 0), None).await;
@@ -463,7 +463,7 @@ pub async fn treats_limit_zero_as_one(store: Arc<dyn RunStore>, _env: CaseEnv) {
     assert_eq!(first.entries.len(), 1);
 }
 
-/// DF-31: unrecorded start sorts first; a recorded 0 after it, also across a
+/// Unrecorded start sorts first; a recorded 0 after it, also across a
 /// page boundary.
 pub async fn puts_unrecorded_start_first_and_recorded_zero_after(
     store: Arc<dyn RunStore>,
@@ -489,7 +489,7 @@ pub async fn puts_unrecorded_start_first_and_recorded_zero_after(
     assert_eq!(rows[0].run_created_at, None);
 }
 
-/// DM-16.7: run start is the minimum and pruning the oldest does not move it.
+/// Run start is the minimum and pruning the oldest does not move it.
 pub async fn keeps_run_start_when_the_oldest_checkpoint_is_pruned(
     store: Arc<dyn RunStore>,
     _env: CaseEnv,
@@ -510,7 +510,7 @@ pub async fn keeps_run_start_when_the_oldest_checkpoint_is_pruned(
     assert_eq!(page.entries[0].checkpoint_count, 1);
 }
 
-/// WK-24: a cursor is bound to its order; forged text is refused.
+/// A cursor is bound to its order; forged text is refused.
 pub async fn refuses_a_cursor_from_another_order_or_a_forged_one(
     store: Arc<dyn RunStore>,
     _env: CaseEnv,
@@ -565,7 +565,7 @@ pub async fn refuses_a_cursor_from_another_order_or_a_forged_one(
     }
 }
 
-/// CS-68: children and grandchildren are listed with their parents.
+/// Children and grandchildren are listed with their parents.
 pub async fn lists_sub_runs_with_their_parent(store: Arc<dyn RunStore>, _env: CaseEnv) {
     let a = run("a");
     let b = run("b").with_parent(a.run_id.clone());

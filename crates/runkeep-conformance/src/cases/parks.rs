@@ -7,7 +7,7 @@ use serde_json::json;
 
 use crate::support::*;
 
-/// WK-16: one answer; the second is refused and the first kept.
+/// One answer; the second is refused and the first kept.
 pub async fn answers_a_park_once_and_refuses_the_second_answer(
     store: Arc<dyn RunStore>,
     _env: CaseEnv,
@@ -139,7 +139,7 @@ pub async fn expires_a_park_only_after_its_deadline(store: Arc<dyn RunStore>, _e
     assert_eq!(p.state(at(100)), ParkState::Resolved);
 }
 
-/// DM-17: an answer given after the deadline reads resolved, not expired.
+/// An answer given after the deadline reads resolved, not expired.
 pub async fn reads_an_answer_after_the_deadline_as_resolved(
     store: Arc<dyn RunStore>,
     _env: CaseEnv,
@@ -164,7 +164,7 @@ pub async fn reads_an_answer_after_the_deadline_as_resolved(
     );
 }
 
-/// WK-15: pruning keeps unanswered parks (outstanding or expired).
+/// Pruning keeps unanswered parks (outstanding or expired).
 pub async fn never_prunes_an_unanswered_park(store: Arc<dyn RunStore>, _env: CaseEnv) {
     let a = run("a");
     write(&store, &a, &parked("outstanding", 1, 1, None), None).await;
@@ -191,7 +191,7 @@ pub async fn never_prunes_an_unanswered_park(store: Arc<dyn RunStore>, _env: Cas
     );
 }
 
-/// CS-32 tightened: the listing's park and the pending lookup name the same
+/// The listing's park and the pending lookup name the same
 /// checkpoint.
 pub async fn agrees_between_pending_lookup_and_listing(store: Arc<dyn RunStore>, _env: CaseEnv) {
     let a = run("a");
@@ -217,7 +217,7 @@ pub async fn agrees_between_pending_lookup_and_listing(store: Arc<dyn RunStore>,
     assert_eq!(pending.id, parked("newer", 0, 0, None).id);
 }
 
-/// CS-35: a live park outranks a newer resolved one.
+/// A live park outranks a newer resolved one.
 pub async fn shows_a_live_park_over_a_newer_resolved_one(store: Arc<dyn RunStore>, _env: CaseEnv) {
     let a = run("a");
     write(&store, &a, &parked("live", 1, 1, None), None).await;
