@@ -14,8 +14,8 @@
 //!
 //! [`run`] does all of it and returns a [`harness::Report`]. It needs root
 //! and `/dev/fuse` (the mount is made with `mount(2)` directly: no libfuse
-//! and no `fusermount` needed). See the crate README and `docs/design.md`
-//! ("Directory backend — Durability").
+//! and no `fusermount` needed). See the crate README and
+//! `docs/design/directory/durability-and-limits.md`.
 
 pub mod fs;
 pub mod harness;

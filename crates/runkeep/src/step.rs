@@ -8,7 +8,7 @@
 //! SQL backend as one transaction. The directory backend cannot make several
 //! files change at once; it orders the writes so a crash between them leaves
 //! at most what an at-least-once worker already tolerates (its
-//! `docs/design.md` says exactly what).
+//! `docs/design/directory/lifecycle.md` says exactly what).
 
 use serde_json::Value;
 
