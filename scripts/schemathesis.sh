@@ -44,6 +44,8 @@ if [ ! -x "$venv/bin/st" ] || [ "$(cat "$venv/.requirements" 2>/dev/null)" != "$
     "$venv/bin/pip" check --disable-pip-version-check
     echo "$want" >"$venv/.requirements"
 fi
+# scripts/prepare.sh stops here: the venv is all it wants.
+if [ -n "${RUNKEEP_PREPARE_ONLY:-}" ]; then exit 0; fi
 echo "schemathesis.sh: $("$venv/bin/st" --version)"
 
 if [ -z "${RUNKEEP_BIN:-}" ]; then

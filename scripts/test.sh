@@ -7,26 +7,31 @@ cd "$(dirname "$0")/.."
 # PostgreSQL-backed tests read this; the test machines run a server here.
 export RUNKEEP_TEST_POSTGRES_URL="${RUNKEEP_TEST_POSTGRES_URL:-postgres://postgres@127.0.0.1:5432/test}"
 
+# Everything the suites after cargo need (system packages, npm and pip
+# dependencies) installs in the background while cargo builds and tests;
+# its log is target/prepare.log. Nothing here reads outside the repository
+# except the package registries.
+mkdir -p target
+bash scripts/prepare.sh >target/prepare.log 2>&1 &
+prepare_pid=$!
+
 include_ignored=()
 if [ "$(id -u)" = "0" ]; then
-    # Fault-injection tests need a link-less filesystem (exFAT over FUSE) and
-    # mount rights. Install the tools when missing; the tests that need them
-    # are #[ignore]d with their reason and run here, as root, on purpose.
-    if ! command -v mount.exfat-fuse >/dev/null 2>&1 || ! command -v mkfs.exfat >/dev/null 2>&1 || ! command -v setpriv >/dev/null 2>&1; then
-        if command -v apt-get >/dev/null 2>&1; then
-            echo "test.sh: installing exfat-fuse exfatprogs util-linux (fault-injection tests)"
-            (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq exfat-fuse exfatprogs util-linux >/dev/null) \
-                || echo "test.sh: could not install exfat tools; the no-hard-link mount test will fail and say why"
-        fi
-    fi
-    # The power-loss harness (crates/runkeep-powerloss) mounts its FUSE model
-    # filesystem with mount(2) on /dev/fuse: it needs root and /dev/fuse,
-    # no package (no libfuse, no fusermount).
+    # Fault-injection tests need a link-less filesystem (exFAT over FUSE,
+    # installed by prepare.sh) and mount rights; they are #[ignore]d with
+    # their reason and run here, as root, on purpose. The power-loss harness
+    # (crates/runkeep-powerloss) mounts its FUSE model filesystem with
+    # mount(2) on /dev/fuse: root and /dev/fuse, no package.
     include_ignored=(--include-ignored)
 else
     echo "test.sh: not root: tests that need mounts or a second user stay ignored (they are listed as ignored below)"
 fi
 
+# Build first (prepare.sh installs meanwhile), then run once it is done:
+# the exFAT tests need its packages.
+cargo test --workspace --all-features --no-run
+wait "$prepare_pid" || { echo "test.sh: scripts/prepare.sh failed:" >&2; cat target/prepare.log >&2; exit 1; }
+cat target/prepare.log
 cargo test --workspace --all-features --no-fail-fast -- "${include_ignored[@]}"
 
 # The TypeScript client (clients/typescript): npm ci, tsc --noEmit, its tests

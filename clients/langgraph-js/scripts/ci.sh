@@ -30,12 +30,12 @@ fi
 # The client, built to dist/ (what `@runkeep/client` resolves to).
 (
     cd "$repo/clients/typescript"
-    [ -d node_modules/typescript ] || npm ci --no-audit --no-fund --loglevel=error
+    bash "$repo/scripts/npm-ci-once.sh" .
     npx tsc -p .
 )
 
 cd "$here"
-npm ci --no-audit --no-fund --loglevel=error
+bash "$repo/scripts/npm-ci-once.sh" .
 npx tsc --noEmit -p .
 rm -rf dist
 npx tsc -p tsconfig.build.json

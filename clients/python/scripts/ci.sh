@@ -20,13 +20,6 @@ if ! command -v "$python" >/dev/null 2>&1; then
     exit 1
 fi
 
-# The server the tests start: this repository's, built now, unless the
-# caller names one in RUNKEEP_BIN.
-if [ -z "${RUNKEEP_BIN:-}" ]; then
-    (cd "$repo" && cargo build --quiet -p runkeep-cli --bin runkeep --all-features)
-    export RUNKEEP_BIN="$repo/target/debug/runkeep"
-fi
-
 base="$repo/target/python-clients"
 venv="$base/venv"
 lock="$here/requirements.lock"
@@ -39,6 +32,16 @@ if [ ! -x "$venv/bin/python" ] || [ "$(cat "$base/stamp" 2>/dev/null)" != "$stam
     "$venv/bin/pip" install --quiet --disable-pip-version-check --no-deps -r "$lock"
     echo "$stamp" >"$base/stamp"
 fi
+# scripts/prepare.sh stops here: the venv is all it wants.
+if [ -n "${RUNKEEP_PREPARE_ONLY:-}" ]; then exit 0; fi
+
+# The server the tests start: this repository's, built now, unless the
+# caller names one in RUNKEEP_BIN.
+if [ -z "${RUNKEEP_BIN:-}" ]; then
+    (cd "$repo" && cargo build --quiet -p runkeep-cli --bin runkeep --all-features)
+    export RUNKEEP_BIN="$repo/target/debug/runkeep"
+fi
+
 
 export PYTHONPATH="$here/src:$repo/clients/python-langgraph/src"
 export PYTHONDONTWRITEBYTECODE=1
