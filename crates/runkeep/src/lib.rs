@@ -54,5 +54,5 @@ pub use step::{MessagesUpdate, Step, StepFinish, StepReceipt};
 pub use store::{
     CheckpointStore, ClaimNextFilter, EvidenceStore, RunStore, RunStoreExt, CONTRACT_REVISION,
 };
-pub use time::{Clock, ManualClock, SystemClock, Timestamp, Ttl};
+pub use time::{Clock, ManualClock, RemoteClock, SystemClock, Timestamp, Ttl};
 pub use watch::{Watch, WatchTopic};

@@ -240,7 +240,28 @@ pub struct Lifecycle {
     pub available_at: Option<Timestamp>,
 }
 
+/// The enqueue rule: enqueue creates a run, so it refuses one that exists
+/// (`Conflict`, changing nothing). Every backend asks this before writing.
+pub fn check_enqueue(run_exists: bool, run: &RunId) -> Result<()> {
+    if run_exists {
+        return Err(Error::Conflict {
+            message: format!(
+                "enqueue of run {run}: the run already exists; enqueue creates a new run (use another run id, or reopen a finished one)"
+            ),
+        });
+    }
+    Ok(())
+}
+
 impl Lifecycle {
+    /// Dead-lettered: finished as failed by a claim because its holders
+    /// kept losing it (reason [`ATTEMPTS_EXHAUSTED`]). The one place the
+    /// reason is compared; listings carry the answer
+    /// ([`crate::RunRow::dead_lettered`]).
+    pub fn is_dead_lettered(&self) -> bool {
+        self.status == RunStatus::Failed && self.reason.as_deref() == Some(ATTEMPTS_EXHAUSTED)
+    }
+
     /// True when a claim at `now` may take the run (active and available).
     pub fn is_runnable(&self, now: Timestamp) -> bool {
         !self.status.is_finished() && self.available_at.is_none_or(|at| now >= at)

@@ -150,6 +150,12 @@ pub struct RunRow {
     /// Not claimable before this instant.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub available_at: Option<Timestamp>,
+    /// Dead-lettered: failed because its holders kept losing it
+    /// ([`Lifecycle::is_dead_lettered`]). Carried on the row so that a
+    /// listing of dead letters reads no lifecycle record per failed run.
+    /// Serialized only when true.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub dead_lettered: bool,
 }
 
 fn is_active(s: &RunStatus) -> bool {
@@ -176,6 +182,7 @@ impl RunRow {
             finished_at: None,
             attempts: 0,
             available_at: None,
+            dead_lettered: false,
         }
     }
 
@@ -185,6 +192,7 @@ impl RunRow {
         self.finished_at = l.finished_at;
         self.attempts = l.attempts;
         self.available_at = l.available_at;
+        self.dead_lettered = l.is_dead_lettered();
         self
     }
 
@@ -354,6 +362,21 @@ pub struct RunDigest {
 }
 
 impl RunDigest {
+    /// The header of the pending park at `now`: the latest (total order)
+    /// checkpoint whose park is outstanding, as [`crate::park::find_pending`]
+    /// finds it among whole checkpoints. A backend that keeps a digest
+    /// answers `find_pending` with this and one checkpoint read.
+    pub fn pending_park(&self, now: Timestamp) -> Option<&CheckpointHeader> {
+        self.parks
+            .iter()
+            .filter(|h| {
+                h.park
+                    .as_ref()
+                    .is_some_and(|p| p.state(now) == crate::park::ParkState::Outstanding)
+            })
+            .max_by_key(|h| h.order_key(&self.fence_history))
+    }
+
     /// Built from every checkpoint header of a run.
     pub fn from_headers<'a>(headers: impl IntoIterator<Item = &'a CheckpointHeader>) -> Self {
         let headers: Vec<&CheckpointHeader> = headers.into_iter().collect();
@@ -455,6 +478,7 @@ impl RunDigest {
             finished_at: None,
             attempts: 0,
             available_at: None,
+            dead_lettered: false,
         })
     }
 }

@@ -346,14 +346,7 @@ impl CheckpointStore for MemoryStore {
         options.validate(&scope.run_id)?;
         let mut runs = self.lock();
         let run = runs.entry(scope.clone()).or_default();
-        if run.exists() {
-            return Err(Error::Conflict {
-                message: format!(
-                    "enqueue of run {}: the run already exists; enqueue creates a new run (use another run id, or reopen a finished one)",
-                    scope.run_id
-                ),
-            });
-        }
+        crate::lifecycle::check_enqueue(run.exists(), &scope.run_id)?;
         let mut stored = checkpoint.clone();
         stored.fence = None;
         run.checkpoints.insert(stored.id.clone(), stored.clone());

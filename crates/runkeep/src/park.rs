@@ -220,7 +220,9 @@ pub fn park_precedence<'a>(
 }
 
 /// The pending lookup: the latest (total order) checkpoint whose park is
-/// outstanding at `now`. Agrees with [`park_precedence`] by construction.
+/// outstanding at `now`. Agrees with [`park_precedence`] by construction,
+/// and with [`crate::listing::RunDigest::pending_park`] over the same
+/// checkpoints' headers (a test checks both).
 pub fn find_pending(cps: &[Checkpoint], now: Timestamp) -> Option<&Checkpoint> {
     let history = history_of(cps);
     cps.iter()
@@ -396,5 +398,50 @@ mod tests {
         let victims = prune_victims(&cps, 1);
         let ids: Vec<_> = victims.iter().map(|v| v.as_str()).collect();
         assert_eq!(ids, ["cp_2", "cp_4"]);
+    }
+
+    #[test]
+    fn the_digest_finds_the_same_pending_park_as_the_full_read() {
+        // Outstanding, expired, resolved and unparked checkpoints, some
+        // unstamped (their place depends on the fence history): at every
+        // instant the digest's headers name the checkpoint find_pending
+        // finds among the whole checkpoints.
+        let mut resolved = park(30, None);
+        resolved.resolved_at = Some(at(35));
+        let mut cps = vec![
+            cp("cp_1", 10, Some(park(10, Some(100)))),
+            cp("cp_2", 20, None),
+            cp("cp_3", 30, Some(resolved)),
+            cp("cp_4", 40, Some(park(40, Some(60)))),
+            cp("cp_5", 50, Some(park(50, None))),
+        ];
+        cps[1].fence = Some(Fence::new(3).unwrap());
+        cps[4].fence = None;
+        let digest = crate::listing::RunDigest::from_headers(
+            cps.iter().map(|c| c.header()).collect::<Vec<_>>().iter(),
+        );
+        for now in [0, 45, 59, 60, 99, 100, 1_000] {
+            assert_eq!(
+                digest.pending_park(at(now)).map(|h| h.id.clone()),
+                find_pending(&cps, at(now)).map(|c| c.id.clone()),
+                "at {now}"
+            );
+        }
+        cps.remove(4);
+        let digest = crate::listing::RunDigest::from_headers(
+            cps.iter().map(|c| c.header()).collect::<Vec<_>>().iter(),
+        );
+        assert_eq!(
+            digest
+                .pending_park(at(70))
+                .map(|h| h.id.as_str().to_owned()),
+            Some("cp_1".to_owned()),
+            "cp_4 expired at 60, cp_1 outstanding until 100"
+        );
+        assert_eq!(
+            digest.pending_park(at(100)),
+            None,
+            "every park expired or resolved"
+        );
     }
 }

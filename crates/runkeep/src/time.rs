@@ -235,9 +235,84 @@ impl Clock for ManualClock {
     }
 }
 
+/// Another machine's clock (a database's, a server's) read through this
+/// machine's: the local clock plus the offset last observed. A store whose
+/// authority is remote judges by the remote clock inside its statements or
+/// requests; this is its answer to [`Clock::now`] between them, corrected
+/// every time an answer carries the remote instant ([`RemoteClock::observe`]).
+/// Until the first observation the offset is 0. Clones share the offset.
+#[derive(Clone, Debug)]
+pub struct RemoteClock {
+    local: std::sync::Arc<dyn Clock>,
+    offset_ms: std::sync::Arc<std::sync::atomic::AtomicI64>,
+}
+
+impl RemoteClock {
+    /// The remote clock seen through `local`, offset 0 until observed.
+    pub fn new(local: std::sync::Arc<dyn Clock>) -> Self {
+        Self {
+            local,
+            offset_ms: std::sync::Arc::new(std::sync::atomic::AtomicI64::new(0)),
+        }
+    }
+
+    /// A clock over the same local clock that starts from this one's
+    /// current offset and then keeps its own.
+    pub fn detached(&self) -> Self {
+        let c = Self::new(self.local.clone());
+        c.offset_ms
+            .store(self.offset_ms(), std::sync::atomic::Ordering::Relaxed);
+        c
+    }
+
+    /// The remote clock read `remote` just now: keep the offset to it.
+    pub fn observe(&self, remote: Timestamp) {
+        let local = self.local.now();
+        self.offset_ms.store(
+            remote.as_millis().saturating_sub(local.as_millis()),
+            std::sync::atomic::Ordering::Relaxed,
+        );
+    }
+
+    /// Remote minus local, in milliseconds, as last observed.
+    pub fn offset_ms(&self) -> i64 {
+        self.offset_ms.load(std::sync::atomic::Ordering::Relaxed)
+    }
+}
+
+impl Clock for RemoteClock {
+    fn now(&self) -> Timestamp {
+        self.local.now().offset(self.offset_ms())
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_remote_clock_is_the_local_one_plus_the_offset_last_observed() {
+        let local = ManualClock::new(Timestamp::from_millis(1_000).unwrap());
+        let remote = RemoteClock::new(std::sync::Arc::new(local.clone()));
+        assert_eq!(
+            remote.now().as_millis(),
+            1_000,
+            "offset 0 before any observation"
+        );
+        remote.observe(Timestamp::from_millis(61_000).unwrap());
+        assert_eq!(remote.offset_ms(), 60_000);
+        local.advance(5);
+        assert_eq!(remote.now().as_millis(), 61_005);
+        let shared = remote.clone();
+        let detached = remote.detached();
+        remote.observe(Timestamp::from_millis(1_005).unwrap());
+        assert_eq!(shared.offset_ms(), 0, "clones share the offset");
+        assert_eq!(
+            detached.offset_ms(),
+            60_000,
+            "a detached clock keeps its own"
+        );
+    }
 
     #[test]
     fn ttl_refuses_zero_nan_negative_fraction_and_huge() {

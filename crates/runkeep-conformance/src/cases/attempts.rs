@@ -6,8 +6,8 @@ use std::sync::Arc;
 
 use runkeep::lifecycle::{ATTEMPTS_EXHAUSTED, DEFAULT_MAX_ATTEMPTS};
 use runkeep::{
-    ClaimNextFilter, ClaimOptions, ClaimOutcome, EnqueueOptions, ManualClock, RunScope, RunStatus,
-    RunStore,
+    ClaimNextFilter, ClaimOptions, ClaimOutcome, EnqueueOptions, ManualClock, Outcome, RunScope,
+    RunStatus, RunStore,
 };
 
 use crate::support::*;
@@ -127,6 +127,27 @@ pub async fn dead_letters_the_run_when_the_takeover_reaches_the_limit(
     assert!(
         row.is_unheld(),
         "the dead-lettered run is listed as held: {row:?}"
+    );
+    assert!(
+        row.dead_lettered,
+        "the row of a dead-lettered run does not say so: {row:?}"
+    );
+    // A run its worker finished as failed is not a dead letter.
+    let b = run("b");
+    store
+        .enqueue(&b, &checkpoint("b", 0), &EnqueueOptions::default())
+        .await
+        .expect("enqueue b");
+    let held = take(&store, &b, claim_now("w9", 1_000)).await;
+    store
+        .finish(&b, held.fence, &Outcome::failed("the tool kept timing out"))
+        .await
+        .expect("finish b as failed");
+    let row_b = row_of(&store, &b, 4_000).await.expect("b is listed");
+    assert_eq!(row_b.status, RunStatus::Failed);
+    assert!(
+        !row_b.dead_lettered,
+        "a run its worker failed is listed as dead-lettered: {row_b:?}"
     );
     expect_fenced(
         store
