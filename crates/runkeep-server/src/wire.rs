@@ -366,6 +366,10 @@ pub struct RunRowBody {
     /// Not claimable before, epoch ms.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub available_at: Option<i64>,
+    /// Dead-lettered: failed because its holders kept losing it (the store
+    /// finished it at its attempt limit), not failed by a worker.
+    #[serde(default)]
+    pub dead_lettered: bool,
 }
 
 impl From<&RunRow> for RunRowBody {
@@ -383,6 +387,7 @@ impl From<&RunRow> for RunRowBody {
             finished_at: r.finished_at.map(ms),
             attempts: r.attempts,
             available_at: r.available_at.map(ms),
+            dead_lettered: r.dead_lettered,
         }
     }
 }
@@ -408,6 +413,7 @@ impl RunRowBody {
             finished_at: opt_instant("finishedAt", self.finished_at)?,
             attempts: self.attempts,
             available_at: opt_instant("availableAt", self.available_at)?,
+            dead_lettered: self.dead_lettered,
         })
     }
 }
