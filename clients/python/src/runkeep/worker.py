@@ -23,6 +23,10 @@ For each run it takes, :class:`Worker`:
 
 Python threads cannot be killed: the sync handler is stopped cooperatively
 (``held.lost``, ``held.check()``, and every write refused once lost).
+
+This is the worker protocol every runkeep runtime follows (Rust, TypeScript,
+Python), written down once in the repository's
+``docs/design/worker-protocol.md``.
 """
 
 from __future__ import annotations
