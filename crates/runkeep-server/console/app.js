@@ -377,7 +377,10 @@ function runsTable(rows, dead) {
 
 // ---------------------------------------------------------------- a run
 
-/** The state of a park at `now` (the store's rule DM-17, for display only). */
+/**
+ * The state of a park at `now`, by the store's rule (answered: resolved;
+ * else past its deadline: expired; else outstanding), for display only.
+ */
 function parkState(p, now) {
   if (!p) return null;
   if (p.resolvedAt !== undefined && p.resolvedAt !== null) return 'resolved';
