@@ -264,3 +264,13 @@ pub async fn guard(
     req = Request::from_parts(parts, body);
     next.run(req).await
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_route_of_the_table_has_a_handler() {
+        assert_eq!(table().len(), route_table().len());
+    }
+}
