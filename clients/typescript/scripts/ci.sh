@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# The TypeScript client's CI: install from the committed lockfile, type-check
+# The TypeScript client's CI: install from the committed lockfile, check the
+# types generated from the OpenAPI document are current, type-check
 # (tsc --noEmit), build, and run the tests against a live `runkeep serve`
 # (each test file starts its own on a free port). Needs Node >= 20 and npm;
 # fails, never skips, without them. `scripts/test.sh` calls this.
@@ -25,7 +26,18 @@ if [ -z "${RUNKEEP_BIN:-}" ]; then
 fi
 
 cd "$here"
-npm ci --no-audit --no-fund --loglevel=error
+bash "$repo/scripts/npm-ci-once.sh" .
+# The wire types are generated from the committed OpenAPI document: a stale
+# src/generated/api.ts fails here (fix: `npm run gen`, commit the result).
+if ! npm run --silent gen:check; then
+    echo "clients/typescript: src/generated/api.ts does not match crates/runkeep-server/openapi.json; run \`npm run gen\` in clients/typescript and commit it" >&2
+    exit 1
+fi
+# The console serves this client's SSE parser, emitted as an ES module.
+if ! npm run --silent console-sse:check; then
+    echo "clients/typescript: crates/runkeep-server/console/sse-parser.js does not match src/sse.ts; run \`npm run console-sse\` in clients/typescript and commit it" >&2
+    exit 1
+fi
 npx tsc --noEmit -p .
 rm -rf dist
 npx tsc -p .

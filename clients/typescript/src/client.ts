@@ -356,7 +356,7 @@ export class RunkeepClient {
     for (;;) {
       const page = await this.listRuns(cursor === undefined ? query : { ...query, cursor }, options);
       yield* page.entries;
-      if (page.cursor === undefined) return;
+      if (page.cursor == null) return;
       cursor = page.cursor;
     }
   }
@@ -724,7 +724,7 @@ function filterParam(filter: JsonObject | undefined): string | undefined {
 /** The {@link RunRef} of a run's address. */
 export function refOf(run: RunAddress): RunRef {
   const r: RunRef = { tenantId: run.tenantId, projectId: run.projectId, sessionId: run.sessionId, runId: run.runId };
-  if (run.parentRunId !== undefined) r.parentRunId = run.parentRunId;
+  if (run.parentRunId != null) r.parentRunId = run.parentRunId;
   return r;
 }
 

@@ -89,8 +89,8 @@ export class RunkeepError extends Error {
     this.slug = slugOf(problem.type);
     this.status = problem.status;
     this.title = problem.title;
-    this.detail = problem.detail;
-    this.instance = problem.instance;
+    this.detail = problem.detail ?? undefined;
+    this.instance = problem.instance ?? undefined;
     this.request = request;
   }
 
@@ -117,7 +117,7 @@ export class InvalidInput extends RunkeepError {
   readonly field: string | undefined;
   constructor(problem: ProblemBody, request?: RequestInfo, options?: ProblemErrorOptions) {
     super(problem, request, options);
-    this.field = problem.field;
+    this.field = problem.field ?? undefined;
   }
 }
 
@@ -161,8 +161,8 @@ export class FencedOut extends RunkeepError {
     }
     this.presented = problem.presented;
     this.current = problem.current;
-    this.run = problem.run;
-    this.operation = problem.operation;
+    this.run = problem.run ?? undefined;
+    this.operation = problem.operation ?? undefined;
   }
 }
 
@@ -184,7 +184,7 @@ export class Contended extends RetryLater {
   override name = "Contended";
   /** Claim attempts lost. */
   get attempts(): number | undefined {
-    return this.problem.attempts;
+    return this.problem.attempts ?? undefined;
   }
 }
 
@@ -226,7 +226,7 @@ export class Conflict extends RunkeepError {
   }
   /** For a park answered twice: when the first answer was recorded. */
   get resolvedAt(): number | undefined {
-    return this.problem.resolvedAt;
+    return this.problem.resolvedAt ?? undefined;
   }
 }
 
@@ -255,7 +255,7 @@ export class Forbidden extends RunkeepError {
   override name = "Forbidden";
   /** The role the operation needs. */
   get requiredRole(): string | undefined {
-    return this.problem.requiredRole;
+    return this.problem.requiredRole ?? undefined;
   }
 }
 

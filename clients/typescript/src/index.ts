@@ -18,4 +18,4 @@ export * from "./errors.js";
 export * from "./sse.js";
 export * from "./types.js";
 export * from "./worker.js";
-export { ENUMS, SCHEMA_KEYS, TAGGED } from "./schema-keys.js";
+export { ENUMS, TAGGED } from "./enums.js";

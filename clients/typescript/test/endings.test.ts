@@ -39,7 +39,7 @@ test("{ retryAfterMs } snoozes the run on the store's clock; a failing handler i
   const l1 = await operator.lifecycle(serve.run("end-snooze"));
   assert.equal(l1.status, "active");
   const now = (await operator.clockNow()).now;
-  assert.ok(l1.availableAt !== undefined && l1.availableAt > now + 50_000, "deferred about a minute");
+  assert.ok(l1.availableAt != null && l1.availableAt > now + 50_000, "deferred about a minute");
   const again = await worker.claim(serve.run("end-snooze"), { holder: "x", ttlMs: 1000 });
   assert.equal(again.outcome, "notBefore");
 
@@ -52,7 +52,7 @@ test("{ retryAfterMs } snoozes the run on the store's clock; a failing handler i
   assert.deepEqual([r2.failed, r2.snoozed, r2.finished], [1, 1, 0]);
   const l2 = await operator.lifecycle(serve.run("end-throw"));
   assert.equal(l2.status, "active");
-  assert.ok(l2.availableAt !== undefined && l2.availableAt > now + 30_000);
+  assert.ok(l2.availableAt != null && l2.availableAt > now + 30_000);
 });
 
 test('onError: "fail" finishes a failing run as failed with the error as reason', async () => {

@@ -174,7 +174,6 @@ const SHOWS = {
 };
 const ORDERS = { runId: 'Run id', createdAt: 'Created (oldest first)' };
 const LIMITS = [25, 50, 100, 200];
-const ATTEMPTS_EXHAUSTED = 'attempts exhausted';
 
 /** Cursors of the pages before the current one (the "previous" stack), per filter. */
 let paging = { key: '', stack: [], cursor: null };
@@ -266,21 +265,8 @@ async function renderRuns(params, signal) {
     return;
   }
   let rows = page.entries;
-  // A failed run's reason is in its lifecycle, not in the row: read it for
-  // the failed rows of this page (what `runkeep runs --dead-lettered` does).
-  const dead = new Set();
-  const failed = rows.filter((r) => r.status === 'failed');
-  await Promise.all(
-    failed.map(async (r) => {
-      try {
-        const l = await api(runPath(r.run, '/lifecycle'), { signal });
-        if (l.reason === ATTEMPTS_EXHAUSTED) dead.add(r);
-      } catch {
-        /* shown as failed */
-      }
-    }),
-  );
-  if (signal.aborted) return;
+  // The row says whether the store dead-lettered the run.
+  const dead = new Set(rows.filter((r) => r.deadLettered));
   if (show === 'dead-lettered') rows = rows.filter((r) => dead.has(r));
   const ms = Math.round(performance.now() - started);
   const pageNo = paging.stack.length + 1;
@@ -377,7 +363,10 @@ function runsTable(rows, dead) {
 
 // ---------------------------------------------------------------- a run
 
-/** The state of a park at `now` (the store's rule DM-17, for display only). */
+/**
+ * The state of a park at `now`, by the store's rule (answered: resolved;
+ * else past its deadline: expired; else outstanding), for display only.
+ */
 function parkState(p, now) {
   if (!p) return null;
   if (p.resolvedAt !== undefined && p.resolvedAt !== null) return 'resolved';
@@ -456,7 +445,7 @@ function overviewSection(run, s, now, reload) {
         lease.expired ? [' ', badge('stuck', 'stuck')] : null,
       )
     : h('span', { id: 'lease', class: 'none' }, 'nobody holds it');
-  const dead = l.status === 'failed' && l.reason === ATTEMPTS_EXHAUSTED;
+  const dead = l.deadLettered === true;
   return section(
     'Status, lease and attempts',
     'overview',

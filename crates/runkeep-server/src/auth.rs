@@ -18,19 +18,7 @@ use runkeep::TenantId;
 
 use crate::problem::{Problem, ProblemType};
 
-/// What a token may do. Ordered: each role can do all the one before it can.
-#[derive(
-    Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Debug, serde::Serialize, serde::Deserialize,
-)]
-#[serde(rename_all = "lowercase")]
-pub enum Role {
-    /// Reads: listings, summaries, checkpoints, events, documents, audit.
-    Reader,
-    /// Also claims, renews, releases its own lease, writes with its fence.
-    Worker,
-    /// Also answers parks, releases any lease, reopens, prunes.
-    Operator,
-}
+pub use runkeep_http::routes::Role;
 
 /// The authenticated caller of one request.
 #[derive(Clone, PartialEq, Eq, Debug)]
@@ -53,23 +41,6 @@ pub trait Authenticator: Send + Sync + std::fmt::Debug {
 
 /// The authenticator the server's state holds.
 pub type SharedAuthenticator = Arc<dyn Authenticator>;
-
-impl Role {
-    /// The lowercase name (`reader`, `worker`, `operator`).
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Role::Reader => "reader",
-            Role::Worker => "worker",
-            Role::Operator => "operator",
-        }
-    }
-}
-
-impl std::fmt::Display for Role {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
 
 fn article(role: Role) -> &'static str {
     match role {

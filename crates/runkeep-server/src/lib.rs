@@ -3,7 +3,8 @@
 //! - [`api`]: the versioned JSON API's routes, one module per part of the
 //!   contract (runs, claims, checkpoints, events, documents, parks, prune);
 //!   every write carries its fence to the store, which checks it.
-//! - [`problem`]: every error as RFC 9457 problem details.
+//! - [`problem`]: every error as RFC 9457 problem details (from
+//!   `runkeep-http`).
 //! - [`auth`]: bearer tokens bound to a tenant and a [`auth::Role`]; the
 //!   [`auth::Principal`] extractor every tenant route takes.
 //! - [`manners`]: body limit, timeouts, concurrency limit, graceful shutdown.
@@ -14,21 +15,23 @@
 //!   [`server::serve`]: the API with `/healthz`, `/readyz`, `/metrics`,
 //!   `/openapi.json` and the manners, on a listener.
 //! - [`state`]: [`state::AppState`], what every handler shares.
-//! - [`client`]: [`client::HttpStore`], a `RunStore` over the API.
+//! - [`client`]: [`client::HttpStore`], a `RunStore` over the API (from
+//!   `runkeep-http`).
 //! - [`console`]: the web console at `/` (embedded files) and its demo data.
-//! - [`wire`]: the API's JSON shapes ([`wire_threads`]: the thread routes);
+//! - [`wire`]: the API's JSON shapes ([`wire_threads`]: the thread routes),
+//!   from `runkeep-http`, which also holds the route table;
 //!   [`openapi`]: its OpenAPI 3.1 document.
 
 pub mod api;
 pub mod auth;
-pub mod client;
 pub mod console;
 pub mod manners;
 pub mod metrics;
 pub mod openapi;
-pub mod problem;
 pub mod server;
 pub mod state;
 pub mod tokens;
-pub mod wire;
-pub mod wire_threads;
+
+// The HTTP contract lives in `runkeep-http`; these are its old paths here.
+pub use runkeep_http::wire::threads as wire_threads;
+pub use runkeep_http::{client, problem, wire};

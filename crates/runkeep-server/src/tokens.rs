@@ -65,7 +65,6 @@ use std::fs::{File, OpenOptions};
 use std::io::Write;
 use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
-use std::str::FromStr;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -134,17 +133,9 @@ pub enum TokenError {
 /// Result alias of this module.
 pub type TokenResult<T> = Result<T, TokenError>;
 
-impl FromStr for Role {
-    type Err = TokenError;
-    fn from_str(s: &str) -> TokenResult<Self> {
-        match s {
-            "reader" => Ok(Role::Reader),
-            "worker" => Ok(Role::Worker),
-            "operator" => Ok(Role::Operator),
-            other => Err(TokenError::Invalid(format!(
-                "role {other:?} is not one of reader, worker, operator"
-            ))),
-        }
+impl From<runkeep_http::routes::UnknownRole> for TokenError {
+    fn from(e: runkeep_http::routes::UnknownRole) -> Self {
+        TokenError::Invalid(e.to_string())
     }
 }
 

@@ -1,7 +1,7 @@
-//! Admission is fair (issue 18, item 3: "one tenant can shut out all
-//! tenants"): a tenant, or one of its tokens, that takes its share of the
-//! server is refused beyond it while the other tenants — and the tenant's
-//! own short requests, when what it floods with is long-polls — are served.
+//! Admission is fair (no tenant can shut out all the others): a tenant,
+//! or one of its tokens, that takes its share of the server is refused
+//! beyond it while the other tenants — and the tenant's own short
+//! requests, when what it floods with is long-polls — are served.
 //!
 //! These run the real `runkeep serve` app (`Server::bind`, its token file,
 //! a memory store) over raw sockets: the `TestServer` of `common` serves the

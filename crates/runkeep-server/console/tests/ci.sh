@@ -35,5 +35,5 @@ export RUNKEEP_BIN="${RUNKEEP_BIN:-$repo/target/debug/runkeep}"
 (cd "$repo" && cargo build --quiet -p runkeep-cli --bin runkeep --all-features)
 
 cd "$here"
-npm ci --no-audit --no-fund --loglevel=error
+bash "$repo/scripts/npm-ci-once.sh" .
 node --test --test-concurrency=1 sse.test.mjs console.test.mjs parks.test.mjs

@@ -1,7 +1,7 @@
-// A LangGraph interrupt answered in the console reaches the graph (issue 20
-// item 5), end to end with real processes: a plain `runkeep serve` (memory
-// store, a token file with a worker and an operator token), the Python
-// example's first worker (clients/python-langgraph/examples/approval.py,
+// A LangGraph interrupt answered in the console reaches the graph, end to
+// end with real processes: a plain `runkeep serve` (memory store, a token
+// file with a worker and an operator token), the Python example's first
+// worker (clients/python-langgraph/examples/approval.py,
 // `worker_one`) runs the approval graph to its `interrupt()` — the saver
 // parks the run — and releases it; a headless Chromium signs in to the
 // console with the operator token, opens the parked run and clicks Approve;

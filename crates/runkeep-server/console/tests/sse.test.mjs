@@ -1,4 +1,5 @@
-// The console's tail (../sse.js) on its own, in Node: against a server that
+// The console's tail (../sse.js, with the parser it imports from
+// ../sse-parser.js) on its own, in Node: against a server that
 // drops the connection and one that replays events it was told were seen.
 import http from 'node:http';
 import { test } from 'node:test';
@@ -9,17 +10,18 @@ const { SseParser, tailEvents } = await import('../sse.js');
 
 const frame = (seq) => `event: event\nid: ${seq}\ndata: ${JSON.stringify({ seq, type: 't', payload: {} })}\n\n`;
 
-test('the parser takes CRLF, CR and LF lines split anywhere, comments and multi-line data', () => {
+test('the parser (the TypeScript client\'s, as the console serves it) takes CRLF, CR and LF lines split anywhere, comments and multi-line data', () => {
   const text = ': keep-alive\r\nevent: event\r\nid: 7\r\ndata: {"a":\r\ndata: 1}\r\n\r\nevent: problem\rdata: {}\r\r';
   for (const size of [1, 2, 3, 5, text.length]) {
     const got = [];
-    const p = new SseParser((m) => got.push(m));
-    for (let i = 0; i < text.length; i += size) p.push(text.slice(i, i + size));
+    const p = new SseParser();
+    for (let i = 0; i < text.length; i += size) got.push(...p.push(text.slice(i, i + size)));
+    // The last event id persists across messages, as the format says.
     assert.deepEqual(
       got,
       [
-        { event: 'event', data: '{"a":\n1}', id: '7' },
-        { event: 'problem', data: '{}', id: null },
+        { event: 'event', data: '{"a":\n1}', id: '7', retry: undefined },
+        { event: 'problem', data: '{}', id: '7', retry: undefined },
       ],
       `chunks of ${size}`,
     );

@@ -1,8 +1,10 @@
 //! The versioned JSON API (`/v1`): one route per contract operation.
 //!
-//! Every route is declared once in `table()` with the role it needs; the
-//! router and the auth matrix test are both built from it, so a route
-//! cannot be added without its role check. A tenant route's guard
+//! Every route is declared once, with the role it needs, in the route table
+//! of `runkeep-http` ([`runkeep_http::routes::routes`]); the router, the auth
+//! matrix test and the OpenAPI document are all built from it, so a route
+//! cannot be added without its role check. This module maps each
+//! operation to its handler. A tenant route's guard
 //! ([`guard`]) runs before anything is parsed or touched:
 //!
 //! 1. no token or an unknown one → 401 `unauthorized`;
@@ -28,7 +30,7 @@
 use std::collections::BTreeMap;
 
 use axum::extract::{Request, State};
-use axum::http::{HeaderValue, Method};
+use axum::http::HeaderValue;
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{self, MethodRouter};
@@ -62,316 +64,90 @@ pub(crate) mod docs {
     };
 }
 
-/// The response header carrying the store's clock (epoch ms).
-pub const NOW_HEADER: &str = "runkeep-now";
+pub use runkeep_http::routes::{RouteSpec, NOW_HEADER, RUN, TENANT};
 
 /// The largest request body [`router`] accepts by default (the contract's
 /// 64 MiB checkpoint, its envelope and some slack). The server's own body
 /// limit layer may be lower; both answer 413 `payload-too-large`.
 pub const DEFAULT_BODY_LIMIT: usize = 65 * 1024 * 1024;
 
-/// The path prefix of every tenant route.
-pub const TENANT: &str = "/v1/tenants/{tenant}";
-/// The path prefix of every per-run route.
-pub const RUN: &str = "/v1/tenants/{tenant}/projects/{project}/sessions/{session}/runs/{run}";
-
-/// One route of the API.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct RouteSpec {
-    /// Method.
-    pub method: Method,
-    /// Path template (`{name}` parameters).
-    pub path: String,
-    /// The least role that may call it.
-    pub role: Role,
-    /// When set: the role needed when the body carries no `fence`.
-    pub unfenced_role: Option<Role>,
-    /// The OpenAPI operation id and the contract operation it serves.
-    pub operation: &'static str,
-}
-
-impl RouteSpec {
-    fn new(method: Method, path: String, role: Role, operation: &'static str) -> Self {
-        Self {
-            method,
-            path,
-            role,
-            unfenced_role: None,
-            operation,
-        }
-    }
-
-    /// True when the path names a tenant (so a foreign tenant answers 404).
-    pub fn is_tenant_scoped(&self) -> bool {
-        self.path.starts_with("/v1/tenants/")
-    }
-}
-
 type Handler = MethodRouter<AppState>;
 
-/// Every route with its handler. The single source of the router and of
-/// [`route_table`].
-fn table() -> Vec<(RouteSpec, Handler)> {
-    use Role::*;
-    let t = |p: &str| format!("{TENANT}{p}");
-    let r = |p: &str| format!("{RUN}{p}");
-    let g = Method::GET;
-    let p = Method::POST;
-    let put = Method::PUT;
-    let d = Method::DELETE;
-    let mut v: Vec<(RouteSpec, Handler)> = vec![
-        (
-            RouteSpec::new(g.clone(), "/v1/clock".into(), Reader, "clock"),
-            routing::get(runs::clock),
-        ),
-        (
-            RouteSpec::new(g.clone(), "/v1/whoami".into(), Reader, "whoami"),
-            routing::get(runs::whoami),
-        ),
-        (
-            RouteSpec::new(g.clone(), t("/runs"), Reader, "list_runs"),
-            routing::get(runs::list_runs),
-        ),
-        (
-            RouteSpec::new(p.clone(), t("/claim-next"), Worker, "claim_next"),
-            routing::post(runs::claim_next),
-        ),
-        (
-            RouteSpec::new(g.clone(), t("/runnable/wait"), Reader, "wait_runnable"),
-            routing::get(runs::wait_runnable),
-        ),
-        (
-            RouteSpec::new(g.clone(), r(""), Reader, "run_summary"),
-            routing::get(runs::summary),
-        ),
-        (
-            RouteSpec::new(p.clone(), r("/claim"), Worker, "claim"),
-            routing::post(claims::claim),
-        ),
-        (
-            RouteSpec::new(p.clone(), r("/release"), Worker, "release"),
-            routing::post(claims::release),
-        ),
-        (
-            RouteSpec::new(p.clone(), r("/finish"), Worker, "finish"),
-            routing::post(claims::finish),
-        ),
-        (
-            RouteSpec::new(p.clone(), r("/snooze"), Worker, "snooze"),
-            routing::post(claims::snooze),
-        ),
-        (
-            RouteSpec::new(p.clone(), r("/enqueue"), Worker, "enqueue"),
-            routing::post(claims::enqueue),
-        ),
-        (
-            RouteSpec::new(p.clone(), r("/reopen"), Operator, "reopen"),
-            routing::post(claims::reopen),
-        ),
-        (
-            RouteSpec::new(g.clone(), r("/lease"), Reader, "lease"),
-            routing::get(claims::lease),
-        ),
-        (
-            RouteSpec::new(g.clone(), r("/lifecycle"), Reader, "lifecycle"),
-            routing::get(claims::lifecycle),
-        ),
-        (
-            RouteSpec::new(p.clone(), r("/steps"), Worker, "commit_step"),
-            routing::post(checkpoints::commit_step),
-        ),
-        (
-            RouteSpec::new(g.clone(), r("/checkpoints"), Reader, "list_checkpoints"),
-            routing::get(checkpoints::list),
-        ),
-        (
-            RouteSpec::new(p.clone(), r("/checkpoints"), Worker, "write_checkpoint"),
-            routing::post(checkpoints::write),
-        ),
-        (
-            RouteSpec::new(
-                g.clone(),
-                r("/checkpoints/latest"),
-                Reader,
-                "latest_checkpoint",
-            ),
-            routing::get(checkpoints::latest),
-        ),
-        (
-            RouteSpec::new(g.clone(), r("/checkpoints/pending"), Reader, "find_pending"),
-            routing::get(checkpoints::pending),
-        ),
-        (
-            RouteSpec::new(
-                g.clone(),
-                r("/checkpoints/resume-point"),
-                Reader,
-                "resume_point",
-            ),
-            routing::get(checkpoints::resume_point),
-        ),
-        (
-            RouteSpec::new(
-                g.clone(),
-                r("/checkpoints/by-id/{checkpoint}"),
-                Reader,
-                "read_checkpoint",
-            ),
-            routing::get(checkpoints::read),
-        ),
-        (
-            RouteSpec::new(
-                d.clone(),
-                r("/checkpoints/by-id/{checkpoint}"),
-                Worker,
-                "delete_checkpoint",
-            ),
-            routing::delete(checkpoints::delete),
-        ),
-        (
-            RouteSpec::new(p.clone(), r("/prune"), Worker, "prune_checkpoints"),
-            routing::post(checkpoints::prune),
-        ),
-        (
-            RouteSpec::new(g.clone(), r("/events"), Reader, "read_events"),
-            routing::get(events::read),
-        ),
-        (
-            RouteSpec::new(p.clone(), r("/events"), Worker, "append_events"),
-            routing::post(events::append),
-        ),
-        (
-            RouteSpec::new(g.clone(), r("/events/stream"), Reader, "tail_events"),
-            routing::get(events::stream),
-        ),
-        (
-            RouteSpec::new(g.clone(), r("/events/wait"), Reader, "wait_events"),
-            routing::get(events::wait),
-        ),
-        (
-            RouteSpec::new(g.clone(), r("/record"), Reader, "read_run_record"),
-            routing::get(documents::read_record),
-        ),
-        (
-            RouteSpec::new(put.clone(), r("/record"), Worker, "write_run_record"),
-            routing::put(documents::write_record),
-        ),
-        (
-            RouteSpec::new(g.clone(), r("/messages"), Reader, "read_messages"),
-            routing::get(documents::read_messages),
-        ),
-        (
-            RouteSpec::new(put.clone(), r("/messages"), Worker, "write_messages"),
-            routing::put(documents::write_messages),
-        ),
-        (
-            RouteSpec::new(g.clone(), r("/report"), Reader, "read_report"),
-            routing::get(documents::read_report),
-        ),
-        (
-            RouteSpec::new(put.clone(), r("/report"), Worker, "write_report"),
-            routing::put(documents::write_report),
-        ),
-        (
-            RouteSpec::new(g.clone(), r("/audit"), Reader, "read_audit"),
-            routing::get(documents::read_audit),
-        ),
-        (
-            RouteSpec::new(p.clone(), r("/audit"), Worker, "append_audit"),
-            routing::post(documents::append_audit),
-        ),
-    ];
-    v.extend(thread_routes());
-    // The park answer: worker with its fence, operator without.
-    let mut answer = RouteSpec::new(
-        p.clone(),
-        r("/checkpoints/by-id/{checkpoint}/answer"),
-        Worker,
-        "resolve_park",
-    );
-    answer.unfenced_role = Some(Operator);
-    v.push((answer, routing::post(checkpoints::resolve)));
-    for (spec, _) in v.iter_mut() {
-        if matches!(spec.operation, "release" | "prune_checkpoints") {
-            spec.unfenced_role = Some(Operator);
-        }
-    }
-    v
+/// The handler of each operation of the route table
+/// ([`runkeep_http::routes::routes`]); `None` for an operation this server
+/// does not know (building the router then panics, so any server test
+/// catches it).
+fn handler(operation: &str) -> Option<Handler> {
+    Some(match operation {
+        "clock" => routing::get(runs::clock),
+        "whoami" => routing::get(runs::whoami),
+        "list_runs" => routing::get(runs::list_runs),
+        "claim_next" => routing::post(runs::claim_next),
+        "wait_runnable" => routing::get(runs::wait_runnable),
+        "run_summary" => routing::get(runs::summary),
+        "claim" => routing::post(claims::claim),
+        "release" => routing::post(claims::release),
+        "finish" => routing::post(claims::finish),
+        "snooze" => routing::post(claims::snooze),
+        "enqueue" => routing::post(claims::enqueue),
+        "reopen" => routing::post(claims::reopen),
+        "lease" => routing::get(claims::lease),
+        "lifecycle" => routing::get(claims::lifecycle),
+        "commit_step" => routing::post(checkpoints::commit_step),
+        "list_checkpoints" => routing::get(checkpoints::list),
+        "write_checkpoint" => routing::post(checkpoints::write),
+        "latest_checkpoint" => routing::get(checkpoints::latest),
+        "find_pending" => routing::get(checkpoints::pending),
+        "resume_point" => routing::get(checkpoints::resume_point),
+        "read_checkpoint" => routing::get(checkpoints::read),
+        "delete_checkpoint" => routing::delete(checkpoints::delete),
+        "prune_checkpoints" => routing::post(checkpoints::prune),
+        "read_events" => routing::get(events::read),
+        "append_events" => routing::post(events::append),
+        "tail_events" => routing::get(events::stream),
+        "wait_events" => routing::get(events::wait),
+        "read_run_record" => routing::get(documents::read_record),
+        "write_run_record" => routing::put(documents::write_record),
+        "read_messages" => routing::get(documents::read_messages),
+        "write_messages" => routing::put(documents::write_messages),
+        "read_report" => routing::get(documents::read_report),
+        "write_report" => routing::put(documents::write_report),
+        "read_audit" => routing::get(documents::read_audit),
+        "append_audit" => routing::post(documents::append_audit),
+        "put_thread_checkpoint" => routing::put(threads::put_checkpoint),
+        "list_thread_checkpoints" => routing::get(threads::list_checkpoints),
+        "get_thread_checkpoint" => routing::get(threads::get_checkpoint),
+        "put_thread_writes" => routing::post(threads::put_writes),
+        "delete_thread" => routing::delete(threads::delete_thread),
+        "list_threads_checkpoints" => routing::get(threads::list_threads),
+        "resolve_park" => routing::post(checkpoints::resolve),
+        _ => return None,
+    })
 }
 
-/// The thread routes (`threads`): a LangGraph-style checkpoint chain in
-/// one run, for checkpoint savers.
-fn thread_routes() -> Vec<(RouteSpec, Handler)> {
-    use Role::*;
-    let t = |p: &str| format!("{TENANT}{p}");
-    let r = |p: &str| format!("{RUN}{p}");
-    vec![
-        (
-            RouteSpec::new(
-                Method::PUT,
-                r("/thread/checkpoints"),
-                Worker,
-                "put_thread_checkpoint",
-            ),
-            routing::put(threads::put_checkpoint),
-        ),
-        (
-            RouteSpec::new(
-                Method::GET,
-                r("/thread/checkpoints"),
-                Reader,
-                "list_thread_checkpoints",
-            ),
-            routing::get(threads::list_checkpoints),
-        ),
-        (
-            RouteSpec::new(
-                Method::GET,
-                r("/thread/checkpoint"),
-                Reader,
-                "get_thread_checkpoint",
-            ),
-            routing::get(threads::get_checkpoint),
-        ),
-        (
-            RouteSpec::new(
-                Method::POST,
-                r("/thread/writes"),
-                Worker,
-                "put_thread_writes",
-            ),
-            routing::post(threads::put_writes),
-        ),
-        (
-            RouteSpec::new(Method::DELETE, r("/thread"), Worker, "delete_thread"),
-            routing::delete(threads::delete_thread),
-        ),
-        (
-            RouteSpec::new(
-                Method::GET,
-                t("/thread-checkpoints"),
-                Reader,
-                "list_threads_checkpoints",
-            ),
-            routing::get(threads::list_threads),
-        ),
-    ]
+/// Every route with its handler, in the route table's order.
+fn table() -> Vec<(RouteSpec, Handler)> {
+    runkeep_http::routes::routes()
+        .into_iter()
+        .map(|spec| {
+            let h = handler(spec.operation).unwrap_or_else(|| {
+                panic!("route table: no handler for operation {:?}", spec.operation)
+            });
+            (spec, h)
+        })
+        .collect()
 }
 
 /// Every route of the API with the role it needs (what the auth matrix
 /// test and the OpenAPI test walk).
 pub fn route_table() -> Vec<RouteSpec> {
-    table().into_iter().map(|(s, _)| s).collect()
+    runkeep_http::routes::routes()
 }
 
 /// The unfenced role of `operation` (what its handler enforces when the
 /// body carries no fence).
 pub(crate) fn unfenced_role(operation: &str) -> Role {
-    table()
-        .into_iter()
-        .find(|(s, _)| s.operation == operation)
-        .and_then(|(s, _)| s.unfenced_role)
-        .unwrap_or(Role::Operator)
+    runkeep_http::routes::unfenced_role(operation)
 }
 
 /// The API router with the default body limit ([`DEFAULT_BODY_LIMIT`]).
@@ -487,4 +263,14 @@ pub async fn guard(
     parts.extensions.insert(principal);
     req = Request::from_parts(parts, body);
     next.run(req).await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_route_of_the_table_has_a_handler() {
+        assert_eq!(table().len(), route_table().len());
+    }
 }

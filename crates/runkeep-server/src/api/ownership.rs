@@ -41,8 +41,7 @@ use crate::auth::{Principal, Role};
 use crate::problem::{Problem, ProblemType};
 use crate::state::AppState;
 
-/// What separates a holder from the token it was claimed through.
-pub const TAG: &str = " ~token:";
+pub use runkeep_http::holder::{display, TAG};
 
 /// The holder the store records for `holder` claimed through `token_id`.
 pub fn tag(holder: &str, token_id: &str, field: &str) -> Result<Holder, Problem> {
@@ -67,14 +66,6 @@ pub fn tag(holder: &str, token_id: &str, field: &str) -> Result<Holder, Problem>
             Problem::from(e).with_field(field)
         }
     })
-}
-
-/// The holder as its claimer named it (the token tag removed).
-pub fn display(holder: &str) -> &str {
-    match holder.rfind(TAG) {
-        Some(i) => &holder[..i],
-        None => holder,
-    }
 }
 
 /// The id of the token a stored holder was claimed through, if any.

@@ -21,7 +21,7 @@
 //!   margin), so a server that went away is an error, not a hang, and a
 //!   server that comes back is used again by the next call.
 //! - **The store's clock.** Every answer carries the store's clock
-//!   ([`crate::api::NOW_HEADER`]); [`CheckpointStore::now`] answers the
+//!   ([`crate::routes::NOW_HEADER`]); [`CheckpointStore::now`] answers the
 //!   machine clock corrected by the offset last measured, like `PgStore`.
 //!   Tests may replace it with [`HttpStoreOptions::clock`]. **Writes never
 //!   carry a client instant**: a claim with [`ClaimOptions::now`] set is
@@ -68,8 +68,8 @@ use serde::de::DeserializeOwned;
 use serde::Serialize;
 use serde_json::{json, Value};
 
-use crate::api::NOW_HEADER;
 use crate::problem::{Problem, ProblemType, PROBLEM_JSON};
+use crate::routes::NOW_HEADER;
 use crate::wire::*;
 
 /// How an [`HttpStore`] talks to the server.

@@ -20,8 +20,7 @@
 
 use std::time::Duration;
 
-use axum::http::{header, HeaderValue, StatusCode};
-use axum::response::{IntoResponse, Response};
+use http::StatusCode;
 use runkeep::lease::Fence;
 use runkeep::Error;
 use serde::{Deserialize, Serialize};
@@ -359,8 +358,10 @@ impl From<Error> for Problem {
     }
 }
 
-impl IntoResponse for Problem {
-    fn into_response(self) -> Response {
+#[cfg(feature = "into-response")]
+impl axum_core::response::IntoResponse for Problem {
+    fn into_response(self) -> axum_core::response::Response {
+        use http::{header, HeaderValue};
         let status = StatusCode::from_u16(self.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
         let body = serde_json::to_vec(&self).unwrap_or_else(|_| b"{}".to_vec());
         let mut r = (status, body).into_response();
@@ -443,8 +444,11 @@ mod tests {
         assert_eq!(redact_paths("a / b"), "a / b");
     }
 
+    #[cfg(feature = "into-response")]
     #[test]
     fn retryable_answers_carry_retry_after_and_401_carries_www_authenticate() {
+        use axum_core::response::IntoResponse;
+        use http::header;
         let contended = Problem::from(Error::Contended {
             run: "run_a".into(),
             attempts: 8,

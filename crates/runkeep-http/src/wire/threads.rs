@@ -1,5 +1,5 @@
-//! The wire shapes of the thread routes ([`crate::api`]'s `threads`
-//! module): a LangGraph-style checkpoint chain kept in one run.
+//! The wire shapes of the thread routes: a LangGraph-style checkpoint
+//! chain kept in one run.
 //!
 //! A *thread* is one run. Inside it, *thread checkpoints* are keyed by
 //! `(ns, checkpointId)` (a namespace: `""` for the root graph, one per

@@ -1,0 +1,14 @@
+//! How the server records a holder: the name its claimer gave, followed by
+//! the token it was claimed through ([`TAG`]). Answers show the name alone
+//! ([`display`]).
+
+/// What separates a holder from the token it was claimed through.
+pub const TAG: &str = " ~token:";
+
+/// The holder as its claimer named it (the token tag removed).
+pub fn display(holder: &str) -> &str {
+    match holder.rfind(TAG) {
+        Some(i) => &holder[..i],
+        None => holder,
+    }
+}

@@ -1,0 +1,27 @@
+//! The runkeep HTTP contract: what a Rust program links to talk to
+//! `runkeep serve`, and what the server is built from.
+//!
+//! - [`wire`]: the API's JSON shapes, one module per area (runs, leases,
+//!   checkpoints, parks, events, documents, steps, threads), with lossless
+//!   conversions to and from the core types.
+//! - [`routes`]: the route table ([`routes::routes`]), the single list of
+//!   routes with the role each needs; the server's router, its auth matrix
+//!   and its OpenAPI document are built from it.
+//! - [`problem`]: every error as RFC 9457 problem details, and back
+//!   ([`problem::Problem::into_error`]). With the `into-response` feature,
+//!   a [`problem::Problem`] is an axum response.
+//! - [`client`]: [`client::HttpStore`], a `RunStore` over the API.
+//! - [`holder`]: how the server tags a holder with its token.
+//!
+//! The server (`runkeep-server`) re-exports these modules under their old
+//! paths (`runkeep_server::wire`, `runkeep_server::client`, …).
+
+pub mod client;
+pub mod holder;
+pub mod problem;
+pub mod routes;
+pub mod wire;
+
+pub use client::{HttpStore, HttpStoreOptions};
+pub use problem::{Problem, ProblemType};
+pub use routes::{Role, RouteSpec};

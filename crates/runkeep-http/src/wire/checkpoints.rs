@@ -1,0 +1,126 @@
+//! Checkpoints: the checkpoint body, its write, read and prune.
+
+#![allow(clippy::result_large_err)]
+
+use super::*;
+
+/// A checkpoint: its header and the host's state, apart.
+#[derive(Clone, PartialEq, Debug, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct CheckpointBody {
+    /// Id; writing an existing id replaces it.
+    pub id: String,
+    /// Written at, epoch ms.
+    pub created_at: i64,
+    /// Run start, epoch ms.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub run_created_at: Option<i64>,
+    /// The park, when the run parks here.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pending: Option<PendingBody>,
+    /// The fence it was written under (set by the store; ignored on input).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fence: Option<u64>,
+    /// The host's state, kept as given.
+    #[serde(default)]
+    #[schema(value_type = Object)]
+    pub state: Object,
+}
+
+impl From<&Checkpoint> for CheckpointBody {
+    fn from(c: &Checkpoint) -> Self {
+        Self {
+            id: c.id.to_string(),
+            created_at: ms(c.created_at),
+            run_created_at: c.run_created_at.map(ms),
+            pending: c.pending.as_ref().map(Into::into),
+            fence: c.fence.map(Fence::get),
+            state: c.state.clone(),
+        }
+    }
+}
+
+impl From<Checkpoint> for CheckpointBody {
+    /// Moves the state (an answer's checkpoint is not copied).
+    fn from(mut c: Checkpoint) -> Self {
+        let state = std::mem::take(&mut c.state);
+        Self {
+            state,
+            ..Self::from(&c)
+        }
+    }
+}
+
+impl CheckpointBody {
+    /// The core checkpoint, moving the state (a request's checkpoint is not
+    /// copied); `field` names it in errors.
+    pub fn into_checkpoint(self, field: &str) -> Result<Checkpoint, Problem> {
+        let mut cp = self.clone_header().to_checkpoint(field)?;
+        cp.state = self.state;
+        Ok(cp)
+    }
+
+    fn clone_header(&self) -> Self {
+        Self {
+            id: self.id.clone(),
+            created_at: self.created_at,
+            run_created_at: self.run_created_at,
+            pending: self.pending.clone(),
+            fence: self.fence,
+            state: Map::new(),
+        }
+    }
+
+    /// The core checkpoint; `field` names it in errors.
+    pub fn to_checkpoint(&self, field: &str) -> Result<Checkpoint, Problem> {
+        let f = |n: &str| format!("{field}.{n}");
+        Ok(Checkpoint {
+            id: CheckpointId::new(&self.id).map_err(|e| bad(&f("id"), e))?,
+            created_at: instant(&f("createdAt"), self.created_at)?,
+            run_created_at: opt_instant(&f("runCreatedAt"), self.run_created_at)?,
+            pending: self
+                .pending
+                .as_ref()
+                .map(|p| p.to_pending(&f("pending")))
+                .transpose()?,
+            fence: opt_fence(&f("fence"), self.fence)?,
+            state: self.state.clone(),
+        })
+    }
+}
+
+/// A checkpoint write.
+#[derive(Clone, PartialEq, Debug, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct WriteCheckpointBody {
+    /// The checkpoint.
+    pub checkpoint: CheckpointBody,
+    /// The holding it is written under (absent: unfenced).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fence: Option<u64>,
+}
+
+/// A checkpoint (or none).
+#[derive(Clone, PartialEq, Debug, Serialize, Deserialize, ToSchema)]
+pub struct MaybeCheckpoint {
+    /// The checkpoint, `null` when there is none.
+    pub checkpoint: Option<CheckpointBody>,
+}
+
+/// Prune: keep the newest `keepLast`.
+#[derive(Clone, PartialEq, Eq, Debug, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct PruneBody {
+    /// How many to keep (unanswered parks are always kept).
+    pub keep_last: usize,
+    /// The holding; absent: an operator's prune.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fence: Option<u64>,
+}
+
+/// The ids a prune deleted.
+#[derive(Clone, PartialEq, Eq, Debug, Serialize, Deserialize, ToSchema)]
+pub struct Pruned {
+    /// Deleted checkpoint ids.
+    pub deleted: Vec<String>,
+}

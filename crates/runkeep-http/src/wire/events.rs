@@ -1,0 +1,157 @@
+//! Events: appends, reads and the batches a reader pages through.
+
+#![allow(clippy::result_large_err)]
+
+use super::*;
+
+/// An event to append.
+#[derive(Clone, PartialEq, Debug, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct NewEventBody {
+    /// The `type` discriminator.
+    #[serde(rename = "type")]
+    pub event_type: String,
+    /// Every other field (`type`, `seq`, `timestamp`, `generation` are the
+    /// store's and refused here).
+    #[serde(default)]
+    #[schema(value_type = Object)]
+    pub payload: Object,
+}
+
+impl From<&NewEvent> for NewEventBody {
+    fn from(e: &NewEvent) -> Self {
+        Self {
+            event_type: e.event_type.clone(),
+            payload: e.payload.clone(),
+        }
+    }
+}
+
+impl From<&NewEventBody> for NewEvent {
+    fn from(e: &NewEventBody) -> Self {
+        NewEvent::new(e.event_type.clone(), e.payload.clone())
+    }
+}
+
+/// An event as recorded.
+#[derive(Clone, PartialEq, Debug, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct EventBody {
+    /// 1-based position in the run's log (the SSE event id).
+    pub seq: u64,
+    /// Recorded at, epoch ms (store clock).
+    pub timestamp: i64,
+    /// `type`.
+    #[serde(rename = "type")]
+    pub event_type: String,
+    /// The fence it was appended under.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub generation: Option<u64>,
+    /// Every other field.
+    #[schema(value_type = Object)]
+    pub payload: Object,
+}
+
+impl From<&PersistedEvent> for EventBody {
+    fn from(e: &PersistedEvent) -> Self {
+        Self {
+            seq: e.seq,
+            timestamp: ms(e.timestamp),
+            event_type: e.event_type.clone(),
+            generation: e.generation.map(Fence::get),
+            payload: e.payload.clone(),
+        }
+    }
+}
+
+impl EventBody {
+    /// The core event.
+    pub fn to_event(&self) -> Result<PersistedEvent, Problem> {
+        Ok(PersistedEvent {
+            seq: self.seq,
+            timestamp: instant("timestamp", self.timestamp)?,
+            event_type: self.event_type.clone(),
+            generation: opt_fence("generation", self.generation)?,
+            payload: self.payload.clone(),
+        })
+    }
+}
+
+/// A record a tolerant read skipped.
+#[derive(Clone, PartialEq, Eq, Debug, Serialize, Deserialize, ToSchema)]
+pub struct SkippedBody {
+    /// 1-based line position.
+    pub position: u64,
+    /// Why.
+    pub reason: String,
+}
+
+/// An event read.
+#[derive(Clone, PartialEq, Debug, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct EventBatchBody {
+    /// Events after `sinceSeq`, in log order.
+    pub events: Vec<EventBody>,
+    /// Damaged records skipped (tolerant mode).
+    #[serde(default)]
+    pub skipped: Vec<SkippedBody>,
+    /// The log's last `seq` (0 when empty).
+    pub last_seq: u64,
+}
+
+impl From<&EventBatch> for EventBatchBody {
+    fn from(b: &EventBatch) -> Self {
+        Self {
+            events: b.events.iter().map(Into::into).collect(),
+            skipped: b
+                .skipped
+                .iter()
+                .map(|s| SkippedBody {
+                    position: s.position,
+                    reason: crate::problem::redact_paths(&s.reason),
+                })
+                .collect(),
+            last_seq: b.last_seq,
+        }
+    }
+}
+
+impl EventBatchBody {
+    /// The core batch.
+    pub fn to_batch(&self) -> Result<EventBatch, Problem> {
+        Ok(EventBatch {
+            events: self
+                .events
+                .iter()
+                .map(EventBody::to_event)
+                .collect::<Result<_, _>>()?,
+            skipped: self
+                .skipped
+                .iter()
+                .map(|s| SkippedRecord {
+                    position: s.position,
+                    reason: s.reason.clone(),
+                })
+                .collect(),
+            last_seq: self.last_seq,
+        })
+    }
+}
+
+/// An event append.
+#[derive(Clone, PartialEq, Debug, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct AppendEventsBody {
+    /// Events, in order.
+    pub events: Vec<NewEventBody>,
+    /// The holding (absent: unfenced).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fence: Option<u64>,
+}
+
+/// Events as recorded.
+#[derive(Clone, PartialEq, Debug, Serialize, Deserialize, ToSchema)]
+pub struct Appended {
+    /// With their `seq`.
+    pub events: Vec<EventBody>,
+}

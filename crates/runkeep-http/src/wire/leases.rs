@@ -1,0 +1,297 @@
+//! Leases: claims (one run or the next runnable), release, finish, snooze, enqueue, the lease read.
+
+#![allow(clippy::result_large_err)]
+
+use super::*;
+
+/// A lease handed to its taker.
+#[derive(Clone, PartialEq, Eq, Debug, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct LeaseBody {
+    /// Who took it.
+    pub holder: String,
+    /// The fence every write under it presents.
+    pub fence: u64,
+    /// Expiry, epoch ms (store clock).
+    pub expires_at: i64,
+}
+
+impl From<&Lease> for LeaseBody {
+    fn from(l: &Lease) -> Self {
+        Self {
+            holder: crate::holder::display(l.holder.as_str()).to_string(),
+            fence: l.fence.get(),
+            expires_at: ms(l.expires_at),
+        }
+    }
+}
+
+impl LeaseBody {
+    /// The core lease.
+    pub fn to_lease(&self) -> Result<Lease, Problem> {
+        Ok(Lease {
+            holder: Holder::new(&self.holder).map_err(|e| bad("lease.holder", e))?,
+            fence: fence("lease.fence", self.fence)?,
+            expires_at: instant("lease.expiresAt", self.expires_at)?,
+        })
+    }
+}
+
+/// A run's top holding as a listing shows it.
+#[derive(Clone, PartialEq, Eq, Debug, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct LeaseSummaryBody {
+    /// Holder; empty for a released or unreadable holding.
+    pub holder: String,
+    /// The top fence.
+    pub fence: u64,
+    /// Expiry, epoch ms; 0 for a released or unreadable holding.
+    pub expires_at: i64,
+    /// Expired at the answer's instant.
+    pub expired: bool,
+}
+
+impl From<&LeaseSummary> for LeaseSummaryBody {
+    fn from(l: &LeaseSummary) -> Self {
+        Self {
+            holder: crate::holder::display(&l.holder).to_string(),
+            fence: l.fence.get(),
+            expires_at: ms(l.expires_at),
+            expired: l.expired,
+        }
+    }
+}
+
+impl LeaseSummaryBody {
+    /// The core summary.
+    pub fn to_summary(&self) -> Result<LeaseSummary, Problem> {
+        Ok(LeaseSummary {
+            holder: self.holder.clone(),
+            fence: fence("fence", self.fence)?,
+            expires_at: instant("expiresAt", self.expires_at)?,
+            expired: self.expired,
+        })
+    }
+}
+
+/// What a claim takes: holder, lease length and attempt limit (never an
+/// instant: the store's clock judges every claim).
+#[derive(Clone, PartialEq, Eq, Debug, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct ClaimBody {
+    /// The claiming worker (unique per process). The same holder renews.
+    pub holder: String,
+    /// Lease length, ms.
+    pub ttl_ms: u64,
+    /// Attempt limit for this claim.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_attempts: Option<u32>,
+}
+
+impl ClaimBody {
+    /// The core options.
+    pub fn to_options(&self) -> Result<runkeep::ClaimOptions, Problem> {
+        let mut o = runkeep::ClaimOptions::new(
+            Holder::new(&self.holder).map_err(|e| bad("holder", e))?,
+            Ttl::from_millis(self.ttl_ms).map_err(|e| bad("ttlMs", e))?,
+        );
+        o.max_attempts = self.max_attempts;
+        Ok(o)
+    }
+
+    /// The wire form of core options. Refuses an explicit
+    /// [`ClaimOptions::now`](runkeep::ClaimOptions::now): over HTTP the
+    /// store's clock judges every expiry, and a claim cannot choose it.
+    pub fn of(o: &runkeep::ClaimOptions) -> runkeep::Result<Self> {
+        if o.now.is_some() {
+            return Err(runkeep::Error::invalid(
+                "ClaimOptions::now cannot be sent over HTTP: the server judges every claim at its store's clock. Leave it None (use a ManualClock on the backing store to test time in process)",
+            ));
+        }
+        Ok(Self {
+            holder: o.holder.to_string(),
+            ttl_ms: o.ttl.as_millis(),
+            max_attempts: o.max_attempts,
+        })
+    }
+}
+
+/// What a claim answered.
+#[derive(Clone, PartialEq, Eq, Debug, Serialize, Deserialize, ToSchema)]
+#[serde(tag = "outcome", rename_all = "camelCase")]
+pub enum ClaimAnswer {
+    /// The run is yours at this fence.
+    Acquired {
+        /// The lease.
+        lease: LeaseBody,
+    },
+    /// Someone else holds it live.
+    Held {
+        /// Their holding.
+        lease: LeaseSummaryBody,
+    },
+    /// The run is finished.
+    Finished {
+        /// Its status.
+        status: RunStatusBody,
+    },
+    /// Deferred until this instant.
+    #[serde(rename_all = "camelCase")]
+    NotBefore {
+        /// Epoch ms.
+        available_at: i64,
+    },
+}
+
+impl From<&ClaimOutcome> for ClaimAnswer {
+    fn from(o: &ClaimOutcome) -> Self {
+        match o {
+            ClaimOutcome::Acquired(l) => Self::Acquired { lease: l.into() },
+            ClaimOutcome::Held(s) => Self::Held { lease: s.into() },
+            ClaimOutcome::Finished(s) => Self::Finished {
+                status: (*s).into(),
+            },
+            ClaimOutcome::NotBefore(t) => Self::NotBefore {
+                available_at: ms(*t),
+            },
+        }
+    }
+}
+
+impl ClaimAnswer {
+    /// The core outcome.
+    pub fn to_outcome(&self) -> Result<ClaimOutcome, Problem> {
+        Ok(match self {
+            Self::Acquired { lease } => ClaimOutcome::Acquired(lease.to_lease()?),
+            Self::Held { lease } => ClaimOutcome::Held(lease.to_summary()?),
+            Self::Finished { status } => ClaimOutcome::Finished((*status).into()),
+            Self::NotBefore { available_at } => {
+                ClaimOutcome::NotBefore(instant("availableAt", *available_at)?)
+            }
+        })
+    }
+
+    /// The short label for metrics.
+    pub fn label(&self) -> &'static str {
+        match self {
+            Self::Acquired { .. } => "acquired",
+            Self::Held { .. } => "held",
+            Self::Finished { .. } => "finished",
+            Self::NotBefore { .. } => "not_before",
+        }
+    }
+}
+
+/// `claim_next`: scope narrowing, filter, claim options, optional wait.
+#[derive(Clone, PartialEq, Eq, Debug, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct ClaimNextBody {
+    /// Only this project.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub project: Option<String>,
+    /// Only this session (needs `project`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub session: Option<String>,
+    /// Only runs whose park is in this set.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub park: Option<Vec<ParkStateBody>>,
+    /// Which run first.
+    #[serde(default)]
+    pub order: OrderBody,
+    /// The claiming worker (unique per process).
+    pub holder: String,
+    /// Lease length, ms.
+    pub ttl_ms: u64,
+    /// Attempt limit for this claim.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_attempts: Option<u32>,
+    /// Wait up to this many ms (at most 30 000) for a run to become
+    /// runnable when none is; 0 or absent answers at once.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub wait_ms: Option<u64>,
+}
+
+impl ClaimNextBody {
+    /// The claim part, as a [`ClaimBody`].
+    pub fn claim(&self) -> ClaimBody {
+        ClaimBody {
+            holder: self.holder.clone(),
+            ttl_ms: self.ttl_ms,
+            max_attempts: self.max_attempts,
+        }
+    }
+}
+
+/// A run taken by `claim_next`.
+#[derive(Clone, PartialEq, Eq, Debug, Serialize, Deserialize, ToSchema)]
+pub struct Claimed {
+    /// The run.
+    pub run: RunAddress,
+    /// Its lease.
+    pub lease: LeaseBody,
+}
+
+/// The answer of `claim_next`.
+#[derive(Clone, PartialEq, Eq, Debug, Serialize, Deserialize, ToSchema)]
+pub struct ClaimNextAnswer {
+    /// The run taken, or `null` when none was runnable (within the wait).
+    pub claimed: Option<Claimed>,
+}
+
+/// A fence, for release (absent: an operator's release of whoever holds it).
+#[derive(Clone, PartialEq, Eq, Debug, Default, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ReleaseBody {
+    /// The holding to release; absent releases the current holding
+    /// (operator only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fence: Option<u64>,
+}
+
+/// Whether a release or snooze took effect.
+#[derive(Clone, PartialEq, Eq, Debug, Serialize, Deserialize, ToSchema)]
+pub struct Done {
+    /// True when the holding was the current one and is gone.
+    pub done: bool,
+}
+
+/// Snooze: release and defer.
+#[derive(Clone, PartialEq, Eq, Debug, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct SnoozeBody {
+    /// The holding.
+    pub fence: u64,
+    /// Not claimable before, epoch ms.
+    pub until: i64,
+}
+
+/// Finish: the holding and the outcome.
+#[derive(Clone, PartialEq, Debug, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct FinishBody {
+    /// The holding (spent by the finish).
+    pub fence: u64,
+    /// How it ended.
+    pub outcome: OutcomeBody,
+}
+
+/// Enqueue: the first checkpoint and the run's options.
+#[derive(Clone, PartialEq, Debug, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct EnqueueBody {
+    /// The run's first checkpoint.
+    pub checkpoint: CheckpointBody,
+    /// Not claimable before, epoch ms.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub available_at: Option<i64>,
+    /// The run's own attempt limit.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_attempts: Option<u32>,
+}
+
+/// A lease read.
+#[derive(Clone, PartialEq, Eq, Debug, Serialize, Deserialize, ToSchema)]
+pub struct MaybeLease {
+    /// The top holding, `null` when never claimed.
+    pub lease: Option<LeaseSummaryBody>,
+}

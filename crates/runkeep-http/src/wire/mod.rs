@@ -1,0 +1,89 @@
+//! The API's JSON shapes (version 1), with lossless conversions to and from
+//! the core types.
+//!
+//! The wire types are the API's own (not the core's serde forms), so the
+//! OpenAPI document describes exactly what travels, the API can be
+//! versioned apart from the storage formats, and a checkpoint's state is
+//! carried apart from its header (a state that uses a reserved key reaches
+//! the store and is refused there, instead of being silently folded into
+//! the header). Input is validated by the core constructors on conversion;
+//! a bad value is an `invalid-input` problem naming its field.
+//!
+//! One module per area of the API; every type is re-exported here, so
+//! `wire::RunAddress` and `wire::runs::RunAddress` name the same type.
+//!
+//! - [`runs`]: addresses, listings, status, lifecycle, the run summary, the
+//!   clock and `whoami`;
+//! - [`leases`]: claims, renewals, release, finish, snooze, enqueue;
+//! - [`checkpoints`]: checkpoints, their writes and prunes;
+//! - [`parks`]: parks, pending decisions and their answers;
+//! - [`events`]: event appends, reads and batches;
+//! - [`documents`]: the run record, message snapshots, reports, audit;
+//! - [`steps`]: the all-or-nothing step commit;
+//! - [`threads`]: the thread routes (a LangGraph-style checkpoint chain).
+
+// A `Problem` is returned straight into a response, once per refused
+// request: its size costs nothing measurable, boxing it would cost clarity.
+#![allow(clippy::result_large_err)]
+
+use runkeep::evidence::SkippedRecord;
+use runkeep::lease::Fence;
+use runkeep::step::MessagesUpdate;
+use runkeep::{
+    AuditRecord, Checkpoint, CheckpointId, ClaimOutcome, EventBatch, FinishStatus, Holder, Lease,
+    LeaseSummary, Lifecycle, ListOrder, MessageSnapshot, NewAuditEvent, NewEvent, Outcome,
+    ParkResolution, ParkState, ParkSummary, PendingDecision, PersistedEvent, ProjectId, RunId,
+    RunPage, RunRow, RunScope, RunStatus, SessionId, Step, StepReceipt, TenantId, Timestamp, Ttl,
+};
+use serde::{Deserialize, Serialize};
+use serde_json::{Map, Value};
+use utoipa::ToSchema;
+
+use crate::problem::Problem;
+
+pub mod checkpoints;
+pub mod documents;
+pub mod events;
+pub mod leases;
+pub mod parks;
+pub mod runs;
+pub mod steps;
+pub mod threads;
+
+pub use checkpoints::*;
+pub use documents::*;
+pub use events::*;
+pub use leases::*;
+pub use parks::*;
+pub use runs::*;
+pub use steps::*;
+
+/// A JSON object.
+pub type Object = Map<String, Value>;
+
+fn bad(field: &str, e: runkeep::Error) -> Problem {
+    Problem::from(e).with_field(field)
+}
+
+/// Parses an instant (epoch ms) named `field`.
+pub fn instant(field: &str, ms: i64) -> Result<Timestamp, Problem> {
+    Timestamp::from_millis(ms).map_err(|e| bad(field, e))
+}
+
+fn opt_instant(field: &str, ms: Option<i64>) -> Result<Option<Timestamp>, Problem> {
+    ms.map(|m| instant(field, m)).transpose()
+}
+
+/// Parses a fence named `field`.
+pub fn fence(field: &str, n: u64) -> Result<Fence, Problem> {
+    Fence::new(n).map_err(|e| bad(field, e))
+}
+
+/// Parses an optional fence named `field`.
+pub fn opt_fence(field: &str, n: Option<u64>) -> Result<Option<Fence>, Problem> {
+    n.map(|n| fence(field, n)).transpose()
+}
+
+fn ms(t: Timestamp) -> i64 {
+    t.as_millis()
+}

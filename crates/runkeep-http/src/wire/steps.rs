@@ -1,0 +1,150 @@
+//! Steps: one step of a run (checkpoint, events, messages, park), committed all or nothing.
+
+#![allow(clippy::result_large_err)]
+
+use super::*;
+
+/// A message update inside a step.
+#[derive(Clone, PartialEq, Debug, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct StepMessagesBody {
+    /// The conversation as of this step.
+    pub messages: Vec<Value>,
+    /// The last event it accounts for; absent: the step's last event.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub through_event_seq: Option<u64>,
+}
+
+/// One step of a run, written all or nothing.
+#[derive(Clone, PartialEq, Debug, Default, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct StepBody {
+    /// Events to append.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub events: Vec<NewEventBody>,
+    /// A checkpoint (with `pending` to park here).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub checkpoint: Option<CheckpointBody>,
+    /// A new message snapshot.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub messages: Option<StepMessagesBody>,
+    /// A new run record.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<Object>)]
+    pub run_record: Option<Object>,
+    /// Finish the run with this step.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub finish: Option<OutcomeBody>,
+}
+
+impl From<&Step> for StepBody {
+    fn from(s: &Step) -> Self {
+        Self {
+            events: s.events.iter().map(Into::into).collect(),
+            checkpoint: s.checkpoint.as_ref().map(Into::into),
+            messages: s.messages.as_ref().map(|m| StepMessagesBody {
+                messages: m.messages.clone(),
+                through_event_seq: m.through_event_seq,
+            }),
+            run_record: s.run_record.clone(),
+            finish: s.finish.as_ref().map(Into::into),
+        }
+    }
+}
+
+impl StepBody {
+    /// The core step, moving the payloads (a request's step is not copied).
+    pub fn into_step(self) -> Result<Step, Problem> {
+        Ok(Step {
+            events: self
+                .events
+                .into_iter()
+                .map(|e| NewEvent::new(e.event_type, e.payload))
+                .collect(),
+            checkpoint: self
+                .checkpoint
+                .map(|c| c.into_checkpoint("step.checkpoint"))
+                .transpose()?,
+            messages: self.messages.map(|m| MessagesUpdate {
+                messages: m.messages,
+                through_event_seq: m.through_event_seq,
+            }),
+            run_record: self.run_record,
+            finish: self.finish.as_ref().map(Into::into),
+        })
+    }
+
+    /// The core step.
+    pub fn to_step(&self) -> Result<Step, Problem> {
+        Ok(Step {
+            events: self.events.iter().map(Into::into).collect(),
+            checkpoint: self
+                .checkpoint
+                .as_ref()
+                .map(|c| c.to_checkpoint("step.checkpoint"))
+                .transpose()?,
+            messages: self.messages.as_ref().map(|m| MessagesUpdate {
+                messages: m.messages.clone(),
+                through_event_seq: m.through_event_seq,
+            }),
+            run_record: self.run_record.clone(),
+            finish: self.finish.as_ref().map(Into::into),
+        })
+    }
+}
+
+/// A step commit.
+#[derive(Clone, PartialEq, Debug, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct CommitStepBody {
+    /// The holding; checked by the store with the whole step.
+    pub fence: u64,
+    /// The step.
+    pub step: StepBody,
+}
+
+/// What a committed step wrote.
+#[derive(Clone, PartialEq, Debug, Serialize, Deserialize, ToSchema)]
+pub struct StepReceiptBody {
+    /// Events as recorded.
+    pub events: Vec<EventBody>,
+    /// The checkpoint as stored.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub checkpoint: Option<CheckpointBody>,
+    /// The lifecycle, when the step finished the run.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lifecycle: Option<LifecycleBody>,
+}
+
+impl From<&StepReceipt> for StepReceiptBody {
+    fn from(r: &StepReceipt) -> Self {
+        Self {
+            events: r.events.iter().map(Into::into).collect(),
+            checkpoint: r.checkpoint.as_ref().map(Into::into),
+            lifecycle: r.lifecycle.as_ref().map(Into::into),
+        }
+    }
+}
+
+impl StepReceiptBody {
+    /// The core receipt.
+    pub fn to_receipt(&self) -> Result<StepReceipt, Problem> {
+        Ok(StepReceipt {
+            events: self
+                .events
+                .iter()
+                .map(EventBody::to_event)
+                .collect::<Result<_, _>>()?,
+            checkpoint: self
+                .checkpoint
+                .as_ref()
+                .map(|c| c.to_checkpoint("checkpoint"))
+                .transpose()?,
+            lifecycle: self
+                .lifecycle
+                .as_ref()
+                .map(LifecycleBody::to_lifecycle)
+                .transpose()?,
+        })
+    }
+}
