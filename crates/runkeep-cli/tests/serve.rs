@@ -311,14 +311,24 @@ fn a_sigterm_between_bind_and_the_serve_loop_is_a_graceful_stop() {
     rustix::fs::fcntl_setfl(&out_w, flags).unwrap();
 
     let mut cmd = Command::new(binary());
-    for var in ["RUNKEEP_STORE", "RUNKEEP_TENANT", "RUNKEEP_TOKENS", "RUNKEEP_LOG"] {
+    for var in [
+        "RUNKEEP_STORE",
+        "RUNKEEP_TENANT",
+        "RUNKEEP_TOKENS",
+        "RUNKEEP_LOG",
+    ] {
         cmd.env_remove(var);
     }
     let mut child = cmd
         .env("NO_COLOR", "1")
         .arg("--store")
         .arg(format!("fs:{}", dir.path().join("data").display()))
-        .args(["serve", "--listen", &format!("127.0.0.1:{port}"), "--tokens"])
+        .args([
+            "serve",
+            "--listen",
+            &format!("127.0.0.1:{port}"),
+            "--tokens",
+        ])
         .arg(dir.path().join("tokens.json"))
         .stdout(Stdio::from(out_w))
         .stderr(Stdio::inherit())

@@ -37,7 +37,7 @@ use crate::context::Ctx;
 use crate::duration::parse_duration;
 use crate::error::{CliError, CliResult, Exit};
 use crate::output::{emit, emit_json, human_duration, iso_millis, Color, Style};
-use crate::store::StoreAddress;
+use crate::store::{OpenMode, PoolDemand, StoreAddress};
 
 mod checks;
 
@@ -296,15 +296,15 @@ pub async fn run(ctx: &Ctx, args: DoctorArgs) -> CliResult<Exit> {
         }
         other => other.clone(),
     };
+    let options = ctx.store_options(PoolDemand::Doctor);
     let opened = match &opened_at {
-        StoreAddress::Postgres(_) => Ok(crate::store::open_store_as(
-            &opened_at,
-            &ctx.scope,
-            ctx.global.durability,
-            crate::store::OpenMode::Examine,
-        )
-        .await?),
-        _ => match ctx.store().await {
+        StoreAddress::Postgres(_) => {
+            Ok(
+                crate::store::open_store_as(&opened_at, &ctx.scope, &options, OpenMode::Examine)
+                    .await?,
+            )
+        }
+        _ => match ctx.open(OpenMode::Existing, &options).await {
             Ok(opened) => Ok(opened),
             Err(e) if address.directory().is_some_and(std::path::Path::is_dir) => Err(e),
             Err(e) => return Err(e),

@@ -28,7 +28,7 @@ use crate::context::Ctx;
 use crate::duration::{parse_duration, parse_ttl};
 use crate::error::{CliError, CliResult, Exit};
 use crate::output::{emit, emit_json};
-use crate::store::{open_store, DurabilityArg, StoreAddress};
+use crate::store::{open_store_as, DurabilityArg, OpenMode, PoolDemand, StoreAddress};
 
 mod http;
 mod pg;
@@ -296,7 +296,13 @@ pub async fn run(ctx: &Ctx, args: SoakArgs) -> CliResult<Exit> {
     let soak_dir = runkeep_soak::soak_dir(&dir);
     std::fs::create_dir_all(&soak_dir)
         .map_err(|e| CliError::config(format!("cannot create {}: {e}", soak_dir.display())))?;
-    let opened = open_store(&address, &ctx.scope, ctx.global.durability, true).await?;
+    let opened = open_store_as(
+        &address,
+        &ctx.scope,
+        &ctx.store_options(PoolDemand::Command),
+        OpenMode::Create,
+    )
+    .await?;
     let pg_workers = match (&address, &fresh_schema) {
         // Over HTTP the workers reach PostgreSQL only through the server.
         _ if args.over_http => None,
@@ -449,13 +455,14 @@ pub async fn run(ctx: &Ctx, args: SoakArgs) -> CliResult<Exit> {
 
 /// `runkeep soak-worker`.
 pub async fn run_worker(ctx: &Ctx, args: SoakWorkerArgs) -> CliResult<Exit> {
-    if matches!(ctx.global.store, StoreAddress::Http(_)) {
-        // A server that vanished answers within the lease TTL, never hangs
-        // the worker (its lease keeper gives the run up at the TTL anyway).
-        crate::store::http::set_request_timeout(args.ttl.as_duration().max(Duration::from_secs(1)));
-    }
-    crate::store::set_pg_pool_default(args.concurrency);
-    let opened = open_store(&ctx.global.store, &ctx.scope, ctx.global.durability, false).await?;
+    // A server that vanished answers within the lease TTL, never hangs the
+    // worker (its lease keeper gives the run up at the TTL anyway).
+    let options = ctx
+        .store_options(PoolDemand::SoakWorker {
+            concurrency: args.concurrency,
+        })
+        .with_http_request_timeout(args.ttl.as_duration().max(Duration::from_secs(1)));
+    let opened = ctx.open(OpenMode::Existing, &options).await?;
     let listing = ctx.scope.listing()?;
     let shutdown = CancellationToken::new();
     runkeep_worker::cancel_on_signal(shutdown.clone());
