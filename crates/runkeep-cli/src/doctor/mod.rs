@@ -1,5 +1,5 @@
 //! `runkeep doctor`: health checks with the reference's statuses and exit
-//! codes (spec §6).
+//! codes (see the rules below).
 //!
 //! # Rules
 //!
@@ -13,7 +13,7 @@
 //!   not returned is recorded `inconclusive` ("did not return within N ms");
 //!   it is not waited for. The wall-clock timeout (`--wall-clock-timeout`,
 //!   default 10s) does the same for every check still running.
-//! - **A check that errors** (WK-29): when a check cannot establish what it
+//! - **A check that errors**: when a check cannot establish what it
 //!   reads — the store refused a read, the scan failed — it is `inconclusive`
 //!   with the error as its message: nothing was shown to be wrong, and nothing
 //!   was shown to be right. A check that *can* tell a finding from an
@@ -242,7 +242,8 @@ impl Summary {
         s
     }
 
-    /// The exit code rule (spec DR-10).
+    /// The exit code, in this precedence: any `fail` 1, no check ran 2,
+    /// any `inconclusive` 69, else 0.
     fn exit(&self) -> Exit {
         if self.fail > 0 {
             Exit::Failed

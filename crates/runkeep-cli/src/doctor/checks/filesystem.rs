@@ -3,8 +3,8 @@
 
 use super::*;
 
-/// Linux errnos that mean "this volume has no hard links" (spec FL-20):
-/// EPERM, EXDEV, EMLINK, ENOSYS, EOPNOTSUPP.
+/// Linux errnos that mean "this volume has no hard links" (rather than a
+/// transient failure): EPERM, EXDEV, EMLINK, ENOSYS, EOPNOTSUPP.
 const NO_HARD_LINK_ERRNOS: [i32; 5] = [1, 18, 31, 38, 95];
 
 pub(super) fn hard_links(env: &Env) -> CliResult<Outcome> {

@@ -2,8 +2,9 @@
 
 use super::*;
 
-/// `store.run:single-open-writer` (spec DR-17/18, WK-25), evaluated from the
-/// store's persisted fenced-out refusal counters. Refusals are `warn`, not
+/// `store.run:single-open-writer` (a run has at most one writer whose
+/// writes the store accepts: a superseded holder is refused), evaluated
+/// from the store's persisted fenced-out refusal counters. Refusals are `warn`, not
 /// `fail`: each one is a superseded writer the store *stopped* (nothing it
 /// wrote was accepted), and the counters are cumulative, so `fail` would
 /// never clear; they still say a second writer was open, which an operator
