@@ -5,7 +5,7 @@ use std::fmt;
 use std::path::{Path, PathBuf};
 use std::str::FromStr;
 
-use super::redact::{percent_decode, redact_url, register_secrets};
+use super::secrets::{percent_decode, redact_url, register_secrets};
 use crate::error::{CliError, CliResult};
 
 /// Where the runs live (`--store` / `RUNKEEP_STORE`).
@@ -28,7 +28,7 @@ pub enum StoreAddress {
 /// A `runkeep serve` address: the base URL and the bearer token to send
 /// (`--token` / `RUNKEEP_TOKEN`, attached by [`with_token`]). The token is
 /// secret: `Display` shows the URL only, `Debug` never the token, and
-/// every printed line passes through [`redact`].
+/// every printed line passes through [`redact`](super::redact).
 #[derive(Clone, PartialEq, Eq)]
 pub struct HttpAddress {
     url: String,
@@ -329,7 +329,7 @@ pub fn with_pg_schema(address: &StoreAddress, schema: Option<&str>) -> CliResult
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::store::redact::redact;
+    use crate::store::secrets::redact;
 
     #[test]
     fn addresses_parse_and_passwords_never_print() {

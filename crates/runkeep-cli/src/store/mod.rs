@@ -4,7 +4,7 @@
 //! backend is one more arm here and no change to any command.
 //!
 //! - [`address`]: parsing and printing `--store` (and `--pg-schema`,
-//!   `--token`); [`redact`] keeps their secrets out of every printed line.
+//!   `--token`); [`secrets`] keeps theirs out of every printed line ([`redact`]).
 //! - [`options`]: [`StoreOptions`], what a command opens its store with
 //!   (durability, the PostgreSQL pool, the HTTP request timeout), built
 //!   from the command's [`PoolDemand`] and passed to every open.
@@ -43,15 +43,15 @@ pub mod http;
 pub mod opened;
 pub mod options;
 pub mod pg;
-pub mod redact;
 mod scratch;
+pub mod secrets;
 
 pub use address::{
     with_pg_schema, with_token, HttpAddress, PgAddress, StoreAddress, DEFAULT_PG_SCHEMA,
 };
 pub use opened::{Backend, Diagnosis, OpenedStore, PgTarget};
 pub use options::{parse_pg_pool_size, DurabilityArg, PoolDemand, StoreOptions};
-pub use redact::redact;
+pub use secrets::redact;
 
 /// How a command opens its store.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
