@@ -67,7 +67,7 @@ pub struct GlobalArgs {
     #[arg(long, env = "RUNKEEP_PG_SCHEMA", global = true, value_name = "SCHEMA")]
     pub pg_schema: Option<String>,
 
-    /// Most pooled connections of a postgres:// store (the LISTEN connection is one more); at least 1. Default: 4; `serve`: its --max-concurrent, up to 16; `soak-worker`: its --concurrency when larger.
+    /// Most pooled connections of a postgres:// store (the LISTEN connection is one more); at least 1. Default: 2; `doctor`: 4; `serve`: its --max-concurrent, up to 16; `soak-worker`: its --concurrency + 1.
     #[arg(
         long,
         env = "RUNKEEP_PG_POOL_SIZE",

@@ -7,7 +7,7 @@ use crate::cli::{GlobalArgs, RunArg};
 use crate::error::CliResult;
 use crate::output::Style;
 use crate::scope::ScopeParts;
-use crate::store::{open_store, OpenedStore};
+use crate::store::{open_store_as, OpenMode, OpenedStore, PoolDemand, StoreOptions};
 
 /// The command's context.
 #[derive(Debug)]
@@ -25,7 +25,6 @@ impl Ctx {
     pub fn new(mut global: GlobalArgs) -> CliResult<Self> {
         global.store = crate::store::with_pg_schema(&global.store, global.pg_schema.as_deref())?;
         global.store = crate::store::with_token(&global.store, global.token.as_deref());
-        crate::store::set_pg_pool_size(global.pg_pool_size);
         let scope = ScopeParts::parse(&global.tenant, &global.project, &global.session)?;
         Ok(Self {
             global,
@@ -39,34 +38,37 @@ impl Ctx {
         self.global.json
     }
 
-    /// Opens the configured store; a missing directory is an error.
+    /// The options a command with `demand` opens its store with:
+    /// `--durability`, and `--pg-pool-size` (or `RUNKEEP_PG_POOL_SIZE`)
+    /// when given, else the demand's pool.
+    pub fn store_options(&self, demand: PoolDemand) -> StoreOptions {
+        StoreOptions::new(self.global.durability, self.global.pg_pool_size, demand)
+    }
+
+    /// Opens the configured store in `mode` with `options`.
+    pub async fn open(&self, mode: OpenMode, options: &StoreOptions) -> CliResult<OpenedStore> {
+        open_store_as(&self.global.store, &self.scope, options, mode).await
+    }
+
+    /// Opens the configured store with a command's options; a missing
+    /// directory is an error.
     pub async fn store(&self) -> CliResult<OpenedStore> {
-        open_store(
-            &self.global.store,
-            &self.scope,
-            self.global.durability,
-            false,
-        )
-        .await
+        self.open(OpenMode::Existing, &self.store_options(PoolDemand::Command))
+            .await
     }
 
     /// Opens the configured store for reading only (nothing in it is
     /// created or changed; writes are refused).
     pub async fn store_read_only(&self) -> CliResult<OpenedStore> {
-        crate::store::open_store_read_only(&self.global.store, &self.scope, self.global.durability)
+        self.open(OpenMode::ReadOnly, &self.store_options(PoolDemand::Command))
             .await
     }
 
     /// Opens the configured store, creating its directory if missing (for
     /// commands that write new runs).
     pub async fn store_creating(&self) -> CliResult<OpenedStore> {
-        open_store(
-            &self.global.store,
-            &self.scope,
-            self.global.durability,
-            true,
-        )
-        .await
+        self.open(OpenMode::Create, &self.store_options(PoolDemand::Command))
+            .await
     }
 
     /// The full scope of the run `arg` names.

@@ -687,9 +687,8 @@ fn with_closed_stdout(args: &[&str]) -> std::process::Output {
     )
 }
 
-/// Issue 8, item 10: a closed pipe is not a bug.
-/// `runkeep runs 2>&1 >/dev/null | true` (stderr a closed pipe) exited 70
-/// "internal error"; a closed stdout must end a command quietly too. Both exit 0 with nothing
+/// A closed pipe is not a bug. `runkeep runs 2>&1 >/dev/null | true`
+/// (stderr a closed pipe) once exited 70 "internal error"; a closed stdout must end a command quietly too. Both exit 0 with nothing
 /// printed, except that the doctor and the soak keep their verdict.
 #[test]
 fn a_closed_pipe_ends_the_command_quietly() {
@@ -772,7 +771,8 @@ fn a_closed_pipe_ends_the_command_quietly() {
     );
 }
 
-/// Issue 8, item 10: `--ttl 1.5s` said `"1.5s" has no unit`.
+/// A fractional duration with a unit (`--ttl 1.5s`) is accepted; it once
+/// said `"1.5s" has no unit`.
 #[test]
 fn a_fractional_duration_with_a_unit_is_accepted() {
     let store = Store::seeded();
@@ -794,8 +794,8 @@ fn a_fractional_duration_with_a_unit_is_accepted() {
         ));
 }
 
-/// Issue 8, item 10: a store directory this user cannot read exited 1; the
-/// README promises 78 (the store cannot be opened as configured).
+/// A store directory this user cannot read exits 78, as the README
+/// promises: the store cannot be opened as configured (it once exited 1).
 #[test]
 fn a_store_directory_this_user_cannot_read_exits_78() {
     let parent = tempfile::tempdir().unwrap();
@@ -832,8 +832,8 @@ fn a_store_directory_this_user_cannot_read_exits_78() {
     }
 }
 
-/// Issue 8, item 10: `claim` on a run this user cannot read suggested
-/// `--new`; the run exists, and the error must say what is wrong.
+/// `claim` on a run this user cannot read says what is wrong: the run
+/// exists (it once suggested `--new`).
 #[test]
 fn claim_on_an_unreadable_run_names_the_path_and_the_permission_problem() {
     let store = Store::seeded();
@@ -865,8 +865,7 @@ fn claim_on_an_unreadable_run_names_the_path_and_the_permission_problem() {
         .stderr(predicate::str::contains("--new"));
 }
 
-/// Issue 8, item 10: `events --follow` repeated the torn-tail warning on
-/// every poll; it warns once per damaged record.
+/// `events --follow` warns once per damaged record, not on every poll.
 #[test]
 fn events_follow_warns_once_per_damaged_record() {
     let store = Store::seeded();

@@ -285,7 +285,7 @@ fn edit_transcript(store: &Store, run: &str, edit: impl FnOnce(&mut Vec<String>)
     std::fs::write(&path, lines.join("\n") + "\n").unwrap();
 }
 
-/// Issue 8, item 6: a transcript with the same `seq` twice exited 0.
+/// A transcript with the same `seq` twice is a finding (it once exited 0).
 #[test]
 fn a_duplicate_seq_in_a_transcript_fails_naming_the_run_file_and_seq() {
     let store = Store::seeded();
@@ -304,8 +304,8 @@ fn a_duplicate_seq_in_a_transcript_fails_naming_the_run_file_and_seq() {
     assert_eq!(doc["exit"], 1);
 }
 
-/// Issue 8, item 6: a line that is not JSON in the middle of a transcript
-/// (valid lines after it) was not reported at all.
+/// A line that is not JSON in the middle of a transcript (valid lines
+/// after it) is reported (it once was not at all).
 #[test]
 fn damage_in_the_middle_of_a_transcript_fails_naming_the_line() {
     let store = Store::seeded();
@@ -343,8 +343,8 @@ fn damage_in_the_middle_of_a_transcript_fails_naming_the_line() {
     assert_eq!(status(&doc, "store.torn-transcripts"), "warn", "{doc:#}");
 }
 
-/// Issue 8, item 6: a run directory the doctor cannot read (mode 000, the
-/// doctor run unprivileged) was "every checkpoint readable", pass.
+/// A run directory the doctor cannot read (mode 000, the doctor run
+/// unprivileged) is never "every checkpoint readable", pass.
 #[test]
 fn an_unreadable_run_directory_is_never_a_pass() {
     let store = Store::seeded();
@@ -381,9 +381,8 @@ fn an_unreadable_run_directory_is_never_a_pass() {
     assert_eq!(out.status.code(), Some(1));
 }
 
-/// Issue 8, item 6: a run whose top holding is at the fence ceiling can
-/// never be claimed, renewed or released again; the doctor called it
-/// claimable.
+/// A run whose top holding is at the fence ceiling can never be claimed,
+/// renewed or released again: the doctor says so, never "claimable".
 #[test]
 fn a_run_at_the_fence_ceiling_fails_and_is_not_called_claimable() {
     let store = Store::seeded();
@@ -423,8 +422,8 @@ fn a_run_at_the_fence_ceiling_fails_and_is_not_called_claimable() {
     assert_eq!(doc["exit"], 1);
 }
 
-/// Issue 8, item 10: garbage in the top holding showed as an empty holder
-/// "expired 20788d ago" in the doctor and as `free (fence N)` in listings.
+/// Garbage in the top holding shows as damage, never as an empty holder
+/// "expired 20788d ago" in the doctor or as `free (fence N)` in listings.
 #[test]
 fn an_unreadable_top_holding_is_named_not_shown_as_free() {
     let store = Store::seeded();

@@ -1,4 +1,4 @@
-//! Issue 8, item 9: commands that only read leave the store directory
+//! Commands that only read leave the store directory
 //! exactly as it was: no probe file created, linked or unlinked in the
 //! store root, no directory created, nothing in any run touched; and so do
 //! commands refused as usage errors.

@@ -166,9 +166,9 @@ fn the_operator_binary_has_no_broken_worker_mode() {
         .code(64);
 }
 
-/// Issue 8, item 10: `--ttl 1ms` was accepted and livelocked (0 of 64 runs
-/// completed, reported as 129 "violations"). Settings that cannot make
-/// progress are refused before anything starts.
+/// Settings that cannot make progress are refused before anything starts:
+/// `--ttl 1ms` was once accepted and livelocked (0 of 64 runs completed,
+/// reported as 129 "violations").
 #[test]
 fn a_ttl_that_cannot_make_progress_is_refused() {
     let dir = tempfile::tempdir().unwrap();
@@ -225,7 +225,7 @@ fn a_ttl_that_cannot_make_progress_is_refused() {
         .stderr(predicates::str::contains("at least 600ms"));
 }
 
-/// Issue 8, item 10: running out of time is not a guarantee violation. A
+/// Running out of time is not a guarantee violation. A
 /// soak that cannot finish within --timeout reports the unfinished runs
 /// apart, no violation, and exits 75 (not 1).
 #[test]

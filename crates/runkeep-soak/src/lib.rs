@@ -27,6 +27,8 @@
 //! its next step.
 
 pub mod audit;
+pub mod pg;
+pub mod server;
 pub mod sink;
 pub mod worker;
 

@@ -138,6 +138,62 @@ pub fn options(cfg: &WorkerConfig) -> WorkerOptions {
     options
 }
 
+impl WorkerConfig {
+    /// A worker process's configuration (no in-process stall or crash:
+    /// the soak signals the process instead).
+    pub fn process(
+        soak_dir: PathBuf,
+        steps: u64,
+        ttl: Ttl,
+        step_time: Duration,
+        concurrency: usize,
+        label: String,
+    ) -> Self {
+        Self {
+            soak_dir,
+            steps,
+            ttl,
+            step_time,
+            concurrency,
+            label,
+            stall: None,
+            crash: None,
+        }
+    }
+
+    /// The arguments after the binary's global options that start this
+    /// worker as a process: the hidden `soak-worker` subcommand and its
+    /// options, read back by the binary into [`WorkerConfig::process`].
+    pub fn process_args(&self) -> Vec<std::ffi::OsString> {
+        let mut args: Vec<std::ffi::OsString> = vec!["soak-worker".into(), "--soak-dir".into()];
+        args.push(self.soak_dir.clone().into_os_string());
+        for (flag, value) in [
+            ("--steps", self.steps.to_string()),
+            ("--ttl", format!("{}ms", self.ttl.as_millis())),
+            ("--step-time", format!("{}ms", self.step_time.as_millis())),
+            ("--concurrency", self.concurrency.to_string()),
+            ("--label", self.label.clone()),
+        ] {
+            args.push(flag.into());
+            args.push(value.into());
+        }
+        args
+    }
+}
+
+/// One worker process of a soak (the `soak-worker` subcommand): drains the
+/// soak's runs in `store` like [`work`], stopping gracefully on SIGTERM or
+/// SIGINT.
+pub async fn run_process(
+    store: Arc<dyn RunStore>,
+    listing: ListingScope,
+    cfg: WorkerConfig,
+) -> Result<DrainReport, String> {
+    let shutdown = CancellationToken::new();
+    runkeep_worker::cancel_on_signal(shutdown.clone());
+    work(store, listing, cfg, shutdown).await
+}
+
 /// Drains until `shutdown` and reports.
 pub async fn work(
     store: Arc<dyn RunStore>,

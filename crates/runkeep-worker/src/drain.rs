@@ -125,7 +125,8 @@ impl IdleBackoff {
 #[derive(Clone, Debug)]
 pub struct WorkerOptions {
     /// Who claims. Unique per process ([`Holder::unique`]): it is the only
-    /// thing that tells a renewal from a theft (CS-52).
+    /// thing that tells a renewal from a theft (a claim by the same holder
+    /// renews; by another holder it is refused while the lease is live).
     pub holder: Holder,
     /// Lease TTL for claims and renewals.
     pub ttl: Ttl,

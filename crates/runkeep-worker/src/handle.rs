@@ -168,7 +168,7 @@ impl Shared {
 /// A handle carries the run's current fence and presents it on every write,
 /// so a step cannot forget to fence one. Clones share one fence: when the
 /// [`LeaseKeeper`](crate::LeaseKeeper) renews, every clone writes under the
-/// new fence from then on (WK-33). A write racing a renewal waits for it (the
+/// new fence from then on. A write racing a renewal waits for it (the
 /// renewal excludes writes while it runs), so it presents either the old
 /// fence before the renewal or the new one after it — both valid at the time
 /// — and never one the worker's own renewal superseded. The exclusion costs

@@ -38,7 +38,8 @@ pub struct KeeperOptions {
     /// Default 50 ms.
     pub retry_delay: Duration,
     /// `None` (the default): claims and renewals carry no instant, so the
-    /// **store's clock** judges them (spec WK-5; the database's clock on
+    /// **store's clock** judges them (so skewed worker clocks cannot take
+    /// live leases; the database's clock on
     /// PostgreSQL), and [`RunHandle::now`] answers the store's
     /// [`now`](runkeep::CheckpointStore::now). `Some(clock)`: every claim
     /// and renewal is judged at `clock.now()` (`ClaimOptions::at`), for a
@@ -103,7 +104,8 @@ impl KeeperOptions {
 /// token the moment the lease is lost.
 ///
 /// Every `renew_fraction × TTL` it calls `claim` again with the same holder.
-/// A renewal mints a **new, higher fence** (CS-51), which the keeper swaps
+/// A renewal mints a **new, higher fence** (so a write under the old one
+/// is refused once the renewal lands), which the keeper swaps
 /// into every [`RunHandle`] of the run at once. It cancels the run's
 /// cancellation token, before any further write is admitted, when:
 ///

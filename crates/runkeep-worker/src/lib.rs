@@ -8,7 +8,7 @@
 //!   lapse — before the next write, not after.
 //! - [`RunHandle`] is the one door a run's writes go through. It presents the
 //!   current fence on every write (a step cannot forget), swaps to the new
-//!   fence for every clone at once when the keeper renews (WK-33), and
+//!   fence for every clone at once when the keeper renews, and
 //!   refuses every write once the lease is lost. [`RunHandle::commit_step`]
 //!   writes a whole step (events, checkpoint, messages, record, and for the
 //!   last step the finish) as one atomic commit; [`RunHandle::finish`] and
@@ -88,7 +88,7 @@
 //! # Time
 //!
 //! Lease expiry is judged by the **store's clock**: the worker's claims and
-//! renewals carry no instant (spec WK-5), so workers on machines with skewed
+//! renewals carry no instant, so workers on machines with skewed
 //! clocks cannot take each other's live leases (on PostgreSQL the database's
 //! clock decides). The worker's own deadline is measured on its monotonic
 //! clock from when the claim was *sent*, minus a safety margin, so it never

@@ -1921,7 +1921,7 @@ async fn wake_up_latency_of_an_idle_drain_on_the_memory_store() {
     assert_eq!(report.completed, 50);
 }
 
-/// WK-5: the worker's claims, renewals and `claim_next` carry no instant,
+/// The worker's claims, renewals and `claim_next` carry no instant,
 /// so the store's clock judges them (the database's on PostgreSQL); the
 /// keeper still renews on its own monotonic schedule and the handle's
 /// `now` is the store's clock.

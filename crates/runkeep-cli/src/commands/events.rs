@@ -14,6 +14,7 @@ use crate::context::Ctx;
 use crate::duration::parse_duration;
 use crate::error::{CliError, CliResult, Exit};
 use crate::output::{emit, iso, note, truncate, warn, Color, Style};
+use crate::store::{OpenMode, PoolDemand};
 
 /// `runkeep events`.
 #[derive(Args, Debug)]
@@ -41,10 +42,11 @@ pub struct EventsArgs {
 /// line in the store's flat form.
 pub async fn run(ctx: &Ctx, args: EventsArgs) -> CliResult<Exit> {
     let scope = ctx.run_scope(&args.run)?;
+    let mut options = ctx.store_options(PoolDemand::Command);
     if args.follow {
-        crate::store::set_pg_watch_fallback(args.interval);
+        options = options.with_pg_watch_fallback(args.interval);
     }
-    let opened = ctx.store_read_only().await?;
+    let opened = ctx.open(OpenMode::ReadOnly, &options).await?;
     let store = opened.store.as_ref();
     let mut printer = Printer {
         json: ctx.json(),

@@ -11,7 +11,7 @@ use serde_json::json;
 use crate::context::Ctx;
 use crate::error::{CliError, CliResult, Exit};
 use crate::output::{emit, emit_json};
-use crate::store::{pg, StoreAddress};
+use crate::store::{pg, PoolDemand, StoreAddress};
 
 /// `runkeep migrate`.
 #[derive(Args, Debug)]
@@ -26,10 +26,12 @@ pub async fn run(ctx: &Ctx, _args: MigrateArgs) -> CliResult<Exit> {
         ))
         .hint("pass --store postgres://USER@HOST:PORT/DATABASE (a directory store needs no migration)"));
     };
-    let before = runkeep_postgres::PgStore::schema_version(address.url(), &pg::options(address))
+    let store_options = ctx.store_options(PoolDemand::Command);
+    let pg_options = pg::options(address, &store_options);
+    let before = runkeep_postgres::PgStore::schema_version(address.url(), &pg_options)
         .await
-        .map_err(|e| pg::open_error(address, &pg::options(address), e))?;
-    let (version, options) = pg::migrate(address).await?;
+        .map_err(|e| pg::open_error(address, &pg_options, e))?;
+    let (version, options) = pg::migrate(address, &store_options).await?;
     let store = ctx.global.store.to_string();
     if ctx.json() {
         emit_json(&json!({

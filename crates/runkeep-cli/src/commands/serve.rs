@@ -28,7 +28,7 @@ use crate::context::Ctx;
 use crate::duration::parse_duration;
 use crate::error::{CliError, CliResult, Exit};
 use crate::output::{emit, emit_json_line, note, warn};
-use crate::store::StoreAddress;
+use crate::store::{OpenMode, PoolDemand, StoreAddress};
 
 /// `runkeep serve`.
 #[derive(Args, Debug)]
@@ -126,13 +126,16 @@ pub async fn run(ctx: &Ctx, args: ServeArgs) -> CliResult<Exit> {
     }
     // A PostgreSQL pool as wide as the requests served at once, up to 16
     // (--pg-pool-size overrides it).
-    crate::store::set_pg_pool_default(args.max_concurrent.min(16));
+    let options = ctx.store_options(PoolDemand::Serve {
+        max_concurrent: args.max_concurrent,
+    });
     // A directory (or memory) store is created on first use; a PostgreSQL
     // schema is only migrated by `runkeep migrate`.
-    let opened = match &ctx.global.store {
-        StoreAddress::Postgres(_) => ctx.store().await?,
-        _ => ctx.store_creating().await?,
+    let mode = match &ctx.global.store {
+        StoreAddress::Postgres(_) => OpenMode::Existing,
+        _ => OpenMode::Create,
     };
+    let opened = ctx.open(mode, &options).await?;
 
     let file = TokenFile::new(&args.file.tokens);
     let tokens = file.list().map_err(token_error)?;

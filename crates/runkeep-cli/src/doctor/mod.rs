@@ -1,5 +1,5 @@
 //! `runkeep doctor`: health checks with the reference's statuses and exit
-//! codes (spec §6).
+//! codes (see the rules below).
 //!
 //! # Rules
 //!
@@ -13,7 +13,7 @@
 //!   not returned is recorded `inconclusive` ("did not return within N ms");
 //!   it is not waited for. The wall-clock timeout (`--wall-clock-timeout`,
 //!   default 10s) does the same for every check still running.
-//! - **A check that errors** (WK-29): when a check cannot establish what it
+//! - **A check that errors**: when a check cannot establish what it
 //!   reads — the store refused a read, the scan failed — it is `inconclusive`
 //!   with the error as its message: nothing was shown to be wrong, and nothing
 //!   was shown to be right. A check that *can* tell a finding from an
@@ -37,7 +37,7 @@ use crate::context::Ctx;
 use crate::duration::parse_duration;
 use crate::error::{CliError, CliResult, Exit};
 use crate::output::{emit, emit_json, human_duration, iso_millis, Color, Style};
-use crate::store::StoreAddress;
+use crate::store::{OpenMode, PoolDemand, StoreAddress};
 
 mod checks;
 
@@ -242,7 +242,8 @@ impl Summary {
         s
     }
 
-    /// The exit code rule (spec DR-10).
+    /// The exit code, in this precedence: any `fail` 1, no check ran 2,
+    /// any `inconclusive` 69, else 0.
     fn exit(&self) -> Exit {
         if self.fail > 0 {
             Exit::Failed
@@ -296,15 +297,15 @@ pub async fn run(ctx: &Ctx, args: DoctorArgs) -> CliResult<Exit> {
         }
         other => other.clone(),
     };
+    let options = ctx.store_options(PoolDemand::Doctor);
     let opened = match &opened_at {
-        StoreAddress::Postgres(_) => Ok(crate::store::open_store_as(
-            &opened_at,
-            &ctx.scope,
-            ctx.global.durability,
-            crate::store::OpenMode::Examine,
-        )
-        .await?),
-        _ => match ctx.store().await {
+        StoreAddress::Postgres(_) => {
+            Ok(
+                crate::store::open_store_as(&opened_at, &ctx.scope, &options, OpenMode::Examine)
+                    .await?,
+            )
+        }
+        _ => match ctx.open(OpenMode::Existing, &options).await {
             Ok(opened) => Ok(opened),
             Err(e) if address.directory().is_some_and(std::path::Path::is_dir) => Err(e),
             Err(e) => return Err(e),

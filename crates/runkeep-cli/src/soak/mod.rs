@@ -1,8 +1,9 @@
 //! `runkeep soak`: proves runkeep's guarantees on this machine while worker
 //! processes die. The engine (chaos, the correct worker, the effect sink,
-//! the audit) is the `runkeep-soak` crate; this module opens the store,
-//! re-executes this binary as the worker processes (`runkeep soak-worker`),
-//! and prints the report.
+//! the audit, the PostgreSQL and HTTP chaos) is the `runkeep-soak` crate;
+//! this module reads the arguments, opens the store, says how to re-execute
+//! this binary as the worker processes (`runkeep soak-worker`) and as the
+//! server of `--over-http`, and prints the report.
 //!
 //! Any violation exits 1. A soak that merely runs out of time (`--timeout`)
 //! with no violation exits 75: it proved nothing wrong, and it did not
@@ -15,23 +16,23 @@
 
 use std::path::PathBuf;
 use std::process::Command as Process;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use clap::Args;
 use runkeep::Ttl;
+use runkeep_server::auth::Role;
+use runkeep_server::tokens::TokenFile;
+use runkeep_soak::pg::{self, PgWorkers};
+use runkeep_soak::server::{ServeCommand, Server, ServerChaos};
 use runkeep_soak::worker::WorkerConfig;
 use runkeep_soak::{Launcher, SoakOptions, Target, Verdict};
-use tokio_util::sync::CancellationToken;
 
 use crate::context::Ctx;
 use crate::duration::{parse_duration, parse_ttl};
 use crate::error::{CliError, CliResult, Exit};
 use crate::output::{emit, emit_json};
-use crate::store::{open_store, DurabilityArg, StoreAddress};
-
-mod http;
-mod pg;
+use crate::store::{open_store_as, DurabilityArg, OpenMode, PoolDemand, StoreAddress};
 
 /// `runkeep soak` options.
 #[derive(Args, Debug, Clone)]
@@ -142,13 +143,75 @@ fn store_given_explicitly() -> bool {
         || std::env::args().any(|a| a == "--store" || a.starts_with("--store="))
 }
 
-/// How worker processes reach a PostgreSQL store: under the soak's
-/// application name, each through a proxy of its own (for partitions).
-struct PgWorkers {
-    address: crate::store::PgAddress,
-    app: String,
-    upstream: Option<String>,
-    proxies: Arc<Mutex<Vec<Arc<pg::Proxy>>>>,
+/// This binary, which the soak starts as its workers and its server.
+fn this_binary() -> CliResult<PathBuf> {
+    std::env::current_exe().map_err(|e| CliError::internal(format!("cannot find this binary: {e}")))
+}
+
+/// The global options a child process (a worker, the server) runs with:
+/// the scope and durability of this soak.
+fn scope_args(ctx: &Ctx) -> Vec<String> {
+    let g = &ctx.global;
+    vec![
+        "--tenant".into(),
+        g.tenant.clone(),
+        "--project".into(),
+        g.project.clone(),
+        "--session".into(),
+        g.session.clone(),
+        "--durability".into(),
+        match g.durability {
+            DurabilityArg::ProcessCrash => "process-crash",
+            DurabilityArg::PowerLoss => "power-loss",
+        }
+        .into(),
+    ]
+}
+
+/// How the soak starts `runkeep serve` over `backing`: a PostgreSQL URL
+/// (it may carry a password) in the environment, never on the command
+/// line.
+fn serve_command(ctx: &Ctx, backing: &StoreAddress) -> CliResult<ServeCommand> {
+    let mut command = ServeCommand {
+        exe: this_binary()?,
+        args: Vec::new(),
+        env: Vec::new(),
+        env_remove: Vec::new(),
+        shown: backing.to_string(),
+    };
+    match backing {
+        StoreAddress::Postgres(pg) => {
+            command
+                .env
+                .push(("RUNKEEP_STORE".into(), pg.original().to_string()));
+            command.env_remove.push("RUNKEEP_PG_SCHEMA".into());
+        }
+        other => command.args.extend(["--store".into(), other.to_string()]),
+    }
+    // The server runs with the soak's scope; its durability is its own
+    // default, as before.
+    command.args.extend(scope_args(ctx).into_iter().take(6));
+    Ok(command)
+}
+
+/// A worker token for `tenant` in the server's token file (created before
+/// the server reads the file, so the server prints no operator token of
+/// its own).
+fn worker_token(soak_dir: &std::path::Path, tenant: &runkeep::TenantId) -> CliResult<String> {
+    let created = TokenFile::new(Server::tokens_file(soak_dir))
+        .create(tenant, Role::Worker, Some("soak workers"))
+        .map_err(crate::commands::token::token_error)?;
+    Ok(created.secret().to_string())
+}
+
+/// `http://ADDR` of the soak's server with `token`.
+fn http_address(server: &Server, token: &str) -> CliResult<StoreAddress> {
+    match server.url().parse::<StoreAddress>() {
+        Ok(StoreAddress::Http(h)) => Ok(StoreAddress::Http(h.with_token(token))),
+        Ok(_) | Err(_) => Err(CliError::internal(
+            "the server's address is not an http:// store address",
+        )),
+    }
 }
 
 /// The command line of one worker process: this binary, the same store and
@@ -160,9 +223,8 @@ fn worker_command(
     address: &StoreAddress,
     pg_workers: Option<Arc<PgWorkers>>,
 ) -> CliResult<Launcher> {
-    let exe = std::env::current_exe()
-        .map_err(|e| CliError::internal(format!("cannot find this binary: {e}")))?;
-    let g = ctx.global.clone();
+    let exe = this_binary()?;
+    let scope = scope_args(ctx);
     let token = match address {
         StoreAddress::Http(h) => h.token().map(str::to_string),
         _ => None,
@@ -172,27 +234,15 @@ fn worker_command(
         let mut cmd = Process::new(&exe);
         match &pg_workers {
             Some(w) => {
-                let proxy = w.upstream.as_ref().and_then(|up| match pg::Proxy::start(up.clone()) {
-                    Ok(p) => {
-                        w.proxies
-                            .lock()
-                            .unwrap_or_else(|p| p.into_inner())
-                            .push(p.clone());
-                        Some(p)
-                    }
-                    Err(e) => {
-                        crate::output::warn(&format!(
-                            "soak: cannot start a proxy for worker {} ({e}); it connects directly and cannot be partitioned",
-                            cfg.label
-                        ));
-                        None
-                    }
-                });
-                cmd.env(
-                    "RUNKEEP_STORE",
-                    pg::worker_address(&w.address, &w.app, proxy.as_deref()),
-                )
-                .env_remove("RUNKEEP_PG_SCHEMA");
+                let (url, refused) = w.worker_url();
+                if let Some(e) = refused {
+                    crate::output::warn(&format!(
+                        "soak: cannot start a proxy for worker {} ({e}); it connects directly and cannot be partitioned",
+                        cfg.label
+                    ));
+                }
+                cmd.env("RUNKEEP_STORE", url)
+                    .env_remove("RUNKEEP_PG_SCHEMA");
             }
             None => {
                 cmd.arg("--store").arg(&address);
@@ -208,27 +258,7 @@ fn worker_command(
                 .env("RUNKEEP_LOG", "warn,runkeep_worker=info"),
             None => cmd.env_remove("RUNKEEP_TOKEN"),
         };
-        cmd.args([
-            "--tenant",
-            &g.tenant,
-            "--project",
-            &g.project,
-            "--session",
-            &g.session,
-        ])
-        .arg("--durability")
-        .arg(match g.durability {
-            DurabilityArg::ProcessCrash => "process-crash",
-            DurabilityArg::PowerLoss => "power-loss",
-        })
-        .arg("soak-worker")
-        .arg("--soak-dir")
-        .arg(&cfg.soak_dir)
-        .args(["--steps", &cfg.steps.to_string()])
-        .args(["--ttl", &format!("{}ms", cfg.ttl.as_millis())])
-        .args(["--step-time", &format!("{}ms", cfg.step_time.as_millis())])
-        .args(["--concurrency", &cfg.concurrency.to_string()])
-        .args(["--label", &cfg.label]);
+        cmd.args(&scope).args(cfg.process_args());
         cmd
     })))
 }
@@ -296,42 +326,40 @@ pub async fn run(ctx: &Ctx, args: SoakArgs) -> CliResult<Exit> {
     let soak_dir = runkeep_soak::soak_dir(&dir);
     std::fs::create_dir_all(&soak_dir)
         .map_err(|e| CliError::config(format!("cannot create {}: {e}", soak_dir.display())))?;
-    let opened = open_store(&address, &ctx.scope, ctx.global.durability, true).await?;
+    let opened = open_store_as(
+        &address,
+        &ctx.scope,
+        &ctx.store_options(PoolDemand::Command),
+        OpenMode::Create,
+    )
+    .await?;
     let pg_workers = match (&address, &fresh_schema) {
         // Over HTTP the workers reach PostgreSQL only through the server.
         _ if args.over_http => None,
-        (StoreAddress::Postgres(a), Some(schema)) => Some(Arc::new(PgWorkers {
-            address: a.clone(),
-            app: pg::worker_application_name(schema),
-            upstream: pg::upstream(a.url()),
-            proxies: Arc::new(Mutex::new(Vec::new())),
-        })),
+        (StoreAddress::Postgres(a), Some(schema)) => {
+            let app = pg::worker_application_name(schema);
+            let url = a.with_application_name(&app).original().to_string();
+            Some(Arc::new(PgWorkers::new(url, app)))
+        }
         _ => None,
     };
     let backend_chaos: Option<Arc<dyn runkeep_soak::BackendChaos>> =
         match (opened.postgres(), &pg_workers) {
-            (Some((store, _)), Some(w)) if !args.no_chaos => Some(Arc::new(pg::PgChaos::new(
-                store.clone(),
-                w.app.clone(),
-                w.proxies.clone(),
-                args.ttl.as_duration(),
-            ))),
+            (Some((store, _)), Some(w)) if !args.no_chaos => {
+                Some(Arc::new(w.chaos(store.clone(), args.ttl.as_duration())))
+            }
             _ => None,
         };
     // Over HTTP: the soak's own server, a worker token, the workers on
     // http://…, the server's restarts as the backend's chaos.
     let server = if args.over_http {
-        let token = http::Server::worker_token(&soak_dir, &ctx.scope.tenant)?;
-        let server = Arc::new(http::Server::start(
-            &address,
-            [
-                ctx.global.tenant.clone(),
-                ctx.global.project.clone(),
-                ctx.global.session.clone(),
-            ],
-            &soak_dir,
-        )?);
-        let http_address = server.http_address(&token)?;
+        let token = worker_token(&soak_dir, &ctx.scope.tenant)?;
+        let server = Arc::new(
+            Server::start(serve_command(ctx, &address)?, &soak_dir).map_err(|e| {
+                CliError::failed(format!("soak --over-http: cannot start runkeep serve: {e}"))
+            })?,
+        );
+        let http_address = http_address(&server, &token)?;
         Some((server, http_address))
     } else {
         None
@@ -339,7 +367,7 @@ pub async fn run(ctx: &Ctx, args: SoakArgs) -> CliResult<Exit> {
     let backend_chaos = match &server {
         Some((server, _)) if !args.no_chaos => {
             let ttl = args.ttl.as_duration();
-            Some(Arc::new(http::ServerChaos::new(
+            Some(Arc::new(ServerChaos::new(
                 server.clone(),
                 args.server_restart_every,
                 (ttl / 5, ttl / 2),
@@ -421,10 +449,7 @@ pub async fn run(ctx: &Ctx, args: SoakArgs) -> CliResult<Exit> {
                 "kept PostgreSQL schema {schema} (drop it with: DROP SCHEMA {schema} CASCADE)"
             ));
         } else if let Err(e) = pg::drop_schema(store, schema).await {
-            crate::output::warn(&format!(
-                "could not drop the soak's schema {schema}: {}",
-                e.message
-            ));
+            crate::output::warn(&format!("could not drop the soak's schema {schema}: {e}"));
         }
     }
     let exit = match report.verdict() {
@@ -449,27 +474,24 @@ pub async fn run(ctx: &Ctx, args: SoakArgs) -> CliResult<Exit> {
 
 /// `runkeep soak-worker`.
 pub async fn run_worker(ctx: &Ctx, args: SoakWorkerArgs) -> CliResult<Exit> {
-    if matches!(ctx.global.store, StoreAddress::Http(_)) {
-        // A server that vanished answers within the lease TTL, never hangs
-        // the worker (its lease keeper gives the run up at the TTL anyway).
-        crate::store::http::set_request_timeout(args.ttl.as_duration().max(Duration::from_secs(1)));
-    }
-    crate::store::set_pg_pool_default(args.concurrency);
-    let opened = open_store(&ctx.global.store, &ctx.scope, ctx.global.durability, false).await?;
+    // A server that vanished answers within the lease TTL, never hangs the
+    // worker (its lease keeper gives the run up at the TTL anyway).
+    let options = ctx
+        .store_options(PoolDemand::SoakWorker {
+            concurrency: args.concurrency,
+        })
+        .with_http_request_timeout(args.ttl.as_duration().max(Duration::from_secs(1)));
+    let opened = ctx.open(OpenMode::Existing, &options).await?;
     let listing = ctx.scope.listing()?;
-    let shutdown = CancellationToken::new();
-    runkeep_worker::cancel_on_signal(shutdown.clone());
-    let cfg = WorkerConfig {
-        soak_dir: args.soak_dir,
-        steps: args.steps,
-        ttl: args.ttl,
-        step_time: args.step_time,
-        concurrency: args.concurrency,
-        label: args.label,
-        stall: None,
-        crash: None,
-    };
-    let report = runkeep_soak::worker::work(opened.store, listing, cfg, shutdown)
+    let cfg = WorkerConfig::process(
+        args.soak_dir,
+        args.steps,
+        args.ttl,
+        args.step_time,
+        args.concurrency,
+        args.label,
+    );
+    let report = runkeep_soak::worker::run_process(opened.store, listing, cfg)
         .await
         .map_err(CliError::failed)?;
     crate::output::note(&format!("{report:?}"));

@@ -1,15 +1,15 @@
-//! `runkeep soak --over-http`: the workers drive the store through the HTTP
-//! API of a `runkeep serve` the soak starts itself, and the chaos also
-//! kills that server (`kill -9`) and starts it again on the same port and
-//! backing store while the workers go on.
+//! The soak over HTTP: the workers drive the store through the HTTP API of
+//! a `runkeep serve` the soak starts itself, and the chaos also kills that
+//! server (`kill -9`) and starts it again on the same port and backing
+//! store while the workers go on.
 //!
-//! - **The server** is this binary as a child process (`runkeep serve
-//!   --listen 127.0.0.1:0`, the port it bound read from its `--json`
+//! - **The server** is the `runkeep` binary as a child process (`runkeep
+//!   serve --listen 127.0.0.1:0`, the port it bound read from its `--json`
 //!   `listening` line; every restart binds that same port). Its backing
 //!   store is the soak's own fresh store (a directory root by default, or
 //!   the PostgreSQL schema of `--store postgres://…`), handed over like a
 //!   worker's: a PostgreSQL URL in the environment, never on a command
-//!   line.
+//!   line ([`ServeCommand`] says how).
 //! - **The workers** get `--store http://127.0.0.1:PORT` and a worker token
 //!   (created in the soak's own token file, in their environment as
 //!   `RUNKEEP_TOKEN`, never on a command line), and a request timeout of
@@ -27,13 +27,8 @@ use std::sync::{mpsc, Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use rand::Rng;
-use runkeep::TenantId;
-use runkeep_server::auth::Role;
-use runkeep_server::tokens::TokenFile;
-use runkeep_soak::BackendChaos;
 
-use crate::error::{CliError, CliResult};
-use crate::store::{HttpAddress, StoreAddress};
+use crate::BackendChaos;
 
 /// How long a (re)started server may take to print its address.
 const START_TIMEOUT: Duration = Duration::from_secs(20);
@@ -49,11 +44,36 @@ pub const KILL_LABEL: &str = "server kill -9s";
 pub const STALL_LABEL: &str =
     "server stalls (SIGSTOP past the lease TTL: connections open, nothing answered)";
 
+/// How to start `runkeep serve` over the soak's backing store: the binary,
+/// and what goes before `serve` on its command line or in its environment
+/// (the store address, the scope). A secret (a PostgreSQL URL with a
+/// password) goes in `env`, never in `args`: `ps` shows command lines.
+#[derive(Clone)]
+pub struct ServeCommand {
+    /// The `runkeep` binary.
+    pub exe: PathBuf,
+    /// The global options, before `serve` (`--store`, `--tenant`, …).
+    pub args: Vec<String>,
+    /// Variables to set (e.g. `RUNKEEP_STORE` holding a secret URL).
+    pub env: Vec<(String, String)>,
+    /// Variables to remove from the inherited environment.
+    pub env_remove: Vec<String>,
+    /// The backing store as printed (no secret).
+    pub shown: String,
+}
+
+impl std::fmt::Debug for ServeCommand {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ServeCommand")
+            .field("exe", &self.exe)
+            .field("backing", &self.shown)
+            .finish_non_exhaustive()
+    }
+}
+
 /// The soak's own `runkeep serve`.
 pub struct Server {
-    exe: PathBuf,
-    backing: StoreAddress,
-    scope: [String; 3],
+    command: ServeCommand,
     tokens: PathBuf,
     log_dir: PathBuf,
     child: Mutex<Option<Child>>,
@@ -65,43 +85,35 @@ pub struct Server {
 impl std::fmt::Debug for Server {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Server")
-            .field("backing", &self.backing.to_string())
+            .field("backing", &self.command.shown)
             .field("listen", &self.address())
             .finish_non_exhaustive()
     }
 }
 
 impl Server {
-    /// Starts `runkeep serve` over `backing` on a free port of 127.0.0.1,
-    /// with its tokens in `soak_dir/tokens.json` and its logs in
-    /// `soak_dir` (`server-N.stdout`, `server-N.stderr`).
-    pub fn start(backing: &StoreAddress, scope: [String; 3], soak_dir: &Path) -> CliResult<Self> {
-        let exe = std::env::current_exe()
-            .map_err(|e| CliError::internal(format!("cannot find this binary: {e}")))?;
+    /// Starts `command` on a free port of 127.0.0.1, with its tokens in
+    /// [`Server::tokens_file`] of `soak_dir` and its logs in `soak_dir`
+    /// (`server-N.stdout`, `server-N.stderr`).
+    pub fn start(command: ServeCommand, soak_dir: &Path) -> Result<Self, String> {
         let server = Self {
-            exe,
-            backing: backing.clone(),
-            scope,
-            tokens: soak_dir.join("tokens.json"),
+            command,
+            tokens: Self::tokens_file(soak_dir),
             log_dir: soak_dir.to_path_buf(),
             child: Mutex::new(None),
             listen: Mutex::new(SocketAddr::from(([127, 0, 0, 1], 0))),
             starts: AtomicU64::new(0),
             restarts: AtomicU64::new(0),
         };
-        server.launch().map_err(|e| {
-            CliError::failed(format!("soak --over-http: cannot start runkeep serve: {e}"))
-        })?;
+        server.launch()?;
         Ok(server)
     }
 
-    /// A worker token for `tenant` (created before the server reads the
-    /// file, so the server prints no operator token of its own).
-    pub fn worker_token(soak_dir: &Path, tenant: &TenantId) -> CliResult<String> {
-        let created = TokenFile::new(soak_dir.join("tokens.json"))
-            .create(tenant, Role::Worker, Some("soak workers"))
-            .map_err(crate::commands::token::token_error)?;
-        Ok(created.secret().to_string())
+    /// The server's token file in `soak_dir`: a worker token created in it
+    /// before the start means the server prints no operator token of its
+    /// own.
+    pub fn tokens_file(soak_dir: &Path) -> PathBuf {
+        soak_dir.join("tokens.json")
     }
 
     /// The address it listens on.
@@ -109,14 +121,9 @@ impl Server {
         *self.listen.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// `http://ADDR` with `token`.
-    pub fn http_address(&self, token: &str) -> CliResult<StoreAddress> {
-        match format!("http://{}", self.address()).parse::<StoreAddress>() {
-            Ok(StoreAddress::Http(h)) => Ok(StoreAddress::Http(HttpAddress::with_token(&h, token))),
-            Ok(_) | Err(_) => Err(CliError::internal(
-                "the server's address is not an http:// store address",
-            )),
-        }
+    /// `http://ADDR`.
+    pub fn url(&self) -> String {
+        format!("http://{}", self.address())
     }
 
     /// Times the server was started again after a kill.
@@ -125,27 +132,16 @@ impl Server {
     }
 
     fn command(&self, listen: SocketAddr) -> Command {
-        let mut cmd = Command::new(&self.exe);
-        match &self.backing {
-            // The URL may carry a password: environment only.
-            StoreAddress::Postgres(pg) => {
-                cmd.env("RUNKEEP_STORE", pg.original())
-                    .env_remove("RUNKEEP_PG_SCHEMA");
-            }
-            other => {
-                cmd.arg("--store").arg(other.to_string());
-            }
+        let c = &self.command;
+        let mut cmd = Command::new(&c.exe);
+        for (k, v) in &c.env {
+            cmd.env(k, v);
         }
-        let [tenant, project, session] = &self.scope;
+        for k in &c.env_remove {
+            cmd.env_remove(k);
+        }
         cmd.env_remove("RUNKEEP_TOKEN")
-            .args([
-                "--tenant",
-                tenant,
-                "--project",
-                project,
-                "--session",
-                session,
-            ])
+            .args(&c.args)
             .args(["--json", "serve", "--listen", &listen.to_string()])
             .arg("--tokens")
             .arg(&self.tokens)
@@ -184,7 +180,7 @@ impl Server {
             .stdout(Stdio::piped())
             .stderr(stderr_log)
             .spawn()
-            .map_err(|e| format!("cannot start {}: {e}", self.exe.display()))?;
+            .map_err(|e| format!("cannot start {}: {e}", self.command.exe.display()))?;
         let stdout = child
             .stdout
             .take()
@@ -305,6 +301,7 @@ impl Drop for Server {
 /// answering, so the workers' requests hang until their request timeout,
 /// and on SIGCONT it serves what queued up meanwhile (stale fences
 /// included).
+#[derive(Debug)]
 pub struct ServerChaos {
     server: Arc<Server>,
     every: Duration,

@@ -21,13 +21,11 @@ use std::time::Duration;
 
 use rand::Rng;
 use runkeep_postgres::PgStore;
-use runkeep_soak::BackendChaos;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
 
-use crate::error::{CliError, CliResult};
-use crate::store::PgAddress;
+use crate::BackendChaos;
 
 /// A fresh schema name for one soak: `runkeep_soak_<10 random [a-z0-9]>`.
 pub fn fresh_schema() -> String {
@@ -40,15 +38,15 @@ pub fn worker_application_name(schema: &str) -> String {
 }
 
 /// Drops the soak's schema (and everything in it).
-pub async fn drop_schema(store: &PgStore, schema: &str) -> CliResult<()> {
+pub async fn drop_schema(store: &PgStore, schema: &str) -> Result<(), String> {
     let c = store
         .pool()
         .get()
         .await
-        .map_err(|e| CliError::failed(format!("drop schema {schema}: no connection: {e}")))?;
+        .map_err(|e| format!("drop schema {schema}: no connection: {e}"))?;
     c.batch_execute(&format!("DROP SCHEMA IF EXISTS \"{schema}\" CASCADE"))
         .await
-        .map_err(|e| CliError::failed(format!("drop schema {schema}: {e}")))?;
+        .map_err(|e| format!("drop schema {schema}: {e}"))?;
     Ok(())
 }
 
@@ -180,6 +178,7 @@ async fn pump(
 }
 
 /// PostgreSQL chaos for the soak engine.
+#[derive(Debug)]
 pub struct PgChaos {
     /// The soak's own store (its connections are never struck).
     store: Arc<PgStore>,
@@ -277,12 +276,85 @@ impl BackendChaos for PgChaos {
     }
 }
 
-/// The address a worker process connects with: the soak's schema, the
-/// workers' application name and, when the soak proxies, its proxy.
-pub fn worker_address(address: &PgAddress, app: &str, proxy: Option<&Proxy>) -> String {
-    let base = address.with_application_name(app);
-    match proxy.and_then(|p| through(base.original(), &p.listen)) {
-        Some(url) => url,
-        None => base.original().to_string(),
+/// How the soak's worker processes reach a PostgreSQL store: under the
+/// soak's application name, each through a proxy of its own (for
+/// partitions) when one can be started.
+#[derive(Debug)]
+pub struct PgWorkers {
+    /// The URL every worker connects with (secret: it may carry a
+    /// password), its `application_name` set.
+    url: String,
+    /// The workers' `application_name`.
+    app: String,
+    /// The server the proxies forward to (`None`: the URL names none the
+    /// proxy can stand in for; workers connect directly).
+    upstream: Option<String>,
+    /// The workers' proxies (one per worker process started).
+    proxies: Arc<Mutex<Vec<Arc<Proxy>>>>,
+}
+
+impl PgWorkers {
+    /// Workers connecting with `url`, whose `application_name` is `app`.
+    pub fn new(url: String, app: String) -> Self {
+        let upstream = upstream(&url);
+        Self {
+            url,
+            app,
+            upstream,
+            proxies: Arc::new(Mutex::new(Vec::new())),
+        }
+    }
+
+    /// The workers' `application_name`.
+    pub fn app(&self) -> &str {
+        &self.app
+    }
+
+    /// The URL one more worker process connects with: through a new proxy
+    /// of its own. When no proxy can be started the URL connects directly
+    /// and the error says why (that worker cannot be partitioned).
+    pub fn worker_url(&self) -> (String, Option<std::io::Error>) {
+        let Some(up) = &self.upstream else {
+            return (self.url.clone(), None);
+        };
+        match Proxy::start(up.clone()) {
+            Ok(p) => {
+                self.proxies
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .push(p.clone());
+                match through(&self.url, &p.listen) {
+                    Some(url) => (url, None),
+                    None => (self.url.clone(), None),
+                }
+            }
+            Err(e) => (self.url.clone(), Some(e)),
+        }
+    }
+
+    /// The chaos over these workers: `store` is the soak's own (its
+    /// connections are never struck), `ttl` the workers' lease TTL.
+    pub fn chaos(&self, store: Arc<PgStore>, ttl: Duration) -> PgChaos {
+        PgChaos::new(store, self.app.clone(), self.proxies.clone(), ttl)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_proxy_stands_in_for_the_one_host_of_a_url() {
+        assert_eq!(
+            upstream("postgres://u:p@db:5433/test?x=1").as_deref(),
+            Some("db:5433")
+        );
+        assert_eq!(upstream("postgres://db/test").as_deref(), Some("db:5432"));
+        assert_eq!(upstream("postgres://a,b/test"), None);
+        assert_eq!(upstream("postgres://[::1]:5432/test"), None);
+        assert_eq!(
+            through("postgres://u:p@db:5433/test?x=1", "127.0.0.1:9").as_deref(),
+            Some("postgres://u:p@127.0.0.1:9/test?x=1")
+        );
     }
 }

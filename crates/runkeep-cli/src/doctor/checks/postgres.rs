@@ -1,0 +1,129 @@
+//! The `store` and `leases` checks of a PostgreSQL store: its schema
+//! version, and transactions holding row locks too long.
+
+use super::*;
+
+/// PostgreSQL: the schema's recorded runkeep version against this
+/// binary's. Missing (never migrated) and older fail with "run `runkeep
+/// migrate`"; newer fails with "upgrade runkeep". Skipped on other backends.
+pub(super) async fn schema_version(env: &Env) -> CliResult<Outcome> {
+    let Some((_, target)) = env.store()?.postgres() else {
+        return Ok(Outcome::skipped(format!(
+            "{} is not a PostgreSQL store: it has no schema version",
+            env.address
+        )));
+    };
+    let schema = &target.options.schema;
+    let ours = runkeep_postgres::SCHEMA_VERSION;
+    let found = runkeep_postgres::PgStore::schema_version(target.address.url(), &target.options)
+        .await
+        .map_err(|e| CliError::from(e).context("read the schema version"))?;
+    Ok(match found {
+        0 => Outcome::fail(format!(
+            "schema {schema} holds no runkeep tables (never migrated)"
+        ))
+        .remedy("run `runkeep migrate` with the same --store (and --pg-schema); every other command refuses the schema until then"),
+        v if v < ours => Outcome::fail(format!(
+            "schema {schema} is at runkeep schema version {v}, older than {ours}"
+        ))
+        .remedy("run `runkeep migrate` to bring it to this binary's version"),
+        v if v > ours => Outcome::fail(format!(
+            "schema {schema} is at runkeep schema version {v}, newer than version {ours} this binary knows"
+        ))
+        .remedy("upgrade runkeep (a newer binary migrated it); this one refuses to read or write it"),
+        v => Outcome::pass(format!(
+            "schema {schema} is at runkeep schema version {v}, this binary's"
+        )),
+    })
+}
+
+/// The lock query of store.row-locks: every backend other than the
+/// doctor's own holding a lock on one of the store's tables, with how
+/// long its transaction has been open. Row locks (`SELECT … FOR UPDATE`,
+/// `UPDATE`) show in `pg_locks` as `RowShareLock` / `RowExclusiveLock` on
+/// the table, held until the transaction ends; a runkeep write holds them
+/// for one short transaction, so an old one is a stuck or partitioned
+/// client blocking the runs it locked (claimers skip them, writers wait up
+/// to `lock_timeout`).
+const ROW_LOCKS_SQL: &str = "
+SELECT a.pid,
+       coalesce(a.application_name, ''),
+       coalesce(host(a.client_addr), 'local'),
+       coalesce(a.state, ''),
+       floor(extract(epoch FROM (clock_timestamp() - a.xact_start)) * 1000)::bigint,
+       string_agg(DISTINCT c.relname || ' ' || l.mode || CASE WHEN l.granted THEN '' ELSE ' (waiting)' END, ', '),
+       left(coalesce(a.query, ''), 120)
+  FROM pg_locks l
+  JOIN pg_class c ON c.oid = l.relation
+  JOIN pg_namespace n ON n.oid = c.relnamespace
+  JOIN pg_stat_activity a ON a.pid = l.pid
+ WHERE n.nspname = $1
+   AND c.relname IN ('runs', 'checkpoints', 'events', 'audit')
+   AND l.mode IN ('RowShareLock', 'RowExclusiveLock', 'ShareRowExclusiveLock', 'ExclusiveLock', 'AccessExclusiveLock')
+   AND a.pid <> pg_backend_pid()
+   AND a.application_name IS DISTINCT FROM $2
+   AND a.xact_start IS NOT NULL
+   AND clock_timestamp() - a.xact_start >= make_interval(secs => $3::double precision)
+ GROUP BY a.pid, a.application_name, a.client_addr, a.state, a.xact_start, a.query
+ ORDER BY a.xact_start";
+
+/// PostgreSQL: transactions that have held locks on the store's tables
+/// for longer than `--lock-age` (all tenants: locks are the server's).
+pub(super) async fn row_locks(env: &Env) -> CliResult<Outcome> {
+    let Some((pg, target)) = env.store()?.postgres() else {
+        return Ok(Outcome::skipped(format!(
+            "{} is not a PostgreSQL store: it takes no row locks",
+            env.address
+        )));
+    };
+    let schema = &target.options.schema;
+    let c = pg.pool().get().await.map_err(|e| {
+        CliError::failed(format!("no connection to read pg_locks: {e}"))
+            .hint("see store.reachable and store.schema-version")
+    })?;
+    let me = crate::doctor::doctor_application_name();
+    let age = env.lock_age.as_secs_f64();
+    let rows = c
+        .query(ROW_LOCKS_SQL, &[schema, &me, &age])
+        .await
+        .map_err(|e| CliError::failed(format!("read pg_locks and pg_stat_activity: {e}")))?;
+    let after = crate::output::human_duration(env.lock_age);
+    if rows.is_empty() {
+        return Ok(Outcome::pass(format!(
+            "no transaction has held locks on schema {schema}'s tables for longer than {after}"
+        )));
+    }
+    let found: Vec<String> = rows
+        .iter()
+        .map(|r| {
+            let pid: i32 = r.get(0);
+            let app: String = r.get(1);
+            let client: String = r.get(2);
+            let state: String = r.get(3);
+            let held_ms: i64 = r.get(4);
+            let locks: String = r.get(5);
+            let query: String = r.get(6);
+            format!(
+                "pid {pid} ({}{client}, {state}, transaction open {}: {locks}; last query: {})",
+                if app.is_empty() {
+                    String::new()
+                } else {
+                    format!("{app} from ")
+                },
+                crate::output::human_duration(std::time::Duration::from_millis(
+                    u64::try_from(held_ms).unwrap_or(0)
+                )),
+                query.split_whitespace().collect::<Vec<_>>().join(" ")
+            )
+        })
+        .collect();
+    let first: i32 = rows[0].get(0);
+    Ok(Outcome::warn(format!(
+        "{} transaction(s) have held locks on schema {schema}'s tables for longer than {after}: {}",
+        found.len(),
+        env.list(found)
+    ))
+    .remedy(format!(
+        "a client stopped mid-transaction (stuck or partitioned): the runs it locked are skipped by claim_next and their writers wait up to lock_timeout; runkeep's own connections end such a transaction after idle_in_transaction_session_timeout (60 s); end one now with `SELECT pg_terminate_backend({first})` (--lock-age sets the threshold)"
+    )))
+}
