@@ -6,7 +6,7 @@ use serde_json::Value;
 use tokio_postgres::Row;
 
 use runkeep::checkpoint::sort_checkpoints;
-use runkeep::lease::{check_write_fence, stamp_fence};
+use runkeep::lease::stamp_fence;
 use runkeep::park::{self};
 use runkeep::{
     Checkpoint, CheckpointHeader, CheckpointId, Error, Fence, Result, RunDigest, RunScope,
@@ -15,7 +15,7 @@ use runkeep::{
 use crate::pipeline::{Stmt, Tx};
 use crate::row::{checkpoint_of, corrupted, sql_headers, Key, RunState, KEY_COLS, KEY_WHERE};
 use crate::store::PgStore;
-use crate::tx::{Opened, Opening};
+use crate::tx::{Opening, Verdict, Writes};
 
 impl PgStore {
     /// The upsert of `stored` (already stamped), keeping `run`'s digest.
@@ -160,26 +160,24 @@ pub(crate) async fn write_checkpoint(
     fence: Option<Fence>,
 ) -> Result<Checkpoint> {
     checkpoint.validate_for_write(scope)?;
-    let key = Key::of(scope);
     let what = "write_checkpoint";
     let opening = Opening {
         create: fence.is_none(),
         checkpoint: Some(checkpoint.id.as_str()),
         ..Opening::default()
     };
-    let (tx, o) = store.open(what, scope, &key, opening).await?;
-    let mut run = o.state.unwrap_or_default();
-    run.check(scope, what, fence)?;
-    let mut stored = checkpoint.clone();
-    stored.fence = stamp_fence(fence, run.top.as_ref());
-    let write = store
-        .checkpoint_stmt(&tx, what, scope, &mut run, &stored, o.checkpoint_exists)
-        .await?;
-    let save = PgStore::save_stmt(&key, &run)?;
     store
-        .commit_notify(tx, what, vec![write, save], scope, false)
-        .await?;
-    Ok(stored)
+        .write_locked(what, scope, opening, |l| {
+            l.run.check(scope, what, fence)?;
+            let mut stored = checkpoint.clone();
+            stored.fence = stamp_fence(fence, l.run.top.as_ref());
+            let writes = Writes::default()
+                .checkpoint(stored.clone(), l.checkpoint_exists)
+                .save()
+                .notify(false);
+            Ok(Verdict::Write(stored, writes))
+        })
+        .await
 }
 
 pub(crate) async fn read_checkpoint(
@@ -218,42 +216,37 @@ pub(crate) async fn delete_checkpoint(
     id: &CheckpointId,
     fence: Option<Fence>,
 ) -> Result<bool> {
-    let key = Key::of(scope);
     let what = "delete_checkpoint";
     let opening = Opening {
         more: vec![Stmt::new(
             "read the checkpoint headers",
             sql_headers(),
-            key.owned(vec![]),
+            Key::of(scope).owned(vec![]),
         )],
         ..Opening::default()
     };
-    let (tx, o) = store.open(what, scope, &key, opening).await?;
-    let Opened { state, more, .. } = o;
-    let Some(mut run) = state else {
-        if let Some(f) = fence {
-            check_write_fence(&scope.run_id, what, f, None)?;
-        }
-        return Ok(false);
-    };
-    run.check(scope, what, fence)?;
-    let mut headers = headers_of(scope, more.into_iter().flatten())?;
-    let before = headers.len();
-    headers.retain(|h| h.id != *id);
-    if headers.len() == before {
-        // Nothing to delete (the transaction rolls back unwaited).
-        return Ok(false);
-    }
-    run.digest = (!headers.is_empty()).then(|| RunDigest::from_headers(&headers));
-    let delete = Stmt::new(
-        "delete a checkpoint",
-        format!("DELETE FROM checkpoints WHERE {KEY_WHERE} AND checkpoint_id = $6"),
-        key.owned(vec![Box::new(id.to_string())]),
-    );
     store
-        .commit(tx, what, vec![delete, PgStore::save_stmt(&key, &run)?])
-        .await?;
-    Ok(true)
+        .write_locked(what, scope, opening, |l| {
+            // No row: only the fence check (against no holding).
+            l.run.check(scope, what, fence)?;
+            if !l.found {
+                return Ok(Verdict::Keep(false));
+            }
+            let mut headers = headers_of(scope, std::mem::take(&mut l.more).into_iter().flatten())?;
+            let before = headers.len();
+            headers.retain(|h| h.id != *id);
+            if headers.len() == before {
+                return Ok(Verdict::Keep(false));
+            }
+            l.run.digest = (!headers.is_empty()).then(|| RunDigest::from_headers(&headers));
+            let delete = Stmt::new(
+                "delete a checkpoint",
+                format!("DELETE FROM checkpoints WHERE {KEY_WHERE} AND checkpoint_id = $6"),
+                l.key.owned(vec![Box::new(id.to_string())]),
+            );
+            Ok(Verdict::Write(true, Writes::default().stmt(delete).save()))
+        })
+        .await
 }
 
 pub(crate) async fn prune_checkpoints(
@@ -262,48 +255,51 @@ pub(crate) async fn prune_checkpoints(
     keep_last: usize,
     fence: Option<Fence>,
 ) -> Result<Vec<CheckpointId>> {
-    let key = Key::of(scope);
     let what = "prune_checkpoints";
     let opening = Opening {
         more: vec![Stmt::new(
             "read checkpoints to prune",
             format!("SELECT header, body FROM checkpoints WHERE {KEY_WHERE}"),
-            key.owned(vec![]),
+            Key::of(scope).owned(vec![]),
         )],
         ..Opening::default()
     };
-    let (tx, o) = store.open(what, scope, &key, opening).await?;
-    let Opened { state, more, .. } = o;
-    let Some(mut run) = state.filter(|r| !r.is_blank()) else {
-        return Ok(Vec::new());
-    };
-    run.check(scope, what, fence)?;
-    let rows: Vec<Row> = more.into_iter().flatten().collect();
-    let cps = rows
-        .iter()
-        .map(|r| checkpoint_of(scope, r.get(1)))
-        .collect::<Result<Vec<_>>>()?;
-    let victims = park::prune_victims(&cps, keep_last);
-    if victims.is_empty() {
-        return Ok(victims);
-    }
-    // The digest of what stays, from the headers read under the lock.
-    let headers = headers_of(scope, rows)?;
-    let rest: Vec<CheckpointHeader> = headers
-        .into_iter()
-        .filter(|h| !victims.contains(&h.id))
-        .collect();
-    run.digest = (!rest.is_empty()).then(|| RunDigest::from_headers(&rest));
-    let ids: Vec<String> = victims.iter().map(ToString::to_string).collect();
-    let delete = Stmt::new(
-        "delete pruned checkpoints",
-        format!("DELETE FROM checkpoints WHERE {KEY_WHERE} AND checkpoint_id = ANY($6::text[])"),
-        key.owned(vec![Box::new(ids)]),
-    );
     store
-        .commit(tx, what, vec![delete, PgStore::save_stmt(&key, &run)?])
-        .await?;
-    Ok(victims)
+        .write_locked(what, scope, opening, |l| {
+            if !l.found || l.run.is_blank() {
+                return Ok(Verdict::Keep(Vec::new()));
+            }
+            l.run.check(scope, what, fence)?;
+            let rows: Vec<Row> = std::mem::take(&mut l.more).into_iter().flatten().collect();
+            let cps = rows
+                .iter()
+                .map(|r| checkpoint_of(scope, r.get(1)))
+                .collect::<Result<Vec<_>>>()?;
+            let victims = park::prune_victims(&cps, keep_last);
+            if victims.is_empty() {
+                return Ok(Verdict::Keep(victims));
+            }
+            // The digest of what stays, from the headers read under the lock.
+            let headers = headers_of(scope, rows)?;
+            let rest: Vec<CheckpointHeader> = headers
+                .into_iter()
+                .filter(|h| !victims.contains(&h.id))
+                .collect();
+            l.run.digest = (!rest.is_empty()).then(|| RunDigest::from_headers(&rest));
+            let ids: Vec<String> = victims.iter().map(ToString::to_string).collect();
+            let delete = Stmt::new(
+                "delete pruned checkpoints",
+                format!(
+                    "DELETE FROM checkpoints WHERE {KEY_WHERE} AND checkpoint_id = ANY($6::text[])"
+                ),
+                l.key.owned(vec![Box::new(ids)]),
+            );
+            Ok(Verdict::Write(
+                victims,
+                Writes::default().stmt(delete).save(),
+            ))
+        })
+        .await
 }
 
 pub(crate) async fn latest_checkpoint(

@@ -13,7 +13,7 @@ use crate::listing::{fill_state, listed_row, After, Listing};
 use crate::pipeline::Stmt;
 use crate::row::{Key, RunState};
 use crate::store::PgStore;
-use crate::tx::Opening;
+use crate::tx::{Opening, Verdict, Writes};
 
 impl PgStore {
     pub(crate) fn apply_claim(
@@ -37,50 +37,40 @@ pub(crate) async fn claim(
     scope: &RunScope,
     options: &ClaimOptions,
 ) -> Result<ClaimOutcome> {
-    let key = Key::of(scope);
-    let what = "claim";
     let opening = Opening {
         create: true,
         clock: options.now.is_none(),
         ..Opening::default()
     };
-    let (tx, o) = store.open(what, scope, &key, opening).await?;
-    let now = options.now.unwrap_or(o.now());
-    let mut run = o.state.unwrap_or_default();
-    let before = (run.top.clone(), run.lifecycle.clone());
-    let outcome = PgStore::apply_claim(scope, &mut run, options, now)?;
-    if (run.top.clone(), run.lifecycle.clone()) != before {
-        store
-            .commit(tx, what, vec![PgStore::save_stmt(&key, &run)?])
-            .await?;
-    }
-    // Otherwise nothing changed: the transaction rolls back unwaited.
-    Ok(outcome)
+    store
+        .write_locked("claim", scope, opening, |l| {
+            let now = options.now.unwrap_or(l.now);
+            let before = (l.run.top.clone(), l.run.lifecycle.clone());
+            let outcome = PgStore::apply_claim(scope, &mut l.run, options, now)?;
+            if (l.run.top.clone(), l.run.lifecycle.clone()) == before {
+                // Nothing changed.
+                return Ok(Verdict::Keep(outcome));
+            }
+            Ok(Verdict::Write(outcome, Writes::default().save()))
+        })
+        .await
 }
 
 pub(crate) async fn release(store: &PgStore, scope: &RunScope, fence: Fence) -> Result<bool> {
-    let key = Key::of(scope);
-    let what = "release";
-    let (tx, o) = store.open(what, scope, &key, Opening::default()).await?;
-    let Some(mut run) = o.state else {
-        return Ok(false);
-    };
-    match decide_release(&scope.run_id, run.top.as_ref(), fence)? {
-        Some(tomb) => {
-            run.top = Some(TopHolding::Released { fence: tomb });
-            store
-                .commit_notify(
-                    tx,
-                    what,
-                    vec![PgStore::save_stmt(&key, &run)?],
-                    scope,
-                    false,
-                )
-                .await?;
-            Ok(true)
-        }
-        None => Ok(false),
-    }
+    store
+        .write_locked("release", scope, Opening::default(), |l| {
+            if !l.found {
+                return Ok(Verdict::Keep(false));
+            }
+            match decide_release(&scope.run_id, l.run.top.as_ref(), fence)? {
+                Some(tomb) => {
+                    l.run.top = Some(TopHolding::Released { fence: tomb });
+                    Ok(Verdict::Write(true, Writes::default().save().notify(false)))
+                }
+                None => Ok(Verdict::Keep(false)),
+            }
+        })
+        .await
 }
 
 pub(crate) async fn lease(

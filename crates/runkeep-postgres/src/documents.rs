@@ -9,7 +9,7 @@ use runkeep::{Error, Fence, MessageSnapshot, Result, RunRecord, RunScope};
 use crate::pipeline::{Param, Stmt};
 use crate::row::{corrupted, i64_of, Key, KEY_WHERE};
 use crate::store::PgStore;
-use crate::tx::Opening;
+use crate::tx::{Opening, Verdict, Writes};
 
 impl PgStore {
     /// Sets one document column (`record` or `report`).
@@ -46,21 +46,8 @@ pub(crate) async fn write_run_record(
     let v = serde_json::to_value(record).map_err(|e| Error::invalid(format!("run record: {e}")))?;
     check_json_document("run record", record, record.values())?;
     store.check_json("run record", &v)?;
-    let key = Key::of(scope);
-    let what = "write_run_record";
-    let opening = Opening {
-        create: fence.is_none(),
-        ..Opening::default()
-    };
-    let (tx, o) = store.open(what, scope, &key, opening).await?;
-    o.state.unwrap_or_default().check(scope, what, fence)?;
-    store
-        .commit(
-            tx,
-            what,
-            vec![PgStore::document_stmt(&key, "record", Box::new(v))],
-        )
-        .await
+    let write = |key: &Key| PgStore::document_stmt(key, "record", Box::new(v));
+    write_document(store, "write_run_record", scope, fence, write).await
 }
 
 pub(crate) async fn read_run_record(
@@ -93,16 +80,8 @@ pub(crate) async fn write_messages(
     fence: Option<Fence>,
 ) -> Result<()> {
     check_json_document("message snapshot", messages, messages)?;
-    let key = Key::of(scope);
-    let what = "write_messages";
-    let write = store.messages_stmt(&key, messages, through_event_seq)?;
-    let opening = Opening {
-        create: fence.is_none(),
-        ..Opening::default()
-    };
-    let (tx, o) = store.open(what, scope, &key, opening).await?;
-    o.state.unwrap_or_default().check(scope, what, fence)?;
-    store.commit(tx, what, vec![write]).await
+    let write = store.messages_stmt(&Key::of(scope), messages, through_event_seq)?;
+    write_document(store, "write_messages", scope, fence, |_| write).await
 }
 
 pub(crate) async fn read_messages(store: &PgStore, scope: &RunScope) -> Result<MessageSnapshot> {
@@ -148,25 +127,8 @@ pub(crate) async fn write_report(
             "report contains a NUL character, which PostgreSQL text cannot store",
         ));
     }
-    let key = Key::of(scope);
-    let what = "write_report";
-    let opening = Opening {
-        create: fence.is_none(),
-        ..Opening::default()
-    };
-    let (tx, o) = store.open(what, scope, &key, opening).await?;
-    o.state.unwrap_or_default().check(scope, what, fence)?;
-    store
-        .commit(
-            tx,
-            what,
-            vec![PgStore::document_stmt(
-                &key,
-                "report",
-                Box::new(report.to_string()),
-            )],
-        )
-        .await
+    let write = |key: &Key| PgStore::document_stmt(key, "report", Box::new(report.to_string()));
+    write_document(store, "write_report", scope, fence, write).await
 }
 
 pub(crate) async fn read_report(store: &PgStore, scope: &RunScope) -> Result<Option<String>> {
@@ -181,4 +143,25 @@ pub(crate) async fn read_report(store: &PgStore, scope: &RunScope) -> Result<Opt
         )
         .await?;
     Ok(r.and_then(|r| r.get(0)))
+}
+
+/// A document write: under the fence check when fenced (the row exists
+/// then: a fence needs a holding), creating the run's row when not.
+async fn write_document(
+    store: &PgStore,
+    what: &'static str,
+    scope: &RunScope,
+    fence: Option<Fence>,
+    write: impl FnOnce(&Key) -> Stmt,
+) -> Result<()> {
+    let opening = Opening {
+        create: fence.is_none(),
+        ..Opening::default()
+    };
+    store
+        .write_locked(what, scope, opening, |l| {
+            l.run.check(scope, what, fence)?;
+            Ok(Verdict::Write((), Writes::default().stmt(write(&l.key))))
+        })
+        .await
 }

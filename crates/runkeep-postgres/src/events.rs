@@ -11,7 +11,7 @@ use runkeep::{
 use crate::pipeline::Stmt;
 use crate::row::{corrupted, i64_of, object, Key, RunState, KEY_COLS, KEY_WHERE};
 use crate::store::PgStore;
-use crate::tx::Opening;
+use crate::tx::{Opening, Verdict, Writes};
 
 impl PgStore {
     /// The events as stored under the already-checked fence, advancing
@@ -59,22 +59,22 @@ pub(crate) async fn append_events(
     for e in events {
         e.validate()?;
     }
-    let key = Key::of(scope);
     let what = "append_events";
     let opening = Opening {
         create: fence.is_none(),
         clock: true,
         ..Opening::default()
     };
-    let (tx, o) = store.open(what, scope, &key, opening).await?;
-    let now = o.now();
-    let mut run = o.state.unwrap_or_default();
-    run.check(scope, what, fence)?;
-    let (out, insert) = store.events_stmt(&key, &mut run, events, now, fence)?;
-    let mut writes: Vec<Stmt> = insert.into_iter().collect();
-    writes.push(PgStore::save_stmt(&key, &run)?);
-    store.commit_notify(tx, what, writes, scope, true).await?;
-    Ok(out)
+    store
+        .write_locked(what, scope, opening, |l| {
+            l.run.check(scope, what, fence)?;
+            let (out, insert) = store.events_stmt(&l.key, &mut l.run, events, l.now, fence)?;
+            Ok(Verdict::Write(
+                out,
+                Writes::default().stmts(insert).save().notify(true),
+            ))
+        })
+        .await
 }
 
 pub(crate) async fn read_events(
@@ -128,43 +128,41 @@ pub(crate) async fn append_audit(
     for e in events {
         e.validate()?;
     }
-    let key = Key::of(scope);
     let what = "append_audit";
     let opening = Opening {
         create: fence.is_none(),
         clock: true,
         ..Opening::default()
     };
-    let (tx, o) = store.open(what, scope, &key, opening).await?;
-    let now = o.now();
-    let mut run = o.state.unwrap_or_default();
-    run.check(scope, what, fence)?;
-    let mut out = Vec::new();
-    let mut seqs = Vec::new();
-    let mut bodies = Vec::new();
-    for e in events {
-        let rec = e.record(scope.run_id.as_str(), run.last_audit + 1, now, fence);
-        run.last_audit += 1;
-        let body =
-            serde_json::to_value(&rec).map_err(|e| Error::invalid(format!("audit event: {e}")))?;
-        store.check_json("audit event", &body)?;
-        seqs.push(i64_of(rec.seq));
-        bodies.push(body);
-        out.push(rec);
-    }
-    let mut writes = Vec::new();
-    if !out.is_empty() {
-        writes.push(Stmt::new(
-            "append audit records",
-            format!(
-                "INSERT INTO audit ({KEY_COLS}, seq, body) SELECT $1, $2, $3, $4, $5, s, b FROM unnest($6::bigint[], $7::jsonb[]) AS t(s, b)"
-            ),
-            key.owned(vec![Box::new(seqs), Box::new(bodies)]),
-        ));
-    }
-    writes.push(PgStore::save_stmt(&key, &run)?);
-    store.commit(tx, what, writes).await?;
-    Ok(out)
+    store
+        .write_locked(what, scope, opening, |l| {
+            l.run.check(scope, what, fence)?;
+            let mut out = Vec::new();
+            let mut seqs = Vec::new();
+            let mut bodies = Vec::new();
+            for e in events {
+                let rec = e.record(scope.run_id.as_str(), l.run.last_audit + 1, l.now, fence);
+                l.run.last_audit += 1;
+                let body = serde_json::to_value(&rec)
+                    .map_err(|e| Error::invalid(format!("audit event: {e}")))?;
+                store.check_json("audit event", &body)?;
+                seqs.push(i64_of(rec.seq));
+                bodies.push(body);
+                out.push(rec);
+            }
+            let mut writes = Writes::default();
+            if !out.is_empty() {
+                writes = writes.stmt(Stmt::new(
+                    "append audit records",
+                    format!(
+                        "INSERT INTO audit ({KEY_COLS}, seq, body) SELECT $1, $2, $3, $4, $5, s, b FROM unnest($6::bigint[], $7::jsonb[]) AS t(s, b)"
+                    ),
+                    l.key.owned(vec![Box::new(seqs), Box::new(bodies)]),
+                ));
+            }
+            Ok(Verdict::Write(out, writes.save()))
+        })
+        .await
 }
 
 pub(crate) async fn read_audit(

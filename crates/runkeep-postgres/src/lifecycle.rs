@@ -6,9 +6,9 @@ use runkeep::{
     Checkpoint, EnqueueOptions, Error, Fence, Lifecycle, Outcome, Result, RunScope, Timestamp,
 };
 
-use crate::row::{Key, RunState};
+use crate::row::Key;
 use crate::store::PgStore;
-use crate::tx::Opening;
+use crate::tx::{Opening, Verdict, Writes};
 
 pub(crate) async fn lifecycle(store: &PgStore, scope: &RunScope) -> Result<Lifecycle> {
     let c = store.conn("lifecycle").await?;
@@ -27,38 +27,35 @@ pub(crate) async fn enqueue(
 ) -> Result<Checkpoint> {
     checkpoint.validate_for_write(scope)?;
     options.validate(&scope.run_id)?;
-    let key = Key::of(scope);
-    let what = "enqueue";
     let opening = Opening {
         create: true,
         checkpoint: Some(checkpoint.id.as_str()),
         ..Opening::default()
     };
-    let (tx, o) = store.open(what, scope, &key, opening).await?;
-    let mut run = o.state.unwrap_or_default();
-    if run.exists() {
-        return Err(Error::Conflict {
-            message: format!(
-                "enqueue of run {}: the run already exists; enqueue creates a new run (use another run id, or reopen a finished one)",
-                scope.run_id
-            ),
-        });
-    }
-    let mut stored = checkpoint.clone();
-    stored.fence = None;
-    let write = store
-        .checkpoint_stmt(&tx, what, scope, &mut run, &stored, o.checkpoint_exists)
-        .await?;
-    run.lifecycle = Lifecycle {
-        max_attempts: options.max_attempts,
-        available_at: options.available_at,
-        ..Lifecycle::default()
-    };
-    let save = PgStore::save_stmt(&key, &run)?;
     store
-        .commit_notify(tx, what, vec![write, save], scope, false)
-        .await?;
-    Ok(stored)
+        .write_locked("enqueue", scope, opening, |l| {
+            if l.run.exists() {
+                return Err(Error::Conflict {
+                    message: format!(
+                        "enqueue of run {}: the run already exists; enqueue creates a new run (use another run id, or reopen a finished one)",
+                        scope.run_id
+                    ),
+                });
+            }
+            let mut stored = checkpoint.clone();
+            stored.fence = None;
+            l.run.lifecycle = Lifecycle {
+                max_attempts: options.max_attempts,
+                available_at: options.available_at,
+                ..Lifecycle::default()
+            };
+            let writes = Writes::default()
+                .checkpoint(stored.clone(), l.checkpoint_exists)
+                .save()
+                .notify(false);
+            Ok(Verdict::Write(stored, writes))
+        })
+        .await
 }
 
 pub(crate) async fn finish(
@@ -71,33 +68,24 @@ pub(crate) async fn finish(
     if let Some(r) = &outcome.result {
         store.check_json("finish result", r)?;
     }
-    let key = Key::of(scope);
-    let what = "finish";
     let opening = Opening {
         clock: true,
         ..Opening::default()
     };
-    let (tx, o) = store.open(what, scope, &key, opening).await?;
-    let now = o.now();
-    let mut run = o.state.unwrap_or_default();
-    let l = lifecycle::apply_finish(
-        &scope.run_id,
-        &mut run.top,
-        &mut run.lifecycle,
-        outcome,
-        fence,
-        now,
-    )?;
     store
-        .commit_notify(
-            tx,
-            what,
-            vec![PgStore::save_stmt(&key, &run)?],
-            scope,
-            false,
-        )
-        .await?;
-    Ok(l)
+        .write_locked("finish", scope, opening, |l| {
+            let run = &mut l.run;
+            let done = lifecycle::apply_finish(
+                &scope.run_id,
+                &mut run.top,
+                &mut run.lifecycle,
+                outcome,
+                fence,
+                l.now,
+            )?;
+            Ok(Verdict::Write(done, Writes::default().save().notify(false)))
+        })
+        .await
 }
 
 pub(crate) async fn snooze(
@@ -106,52 +94,39 @@ pub(crate) async fn snooze(
     fence: Fence,
     until: Timestamp,
 ) -> Result<bool> {
-    let key = Key::of(scope);
-    let what = "snooze";
-    let (tx, o) = store.open(what, scope, &key, Opening::default()).await?;
-    let Some(mut run) = o.state else {
-        return Ok(false);
-    };
-    if !lifecycle::apply_snooze(
-        &scope.run_id,
-        &mut run.top,
-        &mut run.lifecycle,
-        fence,
-        until,
-    )? {
-        return Ok(false);
-    }
     store
-        .commit_notify(
-            tx,
-            what,
-            vec![PgStore::save_stmt(&key, &run)?],
-            scope,
-            false,
-        )
-        .await?;
-    Ok(true)
+        .write_locked("snooze", scope, Opening::default(), |l| {
+            let run = &mut l.run;
+            if !l.found
+                || !lifecycle::apply_snooze(
+                    &scope.run_id,
+                    &mut run.top,
+                    &mut run.lifecycle,
+                    fence,
+                    until,
+                )?
+            {
+                return Ok(Verdict::Keep(false));
+            }
+            Ok(Verdict::Write(true, Writes::default().save().notify(false)))
+        })
+        .await
 }
 
 pub(crate) async fn reopen(store: &PgStore, scope: &RunScope) -> Result<Lifecycle> {
-    let key = Key::of(scope);
-    let what = "reopen";
-    let (tx, o) = store.open(what, scope, &key, Opening::default()).await?;
-    let Some(mut run) = o.state.filter(RunState::exists) else {
-        return Err(Error::NotFound {
-            what: format!("run {}", scope.run_id),
-        });
-    };
-    let l = lifecycle::after_reopen(&scope.run_id, &run.lifecycle)?;
-    run.lifecycle = l.clone();
     store
-        .commit_notify(
-            tx,
-            what,
-            vec![PgStore::save_stmt(&key, &run)?],
-            scope,
-            false,
-        )
-        .await?;
-    Ok(l)
+        .write_locked("reopen", scope, Opening::default(), |l| {
+            if !l.run.exists() {
+                return Err(Error::NotFound {
+                    what: format!("run {}", scope.run_id),
+                });
+            }
+            let reopened = lifecycle::after_reopen(&scope.run_id, &l.run.lifecycle)?;
+            l.run.lifecycle = reopened.clone();
+            Ok(Verdict::Write(
+                reopened,
+                Writes::default().save().notify(false),
+            ))
+        })
+        .await
 }

@@ -10,7 +10,7 @@ use runkeep::{
 use crate::pipeline::Stmt;
 use crate::row::{checkpoint_of, Key, KEY_WHERE};
 use crate::store::PgStore;
-use crate::tx::{Opened, Opening};
+use crate::tx::{Opening, Verdict, Writes};
 
 pub(crate) async fn resolve_park(
     store: &PgStore,
@@ -20,7 +20,6 @@ pub(crate) async fn resolve_park(
     now: Timestamp,
     fence: Option<Fence>,
 ) -> Result<Checkpoint> {
-    let key = Key::of(scope);
     let what = "resolve_park";
     let not_found = || Error::NotFound {
         what: format!("checkpoint {id} of run {}", scope.run_id),
@@ -29,31 +28,30 @@ pub(crate) async fn resolve_park(
         more: vec![Stmt::new(
             "read a checkpoint",
             format!("SELECT body FROM checkpoints WHERE {KEY_WHERE} AND checkpoint_id = $6"),
-            key.owned(vec![Box::new(id.to_string())]),
+            Key::of(scope).owned(vec![Box::new(id.to_string())]),
         )],
         ..Opening::default()
     };
-    let (tx, o) = store.open(what, scope, &key, opening).await?;
-    let Opened { state, more, .. } = o;
-    let Some(mut run) = state.filter(|r| !r.is_blank()) else {
-        return Err(not_found());
-    };
-    run.check(scope, what, fence)?;
-    let Some(body) = more.into_iter().flatten().next() else {
-        return Err(not_found());
-    };
-    let current = checkpoint_of(scope, body.get(0))?;
-    let mut updated = current.clone();
-    park::resolve(&mut updated, resolution, now)?;
-    updated.fence = stamp_fence(fence, run.top.as_ref()).or(current.fence);
-    let write = store
-        .checkpoint_stmt(&tx, what, scope, &mut run, &updated, true)
-        .await?;
-    let save = PgStore::save_stmt(&key, &run)?;
     store
-        .commit_notify(tx, what, vec![write, save], scope, false)
-        .await?;
-    Ok(updated)
+        .write_locked(what, scope, opening, |l| {
+            if !l.found || l.run.is_blank() {
+                return Err(not_found());
+            }
+            l.run.check(scope, what, fence)?;
+            let Some(body) = std::mem::take(&mut l.more).into_iter().flatten().next() else {
+                return Err(not_found());
+            };
+            let current = checkpoint_of(scope, body.get(0))?;
+            let mut updated = current.clone();
+            park::resolve(&mut updated, resolution, now)?;
+            updated.fence = stamp_fence(fence, l.run.top.as_ref()).or(current.fence);
+            let writes = Writes::default()
+                .checkpoint(updated.clone(), true)
+                .save()
+                .notify(false);
+            Ok(Verdict::Write(updated, writes))
+        })
+        .await
 }
 
 pub(crate) async fn find_pending(

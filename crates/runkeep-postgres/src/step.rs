@@ -3,10 +3,8 @@
 
 use runkeep::{Error, Fence, Result, RunScope, Step, StepReceipt};
 
-use crate::pipeline::Stmt;
-use crate::row::Key;
 use crate::store::PgStore;
-use crate::tx::Opening;
+use crate::tx::{Opening, Verdict, Writes};
 
 pub(crate) async fn commit_step(
     store: &PgStore,
@@ -27,7 +25,6 @@ pub(crate) async fn commit_step(
         }
         None => None,
     };
-    let key = Key::of(scope);
     let what = "commit_step";
     // Round trip 1: BEGIN, the row lock, then the clock and whether the
     // checkpoint exists. No row is created: the fence needs a holding.
@@ -36,46 +33,41 @@ pub(crate) async fn commit_step(
         checkpoint: step.checkpoint.as_ref().map(|c| c.id.as_str()),
         ..Opening::default()
     };
-    let (tx, o) = store.open(what, scope, &key, opening).await?;
-    let now = o.now();
-    let mut run = o.state.unwrap_or_default();
-    run.check(scope, what, Some(fence))?;
-    // Everything that can refuse is decided before anything is sent.
-    let finished = step.plan_finish(&scope.run_id, &run.lifecycle, fence, now)?;
-    let last_before = run.last_seq;
-    let (events, insert) = store.events_stmt(&key, &mut run, &step.events, now, Some(fence))?;
-    let mut writes: Vec<Stmt> = insert.into_iter().collect();
-    let checkpoint = match &step.checkpoint {
-        Some(cp) => {
-            let mut stored = cp.clone();
-            stored.fence = Some(fence);
-            writes.push(
-                store
-                    .checkpoint_stmt(&tx, what, scope, &mut run, &stored, o.checkpoint_exists)
-                    .await?,
-            );
-            Some(stored)
-        }
-        None => None,
-    };
-    if let Some(m) = &step.messages {
-        let through = Step::through_seq(m, &events, last_before);
-        writes.push(store.messages_stmt(&key, &m.messages, through)?);
-    }
-    if let Some(v) = record {
-        writes.push(PgStore::document_stmt(&key, "record", Box::new(v)));
-    }
-    if let Some(f) = &finished {
-        f.apply(&mut run.top, &mut run.lifecycle);
-    }
-    writes.push(PgStore::save_stmt(&key, &run)?);
     // Round trip 2: every write and COMMIT.
     store
-        .commit_notify(tx, what, writes, scope, !events.is_empty())
-        .await?;
-    Ok(StepReceipt {
-        events,
-        checkpoint,
-        lifecycle: finished.map(|f| f.lifecycle),
-    })
+        .write_locked(what, scope, opening, |l| {
+            let (key, run, now) = (&l.key, &mut l.run, l.now);
+            run.check(scope, what, Some(fence))?;
+            // Everything that can refuse is decided before anything is sent.
+            let finished = step.plan_finish(&scope.run_id, &run.lifecycle, fence, now)?;
+            let last_before = run.last_seq;
+            let (events, insert) = store.events_stmt(key, run, &step.events, now, Some(fence))?;
+            let mut writes = Writes::default().stmts(insert);
+            let checkpoint = step.checkpoint.as_ref().map(|cp| {
+                let mut stored = cp.clone();
+                stored.fence = Some(fence);
+                stored
+            });
+            if let Some(stored) = &checkpoint {
+                writes = writes.checkpoint(stored.clone(), l.checkpoint_exists);
+            }
+            if let Some(m) = &step.messages {
+                let through = Step::through_seq(m, &events, last_before);
+                writes = writes.stmt(store.messages_stmt(key, &m.messages, through)?);
+            }
+            if let Some(v) = record {
+                writes = writes.stmt(PgStore::document_stmt(key, "record", Box::new(v)));
+            }
+            if let Some(f) = &finished {
+                f.apply(&mut run.top, &mut run.lifecycle);
+            }
+            let writes = writes.save().notify(!events.is_empty());
+            let receipt = StepReceipt {
+                events,
+                checkpoint,
+                lifecycle: finished.map(|f| f.lifecycle),
+            };
+            Ok(Verdict::Write(receipt, writes))
+        })
+        .await
 }

@@ -6,7 +6,7 @@ use deadpool_postgres::GenericClient;
 use tokio_postgres::types::ToSql;
 use tokio_postgres::Row;
 
-use runkeep::{Error, Result, RunScope, Timestamp};
+use runkeep::{Checkpoint, Error, Result, RunScope, Timestamp};
 
 use crate::error::{map_commit, map_pg};
 use crate::pipeline::{self, Stmt, Tx};
@@ -44,6 +44,125 @@ pub(crate) struct Opened {
 impl Opened {
     pub(crate) fn now(&self) -> Timestamp {
         self.now.unwrap_or(Timestamp::EPOCH)
+    }
+}
+
+/// The run's row as a judge sees it: locked, with what the opening read.
+pub(crate) struct Locked {
+    /// The run's key columns.
+    pub(crate) key: Key,
+    /// The row existed when it was locked.
+    pub(crate) found: bool,
+    /// The row's state (the default when it did not exist); what is saved
+    /// when the verdict asks for it.
+    pub(crate) run: RunState,
+    /// The judging instant ([`Opened::now`]).
+    pub(crate) now: Timestamp,
+    /// The checkpoint named in the opening exists.
+    pub(crate) checkpoint_exists: bool,
+    /// The rows of [`Opening::more`], in order.
+    pub(crate) more: Vec<Vec<Row>>,
+}
+
+/// What a judge decided, with the caller's answer.
+pub(crate) enum Verdict<T> {
+    /// Nothing to write: the transaction rolls back, unwaited.
+    Keep(T),
+    /// These writes, then `COMMIT`.
+    Write(T, Writes),
+}
+
+/// The writes a verdict sends with `COMMIT`, in order.
+#[derive(Default)]
+pub(crate) struct Writes {
+    stmts: Vec<Stmt>,
+    /// A checkpoint to store (already stamped), where it goes among the
+    /// statements, and whether one with its id exists.
+    checkpoint: Option<(usize, Box<Checkpoint>, bool)>,
+    /// Save the judged row last.
+    save: bool,
+    /// Notify the change (`Some(new events)`) right after the `COMMIT`.
+    notify: Option<bool>,
+}
+
+impl Writes {
+    /// A statement, after those already given.
+    pub(crate) fn stmt(mut self, s: Stmt) -> Self {
+        self.stmts.push(s);
+        self
+    }
+
+    /// Statements, after those already given.
+    pub(crate) fn stmts(mut self, s: impl IntoIterator<Item = Stmt>) -> Self {
+        self.stmts.extend(s);
+        self
+    }
+
+    /// Stores `stored` here, keeping the row's digest (which may take one
+    /// more round trip to read the headers: [`PgStore::checkpoint_stmt`]).
+    pub(crate) fn checkpoint(mut self, stored: Checkpoint, exists: bool) -> Self {
+        self.checkpoint = Some((self.stmts.len(), Box::new(stored), exists));
+        self
+    }
+
+    /// Saves the judged row (after every other write).
+    pub(crate) fn save(mut self) -> Self {
+        self.save = true;
+        self
+    }
+
+    /// Wakes the run's watchers after the `COMMIT` (`events`: it has new
+    /// events).
+    pub(crate) fn notify(mut self, events: bool) -> Self {
+        self.notify = Some(events);
+        self
+    }
+}
+
+impl PgStore {
+    /// Every write on one run's row: `BEGIN`, the row lock and what
+    /// `opening` asks for (the clock, a checkpoint's existence, more reads)
+    /// in one round trip; then `judge`, the core's rule, on the locked row;
+    /// then its writes (and the saved row) with `COMMIT` in one more (a
+    /// checkpoint whose digest needs the headers adds one read between).
+    /// A judge that refuses, or keeps, rolls back without waiting.
+    pub(crate) async fn write_locked<T>(
+        &self,
+        what: &'static str,
+        scope: &RunScope,
+        opening: Opening<'_>,
+        judge: impl FnOnce(&mut Locked) -> Result<Verdict<T>>,
+    ) -> Result<T> {
+        let key = Key::of(scope);
+        let (tx, o) = self.open(what, scope, &key, opening).await?;
+        let now = o.now();
+        let mut locked = Locked {
+            key,
+            found: o.state.is_some(),
+            run: o.state.unwrap_or_default(),
+            now,
+            checkpoint_exists: o.checkpoint_exists,
+            more: o.more,
+        };
+        let (value, w) = match judge(&mut locked)? {
+            Verdict::Keep(v) => return Ok(v),
+            Verdict::Write(v, w) => (v, w),
+        };
+        let mut stmts = w.stmts;
+        if let Some((at, stored, exists)) = w.checkpoint {
+            let s = self
+                .checkpoint_stmt(&tx, what, scope, &mut locked.run, &stored, exists)
+                .await?;
+            stmts.insert(at, s);
+        }
+        if w.save {
+            stmts.push(Self::save_stmt(&locked.key, &locked.run)?);
+        }
+        match w.notify {
+            Some(events) => self.commit_notify(tx, what, stmts, scope, events).await?,
+            None => self.commit(tx, what, stmts).await?,
+        }
+        Ok(value)
     }
 }
 
