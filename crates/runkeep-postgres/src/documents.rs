@@ -7,7 +7,7 @@ use runkeep::evidence::{check_document_size, check_json_document};
 use runkeep::{Error, Fence, MessageSnapshot, Result, RunRecord, RunScope};
 
 use crate::pipeline::{Param, Stmt};
-use crate::row::{corrupted, i64_of, Key, KEY_WHERE};
+use crate::row::{corrupted, i64_of, Key, KEY_COLS, KEY_WHERE};
 use crate::store::PgStore;
 use crate::tx::{Opening, Verdict, Writes};
 
@@ -46,8 +46,15 @@ pub(crate) async fn write_run_record(
     let v = serde_json::to_value(record).map_err(|e| Error::invalid(format!("run record: {e}")))?;
     check_json_document("run record", record, record.values())?;
     store.check_json("run record", &v)?;
-    let write = |key: &Key| PgStore::document_stmt(key, "record", Box::new(v));
-    write_document(store, "write_run_record", scope, fence, write).await
+    write_document(
+        store,
+        "write_run_record",
+        scope,
+        fence,
+        &["record"],
+        vec![Box::new(v)],
+    )
+    .await
 }
 
 pub(crate) async fn read_run_record(
@@ -80,8 +87,18 @@ pub(crate) async fn write_messages(
     fence: Option<Fence>,
 ) -> Result<()> {
     check_json_document("message snapshot", messages, messages)?;
-    let write = store.messages_stmt(&Key::of(scope), messages, through_event_seq)?;
-    write_document(store, "write_messages", scope, fence, |_| write).await
+    let v = Value::Array(messages.to_vec());
+    store.check_json("message snapshot", &v)?;
+    let values: Vec<Param> = vec![Box::new(v), Box::new(i64_of(through_event_seq))];
+    write_document(
+        store,
+        "write_messages",
+        scope,
+        fence,
+        &["messages", "messages_through"],
+        values,
+    )
+    .await
 }
 
 pub(crate) async fn read_messages(store: &PgStore, scope: &RunScope) -> Result<MessageSnapshot> {
@@ -127,8 +144,15 @@ pub(crate) async fn write_report(
             "report contains a NUL character, which PostgreSQL text cannot store",
         ));
     }
-    let write = |key: &Key| PgStore::document_stmt(key, "report", Box::new(report.to_string()));
-    write_document(store, "write_report", scope, fence, write).await
+    write_document(
+        store,
+        "write_report",
+        scope,
+        fence,
+        &["report"],
+        vec![Box::new(report.to_string())],
+    )
+    .await
 }
 
 pub(crate) async fn read_report(store: &PgStore, scope: &RunScope) -> Result<Option<String>> {
@@ -145,23 +169,53 @@ pub(crate) async fn read_report(store: &PgStore, scope: &RunScope) -> Result<Opt
     Ok(r.and_then(|r| r.get(0)))
 }
 
-/// A document write: under the fence check when fenced (the row exists
-/// then: a fence needs a holding), creating the run's row when not.
+/// A document write: `columns` set to `values` (`$6`, `$7`, …).
+///
+/// Fenced: under the row lock and the fence check (the row exists then: a
+/// fence needs a holding). Unfenced: nothing to judge, so one statement on
+/// its own, an upsert that creates the run's row when absent (one round
+/// trip; its reply is its commit).
 async fn write_document(
     store: &PgStore,
     what: &'static str,
     scope: &RunScope,
     fence: Option<Fence>,
-    write: impl FnOnce(&Key) -> Stmt,
+    columns: &[&str],
+    values: Vec<Param>,
 ) -> Result<()> {
-    let opening = Opening {
-        create: fence.is_none(),
-        ..Opening::default()
+    let key = Key::of(scope);
+    let Some(fence) = fence else {
+        let names = columns.join(", ");
+        let slots: Vec<String> = (6..6 + columns.len()).map(|i| format!("${i}")).collect();
+        let set: Vec<String> = columns
+            .iter()
+            .map(|c| format!("{c} = EXCLUDED.{c}"))
+            .collect();
+        let upsert = Stmt::new(
+            "write a document",
+            format!(
+                "INSERT INTO runs ({KEY_COLS}, {names}) VALUES ($1, $2, $3, $4, $5, {}) ON CONFLICT ({KEY_COLS}) DO UPDATE SET {}",
+                slots.join(", "),
+                set.join(", ")
+            ),
+            key.owned(values),
+        );
+        return store.write_alone(what, upsert).await;
     };
+    let set: Vec<String> = columns
+        .iter()
+        .enumerate()
+        .map(|(i, c)| format!("{c} = ${}", i + 6))
+        .collect();
+    let update = Stmt::new(
+        "write a document",
+        format!("UPDATE runs SET {} WHERE {KEY_WHERE}", set.join(", ")),
+        key.owned(values),
+    );
     store
-        .write_locked(what, scope, opening, |l| {
-            l.run.check(scope, what, fence)?;
-            Ok(Verdict::Write((), Writes::default().stmt(write(&l.key))))
+        .write_locked(what, scope, Opening::default(), |l| {
+            l.run.check(scope, what, Some(fence))?;
+            Ok(Verdict::Write((), Writes::default().stmt(update)))
         })
         .await
 }

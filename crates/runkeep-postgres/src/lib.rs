@@ -41,8 +41,11 @@
 //!   writes exists), and every write travels with `COMMIT`. So a write is
 //!   two round trips (the core judges between them), `claim_next` too, and
 //!   no row is created for a fenced write (a fence needs a holding, so the
-//!   row exists). The digest is kept from what it holds whenever it can be
-//!   (module `pipeline`, and docs/design.md).
+//!   row exists). An unfenced document write has nothing to judge: one
+//!   upsert, one round trip; `find_pending` and `resume_point` read the
+//!   digest and the bodies they may answer in one statement. The digest is
+//!   kept from what it holds whenever it can be (modules `tx` and
+//!   `pipeline`, and docs/design.md).
 //! - **Waiting, not polling.** A change sends `pg_notify` right after its
 //!   `COMMIT`, in the same write, in a transaction of its own that does
 //!   not wait for a flush, never inside the data transaction (a `NOTIFY`

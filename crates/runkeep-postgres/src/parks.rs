@@ -1,14 +1,15 @@
 //! Parks: `resolve_park`, `find_pending` and `resume_point`.
 
+use serde_json::Value;
+
 use runkeep::lease::stamp_fence;
 use runkeep::park::{self, ParkState};
 use runkeep::{
-    Checkpoint, CheckpointId, CheckpointStore, Error, Fence, ParkResolution, Result, RunScope,
-    Timestamp,
+    Checkpoint, CheckpointId, Error, Fence, ParkResolution, Result, RunScope, Timestamp,
 };
 
 use crate::pipeline::Stmt;
-use crate::row::{checkpoint_of, Key, KEY_WHERE};
+use crate::row::{checkpoint_of, digest_of, Key, KEY_WHERE};
 use crate::store::PgStore;
 use crate::tx::{Opening, Verdict, Writes};
 
@@ -59,14 +60,62 @@ pub(crate) async fn find_pending(
     scope: &RunScope,
     now: Timestamp,
 ) -> Result<Option<Checkpoint>> {
+    pending_or_latest(store, "find_pending", scope, now, false).await
+}
+
+pub(crate) async fn resume_point(
+    store: &PgStore,
+    scope: &RunScope,
+    now: Timestamp,
+) -> Result<Option<Checkpoint>> {
+    pending_or_latest(store, "resume_point", scope, now, true).await
+}
+
+/// The run's digest, the bodies of its parked checkpoints whose park is
+/// not resolved (a prefilter: a resolved park is never outstanding), and
+/// (`$6`) the latest checkpoint's body: one statement, one snapshot.
+fn sql_pending_or_latest() -> String {
+    let same_run = "(c.tenant_id, c.project_id, c.session_id, c.run_id, c.parent_id) = (r.tenant_id, r.project_id, r.session_id, r.run_id, r.parent_id)";
+    format!(
+        "SELECT r.digest,
+           (SELECT coalesce(jsonb_agg(c.body), '[]'::jsonb) FROM checkpoints c
+             WHERE {same_run}
+               AND c.checkpoint_id IN (SELECT p->>'id' FROM jsonb_array_elements(coalesce(r.digest->'parks', '[]'::jsonb)) p
+                                        WHERE coalesce(p->'park'->'resolvedAt', 'null'::jsonb) = 'null'::jsonb)),
+           (SELECT c.body FROM checkpoints c
+             WHERE $6::boolean AND {same_run} AND c.checkpoint_id = r.digest->'latest'->>'id')
+         FROM runs r
+         WHERE r.tenant_id = $1 AND r.project_id = $2 AND r.session_id = $3 AND r.run_id = $4 AND r.parent_id = $5"
+    )
+}
+
+/// The pending park (the core's rule over the digest's park headers:
+/// outstanding at `now`, latest by the total order, as
+/// `park::find_pending` judges), else, when `latest`, the latest
+/// checkpoint: one round trip.
+async fn pending_or_latest(
+    store: &PgStore,
+    what: &'static str,
+    scope: &RunScope,
+    now: Timestamp,
+    latest: bool,
+) -> Result<Option<Checkpoint>> {
     let key = Key::of(scope);
-    let c = store.conn("find_pending").await?;
-    let Some(run) = store.read_state(&c, scope, &key).await? else {
+    let c = store.conn(what).await?;
+    let Some(r) = store
+        .row_opt(
+            &c,
+            "read the parks and the latest checkpoint",
+            &sql_pending_or_latest(),
+            &key.with(&[&latest]),
+        )
+        .await?
+    else {
         return Ok(None);
     };
-    let Some(d) = run.digest else { return Ok(None) };
-    // The core's rule over the digest's park headers: outstanding at
-    // `now`, latest by the total order (park::find_pending's rule).
+    let Some(d) = digest_of(scope, r.get(0))? else {
+        return Ok(None);
+    };
     let best = d
         .parks
         .iter()
@@ -76,23 +125,25 @@ pub(crate) async fn find_pending(
                 .is_some_and(|p| p.state(now) == ParkState::Outstanding)
         })
         .max_by_key(|h| h.order_key(&d.fence_history));
-    match best {
-        Some(h) => {
-            store
-                .read_checkpoint_in(&c, scope, &key, h.id.as_str())
-                .await
+    if let Some(h) = best {
+        let bodies: Value = r.get(1);
+        if let Value::Array(bodies) = bodies {
+            for body in bodies {
+                let cp = checkpoint_of(scope, body)?;
+                if cp.id == h.id {
+                    return Ok(Some(cp));
+                }
+            }
         }
-        None => Ok(None),
+        // Not among those read (the prefilter missed it): read it alone.
+        return store
+            .read_checkpoint_in(&c, scope, &key, h.id.as_str())
+            .await;
     }
-}
-
-pub(crate) async fn resume_point(
-    store: &PgStore,
-    scope: &RunScope,
-    now: Timestamp,
-) -> Result<Option<Checkpoint>> {
-    if let Some(p) = store.find_pending(scope, now).await? {
-        return Ok(Some(p));
+    if !latest {
+        return Ok(None);
     }
-    store.latest_checkpoint(scope).await
+    r.get::<_, Option<Value>>(2)
+        .map(|b| checkpoint_of(scope, b))
+        .transpose()
 }

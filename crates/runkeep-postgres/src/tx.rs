@@ -331,6 +331,37 @@ impl PgStore {
         }
     }
 
+    /// One statement on its own, outside a transaction: its reply is its
+    /// commit (one round trip). A statement the server refuses stored
+    /// nothing; a fault or no reply while it was in flight leaves the
+    /// outcome unknown (the connection is closed then).
+    pub(crate) async fn write_alone(&self, what: &str, stmt: Stmt) -> Result<()> {
+        let conn = self.conn(what).await?;
+        let stmts = [stmt];
+        let prepared = self.prepare(&conn, what, &stmts).await?;
+        let Ok(mut sent) = tokio::time::timeout(
+            self.options.reply_timeout,
+            pipeline::send(&conn, false, &stmts, &prepared, false, None),
+        )
+        .await
+        else {
+            drop(deadpool_postgres::Object::take(conn));
+            return Err(self.commit_unanswered(what));
+        };
+        match sent.pop() {
+            Some(Err(e)) => {
+                let what = format!("{what}: {}", stmts[0].what);
+                Err(if e.code().is_some() {
+                    map_pg(&what, e)
+                } else {
+                    drop(deadpool_postgres::Object::take(conn));
+                    map_commit(&what, e)
+                })
+            }
+            _ => Ok(()),
+        }
+    }
+
     /// Begins a transaction on `scope`'s row: locks it (creating it first
     /// when asked) and reads what `o` asks for, in one round trip.
     pub(crate) async fn open(
