@@ -2,7 +2,7 @@
 //! migration and version check, the offset to the server's clock, and the
 //! `LISTEN` connection's start.
 
-use std::sync::atomic::{AtomicI64, Ordering};
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -134,6 +134,8 @@ impl PgStore {
             offset_ms: AtomicI64::new(0),
             notifier: Arc::new(Notifier::default()),
             listener: Mutex::new(None),
+            coalescer: Mutex::new(None),
+            notify_statements: Arc::new(AtomicU64::new(0)),
         })
     }
 

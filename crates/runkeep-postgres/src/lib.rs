@@ -52,6 +52,9 @@
 //!   there serialises commits: module `wake`); the caller does not wait for
 //!   it. One dedicated connection per store `LISTEN`s and wakes
 //!   [`Watch`](runkeep::Watch)es, with a fallback poll when the listener is reconnecting.
+//!   [`PgOptions::notify`] = [`NotifyMode::Coalesced`] sends instead the
+//!   notifications of a ~2 ms window together, in one statement on a
+//!   connection of the store's own.
 //!
 //! Size limits: the core's (checkpoints and documents 64 MiB, events
 //! 4 MiB, a finish result 1 MiB) and this store's own
@@ -78,6 +81,7 @@ mod tx;
 mod wake;
 
 pub use error::OUTCOME_UNKNOWN;
-pub use options::{PgOptions, DEFAULT_MAX_PAYLOAD_BYTES};
+pub use options::{NotifyMode, PgOptions, DEFAULT_MAX_PAYLOAD_BYTES};
 pub use schema::SCHEMA_VERSION;
 pub use store::PgStore;
+pub use wake::COALESCE_WINDOW;

@@ -12,6 +12,26 @@ use runkeep::{Clock, SystemClock};
 /// elsewhere and reference them.
 pub const DEFAULT_MAX_PAYLOAD_BYTES: usize = 16 * 1024 * 1024;
 
+/// How a change wakes the watchers of other connections (`pg_notify`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum NotifyMode {
+    /// Each change sends its own notification right after its `COMMIT`,
+    /// on the same connection and in the same write (no round trip of its
+    /// own). It has left when the caller has its answer, so a process that
+    /// exits right after a change has sent it. The default.
+    #[default]
+    Immediate,
+    /// The notifications of a short window (about
+    /// [`COALESCE_WINDOW`](crate::COALESCE_WINDOW), 2 ms) leave together, as
+    /// one statement on one connection of the store's own (a background
+    /// task): fewer statements for the server under many quick commits, at
+    /// the cost of up to that window of extra wake-up latency. A
+    /// notification still queued when the process exits is lost; watchers
+    /// then wake at their fallback poll.
+    Coalesced,
+}
+
 /// How a [`PgStore`](crate::PgStore) connects and judges time.
 #[derive(Clone, Debug)]
 pub struct PgOptions {
@@ -57,6 +77,8 @@ pub struct PgOptions {
     /// lease notifies nobody; a reconnecting listener misses some).
     /// Default 5 s.
     pub watch_fallback: Duration,
+    /// How changes notify watchers. Default [`NotifyMode::Immediate`].
+    pub notify: NotifyMode,
 }
 
 impl Default for PgOptions {
@@ -73,6 +95,7 @@ impl Default for PgOptions {
             clock: None,
             local_clock: Arc::new(SystemClock),
             watch_fallback: Duration::from_secs(5),
+            notify: NotifyMode::Immediate,
         }
     }
 }

@@ -1,7 +1,7 @@
 //! [`PgStore`] and its `CheckpointStore` / `EvidenceStore` impls, which only
 //! delegate to the module of each job; the payload limit checks.
 
-use std::sync::atomic::{AtomicI64, Ordering};
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use async_trait::async_trait;
@@ -30,6 +30,11 @@ pub struct PgStore {
     pub(crate) offset_ms: AtomicI64,
     pub(crate) notifier: Arc<Notifier>,
     pub(crate) listener: Mutex<Option<tokio::task::JoinHandle<()>>>,
+    /// Where [`NotifyMode::Coalesced`](crate::NotifyMode::Coalesced) queues
+    /// payloads for its background task (started on first use).
+    pub(crate) coalescer: Mutex<Option<tokio::sync::mpsc::UnboundedSender<String>>>,
+    /// `NOTIFY` statements sent (each may carry many notifications).
+    pub(crate) notify_statements: Arc<AtomicU64>,
 }
 
 impl std::fmt::Debug for PgStore {
@@ -57,6 +62,14 @@ impl Drop for PgStore {
 }
 
 impl PgStore {
+    /// How many `NOTIFY` statements this store has sent: one per change
+    /// in [`NotifyMode::Immediate`](crate::NotifyMode::Immediate), one per
+    /// batch in [`NotifyMode::Coalesced`](crate::NotifyMode::Coalesced)
+    /// (what an operator or a test compares).
+    pub fn notify_statements(&self) -> u64 {
+        self.notify_statements.load(Ordering::Relaxed)
+    }
+
     /// The options this store was built with.
     pub fn options(&self) -> &PgOptions {
         &self.options

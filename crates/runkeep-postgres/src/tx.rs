@@ -3,12 +3,15 @@
 //! reply-timeout errors.
 
 use deadpool_postgres::GenericClient;
+use std::sync::atomic::Ordering;
 use tokio_postgres::types::ToSql;
+
 use tokio_postgres::Row;
 
 use runkeep::{Checkpoint, Error, Result, RunScope, Timestamp};
 
 use crate::error::{map_commit, map_pg};
+use crate::options::NotifyMode;
 use crate::pipeline::{self, Stmt, Tx};
 use crate::row::{sql_after_lock, sql_ensure, sql_lock, state_of, Key, RunState};
 use crate::store::PgStore;
@@ -273,15 +276,45 @@ impl PgStore {
         scope: &RunScope,
         events: bool,
     ) -> Result<()> {
+        let payload = wake::payload(scope, events);
+        if self.options.notify == NotifyMode::Coalesced {
+            if let Some(queue) = self.coalescer() {
+                self.commit(tx, what, stmts).await?;
+                // Queued only once committed; the task sends it shortly.
+                let _ = queue.send(payload);
+                return Ok(());
+            }
+            // No runtime to run the task on: notify as Immediate does.
+        }
         let notify = Stmt::new(
             "notify",
             wake::NOTIFY_SQL,
-            vec![
-                Box::new(self.channel.clone()),
-                Box::new(wake::payload(scope, events)),
-            ],
+            vec![Box::new(self.channel.clone()), Box::new(payload)],
         );
+        self.notify_statements.fetch_add(1, Ordering::Relaxed);
         self.commit_then(tx, what, stmts, Some(notify)).await
+    }
+
+    /// The queue of the coalescing task, started on first use on the
+    /// current runtime (`None` outside one).
+    fn coalescer(&self) -> Option<tokio::sync::mpsc::UnboundedSender<String>> {
+        let mut guard = self.coalescer.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(q) = guard.as_ref().filter(|q| !q.is_closed()) {
+            return Some(q.clone());
+        }
+        let handle = tokio::runtime::Handle::try_current().ok()?;
+        let (queue, rx) = tokio::sync::mpsc::unbounded_channel();
+        // The task ends once the store (the only sender) is dropped and
+        // the queue is drained.
+        handle.spawn(wake::coalesce_loop(
+            self.config.clone(),
+            self.channel.clone(),
+            rx,
+            self.options.reply_timeout,
+            self.notify_statements.clone(),
+        ));
+        *guard = Some(queue.clone());
+        Some(queue)
     }
 
     pub(crate) async fn commit_then(
