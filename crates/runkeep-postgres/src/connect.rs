@@ -198,7 +198,7 @@ impl PgStore {
         Ok(now)
     }
 
-    /// Keeps the offset [`CheckpointStore::now`] adds to the local clock.
+    /// Keeps the offset [`CheckpointStore::now`](runkeep::CheckpointStore::now) adds to the local clock.
     pub(crate) fn note_server_now(&self, now: Timestamp) {
         let local = self.options.local_clock.now();
         self.offset_ms

@@ -61,6 +61,18 @@
 //! [`PgOptions::max_payload_bytes`] (default [`DEFAULT_MAX_PAYLOAD_BYTES`])
 //! for any one JSON value it stores, refused with `InvalidInput`, never
 //! truncated.
+//!
+//! # Layout
+//!
+//! `store` holds [`PgStore`] and its trait impls, which only delegate to
+//! one module per job: `claims`, `lifecycle`, `checkpoints`, `parks`,
+//! `step` (`commit_step`), `events` (events and audit), `documents`,
+//! `listing` (`list_runs` and the SQL `claim_next` shares). Every write on
+//! one run goes through `tx::write_locked` (lock, clock, the core's
+//! judgement, writes with `COMMIT`); `row` maps the run's row to the core's
+//! types and back; `connect` builds the pool and measures the clock;
+//! `options` holds [`PgOptions`]; `pipeline` sends statements together,
+//! `wake` notifies and listens, `schema` migrates.
 
 mod checkpoints;
 mod claims;
