@@ -20,10 +20,18 @@
 //! allow. The store cannot know which processes watch (each store
 //! `LISTEN`s on its own connection), so every change notifies.
 //!
+//! That is [`NotifyMode::Immediate`](crate::NotifyMode::Immediate), the
+//! default. [`NotifyMode::Coalesced`](crate::NotifyMode::Coalesced) queues
+//! a change's payload once its `COMMIT` succeeded instead, and
+//! [`coalesce_loop`] sends what a window of [`COALESCE_WINDOW`] gathered in
+//! one statement ([`NOTIFY_MANY_SQL`]) on a connection of its own: one
+//! statement for many quick commits, for up to the window of latency.
+//!
 //! [`listen_loop`] is that connection: it wakes this process's watches of
 //! every change any process (this one included) commits, and reconnects
 //! after a fault (watches poll at their fallback interval meanwhile).
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -35,6 +43,14 @@ use tokio_postgres::NoTls;
 /// A change's notification: `$1` the channel, `$2` the payload.
 pub(crate) const NOTIFY_SQL: &str =
     "SELECT set_config('synchronous_commit', 'off', true), pg_notify($1, $2)";
+
+/// The notifications of a batch (`$2`, distinct payloads) in one statement,
+/// as a transaction of its own committed without waiting for a flush.
+pub(crate) const NOTIFY_MANY_SQL: &str = "WITH s AS (SELECT set_config('synchronous_commit', 'off', true)) SELECT pg_notify($1, p) FROM s, unnest($2::text[]) AS p";
+
+/// How long [`NotifyMode::Coalesced`](crate::NotifyMode::Coalesced) gathers
+/// notifications after the first before sending them together.
+pub const COALESCE_WINDOW: Duration = Duration::from_millis(2);
 
 /// The payload naming a changed run (and whether it has new events).
 pub(crate) fn payload(scope: &RunScope, events: bool) -> String {
@@ -52,6 +68,68 @@ fn deliver(notifier: &Notifier, payload: &str) {
         .and_then(|s| serde_json::from_value::<RunScope>(s.clone()).ok())
     {
         notifier.notify_run(&scope, events);
+    }
+}
+
+/// [`NotifyMode::Coalesced`](crate::NotifyMode::Coalesced)'s task: gathers
+/// the payloads queued within [`COALESCE_WINDOW`] of the first, and sends
+/// them (each once) in one statement on a connection of its own, opened on
+/// first use and again after a fault (one retry per batch; a batch that
+/// still fails is dropped: watchers wake at their fallback poll). Ends when
+/// the queue closes (the store was dropped) and is drained.
+pub(crate) async fn coalesce_loop(
+    config: tokio_postgres::Config,
+    channel: String,
+    mut queue: tokio::sync::mpsc::UnboundedReceiver<String>,
+    reply_timeout: Duration,
+    sent: Arc<AtomicU64>,
+) {
+    let mut client: Option<tokio_postgres::Client> = None;
+    while let Some(first) = queue.recv().await {
+        let mut batch = vec![first];
+        let until = tokio::time::Instant::now() + COALESCE_WINDOW;
+        while let Ok(Some(p)) = tokio::time::timeout_at(until, queue.recv()).await {
+            batch.push(p);
+        }
+        batch.sort_unstable();
+        batch.dedup();
+        for _attempt in 0..2 {
+            if client
+                .as_ref()
+                .is_none_or(tokio_postgres::Client::is_closed)
+            {
+                client = match tokio::time::timeout(reply_timeout, config.connect(NoTls)).await {
+                    Ok(Ok((c, conn))) => {
+                        tokio::spawn(async move {
+                            if let Err(e) = conn.await {
+                                tracing::debug!(error = %e, "runkeep-postgres: the notify connection ended");
+                            }
+                        });
+                        Some(c)
+                    }
+                    Ok(Err(e)) => {
+                        tracing::warn!(error = %e, "runkeep-postgres: cannot open the notify connection; watchers poll meanwhile");
+                        None
+                    }
+                    Err(_) => None,
+                };
+            }
+            let Some(c) = client.as_ref() else { continue };
+            sent.fetch_add(1, Ordering::Relaxed);
+            match tokio::time::timeout(
+                reply_timeout,
+                c.execute(NOTIFY_MANY_SQL, &[&channel, &batch]),
+            )
+            .await
+            {
+                Ok(Ok(_)) => break,
+                Ok(Err(e)) => {
+                    tracing::warn!(error = %e, "runkeep-postgres: coalesced NOTIFY failed");
+                    client = None;
+                }
+                Err(_) => client = None,
+            }
+        }
     }
 }
 

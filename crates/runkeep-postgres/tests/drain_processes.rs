@@ -32,7 +32,7 @@ use serde_json::{json, Map, Value};
 
 const WORKER_ENV: &str = "RUNKEEP_PG_DRAIN_WORKER";
 const WORKER_TEST: &str = "worker_process_entry";
-/// Runs enqueued (the number).
+/// Runs enqueued: a drain of 2 000 runs across killed and fresh workers.
 const RUNS: usize = 2_000;
 const WORKERS: usize = 8;
 /// Workers of the first generation that stop at a kill point, and after

@@ -15,7 +15,8 @@ use std::future::Future;
 use common::counting::{Counter, Snapshot};
 use runkeep::{
     CheckpointStore, ClaimNextFilter, ClaimOptions, EnqueueOptions, EvidenceStore, ListOptions,
-    ListingScope, Outcome, ReadEventsOptions, RunId, RunScope, SessionId, Step, Ttl,
+    ListingScope, NewAuditEvent, Outcome, ParkResolution, ReadEventsOptions, RunId, RunScope,
+    SessionId, Step, Ttl,
 };
 use runkeep_conformance::support;
 use runkeep_postgres::{PgOptions, PgStore};
@@ -207,6 +208,152 @@ async fn scenario(store: &PgStore, m: &mut Meter<'_>, phase: &str) {
     )
     .await
     .unwrap();
+
+    // Parks, checkpoint upkeep, audit and documents, on a run of their own.
+    let g = scope(phase, "g");
+    let fg = Some(
+        store
+            .claim(&g, &opts())
+            .await
+            .unwrap()
+            .lease()
+            .unwrap()
+            .fence,
+    );
+    let mut ids = Vec::new();
+    for cp in [
+        support::checkpoint("g1", 0),
+        support::parked("g2", 1, 1, None),
+        support::checkpoint("g3", 2),
+    ] {
+        ids.push(store.write_checkpoint(&g, &cp, fg).await.unwrap().id);
+    }
+    let id = |s: &str| {
+        ids.iter()
+            .find(|i| i.as_str().ends_with(s))
+            .unwrap()
+            .clone()
+    };
+    let pending = m
+        .op("find_pending", 1, store.find_pending(&g, store.now()))
+        .await
+        .unwrap();
+    assert_eq!(pending.map(|c| c.id), Some(id("g2")));
+    let resume = m
+        .op(
+            "resume_point (a park is pending)",
+            1,
+            store.resume_point(&g, store.now()),
+        )
+        .await
+        .unwrap();
+    assert_eq!(resume.map(|c| c.id), Some(id("g2")));
+    m.op(
+        "resolve_park",
+        2,
+        store.resolve_park(
+            &g,
+            &id("g2"),
+            ParkResolution::Answer(json!({"approve": true})),
+            store.now(),
+            fg,
+        ),
+    )
+    .await
+    .unwrap();
+    let resume = m
+        .op(
+            "resume_point (no park pending: the latest)",
+            1,
+            store.resume_point(&g, store.now()),
+        )
+        .await
+        .unwrap();
+    assert!(resume.is_some());
+    m.op("read_checkpoint", 1, store.read_checkpoint(&g, &id("g1")))
+        .await
+        .unwrap()
+        .unwrap();
+    m.op("list_checkpoints", 1, store.list_checkpoints(&g))
+        .await
+        .unwrap();
+    assert!(m
+        .op(
+            "delete_checkpoint",
+            2,
+            store.delete_checkpoint(&g, &id("g3"), fg)
+        )
+        .await
+        .unwrap());
+    m.op("prune_checkpoints", 2, store.prune_checkpoints(&g, 1, fg))
+        .await
+        .unwrap();
+    m.op(
+        "append_audit",
+        2,
+        store.append_audit(&g, &[NewAuditEvent::new("w", "step", "ok")], fg),
+    )
+    .await
+    .unwrap();
+    m.op("read_audit", 1, store.read_audit(&g, 0))
+        .await
+        .unwrap();
+    let h = scope(phase, "h");
+    let record = serde_json::Map::new();
+    let messages = [json!({"role": "user"})];
+    m.op(
+        "write_run_record (fenced)",
+        2,
+        store.write_run_record(&g, &record, fg),
+    )
+    .await
+    .unwrap();
+    m.op(
+        "write_run_record (unfenced)",
+        1,
+        store.write_run_record(&h, &record, None),
+    )
+    .await
+    .unwrap();
+    m.op(
+        "write_messages (fenced)",
+        2,
+        store.write_messages(&g, &messages, 0, fg),
+    )
+    .await
+    .unwrap();
+    m.op(
+        "write_messages (unfenced)",
+        1,
+        store.write_messages(&h, &messages, 0, None),
+    )
+    .await
+    .unwrap();
+    m.op(
+        "write_report (fenced)",
+        2,
+        store.write_report(&g, "report", fg),
+    )
+    .await
+    .unwrap();
+    m.op(
+        "write_report (unfenced)",
+        1,
+        store.write_report(&h, "report", None),
+    )
+    .await
+    .unwrap();
+    m.op("read_run_record", 1, store.read_run_record(&h))
+        .await
+        .unwrap()
+        .unwrap();
+    m.op("read_messages", 1, store.read_messages(&h))
+        .await
+        .unwrap();
+    m.op("read_report", 1, store.read_report(&h))
+        .await
+        .unwrap()
+        .unwrap();
 
     m.op("lease", 1, store.lease(&a, store.now()))
         .await

@@ -42,7 +42,7 @@ use std::time::{Duration, Instant};
 use clap::Args;
 use runkeep::{ClaimOptions, MemoryStore, RunScope, RunStore, SessionId};
 use runkeep_fs::{Durability, FsRootOptions, FsRootStore};
-use runkeep_postgres::{PgOptions, PgStore};
+use runkeep_postgres::{NotifyMode, PgOptions, PgStore};
 use serde_json::{json, Value};
 
 use crate::context::Ctx;
@@ -117,6 +117,12 @@ pub struct BenchArgs {
     )]
     pub pg_url: String,
 
+    /// How the PostgreSQL stores wake watchers: `immediate` (a NOTIFY right
+    /// after each commit) or `coalesced` (the NOTIFYs of ~2 ms in one
+    /// statement).
+    #[arg(long, value_enum, default_value_t = PgNotify::Immediate, value_name = "MODE")]
+    pub pg_notify: PgNotify,
+
     /// Repetitions of every case (default 5; 2 with --quick).
     #[arg(long, value_name = "N")]
     pub reps: Option<usize>,
@@ -141,6 +147,24 @@ pub struct BenchArgs {
     /// Print the names of the cases that would run, and stop.
     #[arg(long)]
     pub list: bool,
+}
+
+/// `--pg-notify`: the PostgreSQL stores' `NotifyMode`.
+#[derive(Clone, Copy, PartialEq, Eq, Debug, clap::ValueEnum)]
+pub enum PgNotify {
+    /// One NOTIFY right after each commit (the default).
+    Immediate,
+    /// The NOTIFYs of ~2 ms together, in one statement.
+    Coalesced,
+}
+
+impl From<PgNotify> for NotifyMode {
+    fn from(m: PgNotify) -> Self {
+        match m {
+            PgNotify::Immediate => NotifyMode::Immediate,
+            PgNotify::Coalesced => NotifyMode::Coalesced,
+        }
+    }
 }
 
 /// What the options come to.
@@ -798,9 +822,11 @@ async fn open_env(
                 }
             }
             Ok(_) => {
-                let options = |schema: String| PgOptions {
+                let notify = NotifyMode::from(args.pg_notify);
+                let options = move |schema: String| PgOptions {
                     schema,
                     pool_size: PG_POOL,
+                    notify,
                     ..PgOptions::default()
                 };
                 if needs("pg") {

@@ -1,0 +1,221 @@
+//! The run's documents (record, message snapshot, report): writes and
+//! reads.
+
+use serde_json::Value;
+
+use runkeep::evidence::{check_document_size, check_json_document};
+use runkeep::{Error, Fence, MessageSnapshot, Result, RunRecord, RunScope};
+
+use crate::pipeline::{Param, Stmt};
+use crate::row::{corrupted, i64_of, Key, KEY_COLS, KEY_WHERE};
+use crate::store::PgStore;
+use crate::tx::{Opening, Verdict, Writes};
+
+impl PgStore {
+    /// Sets one document column (`record` or `report`).
+    pub(crate) fn document_stmt(key: &Key, column: &str, value: Param) -> Stmt {
+        Stmt::new(
+            "write a document",
+            format!("UPDATE runs SET {column} = $6 WHERE {KEY_WHERE}"),
+            key.owned(vec![value]),
+        )
+    }
+
+    pub(crate) fn messages_stmt(
+        &self,
+        key: &Key,
+        messages: &[Value],
+        through: u64,
+    ) -> Result<Stmt> {
+        let v = Value::Array(messages.to_vec());
+        self.check_json("message snapshot", &v)?;
+        Ok(Stmt::new(
+            "write the message snapshot",
+            format!("UPDATE runs SET messages = $6, messages_through = $7 WHERE {KEY_WHERE}"),
+            key.owned(vec![Box::new(v), Box::new(i64_of(through))]),
+        ))
+    }
+}
+
+pub(crate) async fn write_run_record(
+    store: &PgStore,
+    scope: &RunScope,
+    record: &RunRecord,
+    fence: Option<Fence>,
+) -> Result<()> {
+    let v = serde_json::to_value(record).map_err(|e| Error::invalid(format!("run record: {e}")))?;
+    check_json_document("run record", record, record.values())?;
+    store.check_json("run record", &v)?;
+    write_document(
+        store,
+        "write_run_record",
+        scope,
+        fence,
+        &["record"],
+        vec![Box::new(v)],
+    )
+    .await
+}
+
+pub(crate) async fn read_run_record(
+    store: &PgStore,
+    scope: &RunScope,
+) -> Result<Option<RunRecord>> {
+    let key = Key::of(scope);
+    let c = store.conn("read_run_record").await?;
+    let r = store
+        .row_opt(
+            &c,
+            "read the run record",
+            &format!("SELECT record FROM runs WHERE {KEY_WHERE}"),
+            &key.params(),
+        )
+        .await?;
+    match r.and_then(|r| r.get::<_, Option<Value>>(0)) {
+        None => Ok(None),
+        Some(v) => serde_json::from_value(v)
+            .map(Some)
+            .map_err(|e| corrupted(scope, "the run record", e)),
+    }
+}
+
+pub(crate) async fn write_messages(
+    store: &PgStore,
+    scope: &RunScope,
+    messages: &[Value],
+    through_event_seq: u64,
+    fence: Option<Fence>,
+) -> Result<()> {
+    check_json_document("message snapshot", messages, messages)?;
+    let v = Value::Array(messages.to_vec());
+    store.check_json("message snapshot", &v)?;
+    let values: Vec<Param> = vec![Box::new(v), Box::new(i64_of(through_event_seq))];
+    write_document(
+        store,
+        "write_messages",
+        scope,
+        fence,
+        &["messages", "messages_through"],
+        values,
+    )
+    .await
+}
+
+pub(crate) async fn read_messages(store: &PgStore, scope: &RunScope) -> Result<MessageSnapshot> {
+    let key = Key::of(scope);
+    let c = store.conn("read_messages").await?;
+    let r = store
+        .row_opt(
+            &c,
+            "read the message snapshot",
+            &format!("SELECT messages, messages_through FROM runs WHERE {KEY_WHERE}"),
+            &key.params(),
+        )
+        .await?;
+    let Some(r) = r else {
+        return Ok(MessageSnapshot::Unavailable);
+    };
+    let messages: Option<Value> = r.get(0);
+    let through: Option<i64> = r.get(1);
+    match messages {
+        None => Ok(MessageSnapshot::Unavailable),
+        Some(Value::Array(messages)) => Ok(MessageSnapshot::Available {
+            through_event_seq: u64::try_from(through.unwrap_or(0)).unwrap_or(0),
+            messages,
+        }),
+        Some(other) => Err(corrupted(
+            scope,
+            "the message snapshot",
+            format!("not an array: {other}"),
+        )),
+    }
+}
+
+pub(crate) async fn write_report(
+    store: &PgStore,
+    scope: &RunScope,
+    report: &str,
+    fence: Option<Fence>,
+) -> Result<()> {
+    check_document_size("report", report.len())?;
+    store.check_payload("report", report.len())?;
+    if report.contains('\0') {
+        return Err(Error::invalid(
+            "report contains a NUL character, which PostgreSQL text cannot store",
+        ));
+    }
+    write_document(
+        store,
+        "write_report",
+        scope,
+        fence,
+        &["report"],
+        vec![Box::new(report.to_string())],
+    )
+    .await
+}
+
+pub(crate) async fn read_report(store: &PgStore, scope: &RunScope) -> Result<Option<String>> {
+    let key = Key::of(scope);
+    let c = store.conn("read_report").await?;
+    let r = store
+        .row_opt(
+            &c,
+            "read the report",
+            &format!("SELECT report FROM runs WHERE {KEY_WHERE}"),
+            &key.params(),
+        )
+        .await?;
+    Ok(r.and_then(|r| r.get(0)))
+}
+
+/// A document write: `columns` set to `values` (`$6`, `$7`, …).
+///
+/// Fenced: under the row lock and the fence check (the row exists then: a
+/// fence needs a holding). Unfenced: nothing to judge, so one statement on
+/// its own, an upsert that creates the run's row when absent (one round
+/// trip; its reply is its commit).
+async fn write_document(
+    store: &PgStore,
+    what: &'static str,
+    scope: &RunScope,
+    fence: Option<Fence>,
+    columns: &[&str],
+    values: Vec<Param>,
+) -> Result<()> {
+    let key = Key::of(scope);
+    let Some(fence) = fence else {
+        let names = columns.join(", ");
+        let slots: Vec<String> = (6..6 + columns.len()).map(|i| format!("${i}")).collect();
+        let set: Vec<String> = columns
+            .iter()
+            .map(|c| format!("{c} = EXCLUDED.{c}"))
+            .collect();
+        let upsert = Stmt::new(
+            "write a document",
+            format!(
+                "INSERT INTO runs ({KEY_COLS}, {names}) VALUES ($1, $2, $3, $4, $5, {}) ON CONFLICT ({KEY_COLS}) DO UPDATE SET {}",
+                slots.join(", "),
+                set.join(", ")
+            ),
+            key.owned(values),
+        );
+        return store.write_alone(what, upsert).await;
+    };
+    let set: Vec<String> = columns
+        .iter()
+        .enumerate()
+        .map(|(i, c)| format!("{c} = ${}", i + 6))
+        .collect();
+    let update = Stmt::new(
+        "write a document",
+        format!("UPDATE runs SET {} WHERE {KEY_WHERE}", set.join(", ")),
+        key.owned(values),
+    );
+    store
+        .write_locked(what, scope, Opening::default(), |l| {
+            l.run.check(scope, what, Some(fence))?;
+            Ok(Verdict::Write((), Writes::default().stmt(update)))
+        })
+        .await
+}

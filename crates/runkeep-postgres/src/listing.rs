@@ -1,0 +1,405 @@
+//! `list_runs`, the listing SQL it shares with `claim_next` (prefilters
+//! that mirror the core's rules, keyset continuation) and the `EXPLAIN`s.
+
+use tokio_postgres::types::ToSql;
+use tokio_postgres::Row;
+
+use runkeep::listing::{ListQuery, RowKey};
+use runkeep::{
+    CheckpointStore, ClaimNextFilter, Error, LeaseSummary, ListOptions, ListOrder, ListingScope,
+    Result, RunId, RunPage, RunRow, RunScope, Timestamp,
+};
+
+use crate::row::{corrupted, digest_of, lifecycle_of, top_of, RunState, CLOCK};
+use crate::store::PgStore;
+
+impl PgStore {
+    /// The query plan (`EXPLAIN`) of the first page `list_runs` would read
+    /// for `scope` and `options`: what an operator (or a test) checks for
+    /// index use.
+    pub async fn explain_list_runs(
+        &self,
+        scope: &ListingScope,
+        options: &ListOptions,
+    ) -> Result<String> {
+        let c = self.conn("explain list_runs").await?;
+        let fixed = self.fixed_now(options.now);
+        let query = ListQuery::new(scope, &options.judged_at(|| fixed.unwrap_or(self.now())))?;
+        let mut listing = Listing::of(scope, &query);
+        listing.now = fixed.map(Timestamp::as_millis);
+        let after = After::of_cursor(query.after.as_ref());
+        let fetch = i64::try_from(query.limit + 1).unwrap_or(i64::MAX);
+        let (sql, params) = listing.sql_and_params(&after, fetch, false);
+        self.explain(&c, &sql, &params).await
+    }
+
+    /// The query plan of `claim_next`'s candidate search for `scope` and
+    /// `filter` (its first, row-locking step).
+    pub async fn explain_claim_next(
+        &self,
+        scope: &ListingScope,
+        filter: &ClaimNextFilter,
+    ) -> Result<String> {
+        let c = self.conn("explain claim_next").await?;
+        let listing = Listing {
+            scope,
+            order: filter.order,
+            statuses: None,
+            claimed: Some(false),
+            parks: filter.park.is_some(),
+            runnable: true,
+            now: self.fixed_now(None).map(Timestamp::as_millis),
+        };
+        let (sql, params) = listing.sql_and_params(&After::None, 1, true);
+        self.explain(&c, &sql, &params).await
+    }
+
+    /// The instant a statement judges at when it is not the server's
+    /// clock: the caller's, else the test clock's.
+    pub(crate) fn fixed_now(&self, given: Option<Timestamp>) -> Option<Timestamp> {
+        given.or_else(|| self.options.clock.as_ref().map(|c| c.now()))
+    }
+
+    /// The instant a listing statement judged at (its last column); the
+    /// offset to the server is kept when it was the server's clock.
+    pub(crate) fn listed_now(&self, r: &Row, fixed: Option<Timestamp>) -> Result<Timestamp> {
+        let ms: i64 = r.get(r.len() - 1);
+        let now = Timestamp::from_millis(ms)
+            .map_err(|e| Error::corrupted(format!("the server clock is out of range: {e}")))?;
+        if fixed.is_none() {
+            self.note_server_now(now);
+        }
+        Ok(now)
+    }
+}
+
+/// The listing's SQL: scope prefix, the filters SQL can judge exactly
+/// (status, claimed, "has a park" as a prefilter), keyset continuation and
+/// the order (the core's `RowKey`, then project and session).
+pub(crate) struct Listing<'a> {
+    pub(crate) scope: &'a ListingScope,
+    pub(crate) order: ListOrder,
+    pub(crate) statuses: Option<Vec<String>>,
+    pub(crate) claimed: Option<bool>,
+    pub(crate) parks: bool,
+    pub(crate) runnable: bool,
+    /// The instant the filters use; `None`: the server's clock, read once
+    /// by the statement (and answered in its last column).
+    pub(crate) now: Option<i64>,
+}
+
+impl<'a> Listing<'a> {
+    /// The listing a validated query asks for (not restricted to runnable
+    /// runs): what `list_runs` and its `EXPLAIN` share.
+    pub(crate) fn of(scope: &'a ListingScope, query: &ListQuery) -> Self {
+        Listing {
+            scope,
+            order: query.order,
+            statuses: query
+                .status
+                .as_ref()
+                .map(|v| v.iter().map(|s| s.as_str().to_string()).collect()),
+            claimed: query.claimed,
+            parks: query.park.is_some(),
+            runnable: false,
+            now: Some(query.now.as_millis()),
+        }
+    }
+}
+
+pub(crate) enum After {
+    None,
+    /// The user's cursor: strictly after this `RowKey`.
+    Cursor(RowKey),
+    /// Our own continuation: strictly after this row (key, project, session).
+    Row(RowKey, String, String),
+}
+
+impl After {
+    /// Where a user's cursor continues: strictly after its key, and after
+    /// its project and session too when it carries them (the core's
+    /// tie-break between runs of one id in different sessions).
+    pub(crate) fn of_cursor(key: Option<&RowKey>) -> Self {
+        match key {
+            None => After::None,
+            Some(k) if k.has_tie() => After::Row(k.clone(), k.project.clone(), k.session.clone()),
+            Some(k) => After::Cursor(k.clone()),
+        }
+    }
+}
+
+impl Listing<'_> {
+    const COLS: &'static str = "project_id, session_id, run_id, parent_id, top_kind, top_fence, holder, expires_at, lifecycle, digest";
+    /// The rest of the row's state, read with a candidate `claim_next`
+    /// locks (what a claim writes back).
+    const STATE_COLS: &'static str =
+        "last_seq, last_audit_seq, record IS NOT NULL, messages IS NOT NULL, report IS NOT NULL";
+
+    /// The statement: `COLS` (then `STATE_COLS` when it locks), then the
+    /// instant it judged at, in epoch ms (the last column: `now`, or the
+    /// server's clock read once at its start).
+    pub(crate) fn sql_and_params(
+        &self,
+        after: &After,
+        limit: i64,
+        lock: bool,
+    ) -> (String, Vec<Box<dyn ToSql + Sync + Send>>) {
+        let mut params: Vec<Box<dyn ToSql + Sync + Send>> = Vec::new();
+        let push = |p: Box<dyn ToSql + Sync + Send>,
+                    params: &mut Vec<Box<dyn ToSql + Sync + Send>>| {
+            params.push(p);
+            format!("${}", params.len())
+        };
+        let clock = format!(
+            "WITH clock AS (SELECT coalesce({}::bigint, {CLOCK}) AS now_ms) ",
+            push(Box::new(self.now), &mut params)
+        );
+        let mut wh = vec![format!(
+            "tenant_id = {}",
+            push(Box::new(self.scope.tenant_id().to_string()), &mut params)
+        )];
+        if let Some(p) = self.scope.project_id() {
+            wh.push(format!(
+                "project_id = {}",
+                push(Box::new(p.to_string()), &mut params)
+            ));
+        }
+        if let Some(s) = self.scope.session_id() {
+            wh.push(format!(
+                "session_id = {}",
+                push(Box::new(s.to_string()), &mut params)
+            ));
+        }
+        wh.push("checkpoint_count > 0".into());
+        let now = "(SELECT now_ms FROM clock)";
+        if self.runnable {
+            wh.push("status = 'active'".into());
+            wh.push(format!("(available_at IS NULL OR available_at <= {now})"));
+        }
+        if let Some(st) = &self.statuses {
+            wh.push(format!(
+                "status = ANY({}::text[])",
+                push(Box::new(st.clone()), &mut params)
+            ));
+        }
+        // Held live ⇔ a lease whose expiry is after the instant (the core's
+        // `is_expired`: the boundary counts as expired).
+        match self.claimed {
+            Some(true) => wh.push(format!("(top_kind = 1 AND expires_at > {now})")),
+            Some(false) => wh.push(format!(
+                "(top_kind IS DISTINCT FROM 1 OR expires_at <= {now})"
+            )),
+            None => {}
+        }
+        if self.parks {
+            wh.push("park_count > 0".into());
+        }
+        let (key_cols, order_by) = match self.order {
+            ListOrder::RunId => (
+                "run_id, parent_id",
+                "run_id, parent_id, project_id, session_id",
+            ),
+            ListOrder::CreatedAt => (
+                "created_rank, created_stamp, run_id, parent_id",
+                "created_rank, created_stamp, run_id, parent_id, project_id, session_id",
+            ),
+        };
+        let key_vals =
+            |k: &RowKey, params: &mut Vec<Box<dyn ToSql + Sync + Send>>| -> Vec<String> {
+                let mut v = Vec::new();
+                if self.order == ListOrder::CreatedAt {
+                    v.push(format!(
+                        "{}::smallint",
+                        push(Box::new(i16::from(k.rank)), params)
+                    ));
+                    v.push(format!("{}::bigint", push(Box::new(k.stamp), params)));
+                }
+                v.push(format!(
+                    "{}::text",
+                    push(Box::new(k.run_id.clone()), params)
+                ));
+                v.push(format!(
+                    "{}::text",
+                    push(Box::new(k.parent.clone()), params)
+                ));
+                v
+            };
+        match after {
+            After::None => {}
+            After::Cursor(k) => {
+                let vals = key_vals(k, &mut params);
+                wh.push(format!("({key_cols}) > ({})", vals.join(", ")));
+            }
+            After::Row(k, p, s) => {
+                let mut vals = key_vals(k, &mut params);
+                vals.push(format!("{}::text", push(Box::new(p.clone()), &mut params)));
+                vals.push(format!("{}::text", push(Box::new(s.clone()), &mut params)));
+                wh.push(format!("({order_by}) > ({})", vals.join(", ")));
+            }
+        }
+        let limit = format!("{}::bigint", push(Box::new(limit), &mut params));
+        let sql = format!(
+            "{clock}SELECT {}{}, {now} FROM runs WHERE {} ORDER BY {order_by} LIMIT {limit}{}",
+            Self::COLS,
+            if lock {
+                format!(", {}", Self::STATE_COLS)
+            } else {
+                String::new()
+            },
+            wh.join(" AND "),
+            if lock {
+                " FOR UPDATE OF runs SKIP LOCKED"
+            } else {
+                ""
+            }
+        );
+        (sql, params)
+    }
+}
+
+/// A listing row from a `Listing::COLS` row, plus its scope and state.
+pub(crate) fn listed_row(
+    tenant: &runkeep::TenantId,
+    r: &Row,
+    now: Timestamp,
+) -> Result<(RunScope, RunState, RunRow)> {
+    let project: String = r.get(0);
+    let session: String = r.get(1);
+    let run: String = r.get(2);
+    let parent: String = r.get(3);
+    let mut scope = RunScope::new(
+        tenant.clone(),
+        project
+            .parse()
+            .map_err(|e| Error::corrupted(format!("a stored project id: {e}")))?,
+        session
+            .parse()
+            .map_err(|e| Error::corrupted(format!("a stored session id: {e}")))?,
+        run.parse()
+            .map_err(|e| Error::corrupted(format!("a stored run id: {e}")))?,
+    );
+    if !parent.is_empty() {
+        scope = scope.with_parent(
+            parent
+                .parse::<RunId>()
+                .map_err(|e| Error::corrupted(format!("a stored parent id: {e}")))?,
+        );
+    }
+    let top = top_of(&scope, r, 4);
+    let lifecycle = lifecycle_of(&scope, r.get(8));
+    let digest = digest_of(&scope, r.get(9));
+    let built = (|| -> Result<(RunState, RunRow)> {
+        let top = top?;
+        let lifecycle = lifecycle?;
+        let digest = digest?;
+        let row = digest
+            .as_ref()
+            .and_then(|d| d.row(scope.clone(), top.as_ref(), now))
+            .map(|row| row.with_lifecycle(&lifecycle))
+            .ok_or_else(|| corrupted(&scope, "the digest", "listed without checkpoints"))?;
+        Ok((
+            RunState {
+                top,
+                lifecycle,
+                digest,
+                ..RunState::default()
+            },
+            row,
+        ))
+    })();
+    match built {
+        Ok((state, row)) => Ok((scope, state, row)),
+        Err(e) => {
+            let claim: Option<LeaseSummary> =
+                top_of(&scope, r, 4).ok().flatten().map(|t| t.summary(now));
+            let row = RunRow::damaged(scope.clone(), &e, claim);
+            Ok((scope, RunState::default(), row))
+        }
+    }
+}
+
+/// The rest of a locked candidate's state (`Listing::STATE_COLS`, after
+/// `Listing::COLS`).
+pub(crate) fn fill_state(state: &mut RunState, r: &Row) {
+    let last_seq: i64 = r.get(10);
+    let last_audit: i64 = r.get(11);
+    state.last_seq = u64::try_from(last_seq).unwrap_or(0);
+    state.last_audit = u64::try_from(last_audit).unwrap_or(0);
+    state.has_record = r.get(12);
+    state.has_messages = r.get(13);
+    state.has_report = r.get(14);
+}
+
+impl PgStore {
+    pub(crate) async fn explain(
+        &self,
+        c: &deadpool_postgres::Object,
+        sql: &str,
+        params: &[Box<dyn ToSql + Sync + Send>],
+    ) -> Result<String> {
+        let rs = self
+            .rows(c, "explain", &format!("EXPLAIN {sql}"), &params_ref(params))
+            .await?;
+        Ok(rs
+            .iter()
+            .map(|r| r.get::<_, String>(0))
+            .collect::<Vec<_>>()
+            .join("\n"))
+    }
+}
+
+pub(crate) fn params_ref(p: &[Box<dyn ToSql + Sync + Send>]) -> Vec<&(dyn ToSql + Sync)> {
+    p.iter()
+        .map(|b| b.as_ref() as &(dyn ToSql + Sync))
+        .collect()
+}
+
+pub(crate) async fn list_runs(
+    store: &PgStore,
+    scope: &ListingScope,
+    options: &ListOptions,
+) -> Result<RunPage> {
+    let c = store.conn("list_runs").await?;
+    // The instant: the caller's (or the test clock's), else the
+    // server's, read by the listing statement itself (one round trip).
+    let fixed = store.fixed_now(options.now);
+    let mut query = ListQuery::new(scope, &options.judged_at(|| fixed.unwrap_or(store.now())))?;
+    let mut listing = Listing::of(scope, &query);
+    listing.now = fixed.map(Timestamp::as_millis);
+    let mut judged = fixed;
+    let fetch = i64::try_from(query.limit + 1).unwrap_or(i64::MAX);
+    let mut after = After::of_cursor(query.after.as_ref());
+    let mut out: Vec<(RowKey, RunRow)> = Vec::new();
+    loop {
+        let (sql, params) = listing.sql_and_params(&after, fetch, false);
+        let rs = store
+            .rows(&c, "list runs", &sql, &params_ref(&params))
+            .await?;
+        let n = rs.len();
+        for r in &rs {
+            if judged.is_none() {
+                let now = store.listed_now(r, fixed)?;
+                query = ListQuery::new(scope, &options.judged_at(|| now))?;
+                listing.now = Some(now.as_millis());
+                judged = Some(now);
+            }
+            let (s, _, row) = listed_row(scope.tenant_id(), r, query.now)?;
+            let k = row.key(query.order);
+            after = After::Row(
+                k.clone(),
+                s.project_id.to_string(),
+                s.session_id.to_string(),
+            );
+            if query.is_after_cursor(&k) && query.matches(&row) {
+                out.push((k, row));
+            }
+            if out.len() > query.limit {
+                break;
+            }
+        }
+        if out.len() > query.limit || i64::try_from(n).unwrap_or(0) < fetch {
+            break;
+        }
+    }
+    Ok(query.page_from_sorted(out))
+}

@@ -1,0 +1,328 @@
+//! A run's row: its key columns, the state columns the core judges
+//! ([`RunState`]), and their mapping to and from the core's types; the
+//! `UPDATE` that saves a judged row.
+
+use deadpool_postgres::GenericClient;
+use serde_json::{Map, Value};
+use tokio_postgres::types::ToSql;
+use tokio_postgres::Row;
+
+use runkeep::lease::check_write_fence;
+use runkeep::{
+    Checkpoint, Error, Fence, Holder, Lifecycle, Result, RunDigest, RunScope, Timestamp, TopHolding,
+};
+
+use crate::pipeline::{Param, Stmt};
+use crate::store::PgStore;
+
+/// The columns of a run's row that its operations decide with.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct RunState {
+    pub(crate) top: Option<TopHolding>,
+    pub(crate) lifecycle: Lifecycle,
+    pub(crate) digest: Option<RunDigest>,
+    pub(crate) last_seq: u64,
+    pub(crate) last_audit: u64,
+    pub(crate) has_record: bool,
+    pub(crate) has_messages: bool,
+    pub(crate) has_report: bool,
+}
+
+impl RunState {
+    pub(crate) fn check(
+        &self,
+        scope: &RunScope,
+        operation: &'static str,
+        fence: Option<Fence>,
+    ) -> Result<()> {
+        match fence {
+            Some(f) => check_write_fence(&scope.run_id, operation, f, self.top.as_ref()),
+            None => Ok(()),
+        }
+    }
+
+    pub(crate) fn checkpoint_count(&self) -> u64 {
+        self.digest.as_ref().map_or(0, |d| d.checkpoint_count)
+    }
+
+    /// The run has any state at all (as `MemoryStore` judges it).
+    pub(crate) fn exists(&self) -> bool {
+        self.checkpoint_count() > 0 || self.top.is_some() || self.last_seq > 0 || self.has_record
+    }
+
+    /// Nothing was ever stored (a row a write of nothing left).
+    pub(crate) fn is_blank(&self) -> bool {
+        !self.exists()
+            && !self.has_messages
+            && !self.has_report
+            && self.last_audit == 0
+            && self.lifecycle == Lifecycle::default()
+    }
+}
+
+/// The five key columns of a run.
+pub(crate) struct Key {
+    pub(crate) tenant: String,
+    pub(crate) project: String,
+    pub(crate) session: String,
+    pub(crate) run: String,
+    pub(crate) parent: String,
+}
+
+impl Key {
+    pub(crate) fn of(scope: &RunScope) -> Self {
+        Self {
+            tenant: scope.tenant_id.to_string(),
+            project: scope.project_id.to_string(),
+            session: scope.session_id.to_string(),
+            run: scope.run_id.to_string(),
+            parent: scope
+                .parent_run_id
+                .as_ref()
+                .map(|p| p.to_string())
+                .unwrap_or_default(),
+        }
+    }
+
+    pub(crate) fn params(&self) -> Vec<&(dyn ToSql + Sync)> {
+        vec![
+            &self.tenant,
+            &self.project,
+            &self.session,
+            &self.run,
+            &self.parent,
+        ]
+    }
+
+    pub(crate) fn with<'a>(
+        &'a self,
+        more: &[&'a (dyn ToSql + Sync)],
+    ) -> Vec<&'a (dyn ToSql + Sync)> {
+        let mut p = self.params();
+        p.extend_from_slice(more);
+        p
+    }
+
+    /// The key as owned parameters `$1`..`$5`, then `more`.
+    pub(crate) fn owned(&self, more: Vec<Param>) -> Vec<Param> {
+        let mut p: Vec<Param> = vec![
+            Box::new(self.tenant.clone()),
+            Box::new(self.project.clone()),
+            Box::new(self.session.clone()),
+            Box::new(self.run.clone()),
+            Box::new(self.parent.clone()),
+        ];
+        p.extend(more);
+        p
+    }
+}
+
+pub(crate) const KEY_WHERE: &str =
+    "tenant_id = $1 AND project_id = $2 AND session_id = $3 AND run_id = $4 AND parent_id = $5";
+pub(crate) const KEY_COLS: &str = "tenant_id, project_id, session_id, run_id, parent_id";
+pub(crate) const STATE_COLS: &str = "top_kind, top_fence, holder, expires_at, lifecycle, digest, last_seq, last_audit_seq, record IS NOT NULL, messages IS NOT NULL, report IS NOT NULL";
+/// The server's clock in epoch milliseconds.
+pub(crate) const CLOCK: &str = "floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint";
+pub(crate) const NOW_SQL: &str =
+    "SELECT floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint";
+
+pub(crate) fn sql_lock() -> String {
+    format!("SELECT {STATE_COLS} FROM runs WHERE {KEY_WHERE} FOR UPDATE")
+}
+pub(crate) fn sql_state() -> String {
+    format!("SELECT {STATE_COLS} FROM runs WHERE {KEY_WHERE}")
+}
+pub(crate) fn sql_ensure() -> String {
+    format!("INSERT INTO runs ({KEY_COLS}) VALUES ($1, $2, $3, $4, $5) ON CONFLICT DO NOTHING")
+}
+/// Read after the lock, in a statement of its own (so its snapshot is taken
+/// once the lock is held): the clock (`$6` when the test clock decides,
+/// else the server's) and whether checkpoint `$7` exists.
+pub(crate) fn sql_after_lock() -> String {
+    format!(
+        "SELECT coalesce($6::bigint, {CLOCK}), EXISTS (SELECT 1 FROM checkpoints WHERE {KEY_WHERE} AND checkpoint_id = $7::text)"
+    )
+}
+pub(crate) fn sql_headers() -> String {
+    format!("SELECT header FROM checkpoints WHERE {KEY_WHERE}")
+}
+pub(crate) fn sql_save() -> String {
+    format!(
+        "UPDATE runs SET top_kind = $6, top_fence = $7, holder = $8, expires_at = $9, lifecycle = $10, status = $11, available_at = $12, digest = $13, checkpoint_count = $14, created_rank = $15, created_stamp = $16, park_count = $17, last_seq = $18, last_audit_seq = $19 WHERE {KEY_WHERE}"
+    )
+}
+
+pub(crate) fn corrupted(scope: &RunScope, what: &str, e: impl std::fmt::Display) -> Error {
+    Error::corrupted(format!(
+        "run {} in PostgreSQL: {what} does not parse: {e}",
+        scope.run_id
+    ))
+}
+
+pub(crate) fn ts(scope: &RunScope, what: &str, ms: i64) -> Result<Timestamp> {
+    Timestamp::from_millis(ms).map_err(|e| corrupted(scope, what, e))
+}
+
+pub(crate) fn fence_of(scope: &RunScope, what: &str, v: i64) -> Result<Fence> {
+    u64::try_from(v)
+        .map_err(|e| corrupted(scope, what, e))
+        .and_then(|v| Fence::new(v).map_err(|e| corrupted(scope, what, e)))
+}
+
+pub(crate) fn i64_of(v: u64) -> i64 {
+    i64::try_from(v).unwrap_or(i64::MAX)
+}
+
+pub(crate) fn top_of(scope: &RunScope, row: &Row, base: usize) -> Result<Option<TopHolding>> {
+    let kind: Option<i16> = row.get(base);
+    let fence: Option<i64> = row.get(base + 1);
+    match (kind, fence) {
+        (None, _) => Ok(None),
+        (Some(1), Some(f)) => {
+            let holder: Option<String> = row.get(base + 2);
+            let expires: Option<i64> = row.get(base + 3);
+            Ok(Some(TopHolding::Lease {
+                fence: fence_of(scope, "the lease fence", f)?,
+                holder: Holder::new(holder.unwrap_or_default())
+                    .map_err(|e| corrupted(scope, "the lease holder", e))?,
+                expires_at: ts(scope, "the lease expiry", expires.unwrap_or(0))?,
+            }))
+        }
+        (Some(2), Some(f)) => Ok(Some(TopHolding::Released {
+            fence: fence_of(scope, "the tombstone fence", f)?,
+        })),
+        (k, f) => Err(corrupted(scope, "the top holding", format!("{k:?}/{f:?}"))),
+    }
+}
+
+pub(crate) fn lifecycle_of(scope: &RunScope, v: Option<Value>) -> Result<Lifecycle> {
+    match v {
+        None => Ok(Lifecycle::default()),
+        Some(v) => serde_json::from_value(v).map_err(|e| corrupted(scope, "the lifecycle", e)),
+    }
+}
+
+pub(crate) fn digest_of(scope: &RunScope, v: Option<Value>) -> Result<Option<RunDigest>> {
+    v.map(|v| serde_json::from_value(v).map_err(|e| corrupted(scope, "the digest", e)))
+        .transpose()
+}
+
+pub(crate) fn state_of(scope: &RunScope, row: &Row) -> Result<RunState> {
+    let last_seq: i64 = row.get(6);
+    let last_audit: i64 = row.get(7);
+    Ok(RunState {
+        top: top_of(scope, row, 0)?,
+        lifecycle: lifecycle_of(scope, row.get(4))?,
+        digest: digest_of(scope, row.get(5))?,
+        last_seq: u64::try_from(last_seq).unwrap_or(0),
+        last_audit: u64::try_from(last_audit).unwrap_or(0),
+        has_record: row.get(8),
+        has_messages: row.get(9),
+        has_report: row.get(10),
+    })
+}
+
+pub(crate) fn checkpoint_of(scope: &RunScope, body: Value) -> Result<Checkpoint> {
+    match body {
+        Value::Object(obj) => {
+            Checkpoint::from_json(obj).map_err(|e| corrupted(scope, "a checkpoint", e))
+        }
+        other => Err(corrupted(
+            scope,
+            "a checkpoint",
+            format!("not an object: {other}"),
+        )),
+    }
+}
+
+pub(crate) fn object(v: Value) -> Map<String, Value> {
+    match v {
+        Value::Object(m) => m,
+        _ => Map::new(),
+    }
+}
+
+impl PgStore {
+    pub(crate) async fn read_state<C: GenericClient + Sync>(
+        &self,
+        c: &C,
+        scope: &RunScope,
+        key: &Key,
+    ) -> Result<Option<RunState>> {
+        match self
+            .row_opt(c, "read the run row", &sql_state(), &key.params())
+            .await?
+        {
+            Some(r) => Ok(Some(state_of(scope, &r)?)),
+            None => Ok(None),
+        }
+    }
+
+    /// The `UPDATE` that writes `run` back to its row.
+    pub(crate) fn save_stmt(key: &Key, run: &RunState) -> Result<Stmt> {
+        let (kind, fence, holder, expires): (
+            Option<i16>,
+            Option<i64>,
+            Option<String>,
+            Option<i64>,
+        ) = match &run.top {
+            None => (None, None, None, None),
+            Some(TopHolding::Lease {
+                fence,
+                holder,
+                expires_at,
+            }) => (
+                Some(1),
+                Some(i64_of(fence.get())),
+                Some(holder.as_str().to_string()),
+                Some(expires_at.as_millis()),
+            ),
+            Some(TopHolding::Released { fence } | TopHolding::Unreadable { fence }) => {
+                (Some(2), Some(i64_of(fence.get())), None, None)
+            }
+        };
+        let lifecycle = if run.lifecycle == Lifecycle::default() {
+            None
+        } else {
+            Some(
+                serde_json::to_value(&run.lifecycle)
+                    .map_err(|e| Error::backend("encode the lifecycle", e))?,
+            )
+        };
+        let status = run.lifecycle.status.as_str().to_string();
+        let available: Option<i64> = run.lifecycle.available_at.map(Timestamp::as_millis);
+        let digest = match &run.digest {
+            Some(d) if d.checkpoint_count > 0 => {
+                Some(serde_json::to_value(d).map_err(|e| Error::backend("encode the digest", e))?)
+            }
+            _ => None,
+        };
+        let d = run.digest.as_ref().filter(|d| d.checkpoint_count > 0);
+        let count = i64_of(d.map_or(0, |d| d.checkpoint_count));
+        let rank: i16 = i16::from(d.and_then(|d| d.run_created_at).is_some());
+        let stamp: i64 = d
+            .and_then(|d| d.run_created_at)
+            .map_or(0, Timestamp::as_millis);
+        let parks: i32 = d.map_or(0, |d| i32::try_from(d.parks.len()).unwrap_or(i32::MAX));
+        Ok(Stmt::new(
+            "save the run row",
+            sql_save(),
+            key.owned(vec![
+                Box::new(kind),
+                Box::new(fence),
+                Box::new(holder),
+                Box::new(expires),
+                Box::new(lifecycle),
+                Box::new(status),
+                Box::new(available),
+                Box::new(digest),
+                Box::new(count),
+                Box::new(rank),
+                Box::new(stamp),
+                Box::new(parks),
+                Box::new(i64_of(run.last_seq)),
+                Box::new(i64_of(run.last_audit)),
+            ]),
+        ))
+    }
+}

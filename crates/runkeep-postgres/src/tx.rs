@@ -1,0 +1,496 @@
+//! Transactions: prepared pipelines, `BEGIN` with the row lock and clock
+//! in one round trip, the writes with `COMMIT` in one more, and the
+//! reply-timeout errors.
+
+use deadpool_postgres::GenericClient;
+use std::sync::atomic::Ordering;
+use tokio_postgres::types::ToSql;
+
+use tokio_postgres::Row;
+
+use runkeep::{Checkpoint, Error, Result, RunScope, Timestamp};
+
+use crate::error::{map_commit, map_pg};
+use crate::options::NotifyMode;
+use crate::pipeline::{self, Stmt, Tx};
+use crate::row::{sql_after_lock, sql_ensure, sql_lock, state_of, Key, RunState};
+use crate::store::PgStore;
+use crate::wake;
+
+/// What a transaction reads in the round trip that begins it.
+#[derive(Default)]
+pub(crate) struct Opening<'a> {
+    /// Create the run's row first: writes that may create a run (never a
+    /// fenced one: a fence needs a holding, so the row exists).
+    pub(crate) create: bool,
+    /// Read the instant every judgement uses (after the lock).
+    pub(crate) clock: bool,
+    /// Whether this checkpoint exists (what the digest needs to know).
+    pub(crate) checkpoint: Option<&'a str>,
+    /// Statements to run after those, under the lock.
+    pub(crate) more: Vec<Stmt>,
+}
+
+/// What [`PgStore::open`] read.
+pub(crate) struct Opened {
+    /// The run's row; `None` when absent.
+    pub(crate) state: Option<RunState>,
+    /// The judging instant (the test clock's, or the server's read after
+    /// the lock); only when asked for.
+    pub(crate) now: Option<Timestamp>,
+    /// The asked-for checkpoint exists.
+    pub(crate) checkpoint_exists: bool,
+    /// The rows of [`Opening::more`], in order.
+    pub(crate) more: Vec<Vec<Row>>,
+}
+
+impl Opened {
+    pub(crate) fn now(&self) -> Timestamp {
+        self.now.unwrap_or(Timestamp::EPOCH)
+    }
+}
+
+/// The run's row as a judge sees it: locked, with what the opening read.
+pub(crate) struct Locked {
+    /// The run's key columns.
+    pub(crate) key: Key,
+    /// The row existed when it was locked.
+    pub(crate) found: bool,
+    /// The row's state (the default when it did not exist); what is saved
+    /// when the verdict asks for it.
+    pub(crate) run: RunState,
+    /// The judging instant ([`Opened::now`]).
+    pub(crate) now: Timestamp,
+    /// The checkpoint named in the opening exists.
+    pub(crate) checkpoint_exists: bool,
+    /// The rows of [`Opening::more`], in order.
+    pub(crate) more: Vec<Vec<Row>>,
+}
+
+/// What a judge decided, with the caller's answer.
+pub(crate) enum Verdict<T> {
+    /// Nothing to write: the transaction rolls back, unwaited.
+    Keep(T),
+    /// These writes, then `COMMIT`.
+    Write(T, Writes),
+}
+
+/// The writes a verdict sends with `COMMIT`, in order.
+#[derive(Default)]
+pub(crate) struct Writes {
+    stmts: Vec<Stmt>,
+    /// A checkpoint to store (already stamped), where it goes among the
+    /// statements, and whether one with its id exists.
+    checkpoint: Option<(usize, Box<Checkpoint>, bool)>,
+    /// Save the judged row last.
+    save: bool,
+    /// Notify the change (`Some(new events)`) right after the `COMMIT`.
+    notify: Option<bool>,
+}
+
+impl Writes {
+    /// A statement, after those already given.
+    pub(crate) fn stmt(mut self, s: Stmt) -> Self {
+        self.stmts.push(s);
+        self
+    }
+
+    /// Statements, after those already given.
+    pub(crate) fn stmts(mut self, s: impl IntoIterator<Item = Stmt>) -> Self {
+        self.stmts.extend(s);
+        self
+    }
+
+    /// Stores `stored` here, keeping the row's digest (which may take one
+    /// more round trip to read the headers: [`PgStore::checkpoint_stmt`]).
+    pub(crate) fn checkpoint(mut self, stored: Checkpoint, exists: bool) -> Self {
+        self.checkpoint = Some((self.stmts.len(), Box::new(stored), exists));
+        self
+    }
+
+    /// Saves the judged row (after every other write).
+    pub(crate) fn save(mut self) -> Self {
+        self.save = true;
+        self
+    }
+
+    /// Wakes the run's watchers after the `COMMIT` (`events`: it has new
+    /// events).
+    pub(crate) fn notify(mut self, events: bool) -> Self {
+        self.notify = Some(events);
+        self
+    }
+}
+
+impl PgStore {
+    /// Every write on one run's row: `BEGIN`, the row lock and what
+    /// `opening` asks for (the clock, a checkpoint's existence, more reads)
+    /// in one round trip; then `judge`, the core's rule, on the locked row;
+    /// then its writes (and the saved row) with `COMMIT` in one more (a
+    /// checkpoint whose digest needs the headers adds one read between).
+    /// A judge that refuses, or keeps, rolls back without waiting.
+    pub(crate) async fn write_locked<T>(
+        &self,
+        what: &'static str,
+        scope: &RunScope,
+        opening: Opening<'_>,
+        judge: impl FnOnce(&mut Locked) -> Result<Verdict<T>>,
+    ) -> Result<T> {
+        let key = Key::of(scope);
+        let (tx, o) = self.open(what, scope, &key, opening).await?;
+        let now = o.now();
+        let mut locked = Locked {
+            key,
+            found: o.state.is_some(),
+            run: o.state.unwrap_or_default(),
+            now,
+            checkpoint_exists: o.checkpoint_exists,
+            more: o.more,
+        };
+        let (value, w) = match judge(&mut locked)? {
+            Verdict::Keep(v) => return Ok(v),
+            Verdict::Write(v, w) => (v, w),
+        };
+        let mut stmts = w.stmts;
+        if let Some((at, stored, exists)) = w.checkpoint {
+            let s = self
+                .checkpoint_stmt(&tx, what, scope, &mut locked.run, &stored, exists)
+                .await?;
+            stmts.insert(at, s);
+        }
+        if w.save {
+            stmts.push(Self::save_stmt(&locked.key, &locked.run)?);
+        }
+        match w.notify {
+            Some(events) => self.commit_notify(tx, what, stmts, scope, events).await?,
+            None => self.commit(tx, what, stmts).await?,
+        }
+        Ok(value)
+    }
+}
+
+impl PgStore {
+    /// `Unavailable`: a statement got no reply within `reply_timeout`.
+    pub(crate) fn no_reply(&self, what: &str) -> Error {
+        Error::Unavailable {
+            message: format!(
+                "PostgreSQL: {what}: no reply within {} ms (PgOptions::reply_timeout; a partition, or an overloaded server); nothing was committed; retry",
+                self.options.reply_timeout.as_millis()
+            ),
+            source: None,
+        }
+    }
+
+    /// `Unavailable`, outcome unknown: `COMMIT` was sent, no reply came.
+    pub(crate) fn commit_unanswered(&self, what: &str) -> Error {
+        Error::outcome_unknown(
+            format!(
+                "PostgreSQL: {what}: commit: COMMIT was sent but no reply came within {} ms (PgOptions::reply_timeout); the change may or may not be stored: read it back before repeating it",
+                self.options.reply_timeout.as_millis()
+            ),
+            std::io::Error::from(std::io::ErrorKind::TimedOut),
+        )
+    }
+
+    /// Prepares `stmts` on `c` (one round trip only for those the
+    /// connection has not prepared yet).
+    pub(crate) async fn prepare(
+        &self,
+        c: &deadpool_postgres::Object,
+        what: &str,
+        stmts: &[Stmt],
+    ) -> Result<Vec<tokio_postgres::Statement>> {
+        match tokio::time::timeout(self.options.reply_timeout, pipeline::prepare(c, stmts)).await {
+            Ok(Ok(p)) => Ok(p),
+            Ok(Err((i, e))) => Err(map_pg(&format!("{what}: {}: prepare", stmts[i].what), e)),
+            Err(_) => Err(self.no_reply(&format!("{what}: prepare"))),
+        }
+    }
+
+    /// The rows of every statement, or the first statement's error (the
+    /// ones after it only fail because the transaction was aborted).
+    pub(crate) fn replies(
+        what: &str,
+        stmts: &[Stmt],
+        replies: impl Iterator<Item = pipeline::Reply>,
+    ) -> Result<Vec<Vec<Row>>> {
+        stmts
+            .iter()
+            .zip(replies)
+            .map(|(s, r)| r.map_err(|e| map_pg(&format!("{what}: {}", s.what), e)))
+            .collect()
+    }
+
+    /// Begins a transaction with `stmts`: `BEGIN` and the statements in one
+    /// round trip. Answers the open transaction and every statement's rows.
+    pub(crate) async fn begin(
+        &self,
+        what: &'static str,
+        stmts: Vec<Stmt>,
+    ) -> Result<(Tx, Vec<Vec<Row>>)> {
+        let conn = self.conn(what).await?;
+        // Outside the transaction: a failed prepare leaves nothing open.
+        let prepared = self.prepare(&conn, what, &stmts).await?;
+        let tx = Tx::new(conn, self.options.reply_timeout);
+        let sent = tokio::time::timeout(
+            self.options.reply_timeout,
+            pipeline::send(tx.conn(), true, &stmts, &prepared, false, None),
+        )
+        .await
+        .map_err(|_| self.no_reply(&format!("{what}: begin")))?;
+        let mut replies = sent.into_iter();
+        if let Some(Err(e)) = replies.next() {
+            return Err(map_pg(&format!("{what}: begin"), e));
+        }
+        let rows = Self::replies(what, &stmts, replies)?;
+        Ok((tx, rows))
+    }
+
+    /// More statements in the open transaction, in one round trip.
+    pub(crate) async fn run(&self, tx: &Tx, what: &str, stmts: Vec<Stmt>) -> Result<Vec<Vec<Row>>> {
+        let prepared = self.prepare(tx.conn(), what, &stmts).await?;
+        let sent = tokio::time::timeout(
+            self.options.reply_timeout,
+            pipeline::send(tx.conn(), false, &stmts, &prepared, false, None),
+        )
+        .await
+        .map_err(|_| self.no_reply(what))?;
+        Self::replies(what, &stmts, sent.into_iter())
+    }
+
+    /// The writes and `COMMIT` in one round trip. A write the server
+    /// refuses rolls everything back (its error is answered); a fault while
+    /// `COMMIT` is in flight (any connection fault of this round trip: the
+    /// writes and `COMMIT` left together) leaves the outcome unknown.
+    pub(crate) async fn commit(&self, tx: Tx, what: &str, stmts: Vec<Stmt>) -> Result<()> {
+        self.commit_then(tx, what, stmts, None).await
+    }
+
+    /// [`Self::commit`], with the change of `scope` notified right after
+    /// the `COMMIT` (module `wake`): sent with it, not waited for.
+    pub(crate) async fn commit_notify(
+        &self,
+        tx: Tx,
+        what: &str,
+        stmts: Vec<Stmt>,
+        scope: &RunScope,
+        events: bool,
+    ) -> Result<()> {
+        let payload = wake::payload(scope, events);
+        if self.options.notify == NotifyMode::Coalesced {
+            if let Some(queue) = self.coalescer() {
+                self.commit(tx, what, stmts).await?;
+                // Queued only once committed; the task sends it shortly.
+                let _ = queue.send(payload);
+                return Ok(());
+            }
+            // No runtime to run the task on: notify as Immediate does.
+        }
+        let notify = Stmt::new(
+            "notify",
+            wake::NOTIFY_SQL,
+            vec![Box::new(self.channel.clone()), Box::new(payload)],
+        );
+        self.notify_statements.fetch_add(1, Ordering::Relaxed);
+        self.commit_then(tx, what, stmts, Some(notify)).await
+    }
+
+    /// The queue of the coalescing task, started on first use on the
+    /// current runtime (`None` outside one).
+    fn coalescer(&self) -> Option<tokio::sync::mpsc::UnboundedSender<String>> {
+        let mut guard = self.coalescer.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(q) = guard.as_ref().filter(|q| !q.is_closed()) {
+            return Some(q.clone());
+        }
+        let handle = tokio::runtime::Handle::try_current().ok()?;
+        let (queue, rx) = tokio::sync::mpsc::unbounded_channel();
+        // The task ends once the store (the only sender) is dropped and
+        // the queue is drained.
+        handle.spawn(wake::coalesce_loop(
+            self.config.clone(),
+            self.channel.clone(),
+            rx,
+            self.options.reply_timeout,
+            self.notify_statements.clone(),
+        ));
+        *guard = Some(queue.clone());
+        Some(queue)
+    }
+
+    pub(crate) async fn commit_then(
+        &self,
+        tx: Tx,
+        what: &str,
+        mut stmts: Vec<Stmt>,
+        then: Option<Stmt>,
+    ) -> Result<()> {
+        let n = stmts.len();
+        stmts.extend(then);
+        let mut prepared = self.prepare(tx.conn(), what, &stmts).await?;
+        let then = (stmts.len() > n).then(|| (stmts.remove(n), prepared.remove(n)));
+        let Ok(sent) = tokio::time::timeout(
+            self.options.reply_timeout,
+            pipeline::send(
+                tx.conn(),
+                false,
+                &stmts,
+                &prepared,
+                true,
+                then.as_ref().map(|(s, p)| (s, p)),
+            ),
+        )
+        .await
+        else {
+            // The session's state is unknown: close it.
+            tx.end(false);
+            return Err(self.commit_unanswered(what));
+        };
+        tx.end(true);
+        let mut replies = sent.into_iter();
+        for (s, r) in stmts.iter().zip(replies.by_ref()) {
+            if let Err(e) = r {
+                let what = format!("{what}: {}", s.what);
+                return Err(if e.code().is_some() {
+                    // The server refused it: COMMIT answered ROLLBACK.
+                    map_pg(&what, e)
+                } else {
+                    map_commit(&format!("{what} (with COMMIT)"), e)
+                });
+            }
+        }
+        match replies.next() {
+            Some(Err(e)) => Err(map_commit(&format!("{what}: commit"), e)),
+            _ => Ok(()),
+        }
+    }
+
+    /// One statement on its own, outside a transaction: its reply is its
+    /// commit (one round trip). A statement the server refuses stored
+    /// nothing; a fault or no reply while it was in flight leaves the
+    /// outcome unknown (the connection is closed then).
+    pub(crate) async fn write_alone(&self, what: &str, stmt: Stmt) -> Result<()> {
+        let conn = self.conn(what).await?;
+        let stmts = [stmt];
+        let prepared = self.prepare(&conn, what, &stmts).await?;
+        let Ok(mut sent) = tokio::time::timeout(
+            self.options.reply_timeout,
+            pipeline::send(&conn, false, &stmts, &prepared, false, None),
+        )
+        .await
+        else {
+            drop(deadpool_postgres::Object::take(conn));
+            return Err(self.commit_unanswered(what));
+        };
+        match sent.pop() {
+            Some(Err(e)) => {
+                let what = format!("{what}: {}", stmts[0].what);
+                Err(if e.code().is_some() {
+                    map_pg(&what, e)
+                } else {
+                    drop(deadpool_postgres::Object::take(conn));
+                    map_commit(&what, e)
+                })
+            }
+            _ => Ok(()),
+        }
+    }
+
+    /// Begins a transaction on `scope`'s row: locks it (creating it first
+    /// when asked) and reads what `o` asks for, in one round trip.
+    pub(crate) async fn open(
+        &self,
+        what: &'static str,
+        scope: &RunScope,
+        key: &Key,
+        o: Opening<'_>,
+    ) -> Result<(Tx, Opened)> {
+        let mut stmts = Vec::with_capacity(3 + o.more.len());
+        if o.create {
+            stmts.push(Stmt::new(
+                "create the run row",
+                sql_ensure(),
+                key.owned(vec![]),
+            ));
+        }
+        stmts.push(Stmt::new("lock the run row", sql_lock(), key.owned(vec![])));
+        let test_clock = self.options.clock.as_ref().map(|c| c.now());
+        let after = o.clock || o.checkpoint.is_some();
+        if after {
+            let fixed: Option<i64> = match (o.clock, test_clock) {
+                (true, Some(t)) => Some(t.as_millis()),
+                (true, None) => None,
+                (false, _) => Some(0),
+            };
+            let id: Option<String> = o.checkpoint.map(str::to_string);
+            stmts.push(Stmt::new(
+                "read the clock",
+                sql_after_lock(),
+                key.owned(vec![Box::new(fixed), Box::new(id)]),
+            ));
+        }
+        let n_more = o.more.len();
+        stmts.extend(o.more);
+        let (tx, rows) = self.begin(what, stmts).await?;
+        let mut rows = rows.into_iter();
+        if o.create {
+            rows.next();
+        }
+        let state = match rows.next().and_then(|r| r.into_iter().next()) {
+            Some(r) => Some(state_of(scope, &r)?),
+            None => None,
+        };
+        let mut opened = Opened {
+            state,
+            now: None,
+            checkpoint_exists: false,
+            more: Vec::with_capacity(n_more),
+        };
+        if after {
+            let r = rows
+                .next()
+                .and_then(|r| r.into_iter().next())
+                .ok_or_else(|| Error::corrupted("the clock query answered no row"))?;
+            if o.clock {
+                let ms: i64 = r.get(0);
+                let now = Timestamp::from_millis(ms).map_err(|e| {
+                    Error::corrupted(format!("the server clock is out of range: {e}"))
+                })?;
+                if test_clock.is_none() {
+                    self.note_server_now(now);
+                }
+                opened.now = Some(now);
+            }
+            opened.checkpoint_exists = r.get(1);
+        }
+        opened.more.extend(rows);
+        Ok((tx, opened))
+    }
+
+    pub(crate) async fn rows<C: GenericClient + Sync>(
+        &self,
+        c: &C,
+        what: &str,
+        sql: &str,
+        params: &[&(dyn ToSql + Sync)],
+    ) -> Result<Vec<Row>> {
+        let bound = self.options.reply_timeout;
+        let st = tokio::time::timeout(bound, c.prepare_cached(sql))
+            .await
+            .map_err(|_| self.no_reply(&format!("{what}: prepare")))?
+            .map_err(|e| map_pg(&format!("{what}: prepare"), e))?;
+        tokio::time::timeout(bound, c.query(&st, params))
+            .await
+            .map_err(|_| self.no_reply(what))?
+            .map_err(|e| map_pg(what, e))
+    }
+
+    pub(crate) async fn row_opt<C: GenericClient + Sync>(
+        &self,
+        c: &C,
+        what: &str,
+        sql: &str,
+        params: &[&(dyn ToSql + Sync)],
+    ) -> Result<Option<Row>> {
+        Ok(self.rows(c, what, sql, params).await?.into_iter().next())
+    }
+}
