@@ -50,7 +50,7 @@
 
 use std::collections::HashMap;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicI64, Ordering};
+use runkeep::RemoteClock;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -149,8 +149,8 @@ struct Inner {
     client: reqwest::Client,
     tokens: HashMap<TenantId, String>,
     options: HttpStoreOptions,
-    /// The store's clock minus the local clock, ms, as last measured.
-    offset_ms: AtomicI64,
+    /// The store's clock: the local clock plus the offset last measured.
+    store_clock: RemoteClock,
     /// The last event seq this client has seen per run (appends, reads,
     /// steps): where an events watch starts, so a change after `watch()`
     /// is never missed.
@@ -199,8 +199,8 @@ impl HttpStore {
                 base,
                 client,
                 tokens: HashMap::new(),
+                store_clock: RemoteClock::new(options.local_clock.clone()),
                 options,
-                offset_ms: AtomicI64::new(0),
                 seen: std::sync::Mutex::new(HashMap::new()),
                 steering: tokio::sync::Mutex::new(()),
             }),
@@ -244,7 +244,7 @@ impl HttpStore {
             client: a.client.clone(),
             tokens: a.tokens.clone(),
             options: a.options.clone(),
-            offset_ms: AtomicI64::new(a.offset_ms.load(Ordering::Relaxed)),
+            store_clock: a.store_clock.detached(),
             seen: std::sync::Mutex::new(HashMap::new()),
             steering: tokio::sync::Mutex::new(()),
         });
@@ -437,9 +437,9 @@ impl HttpStore {
             .get(NOW_HEADER)
             .and_then(|v| v.to_str().ok())
             .and_then(|v| v.parse::<i64>().ok())
+            .and_then(|v| Timestamp::from_millis(v).ok())
         {
-            let local = self.inner.options.local_clock.now().as_millis();
-            self.inner.offset_ms.store(now - local, Ordering::Relaxed);
+            self.inner.store_clock.observe(now);
         }
     }
 
@@ -1122,12 +1122,7 @@ impl CheckpointStore for HttpStore {
     fn now(&self) -> Timestamp {
         match &self.inner.options.clock {
             Some(c) => c.now(),
-            None => self
-                .inner
-                .options
-                .local_clock
-                .now()
-                .offset(self.inner.offset_ms.load(Ordering::Relaxed)),
+            None => self.inner.store_clock.now(),
         }
     }
 

@@ -2,13 +2,14 @@
 //! migration and version check, the offset to the server's clock, and the
 //! `LISTEN` connection's start.
 
-use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
+use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use deadpool_postgres::{GenericClient, Manager, ManagerConfig, Pool, RecyclingMethod, Runtime};
 use tokio_postgres::NoTls;
 
+use runkeep::RemoteClock;
 use runkeep::watch::Notifier;
 use runkeep::{Error, Result, Timestamp};
 
@@ -130,8 +131,8 @@ impl PgStore {
             pool,
             config,
             channel: format!("runkeep_{}", options.schema),
+            server_clock: RemoteClock::new(options.local_clock.clone()),
             options,
-            offset_ms: AtomicI64::new(0),
             notifier: Arc::new(Notifier::default()),
             listener: Mutex::new(None),
             coalescer: Mutex::new(None),
@@ -200,9 +201,7 @@ impl PgStore {
 
     /// Keeps the offset [`CheckpointStore::now`](runkeep::CheckpointStore::now) adds to the local clock.
     pub(crate) fn note_server_now(&self, now: Timestamp) {
-        let local = self.options.local_clock.now();
-        self.offset_ms
-            .store(now.as_millis() - local.as_millis(), Ordering::Relaxed);
+        self.server_clock.observe(now);
     }
 
     /// Starts the listener connection once, on the current runtime (none:

@@ -34,14 +34,7 @@ pub(crate) async fn enqueue(
     };
     store
         .write_locked("enqueue", scope, opening, |l| {
-            if l.run.exists() {
-                return Err(Error::Conflict {
-                    message: format!(
-                        "enqueue of run {}: the run already exists; enqueue creates a new run (use another run id, or reopen a finished one)",
-                        scope.run_id
-                    ),
-                });
-            }
+            runkeep::lifecycle::check_enqueue(l.run.exists(), &scope.run_id)?;
             let mut stored = checkpoint.clone();
             stored.fence = None;
             l.run.lifecycle = Lifecycle {

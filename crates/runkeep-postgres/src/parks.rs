@@ -3,7 +3,7 @@
 use serde_json::Value;
 
 use runkeep::lease::stamp_fence;
-use runkeep::park::{self, ParkState};
+use runkeep::park;
 use runkeep::{
     Checkpoint, CheckpointId, Error, Fence, ParkResolution, Result, RunScope, Timestamp,
 };
@@ -116,16 +116,7 @@ async fn pending_or_latest(
     let Some(d) = digest_of(scope, r.get(0))? else {
         return Ok(None);
     };
-    let best = d
-        .parks
-        .iter()
-        .filter(|h| {
-            h.park
-                .as_ref()
-                .is_some_and(|p| p.state(now) == ParkState::Outstanding)
-        })
-        .max_by_key(|h| h.order_key(&d.fence_history));
-    if let Some(h) = best {
+    if let Some(h) = d.pending_park(now) {
         let bodies: Value = r.get(1);
         if let Value::Array(bodies) = bodies {
             for body in bodies {

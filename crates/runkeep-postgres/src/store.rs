@@ -1,13 +1,14 @@
 //! [`PgStore`] and its `CheckpointStore` / `EvidenceStore` impls, which only
 //! delegate to the module of each job; the payload limit checks.
 
-use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use async_trait::async_trait;
 use deadpool_postgres::Pool;
 use serde_json::Value;
 
+use runkeep::{Clock, RemoteClock};
 use runkeep::watch::Notifier;
 use runkeep::{
     AuditRecord, Checkpoint, CheckpointId, CheckpointStore, ClaimNextFilter, ClaimOptions,
@@ -26,8 +27,8 @@ pub struct PgStore {
     pub(crate) config: tokio_postgres::Config,
     pub(crate) options: PgOptions,
     pub(crate) channel: String,
-    /// Server clock minus local clock, in ms, as last measured.
-    pub(crate) offset_ms: AtomicI64,
+    /// The server's clock: the local clock plus the offset last measured.
+    pub(crate) server_clock: RemoteClock,
     pub(crate) notifier: Arc<Notifier>,
     pub(crate) listener: Mutex<Option<tokio::task::JoinHandle<()>>>,
     /// Where [`NotifyMode::Coalesced`](crate::NotifyMode::Coalesced) queues
@@ -176,11 +177,7 @@ impl CheckpointStore for PgStore {
     fn now(&self) -> Timestamp {
         match &self.options.clock {
             Some(c) => c.now(),
-            None => self
-                .options
-                .local_clock
-                .now()
-                .offset(self.offset_ms.load(Ordering::Relaxed)),
+            None => self.server_clock.now(),
         }
     }
 
