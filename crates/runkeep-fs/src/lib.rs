@@ -69,13 +69,12 @@ use std::sync::{Arc, Mutex};
 
 use async_trait::async_trait;
 use runkeep::checkpoint::Checkpoint;
-use runkeep::lease::{check_write_fence, stamp_fence};
 use runkeep::watch::{Watch, WatchTopic};
 use runkeep::{
     AuditRecord, CheckpointId, ClaimNextFilter, ClaimOptions, ClaimOutcome, Clock, Error,
     EventBatch, Fence, Lease, LeaseSummary, ListOptions, ListingScope, MessageSnapshot,
     NewAuditEvent, NewEvent, ParkResolution, PersistedEvent, ProjectId, ReadEventsOptions, Result,
-    RunPage, RunRecord, RunScope, SessionId, SystemClock, TenantId, Timestamp, TopHolding,
+    RunPage, RunRecord, RunScope, SessionId, SystemClock, TenantId, Timestamp,
 };
 use serde_json::Value;
 
@@ -83,6 +82,7 @@ mod checkpoints;
 mod claims;
 mod diagnose;
 mod documents;
+mod fenced_write;
 mod index;
 mod listing;
 mod lock;
@@ -108,7 +108,7 @@ pub use root::{
 };
 pub use sys::{DIR_MODE, FILE_MODE};
 
-use lock::{Mode, RunLock};
+use fenced_write::FencedWrite;
 use sys::Ctx;
 
 /// The tenant, project and session a store's directory belongs to. The
@@ -373,9 +373,6 @@ fn probe_tmpfile(base: &Path, target: &Path) -> bool {
     ok
 }
 
-/// The line appended to `.runkeep/fenced-out.jsonl` on every refusal.
-const FENCED_OUT_LOG: &str = "fenced-out.jsonl";
-
 /// Runs a blocking store operation off the async runtime's worker threads.
 async fn blocking<T, F>(f: F) -> Result<T>
 where
@@ -430,7 +427,7 @@ impl Inner {
 
     /// Refuses a scope this store is not bound to, and a run whose
     /// directory would lead out of the store.
-    fn check_scope(&self, scope: &RunScope) -> Result<()> {
+    pub(crate) fn check_scope(&self, scope: &RunScope) -> Result<()> {
         self.check_inside(scope)?;
         let Some(a) = &self.attribution else {
             return Ok(());
@@ -543,286 +540,6 @@ impl Inner {
         e
     }
 
-    /// The fence rule, counting refusals persistently.
-    fn check_fence(
-        &self,
-        ctx: &Ctx,
-        run_dir: &Path,
-        fence: Fence,
-        top: Option<&TopHolding>,
-        scope: &RunScope,
-    ) -> Result<()> {
-        if testing_hooks::mutation() == testing_hooks::Mutation::NoWriteFence {
-            return Ok(());
-        }
-        let r = check_write_fence(&scope.run_id, ctx.operation, fence, top);
-        if let Err(Error::FencedOut {
-            presented, current, ..
-        }) = &r
-        {
-            if !self.read_only {
-                record_refusal(run_dir, ctx.operation, *presented, *current);
-            }
-        }
-        r
-    }
-
-    /// The fenced-write skeleton: validate, pre-check the fence without
-    /// touching the disk, take the run lock exclusive, re-check, act.
-    fn locked_write<T>(
-        &self,
-        scope: &RunScope,
-        operation: &'static str,
-        fence: Option<Fence>,
-        act: impl FnOnce(&Ctx, &Path, Option<&TopHolding>) -> Result<T>,
-    ) -> Result<T> {
-        self.refuse_read_only()?;
-        let ctx = Ctx::new(scope, operation);
-        let run_dir = self.run_dir(scope);
-        if let Some(f) = fence {
-            let top = claims::read_top(&run_dir, &ctx)?;
-            self.check_fence(&ctx, &run_dir, f, top.as_ref(), scope)?;
-        }
-        self.check_poison()?;
-        sys::ensure_dir(&run_dir, self.durability)
-            .map_err(|e| self.note(ctx.io("create the run directory", &run_dir, e)))?;
-        let _lock = RunLock::acquire(&run_dir, Mode::Exclusive, self.durability, &ctx)?;
-        let top = claims::read_top(&run_dir, &ctx)?;
-        if let Some(f) = fence {
-            self.check_fence(&ctx, &run_dir, f, top.as_ref(), scope)?;
-        }
-        testing_hooks::pause("after-fence-check");
-        act(&ctx, &run_dir, top.as_ref()).map_err(|e| self.note(e))
-    }
-
-    /// Writes a checkpoint file (under the lock) and keeps the digest;
-    /// answers whether the digest needs a rebuild (after the lock).
-    fn put_checkpoint(&self, ctx: &Ctx, run_dir: &Path, cp: &Checkpoint) -> Result<bool> {
-        let cps_dir = run_dir.join(checkpoints::CHECKPOINTS_DIR);
-        sys::ensure_dir(&cps_dir, self.durability)
-            .map_err(|e| ctx.io("create the checkpoints directory", &cps_dir, e))?;
-        let name = checkpoints::file_name(&cp.id);
-        let path = cps_dir.join(&name);
-        let temp = checkpoints::sidecar(run_dir, &name, &checkpoints::encode(cp), self.durability)
-            .map_err(|e| ctx.io("write the checkpoint", &path, e))?;
-        let before = checkpoints::before(run_dir, &name);
-        let ino = temp.ino();
-        temp.publish(&name)
-            .map_err(|e| ctx.io("publish the checkpoint", &path, e))?;
-        Ok(!checkpoints::after_put(
-            run_dir,
-            before,
-            &name,
-            ino,
-            cp.header(),
-            self.durability,
-        ))
-    }
-
-    fn write_checkpoint(
-        &self,
-        scope: &RunScope,
-        checkpoint: &Checkpoint,
-        fence: Option<Fence>,
-    ) -> Result<Checkpoint> {
-        self.refuse_read_only()?;
-        self.check_scope(scope)?;
-        checkpoint.validate_for_write(scope)?;
-        let ctx = Ctx::new(scope, "write_checkpoint");
-        let run_dir = self.run_dir(scope);
-        let top0 = claims::read_top(&run_dir, &ctx)?;
-        if let Some(f) = fence {
-            self.check_fence(&ctx, &run_dir, f, top0.as_ref(), scope)?;
-        }
-        self.check_poison()?;
-        let mut stored = checkpoint.clone();
-        stored.fence = stamp_fence(fence, top0.as_ref());
-        let cps_dir = run_dir.join(checkpoints::CHECKPOINTS_DIR);
-        let name = checkpoints::file_name(&stored.id);
-        let path = cps_dir.join(&name);
-        let result = (|| {
-            sys::ensure_dir(&cps_dir, self.durability)
-                .map_err(|e| ctx.io("create the checkpoints directory", &cps_dir, e))?;
-            // The heavy write happens before the lock; only check + rename
-            // happen under it.
-            let mut temp = checkpoints::sidecar(
-                &run_dir,
-                &name,
-                &checkpoints::encode(&stored),
-                self.durability,
-            )
-            .map_err(|e| ctx.io("write the checkpoint", &path, e))?;
-            let _lock = RunLock::acquire(&run_dir, Mode::Exclusive, self.durability, &ctx)?;
-            let top = claims::read_top(&run_dir, &ctx)?;
-            if let Some(f) = fence {
-                self.check_fence(&ctx, &run_dir, f, top.as_ref(), scope)?;
-            }
-            testing_hooks::pause("after-fence-check");
-            let now_stamp = stamp_fence(fence, top.as_ref());
-            if now_stamp != stored.fence {
-                stored.fence = now_stamp;
-                drop(temp);
-                temp = checkpoints::sidecar(
-                    &run_dir,
-                    &name,
-                    &checkpoints::encode(&stored),
-                    self.durability,
-                )
-                .map_err(|e| ctx.io("write the checkpoint", &path, e))?;
-            }
-            let before = checkpoints::before(&run_dir, &name);
-            let ino = temp.ino();
-            temp.publish(&name)
-                .map_err(|e| ctx.io("publish the checkpoint", &path, e))?;
-            Ok(!checkpoints::after_put(
-                &run_dir,
-                before,
-                &name,
-                ino,
-                stored.header(),
-                self.durability,
-            ))
-        })();
-        if result.map_err(|e| self.note(e))? {
-            checkpoints::rebuild(&run_dir, self.durability, &ctx);
-        }
-        Ok(stored)
-    }
-
-    fn read_checkpoint(&self, scope: &RunScope, id: &CheckpointId) -> Result<Option<Checkpoint>> {
-        self.check_scope(scope)?;
-        let ctx = Ctx::new(scope, "read_checkpoint");
-        checkpoints::read_one(&self.run_dir(scope), id, &ctx)
-    }
-
-    fn list_checkpoints(&self, scope: &RunScope) -> Result<Vec<Checkpoint>> {
-        self.check_scope(scope)?;
-        let ctx = Ctx::new(scope, "list_checkpoints");
-        checkpoints::read_all(&self.run_dir(scope), &ctx)
-    }
-
-    fn delete_checkpoint(
-        &self,
-        scope: &RunScope,
-        id: &CheckpointId,
-        fence: Option<Fence>,
-    ) -> Result<bool> {
-        self.check_scope(scope)?;
-        let run_dir = self.run_dir(scope);
-        if !run_dir.is_dir() {
-            if let Some(f) = fence {
-                check_write_fence(&scope.run_id, "delete_checkpoint", f, None)?;
-            }
-            return Ok(false);
-        }
-        let deleted = self.locked_write(scope, "delete_checkpoint", fence, |ctx, run_dir, _| {
-            let dir = run_dir.join(checkpoints::CHECKPOINTS_DIR);
-            let path = dir.join(checkpoints::file_name(id));
-            match std::fs::remove_file(&path) {
-                Ok(()) => {
-                    if self.durability == Durability::PowerLoss {
-                        sys::sync_dir(&dir).map_err(|e| ctx.io("sync", &dir, e))?;
-                    }
-                    Ok(true)
-                }
-                Err(e) if sys::is_not_found(&e) => Ok(false),
-                Err(e) => Err(ctx.io("delete the checkpoint", &path, e)),
-            }
-        })?;
-        if deleted {
-            let ctx = Ctx::new(scope, "delete_checkpoint");
-            checkpoints::rebuild(&run_dir, self.durability, &ctx);
-        }
-        Ok(deleted)
-    }
-
-    fn resolve_park(
-        &self,
-        scope: &RunScope,
-        id: &CheckpointId,
-        resolution: ParkResolution,
-        now: Timestamp,
-        fence: Option<Fence>,
-    ) -> Result<Checkpoint> {
-        self.check_scope(scope)?;
-        let not_found = || Error::NotFound {
-            what: format!("checkpoint {id} of run {}", scope.run_id),
-        };
-        if !self.run_dir(scope).is_dir() {
-            return Err(not_found());
-        }
-        let (updated, rebuild) =
-            self.locked_write(scope, "resolve_park", fence, |ctx, run_dir, top| {
-                let current = checkpoints::read_one(run_dir, id, ctx)?.ok_or_else(not_found)?;
-                let mut updated = current.clone();
-                runkeep::park::resolve(&mut updated, resolution, now)?;
-                updated.fence = stamp_fence(fence, top).or(current.fence);
-                let rebuild = self.put_checkpoint(ctx, run_dir, &updated)?;
-                Ok((updated, rebuild))
-            })?;
-        if rebuild {
-            let ctx = Ctx::new(scope, "resolve_park");
-            checkpoints::rebuild(&self.run_dir(scope), self.durability, &ctx);
-        }
-        Ok(updated)
-    }
-
-    fn prune_checkpoints(
-        &self,
-        scope: &RunScope,
-        keep_last: usize,
-        fence: Option<Fence>,
-    ) -> Result<Vec<CheckpointId>> {
-        self.check_scope(scope)?;
-        if !self.run_dir(scope).is_dir() {
-            return Ok(Vec::new());
-        }
-        // Read everything before taking the lock (checkpoints can be large);
-        // under the lock, use that read only if the directory has not
-        // changed since (else a park written meanwhile could be deleted).
-        let run_dir = self.run_dir(scope);
-        let ctx0 = Ctx::new(scope, "prune_checkpoints");
-        if let Some(f) = fence {
-            let top = claims::read_top(&run_dir, &ctx0)?;
-            self.check_fence(&ctx0, &run_dir, f, top.as_ref(), scope)?;
-        }
-        let stamp0 = checkpoints::stamp(&run_dir.join(checkpoints::CHECKPOINTS_DIR))
-            .ok()
-            .flatten()
-            .map(|(s, _)| s);
-        let early = checkpoints::read_all(&run_dir, &ctx0)?;
-        let victims = self.locked_write(scope, "prune_checkpoints", fence, |ctx, run_dir, _| {
-            let stamp1 = checkpoints::stamp(&run_dir.join(checkpoints::CHECKPOINTS_DIR))
-                .ok()
-                .flatten()
-                .map(|(s, _)| s);
-            let cps = if stamp0.is_some() && stamp0 == stamp1 {
-                early
-            } else {
-                checkpoints::read_all(run_dir, ctx)?
-            };
-            let victims = runkeep::park::prune_victims(&cps, keep_last);
-            let dir = run_dir.join(checkpoints::CHECKPOINTS_DIR);
-            for v in &victims {
-                let path = dir.join(checkpoints::file_name(v));
-                match std::fs::remove_file(&path) {
-                    Ok(()) => {}
-                    Err(e) if sys::is_not_found(&e) => {}
-                    Err(e) => return Err(ctx.io("delete the checkpoint", &path, e)),
-                }
-            }
-            if !victims.is_empty() && self.durability == Durability::PowerLoss {
-                sys::sync_dir(&dir).map_err(|e| ctx.io("sync", &dir, e))?;
-            }
-            Ok(victims)
-        })?;
-        if !victims.is_empty() {
-            let ctx = Ctx::new(scope, "prune_checkpoints");
-            checkpoints::rebuild(&self.run_dir(scope), self.durability, &ctx);
-        }
-        Ok(victims)
-    }
-
     fn lease(&self, scope: &RunScope, now: Timestamp) -> Result<Option<LeaseSummary>> {
         self.check_scope(scope)?;
         let ctx = Ctx::new(scope, "lease");
@@ -845,10 +562,7 @@ impl Inner {
             }
             let recheck = || match fence {
                 Some(_) if testing_hooks::mutation_named("no-append-recheck") => Ok(()),
-                Some(f) => {
-                    let top = claims::read_top(run_dir, ctx)?;
-                    self.check_fence(ctx, run_dir, f, top.as_ref(), scope)
-                }
+                Some(f) => self.recheck_fence(ctx, run_dir, f, scope),
                 None => Ok(()),
             };
             transcript::append_events(
@@ -878,27 +592,23 @@ impl Inner {
         fence: Option<Fence>,
     ) -> Result<()> {
         self.check_scope(scope)?;
-        self.refuse_read_only()?;
-        let ctx = Ctx::new(scope, operation);
-        let run_dir = self.run_dir(scope);
-        if let Some(f) = fence {
-            // Refused before anything is created.
-            let top = claims::read_top(&run_dir, &ctx)?;
-            self.check_fence(&ctx, &run_dir, f, top.as_ref(), scope)?;
-        }
         // The long part — writing (and under `PowerLoss` syncing) the whole
-        // document — happens before the lock and before the fence check
-        // that counts; under the lock only the check and the `rename` run,
-        // so a slow disk cannot stretch the window (issue 8, item 7).
-        sys::ensure_dir(&run_dir, self.durability)
-            .map_err(|e| self.note(ctx.io("create the run directory", &run_dir, e)))?;
-        let temp = sys::TempFile::write(&run_dir, file, &bytes, self.durability)
-            .map_err(|e| self.note(ctx.io("write", &run_dir.join(file), e)))?;
-        testing_hooks::delay("document-before-lock");
-        self.locked_write(scope, operation, fence, |ctx, run_dir, _| {
-            temp.publish(file)
-                .map_err(|e| ctx.io("publish", &run_dir.join(file), e))
-        })
+        // document — happens before the lock; under the lock only the fence
+        // check and the `rename` run, so a slow disk cannot stretch the
+        // window between the check and the publish.
+        self.fenced_write(
+            FencedWrite::new(scope, operation, fence),
+            |ctx, run_dir, _| {
+                let temp = sys::TempFile::write(run_dir, file, &bytes, self.durability)
+                    .map_err(|e| ctx.io("write", &run_dir.join(file), e))?;
+                testing_hooks::delay("document-before-lock");
+                Ok(temp)
+            },
+            |ctx, run_dir, _, temp| {
+                temp.publish(file)
+                    .map_err(|e| ctx.io("publish", &run_dir.join(file), e))
+            },
+        )
     }
 
     fn append_audit(
@@ -925,35 +635,6 @@ impl Inner {
                 self.now(),
             )
         })
-    }
-}
-
-/// Appends one line to the run's fenced-out log (evidence for the doctor's
-/// single-open-writer check, spec DR-17/WK-25). Best effort: a refusal is
-/// reported to the caller whether or not it could be recorded.
-fn record_refusal(run_dir: &Path, operation: &str, presented: Fence, current: Fence) {
-    use std::io::Write;
-    use std::os::unix::fs::OpenOptionsExt;
-    let meta = run_dir.join(lock::META_DIR);
-    if sys::ensure_dir(&meta, Durability::ProcessCrash).is_err() {
-        return;
-    }
-    let line = serde_json::json!({
-        "at": Timestamp::now().as_millis(),
-        "operation": operation,
-        "presented": presented.get(),
-        "current": current.get(),
-        "pid": std::process::id(),
-    });
-    let mut bytes = serde_json::to_vec(&line).unwrap_or_default();
-    bytes.push(b'\n');
-    if let Ok(mut f) = std::fs::OpenOptions::new()
-        .append(true)
-        .create(true)
-        .mode(sys::FILE_MODE)
-        .open(meta.join(FENCED_OUT_LOG))
-    {
-        let _ = f.write_all(&bytes);
     }
 }
 
