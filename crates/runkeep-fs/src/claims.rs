@@ -36,6 +36,7 @@ use crate::run_state::{self, Record};
 use crate::sys::{self, errno, Ctx};
 use crate::testing_hooks::{self, Mutation, Point};
 use crate::{Durability, Inner};
+use runkeep::LeaseSummary;
 
 /// The claims directory of a run.
 pub(crate) const CLAIMS_DIR: &str = "claims";
@@ -845,6 +846,15 @@ pub(crate) fn release_with(
         // Someone already took the next number: nothing left to release.
         Err(PublishError::Exists) => Ok(false),
         Err(PublishError::Failed(e)) => Err(inner.note(e)),
+    }
+}
+
+/// The lease read: the top holding, judged at `now`.
+impl Inner {
+    pub(crate) fn lease(&self, scope: &RunScope, now: Timestamp) -> Result<Option<LeaseSummary>> {
+        self.check_scope(scope)?;
+        let ctx = Ctx::new(scope, "lease");
+        Ok(read_top(&self.run_dir(scope), &ctx)?.map(|t| t.summary(now)))
     }
 }
 

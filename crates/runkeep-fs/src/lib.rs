@@ -84,6 +84,7 @@ mod diagnose;
 mod documents;
 mod fenced_write;
 mod index;
+mod inner;
 mod listing;
 mod lock;
 mod queue;
@@ -108,7 +109,7 @@ pub use root::{
 };
 pub use sys::{DIR_MODE, FILE_MODE};
 
-use fenced_write::FencedWrite;
+use inner::Inner;
 use sys::Ctx;
 
 /// The tenant, project and session a store's directory belongs to. The
@@ -176,21 +177,6 @@ impl fmt::Debug for FsStore {
             .field("clock", &self.inner.clock)
             .finish()
     }
-}
-
-pub(crate) struct Inner {
-    base: PathBuf,
-    attribution: Option<Attribution>,
-    pub(crate) durability: Durability,
-    read_only: bool,
-    tmpfile: AtomicBool,
-    poisoned: Mutex<Option<String>>,
-    clock: Arc<dyn Clock>,
-    no_inotify: AtomicBool,
-    /// The session index the listing and `claim_next` consult.
-    index: index::SessionIndex,
-    /// Test seam: never use the index (the walk).
-    no_index: AtomicBool,
 }
 
 impl FsStore {
@@ -389,252 +375,6 @@ where
             }),
         },
         Err(_) => f(),
-    }
-}
-
-impl Inner {
-    pub(crate) fn run_dir(&self, scope: &RunScope) -> PathBuf {
-        match &scope.parent_run_id {
-            Some(parent) => self
-                .base
-                .join(parent.as_str())
-                .join("children")
-                .join(scope.run_id.as_str()),
-            None => self.base.join(scope.run_id.as_str()),
-        }
-    }
-
-    pub(crate) fn base(&self) -> &Path {
-        &self.base
-    }
-
-    /// The store's clock now.
-    pub(crate) fn now(&self) -> Timestamp {
-        self.clock.now()
-    }
-
-    pub(crate) fn attribution(&self) -> Option<&Attribution> {
-        self.attribution.as_ref()
-    }
-
-    pub(crate) fn tmpfile_enabled(&self) -> bool {
-        self.tmpfile.load(Ordering::Relaxed)
-    }
-
-    pub(crate) fn disable_tmpfile(&self) {
-        self.tmpfile.store(false, Ordering::Relaxed);
-    }
-
-    /// Refuses a scope this store is not bound to, and a run whose
-    /// directory would lead out of the store.
-    pub(crate) fn check_scope(&self, scope: &RunScope) -> Result<()> {
-        self.check_inside(scope)?;
-        let Some(a) = &self.attribution else {
-            return Ok(());
-        };
-        if a.tenant_id != scope.tenant_id
-            || a.project_id != scope.project_id
-            || a.session_id != scope.session_id
-        {
-            return Err(Error::invalid(format!(
-                "this store is bound to {}/{}/{} (directory {}), but the run {} belongs to {}/{}/{}; open the store on that session's runs/ directory",
-                a.tenant_id,
-                a.project_id,
-                a.session_id,
-                self.base.display(),
-                scope.run_id,
-                scope.tenant_id,
-                scope.project_id,
-                scope.session_id
-            )));
-        }
-        Ok(())
-    }
-
-    /// Refuses a run whose directory, or a directory on the way to it
-    /// (`<parent>`, `<parent>/children`), is a symbolic link: a run never
-    /// reads or writes outside the store's directory (issue 8, item 8). The
-    /// listing and the doctor skip such entries for the same reason.
-    fn check_inside(&self, scope: &RunScope) -> Result<()> {
-        let mut path = self.base.clone();
-        let parts: Vec<&str> = match &scope.parent_run_id {
-            Some(p) => vec![p.as_str(), "children", scope.run_id.as_str()],
-            None => vec![scope.run_id.as_str()],
-        };
-        for part in parts {
-            path.push(part);
-            match std::fs::symlink_metadata(&path) {
-                Ok(m) if m.file_type().is_symlink() => {
-                    let target = std::fs::read_link(&path)
-                        .map(|t| t.display().to_string())
-                        .unwrap_or_else(|_| "?".into());
-                    return Err(Error::Unsupported {
-                        message: format!(
-                            "run {}: {} is a symbolic link (to {target}); runkeep never follows a link out of the store, so this run can be neither read nor written. Move the run's directory into the store in place of the link, or remove the link",
-                            scope.run_id,
-                            path.display()
-                        ),
-                    });
-                }
-                Ok(_) => {}
-                Err(e) if sys::is_not_found(&e) => return Ok(()),
-                Err(e) => {
-                    return Err(Ctx::new(scope, "open the run").io(
-                        "inspect the run directory",
-                        &path,
-                        e,
-                    ))
-                }
-            }
-        }
-        Ok(())
-    }
-
-    /// Refuses writes after a failed fsync (sticky failure).
-    /// Refuses any write on a store opened read-only, before anything else
-    /// is looked at.
-    pub(crate) fn refuse_read_only(&self) -> Result<()> {
-        if self.read_only {
-            return Err(Error::Unsupported {
-                message: format!(
-                    "the store at {} was opened read-only, so it refuses writes; open it without `read_only` to write",
-                    self.base.display()
-                ),
-            });
-        }
-        Ok(())
-    }
-
-    pub(crate) fn check_poison(&self) -> Result<()> {
-        self.refuse_read_only()?;
-        let p = self.poisoned.lock().unwrap_or_else(|p| p.into_inner());
-        match &*p {
-            Some(why) => Err(Error::Backend {
-                message: format!(
-                    "the store at {} refuses writes since an fsync failed ({why}); what was written before it may not be durable. Check the disk, then open the store again",
-                    self.base.display()
-                ),
-                source: None,
-            }),
-            None => Ok(()),
-        }
-    }
-
-    /// Passes an error through, turning the store sticky-failed when it is a
-    /// failed fsync under [`Durability::PowerLoss`].
-    pub(crate) fn note(&self, e: Error) -> Error {
-        if self.durability == Durability::PowerLoss {
-            let failed = match &e {
-                Error::Backend {
-                    source: Some(s), ..
-                } => sys::is_sync_failure(s.as_ref()),
-                _ => false,
-            };
-            if failed {
-                let mut p = self.poisoned.lock().unwrap_or_else(|p| p.into_inner());
-                if p.is_none() {
-                    *p = Some(e.to_string());
-                }
-            }
-        }
-        e
-    }
-
-    fn lease(&self, scope: &RunScope, now: Timestamp) -> Result<Option<LeaseSummary>> {
-        self.check_scope(scope)?;
-        let ctx = Ctx::new(scope, "lease");
-        Ok(claims::read_top(&self.run_dir(scope), &ctx)?.map(|t| t.summary(now)))
-    }
-
-    fn append_events(
-        &self,
-        scope: &RunScope,
-        events: &[NewEvent],
-        fence: Option<Fence>,
-    ) -> Result<Vec<PersistedEvent>> {
-        self.check_scope(scope)?;
-        for e in events {
-            e.validate()?;
-        }
-        self.locked_write(scope, "append_events", fence, |ctx, run_dir, _| {
-            if events.is_empty() {
-                return Ok(Vec::new());
-            }
-            let recheck = || match fence {
-                Some(_) if testing_hooks::mutation_named("no-append-recheck") => Ok(()),
-                Some(f) => self.recheck_fence(ctx, run_dir, f, scope),
-                None => Ok(()),
-            };
-            transcript::append_events(
-                run_dir,
-                events,
-                fence,
-                self.durability,
-                ctx,
-                &recheck,
-                self.now(),
-            )
-        })
-    }
-
-    fn read_events(&self, scope: &RunScope, options: &ReadEventsOptions) -> Result<EventBatch> {
-        self.check_scope(scope)?;
-        let ctx = Ctx::new(scope, "read_events");
-        transcript::read_events(&self.run_dir(scope), options, &ctx)
-    }
-
-    fn write_document(
-        &self,
-        scope: &RunScope,
-        operation: &'static str,
-        file: &'static str,
-        bytes: Vec<u8>,
-        fence: Option<Fence>,
-    ) -> Result<()> {
-        self.check_scope(scope)?;
-        // The long part — writing (and under `PowerLoss` syncing) the whole
-        // document — happens before the lock; under the lock only the fence
-        // check and the `rename` run, so a slow disk cannot stretch the
-        // window between the check and the publish.
-        self.fenced_write(
-            FencedWrite::new(scope, operation, fence),
-            |ctx, run_dir, _| {
-                let temp = sys::TempFile::write(run_dir, file, &bytes, self.durability)
-                    .map_err(|e| ctx.io("write", &run_dir.join(file), e))?;
-                testing_hooks::delay("document-before-lock");
-                Ok(temp)
-            },
-            |ctx, run_dir, _, temp| {
-                temp.publish(file)
-                    .map_err(|e| ctx.io("publish", &run_dir.join(file), e))
-            },
-        )
-    }
-
-    fn append_audit(
-        &self,
-        scope: &RunScope,
-        events: &[NewAuditEvent],
-        fence: Option<Fence>,
-    ) -> Result<Vec<AuditRecord>> {
-        self.check_scope(scope)?;
-        for e in events {
-            e.validate()?;
-        }
-        self.locked_write(scope, "append_audit", fence, |ctx, run_dir, _| {
-            if events.is_empty() {
-                return Ok(Vec::new());
-            }
-            transcript::append_audit(
-                run_dir,
-                scope.run_id.as_str(),
-                events,
-                fence,
-                self.durability,
-                ctx,
-                self.now(),
-            )
-        })
     }
 }
 
