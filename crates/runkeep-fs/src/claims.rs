@@ -271,7 +271,7 @@ pub(crate) fn no_hard_links(ctx: &Ctx, dir: &Path, code: i32) -> Error {
 fn link_error(ctx: &Ctx, claims_dir: &Path, target: &Path, e: io::Error) -> PublishError {
     match e.raw_os_error() {
         Some(c) if c == errno::EXIST => PublishError::Exists,
-        Some(c) if errno::is_no_hard_link(c) => {
+        Some(c) if crate::hard_links::is_no_hard_link_errno(c) => {
             PublishError::Failed(no_hard_links(ctx, claims_dir, c))
         }
         _ => PublishError::Failed(ctx.io("publish the holding", target, e)),

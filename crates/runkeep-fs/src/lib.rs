@@ -83,6 +83,7 @@ mod claims;
 mod diagnose;
 mod documents;
 mod fenced_write;
+mod hard_links;
 mod index;
 mod inner;
 mod listing;
@@ -101,6 +102,9 @@ mod watching;
 pub mod testing;
 
 pub use diagnose::Diagnosis;
+pub use hard_links::{
+    is_no_hard_link_errno, probe_hard_links, HardLinkProbeError, HardLinks, NO_HARD_LINK_ERRNOS,
+};
 pub use index::IndexOutlook;
 pub use listing::{is_listed_run_name, LISTED_RUN_PREFIX};
 pub use root::{
@@ -296,67 +300,22 @@ impl FsStore {
     }
 }
 
-/// Creates a probe file and a hard link to it; refuses a volume without
-/// hard links. Answers whether `O_TMPFILE` + `linkat` publishes work.
+/// Probes the store directory once: a volume without hard links is
+/// refused; one that cannot be written opens for reading (every write will
+/// say why it failed). Answers whether `O_TMPFILE` + `linkat` publishes
+/// work.
 fn probe_links(base: &Path, ctx: &Ctx) -> Result<bool> {
-    let (pid, n, r) = sys::unique_parts();
-    let a = base.join(format!(".runkeep-probe-{pid}-{n}-{r}"));
-    let b = base.join(format!(".runkeep-probe-{pid}-{n}-{r}-link"));
-    let created = {
-        use std::os::unix::fs::OpenOptionsExt;
-        std::fs::OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .mode(sys::FILE_MODE)
-            .open(&a)
-    };
-    match created {
-        Ok(_) => {}
-        Err(e) => {
-            // Cannot write here at all (read-only, no permission): open for
-            // reading; every write will say why it failed.
-            tracing::debug!("{}: cannot probe hard links: {e}", base.display());
-            return Ok(false);
+    match hard_links::probe_hard_links(base) {
+        Ok(HardLinks::Supported) => Ok(hard_links::tmpfile_links_work(base)),
+        Ok(HardLinks::Unsupported { errno }) => {
+            Err(claims::no_hard_links(ctx, base, errno.raw_os_error()))
         }
+        Err(HardLinkProbeError::CannotCreate(e)) => {
+            tracing::debug!("{}: cannot probe hard links: {e}", base.display());
+            Ok(false)
+        }
+        Err(HardLinkProbeError::Link(e)) => Err(ctx.io("probe hard links in", base, e)),
     }
-    let linked = testing_hooks::fault(testing_hooks::Point::Link, &b)
-        .and_then(|()| std::fs::hard_link(&a, &b));
-    let _ = std::fs::remove_file(&b);
-    let result = match linked {
-        Ok(()) => Ok(()),
-        Err(e) => match e.raw_os_error() {
-            Some(c) if sys::errno::is_no_hard_link(c) => Err(claims::no_hard_links(ctx, base, c)),
-            _ => Err(ctx.io("probe hard links in", base, e)),
-        },
-    };
-    let tmpfile = result.is_ok() && probe_tmpfile(base, &b);
-    let _ = std::fs::remove_file(&a);
-    let _ = std::fs::remove_file(&b);
-    result.map(|()| tmpfile)
-}
-
-fn probe_tmpfile(base: &Path, target: &Path) -> bool {
-    use rustix::fs::{linkat, openat, AtFlags, Mode as FMode, OFlags, CWD};
-    use std::os::fd::AsRawFd;
-    let Ok(fd) = openat(
-        CWD,
-        base,
-        OFlags::TMPFILE | OFlags::WRONLY | OFlags::CLOEXEC,
-        FMode::from_raw_mode(sys::FILE_MODE),
-    ) else {
-        return false;
-    };
-    let proc_path = format!("/proc/self/fd/{}", fd.as_raw_fd());
-    let ok = linkat(
-        CWD,
-        proc_path.as_str(),
-        CWD,
-        target,
-        AtFlags::SYMLINK_FOLLOW,
-    )
-    .is_ok();
-    let _ = std::fs::remove_file(target);
-    ok
 }
 
 /// Runs a blocking store operation off the async runtime's worker threads.
