@@ -59,7 +59,7 @@ pub(crate) fn encode_messages(messages: &[Value], through_event_seq: u64) -> Vec
     sys::pretty(&Value::Object(m))
 }
 
-/// Reads the message snapshot (spec EV-26): missing ⇒ unavailable; a bare
+/// Reads the message snapshot: missing ⇒ unavailable; a bare
 /// array ⇒ legacy-unverified; the versioned envelope ⇒ available; anything
 /// else is refused, never degraded to an empty snapshot.
 pub(crate) fn read_messages(run_dir: &Path, ctx: &Ctx) -> Result<MessageSnapshot> {

@@ -90,7 +90,7 @@ impl Inner {
 
     /// Refuses a run whose directory, or a directory on the way to it
     /// (`<parent>`, `<parent>/children`), is a symbolic link: a run never
-    /// reads or writes outside the store's directory (issue 8, item 8). The
+    /// reads or writes outside the store's directory. The
     /// listing and the doctor skip such entries for the same reason.
     fn check_inside(&self, scope: &RunScope) -> Result<()> {
         let mut path = self.base.clone();

@@ -40,7 +40,7 @@ pub(super) fn strict_error(ctx: &Ctx, path: &Path, what: String) -> Error {
 }
 
 /// The most of a transcript a read holds at a time: a read's memory is this
-/// plus the events it returns, whatever the log's length (issue 11, item 4).
+/// plus the events it returns, whatever the log's length.
 pub(super) const READ_CHUNK: usize = 1 << 20;
 
 /// A read's first chunk; each next one doubles, up to [`READ_CHUNK`], so a
@@ -329,7 +329,7 @@ pub(super) fn max_seq_in(
     Ok(matched.then_some(max))
 }
 
-/// Reads the transcript (spec §4.4/4.5; no side effects).
+/// Reads the transcript: strict or tolerant, with no side effects.
 pub(crate) fn read_events(
     run_dir: &Path,
     options: &ReadEventsOptions,
@@ -359,7 +359,8 @@ pub(crate) fn read_events(
     got
 }
 
-/// A strict read checks the whole file, whatever `limit` says (EV-21).
+/// A strict read checks the whole file, whatever `limit` says: a
+/// strict reader must learn of damage anywhere in the log.
 pub(super) fn read_strict(
     file: &File,
     len: u64,
@@ -610,7 +611,7 @@ mod tests {
         (batch, cost)
     }
 
-    /// Issue 11, item 4 (catch-up): a tolerant page of 10 events reads its
+    /// Catch-up costs a page, not the log: a tolerant page of 10 events reads its
     /// own lines, the line it starts from and the index's last line — the
     /// same count of lines, and at most a first chunk of bytes, over a log
     /// of 2 000 events as over one of 20 000 — with `last_seq` exact. A

@@ -152,10 +152,10 @@ pub(super) fn last_line_end(file: &File, len: u64) -> io::Result<u64> {
 ///   ([`fragment_age`]): a live writer would have written its next chunk by
 ///   then, so its writer is dead (or stopped for longer than that);
 /// - otherwise it is **sealed** as before (a `\n` terminates it, the
-///   reference's own EV-23 heal): nothing anyone wrote is removed and the
+///   heal the reference applies itself): nothing anyone wrote is removed and the
 ///   new lines start on their own line; the fragment stays a skipped
 ///   damaged record (and, if a live lock-less writer was mid-line, its line
-///   is split: the WK-9 hazard of mixing lock-less writers, not made worse).
+///   is split: the known hazard of mixing lock-less writers, not made worse).
 pub(super) fn settle_tail(file: &mut File, len: u64, path: &Path, ctx: &Ctx) -> Result<u64> {
     if len == 0 {
         return Ok(0);
