@@ -61,7 +61,7 @@ pub(super) fn refuse_session_as_root(dir: &Path) -> Result<()> {
 }
 
 /// Refuses to open a root of many sessions as one session's `runs/`
-/// directory ([`FsStore::open`] calls it): its runs would be written
+/// directory ([`crate::FsStore::open`] calls it): its runs would be written
 /// beside the tenants, outside every session.
 pub(crate) fn refuse_root_as_session(dir: &Path) -> Result<()> {
     match std::fs::symlink_metadata(dir.join(ROOT_MARKER)) {

@@ -78,7 +78,7 @@ const CLAIM_FETCH: usize = 32;
 /// own watch, wakes at least this often: a lapsed lease changes no file).
 const RESCAN: Duration = Duration::from_secs(1);
 
-/// Options of [`FsRootStore::open`]: those of [`FsOptions`] that apply to
+/// Options of [`FsRootStore::open`]: those of [`crate::FsOptions`] that apply to
 /// every session (attribution comes from each run's scope).
 #[derive(Clone, Debug, Default)]
 pub struct FsRootOptions {

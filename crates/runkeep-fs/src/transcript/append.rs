@@ -83,7 +83,7 @@ pub(super) fn write_log(
 ///
 /// All or nothing: the batch is one buffer written at the end of the log.
 /// Before writing, the index records the batch as *pending* (its line
-/// records, flag [`FLAG_PENDING`] and a fingerprint of its first bytes);
+/// records, flag [`super::offset_index::FLAG_PENDING`] and a fingerprint of its first bytes);
 /// after the write it is committed. If the write (or its fsync) fails, the
 /// log is truncated back and the pending records dropped. If the appender
 /// dies mid-write, the next appender finds the pending batch and removes

@@ -271,7 +271,7 @@ impl IndexWriter {
     /// truncates the log there (all or nothing: whole lines of an
     /// unacknowledged batch go too) and calls [`Self::drop_pending`].
     /// Anything else (someone else wrote there) drops the pending records
-    /// and leaves the bytes to [`settle_tail`].
+    /// and leaves the bytes to [`super::torn_tail::settle_tail`].
     pub(super) fn resolve_pending(&mut self, log: &File, len: u64) -> io::Result<Option<u64>> {
         if self.header.flags & FLAG_PENDING == 0 {
             return Ok(None);

@@ -58,7 +58,7 @@ pub(crate) struct ReadCost {
 /// Feeds every non-empty line of `file` in `[start, end)` to `f` (absolute
 /// offset, bytes, newline-terminated), reading [`FIRST_CHUNK`] bytes first,
 /// then twice as many each time up to [`READ_CHUNK`]; the same lines as
-/// [`lines`] over the whole range. Stops when `f` answers false. Adds the
+/// [`super::lines`] over the whole range. Stops when `f` answers false. Adds the
 /// bytes it read to `cost`.
 pub(super) fn stream_lines(
     file: &File,
