@@ -1,4 +1,4 @@
-//! Listing at scale (issue 11, item 2): one page of 100 over 1 000, 10 000
+//! Listing at scale (a page costs O(page)): one page of 100 over 1 000, 10 000
 //! and 100 000 runs, first and deep (a cursor half-way), in both orders,
 //! with the park, claimed and status filters, and a `claim_next` + release
 //! cycle — from the session index — plus the walk (the index's fallback and

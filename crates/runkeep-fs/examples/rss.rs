@@ -1,5 +1,5 @@
 //! Resident memory of a listing and of a catch-up, each in a fresh process
-//! (issue 11, item 4). Reads `VmRSS` / `VmHWM` from `/proc/self/status`.
+//! (each costs a page, not the log). Reads `VmRSS` / `VmHWM` from `/proc/self/status`.
 //!
 //! ```text
 //! cargo run --release -p runkeep-fs --example rss -- list <runs-dir>        # index

@@ -1,4 +1,4 @@
-//! The fenced lease on a filesystem (spec §3): the fence is the file name.
+//! The fenced lease on a filesystem: the fence is the file name.
 //!
 //! A run's holdings are `claims/<fence>.json`. Taking the run is creating the
 //! next number with a hard `link` from a body that is already whole, so the
@@ -8,7 +8,8 @@
 //! `{"holder":"","expiresAt":0,"attempts"}` at `fence + 1` (a snooze's also
 //! carries `availableAt`, a dead-lettering claim's `deadLetteredAt`; see
 //! [`crate::run_state`]). The reference reads these bodies as its own: it
-//! looks only at `holder` and `expiresAt` (spec FL-12). Holdings more than 32 below
+//! looks only at `holder` and `expiresAt` (a body with a string `holder`
+//! and a finite numeric `expiresAt` is valid to it). Holdings more than 32 below
 //! the top are pruned; scratch files older than ten minutes are swept.
 //!
 //! Names are canonical (`[1-9][0-9]{0,14}.json`) and only regular files are
@@ -36,6 +37,7 @@ use crate::run_state::{self, Record};
 use crate::sys::{self, errno, Ctx};
 use crate::testing_hooks::{self, Mutation, Point};
 use crate::{Durability, Inner};
+use runkeep::LeaseSummary;
 
 /// The claims directory of a run.
 pub(crate) const CLAIMS_DIR: &str = "claims";
@@ -270,7 +272,7 @@ pub(crate) fn no_hard_links(ctx: &Ctx, dir: &Path, code: i32) -> Error {
 fn link_error(ctx: &Ctx, claims_dir: &Path, target: &Path, e: io::Error) -> PublishError {
     match e.raw_os_error() {
         Some(c) if c == errno::EXIST => PublishError::Exists,
-        Some(c) if errno::is_no_hard_link(c) => {
+        Some(c) if crate::hard_links::is_no_hard_link_errno(c) => {
             PublishError::Failed(no_hard_links(ctx, claims_dir, c))
         }
         _ => PublishError::Failed(ctx.io("publish the holding", target, e)),
@@ -402,7 +404,8 @@ fn scratch_write_error(ctx: &Ctx, claims_dir: &Path, e: io::Error) -> Error {
     )
 }
 
-/// The scratch-name publish (spec FL-20): write the body to a per-attempt
+/// The scratch-name publish (a holding is never visible before its body
+/// is whole): write the body to a per-attempt
 /// unique scratch name in the claims directory, `link` it to the fence name,
 /// unlink the scratch name.
 fn publish_via_scratch(
@@ -480,7 +483,7 @@ fn publish_via_scratch(
 }
 
 /// Mutation only: create the holding exclusively, then write its body (the
-/// publish FL-21 forbids: for an instant the name exists and is empty).
+/// publish the lease rule forbids: for an instant the name exists and is empty).
 fn publish_open_exclusive(
     claims_dir: &Path,
     fence: Fence,
@@ -562,7 +565,7 @@ enum AfterLink {
     Superseded { above: Fence, scan: Scan },
 }
 
-/// The post-link check (issue 8, item 1): a hard link proves only that the
+/// The post-link check (a fence number is never issued twice): a hard link proves only that the
 /// name did not exist at that instant, not that it was never issued.
 /// "A fence above every fence ever issued" is proved by listing the
 /// directory after the link and finding nothing above it.
@@ -579,8 +582,9 @@ fn after_link(claims_dir: &Path, fence: Fence, ctx: &Ctx) -> Result<AfterLink> {
     }
 }
 
-/// Claims, renews or reclaims a run (spec FL-17, with a distinct
-/// `Contended` outcome and jittered backoff).
+/// Claims, renews or reclaims a run: the top holding decides, a lost
+/// link race is retried with jittered backoff, and persistent contention
+/// is its own `Contended` outcome.
 ///
 /// A lease is handed back only when, after its link, nothing above its
 /// fence exists (see [`after_link`]) and its expiry has not passed on the
@@ -717,7 +721,7 @@ pub(crate) fn claim(
 }
 
 /// Hands back a won lease unless it already expired while the claim ran
-/// (item 4: a claim slowed down by a huge claims directory or a stalled
+/// (a claim slowed down by a huge claims directory or a stalled
 /// disk must not return a lease someone else may already be taking). An
 /// expired win is released at once (a clean release: the next claimer
 /// takes it without waiting) and answered as retryable `Unavailable`.
@@ -845,6 +849,15 @@ pub(crate) fn release_with(
         // Someone already took the next number: nothing left to release.
         Err(PublishError::Exists) => Ok(false),
         Err(PublishError::Failed(e)) => Err(inner.note(e)),
+    }
+}
+
+/// The lease read: the top holding, judged at `now`.
+impl Inner {
+    pub(crate) fn lease(&self, scope: &RunScope, now: Timestamp) -> Result<Option<LeaseSummary>> {
+        self.check_scope(scope)?;
+        let ctx = Ctx::new(scope, "lease");
+        Ok(read_top(&self.run_dir(scope), &ctx)?.map(|t| t.summary(now)))
     }
 }
 

@@ -13,9 +13,10 @@ use runkeep::{
 };
 
 use crate::claims::{self, KEEP_BELOW_TOP, SCRATCH_TTL};
+use crate::fenced_write::FENCED_OUT_LOG;
 use crate::lock::META_DIR;
 use crate::sys::{self, Ctx};
-use crate::{checkpoints, listing, transcript, Attribution, Inner, FENCED_OUT_LOG};
+use crate::{checkpoints, listing, transcript, Attribution, Inner};
 
 /// What a health scan found. Every list is empty on a healthy store.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]

@@ -8,7 +8,10 @@ use runkeep::{Error, MessageSnapshot, Result, RunRecord};
 use serde_json::{Map, Value};
 
 use crate::checkpoints::{check_schema, SCHEMA_VERSION};
+use crate::fenced_write::FencedWrite;
 use crate::sys::{self, Ctx};
+use crate::{testing_hooks, Inner};
+use runkeep::{Fence, RunScope};
 
 /// The run record file.
 pub(crate) const RUN_RECORD: &str = "run.json";
@@ -56,7 +59,7 @@ pub(crate) fn encode_messages(messages: &[Value], through_event_seq: u64) -> Vec
     sys::pretty(&Value::Object(m))
 }
 
-/// Reads the message snapshot (spec EV-26): missing ⇒ unavailable; a bare
+/// Reads the message snapshot: missing ⇒ unavailable; a bare
 /// array ⇒ legacy-unverified; the versioned envelope ⇒ available; anything
 /// else is refused, never degraded to an empty snapshot.
 pub(crate) fn read_messages(run_dir: &Path, ctx: &Ctx) -> Result<MessageSnapshot> {
@@ -106,4 +109,36 @@ pub(crate) fn read_report(run_dir: &Path, ctx: &Ctx) -> Result<Option<String>> {
     String::from_utf8(bytes)
         .map(Some)
         .map_err(|_| ctx.corrupted(&path, "the report is not UTF-8 text"))
+}
+
+/// A whole-document write (run record, messages, report) through the
+/// fenced-write skeleton.
+impl Inner {
+    pub(crate) fn write_document(
+        &self,
+        scope: &RunScope,
+        operation: &'static str,
+        file: &'static str,
+        bytes: Vec<u8>,
+        fence: Option<Fence>,
+    ) -> Result<()> {
+        self.check_scope(scope)?;
+        // The long part — writing (and under `PowerLoss` syncing) the whole
+        // document — happens before the lock; under the lock only the fence
+        // check and the `rename` run, so a slow disk cannot stretch the
+        // window between the check and the publish.
+        self.fenced_write(
+            FencedWrite::new(scope, operation, fence),
+            |ctx, run_dir, _| {
+                let temp = sys::TempFile::write(run_dir, file, &bytes, self.durability)
+                    .map_err(|e| ctx.io("write", &run_dir.join(file), e))?;
+                testing_hooks::delay("document-before-lock");
+                Ok(temp)
+            },
+            |ctx, run_dir, _, temp| {
+                temp.publish(file)
+                    .map_err(|e| ctx.io("publish", &run_dir.join(file), e))
+            },
+        )
+    }
 }

@@ -69,13 +69,12 @@ use std::sync::{Arc, Mutex};
 
 use async_trait::async_trait;
 use runkeep::checkpoint::Checkpoint;
-use runkeep::lease::{check_write_fence, stamp_fence};
 use runkeep::watch::{Watch, WatchTopic};
 use runkeep::{
     AuditRecord, CheckpointId, ClaimNextFilter, ClaimOptions, ClaimOutcome, Clock, Error,
     EventBatch, Fence, Lease, LeaseSummary, ListOptions, ListingScope, MessageSnapshot,
     NewAuditEvent, NewEvent, ParkResolution, PersistedEvent, ProjectId, ReadEventsOptions, Result,
-    RunPage, RunRecord, RunScope, SessionId, SystemClock, TenantId, Timestamp, TopHolding,
+    RunPage, RunRecord, RunScope, SessionId, SystemClock, TenantId, Timestamp,
 };
 use serde_json::Value;
 
@@ -83,7 +82,10 @@ mod checkpoints;
 mod claims;
 mod diagnose;
 mod documents;
+mod fenced_write;
+mod hard_links;
 mod index;
+mod inner;
 mod listing;
 mod lock;
 mod queue;
@@ -100,6 +102,9 @@ mod watching;
 pub mod testing;
 
 pub use diagnose::Diagnosis;
+pub use hard_links::{
+    is_no_hard_link_errno, probe_hard_links, HardLinkProbeError, HardLinks, NO_HARD_LINK_ERRNOS,
+};
 pub use index::IndexOutlook;
 pub use listing::{is_listed_run_name, LISTED_RUN_PREFIX};
 pub use root::{
@@ -108,7 +113,7 @@ pub use root::{
 };
 pub use sys::{DIR_MODE, FILE_MODE};
 
-use lock::{Mode, RunLock};
+use inner::Inner;
 use sys::Ctx;
 
 /// The tenant, project and session a store's directory belongs to. The
@@ -176,21 +181,6 @@ impl fmt::Debug for FsStore {
             .field("clock", &self.inner.clock)
             .finish()
     }
-}
-
-pub(crate) struct Inner {
-    base: PathBuf,
-    attribution: Option<Attribution>,
-    pub(crate) durability: Durability,
-    read_only: bool,
-    tmpfile: AtomicBool,
-    poisoned: Mutex<Option<String>>,
-    clock: Arc<dyn Clock>,
-    no_inotify: AtomicBool,
-    /// The session index the listing and `claim_next` consult.
-    index: index::SessionIndex,
-    /// Test seam: never use the index (the walk).
-    no_index: AtomicBool,
 }
 
 impl FsStore {
@@ -310,71 +300,23 @@ impl FsStore {
     }
 }
 
-/// Creates a probe file and a hard link to it; refuses a volume without
-/// hard links. Answers whether `O_TMPFILE` + `linkat` publishes work.
+/// Probes the store directory once: a volume without hard links is
+/// refused; one that cannot be written opens for reading (every write will
+/// say why it failed). Answers whether `O_TMPFILE` + `linkat` publishes
+/// work.
 fn probe_links(base: &Path, ctx: &Ctx) -> Result<bool> {
-    let (pid, n, r) = sys::unique_parts();
-    let a = base.join(format!(".runkeep-probe-{pid}-{n}-{r}"));
-    let b = base.join(format!(".runkeep-probe-{pid}-{n}-{r}-link"));
-    let created = {
-        use std::os::unix::fs::OpenOptionsExt;
-        std::fs::OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .mode(sys::FILE_MODE)
-            .open(&a)
-    };
-    match created {
-        Ok(_) => {}
-        Err(e) => {
-            // Cannot write here at all (read-only, no permission): open for
-            // reading; every write will say why it failed.
-            tracing::debug!("{}: cannot probe hard links: {e}", base.display());
-            return Ok(false);
+    match hard_links::probe_hard_links(base) {
+        Ok(HardLinks::Supported) => Ok(hard_links::tmpfile_links_work(base)),
+        Ok(HardLinks::Unsupported { errno }) => {
+            Err(claims::no_hard_links(ctx, base, errno.raw_os_error()))
         }
+        Err(HardLinkProbeError::CannotCreate(e)) => {
+            tracing::debug!("{}: cannot probe hard links: {e}", base.display());
+            Ok(false)
+        }
+        Err(HardLinkProbeError::Link(e)) => Err(ctx.io("probe hard links in", base, e)),
     }
-    let linked = testing_hooks::fault(testing_hooks::Point::Link, &b)
-        .and_then(|()| std::fs::hard_link(&a, &b));
-    let _ = std::fs::remove_file(&b);
-    let result = match linked {
-        Ok(()) => Ok(()),
-        Err(e) => match e.raw_os_error() {
-            Some(c) if sys::errno::is_no_hard_link(c) => Err(claims::no_hard_links(ctx, base, c)),
-            _ => Err(ctx.io("probe hard links in", base, e)),
-        },
-    };
-    let tmpfile = result.is_ok() && probe_tmpfile(base, &b);
-    let _ = std::fs::remove_file(&a);
-    let _ = std::fs::remove_file(&b);
-    result.map(|()| tmpfile)
 }
-
-fn probe_tmpfile(base: &Path, target: &Path) -> bool {
-    use rustix::fs::{linkat, openat, AtFlags, Mode as FMode, OFlags, CWD};
-    use std::os::fd::AsRawFd;
-    let Ok(fd) = openat(
-        CWD,
-        base,
-        OFlags::TMPFILE | OFlags::WRONLY | OFlags::CLOEXEC,
-        FMode::from_raw_mode(sys::FILE_MODE),
-    ) else {
-        return false;
-    };
-    let proc_path = format!("/proc/self/fd/{}", fd.as_raw_fd());
-    let ok = linkat(
-        CWD,
-        proc_path.as_str(),
-        CWD,
-        target,
-        AtFlags::SYMLINK_FOLLOW,
-    )
-    .is_ok();
-    let _ = std::fs::remove_file(target);
-    ok
-}
-
-/// The line appended to `.runkeep/fenced-out.jsonl` on every refusal.
-const FENCED_OUT_LOG: &str = "fenced-out.jsonl";
 
 /// Runs a blocking store operation off the async runtime's worker threads.
 async fn blocking<T, F>(f: F) -> Result<T>
@@ -392,568 +334,6 @@ where
             }),
         },
         Err(_) => f(),
-    }
-}
-
-impl Inner {
-    pub(crate) fn run_dir(&self, scope: &RunScope) -> PathBuf {
-        match &scope.parent_run_id {
-            Some(parent) => self
-                .base
-                .join(parent.as_str())
-                .join("children")
-                .join(scope.run_id.as_str()),
-            None => self.base.join(scope.run_id.as_str()),
-        }
-    }
-
-    pub(crate) fn base(&self) -> &Path {
-        &self.base
-    }
-
-    /// The store's clock now.
-    pub(crate) fn now(&self) -> Timestamp {
-        self.clock.now()
-    }
-
-    pub(crate) fn attribution(&self) -> Option<&Attribution> {
-        self.attribution.as_ref()
-    }
-
-    pub(crate) fn tmpfile_enabled(&self) -> bool {
-        self.tmpfile.load(Ordering::Relaxed)
-    }
-
-    pub(crate) fn disable_tmpfile(&self) {
-        self.tmpfile.store(false, Ordering::Relaxed);
-    }
-
-    /// Refuses a scope this store is not bound to, and a run whose
-    /// directory would lead out of the store.
-    fn check_scope(&self, scope: &RunScope) -> Result<()> {
-        self.check_inside(scope)?;
-        let Some(a) = &self.attribution else {
-            return Ok(());
-        };
-        if a.tenant_id != scope.tenant_id
-            || a.project_id != scope.project_id
-            || a.session_id != scope.session_id
-        {
-            return Err(Error::invalid(format!(
-                "this store is bound to {}/{}/{} (directory {}), but the run {} belongs to {}/{}/{}; open the store on that session's runs/ directory",
-                a.tenant_id,
-                a.project_id,
-                a.session_id,
-                self.base.display(),
-                scope.run_id,
-                scope.tenant_id,
-                scope.project_id,
-                scope.session_id
-            )));
-        }
-        Ok(())
-    }
-
-    /// Refuses a run whose directory, or a directory on the way to it
-    /// (`<parent>`, `<parent>/children`), is a symbolic link: a run never
-    /// reads or writes outside the store's directory (issue 8, item 8). The
-    /// listing and the doctor skip such entries for the same reason.
-    fn check_inside(&self, scope: &RunScope) -> Result<()> {
-        let mut path = self.base.clone();
-        let parts: Vec<&str> = match &scope.parent_run_id {
-            Some(p) => vec![p.as_str(), "children", scope.run_id.as_str()],
-            None => vec![scope.run_id.as_str()],
-        };
-        for part in parts {
-            path.push(part);
-            match std::fs::symlink_metadata(&path) {
-                Ok(m) if m.file_type().is_symlink() => {
-                    let target = std::fs::read_link(&path)
-                        .map(|t| t.display().to_string())
-                        .unwrap_or_else(|_| "?".into());
-                    return Err(Error::Unsupported {
-                        message: format!(
-                            "run {}: {} is a symbolic link (to {target}); runkeep never follows a link out of the store, so this run can be neither read nor written. Move the run's directory into the store in place of the link, or remove the link",
-                            scope.run_id,
-                            path.display()
-                        ),
-                    });
-                }
-                Ok(_) => {}
-                Err(e) if sys::is_not_found(&e) => return Ok(()),
-                Err(e) => {
-                    return Err(Ctx::new(scope, "open the run").io(
-                        "inspect the run directory",
-                        &path,
-                        e,
-                    ))
-                }
-            }
-        }
-        Ok(())
-    }
-
-    /// Refuses writes after a failed fsync (sticky failure).
-    /// Refuses any write on a store opened read-only, before anything else
-    /// is looked at.
-    pub(crate) fn refuse_read_only(&self) -> Result<()> {
-        if self.read_only {
-            return Err(Error::Unsupported {
-                message: format!(
-                    "the store at {} was opened read-only, so it refuses writes; open it without `read_only` to write",
-                    self.base.display()
-                ),
-            });
-        }
-        Ok(())
-    }
-
-    pub(crate) fn check_poison(&self) -> Result<()> {
-        self.refuse_read_only()?;
-        let p = self.poisoned.lock().unwrap_or_else(|p| p.into_inner());
-        match &*p {
-            Some(why) => Err(Error::Backend {
-                message: format!(
-                    "the store at {} refuses writes since an fsync failed ({why}); what was written before it may not be durable. Check the disk, then open the store again",
-                    self.base.display()
-                ),
-                source: None,
-            }),
-            None => Ok(()),
-        }
-    }
-
-    /// Passes an error through, turning the store sticky-failed when it is a
-    /// failed fsync under [`Durability::PowerLoss`].
-    pub(crate) fn note(&self, e: Error) -> Error {
-        if self.durability == Durability::PowerLoss {
-            let failed = match &e {
-                Error::Backend {
-                    source: Some(s), ..
-                } => sys::is_sync_failure(s.as_ref()),
-                _ => false,
-            };
-            if failed {
-                let mut p = self.poisoned.lock().unwrap_or_else(|p| p.into_inner());
-                if p.is_none() {
-                    *p = Some(e.to_string());
-                }
-            }
-        }
-        e
-    }
-
-    /// The fence rule, counting refusals persistently.
-    fn check_fence(
-        &self,
-        ctx: &Ctx,
-        run_dir: &Path,
-        fence: Fence,
-        top: Option<&TopHolding>,
-        scope: &RunScope,
-    ) -> Result<()> {
-        if testing_hooks::mutation() == testing_hooks::Mutation::NoWriteFence {
-            return Ok(());
-        }
-        let r = check_write_fence(&scope.run_id, ctx.operation, fence, top);
-        if let Err(Error::FencedOut {
-            presented, current, ..
-        }) = &r
-        {
-            if !self.read_only {
-                record_refusal(run_dir, ctx.operation, *presented, *current);
-            }
-        }
-        r
-    }
-
-    /// The fenced-write skeleton: validate, pre-check the fence without
-    /// touching the disk, take the run lock exclusive, re-check, act.
-    fn locked_write<T>(
-        &self,
-        scope: &RunScope,
-        operation: &'static str,
-        fence: Option<Fence>,
-        act: impl FnOnce(&Ctx, &Path, Option<&TopHolding>) -> Result<T>,
-    ) -> Result<T> {
-        self.refuse_read_only()?;
-        let ctx = Ctx::new(scope, operation);
-        let run_dir = self.run_dir(scope);
-        if let Some(f) = fence {
-            let top = claims::read_top(&run_dir, &ctx)?;
-            self.check_fence(&ctx, &run_dir, f, top.as_ref(), scope)?;
-        }
-        self.check_poison()?;
-        sys::ensure_dir(&run_dir, self.durability)
-            .map_err(|e| self.note(ctx.io("create the run directory", &run_dir, e)))?;
-        let _lock = RunLock::acquire(&run_dir, Mode::Exclusive, self.durability, &ctx)?;
-        let top = claims::read_top(&run_dir, &ctx)?;
-        if let Some(f) = fence {
-            self.check_fence(&ctx, &run_dir, f, top.as_ref(), scope)?;
-        }
-        testing_hooks::pause("after-fence-check");
-        act(&ctx, &run_dir, top.as_ref()).map_err(|e| self.note(e))
-    }
-
-    /// Writes a checkpoint file (under the lock) and keeps the digest;
-    /// answers whether the digest needs a rebuild (after the lock).
-    fn put_checkpoint(&self, ctx: &Ctx, run_dir: &Path, cp: &Checkpoint) -> Result<bool> {
-        let cps_dir = run_dir.join(checkpoints::CHECKPOINTS_DIR);
-        sys::ensure_dir(&cps_dir, self.durability)
-            .map_err(|e| ctx.io("create the checkpoints directory", &cps_dir, e))?;
-        let name = checkpoints::file_name(&cp.id);
-        let path = cps_dir.join(&name);
-        let temp = checkpoints::sidecar(run_dir, &name, &checkpoints::encode(cp), self.durability)
-            .map_err(|e| ctx.io("write the checkpoint", &path, e))?;
-        let before = checkpoints::before(run_dir, &name);
-        let ino = temp.ino();
-        temp.publish(&name)
-            .map_err(|e| ctx.io("publish the checkpoint", &path, e))?;
-        Ok(!checkpoints::after_put(
-            run_dir,
-            before,
-            &name,
-            ino,
-            cp.header(),
-            self.durability,
-        ))
-    }
-
-    fn write_checkpoint(
-        &self,
-        scope: &RunScope,
-        checkpoint: &Checkpoint,
-        fence: Option<Fence>,
-    ) -> Result<Checkpoint> {
-        self.refuse_read_only()?;
-        self.check_scope(scope)?;
-        checkpoint.validate_for_write(scope)?;
-        let ctx = Ctx::new(scope, "write_checkpoint");
-        let run_dir = self.run_dir(scope);
-        let top0 = claims::read_top(&run_dir, &ctx)?;
-        if let Some(f) = fence {
-            self.check_fence(&ctx, &run_dir, f, top0.as_ref(), scope)?;
-        }
-        self.check_poison()?;
-        let mut stored = checkpoint.clone();
-        stored.fence = stamp_fence(fence, top0.as_ref());
-        let cps_dir = run_dir.join(checkpoints::CHECKPOINTS_DIR);
-        let name = checkpoints::file_name(&stored.id);
-        let path = cps_dir.join(&name);
-        let result = (|| {
-            sys::ensure_dir(&cps_dir, self.durability)
-                .map_err(|e| ctx.io("create the checkpoints directory", &cps_dir, e))?;
-            // The heavy write happens before the lock; only check + rename
-            // happen under it.
-            let mut temp = checkpoints::sidecar(
-                &run_dir,
-                &name,
-                &checkpoints::encode(&stored),
-                self.durability,
-            )
-            .map_err(|e| ctx.io("write the checkpoint", &path, e))?;
-            let _lock = RunLock::acquire(&run_dir, Mode::Exclusive, self.durability, &ctx)?;
-            let top = claims::read_top(&run_dir, &ctx)?;
-            if let Some(f) = fence {
-                self.check_fence(&ctx, &run_dir, f, top.as_ref(), scope)?;
-            }
-            testing_hooks::pause("after-fence-check");
-            let now_stamp = stamp_fence(fence, top.as_ref());
-            if now_stamp != stored.fence {
-                stored.fence = now_stamp;
-                drop(temp);
-                temp = checkpoints::sidecar(
-                    &run_dir,
-                    &name,
-                    &checkpoints::encode(&stored),
-                    self.durability,
-                )
-                .map_err(|e| ctx.io("write the checkpoint", &path, e))?;
-            }
-            let before = checkpoints::before(&run_dir, &name);
-            let ino = temp.ino();
-            temp.publish(&name)
-                .map_err(|e| ctx.io("publish the checkpoint", &path, e))?;
-            Ok(!checkpoints::after_put(
-                &run_dir,
-                before,
-                &name,
-                ino,
-                stored.header(),
-                self.durability,
-            ))
-        })();
-        if result.map_err(|e| self.note(e))? {
-            checkpoints::rebuild(&run_dir, self.durability, &ctx);
-        }
-        Ok(stored)
-    }
-
-    fn read_checkpoint(&self, scope: &RunScope, id: &CheckpointId) -> Result<Option<Checkpoint>> {
-        self.check_scope(scope)?;
-        let ctx = Ctx::new(scope, "read_checkpoint");
-        checkpoints::read_one(&self.run_dir(scope), id, &ctx)
-    }
-
-    fn list_checkpoints(&self, scope: &RunScope) -> Result<Vec<Checkpoint>> {
-        self.check_scope(scope)?;
-        let ctx = Ctx::new(scope, "list_checkpoints");
-        checkpoints::read_all(&self.run_dir(scope), &ctx)
-    }
-
-    fn delete_checkpoint(
-        &self,
-        scope: &RunScope,
-        id: &CheckpointId,
-        fence: Option<Fence>,
-    ) -> Result<bool> {
-        self.check_scope(scope)?;
-        let run_dir = self.run_dir(scope);
-        if !run_dir.is_dir() {
-            if let Some(f) = fence {
-                check_write_fence(&scope.run_id, "delete_checkpoint", f, None)?;
-            }
-            return Ok(false);
-        }
-        let deleted = self.locked_write(scope, "delete_checkpoint", fence, |ctx, run_dir, _| {
-            let dir = run_dir.join(checkpoints::CHECKPOINTS_DIR);
-            let path = dir.join(checkpoints::file_name(id));
-            match std::fs::remove_file(&path) {
-                Ok(()) => {
-                    if self.durability == Durability::PowerLoss {
-                        sys::sync_dir(&dir).map_err(|e| ctx.io("sync", &dir, e))?;
-                    }
-                    Ok(true)
-                }
-                Err(e) if sys::is_not_found(&e) => Ok(false),
-                Err(e) => Err(ctx.io("delete the checkpoint", &path, e)),
-            }
-        })?;
-        if deleted {
-            let ctx = Ctx::new(scope, "delete_checkpoint");
-            checkpoints::rebuild(&run_dir, self.durability, &ctx);
-        }
-        Ok(deleted)
-    }
-
-    fn resolve_park(
-        &self,
-        scope: &RunScope,
-        id: &CheckpointId,
-        resolution: ParkResolution,
-        now: Timestamp,
-        fence: Option<Fence>,
-    ) -> Result<Checkpoint> {
-        self.check_scope(scope)?;
-        let not_found = || Error::NotFound {
-            what: format!("checkpoint {id} of run {}", scope.run_id),
-        };
-        if !self.run_dir(scope).is_dir() {
-            return Err(not_found());
-        }
-        let (updated, rebuild) =
-            self.locked_write(scope, "resolve_park", fence, |ctx, run_dir, top| {
-                let current = checkpoints::read_one(run_dir, id, ctx)?.ok_or_else(not_found)?;
-                let mut updated = current.clone();
-                runkeep::park::resolve(&mut updated, resolution, now)?;
-                updated.fence = stamp_fence(fence, top).or(current.fence);
-                let rebuild = self.put_checkpoint(ctx, run_dir, &updated)?;
-                Ok((updated, rebuild))
-            })?;
-        if rebuild {
-            let ctx = Ctx::new(scope, "resolve_park");
-            checkpoints::rebuild(&self.run_dir(scope), self.durability, &ctx);
-        }
-        Ok(updated)
-    }
-
-    fn prune_checkpoints(
-        &self,
-        scope: &RunScope,
-        keep_last: usize,
-        fence: Option<Fence>,
-    ) -> Result<Vec<CheckpointId>> {
-        self.check_scope(scope)?;
-        if !self.run_dir(scope).is_dir() {
-            return Ok(Vec::new());
-        }
-        // Read everything before taking the lock (checkpoints can be large);
-        // under the lock, use that read only if the directory has not
-        // changed since (else a park written meanwhile could be deleted).
-        let run_dir = self.run_dir(scope);
-        let ctx0 = Ctx::new(scope, "prune_checkpoints");
-        if let Some(f) = fence {
-            let top = claims::read_top(&run_dir, &ctx0)?;
-            self.check_fence(&ctx0, &run_dir, f, top.as_ref(), scope)?;
-        }
-        let stamp0 = checkpoints::stamp(&run_dir.join(checkpoints::CHECKPOINTS_DIR))
-            .ok()
-            .flatten()
-            .map(|(s, _)| s);
-        let early = checkpoints::read_all(&run_dir, &ctx0)?;
-        let victims = self.locked_write(scope, "prune_checkpoints", fence, |ctx, run_dir, _| {
-            let stamp1 = checkpoints::stamp(&run_dir.join(checkpoints::CHECKPOINTS_DIR))
-                .ok()
-                .flatten()
-                .map(|(s, _)| s);
-            let cps = if stamp0.is_some() && stamp0 == stamp1 {
-                early
-            } else {
-                checkpoints::read_all(run_dir, ctx)?
-            };
-            let victims = runkeep::park::prune_victims(&cps, keep_last);
-            let dir = run_dir.join(checkpoints::CHECKPOINTS_DIR);
-            for v in &victims {
-                let path = dir.join(checkpoints::file_name(v));
-                match std::fs::remove_file(&path) {
-                    Ok(()) => {}
-                    Err(e) if sys::is_not_found(&e) => {}
-                    Err(e) => return Err(ctx.io("delete the checkpoint", &path, e)),
-                }
-            }
-            if !victims.is_empty() && self.durability == Durability::PowerLoss {
-                sys::sync_dir(&dir).map_err(|e| ctx.io("sync", &dir, e))?;
-            }
-            Ok(victims)
-        })?;
-        if !victims.is_empty() {
-            let ctx = Ctx::new(scope, "prune_checkpoints");
-            checkpoints::rebuild(&self.run_dir(scope), self.durability, &ctx);
-        }
-        Ok(victims)
-    }
-
-    fn lease(&self, scope: &RunScope, now: Timestamp) -> Result<Option<LeaseSummary>> {
-        self.check_scope(scope)?;
-        let ctx = Ctx::new(scope, "lease");
-        Ok(claims::read_top(&self.run_dir(scope), &ctx)?.map(|t| t.summary(now)))
-    }
-
-    fn append_events(
-        &self,
-        scope: &RunScope,
-        events: &[NewEvent],
-        fence: Option<Fence>,
-    ) -> Result<Vec<PersistedEvent>> {
-        self.check_scope(scope)?;
-        for e in events {
-            e.validate()?;
-        }
-        self.locked_write(scope, "append_events", fence, |ctx, run_dir, _| {
-            if events.is_empty() {
-                return Ok(Vec::new());
-            }
-            let recheck = || match fence {
-                Some(_) if testing_hooks::mutation_named("no-append-recheck") => Ok(()),
-                Some(f) => {
-                    let top = claims::read_top(run_dir, ctx)?;
-                    self.check_fence(ctx, run_dir, f, top.as_ref(), scope)
-                }
-                None => Ok(()),
-            };
-            transcript::append_events(
-                run_dir,
-                events,
-                fence,
-                self.durability,
-                ctx,
-                &recheck,
-                self.now(),
-            )
-        })
-    }
-
-    fn read_events(&self, scope: &RunScope, options: &ReadEventsOptions) -> Result<EventBatch> {
-        self.check_scope(scope)?;
-        let ctx = Ctx::new(scope, "read_events");
-        transcript::read_events(&self.run_dir(scope), options, &ctx)
-    }
-
-    fn write_document(
-        &self,
-        scope: &RunScope,
-        operation: &'static str,
-        file: &'static str,
-        bytes: Vec<u8>,
-        fence: Option<Fence>,
-    ) -> Result<()> {
-        self.check_scope(scope)?;
-        self.refuse_read_only()?;
-        let ctx = Ctx::new(scope, operation);
-        let run_dir = self.run_dir(scope);
-        if let Some(f) = fence {
-            // Refused before anything is created.
-            let top = claims::read_top(&run_dir, &ctx)?;
-            self.check_fence(&ctx, &run_dir, f, top.as_ref(), scope)?;
-        }
-        // The long part — writing (and under `PowerLoss` syncing) the whole
-        // document — happens before the lock and before the fence check
-        // that counts; under the lock only the check and the `rename` run,
-        // so a slow disk cannot stretch the window (issue 8, item 7).
-        sys::ensure_dir(&run_dir, self.durability)
-            .map_err(|e| self.note(ctx.io("create the run directory", &run_dir, e)))?;
-        let temp = sys::TempFile::write(&run_dir, file, &bytes, self.durability)
-            .map_err(|e| self.note(ctx.io("write", &run_dir.join(file), e)))?;
-        testing_hooks::delay("document-before-lock");
-        self.locked_write(scope, operation, fence, |ctx, run_dir, _| {
-            temp.publish(file)
-                .map_err(|e| ctx.io("publish", &run_dir.join(file), e))
-        })
-    }
-
-    fn append_audit(
-        &self,
-        scope: &RunScope,
-        events: &[NewAuditEvent],
-        fence: Option<Fence>,
-    ) -> Result<Vec<AuditRecord>> {
-        self.check_scope(scope)?;
-        for e in events {
-            e.validate()?;
-        }
-        self.locked_write(scope, "append_audit", fence, |ctx, run_dir, _| {
-            if events.is_empty() {
-                return Ok(Vec::new());
-            }
-            transcript::append_audit(
-                run_dir,
-                scope.run_id.as_str(),
-                events,
-                fence,
-                self.durability,
-                ctx,
-                self.now(),
-            )
-        })
-    }
-}
-
-/// Appends one line to the run's fenced-out log (evidence for the doctor's
-/// single-open-writer check, spec DR-17/WK-25). Best effort: a refusal is
-/// reported to the caller whether or not it could be recorded.
-fn record_refusal(run_dir: &Path, operation: &str, presented: Fence, current: Fence) {
-    use std::io::Write;
-    use std::os::unix::fs::OpenOptionsExt;
-    let meta = run_dir.join(lock::META_DIR);
-    if sys::ensure_dir(&meta, Durability::ProcessCrash).is_err() {
-        return;
-    }
-    let line = serde_json::json!({
-        "at": Timestamp::now().as_millis(),
-        "operation": operation,
-        "presented": presented.get(),
-        "current": current.get(),
-        "pid": std::process::id(),
-    });
-    let mut bytes = serde_json::to_vec(&line).unwrap_or_default();
-    bytes.push(b'\n');
-    if let Ok(mut f) = std::fs::OpenOptions::new()
-        .append(true)
-        .create(true)
-        .mode(sys::FILE_MODE)
-        .open(meta.join(FENCED_OUT_LOG))
-    {
-        let _ = f.write_all(&bytes);
     }
 }
 

@@ -1,4 +1,5 @@
-//! The listing (spec CS-67/68, LY-4) and `claim_next`.
+//! The listing (top-level runs and their sub-runs, `run_*` directories
+//! only) and `claim_next`.
 //!
 //! A page comes from the session index ([`crate::index`]) when it can be
 //! used: the index picks the candidates after the cursor in key order whose
@@ -51,7 +52,7 @@ impl Candidate {
 }
 
 /// The prefix of every run directory a listing takes, at both levels (the
-/// reference's rule LY-4): runs under other ids are readable and writable
+/// reference's listing rule): runs under other ids are readable and writable
 /// by id but never listed nor handed out by `claim_next`.
 pub const LISTED_RUN_PREFIX: &str = "run_";
 

@@ -2,7 +2,7 @@
 //!
 //! A kernel-released `flock` on `<run>/.runkeep/lock`: the kernel drops it
 //! when the holding process dies, so there is no stale lock and no breaker
-//! (the defect class DF-1/DF-19 came from). Writers (every fenced or unfenced
+//! (a stale lock and its breaker are how two writers once both won a run). Writers (every fenced or unfenced
 //! write of the run) take it exclusive across "read the top holding → check
 //! the fence → publish"; claims and releases take it shared, so claimers
 //! still race each other on the hard link (the arbitration the race tests

@@ -311,7 +311,7 @@ impl Inner {
 }
 
 /// A directory lists, and `claim_next` hands out, only run directories named
-/// `run_*` (the reference layout's listing rule, LY-4): a run enqueued under
+/// `run_*` (the reference layout's listing rule): a run enqueued under
 /// any other id would wait in the queue forever, invisible. Refused here —
 /// enqueue is runkeep's own (the reference has no queue), so no shared
 /// directory depends on it — while plain checkpoint writes under such ids

@@ -16,7 +16,7 @@
 //!   attempts and deferral; holdings at or below it are older than the
 //!   record.
 //!
-//! The reference ignores `.runkeep/` and the extra body keys (spec FL-12:
+//! The reference ignores `.runkeep/` and the extra body keys (to it
 //! a body is valid with a string `holder` and a finite numeric
 //! `expiresAt`), so it still reads and claims these runs; it does not
 //! honour their lifecycle.

@@ -92,25 +92,11 @@ impl Inner {
             stored.fence = Some(fence);
             stored
         });
-        let cps_dir = run_dir.join(checkpoints::CHECKPOINTS_DIR);
         let cp_temp = match &stored_cp {
-            Some(cp) => {
-                let name = checkpoints::file_name(&cp.id);
-                sys::ensure_dir(&cps_dir, self.durability).map_err(|e| {
-                    self.note(ctx.io("create the checkpoints directory", &cps_dir, e))
-                })?;
-                Some(
-                    checkpoints::sidecar(
-                        &run_dir,
-                        &name,
-                        &checkpoints::encode(cp),
-                        self.durability,
-                    )
-                    .map_err(|e| {
-                        self.note(ctx.io("write the checkpoint", &cps_dir.join(&name), e))
-                    })?,
-                )
-            }
+            Some(cp) => Some(
+                self.checkpoint_sidecar(&ctx, &run_dir, cp)
+                    .map_err(|e| self.note(e))?,
+            ),
             None => None,
         };
         let finish_temp = match &finish0 {
@@ -131,10 +117,7 @@ impl Inner {
             self.locked_write(scope, "commit_step", Some(fence), |ctx, run_dir, _| {
                 // `locked_write` checked the fence; a finished run is refused
                 // by it too (its fence is spent).
-                let recheck = || -> Result<()> {
-                    let top = claims_top(run_dir, ctx)?;
-                    self.check_fence(ctx, run_dir, fence, top.as_ref(), scope)
-                };
+                let recheck = || self.recheck_fence(ctx, run_dir, fence, scope);
                 if step.finish.is_some() {
                     let state = run_state::read_state(run_dir, ctx)?;
                     step.plan_finish(&scope.run_id, &state.lifecycle, fence, now)?;
@@ -144,20 +127,7 @@ impl Inner {
                 let mut publish_checkpoint = |temp: Option<sys::TempFile>| -> Result<()> {
                     if let (Some(cp), Some(temp)) = (&stored_cp, temp) {
                         recheck()?;
-                        let name = checkpoints::file_name(&cp.id);
-                        let before = checkpoints::before(run_dir, &name);
-                        let ino = temp.ino();
-                        temp.publish(&name).map_err(|e| {
-                            ctx.io("publish the checkpoint", &cps_dir.join(&name), e)
-                        })?;
-                        rebuild = !checkpoints::after_put(
-                            run_dir,
-                            before,
-                            &name,
-                            ino,
-                            cp.header(),
-                            self.durability,
-                        );
+                        rebuild = self.publish_checkpoint(ctx, run_dir, temp, cp.header())?;
                     }
                     Ok(())
                 };
@@ -241,8 +211,4 @@ impl Inner {
         }
         Ok(receipt)
     }
-}
-
-fn claims_top(run_dir: &std::path::Path, ctx: &Ctx) -> Result<Option<runkeep::TopHolding>> {
-    crate::claims::read_top(run_dir, ctx)
 }

@@ -59,11 +59,6 @@ pub(crate) mod errno {
             .map(|(_, n)| (*n).to_string())
             .unwrap_or_else(|| format!("errno {code}"))
     }
-
-    /// The codes a filesystem without hard links answers `link` with.
-    pub(crate) fn is_no_hard_link(code: i32) -> bool {
-        [PERM, NOTSUP, OPNOTSUPP, NOSYS, XDEV, MLINK].contains(&code)
-    }
 }
 
 /// The mode of every file the store creates: its owner's only. A run's

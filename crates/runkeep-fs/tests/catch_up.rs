@@ -1,4 +1,4 @@
-//! Catch-up (issue 11, item 4): a tolerant `read_events` page stops at its
+//! Catch-up costs a page: a tolerant `read_events` page stops at its
 //! page. What it answers is checked here against the whole log: `last_seq`
 //! is the log's (also when a lock-less, index-less writer appended lines the
 //! offset index does not cover), `skipped` holds the damaged records of the

@@ -1,5 +1,5 @@
-//! The digest's freshness stamp notices a checkpoint rewritten in place
-//! (issue 8, item 5): truncating a checkpoint file or overwriting it with
+//! The digest's freshness stamp notices a checkpoint rewritten in place:
+//! truncating a checkpoint file or overwriting it with
 //! garbage — same name, same inode, no rename, so the checkpoints
 //! directory itself does not change — must not leave the listing showing
 //! the run as healthy while reading its checkpoints fails.

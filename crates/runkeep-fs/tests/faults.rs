@@ -49,11 +49,11 @@ fn ev(t: &str) -> NewEvent {
     NewEvent::new(t, Map::new())
 }
 
-/// DF-12 / FL-34: each no-hard-link errno from `link` is refused as
+/// Each no-hard-link errno from `link` is refused as
 /// `Unsupported`, naming the errno, the directory and both ways out; with
 /// both publish paths; and nothing is published.
 #[test]
-fn df_12_every_no_hard_link_errno_is_refused_with_the_ways_out() {
+fn every_no_hard_link_errno_is_refused_with_the_ways_out() {
     for scratch in [false, true] {
         for (code, name) in [
             (EPERM, "EPERM"),
@@ -92,7 +92,7 @@ fn df_12_every_no_hard_link_errno_is_refused_with_the_ways_out() {
     }
 }
 
-/// FL-33: a volume without hard links is refused when the store opens.
+/// A volume without hard links is refused when the store opens.
 #[test]
 fn opening_on_a_volume_without_hard_links_is_refused() {
     let dir = tempdir();
@@ -112,10 +112,10 @@ fn opening_on_a_volume_without_hard_links_is_refused() {
     }
 }
 
-/// DF-12 / FL-34: `ENOSPC` from `link` is not a missing capability: it is
+/// `ENOSPC` from `link` is not a missing capability: it is
 /// reported as the backend error it is.
 #[test]
-fn df_12_enospc_from_link_is_a_backend_error_not_unsupported() {
+fn enospc_from_link_is_a_backend_error_not_unsupported() {
     let dir = tempdir();
     let base = dir.path().join("runs");
     let store = open(&base);
@@ -126,11 +126,11 @@ fn df_12_enospc_from_link_is_a_backend_error_not_unsupported() {
     assert!(e.to_string().contains("full"), "{e}");
 }
 
-/// DF-11 / FL-20: "already exists" from the scratch write is a storage
+/// "Already exists" from the scratch write is a storage
 /// error ("scratch name … already exists"), never a lost race (which would
 /// answer `Held`/`Contended` for a run nobody holds).
 #[test]
-fn df_11_a_scratch_name_collision_is_an_error_not_a_lost_race() {
+fn a_scratch_name_collision_is_an_error_not_a_lost_race() {
     let dir = tempdir();
     let base = dir.path().join("runs");
     let store = open(&base);
@@ -145,10 +145,10 @@ fn df_11_a_scratch_name_collision_is_an_error_not_a_lost_race() {
     );
 }
 
-/// DF-20: a failing scratch write names the claims directory and the
+/// A failing scratch write names the claims directory and the
 /// operation, not just a dotted temp file.
 #[test]
-fn df_20_a_failing_scratch_write_names_the_claims_directory_and_operation() {
+fn a_failing_scratch_write_names_the_claims_directory_and_operation() {
     let dir = tempdir();
     let base = dir.path().join("runs");
     let store = open(&base);

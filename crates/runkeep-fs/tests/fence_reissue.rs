@@ -1,4 +1,4 @@
-//! Issue 8, items 1 and 4: a claimer, a renewer or a releaser stopped
+//! No fence is issued twice: a claimer, a renewer or a releaser stopped
 //! between its read of `claims/` and its hard link, while another process
 //! moves the run on by more than the prune window, must not be handed the
 //! fence its link landed on: the name was issued long ago, pruned, and is

@@ -1,4 +1,4 @@
-//! The indexed answers (contract v2, item 4): `latest_checkpoint`,
+//! The indexed answers (contract v2): `latest_checkpoint`,
 //! `find_pending` and `resume_point` answer from the run's digest and read
 //! one checkpoint file; they agree with the full read on mixed runs
 //! (unstamped reference-style checkpoints, stamped ones, parks), and fall

@@ -9,13 +9,13 @@
 //! - **D1 cursors**: cursors are our own opaque, versioned format, so pages
 //!   are compared by their rows and by whether a cursor is present, never by
 //!   the cursor text; a hand-made reference cursor (`"0:0:run_zzz…"`) is
-//!   refused as not issued by this listing (WK-24).
+//!   refused as not issued by this listing (a cursor is opaque).
 //! - **D2 reads have no side effects**: the reference heals a torn transcript
 //!   tail when a store is bound to *read* (`readEventsStrictAfterBind`); we
-//!   never modify a file on read (WK-27), so the strict answer after a read
+//!   never modify a file on read (reads have no side effects), so the strict answer after a read
 //!   is the same as before it. We heal only on the next append.
-//! - **D3 empty park filter**: the reference reads `park: []` as "no filter"
-//!   (WK-31); we refuse it as ambiguous.
+//! - **D3 empty park filter**: the reference reads `park: []` as "no filter";
+//!   we refuse it as ambiguous.
 //! - **D4 limit types**: a fractional limit (2.9) cannot be expressed; the
 //!   limit is a `usize`.
 //! - **D5 scope with a hole**: cannot be constructed (`ListingScope` types

@@ -285,7 +285,7 @@ fn the_lifecycle_record_lives_under_the_meta_directory() {
     let _ = FinishStatus::Failed;
 }
 
-/// The store clock (item 5): a store built on a clock judges by it every
+/// The store clock: a store built on a clock judges by it every
 /// call that passes no instant — the lease's expiry, the takeover, the
 /// listing's `expired`, `finished_at` and event timestamps.
 #[test]
@@ -368,7 +368,7 @@ fn a_skewed_clock_can_take_over_early_but_never_shares_the_run() {
 }
 
 /// A directory lists (and `claim_next` hands out) only `run_*` runs
-/// (LY-4), so enqueueing any other id would leave a run nobody can see or
+/// (the reference layout's listing rule), so enqueueing any other id would leave a run nobody can see or
 /// take: refused, naming the fix, with nothing written. (Found when
 /// `runkeep enqueue r9` then `runkeep runs` listed nothing.)
 #[test]

@@ -1,4 +1,4 @@
-//! Issue 8, item 2: a directory shared with the reference implementation.
+//! A directory shared with the reference implementation.
 //! The reference writes checkpoints without a fence stamp; runkeep stamps
 //! every checkpoint it writes. After a takeover in either direction, the
 //! takeover's checkpoint must be what `latest_checkpoint`, `resume_point`

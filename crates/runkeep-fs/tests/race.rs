@@ -1,5 +1,5 @@
-//! Cross-process lease races (spec §3.12, FL-35/36/37; DF-1, DF-2, DF-8,
-//! DF-9, DF-10, DF-21), with real OS processes sharing only the directory,
+//! Cross-process lease races (one winner per fence, a reclaimed run won
+//! once, a holding never seen empty or torn), with real OS processes sharing only the directory,
 //! and the meta-tests proving these tests fail against a broken publish.
 
 mod common;
@@ -238,7 +238,7 @@ fn single_run_race_with(
 
 /// Process 0 is delayed 500 ms before every link (claim, renewal and
 /// release): the others issue well over 33 fences meanwhile, so its links
-/// regularly land on names pruned while it slept (issue 8, item 1). Its
+/// regularly land on names pruned while it slept. Its
 /// ttl is 2 s, so a delayed win it is legitimately handed stays live (a
 /// claim slower than its ttl is never handed back, which would hide the
 /// stale link from the tally).
@@ -252,14 +252,15 @@ fn slow_claimer() -> Vec<(&'static str, String)> {
     ]
 }
 
-/// FL-35 at one run, and issue 8 item 1: six processes claim, renew and
+/// One winner per fence at one run, and no fence issued twice by a
+/// delayed linker: six processes claim, renew and
 /// release one run with a 30 ms ttl; one of them is delayed 500 ms before
 /// every link, long enough for the others to move the run past the prune
 /// window. No fence is handed to two callers, none is skipped, every
 /// holding's body names the process that won it, and the delayed process's
 /// stale links were really made and refused (the interleaving happened).
 #[test]
-fn df_01_df_10_six_processes_claiming_renewing_releasing_never_hand_a_fence_out_twice() {
+fn six_processes_claiming_renewing_releasing_never_hand_a_fence_out_twice() {
     let t = single_run_race_with(6, 2000, &[], &slow_claimer());
     assert!(t.fences >= 2000, "{t:?}");
     assert_eq!(
@@ -277,7 +278,7 @@ fn df_01_df_10_six_processes_claiming_renewing_releasing_never_hand_a_fence_out_
     );
 }
 
-/// Meta-test for issue 8 item 1: the same race against a store whose
+/// Meta-test for the delayed linker: the same race against a store whose
 /// post-link check is removed hands fences out twice, and the race test's
 /// tally sees it.
 #[test]
@@ -494,19 +495,19 @@ fn assert_batch(won: &Wins, errors: u64, fence: u64) {
     eprintln!("batch race at fence {fence}: wins per process {per_process:?}");
 }
 
-/// FL-35 / DF-1: six processes released at one wall-clock barrier claim the
+/// Six processes released at one wall-clock barrier claim the
 /// same 300 fresh runs in order: every run won exactly once, at fence 1.
 #[test]
-fn df_01_fresh_batch_race_gives_every_run_to_exactly_one_process_at_fence_1() {
+fn fresh_batch_race_gives_every_run_to_exactly_one_process_at_fence_1() {
     let (won, errors) = batch_race(None);
     assert_batch(&won, errors, 1);
 }
 
-/// FL-36 / DF-2 / DF-21: every run seeded with an expired `claims/7.json`
+/// A reclaimed run is won once, above the expired holding: every run seeded with an expired `claims/7.json`
 /// is won exactly once, at fence 8 (anything else means the seed was not
 /// read and the test degenerated into the fresh race).
 #[test]
-fn df_02_df_21_reclaim_race_reads_the_expired_seed_and_gives_every_run_once_at_fence_8() {
+fn reclaim_race_reads_the_expired_seed_and_gives_every_run_once_at_fence_8() {
     let (won, errors) = batch_race(Some(7));
     assert_batch(&won, errors, 8);
 }
@@ -585,11 +586,11 @@ fn publish_window(envs: &[(&str, String)]) -> (u64, u64) {
     (n("whole"), n("torn"))
 }
 
-/// FL-37 / DF-8: a process spinning on the exact next holding name while
+/// A holding is never seen empty or torn: a process spinning on the exact next holding name while
 /// another renews 120 times never sees it empty or torn (link publish), with
 /// both publish paths (`O_TMPFILE` and scratch name).
 #[test]
-fn df_08_publish_window_watcher_never_sees_an_empty_or_torn_holding() {
+fn publish_window_watcher_never_sees_an_empty_or_torn_holding() {
     for envs in [
         vec![],
         vec![("RUNKEEP_FS_TEST_PUBLISH", "scratch".to_string())],
@@ -604,7 +605,7 @@ fn df_08_publish_window_watcher_never_sees_an_empty_or_torn_holding() {
 }
 
 /// Meta-test: with the holding created exclusively and then written (the
-/// publish FL-21 forbids) the watcher sees an empty body. The window is
+/// publish the lease rule forbids) the watcher sees an empty body. The window is
 /// forced open: the renewer stops between the create and the write of its
 /// first holding, and is let go only once the watcher has reported the
 /// empty body it read.
@@ -646,10 +647,10 @@ fn the_publish_window_watcher_catches_open_exclusive_then_write() {
     );
 }
 
-/// FL-19 / DF-1 in one process: 32 concurrent takers at one instant get
+/// One winner in one process: 32 concurrent takers at one instant get
 /// exactly one lease and distinct fences.
 #[test]
-fn df_01_thirty_two_concurrent_takers_in_one_process_get_exactly_one_lease() {
+fn thirty_two_concurrent_takers_in_one_process_get_exactly_one_lease() {
     let dir = tempdir();
     let store = std::sync::Arc::new(open(&dir.path().join("runs")));
     let rt = tokio::runtime::Builder::new_multi_thread()

@@ -1,4 +1,4 @@
-//! Issue 8, item 9: a store opened with `FsOptions::read_only` reads
+//! A store opened with `FsOptions::read_only` reads
 //! everything and changes nothing: opening creates, probes and links
 //! nothing, and every write is refused as `Unsupported` before it touches
 //! the directory (fenced or not, stale fence or not).
@@ -162,7 +162,7 @@ fn opening_a_missing_directory_read_only_creates_nothing() {
     assert!(!base.exists());
 }
 
-/// Issue 8, item 8: a run directory that is a symbolic link to somewhere
+/// A run directory that is a symbolic link to somewhere
 /// outside the store is neither read nor written through: every operation
 /// on it is refused and nothing appears outside the store (before the fix,
 /// `claim` wrote `claims/1.json` into the link's target).

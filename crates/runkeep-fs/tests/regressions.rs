@@ -1,9 +1,8 @@
 //! One named regression test per fixed defect of the reference's disk stores
-//! (spec §8.1, DF-n) and per weakness this backend closes (§8.2, WK-n).
-//! The cross-process ones live in `race.rs` (DF-1, DF-2, DF-8, DF-10,
-//! DF-21), the injected-fault ones in `faults.rs` (DF-11, DF-12, DF-20) and
-//! WK-8 (a checkpoint vanishing mid-enumeration, forced with a pause point)
-//! in `vanishing.rs`.
+//! and per weakness of theirs this backend closes, each named for its rule.
+//! The cross-process ones live in `race.rs`, the injected-fault ones in
+//! `faults.rs` and a checkpoint vanishing mid-enumeration (forced with a
+//! pause point) in `vanishing.rs`.
 
 mod common;
 
@@ -48,10 +47,10 @@ fn listing() -> ListingScope {
     ListingScope::session(tenant(), project(), session())
 }
 
-/// DF-2 in one process: eight takers reclaiming one expired holding get one
+/// A reclaimed run is won once, in one process: eight takers reclaiming one expired holding get one
 /// lease, one fence above it.
 #[test]
-fn df_02_concurrent_reclaims_of_one_expired_holding_issue_one_fence_above_it() {
+fn concurrent_reclaims_of_one_expired_holding_issue_one_fence_above_it() {
     let dir = tempdir();
     let base = dir.path().join("runs");
     let store = std::sync::Arc::new(open(&base));
@@ -79,11 +78,11 @@ fn df_02_concurrent_reclaims_of_one_expired_holding_issue_one_fence_above_it() {
     assert_eq!(fences, [8]);
 }
 
-/// DF-3: release appends a tombstone; five claim/release cycles give
+/// Release appends a tombstone; five claim/release cycles give
 /// strictly increasing, unique fences (1, 3, 5, 7, 9) and the tombstones
 /// are on disk.
 #[test]
-fn df_03_release_appends_a_tombstone_so_fences_never_rewind() {
+fn release_appends_a_tombstone_so_fences_never_rewind() {
     let dir = tempdir();
     let base = dir.path().join("runs");
     let store = open(&base);
@@ -102,7 +101,7 @@ fn df_03_release_appends_a_tombstone_so_fences_never_rewind() {
     assert_eq!(fences, [1, 3, 5, 7, 9]);
     let tomb = std::fs::read_to_string(claims_dir(&base, "run_cycle").join("10.json")).unwrap();
     // The reference's tombstone, plus the attempt count contract v2 keeps
-    // in every body (the reference ignores the extra key, spec FL-12).
+    // in every body (the reference ignores the extra key).
     assert_eq!(
         serde_json::from_str::<serde_json::Value>(&tomb).unwrap(),
         json!({"holder": "", "expiresAt": 0, "attempts": 0})
@@ -113,10 +112,10 @@ fn df_03_release_appends_a_tombstone_so_fences_never_rewind() {
         .is_fenced_out());
 }
 
-/// DF-4: an empty holding (a crash or full disk mid-write in an older
+/// An empty holding (a crash or full disk mid-write in an older
 /// writer) does not wedge the run: the next claim takes the fence above it.
 #[test]
-fn df_04_an_empty_holding_does_not_wedge_the_run() {
+fn an_empty_holding_does_not_wedge_the_run() {
     let dir = tempdir();
     let base = dir.path().join("runs");
     let store = open(&base);
@@ -139,11 +138,11 @@ fn df_04_an_empty_holding_does_not_wedge_the_run() {
     );
 }
 
-/// DF-5: an unreadable holding still shows on the listing row (fence from
+/// An unreadable holding still shows on the listing row (fence from
 /// the name, expired, anonymous), so the run is served as reclaimable work,
 /// not as never claimed.
 #[test]
-fn df_05_an_unreadable_holding_lists_as_an_expired_claim() {
+fn an_unreadable_holding_lists_as_an_expired_claim() {
     let dir = tempdir();
     let base = dir.path().join("runs");
     let store = open(&base);
@@ -169,10 +168,10 @@ fn df_05_an_unreadable_holding_lists_as_an_expired_claim() {
     );
 }
 
-/// DF-6 / CS-10: a corrupt top holding body cannot make the write check
+/// A corrupt top holding body cannot make the write check
 /// skip itself: the check compares names.
 #[test]
-fn df_06_a_corrupt_holding_body_does_not_skip_the_write_check() {
+fn a_corrupt_holding_body_does_not_skip_the_write_check() {
     let dir = tempdir();
     let base = dir.path().join("runs");
     let store = open(&base);
@@ -193,10 +192,10 @@ fn df_06_a_corrupt_holding_body_does_not_skip_the_write_check() {
     assert!(!base.join("run_c/checkpoints/cp_a.json").exists());
 }
 
-/// DF-9 / FL-8: holding names are a pure function of the fence — claims at
+/// Holding names are a pure function of the fence — claims at
 /// different instants and expiries only ever create `<fence>.json`.
 #[test]
-fn df_09_holding_names_carry_nothing_but_the_fence() {
+fn holding_names_carry_nothing_but_the_fence() {
     let dir = tempdir();
     let base = dir.path().join("runs");
     let store = open(&base);
@@ -217,11 +216,11 @@ fn df_09_holding_names_carry_nothing_but_the_fence() {
     );
 }
 
-/// DF-13 / FL-28: a 30-minute-old scratch file is swept at the next claim;
+/// A 30-minute-old scratch file is swept at the next claim;
 /// a fresh one (possibly a live publisher's) is kept. Ageing uses the wall
 /// clock, never the injected lease clock.
 #[test]
-fn df_13_old_scratch_files_are_swept_and_fresh_ones_kept() {
+fn old_scratch_files_are_swept_and_fresh_ones_kept() {
     let dir = tempdir();
     let base = dir.path().join("runs");
     let store = open(&base);
@@ -236,10 +235,10 @@ fn df_13_old_scratch_files_are_swept_and_fresh_ones_kept() {
     assert_eq!(names(&c), [".tmp-1-2-freshfre-3", "1.json"]);
 }
 
-/// DF-14 / FL-10: a scratch file with a valid live body is never read as a
+/// A scratch file with a valid live body is never read as a
 /// holding, and a completed publish leaves no scratch file behind.
 #[test]
-fn df_14_a_scratch_file_with_a_live_body_is_never_a_holding() {
+fn a_scratch_file_with_a_live_body_is_never_a_holding() {
     let dir = tempdir();
     let base = dir.path().join("runs");
     let store = open(&base);
@@ -271,9 +270,9 @@ fn df_14_a_scratch_file_with_a_live_body_is_never_a_holding() {
     }
 }
 
-/// DF-15 / FL-27: 80 renewals leave between 2 and 33 holdings, the top at 80.
+/// Old holdings are pruned: 80 renewals leave between 2 and 33 holdings, the top at 80.
 #[test]
-fn df_15_eighty_renewals_leave_a_bounded_window_with_the_top_at_80() {
+fn eighty_renewals_leave_a_bounded_window_with_the_top_at_80() {
     let dir = tempdir();
     let base = dir.path().join("runs");
     let store = open(&base);
@@ -298,11 +297,11 @@ fn df_15_eighty_renewals_leave_a_bounded_window_with_the_top_at_80() {
     );
 }
 
-/// DF-16 / FL-5/6/7: non-canonical numeric names are not holdings: hex,
+/// Non-canonical numeric names are not holdings: hex,
 /// padded, exponent, leading zeros, zero and a 16-digit name. None of them
 /// can pin or jump the counter.
 #[test]
-fn df_16_non_canonical_names_are_not_holdings() {
+fn non_canonical_names_are_not_holdings() {
     let dir = tempdir();
     let base = dir.path().join("runs");
     let store = open(&base);
@@ -332,10 +331,10 @@ fn df_16_non_canonical_names_are_not_holdings() {
     assert_eq!(l.fence.get(), 1);
 }
 
-/// FL-7 / WK-18: at the 15-digit ceiling the claim is refused explicitly
+/// At the 15-digit ceiling the claim is refused explicitly
 /// (never a silent stop that fences nobody out).
 #[test]
-fn wk_18_the_fence_ceiling_is_an_explicit_refusal() {
+fn the_fence_ceiling_is_an_explicit_refusal() {
     let dir = tempdir();
     let base = dir.path().join("runs");
     let store = open(&base);
@@ -354,10 +353,10 @@ fn wk_18_the_fence_ceiling_is_an_explicit_refusal() {
     );
 }
 
-/// DF-22 / FL-25: a superseded holder's late release leaves the new holder
+/// A superseded holder's late release leaves the new holder
 /// and its fence intact.
 #[test]
-fn df_22_a_stale_release_does_not_hand_away_the_new_holders_run() {
+fn a_stale_release_does_not_hand_away_the_new_holders_run() {
     let dir = tempdir();
     let store = open(&dir.path().join("runs"));
     let rt = rt();
@@ -380,11 +379,11 @@ fn df_22_a_stale_release_does_not_hand_away_the_new_holders_run() {
     );
 }
 
-/// DF-24 / CS-68: a child and a grandchild list with their parents; the
+/// A child and a grandchild list with their parents; the
 /// grandchild's parent shell directory (holding only `children/`) is not a
 /// row of its own.
 #[test]
-fn df_24_sub_runs_list_with_their_parents_and_shells_do_not() {
+fn sub_runs_list_with_their_parents_and_shells_do_not() {
     let dir = tempdir();
     let base = dir.path().join("runs");
     let store = open(&base);
@@ -419,11 +418,11 @@ fn df_24_sub_runs_list_with_their_parents_and_shells_do_not() {
     );
 }
 
-/// DF-32 / WK-27: listing (and every other read) creates nothing and gives
+/// Listing (and every other read) creates nothing and gives
 /// the same answer twice; reads of a run that does not exist create no
 /// directory.
 #[test]
-fn df_32_reads_create_nothing_and_answer_the_same_twice() {
+fn reads_create_nothing_and_answer_the_same_twice() {
     let dir = tempdir();
     let base = dir.path().join("runs");
     let store = open(&base);
@@ -487,11 +486,11 @@ fn df_32_reads_create_nothing_and_answer_the_same_twice() {
     assert!(!base.join("run_ghost").exists());
 }
 
-/// DF-33 / WK-7: a damaged checkpoint (`{}`) makes `list_checkpoints`
+/// A damaged checkpoint (`{}`) makes `list_checkpoints`
 /// refuse ("not a usable checkpoint") rather than return a short list, and
 /// flags its run's listing row — the page and the other runs are unharmed.
 #[test]
-fn df_33_a_damaged_checkpoint_refuses_the_list_and_flags_only_its_row() {
+fn a_damaged_checkpoint_refuses_the_list_and_flags_only_its_row() {
     let dir = tempdir();
     let base = dir.path().join("runs");
     let store = open(&base);
@@ -534,10 +533,10 @@ fn df_33_a_damaged_checkpoint_refuses_the_list_and_flags_only_its_row() {
     );
 }
 
-/// DF-40 / DM-42/43: checkpoints are written stamped `schemaVersion: 1`; a
+/// Checkpoints are written stamped `schemaVersion: 1`; a
 /// record from a newer schema is refused on read (never partially read).
 #[test]
-fn df_40_records_are_stamped_and_future_versions_refused() {
+fn records_are_stamped_and_future_versions_refused() {
     let dir = tempdir();
     let base = dir.path().join("runs");
     let store = open(&base);
@@ -577,10 +576,10 @@ fn df_40_records_are_stamped_and_future_versions_refused() {
         .contains("schema version 7"));
 }
 
-/// DF-41 / CS-13: concurrent writers of one record each use their own
+/// Concurrent writers of one record each use their own
 /// sidecar, so the published file is always one writer's whole body.
 #[test]
-fn df_41_concurrent_writers_of_one_record_never_publish_a_mixture() {
+fn concurrent_writers_of_one_record_never_publish_a_mixture() {
     let dir = tempdir();
     let base = dir.path().join("runs");
     let store = std::sync::Arc::new(open(&base));
@@ -619,10 +618,10 @@ fn df_41_concurrent_writers_of_one_record_never_publish_a_mixture() {
         .all(|n| !n.ends_with(".tmp")));
 }
 
-/// DF-43/44 / EV-16/17: legacy unsequenced lines take their position,
+/// Legacy unsequenced lines take their position,
 /// undated lines read timestamp 0, and appends continue after them.
 #[test]
-fn df_44_legacy_lines_are_numbered_by_position_and_appends_continue() {
+fn legacy_lines_are_numbered_by_position_and_appends_continue() {
     let dir = tempdir();
     let base = dir.path().join("runs");
     let store = open(&base);
@@ -669,12 +668,12 @@ fn df_44_legacy_lines_are_numbered_by_position_and_appends_continue() {
     );
 }
 
-/// DF-45 / EV-23 / WK-9: a torn final record (a writer killed mid-append) is
+/// A torn final record (a writer killed mid-append) is
 /// healed only by the next append (under the run lock): the fragment stays a
 /// skipped damaged record and the new event starts on its own line. Reads
 /// never modify the file. Same for the audit trail.
 #[test]
-fn df_45_a_torn_tail_is_healed_by_the_next_append_and_reads_change_nothing() {
+fn a_torn_tail_is_healed_by_the_next_append_and_reads_change_nothing() {
     let dir = tempdir();
     let base = dir.path().join("runs");
     let store = open(&base);
@@ -760,7 +759,7 @@ fn df_45_a_torn_tail_is_healed_by_the_next_append_and_reads_change_nothing() {
     assert!(clean.ends_with(b"\n"));
 }
 
-/// WK-10/11/20/24 at the boundary: refused input (reserved keys, a foreign
+/// Refused at the boundary: input (reserved keys, a foreign
 /// `runId`, a park without a type, huge events, a never-issued fence, a
 /// foreign scope, forged cursors) changes nothing on disk.
 #[test]
@@ -847,7 +846,7 @@ fn refused_input_touches_nothing_on_disk() {
     assert_eq!(tree(&base), before);
 }
 
-/// CS-63/64: a foreign listing scope answers an empty page; a store opened
+/// A foreign listing scope answers an empty page; a store opened
 /// without attribution refuses to list, but serves per-run operations.
 #[test]
 fn attribution_binds_listing_and_per_run_operations() {

@@ -1,5 +1,4 @@
-//! The session index behind `list_runs` and `claim_next` (issue 11,
-//! item 2): its pages are the walk's pages, byte for byte, whoever changed
+//! The session index behind `list_runs` and `claim_next`: its pages are the walk's pages, byte for byte, whoever changed
 //! the directory since the last listing — this store, another store on the
 //! same directory, or a writer that knows nothing of any index (the
 //! reference layout written by hand: checkpoints renamed into place,
@@ -270,7 +269,7 @@ fn foreign_changes_appear_in_the_next_listing() {
     foreign_cp(&base.join("run_f"), "run_f", "cp_f", 2_000, 1, None);
     check_all(&store, "a checkpoint into the shell");
 
-    // A children/ directory inside a sub-run holds no runs (CS-68).
+    // A children/ directory inside a sub-run holds no runs (a grandchild lives beside its parent).
     foreign_cp(
         &base.join("run_c/children/run_k/children/run_deep"),
         "run_deep",

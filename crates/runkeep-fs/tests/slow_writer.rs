@@ -1,4 +1,4 @@
-//! Issue 8, item 7: a *slow* holder — not only a stopped one — must not land
+//! A *slow* holder — not only a stopped one — must not land
 //! a write after a takeover. A writer whose fsync takes seconds (a delayed
 //! `fsync`, as a saturated disk does) while another process takes the run
 //! over is refused when it finally gets to publish: the long work happens

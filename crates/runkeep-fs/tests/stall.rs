@@ -1,4 +1,4 @@
-//! Stall tests (DESIGN "No superseded write can win", WK-1): a holder process
+//! Stall tests (no superseded write can win): a holder process
 //! is SIGSTOPped past its lease, another process takes the run over and
 //! writes, the first is SIGCONTed and writes. Plus the measured residual
 //! window: a holder stopped *inside* its critical section.
@@ -228,7 +228,8 @@ fn a_holder_stopped_past_its_lease_is_fenced_out_when_it_resumes() {
         .collect();
     assert_eq!(types, ["w1_early", "w2"]);
     assert_eq!(rt.block_on(store.read_report(&s)).unwrap(), None);
-    // The refusals are counted on disk for the doctor (DR-17 / WK-25).
+    // The refusals are counted on disk for the doctor (it reports two
+    // writers on one run from them).
     let d = store.diagnose(Timestamp::now()).unwrap();
     assert_eq!(d.fenced_out_refusals, vec![(s.clone(), 3)]);
 }
@@ -282,7 +283,7 @@ fn a_holder_stopped_inside_its_checkpoint_write_lands_one_write_that_cannot_win(
 /// An append stopped after its first fence check (holding the run lock,
 /// before its catch-up work): w2's writes are refused (retryable) until w1
 /// resumes, and w1's append re-checks the fence just before its write
-/// (issue 8, item 7), so the late batch is refused too — the window is only
+/// (a slow writer cannot land after a takeover), so the late batch is refused too — the window is only
 /// the last check → write (next test). Sequence numbers stay unique and
 /// contiguous: w2's event follows w1's early one.
 #[test]

@@ -1,5 +1,5 @@
-//! Appends that fail or die half-way leave no permanent damage (issue 8,
-//! item 3): a failed append (events or audit) truncates the log back to its
+//! Appends that fail or die half-way leave no permanent damage: a
+//! failed append (events or audit) truncates the log back to its
 //! length before the call, a batch is all-or-nothing, and a torn tail left
 //! by a dead appender is removed by the next append instead of being sealed
 //! into the log — but a fragment a live lock-less (reference) writer may
@@ -402,7 +402,7 @@ fn a_torn_tail_of_a_killed_appender_is_removed_by_the_next_append() {
 /// (d) A fragment a lock-less writer (the reference, writing one large line
 /// in several chunks) is writing right now is not cut: its bytes stay where
 /// they are; the append terminates it and lands on its own line (the
-/// reference's own EV-23 heal), so the writer's line is split but nothing
+/// heal the reference applies itself), so the writer's line is split but nothing
 /// is removed.
 #[test]
 fn a_fresh_fragment_of_a_lockless_writer_is_not_cut() {

@@ -1,4 +1,4 @@
-//! The transcript: concurrent appenders across processes (WK-9, WK-22), the
+//! The transcript: concurrent appenders across processes (no torn or merged line, unique `seq`), the
 //! offset index against full scans, and stale or damaged indexes.
 
 mod common;
@@ -83,13 +83,13 @@ fn worker_process_entry() {
     }
 }
 
-/// WK-9 / WK-22: three processes append large events to one run while a
+/// Three processes append large events to one run while a
 /// fourth reads strictly in a loop. No read ever sees a torn or merged
 /// record, no two events share a number, every event is whole; and some
 /// reads really ran while the appends were landing (else nothing was
 /// tested).
 #[test]
-fn wk_09_concurrent_large_appends_and_strict_reads_never_tear_or_merge() {
+fn concurrent_large_appends_and_strict_reads_never_tear_or_merge() {
     let (reports, back) = concurrent_appends();
     let tally = reports.last().unwrap();
     eprintln!("strict reader during the appends: {tally}");

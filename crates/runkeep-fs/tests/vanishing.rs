@@ -1,4 +1,4 @@
-//! WK-8: a checkpoint that vanishes between the directory read and its own
+//! A checkpoint that vanishes between the directory read and its own
 //! read (a concurrent delete or prune) is left out, never an error, for the
 //! checkpoint list and for the listing row. The interleaving is forced: the
 //! reading process stops at `checkpoints-before-read` (after its `readdir`,
@@ -96,12 +96,12 @@ fn vanish_mid_enumeration(role: &str) -> String {
 }
 
 #[test]
-fn wk_08_a_checkpoint_deleted_after_the_readdir_is_left_out_of_the_list() {
+fn a_checkpoint_deleted_after_the_readdir_is_left_out_of_the_list() {
     assert_eq!(vanish_mid_enumeration("list-checkpoints"), "ok cp_keep");
 }
 
 #[test]
-fn wk_08_a_checkpoint_deleted_after_the_readdir_does_not_flag_the_listing_row() {
+fn a_checkpoint_deleted_after_the_readdir_does_not_flag_the_listing_row() {
     assert_eq!(
         vanish_mid_enumeration("list-runs"),
         "ok count=1 damaged=None"

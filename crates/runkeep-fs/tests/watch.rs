@@ -1,4 +1,4 @@
-//! `watch` on a directory (contract v2, item 6): a change made by another
+//! `watch` on a directory (contract v2): a change made by another
 //! process wakes a watcher through inotify (the watch thread's trace line
 //! proves the wake-up came from inotify, not from the fallback interval);
 //! without inotify the watch polls and says so in the log. The wake-up

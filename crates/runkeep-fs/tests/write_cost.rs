@@ -1,5 +1,5 @@
 //! A fenced checkpoint write does O(1) file-system work on the checkpoints
-//! directory (issue 11, item 1): with the stored digest fresh, writing into
+//! directory: with the stored digest fresh, writing into
 //! a run that already has 2 000 checkpoints lists the directory 0 times and
 //! stats a bounded number of entries, and the digest it leaves behind is
 //! exact (a listing answers from it without reading a checkpoint file).

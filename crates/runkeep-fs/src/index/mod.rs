@@ -1,5 +1,5 @@
 //! The session index: what a listing page and `claim_next` consult instead
-//! of walking every run directory (issue 11, item 2).
+//! of walking every run directory, so a page costs O(page).
 //!
 //! # What it holds, and where
 //!

@@ -577,7 +577,7 @@ impl Built {
                         d.runs.insert(owner);
                     }
                     // Only a top-level run's sub-runs are runs (a
-                    // grandchild lives beside its own parent, CS-68).
+                    // grandchild lives beside its own parent, not inside it).
                     CHILDREN_DIR if top_level => {
                         d.children.insert(owner);
                     }

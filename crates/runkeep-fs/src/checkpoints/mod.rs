@@ -28,6 +28,8 @@
 //! entry's in, from one `lstat` before and one after the rename: O(1)
 //! syscalls whatever the run's size. Readers keep the full check above.
 
+mod operations;
+
 use std::fs;
 use std::io;
 use std::os::unix::fs::MetadataExt;
@@ -281,7 +283,7 @@ fn mtime_ns_of(meta: &fs::Metadata) -> i64 {
 /// Reads every checkpoint of a run, in the total order. Never silently
 /// short: a damaged entry fails the call. A file that vanishes between the
 /// directory read and its own read was deleted meanwhile and is left out
-/// (WK-8: a concurrent prune never fails a read).
+/// (a concurrent delete or prune never fails a read).
 pub(crate) fn read_all(run_dir: &Path, ctx: &Ctx) -> Result<Vec<Checkpoint>> {
     let dir = run_dir.join(CHECKPOINTS_DIR);
     let Some(list) = entries(&dir).map_err(|e| ctx.io("list the checkpoints", &dir, e))? else {

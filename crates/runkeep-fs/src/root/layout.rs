@@ -1,0 +1,271 @@
+//! Where a root keeps what: telling a root from a session directory (and
+//! refusing the wrong open), the root marker, the path of a session, and
+//! the walk that finds the sessions under a listing scope (symbolic links
+//! are never followed: they are reported, not entered).
+
+use std::path::{Path, PathBuf};
+
+use runkeep::{Error, ListingScope, ProjectId, Result, RunScope, SessionId};
+use serde_json::Value;
+
+use super::{RootInner, SessionKey, ROOT_LAYOUT_VERSION, ROOT_MARKER, SESSION_RUNS_DIR};
+use crate::sys::{self, Ctx};
+
+/// What a root directory holds, besides what a root may hold.
+enum Shape {
+    /// Empty, or only what a root holds.
+    Root,
+    /// It holds `runs/`: a session directory.
+    SessionDir,
+    /// It holds `run_*` directories or `index.json`: a session's `runs/`.
+    RunsDir,
+}
+
+fn shape_of(dir: &Path) -> Result<Shape> {
+    let ctx = Ctx::store("open");
+    let items = sys::list_dir(dir)
+        .map_err(|e| ctx.io("list", dir, e))?
+        .unwrap_or_default();
+    if items
+        .iter()
+        .any(|i| i.name == SESSION_RUNS_DIR && i.file_type.is_dir())
+    {
+        return Ok(Shape::SessionDir);
+    }
+    if items.iter().any(|i| {
+        (crate::listing::is_listed_run_name(&i.name) && i.file_type.is_dir())
+            || i.name == "index.json"
+    }) {
+        return Ok(Shape::RunsDir);
+    }
+    Ok(Shape::Root)
+}
+
+/// Refuses a directory that is a session, not a root, naming the open to
+/// use instead.
+pub(super) fn refuse_session_as_root(dir: &Path) -> Result<()> {
+    match shape_of(dir)? {
+        Shape::Root => Ok(()),
+        Shape::SessionDir => Err(Error::invalid(format!(
+            "{} is one session's directory (it holds {SESSION_RUNS_DIR}/), not a root of many sessions; open {}/{SESSION_RUNS_DIR} as one session (FsStore::open; CLI: --store fs:{}/{SESSION_RUNS_DIR}), or give the root another, empty directory",
+            dir.display(),
+            dir.display(),
+            dir.display()
+        ))),
+        Shape::RunsDir => Err(Error::invalid(format!(
+            "{} is one session's runs/ directory (it holds run_* directories or index.json), not a root of many sessions; open it as one session (FsStore::open; CLI: --store fs:{}), or give the root another, empty directory",
+            dir.display(),
+            dir.display()
+        ))),
+    }
+}
+
+/// Refuses to open a root of many sessions as one session's `runs/`
+/// directory ([`crate::FsStore::open`] calls it): its runs would be written
+/// beside the tenants, outside every session.
+pub(crate) fn refuse_root_as_session(dir: &Path) -> Result<()> {
+    match std::fs::symlink_metadata(dir.join(ROOT_MARKER)) {
+        Ok(_) => Err(Error::invalid(format!(
+            "{} is a root of many sessions ({ROOT_MARKER}), not one session's runs/ directory; open it with FsRootStore::open (CLI: --store root:{}), or open one session's directory {}/<tenant>/<project>/<session>/{SESSION_RUNS_DIR}",
+            dir.display(),
+            dir.display(),
+            dir.display()
+        ))),
+        Err(_) => Ok(()),
+    }
+}
+
+pub(super) fn marker_body() -> Value {
+    serde_json::json!({
+        "runkeepRoot": ROOT_LAYOUT_VERSION,
+        "layout": "<tenant>/<project>/<session>/runs",
+    })
+}
+
+/// Reads the marker: `Ok(false)` when absent; a newer layout is refused.
+pub(super) fn read_marker(root: &Path) -> Result<bool> {
+    let ctx = Ctx::store("open");
+    let path = root.join(ROOT_MARKER);
+    let Some(bytes) = sys::read_opt(&path).map_err(|e| ctx.io("read the root marker", &path, e))?
+    else {
+        return Ok(false);
+    };
+    let v: Value = serde_json::from_slice(&bytes)
+        .map_err(|_| ctx.corrupted(&path, "the root marker is not valid JSON"))?;
+    match v.get("runkeepRoot").and_then(Value::as_u64) {
+        Some(n) if n <= ROOT_LAYOUT_VERSION => Ok(true),
+        Some(n) => Err(Error::Unsupported {
+            message: format!(
+                "{} declares root layout version {n}, newer than version {ROOT_LAYOUT_VERSION} this runkeep knows; upgrade runkeep",
+                path.display()
+            ),
+        }),
+        None => Err(ctx.corrupted(&path, "the root marker has no runkeepRoot version")),
+    }
+}
+
+pub(super) fn key_of(scope: &RunScope) -> SessionKey {
+    (
+        scope.tenant_id.clone(),
+        scope.project_id.clone(),
+        scope.session_id.clone(),
+    )
+}
+
+pub(super) fn session_scope(k: &SessionKey) -> ListingScope {
+    ListingScope::session(k.0.clone(), k.1.clone(), k.2.clone())
+}
+
+impl RootInner {
+    pub(super) fn session_path(&self, k: &SessionKey) -> PathBuf {
+        self.root
+            .join(k.0.as_str())
+            .join(k.1.as_str())
+            .join(k.2.as_str())
+            .join(SESSION_RUNS_DIR)
+    }
+
+    /// Refuses a session whose tenant, project, session or `runs`
+    /// directory is a symbolic link (or not a directory). `Ok(false)` when
+    /// the session has no `runs/` directory yet.
+    pub(super) fn check_path(&self, k: &SessionKey) -> Result<bool> {
+        let mut path = self.root.clone();
+        for part in [k.0.as_str(), k.1.as_str(), k.2.as_str(), SESSION_RUNS_DIR] {
+            path.push(part);
+            match std::fs::symlink_metadata(&path) {
+                Ok(m) if m.file_type().is_symlink() => {
+                    let target = std::fs::read_link(&path)
+                        .map(|t| t.display().to_string())
+                        .unwrap_or_else(|_| "?".into());
+                    return Err(Error::Unsupported {
+                        message: format!(
+                            "session {}/{}/{}: {} is a symbolic link (to {target}); runkeep never follows a link out of the root, so this session can be neither read nor written. Move the directory into the root in place of the link, or remove the link",
+                            k.0,
+                            k.1,
+                            k.2,
+                            path.display()
+                        ),
+                    });
+                }
+                Ok(m) if !m.is_dir() => {
+                    return Err(Error::invalid(format!(
+                        "session {}/{}/{}: {} is not a directory; a root holds <tenant>/<project>/<session>/{SESSION_RUNS_DIR}/ directories only",
+                        k.0,
+                        k.1,
+                        k.2,
+                        path.display()
+                    )))
+                }
+                Ok(_) => {}
+                Err(e) if sys::is_not_found(&e) => return Ok(false),
+                Err(e) => {
+                    return Err(Ctx::store("open a session").io(
+                        "inspect the session directory",
+                        &path,
+                        e,
+                    ))
+                }
+            }
+        }
+        Ok(true)
+    }
+
+    /// Directory names under `dir` that are ids, skipping symlinks and
+    /// anything else that is not a plain directory.
+    pub(super) fn child_ids<T>(dir: &Path, parse: impl Fn(&str) -> Option<T>) -> Result<Vec<T>> {
+        let ctx = Ctx::store("list sessions");
+        let items = sys::list_dir(dir)
+            .map_err(|e| ctx.io("list", dir, e))?
+            .unwrap_or_default();
+        Ok(items
+            .into_iter()
+            .filter(|i| i.file_type.is_dir())
+            .filter_map(|i| parse(&i.name))
+            .collect())
+    }
+
+    /// The existing sessions under a prefix, in (project, session) order.
+    pub(super) fn session_keys(&self, scope: &ListingScope) -> Result<Vec<SessionKey>> {
+        let t = scope.tenant_id().clone();
+        let tenant_dir = self.root.join(t.as_str());
+        if std::fs::symlink_metadata(&tenant_dir).is_ok_and(|m| !m.is_dir()) {
+            return Ok(Vec::new());
+        }
+        let projects = match scope.project_id() {
+            Some(p) => vec![p.clone()],
+            None => Self::child_ids(&tenant_dir, |n| ProjectId::new(n).ok())?,
+        };
+        let mut out = Vec::new();
+        for p in projects {
+            let project_dir = tenant_dir.join(p.as_str());
+            if std::fs::symlink_metadata(&project_dir).is_ok_and(|m| !m.is_dir()) {
+                continue;
+            }
+            let sessions = match scope.session_id() {
+                Some(s) => vec![s.clone()],
+                None => Self::child_ids(&project_dir, |n| SessionId::new(n).ok())?,
+            };
+            for s in sessions {
+                let runs = project_dir.join(s.as_str()).join(SESSION_RUNS_DIR);
+                let session_dir = project_dir.join(s.as_str());
+                let plain = |p: &Path| std::fs::symlink_metadata(p).is_ok_and(|m| m.is_dir());
+                if plain(&session_dir) && plain(&runs) {
+                    out.push((t.clone(), p.clone(), s));
+                }
+            }
+        }
+        out.sort();
+        Ok(out)
+    }
+
+    /// Tenant, project, session and `runs` entries under a prefix that are
+    /// symbolic links (what listings skip).
+    pub(super) fn links_under(&self, scope: &ListingScope) -> Result<Vec<PathBuf>> {
+        let ctx = Ctx::store("diagnose");
+        let is_link =
+            |p: &Path| std::fs::symlink_metadata(p).is_ok_and(|m| m.file_type().is_symlink());
+        let links = |dir: &Path| -> Result<Vec<PathBuf>> {
+            Ok(sys::list_dir(dir)
+                .map_err(|e| ctx.io("list", dir, e))?
+                .unwrap_or_default()
+                .into_iter()
+                .filter(|i| i.file_type.is_symlink() && !i.name.starts_with('.'))
+                .map(|i| dir.join(i.name))
+                .collect())
+        };
+        let mut out = Vec::new();
+        let tenant_dir = self.root.join(scope.tenant_id().as_str());
+        if is_link(&tenant_dir) {
+            return Ok(vec![tenant_dir]);
+        }
+        let projects: Vec<PathBuf> = match scope.project_id() {
+            Some(p) => vec![tenant_dir.join(p.as_str())],
+            None => {
+                out.extend(links(&tenant_dir)?);
+                Self::child_ids(&tenant_dir, |n| Some(tenant_dir.join(n)))?
+            }
+        };
+        for project_dir in projects {
+            if is_link(&project_dir) {
+                out.push(project_dir);
+                continue;
+            }
+            let sessions: Vec<PathBuf> = match scope.session_id() {
+                Some(s) => vec![project_dir.join(s.as_str())],
+                None => {
+                    out.extend(links(&project_dir)?);
+                    Self::child_ids(&project_dir, |n| Some(project_dir.join(n)))?
+                }
+            };
+            for session_dir in sessions {
+                let runs = session_dir.join(SESSION_RUNS_DIR);
+                if is_link(&session_dir) {
+                    out.push(session_dir);
+                } else if is_link(&runs) {
+                    out.push(runs);
+                }
+            }
+        }
+        Ok(out)
+    }
+}

@@ -1,0 +1,236 @@
+//! Appending a batch of events to the transcript under the run lock: one
+//! buffer, all or nothing, `seq` assigned here, recorded in the index.
+
+use std::fs::{File, OpenOptions};
+use std::io::{self, Seek, Write};
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::Path;
+
+use runkeep::{Error, Fence, NewEvent, PersistedEvent, Result, Timestamp};
+use serde_json::Value;
+
+use super::offset_index::{fingerprint, IndexWriter, Rec};
+use super::torn_tail::{catch_up, roll_back, settle_tail};
+use super::TRANSCRIPT;
+use crate::sys::{self, Ctx};
+use crate::testing_hooks::{self, Point};
+use crate::Durability;
+use crate::Inner;
+use runkeep::RunScope;
+
+pub(super) fn open_log(
+    dir: &Path,
+    name: &str,
+    durability: Durability,
+    ctx: &Ctx,
+) -> Result<(File, u64)> {
+    let path = dir.join(name);
+    let existed = path.exists();
+    let file = OpenOptions::new()
+        .read(true)
+        .append(true)
+        .create(true)
+        .mode(crate::sys::FILE_MODE)
+        .custom_flags(rustix::fs::OFlags::CLOEXEC.bits() as i32)
+        .open(&path)
+        .map_err(|e| ctx.io("open", &path, e))?;
+    if !existed && durability == Durability::PowerLoss {
+        sys::sync_dir(dir).map_err(|e| ctx.io("sync the run directory", dir, e))?;
+    }
+    let len = file.metadata().map_err(|e| ctx.io("read", &path, e))?.len();
+    Ok((file, len))
+}
+
+/// The one log write of an append (with its test seams: an injected errno
+/// before it, a short write that lands half the buffer and fails, a pause
+/// point in the middle of it). `written` counts the bytes that landed.
+pub(super) fn write_log(
+    file: &mut File,
+    buf: &[u8],
+    path: &Path,
+    written: &mut u64,
+) -> io::Result<()> {
+    testing_hooks::fault(Point::Append, path)?;
+    let mut write = |bytes: &[u8]| -> io::Result<()> {
+        let mut rest = bytes;
+        while !rest.is_empty() {
+            match file.write(rest) {
+                Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
+                Ok(n) => {
+                    *written += n as u64;
+                    rest = &rest[n..];
+                }
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(())
+    };
+    if let Some(e) = testing_hooks::short_write(Point::Append, path) {
+        write(&buf[..buf.len() / 2])?;
+        return Err(e);
+    }
+    if testing_hooks::pause_requested("mid-append-write") {
+        let half = buf.len() / 2;
+        write(&buf[..half])?;
+        testing_hooks::pause("mid-append-write");
+        return write(&buf[half..]);
+    }
+    write(buf)
+}
+
+/// Appends events (caller holds the run lock and has checked the fence).
+///
+/// All or nothing: the batch is one buffer written at the end of the log.
+/// Before writing, the index records the batch as *pending* (its line
+/// records, flag [`super::offset_index::FLAG_PENDING`] and a fingerprint of its first bytes);
+/// after the write it is committed. If the write (or its fsync) fails, the
+/// log is truncated back and the pending records dropped. If the appender
+/// dies mid-write, the next appender finds the pending batch and removes
+/// what landed of it ([`IndexWriter::resolve_pending`]).
+/// `recheck` is the fence check, run again once the long work (settling the
+/// tail, catching the index up, serializing the batch) is done and just
+/// before the batch is written, so a writer slowed down in that work
+/// cannot land a batch after a takeover it passed its first check before.
+pub(crate) fn append_events(
+    run_dir: &Path,
+    events: &[NewEvent],
+    fence: Option<Fence>,
+    durability: Durability,
+    ctx: &Ctx,
+    recheck: &dyn Fn() -> Result<()>,
+    now: Timestamp,
+) -> Result<Vec<PersistedEvent>> {
+    let path = run_dir.join(TRANSCRIPT);
+    let (mut file, len) = open_log(run_dir, TRANSCRIPT, durability, ctx)?;
+    let tmeta = file.metadata().map_err(|e| ctx.io("read", &path, e))?;
+    let mut index = IndexWriter::open(run_dir, &tmeta).ok();
+    let mut len = len;
+    if let Some(ix) = index.as_mut() {
+        match ix.resolve_pending(&file, len) {
+            Ok(Some(cut)) => {
+                testing_hooks::fault(Point::Append, &path)
+                    .and_then(|()| file.set_len(cut))
+                    .map_err(|e| ctx.io("remove the torn final record of", &path, e))?;
+                ix.drop_pending();
+                tracing::info!(
+                    "{} on run {}: removed {} bytes of a batch its appender (now dead) did not finish writing to {}",
+                    ctx.operation,
+                    ctx.run,
+                    len - cut,
+                    path.display()
+                );
+                len = cut;
+            }
+            Ok(None) => {}
+            Err(e) => {
+                tracing::debug!("could not read the transcript index of {}: {e}", ctx.run);
+                index = None;
+            }
+        }
+    }
+    let len = settle_tail(&mut file, len, &path, ctx)?;
+    let tail = catch_up(&file, len, index.as_mut()).map_err(|e| ctx.io("read", &path, e))?;
+    let mut buf = Vec::new();
+    let mut out = Vec::with_capacity(events.len());
+    let mut recs = Vec::with_capacity(events.len());
+    for (i, e) in events.iter().enumerate() {
+        let pe = e.persist(tail.max_seq + 1 + i as u64, now, fence);
+        let off = len + buf.len() as u64;
+        serde_json::to_writer(&mut buf, &Value::Object(pe.to_json()))
+            .map_err(|e| Error::invalid(format!("event is not serializable: {e}")))?;
+        buf.push(b'\n');
+        recs.push(Rec {
+            off,
+            seq: pe.seq,
+            pos: tail.last_pos + 1 + i as u64,
+        });
+        out.push(pe);
+    }
+    testing_hooks::delay("append-before-recheck");
+    recheck()?;
+    if let Some(ix) = index.as_mut() {
+        if let Err(e) = ix.begin(&tail, &recs, fingerprint(&buf)) {
+            // Without a recorded intent a crash mid-write leaves a fragment
+            // for the grace rule; a failure is still rolled back below.
+            tracing::debug!("could not update the transcript index of {}: {e}", ctx.run);
+            index = None;
+        } else if durability == Durability::PowerLoss && recs.len() > 1 {
+            // Nothing of the batch is written yet: a failure here refuses
+            // the append (the next appender drops the unlanded record).
+            ix.sync_pending(run_dir)
+                .map_err(|e| ctx.io("sync the transcript index of", &path, e))?;
+        }
+    }
+    // Numbers are assigned; only the write is left (the soak once caught a
+    // writer stopped exactly here while another appended without the lock).
+    testing_hooks::pause("before-append-write");
+    let mut written = 0u64;
+    let wrote = write_log(&mut file, &buf, &path, &mut written)
+        .map_err(|e| ctx.io("append to", &path, e))
+        .and_then(|()| match durability {
+            Durability::PowerLoss => {
+                sys::sync_file(&file, &path).map_err(|e| ctx.io("sync", &path, e))
+            }
+            Durability::ProcessCrash => Ok(()),
+        });
+    if let Err(e) = wrote {
+        if roll_back(&file, len, written, &path, ctx) {
+            if let Some(ix) = index.as_mut() {
+                ix.drop_pending();
+            }
+        }
+        return Err(e);
+    }
+    // With O_APPEND the write landed at the end; if that is not where we
+    // computed (someone appended without the lock), the pending records are
+    // wrong: drop them, the next append catches the index up by scanning.
+    let end = file.stream_position().unwrap_or(0);
+    if let Some(ix) = index.as_mut() {
+        let max = out.last().map_or(tail.max_seq, |e| e.seq);
+        let done = if end == len + buf.len() as u64 {
+            ix.commit(max)
+        } else {
+            ix.drop_pending_io()
+        };
+        if let Err(e) = done {
+            tracing::debug!("could not update the transcript index of {}: {e}", ctx.run);
+        }
+    }
+    Ok(out)
+}
+
+/// The fenced append of events: under the run lock, the fence checked
+/// again just before the batch is written.
+impl Inner {
+    pub(crate) fn append_events(
+        &self,
+        scope: &RunScope,
+        events: &[NewEvent],
+        fence: Option<Fence>,
+    ) -> Result<Vec<PersistedEvent>> {
+        self.check_scope(scope)?;
+        for e in events {
+            e.validate()?;
+        }
+        self.locked_write(scope, "append_events", fence, |ctx, run_dir, _| {
+            if events.is_empty() {
+                return Ok(Vec::new());
+            }
+            let recheck = || match fence {
+                Some(_) if testing_hooks::mutation_named("no-append-recheck") => Ok(()),
+                Some(f) => self.recheck_fence(ctx, run_dir, f, scope),
+                None => Ok(()),
+            };
+            append_events(
+                run_dir,
+                events,
+                fence,
+                self.durability,
+                ctx,
+                &recheck,
+                self.now(),
+            )
+        })
+    }
+}

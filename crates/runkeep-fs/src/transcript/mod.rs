@@ -1,0 +1,146 @@
+//! The event transcript (`transcript.jsonl`) with its offset index, and the
+//! audit trail (`audit.jsonl`).
+//!
+//! Lines are compact JSON objects, `\n`-terminated, in the reference's shape
+//! (the payload's fields, `type`, `seq`, `timestamp`, and `generation` when
+//! fenced). The store assigns `seq` under the run lock, so two appenders
+//! never share a number.
+//!
+//! # Offset index
+//!
+//! `.runkeep/transcript.idx` (additive) is a 40-byte header — magic
+//! `RKTXIDX1`, the transcript's device and inode, flags, the highest `seq` —
+//! followed by one fixed 24-byte record `(byte offset, seq, position)` per
+//! readable line, appended together with the lines. A tolerant read is a
+//! page: it binary-searches the records with `pread`, reads from the last
+//! line at or before the cursor and stops at the line that fills its
+//! `limit`, so it costs O(log n + page), not the log's length. Its
+//! `last_seq` is the `seq` of the index's last record below the file's
+//! length (records are monotone, so it is the highest of every line up to
+//! it), verified against its line, and of the lines after that record,
+//! which it scans: the lines a lock-less writer (the reference) appended
+//! without indexing them, normally none. The index is only a hint: a reader
+//! uses it only if it names this very file, is monotone, and the line at
+//! each offset it relies on is the recorded one; otherwise (missing, stale,
+//! written by the reference) the page is read from the file's start and
+//! the rest of the file is scanned for `last_seq`. Readers never write it;
+//! the next append repairs it. Strict reads check the whole file.
+//!
+//! # Failed and torn appends
+//!
+//! An append is all or nothing. The batch is one buffer written at the end
+//! of the log under the run lock; if the write or its fsync fails, the log
+//! is truncated back to its length before the call (and the index's
+//! pending records dropped), so the file is byte-identical and a retry
+//! does not duplicate anything ([`torn_tail::roll_back`]).
+//!
+//! A process killed mid-append leaves a final fragment without a newline.
+//! Only an appender holding the run lock touches it (a read never modifies
+//! the file):
+//!
+//! - a transcript append records its batch in the index as *pending*
+//!   before writing it ([`offset_index::FLAG_PENDING`]); the next appender finding a
+//!   pending batch whose appender is gone (it holds the lock now) and a log
+//!   ending in a prefix of that batch removes the prefix, whole lines of it
+//!   included ([`offset_index::IndexWriter::resolve_pending`]);
+//! - any other fragment (the audit trail, a transcript without a usable
+//!   index, a reference writer's line) is removed only once the file has
+//!   been unmodified for [`torn_tail::TORN_GRACE`], else terminated with `\n` as the
+//!   reference does, so a line a lock-less writer is still writing is never
+//!   cut ([`torn_tail::settle_tail`]).
+//!
+//! # Where each part lives
+//!
+//! - [`reading`]: strict and tolerant (paged) reads of the transcript;
+//! - [`offset_index`]: the index file, its reader view and its writer;
+//! - [`append`]: appending a batch of events;
+//! - [`torn_tail`]: catching up, torn fragments, rolling a failed append back;
+//! - [`audit`]: the audit trail.
+
+mod append;
+mod audit;
+mod offset_index;
+mod reading;
+mod torn_tail;
+
+use std::fs::File;
+use std::os::unix::fs::FileExt;
+use std::path::Path;
+
+use runkeep::PersistedEvent;
+use serde_json::Value;
+
+pub(crate) use append::append_events;
+pub(crate) use audit::read_audit;
+pub(crate) use reading::{read_events, ReadCost};
+
+/// The transcript file of a run.
+pub(crate) const TRANSCRIPT: &str = "transcript.jsonl";
+
+/// The audit trail of a run.
+pub(crate) const AUDIT: &str = "audit.jsonl";
+
+/// The offset index inside the run's meta directory.
+pub(crate) const INDEX_FILE: &str = "transcript.idx";
+
+/// What one non-empty line is.
+enum Parsed {
+    Event(PersistedEvent),
+    /// An object whose `seq` is not a positive integer.
+    BadSeq(Value),
+    Damaged(String),
+}
+
+fn parse_line(bytes: &[u8], position: u64) -> Parsed {
+    match serde_json::from_slice::<Value>(bytes) {
+        Ok(Value::Object(m)) => {
+            if !matches!(m.get("type"), Some(Value::String(_))) {
+                return Parsed::Damaged("is not an event object".into());
+            }
+            if let Some(v) = m.get("seq") {
+                if v.as_u64().is_none_or(|s| s == 0) {
+                    return Parsed::BadSeq(v.clone());
+                }
+            }
+            match PersistedEvent::from_json(m, position) {
+                Ok(e) => Parsed::Event(e),
+                Err(reason) => Parsed::Damaged(reason),
+            }
+        }
+        Ok(_) => Parsed::Damaged("is not an event object".into()),
+        Err(_) => Parsed::Damaged("is not valid JSON".into()),
+    }
+}
+
+/// Non-empty lines of `buf` with their absolute offsets and whether each is
+/// newline-terminated.
+fn lines(buf: &[u8], base: u64) -> impl Iterator<Item = (u64, &[u8], bool)> {
+    let mut start = 0usize;
+    std::iter::from_fn(move || loop {
+        if start >= buf.len() {
+            return None;
+        }
+        let (end, next, terminated) = match buf[start..].iter().position(|b| *b == b'\n') {
+            Some(i) => (start + i, start + i + 1, true),
+            None => (buf.len(), buf.len(), false),
+        };
+        let off = base + start as u64;
+        let line = &buf[start..end];
+        start = next;
+        if !line.is_empty() {
+            return Some((off, line, terminated));
+        }
+    })
+}
+
+/// True when a non-empty log file's last byte is not a newline.
+pub(crate) fn is_torn(path: &Path) -> bool {
+    let Ok(f) = File::open(path) else {
+        return false;
+    };
+    let Ok(len) = f.metadata().map(|m| m.len()) else {
+        return false;
+    };
+    let mut b = [0u8; 1];
+    len > 0 && f.read_exact_at(&mut b, len - 1).is_ok() && b[0] != b'\n'
+}
