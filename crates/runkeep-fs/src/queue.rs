@@ -6,7 +6,7 @@
 use std::path::Path;
 
 use runkeep::lifecycle::{self, EnqueueOptions, Lifecycle, Outcome};
-use runkeep::park::ParkState;
+use runkeep::lifecycle::check_enqueue;
 use runkeep::{Checkpoint, Error, Fence, Result, RunScope, Timestamp, TopHolding};
 
 use crate::checkpoints::{self, Fresh};
@@ -54,18 +54,8 @@ impl Inner {
         refuse_unlisted(scope)?;
         let ctx = Ctx::new(scope, "enqueue");
         let run_dir = self.run_dir(scope);
-        let conflict = || {
-            Error::Conflict {
-            message: format!(
-                "enqueue of run {}: the run already exists; enqueue creates a new run (use another run id, or reopen a finished one)",
-                scope.run_id
-            ),
-        }
-        };
         // Refused before anything is created.
-        if self.run_exists(&run_dir, &ctx)? {
-            return Err(conflict());
-        }
+        check_enqueue(self.run_exists(&run_dir, &ctx)?, &scope.run_id)?;
         let mut stored = checkpoint.clone();
         stored.fence = None;
         let record = Record::new(
@@ -77,9 +67,7 @@ impl Inner {
             0,
         );
         let rebuild = self.locked_write(scope, "enqueue", None, |ctx, run_dir, _| {
-            if self.run_exists(run_dir, ctx)? {
-                return Err(conflict());
-            }
+            check_enqueue(self.run_exists(run_dir, ctx)?, &scope.run_id)?;
             // The record first: a crash before the checkpoint leaves a run
             // that does not exist yet (no checkpoint), which enqueue may
             // create again; the checkpoint is the commit point.
@@ -273,16 +261,7 @@ impl Inner {
         match checkpoints::fresh_digest(&run_dir) {
             Fresh::NoDirectory => return Ok(None),
             Fresh::Digest(d) => {
-                let best = d
-                    .parks
-                    .iter()
-                    .filter(|h| {
-                        h.park
-                            .as_ref()
-                            .is_some_and(|p| p.state(now) == ParkState::Outstanding)
-                    })
-                    .max_by_key(|h| h.order_key(&d.fence_history));
-                let Some(h) = best else {
+                let Some(h) = d.pending_park(now) else {
                     return Ok(None);
                 };
                 if let Some(cp) = checkpoints::read_one(&run_dir, &h.id, &ctx)? {

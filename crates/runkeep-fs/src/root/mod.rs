@@ -39,7 +39,7 @@
 use std::collections::HashMap;
 use std::fmt;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -197,7 +197,7 @@ impl FsRootStore {
     #[cfg(feature = "testing")]
     #[doc(hidden)]
     pub fn testing_rows_fetched(&self) -> u64 {
-        self.inner.fetched.load(Ordering::Relaxed)
+        self.inner.fetched.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// Test seam: the next `claim_next` records the first candidate it is

@@ -3,10 +3,6 @@
 
 use super::*;
 
-/// Linux errnos that mean "this volume has no hard links" (rather than a
-/// transient failure): EPERM, EXDEV, EMLINK, ENOSYS, EOPNOTSUPP.
-const NO_HARD_LINK_ERRNOS: [i32; 5] = [1, 18, 31, 38, 95];
-
 pub(super) fn hard_links(env: &Env) -> CliResult<Outcome> {
     let Some(base_dir) = env.base_dir() else {
         return Ok(Outcome::skipped(format!(
@@ -14,31 +10,26 @@ pub(super) fn hard_links(env: &Env) -> CliResult<Outcome> {
             env.address
         )));
     };
-    let stem = format!(
-        ".runkeep-doctor-link-{}-{}",
-        std::process::id(),
-        runkeep::id::random_suffix(8)
-    );
-    let source = base_dir.join(format!("{stem}.a"));
-    let target = base_dir.join(format!("{stem}.b"));
-    if let Err(e) = std::fs::write(&source, b"runkeep doctor hard-link probe\n") {
-        return Err(CliError::failed(format!(
-            "cannot create a test file in {}: {e}",
-            base_dir.display()
-        ))
-        .hint("see store.writable"));
-    }
-    let linked = std::fs::hard_link(&source, &target);
-    let _ = std::fs::remove_file(&target);
-    let _ = std::fs::remove_file(&source);
-    match linked {
-        Ok(()) => Ok(Outcome::pass(format!("{} supports hard links", env.address))),
-        Err(e) if e.raw_os_error().is_some_and(|c| NO_HARD_LINK_ERRNOS.contains(&c)) => Ok(Outcome::fail(format!(
-            "{} cannot hard-link ({e}): the directory store cannot publish a run claim there",
+    // The store's own probe (and its list of the errnos that mean "this
+    // volume has no hard links"), so the doctor and the store agree.
+    match runkeep_fs::probe_hard_links(&base_dir) {
+        Ok(runkeep_fs::HardLinks::Supported) => {
+            Ok(Outcome::pass(format!("{} supports hard links", env.address)))
+        }
+        Ok(runkeep_fs::HardLinks::Unsupported { errno }) => Ok(Outcome::fail(format!(
+            "{} cannot hard-link ({errno}): the directory store cannot publish a run claim there",
             base_dir.display()
         ))
         .remedy("claims need hard-link support to keep a single writer per run; move the store to ext4, xfs, btrfs or tmpfs")),
-        Err(e) => Err(CliError::failed(format!("hard-link test in {} failed: {e}", base_dir.display()))),
+        Err(e @ runkeep_fs::HardLinkProbeError::CannotCreate(_)) => Err(CliError::failed(format!(
+            "hard-link test in {}: {e}",
+            base_dir.display()
+        ))
+        .hint("see store.writable")),
+        Err(e) => Err(CliError::failed(format!(
+            "hard-link test in {} failed: {e}",
+            base_dir.display()
+        ))),
     }
 }
 
