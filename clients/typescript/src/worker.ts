@@ -32,6 +32,10 @@
  * the worker's own deadline runs on the monotonic clock from the moment the
  * claim was sent, so it is never later than the store's.
  *
+ * This is the worker protocol every runkeep runtime follows (Rust,
+ * TypeScript, Python), written down once in the repository's
+ * `docs/design/worker-protocol.md`.
+ *
  * @module
  */
 

@@ -21,7 +21,7 @@
 //!   for claims), so a takeover cannot slip between "check the fence" and
 //!   "publish". Waits for that lock are bounded, so a stopped process cannot
 //!   wedge a run; what remains of the window is documented in
-//!   `docs/design.md` ("Directory backend").
+//!   `docs/design/directory/lease-and-fencing.md`.
 //! - **Reads have no side effects.** Listing, event reads, checkpoint reads
 //!   and the doctor's scan create and modify nothing.
 //! - **Listing costs O(page) file reads**: each run keeps a digest (latest
@@ -160,7 +160,8 @@ pub struct FsOptions {
     /// The store's clock (contract v2): what claims, expiry, listing,
     /// `available_at`, `finished_at` and event timestamps are judged by when
     /// a call passes no instant. `None`: the machine clock. On a directory
-    /// every process judges by its own store's clock; see `docs/design.md`
+    /// every process judges by its own store's clock; see
+    /// `docs/design/directory/lifecycle.md`
     /// for what a skewed clock can still do.
     pub clock: Option<Arc<dyn Clock>>,
 }

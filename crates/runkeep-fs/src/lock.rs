@@ -19,7 +19,8 @@
 //!   dies, and the error names the lock file;
 //! - a **claim or release** proceeds without the lock (the hard link still
 //!   arbitrates), so a stopped process can never keep a run from being taken
-//!   over: that is the residual window documented in `docs/design.md`;
+//!   over: that is the residual window documented in
+//!   `docs/design/directory/lease-and-fencing.md`;
 //! - a **read** proceeds without it and reads what is committed.
 //!
 //! Readers never create the lock file. When it exists they take it shared

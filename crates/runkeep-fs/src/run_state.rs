@@ -1,7 +1,6 @@
 //! Where a run's lifecycle (contract v2) lives on a directory, and how it
 //! is read back: the lifecycle record `.runkeep/lifecycle.json` plus the
-//! fields the holding bodies carry (`docs/design.md`, "Lifecycle, attempts
-//! and steps on a directory").
+//! fields the holding bodies carry (`docs/design/directory/lifecycle.md`).
 //!
 //! - Every holding body this store publishes carries the run's attempt
 //!   count (`attempts`), so the count changes atomically with the claim's

@@ -1,7 +1,7 @@
 //! `commit_step` on a directory: one fence check under the run lock, the
 //! parts written in a fixed order so that a crash between two of them
 //! leaves a prefix an at-least-once worker already tolerates
-//! (`docs/design.md`, "Lifecycle, attempts and steps on a directory"):
+//! (`docs/design/directory/lifecycle.md`):
 //!
 //! 1. events (one all-or-nothing append),
 //! 2. the message snapshot (it names only events that exist),

@@ -1,7 +1,7 @@
 //! Contract v2 on a directory: where the lifecycle lives and what the
 //! reference (and a crash) can do to it. The conformance kit checks the
-//! rules; these tests check the layout decisions of `docs/design.md`
-//! ("Lifecycle, attempts and steps on a directory").
+//! rules; these tests check the layout decisions of
+//! `docs/design/directory/lifecycle.md`.
 
 mod common;
 
@@ -330,7 +330,7 @@ fn the_store_clock_judges_every_call_that_passes_no_instant() {
 
 /// Two processes on one directory each judge by their own store's clock:
 /// a clock minutes ahead takes a lease the other still believes live (a
-/// directory has no authoritative clock; `docs/design.md`). What stays
+/// directory has no authoritative clock; `docs/design/directory/lifecycle.md`). What stays
 /// guaranteed is the fence: the moment the fast clock takes over, the slow
 /// one's writes are refused, so two holders never both write.
 #[test]

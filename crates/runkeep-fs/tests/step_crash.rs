@@ -1,6 +1,5 @@
 //! `commit_step` killed with SIGKILL between each pair of its parts
-//! (contract v2; `docs/design.md`, "Lifecycle, attempts and steps
-//! on a directory"). A worker process commits one step (two events, the
+//! (contract v2; `docs/design/directory/lifecycle.md`). A worker process commits one step (two events, the
 //! message snapshot, the run record, a checkpoint naming the last event,
 //! and the finish), stopped with SIGSTOP at one pause point; the test
 //! checks it is stopped there, kills it, and reads the run back:

@@ -34,7 +34,7 @@
 //!   run id under another tenant addresses another row. Row-level security
 //!   is not used: the store connects as one role for all tenants, so RLS
 //!   would add a per-transaction `SET` without a second line of defence
-//!   (docs/design.md).
+//!   (`docs/design/postgres.md`).
 //! - **Few round trips.** An operation waits for the server as few times
 //!   as the rule allows: `BEGIN` travels with the statements that lock and
 //!   read the run's row (and read the clock, and whether the checkpoint it
@@ -45,7 +45,7 @@
 //!   upsert, one round trip; `find_pending` and `resume_point` read the
 //!   digest and the bodies they may answer in one statement. The digest is
 //!   kept from what it holds whenever it can be (modules `tx` and
-//!   `pipeline`, and docs/design.md).
+//!   `pipeline`, and `docs/design/postgres.md`, "Round trips").
 //! - **Waiting, not polling.** A change sends `pg_notify` right after its
 //!   `COMMIT`, in the same write, in a transaction of its own that does
 //!   not wait for a flush, never inside the data transaction (a `NOTIFY`

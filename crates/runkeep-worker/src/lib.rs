@@ -3,6 +3,12 @@
 //! backend or a tool that only reads and writes runs does not pull in
 //! tokio's signal handling or `tokio-util`.
 //!
+//! It implements the worker protocol every runkeep runtime follows (this
+//! crate, the TypeScript and the Python clients' workers), written down
+//! once in the repository's `docs/design/worker-protocol.md`: take a run,
+//! keep the lease, write under the fence, resolve an unknown outcome by
+//! reading back, end the holding.
+//!
 //! - [`LeaseKeeper`] renews a held run in the background at a fraction of its
 //!   TTL and cancels the run's token the moment the lease is lost or could
 //!   lapse — before the next write, not after.

@@ -21,7 +21,7 @@
 //! conditions; a figure is the median of its repetitions with their min–max,
 //! and a ratio is the median (min–max) of the per-repetition ratios.
 //! Nothing is hard-coded: every figure is measured in the run it is printed
-//! by, except the one reference figure of issue 19 (350 claim+release/s),
+//! by, except the reference design's claim+release rate (350/s, measured once),
 //! which is named as such.
 //!
 //! [`HttpStore`]: runkeep_server::client::HttpStore
@@ -53,7 +53,7 @@ use stats::{human_rate, human_us, median, min_max, paired, percentile, Sample};
 use work::{Context, Target};
 
 /// The reference design's claim+release rate on the directory store, as
-/// measured in issue 19 (not re-measured here: the reference is not part
+/// measured once on this machine kind (not re-measured here: the reference is not part
 /// of this repository).
 const REFERENCE_CLAIM_RELEASE: f64 = 350.0;
 
@@ -1141,7 +1141,7 @@ impl Ratio {
     }
 }
 
-/// The comparisons issue 19 asks for (and a few that explain them), for
+/// The comparisons the targets name (and a few that explain them), for
 /// the cases that ran.
 fn ratios(cases: &[Case], s: &Settings) -> Vec<Ratio> {
     let find = |name: &str| cases.iter().find(|c| c.name == name && !c.rates.is_empty());
@@ -1162,7 +1162,7 @@ fn ratios(cases: &[Case], s: &Settings) -> Vec<Ratio> {
             &format!("pg/base.skip-locked@{w}"),
             false,
             Some((true, 0.8)),
-            "issue 19 target",
+            "target",
         );
     }
     for w in [8, 16] {
@@ -1172,7 +1172,7 @@ fn ratios(cases: &[Case], s: &Settings) -> Vec<Ratio> {
             &format!("graphile-worker/default@{w}"),
             false,
             Some((true, 1.5)),
-            "issue 19 target (runkeep fences every write; graphile-worker does not)",
+            "target (runkeep fences every write; graphile-worker does not)",
         );
         for (lib, mode) in peers::PEERS.into_iter().skip(1) {
             pair(
@@ -1192,7 +1192,7 @@ fn ratios(cases: &[Case], s: &Settings) -> Vec<Ratio> {
             &format!("pg/drain@{w}"),
             false,
             (w == 8).then_some((true, 0.85)),
-            if w == 8 { "issue 19 target" } else { "" },
+            if w == 8 { "target" } else { "" },
         );
     }
     for w in WORKERS {
@@ -1253,7 +1253,7 @@ fn ratios(cases: &[Case], s: &Settings) -> Vec<Ratio> {
                     "{b} claim+release vs the reference design ({REFERENCE_CLAIM_RELEASE}/s)"
                 ),
                 num: c.name.clone(),
-                den: format!("{REFERENCE_CLAIM_RELEASE}/s (issue 19's figure, not re-measured)"),
+                den: format!("{REFERENCE_CLAIM_RELEASE}/s (the reference design's figure, not re-measured)"),
                 time: false,
                 values: c
                     .rates
@@ -1262,7 +1262,7 @@ fn ratios(cases: &[Case], s: &Settings) -> Vec<Ratio> {
                     .collect(),
                 target: (b == "fs").then_some((true, 20.0)),
                 note: if b == "fs" {
-                    "issue 19 target (the default durability)"
+                    "target (the default durability)"
                 } else {
                     ""
                 },
@@ -1277,7 +1277,7 @@ fn ratios(cases: &[Case], s: &Settings) -> Vec<Ratio> {
             &format!("{b}/renew.after-10"),
             true,
             Some((false, 1.2)),
-            "issue 19 target",
+            "target",
         );
         pair(
             format!("{b} listing first page at {n} vs 1000 runs (time)"),
@@ -1285,7 +1285,7 @@ fn ratios(cases: &[Case], s: &Settings) -> Vec<Ratio> {
             &format!("{b}/list.runs-1000"),
             true,
             Some((false, 2.0)),
-            "issue 19 target",
+            "target",
         );
         pair(
             format!("{b} catch-up at {} vs 1000 events (time)", 10 * n),
@@ -1293,7 +1293,7 @@ fn ratios(cases: &[Case], s: &Settings) -> Vec<Ratio> {
             &format!("{b}/catch-up.events-1000"),
             true,
             (10 * n >= 1_000_000).then_some((false, 2.0)),
-            "issue 19 target at 1 000 000 events",
+            "target at 1 000 000 events",
         );
     }
     pair(
@@ -1639,7 +1639,7 @@ fn markdown(report: &Value, cases: &[Case], ratios: &[Ratio], images: &str) -> S
         ratios.iter().partition(|r| r.target.is_some());
     if !targets.is_empty() {
         out.push_str(&format!(
-            "\n#### The targets of issue 19 (per repetition, paired)\n\n{header}"
+            "\n#### The targets (per repetition, paired)\n\n{header}"
         ));
         targets.iter().for_each(|r| out.push_str(&row(r)));
     }
