@@ -2,12 +2,11 @@
 
 use clap::Args;
 use indicatif::{ProgressBar, ProgressStyle};
-use runkeep::lifecycle::ATTEMPTS_EXHAUSTED;
-use runkeep::{ListOptions, ListOrder, ParkState, RunRow, RunStatus, RunStore, Timestamp};
+use runkeep::{ListOptions, ListOrder, ParkState, RunRow, RunStatus, Timestamp};
 
 use crate::cli::parse_id;
 use crate::commands::lifecycle::status_cell;
-use crate::commands::{claim_cell, park_cell, read_error};
+use crate::commands::{claim_cell, park_cell};
 use crate::context::Ctx;
 use crate::error::{CliError, CliResult, Exit};
 use crate::output::{emit, emit_json, emit_json_line, note, relative, when, Cell, Color, Table};
@@ -28,8 +27,8 @@ pub struct RunsArgs {
     /// Only runs whose status is in this list (active, completed, failed, cancelled; comma-separated).
     #[arg(long, value_delimiter = ',', value_parser = parse_id::<RunStatus>, value_name = "STATUSES")]
     status: Vec<RunStatus>,
-    /// Only dead-lettered runs: failed with the reason "attempts exhausted"
-    /// (reads each failed run's lifecycle; a page may hold fewer rows than --limit).
+    /// Only dead-lettered runs: failed by the store because their holders
+    /// kept losing them (a page may hold fewer rows than --limit).
     #[arg(long, conflicts_with = "status")]
     dead_lettered: bool,
     /// Order: run-id (default) or created-at (unrecorded first).
@@ -79,7 +78,7 @@ pub async fn run(ctx: &Ctx, args: RunsArgs) -> CliResult<Exit> {
     if !args.all {
         let mut page = opened.store.list_runs(&listing, &options).await?;
         if dead_lettered {
-            page.entries = only_dead_lettered(opened.store.as_ref(), page.entries).await?;
+            page.entries = only_dead_lettered(page.entries);
         }
         if ctx.json() {
             emit_json(&page)?;
@@ -102,9 +101,8 @@ pub async fn run(ctx: &Ctx, args: RunsArgs) -> CliResult<Exit> {
     loop {
         let listed = match opened.store.list_runs(&listing, &options).await {
             Ok(mut p) if dead_lettered => {
-                only_dead_lettered(opened.store.as_ref(), std::mem::take(&mut p.entries))
-                    .await
-                    .map(|entries| runkeep::RunPage { entries, ..p })
+                p.entries = only_dead_lettered(std::mem::take(&mut p.entries));
+                Ok(p)
             }
             Ok(p) => Ok(p),
             Err(e) => Err(e.into()),
@@ -136,25 +134,13 @@ pub async fn run(ctx: &Ctx, args: RunsArgs) -> CliResult<Exit> {
     Ok(Exit::Ok)
 }
 
-/// Keeps the rows of dead-lettered runs: failed with the reason
-/// [`ATTEMPTS_EXHAUSTED`] (the row does not carry the reason: each failed
-/// run's lifecycle is read). Damaged rows stay, as every filter keeps them.
-async fn only_dead_lettered(store: &dyn RunStore, rows: Vec<RunRow>) -> CliResult<Vec<RunRow>> {
-    let mut kept = Vec::with_capacity(rows.len());
-    for row in rows {
-        if row.damaged.is_some() {
-            kept.push(row);
-            continue;
-        }
-        if row.status != RunStatus::Failed {
-            continue;
-        }
-        let l = store.lifecycle(&row.scope).await.map_err(read_error)?;
-        if l.reason.as_deref() == Some(ATTEMPTS_EXHAUSTED) {
-            kept.push(row);
-        }
-    }
-    Ok(kept)
+/// Keeps the rows of dead-lettered runs (the row says so:
+/// [`RunRow::dead_lettered`], decided by the core from the lifecycle).
+/// Damaged rows stay, as every filter keeps them.
+fn only_dead_lettered(rows: Vec<RunRow>) -> Vec<RunRow> {
+    rows.into_iter()
+        .filter(|row| row.damaged.is_some() || row.dead_lettered)
+        .collect()
 }
 
 fn print_rows(

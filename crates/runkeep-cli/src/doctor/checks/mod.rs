@@ -39,7 +39,7 @@ use runkeep::lease::MAX_FENCE;
 use runkeep::lifecycle::ATTEMPTS_EXHAUSTED;
 use runkeep::{
     Checkpoint, CheckpointId, ClaimOptions, Holder, ListOptions, NewEvent, ReadEventsOptions,
-    RunRow, RunScope, RunStatus, RunStore, Timestamp, Ttl,
+    RunRow, RunScope, RunStore, Timestamp, Ttl,
 };
 use serde_json::{json, Map};
 

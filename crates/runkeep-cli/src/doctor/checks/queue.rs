@@ -3,9 +3,9 @@
 use super::*;
 
 /// Runs dead-lettered by their attempt limit: status `failed` with the
-/// reason [`ATTEMPTS_EXHAUSTED`]. The listing carries the status; the reason
-/// is read from each failed run's lifecycle. A run failed by its holder
-/// (any other reason) is an outcome, not a finding.
+/// reason [`ATTEMPTS_EXHAUSTED`], which the listing row carries
+/// ([`RunRow::dead_lettered`]): no lifecycle is read. A run failed by its
+/// holder (any other reason) is an outcome, not a finding.
 pub(super) async fn dead_lettered(env: &Env) -> CliResult<Outcome> {
     let rows = listing_rows(env).await?;
     if rows.is_empty() {
@@ -14,27 +14,20 @@ pub(super) async fn dead_lettered(env: &Env) -> CliResult<Outcome> {
             env.scope.listing()?
         )));
     }
-    let store = &env.store()?.store;
-    let mut dead = Vec::new();
-    for row in rows
+    let dead: Vec<String> = rows
         .iter()
-        .filter(|r| r.damaged.is_none() && r.status == RunStatus::Failed)
-    {
-        let l = store
-            .lifecycle(&row.scope)
-            .await
-            .map_err(|e| CliError::from(e).context(format!("lifecycle of {}", row.scope.run_id)))?;
-        if l.reason.as_deref() == Some(ATTEMPTS_EXHAUSTED) {
-            dead.push(format!(
+        .filter(|r| r.damaged.is_none() && r.dead_lettered)
+        .map(|row| {
+            format!(
                 "{} ({} attempt(s){})",
                 row.scope.run_id,
-                l.attempts,
-                l.finished_at
+                row.attempts,
+                row.finished_at
                     .map(|t| format!(", failed {}", crate::output::relative(t, env.now)))
                     .unwrap_or_default()
-            ));
-        }
-    }
+            )
+        })
+        .collect();
     if dead.is_empty() {
         return Ok(Outcome::pass(format!(
             "no dead-lettered run among {} run(s)",
@@ -212,7 +205,7 @@ mod tests {
         f.clock.advance(2000);
         assert!(matches!(
             f.claim("run_poison", "worker-b", 1000).await,
-            runkeep::ClaimOutcome::Finished(RunStatus::Failed)
+            runkeep::ClaimOutcome::Finished(runkeep::RunStatus::Failed)
         ));
         let found = dead_lettered(&f.env(1)).await.unwrap();
         assert_eq!(found.status, Status::Warn, "{}", found.message);
