@@ -749,6 +749,7 @@ fn hand_back(
                 took.as_millis()
             ),
             source: None,
+            outcome_unknown: false,
         });
     }
     Ok(ClaimOutcome::Acquired(Lease {

@@ -158,6 +158,7 @@ fn wait(file: File, mode: Mode, path: &Path, ctx: &Ctx) -> runkeep::Result<RunLo
                         path.display()
                     ),
                     source: None,
+                    outcome_unknown: false,
                 });
             }
             tracing::warn!(

@@ -5,8 +5,8 @@
 
 use std::path::Path;
 
-use runkeep::lifecycle::{self, EnqueueOptions, Lifecycle, Outcome};
 use runkeep::lifecycle::check_enqueue;
+use runkeep::lifecycle::{self, EnqueueOptions, Lifecycle, Outcome};
 use runkeep::{Checkpoint, Error, Fence, Result, RunScope, Timestamp, TopHolding};
 
 use crate::checkpoints::{self, Fresh};

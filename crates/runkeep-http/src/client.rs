@@ -48,9 +48,9 @@
 // request: its size costs nothing measurable, boxing it would cost clarity.
 #![allow(clippy::result_large_err)]
 
+use runkeep::RemoteClock;
 use std::collections::HashMap;
 use std::pin::Pin;
-use runkeep::RemoteClock;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -630,6 +630,7 @@ impl HttpStore {
                 return Tail::Dropped(Some(Error::Unavailable {
                     message: "HttpStore tail_events: no answer within the request timeout".into(),
                     source: None,
+                    outcome_unknown: false,
                 }))
             }
         };
@@ -642,6 +643,7 @@ impl HttpStore {
                 Err(_) => Error::Unavailable {
                     message: format!("HttpStore tail_events: the server answered {status}"),
                     source: None,
+                    outcome_unknown: false,
                 },
             };
             return if e.is_retryable() {

@@ -283,6 +283,7 @@ impl Problem {
             | Some(ProblemType::Overloaded) => Error::Unavailable {
                 message: detail,
                 source: None,
+                outcome_unknown: false,
             },
             Some(ProblemType::Backend) => Error::Backend {
                 message: detail,

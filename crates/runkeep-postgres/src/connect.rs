@@ -9,8 +9,8 @@ use std::time::Duration;
 use deadpool_postgres::{GenericClient, Manager, ManagerConfig, Pool, RecyclingMethod, Runtime};
 use tokio_postgres::NoTls;
 
-use runkeep::RemoteClock;
 use runkeep::watch::Notifier;
+use runkeep::RemoteClock;
 use runkeep::{Error, Result, Timestamp};
 
 use crate::error::{map_pg, map_pool};

@@ -7,8 +7,9 @@
 //!   nothing was committed (the transaction was rolled back or never
 //!   reached `COMMIT`).
 //! - A fault while `COMMIT` itself was in flight is also `Unavailable`, but
-//!   its message starts with [`OUTCOME_UNKNOWN`]: the commit may or may not
-//!   have happened, so the caller reads back before repeating anything.
+//!   with `outcome_unknown` set ([`Error::is_outcome_unknown`], displayed
+//!   with the prefix [`OUTCOME_UNKNOWN`]): the commit may or may not have
+//!   happened, so the caller reads back before repeating anything.
 //! - A value PostgreSQL cannot store (`22P05`, a `\u0000` in JSON text) is
 //!   [`Error::InvalidInput`].
 //! - Anything else is [`Error::Backend`] naming the operation.
@@ -16,8 +17,8 @@
 use runkeep::Error;
 use tokio_postgres::error::SqlState;
 
-/// The prefix of an `Unavailable` whose commit may have happened (the
-/// core's marker, [`Error::is_outcome_unknown`]).
+/// How an `Unavailable` whose commit may have happened is displayed (the
+/// marker is the core's `outcome_unknown` field, [`Error::is_outcome_unknown`]).
 pub use runkeep::error::OUTCOME_UNKNOWN;
 
 /// True when `e` is a fault a retry can get past.

@@ -8,7 +8,6 @@ use async_trait::async_trait;
 use deadpool_postgres::Pool;
 use serde_json::Value;
 
-use runkeep::{Clock, RemoteClock};
 use runkeep::watch::Notifier;
 use runkeep::{
     AuditRecord, Checkpoint, CheckpointId, CheckpointStore, ClaimNextFilter, ClaimOptions,
@@ -17,6 +16,7 @@ use runkeep::{
     ParkResolution, PersistedEvent, ReadEventsOptions, Result, RunPage, RunRecord, RunScope, Step,
     StepReceipt, Timestamp, Watch, WatchTopic,
 };
+use runkeep::{Clock, RemoteClock};
 
 use crate::options::PgOptions;
 

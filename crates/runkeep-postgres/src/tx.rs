@@ -178,6 +178,7 @@ impl PgStore {
                 self.options.reply_timeout.as_millis()
             ),
             source: None,
+            outcome_unknown: false,
         }
     }
 

@@ -500,6 +500,7 @@ impl RunHandle {
                     scope.run_id
                 ),
                 source: Some(Box::new(unknown)),
+                outcome_unknown: false,
             })),
         }
     }

@@ -88,16 +88,20 @@ pub enum Error {
     },
 
     /// The backend is temporarily unreachable or overloaded; the same call may
-    /// succeed later. When the message starts with [`OUTCOME_UNKNOWN`]
+    /// succeed later. When `outcome_unknown` is set
     /// ([`Error::is_outcome_unknown`]) the write may have been stored: its
     /// acknowledgement was lost, so read back before repeating it.
-    #[error("unavailable: {message}")]
+    #[error("unavailable: {}{message}", outcome_prefix(*.outcome_unknown))]
     Unavailable {
         /// What could not be reached.
         message: String,
         /// The underlying failure.
         #[source]
         source: Option<BoxError>,
+        /// The call's write may have been stored (its acknowledgement was
+        /// lost): distinct from a refusal and from a plain outage, where
+        /// nothing was stored. Displayed as the prefix [`OUTCOME_UNKNOWN`].
+        outcome_unknown: bool,
     },
 
     /// Any other backend failure (I/O error, full disk, permission denied).
@@ -112,20 +116,29 @@ pub enum Error {
     },
 }
 
-/// The message prefix of an [`Error::Unavailable`] whose write may or may
-/// not have been stored (the acknowledgement of its commit was lost):
-/// distinct from a refusal (nothing stored) and from a plain outage
-/// (nothing stored). Build it with [`Error::outcome_unknown`], test it with
-/// [`Error::is_outcome_unknown`].
+/// How an [`Error::Unavailable`] whose write may or may not have been
+/// stored (the acknowledgement of its commit was lost) begins when
+/// displayed. The marker itself is the variant's `outcome_unknown` field:
+/// build it with [`Error::outcome_unknown`], test it with
+/// [`Error::is_outcome_unknown`]; the text is for people.
 pub const OUTCOME_UNKNOWN: &str = "outcome unknown";
 
+fn outcome_prefix(outcome_unknown: bool) -> &'static str {
+    if outcome_unknown {
+        "outcome unknown: "
+    } else {
+        ""
+    }
+}
+
 impl Error {
-    /// An [`Error::Unavailable`] whose write may have been stored: the
-    /// message is prefixed with [`OUTCOME_UNKNOWN`].
+    /// An [`Error::Unavailable`] whose write may have been stored
+    /// (`outcome_unknown` set).
     pub fn outcome_unknown(message: impl Into<String>, source: impl Into<BoxError>) -> Self {
         Error::Unavailable {
-            message: format!("{OUTCOME_UNKNOWN}: {}", message.into()),
+            message: message.into(),
             source: Some(source.into()),
+            outcome_unknown: true,
         }
     }
 
@@ -134,7 +147,13 @@ impl Error {
     /// caller must read back before repeating a write that is not
     /// idempotent (an append): the worker runtime's `RunHandle` does.
     pub fn is_outcome_unknown(&self) -> bool {
-        matches!(self, Error::Unavailable { message, .. } if message.starts_with(OUTCOME_UNKNOWN))
+        matches!(
+            self,
+            Error::Unavailable {
+                outcome_unknown: true,
+                ..
+            }
+        )
     }
 
     /// True when repeating the same call later may succeed.
@@ -174,6 +193,7 @@ impl Error {
         Error::Unavailable {
             message: message.into(),
             source: Some(source.into()),
+            outcome_unknown: false,
         }
     }
 
@@ -221,6 +241,12 @@ mod tests {
         assert!(unknown
             .to_string()
             .starts_with("unavailable: outcome unknown: commit"));
+        // The marker is the field, not the text: an outage whose message
+        // happens to read "outcome unknown" is not one.
+        assert!(
+            !Error::unavailable("outcome unknown: maybe", std::io::Error::other("x"))
+                .is_outcome_unknown()
+        );
         assert!(!Error::backend("disk", std::io::Error::other("x")).is_retryable());
         assert!(!Error::invalid("x").is_retryable());
         assert!(!Error::corrupted("x").is_retryable());

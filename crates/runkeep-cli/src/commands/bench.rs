@@ -1253,7 +1253,9 @@ fn ratios(cases: &[Case], s: &Settings) -> Vec<Ratio> {
                     "{b} claim+release vs the reference design ({REFERENCE_CLAIM_RELEASE}/s)"
                 ),
                 num: c.name.clone(),
-                den: format!("{REFERENCE_CLAIM_RELEASE}/s (the reference design's figure, not re-measured)"),
+                den: format!(
+                    "{REFERENCE_CLAIM_RELEASE}/s (the reference design's figure, not re-measured)"
+                ),
                 time: false,
                 values: c
                     .rates

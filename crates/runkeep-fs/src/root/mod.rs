@@ -197,7 +197,9 @@ impl FsRootStore {
     #[cfg(feature = "testing")]
     #[doc(hidden)]
     pub fn testing_rows_fetched(&self) -> u64 {
-        self.inner.fetched.load(std::sync::atomic::Ordering::Relaxed)
+        self.inner
+            .fetched
+            .load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// Test seam: the next `claim_next` records the first candidate it is
