@@ -30,7 +30,10 @@ pub enum Point {
 
 /// A publish deliberately broken for a mutation test.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
-#[cfg_attr(not(feature = "testing"), allow(dead_code))]
+#[cfg_attr(
+    not(feature = "testing"),
+    allow(dead_code, reason = "read only by the test seams")
+)]
 pub(crate) enum Mutation {
     /// The correct publish.
     None,
@@ -341,7 +344,10 @@ static TRANSCRIPT_READS: std::sync::LazyLock<
 /// What the reads of the transcript at `path` have cost so far (by any
 /// store of this process).
 #[cfg(feature = "testing")]
-#[cfg_attr(not(test), allow(dead_code))]
+#[cfg_attr(
+    not(test),
+    allow(dead_code, reason = "read by the integration tests, not by this crate")
+)]
 pub(crate) fn transcript_reads(path: &Path) -> crate::transcript::ReadCost {
     let r = TRANSCRIPT_READS.lock().unwrap_or_else(|p| p.into_inner());
     r.get(path).copied().unwrap_or_default()

@@ -68,7 +68,10 @@ fn copy_tree(from: &Path, to: &Path) {
         } else {
             std::fs::copy(e.path(), &dst).unwrap();
             let mut p = std::fs::metadata(&dst).unwrap().permissions();
-            #[allow(clippy::permissions_set_readonly_false)]
+            #[expect(
+                clippy::permissions_set_readonly_false,
+                reason = "a test copy of a fixture must be writable by its owner; the world-writable warning does not apply to a temp directory"
+            )]
             p.set_readonly(false);
             std::fs::set_permissions(&dst, p).unwrap();
         }

@@ -16,7 +16,6 @@
 
 // A `Problem` is returned straight into a response, once per refused
 // request: its size costs nothing measurable, boxing it would cost clarity.
-#![allow(clippy::result_large_err)]
 
 use std::time::Duration;
 

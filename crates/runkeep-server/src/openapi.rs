@@ -10,7 +10,6 @@
 
 // A `Problem` is returned straight into a response, once per refused
 // request: its size costs nothing measurable, boxing it would cost clarity.
-#![allow(clippy::result_large_err)]
 
 use serde_json::{json, Value};
 use utoipa::openapi::path::{

@@ -1,7 +1,10 @@
 //! Helpers of the end-to-end tests: run the real `runkeep` binary against a
 //! real temporary directory.
 
-#![allow(dead_code)]
+#![allow(
+    dead_code,
+    reason = "each test binary uses a different part of these shared helpers"
+)]
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};

@@ -238,7 +238,10 @@ fn content_hash(dir: &rustix::fd::OwnedFd, cps_dir: &Path, list: &[Entry]) -> io
 
 /// The `(size, mtime s, mtime ns, ctime s, ctime ns)` words of a stat.
 // The `stat` field types differ between platforms (signed on some).
-#[allow(clippy::unnecessary_cast)]
+#[allow(
+    clippy::unnecessary_cast,
+    reason = "the stat field types differ between platforms: the cast is needed where they are signed"
+)]
 fn stat_words(st: &rustix::fs::Stat) -> [u64; 5] {
     [
         st.st_size as u64,
@@ -461,7 +464,10 @@ pub(crate) fn before(run_dir: &Path, name: &str) -> Before {
     match lstat_entry(&dir, name) {
         Ok(old) => Before {
             fresh,
-            #[allow(clippy::unnecessary_cast)]
+            #[allow(
+                clippy::unnecessary_cast,
+                reason = "the stat field types differ between platforms: the cast is needed where they are signed"
+            )]
             old: old.map(|st| (st.st_ino as u64, stat_words(&st))),
         },
         Err(_) => Before {
@@ -501,7 +507,10 @@ pub(crate) fn after_put(
     let (Ok(Some(new)), Ok(mtime_ns)) = (lstat_entry(&dir, name), dir_mtime_ns(&dir)) else {
         return false;
     };
-    #[allow(clippy::unnecessary_cast)]
+    #[allow(
+        clippy::unnecessary_cast,
+        reason = "the stat field types differ between platforms: the cast is needed where they are signed"
+    )]
     if new.st_ino as u64 != ino {
         return false;
     }

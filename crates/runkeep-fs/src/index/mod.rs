@@ -232,7 +232,10 @@ const REMOTE_MAGIC: &[i64] = &[
 
 fn remote(base: &Path) -> Option<String> {
     let st = rustix::fs::statfs(base).ok()?;
-    #[allow(clippy::unnecessary_cast)]
+    #[allow(
+        clippy::unnecessary_cast,
+        reason = "the stat field types differ between platforms: the cast is needed where they are signed"
+    )]
     let magic = st.f_type as i64;
     REMOTE_MAGIC.contains(&magic).then(|| {
         format!("{} is on a network or FUSE filesystem (statfs type {magic:#x}), where inotify does not see other hosts' writes", base.display())
@@ -260,7 +263,13 @@ enum State {
     Building,
     /// Cannot be used; the listing walks. (The reason was logged when it
     /// was refused; tests and benches read it back through `status`.)
-    Refused(#[cfg_attr(not(feature = "testing"), allow(dead_code))] String),
+    Refused(
+        #[cfg_attr(
+            not(feature = "testing"),
+            allow(dead_code, reason = "read only by the test seams")
+        )]
+        String,
+    ),
     Built(Box<Built>),
 }
 

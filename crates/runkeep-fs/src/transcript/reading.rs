@@ -251,7 +251,10 @@ impl<'a> Collector<'a> {
 /// `first_pos`) into a batch, streaming, up to the end or (tolerant) to the
 /// line that fills the page; `None` when the first line is not the record
 /// `expect_first` names.
-#[allow(clippy::too_many_arguments)]
+#[expect(
+    clippy::too_many_arguments,
+    reason = "the window, the page limits and the expected first record are separate inputs of one streaming read"
+)]
 pub(super) fn collect(
     file: &File,
     start: u64,
@@ -409,7 +412,6 @@ pub(super) fn read_strict(
 /// plus a scan of the lines after it, which no index record covers (a
 /// lock-less writer's, normally none); where the index cannot be used, from
 /// a scan of everything after the page.
-#[allow(clippy::too_many_arguments)]
 pub(super) fn read_tolerant(
     run_dir: &Path,
     file: &File,

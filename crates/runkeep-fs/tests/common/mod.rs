@@ -1,6 +1,9 @@
 //! Helpers shared by the integration tests: scopes, stores, and worker
 //! processes (the test binary re-entered as a separate OS process).
-#![allow(dead_code)]
+#![allow(
+    dead_code,
+    reason = "each test binary uses a different part of these shared helpers"
+)]
 
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader, Write};

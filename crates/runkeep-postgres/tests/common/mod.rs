@@ -7,7 +7,10 @@
 //! and differential fixtures cannot skip per case, so they fail with what
 //! to set.
 
-#![allow(dead_code)]
+#![allow(
+    dead_code,
+    reason = "each test binary uses a different part of these shared helpers"
+)]
 
 pub mod counting;
 pub mod proxy;

@@ -57,7 +57,10 @@ pub struct FenceQuery {
     /// The holding the delete is made under (absent: unfenced).
     fence: Option<u64>,
     /// The parent run, for a sub-run.
-    #[allow(dead_code)]
+    #[expect(
+        dead_code,
+        reason = "read only by serde: the parent is part of the run address, parsed so that deny_unknown_fields accepts it"
+    )]
     parent: Option<String>,
 }
 

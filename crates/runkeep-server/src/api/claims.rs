@@ -164,7 +164,10 @@ pub struct NowQuery {
     /// Judge at this instant (epoch ms); the store's clock when absent.
     now: Option<i64>,
     /// The parent run, for a sub-run.
-    #[allow(dead_code)]
+    #[expect(
+        dead_code,
+        reason = "read only by serde: the parent is part of the run address, parsed so that deny_unknown_fields accepts it"
+    )]
     parent: Option<String>,
 }
 

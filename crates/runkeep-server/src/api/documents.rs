@@ -112,7 +112,10 @@ pub struct AuditQuery {
     /// Only records with `seq` above this (default 0).
     since_seq: Option<u64>,
     /// The parent run, for a sub-run.
-    #[allow(dead_code)]
+    #[expect(
+        dead_code,
+        reason = "read only by serde: the parent is part of the run address, parsed so that deny_unknown_fields accepts it"
+    )]
     parent: Option<String>,
 }
 

@@ -78,7 +78,10 @@ pub struct ReadQuery {
     /// At most this many events.
     limit: Option<usize>,
     /// The parent run, for a sub-run.
-    #[allow(dead_code)]
+    #[expect(
+        dead_code,
+        reason = "read only by serde: the parent is part of the run address, parsed so that deny_unknown_fields accepts it"
+    )]
     parent: Option<String>,
 }
 
@@ -119,7 +122,10 @@ pub struct StreamQuery {
     /// Start after this `seq` (the `Last-Event-ID` header wins over it).
     since_seq: Option<u64>,
     /// The parent run, for a sub-run.
-    #[allow(dead_code)]
+    #[expect(
+        dead_code,
+        reason = "read only by serde: the parent is part of the run address, parsed so that deny_unknown_fields accepts it"
+    )]
     parent: Option<String>,
 }
 
@@ -215,7 +221,10 @@ pub struct WaitEventsQuery {
     /// Wait at most this long, ms (at most 30 000; default 25 000).
     timeout_ms: Option<u64>,
     /// The parent run, for a sub-run.
-    #[allow(dead_code)]
+    #[expect(
+        dead_code,
+        reason = "read only by serde: the parent is part of the run address, parsed so that deny_unknown_fields accepts it"
+    )]
     parent: Option<String>,
 }
 

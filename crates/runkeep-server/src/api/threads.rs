@@ -32,7 +32,10 @@
 
 // A `Problem` is returned straight into a response, once per refused
 // request: its size costs nothing measurable, boxing it would cost clarity.
-#![allow(clippy::result_large_err)]
+#![expect(
+    clippy::result_large_err,
+    reason = "a Problem (RFC 9457 details) is what every parser and handler here refuses with; boxing it would allocate per refusal and change nothing else"
+)]
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::OnceLock;
@@ -339,7 +342,10 @@ pub struct GetThreadQuery {
     /// The checkpoint id; absent: the namespace's latest (greatest id).
     checkpoint_id: Option<String>,
     /// The parent run, for a sub-run.
-    #[allow(dead_code)]
+    #[expect(
+        dead_code,
+        reason = "read only by serde: the parent is part of the run address, parsed so that deny_unknown_fields accepts it"
+    )]
     parent: Option<String>,
 }
 
@@ -360,7 +366,10 @@ pub struct ListThreadQuery {
     /// with an equal value (an absent key equals `null`).
     filter: Option<String>,
     /// The parent run, for a sub-run.
-    #[allow(dead_code)]
+    #[expect(
+        dead_code,
+        reason = "read only by serde: the parent is part of the run address, parsed so that deny_unknown_fields accepts it"
+    )]
     parent: Option<String>,
 }
 
@@ -391,7 +400,10 @@ pub struct DeleteThreadQuery {
     /// The holding the delete is made under (absent: unfenced).
     fence: Option<u64>,
     /// The parent run, for a sub-run.
-    #[allow(dead_code)]
+    #[expect(
+        dead_code,
+        reason = "read only by serde: the parent is part of the run address, parsed so that deny_unknown_fields accepts it"
+    )]
     parent: Option<String>,
 }
 

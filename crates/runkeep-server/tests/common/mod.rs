@@ -3,7 +3,10 @@
 //! [`TestServer::kill`]ing) it drops every connection and stream at once,
 //! like a killed process.
 
-#![allow(dead_code)]
+#![allow(
+    dead_code,
+    reason = "each test binary uses a different part of these shared helpers"
+)]
 
 use std::net::SocketAddr;
 use std::sync::Arc;
