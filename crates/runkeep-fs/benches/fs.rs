@@ -102,7 +102,7 @@ fn claim_release(c: &mut Criterion) {
             inline(store.release(&s, l.fence)).unwrap();
         })
     });
-    store.testing_force_scratch_publish();
+    store.testing().force_scratch_publish();
     g.bench_function("inline_scratch_name_publish", |b| {
         b.iter(|| {
             let l = inline(store.claim(&s, &opts)).unwrap().lease().unwrap();
@@ -208,7 +208,8 @@ fn listing(c: &mut Criterion) {
         // Measure the session index, not the walk it answers with while it
         // is being built.
         store
-            .testing_wait_index()
+            .testing()
+            .wait_index()
             .expect("the session index is in use");
         let page = |order: ListOrder, cursor: Option<String>| ListOptions {
             order,

@@ -197,13 +197,13 @@ fn listing(c: &mut Criterion) {
         let base = fixture(n);
         let store = open(&base);
         let t = Instant::now();
-        let built = store.testing_wait_index();
+        let built = store.testing().wait_index();
         eprintln!("index of {n} runs: {built:?} in {:?}", t.elapsed());
-        if let Ok((entries, swept, watches)) = store.testing_index_counts() {
+        if let Ok((entries, swept, watches)) = store.testing().index_counts() {
             eprintln!("  {entries} run directories, {swept} swept by stamp, {watches} inotify watches held");
             if swept > 0 {
                 let t = Instant::now();
-                let pass = store.testing_index_sweep();
+                let pass = store.testing().index_sweep();
                 eprintln!(
                     "  one sweep pass: {pass:?} (checked, re-read) in {:?}",
                     t.elapsed()
@@ -299,7 +299,7 @@ fn listing(c: &mut Criterion) {
                 ("walk_first_created_at", page(ListOrder::CreatedAt)),
             ] {
                 g.bench_with_input(BenchmarkId::new(name, n), &n, |b, _| {
-                    b.iter(|| store.testing_list_runs_walk(&session, &o).unwrap())
+                    b.iter(|| store.testing().list_runs_walk(&session, &o).unwrap())
                 });
             }
         }

@@ -79,10 +79,10 @@ fn list(base: &Path, walk: bool) {
     report("start");
     let store = open(base);
     if walk {
-        store.testing_disable_index();
+        store.testing().disable_index();
     } else {
         let t = Instant::now();
-        let built = store.testing_wait_index();
+        let built = store.testing().wait_index();
         println!("index: {built:?} in {:?}", t.elapsed());
         report("index built");
     }

@@ -278,26 +278,34 @@ impl FsStore {
     pub fn diagnose(&self, now: Timestamp) -> Result<Diagnosis> {
         diagnose::diagnose(&self.inner, now)
     }
+
+    /// The test seams of this store, behind one door (feature `testing`):
+    /// `store.testing().disable_index()`, `.wait_index()`, ….
+    #[cfg(feature = "testing")]
+    #[doc(hidden)]
+    pub fn testing(&self) -> crate::testing::StoreSeams<'_> {
+        crate::testing::StoreSeams(self)
+    }
 }
 
 #[cfg(feature = "testing")]
-impl FsStore {
+impl crate::testing::StoreSeams<'_> {
     /// Test seam: publish holdings through scratch names, never `O_TMPFILE`.
     #[doc(hidden)]
-    pub fn testing_force_scratch_publish(&self) {
-        self.inner.disable_tmpfile();
+    pub fn force_scratch_publish(&self) {
+        self.0.inner.disable_tmpfile();
     }
 
     /// Test seam: `watch` never uses inotify (the polling fallback).
     #[doc(hidden)]
-    pub fn testing_disable_inotify(&self) {
-        self.inner.no_inotify.store(true, Ordering::Relaxed);
+    pub fn disable_inotify(&self) {
+        self.0.inner.no_inotify.store(true, Ordering::Relaxed);
     }
 
     /// Test seam: whether holdings are published through `O_TMPFILE`.
     #[doc(hidden)]
-    pub fn testing_uses_tmpfile(&self) -> bool {
-        self.inner.tmpfile_enabled()
+    pub fn uses_tmpfile(&self) -> bool {
+        self.0.inner.tmpfile_enabled()
     }
 }
 

@@ -20,6 +20,15 @@ use std::sync::{LazyLock, Mutex};
 
 pub use crate::testing_hooks::Point as FaultPoint;
 
+/// One store's test seams: [`crate::FsStore::testing`]. Every switch and
+/// counter a test may use on a store is a method of this one handle.
+#[derive(Clone, Copy, Debug)]
+pub struct StoreSeams<'a>(pub(crate) &'a crate::FsStore);
+
+/// One root's test seams: [`crate::FsRootStore::testing`].
+#[derive(Clone, Copy, Debug)]
+pub struct RootSeams<'a>(pub(crate) &'a crate::FsRootStore);
+
 struct Fault {
     id: u64,
     point: FaultPoint,

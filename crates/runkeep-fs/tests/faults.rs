@@ -66,7 +66,7 @@ fn every_no_hard_link_errno_is_refused_with_the_ways_out() {
             let base = dir.path().join("runs");
             let store = open(&base);
             if scratch {
-                store.testing_force_scratch_publish();
+                store.testing().force_scratch_publish();
             }
             let _f = inject(FaultPoint::Link, &base, code);
             let e =
@@ -134,7 +134,7 @@ fn a_scratch_name_collision_is_an_error_not_a_lost_race() {
     let dir = tempdir();
     let base = dir.path().join("runs");
     let store = open(&base);
-    store.testing_force_scratch_publish();
+    store.testing().force_scratch_publish();
     let _f = inject(FaultPoint::ScratchCreate, &base, EEXIST);
     let e = expect_err(rt().block_on(store.claim(&scope("run_a"), &opts("w1", 60_000, 1_000))));
     let msg = e.to_string();
@@ -152,7 +152,7 @@ fn a_failing_scratch_write_names_the_claims_directory_and_operation() {
     let dir = tempdir();
     let base = dir.path().join("runs");
     let store = open(&base);
-    store.testing_force_scratch_publish();
+    store.testing().force_scratch_publish();
     let _f = inject(FaultPoint::ScratchCreate, &base, EACCES);
     let e = expect_err(rt().block_on(store.claim(&scope("run_a"), &opts("w1", 60_000, 1_000))));
     let msg = e.to_string();

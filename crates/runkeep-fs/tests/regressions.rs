@@ -246,7 +246,7 @@ fn a_scratch_file_with_a_live_body_is_never_a_holding() {
     let s = scope("run_t");
     for scratch in [false, true] {
         if scratch {
-            store.testing_force_scratch_publish();
+            store.testing().force_scratch_publish();
         }
         let l = rt
             .block_on(store.claim(&s, &opts("real", 60_000, 1_000)))

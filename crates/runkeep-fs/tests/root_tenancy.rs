@@ -539,7 +539,7 @@ fn a_page_pages_through_each_session_with_the_limit() {
                     .unwrap();
             }
         }
-        let before = store.testing_rows_fetched();
+        let before = store.testing().rows_fetched();
         let page = store
             .list_runs(
                 &ListingScope::tenant(t("tnt_a")),
@@ -550,7 +550,7 @@ fn a_page_pages_through_each_session_with_the_limit() {
             )
             .await
             .unwrap();
-        let fetched = store.testing_rows_fetched() - before;
+        let fetched = store.testing().rows_fetched() - before;
         assert_eq!(
             names(&page.entries),
             [
@@ -946,7 +946,9 @@ fn two_claimers_racing_for_one_run_get_two_runs() {
         let claimers: Vec<_> = (0..2)
             .map(|i| {
                 let store = root(dir.path());
-                store.testing_pause_first_claim(barrier.clone(), seen.clone());
+                store
+                    .testing()
+                    .pause_first_claim(barrier.clone(), seen.clone());
                 tokio::spawn(async move {
                     store
                         .claim_next(

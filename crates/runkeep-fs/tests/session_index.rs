@@ -88,7 +88,8 @@ fn compare(store: &FsStore, options: &ListOptions) -> Result<usize, String> {
             .block_on(store.list_runs(&listing_scope(), &o))
             .map_err(|e| e.to_string())?;
         let walked = store
-            .testing_list_runs_walk(&listing_scope(), &o)
+            .testing()
+            .list_runs_walk(&listing_scope(), &o)
             .map_err(|e| e.to_string())?;
         if indexed != walked {
             return Err(format!(
@@ -118,9 +119,9 @@ fn check_all(store: &FsStore, what: &str) {
         panic!("after {what}: the index disagrees with the walk:\n{e}");
     }
     assert!(
-        store.testing_index_status().is_ok(),
+        store.testing().index_status().is_ok(),
         "the index is not in use: {:?}",
-        store.testing_index_status()
+        store.testing().index_status()
     );
 }
 
@@ -191,7 +192,7 @@ fn foreign_changes_appear_in_the_next_listing() {
     let dir = tempfile::tempdir().unwrap();
     let base = dir.path().join("runs");
     let store = open(&base);
-    store.testing_wait_index().unwrap();
+    store.testing().wait_index().unwrap();
     let rt = rt();
     for (i, run) in ["run_a", "run_b", "run_c"].iter().enumerate() {
         let c = cp(&format!("cp_{i}"), 1_000 + i as i64).with_run_created_at(at(900 - i as i64));
@@ -325,7 +326,7 @@ fn changes_during_the_build_are_not_lost() {
     }
     let ran = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
     let (b, flag) = (base.clone(), ran.clone());
-    store.testing_on_index_build(move || {
+    store.testing().on_index_build(move || {
         // A run the build did not see in its read of the store directory,
         // a checkpoint and a holding into runs it did see, a removal.
         foreign_cp(&b.join("run_new"), "run_new", "cp_n", 1_100, 3, Some(None));
@@ -334,7 +335,7 @@ fn changes_during_the_build_are_not_lost() {
         std::fs::remove_dir_all(b.join("run_c")).unwrap();
         flag.store(true, std::sync::atomic::Ordering::SeqCst);
     });
-    store.testing_wait_index().unwrap();
+    store.testing().wait_index().unwrap();
     assert!(
         ran.load(std::sync::atomic::Ordering::SeqCst),
         "the hook ran inside the build"
@@ -588,17 +589,17 @@ fn random_changes_match_the_walk(ops: &[Op], budget: Option<u64>) -> Result<(), 
     let base = dir.path().join("runs");
     let store = open(&base);
     if let Some(b) = budget {
-        store.testing_set_index_watch_budget(b);
-        store.testing_pause_index_sweeper(true);
+        store.testing().set_index_watch_budget(b);
+        store.testing().pause_index_sweeper(true);
     }
     let sweep = |store: &FsStore| -> Result<(), TestCaseError> {
         if budget.is_some() {
-            prop_assert!(store.testing_index_sweep().is_some());
+            prop_assert!(store.testing().index_sweep().is_some());
         }
         Ok(())
     };
     let mut leases = std::collections::HashMap::new();
-    prop_assert!(store.testing_wait_index().is_ok());
+    prop_assert!(store.testing().wait_index().is_ok());
     for op in ops {
         apply(&store, op, &mut leases);
         if let Op::List { limit } = op {
@@ -607,7 +608,7 @@ fn random_changes_match_the_walk(ops: &[Op], budget: Option<u64>) -> Result<(), 
                 prop_assert!(false, "after {op:?} in {ops:?}: {e}");
             }
             if let Some(b) = budget {
-                let (_, _, watches) = store.testing_index_counts().unwrap();
+                let (_, _, watches) = store.testing().index_counts().unwrap();
                 prop_assert!(watches <= b, "{watches} watches held");
             }
         }
@@ -675,7 +676,7 @@ fn a_page_reads_only_its_rows() {
     let walked = rt
         .block_on(store.list_runs(&listing_scope(), &first))
         .unwrap();
-    store.testing_wait_index().unwrap();
+    store.testing().wait_index().unwrap();
     let before = listings(&base, n);
     let page = rt
         .block_on(store.list_runs(&listing_scope(), &first))
@@ -699,7 +700,8 @@ fn a_page_reads_only_its_rows() {
     // The walk, for contrast, reads them all.
     let before = listings(&base, n);
     store
-        .testing_list_runs_walk(&listing_scope(), &first)
+        .testing()
+        .list_runs_walk(&listing_scope(), &first)
         .unwrap();
     assert_eq!(runs_read(&base, n, &before), n, "the walk");
 }
@@ -718,7 +720,7 @@ fn claim_next_reads_a_handful_of_rows() {
     rt.block_on(store.claim_next(&listing_scope(), &filter, &o))
         .unwrap()
         .unwrap();
-    store.testing_wait_index().unwrap();
+    store.testing().wait_index().unwrap();
     rt.block_on(store.claim_next(&listing_scope(), &filter, &o))
         .unwrap()
         .unwrap();
@@ -757,10 +759,10 @@ fn over_the_watch_budget_a_sweep_brings_in_every_foreign_change() {
         rt.block_on(store.write_checkpoint(&scope(run), &c, None))
             .unwrap();
     }
-    store.testing_set_index_watch_budget(1);
-    store.testing_pause_index_sweeper(true);
-    store.testing_wait_index().unwrap();
-    let (entries, swept, watches) = store.testing_index_counts().unwrap();
+    store.testing().set_index_watch_budget(1);
+    store.testing().pause_index_sweeper(true);
+    store.testing().wait_index().unwrap();
+    let (entries, swept, watches) = store.testing().index_counts().unwrap();
     assert_eq!((entries, swept, watches), (3, 3, 1), "every run swept");
     check_all(&store, "the build");
 
@@ -783,7 +785,7 @@ fn over_the_watch_budget_a_sweep_brings_in_every_foreign_change() {
                 "after {what}: the index was not late, so the run was not swept"
             );
         }
-        let (_, reread) = store.testing_index_sweep().expect("a sweep");
+        let (_, reread) = store.testing().index_sweep().expect("a sweep");
         assert!(reread >= 1, "after {what}: the sweep re-read nothing");
         check_all(&store, what);
     };
@@ -835,7 +837,7 @@ fn over_the_watch_budget_a_sweep_brings_in_every_foreign_change() {
     check_all(&store, "a foreign run created");
     std::fs::remove_dir_all(base.join("run_b")).unwrap();
     check_all(&store, "a swept run removed");
-    let (_, swept, watches) = store.testing_index_counts().unwrap();
+    let (_, swept, watches) = store.testing().index_counts().unwrap();
     assert_eq!(watches, 1, "over the budget");
     assert!(swept >= 3, "{swept} swept");
 }
@@ -850,16 +852,24 @@ fn a_sweep_re_reads_exactly_the_runs_whose_stamp_moved() {
     let base = dir.path().join("runs");
     let store = open(&base);
     seed(&store, 20);
-    store.testing_set_index_watch_budget(1);
-    store.testing_trust_young_index_stamps();
-    store.testing_pause_index_sweeper(true);
-    store.testing_wait_index().unwrap();
+    store.testing().set_index_watch_budget(1);
+    store.testing().trust_young_index_stamps();
+    store.testing().pause_index_sweeper(true);
+    store.testing().wait_index().unwrap();
     // Past the coarsest timestamp tick, so a change cannot share the
     // stamp's tick (kernels with multigrain timestamps never would).
     std::thread::sleep(std::time::Duration::from_millis(50));
-    assert_eq!(store.testing_index_sweep(), Some((20, 0)), "nothing moved");
+    assert_eq!(
+        store.testing().index_sweep(),
+        Some((20, 0)),
+        "nothing moved"
+    );
     foreign_claim(&base.join("run_0007"), 1, "ref:1:x", 4_000_000_000_000);
-    assert_eq!(store.testing_index_sweep(), Some((20, 1)), "one run moved");
+    assert_eq!(
+        store.testing().index_sweep(),
+        Some((20, 1)),
+        "one run moved"
+    );
     check_all(&store, "a holding on one swept run");
     foreign_cp(
         &base.join("run_0003"),
@@ -870,7 +880,7 @@ fn a_sweep_re_reads_exactly_the_runs_whose_stamp_moved() {
         Some(None),
     );
     std::thread::sleep(std::time::Duration::from_millis(50));
-    assert_eq!(store.testing_index_sweep(), Some((20, 1)));
+    assert_eq!(store.testing().index_sweep(), Some((20, 1)));
     check_all(&store, "a checkpoint into another");
 }
 
@@ -883,8 +893,8 @@ fn the_sweeper_thread_brings_in_a_change_by_itself() {
     let base = dir.path().join("runs");
     let store = open(&base);
     seed(&store, 5);
-    store.testing_set_index_watch_budget(1);
-    store.testing_wait_index().unwrap();
+    store.testing().set_index_watch_budget(1);
+    store.testing().wait_index().unwrap();
     foreign_claim(&base.join("run_0002"), 1, "ref:1:x", 4_000_000_000_000);
     let claimed = ListOptions {
         claimed: Some(true),
@@ -921,32 +931,32 @@ fn a_run_that_moves_takes_the_watches_of_a_finished_one() {
         finish_seeded(&store, i);
     }
     let probe = runkeep_fs::IndexOutlook::of(&base);
-    store.testing_set_index_watch_budget(probe.watches);
-    store.testing_pause_index_sweeper(true);
-    store.testing_wait_index().unwrap();
+    store.testing().set_index_watch_budget(probe.watches);
+    store.testing().pause_index_sweeper(true);
+    store.testing().wait_index().unwrap();
     assert_eq!(
-        store.testing_index_counts().unwrap(),
+        store.testing().index_counts().unwrap(),
         (3, 0, probe.watches),
         "all watched"
     );
     foreign_cp(&base.join("run_new"), "run_new", "cp_n", 5_000, 7, None);
     check_all(&store, "a new run");
     assert_eq!(
-        store.testing_index_counts().unwrap(),
+        store.testing().index_counts().unwrap(),
         (4, 1, probe.watches),
         "the new run is swept: a run not read yet evicts nothing"
     );
     foreign_claim(&base.join("run_new"), 1, "ref:1:x", 4_000_000_000_000);
-    let (_, reread) = store.testing_index_sweep().unwrap();
+    let (_, reread) = store.testing().index_sweep().unwrap();
     assert!(reread >= 1);
-    let (entries, swept, watches) = store.testing_index_counts().unwrap();
+    let (entries, swept, watches) = store.testing().index_counts().unwrap();
     assert_eq!(
         (entries, swept),
         (4, 1),
         "the moving run took a finished run's watches"
     );
     assert!(watches <= probe.watches);
-    assert_eq!(store.testing_index_evictions(), Some(1));
+    assert_eq!(store.testing().index_evictions(), Some(1));
     check_all(&store, "the sweep");
     // Watched now: its next holding shows without a sweep, in the very
     // listing whose filter a stale entry would fail (run first: any other
@@ -980,11 +990,11 @@ fn a_build_evicts_nothing() {
     for i in (0..24).step_by(2) {
         finish_seeded(&store, i);
     }
-    store.testing_set_index_watch_budget(12);
-    store.testing_pause_index_sweeper(true);
-    store.testing_wait_index().unwrap();
-    assert_eq!(store.testing_index_evictions(), Some(0));
-    let (entries, swept, watches) = store.testing_index_counts().unwrap();
+    store.testing().set_index_watch_budget(12);
+    store.testing().pause_index_sweeper(true);
+    store.testing().wait_index().unwrap();
+    assert_eq!(store.testing().index_evictions(), Some(0));
+    let (entries, swept, watches) = store.testing().index_counts().unwrap();
     assert_eq!(entries, 24);
     assert!(swept >= 20, "{swept} swept with room for 12 watches");
     assert!(watches <= 12);

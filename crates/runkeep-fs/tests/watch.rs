@@ -150,7 +150,7 @@ impl Write for Captured {
 fn without_inotify_the_watch_polls_and_says_why() {
     let dir = tempdir();
     let store = open(dir.path());
-    store.testing_disable_inotify();
+    store.testing().disable_inotify();
     let out = Captured::default();
     let sink = out.clone();
     let subscriber = tracing_subscriber::fmt()

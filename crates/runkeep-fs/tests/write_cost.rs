@@ -117,7 +117,7 @@ fn a_leftover_checkpoint_sidecar_is_ignored() {
     assert_eq!(row.checkpoint_count, 1);
     // The listing started the session index's build, which reads every run
     // on its own thread: let it finish, so only the write below is counted.
-    let _ = store.testing_wait_index();
+    let _ = store.testing().wait_index();
     assert_eq!(
         checkpoint_reads(&run_dir) - r0,
         1,

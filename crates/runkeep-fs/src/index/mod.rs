@@ -502,11 +502,12 @@ impl crate::Inner {
 }
 
 #[cfg(feature = "testing")]
-impl crate::FsStore {
+impl crate::testing::StoreSeams<'_> {
     /// Test seam: never use the session index (every listing walks).
     #[doc(hidden)]
-    pub fn testing_disable_index(&self) {
-        self.inner
+    pub fn disable_index(&self) {
+        self.0
+            .inner
             .no_index
             .store(true, std::sync::atomic::Ordering::Relaxed);
     }
@@ -514,15 +515,16 @@ impl crate::FsStore {
     /// Test seam: `Ok(run directories indexed)` when the index is in use,
     /// else why not.
     #[doc(hidden)]
-    pub fn testing_index_status(&self) -> std::result::Result<usize, String> {
-        self.inner.index.status()
+    pub fn index_status(&self) -> std::result::Result<usize, String> {
+        self.0.inner.index.status()
     }
 
     /// Test seam: the inotify watches the next index build may hold (the
     /// store directory's included); run directories past it are swept.
     #[doc(hidden)]
-    pub fn testing_set_index_watch_budget(&self, watches: u64) {
-        self.inner
+    pub fn set_index_watch_budget(&self, watches: u64) {
+        self.0
+            .inner
             .index
             .budget
             .lock()
@@ -533,8 +535,9 @@ impl crate::FsStore {
     /// Test seam: stamps of the next index build are trusted however young
     /// (no racy window), so a sweep re-reads only runs whose stamp moved.
     #[doc(hidden)]
-    pub fn testing_trust_young_index_stamps(&self) {
-        self.inner
+    pub fn trust_young_index_stamps(&self) {
+        self.0
+            .inner
             .index
             .budget
             .lock()
@@ -545,8 +548,9 @@ impl crate::FsStore {
     /// Test seam: the index's background sweeper skips its passes while
     /// `paused` (so a test decides when a sweep happens).
     #[doc(hidden)]
-    pub fn testing_pause_index_sweeper(&self, paused: bool) {
-        self.inner
+    pub fn pause_index_sweeper(&self, paused: bool) {
+        self.0
+            .inner
             .index
             .sweeper_paused
             .store(paused, std::sync::atomic::Ordering::Relaxed);
@@ -554,29 +558,30 @@ impl crate::FsStore {
 
     /// Test seam: one sweep pass now; `Some((checked, re-read))`.
     #[doc(hidden)]
-    pub fn testing_index_sweep(&self) -> Option<(usize, usize)> {
-        sweep_pass(&self.inner.index.state, false)
+    pub fn index_sweep(&self) -> Option<(usize, usize)> {
+        sweep_pass(&self.0.inner.index.state, false)
     }
 
     /// Test seam: `(run directories indexed, swept by stamp, inotify
     /// watches held)`.
     #[doc(hidden)]
-    pub fn testing_index_counts(&self) -> std::result::Result<(usize, usize, u64), String> {
-        self.inner.index.counts()
+    pub fn index_counts(&self) -> std::result::Result<(usize, usize, u64), String> {
+        self.0.inner.index.counts()
     }
 
     /// Test seam: how many times the index gave a finished run's watches
     /// to a run that moved; `None` when it is not built.
     #[doc(hidden)]
-    pub fn testing_index_evictions(&self) -> Option<u64> {
-        self.inner.index.evicted()
+    pub fn index_evictions(&self) -> Option<u64> {
+        self.0.inner.index.evicted()
     }
 
     /// Test seam: runs `f` inside the next index build, after the store
     /// directory was read and before any run directory is.
     #[doc(hidden)]
-    pub fn testing_on_index_build(&self, f: impl FnOnce() + Send + 'static) {
+    pub fn on_index_build(&self, f: impl FnOnce() + Send + 'static) {
         *self
+            .0
             .inner
             .index
             .hook
@@ -585,20 +590,20 @@ impl crate::FsStore {
     }
 
     /// Test seam: starts building the index if needed and waits for it;
-    /// answers as [`FsStore::testing_index_status`].
+    /// answers as [`StoreSeams::index_status`](crate::testing::StoreSeams::index_status).
     #[doc(hidden)]
-    pub fn testing_wait_index(&self) -> std::result::Result<usize, String> {
-        self.inner.index.wait_built(self.inner.base())
+    pub fn wait_index(&self) -> std::result::Result<usize, String> {
+        self.0.inner.index.wait_built(self.0.inner.base())
     }
 
     /// Test seam: the listing by walking every run directory, never the
     /// index (the oracle the index is checked against).
     #[doc(hidden)]
-    pub fn testing_list_runs_walk(
+    pub fn list_runs_walk(
         &self,
         scope: &runkeep::ListingScope,
         options: &runkeep::ListOptions,
     ) -> runkeep::Result<runkeep::RunPage> {
-        crate::listing::list_runs_walk(&self.inner, scope, options)
+        crate::listing::list_runs_walk(&self.0.inner, scope, options)
     }
 }

@@ -193,26 +193,11 @@ impl FsRootStore {
         })
     }
 
-    /// Test seam: rows read from the sessions' listings so far.
+    /// The test seams of this root, behind one door (feature `testing`).
     #[cfg(feature = "testing")]
     #[doc(hidden)]
-    pub fn testing_rows_fetched(&self) -> u64 {
-        self.inner
-            .fetched
-            .load(std::sync::atomic::Ordering::Relaxed)
-    }
-
-    /// Test seam: the next `claim_next` records the first candidate it is
-    /// about to claim in `seen`, then waits at `barrier` before claiming it
-    /// (two callers made to race for one run).
-    #[cfg(feature = "testing")]
-    #[doc(hidden)]
-    pub fn testing_pause_first_claim(
-        &self,
-        barrier: Arc<tokio::sync::Barrier>,
-        seen: Arc<Mutex<Vec<RunScope>>>,
-    ) {
-        *self.inner.pause.lock().unwrap_or_else(|p| p.into_inner()) = Some((barrier, seen));
+    pub fn testing(&self) -> crate::testing::RootSeams<'_> {
+        crate::testing::RootSeams(self)
     }
 
     /// The root directory (absolute).
@@ -300,5 +285,29 @@ impl FsRootStore {
             ));
         }
         Ok(d)
+    }
+}
+
+#[cfg(feature = "testing")]
+impl crate::testing::RootSeams<'_> {
+    /// Test seam: rows read from the sessions' listings so far.
+    #[doc(hidden)]
+    pub fn rows_fetched(&self) -> u64 {
+        self.0
+            .inner
+            .fetched
+            .load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Test seam: the next `claim_next` records the first candidate it is
+    /// about to claim in `seen`, then waits at `barrier` before claiming it
+    /// (two callers made to race for one run).
+    #[doc(hidden)]
+    pub fn pause_first_claim(
+        &self,
+        barrier: Arc<tokio::sync::Barrier>,
+        seen: Arc<Mutex<Vec<RunScope>>>,
+    ) {
+        *self.0.inner.pause.lock().unwrap_or_else(|p| p.into_inner()) = Some((barrier, seen));
     }
 }
