@@ -35,7 +35,7 @@ use serde_json::{Map, Value};
 use crate::lock::{self, Mode, RunLock};
 use crate::run_state::{self, Record};
 use crate::sys::{self, errno, Ctx};
-use crate::testing_hooks::{self, Mutation, Point};
+use crate::testing_hooks::{self, Mutation};
 use crate::{Durability, Inner};
 use runkeep::LeaseSummary;
 
@@ -315,8 +315,7 @@ fn publish_via_tmpfile(
     body: &[u8],
     ctx: &Ctx,
 ) -> Option<std::result::Result<(), PublishError>> {
-    use rustix::fs::{linkat, openat, AtFlags, Mode as FMode, OFlags, CWD};
-    use std::os::fd::AsRawFd;
+    use rustix::fs::{openat, Mode as FMode, OFlags, CWD};
     let fd = match openat(
         CWD,
         claims_dir,
@@ -360,29 +359,11 @@ fn publish_via_tmpfile(
         }
     }
     let target = claims_dir.join(format!("{fence}.json"));
-    if let Err(e) = testing_hooks::fault(Point::Link, &target) {
-        return Some(Err(link_error(ctx, claims_dir, &target, e)));
-    }
-    let proc_path = format!("/proc/self/fd/{}", file.as_raw_fd());
-    match linkat(
-        CWD,
-        proc_path.as_str(),
-        CWD,
-        &target,
-        AtFlags::SYMLINK_FOLLOW,
-    ) {
-        Ok(()) => {}
-        Err(e) => {
-            if e == rustix::io::Errno::NOENT && !Path::new("/proc/self/fd").exists() {
-                return None;
-            }
-            return Some(Err(link_error(
-                ctx,
-                claims_dir,
-                &target,
-                io::Error::from(e),
-            )));
+    if let Err(e) = sys::link_unnamed(&file, &target) {
+        if e.kind() == io::ErrorKind::NotFound && !Path::new("/proc/self/fd").exists() {
+            return None;
         }
+        return Some(Err(link_error(ctx, claims_dir, &target, e)));
     }
     if inner.durability == Durability::PowerLoss {
         if let Err(e) = sys::sync_dir(claims_dir) {
@@ -424,21 +405,7 @@ fn publish_via_scratch(
         format!("{SCRATCH_PREFIX}{fence}")
     };
     let scratch = claims_dir.join(&name);
-    let written = (|| -> io::Result<fs::File> {
-        testing_hooks::fault(Point::ScratchCreate, &scratch)?;
-        let mut opts = OpenOptions::new();
-        opts.write(true)
-            .mode(crate::sys::FILE_MODE)
-            .custom_flags(rustix::fs::OFlags::CLOEXEC.bits() as i32);
-        if unique {
-            opts.create_new(true);
-        } else {
-            opts.create(true).truncate(true);
-        }
-        let mut f = opts.open(&scratch)?;
-        f.write_all(body)?;
-        Ok(f)
-    })();
+    let written = sys::create_scratch(&scratch, body, unique);
     let file = match written {
         Ok(f) => f,
         Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {
@@ -465,9 +432,7 @@ fn publish_via_scratch(
         drop(file);
         testing_hooks::pause_once("scratch-before-link");
         let target = claims_dir.join(format!("{fence}.json"));
-        testing_hooks::fault(Point::Link, &target)
-            .and_then(|()| fs::hard_link(&scratch, &target))
-            .map_err(|e| link_error(ctx, claims_dir, &target, e))?;
+        sys::hard_link(&scratch, &target).map_err(|e| link_error(ctx, claims_dir, &target, e))?;
         if inner.durability == Durability::PowerLoss {
             sys::sync_dir(claims_dir).map_err(|e| {
                 PublishError::Failed(ctx.io("sync the claims directory", claims_dir, e))

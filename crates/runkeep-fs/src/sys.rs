@@ -1,6 +1,12 @@
 //! Low-level file operations shared by every part of the store: error
 //! context, unique temporary names, atomic whole-file publish, directory
 //! creation and the durability (fsync) policy.
+//!
+//! It is also the one I/O layer tests break: every system call that a test
+//! injects a fault into (an errno, a short write) is made here, behind its
+//! fault point ([`crate::testing::FaultPoint`]): creating directories and
+//! scratch files, whole-file writes, renames, hard links, log appends and
+//! truncations, fsync.
 
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, Read, Write};
@@ -268,6 +274,100 @@ pub(crate) fn sync_file(file: &File, path: &Path) -> io::Result<()> {
         return Ok(());
     }
     file.sync_data().map_err(sync_failed)
+}
+
+/// `link(2)`: `from` also under the new name `to` (which must not exist).
+/// Fault point `Link`.
+pub(crate) fn hard_link(from: &Path, to: &Path) -> io::Result<()> {
+    crate::testing_hooks::fault(crate::testing_hooks::Point::Link, to)?;
+    fs::hard_link(from, to)
+}
+
+/// Gives the unnamed (`O_TMPFILE`) `file` the name `to` (`linkat` through
+/// `/proc/self/fd`; fails if `to` exists). Fault point `Link`.
+pub(crate) fn link_unnamed(file: &File, to: &Path) -> io::Result<()> {
+    use std::os::fd::AsRawFd;
+    crate::testing_hooks::fault(crate::testing_hooks::Point::Link, to)?;
+    let proc_path = format!("/proc/self/fd/{}", file.as_raw_fd());
+    rustix::fs::linkat(
+        rustix::fs::CWD,
+        proc_path.as_str(),
+        rustix::fs::CWD,
+        to,
+        rustix::fs::AtFlags::SYMLINK_FOLLOW,
+    )
+    .map_err(io::Error::from)
+}
+
+/// Creates a claim's scratch file at `path` and writes `body` into it:
+/// exclusively when `unique`, else over whatever is there. Fault point
+/// `ScratchCreate`.
+pub(crate) fn create_scratch(path: &Path, body: &[u8], unique: bool) -> io::Result<File> {
+    crate::testing_hooks::fault(crate::testing_hooks::Point::ScratchCreate, path)?;
+    let mut opts = OpenOptions::new();
+    opts.write(true)
+        .mode(FILE_MODE)
+        .custom_flags(rustix::fs::OFlags::CLOEXEC.bits() as i32);
+    if unique {
+        opts.create_new(true);
+    } else {
+        opts.create(true).truncate(true);
+    }
+    let mut f = opts.open(path)?;
+    f.write_all(body)?;
+    Ok(f)
+}
+
+/// The one log write of an append (with its test seams: an injected errno
+/// before it, a short write that lands half the buffer and fails, a pause
+/// point in the middle of it). `written` counts the bytes that landed.
+pub(crate) fn write_log(
+    file: &mut File,
+    buf: &[u8],
+    path: &Path,
+    written: &mut u64,
+) -> io::Result<()> {
+    crate::testing_hooks::fault(crate::testing_hooks::Point::Append, path)?;
+    let mut write = |bytes: &[u8]| -> io::Result<()> {
+        let mut rest = bytes;
+        while !rest.is_empty() {
+            match file.write(rest) {
+                Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
+                Ok(n) => {
+                    *written += n as u64;
+                    rest = &rest[n..];
+                }
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(())
+    };
+    if let Some(e) = crate::testing_hooks::short_write(crate::testing_hooks::Point::Append, path) {
+        write(&buf[..buf.len() / 2])?;
+        return Err(e);
+    }
+    if crate::testing_hooks::pause_requested("mid-append-write") {
+        let half = buf.len() / 2;
+        write(&buf[..half])?;
+        crate::testing_hooks::pause("mid-append-write");
+        return write(&buf[half..]);
+    }
+    write(buf)
+}
+
+/// Cuts the log `file` (at `path`) back to `len` bytes: a torn final
+/// record removed. Fault point `Append`.
+pub(crate) fn truncate_log(file: &File, path: &Path, len: u64) -> io::Result<()> {
+    crate::testing_hooks::fault(crate::testing_hooks::Point::Append, path)?;
+    file.set_len(len)
+}
+
+/// Writes all of `bytes` at the end of the log `file` (at `path`), in one
+/// call as far as the kernel allows. Fault point `Append`.
+pub(crate) fn append_log(file: &mut File, path: &Path, bytes: &[u8]) -> io::Result<()> {
+    crate::testing_hooks::fault(crate::testing_hooks::Point::Append, path)?;
+    file.write_all(bytes)
 }
 
 /// Reads a whole file; `None` when it does not exist.

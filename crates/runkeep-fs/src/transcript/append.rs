@@ -2,7 +2,7 @@
 //! buffer, all or nothing, `seq` assigned here, recorded in the index.
 
 use std::fs::{File, OpenOptions};
-use std::io::{self, Seek, Write};
+use std::io::Seek;
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::Path;
 
@@ -13,7 +13,7 @@ use super::offset_index::{fingerprint, IndexWriter, Rec};
 use super::torn_tail::{catch_up, roll_back, settle_tail};
 use super::TRANSCRIPT;
 use crate::sys::{self, Ctx};
-use crate::testing_hooks::{self, Point};
+use crate::testing_hooks;
 use crate::Durability;
 use crate::Inner;
 use runkeep::RunScope;
@@ -39,44 +39,6 @@ pub(super) fn open_log(
     }
     let len = file.metadata().map_err(|e| ctx.io("read", &path, e))?.len();
     Ok((file, len))
-}
-
-/// The one log write of an append (with its test seams: an injected errno
-/// before it, a short write that lands half the buffer and fails, a pause
-/// point in the middle of it). `written` counts the bytes that landed.
-pub(super) fn write_log(
-    file: &mut File,
-    buf: &[u8],
-    path: &Path,
-    written: &mut u64,
-) -> io::Result<()> {
-    testing_hooks::fault(Point::Append, path)?;
-    let mut write = |bytes: &[u8]| -> io::Result<()> {
-        let mut rest = bytes;
-        while !rest.is_empty() {
-            match file.write(rest) {
-                Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
-                Ok(n) => {
-                    *written += n as u64;
-                    rest = &rest[n..];
-                }
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                Err(e) => return Err(e),
-            }
-        }
-        Ok(())
-    };
-    if let Some(e) = testing_hooks::short_write(Point::Append, path) {
-        write(&buf[..buf.len() / 2])?;
-        return Err(e);
-    }
-    if testing_hooks::pause_requested("mid-append-write") {
-        let half = buf.len() / 2;
-        write(&buf[..half])?;
-        testing_hooks::pause("mid-append-write");
-        return write(&buf[half..]);
-    }
-    write(buf)
 }
 
 /// Appends events (caller holds the run lock and has checked the fence).
@@ -109,8 +71,7 @@ pub(crate) fn append_events(
     if let Some(ix) = index.as_mut() {
         match ix.resolve_pending(&file, len) {
             Ok(Some(cut)) => {
-                testing_hooks::fault(Point::Append, &path)
-                    .and_then(|()| file.set_len(cut))
+                sys::truncate_log(&file, &path, cut)
                     .map_err(|e| ctx.io("remove the torn final record of", &path, e))?;
                 ix.drop_pending();
                 tracing::info!(
@@ -166,7 +127,7 @@ pub(crate) fn append_events(
     // writer stopped exactly here while another appended without the lock).
     testing_hooks::pause("before-append-write");
     let mut written = 0u64;
-    let wrote = write_log(&mut file, &buf, &path, &mut written)
+    let wrote = sys::write_log(&mut file, &buf, &path, &mut written)
         .map_err(|e| ctx.io("append to", &path, e))
         .and_then(|()| match durability {
             Durability::PowerLoss => {

@@ -9,7 +9,7 @@ use std::path::Path;
 use runkeep::{AuditRecord, Error, Fence, NewAuditEvent, Result, Timestamp};
 use serde_json::{Map, Value};
 
-use super::append::{open_log, write_log};
+use super::append::open_log;
 use super::torn_tail::{roll_back, settle_tail};
 use super::AUDIT;
 use crate::lock::RunLock;
@@ -114,7 +114,7 @@ pub(crate) fn append_audit(
     // All or nothing, as for events (no pending record: a trail torn by a
     // dead appender is left to the grace rule of `settle_tail`).
     let mut written = 0u64;
-    let wrote = write_log(&mut file, &buf, &path, &mut written)
+    let wrote = crate::sys::write_log(&mut file, &buf, &path, &mut written)
         .map_err(|e| ctx.io("append to", &path, e))
         .and_then(|()| match durability {
             Durability::PowerLoss => {

@@ -4,7 +4,7 @@
 //! append back to the log's length before it.
 
 use std::fs::File;
-use std::io::{self, Write};
+use std::io;
 use std::os::unix::fs::FileExt;
 use std::path::Path;
 use std::time::{Duration, SystemTime};
@@ -14,8 +14,7 @@ use rustix::fs::{Timespec, Timestamps, UTIME_NOW, UTIME_OMIT};
 
 use super::offset_index::{IndexWriter, Rec, FLAG_NON_MONOTONE};
 use super::{lines, parse_line, Parsed};
-use crate::sys::Ctx;
-use crate::testing_hooks::{self, Point};
+use crate::sys::{self, Ctx};
 
 /// What an appender learns about the existing log.
 pub(super) struct Tail {
@@ -169,8 +168,7 @@ pub(super) fn settle_tail(file: &mut File, len: u64, path: &Path, ctx: &Ctx) -> 
     let age = fragment_age(file).map_err(|e| ctx.io("read", path, e))?;
     if age >= TORN_GRACE {
         let keep = last_line_end(file, len).map_err(|e| ctx.io("read", path, e))?;
-        testing_hooks::fault(Point::Append, path)
-            .and_then(|()| file.set_len(keep))
+        sys::truncate_log(file, path, keep)
             .map_err(|e| ctx.io("remove the torn final record of", path, e))?;
         tracing::info!(
             "{} on run {}: removed a torn final record of {} bytes from {} (unmodified for {age:?}; its writer is gone)",
@@ -181,8 +179,7 @@ pub(super) fn settle_tail(file: &mut File, len: u64, path: &Path, ctx: &Ctx) -> 
         );
         return Ok(keep);
     }
-    testing_hooks::fault(Point::Append, path)
-        .and_then(|()| file.write_all(b"\n"))
+    sys::append_log(file, path, b"\n")
         .map_err(|e| ctx.io("terminate the torn final record of", path, e))?;
     tracing::warn!(
         "{} on run {}: {} ends in a partial line modified {age:?} ago (a lock-less writer mid-line, or one that just died); terminated it instead of removing it",
