@@ -403,7 +403,7 @@ export class RunkeepSaver extends BaseCheckpointSaver {
     const threadId = String(c["thread_id"]);
     const ns = (c["checkpoint_ns"] as string | undefined) ?? "";
     const items: ThreadWriteBody[] = [];
-    let park: { request: JsonObject } | undefined;
+    let park: { request: { type: string } & JsonObject } | undefined;
     for (const [idx, [channel, value]] of writes.entries()) {
       items.push({ idx: WRITES_IDX_MAP[channel] ?? idx, channel, ...(await this.dump(value)) });
       if (channel === INTERRUPT && this.parks) {
@@ -450,7 +450,13 @@ export class RunkeepSaver extends BaseCheckpointSaver {
 }
 
 /** The park request of an `__interrupt__` write (the Python saver's shape). */
-function parkRequest(threadId: string, ns: string, checkpointId: string, taskId: string, value: unknown): JsonObject {
+function parkRequest(
+  threadId: string,
+  ns: string,
+  checkpointId: string,
+  taskId: string,
+  value: unknown,
+): { type: string } & JsonObject {
   const interrupts = Array.isArray(value) ? value : [value];
   return {
     type: "langgraph-interrupt",
