@@ -30,7 +30,7 @@ fn parked(id: &str) -> Checkpoint {
 /// sub-run) and an unparked run ⇒ exactly the tenant's two parked runs, the
 /// sub-run with its parent.
 #[tokio::test]
-async fn df23_the_approval_inbox_lists_exactly_the_tenants_parked_runs() {
+async fn the_approval_inbox_lists_exactly_the_tenants_parked_runs() {
     let store = MemoryStore::new();
     let parent = scope("tnt_a", "run_parent");
     let child = scope("tnt_a", "run_child").with_parent(parent.run_id.clone());
