@@ -639,6 +639,25 @@ fn doctor_reports_schema_version_locks_expired_leases_and_dead_letters() {
     assert!(msg.contains("run_demo_006 (worker-b"), "{msg}");
     assert_eq!(check(&doc, "store.schema-version").0, "pass");
     assert_eq!(code, Some(0), "warnings only: {doc}");
+    // Autovacuum: as the server is set (this machine's turns it off), then
+    // off for the store's runs table whatever the server says.
+    let server_on = scalar(&server, "SHOW autovacuum") == "on";
+    let (st, msg) = check(&doc, "store.autovacuum");
+    assert_eq!(st, if server_on { "pass" } else { "warn" }, "{msg}");
+    assert!(msg.contains("row versions in"), "{msg}");
+    sql(
+        &server,
+        &format!(
+            "ALTER TABLE \"{}\".runs SET (autovacuum_enabled = false)",
+            s.name
+        ),
+    );
+    let (_, doc) = doctor(&["--category", "store"]);
+    let (st, msg) = check(&doc, "store.autovacuum");
+    assert_eq!(st, "warn", "{msg}");
+    if server_on {
+        assert!(msg.contains("disabled on table"), "{msg}");
+    }
     // Under the default threshold (10 s) the same young lock is no finding.
     let (_, doc) = doctor(&["--category", "leases"]);
     assert_eq!(check(&doc, "store.row-locks").0, "pass");

@@ -5,6 +5,7 @@
 //! | `store.reachable` | store | the store answers a listing of the scope |
 //! | `store.writable` | store | write, read back, claim, release, append and delete in a scratch location |
 //! | `store.schema-version` | store | PostgreSQL: the schema's runkeep version is this binary's (missing, older or newer fail) |
+//! | `store.autovacuum` | store | PostgreSQL: autovacuum is on for the server and the store's `runs` table (dead row versions slow `claim_next`) |
 //! | `store.hard-links` | store | the directory can hard-link (fs; claims are published by link) |
 //! | `store.listing-index` | store | a directory store's listings can use the session index within the inotify watch budget |
 //! | `store.scratch-leftovers` | integrity | claim scratch files older than the 10 min scratch TTL |
@@ -180,6 +181,9 @@ pub fn registry() -> Vec<Check> {
         }),
         check("store.schema-version", "store", |env| async move {
             postgres::schema_version(&env).await
+        }),
+        check("store.autovacuum", "store", |env| async move {
+            postgres::autovacuum(&env).await
         }),
         check("store.hard-links", "store", |env| async move {
             filesystem::hard_links(&env)
