@@ -288,13 +288,13 @@ pub(crate) fn publish(
     ctx: &Ctx,
 ) -> std::result::Result<(), PublishError> {
     match testing_hooks::mutation() {
-        Mutation::None | Mutation::NoWriteFence | Mutation::NoRunLock => {}
         Mutation::PerFenceScratch => {
             return publish_via_scratch(inner, claims_dir, fence, body, ctx, false)
         }
         Mutation::OpenExclusiveThenWrite => {
             return publish_open_exclusive(claims_dir, fence, body, ctx)
         }
+        _ => {}
     }
     if inner.tmpfile_enabled() && !testing_hooks::force_scratch() {
         match publish_via_tmpfile(inner, claims_dir, fence, body, ctx) {

@@ -131,7 +131,7 @@ impl Inner {
                     }
                     Ok(())
                 };
-                if testing_hooks::mutation_named("step-checkpoint-first") {
+                if testing_hooks::mutation() == testing_hooks::Mutation::StepCheckpointFirst {
                     // Mutation only: the checkpoint before its events (the
                     // order the crash test must catch).
                     publish_checkpoint(cp_temp.take())?;

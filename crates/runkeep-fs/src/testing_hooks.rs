@@ -28,25 +28,83 @@ pub enum Point {
     Link,
 }
 
-/// A publish deliberately broken for a mutation test.
-#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+/// The store deliberately broken, to prove a test catches it: every
+/// mutation a test can switch on (`RUNKEEP_FS_TEST_MUTATION=<name>`, across
+/// processes), one enum, parsed in one place ([`Mutation::parse`]).
+#[derive(Clone, PartialEq, Eq, Debug)]
 #[cfg_attr(
     not(feature = "testing"),
     allow(dead_code, reason = "read only by the test seams")
 )]
 pub(crate) enum Mutation {
-    /// The correct publish.
+    /// The correct store.
     None,
-    /// The scratch name is a function of the fence (`.tmp-<fence>`), created
-    /// without exclusivity: two publishers of one fence share it.
+    /// `per-fence-scratch`: the scratch name is a function of the fence
+    /// (`.tmp-<fence>`), created without exclusivity: two publishers of one
+    /// fence share it.
     PerFenceScratch,
-    /// The holding is created exclusively and then written (no link).
+    /// `open-exclusive-then-write`: the holding is created exclusively and
+    /// then written (no link).
     OpenExclusiveThenWrite,
-    /// Writes skip the fence check (a store that fences nothing).
+    /// `no-write-fence`: writes skip the fence check (a store that fences
+    /// nothing).
     NoWriteFence,
-    /// The run lock is never taken (check-then-act and seq assignment
-    /// unprotected).
+    /// `no-run-lock`: the run lock is never taken (check-then-act and seq
+    /// assignment unprotected).
     NoRunLock,
+    /// `no-post-link-check`: the check after a holding's link is skipped
+    /// (brings back "a fence issued twice").
+    NoPostLinkCheck,
+    /// `no-append-recheck`: an append does not check the fence again right
+    /// before it writes.
+    NoAppendRecheck,
+    /// `step-checkpoint-first`: `commit_step` publishes its checkpoint
+    /// before its events.
+    StepCheckpointFirst,
+    /// `index-ignores-events`: the session index misses event appends.
+    IndexIgnoresEvents,
+    /// `no-dir-fsync` / `no-file-fsync`, optionally `:<name>`: the `fsync`
+    /// of directories (`dir`) or files removed, everywhere or only for
+    /// paths with a component equal to `<name>` or a file name starting
+    /// with `<name>.` (`no-dir-fsync:claims`, `no-file-fsync:transcript.jsonl`).
+    NoSync {
+        /// Directories (else files).
+        dir: bool,
+        /// Only for paths named so.
+        only: Option<String>,
+    },
+}
+
+#[cfg_attr(
+    not(feature = "testing"),
+    allow(dead_code, reason = "read only by the test seams")
+)]
+impl Mutation {
+    /// The mutation called `name`. An unknown name panics: a test that
+    /// misspells its mutation would otherwise run the correct store and
+    /// pass for the wrong reason.
+    pub(crate) fn parse(name: &str) -> Mutation {
+        let (kind, only) = match name.split_once(':') {
+            Some((k, n)) => (k, Some(n.to_string())),
+            None => (name, None),
+        };
+        match (kind, only) {
+            ("" | "none", None) => Mutation::None,
+            ("per-fence-scratch", None) => Mutation::PerFenceScratch,
+            ("open-exclusive-then-write", None) => Mutation::OpenExclusiveThenWrite,
+            ("no-write-fence", None) => Mutation::NoWriteFence,
+            ("no-run-lock", None) => Mutation::NoRunLock,
+            ("no-post-link-check", None) => Mutation::NoPostLinkCheck,
+            ("no-append-recheck", None) => Mutation::NoAppendRecheck,
+            ("step-checkpoint-first", None) => Mutation::StepCheckpointFirst,
+            ("index-ignores-events", None) => Mutation::IndexIgnoresEvents,
+            ("no-dir-fsync", only) => Mutation::NoSync { dir: true, only },
+            ("no-file-fsync", only) => Mutation::NoSync { dir: false, only },
+            _ => panic!(
+                "RUNKEEP_FS_TEST_MUTATION={name:?} names no mutation of runkeep-fs (see testing_hooks::Mutation)"
+            ),
+        }
+    }
 }
 
 #[cfg(feature = "testing")]
@@ -62,12 +120,9 @@ pub(crate) fn fault(_point: Point, _path: &Path) -> io::Result<()> {
 
 #[cfg(feature = "testing")]
 pub(crate) fn mutation() -> Mutation {
-    match std::env::var("RUNKEEP_FS_TEST_MUTATION").as_deref() {
-        Ok("per-fence-scratch") => Mutation::PerFenceScratch,
-        Ok("open-exclusive-then-write") => Mutation::OpenExclusiveThenWrite,
-        Ok("no-write-fence") => Mutation::NoWriteFence,
-        Ok("no-run-lock") => Mutation::NoRunLock,
-        _ => Mutation::None,
+    match std::env::var("RUNKEEP_FS_TEST_MUTATION") {
+        Ok(name) => Mutation::parse(&name),
+        Err(_) => Mutation::None,
     }
 }
 
@@ -171,7 +226,7 @@ pub(crate) fn trace(_event: impl FnOnce() -> String) {}
 /// back "a fence issued twice"), to prove the race tests catch it.
 #[cfg(feature = "testing")]
 pub(crate) fn skip_post_link_check() -> bool {
-    std::env::var("RUNKEEP_FS_TEST_MUTATION").as_deref() == Ok("no-post-link-check")
+    mutation() == Mutation::NoPostLinkCheck
 }
 
 #[cfg(not(feature = "testing"))]
@@ -229,19 +284,6 @@ pub(crate) fn pause_requested(_point: &str) -> bool {
     false
 }
 
-/// True when a test switched on the mutation called `name` in
-/// `RUNKEEP_FS_TEST_MUTATION` (for mutations that only one place knows).
-#[cfg(feature = "testing")]
-pub(crate) fn mutation_named(name: &str) -> bool {
-    std::env::var("RUNKEEP_FS_TEST_MUTATION").as_deref() == Ok(name)
-}
-
-#[cfg(not(feature = "testing"))]
-#[inline(always)]
-pub(crate) fn mutation_named(_name: &str) -> bool {
-    false
-}
-
 /// True when a test removed the `fsync` of `path` (a directory when `dir`)
 /// to prove the power-loss harness (`crates/runkeep-powerloss`) catches a
 /// missing sync: `RUNKEEP_FS_TEST_MUTATION=no-dir-fsync` (every directory
@@ -251,20 +293,16 @@ pub(crate) fn mutation_named(_name: &str) -> bool {
 /// `no-file-fsync:transcript.jsonl`).
 #[cfg(feature = "testing")]
 pub(crate) fn skip_sync(dir: bool, path: &Path) -> bool {
-    let Ok(m) = std::env::var("RUNKEEP_FS_TEST_MUTATION") else {
+    let Mutation::NoSync { dir: d, only } = mutation() else {
         return false;
     };
-    let (kind, only) = match m.split_once(':') {
-        Some((k, n)) => (k, Some(n)),
-        None => (m.as_str(), None),
-    };
-    if kind != if dir { "no-dir-fsync" } else { "no-file-fsync" } {
+    if d != dir {
         return false;
     }
     match only {
         None => true,
         Some(name) => {
-            path.components().any(|c| c.as_os_str() == name)
+            path.components().any(|c| c.as_os_str() == name.as_str())
                 || path
                     .file_name()
                     .and_then(|f| f.to_str())
@@ -351,4 +389,37 @@ static TRANSCRIPT_READS: std::sync::LazyLock<
 pub(crate) fn transcript_reads(path: &Path) -> crate::transcript::ReadCost {
     let r = TRANSCRIPT_READS.lock().unwrap_or_else(|p| p.into_inner());
     r.get(path).copied().unwrap_or_default()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Mutation;
+
+    #[test]
+    fn every_mutation_is_named_once_and_a_misspelt_one_is_refused() {
+        assert_eq!(Mutation::parse("no-run-lock"), Mutation::NoRunLock);
+        assert_eq!(Mutation::parse("none"), Mutation::None);
+        assert_eq!(
+            Mutation::parse("no-dir-fsync:claims"),
+            Mutation::NoSync {
+                dir: true,
+                only: Some("claims".into())
+            }
+        );
+        assert_eq!(
+            Mutation::parse("no-file-fsync"),
+            Mutation::NoSync {
+                dir: false,
+                only: None
+            }
+        );
+        // A typo must not run the correct store and pass for the wrong reason.
+        let typo = std::panic::catch_unwind(|| Mutation::parse("no-rum-lock"));
+        assert!(typo.is_err(), "a misspelt mutation was accepted");
+        let suffixed = std::panic::catch_unwind(|| Mutation::parse("no-run-lock:claims"));
+        assert!(
+            suffixed.is_err(),
+            "a mutation that takes no name accepted one"
+        );
+    }
 }

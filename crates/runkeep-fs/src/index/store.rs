@@ -614,7 +614,7 @@ impl Built {
                 Ok(())
             })?;
         }
-        if crate::testing_hooks::mutation_named("index-ignores-events") {
+        if crate::testing_hooks::mutation() == crate::testing_hooks::Mutation::IndexIgnoresEvents {
             return Ok(Dirty::default());
         }
         Ok(d)

@@ -179,7 +179,11 @@ impl Inner {
                 return Ok(Vec::new());
             }
             let recheck = || match fence {
-                Some(_) if testing_hooks::mutation_named("no-append-recheck") => Ok(()),
+                Some(_)
+                    if testing_hooks::mutation() == testing_hooks::Mutation::NoAppendRecheck =>
+                {
+                    Ok(())
+                }
                 Some(f) => self.recheck_fence(ctx, run_dir, f, scope),
                 None => Ok(()),
             };
