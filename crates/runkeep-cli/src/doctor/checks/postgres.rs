@@ -42,8 +42,10 @@ pub(super) async fn schema_version(env: &Env) -> CliResult<Outcome> {
 /// the schema's `runs` table opts out (`autovacuum_enabled = false`), and
 /// its live and dead row versions.
 const AUTOVACUUM_SQL: &str = "
-SELECT current_setting('autovacuum') = 'on',
-       coalesce('autovacuum_enabled=false' = ANY(c.reloptions), false),
+SELECT current_setting('autovacuum')::boolean,
+       NOT coalesce((SELECT split_part(o, '=', 2)::boolean
+                       FROM unnest(c.reloptions) o
+                      WHERE split_part(o, '=', 1) = 'autovacuum_enabled'), true),
        coalesce(s.n_live_tup, 0),
        coalesce(s.n_dead_tup, 0)
   FROM pg_class c
@@ -54,7 +56,9 @@ SELECT current_setting('autovacuum') = 'on',
 /// The rule of store.autovacuum. Every claim, step and finish writes a new
 /// version of the run's row; without vacuum the dead ones pile up and
 /// `claim_next`'s index scan walks them (measured: the drain at 1 worker
-/// fell from 185 to 61 cycles/s as 323 000 accumulated).
+/// fell from 185 to 61 cycles/s as 323 000 accumulated). Names every
+/// reason it is off (the server's setting and the table's), each with its
+/// fix.
 fn judge_autovacuum(
     schema: &str,
     server_on: bool,
@@ -63,19 +67,26 @@ fn judge_autovacuum(
     dead: i64,
 ) -> Outcome {
     let counts = format!("{live} live and {dead} dead row versions in {schema}.runs");
+    let mut why = Vec::new();
+    let mut fix = Vec::new();
     if !server_on {
-        return Outcome::warn(format!(
-            "autovacuum is off on this PostgreSQL server ({counts}): every claim, step and finish leaves a dead version of its run's row, and claim_next slows down as they pile up"
-        ))
-        .remedy("turn it on: `ALTER SYSTEM SET autovacuum = on; SELECT pg_reload_conf();` (or VACUUM the schema's tables on a schedule)");
+        why.push("autovacuum is off on this PostgreSQL server".to_string());
+        fix.push("turn it on: `ALTER SYSTEM SET autovacuum = on; SELECT pg_reload_conf();` (or VACUUM the schema's tables on a schedule)".to_string());
     }
     if table_off {
-        return Outcome::warn(format!(
-            "autovacuum is disabled on table {schema}.runs ({counts}): its dead row versions pile up and claim_next slows down"
-        ))
-        .remedy(format!("`ALTER TABLE {schema}.runs RESET (autovacuum_enabled);`"));
+        why.push(format!("autovacuum is disabled on table {schema}.runs"));
+        fix.push(format!(
+            "`ALTER TABLE {schema}.runs RESET (autovacuum_enabled);`"
+        ));
     }
-    Outcome::pass(format!("autovacuum is on ({counts})"))
+    if why.is_empty() {
+        return Outcome::pass(format!("autovacuum is on ({counts})"));
+    }
+    Outcome::warn(format!(
+        "{} ({counts}): every claim, step and finish leaves a dead version of its run's row, and claim_next slows down as they pile up",
+        why.join("; ")
+    ))
+    .remedy(fix.join("; "))
 }
 
 /// PostgreSQL: autovacuum keeps the store's `runs` table (server-wide and
@@ -233,6 +244,23 @@ mod tests {
             .as_deref()
             .unwrap_or("")
             .contains("RESET (autovacuum_enabled)"));
+        let both = judge_autovacuum("runkeep", false, true, 10, 5);
+        assert_eq!(both.status, Status::Warn);
+        assert!(
+            both.message.contains("off on this PostgreSQL server"),
+            "{}",
+            both.message
+        );
+        assert!(
+            both.message.contains("disabled on table runkeep.runs"),
+            "{}",
+            both.message
+        );
+        let fixes = both.remediation.unwrap_or_default();
+        assert!(
+            fixes.contains("ALTER SYSTEM") && fixes.contains("RESET (autovacuum_enabled)"),
+            "{fixes}"
+        );
         let on = judge_autovacuum("runkeep", true, false, 10, 5);
         assert_eq!(on.status, Status::Pass);
         assert!(on.message.contains("10 live and 5 dead"), "{}", on.message);
