@@ -52,7 +52,8 @@ pub use park::{ParkResolution, ParkState, ParkSummary, PendingDecision};
 pub use scope::{ListingScope, RunScope};
 pub use step::{MessagesUpdate, Step, StepFinish, StepReceipt};
 pub use store::{
-    CheckpointStore, ClaimNextFilter, EvidenceStore, RunStore, RunStoreExt, CONTRACT_REVISION,
+    CheckpointStore, ClaimNextFilter, EvidenceStore, Handover, NextClaim, RunStore, RunStoreExt,
+    CONTRACT_REVISION,
 };
 pub use time::{Clock, ManualClock, RemoteClock, SystemClock, Timestamp, Ttl};
 pub use watch::{Watch, WatchTopic};

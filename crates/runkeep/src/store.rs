@@ -281,9 +281,10 @@ pub trait CheckpointStore: Send + Sync + std::fmt::Debug {
     }
 }
 
-/// The run's evidence.
+/// The run's evidence (and the step, which writes evidence and may hand the
+/// worker its next run: hence a checkpoint store too).
 #[async_trait]
-pub trait EvidenceStore: Send + Sync + std::fmt::Debug {
+pub trait EvidenceStore: CheckpointStore {
     /// Appends events in order and returns them as recorded.
     ///
     /// # Contract
@@ -383,6 +384,61 @@ pub trait EvidenceStore: Send + Sync + std::fmt::Debug {
     ///   lease ends with it.
     async fn commit_step(&self, scope: &RunScope, fence: Fence, step: &Step)
         -> Result<StepReceipt>;
+
+    /// Commits `step` on `scope` under `fence`, then takes the next run as
+    /// [`CheckpointStore::claim_next`] would with `next`: a worker's hand-over
+    /// from the run it is done with to the next one, in one call.
+    ///
+    /// # Contract
+    /// - The step is judged exactly as by [`commit_step`](Self::commit_step);
+    ///   `Err` means it was not committed (or, for
+    ///   [`Error::Unavailable`](crate::Error::Unavailable) with
+    ///   `outcome_unknown`, that it may have been) and that nothing was
+    ///   claimed.
+    /// - The claim is judged as `claim_next`'s, at `next.options`' instant,
+    ///   against the run states the step left: the step's own run is never
+    ///   the next one (a run the step finished is not claimable; one it left
+    ///   held is the caller's already).
+    /// - A store that commits both in one transaction (PostgreSQL) never
+    ///   leaves the step committed without the claim's outcome; the provided
+    ///   body commits the step, then claims, and reports a claim that failed
+    ///   after the step committed in [`Handover::next`].
+    async fn commit_step_and_claim_next(
+        &self,
+        scope: &RunScope,
+        fence: Fence,
+        step: &Step,
+        next: &NextClaim,
+    ) -> Result<Handover> {
+        let receipt = self.commit_step(scope, fence, step).await?;
+        let next = self
+            .claim_next(&next.scope, &next.filter, &next.options)
+            .await;
+        Ok(Handover { receipt, next })
+    }
+}
+
+/// What [`EvidenceStore::commit_step_and_claim_next`] claims after the step:
+/// [`CheckpointStore::claim_next`]'s arguments.
+#[derive(Clone, Debug)]
+pub struct NextClaim {
+    /// Where the next run is looked for.
+    pub scope: ListingScope,
+    /// Which runs it may be.
+    pub filter: ClaimNextFilter,
+    /// The claim's holder, duration and instant.
+    pub options: ClaimOptions,
+}
+
+/// What [`EvidenceStore::commit_step_and_claim_next`] did.
+#[derive(Debug)]
+pub struct Handover {
+    /// The committed step.
+    pub receipt: StepReceipt,
+    /// The run taken next (`Ok(None)`: none was claimable). `Err` only from
+    /// a store that claims after the step committed, when the claim failed:
+    /// the step stands, nothing was claimed, and `claim_next` may be retried.
+    pub next: Result<Option<(RunScope, Lease)>>,
 }
 
 /// A complete store.
