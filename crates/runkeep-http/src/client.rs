@@ -58,10 +58,11 @@ use futures_util::{Stream, StreamExt};
 use reqwest::Method;
 use runkeep::{
     AuditRecord, Checkpoint, CheckpointId, CheckpointStore, ClaimNextFilter, ClaimOptions,
-    ClaimOutcome, Clock, EnqueueOptions, Error, EventBatch, EvidenceStore, Fence, Integrity, Lease,
-    LeaseSummary, Lifecycle, ListOptions, ListingScope, MessageSnapshot, NewAuditEvent, NewEvent,
-    Outcome, ParkResolution, PersistedEvent, ReadEventsOptions, Result, RunPage, RunRecord,
-    RunScope, Step, StepReceipt, SystemClock, TenantId, Timestamp, Watch, WatchTopic,
+    ClaimOutcome, Clock, EnqueueOptions, Error, EventBatch, EvidenceStore, Fence, Handover,
+    Integrity, Lease, LeaseSummary, Lifecycle, ListOptions, ListingScope, MessageSnapshot,
+    NewAuditEvent, NewEvent, NextClaim, Outcome, ParkResolution, PersistedEvent, ReadEventsOptions,
+    Result, RunPage, RunRecord, RunScope, Step, StepReceipt, SystemClock, TenantId, Timestamp,
+    Watch, WatchTopic,
 };
 use serde::de::DeserializeOwned;
 use serde::Serialize;
@@ -1401,5 +1402,66 @@ impl EvidenceStore for HttpStore {
             self.note_seq(scope, last.seq);
         }
         r.to_receipt().map_err(problem_error)
+    }
+
+    /// One request (`POST …/steps/hand-over`): the server commits the step
+    /// and claims through its store's own `commit_step_and_claim_next`
+    /// (one transaction on PostgreSQL). Two cases the route cannot carry
+    /// take the provided body's two requests instead: a next claim in
+    /// another tenant than the step's (the path names one tenant, and a
+    /// token serves one), and a claim at a chosen instant under
+    /// [`HttpStoreOptions::steer_clock`] (tests only: steering the backing
+    /// store's clock for one request would move the step's instant too).
+    ///
+    /// A lost reply is outcome unknown for both parts: the step may have
+    /// committed and the next run may have been claimed under
+    /// `next.options.holder`, in which case that run stays held until its
+    /// lease expires.
+    async fn commit_step_and_claim_next(
+        &self,
+        scope: &RunScope,
+        fence: Fence,
+        step: &Step,
+        next: &NextClaim,
+    ) -> Result<Handover> {
+        let steered = next.options.now.is_some() && self.inner.options.steer_clock.is_some();
+        if next.scope.tenant_id() != &scope.tenant_id || steered {
+            let receipt = self.commit_step(scope, fence, step).await?;
+            let next = self
+                .claim_next(&next.scope, &next.filter, &next.options)
+                .await;
+            return Ok(Handover { receipt, next });
+        }
+        let body = HandOverBody {
+            fence: fence.get(),
+            step: step.into(),
+            next: NextClaimBody::of(next)?,
+        };
+        let a: HandOverAnswer = self
+            .run_write(
+                "commit_step_and_claim_next",
+                Method::POST,
+                scope,
+                "/steps/hand-over",
+                &body,
+            )
+            .await?;
+        if let Some(last) = a.receipt.events.last() {
+            self.note_seq(scope, last.seq);
+        }
+        let receipt = a.receipt.to_receipt().map_err(problem_error)?;
+        let next = match (a.next, a.next_error) {
+            (None, None) => Ok(None),
+            (None, Some(p)) => Err(p.into_error("claim_next")),
+            (Some(c), None) => Ok(Some((
+                c.run.to_scope("next.run").map_err(problem_error)?,
+                c.lease.to_lease().map_err(problem_error)?,
+            ))),
+            (Some(_), Some(p)) => Err(Error::corrupted(format!(
+                "the server's hand-over answered both a next run and a claim error: {}",
+                p.detail.unwrap_or_default()
+            ))),
+        };
+        Ok(Handover { receipt, next })
     }
 }

@@ -129,6 +129,12 @@ pub fn routes() -> Vec<RouteSpec> {
         route(g.clone(), r("/lease"), Reader, "lease"),
         route(g.clone(), r("/lifecycle"), Reader, "lifecycle"),
         route(p.clone(), r("/steps"), Worker, "commit_step"),
+        route(
+            p.clone(),
+            r("/steps/hand-over"),
+            Worker,
+            "commit_step_and_claim_next",
+        ),
         route(g.clone(), r("/checkpoints"), Reader, "list_checkpoints"),
         route(p.clone(), r("/checkpoints"), Worker, "write_checkpoint"),
         route(

@@ -9,9 +9,9 @@
 //!
 //! | name | type | labels | what |
 //! |---|---|---|---|
-//! | `runkeep_claims_total` | counter | `outcome` | claims and `claim_next` answered, by outcome (`acquired`, `held`, `finished`, `empty`, …) |
+//! | `runkeep_claims_total` | counter | `outcome` | claims, `claim_next` and hand-overs' claims answered, by outcome (`acquired`, `held`, `finished`, `empty`, `error` for a hand-over's claim that failed after its step, …) |
 //! | `runkeep_fenced_out_total` | counter | | writes the store refused for a stale fence |
-//! | `runkeep_step_seconds` | histogram | | latency of the atomic step commit (whatever its result) |
+//! | `runkeep_step_seconds` | histogram | | latency of the atomic step commit (whatever its result; a hand-over's includes its claim) |
 //! | `runkeep_sse_clients` | gauge | | Server-Sent Events tails connected now |
 //! | `runkeep_http_requests_total` | counter | `method`, `route`, `status` | every request answered; `route` is the matched route template (`/v1/…/{run}`), never the raw path, so the label set stays bounded |
 //! | `runkeep_http_request_seconds` | histogram | `method`, `route` | time to the response head |

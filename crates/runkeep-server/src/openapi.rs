@@ -81,6 +81,9 @@ use crate::problem::{ProblemType, PROBLEM_JSON};
     crate::wire::StepBody,
     crate::wire::CommitStepBody,
     crate::wire::StepReceiptBody,
+    crate::wire::NextClaimBody,
+    crate::wire::HandOverBody,
+    crate::wire::HandOverAnswer,
     crate::wire::MaybeLease,
     crate::wire::RunSummary,
     crate::wire::Clock,
@@ -222,6 +225,12 @@ fn doc(operation: &str) -> Doc {
             "Writes one step (events, checkpoint, messages, record, finish) under one fence check, all or nothing.",
             Some("CommitStepBody"),
             Named("StepReceiptBody"),
+            parent(),
+        ),
+        "commit_step_and_claim_next" => d(
+            "A worker's hand-over: commits one step under `fence` (as `commit_step`), then takes the next runnable run in the tenant (as `claim-next`, without waiting; never this run). A refused step is a problem answer and claims nothing; a claim that failed after the step committed is answered 200 with the receipt and the claim's problem in `nextError`.",
+            Some("HandOverBody"),
+            Named("HandOverAnswer"),
             parent(),
         ),
         "list_checkpoints" => d(
@@ -723,8 +732,10 @@ pub const CLOSED_SCHEMAS: &[&str] = &[
     "CommitStepBody",
     "EnqueueBody",
     "FinishBody",
+    "HandOverBody",
     "NewAuditBody",
     "NewEventBody",
+    "NextClaimBody",
     "OutcomeBody",
     "PendingBody",
     "PruneBody",
@@ -800,6 +811,10 @@ fn property_rules() -> Vec<(&'static str, &'static str, Value)> {
         ("ClaimNextBody", "project", id()),
         ("ClaimNextBody", "session", id()),
         ("ClaimNextBody", "park", json!({ "minItems": 1 })),
+        ("NextClaimBody", "holder", holder_rule()),
+        ("NextClaimBody", "project", id()),
+        ("NextClaimBody", "session", id()),
+        ("NextClaimBody", "park", json!({ "minItems": 1 })),
         (
             "NewEventBody",
             "type",
@@ -1046,13 +1061,15 @@ pub fn tighten(doc: &mut Value) {
     }
     merge_into(schema_mut(schemas, "StepBody"), step_writes_something());
     // A listing scope is a prefix of tenant → project → session.
-    merge_into(
-        schema_mut(schemas, "ClaimNextBody"),
-        json!({ "dependentSchemas": { "session": {
-            "required": ["project"],
-            "properties": { "project": { "type": "string" } },
-        } } }),
-    );
+    for name in ["ClaimNextBody", "NextClaimBody"] {
+        merge_into(
+            schema_mut(schemas, name),
+            json!({ "dependentSchemas": { "session": {
+                "required": ["project"],
+                "properties": { "project": { "type": "string" } },
+            } } }),
+        );
+    }
     let Some(paths) = doc["paths"].as_object_mut() else {
         return;
     };

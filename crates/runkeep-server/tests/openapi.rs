@@ -200,12 +200,20 @@ fn closed_schemas_are_exactly_the_bodies_that_refuse_unknown_members() {
         ("EnqueueBody", refuses_unknown::<wire::EnqueueBody>(unknown)),
         ("FinishBody", refuses_unknown::<wire::FinishBody>(unknown)),
         (
+            "HandOverBody",
+            refuses_unknown::<wire::HandOverBody>(unknown),
+        ),
+        (
             "NewAuditBody",
             refuses_unknown::<wire::NewAuditBody>(unknown),
         ),
         (
             "NewEventBody",
             refuses_unknown::<wire::NewEventBody>(unknown),
+        ),
+        (
+            "NextClaimBody",
+            refuses_unknown::<wire::NextClaimBody>(unknown),
         ),
         ("OutcomeBody", refuses_unknown::<wire::OutcomeBody>(unknown)),
         ("PendingBody", refuses_unknown::<wire::PendingBody>(unknown)),

@@ -151,3 +151,91 @@ impl StepReceiptBody {
         })
     }
 }
+
+/// The next claim of a hand-over: `claim-next`'s body without its wait
+/// (the tenant is the step's, from the path).
+#[derive(Clone, PartialEq, Eq, Debug, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct NextClaimBody {
+    /// Only this project.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub project: Option<String>,
+    /// Only this session (needs `project`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub session: Option<String>,
+    /// Only runs whose park is in this set.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub park: Option<Vec<ParkStateBody>>,
+    /// Which run first.
+    #[serde(default)]
+    pub order: OrderBody,
+    /// The claiming worker (unique per process).
+    pub holder: String,
+    /// Lease length, ms.
+    pub ttl_ms: u64,
+    /// Attempt limit for this claim.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_attempts: Option<u32>,
+}
+
+impl NextClaimBody {
+    /// The claim part, as a [`ClaimBody`].
+    pub fn claim(&self) -> ClaimBody {
+        ClaimBody {
+            holder: self.holder.clone(),
+            ttl_ms: self.ttl_ms,
+            max_attempts: self.max_attempts,
+        }
+    }
+
+    /// The wire form of a core [`NextClaim`](runkeep::NextClaim) whose
+    /// scope is in the step's tenant. Refuses
+    /// [`ClaimOptions::now`](runkeep::ClaimOptions::now) like
+    /// [`ClaimBody::of`].
+    pub fn of(next: &runkeep::NextClaim) -> runkeep::Result<Self> {
+        let claim = ClaimBody::of(&next.options)?;
+        Ok(Self {
+            project: next.scope.project_id().map(ToString::to_string),
+            session: next.scope.session_id().map(ToString::to_string),
+            park: next
+                .filter
+                .park
+                .as_ref()
+                .map(|v| v.iter().map(|p| (*p).into()).collect()),
+            order: next.filter.order.into(),
+            holder: claim.holder,
+            ttl_ms: claim.ttl_ms,
+            max_attempts: claim.max_attempts,
+        })
+    }
+}
+
+/// A worker's hand-over: the step on this run under `fence`, then the next
+/// run as `claim-next` would take it.
+#[derive(Clone, PartialEq, Debug, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct HandOverBody {
+    /// The holding of this run; checked by the store with the whole step.
+    pub fence: u64,
+    /// The step.
+    pub step: StepBody,
+    /// What to claim after the step.
+    pub next: NextClaimBody,
+}
+
+/// What a hand-over did. Answered 200 whenever the step committed; a
+/// refused step is a problem answer and claimed nothing.
+#[derive(Clone, PartialEq, Debug, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct HandOverAnswer {
+    /// The committed step.
+    pub receipt: StepReceiptBody,
+    /// The run taken next; `null` when none was claimable, or when the
+    /// claim failed (`nextError`).
+    pub next: Option<Claimed>,
+    /// The claim's error, when the store claims after committing the step
+    /// and that claim failed: the step stands, nothing was claimed, and
+    /// `claim-next` may be retried.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub next_error: Option<Problem>,
+}

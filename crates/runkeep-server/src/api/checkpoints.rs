@@ -12,7 +12,9 @@ use super::runs::ApiResult;
 use crate::auth::Principal;
 use crate::problem::Problem;
 use crate::state::AppState;
-use crate::wire::{self, CheckpointBody, Done, MaybeCheckpoint, Pruned, StepReceiptBody};
+use crate::wire::{
+    self, CheckpointBody, Claimed, Done, HandOverAnswer, MaybeCheckpoint, Pruned, StepReceiptBody,
+};
 
 pub(super) async fn list(
     State(state): State<AppState>,
@@ -188,4 +190,87 @@ pub(super) async fn commit_step(
     state.metrics.observe_step(started.elapsed());
     let receipt = checked(&state, r)?;
     Ok(Json((&receipt).into()))
+}
+
+/// The hand-over: the step on this run, then the next run, through the
+/// store's `commit_step_and_claim_next` (one transaction on PostgreSQL).
+/// The step is refused exactly as `commit_step` refuses it (the fence's
+/// holding must be this token's); the claim is `claim-next`'s, in the
+/// path's tenant, its holder bound to this token, without a wait. A claim
+/// that failed after the step committed is answered 200 with the step's
+/// receipt and the claim's problem as `nextError`.
+pub(super) async fn commit_step_and_claim_next(
+    State(state): State<AppState>,
+    Extension(principal): Extension<Principal>,
+    RunAddr(scope): RunAddr,
+    JsonBody(body): JsonBody<wire::HandOverBody>,
+) -> ApiResult<HandOverAnswer> {
+    const OPERATION: &str = "commit_step_and_claim_next";
+    let fence = wire::fence("fence", body.fence)?;
+    let step = body.step.into_step()?;
+    let next = body.next;
+    let listing = super::runs::listing_scope(
+        scope.tenant_id.clone(),
+        next.project.as_deref(),
+        next.session.as_deref(),
+    )
+    .map_err(in_next)?;
+    let filter = runkeep::ClaimNextFilter {
+        park: next
+            .park
+            .as_ref()
+            .map(|v| v.iter().map(|p| (*p).into()).collect()),
+        order: next.order.into(),
+    };
+    let mut options = next.claim().to_options().map_err(in_next)?;
+    options.holder = ownership::tag(&next.holder, &principal.token_id, "next.holder")?;
+    ownership::check_fenced(&state, &principal, &scope, fence, OPERATION).await?;
+    let next = runkeep::NextClaim {
+        scope: listing,
+        filter,
+        options,
+    };
+    let started = Instant::now();
+    let r = state
+        .store
+        .commit_step_and_claim_next(&scope, fence, &step, &next)
+        .await;
+    state.metrics.observe_step(started.elapsed());
+    let handover = checked(&state, r)?;
+    let (claimed, next_error) = match handover.next {
+        Ok(Some((run, lease))) => {
+            state.metrics.record_claim("acquired");
+            state
+                .owners
+                .remember(&run, lease.fence, &principal.token_id);
+            (
+                Some(Claimed {
+                    run: (&run).into(),
+                    lease: (&lease).into(),
+                }),
+                None,
+            )
+        }
+        Ok(None) => {
+            state.metrics.record_claim("empty");
+            (None, None)
+        }
+        Err(e) => {
+            state.metrics.record_claim("error");
+            (None, Some(Problem::from(e)))
+        }
+    };
+    Ok(Json(HandOverAnswer {
+        receipt: (&handover.receipt).into(),
+        next: claimed,
+        next_error,
+    }))
+}
+
+/// A problem about a field of the hand-over's `next`, named by its body path.
+fn in_next(p: Problem) -> Problem {
+    match p.field.clone() {
+        Some(f) => p.with_field(format!("next.{f}")),
+        None => p,
+    }
 }

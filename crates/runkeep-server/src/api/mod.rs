@@ -97,6 +97,7 @@ fn handler(operation: &str) -> Option<Handler> {
         "lease" => routing::get(claims::lease),
         "lifecycle" => routing::get(claims::lifecycle),
         "commit_step" => routing::post(checkpoints::commit_step),
+        "commit_step_and_claim_next" => routing::post(checkpoints::commit_step_and_claim_next),
         "list_checkpoints" => routing::get(checkpoints::list),
         "write_checkpoint" => routing::post(checkpoints::write),
         "latest_checkpoint" => routing::get(checkpoints::latest),

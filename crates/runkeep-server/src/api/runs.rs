@@ -37,7 +37,7 @@ pub(super) async fn whoami(Extension(p): Extension<Principal>) -> Json<wire::Who
     })
 }
 
-fn listing_scope(
+pub(super) fn listing_scope(
     tenant: runkeep::TenantId,
     project: Option<&str>,
     session: Option<&str>,
