@@ -22,6 +22,9 @@ import type {
   AuditList,
   CommitStepBody,
   EnqueueBody,
+  HandOverAnswer,
+  HandOverBody,
+  NextClaimBody,
   FinishBody,
   MaybeCheckpoint,
   MaybeLease,
@@ -40,6 +43,7 @@ import type {
   ClaimBody,
   ClaimNextAnswer,
   ClaimNextBody,
+  Claimed,
   Clock,
   Done,
   EventBatchBody,
@@ -156,6 +160,7 @@ export const OPERATIONS = {
   lease: ["GET", "{run}/lease", "lease"],
   lifecycle: ["GET", "{run}/lifecycle", "lifecycle"],
   commit_step: ["POST", "{run}/steps", "commitStep"],
+  commit_step_and_claim_next: ["POST", "{run}/steps/hand-over", "commitStepAndClaimNext"],
   list_checkpoints: ["GET", "{run}/checkpoints", "listCheckpoints"],
   write_checkpoint: ["POST", "{run}/checkpoints", "writeCheckpoint"],
   latest_checkpoint: ["GET", "{run}/checkpoints/latest", "latestCheckpoint"],
@@ -184,6 +189,23 @@ export const OPERATIONS = {
   delete_thread: ["DELETE", "{run}/thread", "deleteThread"],
   list_threads_checkpoints: ["GET", "/v1/tenants/{tenant}/thread-checkpoints", "listThreadsCheckpoints"],
 } as const satisfies Record<string, readonly [string, string, keyof RunkeepClient]>;
+
+/**
+ * What {@link RunkeepClient.commitStepAndClaimNext} did: the step committed
+ * (its receipt), and the run taken next.
+ */
+export interface HandOver {
+  /** The committed step. */
+  receipt: StepReceiptBody;
+  /** The run taken next with its lease; `null` when none was claimable or the claim failed. */
+  next: Claimed | null;
+  /**
+   * The claim's error, when it failed after the step committed (a store
+   * that claims after committing): the step stands, nothing was claimed,
+   * and `claimNext` may be retried. `null` otherwise.
+   */
+  nextError: RunkeepError | null;
+}
 
 /** The path prefix `{run}` stands for in {@link OPERATIONS}. */
 export const RUN_PATH = "/v1/tenants/{tenant}/projects/{project}/sessions/{session}/runs/{run}";
@@ -446,6 +468,33 @@ export class RunkeepClient {
   commitStep(run: RunRef, fence: number, step: StepBody, options: CallOptions = {}): Promise<StepReceiptBody> {
     const body: CommitStepBody = { fence, step };
     return this.runWrite("POST", run, "/steps", body, options);
+  }
+
+  /**
+   * A worker's hand-over in one request (`POST …/steps/hand-over`): commits
+   * `step` under `fence` as {@link commitStep} does, then takes the next
+   * runnable run of the tenant as {@link claimNext} would with `next` (no
+   * `waitMs`: it answers at once), never this run. A refused step rejects
+   * (e.g. `FencedOut`) and claimed nothing. A claim that failed after the
+   * step committed resolves with `nextError` set (the typed error of its
+   * problem). A lost answer leaves both unknown: the step may have
+   * committed and the next run may be held under `next.holder` until its
+   * lease expires.
+   */
+  async commitStepAndClaimNext(
+    run: RunRef,
+    fence: number,
+    step: StepBody,
+    next: NextClaimBody,
+    options: CallOptions = {},
+  ): Promise<HandOver> {
+    const body: HandOverBody = { fence, step, next };
+    const a = await this.runWrite<HandOverAnswer>("POST", run, "/steps/hand-over", body, options);
+    return {
+      receipt: a.receipt,
+      next: a.next ?? null,
+      nextError: a.nextError != null ? problemError(a.nextError) : null,
+    };
   }
 
   /** Every checkpoint, in the store's total order (`GET …/checkpoints`). */

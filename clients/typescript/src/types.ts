@@ -157,6 +157,16 @@ export type StepBody = Wire<
 /** What a committed step wrote. */
 export type StepReceiptBody = Wire<S["StepReceiptBody"]>;
 
+/** A hand-over's next claim: `claim_next`'s body without `waitMs`. */
+export type NextClaimBody = Wire<S["NextClaimBody"]>;
+
+/**
+ * What a hand-over answered on the wire: the step's receipt, the run taken
+ * next (`null` when none), and `nextError`, the problem of a claim that
+ * failed after the step committed.
+ */
+export type HandOverAnswer = Wire<S["HandOverAnswer"]>;
+
 /** Everything the console shows of one run, in one call. */
 export type RunSummary = Wire<S["RunSummary"]>;
 
@@ -236,6 +246,9 @@ export type AppendAuditBody = Wire<S["AppendAuditBody"]>;
 
 /** `POST …/steps`. */
 export type CommitStepBody = Wire<S["CommitStepBody"]>;
+
+/** `POST …/steps/hand-over`. */
+export type HandOverBody = Wire<S["HandOverBody"]>;
 
 /** A checkpoint read (`null` when there is none). */
 export type MaybeCheckpoint = Wire<S["MaybeCheckpoint"]>;

@@ -552,6 +552,26 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/v1/tenants/{tenant}/projects/{project}/sessions/{session}/runs/{run}/steps/hand-over": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /**
+         * A worker's hand-over: commits one step under `fence` (as `commit_step`), then takes the next runnable run in the tenant (as `claim-next`, without waiting; never this run). A refused step is a problem answer and claims nothing; a claim that failed after the step committed is answered 200 with the receipt and the claim's problem in `nextError`.
+         * @description Needs a `worker` token.
+         */
+        post: operations["commit_step_and_claim_next"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/v1/tenants/{tenant}/projects/{project}/sessions/{session}/runs/{run}/thread": {
         parameters: {
             query?: never;
@@ -971,6 +991,27 @@ export interface components {
          * @enum {string}
          */
         FinishStatusBody: "completed" | "failed" | "cancelled";
+        /** @description What a hand-over did. Answered 200 whenever the step committed; a
+         *     refused step is a problem answer and claimed nothing. */
+        HandOverAnswer: {
+            next?: null | components["schemas"]["Claimed"];
+            nextError?: null | components["schemas"]["Problem"];
+            /** @description The committed step. */
+            receipt: components["schemas"]["StepReceiptBody"];
+        };
+        /** @description A worker's hand-over: the step on this run under `fence`, then the next
+         *     run as `claim-next` would take it. */
+        HandOverBody: {
+            /**
+             * Format: int64
+             * @description The holding of this run; checked by the store with the whole step.
+             */
+            fence: number;
+            /** @description What to claim after the step. */
+            next: components["schemas"]["NextClaimBody"];
+            /** @description The step. */
+            step: components["schemas"]["StepBody"];
+        };
         /** @description A lease handed to its taker. */
         LeaseBody: {
             /**
@@ -1097,6 +1138,30 @@ export interface components {
             payload?: Record<string, never>;
             /** @description The `type` discriminator: 1 to 128 bytes, no control characters. */
             type: string;
+        };
+        /** @description The next claim of a hand-over: `claim-next`'s body without its wait
+         *     (the tenant is the step's, from the path). */
+        NextClaimBody: {
+            /** @description The claiming worker (unique per process); the same holder renews. Not blank, no control characters, at most 236 bytes (ASCII) and never containing `~token:`: the server appends ` ~token:<token id>` to bind the holding to the token, within the store's 256 bytes. */
+            holder: string;
+            /**
+             * Format: int64
+             * @description Attempt limit for this claim.
+             */
+            maxAttempts?: number | null;
+            /** @description Which run first. */
+            order?: components["schemas"]["OrderBody"];
+            /** @description Only runs whose park is in this set. */
+            park?: components["schemas"]["ParkStateBody"][] | null;
+            /** @description Only this project. */
+            project?: string | null;
+            /** @description Only this session (needs `project`). */
+            session?: string | null;
+            /**
+             * Format: int64
+             * @description Lease length, ms: 1000 ms (1 s) to 31622400000 ms (366 days). The store takes any positive length, but a lease shorter than a claim takes on its volume has expired before it is handed back (a directory store answers 503 `unavailable`), so the document asks for at least a second.
+             */
+            ttlMs: number;
         };
         /**
          * @description A listing order.
@@ -5735,6 +5800,159 @@ export interface operations {
                 };
                 content: {
                     "application/json": components["schemas"]["StepReceiptBody"];
+                };
+            };
+            /** @description A problem detail: `urn:runkeep:problem:invalid-input`, `urn:runkeep:problem:malformed-body`. */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description A problem detail: `urn:runkeep:problem:unauthorized`. */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description A problem detail: `urn:runkeep:problem:forbidden`. */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description A problem detail: `urn:runkeep:problem:not-found`. */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description A problem detail: `urn:runkeep:problem:timeout`. */
+            408: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description A problem detail: `urn:runkeep:problem:fenced-out`, `urn:runkeep:problem:conflict`. */
+            409: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description A problem detail: `urn:runkeep:problem:payload-too-large`. */
+            413: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description A problem detail: `urn:runkeep:problem:invalid-input`. The request target (path and query) is longer than the server accepts. */
+            414: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description A problem detail: `urn:runkeep:problem:unsupported-media-type`. */
+            415: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description A problem detail: `urn:runkeep:problem:unsupported`. */
+            422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description A problem detail: `urn:runkeep:problem:invalid-input`. The request head (request line and header fields) is larger than the server accepts. */
+            431: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description A problem detail: `urn:runkeep:problem:corrupted`, `urn:runkeep:problem:backend`. */
+            500: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description A problem detail: `urn:runkeep:problem:unavailable`, `urn:runkeep:problem:contended`, `urn:runkeep:problem:overloaded`. */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+        };
+    };
+    commit_step_and_claim_next: {
+        parameters: {
+            query?: {
+                /** @description The parent run, for a sub-run. */
+                parent?: string;
+            };
+            header?: never;
+            path: {
+                /** @description The tenant id: 1 to 128 characters of [A-Za-z0-9_-], starting with a letter or digit. */
+                tenant: string;
+                /** @description The project id: 1 to 128 characters of [A-Za-z0-9_-], starting with a letter or digit. */
+                project: string;
+                /** @description The session id: 1 to 128 characters of [A-Za-z0-9_-], starting with a letter or digit. */
+                session: string;
+                /** @description The run id: 1 to 128 characters of [A-Za-z0-9_-], starting with a letter or digit. */
+                run: string;
+            };
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/json": components["schemas"]["HandOverBody"];
+            };
+        };
+        responses: {
+            /** @description The answer. */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["HandOverAnswer"];
                 };
             };
             /** @description A problem detail: `urn:runkeep:problem:invalid-input`, `urn:runkeep:problem:malformed-body`. */
