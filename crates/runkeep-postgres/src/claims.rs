@@ -10,10 +10,11 @@ use runkeep::{
 };
 
 use crate::listing::{fill_state, listed_row, After, Listing};
-use crate::pipeline::Stmt;
+use crate::pipeline::{Stmt, Tx};
 use crate::row::{Key, RunState};
 use crate::store::PgStore;
 use crate::tx::{Opening, Verdict, Writes};
+use tokio_postgres::Row;
 
 impl PgStore {
     pub(crate) fn apply_claim(
@@ -92,79 +93,135 @@ pub(crate) async fn claim_next(
     options: &ClaimOptions,
 ) -> Result<Option<(RunScope, Lease)>> {
     let what = "claim_next";
-    // The instant: the caller's (or the test clock's), else the
-    // server's, read by the candidate statement itstore. The filter is
-    // checked before anything is sent (the instant does not change
-    // what is valid).
-    let fixed = store.fixed_now(options.now);
-    let mut query = ListQuery::claim_next(scope, filter, fixed.unwrap_or(store.now()))?;
-    let mut listing = Listing {
-        scope,
-        order: filter.order,
-        statuses: None,
-        claimed: Some(false),
-        parks: query.park.is_some(),
-        runnable: true,
-        now: fixed.map(Timestamp::as_millis),
-    };
-    // One candidate at a time, skipping rows other claimers hold
-    // locked: a claimer never blocks on another, and never locks more
-    // rows than it judges. The candidate carries the whole state the
-    // claim writes back, and the instant it was chosen at.
-    let candidate = |listing: &Listing<'_>, after: &After| {
-        let (sql, params) = listing.sql_and_params(after, 1, true);
-        Stmt::new("find a candidate", sql, params)
-    };
-    let (tx, mut replies) = store
-        .begin(what, vec![candidate(&listing, &After::None)])
+    let mut search = NextSearch::new(store, scope, filter, options)?;
+    let (tx, replies) = store.begin(what, vec![search.first()]).await?;
+    let mut writes = Vec::new();
+    let taken = search
+        .search(store, &tx, what, replies, None, &mut writes)
         .await?;
-    let mut judged = fixed;
-    let mut changed = false;
-    loop {
-        let Some(r) = replies.pop().and_then(|rows| rows.into_iter().next()) else {
-            break;
-        };
-        let now = match judged {
-            Some(n) => n,
-            None => {
-                let n = store.listed_now(&r, fixed)?;
-                query = ListQuery::claim_next(scope, filter, n)?;
-                listing.now = Some(n.as_millis());
-                judged = Some(n);
-                n
-            }
-        };
-        let (run_scope, mut state, row) = listed_row(scope.tenant_id(), &r, now)?;
-        let after = After::Row(
-            row.key(filter.order),
-            run_scope.project_id.to_string(),
-            run_scope.session_id.to_string(),
-        );
-        let mut next = vec![candidate(&listing, &after)];
-        if query.matches(&row) && row.is_claimable(now) {
-            fill_state(&mut state, &r);
-            let key = Key::of(&run_scope);
-            match PgStore::apply_claim(&run_scope, &mut state, options, now)? {
-                ClaimOutcome::Acquired(lease) => {
-                    store
-                        .commit(tx, what, vec![PgStore::save_stmt(&key, &state)?])
-                        .await?;
-                    return Ok(Some((run_scope, lease)));
-                }
-                ClaimOutcome::Finished(_) => {
-                    // Dead-lettered by this claim: recorded (with the
-                    // next candidate's search), then the next run.
-                    next.insert(0, PgStore::save_stmt(&key, &state)?);
-                    changed = true;
-                }
-                _ => {}
-            }
-        }
-        replies = store.run(&tx, what, next).await?;
-    }
-    if changed {
-        store.commit(tx, what, Vec::new()).await?;
+    if taken.is_some() || search.changed {
+        store.commit(tx, what, writes).await?;
     }
     // Otherwise nothing changed: the transaction rolls back unwaited.
-    Ok(None)
+    Ok(taken)
+}
+
+/// `claim_next`'s search inside a transaction: one `SKIP LOCKED` candidate
+/// at a time, each judged by the core, until one is taken or none is left.
+pub(crate) struct NextSearch<'a> {
+    filter: &'a ClaimNextFilter,
+    options: &'a ClaimOptions,
+    scope: &'a ListingScope,
+    /// The caller's instant (or the test clock's); `None`: the server's,
+    /// read by the first candidate statement.
+    fixed: Option<Timestamp>,
+    query: ListQuery,
+    listing: Listing<'a>,
+    /// A run was written without being taken (dead-lettered by its claim):
+    /// the transaction must commit even when nothing is taken.
+    pub(crate) changed: bool,
+}
+
+impl<'a> NextSearch<'a> {
+    /// Checks the filter before anything is sent (the instant does not
+    /// change what is valid).
+    pub(crate) fn new(
+        store: &PgStore,
+        scope: &'a ListingScope,
+        filter: &'a ClaimNextFilter,
+        options: &'a ClaimOptions,
+    ) -> Result<Self> {
+        let fixed = store.fixed_now(options.now);
+        let query = ListQuery::claim_next(scope, filter, fixed.unwrap_or(store.now()))?;
+        let listing = Listing {
+            scope,
+            order: filter.order,
+            statuses: None,
+            claimed: Some(false),
+            parks: query.park.is_some(),
+            runnable: true,
+            now: fixed.map(Timestamp::as_millis),
+        };
+        Ok(Self {
+            filter,
+            options,
+            scope,
+            fixed,
+            query,
+            listing,
+            changed: false,
+        })
+    }
+
+    /// The first candidate's statement.
+    pub(crate) fn first(&self) -> Stmt {
+        self.candidate(&After::None)
+    }
+
+    /// The candidate after `after`, skipping rows other claimers hold
+    /// locked: a claimer never blocks on another and never locks more rows
+    /// than it judges. It carries the whole state a claim writes back, and
+    /// the instant it was chosen at.
+    fn candidate(&self, after: &After) -> Stmt {
+        let (sql, params) = self.listing.sql_and_params(after, 1, true);
+        Stmt::new("find a candidate", sql, params)
+    }
+
+    /// Judges candidates, starting with `replies` (the first candidate
+    /// statement's), fetching the next one in the open transaction each
+    /// time one is not taken. `skip` is never taken (the run a hand-over's
+    /// step holds locked: its row as read here predates the step). The
+    /// taken run's write is added to `writes`, to commit; a run dead-lettered
+    /// on the way is written at once (and [`Self::changed`] set).
+    pub(crate) async fn search(
+        &mut self,
+        store: &PgStore,
+        tx: &Tx,
+        what: &str,
+        mut replies: Vec<Vec<Row>>,
+        skip: Option<&RunScope>,
+        writes: &mut Vec<Stmt>,
+    ) -> Result<Option<(RunScope, Lease)>> {
+        let mut judged = self.fixed;
+        loop {
+            let Some(r) = replies.pop().and_then(|rows| rows.into_iter().next()) else {
+                return Ok(None);
+            };
+            let now = match judged {
+                Some(n) => n,
+                None => {
+                    let n = store.listed_now(&r, self.fixed)?;
+                    self.query = ListQuery::claim_next(self.scope, self.filter, n)?;
+                    self.listing.now = Some(n.as_millis());
+                    judged = Some(n);
+                    n
+                }
+            };
+            let (run_scope, mut state, row) = listed_row(self.scope.tenant_id(), &r, now)?;
+            let after = After::Row(
+                row.key(self.filter.order),
+                run_scope.project_id.to_string(),
+                run_scope.session_id.to_string(),
+            );
+            let mut next = vec![self.candidate(&after)];
+            if skip != Some(&run_scope) && self.query.matches(&row) && row.is_claimable(now) {
+                fill_state(&mut state, &r);
+                let key = Key::of(&run_scope);
+                match PgStore::apply_claim(&run_scope, &mut state, self.options, now)? {
+                    ClaimOutcome::Acquired(lease) => {
+                        writes.push(PgStore::save_stmt(&key, &state)?);
+                        return Ok(Some((run_scope, lease)));
+                    }
+                    ClaimOutcome::Finished(_) => {
+                        // Dead-lettered by this claim: recorded (with the
+                        // next candidate's search), then the next run.
+                        next.insert(0, PgStore::save_stmt(&key, &state)?);
+                        self.changed = true;
+                    }
+                    _ => {}
+                }
+            }
+            replies = store.run(tx, what, next).await?;
+        }
+    }
 }

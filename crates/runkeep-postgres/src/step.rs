@@ -1,10 +1,13 @@
 //! `commit_step`: a step's events, checkpoint, messages, record and finish
-//! in one transaction under one fence check.
+//! in one transaction under one fence check; and the hand-over, the same
+//! transaction also taking the worker's next run.
 
-use runkeep::{Error, Fence, Result, RunScope, Step, StepReceipt};
+use runkeep::{Error, Fence, Handover, NextClaim, Result, RunScope, Step, StepReceipt};
+use serde_json::Value;
 
+use crate::claims::NextSearch;
 use crate::store::PgStore;
-use crate::tx::{Opening, Verdict, Writes};
+use crate::tx::{Locked, Opening, Verdict, Writes};
 
 pub(crate) async fn commit_step(
     store: &PgStore,
@@ -12,62 +15,118 @@ pub(crate) async fn commit_step(
     fence: Fence,
     step: &Step,
 ) -> Result<StepReceipt> {
+    let record = checked(store, scope, step)?;
+    // Round trip 1: BEGIN, the row lock, then the clock and whether the
+    // checkpoint exists. No row is created: the fence needs a holding.
+    // Round trip 2: every write and COMMIT.
+    store
+        .write_locked("commit_step", scope, opening(step), |l| {
+            let (receipt, writes) = judge(store, scope, fence, step, record, l)?;
+            Ok(Verdict::Write(receipt, writes))
+        })
+        .await
+}
+
+/// The step, then the next run, in one transaction: round trip 1 also
+/// fetches the first candidate; round trip 2 sends the step's writes, the
+/// claim and `COMMIT` (one more per candidate the core does not take).
+pub(crate) async fn commit_step_and_claim_next(
+    store: &PgStore,
+    scope: &RunScope,
+    fence: Fence,
+    step: &Step,
+    next: &NextClaim,
+) -> Result<Handover> {
+    let what = "commit_step_and_claim_next";
+    let record = checked(store, scope, step)?;
+    let mut search = NextSearch::new(store, &next.scope, &next.filter, &next.options)?;
+    let mut opening = opening(step);
+    opening.more.push(search.first());
+    let (tx, mut locked) = store.lock_row(what, scope, opening).await?;
+    let first = std::mem::take(&mut locked.more);
+    let (receipt, writes) = judge(store, scope, fence, step, record, &mut locked)?;
+    let (mut stmts, notify) = store.written(&tx, what, scope, &mut locked, writes).await?;
+    let taken = search
+        .search(store, &tx, what, first, Some(scope), &mut stmts)
+        .await?;
+    match notify {
+        Some(events) => store.commit_notify(tx, what, stmts, scope, events).await?,
+        None => store.commit(tx, what, stmts).await?,
+    }
+    Ok(Handover {
+        receipt,
+        next: Ok(taken),
+    })
+}
+
+/// What the step's first round trip reads besides the locked row: the
+/// clock, and whether the checkpoint exists.
+fn opening(step: &Step) -> Opening<'_> {
+    Opening {
+        clock: true,
+        checkpoint: step.checkpoint.as_ref().map(|c| c.id.as_str()),
+        ..Opening::default()
+    }
+}
+
+/// Validates the step before anything is sent; answers its run record as
+/// JSON.
+fn checked(store: &PgStore, scope: &RunScope, step: &Step) -> Result<Option<Value>> {
     step.validate(scope)?;
     if let Some(r) = step.finish.as_ref().and_then(|o| o.result.as_ref()) {
         store.check_json("finish result", r)?;
     }
-    let record = match &step.run_record {
+    match &step.run_record {
         Some(r) => {
             let v =
                 serde_json::to_value(r).map_err(|e| Error::invalid(format!("run record: {e}")))?;
             store.check_json("run record", &v)?;
-            Some(v)
+            Ok(Some(v))
         }
-        None => None,
-    };
+        None => Ok(None),
+    }
+}
+
+/// The core's judgement of the step on the locked row, and its writes.
+fn judge(
+    store: &PgStore,
+    scope: &RunScope,
+    fence: Fence,
+    step: &Step,
+    record: Option<Value>,
+    l: &mut Locked,
+) -> Result<(StepReceipt, Writes)> {
     let what = "commit_step";
-    // Round trip 1: BEGIN, the row lock, then the clock and whether the
-    // checkpoint exists. No row is created: the fence needs a holding.
-    let opening = Opening {
-        clock: true,
-        checkpoint: step.checkpoint.as_ref().map(|c| c.id.as_str()),
-        ..Opening::default()
+    let (key, run, now) = (&l.key, &mut l.run, l.now);
+    run.check(scope, what, Some(fence))?;
+    // Everything that can refuse is decided before anything is sent.
+    let finished = step.plan_finish(&scope.run_id, &run.lifecycle, fence, now)?;
+    let last_before = run.last_seq;
+    let (events, insert) = store.events_stmt(key, run, &step.events, now, Some(fence))?;
+    let mut writes = Writes::default().stmts(insert);
+    let checkpoint = step.checkpoint.as_ref().map(|cp| {
+        let mut stored = cp.clone();
+        stored.fence = Some(fence);
+        stored
+    });
+    if let Some(stored) = &checkpoint {
+        writes = writes.checkpoint(stored.clone(), l.checkpoint_exists);
+    }
+    if let Some(m) = &step.messages {
+        let through = Step::through_seq(m, &events, last_before);
+        writes = writes.stmt(store.messages_stmt(key, &m.messages, through)?);
+    }
+    if let Some(v) = record {
+        writes = writes.stmt(PgStore::document_stmt(key, "record", Box::new(v)));
+    }
+    if let Some(f) = &finished {
+        f.apply(&mut run.top, &mut run.lifecycle);
+    }
+    let writes = writes.save().notify(!events.is_empty());
+    let receipt = StepReceipt {
+        events,
+        checkpoint,
+        lifecycle: finished.map(|f| f.lifecycle),
     };
-    // Round trip 2: every write and COMMIT.
-    store
-        .write_locked(what, scope, opening, |l| {
-            let (key, run, now) = (&l.key, &mut l.run, l.now);
-            run.check(scope, what, Some(fence))?;
-            // Everything that can refuse is decided before anything is sent.
-            let finished = step.plan_finish(&scope.run_id, &run.lifecycle, fence, now)?;
-            let last_before = run.last_seq;
-            let (events, insert) = store.events_stmt(key, run, &step.events, now, Some(fence))?;
-            let mut writes = Writes::default().stmts(insert);
-            let checkpoint = step.checkpoint.as_ref().map(|cp| {
-                let mut stored = cp.clone();
-                stored.fence = Some(fence);
-                stored
-            });
-            if let Some(stored) = &checkpoint {
-                writes = writes.checkpoint(stored.clone(), l.checkpoint_exists);
-            }
-            if let Some(m) = &step.messages {
-                let through = Step::through_seq(m, &events, last_before);
-                writes = writes.stmt(store.messages_stmt(key, &m.messages, through)?);
-            }
-            if let Some(v) = record {
-                writes = writes.stmt(PgStore::document_stmt(key, "record", Box::new(v)));
-            }
-            if let Some(f) = &finished {
-                f.apply(&mut run.top, &mut run.lifecycle);
-            }
-            let writes = writes.save().notify(!events.is_empty());
-            let receipt = StepReceipt {
-                events,
-                checkpoint,
-                lifecycle: finished.map(|f| f.lifecycle),
-            };
-            Ok(Verdict::Write(receipt, writes))
-        })
-        .await
+    Ok((receipt, writes))
 }

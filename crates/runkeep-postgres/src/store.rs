@@ -16,7 +16,7 @@ use runkeep::{
     ParkResolution, PersistedEvent, ReadEventsOptions, Result, RunPage, RunRecord, RunScope, Step,
     StepReceipt, Timestamp, Watch, WatchTopic,
 };
-use runkeep::{Clock, RemoteClock};
+use runkeep::{Clock, Handover, NextClaim, RemoteClock};
 
 use crate::options::PgOptions;
 
@@ -305,5 +305,15 @@ impl EvidenceStore for PgStore {
         step: &Step,
     ) -> Result<StepReceipt> {
         crate::step::commit_step(self, scope, fence, step).await
+    }
+
+    async fn commit_step_and_claim_next(
+        &self,
+        scope: &RunScope,
+        fence: Fence,
+        step: &Step,
+        next: &NextClaim,
+    ) -> Result<Handover> {
+        crate::step::commit_step_and_claim_next(self, scope, fence, step, next).await
     }
 }

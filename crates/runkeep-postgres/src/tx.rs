@@ -136,10 +136,31 @@ impl PgStore {
         opening: Opening<'_>,
         judge: impl FnOnce(&mut Locked) -> Result<Verdict<T>>,
     ) -> Result<T> {
+        let (tx, mut locked) = self.lock_row(what, scope, opening).await?;
+        let (value, w) = match judge(&mut locked)? {
+            Verdict::Keep(v) => return Ok(v),
+            Verdict::Write(v, w) => (v, w),
+        };
+        let (stmts, notify) = self.written(&tx, what, scope, &mut locked, w).await?;
+        match notify {
+            Some(events) => self.commit_notify(tx, what, stmts, scope, events).await?,
+            None => self.commit(tx, what, stmts).await?,
+        }
+        Ok(value)
+    }
+
+    /// [`Self::write_locked`]'s first round trip: the transaction, with
+    /// `scope`'s row locked and what `opening` asks for read.
+    pub(crate) async fn lock_row(
+        &self,
+        what: &'static str,
+        scope: &RunScope,
+        opening: Opening<'_>,
+    ) -> Result<(Tx, Locked)> {
         let key = Key::of(scope);
         let (tx, o) = self.open(what, scope, &key, opening).await?;
         let now = o.now();
-        let mut locked = Locked {
+        let locked = Locked {
             key,
             found: o.state.is_some(),
             run: o.state.unwrap_or_default(),
@@ -147,25 +168,30 @@ impl PgStore {
             checkpoint_exists: o.checkpoint_exists,
             more: o.more,
         };
-        let (value, w) = match judge(&mut locked)? {
-            Verdict::Keep(v) => return Ok(v),
-            Verdict::Write(v, w) => (v, w),
-        };
+        Ok((tx, locked))
+    }
+
+    /// A verdict's writes as the statements to send with `COMMIT` (the
+    /// checkpoint's may take a read first), and its notification.
+    pub(crate) async fn written(
+        &self,
+        tx: &Tx,
+        what: &str,
+        scope: &RunScope,
+        locked: &mut Locked,
+        w: Writes,
+    ) -> Result<(Vec<Stmt>, Option<bool>)> {
         let mut stmts = w.stmts;
         if let Some((at, stored, exists)) = w.checkpoint {
             let s = self
-                .checkpoint_stmt(&tx, what, scope, &mut locked.run, &stored, exists)
+                .checkpoint_stmt(tx, what, scope, &mut locked.run, &stored, exists)
                 .await?;
             stmts.insert(at, s);
         }
         if w.save {
             stmts.push(Self::save_stmt(&locked.key, &locked.run)?);
         }
-        match w.notify {
-            Some(events) => self.commit_notify(tx, what, stmts, scope, events).await?,
-            None => self.commit(tx, what, stmts).await?,
-        }
-        Ok(value)
+        Ok((stmts, w.notify))
     }
 }
 

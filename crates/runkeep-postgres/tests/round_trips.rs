@@ -15,8 +15,8 @@ use std::future::Future;
 use common::counting::{Counter, Snapshot};
 use runkeep::{
     CheckpointStore, ClaimNextFilter, ClaimOptions, EnqueueOptions, EvidenceStore, ListOptions,
-    ListingScope, NewAuditEvent, Outcome, ParkResolution, ReadEventsOptions, RunId, RunScope,
-    SessionId, Step, Ttl,
+    ListingScope, NewAuditEvent, NextClaim, Outcome, ParkResolution, ReadEventsOptions, RunId,
+    RunScope, SessionId, Step, Ttl,
 };
 use runkeep_conformance::support;
 use runkeep_postgres::{PgOptions, PgStore};
@@ -174,6 +174,42 @@ async fn scenario(store: &PgStore, m: &mut Meter<'_>, phase: &str) {
         .await
         .unwrap();
     assert!(none.is_none());
+
+    // The hand-over: the drain cycle's step and the next claim, one
+    // transaction in two waits.
+    let (h1, h2) = (scope(phase, "h1"), scope(phase, "h2"));
+    for h in [&h1, &h2] {
+        store
+            .enqueue(h, &support::checkpoint("start", 0), &enq)
+            .await
+            .unwrap();
+    }
+    let (got, lease_h1) = next().await.unwrap().unwrap();
+    assert_eq!(got, h1);
+    let hand = NextClaim {
+        scope: ls.clone(),
+        filter: filter.clone(),
+        options: co.clone(),
+    };
+    let over = m
+        .op(
+            "commit_step_and_claim_next: the step and the next run",
+            2,
+            store.commit_step_and_claim_next(&h1, lease_h1.fence, &step("end", true), &hand),
+        )
+        .await
+        .unwrap();
+    let (got, lease_h2) = over.next.unwrap().unwrap();
+    assert_eq!(got, h2);
+    let over = m
+        .op(
+            "commit_step_and_claim_next: the step, nothing next",
+            2,
+            store.commit_step_and_claim_next(&h2, lease_h2.fence, &step("end", true), &hand),
+        )
+        .await
+        .unwrap();
+    assert!(over.next.unwrap().is_none());
 
     let c = scope(phase, "c");
     let lc = m
