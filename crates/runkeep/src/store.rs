@@ -391,10 +391,11 @@ pub trait EvidenceStore: CheckpointStore {
     ///
     /// # Contract
     /// - The step is judged exactly as by [`commit_step`](Self::commit_step);
-    ///   `Err` means it was not committed (or, for
+    ///   `Err` means it was not committed and nothing was claimed, except
     ///   [`Error::Unavailable`](crate::Error::Unavailable) with
-    ///   `outcome_unknown`, that it may have been) and that nothing was
-    ///   claimed.
+    ///   `outcome_unknown`: then both may have been (read the step's run
+    ///   back; a run claimed in a lost answer stays held until its lease
+    ///   runs out).
     /// - The claim is judged as `claim_next`'s, at `next.options`' instant,
     ///   against the run states the step left: the step's own run is never
     ///   the next one (a run the step finished is not claimable; one it left
