@@ -81,7 +81,8 @@ pub struct BenchArgs {
     pub quick: bool,
 
     /// Only the cases whose name contains one of these (comma-separated or
-    /// repeated), e.g. `memory`, `pg/`, `drain@8`, `checkpoint`.
+    /// repeated), e.g. `memory`, `pg/`, `drain@8`, `checkpoint`; `=NAME`
+    /// selects exactly that case (`=pg/drain@1`, not `serve-pg/drain@1`).
     #[arg(long, value_delimiter = ',', value_name = "PATTERN")]
     pub only: Vec<String>,
 
@@ -227,7 +228,9 @@ enum Kind {
     ListFirst,
     ListDeep,
     CatchUp,
-    Drain(usize),
+    /// The drain cycle by `.0` workers; `.1`: chained by hand-overs
+    /// (`commit_step_and_claim_next`) instead of two calls.
+    Drain(usize, bool),
     FsBase(FsBase),
     PgSelect1,
     PgUpdate,
@@ -276,7 +279,7 @@ struct Case {
 impl Case {
     fn new(backend: &str, op: String, unit: &'static str, what: String, kind: Kind) -> Self {
         let workers = match kind {
-            Kind::Drain(w)
+            Kind::Drain(w, _)
             | Kind::PgSkipLocked(w)
             | Kind::DrainQueued(_, w)
             | Kind::Peer(_, _, w) => w,
@@ -436,9 +439,31 @@ fn all_cases(s: &Settings, scaling: bool, with_peers: bool) -> Vec<Case> {
                     "claim_next → commit_step(event + checkpoint + finish), {w} worker{}",
                     plural(w)
                 ),
-                Kind::Drain(w),
+                Kind::Drain(w, false),
             ));
+            if matches!(b, "fs" | "pg" | "serve-pg") {
+                cases.push(Case::new(
+                    b,
+                    format!("handover@{w}"),
+                    "cycles/s",
+                    format!(
+                        "claim_next, then commit_step_and_claim_next(event + checkpoint + finish) per run, {w} worker{}",
+                        plural(w)
+                    ),
+                    Kind::Drain(w, true),
+                ));
+            }
             if b == "pg" {
+                cases.push(Case::new(
+                    "pg-coalesced",
+                    format!("handover@{w}"),
+                    "cycles/s",
+                    format!(
+                        "as pg/handover@{w}, on a store whose wake-ups are coalesced (NotifyMode::Coalesced: NOTIFY sent after COMMIT by one task, not in the transaction), {w} worker{}",
+                        plural(w)
+                    ),
+                    Kind::Drain(w, true),
+                ));
                 cases.push(Case::new(
                     b,
                     format!("base.skip-locked@{w}"),
@@ -602,7 +627,7 @@ async fn measure(env: &Env, case: &mut Case) -> Result<Sample, String> {
             };
             work::renew_loop(t, scope, opts, budget).await
         }
-        Kind::Drain(w) => {
+        Kind::Drain(w, hand_over) => {
             let t = env.target(&case.backend)?;
             let hint = match case.hint {
                 Some(h) => h,
@@ -610,13 +635,13 @@ async fn measure(env: &Env, case: &mut Case) -> Result<Sample, String> {
                     // A probe (not counted): the rate to provision by.
                     let session = work::fresh_session();
                     work::fill_queue(t, &session, 0, 4 * w as u64 + 10).await?;
-                    work::drain(t, &session, w, budget).await?.rate()
+                    work::drain(t, &session, w, hand_over, budget).await?.rate()
                 }
             };
             let n = provision(hint, budget, w, s.drain_cap);
             let session = work::fresh_session();
             work::fill_queue(t, &session, 0, n).await?;
-            let sample = work::drain(t, &session, w, budget).await?;
+            let sample = work::drain(t, &session, w, hand_over, budget).await?;
             case.hint = Some(sample.rate());
             Ok(sample)
         }
@@ -633,7 +658,7 @@ async fn measure(env: &Env, case: &mut Case) -> Result<Sample, String> {
             let Prep::Queue { session, next } = &mut case.prep else {
                 unreachable!("prepared above")
             };
-            let sample = work::drain(t, session, w, budget).await?;
+            let sample = work::drain(t, session, w, false, budget).await?;
             // Top the queue up to its depth again (not timed).
             let done = sample.units as u64;
             work::fill_queue(t, session, *next, done).await?;
@@ -739,7 +764,10 @@ async fn open_env(
     skipped: &mut Vec<(String, String)>,
 ) -> CliResult<Env> {
     let needs = |backend: &str| cases.iter().any(|c| c.backend == backend);
-    let needs_pg = needs("pg") || needs("serve-pg") || cases.iter().any(|c| c.group == "peers");
+    let needs_pg = needs("pg")
+        || needs("pg-coalesced")
+        || needs("serve-pg")
+        || cases.iter().any(|c| c.group == "peers");
     let needs_fs = needs("fs") || needs("fs-powerloss") || needs("serve-fs");
     let (tenant, project) = Target::ids();
     let mut env = Env {
@@ -817,7 +845,13 @@ async fn open_env(
             Err(e) => {
                 let why = format!("PostgreSQL at --pg-url is not reachable ({e})");
                 output::warn(&format!("{why}: skipping its cases"));
-                for b in ["pg", "serve-pg", "graphile-worker", "pg-boss"] {
+                for b in [
+                    "pg",
+                    "pg-coalesced",
+                    "serve-pg",
+                    "graphile-worker",
+                    "pg-boss",
+                ] {
                     skipped.push((b.to_string(), why.clone()));
                 }
             }
@@ -840,6 +874,16 @@ async fn open_env(
                             .await
                             .map_err(CliError::failed)?,
                     );
+                }
+                if needs("pg-coalesced") {
+                    let schema = format!("{}_pgc", env.schema_base);
+                    let mut o = options(schema);
+                    o.notify = NotifyMode::Coalesced;
+                    let store = PgStore::connect(&args.pg_url, o).await.map_err(|e| {
+                        CliError::failed(format!("open the pg-coalesced store: {e}"))
+                    })?;
+                    env.targets
+                        .insert("pg-coalesced", target(Arc::new(store), 8));
                 }
                 if needs("serve-pg") {
                     let (url, schema) = (args.pg_url.clone(), format!("{}_serve", env.schema_base));
@@ -897,7 +941,7 @@ async fn clean_up(env: Env, servers: Vec<serve::InProcessServer>) -> Vec<String>
     drop(targets);
     drop(baselines);
     let _ = tokio::task::spawn_blocking(move || drop(servers)).await;
-    let mut schemas: Vec<String> = ["pg", "serve", "base"]
+    let mut schemas: Vec<String> = ["pg", "pgc", "serve", "base"]
         .iter()
         .map(|s| format!("{schema_base}_{s}"))
         .collect();
@@ -925,7 +969,12 @@ pub async fn run(ctx: &Ctx, args: BenchArgs) -> CliResult<Exit> {
     let settings = Settings::of(&args)?;
     let mut cases = all_cases(&settings, args.scaling, args.peers);
     if !args.only.is_empty() {
-        cases.retain(|c| args.only.iter().any(|p| c.name.contains(p.as_str())));
+        cases.retain(|c| {
+            args.only.iter().any(|p| match p.strip_prefix('=') {
+                Some(exact) => c.name == exact,
+                None => c.name.contains(p.as_str()),
+            })
+        });
         if cases.is_empty() {
             return Err(CliError::usage(format!(
                 "--only {} selects no case",
@@ -1157,27 +1206,43 @@ fn ratios(cases: &[Case], s: &Settings) -> Vec<Ratio> {
     };
     for w in WORKERS {
         pair(
-            format!("pg drain cycle vs SKIP LOCKED loop (same writes, 2 round trips) @{w}"),
-            &format!("pg/drain@{w}"),
+            format!("pg drain by hand-overs vs SKIP LOCKED loop (same writes, 2 round trips) @{w}"),
+            &format!("pg/handover@{w}"),
             &format!("pg/base.skip-locked@{w}"),
             false,
             Some((true, 0.8)),
             "target",
         );
+        pair(
+            format!("pg drain cycle (claim_next + commit_step) vs SKIP LOCKED loop @{w}"),
+            &format!("pg/drain@{w}"),
+            &format!("pg/base.skip-locked@{w}"),
+            false,
+            None,
+            "two calls and two commits a run",
+        );
     }
     for w in [8, 16] {
         pair(
-            format!("pg drain cycle vs graphile-worker default @{w}"),
-            &format!("pg/drain@{w}"),
+            format!("pg drain by hand-overs vs graphile-worker default @{w}"),
+            &format!("pg/handover@{w}"),
             &format!("graphile-worker/default@{w}"),
             false,
             Some((true, 1.5)),
             "target (runkeep fences every write; graphile-worker does not)",
         );
+        pair(
+            format!("pg drain cycle (two calls) vs graphile-worker default @{w}"),
+            &format!("pg/drain@{w}"),
+            &format!("graphile-worker/default@{w}"),
+            false,
+            None,
+            "",
+        );
         for (lib, mode) in peers::PEERS.into_iter().skip(1) {
             pair(
-                format!("pg drain cycle vs {lib} {mode} @{w}"),
-                &format!("pg/drain@{w}"),
+                format!("pg drain by hand-overs vs {lib} {mode} @{w}"),
+                &format!("pg/handover@{w}"),
                 &format!("{lib}/{mode}@{w}"),
                 false,
                 None,
@@ -1187,12 +1252,40 @@ fn ratios(cases: &[Case], s: &Settings) -> Vec<Ratio> {
     }
     for w in WORKERS {
         pair(
-            format!("serve-pg drain cycle vs pg in process @{w}"),
-            &format!("serve-pg/drain@{w}"),
-            &format!("pg/drain@{w}"),
+            format!("serve-pg drain by hand-overs vs pg in process @{w}"),
+            &format!("serve-pg/handover@{w}"),
+            &format!("pg/handover@{w}"),
             false,
             (w == 8).then_some((true, 0.85)),
             if w == 8 { "target" } else { "" },
+        );
+        pair(
+            format!("serve-pg drain cycle (two calls) vs pg in process @{w}"),
+            &format!("serve-pg/drain@{w}"),
+            &format!("pg/drain@{w}"),
+            false,
+            None,
+            "",
+        );
+    }
+    for w in WORKERS {
+        pair(
+            format!("pg drain by hand-overs, wake-ups coalesced vs immediate @{w}"),
+            &format!("pg-coalesced/handover@{w}"),
+            &format!("pg/handover@{w}"),
+            false,
+            None,
+            "NOTIFY outside the data transaction",
+        );
+    }
+    for w in WORKERS {
+        pair(
+            format!("pg drain by hand-overs vs two calls @{w}"),
+            &format!("pg/handover@{w}"),
+            &format!("pg/drain@{w}"),
+            false,
+            None,
+            "what one commit a run instead of two gives",
         );
     }
     for w in WORKERS {
@@ -1205,6 +1298,22 @@ fn ratios(cases: &[Case], s: &Settings) -> Vec<Ratio> {
             "",
         );
     }
+    pair(
+        "pg drain by hand-overs @1, in SELECT 1 round trips (time)".into(),
+        "pg/handover@1",
+        "pg/base.select-1",
+        true,
+        None,
+        "how many round trips one run costs",
+    );
+    pair(
+        "pg drain by hand-overs @1, in single-row UPDATE commits (time)".into(),
+        "pg/handover@1",
+        "pg/base.update-commit",
+        true,
+        None,
+        "how many durable commits one run costs",
+    );
     pair(
         "pg drain cycle @1, in SELECT 1 round trips (time)".into(),
         "pg/drain@1",
@@ -1678,7 +1787,8 @@ fn charts(cases: &[Case]) -> Vec<(String, svg::Chart)> {
         let mut by: BTreeMap<String, Vec<(f64, f64, f64, f64)>> = BTreeMap::new();
         for c in cases.iter().filter(|c| filter(c)) {
             let label = match &c.kind {
-                Kind::Drain(_) => format!("{} (runkeep)", c.backend),
+                Kind::Drain(_, false) => format!("{} (runkeep)", c.backend),
+                Kind::Drain(_, true) => format!("{} (runkeep, hand-over)", c.backend),
                 Kind::PgSkipLocked(_) => "pg SKIP LOCKED loop".into(),
                 Kind::Peer(lib, mode, _) => format!("{lib} {mode}"),
                 _ => continue,
@@ -1698,7 +1808,7 @@ fn charts(cases: &[Case]) -> Vec<(String, svg::Chart)> {
     let all = drain_series(&|c| {
         matches!(
             c.kind,
-            Kind::Drain(_) | Kind::PgSkipLocked(_) | Kind::Peer(..)
+            Kind::Drain(..) | Kind::PgSkipLocked(_) | Kind::Peer(..)
         )
     });
     if !all.is_empty() {
@@ -1716,7 +1826,8 @@ fn charts(cases: &[Case]) -> Vec<(String, svg::Chart)> {
     }
     let pg_family = drain_series(&|c| {
         matches!(c.kind, Kind::PgSkipLocked(_) | Kind::Peer(..))
-            || (matches!(c.kind, Kind::Drain(_)) && (c.backend == "pg" || c.backend == "serve-pg"))
+            || (matches!(c.kind, Kind::Drain(..))
+                && matches!(c.backend.as_str(), "pg" | "pg-coalesced" | "serve-pg"))
     });
     if !pg_family.is_empty() {
         out.push((

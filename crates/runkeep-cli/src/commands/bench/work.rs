@@ -8,8 +8,8 @@ use std::time::{Duration, Instant};
 
 use runkeep::{
     Checkpoint, CheckpointId, ClaimNextFilter, ClaimOptions, ClaimOutcome, EnqueueOptions, Fence,
-    Holder, ListOptions, ListingScope, NewEvent, Outcome, ProjectId, ReadEventsOptions, RunId,
-    RunScope, RunStore, SessionId, Step, TenantId, Ttl,
+    Holder, ListOptions, ListingScope, NewEvent, NextClaim, Outcome, ProjectId, ReadEventsOptions,
+    RunId, RunScope, RunStore, SessionId, Step, TenantId, Ttl,
 };
 use serde_json::{json, Map, Value};
 
@@ -443,12 +443,15 @@ pub async fn fill_queue(
 /// The drain cycle with `workers` concurrent workers on `session`: each
 /// loops `claim_next` → one `commit_step` carrying an event, a checkpoint
 /// and the finish, until the queue is empty or `budget` has passed (a
-/// cycle under way then completes). Counts cycles; latencies are whole
-/// cycles.
+/// cycle under way then completes). With `hand_over`, a worker claims once
+/// and then commits each run's step with the claim of its next run
+/// (`commit_step_and_claim_next`); once `budget` has passed it commits the
+/// last step alone. Counts runs done; latencies are per run.
 pub async fn drain(
     t: &Target,
     session: &SessionId,
     workers: usize,
+    hand_over: bool,
     budget: Duration,
 ) -> Result<Sample, String> {
     let listing = t.listing(session);
@@ -459,28 +462,52 @@ pub async fn drain(
         tasks.push(tokio::spawn(async move {
             let opts = claim_options(&format!("drain-{w}"));
             let filter = ClaimNextFilter::default();
+            let next = NextClaim {
+                scope: listing.clone(),
+                filter: filter.clone(),
+                options: opts.clone(),
+            };
+            let step = Step {
+                events: vec![event(0)],
+                checkpoint: Some(t.step_checkpoint("cp_step")),
+                finish: Some(Outcome::completed(Some(json!({"ok": true})))),
+                ..Step::default()
+            };
             let mut latencies = Vec::new();
-            while started.elapsed() < budget {
-                let c = Instant::now();
-                let Some((scope, lease)) = t
-                    .store
-                    .claim_next(&listing, &filter, &opts)
-                    .await
-                    .ctx("claim_next")?
-                else {
-                    break;
+            let mut c = Instant::now();
+            let mut held = None;
+            loop {
+                let (scope, lease) = match held.take() {
+                    Some(h) => h,
+                    None if started.elapsed() < budget => {
+                        c = Instant::now();
+                        match t
+                            .store
+                            .claim_next(&listing, &filter, &opts)
+                            .await
+                            .ctx("claim_next")?
+                        {
+                            Some(h) => h,
+                            None => break,
+                        }
+                    }
+                    None => break,
                 };
-                let step = Step {
-                    events: vec![event(0)],
-                    checkpoint: Some(t.step_checkpoint("cp_step")),
-                    finish: Some(Outcome::completed(Some(json!({"ok": true})))),
-                    ..Step::default()
-                };
-                t.store
-                    .commit_step(&scope, lease.fence, &step)
-                    .await
-                    .ctx("commit_step")?;
+                if hand_over && started.elapsed() < budget {
+                    let over = t
+                        .store
+                        .commit_step_and_claim_next(&scope, lease.fence, &step, &next)
+                        .await
+                        .ctx("commit_step_and_claim_next")?;
+                    held = over.next.ctx("the hand-over's claim")?;
+                } else {
+                    t.store
+                        .commit_step(&scope, lease.fence, &step)
+                        .await
+                        .ctx("commit_step")?;
+                }
                 latencies.push(c.elapsed().as_secs_f64() * 1e6);
+                c = Instant::now();
             }
             Ok::<Vec<f64>, String>(latencies)
         }));
