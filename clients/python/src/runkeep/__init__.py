@@ -1,7 +1,7 @@
 """runkeep's Python client: the HTTP API (sync and async), typed errors,
 the resuming event tail and the lease-keeping worker helper."""
 
-from .client import AsyncRunkeepClient, ClaimAnswer, Claimed, Lease, RunkeepClient, RunRef
+from .client import AsyncRunkeepClient, ClaimAnswer, Claimed, HandOver, Lease, RunkeepClient, RunRef
 from .errors import (
     Backend,
     Conflict,
@@ -41,6 +41,7 @@ __all__ = [
     "Corrupted",
     "FencedOut",
     "Forbidden",
+    "HandOver",
     "HeldRun",
     "InvalidInput",
     "Lease",

@@ -82,6 +82,40 @@ class Claimed:
     run: RunRef
     lease: Lease
 
+    @staticmethod
+    def of(body: Mapping[str, Any] | None) -> "Claimed | None":
+        """A ``{run, lease}`` answer member; ``None`` for null."""
+        if not body:
+            return None
+        r = body["run"]
+        ref = RunRef(r["projectId"], r["sessionId"], r["runId"], r.get("parentRunId"))
+        return Claimed(ref, Lease.of(body["lease"]))
+
+
+@dataclass(frozen=True)
+class HandOver:
+    """What :meth:`commit_step_and_claim_next` did: the step committed
+    (``receipt``, as ``commit_step`` answers it) and the run taken next.
+
+    ``next`` is ``None`` when no run was claimable, or when the claim failed
+    after the step committed: then ``next_error`` is the claim's typed error
+    (the same :class:`RunkeepError` subclass a ``claim_next`` refusal
+    raises); the step stands, nothing was claimed, and ``claim_next`` may
+    be retried."""
+
+    receipt: dict
+    next: Claimed | None = None
+    next_error: RunkeepError | None = None
+
+    @staticmethod
+    def of(body: Mapping[str, Any], *, method: str | None = None, path: str | None = None) -> "HandOver":
+        problem = body.get("nextError")
+        return HandOver(
+            receipt=body["receipt"],
+            next=Claimed.of(body.get("next")),
+            next_error=problem_error(problem, method=method, path=path) if problem else None,
+        )
+
 
 def _drop_none(d: Mapping[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in d.items() if v is not None}
@@ -181,12 +215,7 @@ class _Api:
         )
 
         def parse(b: Any) -> Claimed | None:
-            c = b.get("claimed")
-            if not c:
-                return None
-            r = c["run"]
-            ref = RunRef(r["projectId"], r["sessionId"], r["runId"], r.get("parentRunId"))
-            return Claimed(ref, Lease.of(c["lease"]))
+            return Claimed.of(b.get("claimed"))
 
         timeout = None if not wait_ms else wait_ms / 1000 + 30
         return self._send(_Request("POST", self._tenant_path("/claim-next"), None, body, parse, timeout))
@@ -218,6 +247,48 @@ class _Api:
     def commit_step(self, run: RunRef, fence: int, step: Mapping[str, Any]) -> Answer[dict]:
         """One step (events, checkpoint, messages, record, finish) under one fence check."""
         return self._run("POST", run, "/steps", {"fence": fence, "step": dict(step)})
+
+    def commit_step_and_claim_next(
+        self,
+        run: RunRef,
+        fence: int,
+        step: Mapping[str, Any],
+        *,
+        holder: str,
+        ttl_ms: int,
+        project: str | None = None,
+        session: str | None = None,
+        park: list[str] | None = None,
+        order: str | None = None,
+        max_attempts: int | None = None,
+    ) -> Answer[HandOver]:
+        """The hand-over (``POST …/steps/hand-over``): commits ``step`` on
+        ``run`` under ``fence`` as :meth:`commit_step` does, then takes the
+        next run as :meth:`claim_next` would (same keywords, no ``wait_ms``:
+        it never long-polls), in one request.
+
+        A refused step (``FencedOut``, a finished run, invalid input,
+        ``Forbidden``) raises as ``commit_step`` does and claimed nothing.
+        Otherwise the :class:`HandOver` answers the receipt, the next run or
+        ``None`` (none claimable), and ``next_error`` when the claim failed
+        after the step committed. A lost answer (``ConnectionFailed`` /
+        ``Unavailable`` with ``outcome_unknown``) leaves both unknown: the
+        step may have committed, and a next run may be held under
+        ``holder`` until its lease expires."""
+        nxt = _drop_none(
+            {
+                "holder": holder,
+                "ttlMs": ttl_ms,
+                "project": project,
+                "session": session,
+                "park": park,
+                "order": order,
+                "maxAttempts": max_attempts,
+            }
+        )
+        path = self._run_path(run, "/steps/hand-over")
+        body = {"fence": fence, "step": dict(step), "next": nxt}
+        return self._send(_Request("POST", path, self._run_params(run), body, lambda b: HandOver.of(b, method="POST", path=path)))
 
     def write_checkpoint(self, run: RunRef, checkpoint: Mapping[str, Any], fence: int | None = None) -> Answer[dict]:
         return self._run("POST", run, "/checkpoints", _drop_none({"checkpoint": dict(checkpoint), "fence": fence}))
@@ -436,6 +507,7 @@ __all__ = [
     "AsyncRunkeepClient",
     "ClaimAnswer",
     "Claimed",
+    "HandOver",
     "Lease",
     "RunRef",
     "RunkeepClient",

@@ -19,7 +19,10 @@ For each run it takes, :class:`Worker`:
    ``POST …/steps`` under the current fence) or any fenced write
    (``held.fenced(lambda fence: ...)``);
 5. **ends the holding** by what the handler returned: finish (default),
-   release or snooze; a handler that raises has its run released.
+   release or snooze; a handler that raises has its run released. When
+   :meth:`Worker.run` would claim again anyway, the finish is a hand-over
+   (``commit_step_and_claim_next``: a finishing step and the next claim in
+   one request); the next run it took is handled without a ``claim_next``.
 
 Python threads cannot be killed: the sync handler is stopped cooperatively
 (``held.lost``, ``held.check()``, and every write refused once lost).
@@ -39,7 +42,7 @@ import uuid
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping
 
-from .client import ClaimAnswer, Lease, RunkeepClient, RunRef
+from .client import ClaimAnswer, HandOver, Lease, RunkeepClient, RunRef
 from .errors import FencedOut, RunkeepError
 
 
@@ -324,29 +327,74 @@ class Worker:
             return None
         return self._held(run, a.lease, sent).start()
 
+    def finish_and_claim_next(self, held: HeldRun, *, result: Any = None) -> HeldRun | None:
+        """Finishes ``held`` as ``completed`` with ``result`` and claims the
+        next run in one request (the hand-over, with this worker's holder,
+        TTL and scope; no long-poll). Answers the next run, held and
+        renewing, or ``None`` when none was claimable or the claim failed
+        after the finish committed (an ``on_event`` ``next-error`` says
+        which). A refused finish raises as :meth:`HeldRun.finish` does
+        (``FencedOut`` marks the holding lost; ``LeaseLost`` once lost)."""
+        step = {"finish": {"status": "completed", **({} if result is None else {"result": result})}}
+        sent = time.monotonic()
+
+        def write(fence: int) -> HandOver:
+            nonlocal sent
+            sent = time.monotonic()
+            return self.client.commit_step_and_claim_next(held.run, fence, step, holder=self.holder, ttl_ms=self.ttl_ms, project=self.project, session=self.session, park=self.park)
+
+        try:
+            over: HandOver = held.fenced(write)
+        finally:
+            held._end()
+        if over.next_error is not None and self.on_event is not None:
+            self.on_event({"type": "next-error", "run": held.run, "error": over.next_error})
+        if over.next is None:
+            return None
+        return self._held(over.next.run, over.next.lease, sent).start()
+
     def run(self, handler: Callable[[HeldRun], Any], *, stop: threading.Event | None = None, max_runs: int | None = None) -> int:
         """Drains runs until ``stop`` is set (or ``max_runs`` were handled):
         each one's handler return value finishes it as ``completed`` with
         that result; a raised :class:`LeaseLost` abandons it; another
-        exception releases it. Answers how many runs were handled."""
+        exception releases it. Answers how many runs were handled.
+
+        While another run is wanted (``stop`` not set, ``max_runs`` not
+        reached), that finish is a hand-over
+        (:meth:`finish_and_claim_next`) and the run it took is handled
+        next, as a run ``claim_next`` answered would be; when it took none,
+        the loop long-polls ``claim_next`` as before."""
         done = 0
-        while (stop is None or not stop.is_set()) and (max_runs is None or done < max_runs):
+
+        def wanted() -> bool:
+            return (stop is None or not stop.is_set()) and (max_runs is None or done < max_runs)
+
+        while wanted():
             held = self.claim_next()
-            if held is None:
-                continue
-            done += 1
-            try:
-                result = handler(held)
-            except LeaseLost:
-                held.stop_renewing()
-                continue
-            except Exception:
-                if not held.ended:
-                    held.release()
-                continue
-            if not held.ended:
-                try:
-                    held.finish(result=result)
-                except (LeaseLost, FencedOut):
-                    pass
+            while held is not None:
+                done += 1
+                held = self._handle(handler, held, wanted)
         return done
+
+    def _handle(self, handler: Callable[[HeldRun], Any], held: HeldRun, wanted: Callable[[], bool]) -> HeldRun | None:
+        """Runs the handler on ``held`` and ends the holding; answers the
+        run a hand-over took (only when another run is ``wanted()`` once
+        the handler returned)."""
+        try:
+            result = handler(held)
+        except LeaseLost:
+            held.stop_renewing()
+            return None
+        except Exception:
+            if not held.ended:
+                held.release()
+            return None
+        if held.ended:
+            return None
+        try:
+            if wanted():
+                return self.finish_and_claim_next(held, result=result)
+            held.finish(result=result)
+        except (LeaseLost, FencedOut):
+            pass
+        return None
