@@ -2,26 +2,27 @@
 
 use std::collections::HashMap;
 use std::future::Future;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use rand::Rng;
 use runkeep::checkpoint::Checkpoint;
 use runkeep::error::{BoxError, Error, Result};
 use runkeep::id::Holder;
-use runkeep::lease::{Fence, Lease};
+use runkeep::lease::Fence;
 use runkeep::lifecycle::Outcome;
 use runkeep::scope::{ListingScope, RunScope};
 use runkeep::store::{ClaimNextFilter, RunStore};
 use runkeep::time::Ttl;
 use runkeep::watch::WatchTopic;
-use tokio::sync::Semaphore;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio::task::{JoinError, JoinSet};
 use tokio::time::{sleep, sleep_until, Instant};
 use tokio_util::sync::CancellationToken;
 
 use crate::error::{LeaseLoss, WorkerError};
 use crate::handle::RunHandle;
+use crate::handover::{Handed, Handoff, Taken};
 use crate::keeper::{KeeperOptions, LeaseKeeper};
 
 /// How many failures of each kind a [`DrainReport`] lists (the counters
@@ -148,6 +149,19 @@ pub struct WorkerOptions {
     /// point) is given back not claimable for this long (`snooze`), so it
     /// is retried later rather than in a hot loop. Default 1 s.
     pub failure_backoff: Duration,
+    /// Hand over from a finished run to the next one in one store call.
+    /// Default `true`. When a step's [`RunHandle::commit_step`] carries the
+    /// run's `finish` and the drain would claim again anyway (it runs, is
+    /// not shutting down, and the finishing run's slot is the one the next
+    /// run takes), the commit goes through
+    /// [`EvidenceStore::commit_step_and_claim_next`](runkeep::EvidenceStore::commit_step_and_claim_next)
+    /// with the drain's own claim (`scope`, `filter`, `holder`, `ttl`), and
+    /// the run it returns is stepped next in the same slot, as if the
+    /// drain's `claim_next` had returned it. PostgreSQL does both in one
+    /// transaction and `HttpStore` in one request; other stores commit,
+    /// then claim. `false`: every claim is the drain's own `claim_next`.
+    /// See [`Worker`] (the hand-over).
+    pub handover: bool,
 }
 
 impl WorkerOptions {
@@ -163,6 +177,7 @@ impl WorkerOptions {
             mode: DrainMode::default(),
             shutdown_grace: Duration::from_secs(10),
             failure_backoff: Duration::from_secs(1),
+            handover: true,
         }
     }
 
@@ -259,7 +274,9 @@ pub struct ReleaseFailure {
 /// What a drain did.
 #[derive(Clone, PartialEq, Eq, Debug, Default)]
 pub struct DrainReport {
-    /// Runs claimed and stepped.
+    /// Runs claimed, by the drain's `claim_next` or by a hand-over
+    /// (`handed_over`), and stepped — except a run handed over just as
+    /// shutdown began, which is released without being stepped.
     pub claimed: u64,
     /// Runs finished: by the drain after [`StepOutcome::Finished`], or by
     /// the step through its handle.
@@ -291,8 +308,12 @@ pub struct DrainReport {
     pub woken_by_watch: u64,
     /// Idle waits ended by the polling fallback ([`IdleBackoff`]).
     pub woken_by_poll: u64,
-    /// `claim_next` calls that failed.
+    /// `claim_next` calls that failed, and hand-overs whose claim failed
+    /// after their step committed.
     pub claim_errors: u64,
+    /// Runs taken by a hand-over: a finishing step's commit claimed them
+    /// ([`WorkerOptions::handover`]). Counted in `claimed` too.
+    pub handed_over: u64,
     /// The first [`MAX_LISTED`] failed, fenced-out and interrupted runs.
     pub failures: Vec<RunFailure>,
     /// The first [`MAX_LISTED`] failed releases, finishes and snoozes.
@@ -365,6 +386,41 @@ impl DrainReport {
 ///    anyway), or shutdown's grace ran out → release. A failed release,
 ///    finish or snooze is reported, never swallowed.
 ///
+/// # The hand-over
+///
+/// With [`WorkerOptions::handover`] (the default), a step whose
+/// [`RunHandle::commit_step`] carries the run's `finish` also takes the
+/// drain's next run, in the same store call
+/// ([`EvidenceStore::commit_step_and_claim_next`](runkeep::EvidenceStore::commit_step_and_claim_next),
+/// one transaction on PostgreSQL, one request over HTTP), with the claim the
+/// drain's own `claim_next` would send (`scope`, `filter`, `holder`, `ttl`,
+/// and the host's clock if it judges). It does so only while the drain runs
+/// and is not shutting down. The run it returns is the drain's as if
+/// `claim_next` had returned it (counted in `claimed`, and in
+/// `handed_over`): its keeper starts the moment the answer arrives, and its
+/// step starts in the finished run's slot once that run's step has returned,
+/// so no more than `concurrency` runs are held or stepped at any instant. A
+/// drain whose runs keep finishing while work is queued thus claims with
+/// `claim_next` only when a hand-over found nothing (or failed). Return
+/// from the step soon after its finishing commit: until it returns, the run
+/// handed over waits, held and renewed but not stepped.
+///
+/// - The hand-over's claim failed after the step committed
+///   ([`Handover::next`](runkeep::Handover::next) is `Err`): the step stands
+///   and `commit_step` reports it committed; the drain counts a claim error
+///   and claims with its own `claim_next`, which handles errors as always.
+/// - The answer was lost (outcome unknown): the step is resolved exactly as
+///   [`RunHandle::commit_step`] resolves any lost commit (fence the attempt
+///   off, read back). A run the lost answer may have claimed is not
+///   recovered: nobody keeps it, and it stays held, claimable by no one,
+///   until its lease (`ttl`) runs out. The same holds for a hand-over still
+///   in flight when its step is dropped (the lease lost, or shutdown's
+///   grace over).
+/// - Shutdown requested between the hand-over and the next run's step: that
+///   run is released without being stepped.
+/// - A handle the drain did not give out ([`LeaseKeeper::claim`],
+///   [`LeaseKeeper::start`]) never hands over.
+///
 /// # Waiting
 ///
 /// When `claim_next` finds nothing, the drain waits on the store's
@@ -397,7 +453,8 @@ struct Ended {
 struct Ran {
     scope: RunScope,
     fence: Fence,
-    outcome: std::result::Result<StepOutcome, (FailureKind, String)>,
+    /// `None`: the run was not stepped (handed over as shutdown began).
+    outcome: Option<std::result::Result<StepOutcome, (FailureKind, String)>>,
     /// `None`: the step ended the holding itself (finish or snooze).
     end: Option<Ended>,
     /// The step finished or snoozed the run through its handle.
@@ -436,17 +493,31 @@ impl Worker {
         let opts = &self.options;
         let step = Arc::new(step);
         let slots = Arc::new(Semaphore::new(opts.concurrency));
-        let mut tasks: JoinSet<Ran> = JoinSet::new();
-        let mut in_flight: HashMap<tokio::task::Id, RunScope> = HashMap::new();
-        let mut report = DrainReport::default();
+        let mut tasks: JoinSet<()> = JoinSet::new();
+        // Each slot's task and the run it steps now (a hand-over moves the
+        // task on to the next run).
+        let mut in_flight: HashMap<tokio::task::Id, Arc<Mutex<RunScope>>> = HashMap::new();
+        let report: Arc<Mutex<DrainReport>> = Arc::default();
         let mut idle_streak = 0u32;
+        let claiming = CancellationToken::new();
+        let handoff = opts.handover.then(|| {
+            Arc::new(Handoff {
+                scope: self.scope.clone(),
+                filter: opts.filter.clone(),
+                holder: opts.holder.clone(),
+                ttl: opts.ttl,
+                keeper: opts.keeper.clone(),
+                shutdown: shutdown.clone(),
+                claiming: claiming.clone(),
+            })
+        });
         // Subscribed before the first claim, so a change between a claim
         // that found nothing and the wait is not missed.
         let mut watch = self.store.watch(&WatchTopic::Runnable(self.scope.clone()));
 
         let stopped = 'drain: loop {
             while let Some(joined) = tasks.try_join_next_with_id() {
-                absorb(joined, &mut in_flight, &mut report);
+                absorb(joined, &mut in_flight, &report);
             }
             let slot = tokio::select! {
                 biased;
@@ -469,27 +540,33 @@ impl Worker {
             {
                 Ok(Some((run, lease))) => {
                     idle_streak = 0;
-                    report.claimed += 1;
-                    let job = run_one(
-                        self.store.clone(),
-                        run.clone(),
-                        lease,
-                        sent_at,
-                        opts.clone(),
-                        step.clone(),
-                        shutdown.clone(),
+                    book(&report, |r| r.claimed += 1);
+                    let current = Arc::new(Mutex::new(run.clone()));
+                    let job = slot_task(
+                        Pool {
+                            store: self.store.clone(),
+                            opts: opts.clone(),
+                            step: step.clone(),
+                            shutdown: shutdown.clone(),
+                            handoff: handoff.clone(),
+                            report: report.clone(),
+                        },
+                        Taken {
+                            scope: run,
+                            lease,
+                            sent_at,
+                            keeper: None,
+                        },
+                        current.clone(),
+                        slot,
                     );
-                    let handle = tasks.spawn(async move {
-                        let ran = job.await;
-                        drop(slot);
-                        ran
-                    });
-                    in_flight.insert(handle.id(), run);
+                    let handle = tasks.spawn(job);
+                    in_flight.insert(handle.id(), current);
                 }
                 Ok(None) => {
                     drop(slot);
                     if tasks.is_empty() {
-                        report.passes += 1;
+                        book(&report, |r| r.passes += 1);
                         if opts.mode == DrainMode::UntilIdle {
                             break 'drain DrainStop::Idle;
                         }
@@ -499,18 +576,18 @@ impl Worker {
                         biased;
                         _ = shutdown.cancelled() => break 'drain DrainStop::Shutdown,
                         Some(joined) = tasks.join_next_with_id(), if !tasks.is_empty() => {
-                            absorb(joined, &mut in_flight, &mut report);
+                            absorb(joined, &mut in_flight, &report);
                         }
-                        _ = watch.changed() => report.woken_by_watch += 1,
+                        _ = watch.changed() => book(&report, |r| r.woken_by_watch += 1),
                         _ = sleep(pause) => {
-                            report.woken_by_poll += 1;
+                            book(&report, |r| r.woken_by_poll += 1);
                             idle_streak = idle_streak.saturating_add(1);
                         }
                     }
                 }
                 Err(e) => {
                     drop(slot);
-                    report.claim_errors += 1;
+                    book(&report, |r| r.claim_errors += 1);
                     if !e.is_retryable() {
                         tracing::error!(error = %e, "claim_next failed; the drain stops claiming");
                         break 'drain DrainStop::ClaimError {
@@ -529,101 +606,203 @@ impl Worker {
                 }
             }
         };
+        // No hand-over claims from here on: the drain has stopped claiming.
+        claiming.cancel();
         // Runs in flight watch the shutdown token themselves (grace, then
         // drop and release); otherwise they finish normally.
         while let Some(joined) = tasks.join_next_with_id().await {
-            absorb(joined, &mut in_flight, &mut report);
+            absorb(joined, &mut in_flight, &report);
         }
+        let mut report = std::mem::take(&mut *lock(&report));
         report.stopped = stopped;
         report
     }
 }
 
-/// Books a run's end.
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Updates the drain's report (shared by the loop and the slots' tasks).
+fn book(report: &Mutex<DrainReport>, update: impl FnOnce(&mut DrainReport)) {
+    update(&mut lock(report));
+}
+
+/// Books a slot task's end: only a task that died has anything to report
+/// (its runs book themselves as they end).
 fn absorb(
-    joined: std::result::Result<(tokio::task::Id, Ran), JoinError>,
-    in_flight: &mut HashMap<tokio::task::Id, RunScope>,
-    report: &mut DrainReport,
+    joined: std::result::Result<(tokio::task::Id, ()), JoinError>,
+    in_flight: &mut HashMap<tokio::task::Id, Arc<Mutex<RunScope>>>,
+    report: &Mutex<DrainReport>,
 ) {
     match joined {
-        Ok((id, ran)) => {
+        Ok((id, ())) => {
             in_flight.remove(&id);
-            match ran.outcome {
-                Ok(StepOutcome::Finished) => {}
-                Ok(StepOutcome::Yield) => report.yielded += 1,
-                Ok(StepOutcome::RetryAfter(_)) => report.deferred += 1,
-                Err((kind, message)) => report.fail(ran.scope.clone(), kind, message),
-            }
-            match (&ran.by_handle, &ran.end) {
-                (Some(LeaseLoss::Finished { .. }), _) => report.completed += 1,
-                (Some(LeaseLoss::Snoozed { .. }), _) => report.snoozed += 1,
-                (_, Some(end)) => {
-                    if end.action == EndAction::Finish && end.result == Ok(true) {
-                        report.completed += 1;
-                    }
-                    report.ended(&ran.scope, ran.fence, end);
-                }
-                _ => {}
-            }
         }
         Err(e) => {
             // The run's own task (not the step) died: nothing was released.
-            let scope = in_flight.remove(&e.id());
+            let scope = in_flight.remove(&e.id()).map(|s| lock(&s).clone());
             tracing::error!(run = ?scope, error = %e, "a run task of the drain died");
             if let Some(scope) = scope {
-                report.fail(
-                    scope,
-                    FailureKind::Failed,
-                    format!("the worker's run task died: {e}"),
-                );
+                book(report, |r| {
+                    r.fail(
+                        scope,
+                        FailureKind::Failed,
+                        format!("the worker's run task died: {e}"),
+                    )
+                });
             }
         }
     }
 }
 
-/// One run: keep its lease, step it, end the holding.
-async fn run_one<F, Fut, E>(
+/// Books a run's end.
+fn book_ran(report: &mut DrainReport, ran: Ran) {
+    match ran.outcome {
+        None => {}
+        Some(Ok(StepOutcome::Finished)) => {}
+        Some(Ok(StepOutcome::Yield)) => report.yielded += 1,
+        Some(Ok(StepOutcome::RetryAfter(_))) => report.deferred += 1,
+        Some(Err((kind, message))) => report.fail(ran.scope.clone(), kind, message),
+    }
+    match (&ran.by_handle, &ran.end) {
+        (Some(LeaseLoss::Finished { .. }), _) => report.completed += 1,
+        (Some(LeaseLoss::Snoozed { .. }), _) => report.snoozed += 1,
+        (_, Some(end)) => {
+            if end.action == EndAction::Finish && end.result == Ok(true) {
+                report.completed += 1;
+            }
+            report.ended(&ran.scope, ran.fence, end);
+        }
+        _ => {}
+    }
+}
+
+/// What every slot's task shares.
+struct Pool<F> {
     store: Arc<dyn RunStore>,
-    scope: RunScope,
-    lease: Lease,
-    sent_at: Instant,
     opts: WorkerOptions,
     step: Arc<F>,
     shutdown: CancellationToken,
-) -> Ran
+    /// `None`: hand-overs are off ([`WorkerOptions::handover`]).
+    handoff: Option<Arc<Handoff>>,
+    report: Arc<Mutex<DrainReport>>,
+}
+
+/// One pool slot: steps the run the drain claimed, then each run its
+/// finishing step handed over, one after another, holding the slot's permit
+/// throughout (a handed-over run's step starts only once the run before it
+/// has ended). `current` names the run being stepped, for a task that dies.
+async fn slot_task<F, Fut, E>(
+    pool: Pool<F>,
+    first: Taken,
+    current: Arc<Mutex<RunScope>>,
+    slot: OwnedSemaphorePermit,
+) where
+    F: Fn(RunHandle, Option<Checkpoint>) -> Fut + Send + Sync + 'static,
+    Fut: Future<Output = std::result::Result<StepOutcome, E>> + Send + 'static,
+    E: Into<BoxError> + Send + 'static,
+{
+    let mut taken = first;
+    loop {
+        let (ran, handed) = run_one(&pool, taken).await;
+        book(&pool.report, |r| book_ran(r, ran));
+        match handed {
+            Handed::Run(next) => {
+                book(&pool.report, |r| {
+                    r.claimed += 1;
+                    r.handed_over += 1;
+                });
+                *lock(&current) = next.scope.clone();
+                if pool.shutdown.is_cancelled() {
+                    // Shutdown began after the hand-over: take no new work,
+                    // give the run back at once.
+                    let ran = give_back(&pool, next).await;
+                    book(&pool.report, |r| book_ran(r, ran));
+                    break;
+                }
+                taken = next;
+            }
+            Handed::Failed(e) => {
+                // The step stands; the drain's own claim_next takes over.
+                book(&pool.report, |r| r.claim_errors += 1);
+                tracing::debug!(error = %e, "the hand-over's claim failed; the drain claims again itself");
+                break;
+            }
+            Handed::Open | Handed::Closed => break,
+        }
+    }
+    drop(slot);
+}
+
+/// Releases a handed-over run without stepping it.
+async fn give_back<F>(pool: &Pool<F>, taken: Taken) -> Ran {
+    let fence = taken.lease.fence;
+    let result = match taken.keeper {
+        Some(k) => k.release().await,
+        None => pool.store.release(&taken.scope, fence).await,
+    };
+    Ran {
+        scope: taken.scope,
+        fence,
+        outcome: None,
+        end: Some(Ended {
+            action: EndAction::Release,
+            result: result.map_err(|e| e.to_string()),
+        }),
+        by_handle: None,
+    }
+}
+
+/// One run: keep its lease, step it, end the holding. Also answers what
+/// its finishing step handed over ([`Handed::Closed`] when nothing).
+async fn run_one<F, Fut, E>(pool: &Pool<F>, taken: Taken) -> (Ran, Handed)
 where
     F: Fn(RunHandle, Option<Checkpoint>) -> Fut + Send + Sync + 'static,
     Fut: Future<Output = std::result::Result<StepOutcome, E>> + Send + 'static,
     E: Into<BoxError> + Send + 'static,
 {
-    let fence = lease.fence;
-    let keeper = match LeaseKeeper::start_at(
-        store.clone(),
-        scope.clone(),
+    let (store, opts, step, shutdown) = (&pool.store, &pool.opts, &pool.step, &pool.shutdown);
+    let Taken {
+        scope,
         lease,
-        opts.ttl,
-        opts.keeper.clone(),
         sent_at,
-    ) {
+        keeper,
+    } = taken;
+    let fence = lease.fence;
+    let keeper = match keeper.map(Ok).unwrap_or_else(|| {
+        LeaseKeeper::start_at(
+            store.clone(),
+            scope.clone(),
+            lease,
+            opts.ttl,
+            opts.keeper.clone(),
+            sent_at,
+        )
+    }) {
         Ok(k) => k,
         Err(e) => {
             let release = store.release(&scope, fence).await;
-            return Ran {
+            let ran = Ran {
                 scope,
                 fence,
-                outcome: Err((
+                outcome: Some(Err((
                     FailureKind::Failed,
                     format!("could not keep the lease: {e}"),
-                )),
+                ))),
                 end: Some(Ended {
                     action: EndAction::Release,
                     result: release.map_err(|e| e.to_string()),
                 }),
                 by_handle: None,
             };
+            return (ran, Handed::Closed);
         }
     };
     let handle = keeper.handle();
+    if let Some(h) = &pool.handoff {
+        let _ = handle.shared.handoff.set(h.clone());
+    }
     let outcome = async {
         let resume = store
             .resume_point(&scope, handle.now())
@@ -658,18 +837,21 @@ where
         }
     }
     .await;
+    // The step has returned (or was dropped): no hand-over from now on.
+    let handed = handle.shared.collect_handed();
     let fence = handle.fence();
     let by_handle = handle.ended_by_handle();
     if by_handle.is_some() {
         // The step finished or snoozed the run itself; the keeper stopped.
         drop(keeper);
-        return Ran {
+        let ran = Ran {
             scope,
             fence,
-            outcome,
+            outcome: Some(outcome),
             end: None,
             by_handle,
         };
+        return (ran, handed);
     }
     let end = match &outcome {
         Ok(StepOutcome::Finished) => Some((EndAction::Finish, None)),
@@ -696,13 +878,14 @@ where
             result: keeper.release().await.map_err(|e| e.to_string()),
         },
     };
-    Ran {
+    let ran = Ran {
         scope,
         fence,
-        outcome,
+        outcome: Some(outcome),
         end: Some(end),
         by_handle: None,
-    }
+    };
+    (ran, handed)
 }
 
 /// A handle's finish or snooze as an end result: a lost lease is

@@ -12,6 +12,8 @@ use tokio_util::sync::CancellationToken;
 
 use crate::clock::Clock;
 use crate::error::{LeaseLoss, WorkerError};
+use crate::handover::{Handed, Handoff, Taken};
+use crate::keeper::LeaseKeeper;
 use runkeep::checkpoint::Checkpoint;
 use runkeep::error::Error;
 use runkeep::evidence::{
@@ -98,9 +100,32 @@ pub(crate) struct Shared {
     pub(crate) first_fence: Fence,
     /// Steps committed (or tried) through this holding's handles.
     pub(crate) steps: std::sync::atomic::AtomicU64,
+    /// The drain's claim parameters, when a drain holds the run: a
+    /// finishing step then hands over to the drain's next run.
+    pub(crate) handoff: OnceLock<Arc<Handoff>>,
+    /// What the holding handed over (see [`crate::handover`]).
+    pub(crate) handed: std::sync::Mutex<Handed>,
 }
 
 impl Shared {
+    /// True when a finishing step may hand over now: a drain holds the run,
+    /// it would claim again anyway, and it has not collected this holding.
+    pub(crate) fn may_hand_over(&self) -> bool {
+        self.handoff.get().is_some_and(|h| h.open())
+            && matches!(
+                *self.handed.lock().unwrap_or_else(|p| p.into_inner()),
+                Handed::Open
+            )
+    }
+
+    /// Collects what the holding handed over, and closes it to hand-overs.
+    pub(crate) fn collect_handed(&self) -> Handed {
+        std::mem::replace(
+            &mut *self.handed.lock().unwrap_or_else(|p| p.into_inner()),
+            Handed::Closed,
+        )
+    }
+
     /// Records the loss (the first reason wins) and cancels the tokens.
     pub(crate) fn lose(&self, loss: LeaseLoss) {
         let released = loss == LeaseLoss::Released;
@@ -382,6 +407,20 @@ impl RunHandle {
     /// read back. Not landed: `Unavailable` saying so (retryable: repeat
     /// the step). When the attempt cannot be fenced off or read back, the
     /// outcome-unknown error is answered as it came: do not repeat the step.
+    ///
+    /// # In a drain: the hand-over
+    ///
+    /// On a run a [`Worker`](crate::Worker) gave out, a step with `finish`
+    /// also claims the drain's next run in the same call
+    /// ([`EvidenceStore::commit_step_and_claim_next`](runkeep::EvidenceStore::commit_step_and_claim_next))
+    /// while the drain would claim again anyway; the drain steps that run
+    /// once this step has returned ([`WorkerOptions::handover`](crate::WorkerOptions::handover)).
+    /// What this method answers is the step's fate alone: a claim that
+    /// failed after the step committed still answers the receipt, and an
+    /// unknown outcome is resolved as above. A run claimed in an answer that
+    /// was lost is not recovered: it stays held until its lease expires.
+    /// Handles from [`LeaseKeeper::claim`] or [`LeaseKeeper::start`] never
+    /// hand over.
     pub async fn commit_step(&self, step: &Step) -> Result<StepReceipt, WorkerError> {
         let (store, scope) = (&self.shared.store, &self.shared.scope);
         let n = self
@@ -400,13 +439,43 @@ impl RunHandle {
             used.store(f.get(), std::sync::atomic::Ordering::Relaxed);
             store.commit_step(scope, f, step)
         };
-        let answer = if step.finish.is_some() {
-            self.ending("commit_step", write, |r: &StepReceipt| {
-                Some(LeaseLoss::Finished {
-                    status: r.lifecycle.as_ref().map(|l| l.status).unwrap_or_default(),
-                })
+        let finished = |r: &StepReceipt| {
+            Some(LeaseLoss::Finished {
+                status: r.lifecycle.as_ref().map(|l| l.status).unwrap_or_default(),
             })
-            .await
+        };
+        let handoff = self.shared.handoff.get().cloned();
+        let answer = if let (Some(handoff), Some(_)) = (handoff, &step.finish) {
+            // A drained run's last step: hand over to the drain's next run
+            // in the same call, when the drain would claim again anyway.
+            let write = |f: Fence| {
+                used.store(f.get(), std::sync::atomic::Ordering::Relaxed);
+                let next = self.shared.may_hand_over().then(|| handoff.next_claim());
+                async move {
+                    let sent_at = Instant::now();
+                    match next {
+                        Some(next) => store
+                            .commit_step_and_claim_next(scope, f, step, &next)
+                            .await
+                            .map(|h| (h.receipt, Some((h.next, sent_at)))),
+                        None => store.commit_step(scope, f, step).await.map(|r| (r, None)),
+                    }
+                }
+            };
+            match self
+                .ending("commit_step", write, |(r, _)| finished(r))
+                .await
+            {
+                Ok((receipt, next)) => {
+                    if let Some((next, sent_at)) = next {
+                        self.take_handed_over(&handoff, next, sent_at).await;
+                    }
+                    Ok(receipt)
+                }
+                Err(e) => Err(e),
+            }
+        } else if step.finish.is_some() {
+            self.ending("commit_step", write, finished).await
         } else {
             self.fenced("commit_step", write).await
         };
@@ -420,6 +489,71 @@ impl RunHandle {
         };
         self.note_tools(&receipt.events).await;
         Ok(receipt)
+    }
+
+    /// Keeps what a hand-over claimed for the drain to collect: the run,
+    /// with its keeper started at once, or the claim's error. A run handed
+    /// over after the drain collected this holding (a clone of the handle
+    /// outliving the step) is released at once instead.
+    async fn take_handed_over(
+        &self,
+        handoff: &Handoff,
+        next: runkeep::Result<Option<(RunScope, Lease)>>,
+        sent_at: Instant,
+    ) {
+        let from = &self.shared.scope;
+        let handed = match next {
+            Ok(None) => {
+                tracing::debug!(run = %from, "hand-over: no run to take next");
+                return;
+            }
+            Ok(Some((scope, lease))) => {
+                tracing::debug!(run = %from, next = %scope, fence = %lease.fence, "hand-over: the next run taken with the finishing step");
+                let keeper = match LeaseKeeper::start_at(
+                    self.shared.store.clone(),
+                    scope.clone(),
+                    lease.clone(),
+                    handoff.ttl,
+                    handoff.keeper.clone(),
+                    sent_at,
+                ) {
+                    Ok(k) => Some(k),
+                    Err(e) => {
+                        tracing::error!(run = %scope, error = %e, "hand-over: could not keep the lease of the next run");
+                        None
+                    }
+                };
+                Handed::Run(Taken {
+                    scope,
+                    lease,
+                    sent_at,
+                    keeper,
+                })
+            }
+            Err(e) => {
+                tracing::debug!(run = %from, error = %e, "hand-over: the step committed, but claiming the next run failed; the drain claims again itself");
+                Handed::Failed(e)
+            }
+        };
+        let refused = {
+            let mut slot = self.shared.handed.lock().unwrap_or_else(|p| p.into_inner());
+            if matches!(*slot, Handed::Open) {
+                *slot = handed;
+                None
+            } else {
+                Some(handed)
+            }
+        };
+        if let Some(Handed::Run(t)) = refused {
+            tracing::warn!(run = %t.scope, "hand-over: the drain no longer collects this holding; releasing the run taken");
+            let released = match t.keeper {
+                Some(k) => k.release().await,
+                None => self.shared.store.release(&t.scope, t.lease.fence).await,
+            };
+            if let Err(e) = released {
+                tracing::warn!(run = %t.scope, error = %e, "hand-over: releasing the run taken failed; it stays held until its lease expires");
+            }
+        }
     }
 
     /// Fences off an attempt whose outcome is unknown, then reads back

@@ -217,6 +217,8 @@ impl LeaseKeeper {
             ledger: Mutex::new(None),
             first_fence: lease.fence,
             steps: std::sync::atomic::AtomicU64::new(0),
+            handoff: OnceLock::new(),
+            handed: std::sync::Mutex::default(),
         });
         let stop = CancellationToken::new();
         let task = tokio::spawn(keep(

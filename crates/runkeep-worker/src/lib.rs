@@ -22,6 +22,10 @@
 //! - [`Worker`] drains a store: `claim_next` → resume point → the host's step
 //!   → finish, release or snooze, with a concurrency limit, waiting on the
 //!   store's watch when idle, and graceful shutdown ([`cancel_on_signal`]).
+//!   A run's finishing step hands over to the next run: its commit claims
+//!   the drain's next run in the same store call (one transaction on
+//!   PostgreSQL, one request over HTTP), so a busy drain sends one call per
+//!   run instead of two ([`WorkerOptions::handover`]).
 //! - [`RunHandle::run_tool`] consults the completed-tool ledger, so a resumed
 //!   run does not repeat a tool whose result is recorded.
 //! - [`FenceGate`] is the check an external side-effect system applies to
@@ -108,6 +112,7 @@ mod drain;
 mod error;
 mod gate;
 mod handle;
+mod handover;
 mod keeper;
 
 pub use clock::{Clock, SystemClock, TokioClock};
