@@ -697,6 +697,9 @@ async fn a_store_handing_out_finished_runs_fails_the_lifecycle_cases() {
         &[
             "answers_finished_to_a_claim_and_claim_next_never_takes_it",
             "dead_letters_the_run_when_the_takeover_reaches_the_limit",
+            "hands_over_from_a_finished_step_to_the_next_run",
+            "never_hands_over_to_the_run_the_step_just_finished",
+            "concurrent_hand_overs_never_give_one_run_to_two_workers",
         ],
     );
 }
@@ -731,6 +734,7 @@ async fn a_store_applying_the_events_of_a_refused_step_fails_the_step_atomicity_
             "leaves_nothing_of_a_step_with_one_invalid_part",
             "leaves_nothing_of_a_step_on_a_finished_run",
             "spends_the_fence_on_finish_so_writes_under_it_are_refused",
+            "a_refused_hand_over_claims_nothing",
         ],
     );
 }

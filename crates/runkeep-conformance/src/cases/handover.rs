@@ -192,6 +192,12 @@ pub async fn concurrent_hand_overs_never_give_one_run_to_two_workers(
             };
             while let Some((s, l)) = held.take() {
                 got.push(s.run_id.to_string());
+                // A store that hands out a finished run again would chain
+                // forever: more runs than were queued is already the failure.
+                assert!(
+                    got.len() <= 8,
+                    "one worker took more runs than were queued: {got:?}"
+                );
                 let over = loop {
                     match hand_over(&store, &s, l.fence, &who, claim_now(&who, 60_000)).await {
                         Ok(o) => break o,
