@@ -49,10 +49,7 @@ pub(crate) async fn commit_step_and_claim_next(
     let taken = search
         .search(store, &tx, what, first, Some(scope), &mut stmts)
         .await?;
-    match notify {
-        Some(events) => store.commit_notify(tx, what, stmts, scope, events).await?,
-        None => store.commit(tx, what, stmts).await?,
-    }
+    store.commit_notify(tx, what, stmts, scope, notify).await?;
     Ok(Handover {
         receipt,
         next: Ok(taken),

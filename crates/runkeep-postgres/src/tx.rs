@@ -142,10 +142,7 @@ impl PgStore {
             Verdict::Write(v, w) => (v, w),
         };
         let (stmts, notify) = self.written(&tx, what, scope, &mut locked, w).await?;
-        match notify {
-            Some(events) => self.commit_notify(tx, what, stmts, scope, events).await?,
-            None => self.commit(tx, what, stmts).await?,
-        }
+        self.commit_notify(tx, what, stmts, scope, notify).await?;
         Ok(value)
     }
 
@@ -294,15 +291,19 @@ impl PgStore {
     }
 
     /// [`Self::commit`], with the change of `scope` notified right after
-    /// the `COMMIT` (module `wake`): sent with it, not waited for.
+    /// the `COMMIT` (module `wake`) when `notify` is `Some(new events)`:
+    /// sent with it, not waited for.
     pub(crate) async fn commit_notify(
         &self,
         tx: Tx,
         what: &str,
         stmts: Vec<Stmt>,
         scope: &RunScope,
-        events: bool,
+        notify: Option<bool>,
     ) -> Result<()> {
+        let Some(events) = notify else {
+            return self.commit(tx, what, stmts).await;
+        };
         let payload = wake::payload(scope, events);
         if self.options.notify == NotifyMode::Coalesced {
             if let Some(queue) = self.coalescer() {
