@@ -104,8 +104,9 @@ impl TestServer {
                     _ = stopped => {}
                 }
             });
-            // Dropping the runtime here ends every connection task: a kill.
-            rt.shutdown_background();
+            // Shutting the runtime down here drops every connection task,
+            // and so closes its socket, before `kill` returns: a kill.
+            rt.shutdown_timeout(Duration::from_secs(5));
         });
         Self {
             addr,
