@@ -34,20 +34,57 @@ wait "$prepare_pid" || { echo "test.sh: scripts/prepare.sh failed:" >&2; cat tar
 cat target/prepare.log
 cargo test --workspace --all-features --no-fail-fast -- "${include_ignored[@]}"
 
-# The TypeScript client (clients/typescript): npm ci, tsc --noEmit, its tests
-# against a live `runkeep serve`. Fails when node/npm are missing.
-bash clients/typescript/scripts/ci.sh
-bash clients/python/scripts/ci.sh  # Python client + LangGraph saver: conformance, two-process write ownership
-bash clients/langgraph-js/scripts/ci.sh  # LangGraph.js saver: @langchain/langgraph-checkpoint-validation 1.1.1 (718 tests), write ownership, parks
-
-# The web console's browser tests (crates/runkeep-server/console/tests):
-# headless Debian chromium driven by playwright-core against
-# `runkeep serve --demo`. Installs chromium as root when missing; fails when
-# it cannot run.
-bash crates/runkeep-server/console/tests/ci.sh
-
-# Schemathesis (pinned, in a venv under target/schemathesis) against a live
-# `runkeep serve` with a reader, a worker and an operator token: fails on any
-# 5xx, any answer that breaks crates/runkeep-server/openapi.json and any
-# request the document calls valid that the server refuses. About 2 minutes.
-bash scripts/schemathesis.sh
+# The suites after cargo, each against live `runkeep serve`s of its own on
+# free ports, in two lanes side by side (they wait on servers and browsers
+# more than they compute; one after another they took 3.6 minutes of CI):
+# - clients/typescript: npm ci, tsc --noEmit, its tests. Fails when node/npm
+#   are missing.
+# - crates/runkeep-server/console/tests: the web console's browser tests,
+#   headless Debian chromium driven by playwright-core against
+#   `runkeep serve --demo`. Installs chromium as root when missing; fails
+#   when it cannot run.
+# - clients/python: the Python client + LangGraph saver: conformance,
+#   two-process write ownership.
+# - clients/langgraph-js: the LangGraph.js saver:
+#   @langchain/langgraph-checkpoint-validation 1.1.1 (718 tests), write
+#   ownership, parks.
+# - scripts/schemathesis.sh: schemathesis (pinned, in a venv under
+#   target/schemathesis) with a reader, a worker and an operator token:
+#   fails on any 5xx, any answer that breaks
+#   crates/runkeep-server/openapi.json and any request the document calls
+#   valid that the server refuses.
+# Each suite's output goes to target/suites/<name>.log and is printed when
+# its lane ends; any failure fails the command, after both lanes end.
+cargo build --quiet -p runkeep-cli --bin runkeep --all-features
+export RUNKEEP_BIN="${RUNKEEP_BIN:-$PWD/target/debug/runkeep}"
+rm -rf target/suites && mkdir -p target/suites
+lane() {
+    local status=0 script name
+    for script in "$@"; do
+        name="$(echo "$script" | tr '/' '-')"
+        local started=$SECONDS
+        if bash "$script" >"target/suites/$name.log" 2>&1; then
+            echo "== $script: passed in $((SECONDS - started)) s" >>"target/suites/$name.log"
+        else
+            echo "== $script: FAILED after $((SECONDS - started)) s" >>"target/suites/$name.log"
+            status=1
+        fi
+    done
+    return $status
+}
+lane clients/typescript/scripts/ci.sh crates/runkeep-server/console/tests/ci.sh &
+lane_a=$!
+lane clients/python/scripts/ci.sh clients/langgraph-js/scripts/ci.sh scripts/schemathesis.sh &
+lane_b=$!
+failed=0
+wait "$lane_a" || failed=1
+wait "$lane_b" || failed=1
+for log in target/suites/*.log; do
+    echo "================ ${log#target/suites/}"
+    cat "$log"
+done
+grep -h "^== " target/suites/*.log
+if [ "$failed" != 0 ]; then
+    echo "test.sh: a suite after cargo failed (its log is above and in target/suites)" >&2
+    exit 1
+fi
