@@ -27,6 +27,22 @@
  *    (`onError: "fail"` finishes it as failed instead). A run that keeps
  *    losing its holders is dead-lettered by the store itself (its attempt
  *    limit, `maxAttempts`).
+ * 6. **Hand over** (on by default, `handover`): a drained run's finishing
+ *    commit — a `ctx.step` with `finish`, or the worker's own finish when
+ *    the handler returns — is sent with the drain's next claim in one
+ *    request (`commitStepAndClaimNext`, the same holder, TTL, filter and
+ *    attempt limit as its `claimNext`), while the worker runs and is not
+ *    stopping. The run it takes is kept (renewed) at once and worked next
+ *    in the same slot once the finished run's handler has returned, so no
+ *    more than `concurrency` runs are held or worked at any instant; a busy
+ *    drain calls `claimNext` only when a hand-over took nothing. A claim
+ *    that failed after the step committed (`nextError`): the step stands,
+ *    the error is counted (`claimErrors`) and the slot claims by itself. A
+ *    lost answer is the step's lost answer, as without the hand-over (the
+ *    error reaches the handler's `ctx.step`, or is reported as the
+ *    worker's finish failing); a run claimed in that lost answer is known
+ *    to nobody and waits out its lease, then any worker takes it. A run
+ *    handed over as the worker stops is released without being worked.
  *
  * Lease expiry is judged by the store's clock (claims carry no instant);
  * the worker's own deadline runs on the monotonic clock from the moment the
@@ -39,13 +55,15 @@
  * @module
  */
 
-import type { RunkeepClient } from "./client.js";
+import type { HandOver, RunkeepClient } from "./client.js";
 import { refOf, sleep } from "./client.js";
 import { FencedOut, RunkeepError } from "./errors.js";
 import type {
   CheckpointBody,
+  Claimed,
   Json,
   LeaseBody,
+  NextClaimBody,
   OutcomeBody,
   Order,
   ParkState,
@@ -125,7 +143,10 @@ export interface RunContext {
    * Commits one step atomically under the current fence. Refused locally
    * with {@link LeaseLost} once the lease is lost; a `FencedOut` answer
    * aborts {@link signal} and rejects with it. A step with `finish` ends the
-   * holding: the worker then does not finish the run again.
+   * holding: the worker then does not finish the run again. In a drain
+   * with hand-overs on, that step also claims the drain's next run
+   * ({@link WorkerOptions.handover}); what it answers is the step's
+   * receipt either way.
    */
   step(step: StepBody): Promise<StepReceiptBody>;
   /**
@@ -141,7 +162,8 @@ export interface RunContext {
 
 /** What happened to one run, for {@link WorkerOptions.onEvent}. */
 export type WorkerEvent =
-  | { type: "claimed"; run: RunAddress; fence: number }
+  /** `handedOver`: taken by a finishing commit's hand-over, not by `claimNext`. */
+  | { type: "claimed"; run: RunAddress; fence: number; handedOver: boolean }
   | { type: "renewed"; run: RunAddress; from: number; to: number }
   | { type: "lost"; run: RunAddress; loss: LeaseLost }
   | { type: "finished"; run: RunAddress; outcome: OutcomeBody }
@@ -177,6 +199,14 @@ export interface WorkerOptions {
   renewFraction?: number;
   /** Give the lease up `safetyFraction × ttlMs` before its local deadline. Default 0.1. */
   safetyFraction?: number;
+  /**
+   * Hand over (default true): while the worker runs and is not stopping, a
+   * run's finishing commit also claims the next run, in one request
+   * (`commitStepAndClaimNext` with this worker's holder, TTL, filter and
+   * attempt limit), and the slot works that run next. `false`: every run is
+   * finished alone and every next run claimed with `claimNext`.
+   */
+  handover?: boolean;
   /** Observes what the worker does. */
   onEvent?: (event: WorkerEvent) => void;
   /** The work. */
@@ -193,6 +223,13 @@ export interface WorkerReport {
   failed: number;
   /** Leases lost while working. */
   lost: number;
+  /** Runs taken by a hand-over (a finishing commit claimed them); counted in `claimed` too. */
+  handedOver: number;
+  /**
+   * `claimNext` calls that failed and were retried, and hand-overs whose
+   * claim failed after their step committed (the step stands).
+   */
+  claimErrors: number;
 }
 
 /**
@@ -213,58 +250,83 @@ export async function runWorker(options: WorkerOptions): Promise<WorkerReport> {
   const concurrency = options.concurrency ?? 1;
   if (!Number.isInteger(concurrency) || concurrency < 1) throw new TypeError(`concurrency ${concurrency} must be at least 1`);
   const holder = options.holder ?? `ts-${randomId()}`;
-  const report: WorkerReport = { claimed: 0, finished: 0, released: 0, snoozed: 0, failed: 0, lost: 0 };
+  const report: WorkerReport = {
+    claimed: 0,
+    finished: 0,
+    released: 0,
+    snoozed: 0,
+    failed: 0,
+    lost: 0,
+    handedOver: 0,
+    claimErrors: 0,
+  };
   const stop = new AbortController();
   const onStop = () => stop.abort(options.signal?.reason);
   if (options.signal?.aborted) return report;
   options.signal?.addEventListener("abort", onStop, { once: true });
-  const emit = (e: WorkerEvent) => {
-    try {
-      options.onEvent?.(e);
-    } catch {
-      // An observer's failure is not the worker's.
-    }
+  // The drain's claim: its claimNext's (with the long-poll added) and its hand-overs'.
+  const claim: NextClaimBody = {
+    holder,
+    ttlMs: ttl,
+    ...(options.maxAttempts !== undefined ? { maxAttempts: options.maxAttempts } : {}),
+    ...options.filter,
+  };
+  const drain: Drain = {
+    options,
+    report,
+    renewFraction,
+    safetyFraction,
+    stop: stop.signal,
+    handover: options.handover === false ? undefined : claim,
+    emit: (e: WorkerEvent) => {
+      try {
+        options.onEvent?.(e);
+      } catch {
+        // An observer's failure is not the worker's.
+      }
+    },
   };
   let fatal: unknown;
 
   const slot = async () => {
     let backoff = 100;
+    /** The run the previous run's finishing commit handed over: this slot works it next. */
+    let handed: HeldRun | undefined;
     while (!stop.signal.aborted) {
-      let claimed;
-      let sentAt = 0;
-      try {
-        const body = {
-          holder,
-          ttlMs: ttl,
-          waitMs: options.mode === "until-idle" ? 0 : waitMs,
-          ...(options.maxAttempts !== undefined ? { maxAttempts: options.maxAttempts } : {}),
-          ...options.filter,
-        };
-        sentAt = performance.now();
-        claimed = (await options.client.claimNext(body, { signal: stop.signal })).claimed;
-        backoff = 100;
-      } catch (e) {
-        if (stop.signal.aborted) return;
-        if (e instanceof RunkeepError && e.retryable) {
-          emit({ type: "error", error: e });
-          await sleep(Math.max(backoff, retryAfter(e)), stop.signal).catch(() => undefined);
-          backoff = Math.min(backoff * 2, 5000);
+      let held = handed;
+      handed = undefined;
+      if (!held) {
+        let claimed;
+        let sentAt = 0;
+        try {
+          sentAt = performance.now();
+          const body = { ...claim, waitMs: options.mode === "until-idle" ? 0 : waitMs };
+          claimed = (await options.client.claimNext(body, { signal: stop.signal })).claimed;
+          backoff = 100;
+        } catch (e) {
+          if (stop.signal.aborted) return;
+          if (e instanceof RunkeepError && e.retryable) {
+            report.claimErrors += 1;
+            drain.emit({ type: "error", error: e });
+            await sleep(Math.max(backoff, retryAfter(e)), stop.signal).catch(() => undefined);
+            backoff = Math.min(backoff * 2, 5000);
+            continue;
+          }
+          fatal = e;
+          stop.abort(e);
+          return;
+        }
+        if (!claimed) {
+          // Until idle: this slot stops; the others stop when they find nothing either.
+          if (options.mode === "until-idle") return;
           continue;
         }
-        fatal = e;
-        stop.abort(e);
-        return;
+        held = HeldRun.take(drain, claimed, sentAt, false);
       }
-      if (!claimed) {
-        // Until idle: this slot stops; the others stop when they find nothing either.
-        if (options.mode === "until-idle") return;
-        continue;
-      }
-      report.claimed += 1;
-      emit({ type: "claimed", run: claimed.run, fence: claimed.lease.fence });
-      const held = new HeldRun(options, claimed.run, claimed.lease, sentAt, renewFraction, safetyFraction, stop.signal, emit);
-      await held.work(report);
+      handed = await held.work();
     }
+    // The worker stopped as a run was handed over to this slot: give it back unworked.
+    await handed?.giveBack();
   };
 
   try {
@@ -276,6 +338,19 @@ export async function runWorker(options: WorkerOptions): Promise<WorkerReport> {
   return report;
 }
 
+/** What every run of one {@link runWorker} shares. */
+interface Drain {
+  readonly options: WorkerOptions;
+  readonly report: WorkerReport;
+  readonly renewFraction: number;
+  readonly safetyFraction: number;
+  /** Aborts when the worker stops (its signal, or a claim error retrying cannot fix). */
+  readonly stop: AbortSignal;
+  /** The claim a finishing commit hands over with; `undefined`: hand-overs are off. */
+  readonly handover: NextClaimBody | undefined;
+  readonly emit: (e: WorkerEvent) => void;
+}
+
 /** One run while this worker holds it. */
 class HeldRun {
   private lease: LeaseBody;
@@ -283,6 +358,10 @@ class HeldRun {
   private sentAt: number;
   private lost: LeaseLost | undefined;
   private ended = false;
+  /** The run this holding's finishing commit handed over, until the slot collects it. */
+  private next: HeldRun | undefined;
+  /** Set once the slot has collected {@link next}: no hand-over from then on. */
+  private collected = false;
   private readonly lossController = new AbortController();
   private readonly signal: AbortSignal;
   private readonly gate = new Gate();
@@ -290,30 +369,45 @@ class HeldRun {
   private watchdog: ReturnType<typeof setTimeout> | undefined;
   private renewing: Promise<void> = Promise.resolve();
   private readonly ref: RunRef;
+  private readonly options: WorkerOptions;
 
-  constructor(
-    private readonly options: WorkerOptions,
+  /**
+   * A run the drain took, by its own `claimNext` or by a hand-over: counted
+   * and announced as claimed, its lease kept (renewed) from now on.
+   */
+  static take(drain: Drain, claimed: Claimed, sentAt: number, handedOver: boolean): HeldRun {
+    drain.report.claimed += 1;
+    if (handedOver) drain.report.handedOver += 1;
+    drain.emit({ type: "claimed", run: claimed.run, fence: claimed.lease.fence, handedOver });
+    const held = new HeldRun(drain, claimed.run, claimed.lease, sentAt);
+    held.arm();
+    return held;
+  }
+
+  private constructor(
+    private readonly drain: Drain,
     private readonly run: RunAddress,
     lease: LeaseBody,
     sentAt: number,
-    private readonly renewFraction: number,
-    private readonly safetyFraction: number,
-    stopSignal: AbortSignal,
-    private readonly emit: (e: WorkerEvent) => void,
   ) {
+    this.options = drain.options;
     this.lease = lease;
     this.sentAt = sentAt;
     this.ref = refOf(run);
-    this.signal = AbortSignal.any([this.lossController.signal, stopSignal]);
+    this.signal = AbortSignal.any([this.lossController.signal, drain.stop]);
   }
 
   private get ttl(): number {
     return this.options.ttlMs;
   }
 
+  private emit(e: WorkerEvent): void {
+    this.drain.emit(e);
+  }
+
   /** Monotonic ms past which no write is sent and the lease counts as lost. */
   private giveUpAt(): number {
-    return this.sentAt + this.ttl * (1 - this.safetyFraction);
+    return this.sentAt + this.ttl * (1 - this.drain.safetyFraction);
   }
 
   private lose(loss: LeaseLost): void {
@@ -335,7 +429,7 @@ class HeldRun {
     this.stopTimers();
     if (this.lost || this.ended) return;
     const now = performance.now();
-    const renewAt = this.sentAt + this.ttl * this.renewFraction;
+    const renewAt = this.sentAt + this.ttl * this.drain.renewFraction;
     this.renewTimer = setTimeout(() => {
       this.renewing = this.renew();
     }, Math.max(0, renewAt - now));
@@ -481,7 +575,7 @@ class HeldRun {
       resumePoint: () => this.options.client.resumePoint(this.ref, { signal: this.signal }),
       step: (step: StepBody) =>
         this.fenced(async (fence) => {
-          const receipt = await this.options.client.commitStep(this.ref, fence, step, { signal: this.signal });
+          const receipt = await this.commit(fence, step, this.signal);
           if (step.finish) this.end();
           return receipt;
         }),
@@ -490,13 +584,58 @@ class HeldRun {
     };
   }
 
+  /**
+   * Commits `step` under `fence`. A finishing step hands over while the
+   * drain would claim again anyway (hand-overs on, the worker not stopping,
+   * this holding not collected yet, nothing handed over already): the step
+   * and the drain's next claim go as one `commitStepAndClaimNext`, and the
+   * run it takes is kept for the slot ({@link takeHandedOver}). Answers the
+   * step's receipt alone; a refusal or a lost answer rejects as the step's
+   * own would.
+   */
+  private async commit(fence: number, step: StepBody, signal: AbortSignal | undefined): Promise<StepReceiptBody> {
+    const client = this.options.client;
+    const mayHandOver = step.finish && !this.drain.stop.aborted && !this.collected && !this.next;
+    const claim = mayHandOver ? this.drain.handover : undefined;
+    if (!claim) return client.commitStep(this.ref, fence, step, { signal });
+    const sentAt = performance.now();
+    const over = await client.commitStepAndClaimNext(this.ref, fence, step, claim, { signal });
+    await this.takeHandedOver(over, sentAt);
+    return over.receipt;
+  }
+
+  /**
+   * Keeps what a hand-over took for the slot to work next. A claim that
+   * failed after the step committed is counted, and the slot claims by
+   * itself. A run taken after the slot collected this holding (a step the
+   * handler did not await) is released at once.
+   */
+  private async takeHandedOver(over: HandOver, sentAt: number): Promise<void> {
+    if (over.nextError) {
+      this.drain.report.claimErrors += 1;
+      this.emit({ type: "error", error: over.nextError });
+    }
+    if (!over.next) return;
+    const next = HeldRun.take(this.drain, over.next, sentAt, true);
+    if (this.collected || this.next) {
+      await next.giveBack();
+      return;
+    }
+    this.next = next;
+  }
+
   private end(): void {
     this.ended = true;
     this.stopTimers();
   }
 
-  async work(report: WorkerReport): Promise<void> {
-    this.arm();
+  /**
+   * Works the run and ends the holding by what the handler returned.
+   * Answers the run its finishing commit handed over (the slot works it
+   * next), if any; no hand-over is taken from then on.
+   */
+  async work(): Promise<HeldRun | undefined> {
+    const report = this.drain.report;
     let result: WorkResult;
     let failure: unknown;
     let threw = false;
@@ -509,34 +648,42 @@ class HeldRun {
     await this.renewing;
     if (this.lost) {
       report.lost += 1;
-      return;
-    }
-    if (this.ended) {
+    } else if (this.ended) {
       // The handler's last step finished the run.
       report.finished += 1;
       this.emit({ type: "finished", run: this.run, outcome: { status: "completed" } });
-      return;
+    } else if (threw && this.signal.aborted) {
+      // Stopped by the worker's signal: give the run back at once.
+      await this.endSafely({ release: true });
+    } else if (threw) {
+      report.failed += 1;
+      this.emit({ type: "failed", run: this.run, error: failure });
+      await this.endSafely(
+        this.options.onError === "fail"
+          ? { finish: { status: "failed", reason: reasonOf(failure) } }
+          : { retryAfterMs: this.options.failureBackoffMs ?? 1000 },
+      );
+    } else {
+      await this.endSafely(result);
     }
+    this.collected = true;
+    const next = this.next;
+    this.next = undefined;
+    return next;
+  }
+
+  /** Releases a handed-over run without working it (the worker stopped, or nobody collects it). */
+  giveBack(): Promise<void> {
+    return this.endSafely({ release: true });
+  }
+
+  /** {@link endWith}, its failure counted (a lost lease) or reported, not thrown. */
+  private async endSafely(result: WorkResult): Promise<void> {
     try {
-      if (threw && this.signal.aborted) {
-        // Stopped by the worker's signal: give the run back at once.
-        await this.endWith({ release: true }, report);
-        return;
-      }
-      if (threw) {
-        report.failed += 1;
-        this.emit({ type: "failed", run: this.run, error: failure });
-        if (this.options.onError === "fail") {
-          await this.endWith({ finish: { status: "failed", reason: reasonOf(failure) } }, report);
-        } else {
-          await this.endWith({ retryAfterMs: this.options.failureBackoffMs ?? 1000 }, report);
-        }
-        return;
-      }
-      await this.endWith(result, report);
+      await this.endWith(result);
     } catch (e) {
       if (this.lost) {
-        report.lost += 1;
+        this.drain.report.lost += 1;
         return;
       }
       this.emit({ type: "error", error: e });
@@ -545,11 +692,15 @@ class HeldRun {
     }
   }
 
-  private async endWith(result: WorkResult, report: WorkerReport): Promise<void> {
+  private async endWith(result: WorkResult): Promise<void> {
     const client = this.options.client;
+    const report = this.drain.report;
     if (result === undefined || "finish" in result) {
       const outcome: OutcomeBody = result?.finish ?? { status: "completed" };
-      await this.fenced((fence) => client.finish(this.ref, fence, outcome).then(() => this.end()));
+      // With hand-overs on, the finish is a finishing step: it may carry the drain's next claim.
+      const finish = (fence: number) =>
+        this.drain.handover ? this.commit(fence, { finish: outcome }, undefined) : client.finish(this.ref, fence, outcome);
+      await this.fenced((fence) => finish(fence).then(() => this.end()));
       report.finished += 1;
       this.emit({ type: "finished", run: this.run, outcome });
     } else if ("release" in result) {

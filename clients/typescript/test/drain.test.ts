@@ -114,11 +114,14 @@ test(`${WORKERS} worker processes drain ${RUNS} runs, each finished exactly once
   assert.deepEqual([...new Set(byWorkers)].sort(), ids);
   for (const [i, r] of results.entries()) for (const id of r.finished) assert.equal(finishedBy.get(id), `drainer-${i}`);
   const perWorker = results.map((r) => r.report.finished);
+  const handedOver = results.reduce((a, r) => a + r.report.handedOver, 0);
   console.log(
     `drain: ${RUNS} runs, ${WORKERS} processes; finished per worker ${JSON.stringify(perWorker)}; ` +
-      `store: ${finishedBy.size} completed, each with exactly one done event; lost ${results.reduce((a, r) => a + r.report.lost, 0)}`,
+      `store: ${finishedBy.size} completed, each with exactly one done event; lost ${results.reduce((a, r) => a + r.report.lost, 0)}; ` +
+      `handed over ${handedOver}`,
   );
   assert.ok(new Set(finishedBy.values()).size >= 2, "the drain ran in parallel");
+  assert.ok(handedOver > 0, "the finishing steps handed over to the next runs");
 });
 
 test(`a worker process SIGKILLed while holding runs: the others take them over, each run still finished once`, async () => {
