@@ -162,6 +162,12 @@ pub struct WorkerOptions {
     /// then claim. `false`: every claim is the drain's own `claim_next`.
     /// See [`Worker`] (the hand-over).
     pub handover: bool,
+    /// How long a run handed over waits for the step that finished the run
+    /// before it to return. A step that goes on past its finishing commit
+    /// for longer gives the run back (released, unstepped: the drain or
+    /// another worker claims it again) rather than keep it held and
+    /// unstepped for as long as the step takes. Default 5 s; at least 1 ms.
+    pub handover_wait: Duration,
 }
 
 impl WorkerOptions {
@@ -178,6 +184,7 @@ impl WorkerOptions {
             shutdown_grace: Duration::from_secs(10),
             failure_backoff: Duration::from_secs(1),
             handover: true,
+            handover_wait: Duration::from_secs(5),
         }
     }
 
@@ -187,6 +194,11 @@ impl WorkerOptions {
         if self.holder.as_str().trim().is_empty() {
             return Err(Error::invalid(
                 "worker holder is empty; it must name this process uniquely (Holder::unique)",
+            ));
+        }
+        if self.handover_wait.is_zero() {
+            return Err(Error::invalid(
+                "worker handover_wait is 0: a handed-over run would be given back at once; to take no runs by hand-over, set handover to false",
             ));
         }
         if self.concurrency == 0 {
@@ -403,7 +415,9 @@ impl DrainReport {
 /// drain whose runs keep finishing while work is queued thus claims with
 /// `claim_next` only when a hand-over found nothing (or failed). Return
 /// from the step soon after its finishing commit: until it returns, the run
-/// handed over waits, held and renewed but not stepped.
+/// handed over waits, held and renewed but not stepped; after
+/// [`WorkerOptions::handover_wait`] it is given back (released unstepped,
+/// counted in `claimed` and `handed_over`, and claimable again at once).
 ///
 /// - The hand-over's claim failed after the step committed
 ///   ([`Handover::next`](runkeep::Handover::next) is `Err`): the step stands
@@ -811,10 +825,36 @@ where
         let mut task = tokio::spawn((step)(handle.clone(), resume));
         let lost = handle.cancellation_token();
         let mut grace_ends: Option<Instant> = None;
+        // A run handed over waits for this step to return, at most
+        // `handover_wait`; then it goes back.
+        let handed_waited = async {
+            handle.shared.run_handed_over().await;
+            tokio::time::sleep(opts.handover_wait).await;
+        };
+        tokio::pin!(handed_waited);
+        let mut gave_back = false;
         loop {
             tokio::select! {
                 biased;
                 joined = &mut task => return classify(joined, &handle),
+                () = &mut handed_waited, if !gave_back => {
+                    gave_back = true;
+                    // Closes the holding to hand-overs: the step may go on.
+                    if let Handed::Run(next) = handle.shared.collect_handed() {
+                        tracing::warn!(
+                            run = %scope,
+                            next = %next.scope,
+                            wait = ?opts.handover_wait,
+                            "the step goes on after its finishing commit; giving back the run handed over"
+                        );
+                        let ran = give_back(pool, next).await;
+                        book(&pool.report, |r| {
+                            r.claimed += 1;
+                            r.handed_over += 1;
+                            book_ran(r, ran);
+                        });
+                    }
+                }
                 _ = lost.cancelled() => {
                     task.abort();
                     let _ = task.await;

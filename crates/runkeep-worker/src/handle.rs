@@ -105,6 +105,8 @@ pub(crate) struct Shared {
     pub(crate) handoff: OnceLock<Arc<Handoff>>,
     /// What the holding handed over (see [`crate::handover`]).
     pub(crate) handed: std::sync::Mutex<Handed>,
+    /// Notified when a hand-over leaves a run in `handed`.
+    pub(crate) handed_run: tokio::sync::Notify,
 }
 
 impl Shared {
@@ -116,6 +118,23 @@ impl Shared {
                 *self.handed.lock().unwrap_or_else(|p| p.into_inner()),
                 Handed::Open
             )
+    }
+
+    /// Waits until a hand-over has left a run for the drain to collect.
+    pub(crate) async fn run_handed_over(&self) {
+        loop {
+            let arrived = self.handed_run.notified();
+            tokio::pin!(arrived);
+            // Registered before the look, so a run left in between wakes it.
+            arrived.as_mut().enable();
+            if matches!(
+                *self.handed.lock().unwrap_or_else(|p| p.into_inner()),
+                Handed::Run(_)
+            ) {
+                return;
+            }
+            arrived.await;
+        }
     }
 
     /// Collects what the holding handed over, and closes it to hand-overs.
@@ -539,6 +558,7 @@ impl RunHandle {
             let mut slot = self.shared.handed.lock().unwrap_or_else(|p| p.into_inner());
             if matches!(*slot, Handed::Open) {
                 *slot = handed;
+                self.shared.handed_run.notify_waiters();
                 None
             } else {
                 Some(handed)

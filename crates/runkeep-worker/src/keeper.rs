@@ -219,6 +219,7 @@ impl LeaseKeeper {
             steps: std::sync::atomic::AtomicU64::new(0),
             handoff: OnceLock::new(),
             handed: std::sync::Mutex::default(),
+            handed_run: tokio::sync::Notify::new(),
         });
         let stop = CancellationToken::new();
         let task = tokio::spawn(keep(
