@@ -33,6 +33,14 @@
 //!
 //! The kit has meta-tests (`tests/meta.rs`): stores broken on purpose must
 //! fail the cases named for them, so a kit that cannot fail would be caught.
+//!
+//! # Wrapping a store in tests
+//!
+//! A test store that changes a few calls of a working store (injects a
+//! fault, counts calls, breaks a rule on purpose) implements
+//! [`intercept::Intercept`], overriding only those calls, and is used as
+//! `Arc::new(Intercepted(wrapper))`; see [`intercept`] for what every call
+//! it does not override does.
 
 use std::any::Any;
 use std::future::Future;
@@ -43,7 +51,10 @@ use runkeep::{ManualClock, RunStore};
 
 pub mod cases;
 pub mod differential;
+pub mod intercept;
 pub mod support;
+
+pub use intercept::{Intercept, Intercepted};
 
 /// The contract revision this kit checks (the core's
 /// [`runkeep::CONTRACT_REVISION`]). A backend passes the revision it was

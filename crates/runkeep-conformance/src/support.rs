@@ -1,4 +1,7 @@
 //! Fixtures shared by the cases: the fixed binding, clock, ids and builders.
+//!
+//! A test store that wraps another and changes a few of its calls is built
+//! with [`crate::intercept`].
 
 use std::sync::Arc;
 

@@ -6,15 +6,13 @@ use std::sync::{Arc, Mutex};
 
 use async_trait::async_trait;
 use runkeep::checkpoint::Checkpoint;
-use runkeep::evidence::{
-    AuditRecord, EventBatch, MessageSnapshot, NewAuditEvent, NewEvent, PersistedEvent,
-    ReadEventsOptions, RunRecord,
-};
+use runkeep::evidence::{AuditRecord, NewAuditEvent, NewEvent, PersistedEvent, RunRecord};
 use runkeep::{
     CheckpointId, CheckpointStore, ClaimNextFilter, ClaimOptions, ClaimOutcome, Error,
     EvidenceStore, Fence, Lease, LeaseSummary, ListOptions, ListingScope, ManualClock, MemoryStore,
     ParkResolution, Result, RunPage, RunRow, RunScope, RunStatus, RunStore, TenantId, Timestamp,
 };
+use runkeep_conformance::intercept::{Intercept, Intercepted};
 use runkeep_conformance::{all_cases, differential, outcome_of, support, CaseEnv, Fixture};
 use serde_json::Value;
 
@@ -70,13 +68,13 @@ impl Broken {
     /// A factory of broken stores on the case's store clock.
     fn on(flaw: Flaw) -> impl Fn(ManualClock) -> Arc<dyn RunStore> {
         move |clock| {
-            Arc::new(Self {
+            Arc::new(Intercepted(Self {
                 inner: MemoryStore::with_clock(Arc::new(clock)),
                 flaw,
                 live: Mutex::default(),
                 cursor_rows: Mutex::default(),
                 spent: Mutex::default(),
-            })
+            }))
         }
     }
 
@@ -110,7 +108,10 @@ impl Broken {
 }
 
 #[async_trait]
-impl CheckpointStore for Broken {
+impl Intercept for Broken {
+    fn inner(&self) -> &dyn RunStore {
+        &self.inner
+    }
     async fn write_checkpoint(
         &self,
         scope: &RunScope,
@@ -119,16 +120,6 @@ impl CheckpointStore for Broken {
     ) -> Result<Checkpoint> {
         let f = self.pass(scope, fence)?;
         self.inner.write_checkpoint(scope, cp, f).await
-    }
-    async fn read_checkpoint(
-        &self,
-        scope: &RunScope,
-        id: &CheckpointId,
-    ) -> Result<Option<Checkpoint>> {
-        self.inner.read_checkpoint(scope, id).await
-    }
-    async fn list_checkpoints(&self, scope: &RunScope) -> Result<Vec<Checkpoint>> {
-        self.inner.list_checkpoints(scope).await
     }
     async fn delete_checkpoint(
         &self,
@@ -283,20 +274,6 @@ impl CheckpointStore for Broken {
         }
         self.inner.claim_next(scope, filter, options).await
     }
-    fn now(&self) -> Timestamp {
-        self.inner.now()
-    }
-    async fn lifecycle(&self, s: &RunScope) -> runkeep::Result<runkeep::Lifecycle> {
-        self.inner.lifecycle(s).await
-    }
-    async fn enqueue(
-        &self,
-        s: &RunScope,
-        c: &Checkpoint,
-        o: &runkeep::EnqueueOptions,
-    ) -> runkeep::Result<Checkpoint> {
-        self.inner.enqueue(s, c, o).await
-    }
     async fn finish(
         &self,
         s: &RunScope,
@@ -313,9 +290,6 @@ impl CheckpointStore for Broken {
         }
         self.inner.snooze(s, fence, until).await
     }
-    async fn reopen(&self, s: &RunScope) -> runkeep::Result<runkeep::Lifecycle> {
-        self.inner.reopen(s).await
-    }
     async fn latest_checkpoint(&self, s: &RunScope) -> Result<Option<Checkpoint>> {
         if self.flaw == Flaw::IndexesLatestByClock {
             let cps = self.inner.list_checkpoints(s).await?;
@@ -323,10 +297,6 @@ impl CheckpointStore for Broken {
         }
         self.inner.latest_checkpoint(s).await
     }
-}
-
-#[async_trait]
-impl EvidenceStore for Broken {
     async fn commit_step(
         &self,
         s: &RunScope,
@@ -356,13 +326,6 @@ impl EvidenceStore for Broken {
         }
         Ok(out)
     }
-    async fn read_events(
-        &self,
-        scope: &RunScope,
-        options: &ReadEventsOptions,
-    ) -> Result<EventBatch> {
-        self.inner.read_events(scope, options).await
-    }
     async fn write_run_record(
         &self,
         scope: &RunScope,
@@ -371,9 +334,6 @@ impl EvidenceStore for Broken {
     ) -> Result<()> {
         let f = self.pass(scope, fence)?;
         self.inner.write_run_record(scope, record, f).await
-    }
-    async fn read_run_record(&self, scope: &RunScope) -> Result<Option<RunRecord>> {
-        self.inner.read_run_record(scope).await
     }
     async fn write_messages(
         &self,
@@ -385,9 +345,6 @@ impl EvidenceStore for Broken {
         let f = self.pass(scope, fence)?;
         self.inner.write_messages(scope, messages, through, f).await
     }
-    async fn read_messages(&self, scope: &RunScope) -> Result<MessageSnapshot> {
-        self.inner.read_messages(scope).await
-    }
     async fn write_report(
         &self,
         scope: &RunScope,
@@ -397,9 +354,6 @@ impl EvidenceStore for Broken {
         let f = self.pass(scope, fence)?;
         self.inner.write_report(scope, report, f).await
     }
-    async fn read_report(&self, scope: &RunScope) -> Result<Option<String>> {
-        self.inner.read_report(scope).await
-    }
     async fn append_audit(
         &self,
         scope: &RunScope,
@@ -408,9 +362,6 @@ impl EvidenceStore for Broken {
     ) -> Result<Vec<AuditRecord>> {
         let f = self.pass(scope, fence)?;
         self.inner.append_audit(scope, events, f).await
-    }
-    async fn read_audit(&self, scope: &RunScope, since: u64) -> Result<Vec<AuditRecord>> {
-        self.inner.read_audit(scope, since).await
     }
 }
 

@@ -22,12 +22,11 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use runkeep::{
-    AuditRecord, Checkpoint, CheckpointId, CheckpointStore, ClaimNextFilter, ClaimOptions,
-    ClaimOutcome, EnqueueOptions, Error, EventBatch, EvidenceStore, Fence, Holder, Lease,
-    LeaseSummary, ListOptions, ListingScope, MemoryStore, MessageSnapshot, NewAuditEvent, NewEvent,
-    NextClaim, Outcome, ParkResolution, PersistedEvent, ReadEventsOptions, RunPage, RunRecord,
-    RunScope, RunStatus, RunStore, Step, StepReceipt, Timestamp, Ttl,
+    CheckpointStore, ClaimNextFilter, ClaimOptions, EnqueueOptions, Error, EvidenceStore, Holder,
+    Lease, LeaseSummary, ListingScope, MemoryStore, NextClaim, Outcome, ReadEventsOptions,
+    RunScope, RunStatus, RunStore, Step, Ttl,
 };
+use runkeep_conformance::intercept::{Intercept, Intercepted};
 use runkeep_conformance::support;
 use runkeep_fs::{Attribution, FsOptions, FsStore};
 use runkeep_server::client::{HttpStore, HttpStoreOptions};
@@ -331,9 +330,9 @@ async fn directory_an_empty_queue_hands_over_no_run_with_the_step_committed() {
 // ------------------------------------- a claim that fails after the step
 
 /// A memory store whose `claim_next` fails on demand: 1 = `Contended`,
-/// 2 = `Unavailable` with outcome unknown. Its hand-over is the provided
-/// body (commit, then `claim_next`), so the step commits and the claim
-/// fails.
+/// 2 = `Unavailable` with outcome unknown. Its hand-over is `Intercept`'s
+/// default, the provided body (commit, then this `claim_next`), so the step
+/// commits and the claim fails.
 #[derive(Debug, Default)]
 struct FailingClaims {
     inner: MemoryStore,
@@ -341,62 +340,9 @@ struct FailingClaims {
 }
 
 #[async_trait]
-impl CheckpointStore for FailingClaims {
-    async fn write_checkpoint(
-        &self,
-        s: &RunScope,
-        c: &Checkpoint,
-        f: Option<Fence>,
-    ) -> runkeep::Result<Checkpoint> {
-        self.inner.write_checkpoint(s, c, f).await
-    }
-    async fn read_checkpoint(
-        &self,
-        s: &RunScope,
-        id: &CheckpointId,
-    ) -> runkeep::Result<Option<Checkpoint>> {
-        self.inner.read_checkpoint(s, id).await
-    }
-    async fn list_checkpoints(&self, s: &RunScope) -> runkeep::Result<Vec<Checkpoint>> {
-        self.inner.list_checkpoints(s).await
-    }
-    async fn delete_checkpoint(
-        &self,
-        s: &RunScope,
-        id: &CheckpointId,
-        f: Option<Fence>,
-    ) -> runkeep::Result<bool> {
-        self.inner.delete_checkpoint(s, id, f).await
-    }
-    async fn resolve_park(
-        &self,
-        s: &RunScope,
-        id: &CheckpointId,
-        r: ParkResolution,
-        now: Timestamp,
-        f: Option<Fence>,
-    ) -> runkeep::Result<Checkpoint> {
-        self.inner.resolve_park(s, id, r, now, f).await
-    }
-    async fn prune_checkpoints(
-        &self,
-        s: &RunScope,
-        keep: usize,
-        f: Option<Fence>,
-    ) -> runkeep::Result<Vec<CheckpointId>> {
-        self.inner.prune_checkpoints(s, keep, f).await
-    }
-    async fn list_runs(&self, s: &ListingScope, o: &ListOptions) -> runkeep::Result<RunPage> {
-        self.inner.list_runs(s, o).await
-    }
-    async fn claim(&self, s: &RunScope, o: &ClaimOptions) -> runkeep::Result<ClaimOutcome> {
-        self.inner.claim(s, o).await
-    }
-    async fn release(&self, s: &RunScope, f: Fence) -> runkeep::Result<bool> {
-        self.inner.release(s, f).await
-    }
-    async fn lease(&self, s: &RunScope, now: Timestamp) -> runkeep::Result<Option<LeaseSummary>> {
-        self.inner.lease(s, now).await
+impl Intercept for FailingClaims {
+    fn inner(&self) -> &dyn RunStore {
+        &self.inner
     }
     async fn claim_next(
         &self,
@@ -416,106 +362,11 @@ impl CheckpointStore for FailingClaims {
             _ => self.inner.claim_next(s, f, o).await,
         }
     }
-    fn now(&self) -> Timestamp {
-        self.inner.now()
-    }
-    async fn lifecycle(&self, s: &RunScope) -> runkeep::Result<runkeep::Lifecycle> {
-        self.inner.lifecycle(s).await
-    }
-    async fn enqueue(
-        &self,
-        s: &RunScope,
-        c: &Checkpoint,
-        o: &EnqueueOptions,
-    ) -> runkeep::Result<Checkpoint> {
-        self.inner.enqueue(s, c, o).await
-    }
-    async fn finish(
-        &self,
-        s: &RunScope,
-        f: Fence,
-        o: &Outcome,
-    ) -> runkeep::Result<runkeep::Lifecycle> {
-        self.inner.finish(s, f, o).await
-    }
-    async fn snooze(&self, s: &RunScope, f: Fence, until: Timestamp) -> runkeep::Result<bool> {
-        self.inner.snooze(s, f, until).await
-    }
-    async fn reopen(&self, s: &RunScope) -> runkeep::Result<runkeep::Lifecycle> {
-        self.inner.reopen(s).await
-    }
-}
-
-#[async_trait]
-impl EvidenceStore for FailingClaims {
-    async fn commit_step(
-        &self,
-        s: &RunScope,
-        f: Fence,
-        step: &Step,
-    ) -> runkeep::Result<StepReceipt> {
-        self.inner.commit_step(s, f, step).await
-    }
-    async fn append_events(
-        &self,
-        s: &RunScope,
-        e: &[NewEvent],
-        f: Option<Fence>,
-    ) -> runkeep::Result<Vec<PersistedEvent>> {
-        self.inner.append_events(s, e, f).await
-    }
-    async fn read_events(
-        &self,
-        s: &RunScope,
-        o: &ReadEventsOptions,
-    ) -> runkeep::Result<EventBatch> {
-        self.inner.read_events(s, o).await
-    }
-    async fn write_run_record(
-        &self,
-        s: &RunScope,
-        r: &RunRecord,
-        f: Option<Fence>,
-    ) -> runkeep::Result<()> {
-        self.inner.write_run_record(s, r, f).await
-    }
-    async fn read_run_record(&self, s: &RunScope) -> runkeep::Result<Option<RunRecord>> {
-        self.inner.read_run_record(s).await
-    }
-    async fn write_messages(
-        &self,
-        s: &RunScope,
-        m: &[Value],
-        through: u64,
-        f: Option<Fence>,
-    ) -> runkeep::Result<()> {
-        self.inner.write_messages(s, m, through, f).await
-    }
-    async fn read_messages(&self, s: &RunScope) -> runkeep::Result<MessageSnapshot> {
-        self.inner.read_messages(s).await
-    }
-    async fn write_report(&self, s: &RunScope, r: &str, f: Option<Fence>) -> runkeep::Result<()> {
-        self.inner.write_report(s, r, f).await
-    }
-    async fn read_report(&self, s: &RunScope) -> runkeep::Result<Option<String>> {
-        self.inner.read_report(s).await
-    }
-    async fn append_audit(
-        &self,
-        s: &RunScope,
-        e: &[NewAuditEvent],
-        f: Option<Fence>,
-    ) -> runkeep::Result<Vec<AuditRecord>> {
-        self.inner.append_audit(s, e, f).await
-    }
-    async fn read_audit(&self, s: &RunScope, since: u64) -> runkeep::Result<Vec<AuditRecord>> {
-        self.inner.read_audit(s, since).await
-    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_claim_that_failed_after_the_step_comes_back_in_next_with_its_kind() {
-    let failing = Arc::new(FailingClaims::default());
+    let failing = Arc::new(Intercepted(FailingClaims::default()));
     let s = serve(failing.clone(), None);
     let a = enqueue(&s.backing, "a").await;
     let b = enqueue(&s.backing, "b").await;

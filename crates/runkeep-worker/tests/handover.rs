@@ -11,12 +11,11 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use runkeep::{
-    AuditRecord, Checkpoint, CheckpointId, CheckpointStore, ClaimNextFilter, ClaimOptions,
-    ClaimOutcome, Error, EventBatch, EvidenceStore, Fence, Handover, Holder, Lease, LeaseSummary,
-    ListOptions, ListingScope, MemoryStore, MessageSnapshot, NewAuditEvent, NewEvent, NextClaim,
-    ParkResolution, PersistedEvent, ReadEventsOptions, RunPage, RunRecord, RunScope, RunStatus,
-    RunStore, Timestamp, Ttl, Watch, WatchTopic,
+    Checkpoint, CheckpointId, CheckpointStore, ClaimNextFilter, ClaimOptions, Error, EvidenceStore,
+    Fence, Handover, Holder, Lease, ListingScope, MemoryStore, NewEvent, NextClaim, RunScope,
+    RunStatus, RunStore, Timestamp, Ttl,
 };
+use runkeep_conformance::intercept::{Intercept, Intercepted};
 use runkeep_worker::{
     Clock, DrainMode, DrainReport, DrainStop, LeaseKeeper, StepOutcome, TokioClock, Worker,
     WorkerError, WorkerOptions,
@@ -116,8 +115,9 @@ impl Seen {
 }
 
 /// A `MemoryStore` that counts the calls a drain makes (and forwards the
-/// hand-over explicitly, so the wrapper is not judged by the provided body),
-/// and can make hand-overs misbehave.
+/// hand-over to the memory store's own, not `Intercept`'s default provided
+/// body, so the wrapper is not judged by that body), and can make
+/// hand-overs misbehave.
 #[derive(Debug, Default)]
 struct Counting {
     inner: MemoryStore,
@@ -150,67 +150,18 @@ impl Counting {
 }
 
 #[async_trait]
-impl CheckpointStore for Counting {
-    async fn write_checkpoint(
-        &self,
-        s: &RunScope,
-        c: &Checkpoint,
-        fence: Option<Fence>,
-    ) -> runkeep::Result<Checkpoint> {
-        self.inner.write_checkpoint(s, c, fence).await
+impl Intercept for Counting {
+    fn inner(&self) -> &dyn RunStore {
+        &self.inner
     }
-    async fn read_checkpoint(
-        &self,
-        s: &RunScope,
-        id: &CheckpointId,
-    ) -> runkeep::Result<Option<Checkpoint>> {
-        self.inner.read_checkpoint(s, id).await
-    }
-    async fn list_checkpoints(&self, s: &RunScope) -> runkeep::Result<Vec<Checkpoint>> {
-        self.inner.list_checkpoints(s).await
-    }
-    async fn delete_checkpoint(
-        &self,
-        s: &RunScope,
-        id: &CheckpointId,
-        fence: Option<Fence>,
-    ) -> runkeep::Result<bool> {
-        self.inner.delete_checkpoint(s, id, fence).await
-    }
-    async fn resolve_park(
-        &self,
-        s: &RunScope,
-        id: &CheckpointId,
-        r: ParkResolution,
-        now: Timestamp,
-        fence: Option<Fence>,
-    ) -> runkeep::Result<Checkpoint> {
-        self.inner.resolve_park(s, id, r, now, fence).await
-    }
-    async fn prune_checkpoints(
-        &self,
-        s: &RunScope,
-        keep: usize,
-        fence: Option<Fence>,
-    ) -> runkeep::Result<Vec<CheckpointId>> {
-        self.inner.prune_checkpoints(s, keep, fence).await
-    }
-    async fn list_runs(&self, s: &ListingScope, o: &ListOptions) -> runkeep::Result<RunPage> {
-        self.inner.list_runs(s, o).await
-    }
-    async fn claim(&self, s: &RunScope, o: &ClaimOptions) -> runkeep::Result<ClaimOutcome> {
-        // Renewals (and the outcome-unknown fence-off) of runs already held.
-        self.inner.claim(s, o).await
-    }
+    // `claim` forwards uncounted: renewals (and the outcome-unknown
+    // fence-off) of runs already held.
     async fn release(&self, s: &RunScope, fence: Fence) -> runkeep::Result<bool> {
         let released = self.inner.release(s, fence).await?;
         if released {
             self.seen(|x| x.held.remove(s));
         }
         Ok(released)
-    }
-    async fn lease(&self, s: &RunScope, now: Timestamp) -> runkeep::Result<Option<LeaseSummary>> {
-        self.inner.lease(s, now).await
     }
     async fn claim_next(
         &self,
@@ -227,20 +178,6 @@ impl CheckpointStore for Counting {
             }
         });
         Ok(next)
-    }
-    fn now(&self) -> Timestamp {
-        self.inner.now()
-    }
-    async fn lifecycle(&self, s: &RunScope) -> runkeep::Result<runkeep::Lifecycle> {
-        self.inner.lifecycle(s).await
-    }
-    async fn enqueue(
-        &self,
-        s: &RunScope,
-        c: &Checkpoint,
-        o: &runkeep::EnqueueOptions,
-    ) -> runkeep::Result<Checkpoint> {
-        self.inner.enqueue(s, c, o).await
     }
     async fn finish(
         &self,
@@ -262,16 +199,6 @@ impl CheckpointStore for Counting {
         }
         Ok(snoozed)
     }
-    async fn reopen(&self, s: &RunScope) -> runkeep::Result<runkeep::Lifecycle> {
-        self.inner.reopen(s).await
-    }
-    fn watch(&self, topic: &WatchTopic) -> Watch {
-        self.inner.watch(topic)
-    }
-}
-
-#[async_trait]
-impl EvidenceStore for Counting {
     async fn commit_step(
         &self,
         s: &RunScope,
@@ -327,66 +254,6 @@ impl EvidenceStore for Counting {
             ));
         }
         Ok(Handover { receipt, next })
-    }
-    async fn append_events(
-        &self,
-        s: &RunScope,
-        e: &[NewEvent],
-        fence: Option<Fence>,
-    ) -> runkeep::Result<Vec<PersistedEvent>> {
-        self.inner.append_events(s, e, fence).await
-    }
-    async fn read_events(
-        &self,
-        s: &RunScope,
-        o: &ReadEventsOptions,
-    ) -> runkeep::Result<EventBatch> {
-        self.inner.read_events(s, o).await
-    }
-    async fn write_run_record(
-        &self,
-        s: &RunScope,
-        r: &RunRecord,
-        fence: Option<Fence>,
-    ) -> runkeep::Result<()> {
-        self.inner.write_run_record(s, r, fence).await
-    }
-    async fn read_run_record(&self, s: &RunScope) -> runkeep::Result<Option<RunRecord>> {
-        self.inner.read_run_record(s).await
-    }
-    async fn write_messages(
-        &self,
-        s: &RunScope,
-        m: &[serde_json::Value],
-        through: u64,
-        fence: Option<Fence>,
-    ) -> runkeep::Result<()> {
-        self.inner.write_messages(s, m, through, fence).await
-    }
-    async fn read_messages(&self, s: &RunScope) -> runkeep::Result<MessageSnapshot> {
-        self.inner.read_messages(s).await
-    }
-    async fn write_report(
-        &self,
-        s: &RunScope,
-        r: &str,
-        fence: Option<Fence>,
-    ) -> runkeep::Result<()> {
-        self.inner.write_report(s, r, fence).await
-    }
-    async fn read_report(&self, s: &RunScope) -> runkeep::Result<Option<String>> {
-        self.inner.read_report(s).await
-    }
-    async fn append_audit(
-        &self,
-        s: &RunScope,
-        e: &[NewAuditEvent],
-        fence: Option<Fence>,
-    ) -> runkeep::Result<Vec<AuditRecord>> {
-        self.inner.append_audit(s, e, fence).await
-    }
-    async fn read_audit(&self, s: &RunScope, since: u64) -> runkeep::Result<Vec<AuditRecord>> {
-        self.inner.read_audit(s, since).await
     }
 }
 
@@ -476,7 +343,7 @@ async fn assert_all_completed(store: &Counting, ids: &[String]) {
 #[tokio::test(start_paused = true)]
 async fn a_busy_drain_hands_over_from_each_finished_run_to_the_next_in_one_call() {
     let clock = clock();
-    let counting = Arc::new(Counting::on(&clock));
+    let counting = Arc::new(Intercepted(Counting::on(&clock)));
     let store: Arc<dyn RunStore> = counting.clone();
     let first = ids(6);
     enqueue(&*store, &first, clock.now()).await;
@@ -556,7 +423,7 @@ async fn a_busy_drain_hands_over_from_each_finished_run_to_the_next_in_one_call(
 #[tokio::test(start_paused = true)]
 async fn with_the_hand_over_off_every_claim_is_the_drains_own() {
     let clock = clock();
-    let counting = Arc::new(Counting::on(&clock));
+    let counting = Arc::new(Intercepted(Counting::on(&clock)));
     let store: Arc<dyn RunStore> = counting.clone();
     let all = ids(4);
     enqueue(&*store, &all, clock.now()).await;
@@ -582,7 +449,7 @@ async fn with_the_hand_over_off_every_claim_is_the_drains_own() {
 #[tokio::test(start_paused = true)]
 async fn a_hand_over_whose_claim_fails_keeps_its_step_and_the_drain_claims_the_rest_itself() {
     let clock = clock();
-    let counting = Arc::new(Counting::on(&clock));
+    let counting = Arc::new(Intercepted(Counting::on(&clock)));
     let store: Arc<dyn RunStore> = counting.clone();
     let all = ids(5);
     enqueue(&*store, &all, clock.now()).await;
@@ -626,7 +493,7 @@ async fn a_hand_over_whose_claim_fails_keeps_its_step_and_the_drain_claims_the_r
 #[tokio::test(start_paused = true)]
 async fn hand_overs_never_hold_or_step_more_runs_than_the_concurrency() {
     let clock = clock();
-    let counting = Arc::new(Counting::on(&clock));
+    let counting = Arc::new(Intercepted(Counting::on(&clock)));
     let store: Arc<dyn RunStore> = counting.clone();
     let all = ids(9);
     enqueue(&*store, &all, clock.now()).await;
@@ -661,7 +528,7 @@ async fn hand_overs_never_hold_or_step_more_runs_than_the_concurrency() {
 #[tokio::test(start_paused = true)]
 async fn a_lost_hand_over_answer_is_read_back_and_its_claimed_run_waits_out_its_lease() {
     let clock = clock();
-    let counting = Arc::new(Counting::on(&clock));
+    let counting = Arc::new(Intercepted(Counting::on(&clock)));
     let store: Arc<dyn RunStore> = counting.clone();
     let all = ids(3);
     enqueue(&*store, &all, clock.now()).await;
@@ -700,7 +567,7 @@ async fn a_lost_hand_over_answer_is_read_back_and_its_claimed_run_waits_out_its_
 #[tokio::test(start_paused = true)]
 async fn a_run_handed_over_as_shutdown_begins_is_released_unstepped() {
     let clock = clock();
-    let counting = Arc::new(Counting::on(&clock));
+    let counting = Arc::new(Intercepted(Counting::on(&clock)));
     let store: Arc<dyn RunStore> = counting.clone();
     let all = ids(2);
     enqueue(&*store, &all, clock.now()).await;
@@ -751,7 +618,7 @@ async fn a_run_handed_over_as_shutdown_begins_is_released_unstepped() {
 #[tokio::test(start_paused = true)]
 async fn a_handle_outside_a_drain_never_hands_over() {
     let clock = clock();
-    let counting = Arc::new(Counting::on(&clock));
+    let counting = Arc::new(Intercepted(Counting::on(&clock)));
     let store: Arc<dyn RunStore> = counting.clone();
     let all = ids(2);
     enqueue(&*store, &all, clock.now()).await;

@@ -10,12 +10,12 @@ use std::time::Duration;
 use async_trait::async_trait;
 use runkeep::evidence::SkippedRecord;
 use runkeep::{
-    AuditRecord, Checkpoint, CheckpointId, CheckpointStore, ClaimNextFilter, ClaimOptions,
-    ClaimOutcome, Error, EventBatch, EvidenceStore, Fence, Holder, Lease, LeaseSummary,
-    ListOptions, ListingScope, MemoryStore, MessageSnapshot, NewAuditEvent, NewEvent,
-    ParkResolution, PersistedEvent, ReadEventsOptions, RunPage, RunRecord, RunScope, RunStatus,
-    RunStore, RunStoreExt, Timestamp, Ttl,
+    Checkpoint, CheckpointId, CheckpointStore, ClaimNextFilter, ClaimOptions, ClaimOutcome, Error,
+    EventBatch, EvidenceStore, Fence, Holder, Lease, ListingScope, MemoryStore, NewEvent,
+    PersistedEvent, ReadEventsOptions, RunRecord, RunScope, RunStatus, RunStore, RunStoreExt,
+    Timestamp, Ttl,
 };
+use runkeep_conformance::intercept::{Intercept, Intercepted};
 use runkeep_worker::{
     admit_fence, Clock, DrainMode, DrainStop, FailureKind, FenceGate, FenceToken, KeeperOptions,
     LeaseKeeper, LeaseLoss, StepOutcome, TokioClock, Worker, WorkerError, WorkerOptions,
@@ -102,7 +102,9 @@ async fn events(store: &dyn RunStore, scope: &RunScope) -> Vec<PersistedEvent> {
         .events
 }
 
-/// A store that delegates to a `MemoryStore` and can be made to misbehave.
+/// A store that delegates to a `MemoryStore` and can be made to misbehave
+/// (an `Intercept`: its hand-overs commit and claim through the overrides
+/// below).
 #[derive(Debug, Default)]
 struct Faulty {
     inner: MemoryStore,
@@ -140,53 +142,9 @@ impl Faulty {
 }
 
 #[async_trait]
-impl CheckpointStore for Faulty {
-    async fn write_checkpoint(
-        &self,
-        s: &RunScope,
-        c: &Checkpoint,
-        fence: Option<Fence>,
-    ) -> runkeep::Result<Checkpoint> {
-        self.inner.write_checkpoint(s, c, fence).await
-    }
-    async fn read_checkpoint(
-        &self,
-        s: &RunScope,
-        id: &CheckpointId,
-    ) -> runkeep::Result<Option<Checkpoint>> {
-        self.inner.read_checkpoint(s, id).await
-    }
-    async fn list_checkpoints(&self, s: &RunScope) -> runkeep::Result<Vec<Checkpoint>> {
-        self.inner.list_checkpoints(s).await
-    }
-    async fn delete_checkpoint(
-        &self,
-        s: &RunScope,
-        id: &CheckpointId,
-        fence: Option<Fence>,
-    ) -> runkeep::Result<bool> {
-        self.inner.delete_checkpoint(s, id, fence).await
-    }
-    async fn resolve_park(
-        &self,
-        s: &RunScope,
-        id: &CheckpointId,
-        r: ParkResolution,
-        now: Timestamp,
-        fence: Option<Fence>,
-    ) -> runkeep::Result<Checkpoint> {
-        self.inner.resolve_park(s, id, r, now, fence).await
-    }
-    async fn prune_checkpoints(
-        &self,
-        s: &RunScope,
-        keep: usize,
-        fence: Option<Fence>,
-    ) -> runkeep::Result<Vec<CheckpointId>> {
-        self.inner.prune_checkpoints(s, keep, fence).await
-    }
-    async fn list_runs(&self, s: &ListingScope, o: &ListOptions) -> runkeep::Result<RunPage> {
-        self.inner.list_runs(s, o).await
+impl Intercept for Faulty {
+    fn inner(&self) -> &dyn RunStore {
+        &self.inner
     }
     async fn claim(&self, s: &RunScope, o: &ClaimOptions) -> runkeep::Result<ClaimOutcome> {
         self.claim_calls.fetch_add(1, Ordering::SeqCst);
@@ -207,12 +165,6 @@ impl CheckpointStore for Faulty {
         }
         self.inner.claim(s, o).await
     }
-    async fn release(&self, s: &RunScope, fence: Fence) -> runkeep::Result<bool> {
-        self.inner.release(s, fence).await
-    }
-    async fn lease(&self, s: &RunScope, now: Timestamp) -> runkeep::Result<Option<LeaseSummary>> {
-        self.inner.lease(s, now).await
-    }
     async fn claim_next(
         &self,
         s: &ListingScope,
@@ -222,38 +174,6 @@ impl CheckpointStore for Faulty {
         self.judged_at.lock().unwrap().push(o.now);
         self.inner.claim_next(s, f, o).await
     }
-    fn now(&self) -> Timestamp {
-        self.inner.now()
-    }
-    async fn lifecycle(&self, s: &RunScope) -> runkeep::Result<runkeep::Lifecycle> {
-        self.inner.lifecycle(s).await
-    }
-    async fn enqueue(
-        &self,
-        s: &RunScope,
-        c: &Checkpoint,
-        o: &runkeep::EnqueueOptions,
-    ) -> runkeep::Result<Checkpoint> {
-        self.inner.enqueue(s, c, o).await
-    }
-    async fn finish(
-        &self,
-        s: &RunScope,
-        fence: Fence,
-        o: &runkeep::Outcome,
-    ) -> runkeep::Result<runkeep::Lifecycle> {
-        self.inner.finish(s, fence, o).await
-    }
-    async fn snooze(&self, s: &RunScope, fence: Fence, until: Timestamp) -> runkeep::Result<bool> {
-        self.inner.snooze(s, fence, until).await
-    }
-    async fn reopen(&self, s: &RunScope) -> runkeep::Result<runkeep::Lifecycle> {
-        self.inner.reopen(s).await
-    }
-}
-
-#[async_trait]
-impl EvidenceStore for Faulty {
     async fn commit_step(
         &self,
         s: &RunScope,
@@ -297,51 +217,6 @@ impl EvidenceStore for Faulty {
             });
         }
         Ok(batch)
-    }
-    async fn write_run_record(
-        &self,
-        s: &RunScope,
-        r: &RunRecord,
-        fence: Option<Fence>,
-    ) -> runkeep::Result<()> {
-        self.inner.write_run_record(s, r, fence).await
-    }
-    async fn read_run_record(&self, s: &RunScope) -> runkeep::Result<Option<RunRecord>> {
-        self.inner.read_run_record(s).await
-    }
-    async fn write_messages(
-        &self,
-        s: &RunScope,
-        m: &[Value],
-        through: u64,
-        fence: Option<Fence>,
-    ) -> runkeep::Result<()> {
-        self.inner.write_messages(s, m, through, fence).await
-    }
-    async fn read_messages(&self, s: &RunScope) -> runkeep::Result<MessageSnapshot> {
-        self.inner.read_messages(s).await
-    }
-    async fn write_report(
-        &self,
-        s: &RunScope,
-        r: &str,
-        fence: Option<Fence>,
-    ) -> runkeep::Result<()> {
-        self.inner.write_report(s, r, fence).await
-    }
-    async fn read_report(&self, s: &RunScope) -> runkeep::Result<Option<String>> {
-        self.inner.read_report(s).await
-    }
-    async fn append_audit(
-        &self,
-        s: &RunScope,
-        e: &[NewAuditEvent],
-        fence: Option<Fence>,
-    ) -> runkeep::Result<Vec<AuditRecord>> {
-        self.inner.append_audit(s, e, fence).await
-    }
-    async fn read_audit(&self, s: &RunScope, since: u64) -> runkeep::Result<Vec<AuditRecord>> {
-        self.inner.read_audit(s, since).await
     }
 }
 
@@ -527,7 +402,7 @@ async fn a_write_refused_as_fenced_out_stops_every_writer_of_the_run() {
 #[tokio::test(start_paused = true)]
 async fn renewals_that_keep_failing_stop_the_work_before_the_lease_lapses() {
     let clock = clock();
-    let faulty = Arc::new(Faulty::on(&clock));
+    let faulty = Arc::new(Intercepted(Faulty::on(&clock)));
     let store: Arc<dyn RunStore> = faulty.clone();
     let scope = run("run_outage");
     let keeper = LeaseKeeper::claim(
@@ -623,7 +498,7 @@ async fn without_renewals_the_handle_refuses_writes_at_its_own_deadline() {
 #[tokio::test(start_paused = true)]
 async fn a_write_in_flight_during_a_renewal_keeps_its_fence_and_the_next_write_takes_the_new_one() {
     let clock = clock();
-    let faulty = Arc::new(Faulty::on(&clock));
+    let faulty = Arc::new(Intercepted(Faulty::on(&clock)));
     let store: Arc<dyn RunStore> = faulty.clone();
     let scope = run("run_race");
     let keeper = LeaseKeeper::claim(
@@ -662,7 +537,7 @@ async fn a_write_in_flight_during_a_renewal_keeps_its_fence_and_the_next_write_t
 #[tokio::test(start_paused = true)]
 async fn a_write_that_arrives_during_a_renewal_waits_for_it_and_presents_the_new_fence() {
     let clock = clock();
-    let faulty = Arc::new(Faulty::on(&clock));
+    let faulty = Arc::new(Intercepted(Faulty::on(&clock)));
     let store: Arc<dyn RunStore> = faulty.clone();
     let scope = run("run_wait");
     let keeper = LeaseKeeper::claim(
@@ -697,7 +572,7 @@ async fn a_write_that_arrives_during_a_renewal_waits_for_it_and_presents_the_new
 #[tokio::test(start_paused = true)]
 async fn a_renewal_that_answers_after_the_deadline_does_not_count() {
     let clock = clock();
-    let faulty = Arc::new(Faulty::on(&clock));
+    let faulty = Arc::new(Intercepted(Faulty::on(&clock)));
     let store: Arc<dyn RunStore> = faulty.clone();
     let scope = run("run_frozen");
     let keeper = LeaseKeeper::claim(
@@ -1382,7 +1257,7 @@ async fn the_tool_ledger_skips_a_recorded_tool_after_a_crash_and_runs_an_unrecor
 #[tokio::test(start_paused = true)]
 async fn an_incomplete_ledger_refuses_to_run_an_unrecorded_tool_but_replays_a_recorded_one() {
     let clock = clock();
-    let faulty = Arc::new(Faulty::on(&clock));
+    let faulty = Arc::new(Intercepted(Faulty::on(&clock)));
     let store: Arc<dyn RunStore> = faulty.clone();
     let scope = run("run_damaged");
     let keeper = LeaseKeeper::claim(
@@ -1928,7 +1803,7 @@ async fn wake_up_latency_of_an_idle_drain_on_the_memory_store() {
 #[tokio::test(start_paused = true)]
 async fn the_worker_leaves_judging_claims_and_renewals_to_the_stores_clock() {
     let clock = clock();
-    let faulty = Arc::new(Faulty::on(&clock));
+    let faulty = Arc::new(Intercepted(Faulty::on(&clock)));
     let store: Arc<dyn RunStore> = faulty.clone();
     let scope = run("run_store_clock");
     let keeper = LeaseKeeper::claim(
@@ -1981,7 +1856,7 @@ async fn the_worker_leaves_judging_claims_and_renewals_to_the_stores_clock() {
 #[tokio::test(start_paused = true)]
 async fn a_lost_commit_acknowledgement_is_resolved_by_reading_back_never_by_repeating() {
     let clock = clock();
-    let faulty = Arc::new(Faulty::on(&clock));
+    let faulty = Arc::new(Intercepted(Faulty::on(&clock)));
     let store: Arc<dyn RunStore> = faulty.clone();
     let scope = run("run_lost_ack");
     let keeper = LeaseKeeper::claim(
