@@ -638,3 +638,92 @@ async fn a_handle_outside_a_drain_never_hands_over() {
     let top = store.lease(&run("run_02"), clock.now()).await.unwrap();
     assert!(top.is_none(), "nothing else was claimed: {top:?}");
 }
+
+/// A step that goes on after its finishing commit does not keep the run it
+/// was handed: after `handover_wait` that run is given back (released
+/// unstepped, claimable at once by anyone) while the step still runs, and
+/// the drain takes it again with its own `claim_next` once the step ends.
+#[tokio::test(start_paused = true)]
+async fn a_step_going_on_after_its_finish_gives_the_run_handed_over_back_after_the_wait() {
+    let clock = clock();
+    let counting = Arc::new(Intercepted(Counting::on(&clock)));
+    let store: Arc<dyn RunStore> = counting.clone();
+    let all = ids(2);
+    enqueue(&*store, &all, clock.now()).await;
+    let mut o = options("w-a", 1);
+    o.handover_wait = ms(300);
+    let worker = Worker::new(store.clone(), tenant(), o).unwrap();
+    let stepped: Arc<Mutex<Vec<String>>> = Arc::default();
+    // The first run's step goes on after its finish until this is cancelled.
+    let go_on = CancellationToken::new();
+    let (st, hold) = (stepped.clone(), go_on.clone());
+    let drain = tokio::spawn(async move {
+        worker
+            .drain(CancellationToken::new(), move |h, _| {
+                let (st, hold) = (st.clone(), hold.clone());
+                async move {
+                    let id = h.scope().run_id.to_string();
+                    st.lock().unwrap().push(id.clone());
+                    h.commit_step(&last_step(&id)).await?;
+                    if id == "run_01" {
+                        hold.cancelled().await;
+                    }
+                    Ok::<_, WorkerError>(StepOutcome::Finished)
+                }
+            })
+            .await
+    });
+    let next = run("run_02");
+    // Within the wait: run_02 was handed over and is held by the drain.
+    sleep(ms(200)).await;
+    let top = store.lease(&next, clock.now()).await.unwrap().unwrap();
+    assert!(
+        !top.expired && top.holder == "w-a",
+        "handed over and held: {top:?}"
+    );
+    // Past it, with run_01's step still going on: given back.
+    sleep(ms(200)).await;
+    assert_eq!(*stepped.lock().unwrap(), vec!["run_01".to_string()]);
+    let top = store.lease(&next, clock.now()).await.unwrap().unwrap();
+    assert!(
+        top.expired && top.holder.is_empty(),
+        "given back while the step that finished run_01 still runs: {top:?}"
+    );
+    // Claimable at once by another worker (who gives it back again).
+    let other = ClaimOptions::new(Holder::new("w-b").unwrap(), ttl());
+    let lease = match store.claim(&next, &other).await.unwrap() {
+        runkeep::ClaimOutcome::Acquired(l) => l,
+        refused => panic!("another worker could not take the run given back: {refused:?}"),
+    };
+    assert!(store.release(&next, lease.fence).await.unwrap());
+    // The step ends; the drain claims run_02 itself and steps it once.
+    go_on.cancel();
+    let report = tokio::time::timeout(ms(60_000), drain)
+        .await
+        .expect("the drain stops")
+        .unwrap();
+    assert_eq!(report.stopped, DrainStop::Idle);
+    assert_eq!(
+        *stepped.lock().unwrap(),
+        vec!["run_01".to_string(), "run_02".to_string()]
+    );
+    assert_eq!(
+        (
+            report.claimed,
+            report.handed_over,
+            report.completed,
+            report.released
+        ),
+        (3, 1, 2, 1),
+        "{report:?}"
+    );
+    assert_all_completed(&counting, &all).await;
+}
+
+#[test]
+fn a_zero_handover_wait_is_refused_with_what_to_do_instead() {
+    let mut o = options("w-a", 1);
+    o.handover_wait = Duration::ZERO;
+    let e = o.validate().expect_err("0 is refused");
+    assert!(e.to_string().contains("handover to false"), "{e}");
+}
