@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 use serde_json::Value;
 
 /// Every operation the bench measures on each backend.
-const MEMORY_OPS: [&str; 13] = [
+const MEMORY_OPS: [&str; 14] = [
     "claim+release",
     "renew",
     "checkpoint-4k",
@@ -15,6 +15,7 @@ const MEMORY_OPS: [&str; 13] = [
     "append-1",
     "append-100",
     "step-commit",
+    "wake",
     "list-first-page",
     "list-deep-page",
     "catch-up",
@@ -86,6 +87,12 @@ fn quick_memory_bench_prints_every_operation() {
         assert_eq!(c["rates"].as_array().map(Vec::len), Some(2), "{c}");
         assert!(c["median"].as_f64().is_some_and(|m| m > 0.0), "{c}");
     }
+    // The wake-up latency is a latency: every op was timed.
+    let wake = cases
+        .iter()
+        .find(|c| c["op"] == "wake")
+        .expect("a wake case");
+    assert!(wake["p50Us"].as_f64().is_some_and(|p| p > 0.0), "{wake}");
     assert_eq!(report["preliminary"], true);
     let plot = dir.path().join("bench-drain.svg");
     let svg = std::fs::read_to_string(&plot).expect("the drain plot is written beside the JSON");

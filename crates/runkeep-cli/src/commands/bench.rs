@@ -225,6 +225,7 @@ enum Kind {
     Checkpoint(usize),
     Append(usize),
     StepCommit,
+    Wake,
     ListFirst,
     ListDeep,
     CatchUp,
@@ -361,6 +362,12 @@ fn all_cases(s: &Settings, scaling: bool, with_peers: bool) -> Vec<Case> {
             "ops/s",
             "commit_step: 1 event + 1 checkpoint, fenced".into(),
             Kind::StepCommit,
+        );
+        add(
+            "wake",
+            "wakes/s",
+            "wake-up latency: a task watching a run's events, then a fenced append of 1 event; from the append's start until the task woke (p50/p99)".into(),
+            Kind::Wake,
         );
         add(
             "list-first-page",
@@ -578,6 +585,7 @@ async fn measure(env: &Env, case: &mut Case) -> Result<Sample, String> {
         }
         Kind::Append(batch) => work::append(env.target(&case.backend)?, batch, budget).await,
         Kind::StepCommit => work::step_commit(env.target(&case.backend)?, budget).await,
+        Kind::Wake => work::wake(env.target(&case.backend)?, budget).await,
         Kind::ListFirst | Kind::ListDeep | Kind::ListAt(_) => {
             let t = env.target(&case.backend)?;
             if matches!(case.prep, Prep::None) {

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use runkeep::{
     Checkpoint, CheckpointId, ClaimNextFilter, ClaimOptions, ClaimOutcome, EnqueueOptions, Fence,
     Holder, ListOptions, ListingScope, NewEvent, NextClaim, Outcome, ProjectId, ReadEventsOptions,
-    RunId, RunScope, RunStore, SessionId, Step, TenantId, Ttl,
+    RunId, RunScope, RunStore, SessionId, Step, TenantId, Ttl, WatchTopic,
 };
 use serde_json::{json, Map, Value};
 
@@ -282,6 +282,32 @@ pub async fn append(t: &Target, batch: usize, budget: Duration) -> Result<Sample
                 .ctx("append_events")?
                 .len();
             Ok(n as f64)
+        }
+    })
+    .await
+}
+
+/// Wake-up latency: a task waits on a watch of a run's events (the way a
+/// tail or an idle worker waits), then one fenced append of 1 event; one
+/// op lasts from the append's start until the waiting task has woken. The
+/// watch is the store's own: an in-process notifier for memory and fs,
+/// PostgreSQL's `LISTEN` connection for pg (the `NOTIFY` goes through the
+/// server even in one process), a long-poll of `runkeep serve` for serve-*.
+/// A wake-up that never comes counts as the watch's fallback interval.
+pub async fn wake(t: &Target, budget: Duration) -> Result<Sample, String> {
+    let (scope, _, fence) = t.held_run("wake").await?;
+    let topic = WatchTopic::Events(scope.clone());
+    sequential(budget, |i| {
+        let (store, scope, topic) = (t.store.clone(), scope.clone(), topic.clone());
+        async move {
+            let mut watch = store.watch(&topic);
+            let waiter = tokio::spawn(async move { watch.changed().await });
+            store
+                .append_events(&scope, &[event(i)], Some(fence))
+                .await
+                .ctx("append_events")?;
+            waiter.await.ctx("the waiting task")?;
+            Ok(1.0)
         }
     })
     .await
