@@ -32,11 +32,11 @@ fi
 cargo test --workspace --all-features --no-run
 wait "$prepare_pid" || { echo "test.sh: scripts/prepare.sh failed:" >&2; cat target/prepare.log >&2; exit 1; }
 cat target/prepare.log
-cargo test --workspace --all-features --no-fail-fast -- "${include_ignored[@]}"
 
-# The suites after cargo, each against live `runkeep serve`s of its own on
-# free ports, in two lanes side by side (they wait on servers and browsers
-# more than they compute; one after another they took 3.6 minutes of CI):
+# The suites outside cargo, each against live `runkeep serve`s of its own on
+# free ports, run in two lanes beside the cargo tests (both wait on
+# servers, disks, browsers and PostgreSQL more than they compute; one after
+# the other they took 3.6 minutes of CI after the cargo tests' 6):
 # - clients/typescript: npm ci, tsc --noEmit, its tests. Fails when node/npm
 #   are missing.
 # - crates/runkeep-server/console/tests: the web console's browser tests,
@@ -53,8 +53,10 @@ cargo test --workspace --all-features --no-fail-fast -- "${include_ignored[@]}"
 #   fails on any 5xx, any answer that breaks
 #   crates/runkeep-server/openapi.json and any request the document calls
 #   valid that the server refuses.
-# Each suite's output goes to target/suites/<name>.log and is printed when
-# its lane ends; any failure fails the command, after both lanes end.
+# They get the server binary built here (RUNKEEP_BIN), so none of them
+# waits on cargo's lock while the cargo tests run. Each suite's output goes
+# to target/suites/<name>.log and is printed after the cargo tests; any
+# failure, of either, fails the command once everything has ended.
 cargo build --quiet -p runkeep-cli --bin runkeep --all-features
 export RUNKEEP_BIN="${RUNKEEP_BIN:-$PWD/target/debug/runkeep}"
 rm -rf target/suites && mkdir -p target/suites
@@ -76,15 +78,24 @@ lane clients/typescript/scripts/ci.sh crates/runkeep-server/console/tests/ci.sh 
 lane_a=$!
 lane clients/python/scripts/ci.sh clients/langgraph-js/scripts/ci.sh scripts/schemathesis.sh &
 lane_b=$!
-failed=0
-wait "$lane_a" || failed=1
-wait "$lane_b" || failed=1
+
+cargo_failed=0
+cargo test --workspace --all-features --no-fail-fast -- "${include_ignored[@]}" || cargo_failed=1
+
+suites_failed=0
+wait "$lane_a" || suites_failed=1
+wait "$lane_b" || suites_failed=1
 for log in target/suites/*.log; do
     echo "================ ${log#target/suites/}"
     cat "$log"
 done
 grep -h "^== " target/suites/*.log
-if [ "$failed" != 0 ]; then
-    echo "test.sh: a suite after cargo failed (its log is above and in target/suites)" >&2
+if [ "$cargo_failed" != 0 ]; then
+    echo "test.sh: cargo test failed (its output is above the suites' logs)" >&2
+fi
+if [ "$suites_failed" != 0 ]; then
+    echo "test.sh: a suite outside cargo failed (its log is above and in target/suites)" >&2
+fi
+if [ "$cargo_failed" != 0 ] || [ "$suites_failed" != 0 ]; then
     exit 1
 fi

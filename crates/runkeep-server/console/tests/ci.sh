@@ -31,8 +31,12 @@ command -v node >/dev/null 2>&1 && command -v npm >/dev/null 2>&1 \
 major="$(node -p 'process.versions.node.split(".")[0]')"
 [ "$major" -ge 20 ] || fail "Node $(node --version) is too old; the tests need Node 20 or later"
 
-export RUNKEEP_BIN="${RUNKEEP_BIN:-$repo/target/debug/runkeep}"
-(cd "$repo" && cargo build --quiet -p runkeep-cli --bin runkeep --all-features)
+# The server the tests start: this repository's, built now, unless the
+# caller names one in RUNKEEP_BIN (scripts/test.sh does, having built it).
+if [ -z "${RUNKEEP_BIN:-}" ]; then
+    (cd "$repo" && cargo build --quiet -p runkeep-cli --bin runkeep --all-features)
+    export RUNKEEP_BIN="$repo/target/debug/runkeep"
+fi
 
 cd "$here"
 bash "$repo/scripts/npm-ci-once.sh" .
