@@ -329,6 +329,24 @@ async fn drain_finishing(
     (report, log)
 }
 
+/// A counting store on a fresh clock with `n` runs queued: the clock, the
+/// store (as itself and as a `RunStore`) and the runs' ids.
+async fn queued(
+    n: usize,
+) -> (
+    Arc<TokioClock>,
+    Arc<Intercepted<Counting>>,
+    Arc<dyn RunStore>,
+    Vec<String>,
+) {
+    let clock = clock();
+    let counting = Arc::new(Intercepted(Counting::on(&clock)));
+    let store: Arc<dyn RunStore> = counting.clone();
+    let all = ids(n);
+    enqueue(&*store, &all, clock.now()).await;
+    (clock, counting, store, all)
+}
+
 async fn assert_all_completed(store: &Counting, ids: &[String]) {
     for id in ids {
         let life = store.lifecycle(&run(id)).await.unwrap();
@@ -342,11 +360,7 @@ async fn assert_all_completed(store: &Counting, ids: &[String]) {
 /// dry, and every run is stepped and finished exactly once.
 #[tokio::test(start_paused = true)]
 async fn a_busy_drain_hands_over_from_each_finished_run_to_the_next_in_one_call() {
-    let clock = clock();
-    let counting = Arc::new(Intercepted(Counting::on(&clock)));
-    let store: Arc<dyn RunStore> = counting.clone();
-    let first = ids(6);
-    enqueue(&*store, &first, clock.now()).await;
+    let (clock, counting, store, first) = queued(6).await;
 
     let (report, log) = drain_finishing(store.clone(), options("w-a", 1), ms(10), ms(0), 20).await;
     assert_eq!(report.stopped, DrainStop::Idle, "{report:?}");
@@ -422,11 +436,7 @@ async fn a_busy_drain_hands_over_from_each_finished_run_to_the_next_in_one_call(
 /// finishing step is a plain `commit_step`.
 #[tokio::test(start_paused = true)]
 async fn with_the_hand_over_off_every_claim_is_the_drains_own() {
-    let clock = clock();
-    let counting = Arc::new(Intercepted(Counting::on(&clock)));
-    let store: Arc<dyn RunStore> = counting.clone();
-    let all = ids(4);
-    enqueue(&*store, &all, clock.now()).await;
+    let (_, counting, store, all) = queued(4).await;
     let mut o = options("w-a", 1);
     o.handover = false;
     let (report, log) = drain_finishing(store.clone(), o, ms(10), ms(0), 20).await;
@@ -448,11 +458,7 @@ async fn with_the_hand_over_off_every_claim_is_the_drains_own() {
 /// drain claims the remaining runs itself.
 #[tokio::test(start_paused = true)]
 async fn a_hand_over_whose_claim_fails_keeps_its_step_and_the_drain_claims_the_rest_itself() {
-    let clock = clock();
-    let counting = Arc::new(Intercepted(Counting::on(&clock)));
-    let store: Arc<dyn RunStore> = counting.clone();
-    let all = ids(5);
-    enqueue(&*store, &all, clock.now()).await;
+    let (_, counting, store, all) = queued(5).await;
     // The first hand-over's claim fails retryably, the second's for good.
     *counting.fail_next_claims.lock().unwrap() = vec![
         Error::backend("claim_next", std::io::Error::other("injected failure")),
@@ -492,11 +498,7 @@ async fn a_hand_over_whose_claim_fails_keeps_its_step_and_the_drain_claims_the_r
 /// store's answers tell) nor the steps running ever exceed two.
 #[tokio::test(start_paused = true)]
 async fn hand_overs_never_hold_or_step_more_runs_than_the_concurrency() {
-    let clock = clock();
-    let counting = Arc::new(Intercepted(Counting::on(&clock)));
-    let store: Arc<dyn RunStore> = counting.clone();
-    let all = ids(9);
-    enqueue(&*store, &all, clock.now()).await;
+    let (_, counting, store, all) = queued(9).await;
     let (report, log) =
         drain_finishing(store.clone(), options("w-a", 2), ms(100), ms(50), 30).await;
     assert_eq!(report.stopped, DrainStop::Idle, "{report:?}");
@@ -527,11 +529,7 @@ async fn hand_overs_never_hold_or_step_more_runs_than_the_concurrency() {
 /// recovered: it stays held until its lease expires, then is taken again.
 #[tokio::test(start_paused = true)]
 async fn a_lost_hand_over_answer_is_read_back_and_its_claimed_run_waits_out_its_lease() {
-    let clock = clock();
-    let counting = Arc::new(Intercepted(Counting::on(&clock)));
-    let store: Arc<dyn RunStore> = counting.clone();
-    let all = ids(3);
-    enqueue(&*store, &all, clock.now()).await;
+    let (clock, counting, store, all) = queued(3).await;
     counting.lose_next_answer.store(1, Ordering::SeqCst);
     let (report, log) = drain_finishing(store.clone(), options("w-a", 1), ms(10), ms(0), 20).await;
     // run_01's hand-over took run_02 and lost the answer: run_01 is read
@@ -566,11 +564,7 @@ async fn a_lost_hand_over_answer_is_read_back_and_its_claimed_run_waits_out_its_
 /// at once, unstepped.
 #[tokio::test(start_paused = true)]
 async fn a_run_handed_over_as_shutdown_begins_is_released_unstepped() {
-    let clock = clock();
-    let counting = Arc::new(Intercepted(Counting::on(&clock)));
-    let store: Arc<dyn RunStore> = counting.clone();
-    let all = ids(2);
-    enqueue(&*store, &all, clock.now()).await;
+    let (clock, counting, store, _) = queued(2).await;
     let mut o = options("w-a", 1);
     o.mode = DrainMode::Continuous;
     let worker = Worker::new(store.clone(), tenant(), o).unwrap();
@@ -617,11 +611,7 @@ async fn a_run_handed_over_as_shutdown_begins_is_released_unstepped() {
 /// step with a plain `commit_step`: no hand-over.
 #[tokio::test(start_paused = true)]
 async fn a_handle_outside_a_drain_never_hands_over() {
-    let clock = clock();
-    let counting = Arc::new(Intercepted(Counting::on(&clock)));
-    let store: Arc<dyn RunStore> = counting.clone();
-    let all = ids(2);
-    enqueue(&*store, &all, clock.now()).await;
+    let (clock, counting, store, _) = queued(2).await;
     let keeper = LeaseKeeper::claim(
         store.clone(),
         run("run_01"),
@@ -645,11 +635,7 @@ async fn a_handle_outside_a_drain_never_hands_over() {
 /// the drain takes it again with its own `claim_next` once the step ends.
 #[tokio::test(start_paused = true)]
 async fn a_step_going_on_after_its_finish_gives_the_run_handed_over_back_after_the_wait() {
-    let clock = clock();
-    let counting = Arc::new(Intercepted(Counting::on(&clock)));
-    let store: Arc<dyn RunStore> = counting.clone();
-    let all = ids(2);
-    enqueue(&*store, &all, clock.now()).await;
+    let (clock, counting, store, all) = queued(2).await;
     let mut o = options("w-a", 1);
     o.handover_wait = ms(300);
     let worker = Worker::new(store.clone(), tenant(), o).unwrap();
