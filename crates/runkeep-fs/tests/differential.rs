@@ -28,29 +28,20 @@ fn fs_fixture(clock: runkeep::ManualClock) -> Fixture {
     Fixture::new(Arc::new(store), 2, dir).with_clock(clock)
 }
 
-/// The default 64 sequences in two halves of 32: the test harness runs the
-/// halves on two threads side by side (one test of 64 kept one core busy
-/// for most of a minute while the other idled).
-fn half() -> differential::Config {
-    let whole = differential::Config::default();
-    differential::Config {
-        cases: whole.cases / 2,
-        ..whole
-    }
-}
-
 fn agrees(config: differential::Config) {
     let report = differential::check(fs_fixture, config);
     eprintln!("differential (fs vs memory): {report:?}");
     assert_eq!(report.cases, config.cases);
 }
 
+/// The default 64 sequences in two halves of 32 that the test harness
+/// runs side by side.
 #[test]
 fn the_directory_store_agrees_with_the_reference_model_under_random_operations() {
-    agrees(half());
+    agrees(differential::Config::default().half());
 }
 
 #[test]
 fn the_directory_store_agrees_with_the_reference_model_under_more_random_operations() {
-    agrees(half());
+    agrees(differential::Config::default().half());
 }

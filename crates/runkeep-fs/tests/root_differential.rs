@@ -26,9 +26,10 @@ fn root_fixture(clock: runkeep::ManualClock) -> Fixture {
 /// halves of 12 that the test harness runs side by side.
 fn half() -> differential::Config {
     differential::Config {
-        cases: 12,
+        cases: 24,
         ..differential::Config::default()
     }
+    .half()
 }
 
 fn agrees(config: differential::Config) {

@@ -36,29 +36,20 @@ fn pg_fixture(clock: runkeep::ManualClock) -> Fixture {
     Fixture::new(Arc::new(store), 2, guard).with_clock(clock)
 }
 
-/// The default 64 sequences in two halves of 32: the test harness runs the
-/// halves on two threads side by side (most of a sequence's time is spent
-/// waiting on the database, migrating its fresh schema and round trips).
-fn half() -> differential::Config {
-    let whole = differential::Config::default();
-    differential::Config {
-        cases: whole.cases / 2,
-        ..whole
-    }
-}
-
 fn agrees(config: differential::Config) {
     let report = differential::check(pg_fixture, config);
     eprintln!("differential (postgres vs memory): {report:?}");
     assert_eq!(report.cases, config.cases);
 }
 
+/// The default 64 sequences in two halves of 32 that the test harness
+/// runs side by side.
 #[test]
 fn the_postgres_store_agrees_with_the_reference_model_under_random_operations() {
-    agrees(half());
+    agrees(differential::Config::default().half());
 }
 
 #[test]
 fn the_postgres_store_agrees_with_the_reference_model_under_more_random_operations() {
-    agrees(half());
+    agrees(differential::Config::default().half());
 }

@@ -25,9 +25,10 @@ fn through_http(clock: runkeep::ManualClock) -> Fixture {
 /// HTTP, and one test of 24 kept one core busy for half a minute.
 fn half() -> differential::Config {
     differential::Config {
-        cases: 12,
+        cases: 24,
         ..differential::Config::default()
     }
+    .half()
 }
 
 fn agrees(config: differential::Config) {
