@@ -9,7 +9,8 @@
 //! lock         take the run lock exclusive (bounded wait)
 //! read state   read the holding again, under the lock
 //! judge        check the fence again: a takeover between the early check
-//!              and the lock is caught here
+//!              and the lock is caught here; an unfenced write made for a
+//!              principal is judged here (runkeep::acting)
 //! write        the caller's act: renames, appends, deletes
 //! publish      the caller's act ends with its publish; the lock is released
 //!              when the act returns, and a failed fsync turns the store
@@ -25,7 +26,7 @@
 
 use std::path::Path;
 
-use runkeep::lease::check_write_fence;
+use runkeep::lease::{check_unfenced_write, check_write_fence};
 use runkeep::{Error, Fence, Result, RunScope, Timestamp, TopHolding};
 
 use crate::lock::{self, Mode, RunLock};
@@ -44,6 +45,10 @@ pub(crate) struct FencedWrite<'a> {
     pub(crate) operation: &'static str,
     pub(crate) fence: Option<Fence>,
     pub(crate) read_top_early: bool,
+    /// The act judges the write itself (a finish, an enqueue, a reopen:
+    /// their rules need the lifecycle record too); the skeleton applies
+    /// no rule to it, not even the unfenced one.
+    pub(crate) judged_in_act: bool,
 }
 
 impl<'a> FencedWrite<'a> {
@@ -53,6 +58,7 @@ impl<'a> FencedWrite<'a> {
             operation,
             fence,
             read_top_early: false,
+            judged_in_act: false,
         }
     }
 
@@ -92,8 +98,12 @@ impl Inner {
         let prepared = prepare(&ctx, &run_dir, top0.as_ref()).map_err(|e| self.note(e))?;
         let _lock = RunLock::acquire(&run_dir, Mode::Exclusive, self.durability, &ctx)?;
         let top = claims::read_top(&run_dir, &ctx)?;
-        if let Some(f) = w.fence {
-            self.check_fence(&ctx, &run_dir, f, top.as_ref(), w.scope)?;
+        match w.fence {
+            Some(f) => self.check_fence(&ctx, &run_dir, f, top.as_ref(), w.scope)?,
+            None if !w.judged_in_act => {
+                check_unfenced_write(&w.scope.run_id, w.operation, top.as_ref())?
+            }
+            None => {}
         }
         testing_hooks::pause("after-fence-check");
         act(&ctx, &run_dir, top.as_ref(), prepared).map_err(|e| self.note(e))
@@ -112,6 +122,19 @@ impl Inner {
             |_, _, _| Ok(()),
             |ctx, run_dir, top, ()| act(ctx, run_dir, top),
         )
+    }
+
+    /// [`Inner::locked_write`] for a write whose act judges it itself
+    /// ([`FencedWrite::judged_in_act`]).
+    pub(crate) fn judged_write<T>(
+        &self,
+        scope: &RunScope,
+        operation: &'static str,
+        act: impl FnOnce(&Ctx, &Path, Option<&TopHolding>) -> Result<T>,
+    ) -> Result<T> {
+        let mut w = FencedWrite::new(scope, operation, None);
+        w.judged_in_act = true;
+        self.fenced_write(w, |_, _, _| Ok(()), |ctx, run_dir, top, ()| act(ctx, run_dir, top))
     }
 
     /// The fence rule (the core's), recording every refusal in the run's

@@ -333,8 +333,14 @@ where
     T: Send + 'static,
     F: FnOnce() -> Result<T> + Send + 'static,
 {
+    // The principal the task acts for (runkeep::acting) goes with the work
+    // to the blocking thread, where the fence checks read it.
+    let actor = runkeep::acting::current();
     match tokio::runtime::Handle::try_current() {
-        Ok(handle) => match handle.spawn_blocking(f).await {
+        Ok(handle) => match handle
+            .spawn_blocking(move || runkeep::acting::sync_scope(actor, f))
+            .await
+        {
             Ok(r) => r,
             Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
             Err(e) => Err(Error::Backend {

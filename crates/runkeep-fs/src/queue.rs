@@ -66,7 +66,7 @@ impl Inner {
             },
             0,
         );
-        let rebuild = self.locked_write(scope, "enqueue", None, |ctx, run_dir, _| {
+        let rebuild = self.judged_write(scope, "enqueue", |ctx, run_dir, _| {
             check_enqueue(self.run_exists(run_dir, ctx)?, &scope.run_id)?;
             // The record first: a crash before the checkpoint leaves a run
             // that does not exist yet (no checkpoint), which enqueue may
@@ -142,7 +142,7 @@ impl Inner {
         .map_err(|e| self.note(e))?;
         // The fence is checked under the lock by `finish_locked` (after the
         // finished-run check, as above).
-        self.locked_write(scope, "finish", None, |ctx, run_dir, _| {
+        self.judged_write(scope, "finish", |ctx, run_dir, _| {
             self.finish_locked(ctx, run_dir, scope, fence, outcome, now, Some((l0, temp)))
         })
     }
@@ -204,7 +204,7 @@ impl Inner {
         if !run_dir.is_dir() || !self.run_exists(&run_dir, &ctx)? {
             return Err(not_found());
         }
-        self.locked_write(scope, "reopen", None, |ctx, run_dir, _| {
+        self.judged_write(scope, "reopen", |ctx, run_dir, _| {
             let real = claims::read_holding(run_dir, ctx)?;
             let state = run_state::read_state(run_dir, ctx)?;
             let l = lifecycle::after_reopen(&scope.run_id, &state.lifecycle)?;

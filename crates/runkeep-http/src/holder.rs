@@ -2,8 +2,9 @@
 //! the token it was claimed through ([`TAG`]). Answers show the name alone
 //! ([`display`]).
 
-/// What separates a holder from the token it was claimed through.
-pub const TAG: &str = " ~token:";
+/// What separates a holder from the token it was claimed through (the
+/// core's: the store judges a write's actor by it, `runkeep::acting`).
+pub use runkeep::acting::TAG;
 
 /// The holder as its claimer named it (the token tag removed).
 pub fn display(holder: &str) -> &str {

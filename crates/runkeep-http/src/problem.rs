@@ -119,6 +119,7 @@ impl ProblemType {
             Error::NotFound { .. } => ProblemType::NotFound,
             Error::InvalidInput { .. } => ProblemType::InvalidInput,
             Error::FencedOut { .. } => ProblemType::FencedOut,
+            Error::NotYourHolding { .. } => ProblemType::Forbidden,
             Error::Contended { .. } => ProblemType::Contended,
             Error::Conflict { .. } => ProblemType::Conflict,
             Error::Unsupported { .. } => ProblemType::Unsupported,
@@ -154,16 +155,20 @@ pub struct Problem {
     /// (`step.events[0].type`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub field: Option<String>,
-    /// The run the problem is about (`fenced-out`, `contended`).
+    /// The run the problem is about (`fenced-out`, `contended`, and
+    /// `forbidden` for another principal's holding).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub run: Option<String>,
-    /// The refused operation (`fenced-out`).
+    /// The refused operation (`fenced-out`; `forbidden` for another
+    /// principal's holding).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub operation: Option<String>,
-    /// The fence the caller presented (`fenced-out`).
+    /// The fence the caller presented (`fenced-out`; `forbidden` for
+    /// another principal's holding, absent for an unfenced write).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub presented: Option<u64>,
-    /// The run's current fence (`fenced-out`).
+    /// The run's current fence (`fenced-out`; `forbidden`: the fence of
+    /// the holding that is another principal's).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub current: Option<u64>,
     /// Claim attempts lost (`contended`).
@@ -288,6 +293,21 @@ impl Problem {
                 message: detail,
                 source: None,
             },
+            // Another principal's holding (the store's refusal carries the
+            // run and the holding's fence; a role refusal carries neither).
+            Some(ProblemType::Forbidden) if !run.is_empty() && self.current.is_some() => {
+                match fence(self.current) {
+                    Some(f) => Error::NotYourHolding {
+                        run,
+                        operation,
+                        fence: f,
+                        fenced: self.presented.is_some(),
+                    },
+                    None => Error::corrupted(format!(
+                        "the server answered forbidden with a fence that is not one: {detail}"
+                    )),
+                }
+            }
             Some(ProblemType::Unauthorized)
             | Some(ProblemType::Forbidden)
             | Some(ProblemType::MethodNotAllowed)
@@ -314,7 +334,9 @@ impl From<Error> for Problem {
             Error::InvalidInput { message } => redact_paths(message),
             Error::Conflict { message } => redact_paths(message),
             Error::Unsupported { message } => redact_paths(message),
-            Error::FencedOut { .. } | Error::Contended { .. } => error.to_string(),
+            Error::FencedOut { .. } | Error::Contended { .. } | Error::NotYourHolding { .. } => {
+                error.to_string()
+            }
             Error::Corrupted { .. } => {
                 tracing::error!(error = %error, "stored data could not be read");
                 "stored data of this run could not be read; nothing was changed. An operator can find it with `runkeep doctor`".to_string()
@@ -344,6 +366,17 @@ impl From<Error> for Problem {
                 p.operation = Some(operation.to_string());
                 p.presented = Some(presented.get());
                 p.current = Some(current.get());
+            }
+            Error::NotYourHolding {
+                run,
+                operation,
+                fence,
+                fenced,
+            } => {
+                p.run = Some(run);
+                p.operation = Some(operation.to_string());
+                p.presented = fenced.then_some(fence.get());
+                p.current = Some(fence.get());
             }
             Error::Contended { run, attempts } => {
                 p.run = Some(run);

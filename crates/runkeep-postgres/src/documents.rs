@@ -171,10 +171,12 @@ pub(crate) async fn read_report(store: &PgStore, scope: &RunScope) -> Result<Opt
 
 /// A document write: `columns` set to `values` (`$6`, `$7`, …).
 ///
-/// Fenced: under the row lock and the fence check (the row exists then: a
-/// fence needs a holding). Unfenced: nothing to judge, so one statement on
-/// its own, an upsert that creates the run's row when absent (one round
-/// trip; its reply is its commit).
+/// Fenced, or unfenced while acting for a principal (`runkeep::acting`: the
+/// holding on top must not be another principal's): under the row lock and
+/// the write rule (a fenced write's row exists: a fence needs a holding; an
+/// unfenced one creates it). Unfenced and acting for no one: nothing to
+/// judge, so one statement on its own, an upsert that creates the run's row
+/// when absent (one round trip; its reply is its commit).
 async fn write_document(
     store: &PgStore,
     what: &'static str,
@@ -184,7 +186,7 @@ async fn write_document(
     values: Vec<Param>,
 ) -> Result<()> {
     let key = Key::of(scope);
-    let Some(fence) = fence else {
+    if fence.is_none() && runkeep::acting::current().is_none() {
         let names = columns.join(", ");
         let slots: Vec<String> = (6..6 + columns.len()).map(|i| format!("${i}")).collect();
         let set: Vec<String> = columns
@@ -201,20 +203,24 @@ async fn write_document(
             key.owned(values),
         );
         return store.write_alone(what, upsert).await;
-    };
+    }
     let set: Vec<String> = columns
         .iter()
         .enumerate()
         .map(|(i, c)| format!("{c} = ${}", i + 6))
         .collect();
+    let opening = Opening {
+        create: fence.is_none(),
+        ..Opening::default()
+    };
     let update = Stmt::new(
         "write a document",
         format!("UPDATE runs SET {} WHERE {KEY_WHERE}", set.join(", ")),
         key.owned(values),
     );
     store
-        .write_locked(what, scope, Opening::default(), |l| {
-            l.run.check(scope, what, Some(fence))?;
+        .write_locked(what, scope, opening, |l| {
+            l.run.check(scope, what, fence)?;
             Ok(Verdict::Write((), Writes::default().stmt(update)))
         })
         .await

@@ -7,7 +7,7 @@ use serde_json::{Map, Value};
 use tokio_postgres::types::ToSql;
 use tokio_postgres::Row;
 
-use runkeep::lease::check_write_fence;
+use runkeep::lease::check_write;
 use runkeep::{
     Checkpoint, Error, Fence, Holder, Lifecycle, Result, RunDigest, RunScope, Timestamp, TopHolding,
 };
@@ -35,10 +35,7 @@ impl RunState {
         operation: &'static str,
         fence: Option<Fence>,
     ) -> Result<()> {
-        match fence {
-            Some(f) => check_write_fence(&scope.run_id, operation, f, self.top.as_ref()),
-            None => Ok(()),
-        }
+        check_write(&scope.run_id, operation, fence, self.top.as_ref())
     }
 
     pub(crate) fn checkpoint_count(&self) -> u64 {

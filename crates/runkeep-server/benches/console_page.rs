@@ -66,7 +66,6 @@ fn bench(c: &mut Criterion) {
             .unwrap();
     });
     let state = AppState {
-        owners: Default::default(),
         store: store.clone() as Arc<dyn RunStore>,
         auth: Arc::new(StaticTokens::new().with(TOKEN, tenant.clone(), Role::Reader)),
         metrics: Arc::new(Metrics::new()),

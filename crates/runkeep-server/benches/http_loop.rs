@@ -42,7 +42,6 @@ fn serve(store: Arc<dyn RunStore>) -> String {
         rt.block_on(async move {
             let listener = tokio::net::TcpListener::from_std(listener).unwrap();
             let state = AppState {
-                owners: Default::default(),
                 store,
                 auth: Arc::new(StaticTokens::new().with(TOKEN, tenant(), Role::Worker)),
                 metrics: Arc::new(Metrics::default()),

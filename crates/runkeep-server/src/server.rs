@@ -507,7 +507,6 @@ pub fn state(config: &ServerConfig, store: Arc<dyn RunStore>) -> Result<AppState
     )?;
     let auth: SharedAuthenticator = Arc::new(tokens);
     Ok(AppState {
-        owners: Default::default(),
         store,
         auth,
         metrics: Arc::new(Metrics::new()),

@@ -17,6 +17,4 @@ pub struct AppState {
     pub auth: SharedAuthenticator,
     /// Counters for `/metrics`.
     pub metrics: Arc<Metrics>,
-    /// Which token took which holding ([`crate::api::ownership`]).
-    pub owners: Arc<crate::api::ownership::Owners>,
 }

@@ -492,7 +492,6 @@ async fn malformed_bodies_unknown_routes_and_methods_are_problem_details() {
 async fn an_oversized_body_is_refused_with_413_and_changes_nothing() {
     let store: Arc<dyn RunStore> = Arc::new(runkeep::MemoryStore::new());
     let state = runkeep_server::state::AppState {
-        owners: Default::default(),
         store: store.clone(),
         auth: Arc::new(common::tokens()),
         metrics: Arc::new(runkeep_server::metrics::Metrics::default()),

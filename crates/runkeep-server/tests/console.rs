@@ -24,7 +24,6 @@ use tower::ServiceExt;
 
 fn the_app() -> Router {
     let state = AppState {
-        owners: Default::default(),
         store: Arc::new(MemoryStore::new()) as Arc<dyn RunStore>,
         auth: Arc::new(StaticTokens::new()),
         metrics: Arc::new(Metrics::new()),

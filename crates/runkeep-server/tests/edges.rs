@@ -25,7 +25,6 @@ const TOKEN: &str = "edges-reader";
 /// The real app (`server::app`) on the real connection loop.
 async fn start() -> (SocketAddr, tokio::sync::oneshot::Sender<()>) {
     let state = AppState {
-        owners: Default::default(),
         store: Arc::new(MemoryStore::new()) as Arc<dyn RunStore>,
         auth: Arc::new(StaticTokens::new().with(
             TOKEN,

@@ -235,7 +235,10 @@ async fn hands_over_the_step_and_the_next_run(s: Served) {
         .commit_step(&b, lease.fence, &step_noting("hijack"))
         .await
         .unwrap_err();
-    assert!(matches!(e, Error::Unsupported { .. }), "403 expected: {e}");
+    assert!(
+        matches!(e, Error::NotYourHolding { fence, fenced: true, .. } if fence == lease.fence),
+        "403 not-your-holding expected: {e}"
+    );
     assert_eq!(event_count(&s.backing, &b).await, 1);
 }
 

@@ -448,7 +448,6 @@ async fn a_shutdown_ends_event_streams_instead_of_waiting_for_them() {
 
 fn memory_state() -> AppState {
     AppState {
-        owners: Default::default(),
         store: Arc::new(MemoryStore::new()) as Arc<dyn RunStore>,
         auth: Arc::new(StaticTokens::new()),
         metrics: Arc::new(Metrics::new()),
@@ -503,7 +502,6 @@ fn pg_state(url: &str) -> AppState {
         runkeep_postgres::PgStore::open_migrated(url, runkeep_postgres::PgOptions::default())
             .unwrap();
     AppState {
-        owners: Default::default(),
         store: Arc::new(store),
         ..memory_state()
     }
@@ -575,7 +573,6 @@ async fn readyz_is_503_when_the_store_does_not_answer_in_time() {
 async fn a_shutdown_of_the_real_app_ends_the_apis_event_tail() {
     let tenant = runkeep::TenantId::new("default").unwrap();
     let state = AppState {
-        owners: Default::default(),
         auth: Arc::new(StaticTokens::new().with(
             "reader-secret",
             tenant,
@@ -620,7 +617,6 @@ async fn a_shutdown_of_the_real_app_ends_the_apis_event_tail() {
 async fn the_real_app_applies_the_body_limit_to_api_routes() {
     let tenant = runkeep::TenantId::new("default").unwrap();
     let state = AppState {
-        owners: Default::default(),
         auth: Arc::new(StaticTokens::new().with(
             "worker-secret",
             tenant,

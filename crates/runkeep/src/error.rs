@@ -51,6 +51,26 @@ pub enum Error {
         current: Fence,
     },
 
+    /// The write was made for a principal ([`crate::acting`]) other than the
+    /// one that claimed the run's current holding: a fenced write at the
+    /// top holding's fence by someone else, or an unfenced write while
+    /// someone else's lease (live or expired) is on top. Nothing was
+    /// changed. Act only on holdings you claimed; claim the run first.
+    #[error(
+        "not your holding: {operation} on run {run}{}: the holding at fence {fence} was claimed by another principal; act only on holdings you claimed yourself (claim the run first), or use an operator's override",
+        if *.fenced { "" } else { " without a fence" }
+    )]
+    NotYourHolding {
+        /// The run.
+        run: String,
+        /// The operation that was refused.
+        operation: &'static str,
+        /// The fence of the holding that is not the caller's.
+        fence: Fence,
+        /// The write presented a fence (`false`: an unfenced write).
+        fenced: bool,
+    },
+
     /// A claim lost every attempt to other takers of the same run. Nobody is
     /// known to hold it live; retrying later may succeed.
     #[error(
@@ -203,6 +223,7 @@ impl Error {
             Error::NotFound { .. } => "not_found",
             Error::InvalidInput { .. } => "invalid_input",
             Error::FencedOut { .. } => "fenced_out",
+            Error::NotYourHolding { .. } => "not_your_holding",
             Error::Contended { .. } => "contended",
             Error::Conflict { .. } => "conflict",
             Error::Unsupported { .. } => "unsupported",

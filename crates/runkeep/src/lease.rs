@@ -14,6 +14,7 @@ use std::fmt;
 
 use serde::{Deserialize, Serialize};
 
+use crate::acting;
 use crate::error::{Error, Result};
 use crate::id::{Holder, RunId};
 use crate::time::{Timestamp, Ttl};
@@ -304,14 +305,18 @@ pub fn decide_claim(
 
 /// The release rule: only the fence that is currently the top live-or-expired
 /// holding releases; anything else is a no-op. Returns the tombstone's fence
-/// to publish.
+/// to publish. Acting for a principal ([`crate::acting`]), the holding must
+/// be that principal's, else [`Error::NotYourHolding`].
 pub fn decide_release(
     run: &RunId,
     top: Option<&TopHolding>,
     fence: Fence,
 ) -> Result<Option<Fence>> {
     match top {
-        Some(TopHolding::Lease { fence: f, .. }) if *f == fence => Ok(Some(fence.next(run)?)),
+        Some(TopHolding::Lease { fence: f, .. }) if *f == fence => {
+            acting::check(run, "release", Some(fence), top, acting::current().as_ref())?;
+            Ok(Some(fence.next(run)?))
+        }
         _ => Ok(None),
     }
 }
@@ -324,6 +329,9 @@ pub fn decide_release(
 ///   and the tombstone's own number, belong to nobody);
 /// - a fence above every issued one was never issued ⇒ [`Error::InvalidInput`]
 ///   (fabricated, or another run's fence passed by mistake);
+/// - the write is made for a principal other than the one that claimed the
+///   top holding ⇒ [`Error::NotYourHolding`] ([`crate::acting`]: judged here,
+///   on the holding the fence was judged on, so nothing lands in between);
 /// - otherwise (the top holding's own fence, live or lapsed-but-not-superseded)
 ///   the write proceeds.
 pub fn check_write_fence(
@@ -351,7 +359,34 @@ pub fn check_write_fence(
             "{operation} on run {run} presented fence {presented}, but the highest fence ever issued for this run is {current}; it was never issued"
         )));
     }
-    Ok(())
+    acting::check(run, operation, Some(presented), Some(top), acting::current().as_ref())
+}
+
+/// The write rule for an unfenced write: always admitted, except acting for
+/// a principal while another principal's lease (live or expired) is on top
+/// ⇒ [`Error::NotYourHolding`] ([`crate::acting`]). Stamped with that
+/// holding's fence ([`stamp_fence`]) it would pass for the holder's work.
+pub fn check_unfenced_write(
+    run: &RunId,
+    operation: &'static str,
+    top: Option<&TopHolding>,
+) -> Result<()> {
+    acting::check(run, operation, None, top, acting::current().as_ref())
+}
+
+/// [`check_write_fence`] with a fence, [`check_unfenced_write`] without:
+/// the rule every write of a run is judged by, on the holding read under
+/// the backend's lock or transaction.
+pub fn check_write(
+    run: &RunId,
+    operation: &'static str,
+    presented: Option<Fence>,
+    top: Option<&TopHolding>,
+) -> Result<()> {
+    match presented {
+        Some(f) => check_write_fence(run, operation, f, top),
+        None => check_unfenced_write(run, operation, top),
+    }
 }
 
 /// The fence a write is stamped with: the presented one, or for an unfenced

@@ -22,6 +22,7 @@
 //! - **One error enum** ([`Error`]), one meaning per variant; fenced out is its
 //!   own variant carrying both fences.
 
+pub mod acting;
 pub mod checkpoint;
 pub mod error;
 pub mod evidence;

@@ -21,7 +21,7 @@ use crate::evidence::{
 };
 use crate::id::CheckpointId;
 use crate::lease::{
-    check_write_fence, decide_release, stamp_fence, ClaimOptions, ClaimOutcome, Fence, Lease,
+    check_write, check_write_fence, decide_release, stamp_fence, ClaimOptions, ClaimOutcome, Fence, Lease,
     LeaseSummary, TopHolding,
 };
 use crate::lifecycle::{self, EnqueueOptions, Lifecycle, Outcome};
@@ -48,10 +48,7 @@ struct RunState {
 
 impl RunState {
     fn check(&self, scope: &RunScope, operation: &'static str, fence: Option<Fence>) -> Result<()> {
-        match fence {
-            Some(f) => check_write_fence(&scope.run_id, operation, f, self.top.as_ref()),
-            None => Ok(()),
-        }
+        check_write(&scope.run_id, operation, fence, self.top.as_ref())
     }
 
     fn row(&self, scope: &RunScope, now: Timestamp) -> Option<RunRow> {

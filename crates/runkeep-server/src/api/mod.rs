@@ -15,7 +15,9 @@
 //! 4. a role below the route's → 403 `forbidden`.
 //!
 //! Writes carry their fence to the store, which checks it; the server never
-//! compares fences itself. Three operations need `operator` when they carry
+//! compares fences itself. A worker's request acts for its token
+//! (`runkeep::acting`): the store also refuses, under the same lock as the
+//! fence, its act on a holding another token claimed ([`ownership`]). Three operations need `operator` when they carry
 //! no fence (an operator's override: release of whoever holds a run, a park
 //! answer, a prune) and `worker` with one (the holder's own act); the
 //! table says so ([`RouteSpec::unfenced_role`]).
@@ -264,9 +266,24 @@ pub async fn guard(
     if let Err(p) = principal.require(role) {
         return p.with_instance(path).into_response();
     }
+    // A worker's (or reader's) writes are made for its token: the store
+    // refuses its act on a holding another token claimed, judged with the
+    // fence under the store's lock (`runkeep::acting`, `ownership`).
+    // An operator acts for no one: it may override.
+    let actor = if principal.role < Role::Operator {
+        match runkeep::acting::Actor::new(&principal.token_id) {
+            Ok(a) => Some(a),
+            Err(e) => return Problem::from(e).with_instance(path).into_response(),
+        }
+    } else {
+        None
+    };
     parts.extensions.insert(principal);
     req = Request::from_parts(parts, body);
-    next.run(req).await
+    match actor {
+        Some(a) => runkeep::acting::scope(a, next.run(req)).await,
+        None => next.run(req).await,
+    }
 }
 
 #[cfg(test)]

@@ -150,9 +150,6 @@ pub(super) async fn claim_next(
         let got = state.store.claim_next(&scope, &filter, &options).await?;
         if let Some((run, lease)) = got {
             state.metrics.record_claim("acquired");
-            state
-                .owners
-                .remember(&run, lease.fence, &principal.token_id);
             return Ok(Json(ClaimNextAnswer {
                 claimed: Some(Claimed {
                     run: (&run).into(),

@@ -93,7 +93,6 @@ impl TestServer {
             rt.block_on(async move {
                 let listener = tokio::net::TcpListener::from_std(listener).unwrap();
                 let state = AppState {
-                    owners: Default::default(),
                     store,
                     auth: Arc::new(tokens()),
                     metrics: Arc::new(Metrics::default()),

@@ -65,7 +65,6 @@ impl InProcessServer {
                         store,
                         auth: Arc::new(StaticTokens::new().with(secret, tenant, Role::Operator)),
                         metrics: Arc::new(Metrics::new()),
-                        owners: Default::default(),
                     };
                     let config = ServerConfig {
                         listen: SocketAddr::from(([127, 0, 0, 1], 0)),
