@@ -296,6 +296,15 @@ macro_rules! __runkeep_cases {
             wakes_an_events_watcher_after_an_append,
         }
     };
+    // Writes made for a principal (`cases::actors`): in process only, where
+    // a caller can choose the principal it acts for.
+    (@actors [$($mode:tt)*]) => {
+        $crate::__runkeep_cases! {@expand [$($mode)*]
+            refuses_every_fenced_act_on_a_holding_another_principal_claimed,
+            refuses_a_fence_issued_to_another_principal_after_the_act_was_prepared,
+            refuses_an_unfenced_write_for_another_principal_under_a_live_or_expired_lease,
+        }
+    };
     (@expand [tests $factory:path] $($case:ident),* $(,)?) => {
         $(
             #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -316,14 +325,26 @@ macro_rules! __runkeep_cases {
 
 /// Emits one `#[tokio::test]` per conformance case, each building a fresh
 /// fixture with `factory` (an `async fn() -> Fixture` in scope).
+///
+/// `conformance_tests!(factory, over_http)` is for a client whose principal
+/// is fixed by its credentials (`HttpStore`): it leaves out the cases of
+/// writes made for a chosen principal ([`cases`]' `actors`), which such a
+/// client cannot make; the server checks that rule through two tokens in
+/// its own tests.
 #[macro_export]
 macro_rules! conformance_tests {
     ($factory:path) => {
+        $crate::__runkeep_cases!(@list [tests $factory]);
+        $crate::__runkeep_cases!(@actors [tests $factory]);
+    };
+    ($factory:path, over_http) => {
         $crate::__runkeep_cases!(@list [tests $factory]);
     };
 }
 
 /// Every case, by name.
 pub fn all_cases() -> Vec<Case> {
-    __runkeep_cases!(@list [registry])
+    let mut cases = __runkeep_cases!(@list [registry]);
+    cases.extend(__runkeep_cases!(@actors [registry]));
+    cases
 }

@@ -23,7 +23,7 @@ async fn memory() -> Fixture {
     Fixture::new(Arc::new(store), 2, server).with_clock(clock)
 }
 
-runkeep_conformance::conformance_tests!(memory);
+runkeep_conformance::conformance_tests!(memory, over_http);
 
 mod directory {
     use super::*;
@@ -50,7 +50,7 @@ mod directory {
         Fixture::new(Arc::new(store), 2, (server, dir)).with_clock(clock)
     }
 
-    runkeep_conformance::conformance_tests!(directory);
+    runkeep_conformance::conformance_tests!(directory, over_http);
 }
 
 /// Through the server on the root of many tenants (`FsRootStore`, what
@@ -75,5 +75,5 @@ mod directory_root {
         Fixture::new(Arc::new(store), 2, (server, dir)).with_clock(clock)
     }
 
-    runkeep_conformance::conformance_tests!(root);
+    runkeep_conformance::conformance_tests!(root, over_http);
 }

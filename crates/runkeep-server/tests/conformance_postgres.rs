@@ -105,4 +105,4 @@ async fn postgres() -> Fixture {
     Fixture::new(Arc::new(client), 2, (server, RtGuard(Some(rt)), guard)).with_clock(clock)
 }
 
-runkeep_conformance::conformance_tests!(postgres);
+runkeep_conformance::conformance_tests!(postgres, over_http);

@@ -2,6 +2,7 @@
 //! env)` ([`crate::CaseEnv`]: the declared revision and the store clock)
 //! and panics with a message naming what broke.
 
+mod actors;
 mod attempts;
 mod checkpoints;
 mod claims;
@@ -18,6 +19,7 @@ mod queue;
 mod step;
 mod watch;
 
+pub use actors::*;
 pub use attempts::*;
 pub use checkpoints::*;
 pub use claims::*;
