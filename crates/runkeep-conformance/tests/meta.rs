@@ -758,6 +758,63 @@ async fn a_store_judging_claims_on_the_machine_clock_fails_the_store_clock_cases
             "refuses_a_finish_under_a_stale_released_or_never_issued_fence",
             "reopens_a_finished_run_at_a_fence_above_every_fence_issued",
             "leaves_nothing_of_a_step_refused_for_its_fence",
+            "refuses_an_unfenced_write_for_another_principal_under_a_live_or_expired_lease",
+        ],
+    );
+}
+
+/// A store that does its writes on another task without carrying the
+/// principal it acts for (`runkeep::acting`): the fence rule holds, the
+/// actor rule is lost, as in a backend that forgot to carry it to its I/O.
+#[derive(Debug)]
+struct LosesTheActor(Arc<MemoryStore>);
+
+#[async_trait]
+impl Intercept for LosesTheActor {
+    fn inner(&self) -> &dyn RunStore {
+        self.0.as_ref()
+    }
+    async fn write_checkpoint(
+        &self,
+        scope: &RunScope,
+        cp: &Checkpoint,
+        fence: Option<Fence>,
+    ) -> Result<Checkpoint> {
+        let (inner, scope, cp) = (self.0.clone(), scope.clone(), cp.clone());
+        tokio::spawn(async move { inner.write_checkpoint(&scope, &cp, fence).await })
+            .await
+            .expect("write task")
+    }
+    async fn finish(
+        &self,
+        scope: &RunScope,
+        fence: Fence,
+        outcome: &runkeep::Outcome,
+    ) -> Result<runkeep::Lifecycle> {
+        let (inner, scope, outcome) = (self.0.clone(), scope.clone(), outcome.clone());
+        tokio::spawn(async move { inner.finish(&scope, fence, &outcome).await })
+            .await
+            .expect("finish task")
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_store_losing_the_actor_fails_the_actor_cases_only() {
+    let failed = failures(
+        |clock| {
+            Arc::new(Intercepted(LosesTheActor(Arc::new(
+                MemoryStore::with_clock(Arc::new(clock)),
+            ))))
+        },
+        runkeep_conformance::CONTRACT_VERSION,
+    )
+    .await;
+    assert_fails_exactly(
+        &failed,
+        &[
+            "refuses_every_fenced_act_on_a_holding_another_principal_claimed",
+            "refuses_a_fence_issued_to_another_principal_after_the_act_was_prepared",
+            "refuses_an_unfenced_write_for_another_principal_under_a_live_or_expired_lease",
         ],
     );
 }
