@@ -134,7 +134,11 @@ impl Inner {
     ) -> Result<T> {
         let mut w = FencedWrite::new(scope, operation, None);
         w.judged_in_act = true;
-        self.fenced_write(w, |_, _, _| Ok(()), |ctx, run_dir, top, ()| act(ctx, run_dir, top))
+        self.fenced_write(
+            w,
+            |_, _, _| Ok(()),
+            |ctx, run_dir, top, ()| act(ctx, run_dir, top),
+        )
     }
 
     /// The fence rule (the core's), recording every refusal in the run's

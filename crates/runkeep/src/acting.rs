@@ -187,7 +187,10 @@ mod tests {
         for expires in [0, 4_000_000_000_000] {
             let top = lease(1, "w1 ~token:a", expires);
             let e = check(&run(), "op", None, Some(&top), Some(&b)).unwrap_err();
-            assert!(matches!(e, Error::NotYourHolding { fenced: false, .. }), "{e:?}");
+            assert!(
+                matches!(e, Error::NotYourHolding { fenced: false, .. }),
+                "{e:?}"
+            );
             let own = lease(1, "w1 ~token:b", expires);
             assert!(check(&run(), "op", None, Some(&own), Some(&b)).is_ok());
         }

@@ -359,7 +359,13 @@ pub fn check_write_fence(
             "{operation} on run {run} presented fence {presented}, but the highest fence ever issued for this run is {current}; it was never issued"
         )));
     }
-    acting::check(run, operation, Some(presented), Some(top), acting::current().as_ref())
+    acting::check(
+        run,
+        operation,
+        Some(presented),
+        Some(top),
+        acting::current().as_ref(),
+    )
 }
 
 /// The write rule for an unfenced write: always admitted, except acting for

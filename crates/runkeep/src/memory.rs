@@ -21,8 +21,8 @@ use crate::evidence::{
 };
 use crate::id::CheckpointId;
 use crate::lease::{
-    check_write, check_write_fence, decide_release, stamp_fence, ClaimOptions, ClaimOutcome, Fence, Lease,
-    LeaseSummary, TopHolding,
+    check_write, check_write_fence, decide_release, stamp_fence, ClaimOptions, ClaimOutcome, Fence,
+    Lease, LeaseSummary, TopHolding,
 };
 use crate::lifecycle::{self, EnqueueOptions, Lifecycle, Outcome};
 use crate::listing::{ListOptions, ListQuery, RunDigest, RunPage, RunRow};

@@ -110,7 +110,12 @@ pub async fn refuses_every_fenced_act_on_a_holding_another_principal_claimed(
             true,
             "write_messages",
         );
-        expect_not_yours(s.write_report(&r, "x", Some(f)).await, f, true, "write_report");
+        expect_not_yours(
+            s.write_report(&r, "x", Some(f)).await,
+            f,
+            true,
+            "write_report",
+        );
         expect_not_yours(
             s.append_audit(&r, &[NewAuditEvent::new("b", "x", "ok")], Some(f))
                 .await,
@@ -137,7 +142,12 @@ pub async fn refuses_every_fenced_act_on_a_holding_another_principal_claimed(
             true,
             "prune_checkpoints",
         );
-        expect_not_yours(s.commit_step(&r, f, &a_step("b")).await, f, true, "commit_step");
+        expect_not_yours(
+            s.commit_step(&r, f, &a_step("b")).await,
+            f,
+            true,
+            "commit_step",
+        );
         let next = NextClaim {
             scope: listing(),
             filter: ClaimNextFilter::default(),
@@ -150,12 +160,7 @@ pub async fn refuses_every_fenced_act_on_a_holding_another_principal_claimed(
             true,
             "commit_step_and_claim_next",
         );
-        expect_not_yours(
-            s.snooze(&r, f, Timestamp::now()).await,
-            f,
-            true,
-            "snooze",
-        );
+        expect_not_yours(s.snooze(&r, f, Timestamp::now()).await, f, true, "snooze");
         expect_not_yours(
             s.finish(&r, f, &Outcome::failed("hijacked")).await,
             f,
@@ -177,12 +182,20 @@ pub async fn refuses_every_fenced_act_on_a_holding_another_principal_claimed(
     assert_eq!(acting::bound_to(&top.holder), Some("a"), "{top:?}");
     let cps = store.list_checkpoints(&r).await.expect("list");
     assert_eq!(cps.len(), 1, "a refused act left a checkpoint: {cps:?}");
-    assert!(cps[0].pending.as_ref().is_some_and(|p| p.resolved_at.is_none()));
+    assert!(cps[0]
+        .pending
+        .as_ref()
+        .is_some_and(|p| p.resolved_at.is_none()));
     assert_eq!(event_count(&store, &r).await, 0);
     assert!(store.read_run_record(&r).await.expect("record").is_none());
     assert_eq!(store.read_report(&r).await.expect("report"), None);
     assert!(store.read_audit(&r, 0).await.expect("audit").is_empty());
-    assert!(!store.lifecycle(&r).await.expect("lifecycle").status.is_finished());
+    assert!(!store
+        .lifecycle(&r)
+        .await
+        .expect("lifecycle")
+        .status
+        .is_finished());
     // No run was claimed by the refused hand-over.
     let page = store
         .list_runs(&listing(), &Default::default())
@@ -238,7 +251,11 @@ pub async fn refuses_a_fence_issued_to_another_principal_after_the_act_was_prepa
         "finish at the fence just issued to a",
     );
     expect_not_yours(
-        as_actor("b", store.append_events(&r, &[event("x", json!({}))], Some(next))).await,
+        as_actor(
+            "b",
+            store.append_events(&r, &[event("x", json!({}))], Some(next)),
+        )
+        .await,
         next,
         true,
         "append_events at the fence just issued to a",
@@ -266,7 +283,11 @@ pub async fn refuses_an_unfenced_write_for_another_principal_under_a_live_or_exp
         "unfenced write under a's live lease",
     );
     env.clock().advance(1_500);
-    let lapsed = store.lease(&r, store.now()).await.expect("lease").expect("top");
+    let lapsed = store
+        .lease(&r, store.now())
+        .await
+        .expect("lease")
+        .expect("top");
     assert!(lapsed.expired, "the lease should have expired: {lapsed:?}");
     let s = &store;
     as_actor("b", async {

@@ -1,0 +1,613 @@
+//! A second worker token of a tenant cannot take over the runs another
+//! worker token holds (issue 26, item 1).
+//!
+//! The attack: any reader sees a run's next fence (`GET …/lease` + 1). A
+//! second worker token sends an act under that fence *before* the honest
+//! worker claims the run; if the holder were checked before the write and
+//! not with it, the act would pass the check (a fence above the top is
+//! "the store's to refuse") and reach the store after the claim made the
+//! fence valid: the run hijacked.
+//!
+//! - [`each_fenced_act_sent_before_the_claim_is_refused_after_it`] *forces*
+//!   that interleaving for every fenced act: a gate in front of the store
+//!   holds the attacker's request at the store's door until the honest
+//!   claim has landed, and asserts it did hold it there.
+//! - `*_flood_*` runs the attack as a user would, on the directory root and
+//!   on PostgreSQL, with two servers (each with its own store instance)
+//!   in front of one store: an attacker flooding both the top fence and
+//!   the next one while an honest worker drains the queue. Size:
+//!   `RUNKEEP_HIJACK_RUNS` (default 50; the closing numbers of issue 26 are
+//!   at 200). Every run must end completed by its honest worker, with no
+//!   foreign event.
+
+mod common;
+
+use std::collections::BTreeSet;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use runkeep::{
+    Checkpoint, CheckpointId, CheckpointStore, ClaimNextFilter, ClaimOptions, ClaimOutcome,
+    EnqueueOptions, Error, EvidenceStore, Fence, Handover, Holder, Lifecycle, NewEvent, NextClaim,
+    Outcome, ParkResolution, PersistedEvent, Result, RunScope, RunStatus, RunStore, Step,
+    StepReceipt, Timestamp, Ttl,
+};
+use runkeep_conformance::intercept::{Intercept, Intercepted};
+use runkeep_conformance::support;
+use runkeep_server::client::{HttpStore, HttpStoreOptions};
+use serde_json::{json, Map, Value};
+use tokio::sync::Notify;
+
+use common::{TestServer, WORKER_A, WORKER_A2};
+
+fn worker(server: &TestServer, token: &str) -> HttpStore {
+    HttpStore::new(
+        server.url(),
+        HttpStoreOptions {
+            request_timeout: Duration::from_secs(30),
+            ..Default::default()
+        },
+    )
+    .unwrap()
+    .with_token(support::tenant(), token)
+}
+
+fn claim_opts(holder: &str) -> ClaimOptions {
+    ClaimOptions::new(
+        Holder::new(holder).unwrap(),
+        Ttl::from_millis(60_000).unwrap(),
+    )
+}
+
+fn event(kind: &str) -> NewEvent {
+    NewEvent::new(kind, Map::new())
+}
+
+// ---------------------------------------------------------------------------
+// The forced interleaving.
+
+/// The fenced acts a worker can make, each sent by the attacker.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Act {
+    Finish,
+    Snooze,
+    Release,
+    AppendEvents,
+    CommitStep,
+    HandOver,
+    WriteCheckpoint,
+    ResolvePark,
+    Prune,
+    WriteRunRecord,
+}
+
+const ACTS: [Act; 10] = [
+    Act::Finish,
+    Act::Snooze,
+    Act::Release,
+    Act::AppendEvents,
+    Act::CommitStep,
+    Act::HandOver,
+    Act::WriteCheckpoint,
+    Act::ResolvePark,
+    Act::Prune,
+    Act::WriteRunRecord,
+];
+
+/// Holds the first call of the armed act at the store's door until told
+/// to go on, and says when it arrived there.
+#[derive(Debug)]
+struct Gate {
+    inner: Arc<dyn RunStore>,
+    armed: Mutex<Option<Act>>,
+    arrived: Notify,
+    go: Notify,
+    held: AtomicBool,
+}
+
+impl Gate {
+    async fn door(&self, act: Act) {
+        let hold = {
+            let mut armed = self.armed.lock().unwrap();
+            if *armed == Some(act) {
+                *armed = None;
+                true
+            } else {
+                false
+            }
+        };
+        if hold {
+            self.held.store(true, Ordering::SeqCst);
+            self.arrived.notify_one();
+            self.go.notified().await;
+        }
+    }
+}
+
+#[async_trait]
+impl Intercept for Gate {
+    fn inner(&self) -> &dyn RunStore {
+        self.inner.as_ref()
+    }
+    async fn finish(&self, s: &RunScope, f: Fence, o: &Outcome) -> Result<Lifecycle> {
+        self.door(Act::Finish).await;
+        self.inner.finish(s, f, o).await
+    }
+    async fn snooze(&self, s: &RunScope, f: Fence, until: Timestamp) -> Result<bool> {
+        self.door(Act::Snooze).await;
+        self.inner.snooze(s, f, until).await
+    }
+    async fn release(&self, s: &RunScope, f: Fence) -> Result<bool> {
+        self.door(Act::Release).await;
+        self.inner.release(s, f).await
+    }
+    async fn append_events(
+        &self,
+        s: &RunScope,
+        e: &[NewEvent],
+        f: Option<Fence>,
+    ) -> Result<Vec<PersistedEvent>> {
+        self.door(Act::AppendEvents).await;
+        self.inner.append_events(s, e, f).await
+    }
+    async fn commit_step(&self, s: &RunScope, f: Fence, step: &Step) -> Result<StepReceipt> {
+        self.door(Act::CommitStep).await;
+        self.inner.commit_step(s, f, step).await
+    }
+    async fn commit_step_and_claim_next(
+        &self,
+        s: &RunScope,
+        f: Fence,
+        step: &Step,
+        next: &NextClaim,
+    ) -> Result<Handover> {
+        self.door(Act::HandOver).await;
+        self.inner
+            .commit_step_and_claim_next(s, f, step, next)
+            .await
+    }
+    async fn write_checkpoint(
+        &self,
+        s: &RunScope,
+        cp: &Checkpoint,
+        f: Option<Fence>,
+    ) -> Result<Checkpoint> {
+        self.door(Act::WriteCheckpoint).await;
+        self.inner.write_checkpoint(s, cp, f).await
+    }
+    async fn resolve_park(
+        &self,
+        s: &RunScope,
+        id: &CheckpointId,
+        r: ParkResolution,
+        now: Timestamp,
+        f: Option<Fence>,
+    ) -> Result<Checkpoint> {
+        self.door(Act::ResolvePark).await;
+        self.inner.resolve_park(s, id, r, now, f).await
+    }
+    async fn prune_checkpoints(
+        &self,
+        s: &RunScope,
+        keep: usize,
+        f: Option<Fence>,
+    ) -> Result<Vec<CheckpointId>> {
+        self.door(Act::Prune).await;
+        self.inner.prune_checkpoints(s, keep, f).await
+    }
+    async fn write_run_record(
+        &self,
+        s: &RunScope,
+        r: &Map<String, Value>,
+        f: Option<Fence>,
+    ) -> Result<()> {
+        self.door(Act::WriteRunRecord).await;
+        self.inner.write_run_record(s, r, f).await
+    }
+}
+
+fn attack_step() -> Step {
+    Step {
+        events: vec![event("attack")],
+        finish: Some(Outcome::failed("hijacked")),
+        ..Step::default()
+    }
+}
+
+async fn attack(
+    store: &HttpStore,
+    act: Act,
+    r: &RunScope,
+    f: Fence,
+    park: &CheckpointId,
+) -> String {
+    let far = Timestamp::from_millis(Timestamp::now().as_millis() + 3_600_000).unwrap();
+    let result: Result<()> = match act {
+        Act::Finish => store
+            .finish(r, f, &Outcome::failed("hijacked"))
+            .await
+            .map(drop),
+        Act::Snooze => store.snooze(r, f, far).await.map(drop),
+        Act::Release => store.release(r, f).await.map(drop),
+        Act::AppendEvents => store
+            .append_events(r, &[event("attack")], Some(f))
+            .await
+            .map(drop),
+        Act::CommitStep => store.commit_step(r, f, &attack_step()).await.map(drop),
+        Act::HandOver => {
+            let next = NextClaim {
+                scope: support::listing(),
+                filter: ClaimNextFilter::default(),
+                options: claim_opts("attacker"),
+            };
+            store
+                .commit_step_and_claim_next(r, f, &attack_step(), &next)
+                .await
+                .map(drop)
+        }
+        Act::WriteCheckpoint => store
+            .write_checkpoint(r, &support::checkpoint("attack", 50), Some(f))
+            .await
+            .map(drop),
+        Act::ResolvePark => store
+            .resolve_park(
+                r,
+                park,
+                ParkResolution::Answer(json!("the attacker's answer")),
+                Timestamp::now(),
+                Some(f),
+            )
+            .await
+            .map(drop),
+        Act::Prune => store.prune_checkpoints(r, 0, Some(f)).await.map(drop),
+        Act::WriteRunRecord => {
+            let mut m = Map::new();
+            m.insert("by".into(), json!("attacker"));
+            store.write_run_record(r, &m, Some(f)).await
+        }
+    };
+    match result {
+        Err(Error::NotYourHolding {
+            fence,
+            fenced: true,
+            ..
+        }) if fence == f => "refused".into(),
+        other => format!("{other:?}"),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn each_fenced_act_sent_before_the_claim_is_refused_after_it() {
+    for act in ACTS {
+        let backing: Arc<dyn RunStore> = Arc::new(runkeep::MemoryStore::new());
+        let gate = Arc::new(Intercepted(Gate {
+            inner: backing.clone(),
+            armed: Mutex::new(None),
+            arrived: Notify::new(),
+            go: Notify::new(),
+            held: AtomicBool::new(false),
+        }));
+        let server = TestServer::start(gate.clone());
+        let honest = worker(&server, WORKER_A);
+        let attacker = worker(&server, WORKER_A2);
+        let r = support::run("victim");
+        let park = support::parked("park", 1, 1, None);
+        backing
+            .enqueue(&r, &park, &EnqueueOptions::default())
+            .await
+            .unwrap();
+        let checkpoints_before = backing.list_checkpoints(&r).await.unwrap().len();
+
+        // The next fence, as any reader sees it.
+        let next = match attacker.lease(&r, attacker.now()).await.unwrap() {
+            Some(l) => l.fence.next(&r.run_id).unwrap(),
+            None => Fence::new(1).unwrap(),
+        };
+        *gate.armed.lock().unwrap() = Some(act);
+        let sent = {
+            let (attacker, r, park_id) = (attacker.clone(), r.clone(), park.id.clone());
+            tokio::spawn(async move { attack(&attacker, act, &r, next, &park_id).await })
+        };
+        tokio::time::timeout(Duration::from_secs(20), gate.arrived.notified())
+            .await
+            .unwrap_or_else(|_| {
+                panic!("{act:?}: the attacker's request never reached the store's door")
+            });
+        // The honest claim lands while the attack waits at the door.
+        let lease = match honest.claim(&r, &claim_opts("honest")).await.unwrap() {
+            ClaimOutcome::Acquired(l) => l,
+            other => panic!("{act:?}: the honest claim answered {other:?}"),
+        };
+        assert_eq!(
+            lease.fence, next,
+            "{act:?}: the attacker aimed at the wrong fence"
+        );
+        gate.go.notify_one();
+        let outcome = sent.await.unwrap();
+        assert!(
+            gate.held.load(Ordering::SeqCst),
+            "{act:?}: the interleaving did not happen"
+        );
+        assert_eq!(
+            outcome, "refused",
+            "{act:?}: the act under a fence issued to another token after it was sent must be refused NotYourHolding"
+        );
+
+        // Nothing of the attack is in the store; the honest worker holds on.
+        let top = backing.lease(&r, backing.now()).await.unwrap().unwrap();
+        assert_eq!((top.fence, top.expired), (next, false), "{act:?}: {top:?}");
+        assert!(top.holder.starts_with("honest ~token:"), "{act:?}: {top:?}");
+        let events = backing.read_events(&r, &Default::default()).await.unwrap();
+        assert!(events.events.is_empty(), "{act:?}: {:?}", events.events);
+        let cps = backing.list_checkpoints(&r).await.unwrap();
+        assert_eq!(cps.len(), checkpoints_before, "{act:?}: {cps:?}");
+        assert!(
+            cps.iter()
+                .any(|c| c.pending.as_ref().is_some_and(|p| p.resolved_at.is_none())),
+            "{act:?}: the park was answered"
+        );
+        assert!(
+            backing.read_run_record(&r).await.unwrap().is_none(),
+            "{act:?}"
+        );
+        let l = backing.lifecycle(&r).await.unwrap();
+        assert_eq!(l.status, RunStatus::Active, "{act:?}");
+        // …and finishes its run itself.
+        let done = Step {
+            events: vec![event("work")],
+            finish: Some(Outcome::completed(None)),
+            ..Step::default()
+        };
+        honest
+            .commit_step(&r, lease.fence, &done)
+            .await
+            .unwrap_or_else(|e| panic!("{act:?}: the honest step was refused: {e}"));
+        drop(server);
+    }
+}
+
+// ---------------------------------------------------------------------------
+// The flood, on real backends, through two servers.
+
+fn runs_wanted() -> usize {
+    std::env::var("RUNKEEP_HIJACK_RUNS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(50)
+}
+
+#[derive(Default, Debug)]
+struct AttackCounts {
+    sent: AtomicU64,
+    not_yours: AtomicU64,
+    accepted: AtomicU64,
+}
+
+/// Floods the run the honest worker is on (the first of `runs` not yet
+/// finished: the queue drains in that order) with acts under its top
+/// fence and the next one, until `stop`.
+async fn flood(
+    attacker: HttpStore,
+    runs: Arc<Vec<RunScope>>,
+    stop: Arc<AtomicBool>,
+    counts: Arc<AttackCounts>,
+) {
+    let mut i = 0;
+    while !stop.load(Ordering::Relaxed) && i < runs.len() {
+        let r = &runs[i];
+        let Ok(top) = attacker.lease(r, attacker.now()).await else {
+            continue;
+        };
+        let targets: Vec<Fence> = match top {
+            // A tombstone above the first fence: finished (or released);
+            // on to the next run.
+            Some(l) if l.holder.is_empty() && l.fence.get() > 1 => {
+                i += 1;
+                continue;
+            }
+            Some(l) => [Some(l.fence), l.fence.next(&r.run_id).ok()]
+                .into_iter()
+                .flatten()
+                .collect(),
+            None => vec![Fence::new(1).unwrap()],
+        };
+        for f in targets {
+            for result in [
+                attacker
+                    .finish(r, f, &Outcome::failed("hijacked"))
+                    .await
+                    .map(drop),
+                attacker
+                    .append_events(r, &[event("attack")], Some(f))
+                    .await
+                    .map(drop),
+            ] {
+                counts.sent.fetch_add(1, Ordering::Relaxed);
+                match result {
+                    Ok(()) => {
+                        counts.accepted.fetch_add(1, Ordering::Relaxed);
+                    }
+                    Err(Error::NotYourHolding { .. }) => {
+                        counts.not_yours.fetch_add(1, Ordering::Relaxed);
+                    }
+                    Err(_) => {}
+                }
+            }
+        }
+    }
+}
+
+/// What the honest worker met.
+#[derive(Default, Debug)]
+struct Drained {
+    finished: usize,
+    refused: Vec<String>,
+}
+
+async fn drain(honest: HttpStore, expected: usize) -> Drained {
+    let mut out = Drained::default();
+    let mut idle = 0;
+    while out.finished + out.refused.len() < expected && idle < 200 {
+        let got = honest
+            .claim_next(
+                &support::listing(),
+                &ClaimNextFilter::default(),
+                &claim_opts("honest"),
+            )
+            .await
+            .expect("claim_next");
+        let Some((r, lease)) = got else {
+            idle += 1;
+            tokio::time::sleep(Duration::from_millis(10)).await;
+            continue;
+        };
+        let step = Step {
+            events: vec![event("work")],
+            finish: Some(Outcome::completed(None)),
+            ..Step::default()
+        };
+        match honest.commit_step(&r, lease.fence, &step).await {
+            Ok(_) => out.finished += 1,
+            Err(e) => out.refused.push(format!("{}: {e}", r.run_id)),
+        }
+    }
+    out
+}
+
+/// Runs the flood against two servers over `a` and `b` (two instances of
+/// one store) and checks every run.
+async fn hijack_flood(label: &str, a: Arc<dyn RunStore>, b: Arc<dyn RunStore>) {
+    let n = runs_wanted();
+    let runs: Vec<RunScope> = (0..n).map(|i| support::run(&format!("h{i:04}"))).collect();
+    for r in &runs {
+        a.enqueue(
+            r,
+            &support::checkpoint("start", 0),
+            &EnqueueOptions::default(),
+        )
+        .await
+        .unwrap();
+    }
+    let runs = Arc::new(runs);
+    let s1 = TestServer::start(a.clone());
+    let s2 = TestServer::start(b);
+    let stop = Arc::new(AtomicBool::new(false));
+    let counts = Arc::new(AttackCounts::default());
+    // Two keep-alive connections of the attacker, one per server.
+    let attackers: Vec<_> = [&s1, &s2]
+        .into_iter()
+        .map(|s| {
+            tokio::spawn(flood(
+                worker(s, WORKER_A2),
+                runs.clone(),
+                stop.clone(),
+                counts.clone(),
+            ))
+        })
+        .collect();
+    let drained = drain(worker(&s1, WORKER_A), n).await;
+    stop.store(true, Ordering::Relaxed);
+    for t in attackers {
+        t.await.unwrap();
+    }
+
+    let mut hijacked = BTreeSet::new();
+    let mut foreign = 0usize;
+    for r in runs.iter() {
+        let l = a.lifecycle(r).await.unwrap();
+        if l.status != RunStatus::Completed {
+            hijacked.insert(format!("{} {:?} {:?}", r.run_id, l.status, l.reason));
+        }
+        let events = a.read_events(r, &Default::default()).await.unwrap().events;
+        foreign += events.iter().filter(|e| e.event_type != "work").count();
+    }
+    eprintln!(
+        "{label}: {n} runs, honest finished {} (refused {}), hijacked {}, foreign events {foreign}; attacker sent {} acts: {} refused not-your-holding, {} accepted",
+        drained.finished,
+        drained.refused.len(),
+        hijacked.len(),
+        counts.sent.load(Ordering::Relaxed),
+        counts.not_yours.load(Ordering::Relaxed),
+        counts.accepted.load(Ordering::Relaxed),
+    );
+    assert!(
+        counts.sent.load(Ordering::Relaxed) > n as u64,
+        "{label}: the attacker hardly attacked"
+    );
+    assert!(hijacked.is_empty(), "{label}: hijacked: {hijacked:#?}");
+    assert_eq!(foreign, 0, "{label}: foreign events");
+    assert!(
+        drained.refused.is_empty(),
+        "{label}: {:#?}",
+        drained.refused
+    );
+    assert_eq!(drained.finished, n, "{label}");
+    assert_eq!(counts.accepted.load(Ordering::Relaxed), 0, "{label}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn directory_root_flood_through_two_servers_hijacks_nothing() {
+    use runkeep_fs::{FsRootOptions, FsRootStore};
+    let dir = tempfile::tempdir().unwrap();
+    let open = || -> Arc<dyn RunStore> {
+        Arc::new(FsRootStore::open(dir.path().join("root"), FsRootOptions::default()).unwrap())
+    };
+    hijack_flood("directory root", open(), open()).await;
+}
+
+mod postgres {
+    use super::*;
+    use runkeep_postgres::{PgOptions, PgStore};
+
+    /// A store connected on its own runtime (kept alive by the returned
+    /// guard), as a second process would be.
+    fn connect(url: &str, schema: &str) -> (Arc<dyn RunStore>, tokio::runtime::Runtime) {
+        let (url, schema) = (url.to_string(), schema.to_string());
+        std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(1)
+                .enable_all()
+                .build()
+                .unwrap();
+            let store = rt
+                .block_on(PgStore::connect(
+                    &url,
+                    PgOptions {
+                        schema,
+                        pool_size: 4,
+                        ..PgOptions::default()
+                    },
+                ))
+                .expect("connect to PostgreSQL");
+            (Arc::new(store) as Arc<dyn RunStore>, rt)
+        })
+        .join()
+        .unwrap()
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn postgres_flood_through_two_servers_hijacks_nothing() {
+        let url = std::env::var("RUNKEEP_TEST_POSTGRES_URL")
+            .ok()
+            .filter(|u| !u.is_empty())
+            .expect("RUNKEEP_TEST_POSTGRES_URL is not set: run scripts/test.sh or set it to postgres://postgres@127.0.0.1:5432/test");
+        let schema = format!("rkt_hijack_{}", std::process::id());
+        let (a, rt_a) = connect(&url, &schema);
+        let (b, rt_b) = connect(&url, &schema);
+        hijack_flood("postgres", a, b).await;
+        let (client, conn) = tokio_postgres::connect(&url, tokio_postgres::NoTls)
+            .await
+            .unwrap();
+        let driver = tokio::spawn(conn);
+        client
+            .batch_execute(&format!("DROP SCHEMA IF EXISTS \"{schema}\" CASCADE"))
+            .await
+            .unwrap();
+        drop(client);
+        let _ = driver.await;
+        rt_a.shutdown_background();
+        rt_b.shutdown_background();
+    }
+}
