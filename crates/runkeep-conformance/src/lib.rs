@@ -302,7 +302,7 @@ macro_rules! __runkeep_cases {
         $crate::__runkeep_cases! {@expand [$($mode)*]
             refuses_every_fenced_act_on_a_holding_another_principal_claimed,
             refuses_a_fence_issued_to_another_principal_after_the_act_was_prepared,
-            refuses_an_unfenced_write_for_another_principal_under_a_live_or_expired_lease,
+            refuses_an_unfenced_write_for_a_principal_while_a_lease_is_on_top,
         }
     };
     (@expand [tests $factory:path] $($case:ident),* $(,)?) => {

@@ -758,7 +758,7 @@ async fn a_store_judging_claims_on_the_machine_clock_fails_the_store_clock_cases
             "refuses_a_finish_under_a_stale_released_or_never_issued_fence",
             "reopens_a_finished_run_at_a_fence_above_every_fence_issued",
             "leaves_nothing_of_a_step_refused_for_its_fence",
-            "refuses_an_unfenced_write_for_another_principal_under_a_live_or_expired_lease",
+            "refuses_an_unfenced_write_for_a_principal_while_a_lease_is_on_top",
         ],
     );
 }
@@ -814,7 +814,7 @@ async fn a_store_losing_the_actor_fails_the_actor_cases_only() {
         &[
             "refuses_every_fenced_act_on_a_holding_another_principal_claimed",
             "refuses_a_fence_issued_to_another_principal_after_the_act_was_prepared",
-            "refuses_an_unfenced_write_for_another_principal_under_a_live_or_expired_lease",
+            "refuses_an_unfenced_write_for_a_principal_while_a_lease_is_on_top",
         ],
     );
 }

@@ -368,6 +368,71 @@ async fn each_fenced_act_sent_before_the_claim_is_refused_after_it() {
     }
 }
 
+/// Item 5 of issue 26: a worker's unfenced write into another token's
+/// lease that expired and was not claimed again would be stamped with
+/// that lease's fence and pass for its holder's work: refused, like while
+/// the lease is live. Taken over, the run takes the new holder's fenced
+/// writes; released, unfenced ones again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unfenced_write_into_another_tokens_lapsed_lease_is_refused() {
+    let clock = support::store_clock();
+    let backing: Arc<dyn RunStore> =
+        Arc::new(runkeep::MemoryStore::with_clock(Arc::new(clock.clone())));
+    let server = TestServer::start(backing.clone());
+    let (w1, w2) = (worker(&server, WORKER_A), worker(&server, WORKER_A2));
+    let r = support::run("lapsed");
+    let short = ClaimOptions::new(Holder::new("w1").unwrap(), Ttl::from_millis(1_000).unwrap());
+    let l1 = w1
+        .claim(&r, &short)
+        .await
+        .unwrap()
+        .lease()
+        .expect("w1 holds");
+    clock.advance(1_300);
+    assert!(
+        backing
+            .lease(&r, backing.now())
+            .await
+            .unwrap()
+            .unwrap()
+            .expired
+    );
+    let refused = w2
+        .write_checkpoint(&r, &support::checkpoint("w2", 1), None)
+        .await;
+    assert!(
+        matches!(refused, Err(Error::NotYourHolding { fence, fenced: false, .. }) if fence == l1.fence),
+        "{refused:?}"
+    );
+    let refused = w2.append_events(&r, &[event("w2")], None).await;
+    assert!(
+        matches!(refused, Err(Error::NotYourHolding { fenced: false, .. })),
+        "{refused:?}"
+    );
+    assert!(backing.list_checkpoints(&r).await.unwrap().is_empty());
+    assert!(backing
+        .read_events(&r, &Default::default())
+        .await
+        .unwrap()
+        .events
+        .is_empty());
+    let l2 = w2
+        .claim(&r, &claim_opts("w2"))
+        .await
+        .unwrap()
+        .lease()
+        .expect("w2 takes over");
+    let cp = w2
+        .write_checkpoint(&r, &support::checkpoint("w2", 1), Some(l2.fence))
+        .await
+        .expect("w2's own holding");
+    assert_eq!(cp.fence, Some(l2.fence));
+    assert!(w2.release(&r, l2.fence).await.unwrap());
+    w2.append_events(&r, &[event("w2")], None)
+        .await
+        .expect("an unfenced write to a released run");
+}
+
 // ---------------------------------------------------------------------------
 // The flood, on real backends, through two servers.
 

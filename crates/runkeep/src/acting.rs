@@ -16,9 +16,13 @@
 //!   is refused with [`Error::NotYourHolding`] unless that holding was
 //!   claimed by `A` (its holder ends in `~token:A`);
 //! - an **unfenced** write acting for `A` is refused while the run's top
-//!   holding is a lease (live *or* expired) claimed by anyone else: stamped
-//!   with that holding's fence it would pass for the holder's work. Claim
-//!   the run first (an expired lease is taken over by the claim);
+//!   holding is a lease, live *or* expired, whoever claimed it: stamped
+//!   with that holding's fence it would pass for the holder's work, and a
+//!   principal (one token) may be a whole fleet of workers, so even `A`'s
+//!   own holding cannot tell its current worker from a stale one without
+//!   the fence. Send the fence, or claim the run first (an expired lease is
+//!   taken over by the claim); a released or never-claimed run takes
+//!   unfenced writes;
 //! - a write acting for no one (in-process callers, an operator's override)
 //!   is judged by the fence rule alone.
 //!
@@ -133,9 +137,7 @@ pub fn check(
         // Whose an unreadable holding is cannot be told: it grants no one.
         (Some(p), Some(TopHolding::Unreadable { fence })) if *fence == p => Err(refuse(*fence)),
         (Some(_), _) => Ok(()),
-        (None, Some(TopHolding::Lease { fence, holder, .. })) if !actor.holds(holder.as_str()) => {
-            Err(refuse(*fence))
-        }
+        (None, Some(TopHolding::Lease { fence, .. })) => Err(refuse(*fence)),
         (None, _) => Ok(()),
     }
 }
@@ -182,17 +184,18 @@ mod tests {
     }
 
     #[test]
-    fn an_unfenced_write_is_refused_under_anothers_lease_live_or_expired() {
+    fn an_unfenced_write_is_refused_under_any_lease_live_or_expired() {
         let b = Actor::new("b").unwrap();
         for expires in [0, 4_000_000_000_000] {
-            let top = lease(1, "w1 ~token:a", expires);
-            let e = check(&run(), "op", None, Some(&top), Some(&b)).unwrap_err();
-            assert!(
-                matches!(e, Error::NotYourHolding { fenced: false, .. }),
-                "{e:?}"
-            );
-            let own = lease(1, "w1 ~token:b", expires);
-            assert!(check(&run(), "op", None, Some(&own), Some(&b)).is_ok());
+            for holder in ["w1 ~token:a", "w1 ~token:b", "w1"] {
+                let top = lease(1, holder, expires);
+                let e = check(&run(), "op", None, Some(&top), Some(&b)).unwrap_err();
+                assert!(
+                    matches!(e, Error::NotYourHolding { fenced: false, .. }),
+                    "{e:?}"
+                );
+                assert!(check(&run(), "op", None, Some(&top), None).is_ok());
+            }
         }
         let released = TopHolding::Released { fence: f(2) };
         assert!(check(&run(), "op", None, Some(&released), Some(&b)).is_ok());

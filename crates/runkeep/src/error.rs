@@ -51,15 +51,13 @@ pub enum Error {
         current: Fence,
     },
 
-    /// The write was made for a principal ([`crate::acting`]) other than the
-    /// one that claimed the run's current holding: a fenced write at the
-    /// top holding's fence by someone else, or an unfenced write while
-    /// someone else's lease (live or expired) is on top. Nothing was
-    /// changed. Act only on holdings you claimed; claim the run first.
-    #[error(
-        "not your holding: {operation} on run {run}{}: the holding at fence {fence} was claimed by another principal; act only on holdings you claimed yourself (claim the run first), or use an operator's override",
-        if *.fenced { "" } else { " without a fence" }
-    )]
+    /// The write was made for a principal ([`crate::acting`]) and the run's
+    /// holding is not one it may write under: a fenced write at the top
+    /// holding's fence claimed for another principal, or an unfenced write
+    /// while a lease (live or expired) is on top. Nothing was changed.
+    /// Act only on holdings you claimed, with their fence; claim the run
+    /// first.
+    #[error("{}", not_your_holding(run, operation, *.fence, *.fenced))]
     NotYourHolding {
         /// The run.
         run: String,
@@ -142,6 +140,18 @@ pub enum Error {
 /// build it with [`Error::outcome_unknown`], test it with
 /// [`Error::is_outcome_unknown`]; the text is for people.
 pub const OUTCOME_UNKNOWN: &str = "outcome unknown";
+
+fn not_your_holding(run: &str, operation: &str, fence: Fence, fenced: bool) -> String {
+    if fenced {
+        format!(
+            "not your holding: {operation} on run {run} presented fence {fence}, but that holding was claimed by another principal; act only on holdings you claimed yourself (claim the run first), or use an operator's override"
+        )
+    } else {
+        format!(
+            "not your holding: {operation} on run {run} without a fence, while the run is held at fence {fence}: an unfenced write would pass for that holding's work. Send the fence of your own holding (claim the run first), or use an operator's override"
+        )
+    }
+}
 
 fn outcome_prefix(outcome_unknown: bool) -> &'static str {
     if outcome_unknown {

@@ -369,8 +369,8 @@ pub fn check_write_fence(
 }
 
 /// The write rule for an unfenced write: always admitted, except acting for
-/// a principal while another principal's lease (live or expired) is on top
-/// ⇒ [`Error::NotYourHolding`] ([`crate::acting`]). Stamped with that
+/// a principal while a lease (live or expired) is on top ⇒
+/// [`Error::NotYourHolding`] ([`crate::acting`]). Stamped with that
 /// holding's fence ([`stamp_fence`]) it would pass for the holder's work.
 pub fn check_unfenced_write(
     run: &RunId,

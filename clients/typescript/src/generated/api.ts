@@ -1241,7 +1241,8 @@ export interface components {
             attempts?: number | null;
             /**
              * Format: int64
-             * @description The run's current fence (`fenced-out`).
+             * @description The run's current fence (`fenced-out`; `forbidden`: the fence of
+             *     the holding that is another principal's).
              */
             current?: number | null;
             /** @description What happened, for a person. Never a path, SQL or a secret. */
@@ -1254,14 +1255,16 @@ export interface components {
             firstAnswer?: unknown;
             /** @description The request path the problem answers. */
             instance?: string | null;
-            /** @description The refused operation (`fenced-out`). */
+            /** @description The refused operation (`fenced-out`; `forbidden` for another
+             *     principal's holding). */
             operation?: string | null;
             /** @description The write may or may not have been stored (`unavailable`): read back
              *     before repeating it. */
             outcomeUnknown?: boolean;
             /**
              * Format: int64
-             * @description The fence the caller presented (`fenced-out`).
+             * @description The fence the caller presented (`fenced-out`; `forbidden` for
+             *     another principal's holding, absent for an unfenced write).
              */
             presented?: number | null;
             /** @description The role the operation needs (`forbidden`). */
@@ -1271,7 +1274,8 @@ export interface components {
              * @description When the first answer was recorded (`conflict` on a park).
              */
             resolvedAt?: number | null;
-            /** @description The run the problem is about (`fenced-out`, `contended`). */
+            /** @description The run the problem is about (`fenced-out`, `contended`, and
+             *     `forbidden` for another principal's holding). */
             run?: string | null;
             /**
              * Format: int32

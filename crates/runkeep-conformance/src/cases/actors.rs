@@ -267,20 +267,29 @@ pub async fn refuses_a_fence_issued_to_another_principal_after_the_act_was_prepa
     assert_eq!(done.status, runkeep::RunStatus::Completed);
 }
 
-/// An unfenced write made for `b` is refused while `a`'s lease is on top,
-/// live or expired (stamped with a's fence it would pass for a's work),
-/// and accepted once `b` has taken the run over or it was released.
-pub async fn refuses_an_unfenced_write_for_another_principal_under_a_live_or_expired_lease(
+/// An unfenced write made for a principal is refused while a lease is on
+/// top, live or expired, whoever claimed it (stamped with that holding's
+/// fence it would pass for its work; one principal may be a fleet of
+/// workers); accepted once the run is released. Acting for no one, the
+/// fence rule alone judges.
+pub async fn refuses_an_unfenced_write_for_a_principal_while_a_lease_is_on_top(
     store: Arc<dyn RunStore>,
     env: CaseEnv,
 ) {
     let r = run("a");
     let l = take(&store, &r, claim_now(&bound("w1", "a"), 1_000)).await;
+    let s = &store;
     expect_not_yours(
-        as_actor("b", store.write_checkpoint(&r, &checkpoint("x", 1), None)).await,
+        as_actor("b", s.write_checkpoint(&r, &checkpoint("x", 1), None)).await,
         l.fence,
         false,
-        "unfenced write under a's live lease",
+        "unfenced write under another's live lease",
+    );
+    expect_not_yours(
+        as_actor("a", s.write_checkpoint(&r, &checkpoint("x", 1), None)).await,
+        l.fence,
+        false,
+        "unfenced write under its own principal's live lease",
     );
     env.clock().advance(1_500);
     let lapsed = store
@@ -289,50 +298,67 @@ pub async fn refuses_an_unfenced_write_for_another_principal_under_a_live_or_exp
         .expect("lease")
         .expect("top");
     assert!(lapsed.expired, "the lease should have expired: {lapsed:?}");
-    let s = &store;
-    as_actor("b", async {
-        expect_not_yours(
-            s.write_checkpoint(&r, &checkpoint("x", 1), None).await,
-            l.fence,
-            false,
-            "write_checkpoint under a's expired lease",
-        );
-        expect_not_yours(
-            s.append_events(&r, &[event("x", json!({}))], None).await,
-            l.fence,
-            false,
-            "append_events under a's expired lease",
-        );
-        expect_not_yours(
-            s.write_report(&r, "x", None).await,
-            l.fence,
-            false,
-            "write_report under a's expired lease",
-        );
-        expect_not_yours(
-            s.write_run_record(&r, &Map::new(), None).await,
-            l.fence,
-            false,
-            "write_run_record under a's expired lease",
-        );
-    })
-    .await;
+    for who in ["a", "b"] {
+        as_actor(who, async {
+            expect_not_yours(
+                s.write_checkpoint(&r, &checkpoint("x", 1), None).await,
+                l.fence,
+                false,
+                "write_checkpoint under an expired lease",
+            );
+            expect_not_yours(
+                s.append_events(&r, &[event("x", json!({}))], None).await,
+                l.fence,
+                false,
+                "append_events under an expired lease",
+            );
+            expect_not_yours(
+                s.write_report(&r, "x", None).await,
+                l.fence,
+                false,
+                "write_report under an expired lease",
+            );
+            expect_not_yours(
+                s.write_run_record(&r, &Map::new(), None).await,
+                l.fence,
+                false,
+                "write_run_record under an expired lease",
+            );
+            expect_not_yours(
+                s.append_audit(&r, &[NewAuditEvent::new(who, "x", "ok")], None)
+                    .await,
+                l.fence,
+                false,
+                "append_audit under an expired lease",
+            );
+        })
+        .await;
+    }
     assert!(store.list_checkpoints(&r).await.expect("list").is_empty());
     assert_eq!(event_count(&store, &r).await, 0);
     assert_eq!(store.read_report(&r).await.expect("report"), None);
-    // a itself may still write unfenced under its own (lapsed) holding.
-    as_actor("a", s.write_report(&r, "a's", None))
-        .await
-        .expect("a's own unfenced write");
-    // b takes the lapsed run over; then its unfenced writes are its own.
+    assert!(store.read_run_record(&r).await.expect("record").is_none());
+    assert!(store.read_audit(&r, 0).await.expect("audit").is_empty());
+    // b takes the lapsed run over: it writes with its fence, and unfenced
+    // once it released the run.
     let lb = as_actor("b", async {
         take(&store, &r, claim_now(&bound("w2", "b"), 60_000)).await
     })
     .await;
-    let cp = as_actor("b", store.write_checkpoint(&r, &checkpoint("y", 2), None))
-        .await
-        .expect("b's unfenced write under its own holding");
+    let cp = as_actor(
+        "b",
+        s.write_checkpoint(&r, &checkpoint("y", 2), Some(lb.fence)),
+    )
+    .await
+    .expect("b's fenced write under its own holding");
     assert_eq!(cp.fence, Some(lb.fence));
+    assert!(as_actor("b", s.release(&r, lb.fence))
+        .await
+        .expect("release"));
+    as_actor("b", s.write_report(&r, "after the release", None))
+        .await
+        .expect("an unfenced write to a released run");
     // Acting for no one, the fence rule alone judges (incremental adoption).
+    take(&store, &r, claim_now("w3", 60_000)).await;
     write(&store, &r, &checkpoint("z", 3), None).await;
 }
