@@ -37,16 +37,27 @@ impl<T: DeserializeOwned + Send + 'static, S: Send + Sync> FromRequest<S> for Js
                 "send the body as JSON with `Content-Type: application/json`",
             ));
         }
-        let bytes = Bytes::from_request(req, state).await.map_err(|e| {
-            if e.status() == axum::http::StatusCode::PAYLOAD_TOO_LARGE {
-                Problem::new(
-                    ProblemType::PayloadTooLarge,
-                    "the body is larger than this server accepts; nothing was changed",
-                )
-            } else {
-                Problem::new(ProblemType::MalformedBody, "the body could not be read")
+        let bytes = match &charge {
+            // Charged as the bytes arrive, against the caller's shares.
+            Some(charge) => {
+                let declared = req
+                    .headers()
+                    .get(axum::http::header::CONTENT_LENGTH)
+                    .and_then(|v| v.to_str().ok())
+                    .and_then(|v| v.trim().parse::<u64>().ok());
+                charge.read_body(declared, req.into_body()).await?
             }
-        })?;
+            None => Bytes::from_request(req, state).await.map_err(|e| {
+                if e.status() == axum::http::StatusCode::PAYLOAD_TOO_LARGE {
+                    Problem::new(
+                        ProblemType::PayloadTooLarge,
+                        "the body is larger than this server accepts; nothing was changed",
+                    )
+                } else {
+                    Problem::new(ProblemType::MalformedBody, "the body could not be read")
+                }
+            })?,
+        };
         let values = scan_json(&bytes)?;
         if let Some(charge) = charge {
             charge.parsing(bytes.len(), values).await?;
