@@ -571,6 +571,23 @@ impl Authenticator for TokenStore {
             None
         }
     }
+
+    fn still_valid(&self, principal: &Principal) -> bool {
+        self.current()
+            .and_then(|tokens| {
+                tokens
+                    .get(&principal.token_id)
+                    .map(|e| e.principal == *principal)
+            })
+            .unwrap_or(false)
+    }
+
+    /// A quarter of [`TokenStore::reload_every`] (between 50 ms and 1 s):
+    /// a waiting request sees a revocation at most 1.25 reload intervals
+    /// after `runkeep token revoke` returned.
+    fn revocation_check_every(&self) -> Option<Duration> {
+        Some((self.reload_every / 4).clamp(Duration::from_millis(50), Duration::from_secs(1)))
+    }
 }
 
 #[cfg(test)]

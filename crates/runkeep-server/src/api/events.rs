@@ -131,6 +131,7 @@ pub struct StreamQuery {
 
 pub(super) async fn stream(
     State(state): State<AppState>,
+    Extension(principal): Extension<Principal>,
     RunAddr(scope): RunAddr,
     headers: HeaderMap,
     Q(q): Q<StreamQuery>,
@@ -162,8 +163,19 @@ pub(super) async fn stream(
     let (tx, mut rx) = tokio::sync::mpsc::channel::<Event>(64);
     tokio::spawn(async move {
         let _client = state.metrics.sse_client();
+        // A revoked token's tail ends (with a 401 `problem` event).
+        let revoked = crate::auth::revoked(state.auth.clone(), principal);
+        tokio::pin!(revoked);
+        let end_revoked = |tx: tokio::sync::mpsc::Sender<Event>| async move {
+            let p = crate::auth::revoked_problem();
+            let data = serde_json::to_string(&p).unwrap_or_default();
+            let _ = tx.send(Event::default().event("problem").data(data)).await;
+        };
         let mut since = since;
         loop {
+            if futures_util::FutureExt::now_or_never(&mut revoked).is_some() {
+                return end_revoked(tx).await;
+            }
             let mut watch = state.store.watch(&WatchTopic::Events(scope.clone()));
             let batch = state
                 .store
@@ -204,6 +216,7 @@ pub(super) async fn stream(
             tokio::select! {
                 _ = watch.changed() => {}
                 _ = tx.closed() => return,
+                () = &mut revoked => return end_revoked(tx).await,
             }
         }
     });
@@ -230,6 +243,7 @@ pub struct WaitEventsQuery {
 
 pub(super) async fn wait(
     State(state): State<AppState>,
+    Extension(principal): Extension<Principal>,
     RunAddr(scope): RunAddr,
     Q(q): Q<WaitEventsQuery>,
 ) -> ApiResult<Waited> {
@@ -240,6 +254,8 @@ pub(super) async fn wait(
         since_seq: u64::MAX,
         ..Default::default()
     };
+    let revoked = crate::auth::revoked(state.auth.clone(), principal);
+    tokio::pin!(revoked);
     loop {
         let mut watch = state.store.watch(&WatchTopic::Events(scope.clone()));
         let last = state.store.read_events(&scope, &head).await?.last_seq;
@@ -249,14 +265,16 @@ pub(super) async fn wait(
                 last_seq: Some(last),
             }));
         }
-        if tokio::time::timeout_at(deadline, watch.changed())
-            .await
-            .is_err()
-        {
-            return Ok(Json(Waited {
-                changed: false,
-                last_seq: Some(last),
-            }));
+        tokio::select! {
+            woke = tokio::time::timeout_at(deadline, watch.changed()) => {
+                if woke.is_err() {
+                    return Ok(Json(Waited {
+                        changed: false,
+                        last_seq: Some(last),
+                    }));
+                }
+            }
+            () = &mut revoked => return Err(crate::auth::revoked_problem()),
         }
     }
 }
