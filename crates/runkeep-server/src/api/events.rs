@@ -105,7 +105,7 @@ pub(super) async fn read(
         .read_events(
             &scope,
             &ReadEventsOptions {
-                since_seq: q.since_seq.unwrap_or(0),
+                since_seq: super::extract::seq_param("sinceSeq", q.since_seq)?,
                 integrity,
                 limit: q.limit,
             },
@@ -146,8 +146,9 @@ pub(super) async fn stream(
                     "Last-Event-ID",
                     "Last-Event-ID is not an event seq (a whole number)",
                 )
-            })?,
-        None => q.since_seq.unwrap_or(0),
+            })
+            .and_then(|n| super::extract::seq_param("Last-Event-ID", Some(n)))?,
+        None => super::extract::seq_param("sinceSeq", q.since_seq)?,
     };
     // Fail before the stream starts when the run's log cannot be read.
     state
@@ -248,7 +249,7 @@ pub(super) async fn wait(
     Q(q): Q<WaitEventsQuery>,
 ) -> ApiResult<Waited> {
     let timeout = bounded_wait(q.timeout_ms)?;
-    let since = q.since_seq.unwrap_or(0);
+    let since = super::extract::seq_param("sinceSeq", q.since_seq)?;
     let deadline = tokio::time::Instant::now() + timeout;
     let head = ReadEventsOptions {
         since_seq: u64::MAX,

@@ -223,6 +223,23 @@ impl<T: DeserializeOwned, S: Send + Sync> FromRequestParts<S> for Q<T> {
     }
 }
 
+/// The largest event seq a request may name (`sinceSeq`, `Last-Event-ID`):
+/// 2^53 − 1, the largest integer every JSON client reads exactly, as the
+/// OpenAPI document states. Every seq a store issues is far below it.
+pub const MAX_SEQ: u64 = (1 << 53) - 1;
+
+/// A seq the request names as `field` (absent: 0), refused above
+/// [`MAX_SEQ`] with a 400 naming the field and the maximum.
+pub fn seq_param(field: &str, value: Option<u64>) -> Result<u64, Problem> {
+    match value {
+        Some(v) if v > MAX_SEQ => Err(Problem::invalid(
+            field,
+            format!("{field} {v} is above the largest seq this API takes, {MAX_SEQ} (2^53 - 1)"),
+        )),
+        v => Ok(v.unwrap_or(0)),
+    }
+}
+
 /// Validates one path parameter (or the `parent` query parameter) by its
 /// name with the core's id types.
 pub fn check_param(name: &str, value: &str) -> Result<(), Problem> {
