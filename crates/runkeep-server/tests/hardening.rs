@@ -538,7 +538,7 @@ async fn bodies_in_flight_share_one_memory_budget_charged_by_their_values() {
     // Hold all of this token's share but less than a dense body's cost
     // with uploads that sent their bytes and stopped.
     let dense_values = runkeep::checkpoint::MAX_CHECKPOINT_VALUES - 1;
-    let dense_kib = (dense_values * runkeep_server::api::budget::BYTES_PER_VALUE / 1024) as usize;
+    let dense_kib = dense_values * runkeep_server::api::budget::BYTES_PER_VALUE / 1024;
     let free_kib = dense_kib - 8192;
     let hold_kib = budget.token_kib() as usize - free_kib;
     assert!(hold_kib / 2 * 1024 < runkeep_server::api::DEFAULT_BODY_LIMIT);
