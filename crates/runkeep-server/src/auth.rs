@@ -40,6 +40,49 @@ pub trait Authenticator: Send + Sync + std::fmt::Debug {
     /// The principal the secret belongs to, or `None` when it is unknown or
     /// revoked.
     fn authenticate(&self, secret: &str) -> Option<Principal>;
+
+    /// Whether `principal` (authenticated earlier by this authenticator) is
+    /// still allowed: `false` once its token is revoked. What the API's
+    /// long-polls and event tails ask while they wait ([`revoked`]).
+    fn still_valid(&self, principal: &Principal) -> bool {
+        let _ = principal;
+        true
+    }
+
+    /// How often [`Authenticator::still_valid`] should be asked by a
+    /// request that waits; `None` when tokens cannot be revoked while the
+    /// server runs (nothing to watch).
+    fn revocation_check_every(&self) -> Option<std::time::Duration> {
+        None
+    }
+}
+
+/// Resolves once `principal` is no longer valid (its token revoked, or the
+/// token file unreadable: fail closed), asking `auth` every
+/// [`Authenticator::revocation_check_every`]; never when `auth` cannot
+/// revoke. Long-polls answer 401 ([`revoked_problem`]) and event tails end
+/// when it resolves.
+pub async fn revoked(auth: SharedAuthenticator, principal: Principal) {
+    let Some(every) = auth.revocation_check_every() else {
+        return std::future::pending().await;
+    };
+    let mut tick = tokio::time::interval(every);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tick.tick().await;
+        if !auth.still_valid(&principal) {
+            return;
+        }
+    }
+}
+
+/// The answer of a long-poll (and the last event of a tail) whose token was
+/// revoked while it waited.
+pub fn revoked_problem() -> Problem {
+    Problem::new(
+        ProblemType::Unauthorized,
+        "the bearer token was revoked while this request waited",
+    )
 }
 
 /// The authenticator the server's state holds.

@@ -82,6 +82,14 @@ pub struct ServerConfig {
     /// checkpoint and its envelope); lower it when no run writes large
     /// checkpoints.
     pub body_limit: usize,
+    /// The slowest average rate a request body may arrive at once
+    /// [`ServerConfig::body_rate_grace`] has passed, bytes a second (408
+    /// below it; 0: no minimum). Default
+    /// [`crate::api::budget::DEFAULT_MIN_RATE`] (64 KiB/s).
+    pub body_min_rate: u64,
+    /// How long a body may take before its rate is judged, and the longest
+    /// pause between two of its chunks. Default 10 s.
+    pub body_rate_grace: Duration,
     /// Longest a request may take up to its response head, body upload
     /// included (408 for a body not received, 503 for a store that did not
     /// answer). Default 60 s. [`Server::bind`] refuses one that does not
@@ -134,6 +142,8 @@ impl Default for ServerConfig {
         Self {
             listen: SocketAddr::from(([127, 0, 0, 1], 7420)),
             body_limit: crate::api::DEFAULT_BODY_LIMIT,
+            body_min_rate: crate::api::budget::DEFAULT_MIN_RATE,
+            body_rate_grace: crate::api::budget::DEFAULT_RATE_GRACE,
             request_timeout: Duration::from_secs(60),
             header_read_timeout: Duration::from_secs(10),
             write_timeout: Duration::from_secs(30),
@@ -262,7 +272,9 @@ pub fn app_with_shutdown(
         scope: config.readiness_scope.clone(),
         timeout: config.readiness_timeout,
     };
-    let store_bound = crate::api::router_with_limit(state, config.body_limit).merge(
+    let budget = crate::api::budget::BodyBudget::new(config.body_limit)
+        .with_min_rate(config.body_min_rate, config.body_rate_grace);
+    let store_bound = crate::api::router_with_budget(state, budget).merge(
         Router::new()
             .route("/readyz", get(readyz))
             .with_state(readiness),

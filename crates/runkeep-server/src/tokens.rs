@@ -54,8 +54,12 @@
 //! Only its owner: every write leaves it 0600, and [`TokenStore::open`]
 //! (a server starting) refuses a file with any group or other permission
 //! bit ([`TokenError::Permissions`], naming the file, its mode and `chmod
-//! 600`); a reload that finds one (the file replaced by hand) fails closed
-//! like an unreadable file. The digests cannot be turned back into tokens,
+//! 600`), a file owned by another uid than the server's effective uid
+//! ([`TokenError::Owner`]), and a directory another user could replace it
+//! in — owned by someone other than this uid or root, or group/other
+//! writable without the sticky bit ([`TokenError::Directory`]; see
+//! [`TokenFile::check_private`]); a reload that finds any of these (the
+//! file replaced by hand) fails closed like an unreadable file. The digests cannot be turned back into tokens,
 //! but whoever can change the file can add a token of their own, and
 //! whoever can read it learns every tenant, role and label.
 
@@ -127,6 +131,29 @@ pub enum TokenError {
         path: PathBuf,
         /// Its permission bits.
         mode: u32,
+    },
+    /// The file is owned by another user than the one the server runs as.
+    #[error("token file {path} is owned by uid {uid}, not by uid {euid} this process runs as: its owner can change who may call the API; run `chown {euid} {path}` (or run the server as uid {uid})", path = .path.display())]
+    Owner {
+        /// The file.
+        path: PathBuf,
+        /// Its owner.
+        uid: u32,
+        /// This process's effective uid.
+        euid: u32,
+    },
+    /// The file's directory lets another user replace the file (a rename
+    /// over it).
+    #[error("the directory {dir} of token file {path} {problem}: another user could replace the file (rename another over it) and decide who may call the API; {fix}", dir = .dir.display(), path = .path.display())]
+    Directory {
+        /// The file.
+        path: PathBuf,
+        /// Its directory.
+        dir: PathBuf,
+        /// What is wrong with the directory.
+        problem: String,
+        /// How to fix it.
+        fix: String,
     },
 }
 
@@ -265,11 +292,56 @@ impl TokenFile {
         }
     }
 
-    /// Refuses a file that group or other users may read or change (any of
-    /// the mode bits `0o077`): [`TokenError::Permissions`], naming the fix.
-    /// A missing file passes (no tokens).
+    /// Refuses a token file another user could read, change or replace,
+    /// each naming the fix:
+    ///
+    /// - a file owned by another uid than this process's effective uid
+    ///   ([`TokenError::Owner`]);
+    /// - a file with any group or other permission bit (`0o077`,
+    ///   [`TokenError::Permissions`]);
+    /// - a directory owned by another user than this uid or root, or that
+    ///   group or other users may write in without the sticky bit
+    ///   ([`TokenError::Directory`]): whoever can write in it can rename
+    ///   another file over the token file. A sticky directory (`/tmp`,
+    ///   mode 1777) is accepted: there only the file's owner (this uid,
+    ///   checked above) may rename over it or delete it.
+    ///
+    /// A missing file passes (no tokens); its directory is still checked.
     pub fn check_private(&self) -> TokenResult<()> {
+        let euid = rustix::process::geteuid().as_raw();
+        let dir = self.dir();
+        let d = std::fs::metadata(dir).map_err(self.io("stat its directory"))?;
+        let directory = |problem: String, fix: String| TokenError::Directory {
+            path: self.path.clone(),
+            dir: dir.to_path_buf(),
+            problem,
+            fix,
+        };
+        if d.uid() != euid && d.uid() != 0 {
+            return Err(directory(
+                format!("is owned by uid {}", d.uid()),
+                format!(
+                    "keep the token file in a directory owned by uid {euid} (this process) or root, e.g. `mkdir -m 700 DIR` as uid {euid}"
+                ),
+            ));
+        }
+        let mode = d.mode() & 0o7777;
+        if mode & 0o022 != 0 && mode & 0o1000 == 0 {
+            return Err(directory(
+                format!("has mode {mode:04o} (group or other users may write in it)"),
+                format!(
+                    "run `chmod go-w {}` (or `chmod +t {}` to make it sticky), or keep the token file in a directory only its owner can write",
+                    dir.display(),
+                    dir.display()
+                ),
+            ));
+        }
         match std::fs::metadata(&self.path) {
+            Ok(m) if m.uid() != euid => Err(TokenError::Owner {
+                path: self.path.clone(),
+                uid: m.uid(),
+                euid,
+            }),
             Ok(m) if m.mode() & 0o077 != 0 => Err(TokenError::Permissions {
                 path: self.path.clone(),
                 mode: m.mode() & 0o7777,
@@ -570,6 +642,23 @@ impl Authenticator for TokenStore {
         } else {
             None
         }
+    }
+
+    fn still_valid(&self, principal: &Principal) -> bool {
+        self.current()
+            .and_then(|tokens| {
+                tokens
+                    .get(&principal.token_id)
+                    .map(|e| e.principal == *principal)
+            })
+            .unwrap_or(false)
+    }
+
+    /// A quarter of [`TokenStore::reload_every`] (between 50 ms and 1 s):
+    /// a waiting request sees a revocation at most 1.25 reload intervals
+    /// after `runkeep token revoke` returned.
+    fn revocation_check_every(&self) -> Option<Duration> {
+        Some((self.reload_every / 4).clamp(Duration::from_millis(50), Duration::from_secs(1)))
     }
 }
 

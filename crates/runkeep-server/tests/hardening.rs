@@ -509,16 +509,21 @@ async fn bodies_shaped_to_cost_more_than_their_bytes_are_refused_before_parsing(
     assert_eq!(back.state["blob"].as_str().map(str::len), Some(16 << 20));
 }
 
-/// Opens a chunked upload of a checkpoint body that never finishes: the
-/// server has charged it the whole body limit and holds it.
-async fn hung_upload(server: &TestServer) -> tokio::net::TcpStream {
+/// Opens an upload of a checkpoint body that sends `sent` bytes of it and
+/// never finishes: the server has charged the bytes it received (a body is
+/// charged as it arrives, not by what it declares) and holds them.
+async fn hung_upload(server: &TestServer, sent: usize) -> tokio::net::TcpStream {
     use tokio::io::AsyncWriteExt;
     let mut s = tokio::net::TcpStream::connect(server.addr).await.unwrap();
     let head = format!(
-        "POST {} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {TOKEN_A}\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n1\r\n{{\r\n",
-        run_path("/checkpoints")
+        "POST {} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {TOKEN_A}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n",
+        run_path("/checkpoints"),
+        runkeep_server::api::DEFAULT_BODY_LIMIT
     );
     s.write_all(head.as_bytes()).await.unwrap();
+    let mut body = br#"{"checkpoint":{"id":"hung","createdAt":1,"state":{"blob":""#.to_vec();
+    body.resize(sent, b'x');
+    s.write_all(&body).await.unwrap();
     s.flush().await.unwrap();
     s
 }
@@ -530,18 +535,19 @@ async fn bodies_in_flight_share_one_memory_budget_charged_by_their_values() {
     let path = run_path("/checkpoints");
     let budget =
         runkeep_server::api::budget::BodyBudget::new(runkeep_server::api::DEFAULT_BODY_LIMIT);
-    let limit_kib = runkeep_server::api::DEFAULT_BODY_LIMIT.div_ceil(1024) as u32;
-    // Hold all but less than a dense body's cost with hung uploads.
+    // Hold all of this token's share but less than a dense body's cost
+    // with uploads that sent their bytes and stopped.
     let dense_values = runkeep::checkpoint::MAX_CHECKPOINT_VALUES - 1;
-    let dense_kib = (dense_values * runkeep_server::api::budget::BYTES_PER_VALUE / 1024) as u32;
-    let hung_count = (budget.total_kib() - dense_kib / 2) / limit_kib;
-    assert!(hung_count >= 2, "{hung_count}");
+    let dense_kib = dense_values * runkeep_server::api::budget::BYTES_PER_VALUE / 1024;
+    let free_kib = dense_kib - 8192;
+    let hold_kib = budget.token_kib() as usize - free_kib;
+    assert!(hold_kib / 2 * 1024 < runkeep_server::api::DEFAULT_BODY_LIMIT);
     let mut hung = Vec::new();
-    for _ in 0..hung_count {
-        hung.push(hung_upload(&server).await);
+    for _ in 0..2 {
+        hung.push(hung_upload(&server, hold_kib / 2 * 1024).await);
     }
-    // Let the server read their heads and charge them.
-    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    // Let the server read and charge them.
+    tokio::time::sleep(std::time::Duration::from_millis(500)).await;
     // A dense body (2 MiB on the wire, ~1 Mi values) finds no room: its
     // bytes alone would have fit.
     let a = send_raw(

@@ -382,3 +382,99 @@ fn the_token_file_and_its_lock_are_created_owner_only_even_under_umask_0() {
         assert_eq!(mode, 0o600, "{} is {mode:o}", p.display());
     }
 }
+
+/// A token file owned by another user than the server's is refused at
+/// start, naming the owner, this uid and the `chown` that fixes it. As
+/// root (CI) the file is given to uid 65534; as another user, a file root
+/// owns (`/etc/passwd`) is presented: the owner is checked before anything
+/// else, so either way the refusal is the owner's.
+#[test]
+fn a_token_file_another_user_owns_is_refused_naming_the_fix() {
+    use runkeep_server::tokens::TokenError;
+    let euid = rustix::process::geteuid().as_raw();
+    let dir = tempfile::tempdir().unwrap();
+    let (file, owner) = if euid == 0 {
+        let file = file_in(&dir);
+        file.create(&tenant("acme"), Role::Operator, None).unwrap();
+        std::os::unix::fs::chown(file.path(), Some(65534), None).unwrap();
+        (file, 65534)
+    } else {
+        (TokenFile::new("/etc/passwd"), 0)
+    };
+    let e = TokenStore::open(file.clone(), Duration::ZERO).unwrap_err();
+    assert!(
+        matches!(e, TokenError::Owner { uid, euid: e2, .. } if uid == owner && e2 == euid),
+        "{e:?}"
+    );
+    let text = e.to_string();
+    assert!(
+        text.contains(&format!("chown {euid} {}", file.path().display())),
+        "{text}"
+    );
+    if euid == 0 {
+        // Given back to the server's uid, it is served.
+        std::os::unix::fs::chown(file.path(), Some(0), None).unwrap();
+        TokenStore::open(file, Duration::ZERO).unwrap();
+    }
+}
+
+/// The token file's directory: group- or world-writable without the
+/// sticky bit is refused (another user could rename a file of their own
+/// over the token file), naming the fix; 0700, 0755 and a sticky 1777
+/// (`/tmp`: only the file's owner may replace it there) pass. As root, a
+/// directory owned by another user is refused too.
+#[test]
+fn a_token_file_in_a_directory_others_can_write_is_refused_naming_the_fix() {
+    use runkeep_server::tokens::TokenError;
+    let dir = tempfile::tempdir().unwrap();
+    let file = file_in(&dir);
+    let created = file.create(&tenant("acme"), Role::Operator, None).unwrap();
+    let set =
+        |mode| std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(mode)).unwrap();
+    for mode in [0o777, 0o775, 0o757, 0o770] {
+        set(mode);
+        let e = TokenStore::open(file.clone(), Duration::ZERO).unwrap_err();
+        assert!(matches!(e, TokenError::Directory { .. }), "{mode:o}: {e:?}");
+        let text = e.to_string();
+        for needle in [
+            dir.path().display().to_string(),
+            format!("{mode:04o}"),
+            format!("chmod go-w {}", dir.path().display()),
+        ] {
+            assert!(text.contains(&needle), "{needle:?} missing from {text:?}");
+        }
+        // The whole server refuses to start with it.
+        let config = runkeep_server::server::ServerConfig {
+            tokens: file.path().to_path_buf(),
+            ..Default::default()
+        };
+        let store = Arc::new(runkeep::MemoryStore::new()) as Arc<dyn runkeep::RunStore>;
+        assert!(matches!(
+            runkeep_server::server::state(&config, store),
+            Err(runkeep_server::server::ServeError::Tokens(_))
+        ));
+    }
+    for mode in [0o700, 0o755, 0o1777, 0o1770] {
+        set(mode);
+        let store = TokenStore::open(file.clone(), Duration::ZERO)
+            .unwrap_or_else(|e| panic!("{mode:o}: {e}"));
+        assert!(store.authenticate(created.secret()).is_some(), "{mode:o}");
+    }
+    // A running server whose directory becomes writable fails closed.
+    set(0o700);
+    let store = TokenStore::open(file.clone(), Duration::ZERO).unwrap();
+    set(0o777);
+    // The reload happens when the file changes: rewrite it (as an edit would).
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o700)).unwrap();
+    file.create(&tenant("acme"), Role::Reader, None).unwrap();
+    set(0o777);
+    assert!(store.authenticate(created.secret()).is_none());
+    set(0o700);
+    if rustix::process::geteuid().as_raw() == 0 {
+        std::os::unix::fs::chown(dir.path(), Some(65534), None).unwrap();
+        let e = TokenStore::open(file.clone(), Duration::ZERO).unwrap_err();
+        assert!(matches!(e, TokenError::Directory { .. }), "{e:?}");
+        assert!(e.to_string().contains("owned by uid 65534"), "{e}");
+        std::os::unix::fs::chown(dir.path(), Some(0), None).unwrap();
+    }
+}

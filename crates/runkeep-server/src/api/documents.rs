@@ -117,7 +117,7 @@ pub(super) async fn read_audit(
 ) -> ApiResult<AuditList> {
     let out = state
         .store
-        .read_audit(&scope, q.since_seq.unwrap_or(0))
+        .read_audit(&scope, super::extract::seq_param("sinceSeq", q.since_seq)?)
         .await?;
     Ok(Json(AuditList {
         records: out.iter().map(Into::into).collect(),

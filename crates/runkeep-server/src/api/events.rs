@@ -102,7 +102,7 @@ pub(super) async fn read(
         .read_events(
             &scope,
             &ReadEventsOptions {
-                since_seq: q.since_seq.unwrap_or(0),
+                since_seq: super::extract::seq_param("sinceSeq", q.since_seq)?,
                 integrity,
                 limit: q.limit,
             },
@@ -128,6 +128,7 @@ pub struct StreamQuery {
 
 pub(super) async fn stream(
     State(state): State<AppState>,
+    Extension(principal): Extension<Principal>,
     RunAddr(scope): RunAddr,
     headers: HeaderMap,
     Q(q): Q<StreamQuery>,
@@ -142,8 +143,9 @@ pub(super) async fn stream(
                     "Last-Event-ID",
                     "Last-Event-ID is not an event seq (a whole number)",
                 )
-            })?,
-        None => q.since_seq.unwrap_or(0),
+            })
+            .and_then(|n| super::extract::seq_param("Last-Event-ID", Some(n)))?,
+        None => super::extract::seq_param("sinceSeq", q.since_seq)?,
     };
     // Fail before the stream starts when the run's log cannot be read.
     state
@@ -159,8 +161,19 @@ pub(super) async fn stream(
     let (tx, mut rx) = tokio::sync::mpsc::channel::<Event>(64);
     tokio::spawn(async move {
         let _client = state.metrics.sse_client();
+        // A revoked token's tail ends (with a 401 `problem` event).
+        let revoked = crate::auth::revoked(state.auth.clone(), principal);
+        tokio::pin!(revoked);
+        let end_revoked = |tx: tokio::sync::mpsc::Sender<Event>| async move {
+            let p = crate::auth::revoked_problem();
+            let data = serde_json::to_string(&p).unwrap_or_default();
+            let _ = tx.send(Event::default().event("problem").data(data)).await;
+        };
         let mut since = since;
         loop {
+            if futures_util::FutureExt::now_or_never(&mut revoked).is_some() {
+                return end_revoked(tx).await;
+            }
             let mut watch = state.store.watch(&WatchTopic::Events(scope.clone()));
             let batch = state
                 .store
@@ -201,6 +214,7 @@ pub(super) async fn stream(
             tokio::select! {
                 _ = watch.changed() => {}
                 _ = tx.closed() => return,
+                () = &mut revoked => return end_revoked(tx).await,
             }
         }
     });
@@ -227,16 +241,19 @@ pub struct WaitEventsQuery {
 
 pub(super) async fn wait(
     State(state): State<AppState>,
+    Extension(principal): Extension<Principal>,
     RunAddr(scope): RunAddr,
     Q(q): Q<WaitEventsQuery>,
 ) -> ApiResult<Waited> {
     let timeout = bounded_wait(q.timeout_ms)?;
-    let since = q.since_seq.unwrap_or(0);
+    let since = super::extract::seq_param("sinceSeq", q.since_seq)?;
     let deadline = tokio::time::Instant::now() + timeout;
     let head = ReadEventsOptions {
         since_seq: u64::MAX,
         ..Default::default()
     };
+    let revoked = crate::auth::revoked(state.auth.clone(), principal);
+    tokio::pin!(revoked);
     loop {
         let mut watch = state.store.watch(&WatchTopic::Events(scope.clone()));
         let last = state.store.read_events(&scope, &head).await?.last_seq;
@@ -246,14 +263,16 @@ pub(super) async fn wait(
                 last_seq: Some(last),
             }));
         }
-        if tokio::time::timeout_at(deadline, watch.changed())
-            .await
-            .is_err()
-        {
-            return Ok(Json(Waited {
-                changed: false,
-                last_seq: Some(last),
-            }));
+        tokio::select! {
+            woke = tokio::time::timeout_at(deadline, watch.changed()) => {
+                if woke.is_err() {
+                    return Ok(Json(Waited {
+                        changed: false,
+                        last_seq: Some(last),
+                    }));
+                }
+            }
+            () = &mut revoked => return Err(crate::auth::revoked_problem()),
         }
     }
 }

@@ -37,16 +37,27 @@ impl<T: DeserializeOwned + Send + 'static, S: Send + Sync> FromRequest<S> for Js
                 "send the body as JSON with `Content-Type: application/json`",
             ));
         }
-        let bytes = Bytes::from_request(req, state).await.map_err(|e| {
-            if e.status() == axum::http::StatusCode::PAYLOAD_TOO_LARGE {
-                Problem::new(
-                    ProblemType::PayloadTooLarge,
-                    "the body is larger than this server accepts; nothing was changed",
-                )
-            } else {
-                Problem::new(ProblemType::MalformedBody, "the body could not be read")
+        let bytes = match &charge {
+            // Charged as the bytes arrive, against the caller's shares.
+            Some(charge) => {
+                let declared = req
+                    .headers()
+                    .get(axum::http::header::CONTENT_LENGTH)
+                    .and_then(|v| v.to_str().ok())
+                    .and_then(|v| v.trim().parse::<u64>().ok());
+                charge.read_body(declared, req.into_body()).await?
             }
-        })?;
+            None => Bytes::from_request(req, state).await.map_err(|e| {
+                if e.status() == axum::http::StatusCode::PAYLOAD_TOO_LARGE {
+                    Problem::new(
+                        ProblemType::PayloadTooLarge,
+                        "the body is larger than this server accepts; nothing was changed",
+                    )
+                } else {
+                    Problem::new(ProblemType::MalformedBody, "the body could not be read")
+                }
+            })?,
+        };
         let values = scan_json(&bytes)?;
         if let Some(charge) = charge {
             charge.parsing(bytes.len(), values).await?;
@@ -209,6 +220,23 @@ impl<T: DeserializeOwned, S: Send + Sync> FromRequestParts<S> for Q<T> {
                 ))
             }
         }
+    }
+}
+
+/// The largest event seq a request may name (`sinceSeq`, `Last-Event-ID`):
+/// 2^53 − 1, the largest integer every JSON client reads exactly, as the
+/// OpenAPI document states. Every seq a store issues is far below it.
+pub const MAX_SEQ: u64 = (1 << 53) - 1;
+
+/// A seq the request names as `field` (absent: 0), refused above
+/// [`MAX_SEQ`] with a 400 naming the field and the maximum.
+pub fn seq_param(field: &str, value: Option<u64>) -> Result<u64, Problem> {
+    match value {
+        Some(v) if v > MAX_SEQ => Err(Problem::invalid(
+            field,
+            format!("{field} {v} is above the largest seq this API takes, {MAX_SEQ} (2^53 - 1)"),
+        )),
+        v => Ok(v.unwrap_or(0)),
     }
 }
 

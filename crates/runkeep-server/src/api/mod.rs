@@ -163,11 +163,24 @@ pub fn router(state: AppState) -> Router {
 
 /// The API router accepting bodies up to `body_limit` bytes.
 pub fn router_with_limit(state: AppState, body_limit: usize) -> Router {
+    router_with_budget(state, budget::BodyBudget::new(body_limit))
+}
+
+/// The API router accepting bodies up to the limit of `budget`, charging
+/// them to it ([`budget`]).
+pub fn router_with_budget(state: AppState, budget: budget::BodyBudget) -> Router {
+    let body_limit = budget.limit_bytes();
     let mut by_path: BTreeMap<String, Handler> = BTreeMap::new();
     for (spec, handler) in table() {
         let role = spec.role;
-        let layered =
-            handler.route_layer(middleware::from_fn_with_state((state.clone(), role), guard));
+        // The charge sits inside the guard: it counts against the
+        // principal the guard found.
+        let layered = handler
+            .route_layer(middleware::from_fn_with_state(
+                budget.clone(),
+                budget::charge_bodies,
+            ))
+            .route_layer(middleware::from_fn_with_state((state.clone(), role), guard));
         let entry = by_path.remove(&spec.path);
         by_path.insert(
             spec.path.clone(),
@@ -181,14 +194,10 @@ pub fn router_with_limit(state: AppState, body_limit: usize) -> Router {
     for (path, handler) in by_path {
         router = router.route(&path, handler);
     }
-    let budget = budget::BodyBudget::new(body_limit);
     router
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
-        .layer(middleware::from_fn_with_state(
-            budget,
-            budget::charge_bodies,
-        ))
+        .layer(middleware::from_fn(budget::refuse_bodies))
         .layer(axum::extract::DefaultBodyLimit::max(body_limit))
         .layer(middleware::from_fn_with_state(state.clone(), stamp_now))
         .with_state(state)

@@ -144,6 +144,8 @@ pub(super) async fn claim_next(
         ));
     }
     let deadline = tokio::time::Instant::now() + Duration::from_millis(wait);
+    let revoked = crate::auth::revoked(state.auth.clone(), principal.clone());
+    tokio::pin!(revoked);
     loop {
         // Subscribe before looking, so a run made runnable in between wakes us.
         let mut watch = state.store.watch(&WatchTopic::Runnable(scope.clone()));
@@ -161,7 +163,11 @@ pub(super) async fn claim_next(
             state.metrics.record_claim("empty");
             return Ok(Json(ClaimNextAnswer { claimed: None }));
         }
-        let _ = tokio::time::timeout_at(deadline, watch.changed()).await;
+        // Only the wait is cut short by a revocation, never a claim.
+        tokio::select! {
+            _ = tokio::time::timeout_at(deadline, watch.changed()) => {}
+            () = &mut revoked => return Err(crate::auth::revoked_problem()),
+        }
     }
 }
 
@@ -180,13 +186,19 @@ pub struct WaitRunnableQuery {
 
 pub(super) async fn wait_runnable(
     State(state): State<AppState>,
+    Extension(principal): Extension<Principal>,
     TenantParam(tenant): TenantParam,
     Q(q): Q<WaitRunnableQuery>,
 ) -> ApiResult<Waited> {
     let scope = listing_scope(tenant, q.project.as_deref(), q.session.as_deref())?;
     let timeout = super::events::bounded_wait(q.timeout_ms)?;
     let mut watch = state.store.watch(&WatchTopic::Runnable(scope));
-    let changed = tokio::time::timeout(timeout, watch.changed()).await.is_ok();
+    let changed = tokio::select! {
+        woke = tokio::time::timeout(timeout, watch.changed()) => woke.is_ok(),
+        () = crate::auth::revoked(state.auth.clone(), principal) => {
+            return Err(crate::auth::revoked_problem())
+        }
+    };
     Ok(Json(Waited {
         changed,
         last_seq: None,
