@@ -51,6 +51,7 @@ use runkeep::{ManualClock, RunStore};
 
 pub mod cases;
 pub mod differential;
+pub mod hijack;
 pub mod intercept;
 pub mod support;
 

@@ -22,8 +22,7 @@
 
 mod common;
 
-use std::collections::BTreeSet;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -35,7 +34,7 @@ use runkeep::{
     StepReceipt, Timestamp, Ttl,
 };
 use runkeep_conformance::intercept::{Intercept, Intercepted};
-use runkeep_conformance::support;
+use runkeep_conformance::{hijack, support};
 use runkeep_server::client::{HttpStore, HttpStoreOptions};
 use serde_json::{json, Map, Value};
 use tokio::sync::Notify;
@@ -436,180 +435,24 @@ async fn an_unfenced_write_into_another_tokens_lapsed_lease_is_refused() {
 // ---------------------------------------------------------------------------
 // The flood, on real backends, through two servers.
 
-fn runs_wanted() -> usize {
-    std::env::var("RUNKEEP_HIJACK_RUNS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(50)
-}
-
-#[derive(Default, Debug)]
-struct AttackCounts {
-    sent: AtomicU64,
-    not_yours: AtomicU64,
-    accepted: AtomicU64,
-}
-
-/// Floods the run the honest worker is on (the first of `runs` not yet
-/// finished: the queue drains in that order) with acts under its top
-/// fence and the next one, until `stop`.
-async fn flood(
-    attacker: HttpStore,
-    runs: Arc<Vec<RunScope>>,
-    stop: Arc<AtomicBool>,
-    counts: Arc<AttackCounts>,
-) {
-    let mut i = 0;
-    while !stop.load(Ordering::Relaxed) && i < runs.len() {
-        let r = &runs[i];
-        let Ok(top) = attacker.lease(r, attacker.now()).await else {
-            continue;
-        };
-        let targets: Vec<Fence> = match top {
-            // A tombstone above the first fence: finished (or released);
-            // on to the next run.
-            Some(l) if l.holder.is_empty() && l.fence.get() > 1 => {
-                i += 1;
-                continue;
-            }
-            Some(l) => [Some(l.fence), l.fence.next(&r.run_id).ok()]
-                .into_iter()
-                .flatten()
-                .collect(),
-            None => vec![Fence::new(1).unwrap()],
-        };
-        for f in targets {
-            for result in [
-                attacker
-                    .finish(r, f, &Outcome::failed("hijacked"))
-                    .await
-                    .map(drop),
-                attacker
-                    .append_events(r, &[event("attack")], Some(f))
-                    .await
-                    .map(drop),
-            ] {
-                counts.sent.fetch_add(1, Ordering::Relaxed);
-                match result {
-                    Ok(()) => {
-                        counts.accepted.fetch_add(1, Ordering::Relaxed);
-                    }
-                    Err(Error::NotYourHolding { .. }) => {
-                        counts.not_yours.fetch_add(1, Ordering::Relaxed);
-                    }
-                    Err(_) => {}
-                }
-            }
-        }
-    }
-}
-
-/// What the honest worker met.
-#[derive(Default, Debug)]
-struct Drained {
-    finished: usize,
-    refused: Vec<String>,
-}
-
-async fn drain(honest: HttpStore, expected: usize) -> Drained {
-    let mut out = Drained::default();
-    let mut idle = 0;
-    while out.finished + out.refused.len() < expected && idle < 200 {
-        let got = honest
-            .claim_next(
-                &support::listing(),
-                &ClaimNextFilter::default(),
-                &claim_opts("honest"),
-            )
-            .await
-            .expect("claim_next");
-        let Some((r, lease)) = got else {
-            idle += 1;
-            tokio::time::sleep(Duration::from_millis(10)).await;
-            continue;
-        };
-        let step = Step {
-            events: vec![event("work")],
-            finish: Some(Outcome::completed(None)),
-            ..Step::default()
-        };
-        match honest.commit_step(&r, lease.fence, &step).await {
-            Ok(_) => out.finished += 1,
-            Err(e) => out.refused.push(format!("{}: {e}", r.run_id)),
-        }
-    }
-    out
-}
-
-/// Runs the flood against two servers over `a` and `b` (two instances of
-/// one store) and checks every run.
+/// Two servers over `a` and `b` (two instances of one store): the honest
+/// worker on the first, the attacker on both.
 async fn hijack_flood(label: &str, a: Arc<dyn RunStore>, b: Arc<dyn RunStore>) {
-    let n = runs_wanted();
-    let runs: Vec<RunScope> = (0..n).map(|i| support::run(&format!("h{i:04}"))).collect();
-    for r in &runs {
-        a.enqueue(
-            r,
-            &support::checkpoint("start", 0),
-            &EnqueueOptions::default(),
-        )
-        .await
-        .unwrap();
-    }
-    let runs = Arc::new(runs);
     let s1 = TestServer::start(a.clone());
     let s2 = TestServer::start(b);
-    let stop = Arc::new(AtomicBool::new(false));
-    let counts = Arc::new(AttackCounts::default());
-    // Two keep-alive connections of the attacker, one per server.
-    let attackers: Vec<_> = [&s1, &s2]
-        .into_iter()
-        .map(|s| {
-            tokio::spawn(flood(
-                worker(s, WORKER_A2),
-                runs.clone(),
-                stop.clone(),
-                counts.clone(),
-            ))
-        })
-        .collect();
-    let drained = drain(worker(&s1, WORKER_A), n).await;
-    stop.store(true, Ordering::Relaxed);
-    for t in attackers {
-        t.await.unwrap();
-    }
-
-    let mut hijacked = BTreeSet::new();
-    let mut foreign = 0usize;
-    for r in runs.iter() {
-        let l = a.lifecycle(r).await.unwrap();
-        if l.status != RunStatus::Completed {
-            hijacked.insert(format!("{} {:?} {:?}", r.run_id, l.status, l.reason));
-        }
-        let events = a.read_events(r, &Default::default()).await.unwrap().events;
-        foreign += events.iter().filter(|e| e.event_type != "work").count();
-    }
-    eprintln!(
-        "{label}: {n} runs, honest finished {} (refused {}), hijacked {}, foreign events {foreign}; attacker sent {} acts: {} refused not-your-holding, {} accepted",
-        drained.finished,
-        drained.refused.len(),
-        hijacked.len(),
-        counts.sent.load(Ordering::Relaxed),
-        counts.not_yours.load(Ordering::Relaxed),
-        counts.accepted.load(Ordering::Relaxed),
-    );
-    assert!(
-        counts.sent.load(Ordering::Relaxed) > n as u64,
-        "{label}: the attacker hardly attacked"
-    );
-    assert!(hijacked.is_empty(), "{label}: hijacked: {hijacked:#?}");
-    assert_eq!(foreign, 0, "{label}: foreign events");
-    assert!(
-        drained.refused.is_empty(),
-        "{label}: {:#?}",
-        drained.refused
-    );
-    assert_eq!(drained.finished, n, "{label}");
-    assert_eq!(counts.accepted.load(Ordering::Relaxed), 0, "{label}");
+    let attackers: Vec<Arc<dyn RunStore>> = vec![
+        Arc::new(worker(&s1, WORKER_A2)),
+        Arc::new(worker(&s2, WORKER_A2)),
+    ];
+    let report = hijack::flood_and_drain(
+        a,
+        Arc::new(worker(&s1, WORKER_A)),
+        attackers,
+        hijack::runs_wanted(50),
+    )
+    .await;
+    eprintln!("{}", report.line(label));
+    report.assert_clean(label);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
