@@ -89,6 +89,16 @@ def test_refusals_are_typed(serve):
     assert c.value.first_answer == "yes" and c.value.resolved_at
 
 
+def test_forbidden_tells_a_holding_not_this_tokens_from_a_role_too_low():
+    f = problem_error({"type": "urn:runkeep:problem:forbidden", "title": "Forbidden", "status": 403, "run": "r", "operation": "finish", "presented": 4, "current": 4})
+    assert isinstance(f, Forbidden) and f.not_your_holding
+    assert (f.run, f.holding_fence, f.presented) == ("r", 4, 4)
+    unfenced = problem_error({"type": "urn:runkeep:problem:forbidden", "title": "Forbidden", "status": 403, "run": "r", "current": 2})
+    assert unfenced.not_your_holding and (unfenced.holding_fence, unfenced.presented) == (2, None)
+    role = problem_error({"type": "urn:runkeep:problem:forbidden", "title": "Forbidden", "status": 403, "requiredRole": "worker"})
+    assert not role.not_your_holding and (role.run, role.holding_fence, role.required_role) == (None, None, "worker")
+
+
 def test_retryable_kinds_carry_retry_after_and_outcome_unknown():
     p = {"type": "urn:runkeep:problem:unavailable", "title": "Unavailable", "status": 503, "outcomeUnknown": True}
     e = problem_error(p, retry_after=2.5)

@@ -250,12 +250,34 @@ export class Unauthorized extends RunkeepError {
   override name = "Unauthorized";
 }
 
-/** `forbidden` (403): the token's role does not allow the operation. */
+/**
+ * `forbidden` (403): the token's role does not allow the operation
+ * ({@link requiredRole}), or the run's holding is not one this token may
+ * write under ({@link notYourHolding}: a fenced act on a holding another
+ * token claimed, or an unfenced write while a lease is on top). The store
+ * judges the latter with the fence: stop working on the run.
+ */
 export class Forbidden extends RunkeepError {
   override name = "Forbidden";
   /** The role the operation needs. */
   get requiredRole(): string | undefined {
     return this.problem.requiredRole ?? undefined;
+  }
+  /** True when the refusal is about the run's holding, not the role. */
+  get notYourHolding(): boolean {
+    return typeof this.problem.run === "string" && typeof this.problem.current === "number";
+  }
+  /** For {@link notYourHolding}: the run. */
+  get run(): string | undefined {
+    return this.notYourHolding ? (this.problem.run ?? undefined) : undefined;
+  }
+  /** For {@link notYourHolding}: the fence of the holding that is not this token's. */
+  get holdingFence(): number | undefined {
+    return this.notYourHolding ? (this.problem.current ?? undefined) : undefined;
+  }
+  /** For {@link notYourHolding}: the fence the refused act presented (none for an unfenced write). */
+  get presented(): number | undefined {
+    return this.notYourHolding ? (this.problem.presented ?? undefined) : undefined;
   }
 }
 

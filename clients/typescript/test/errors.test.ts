@@ -67,6 +67,26 @@ test("fenced-out carries both fences; without them it is not a FencedOut", () =>
   assert.match(broken.message, /without its fences/);
 });
 
+test("forbidden tells a holding that is not this token's from a role too low", () => {
+  const e = problemError({
+    type: `${TYPE_PREFIX}forbidden`,
+    title: "Forbidden",
+    status: 403,
+    run: "r",
+    operation: "finish",
+    presented: 4,
+    current: 4,
+  });
+  assert.ok(e instanceof Forbidden);
+  assert.deepEqual([e.notYourHolding, e.run, e.holdingFence, e.presented], [true, "r", 4, 4]);
+  const unfenced = problemError({ type: `${TYPE_PREFIX}forbidden`, title: "Forbidden", status: 403, run: "r", current: 2 });
+  assert.ok(unfenced instanceof Forbidden);
+  assert.deepEqual([unfenced.notYourHolding, unfenced.holdingFence, unfenced.presented], [true, 2, undefined]);
+  const role = problemError({ type: `${TYPE_PREFIX}forbidden`, title: "Forbidden", status: 403, requiredRole: "worker" });
+  assert.ok(role instanceof Forbidden);
+  assert.deepEqual([role.notYourHolding, role.run, role.holdingFence, role.requiredRole], [false, undefined, undefined, "worker"]);
+});
+
 test("503 answers carry Retry-After; unavailable says when the outcome is unknown", () => {
   const c = problemError({ type: `${TYPE_PREFIX}contended`, title: "Contended", status: 503, attempts: 8 }, undefined, 2000);
   assert.ok(c instanceof Contended);

@@ -166,11 +166,35 @@ class Unauthorized(RunkeepError):
 
 
 class Forbidden(RunkeepError):
-    """``forbidden`` (403): the role is too low, or the holding is another token's."""
+    """``forbidden`` (403): the role is too low (``required_role``), or the
+    run's holding is not one this token may write under
+    (``not_your_holding``: a fenced act on a holding another token claimed,
+    or an unfenced write while a lease is on top; the store judges it with
+    the fence: stop working on the run)."""
 
     @property
     def required_role(self) -> str | None:
         return self.problem.get("requiredRole")
+
+    @property
+    def not_your_holding(self) -> bool:
+        """True when the refusal is about the run's holding, not the role."""
+        return isinstance(self.problem.get("run"), str) and isinstance(self.problem.get("current"), int)
+
+    @property
+    def run(self) -> str | None:
+        """For ``not_your_holding``: the run."""
+        return self.problem.get("run") if self.not_your_holding else None
+
+    @property
+    def holding_fence(self) -> int | None:
+        """For ``not_your_holding``: the fence of the holding that is not this token's."""
+        return self.problem.get("current") if self.not_your_holding else None
+
+    @property
+    def presented(self) -> int | None:
+        """For ``not_your_holding``: the fence the refused act presented (None: unfenced)."""
+        return self.problem.get("presented") if self.not_your_holding else None
 
 
 class UnsupportedMediaType(RunkeepError):
