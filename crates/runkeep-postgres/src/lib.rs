@@ -76,7 +76,7 @@
 
 mod checkpoints;
 mod claims;
-mod connect;
+mod db;
 mod documents;
 pub mod error;
 mod events;
@@ -84,16 +84,12 @@ mod lifecycle;
 mod listing;
 mod options;
 mod parks;
-mod pipeline;
-mod row;
 pub mod schema;
 mod step;
 mod store;
-mod tx;
-mod wake;
 
+pub use db::wake::COALESCE_WINDOW;
 pub use error::OUTCOME_UNKNOWN;
 pub use options::{NotifyMode, PgOptions, DEFAULT_MAX_PAYLOAD_BYTES};
 pub use schema::SCHEMA_VERSION;
 pub use store::PgStore;
-pub use wake::COALESCE_WINDOW;

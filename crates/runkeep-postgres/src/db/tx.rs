@@ -10,12 +10,13 @@ use tokio_postgres::Row;
 
 use runkeep::{Checkpoint, Error, Result, RunScope, Timestamp};
 
+use crate::db::digest::checkpoint_stmt;
+use crate::db::pipeline::{self, Stmt, Tx};
+use crate::db::row::{save_stmt, sql_after_lock, sql_ensure, sql_lock, state_of, Key, RunState};
+use crate::db::wake;
+use crate::db::Db;
 use crate::error::{map_commit, map_pg};
 use crate::options::NotifyMode;
-use crate::pipeline::{self, Stmt, Tx};
-use crate::row::{sql_after_lock, sql_ensure, sql_lock, state_of, Key, RunState};
-use crate::store::PgStore;
-use crate::wake;
 
 /// What a transaction reads in the round trip that begins it.
 #[derive(Default)]
@@ -31,7 +32,7 @@ pub(crate) struct Opening<'a> {
     pub(crate) more: Vec<Stmt>,
 }
 
-/// What [`PgStore::open`] read.
+/// What [`Db::open`] read.
 pub(crate) struct Opened {
     /// The run's row; `None` when absent.
     pub(crate) state: Option<RunState>,
@@ -102,7 +103,7 @@ impl Writes {
     }
 
     /// Stores `stored` here, keeping the row's digest (which may take one
-    /// more round trip to read the headers: [`PgStore::checkpoint_stmt`]).
+    /// more round trip to read the headers: [`checkpoint_stmt`]).
     pub(crate) fn checkpoint(mut self, stored: Checkpoint, exists: bool) -> Self {
         self.checkpoint = Some((self.stmts.len(), Box::new(stored), exists));
         self
@@ -122,7 +123,7 @@ impl Writes {
     }
 }
 
-impl PgStore {
+impl Db {
     /// Every write on one run's row: `BEGIN`, the row lock and what
     /// `opening` asks for (the clock, a checkpoint's existence, more reads)
     /// in one round trip; then `judge`, the core's rule, on the locked row;
@@ -180,19 +181,18 @@ impl PgStore {
     ) -> Result<(Vec<Stmt>, Option<bool>)> {
         let mut stmts = w.stmts;
         if let Some((at, stored, exists)) = w.checkpoint {
-            let s = self
-                .checkpoint_stmt(tx, what, scope, &mut locked.run, &stored, exists)
-                .await?;
+            let s =
+                checkpoint_stmt(self, tx, what, scope, &mut locked.run, &stored, exists).await?;
             stmts.insert(at, s);
         }
         if w.save {
-            stmts.push(Self::save_stmt(&locked.key, &locked.run)?);
+            stmts.push(save_stmt(&locked.key, &locked.run)?);
         }
         Ok((stmts, w.notify))
     }
 }
 
-impl PgStore {
+impl Db {
     /// `Unavailable`: a statement got no reply within `reply_timeout`.
     pub(crate) fn no_reply(&self, what: &str) -> Error {
         Error::Unavailable {
