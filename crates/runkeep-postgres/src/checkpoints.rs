@@ -12,7 +12,7 @@ use runkeep::{Checkpoint, CheckpointHeader, CheckpointId, Fence, Result, RunDige
 use crate::db::digest::headers_of;
 use crate::db::pipeline::Stmt;
 use crate::db::row::{checkpoint_of, sql_headers, Key, KEY_WHERE};
-use crate::db::tx::{Opening, Verdict, Writes};
+use crate::db::tx::{Opening, Verdict, Wake, Writes};
 use crate::db::Db;
 
 pub(crate) async fn read_checkpoint_in<C: GenericClient + Sync>(
@@ -57,7 +57,7 @@ pub(crate) async fn write_checkpoint(
         let writes = Writes::default()
             .checkpoint(stored.clone(), l.checkpoint_exists)
             .save()
-            .notify(false);
+            .notify(Wake::Changed);
         Ok(Verdict::Write(stored, writes))
     })
     .await

@@ -11,7 +11,7 @@ use runkeep::{
 
 use crate::db::pipeline::{Stmt, Tx};
 use crate::db::row::{save_stmt, Key, RunState};
-use crate::db::tx::{Opening, Verdict, Writes};
+use crate::db::tx::{Opening, Verdict, Wake, Writes};
 use crate::db::Db;
 use crate::listing::{fill_state, listed_row, After, Listing};
 use tokio_postgres::Row;
@@ -62,7 +62,10 @@ pub(crate) async fn release(db: &Db, scope: &RunScope, fence: Fence) -> Result<b
         match decide_release(&scope.run_id, l.run.top.as_ref(), fence)? {
             Some(tomb) => {
                 l.run.top = Some(TopHolding::Released { fence: tomb });
-                Ok(Verdict::Write(true, Writes::default().save().notify(false)))
+                Ok(Verdict::Write(
+                    true,
+                    Writes::default().save().notify(Wake::Changed),
+                ))
             }
             None => Ok(Verdict::Keep(false)),
         }

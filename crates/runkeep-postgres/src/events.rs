@@ -10,7 +10,7 @@ use runkeep::{
 
 use crate::db::pipeline::Stmt;
 use crate::db::row::{corrupted, i64_of, object, Key, RunState, KEY_COLS, KEY_WHERE};
-use crate::db::tx::{Opening, Verdict, Writes};
+use crate::db::tx::{Opening, Verdict, Wake, Writes};
 use crate::db::Db;
 
 /// The events as stored under the already-checked fence, advancing
@@ -68,7 +68,10 @@ pub(crate) async fn append_events(
         let (out, insert) = events_stmt(db, &l.key, &mut l.run, events, l.now, fence)?;
         Ok(Verdict::Write(
             out,
-            Writes::default().stmts(insert).save().notify(true),
+            Writes::default()
+                .stmts(insert)
+                .save()
+                .notify(Wake::NewEvents),
         ))
     })
     .await

@@ -7,7 +7,7 @@ use runkeep::{
 };
 
 use crate::db::row::Key;
-use crate::db::tx::{Opening, Verdict, Writes};
+use crate::db::tx::{Opening, Verdict, Wake, Writes};
 use crate::db::Db;
 
 pub(crate) async fn lifecycle(db: &Db, scope: &RunScope) -> Result<Lifecycle> {
@@ -44,7 +44,7 @@ pub(crate) async fn enqueue(
         let writes = Writes::default()
             .checkpoint(stored.clone(), l.checkpoint_exists)
             .save()
-            .notify(false);
+            .notify(Wake::Changed);
         Ok(Verdict::Write(stored, writes))
     })
     .await
@@ -74,7 +74,10 @@ pub(crate) async fn finish(
             fence,
             l.now,
         )?;
-        Ok(Verdict::Write(done, Writes::default().save().notify(false)))
+        Ok(Verdict::Write(
+            done,
+            Writes::default().save().notify(Wake::Changed),
+        ))
     })
     .await
 }
@@ -98,7 +101,10 @@ pub(crate) async fn snooze(
         {
             return Ok(Verdict::Keep(false));
         }
-        Ok(Verdict::Write(true, Writes::default().save().notify(false)))
+        Ok(Verdict::Write(
+            true,
+            Writes::default().save().notify(Wake::Changed),
+        ))
     })
     .await
 }
@@ -114,7 +120,7 @@ pub(crate) async fn reopen(db: &Db, scope: &RunScope) -> Result<Lifecycle> {
         l.run.lifecycle = reopened.clone();
         Ok(Verdict::Write(
             reopened,
-            Writes::default().save().notify(false),
+            Writes::default().save().notify(Wake::Changed),
         ))
     })
     .await

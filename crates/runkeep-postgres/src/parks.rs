@@ -10,7 +10,7 @@ use runkeep::{
 
 use crate::db::pipeline::Stmt;
 use crate::db::row::{checkpoint_of, digest_of, Key, KEY_WHERE};
-use crate::db::tx::{Opening, Verdict, Writes};
+use crate::db::tx::{Opening, Verdict, Wake, Writes};
 use crate::db::Db;
 
 pub(crate) async fn resolve_park(
@@ -48,7 +48,7 @@ pub(crate) async fn resolve_park(
         let writes = Writes::default()
             .checkpoint(updated.clone(), true)
             .save()
-            .notify(false);
+            .notify(Wake::Changed);
         Ok(Verdict::Write(updated, writes))
     })
     .await

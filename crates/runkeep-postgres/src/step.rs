@@ -6,7 +6,7 @@ use runkeep::{Error, Fence, Handover, NextClaim, Result, RunScope, Step, StepRec
 use serde_json::Value;
 
 use crate::claims::NextSearch;
-use crate::db::tx::{Locked, Opening, Verdict, Writes};
+use crate::db::tx::{Locked, Opening, Verdict, Wake, Writes};
 use crate::db::Db;
 
 pub(crate) async fn commit_step(
@@ -124,7 +124,11 @@ fn judge(
     if let Some(f) = &finished {
         f.apply(&mut run.top, &mut run.lifecycle);
     }
-    let writes = writes.save().notify(!events.is_empty());
+    let writes = writes.save().notify(if events.is_empty() {
+        Wake::Changed
+    } else {
+        Wake::NewEvents
+    });
     let receipt = StepReceipt {
         events,
         checkpoint,

@@ -85,8 +85,20 @@ pub(crate) struct Writes {
     checkpoint: Option<(usize, Box<Checkpoint>, bool)>,
     /// Save the judged row last.
     save: bool,
-    /// Notify the change (`Some(new events)`) right after the `COMMIT`.
-    notify: Option<bool>,
+    /// Whom to wake right after the `COMMIT`.
+    notify: Wake,
+}
+
+/// Whom a committed write wakes (module `wake`, right after its `COMMIT`).
+#[derive(Clone, Copy, PartialEq, Eq, Debug, Default)]
+pub(crate) enum Wake {
+    /// Nobody: no notification.
+    #[default]
+    Nobody,
+    /// The run's watchers: the run changed.
+    Changed,
+    /// The run's watchers, telling them it has new events.
+    NewEvents,
 }
 
 impl Writes {
@@ -115,10 +127,10 @@ impl Writes {
         self
     }
 
-    /// Wakes the run's watchers after the `COMMIT` (`events`: it has new
-    /// events).
-    pub(crate) fn notify(mut self, events: bool) -> Self {
-        self.notify = Some(events);
+    /// Wakes the run's watchers after the `COMMIT` ([`Wake::Changed`] or
+    /// [`Wake::NewEvents`]).
+    pub(crate) fn notify(mut self, wake: Wake) -> Self {
+        self.notify = wake;
         self
     }
 }
@@ -178,7 +190,7 @@ impl Db {
         scope: &RunScope,
         locked: &mut Locked,
         w: Writes,
-    ) -> Result<(Vec<Stmt>, Option<bool>)> {
+    ) -> Result<(Vec<Stmt>, Wake)> {
         let mut stmts = w.stmts;
         if let Some((at, stored, exists)) = w.checkpoint {
             let s =
@@ -291,7 +303,7 @@ impl Db {
     }
 
     /// [`Self::commit`], with the change of `scope` notified right after
-    /// the `COMMIT` (module `wake`) when `notify` is `Some(new events)`:
+    /// the `COMMIT` (module `wake`) unless `notify` is [`Wake::Nobody`]:
     /// sent with it, not waited for.
     pub(crate) async fn commit_notify(
         &self,
@@ -299,10 +311,12 @@ impl Db {
         what: &str,
         stmts: Vec<Stmt>,
         scope: &RunScope,
-        notify: Option<bool>,
+        notify: Wake,
     ) -> Result<()> {
-        let Some(events) = notify else {
-            return self.commit(tx, what, stmts).await;
+        let events = match notify {
+            Wake::Nobody => return self.commit(tx, what, stmts).await,
+            Wake::Changed => false,
+            Wake::NewEvents => true,
         };
         let payload = wake::payload(scope, events);
         if self.options.notify == NotifyMode::Coalesced {
