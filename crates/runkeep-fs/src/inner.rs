@@ -105,7 +105,7 @@ impl Inner {
                 Ok(m) if m.file_type().is_symlink() => {
                     return Err(sys::symlink_refusal(
                         "run",
-                        &scope.run_id.to_string(),
+                        scope.run_id.as_str(),
                         &path,
                         "store",
                         "the run's directory",
