@@ -32,11 +32,12 @@ use runkeep::{
 };
 use serde_json::{Map, Value};
 
+use crate::inner::Inner;
 use crate::lock::{self, Mode, RunLock};
+use crate::options::Durability;
 use crate::run_state::{self, Record};
 use crate::sys::{self, errno, Ctx};
 use crate::testing_hooks::{self, Mutation};
-use crate::{Durability, Inner};
 use runkeep::LeaseSummary;
 
 /// The claims directory of a run.

@@ -14,9 +14,11 @@ use runkeep::{
 
 use crate::claims::{self, KEEP_BELOW_TOP, SCRATCH_TTL};
 use crate::fenced_write::FENCED_OUT_LOG;
+use crate::inner::Inner;
 use crate::lock::META_DIR;
+use crate::options::Attribution;
 use crate::sys::{self, Ctx};
-use crate::{checkpoints, listing, transcript, Attribution, Inner};
+use crate::{checkpoints, listing, transcript};
 
 /// What a health scan found. Every list is empty on a healthy store.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]

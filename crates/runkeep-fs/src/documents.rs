@@ -9,8 +9,9 @@ use serde_json::{Map, Value};
 
 use crate::checkpoints::{check_schema, SCHEMA_VERSION};
 use crate::fenced_write::FencedWrite;
+use crate::inner::Inner;
 use crate::sys::{self, Ctx};
-use crate::{testing_hooks, Inner};
+use crate::testing_hooks;
 use runkeep::{Fence, RunScope};
 
 /// The run record file.

@@ -29,9 +29,11 @@ use std::path::Path;
 use runkeep::lease::{check_unfenced_write, check_write_fence};
 use runkeep::{Error, Fence, Result, RunScope, Timestamp, TopHolding};
 
+use crate::inner::Inner;
 use crate::lock::{self, Mode, RunLock};
+use crate::options::Durability;
 use crate::sys::{self, Ctx};
-use crate::{claims, testing_hooks, Durability, Inner};
+use crate::{claims, testing_hooks};
 
 /// The log in a run's meta directory that records every fenced-out write.
 pub(crate) const FENCED_OUT_LOG: &str = "fenced-out.jsonl";

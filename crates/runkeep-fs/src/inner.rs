@@ -10,8 +10,9 @@ use std::sync::{Arc, Mutex};
 
 use runkeep::{Clock, Error, Result, RunScope, Timestamp};
 
+use crate::index;
+use crate::options::{Attribution, Durability};
 use crate::sys::{self, Ctx};
-use crate::{index, Attribution, Durability};
 
 /// The state of one directory store, shared by its clones.
 pub(crate) struct Inner {
@@ -102,16 +103,13 @@ impl Inner {
             path.push(part);
             match std::fs::symlink_metadata(&path) {
                 Ok(m) if m.file_type().is_symlink() => {
-                    let target = std::fs::read_link(&path)
-                        .map(|t| t.display().to_string())
-                        .unwrap_or_else(|_| "?".into());
-                    return Err(Error::Unsupported {
-                        message: format!(
-                            "run {}: {} is a symbolic link (to {target}); runkeep never follows a link out of the store, so this run can be neither read nor written. Move the run's directory into the store in place of the link, or remove the link",
-                            scope.run_id,
-                            path.display()
-                        ),
-                    });
+                    return Err(sys::symlink_refusal(
+                        "run",
+                        scope.run_id.as_str(),
+                        &path,
+                        "store",
+                        "the run's directory",
+                    ));
                 }
                 Ok(_) => {}
                 Err(e) if sys::is_not_found(&e) => return Ok(()),

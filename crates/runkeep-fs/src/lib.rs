@@ -71,10 +71,10 @@ use async_trait::async_trait;
 use runkeep::checkpoint::Checkpoint;
 use runkeep::watch::{Watch, WatchTopic};
 use runkeep::{
-    AuditRecord, CheckpointId, ClaimNextFilter, ClaimOptions, ClaimOutcome, Clock, Error,
-    EventBatch, Fence, Lease, LeaseSummary, ListOptions, ListingScope, MessageSnapshot,
-    NewAuditEvent, NewEvent, ParkResolution, PersistedEvent, ProjectId, ReadEventsOptions, Result,
-    RunPage, RunRecord, RunScope, SessionId, SystemClock, TenantId, Timestamp,
+    AuditRecord, CheckpointId, ClaimNextFilter, ClaimOptions, ClaimOutcome, Error, EventBatch,
+    Fence, Lease, LeaseSummary, ListOptions, ListingScope, MessageSnapshot, NewAuditEvent,
+    NewEvent, ParkResolution, PersistedEvent, ReadEventsOptions, Result, RunPage, RunRecord,
+    RunScope, SystemClock, Timestamp,
 };
 use serde_json::Value;
 
@@ -88,6 +88,7 @@ mod index;
 mod inner;
 mod listing;
 mod lock;
+mod options;
 mod queue;
 mod root;
 mod run_state;
@@ -107,6 +108,7 @@ pub use hard_links::{
 };
 pub use index::IndexOutlook;
 pub use listing::{is_listed_run_name, LISTED_RUN_PREFIX};
+pub use options::{Attribution, Durability, FsOptions};
 pub use root::{
     FsRootOptions, FsRootStore, MAX_WATCHED_SESSIONS, ROOT_LAYOUT_VERSION, ROOT_MARKER,
     SESSION_RUNS_DIR,
@@ -115,56 +117,6 @@ pub use sys::{DIR_MODE, FILE_MODE};
 
 use inner::Inner;
 use sys::Ctx;
-
-/// The tenant, project and session a store's directory belongs to. The
-/// directory layout records none of them; the store is told once, here.
-#[derive(Clone, PartialEq, Eq, Debug)]
-pub struct Attribution {
-    /// Tenant.
-    pub tenant_id: TenantId,
-    /// Project.
-    pub project_id: ProjectId,
-    /// Session.
-    pub session_id: SessionId,
-}
-
-/// What a successful write survives.
-#[derive(Clone, Copy, PartialEq, Eq, Debug, Default)]
-pub enum Durability {
-    /// Survives the writing process being killed at any instant: whole files
-    /// are published by rename from a unique temporary name, holdings by
-    /// hard link, log lines by one append; nothing is fsynced, so a power
-    /// loss or kernel crash may lose (never tear) recent writes.
-    #[default]
-    ProcessCrash,
-    /// Additionally survives power loss: every published file and log append
-    /// is fsynced, and so is the directory whose entries changed, before the
-    /// call returns. If an fsync fails, the store turns read-only (sticky
-    /// failure) instead of pretending later writes are durable.
-    PowerLoss,
-}
-
-/// Options of [`FsStore::open`].
-#[derive(Clone, Debug, Default)]
-pub struct FsOptions {
-    /// The scope the directory belongs to. Required for listing; per-run
-    /// operations on another scope are refused when it is set.
-    pub attribution: Option<Attribution>,
-    /// The durability level.
-    pub durability: Durability,
-    /// Open for reading only: nothing in the directory is created, linked
-    /// or removed (no hard-link probe, no store directory created), and
-    /// every write is refused with [`Error::Unsupported`]. What read-only
-    /// tools (`runkeep runs`, `show`, `events`) use.
-    pub read_only: bool,
-    /// The store's clock (contract v2): what claims, expiry, listing,
-    /// `available_at`, `finished_at` and event timestamps are judged by when
-    /// a call passes no instant. `None`: the machine clock. On a directory
-    /// every process judges by its own store's clock; see
-    /// `docs/design/directory/lifecycle.md`
-    /// for what a skewed clock can still do.
-    pub clock: Option<Arc<dyn Clock>>,
-}
 
 /// The directory backend. Cheap to clone; safe to share between threads and
 /// between processes (through the directory).

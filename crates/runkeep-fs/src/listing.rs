@@ -25,8 +25,10 @@ use runkeep::{
 };
 
 use crate::index::Summary;
+use crate::inner::Inner;
+use crate::options::Attribution;
 use crate::sys::{self, Ctx};
-use crate::{checkpoints, claims, run_state, Attribution, Inner};
+use crate::{checkpoints, claims, run_state};
 
 /// A run directory found by the walk.
 #[derive(Clone, Debug)]

@@ -34,8 +34,8 @@ use std::time::{Duration, Instant};
 
 use rustix::fs::{flock, FlockOperation};
 
+use crate::options::Durability;
 use crate::sys::{self, Ctx};
-use crate::Durability;
 
 /// The directory of files this store adds to a run (ignored by the reference).
 pub(crate) const META_DIR: &str = ".runkeep";

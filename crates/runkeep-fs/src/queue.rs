@@ -11,9 +11,10 @@ use runkeep::{Checkpoint, Error, Fence, Result, RunScope, Timestamp, TopHolding}
 
 use crate::checkpoints::{self, Fresh};
 use crate::claims::{self, PublishError, CLAIMS_DIR};
+use crate::inner::Inner;
 use crate::run_state::{self, Record};
 use crate::sys::{self, Ctx};
-use crate::{documents, testing_hooks, transcript, Inner};
+use crate::{documents, testing_hooks, transcript};
 
 impl Inner {
     /// True when the run has any state at all: a checkpoint, a holding, a

@@ -28,8 +28,8 @@ use serde::{Deserialize, Serialize};
 
 use crate::claims::{self, Holding, CLAIMS_DIR};
 use crate::lock::META_DIR;
+use crate::options::Durability;
 use crate::sys::{self, Ctx};
-use crate::Durability;
 
 /// The lifecycle record inside the run's meta directory.
 pub(crate) const LIFECYCLE_FILE: &str = "lifecycle.json";

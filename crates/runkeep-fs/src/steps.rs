@@ -19,9 +19,10 @@ use runkeep::step::{Step, StepReceipt};
 use runkeep::{Fence, ReadEventsOptions, Result, RunScope};
 
 use crate::checkpoints;
+use crate::inner::Inner;
 use crate::run_state::{self, Record};
 use crate::sys::{self, Ctx};
-use crate::{documents, testing_hooks, transcript, Inner};
+use crate::{documents, testing_hooks, transcript};
 
 impl Inner {
     fn last_seq(&self, run_dir: &std::path::Path, ctx: &Ctx) -> Result<u64> {

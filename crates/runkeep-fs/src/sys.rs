@@ -16,7 +16,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use runkeep::{Error, RunScope};
 
-use crate::Durability;
+use crate::options::Durability;
 
 /// `EEXIST` and friends, by number (Linux values; rustix keeps them portable).
 pub(crate) mod errno {
@@ -149,6 +149,29 @@ impl Ctx {
     /// Stored data that cannot be understood.
     pub(crate) fn corrupted(&self, path: &Path, what: impl std::fmt::Display) -> Error {
         Error::corrupted(format!("{}: {}: {what}", self.prefix(), path.display()))
+    }
+}
+
+/// The refusal of a path on the way to a run or a session that is a
+/// symbolic link (the one wording for both): runkeep never follows a link
+/// out of the `container` (`"store"`, `"root"`), so the `noun` (`"run"`,
+/// `"session"`) named `name` can be neither read nor written; `moved` says
+/// what to move in place of the link.
+pub(crate) fn symlink_refusal(
+    noun: &str,
+    name: &str,
+    path: &Path,
+    container: &str,
+    moved: &str,
+) -> Error {
+    let target = fs::read_link(path)
+        .map(|t| t.display().to_string())
+        .unwrap_or_else(|_| "?".into());
+    Error::Unsupported {
+        message: format!(
+            "{noun} {name}: {} is a symbolic link (to {target}); runkeep never follows a link out of the {container}, so this {noun} can be neither read nor written. Move {moved} into the {container} in place of the link, or remove the link",
+            path.display()
+        ),
     }
 }
 

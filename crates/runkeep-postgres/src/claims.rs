@@ -5,36 +5,34 @@ use runkeep::lease::decide_release;
 use runkeep::lifecycle;
 use runkeep::listing::ListQuery;
 use runkeep::{
-    CheckpointStore, ClaimNextFilter, ClaimOptions, ClaimOutcome, Fence, Lease, LeaseSummary,
-    ListingScope, Result, RunScope, Timestamp, TopHolding,
+    ClaimNextFilter, ClaimOptions, ClaimOutcome, Fence, Lease, LeaseSummary, ListingScope, Result,
+    RunScope, Timestamp, TopHolding,
 };
 
+use crate::db::pipeline::{Stmt, Tx};
+use crate::db::row::{save_stmt, Key, RunState};
+use crate::db::tx::{Opening, Verdict, Wake, Writes};
+use crate::db::Db;
 use crate::listing::{fill_state, listed_row, After, Listing};
-use crate::pipeline::{Stmt, Tx};
-use crate::row::{Key, RunState};
-use crate::store::PgStore;
-use crate::tx::{Opening, Verdict, Writes};
 use tokio_postgres::Row;
 
-impl PgStore {
-    pub(crate) fn apply_claim(
-        scope: &RunScope,
-        run: &mut RunState,
-        options: &ClaimOptions,
-        now: Timestamp,
-    ) -> Result<ClaimOutcome> {
-        lifecycle::apply_claim(
-            &scope.run_id,
-            &mut run.top,
-            &mut run.lifecycle,
-            options,
-            now,
-        )
-    }
+pub(crate) fn apply_claim(
+    scope: &RunScope,
+    run: &mut RunState,
+    options: &ClaimOptions,
+    now: Timestamp,
+) -> Result<ClaimOutcome> {
+    lifecycle::apply_claim(
+        &scope.run_id,
+        &mut run.top,
+        &mut run.lifecycle,
+        options,
+        now,
+    )
 }
 
 pub(crate) async fn claim(
-    store: &PgStore,
+    db: &Db,
     scope: &RunScope,
     options: &ClaimOptions,
 ) -> Result<ClaimOutcome> {
@@ -43,64 +41,65 @@ pub(crate) async fn claim(
         clock: options.now.is_none(),
         ..Opening::default()
     };
-    store
-        .write_locked("claim", scope, opening, |l| {
-            let now = options.now.unwrap_or(l.now);
-            let before = (l.run.top.clone(), l.run.lifecycle.clone());
-            let outcome = PgStore::apply_claim(scope, &mut l.run, options, now)?;
-            if (l.run.top.clone(), l.run.lifecycle.clone()) == before {
-                // Nothing changed.
-                return Ok(Verdict::Keep(outcome));
-            }
-            Ok(Verdict::Write(outcome, Writes::default().save()))
-        })
-        .await
+    db.write_locked("claim", scope, opening, |l| {
+        let now = options.now.unwrap_or(l.now);
+        let before = (l.run.top.clone(), l.run.lifecycle.clone());
+        let outcome = apply_claim(scope, &mut l.run, options, now)?;
+        if (l.run.top.clone(), l.run.lifecycle.clone()) == before {
+            // Nothing changed.
+            return Ok(Verdict::Keep(outcome));
+        }
+        Ok(Verdict::Write(outcome, Writes::default().save()))
+    })
+    .await
 }
 
-pub(crate) async fn release(store: &PgStore, scope: &RunScope, fence: Fence) -> Result<bool> {
-    store
-        .write_locked("release", scope, Opening::default(), |l| {
-            if !l.found {
-                return Ok(Verdict::Keep(false));
+pub(crate) async fn release(db: &Db, scope: &RunScope, fence: Fence) -> Result<bool> {
+    db.write_locked("release", scope, Opening::default(), |l| {
+        if !l.found {
+            return Ok(Verdict::Keep(false));
+        }
+        match decide_release(&scope.run_id, l.run.top.as_ref(), fence)? {
+            Some(tomb) => {
+                l.run.top = Some(TopHolding::Released { fence: tomb });
+                Ok(Verdict::Write(
+                    true,
+                    Writes::default().save().notify(Wake::Changed),
+                ))
             }
-            match decide_release(&scope.run_id, l.run.top.as_ref(), fence)? {
-                Some(tomb) => {
-                    l.run.top = Some(TopHolding::Released { fence: tomb });
-                    Ok(Verdict::Write(true, Writes::default().save().notify(false)))
-                }
-                None => Ok(Verdict::Keep(false)),
-            }
-        })
-        .await
+            None => Ok(Verdict::Keep(false)),
+        }
+    })
+    .await
 }
 
 pub(crate) async fn lease(
-    store: &PgStore,
+    db: &Db,
     scope: &RunScope,
     now: Timestamp,
 ) -> Result<Option<LeaseSummary>> {
-    let c = store.conn("lease").await?;
-    Ok(store
+    let c = db.conn("lease").await?;
+    Ok(db
         .read_state(&c, scope, &Key::of(scope))
         .await?
         .and_then(|r| r.top.map(|t| t.summary(now))))
 }
 
 pub(crate) async fn claim_next(
-    store: &PgStore,
+    db: &Db,
     scope: &ListingScope,
     filter: &ClaimNextFilter,
     options: &ClaimOptions,
 ) -> Result<Option<(RunScope, Lease)>> {
     let what = "claim_next";
-    let mut search = NextSearch::new(store, scope, filter, options)?;
-    let (tx, replies) = store.begin(what, vec![search.first()]).await?;
+    let mut search = NextSearch::new(db, scope, filter, options)?;
+    let (tx, replies) = db.begin(what, vec![search.first()]).await?;
     let mut writes = Vec::new();
     let taken = search
-        .search(store, &tx, what, replies, None, &mut writes)
+        .search(db, &tx, what, replies, None, &mut writes)
         .await?;
     if taken.is_some() || search.changed {
-        store.commit(tx, what, writes).await?;
+        db.commit(tx, what, writes).await?;
     }
     // Otherwise nothing changed: the transaction rolls back unwaited.
     Ok(taken)
@@ -126,13 +125,13 @@ impl<'a> NextSearch<'a> {
     /// Checks the filter before anything is sent (the instant does not
     /// change what is valid).
     pub(crate) fn new(
-        store: &PgStore,
+        db: &Db,
         scope: &'a ListingScope,
         filter: &'a ClaimNextFilter,
         options: &'a ClaimOptions,
     ) -> Result<Self> {
-        let fixed = store.fixed_now(options.now);
-        let query = ListQuery::claim_next(scope, filter, fixed.unwrap_or(store.now()))?;
+        let fixed = db.fixed_now(options.now);
+        let query = ListQuery::claim_next(scope, filter, fixed.unwrap_or(db.now()))?;
         let listing = Listing {
             scope,
             order: filter.order,
@@ -175,7 +174,7 @@ impl<'a> NextSearch<'a> {
     /// on the way is written at once (and [`Self::changed`] set).
     pub(crate) async fn search(
         &mut self,
-        store: &PgStore,
+        db: &Db,
         tx: &Tx,
         what: &str,
         mut replies: Vec<Vec<Row>>,
@@ -190,7 +189,7 @@ impl<'a> NextSearch<'a> {
             let now = match judged {
                 Some(n) => n,
                 None => {
-                    let n = store.listed_now(&r, self.fixed)?;
+                    let n = db.listed_now(&r, self.fixed)?;
                     self.query = ListQuery::claim_next(self.scope, self.filter, n)?;
                     self.listing.now = Some(n.as_millis());
                     judged = Some(n);
@@ -207,21 +206,21 @@ impl<'a> NextSearch<'a> {
             if skip != Some(&run_scope) && self.query.matches(&row) && row.is_claimable(now) {
                 fill_state(&mut state, &r);
                 let key = Key::of(&run_scope);
-                match PgStore::apply_claim(&run_scope, &mut state, self.options, now)? {
+                match apply_claim(&run_scope, &mut state, self.options, now)? {
                     ClaimOutcome::Acquired(lease) => {
-                        writes.push(PgStore::save_stmt(&key, &state)?);
+                        writes.push(save_stmt(&key, &state)?);
                         return Ok(Some((run_scope, lease)));
                     }
                     ClaimOutcome::Finished(_) => {
                         // Dead-lettered by this claim: recorded (with the
                         // next candidate's search), then the next run.
-                        next.insert(0, PgStore::save_stmt(&key, &state)?);
+                        next.insert(0, save_stmt(&key, &state)?);
                         self.changed = true;
                     }
                     _ => {}
                 }
             }
-            replies = store.run(tx, what, next).await?;
+            replies = db.run(tx, what, next).await?;
         }
     }
 }

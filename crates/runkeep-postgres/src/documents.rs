@@ -6,48 +6,41 @@ use serde_json::Value;
 use runkeep::evidence::{check_document_size, check_json_document};
 use runkeep::{Error, Fence, MessageSnapshot, Result, RunRecord, RunScope};
 
-use crate::pipeline::{Param, Stmt};
-use crate::row::{corrupted, i64_of, Key, KEY_COLS, KEY_WHERE};
-use crate::store::PgStore;
-use crate::tx::{Opening, Verdict, Writes};
+use crate::db::pipeline::{Param, Stmt};
+use crate::db::row::{corrupted, i64_of, Key, KEY_COLS, KEY_WHERE};
+use crate::db::tx::{Opening, Verdict, Writes};
+use crate::db::Db;
 
-impl PgStore {
-    /// Sets one document column (`record` or `report`).
-    pub(crate) fn document_stmt(key: &Key, column: &str, value: Param) -> Stmt {
-        Stmt::new(
-            "write a document",
-            format!("UPDATE runs SET {column} = $6 WHERE {KEY_WHERE}"),
-            key.owned(vec![value]),
-        )
-    }
+/// Sets one document column (`record` or `report`).
+pub(crate) fn document_stmt(key: &Key, column: &str, value: Param) -> Stmt {
+    Stmt::new(
+        "write a document",
+        format!("UPDATE runs SET {column} = $6 WHERE {KEY_WHERE}"),
+        key.owned(vec![value]),
+    )
+}
 
-    pub(crate) fn messages_stmt(
-        &self,
-        key: &Key,
-        messages: &[Value],
-        through: u64,
-    ) -> Result<Stmt> {
-        let v = Value::Array(messages.to_vec());
-        self.check_json("message snapshot", &v)?;
-        Ok(Stmt::new(
-            "write the message snapshot",
-            format!("UPDATE runs SET messages = $6, messages_through = $7 WHERE {KEY_WHERE}"),
-            key.owned(vec![Box::new(v), Box::new(i64_of(through))]),
-        ))
-    }
+pub(crate) fn messages_stmt(db: &Db, key: &Key, messages: &[Value], through: u64) -> Result<Stmt> {
+    let v = Value::Array(messages.to_vec());
+    db.check_json("message snapshot", &v)?;
+    Ok(Stmt::new(
+        "write the message snapshot",
+        format!("UPDATE runs SET messages = $6, messages_through = $7 WHERE {KEY_WHERE}"),
+        key.owned(vec![Box::new(v), Box::new(i64_of(through))]),
+    ))
 }
 
 pub(crate) async fn write_run_record(
-    store: &PgStore,
+    db: &Db,
     scope: &RunScope,
     record: &RunRecord,
     fence: Option<Fence>,
 ) -> Result<()> {
     let v = serde_json::to_value(record).map_err(|e| Error::invalid(format!("run record: {e}")))?;
     check_json_document("run record", record, record.values())?;
-    store.check_json("run record", &v)?;
+    db.check_json("run record", &v)?;
     write_document(
-        store,
+        db,
         "write_run_record",
         scope,
         fence,
@@ -57,13 +50,10 @@ pub(crate) async fn write_run_record(
     .await
 }
 
-pub(crate) async fn read_run_record(
-    store: &PgStore,
-    scope: &RunScope,
-) -> Result<Option<RunRecord>> {
+pub(crate) async fn read_run_record(db: &Db, scope: &RunScope) -> Result<Option<RunRecord>> {
     let key = Key::of(scope);
-    let c = store.conn("read_run_record").await?;
-    let r = store
+    let c = db.conn("read_run_record").await?;
+    let r = db
         .row_opt(
             &c,
             "read the run record",
@@ -80,7 +70,7 @@ pub(crate) async fn read_run_record(
 }
 
 pub(crate) async fn write_messages(
-    store: &PgStore,
+    db: &Db,
     scope: &RunScope,
     messages: &[Value],
     through_event_seq: u64,
@@ -88,10 +78,10 @@ pub(crate) async fn write_messages(
 ) -> Result<()> {
     check_json_document("message snapshot", messages, messages)?;
     let v = Value::Array(messages.to_vec());
-    store.check_json("message snapshot", &v)?;
+    db.check_json("message snapshot", &v)?;
     let values: Vec<Param> = vec![Box::new(v), Box::new(i64_of(through_event_seq))];
     write_document(
-        store,
+        db,
         "write_messages",
         scope,
         fence,
@@ -101,10 +91,10 @@ pub(crate) async fn write_messages(
     .await
 }
 
-pub(crate) async fn read_messages(store: &PgStore, scope: &RunScope) -> Result<MessageSnapshot> {
+pub(crate) async fn read_messages(db: &Db, scope: &RunScope) -> Result<MessageSnapshot> {
     let key = Key::of(scope);
-    let c = store.conn("read_messages").await?;
-    let r = store
+    let c = db.conn("read_messages").await?;
+    let r = db
         .row_opt(
             &c,
             "read the message snapshot",
@@ -132,20 +122,20 @@ pub(crate) async fn read_messages(store: &PgStore, scope: &RunScope) -> Result<M
 }
 
 pub(crate) async fn write_report(
-    store: &PgStore,
+    db: &Db,
     scope: &RunScope,
     report: &str,
     fence: Option<Fence>,
 ) -> Result<()> {
     check_document_size("report", report.len())?;
-    store.check_payload("report", report.len())?;
+    db.check_payload("report", report.len())?;
     if report.contains('\0') {
         return Err(Error::invalid(
             "report contains a NUL character, which PostgreSQL text cannot store",
         ));
     }
     write_document(
-        store,
+        db,
         "write_report",
         scope,
         fence,
@@ -155,10 +145,10 @@ pub(crate) async fn write_report(
     .await
 }
 
-pub(crate) async fn read_report(store: &PgStore, scope: &RunScope) -> Result<Option<String>> {
+pub(crate) async fn read_report(db: &Db, scope: &RunScope) -> Result<Option<String>> {
     let key = Key::of(scope);
-    let c = store.conn("read_report").await?;
-    let r = store
+    let c = db.conn("read_report").await?;
+    let r = db
         .row_opt(
             &c,
             "read the report",
@@ -178,7 +168,7 @@ pub(crate) async fn read_report(store: &PgStore, scope: &RunScope) -> Result<Opt
 /// judge, so one statement on its own, an upsert that creates the run's row
 /// when absent (one round trip; its reply is its commit).
 async fn write_document(
-    store: &PgStore,
+    db: &Db,
     what: &'static str,
     scope: &RunScope,
     fence: Option<Fence>,
@@ -202,7 +192,7 @@ async fn write_document(
             ),
             key.owned(values),
         );
-        return store.write_alone(what, upsert).await;
+        return db.write_alone(what, upsert).await;
     }
     let set: Vec<String> = columns
         .iter()
@@ -218,10 +208,9 @@ async fn write_document(
         format!("UPDATE runs SET {} WHERE {KEY_WHERE}", set.join(", ")),
         key.owned(values),
     );
-    store
-        .write_locked(what, scope, opening, |l| {
-            l.run.check(scope, what, fence)?;
-            Ok(Verdict::Write((), Writes::default().stmt(update)))
-        })
-        .await
+    db.write_locked(what, scope, opening, |l| {
+        l.run.check(scope, what, fence)?;
+        Ok(Verdict::Write((), Writes::default().stmt(update)))
+    })
+    .await
 }

@@ -8,50 +8,48 @@ use runkeep::{
     ReadEventsOptions, Result, RunScope, Timestamp,
 };
 
-use crate::pipeline::Stmt;
-use crate::row::{corrupted, i64_of, object, Key, RunState, KEY_COLS, KEY_WHERE};
-use crate::store::PgStore;
-use crate::tx::{Opening, Verdict, Writes};
+use crate::db::pipeline::Stmt;
+use crate::db::row::{corrupted, i64_of, object, Key, RunState, KEY_COLS, KEY_WHERE};
+use crate::db::tx::{Opening, Verdict, Wake, Writes};
+use crate::db::Db;
 
-impl PgStore {
-    /// The events as stored under the already-checked fence, advancing
-    /// `last_seq`, and the `INSERT` that stores them (none for none).
-    pub(crate) fn events_stmt(
-        &self,
-        key: &Key,
-        run: &mut RunState,
-        events: &[NewEvent],
-        now: Timestamp,
-        fence: Option<Fence>,
-    ) -> Result<(Vec<PersistedEvent>, Option<Stmt>)> {
-        if events.is_empty() {
-            return Ok((Vec::new(), None));
-        }
-        let mut out = Vec::with_capacity(events.len());
-        let mut seqs = Vec::with_capacity(events.len());
-        let mut bodies = Vec::with_capacity(events.len());
-        for e in events {
-            let p = e.persist(run.last_seq + 1, now, fence);
-            run.last_seq += 1;
-            let body = Value::Object(p.to_json());
-            self.check_json(&format!("event of type {}", p.event_type), &body)?;
-            seqs.push(i64_of(p.seq));
-            bodies.push(body);
-            out.push(p);
-        }
-        let stmt = Stmt::new(
-            "append events",
-            format!(
-                "INSERT INTO events ({KEY_COLS}, seq, body) SELECT $1, $2, $3, $4, $5, s, b FROM unnest($6::bigint[], $7::jsonb[]) AS t(s, b)"
-            ),
-            key.owned(vec![Box::new(seqs), Box::new(bodies)]),
-        );
-        Ok((out, Some(stmt)))
+/// The events as stored under the already-checked fence, advancing
+/// `last_seq`, and the `INSERT` that stores them (none for none).
+pub(crate) fn events_stmt(
+    db: &Db,
+    key: &Key,
+    run: &mut RunState,
+    events: &[NewEvent],
+    now: Timestamp,
+    fence: Option<Fence>,
+) -> Result<(Vec<PersistedEvent>, Option<Stmt>)> {
+    if events.is_empty() {
+        return Ok((Vec::new(), None));
     }
+    let mut out = Vec::with_capacity(events.len());
+    let mut seqs = Vec::with_capacity(events.len());
+    let mut bodies = Vec::with_capacity(events.len());
+    for e in events {
+        let p = e.persist(run.last_seq + 1, now, fence);
+        run.last_seq += 1;
+        let body = Value::Object(p.to_json());
+        db.check_json(&format!("event of type {}", p.event_type), &body)?;
+        seqs.push(i64_of(p.seq));
+        bodies.push(body);
+        out.push(p);
+    }
+    let stmt = Stmt::new(
+        "append events",
+        format!(
+            "INSERT INTO events ({KEY_COLS}, seq, body) SELECT $1, $2, $3, $4, $5, s, b FROM unnest($6::bigint[], $7::jsonb[]) AS t(s, b)"
+        ),
+        key.owned(vec![Box::new(seqs), Box::new(bodies)]),
+    );
+    Ok((out, Some(stmt)))
 }
 
 pub(crate) async fn append_events(
-    store: &PgStore,
+    db: &Db,
     scope: &RunScope,
     events: &[NewEvent],
     fence: Option<Fence>,
@@ -65,20 +63,22 @@ pub(crate) async fn append_events(
         clock: true,
         ..Opening::default()
     };
-    store
-        .write_locked(what, scope, opening, |l| {
-            l.run.check(scope, what, fence)?;
-            let (out, insert) = store.events_stmt(&l.key, &mut l.run, events, l.now, fence)?;
-            Ok(Verdict::Write(
-                out,
-                Writes::default().stmts(insert).save().notify(true),
-            ))
-        })
-        .await
+    db.write_locked(what, scope, opening, |l| {
+        l.run.check(scope, what, fence)?;
+        let (out, insert) = events_stmt(db, &l.key, &mut l.run, events, l.now, fence)?;
+        Ok(Verdict::Write(
+            out,
+            Writes::default()
+                .stmts(insert)
+                .save()
+                .notify(Wake::NewEvents),
+        ))
+    })
+    .await
 }
 
 pub(crate) async fn read_events(
-    store: &PgStore,
+    db: &Db,
     scope: &RunScope,
     options: &ReadEventsOptions,
 ) -> Result<EventBatch> {
@@ -86,8 +86,8 @@ pub(crate) async fn read_events(
     let key = Key::of(scope);
     let since = i64_of(options.since_seq);
     let limit: Option<i64> = options.limit.map(|l| i64::try_from(l).unwrap_or(i64::MAX));
-    let c = store.conn("read_events").await?;
-    let Some(r) = store.row_opt(
+    let c = db.conn("read_events").await?;
+    let Some(r) = db.row_opt(
         &c,
         "read events",
         &format!(
@@ -120,7 +120,7 @@ pub(crate) async fn read_events(
 }
 
 pub(crate) async fn append_audit(
-    store: &PgStore,
+    db: &Db,
     scope: &RunScope,
     events: &[NewAuditEvent],
     fence: Option<Fence>,
@@ -134,7 +134,7 @@ pub(crate) async fn append_audit(
         clock: true,
         ..Opening::default()
     };
-    store
+    db
         .write_locked(what, scope, opening, |l| {
             l.run.check(scope, what, fence)?;
             let mut out = Vec::new();
@@ -145,7 +145,7 @@ pub(crate) async fn append_audit(
                 l.run.last_audit += 1;
                 let body = serde_json::to_value(&rec)
                     .map_err(|e| Error::invalid(format!("audit event: {e}")))?;
-                store.check_json("audit event", &body)?;
+                db.check_json("audit event", &body)?;
                 seqs.push(i64_of(rec.seq));
                 bodies.push(body);
                 out.push(rec);
@@ -166,14 +166,14 @@ pub(crate) async fn append_audit(
 }
 
 pub(crate) async fn read_audit(
-    store: &PgStore,
+    db: &Db,
     scope: &RunScope,
     since_seq: u64,
 ) -> Result<Vec<AuditRecord>> {
     let key = Key::of(scope);
     let since = i64_of(since_seq);
-    let c = store.conn("read_audit").await?;
-    let rs = store
+    let c = db.conn("read_audit").await?;
+    let rs = db
         .rows(
             &c,
             "read audit records",

@@ -64,19 +64,24 @@
 //!
 //! # Layout
 //!
-//! `store` holds [`PgStore`] and its trait impls, which only delegate to
-//! one module per job: `claims`, `lifecycle`, `checkpoints`, `parks`,
-//! `step` (`commit_step`), `events` (events and audit), `documents`,
-//! `listing` (`list_runs` and the SQL `claim_next` shares). Every write on
-//! one run goes through `tx::write_locked` (lock, clock, the core's
-//! judgement, writes with `COMMIT`); `row` maps the run's row to the core's
-//! types and back; `connect` builds the pool and measures the clock;
-//! `options` holds [`PgOptions`]; `pipeline` sends statements together,
-//! `wake` notifies and listens, `schema` migrates.
+//! Read top-down. `store` holds [`PgStore`] (`{ db }`), its constructors
+//! and its trait impls, which only delegate, passing the floor to one
+//! module per job: `claims`, `lifecycle`, `checkpoints`, `parks`, `step`
+//! (`commit_step`), `events` (events and audit), `documents`, `listing`
+//! (`list_runs` and the SQL `claim_next` shares). Below them the floor,
+//! `db`, which imports no job module: `Db` (the pool and what every
+//! transaction needs beside it), `db::connect` (the pool and the clock
+//! offset), `db::tx` (every write on one run goes through
+//! `Db::write_locked`: lock, clock, the core's judgement, writes with
+//! `COMMIT`), `db::row` (the run's row to the core's types and back),
+//! `db::digest` (the checkpoint upsert that keeps the digest),
+//! `db::pipeline` (statements sent together) and `db::wake` (notify and
+//! listen). `options` holds [`PgOptions`], `schema` migrates, `error`
+//! maps errors.
 
 mod checkpoints;
 mod claims;
-mod connect;
+mod db;
 mod documents;
 pub mod error;
 mod events;
@@ -84,16 +89,12 @@ mod lifecycle;
 mod listing;
 mod options;
 mod parks;
-mod pipeline;
-mod row;
 pub mod schema;
 mod step;
 mod store;
-mod tx;
-mod wake;
 
+pub use db::wake::COALESCE_WINDOW;
 pub use error::OUTCOME_UNKNOWN;
 pub use options::{NotifyMode, PgOptions, DEFAULT_MAX_PAYLOAD_BYTES};
 pub use schema::SCHEMA_VERSION;
 pub use store::PgStore;
-pub use wake::COALESCE_WINDOW;

@@ -6,13 +6,13 @@ use runkeep::{
     Checkpoint, EnqueueOptions, Error, Fence, Lifecycle, Outcome, Result, RunScope, Timestamp,
 };
 
-use crate::row::Key;
-use crate::store::PgStore;
-use crate::tx::{Opening, Verdict, Writes};
+use crate::db::row::Key;
+use crate::db::tx::{Opening, Verdict, Wake, Writes};
+use crate::db::Db;
 
-pub(crate) async fn lifecycle(store: &PgStore, scope: &RunScope) -> Result<Lifecycle> {
-    let c = store.conn("lifecycle").await?;
-    Ok(store
+pub(crate) async fn lifecycle(db: &Db, scope: &RunScope) -> Result<Lifecycle> {
+    let c = db.conn("lifecycle").await?;
+    Ok(db
         .read_state(&c, scope, &Key::of(scope))
         .await?
         .map(|r| r.lifecycle)
@@ -20,7 +20,7 @@ pub(crate) async fn lifecycle(store: &PgStore, scope: &RunScope) -> Result<Lifec
 }
 
 pub(crate) async fn enqueue(
-    store: &PgStore,
+    db: &Db,
     scope: &RunScope,
     checkpoint: &Checkpoint,
     options: &EnqueueOptions,
@@ -32,94 +32,96 @@ pub(crate) async fn enqueue(
         checkpoint: Some(checkpoint.id.as_str()),
         ..Opening::default()
     };
-    store
-        .write_locked("enqueue", scope, opening, |l| {
-            runkeep::lifecycle::check_enqueue(l.run.exists(), &scope.run_id)?;
-            let mut stored = checkpoint.clone();
-            stored.fence = None;
-            l.run.lifecycle = Lifecycle {
-                max_attempts: options.max_attempts,
-                available_at: options.available_at,
-                ..Lifecycle::default()
-            };
-            let writes = Writes::default()
-                .checkpoint(stored.clone(), l.checkpoint_exists)
-                .save()
-                .notify(false);
-            Ok(Verdict::Write(stored, writes))
-        })
-        .await
+    db.write_locked("enqueue", scope, opening, |l| {
+        runkeep::lifecycle::check_enqueue(l.run.exists(), &scope.run_id)?;
+        let mut stored = checkpoint.clone();
+        stored.fence = None;
+        l.run.lifecycle = Lifecycle {
+            max_attempts: options.max_attempts,
+            available_at: options.available_at,
+            ..Lifecycle::default()
+        };
+        let writes = Writes::default()
+            .checkpoint(stored.clone(), l.checkpoint_exists)
+            .save()
+            .notify(Wake::Changed);
+        Ok(Verdict::Write(stored, writes))
+    })
+    .await
 }
 
 pub(crate) async fn finish(
-    store: &PgStore,
+    db: &Db,
     scope: &RunScope,
     fence: Fence,
     outcome: &Outcome,
 ) -> Result<Lifecycle> {
     outcome.validate(&scope.run_id)?;
     if let Some(r) = &outcome.result {
-        store.check_json("finish result", r)?;
+        db.check_json("finish result", r)?;
     }
     let opening = Opening {
         clock: true,
         ..Opening::default()
     };
-    store
-        .write_locked("finish", scope, opening, |l| {
-            let run = &mut l.run;
-            let done = lifecycle::apply_finish(
-                &scope.run_id,
-                &mut run.top,
-                &mut run.lifecycle,
-                outcome,
-                fence,
-                l.now,
-            )?;
-            Ok(Verdict::Write(done, Writes::default().save().notify(false)))
-        })
-        .await
+    db.write_locked("finish", scope, opening, |l| {
+        let run = &mut l.run;
+        let done = lifecycle::apply_finish(
+            &scope.run_id,
+            &mut run.top,
+            &mut run.lifecycle,
+            outcome,
+            fence,
+            l.now,
+        )?;
+        Ok(Verdict::Write(
+            done,
+            Writes::default().save().notify(Wake::Changed),
+        ))
+    })
+    .await
 }
 
 pub(crate) async fn snooze(
-    store: &PgStore,
+    db: &Db,
     scope: &RunScope,
     fence: Fence,
     until: Timestamp,
 ) -> Result<bool> {
-    store
-        .write_locked("snooze", scope, Opening::default(), |l| {
-            let run = &mut l.run;
-            if !l.found
-                || !lifecycle::apply_snooze(
-                    &scope.run_id,
-                    &mut run.top,
-                    &mut run.lifecycle,
-                    fence,
-                    until,
-                )?
-            {
-                return Ok(Verdict::Keep(false));
-            }
-            Ok(Verdict::Write(true, Writes::default().save().notify(false)))
-        })
-        .await
+    db.write_locked("snooze", scope, Opening::default(), |l| {
+        let run = &mut l.run;
+        if !l.found
+            || !lifecycle::apply_snooze(
+                &scope.run_id,
+                &mut run.top,
+                &mut run.lifecycle,
+                fence,
+                until,
+            )?
+        {
+            return Ok(Verdict::Keep(false));
+        }
+        Ok(Verdict::Write(
+            true,
+            Writes::default().save().notify(Wake::Changed),
+        ))
+    })
+    .await
 }
 
-pub(crate) async fn reopen(store: &PgStore, scope: &RunScope) -> Result<Lifecycle> {
-    store
-        .write_locked("reopen", scope, Opening::default(), |l| {
-            if !l.run.exists() {
-                return Err(Error::NotFound {
-                    what: format!("run {}", scope.run_id),
-                });
-            }
-            let reopened = lifecycle::after_reopen(&scope.run_id, &l.run.lifecycle)?;
-            l.run.lifecycle = reopened.clone();
-            Ok(Verdict::Write(
-                reopened,
-                Writes::default().save().notify(false),
-            ))
-        })
-        .await
+pub(crate) async fn reopen(db: &Db, scope: &RunScope) -> Result<Lifecycle> {
+    db.write_locked("reopen", scope, Opening::default(), |l| {
+        if !l.run.exists() {
+            return Err(Error::NotFound {
+                what: format!("run {}", scope.run_id),
+            });
+        }
+        let reopened = lifecycle::after_reopen(&scope.run_id, &l.run.lifecycle)?;
+        l.run.lifecycle = reopened.clone();
+        Ok(Verdict::Write(
+            reopened,
+            Writes::default().save().notify(Wake::Changed),
+        ))
+    })
+    .await
 }

@@ -6,71 +6,51 @@ use tokio_postgres::Row;
 
 use runkeep::listing::{ListQuery, RowKey};
 use runkeep::{
-    CheckpointStore, ClaimNextFilter, Error, LeaseSummary, ListOptions, ListOrder, ListingScope,
-    Result, RunId, RunPage, RunRow, RunScope, Timestamp,
+    ClaimNextFilter, Error, LeaseSummary, ListOptions, ListOrder, ListingScope, Result, RunId,
+    RunPage, RunRow, RunScope, Timestamp,
 };
 
-use crate::row::{corrupted, digest_of, lifecycle_of, top_of, RunState, CLOCK};
-use crate::store::PgStore;
+use crate::db::row::{corrupted, digest_of, lifecycle_of, top_of, RunState, CLOCK};
+use crate::db::Db;
 
-impl PgStore {
-    /// The query plan (`EXPLAIN`) of the first page `list_runs` would read
-    /// for `scope` and `options`: what an operator (or a test) checks for
-    /// index use.
-    pub async fn explain_list_runs(
-        &self,
-        scope: &ListingScope,
-        options: &ListOptions,
-    ) -> Result<String> {
-        let c = self.conn("explain list_runs").await?;
-        let fixed = self.fixed_now(options.now);
-        let query = ListQuery::new(scope, &options.judged_at(|| fixed.unwrap_or(self.now())))?;
-        let mut listing = Listing::of(scope, &query);
-        listing.now = fixed.map(Timestamp::as_millis);
-        let after = After::of_cursor(query.after.as_ref());
-        let fetch = i64::try_from(query.limit + 1).unwrap_or(i64::MAX);
-        let (sql, params) = listing.sql_and_params(&after, fetch, false);
-        self.explain(&c, &sql, &params).await
-    }
+/// The query plan (`EXPLAIN`) of the first page `list_runs` would read
+/// for `scope` and `options`: what an operator (or a test) checks for
+/// index use.
+pub(crate) async fn explain_list_runs(
+    db: &Db,
+    scope: &ListingScope,
+    options: &ListOptions,
+) -> Result<String> {
+    let c = db.conn("explain list_runs").await?;
+    let fixed = db.fixed_now(options.now);
+    let query = ListQuery::new(scope, &options.judged_at(|| fixed.unwrap_or(db.now())))?;
+    let mut listing = Listing::of(scope, &query);
+    listing.now = fixed.map(Timestamp::as_millis);
+    let after = After::of_cursor(query.after.as_ref());
+    let fetch = i64::try_from(query.limit + 1).unwrap_or(i64::MAX);
+    let (sql, params) = listing.sql_and_params(&after, fetch, false);
+    explain(db, &c, &sql, &params).await
+}
 
-    /// The query plan of `claim_next`'s candidate search for `scope` and
-    /// `filter` (its first, row-locking step).
-    pub async fn explain_claim_next(
-        &self,
-        scope: &ListingScope,
-        filter: &ClaimNextFilter,
-    ) -> Result<String> {
-        let c = self.conn("explain claim_next").await?;
-        let listing = Listing {
-            scope,
-            order: filter.order,
-            statuses: None,
-            claimed: Some(false),
-            parks: filter.park.is_some(),
-            runnable: true,
-            now: self.fixed_now(None).map(Timestamp::as_millis),
-        };
-        let (sql, params) = listing.sql_and_params(&After::None, 1, true);
-        self.explain(&c, &sql, &params).await
-    }
-
-    /// The instant a statement judges at when it is not the server's
-    /// clock: the caller's, else the test clock's.
-    pub(crate) fn fixed_now(&self, given: Option<Timestamp>) -> Option<Timestamp> {
-        given.or_else(|| self.options.clock.as_ref().map(|c| c.now()))
-    }
-
-    /// The instant a listing statement judged at (its last column); the
-    /// offset to the server is kept when it was the server's clock.
-    pub(crate) fn listed_now(&self, r: &Row, fixed: Option<Timestamp>) -> Result<Timestamp> {
-        let ms: i64 = r.get(r.len() - 1);
-        let now = Timestamp::from_millis(ms)
-            .map_err(|e| Error::corrupted(format!("the server clock is out of range: {e}")))?;
-        if fixed.is_none() {
-            self.note_server_now(now);
-        }
-        Ok(now)
-    }
+/// The query plan of `claim_next`'s candidate search for `scope` and
+/// `filter` (its first, row-locking step).
+pub(crate) async fn explain_claim_next(
+    db: &Db,
+    scope: &ListingScope,
+    filter: &ClaimNextFilter,
+) -> Result<String> {
+    let c = db.conn("explain claim_next").await?;
+    let listing = Listing {
+        scope,
+        order: filter.order,
+        statuses: None,
+        claimed: Some(false),
+        parks: filter.park.is_some(),
+        runnable: true,
+        now: db.fixed_now(None).map(Timestamp::as_millis),
+    };
+    let (sql, params) = listing.sql_and_params(&After::None, 1, true);
+    explain(db, &c, &sql, &params).await
 }
 
 /// The listing's SQL: scope prefix, the filters SQL can judge exactly
@@ -330,22 +310,20 @@ pub(crate) fn fill_state(state: &mut RunState, r: &Row) {
     state.has_report = r.get(14);
 }
 
-impl PgStore {
-    pub(crate) async fn explain(
-        &self,
-        c: &deadpool_postgres::Object,
-        sql: &str,
-        params: &[Box<dyn ToSql + Sync + Send>],
-    ) -> Result<String> {
-        let rs = self
-            .rows(c, "explain", &format!("EXPLAIN {sql}"), &params_ref(params))
-            .await?;
-        Ok(rs
-            .iter()
-            .map(|r| r.get::<_, String>(0))
-            .collect::<Vec<_>>()
-            .join("\n"))
-    }
+pub(crate) async fn explain(
+    db: &Db,
+    c: &deadpool_postgres::Object,
+    sql: &str,
+    params: &[Box<dyn ToSql + Sync + Send>],
+) -> Result<String> {
+    let rs = db
+        .rows(c, "explain", &format!("EXPLAIN {sql}"), &params_ref(params))
+        .await?;
+    Ok(rs
+        .iter()
+        .map(|r| r.get::<_, String>(0))
+        .collect::<Vec<_>>()
+        .join("\n"))
 }
 
 pub(crate) fn params_ref(p: &[Box<dyn ToSql + Sync + Send>]) -> Vec<&(dyn ToSql + Sync)> {
@@ -355,15 +333,15 @@ pub(crate) fn params_ref(p: &[Box<dyn ToSql + Sync + Send>]) -> Vec<&(dyn ToSql 
 }
 
 pub(crate) async fn list_runs(
-    store: &PgStore,
+    db: &Db,
     scope: &ListingScope,
     options: &ListOptions,
 ) -> Result<RunPage> {
-    let c = store.conn("list_runs").await?;
+    let c = db.conn("list_runs").await?;
     // The instant: the caller's (or the test clock's), else the
     // server's, read by the listing statement itself (one round trip).
-    let fixed = store.fixed_now(options.now);
-    let mut query = ListQuery::new(scope, &options.judged_at(|| fixed.unwrap_or(store.now())))?;
+    let fixed = db.fixed_now(options.now);
+    let mut query = ListQuery::new(scope, &options.judged_at(|| fixed.unwrap_or(db.now())))?;
     let mut listing = Listing::of(scope, &query);
     listing.now = fixed.map(Timestamp::as_millis);
     let mut judged = fixed;
@@ -372,13 +350,11 @@ pub(crate) async fn list_runs(
     let mut out: Vec<(RowKey, RunRow)> = Vec::new();
     loop {
         let (sql, params) = listing.sql_and_params(&after, fetch, false);
-        let rs = store
-            .rows(&c, "list runs", &sql, &params_ref(&params))
-            .await?;
+        let rs = db.rows(&c, "list runs", &sql, &params_ref(&params)).await?;
         let n = rs.len();
         for r in &rs {
             if judged.is_none() {
-                let now = store.listed_now(r, fixed)?;
+                let now = db.listed_now(r, fixed)?;
                 query = ListQuery::new(scope, &options.judged_at(|| now))?;
                 listing.now = Some(now.as_millis());
                 judged = Some(now);

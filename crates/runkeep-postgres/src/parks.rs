@@ -8,13 +8,13 @@ use runkeep::{
     Checkpoint, CheckpointId, Error, Fence, ParkResolution, Result, RunScope, Timestamp,
 };
 
-use crate::pipeline::Stmt;
-use crate::row::{checkpoint_of, digest_of, Key, KEY_WHERE};
-use crate::store::PgStore;
-use crate::tx::{Opening, Verdict, Writes};
+use crate::db::pipeline::Stmt;
+use crate::db::row::{checkpoint_of, digest_of, Key, KEY_WHERE};
+use crate::db::tx::{Opening, Verdict, Wake, Writes};
+use crate::db::Db;
 
 pub(crate) async fn resolve_park(
-    store: &PgStore,
+    db: &Db,
     scope: &RunScope,
     id: &CheckpointId,
     resolution: ParkResolution,
@@ -33,42 +33,41 @@ pub(crate) async fn resolve_park(
         )],
         ..Opening::default()
     };
-    store
-        .write_locked(what, scope, opening, |l| {
-            if !l.found || l.run.is_blank() {
-                return Err(not_found());
-            }
-            l.run.check(scope, what, fence)?;
-            let Some(body) = std::mem::take(&mut l.more).into_iter().flatten().next() else {
-                return Err(not_found());
-            };
-            let current = checkpoint_of(scope, body.get(0))?;
-            let mut updated = current.clone();
-            park::resolve(&mut updated, resolution, now)?;
-            updated.fence = stamp_fence(fence, l.run.top.as_ref()).or(current.fence);
-            let writes = Writes::default()
-                .checkpoint(updated.clone(), true)
-                .save()
-                .notify(false);
-            Ok(Verdict::Write(updated, writes))
-        })
-        .await
+    db.write_locked(what, scope, opening, |l| {
+        if !l.found || l.run.is_blank() {
+            return Err(not_found());
+        }
+        l.run.check(scope, what, fence)?;
+        let Some(body) = std::mem::take(&mut l.more).into_iter().flatten().next() else {
+            return Err(not_found());
+        };
+        let current = checkpoint_of(scope, body.get(0))?;
+        let mut updated = current.clone();
+        park::resolve(&mut updated, resolution, now)?;
+        updated.fence = stamp_fence(fence, l.run.top.as_ref()).or(current.fence);
+        let writes = Writes::default()
+            .checkpoint(updated.clone(), true)
+            .save()
+            .notify(Wake::Changed);
+        Ok(Verdict::Write(updated, writes))
+    })
+    .await
 }
 
 pub(crate) async fn find_pending(
-    store: &PgStore,
+    db: &Db,
     scope: &RunScope,
     now: Timestamp,
 ) -> Result<Option<Checkpoint>> {
-    pending_or_latest(store, "find_pending", scope, now, false).await
+    pending_or_latest(db, "find_pending", scope, now, false).await
 }
 
 pub(crate) async fn resume_point(
-    store: &PgStore,
+    db: &Db,
     scope: &RunScope,
     now: Timestamp,
 ) -> Result<Option<Checkpoint>> {
-    pending_or_latest(store, "resume_point", scope, now, true).await
+    pending_or_latest(db, "resume_point", scope, now, true).await
 }
 
 /// The run's digest, the bodies of its parked checkpoints whose park is
@@ -94,15 +93,15 @@ fn sql_pending_or_latest() -> String {
 /// `park::find_pending` judges), else, when `latest`, the latest
 /// checkpoint: one round trip.
 async fn pending_or_latest(
-    store: &PgStore,
+    db: &Db,
     what: &'static str,
     scope: &RunScope,
     now: Timestamp,
     latest: bool,
 ) -> Result<Option<Checkpoint>> {
     let key = Key::of(scope);
-    let c = store.conn(what).await?;
-    let Some(r) = store
+    let c = db.conn(what).await?;
+    let Some(r) = db
         .row_opt(
             &c,
             "read the parks and the latest checkpoint",
@@ -127,9 +126,7 @@ async fn pending_or_latest(
             }
         }
         // Not among those read (the prefilter missed it): read it alone.
-        return store
-            .read_checkpoint_in(&c, scope, &key, h.id.as_str())
-            .await;
+        return crate::checkpoints::read_checkpoint_in(db, &c, scope, &key, h.id.as_str()).await;
     }
     if !latest {
         return Ok(None);

@@ -6,50 +6,49 @@ use runkeep::{Error, Fence, Handover, NextClaim, Result, RunScope, Step, StepRec
 use serde_json::Value;
 
 use crate::claims::NextSearch;
-use crate::store::PgStore;
-use crate::tx::{Locked, Opening, Verdict, Writes};
+use crate::db::tx::{Locked, Opening, Verdict, Wake, Writes};
+use crate::db::Db;
 
 pub(crate) async fn commit_step(
-    store: &PgStore,
+    db: &Db,
     scope: &RunScope,
     fence: Fence,
     step: &Step,
 ) -> Result<StepReceipt> {
-    let record = checked(store, scope, step)?;
+    let record = checked(db, scope, step)?;
     // Round trip 1: BEGIN, the row lock, then the clock and whether the
     // checkpoint exists. No row is created: the fence needs a holding.
     // Round trip 2: every write and COMMIT.
-    store
-        .write_locked("commit_step", scope, opening(step), |l| {
-            let (receipt, writes) = judge(store, scope, fence, step, record, l)?;
-            Ok(Verdict::Write(receipt, writes))
-        })
-        .await
+    db.write_locked("commit_step", scope, opening(step), |l| {
+        let (receipt, writes) = judge(db, scope, fence, step, record, l)?;
+        Ok(Verdict::Write(receipt, writes))
+    })
+    .await
 }
 
 /// The step, then the next run, in one transaction: round trip 1 also
 /// fetches the first candidate; round trip 2 sends the step's writes, the
 /// claim and `COMMIT` (one more per candidate the core does not take).
 pub(crate) async fn commit_step_and_claim_next(
-    store: &PgStore,
+    db: &Db,
     scope: &RunScope,
     fence: Fence,
     step: &Step,
     next: &NextClaim,
 ) -> Result<Handover> {
     let what = "commit_step_and_claim_next";
-    let record = checked(store, scope, step)?;
-    let mut search = NextSearch::new(store, &next.scope, &next.filter, &next.options)?;
+    let record = checked(db, scope, step)?;
+    let mut search = NextSearch::new(db, &next.scope, &next.filter, &next.options)?;
     let mut opening = opening(step);
     opening.more.push(search.first());
-    let (tx, mut locked) = store.lock_row(what, scope, opening).await?;
+    let (tx, mut locked) = db.lock_row(what, scope, opening).await?;
     let first = std::mem::take(&mut locked.more);
-    let (receipt, writes) = judge(store, scope, fence, step, record, &mut locked)?;
-    let (mut stmts, notify) = store.written(&tx, what, scope, &mut locked, writes).await?;
+    let (receipt, writes) = judge(db, scope, fence, step, record, &mut locked)?;
+    let (mut stmts, notify) = db.written(&tx, what, scope, &mut locked, writes).await?;
     let taken = search
-        .search(store, &tx, what, first, Some(scope), &mut stmts)
+        .search(db, &tx, what, first, Some(scope), &mut stmts)
         .await?;
-    store.commit_notify(tx, what, stmts, scope, notify).await?;
+    db.commit_notify(tx, what, stmts, scope, notify).await?;
     Ok(Handover {
         receipt,
         next: Ok(taken),
@@ -68,16 +67,16 @@ fn opening(step: &Step) -> Opening<'_> {
 
 /// Validates the step before anything is sent; answers its run record as
 /// JSON.
-fn checked(store: &PgStore, scope: &RunScope, step: &Step) -> Result<Option<Value>> {
+fn checked(db: &Db, scope: &RunScope, step: &Step) -> Result<Option<Value>> {
     step.validate(scope)?;
     if let Some(r) = step.finish.as_ref().and_then(|o| o.result.as_ref()) {
-        store.check_json("finish result", r)?;
+        db.check_json("finish result", r)?;
     }
     match &step.run_record {
         Some(r) => {
             let v =
                 serde_json::to_value(r).map_err(|e| Error::invalid(format!("run record: {e}")))?;
-            store.check_json("run record", &v)?;
+            db.check_json("run record", &v)?;
             Ok(Some(v))
         }
         None => Ok(None),
@@ -86,7 +85,7 @@ fn checked(store: &PgStore, scope: &RunScope, step: &Step) -> Result<Option<Valu
 
 /// The core's judgement of the step on the locked row, and its writes.
 fn judge(
-    store: &PgStore,
+    db: &Db,
     scope: &RunScope,
     fence: Fence,
     step: &Step,
@@ -99,7 +98,8 @@ fn judge(
     // Everything that can refuse is decided before anything is sent.
     let finished = step.plan_finish(&scope.run_id, &run.lifecycle, fence, now)?;
     let last_before = run.last_seq;
-    let (events, insert) = store.events_stmt(key, run, &step.events, now, Some(fence))?;
+    let (events, insert) =
+        crate::events::events_stmt(db, key, run, &step.events, now, Some(fence))?;
     let mut writes = Writes::default().stmts(insert);
     let checkpoint = step.checkpoint.as_ref().map(|cp| {
         let mut stored = cp.clone();
@@ -111,15 +111,24 @@ fn judge(
     }
     if let Some(m) = &step.messages {
         let through = Step::through_seq(m, &events, last_before);
-        writes = writes.stmt(store.messages_stmt(key, &m.messages, through)?);
+        writes = writes.stmt(crate::documents::messages_stmt(
+            db,
+            key,
+            &m.messages,
+            through,
+        )?);
     }
     if let Some(v) = record {
-        writes = writes.stmt(PgStore::document_stmt(key, "record", Box::new(v)));
+        writes = writes.stmt(crate::documents::document_stmt(key, "record", Box::new(v)));
     }
     if let Some(f) = &finished {
         f.apply(&mut run.top, &mut run.lifecycle);
     }
-    let writes = writes.save().notify(!events.is_empty());
+    let writes = writes.save().notify(if events.is_empty() {
+        Wake::Changed
+    } else {
+        Wake::NewEvents
+    });
     let receipt = StepReceipt {
         events,
         checkpoint,

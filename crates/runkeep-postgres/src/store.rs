@@ -1,99 +1,126 @@
-//! [`PgStore`] and its `CheckpointStore` / `EvidenceStore` impls, which only
-//! delegate to the module of each job; the payload limit checks.
+//! [`PgStore`]: its constructors, its accessors and its `CheckpointStore` /
+//! `EvidenceStore` impls, which only delegate: to the floor ([`Db`], module
+//! `db`) or to the module of each job, passing it the floor.
 
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::atomic::Ordering;
 
 use async_trait::async_trait;
 use deadpool_postgres::Pool;
 use serde_json::Value;
 
-use runkeep::watch::Notifier;
 use runkeep::{
     AuditRecord, Checkpoint, CheckpointId, CheckpointStore, ClaimNextFilter, ClaimOptions,
-    ClaimOutcome, EnqueueOptions, Error, EventBatch, EvidenceStore, Fence, Lease, LeaseSummary,
-    Lifecycle, ListOptions, ListingScope, MessageSnapshot, NewAuditEvent, NewEvent, Outcome,
-    ParkResolution, PersistedEvent, ReadEventsOptions, Result, RunPage, RunRecord, RunScope, Step,
-    StepReceipt, Timestamp, Watch, WatchTopic,
+    ClaimOutcome, EnqueueOptions, EventBatch, EvidenceStore, Fence, Lease, LeaseSummary, Lifecycle,
+    ListOptions, ListingScope, MessageSnapshot, NewAuditEvent, NewEvent, Outcome, ParkResolution,
+    PersistedEvent, ReadEventsOptions, Result, RunPage, RunRecord, RunScope, Step, StepReceipt,
+    Timestamp, Watch, WatchTopic,
 };
-use runkeep::{Clock, Handover, NextClaim, RemoteClock};
+use runkeep::{Handover, NextClaim};
 
+use crate::db::Db;
 use crate::options::PgOptions;
 
 /// The PostgreSQL store. Cheap to share (`Arc<PgStore>`); every call takes
 /// a pooled connection for its one transaction.
 pub struct PgStore {
-    pub(crate) pool: Pool,
-    pub(crate) config: tokio_postgres::Config,
-    pub(crate) options: PgOptions,
-    pub(crate) channel: String,
-    /// The server's clock: the local clock plus the offset last measured.
-    pub(crate) server_clock: RemoteClock,
-    pub(crate) notifier: Arc<Notifier>,
-    pub(crate) listener: Mutex<Option<tokio::task::JoinHandle<()>>>,
-    /// Where [`NotifyMode::Coalesced`](crate::NotifyMode::Coalesced) queues
-    /// payloads for its background task (started on first use).
-    pub(crate) coalescer: Mutex<Option<tokio::sync::mpsc::UnboundedSender<String>>>,
-    /// `NOTIFY` statements sent (each may carry many notifications).
-    pub(crate) notify_statements: Arc<AtomicU64>,
+    db: Db,
 }
 
 impl std::fmt::Debug for PgStore {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         // Never the URL: it may carry a password.
         f.debug_struct("PgStore")
-            .field("schema", &self.options.schema)
-            .field("pool_size", &self.options.pool_size)
-            .field("test_clock", &self.options.clock.is_some())
+            .field("schema", &self.db.options.schema)
+            .field("pool_size", &self.db.options.pool_size)
+            .field("test_clock", &self.db.options.clock.is_some())
             .finish_non_exhaustive()
     }
 }
 
-impl Drop for PgStore {
-    fn drop(&mut self) {
-        if let Some(h) = self
-            .listener
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .take()
-        {
-            h.abort();
-        }
-    }
-}
-
 impl PgStore {
+    /// Connects to `url` (a `postgres://` URL or a key=value string),
+    /// applies the embedded migrations to `options.schema` (under an
+    /// advisory lock: concurrent `connect`s are safe) and checks the
+    /// server answers.
+    ///
+    /// # Errors
+    /// `Unsupported` when the schema is at a newer version than this binary
+    /// ([`SCHEMA_VERSION`]); `Unavailable` when the server cannot be
+    /// reached; `InvalidInput` for a bad URL, schema name or option.
+    pub async fn connect(url: &str, options: PgOptions) -> Result<Self> {
+        Ok(Self {
+            db: Db::connect(url, options).await?,
+        })
+    }
+
+    /// Applies the embedded migrations to `options.schema` on a connection
+    /// of its own and answers the version now applied (`runkeep migrate`).
+    pub async fn migrate(url: &str, options: &PgOptions) -> Result<i32> {
+        Db::migrate(url, options).await
+    }
+
+    /// The runkeep schema version recorded in `options.schema` (0 when the
+    /// schema has never been migrated), read on a connection of its own
+    /// without changing anything: what `runkeep` checks before a read-only
+    /// command and what the doctor reports.
+    ///
+    /// # Errors
+    /// `Unavailable` when the server cannot be reached; `InvalidInput` for a
+    /// bad URL or schema name.
+    pub async fn schema_version(url: &str, options: &PgOptions) -> Result<i32> {
+        Db::schema_version(url, options).await
+    }
+
+    /// Builds a store on a schema that [`PgStore::migrate`] (or
+    /// [`PgStore::connect`]) already brought to [`SCHEMA_VERSION`], without
+    /// connecting yet: connections open on first use, on the runtime that
+    /// uses them. For callers that must build a store inside a running
+    /// runtime without awaiting (test fixtures); everyone else calls
+    /// `connect`. Every pooled connection checks the schema version when
+    /// it opens and refuses a newer one.
+    pub fn open_migrated(url: &str, options: PgOptions) -> Result<Self> {
+        Ok(Self {
+            db: Db::open_migrated(url, options)?,
+        })
+    }
+
     /// How many `NOTIFY` statements this store has sent: one per change
     /// in [`NotifyMode::Immediate`](crate::NotifyMode::Immediate), one per
     /// batch in [`NotifyMode::Coalesced`](crate::NotifyMode::Coalesced)
     /// (what an operator or a test compares).
     pub fn notify_statements(&self) -> u64 {
-        self.notify_statements.load(Ordering::Relaxed)
+        self.db.notify_statements.load(Ordering::Relaxed)
     }
 
     /// The options this store was built with.
     pub fn options(&self) -> &PgOptions {
-        &self.options
+        &self.db.options
     }
 
     /// The pool (for operators' checks and tests: e.g. the doctor).
     pub fn pool(&self) -> &Pool {
-        &self.pool
+        &self.db.pool
     }
 
-    pub(crate) fn check_payload(&self, what: &str, bytes: usize) -> Result<()> {
-        if bytes > self.options.max_payload_bytes {
-            return Err(Error::invalid(format!(
-                "{what} is {bytes} bytes of JSON; this PostgreSQL store's limit is {} bytes (PgOptions::max_payload_bytes); store large bodies elsewhere and reference them",
-                self.options.max_payload_bytes
-            )));
-        }
-        Ok(())
+    /// The query plan (`EXPLAIN`) of the first page `list_runs` would read
+    /// for `scope` and `options`: what an operator (or a test) checks for
+    /// index use.
+    pub async fn explain_list_runs(
+        &self,
+        scope: &ListingScope,
+        options: &ListOptions,
+    ) -> Result<String> {
+        crate::listing::explain_list_runs(&self.db, scope, options).await
     }
 
-    pub(crate) fn check_json(&self, what: &str, v: &Value) -> Result<()> {
-        let bytes = serde_json::to_vec(v).map_or(usize::MAX, |b| b.len());
-        self.check_payload(what, bytes)
+    /// The query plan of `claim_next`'s candidate search for `scope` and
+    /// `filter` (its first, row-locking step).
+    pub async fn explain_claim_next(
+        &self,
+        scope: &ListingScope,
+        filter: &ClaimNextFilter,
+    ) -> Result<String> {
+        crate::listing::explain_claim_next(&self.db, scope, filter).await
     }
 }
 
@@ -105,7 +132,7 @@ impl CheckpointStore for PgStore {
         checkpoint: &Checkpoint,
         fence: Option<Fence>,
     ) -> Result<Checkpoint> {
-        crate::checkpoints::write_checkpoint(self, scope, checkpoint, fence).await
+        crate::checkpoints::write_checkpoint(&self.db, scope, checkpoint, fence).await
     }
 
     async fn read_checkpoint(
@@ -113,11 +140,11 @@ impl CheckpointStore for PgStore {
         scope: &RunScope,
         id: &CheckpointId,
     ) -> Result<Option<Checkpoint>> {
-        crate::checkpoints::read_checkpoint(self, scope, id).await
+        crate::checkpoints::read_checkpoint(&self.db, scope, id).await
     }
 
     async fn list_checkpoints(&self, scope: &RunScope) -> Result<Vec<Checkpoint>> {
-        crate::checkpoints::list_checkpoints(self, scope).await
+        crate::checkpoints::list_checkpoints(&self.db, scope).await
     }
 
     async fn delete_checkpoint(
@@ -126,7 +153,7 @@ impl CheckpointStore for PgStore {
         id: &CheckpointId,
         fence: Option<Fence>,
     ) -> Result<bool> {
-        crate::checkpoints::delete_checkpoint(self, scope, id, fence).await
+        crate::checkpoints::delete_checkpoint(&self.db, scope, id, fence).await
     }
 
     async fn resolve_park(
@@ -137,7 +164,7 @@ impl CheckpointStore for PgStore {
         now: Timestamp,
         fence: Option<Fence>,
     ) -> Result<Checkpoint> {
-        crate::parks::resolve_park(self, scope, id, resolution, now, fence).await
+        crate::parks::resolve_park(&self.db, scope, id, resolution, now, fence).await
     }
 
     async fn prune_checkpoints(
@@ -146,23 +173,23 @@ impl CheckpointStore for PgStore {
         keep_last: usize,
         fence: Option<Fence>,
     ) -> Result<Vec<CheckpointId>> {
-        crate::checkpoints::prune_checkpoints(self, scope, keep_last, fence).await
+        crate::checkpoints::prune_checkpoints(&self.db, scope, keep_last, fence).await
     }
 
     async fn list_runs(&self, scope: &ListingScope, options: &ListOptions) -> Result<RunPage> {
-        crate::listing::list_runs(self, scope, options).await
+        crate::listing::list_runs(&self.db, scope, options).await
     }
 
     async fn claim(&self, scope: &RunScope, options: &ClaimOptions) -> Result<ClaimOutcome> {
-        crate::claims::claim(self, scope, options).await
+        crate::claims::claim(&self.db, scope, options).await
     }
 
     async fn release(&self, scope: &RunScope, fence: Fence) -> Result<bool> {
-        crate::claims::release(self, scope, fence).await
+        crate::claims::release(&self.db, scope, fence).await
     }
 
     async fn lease(&self, scope: &RunScope, now: Timestamp) -> Result<Option<LeaseSummary>> {
-        crate::claims::lease(self, scope, now).await
+        crate::claims::lease(&self.db, scope, now).await
     }
 
     async fn claim_next(
@@ -171,18 +198,15 @@ impl CheckpointStore for PgStore {
         filter: &ClaimNextFilter,
         options: &ClaimOptions,
     ) -> Result<Option<(RunScope, Lease)>> {
-        crate::claims::claim_next(self, scope, filter, options).await
+        crate::claims::claim_next(&self.db, scope, filter, options).await
     }
 
     fn now(&self) -> Timestamp {
-        match &self.options.clock {
-            Some(c) => c.now(),
-            None => self.server_clock.now(),
-        }
+        self.db.now()
     }
 
     async fn lifecycle(&self, scope: &RunScope) -> Result<Lifecycle> {
-        crate::lifecycle::lifecycle(self, scope).await
+        crate::lifecycle::lifecycle(&self.db, scope).await
     }
 
     async fn enqueue(
@@ -191,38 +215,35 @@ impl CheckpointStore for PgStore {
         checkpoint: &Checkpoint,
         options: &EnqueueOptions,
     ) -> Result<Checkpoint> {
-        crate::lifecycle::enqueue(self, scope, checkpoint, options).await
+        crate::lifecycle::enqueue(&self.db, scope, checkpoint, options).await
     }
 
     async fn finish(&self, scope: &RunScope, fence: Fence, outcome: &Outcome) -> Result<Lifecycle> {
-        crate::lifecycle::finish(self, scope, fence, outcome).await
+        crate::lifecycle::finish(&self.db, scope, fence, outcome).await
     }
 
     async fn snooze(&self, scope: &RunScope, fence: Fence, until: Timestamp) -> Result<bool> {
-        crate::lifecycle::snooze(self, scope, fence, until).await
+        crate::lifecycle::snooze(&self.db, scope, fence, until).await
     }
 
     async fn reopen(&self, scope: &RunScope) -> Result<Lifecycle> {
-        crate::lifecycle::reopen(self, scope).await
+        crate::lifecycle::reopen(&self.db, scope).await
     }
 
     async fn latest_checkpoint(&self, scope: &RunScope) -> Result<Option<Checkpoint>> {
-        crate::checkpoints::latest_checkpoint(self, scope).await
+        crate::checkpoints::latest_checkpoint(&self.db, scope).await
     }
 
     async fn find_pending(&self, scope: &RunScope, now: Timestamp) -> Result<Option<Checkpoint>> {
-        crate::parks::find_pending(self, scope, now).await
+        crate::parks::find_pending(&self.db, scope, now).await
     }
 
     async fn resume_point(&self, scope: &RunScope, now: Timestamp) -> Result<Option<Checkpoint>> {
-        crate::parks::resume_point(self, scope, now).await
+        crate::parks::resume_point(&self.db, scope, now).await
     }
 
     fn watch(&self, topic: &WatchTopic) -> Watch {
-        if !self.ensure_listener() {
-            return Watch::polling(self.options.watch_fallback);
-        }
-        self.notifier.subscribe(topic, self.options.watch_fallback)
+        self.db.watch(topic)
     }
 }
 
@@ -234,7 +255,7 @@ impl EvidenceStore for PgStore {
         events: &[NewEvent],
         fence: Option<Fence>,
     ) -> Result<Vec<PersistedEvent>> {
-        crate::events::append_events(self, scope, events, fence).await
+        crate::events::append_events(&self.db, scope, events, fence).await
     }
 
     async fn read_events(
@@ -242,7 +263,7 @@ impl EvidenceStore for PgStore {
         scope: &RunScope,
         options: &ReadEventsOptions,
     ) -> Result<EventBatch> {
-        crate::events::read_events(self, scope, options).await
+        crate::events::read_events(&self.db, scope, options).await
     }
 
     async fn write_run_record(
@@ -251,11 +272,11 @@ impl EvidenceStore for PgStore {
         record: &RunRecord,
         fence: Option<Fence>,
     ) -> Result<()> {
-        crate::documents::write_run_record(self, scope, record, fence).await
+        crate::documents::write_run_record(&self.db, scope, record, fence).await
     }
 
     async fn read_run_record(&self, scope: &RunScope) -> Result<Option<RunRecord>> {
-        crate::documents::read_run_record(self, scope).await
+        crate::documents::read_run_record(&self.db, scope).await
     }
 
     async fn write_messages(
@@ -265,11 +286,11 @@ impl EvidenceStore for PgStore {
         through_event_seq: u64,
         fence: Option<Fence>,
     ) -> Result<()> {
-        crate::documents::write_messages(self, scope, messages, through_event_seq, fence).await
+        crate::documents::write_messages(&self.db, scope, messages, through_event_seq, fence).await
     }
 
     async fn read_messages(&self, scope: &RunScope) -> Result<MessageSnapshot> {
-        crate::documents::read_messages(self, scope).await
+        crate::documents::read_messages(&self.db, scope).await
     }
 
     async fn write_report(
@@ -278,11 +299,11 @@ impl EvidenceStore for PgStore {
         report: &str,
         fence: Option<Fence>,
     ) -> Result<()> {
-        crate::documents::write_report(self, scope, report, fence).await
+        crate::documents::write_report(&self.db, scope, report, fence).await
     }
 
     async fn read_report(&self, scope: &RunScope) -> Result<Option<String>> {
-        crate::documents::read_report(self, scope).await
+        crate::documents::read_report(&self.db, scope).await
     }
 
     async fn append_audit(
@@ -291,11 +312,11 @@ impl EvidenceStore for PgStore {
         events: &[NewAuditEvent],
         fence: Option<Fence>,
     ) -> Result<Vec<AuditRecord>> {
-        crate::events::append_audit(self, scope, events, fence).await
+        crate::events::append_audit(&self.db, scope, events, fence).await
     }
 
     async fn read_audit(&self, scope: &RunScope, since_seq: u64) -> Result<Vec<AuditRecord>> {
-        crate::events::read_audit(self, scope, since_seq).await
+        crate::events::read_audit(&self.db, scope, since_seq).await
     }
 
     async fn commit_step(
@@ -304,7 +325,7 @@ impl EvidenceStore for PgStore {
         fence: Fence,
         step: &Step,
     ) -> Result<StepReceipt> {
-        crate::step::commit_step(self, scope, fence, step).await
+        crate::step::commit_step(&self.db, scope, fence, step).await
     }
 
     async fn commit_step_and_claim_next(
@@ -314,6 +335,6 @@ impl EvidenceStore for PgStore {
         step: &Step,
         next: &NextClaim,
     ) -> Result<Handover> {
-        crate::step::commit_step_and_claim_next(self, scope, fence, step, next).await
+        crate::step::commit_step_and_claim_next(&self.db, scope, fence, step, next).await
     }
 }

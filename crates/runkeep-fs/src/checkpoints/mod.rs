@@ -41,8 +41,8 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
 use crate::lock::META_DIR;
+use crate::options::Durability;
 use crate::sys::{self, Ctx};
-use crate::Durability;
 
 /// The checkpoints directory of a run.
 pub(crate) const CHECKPOINTS_DIR: &str = "checkpoints";

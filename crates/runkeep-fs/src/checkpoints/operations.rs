@@ -17,8 +17,9 @@ use super::{
     CHECKPOINTS_DIR,
 };
 use crate::fenced_write::FencedWrite;
+use crate::inner::Inner;
+use crate::options::Durability;
 use crate::sys::{self, Ctx};
-use crate::{Durability, Inner};
 
 impl Inner {
     /// Writes `cp` to its sidecar (the heavy part, before the lock),

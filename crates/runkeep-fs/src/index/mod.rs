@@ -481,7 +481,7 @@ impl SessionIndex {
     }
 }
 
-impl crate::Inner {
+impl crate::inner::Inner {
     /// [`SessionIndex::candidates`] on this store's index.
     pub(crate) fn index_candidates(
         &self,

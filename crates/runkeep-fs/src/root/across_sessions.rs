@@ -62,7 +62,7 @@ impl Merge {
             let cursor = match &query.after {
                 Some(after) => {
                     let later = after.has_tie()
-                        && (k.1.as_str(), k.2.as_str())
+                        && (k.project_id.as_str(), k.session_id.as_str())
                             > (after.project.as_str(), after.session.as_str());
                     let at = if later {
                         after.just_before()

@@ -105,23 +105,27 @@ pub(super) fn read_marker(root: &Path) -> Result<bool> {
 }
 
 pub(super) fn key_of(scope: &RunScope) -> SessionKey {
-    (
-        scope.tenant_id.clone(),
-        scope.project_id.clone(),
-        scope.session_id.clone(),
-    )
+    SessionKey {
+        tenant_id: scope.tenant_id.clone(),
+        project_id: scope.project_id.clone(),
+        session_id: scope.session_id.clone(),
+    }
 }
 
 pub(super) fn session_scope(k: &SessionKey) -> ListingScope {
-    ListingScope::session(k.0.clone(), k.1.clone(), k.2.clone())
+    ListingScope::session(
+        k.tenant_id.clone(),
+        k.project_id.clone(),
+        k.session_id.clone(),
+    )
 }
 
 impl RootInner {
     pub(super) fn session_path(&self, k: &SessionKey) -> PathBuf {
         self.root
-            .join(k.0.as_str())
-            .join(k.1.as_str())
-            .join(k.2.as_str())
+            .join(k.tenant_id.as_str())
+            .join(k.project_id.as_str())
+            .join(k.session_id.as_str())
             .join(SESSION_RUNS_DIR)
     }
 
@@ -130,29 +134,29 @@ impl RootInner {
     /// the session has no `runs/` directory yet.
     pub(super) fn check_path(&self, k: &SessionKey) -> Result<bool> {
         let mut path = self.root.clone();
-        for part in [k.0.as_str(), k.1.as_str(), k.2.as_str(), SESSION_RUNS_DIR] {
+        for part in [
+            k.tenant_id.as_str(),
+            k.project_id.as_str(),
+            k.session_id.as_str(),
+            SESSION_RUNS_DIR,
+        ] {
             path.push(part);
             match std::fs::symlink_metadata(&path) {
                 Ok(m) if m.file_type().is_symlink() => {
-                    let target = std::fs::read_link(&path)
-                        .map(|t| t.display().to_string())
-                        .unwrap_or_else(|_| "?".into());
-                    return Err(Error::Unsupported {
-                        message: format!(
-                            "session {}/{}/{}: {} is a symbolic link (to {target}); runkeep never follows a link out of the root, so this session can be neither read nor written. Move the directory into the root in place of the link, or remove the link",
-                            k.0,
-                            k.1,
-                            k.2,
-                            path.display()
-                        ),
-                    });
+                    return Err(sys::symlink_refusal(
+                        "session",
+                        &format!("{}/{}/{}", k.tenant_id, k.project_id, k.session_id),
+                        &path,
+                        "root",
+                        "the directory",
+                    ));
                 }
                 Ok(m) if !m.is_dir() => {
                     return Err(Error::invalid(format!(
                         "session {}/{}/{}: {} is not a directory; a root holds <tenant>/<project>/<session>/{SESSION_RUNS_DIR}/ directories only",
-                        k.0,
-                        k.1,
-                        k.2,
+                        k.tenant_id,
+                        k.project_id,
+                        k.session_id,
                         path.display()
                     )))
                 }
@@ -210,7 +214,11 @@ impl RootInner {
                 let session_dir = project_dir.join(s.as_str());
                 let plain = |p: &Path| std::fs::symlink_metadata(p).is_ok_and(|m| m.is_dir());
                 if plain(&session_dir) && plain(&runs) {
-                    out.push((t.clone(), p.clone(), s));
+                    out.push(SessionKey {
+                        tenant_id: t.clone(),
+                        project_id: p.clone(),
+                        session_id: s,
+                    });
                 }
             }
         }

@@ -54,8 +54,10 @@ mod prefix_watch;
 mod routing;
 mod session_cache;
 
+use crate::diagnose::Diagnosis;
+use crate::options::Durability;
 use crate::sys::{self, Ctx};
-use crate::{Diagnosis, Durability, FsStore};
+use crate::FsStore;
 pub(crate) use layout::refuse_root_as_session;
 use layout::{key_of, marker_body, read_marker, refuse_session_as_root};
 
@@ -93,8 +95,15 @@ pub struct FsRootOptions {
     pub clock: Option<Arc<dyn Clock>>,
 }
 
-/// A session under a root.
-type SessionKey = (TenantId, ProjectId, SessionId);
+/// A session under a root: its directory is
+/// `<tenant>/<project>/<session>/`. Ordered tenant, project, session (the
+/// order sessions are listed in).
+#[derive(Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Debug)]
+struct SessionKey {
+    tenant_id: TenantId,
+    project_id: ProjectId,
+    session_id: SessionId,
+}
 
 /// A directory store of many tenants. Cheap to clone; safe to share
 /// between threads and (through the directory) between processes.
@@ -254,7 +263,12 @@ impl FsRootStore {
             .inner
             .sessions_under(scope)?
             .into_iter()
-            .map(|(k, s)| (ListingScope::session(k.0, k.1, k.2), s))
+            .map(|(k, s)| {
+                (
+                    ListingScope::session(k.tenant_id, k.project_id, k.session_id),
+                    s,
+                )
+            })
             .collect())
     }
 

@@ -263,7 +263,11 @@ impl CheckpointStore for FsRootStore {
         let one = match topic {
             WatchTopic::Events(run) => Some(key_of(run)),
             WatchTopic::Runnable(s) => match (s.project_id(), s.session_id()) {
-                (Some(p), Some(ses)) => Some((s.tenant_id().clone(), p.clone(), ses.clone())),
+                (Some(p), Some(ses)) => Some(SessionKey {
+                    tenant_id: s.tenant_id().clone(),
+                    project_id: p.clone(),
+                    session_id: ses.clone(),
+                }),
                 _ => None,
             },
         };

@@ -4,7 +4,8 @@
 use runkeep::{Error, ListingScope, Result};
 
 use super::{RootInner, SessionKey};
-use crate::{Attribution, FsOptions, FsStore};
+use crate::options::{Attribution, FsOptions};
+use crate::FsStore;
 
 impl RootInner {
     pub(super) fn cached(&self, k: &SessionKey) -> Option<FsStore> {
@@ -20,9 +21,9 @@ impl RootInner {
             self.session_path(k),
             FsOptions {
                 attribution: Some(Attribution {
-                    tenant_id: k.0.clone(),
-                    project_id: k.1.clone(),
-                    session_id: k.2.clone(),
+                    tenant_id: k.tenant_id.clone(),
+                    project_id: k.project_id.clone(),
+                    session_id: k.session_id.clone(),
                 }),
                 durability: self.durability,
                 read_only: self.read_only,

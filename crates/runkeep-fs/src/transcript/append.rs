@@ -12,10 +12,10 @@ use serde_json::Value;
 use super::offset_index::{fingerprint, IndexWriter, Rec};
 use super::torn_tail::{catch_up, roll_back, settle_tail};
 use super::TRANSCRIPT;
+use crate::inner::Inner;
+use crate::options::Durability;
 use crate::sys::{self, Ctx};
 use crate::testing_hooks;
-use crate::Durability;
-use crate::Inner;
 use runkeep::RunScope;
 
 pub(super) fn open_log(

@@ -12,10 +12,10 @@ use serde_json::{Map, Value};
 use super::append::open_log;
 use super::torn_tail::{roll_back, settle_tail};
 use super::AUDIT;
+use crate::inner::Inner;
 use crate::lock::RunLock;
+use crate::options::Durability;
 use crate::sys::{self, Ctx};
-use crate::Durability;
-use crate::Inner;
 use runkeep::RunScope;
 
 /// Parses an audit line leniently: the reference writes `who`/`what` as

@@ -13,10 +13,10 @@ use runkeep::{Error, EventBatch, Integrity, PersistedEvent, ReadEventsOptions, R
 
 use super::offset_index::IndexView;
 use super::{parse_line, Parsed, TRANSCRIPT};
+use crate::inner::Inner;
 use crate::lock::RunLock;
 use crate::sys::{self, Ctx};
 use crate::testing_hooks::{self};
-use crate::Inner;
 use runkeep::RunScope;
 
 #[derive(Default)]
@@ -517,7 +517,7 @@ mod tests {
     use super::super::{lines, INDEX_FILE};
     use super::*;
     use crate::lock::META_DIR;
-    use crate::Durability;
+    use crate::options::Durability;
 
     /// The streamed lines are the whole buffer's lines, at every chunk size
     /// (lines longer than a chunk, empty lines, an unterminated tail) and

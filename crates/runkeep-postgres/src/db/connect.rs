@@ -13,24 +13,16 @@ use runkeep::watch::Notifier;
 use runkeep::RemoteClock;
 use runkeep::{Error, Result, Timestamp};
 
+use crate::db::row::NOW_SQL;
+use crate::db::wake;
+use crate::db::Db;
 use crate::error::{map_pg, map_pool};
 use crate::options::PgOptions;
-use crate::row::NOW_SQL;
 use crate::schema::{self, SCHEMA_VERSION};
-use crate::store::PgStore;
-use crate::wake;
 
-impl PgStore {
-    /// Connects to `url` (a `postgres://` URL or a key=value string),
-    /// applies the embedded migrations to `options.schema` (under an
-    /// advisory lock: concurrent `connect`s are safe) and checks the
-    /// server answers.
-    ///
-    /// # Errors
-    /// `Unsupported` when the schema is at a newer version than this binary
-    /// ([`SCHEMA_VERSION`]); `Unavailable` when the server cannot be
-    /// reached; `InvalidInput` for a bad URL, schema name or option.
-    pub async fn connect(url: &str, options: PgOptions) -> Result<Self> {
+impl Db {
+    /// Connects, migrates, measures the clock offset and starts the listener ([`crate::PgStore::connect`]).
+    pub(crate) async fn connect(url: &str, options: PgOptions) -> Result<Self> {
         Self::migrate(url, &options).await?;
         let store = Self::open_migrated(url, options)?;
         store.measure_offset().await?;
@@ -38,9 +30,8 @@ impl PgStore {
         Ok(store)
     }
 
-    /// Applies the embedded migrations to `options.schema` on a connection
-    /// of its own and answers the version now applied (`runkeep migrate`).
-    pub async fn migrate(url: &str, options: &PgOptions) -> Result<i32> {
+    /// Migrates on a connection of its own ([`crate::PgStore::migrate`]).
+    pub(crate) async fn migrate(url: &str, options: &PgOptions) -> Result<i32> {
         let config = Self::pg_config(url, options)?;
         let (mut client, conn) = config
             .connect(NoTls)
@@ -57,15 +48,8 @@ impl PgStore {
         r
     }
 
-    /// The runkeep schema version recorded in `options.schema` (0 when the
-    /// schema has never been migrated), read on a connection of its own
-    /// without changing anything: what `runkeep` checks before a read-only
-    /// command and what the doctor reports.
-    ///
-    /// # Errors
-    /// `Unavailable` when the server cannot be reached; `InvalidInput` for a
-    /// bad URL or schema name.
-    pub async fn schema_version(url: &str, options: &PgOptions) -> Result<i32> {
+    /// The recorded schema version ([`crate::PgStore::schema_version`]).
+    pub(crate) async fn schema_version(url: &str, options: &PgOptions) -> Result<i32> {
         let config = Self::pg_config(url, options)?;
         let (client, conn) = config
             .connect(NoTls)
@@ -82,14 +66,8 @@ impl PgStore {
         r
     }
 
-    /// Builds a store on a schema that [`PgStore::migrate`] (or
-    /// [`PgStore::connect`]) already brought to [`SCHEMA_VERSION`], without
-    /// connecting yet: connections open on first use, on the runtime that
-    /// uses them. For callers that must build a store inside a running
-    /// runtime without awaiting (test fixtures); everyone else calls
-    /// `connect`. Every pooled connection checks the schema version when
-    /// it opens and refuses a newer one.
-    pub fn open_migrated(url: &str, options: PgOptions) -> Result<Self> {
+    /// The pool on a migrated schema, not connected yet ([`crate::PgStore::open_migrated`]).
+    pub(crate) fn open_migrated(url: &str, options: PgOptions) -> Result<Self> {
         schema::validate_schema_name(&options.schema)?;
         if options.pool_size == 0 {
             return Err(Error::invalid("PgOptions::pool_size must be at least 1"));

@@ -12,8 +12,8 @@ use runkeep::{
     Checkpoint, Error, Fence, Holder, Lifecycle, Result, RunDigest, RunScope, Timestamp, TopHolding,
 };
 
-use crate::pipeline::{Param, Stmt};
-use crate::store::PgStore;
+use crate::db::pipeline::{Param, Stmt};
+use crate::db::Db;
 
 /// The columns of a run's row that its operations decide with.
 #[derive(Clone, Debug, Default)]
@@ -239,7 +239,7 @@ pub(crate) fn object(v: Value) -> Map<String, Value> {
     }
 }
 
-impl PgStore {
+impl Db {
     pub(crate) async fn read_state<C: GenericClient + Sync>(
         &self,
         c: &C,
@@ -254,15 +254,12 @@ impl PgStore {
             None => Ok(None),
         }
     }
+}
 
-    /// The `UPDATE` that writes `run` back to its row.
-    pub(crate) fn save_stmt(key: &Key, run: &RunState) -> Result<Stmt> {
-        let (kind, fence, holder, expires): (
-            Option<i16>,
-            Option<i64>,
-            Option<String>,
-            Option<i64>,
-        ) = match &run.top {
+/// The `UPDATE` that writes `run` back to its row.
+pub(crate) fn save_stmt(key: &Key, run: &RunState) -> Result<Stmt> {
+    let (kind, fence, holder, expires): (Option<i16>, Option<i64>, Option<String>, Option<i64>) =
+        match &run.top {
             None => (None, None, None, None),
             Some(TopHolding::Lease {
                 fence,
@@ -278,48 +275,47 @@ impl PgStore {
                 (Some(2), Some(i64_of(fence.get())), None, None)
             }
         };
-        let lifecycle = if run.lifecycle == Lifecycle::default() {
-            None
-        } else {
-            Some(
-                serde_json::to_value(&run.lifecycle)
-                    .map_err(|e| Error::backend("encode the lifecycle", e))?,
-            )
-        };
-        let status = run.lifecycle.status.as_str().to_string();
-        let available: Option<i64> = run.lifecycle.available_at.map(Timestamp::as_millis);
-        let digest = match &run.digest {
-            Some(d) if d.checkpoint_count > 0 => {
-                Some(serde_json::to_value(d).map_err(|e| Error::backend("encode the digest", e))?)
-            }
-            _ => None,
-        };
-        let d = run.digest.as_ref().filter(|d| d.checkpoint_count > 0);
-        let count = i64_of(d.map_or(0, |d| d.checkpoint_count));
-        let rank: i16 = i16::from(d.and_then(|d| d.run_created_at).is_some());
-        let stamp: i64 = d
-            .and_then(|d| d.run_created_at)
-            .map_or(0, Timestamp::as_millis);
-        let parks: i32 = d.map_or(0, |d| i32::try_from(d.parks.len()).unwrap_or(i32::MAX));
-        Ok(Stmt::new(
-            "save the run row",
-            sql_save(),
-            key.owned(vec![
-                Box::new(kind),
-                Box::new(fence),
-                Box::new(holder),
-                Box::new(expires),
-                Box::new(lifecycle),
-                Box::new(status),
-                Box::new(available),
-                Box::new(digest),
-                Box::new(count),
-                Box::new(rank),
-                Box::new(stamp),
-                Box::new(parks),
-                Box::new(i64_of(run.last_seq)),
-                Box::new(i64_of(run.last_audit)),
-            ]),
-        ))
-    }
+    let lifecycle = if run.lifecycle == Lifecycle::default() {
+        None
+    } else {
+        Some(
+            serde_json::to_value(&run.lifecycle)
+                .map_err(|e| Error::backend("encode the lifecycle", e))?,
+        )
+    };
+    let status = run.lifecycle.status.as_str().to_string();
+    let available: Option<i64> = run.lifecycle.available_at.map(Timestamp::as_millis);
+    let digest = match &run.digest {
+        Some(d) if d.checkpoint_count > 0 => {
+            Some(serde_json::to_value(d).map_err(|e| Error::backend("encode the digest", e))?)
+        }
+        _ => None,
+    };
+    let d = run.digest.as_ref().filter(|d| d.checkpoint_count > 0);
+    let count = i64_of(d.map_or(0, |d| d.checkpoint_count));
+    let rank: i16 = i16::from(d.and_then(|d| d.run_created_at).is_some());
+    let stamp: i64 = d
+        .and_then(|d| d.run_created_at)
+        .map_or(0, Timestamp::as_millis);
+    let parks: i32 = d.map_or(0, |d| i32::try_from(d.parks.len()).unwrap_or(i32::MAX));
+    Ok(Stmt::new(
+        "save the run row",
+        sql_save(),
+        key.owned(vec![
+            Box::new(kind),
+            Box::new(fence),
+            Box::new(holder),
+            Box::new(expires),
+            Box::new(lifecycle),
+            Box::new(status),
+            Box::new(available),
+            Box::new(digest),
+            Box::new(count),
+            Box::new(rank),
+            Box::new(stamp),
+            Box::new(parks),
+            Box::new(i64_of(run.last_seq)),
+            Box::new(i64_of(run.last_audit)),
+        ]),
+    ))
 }

@@ -10,12 +10,13 @@ use tokio_postgres::Row;
 
 use runkeep::{Checkpoint, Error, Result, RunScope, Timestamp};
 
+use crate::db::digest::checkpoint_stmt;
+use crate::db::pipeline::{self, Stmt, Tx};
+use crate::db::row::{save_stmt, sql_after_lock, sql_ensure, sql_lock, state_of, Key, RunState};
+use crate::db::wake;
+use crate::db::Db;
 use crate::error::{map_commit, map_pg};
 use crate::options::NotifyMode;
-use crate::pipeline::{self, Stmt, Tx};
-use crate::row::{sql_after_lock, sql_ensure, sql_lock, state_of, Key, RunState};
-use crate::store::PgStore;
-use crate::wake;
 
 /// What a transaction reads in the round trip that begins it.
 #[derive(Default)]
@@ -31,7 +32,7 @@ pub(crate) struct Opening<'a> {
     pub(crate) more: Vec<Stmt>,
 }
 
-/// What [`PgStore::open`] read.
+/// What [`Db::open`] read.
 pub(crate) struct Opened {
     /// The run's row; `None` when absent.
     pub(crate) state: Option<RunState>,
@@ -84,8 +85,20 @@ pub(crate) struct Writes {
     checkpoint: Option<(usize, Box<Checkpoint>, bool)>,
     /// Save the judged row last.
     save: bool,
-    /// Notify the change (`Some(new events)`) right after the `COMMIT`.
-    notify: Option<bool>,
+    /// Whom to wake right after the `COMMIT`.
+    notify: Wake,
+}
+
+/// Whom a committed write wakes (module `wake`, right after its `COMMIT`).
+#[derive(Clone, Copy, PartialEq, Eq, Debug, Default)]
+pub(crate) enum Wake {
+    /// Nobody: no notification.
+    #[default]
+    Nobody,
+    /// The run's watchers: the run changed.
+    Changed,
+    /// The run's watchers, telling them it has new events.
+    NewEvents,
 }
 
 impl Writes {
@@ -102,7 +115,7 @@ impl Writes {
     }
 
     /// Stores `stored` here, keeping the row's digest (which may take one
-    /// more round trip to read the headers: [`PgStore::checkpoint_stmt`]).
+    /// more round trip to read the headers: [`checkpoint_stmt`]).
     pub(crate) fn checkpoint(mut self, stored: Checkpoint, exists: bool) -> Self {
         self.checkpoint = Some((self.stmts.len(), Box::new(stored), exists));
         self
@@ -114,15 +127,15 @@ impl Writes {
         self
     }
 
-    /// Wakes the run's watchers after the `COMMIT` (`events`: it has new
-    /// events).
-    pub(crate) fn notify(mut self, events: bool) -> Self {
-        self.notify = Some(events);
+    /// Wakes the run's watchers after the `COMMIT` ([`Wake::Changed`] or
+    /// [`Wake::NewEvents`]).
+    pub(crate) fn notify(mut self, wake: Wake) -> Self {
+        self.notify = wake;
         self
     }
 }
 
-impl PgStore {
+impl Db {
     /// Every write on one run's row: `BEGIN`, the row lock and what
     /// `opening` asks for (the clock, a checkpoint's existence, more reads)
     /// in one round trip; then `judge`, the core's rule, on the locked row;
@@ -177,22 +190,21 @@ impl PgStore {
         scope: &RunScope,
         locked: &mut Locked,
         w: Writes,
-    ) -> Result<(Vec<Stmt>, Option<bool>)> {
+    ) -> Result<(Vec<Stmt>, Wake)> {
         let mut stmts = w.stmts;
         if let Some((at, stored, exists)) = w.checkpoint {
-            let s = self
-                .checkpoint_stmt(tx, what, scope, &mut locked.run, &stored, exists)
-                .await?;
+            let s =
+                checkpoint_stmt(self, tx, what, scope, &mut locked.run, &stored, exists).await?;
             stmts.insert(at, s);
         }
         if w.save {
-            stmts.push(Self::save_stmt(&locked.key, &locked.run)?);
+            stmts.push(save_stmt(&locked.key, &locked.run)?);
         }
         Ok((stmts, w.notify))
     }
 }
 
-impl PgStore {
+impl Db {
     /// `Unavailable`: a statement got no reply within `reply_timeout`.
     pub(crate) fn no_reply(&self, what: &str) -> Error {
         Error::Unavailable {
@@ -291,7 +303,7 @@ impl PgStore {
     }
 
     /// [`Self::commit`], with the change of `scope` notified right after
-    /// the `COMMIT` (module `wake`) when `notify` is `Some(new events)`:
+    /// the `COMMIT` (module `wake`) unless `notify` is [`Wake::Nobody`]:
     /// sent with it, not waited for.
     pub(crate) async fn commit_notify(
         &self,
@@ -299,10 +311,12 @@ impl PgStore {
         what: &str,
         stmts: Vec<Stmt>,
         scope: &RunScope,
-        notify: Option<bool>,
+        notify: Wake,
     ) -> Result<()> {
-        let Some(events) = notify else {
-            return self.commit(tx, what, stmts).await;
+        let events = match notify {
+            Wake::Nobody => return self.commit(tx, what, stmts).await,
+            Wake::Changed => false,
+            Wake::NewEvents => true,
         };
         let payload = wake::payload(scope, events);
         if self.options.notify == NotifyMode::Coalesced {
