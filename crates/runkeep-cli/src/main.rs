@@ -60,7 +60,6 @@ async fn dispatch(cli: Cli) -> CliResult<Exit> {
         Command::SoakWorker(args) => soak::run_worker(&ctx, args).await,
         Command::Serve(args) => commands::serve::run(&ctx, args).await,
         Command::Token(command) => commands::token::run(&ctx, command).await,
-        Command::Bench(args) => commands::bench::run(&ctx, args).await,
     }
 }
 
