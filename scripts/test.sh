@@ -57,7 +57,15 @@ cat target/prepare.log
 # waits on cargo's lock while the cargo tests run. Each suite's output goes
 # to target/suites/<name>.log and is printed after the cargo tests; any
 # failure, of either, fails the command once everything has ended.
+# First the binary users get, without features: it must contain no test
+# seam (scripts/no-test-seams.sh; the seams are behind each crate's
+# `testing` feature). Then the one the suites run, with them; it must
+# contain one (the check's control: strings finds what is there).
+cargo build --quiet -p runkeep-cli --bin runkeep
+bash scripts/no-test-seams.sh target/debug/runkeep
 cargo build --quiet -p runkeep-cli --bin runkeep --all-features
+strings -a target/debug/runkeep | grep -q RUNKEEP_TEST_PANIC \
+    || { echo "test.sh: the --all-features runkeep has no RUNKEEP_TEST_PANIC: the seam check proves nothing" >&2; exit 1; }
 export RUNKEEP_BIN="${RUNKEEP_BIN:-$PWD/target/debug/runkeep}"
 rm -rf target/suites && mkdir -p target/suites
 lane() {

@@ -164,8 +164,6 @@ pub enum Command {
     /// Bearer tokens of `runkeep serve`: create (the secret is shown once), list, revoke.
     #[command(subcommand)]
     Token(commands::token::TokenCommand),
-    /// Measure every backend beside its physical baselines (and peers): tables, JSON, SVG plots.
-    Bench(commands::bench::BenchArgs),
     /// One worker process of a soak (internal).
     #[command(hide = true)]
     SoakWorker(crate::soak::SoakWorkerArgs),

@@ -30,13 +30,15 @@ use context::Ctx;
 use error::{CliError, CliResult, Exit};
 use output::{Color, Style};
 
-/// Test-only: makes every command panic, to prove a bug exits 70 with one
-/// line and no backtrace.
+/// Test-only (the `testing` feature): makes every command panic, to prove
+/// a bug exits 70 with one line and no backtrace.
+#[cfg(feature = "testing")]
 const TEST_PANIC_ENV: &str = "RUNKEEP_TEST_PANIC";
 
 /// Runs the chosen subcommand. Adding one: a variant in [`Command`] and an
 /// arm here.
 async fn dispatch(cli: Cli) -> CliResult<Exit> {
+    #[cfg(feature = "testing")]
     if std::env::var_os(TEST_PANIC_ENV).is_some() {
         panic!("deliberate panic ({TEST_PANIC_ENV} is set)");
     }
@@ -60,7 +62,6 @@ async fn dispatch(cli: Cli) -> CliResult<Exit> {
         Command::SoakWorker(args) => soak::run_worker(&ctx, args).await,
         Command::Serve(args) => commands::serve::run(&ctx, args).await,
         Command::Token(command) => commands::token::run(&ctx, command).await,
-        Command::Bench(args) => commands::bench::run(&ctx, args).await,
     }
 }
 

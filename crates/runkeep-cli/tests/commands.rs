@@ -621,6 +621,10 @@ fn colour_only_on_a_terminal_and_never_with_no_color() {
 }
 
 #[test]
+#[cfg_attr(
+    not(feature = "testing"),
+    ignore = "needs the test seams: --features testing"
+)]
 fn a_panic_is_an_internal_error_exit_70_without_a_backtrace() {
     runkeep()
         .args(["--store", "memory:", "runs"])

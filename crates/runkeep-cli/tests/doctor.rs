@@ -463,6 +463,10 @@ fn an_unreadable_top_holding_is_named_not_shown_as_free() {
 }
 
 #[test]
+#[cfg_attr(
+    not(feature = "testing"),
+    ignore = "needs the test seams: --features testing"
+)]
 fn a_slow_check_times_out_as_inconclusive_and_exits_69() {
     let store = Store::seeded();
     let mut cmd = store.cmd(&["--json", "doctor", "--per-check-timeout", "300ms"]);
@@ -499,6 +503,10 @@ fn a_slow_check_times_out_as_inconclusive_and_exits_69() {
 }
 
 #[test]
+#[cfg_attr(
+    not(feature = "testing"),
+    ignore = "needs the test seams: --features testing"
+)]
 fn the_wall_clock_timeout_makes_unfinished_checks_inconclusive() {
     let store = Store::new();
     let mut cmd = store.cmd(&[]);
@@ -520,6 +528,10 @@ fn the_wall_clock_timeout_makes_unfinished_checks_inconclusive() {
 }
 
 #[test]
+#[cfg_attr(
+    not(feature = "testing"),
+    ignore = "needs the test seams: --features testing"
+)]
 fn a_check_that_errors_is_inconclusive_and_one_that_panics_fails() {
     let store = Store::new();
     let mut erring = store.cmd(&[]);

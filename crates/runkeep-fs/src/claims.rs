@@ -431,7 +431,7 @@ fn publish_via_scratch(
                 .map_err(|e| PublishError::Failed(ctx.io("sync a claim body", &scratch, e)))?;
         }
         drop(file);
-        testing_hooks::pause_once("scratch-before-link");
+        testing_hooks::pause_once(testing_hooks::Pause::ScratchBeforeLink);
         let target = claims_dir.join(format!("{fence}.json"));
         sys::hard_link(&scratch, &target).map_err(|e| link_error(ctx, claims_dir, &target, e))?;
         if inner.durability == Durability::PowerLoss {
@@ -468,7 +468,7 @@ fn publish_open_exclusive(
         Err(e) => return Err(PublishError::Failed(ctx.io("create", &target, e))),
     };
     std::thread::yield_now();
-    testing_hooks::pause_once("open-exclusive-before-write");
+    testing_hooks::pause_once(testing_hooks::Pause::OpenExclusiveBeforeWrite);
     f.write_all(body)
         .map_err(|e| PublishError::Failed(ctx.io("write", &target, e)))
 }
@@ -612,7 +612,7 @@ pub(crate) fn claim(
                 fence = fl.next(&scope.run_id)?;
             }
         }
-        testing_hooks::pause_once("claim-before-link");
+        testing_hooks::pause_once(testing_hooks::Pause::ClaimBeforeLink);
         testing_hooks::delay("claim-before-link");
         match publish(inner, &claims_dir, fence, &body, &ctx) {
             Ok(()) => {
@@ -625,7 +625,7 @@ pub(crate) fn claim(
                             // shared lock: only the link's winner writes it,
                             // and record writers with the exclusive lock are
                             // excluded).
-                            testing_hooks::pause("dead-letter-after-link");
+                            testing_hooks::pause(testing_hooks::Pause::DeadLetterAfterLink);
                             let l = lifecycle::exhausted(&state.lifecycle, fence, attempts, now);
                             let rec = Record::new(l.clone(), fence.get());
                             run_state::write(&run_dir, &rec, inner.durability, &ctx)
@@ -788,7 +788,7 @@ pub(crate) fn release_with(
         .unwrap_or(state.lifecycle.attempts);
     inner.check_poison()?;
     let lock = RunLock::acquire(&run_dir, Mode::Shared, inner.durability, &ctx)?;
-    testing_hooks::pause_once("release-before-link");
+    testing_hooks::pause_once(testing_hooks::Pause::ReleaseBeforeLink);
     testing_hooks::delay("release-before-link");
     match publish(
         inner,

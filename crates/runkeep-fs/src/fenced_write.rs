@@ -107,7 +107,7 @@ impl Inner {
             }
             None => {}
         }
-        testing_hooks::pause("after-fence-check");
+        testing_hooks::pause(testing_hooks::Pause::AfterFenceCheck);
         act(&ctx, &run_dir, top.as_ref(), prepared).map_err(|e| self.note(e))
     }
 

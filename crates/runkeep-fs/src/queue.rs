@@ -73,7 +73,7 @@ impl Inner {
             // that does not exist yet (no checkpoint), which enqueue may
             // create again; the checkpoint is the commit point.
             run_state::write(run_dir, &record, self.durability, ctx)?;
-            testing_hooks::pause("enqueue-after-record");
+            testing_hooks::pause(testing_hooks::Pause::EnqueueAfterRecord);
             self.put_checkpoint(ctx, run_dir, &stored)
         })?;
         if rebuild {
@@ -179,7 +179,7 @@ impl Inner {
             )?,
         };
         run_state::publish(run_dir, temp, ctx)?;
-        testing_hooks::pause("finish-after-record");
+        testing_hooks::pause(testing_hooks::Pause::FinishAfterRecord);
         if let Err(e) = self.publish_finish_tombstone(ctx, run_dir, tomb, l.attempts) {
             // Committed by the record: the fence is spent whether or not its
             // tombstone exists (reads apply the record); reopen publishes it.

@@ -137,7 +137,7 @@ impl Inner {
                     // order the crash test must catch).
                     publish_checkpoint(cp_temp.take())?;
                 }
-                testing_hooks::pause("step-after-check");
+                testing_hooks::pause(testing_hooks::Pause::StepAfterCheck);
 
                 // 1. Events.
                 let events = if step.events.is_empty() {
@@ -153,7 +153,7 @@ impl Inner {
                         now,
                     )?
                 };
-                testing_hooks::pause("step-after-events");
+                testing_hooks::pause(testing_hooks::Pause::StepAfterEvents);
 
                 // 2. Messages.
                 if let Some(m) = &step.messages {
@@ -176,7 +176,7 @@ impl Inner {
                     temp.publish(documents::MESSAGES)
                         .map_err(|e| ctx.io("publish", &run_dir.join(documents::MESSAGES), e))?;
                 }
-                testing_hooks::pause("step-after-messages");
+                testing_hooks::pause(testing_hooks::Pause::StepAfterMessages);
 
                 // 3. Run record.
                 if let Some(temp) = record_temp {
@@ -184,11 +184,11 @@ impl Inner {
                     temp.publish(documents::RUN_RECORD)
                         .map_err(|e| ctx.io("publish", &run_dir.join(documents::RUN_RECORD), e))?;
                 }
-                testing_hooks::pause("step-after-record");
+                testing_hooks::pause(testing_hooks::Pause::StepAfterRecord);
 
                 // 4. Checkpoint.
                 publish_checkpoint(cp_temp.take())?;
-                testing_hooks::pause("step-after-checkpoint");
+                testing_hooks::pause(testing_hooks::Pause::StepAfterCheckpoint);
 
                 // 5. Finish.
                 let finished = match &step.finish {

@@ -370,10 +370,10 @@ pub(crate) fn write_log(
         write(&buf[..buf.len() / 2])?;
         return Err(e);
     }
-    if crate::testing_hooks::pause_requested("mid-append-write") {
+    if crate::testing_hooks::pause_requested(crate::testing_hooks::Pause::MidAppendWrite) {
         let half = buf.len() / 2;
         write(&buf[..half])?;
-        crate::testing_hooks::pause("mid-append-write");
+        crate::testing_hooks::pause(crate::testing_hooks::Pause::MidAppendWrite);
         return write(&buf[half..]);
     }
     write(buf)

@@ -148,10 +148,112 @@ pub(crate) fn force_scratch() -> bool {
     false
 }
 
+/// A point where a test may stop this process (SIGSTOP) inside a critical
+/// section: `RUNKEEP_FS_TEST_PAUSE=<name>`, across processes. One enum, so a
+/// call site cannot misspell its point, and a test that names no point is
+/// refused ([`Pause::asked`]) instead of never pausing and passing for the
+/// wrong reason. Without the `testing` feature the names are not compiled
+/// in and every pause is an empty inline function.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub(crate) enum Pause {
+    /// `before-append-write`: an append checked its fence, not yet written.
+    BeforeAppendWrite,
+    /// `mid-append-write`: part of an append's bytes landed, the rest not.
+    MidAppendWrite,
+    /// `after-fence-check`: a fenced write checked its fence, not yet published.
+    AfterFenceCheck,
+    /// `scratch-before-link`: a holding written to its scratch name, not linked.
+    ScratchBeforeLink,
+    /// `open-exclusive-before-write`: a holding created, not yet written
+    /// (the `open-exclusive-then-write` mutation).
+    OpenExclusiveBeforeWrite,
+    /// `claim-before-link`: a claim about to link its holding.
+    ClaimBeforeLink,
+    /// `dead-letter-after-link`: a claim that dead-letters linked its holding.
+    DeadLetterAfterLink,
+    /// `release-before-link`: a release about to link its tombstone.
+    ReleaseBeforeLink,
+    /// `enqueue-after-record`: an enqueue wrote its run record.
+    EnqueueAfterRecord,
+    /// `finish-after-record`: a finish wrote its run record.
+    FinishAfterRecord,
+    /// `checkpoints-before-read`: a checkpoint listing read its directory,
+    /// not yet the files.
+    CheckpointsBeforeRead,
+    /// `step-after-check`: a step commit checked its fence.
+    StepAfterCheck,
+    /// `step-after-events`: a step commit appended its events.
+    StepAfterEvents,
+    /// `step-after-messages`: a step commit appended its messages.
+    StepAfterMessages,
+    /// `step-after-record`: a step commit wrote its run record.
+    StepAfterRecord,
+    /// `step-after-checkpoint`: a step commit published its checkpoint.
+    StepAfterCheckpoint,
+}
+
+#[cfg(feature = "testing")]
+impl Pause {
+    /// Every point, for [`Pause::asked`].
+    const ALL: [Pause; 16] = [
+        Pause::BeforeAppendWrite,
+        Pause::MidAppendWrite,
+        Pause::AfterFenceCheck,
+        Pause::ScratchBeforeLink,
+        Pause::OpenExclusiveBeforeWrite,
+        Pause::ClaimBeforeLink,
+        Pause::DeadLetterAfterLink,
+        Pause::ReleaseBeforeLink,
+        Pause::EnqueueAfterRecord,
+        Pause::FinishAfterRecord,
+        Pause::CheckpointsBeforeRead,
+        Pause::StepAfterCheck,
+        Pause::StepAfterEvents,
+        Pause::StepAfterMessages,
+        Pause::StepAfterRecord,
+        Pause::StepAfterCheckpoint,
+    ];
+
+    /// Its name in `RUNKEEP_FS_TEST_PAUSE`.
+    fn name(self) -> &'static str {
+        match self {
+            Pause::BeforeAppendWrite => "before-append-write",
+            Pause::MidAppendWrite => "mid-append-write",
+            Pause::AfterFenceCheck => "after-fence-check",
+            Pause::ScratchBeforeLink => "scratch-before-link",
+            Pause::OpenExclusiveBeforeWrite => "open-exclusive-before-write",
+            Pause::ClaimBeforeLink => "claim-before-link",
+            Pause::DeadLetterAfterLink => "dead-letter-after-link",
+            Pause::ReleaseBeforeLink => "release-before-link",
+            Pause::EnqueueAfterRecord => "enqueue-after-record",
+            Pause::FinishAfterRecord => "finish-after-record",
+            Pause::CheckpointsBeforeRead => "checkpoints-before-read",
+            Pause::StepAfterCheck => "step-after-check",
+            Pause::StepAfterEvents => "step-after-events",
+            Pause::StepAfterMessages => "step-after-messages",
+            Pause::StepAfterRecord => "step-after-record",
+            Pause::StepAfterCheckpoint => "step-after-checkpoint",
+        }
+    }
+
+    /// The point `RUNKEEP_FS_TEST_PAUSE` names, if set. A name that is no
+    /// point panics (a misspelt point would never pause).
+    fn asked() -> Option<Pause> {
+        let name = std::env::var("RUNKEEP_FS_TEST_PAUSE").ok()?;
+        if name.is_empty() {
+            return None;
+        }
+        let point = Pause::ALL.into_iter().find(|p| p.name() == name);
+        Some(point.unwrap_or_else(|| {
+            panic!("RUNKEEP_FS_TEST_PAUSE={name:?} names no pause point of runkeep-fs (see testing_hooks::Pause)")
+        }))
+    }
+}
+
 /// Stops this process (SIGSTOP) at `point` when a test asked for it.
 #[cfg(feature = "testing")]
-pub(crate) fn pause(point: &str) {
-    if std::env::var("RUNKEEP_FS_TEST_PAUSE").as_deref() == Ok(point) {
+pub(crate) fn pause(point: Pause) {
+    if Pause::asked() == Some(point) {
         if let Some(pid) = rustix::process::Pid::from_raw(std::process::id() as i32) {
             let _ = rustix::process::kill_process(pid, rustix::process::Signal::Stop);
             // A process-directed stop reaches this thread at its next signal
@@ -163,7 +265,7 @@ pub(crate) fn pause(point: &str) {
 
 #[cfg(not(feature = "testing"))]
 #[inline(always)]
-pub(crate) fn pause(_point: &str) {}
+pub(crate) fn pause(_point: Pause) {}
 
 /// A test's override of the lock wait bound, in milliseconds.
 #[cfg(feature = "testing")]
@@ -184,19 +286,17 @@ pub(crate) fn lock_wait_override() -> Option<u64> {
 /// when a test asked for it; later passes run on (so a retry loop after the
 /// pause is not stopped again).
 #[cfg(feature = "testing")]
-pub(crate) fn pause_once(point: &str) {
+pub(crate) fn pause_once(point: Pause) {
     use std::sync::atomic::{AtomicBool, Ordering};
     static DONE: AtomicBool = AtomicBool::new(false);
-    if std::env::var("RUNKEEP_FS_TEST_PAUSE").as_deref() == Ok(point)
-        && !DONE.swap(true, Ordering::SeqCst)
-    {
+    if Pause::asked() == Some(point) && !DONE.swap(true, Ordering::SeqCst) {
         pause(point);
     }
 }
 
 #[cfg(not(feature = "testing"))]
 #[inline(always)]
-pub(crate) fn pause_once(_point: &str) {}
+pub(crate) fn pause_once(_point: Pause) {}
 
 /// Records `event` in the file a test named in `RUNKEEP_FS_TEST_TRACE`, one
 /// `<pid> <event>` line per call (a single `O_APPEND` write, so lines of
@@ -274,13 +374,13 @@ pub(crate) fn short_write(_point: Point, _path: &Path) -> Option<io::Error> {
 /// True when a test asked this process to stop at pause point `point` (so a
 /// caller can put the point inside a write: part of it landed, the rest not).
 #[cfg(feature = "testing")]
-pub(crate) fn pause_requested(point: &str) -> bool {
-    std::env::var("RUNKEEP_FS_TEST_PAUSE").as_deref() == Ok(point)
+pub(crate) fn pause_requested(point: Pause) -> bool {
+    Pause::asked() == Some(point)
 }
 
 #[cfg(not(feature = "testing"))]
 #[inline(always)]
-pub(crate) fn pause_requested(_point: &str) -> bool {
+pub(crate) fn pause_requested(_point: Pause) -> bool {
     false
 }
 

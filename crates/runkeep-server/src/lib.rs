@@ -17,7 +17,7 @@
 //! - [`state`]: [`state::AppState`], what every handler shares.
 //! - [`client`]: [`client::HttpStore`], a `RunStore` over the API (from
 //!   `runkeep-http`).
-//! - [`console`]: the web console at `/` (embedded files) and its demo data.
+//! - [`console`]: the web console at `/` (embedded files).
 //! - [`wire`]: the API's JSON shapes ([`wire_threads`]: the thread routes),
 //!   from `runkeep-http`, which also holds the route table;
 //!   [`openapi`]: its OpenAPI 3.1 document.

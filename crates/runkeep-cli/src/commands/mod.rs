@@ -9,7 +9,6 @@ use crate::error::{CliError, CliResult};
 use crate::output::{relative, Cell, Color};
 use crate::store::OpenedStore;
 
-pub mod bench;
 pub mod checkpoints;
 pub mod events;
 pub mod lease;

@@ -2,7 +2,7 @@
 //! command.
 //!
 //! Serves a fresh in-memory store seeded with the demo runs of
-//! [`runkeep_server::console::demo`] (parked with readable requests,
+//! [`runkeep_demo`] (parked with readable requests,
 //! claimed, stuck, queued, finished, dead-lettered; each with a
 //! transcript) for `--tenant`, with three new tokens (operator, worker,
 //! reader) in a token file in a temporary directory. It prints the
@@ -90,13 +90,13 @@ pub async fn run(ctx: &Ctx, args: &ServeArgs, mut config: ServerConfig) -> CliRe
 
     let store = Arc::new(MemoryStore::new());
     let tenant = ctx.scope.tenant.clone();
-    let runs = runkeep_server::console::demo::seed(store.as_ref(), &tenant)
+    let runs = runkeep_demo::seed(store.as_ref(), &tenant)
         .await
         .map_err(|e| CliError::from(e).context("seed the demo runs"))?;
 
     let extra = extra_runs()?;
     if extra > 0 {
-        runkeep_server::console::demo::seed_bulk(store.as_ref(), &tenant, extra)
+        runkeep_demo::seed_bulk(store.as_ref(), &tenant, extra)
             .await
             .map_err(|e| CliError::from(e).context("seed the bulk demo runs"))?;
     }
@@ -110,7 +110,7 @@ pub async fn run(ctx: &Ctx, args: &ServeArgs, mut config: ServerConfig) -> CliRe
             ))
         })?;
     config.tokens = dir.path().join("tokens.json");
-    config.readiness_scope = runkeep_server::console::demo::scope(&tenant);
+    config.readiness_scope = runkeep_demo::scope(&tenant);
     let file = TokenFile::new(&config.tokens);
     let mut tokens = Vec::new();
     for role in [Role::Operator, Role::Worker, Role::Reader] {
@@ -140,7 +140,7 @@ pub async fn run(ctx: &Ctx, args: &ServeArgs, mut config: ServerConfig) -> CliRe
         } else {
             let mut text = format!(
                 "\nThe console: {console}\nDemo data: {count} runs in tenant {tenant} (projects {}), in memory: gone when this stops.\nSign in with one of these tokens (what the console offers follows the role):\n\n",
-                runkeep_server::console::demo::PROJECTS
+                runkeep_demo::PROJECTS
                     .iter()
                     .map(|(p, _)| *p)
                     .collect::<Vec<_>>()

@@ -47,10 +47,13 @@ pub use checks::Env;
 /// them to the doctor).
 pub const CHECK_THREAD_PREFIX: &str = "doctor-check-";
 
-/// Test-only: registers a check that blocks this many milliseconds, to
-/// exercise the timeout path.
+/// Test-only (the `testing` feature): registers a check that blocks this
+/// many milliseconds, to exercise the timeout path.
+#[cfg(feature = "testing")]
 pub const SLOW_CHECK_ENV: &str = "RUNKEEP_DOCTOR_TEST_SLOW_CHECK_MS";
-/// Test-only: `panic` or `error` registers a check that does that.
+/// Test-only (the `testing` feature): `panic` or `error` registers a check
+/// that does that.
+#[cfg(feature = "testing")]
 pub const FAULTY_CHECK_ENV: &str = "RUNKEEP_DOCTOR_TEST_FAULTY_CHECK";
 
 /// `runkeep doctor`.
@@ -339,13 +342,19 @@ pub async fn run(ctx: &Ctx, args: DoctorArgs) -> CliResult<Exit> {
         args.stale_after,
         args.lock_age,
     ));
+    #[cfg_attr(
+        not(feature = "testing"),
+        expect(unused_mut, reason = "only the test checks are pushed")
+    )]
     let mut registered = checks::registry();
+    #[cfg(feature = "testing")]
     if let Some(ms) = std::env::var(SLOW_CHECK_ENV)
         .ok()
         .and_then(|v| v.parse::<u64>().ok())
     {
         registered.push(checks::slow_check(ms));
     }
+    #[cfg(feature = "testing")]
     if let Ok(kind) = std::env::var(FAULTY_CHECK_ENV) {
         registered.push(checks::faulty_check(kind));
     }

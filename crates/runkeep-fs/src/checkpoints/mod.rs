@@ -299,7 +299,7 @@ pub(crate) fn read_all(run_dir: &Path, ctx: &Ctx) -> Result<Vec<Checkpoint>> {
 
 /// Reads the listed entries, leaving out those deleted meanwhile.
 fn read_entries(dir: &Path, list: &[Entry], ctx: &Ctx) -> Result<Vec<Checkpoint>> {
-    crate::testing_hooks::pause_once("checkpoints-before-read");
+    crate::testing_hooks::pause_once(crate::testing_hooks::Pause::CheckpointsBeforeRead);
     let mut out = Vec::with_capacity(list.len());
     for e in list {
         let path = dir.join(&e.name);

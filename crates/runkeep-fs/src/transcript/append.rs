@@ -125,7 +125,7 @@ pub(crate) fn append_events(
     }
     // Numbers are assigned; only the write is left (the soak once caught a
     // writer stopped exactly here while another appended without the lock).
-    testing_hooks::pause("before-append-write");
+    testing_hooks::pause(testing_hooks::Pause::BeforeAppendWrite);
     let mut written = 0u64;
     let wrote = sys::write_log(&mut file, &buf, &path, &mut written)
         .map_err(|e| ctx.io("append to", &path, e))

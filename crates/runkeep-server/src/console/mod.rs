@@ -24,7 +24,8 @@
 //!   each load (a 304 when the binary did not change), so an upgraded
 //!   server never runs with a stale script.
 //!
-//! [`demo`] seeds the demo data `runkeep serve --demo` serves.
+//! The demo data `runkeep serve --demo` serves is not here: it is the
+//! `runkeep-demo` crate (the CLI seeds it; this library ships none).
 
 use std::sync::OnceLock;
 
@@ -36,8 +37,6 @@ use axum::Router;
 use sha2::{Digest, Sha256};
 
 use crate::problem::{Problem, ProblemType};
-
-pub mod demo;
 
 /// The Content-Security-Policy of every console answer.
 pub const CSP: &str = "default-src 'none'; script-src 'self'; style-src 'self'; \

@@ -231,6 +231,7 @@ pub fn registry() -> Vec<Check> {
 }
 
 /// Test-only check that blocks its thread for `ms` (see `SLOW_CHECK_ENV`).
+#[cfg(feature = "testing")]
 pub fn slow_check(ms: u64) -> Check {
     check("test.slow-check", "custom", move |_env| async move {
         std::thread::sleep(std::time::Duration::from_millis(ms));
@@ -239,6 +240,7 @@ pub fn slow_check(ms: u64) -> Check {
 }
 
 /// Test-only check that panics or errors (see `FAULTY_CHECK_ENV`).
+#[cfg(feature = "testing")]
 pub fn faulty_check(kind: String) -> Check {
     check("test.faulty-check", "custom", move |_env| async move {
         match kind.as_str() {

@@ -1,4 +1,4 @@
-// One measurement of a peer job queue for `runkeep bench --peers`:
+// One measurement of a peer job queue for `runkeep-bench --peers`:
 // enqueue N jobs (not timed), then W workers take and complete them. The
 // clock starts when the database first shows a job done (so the library's
 // start-up is not counted, as runkeep's own drain counts none) and stops
@@ -8,9 +8,9 @@
 //   node peer.mjs --lib graphile-worker|pg-boss --mode default|batched \
 //     --workers W --jobs N --schema SCHEMA   (PostgreSQL URL in BENCH_PG_URL)
 //
-// `runkeep bench` copies this file next to the node_modules it installs
-// under target/ (from bench/peers/package.json and its lockfile) and runs it
-// there; each library gets a schema of its own, dropped by runkeep bench.
+// `runkeep-bench` copies this file next to the node_modules it installs
+// under target/ (from crates/runkeep-bench/peers/package.json and its lockfile) and runs it
+// there; each library gets a schema of its own, dropped by runkeep-bench.
 
 import pg from "pg";
 

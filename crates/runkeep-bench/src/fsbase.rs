@@ -7,8 +7,8 @@ use std::os::unix::fs::FileExt;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use super::stats::Sample;
-use super::work::Context;
+use crate::stats::Sample;
+use crate::work::Context;
 
 /// Which baseline.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]

@@ -1,4 +1,4 @@
-//! The store operations `runkeep bench` times, through the public
+//! The store operations `runkeep-bench` times, through the public
 //! [`RunStore`] contract only (the same calls a worker makes), on any
 //! backend.
 
@@ -13,7 +13,7 @@ use runkeep::{
 };
 use serde_json::{json, Map, Value};
 
-use super::stats::{sequential, Sample};
+use crate::stats::{sequential, Sample};
 
 /// An error as text, with what was being done.
 pub trait Context<T> {

@@ -1,5 +1,9 @@
-//! `runkeep bench`: what each backend costs, beside what the hardware and
+//! `runkeep-bench`: what each backend costs, beside what the hardware and
 //! the database cost for the same work, in one run.
+//!
+//! A binary of its own, not a `runkeep` subcommand: the lab does not ship
+//! in the product. From the repository root:
+//! `cargo run --release -p runkeep-bench -- --quick` (see BENCHMARKS.md).
 //!
 //! Backends: memory, the directory store in both durabilities, PostgreSQL
 //! (a fresh schema, dropped afterwards), and `runkeep serve` in process on
@@ -27,6 +31,7 @@
 //! [`HttpStore`]: runkeep_server::client::HttpStore
 
 mod fsbase;
+mod output;
 mod peers;
 mod pg;
 mod serve;
@@ -39,16 +44,16 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use clap::Args;
+use std::process::ExitCode;
+
+use clap::Parser;
 use runkeep::{ClaimOptions, MemoryStore, RunScope, RunStore, SessionId};
 use runkeep_fs::{Durability, FsRootOptions, FsRootStore};
 use runkeep_postgres::{NotifyMode, PgOptions, PgStore};
 use serde_json::{json, Value};
 
-use crate::context::Ctx;
-use crate::error::{CliError, CliResult, Exit};
-use crate::output::{self, Cell, Color, Table};
 use fsbase::FsBase;
+use output::{BenchError, BenchResult, Cell, Color, Exit, Style, Table};
 use stats::{human_rate, human_us, median, min_max, paired, percentile, Sample};
 use work::{Context, Target};
 
@@ -64,17 +69,27 @@ const WORKERS: [usize; 3] = [1, 8, 16];
 /// server): enough for the most workers.
 const PG_POOL: usize = 16;
 
-/// `runkeep bench`.
-#[derive(Args, Debug)]
-#[command(after_help = "\
+/// Measure every runkeep backend beside its physical baselines (and peers):
+/// tables, JSON, SVG plots.
+#[derive(Parser, Debug)]
+#[command(
+    name = "runkeep-bench",
+    version,
+    after_help = "\
 Cases are named BACKEND/OPERATION[@WORKERS]: memory/renew, fs-powerloss/checkpoint-4k,
 pg/drain@8, pg/base.skip-locked@8, serve-pg/drain@16, graphile-worker/default@8, …
-(--list prints them). The global --store, --durability and scope flags are not used:
-the bench makes its own stores and removes them afterwards.
+(--list prints them). The bench makes its own stores and removes them afterwards.
 
 Final figures: on a quiet machine, from the repository root,
-  runkeep bench --scaling --peers --json-out target/bench/bench.json")]
+  cargo run --release -p runkeep-bench -- --scaling --peers \\
+      --json-out crates/runkeep-bench/results/bench.json --update-doc BENCHMARKS.md"
+)]
 pub struct BenchArgs {
+    /// Print the report as one JSON document on stdout (the notes stay on
+    /// stderr).
+    #[arg(long)]
+    pub json: bool,
+
     /// A short smoke run (2 repetitions of 0.2 s, small scaling sizes):
     /// checks every case works; its figures are rough.
     #[arg(long)]
@@ -182,15 +197,15 @@ struct Settings {
 }
 
 impl Settings {
-    fn of(args: &BenchArgs) -> CliResult<Self> {
+    fn of(args: &BenchArgs) -> BenchResult<Self> {
         let quick = args.quick;
         let reps = args.reps.unwrap_or(if quick { 2 } else { 5 });
         let secs = args.seconds.unwrap_or(if quick { 0.2 } else { 1.0 });
         if reps == 0 {
-            return Err(CliError::usage("--reps must be at least 1"));
+            return Err(BenchError::usage("--reps must be at least 1"));
         }
         if !(secs.is_finite() && secs > 0.0 && secs <= 600.0) {
-            return Err(CliError::usage(
+            return Err(BenchError::usage(
                 "--seconds must be a number of seconds above 0 and at most 600",
             ));
         }
@@ -198,7 +213,7 @@ impl Settings {
             .scaling_size
             .unwrap_or(if quick { 2000 } else { 100_000 });
         if scaling_size < 2000 {
-            return Err(CliError::usage(
+            return Err(BenchError::usage(
                 "--scaling-size must be at least 2000 (the small end of the curves is 1 000)",
             ));
         }
@@ -770,7 +785,7 @@ async fn open_env(
     cases: &[Case],
     servers: &mut Vec<serve::InProcessServer>,
     skipped: &mut Vec<(String, String)>,
-) -> CliResult<Env> {
+) -> BenchResult<Env> {
     let needs = |backend: &str| cases.iter().any(|c| c.backend == backend);
     let needs_pg = needs("pg")
         || needs("pg-coalesced")
@@ -804,7 +819,7 @@ async fn open_env(
             .prefix(".runkeep-bench-")
             .tempdir_in(&parent)
             .map_err(|e| {
-                CliError::config(format!(
+                BenchError::config(format!(
                     "cannot create a directory for the fs stores in {}: {e}",
                     parent.display()
                 ))
@@ -825,7 +840,7 @@ async fn open_env(
                     ..FsRootOptions::default()
                 },
             )
-            .map_err(|e| CliError::config(format!("open the {name} store: {e}")))?;
+            .map_err(|e| BenchError::config(format!("open the {name} store: {e}")))?;
             env.targets.insert(name, target(Arc::new(store), 4));
         }
         if needs("serve-fs") {
@@ -841,8 +856,8 @@ async fn open_env(
                     })
                 }),
             )
-            .map_err(CliError::failed)?;
-            let client = server.client(tenant.clone()).map_err(CliError::failed)?;
+            .map_err(BenchError::failed)?;
+            let client = server.client(tenant.clone()).map_err(BenchError::failed)?;
             env.targets.insert("serve-fs", target(Arc::new(client), 8));
             servers.push(server);
         }
@@ -875,12 +890,12 @@ async fn open_env(
                     let schema = format!("{}_pg", env.schema_base);
                     let store = PgStore::connect(&args.pg_url, options(schema))
                         .await
-                        .map_err(|e| CliError::failed(format!("open the pg store: {e}")))?;
+                        .map_err(|e| BenchError::failed(format!("open the pg store: {e}")))?;
                     env.targets.insert("pg", target(Arc::new(store), 8));
                     env.baselines = Some(
                         pg::Baselines::create(&args.pg_url, &format!("{}_base", env.schema_base))
                             .await
-                            .map_err(CliError::failed)?,
+                            .map_err(BenchError::failed)?,
                     );
                 }
                 if needs("pg-coalesced") {
@@ -888,7 +903,7 @@ async fn open_env(
                     let mut o = options(schema);
                     o.notify = NotifyMode::Coalesced;
                     let store = PgStore::connect(&args.pg_url, o).await.map_err(|e| {
-                        CliError::failed(format!("open the pg-coalesced store: {e}"))
+                        BenchError::failed(format!("open the pg-coalesced store: {e}"))
                     })?;
                     env.targets
                         .insert("pg-coalesced", target(Arc::new(store), 8));
@@ -907,8 +922,8 @@ async fn open_env(
                             })
                         }),
                     )
-                    .map_err(CliError::failed)?;
-                    let client = server.client(tenant.clone()).map_err(CliError::failed)?;
+                    .map_err(BenchError::failed)?;
+                    let client = server.client(tenant.clone()).map_err(BenchError::failed)?;
                     env.targets.insert("serve-pg", target(Arc::new(client), 8));
                     servers.push(server);
                 }
@@ -972,8 +987,8 @@ async fn clean_up(env: Env, servers: Vec<serve::InProcessServer>) -> Vec<String>
     problems
 }
 
-/// `runkeep bench`.
-pub async fn run(ctx: &Ctx, args: BenchArgs) -> CliResult<Exit> {
+/// The bench.
+async fn run(args: BenchArgs) -> BenchResult<Exit> {
     let settings = Settings::of(&args)?;
     let mut cases = all_cases(&settings, args.scaling, args.peers);
     if !args.only.is_empty() {
@@ -984,11 +999,13 @@ pub async fn run(ctx: &Ctx, args: BenchArgs) -> CliResult<Exit> {
             })
         });
         if cases.is_empty() {
-            return Err(CliError::usage(format!(
+            return Err(BenchError::usage(format!(
                 "--only {} selects no case",
                 args.only.join(",")
             ))
-            .hint("list the cases with `runkeep bench --list` (add --scaling / --peers for theirs)"));
+            .hint(
+                "list the cases with `runkeep-bench --list` (add --scaling / --peers for theirs)",
+            ));
         }
     }
     if args.list {
@@ -1056,8 +1073,8 @@ pub async fn run(ctx: &Ctx, args: BenchArgs) -> CliResult<Exit> {
     let ratios = ratios(&cases, &settings);
     let report = json!({
         "runkeep": env!("CARGO_PKG_VERSION"),
-        "command": std::env::args().skip(1).map(|a| crate::store::redact(&a)).collect::<Vec<_>>().join(" "),
-        "startedAt": crate::output::iso(started_at),
+        "command": std::env::args().skip(1).map(|a| output::redact(&a)).collect::<Vec<_>>().join(" "),
+        "startedAt": output::iso(started_at),
         "seconds": clock.elapsed().as_secs_f64(),
         "preliminary": settings.quick,
         "settings": {
@@ -1078,10 +1095,16 @@ pub async fn run(ctx: &Ctx, args: BenchArgs) -> CliResult<Exit> {
     if let Some(path) = &args.json_out {
         write_outputs(path, &report, &cases, &ratios, args.update_doc.as_deref())?;
     }
-    if ctx.json() {
+    if args.json {
         output::emit_json(&report)?;
     } else {
-        output::emit(&render(ctx, &cases, &ratios, &skipped, &settings))?;
+        output::emit(&render(
+            &Style::stdout(),
+            &cases,
+            &ratios,
+            &skipped,
+            &settings,
+        ))?;
         if let Some(path) = &args.json_out {
             output::note(&format!(
                 "figures written to {} (plots beside it)",
@@ -1090,11 +1113,45 @@ pub async fn run(ctx: &Ctx, args: BenchArgs) -> CliResult<Exit> {
         }
     }
     if cases.iter().any(|c| c.error.is_some()) {
-        return Err(CliError::failed(
+        return Err(BenchError::failed(
             "some cases failed (see the warnings above)",
         ));
     }
     Ok(Exit::Ok)
+}
+
+fn main() -> ExitCode {
+    let args = match BenchArgs::try_parse() {
+        Ok(args) => args,
+        Err(e) if !e.use_stderr() => {
+            let _ = e.print(); // --help, --version
+            return ExitCode::SUCCESS;
+        }
+        Err(e) => {
+            // clap's usage errors exit 64, as runkeep's do (not clap's 2).
+            let _ = e.print();
+            return ExitCode::from(Exit::Usage.code());
+        }
+    };
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            BenchError::internal(format!("cannot start the async runtime: {e}")).report();
+            return ExitCode::from(Exit::Internal.code());
+        }
+    };
+    let exit = match runtime.block_on(run(args)) {
+        Ok(exit) => exit,
+        Err(err) => {
+            err.report();
+            err.exit
+        }
+    };
+    ExitCode::from(exit.code())
 }
 
 fn case_json(c: &Case) -> Value {
@@ -1462,16 +1519,15 @@ fn ratio_text(x: f64) -> String {
 
 /// The human report.
 fn render(
-    ctx: &Ctx,
+    style: &Style,
     cases: &[Case],
     ratios: &[Ratio],
     skipped: &[(String, String)],
     s: &Settings,
 ) -> String {
-    let style = &ctx.style;
     let mut out = String::new();
     out.push_str(&format!(
-        "runkeep bench{}: {} repetitions of {} s per case, alternating; median (min–max)\n",
+        "runkeep-bench{}: {} repetitions of {} s per case, alternating; median (min–max)\n",
         if s.quick {
             " --quick (preliminary: short measurements)"
         } else {
@@ -1562,16 +1618,16 @@ fn write_outputs(
     cases: &[Case],
     ratios: &[Ratio],
     update_doc: Option<&Path>,
-) -> CliResult<()> {
+) -> BenchResult<()> {
     let dir = path.parent().filter(|p| !p.as_os_str().is_empty());
     if let Some(d) = dir {
         std::fs::create_dir_all(d)
-            .map_err(|e| CliError::failed(format!("create {}: {e}", d.display())))?;
+            .map_err(|e| BenchError::failed(format!("create {}: {e}", d.display())))?;
     }
     let text = serde_json::to_string_pretty(report)
-        .map_err(|e| CliError::internal(format!("encode the report: {e}")))?;
+        .map_err(|e| BenchError::internal(format!("encode the report: {e}")))?;
     std::fs::write(path, format!("{text}\n"))
-        .map_err(|e| CliError::failed(format!("write {}: {e}", path.display())))?;
+        .map_err(|e| BenchError::failed(format!("write {}: {e}", path.display())))?;
     let stem = path
         .file_stem()
         .map(|s| s.to_string_lossy().into_owned())
@@ -1585,7 +1641,7 @@ fn write_outputs(
         None => PathBuf::from(format!("{stem}.md")),
     };
     std::fs::write(&md, markdown(report, cases, ratios, &stem))
-        .map_err(|e| CliError::failed(format!("write {}: {e}", md.display())))?;
+        .map_err(|e| BenchError::failed(format!("write {}: {e}", md.display())))?;
     if let Some(doc) = update_doc {
         let images = image_prefix(doc, dir.unwrap_or(Path::new(".")), &stem);
         splice(doc, &markdown(report, cases, ratios, &images))?;
@@ -1593,7 +1649,7 @@ fn write_outputs(
     for (name, chart) in charts(cases) {
         let file = beside(&name);
         std::fs::write(&file, svg::render(&chart))
-            .map_err(|e| CliError::failed(format!("write {}: {e}", file.display())))?;
+            .map_err(|e| BenchError::failed(format!("write {}: {e}", file.display())))?;
     }
     Ok(())
 }
@@ -1618,24 +1674,24 @@ fn image_prefix(doc: &Path, dir: &Path, stem: &str) -> String {
 }
 
 /// Replaces what lies between [`DOC_BEGIN`] and [`DOC_END`] in `doc`.
-fn splice(doc: &Path, figures: &str) -> CliResult<()> {
+fn splice(doc: &Path, figures: &str) -> BenchResult<()> {
     let text = std::fs::read_to_string(doc)
-        .map_err(|e| CliError::failed(format!("read {}: {e}", doc.display())))?;
+        .map_err(|e| BenchError::failed(format!("read {}: {e}", doc.display())))?;
     let (Some(b), Some(e)) = (text.find(DOC_BEGIN), text.find(DOC_END)) else {
-        return Err(CliError::failed(format!(
+        return Err(BenchError::failed(format!(
             "{} has no {DOC_BEGIN} … {DOC_END} section to replace",
             doc.display()
         )));
     };
     if e < b {
-        return Err(CliError::failed(format!(
+        return Err(BenchError::failed(format!(
             "{}: {DOC_END} comes before {DOC_BEGIN}",
             doc.display()
         )));
     }
     let updated = format!("{}{DOC_BEGIN}\n\n{figures}\n{}", &text[..b], &text[e..]);
     std::fs::write(doc, updated)
-        .map_err(|e| CliError::failed(format!("write {}: {e}", doc.display())))
+        .map_err(|e| BenchError::failed(format!("write {}: {e}", doc.display())))
 }
 
 /// The figures as Markdown (what BENCHMARKS.md quotes): the machine, a
@@ -1650,7 +1706,7 @@ fn markdown(report: &Value, cases: &[Case], ratios: &[Ratio], images: &str) -> S
     };
     let mut out = String::new();
     out.push_str(&format!(
-        "Run {} ({} build), `runkeep {}`: {} repetitions of {} s per case, alternating; {:.0} s in all.{}\n\n",
+        "Run {} ({} build), `runkeep-bench {}`: {} repetitions of {} s per case, alternating; {:.0} s in all.{}\n\n",
         text(&report["startedAt"]),
         text(&m["build"]),
         text(&report["command"]),

@@ -12,8 +12,8 @@ use serde_json::{json, Value};
 use tokio_postgres::types::ToSql;
 use tokio_postgres::{Client, NoTls, Statement};
 
-use super::stats::{sequential, Sample};
-use super::work::Context;
+use crate::stats::{sequential, Sample};
+use crate::work::Context;
 
 /// The default `--pg-url`.
 pub const DEFAULT_URL: &str = "postgres://postgres@127.0.0.1:5432/test";

@@ -1,19 +1,19 @@
 //! The peers (`--peers`): graphile-worker and pg-boss on Node, installed by
-//! `npm ci` from the package.json and lockfile committed in `bench/peers/`
+//! `npm ci` from the package.json and lockfile committed in `crates/runkeep-bench/peers/`
 //! (built into this binary) into a directory under `target/`, and run by
-//! `bench/peers/peer.mjs`, one process per measurement.
+//! `peers/peer.mjs`, one process per measurement.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use serde::Deserialize;
 
-use super::stats::Sample;
-use super::work::Context;
+use crate::stats::Sample;
+use crate::work::Context;
 
-const PACKAGE_JSON: &str = include_str!("../../../../../bench/peers/package.json");
-const PACKAGE_LOCK: &str = include_str!("../../../../../bench/peers/package-lock.json");
-const PEER_MJS: &str = include_str!("../../../../../bench/peers/peer.mjs");
+const PACKAGE_JSON: &str = include_str!("../peers/package.json");
+const PACKAGE_LOCK: &str = include_str!("../peers/package-lock.json");
+const PEER_MJS: &str = include_str!("../peers/peer.mjs");
 
 /// The default install directory (relative to the working directory).
 pub const DEFAULT_DIR: &str = "target/bench-peers";

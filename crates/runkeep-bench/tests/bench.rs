@@ -1,4 +1,4 @@
-//! `runkeep bench` keeps working: a quick run on the memory store prints a
+//! `runkeep-bench` keeps working: a quick run on the memory store prints a
 //! figure for every memory operation, and its JSON holds them.
 
 use std::process::Command;
@@ -24,8 +24,8 @@ const MEMORY_OPS: [&str; 14] = [
     "drain@16",
 ];
 
-fn runkeep() -> Command {
-    let mut c = Command::new(env!("CARGO_BIN_EXE_runkeep"));
+fn bench() -> Command {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_runkeep-bench"));
     // Nothing outside the build's own directory: the bench creates no
     // store directory for memory cases, and writes its JSON where told.
     c.current_dir(env!("CARGO_TARGET_TMPDIR"))
@@ -39,16 +39,16 @@ fn quick_memory_bench_prints_every_operation() {
     let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).expect("a scratch directory");
     let json = dir.path().join("bench.json");
     let started = Instant::now();
-    let out = runkeep()
-        .args(["bench", "--quick", "--only", "memory", "--json-out"])
+    let out = bench()
+        .args(["--quick", "--only", "memory", "--json-out"])
         .arg(&json)
         .output()
-        .expect("runkeep runs");
+        .expect("runkeep-bench runs");
     let stdout = String::from_utf8_lossy(&out.stdout);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(
         out.status.success(),
-        "runkeep bench failed ({}):\n{stdout}\n{stderr}",
+        "runkeep-bench failed ({}):\n{stdout}\n{stderr}",
         out.status
     );
     assert!(
@@ -101,10 +101,10 @@ fn quick_memory_bench_prints_every_operation() {
 
 #[test]
 fn list_names_the_cases_and_a_pattern_that_selects_nothing_is_a_usage_error() {
-    let out = runkeep()
-        .args(["bench", "--list", "--scaling", "--peers"])
+    let out = bench()
+        .args(["--list", "--scaling", "--peers"])
         .output()
-        .expect("runkeep runs");
+        .expect("runkeep-bench runs");
     assert!(out.status.success());
     let text = String::from_utf8_lossy(&out.stdout);
     for name in [
@@ -125,9 +125,9 @@ fn list_names_the_cases_and_a_pattern_that_selects_nothing_is_a_usage_error() {
             "{name} missing from:\n{text}"
         );
     }
-    let out = runkeep()
-        .args(["bench", "--only", "no-such-case"])
+    let out = bench()
+        .args(["--only", "no-such-case"])
         .output()
-        .expect("runkeep runs");
+        .expect("runkeep-bench runs");
     assert_eq!(out.status.code(), Some(64));
 }

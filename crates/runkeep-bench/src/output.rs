@@ -1,0 +1,394 @@
+//! What the bench prints and how it fails: colour (only on a TTY, never
+//! with `NO_COLOR`), aligned tables, notes and warnings on stderr, and one
+//! error type with the exit codes of the `runkeep` command it came from
+//! (1 failed, 64 usage, 70 internal, 78 configuration).
+
+use std::io::{IsTerminal, Write};
+
+use runkeep::Timestamp;
+use serde::Serialize;
+
+/// ANSI colours.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum Color {
+    Red,
+    Green,
+    Yellow,
+    Dim,
+    Bold,
+}
+
+impl Color {
+    fn sgr(self) -> &'static str {
+        match self {
+            Color::Red => "31",
+            Color::Green => "32",
+            Color::Yellow => "33",
+            Color::Dim => "2",
+            Color::Bold => "1",
+        }
+    }
+}
+
+/// Whether a stream gets colour.
+#[derive(Clone, Copy, Debug)]
+pub struct Style {
+    color: bool,
+}
+
+/// `NO_COLOR` present and not empty disables colour (no-color.org).
+fn no_color_env() -> bool {
+    std::env::var_os("NO_COLOR").is_some_and(|v| !v.is_empty())
+}
+
+impl Style {
+    /// For stdout.
+    pub fn stdout() -> Self {
+        Self {
+            color: std::io::stdout().is_terminal() && !no_color_env(),
+        }
+    }
+
+    /// For stderr.
+    pub fn stderr() -> Self {
+        Self {
+            color: std::io::stderr().is_terminal() && !no_color_env(),
+        }
+    }
+
+    /// `text` in `color` when colour is on.
+    pub fn paint(&self, text: &str, color: Color) -> String {
+        if self.color && !text.is_empty() {
+            format!("\x1b[{}m{text}\x1b[0m", color.sgr())
+        } else {
+            text.to_string()
+        }
+    }
+}
+
+/// One table cell.
+#[derive(Clone, Debug)]
+pub struct Cell {
+    text: String,
+    color: Option<Color>,
+}
+
+impl Cell {
+    /// A coloured cell.
+    pub fn colored(text: impl Into<String>, color: Color) -> Self {
+        Self {
+            text: text.into(),
+            color: Some(color),
+        }
+    }
+}
+
+impl From<String> for Cell {
+    fn from(text: String) -> Self {
+        Self { text, color: None }
+    }
+}
+
+impl From<&str> for Cell {
+    fn from(text: &str) -> Self {
+        Self::from(text.to_string())
+    }
+}
+
+/// A table with a header row, columns padded to their widest cell.
+#[derive(Debug)]
+pub struct Table {
+    headers: Vec<&'static str>,
+    rows: Vec<Vec<Cell>>,
+}
+
+impl Table {
+    /// A table with these column titles.
+    pub fn new(headers: &[&'static str]) -> Self {
+        Self {
+            headers: headers.to_vec(),
+            rows: Vec::new(),
+        }
+    }
+
+    /// Appends a row (as many cells as headers).
+    pub fn row(&mut self, cells: Vec<Cell>) {
+        debug_assert_eq!(cells.len(), self.headers.len());
+        self.rows.push(cells);
+    }
+
+    /// Renders the table; the last column is not padded.
+    pub fn render(&self, style: &Style) -> String {
+        let n = self.headers.len();
+        let mut widths: Vec<usize> = self.headers.iter().map(|h| h.chars().count()).collect();
+        for row in &self.rows {
+            for (w, c) in widths.iter_mut().zip(row) {
+                *w = (*w).max(c.text.chars().count());
+            }
+        }
+        let mut out = String::new();
+        let line = |out: &mut String, cells: Vec<(String, Option<Color>)>| {
+            let mut text = String::new();
+            for (i, (t, color)) in cells.into_iter().enumerate() {
+                let pad = if i + 1 < n {
+                    widths[i].saturating_sub(t.chars().count())
+                } else {
+                    0
+                };
+                text.push_str(&match color {
+                    Some(c) => style.paint(&t, c),
+                    None => t,
+                });
+                if i + 1 < n {
+                    text.push_str(&" ".repeat(pad + 2));
+                }
+            }
+            out.push_str(text.trim_end());
+            out.push('\n');
+        };
+        line(
+            &mut out,
+            self.headers
+                .iter()
+                .map(|h| (h.to_string(), Some(Color::Bold)))
+                .collect(),
+        );
+        for row in &self.rows {
+            line(
+                &mut out,
+                row.iter().map(|c| (c.text.clone(), c.color)).collect(),
+            );
+        }
+        out
+    }
+}
+
+/// Writes text to stdout. A closed pipe (`EPIPE`) is a silent exit 0.
+pub fn emit(text: &str) -> BenchResult<()> {
+    let mut out = std::io::stdout().lock();
+    out.write_all(text.as_bytes())?;
+    out.flush()?;
+    Ok(())
+}
+
+/// Writes one pretty JSON document to stdout.
+pub fn emit_json<T: Serialize + ?Sized>(value: &T) -> BenchResult<()> {
+    let text = serde_json::to_string_pretty(value)
+        .map_err(|e| BenchError::internal(format!("encoding JSON output: {e}")))?;
+    emit(&format!("{text}\n"))
+}
+
+/// One line on stderr; a stderr that cannot be written loses the line and
+/// nothing else (never panics).
+fn stderr_line(line: &str) {
+    let mut err = std::io::stderr().lock();
+    let _ = writeln!(err, "{line}");
+}
+
+/// A warning on stderr.
+pub fn warn(message: &str) {
+    let style = Style::stderr();
+    stderr_line(&format!(
+        "{} {message}",
+        style.paint("warning:", Color::Yellow)
+    ));
+}
+
+/// An informational note on stderr (kept off stdout so scripts can parse it).
+pub fn note(message: &str) {
+    let style = Style::stderr();
+    stderr_line(&style.paint(message, Color::Dim));
+}
+
+/// `2025-06-01T12:04:05Z` (UTC, seconds).
+pub fn iso(ts: Timestamp) -> String {
+    let ms = ts.as_millis();
+    let (days, rest) = (ms.div_euclid(86_400_000), ms.rem_euclid(86_400_000));
+    // Days since 1970-01-01 to a civil date (proleptic Gregorian).
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let mo = if mp < 10 { mp + 3 } else { mp - 9 };
+    let y = yoe + era * 400 + i64::from(mo <= 2);
+    let (h, mi, s) = (rest / 3_600_000, rest / 60_000 % 60, rest / 1000 % 60);
+    format!("{y:04}-{mo:02}-{d:02}T{h:02}:{mi:02}:{s:02}Z")
+}
+
+/// Shortens `text` to `max` characters with an ellipsis.
+pub fn truncate(text: &str, max: usize) -> String {
+    if text.chars().count() <= max {
+        return text.to_string();
+    }
+    let mut s: String = text.chars().take(max.saturating_sub(1)).collect();
+    s.push('…');
+    s
+}
+
+/// The password of a `postgres://user:password@host/…` URL in `text`
+/// replaced by `…` (the command line goes into the JSON report).
+pub fn redact(text: &str) -> String {
+    let Some((scheme, rest)) = text.split_once("://") else {
+        return text.to_string();
+    };
+    let Some(at) = rest.rfind('@') else {
+        return text.to_string();
+    };
+    let (userinfo, host) = rest.split_at(at);
+    match userinfo.split_once(':') {
+        Some((user, _)) => format!("{scheme}://{user}:…{host}"),
+        None => text.to_string(),
+    }
+}
+
+/// How the process exits.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum Exit {
+    /// 0.
+    Ok,
+    /// 1: a case failed, or an output could not be written.
+    Failed,
+    /// 64: bad command line.
+    Usage,
+    /// 70: a bug.
+    Internal,
+    /// 78: a store could not be set up (`--dir`).
+    Config,
+}
+
+impl Exit {
+    /// The numeric code.
+    pub fn code(self) -> u8 {
+        match self {
+            Exit::Ok => 0,
+            Exit::Failed => 1,
+            Exit::Usage => 64,
+            Exit::Internal => 70,
+            Exit::Config => 78,
+        }
+    }
+}
+
+/// A failure of the bench: exit code, one-line cause, optional hint.
+#[derive(Clone, Debug)]
+pub struct BenchError {
+    /// How the process exits.
+    pub exit: Exit,
+    /// One line; empty for a silent exit (a closed stdout pipe).
+    pub message: String,
+    /// What to try next.
+    pub hint: Option<String>,
+}
+
+/// Result alias of the bench.
+pub type BenchResult<T> = Result<T, BenchError>;
+
+fn one_line(s: &str) -> String {
+    redact(s)
+        .lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty())
+        .collect::<Vec<_>>()
+        .join("; ")
+}
+
+impl BenchError {
+    fn new(exit: Exit, message: impl Into<String>) -> Self {
+        Self {
+            exit,
+            message: one_line(&message.into()),
+            hint: None,
+        }
+    }
+
+    /// Bad command line (64).
+    pub fn usage(message: impl Into<String>) -> Self {
+        Self::new(Exit::Usage, message)
+    }
+
+    /// A store cannot be set up (78).
+    pub fn config(message: impl Into<String>) -> Self {
+        Self::new(Exit::Config, message)
+    }
+
+    /// Something failed (1).
+    pub fn failed(message: impl Into<String>) -> Self {
+        Self::new(Exit::Failed, message)
+    }
+
+    /// A bug (70).
+    pub fn internal(message: impl Into<String>) -> Self {
+        Self::new(Exit::Internal, message)
+    }
+
+    /// Adds (or replaces) the hint.
+    pub fn hint(mut self, hint: impl Into<String>) -> Self {
+        self.hint = Some(one_line(&hint.into()));
+        self
+    }
+
+    /// Prints `error: …` / `hint: …` on stderr (nothing for a silent exit).
+    pub fn report(&self) {
+        if self.message.is_empty() {
+            return;
+        }
+        let style = Style::stderr();
+        stderr_line(&format!(
+            "{} {}",
+            style.paint("error:", Color::Red),
+            self.message
+        ));
+        if let Some(hint) = &self.hint {
+            stderr_line(&format!("{} {hint}", style.paint("hint:", Color::Yellow)));
+        }
+    }
+}
+
+impl From<std::io::Error> for BenchError {
+    fn from(err: std::io::Error) -> Self {
+        if err.kind() == std::io::ErrorKind::BrokenPipe {
+            // The reader went away (`runkeep-bench --list | head`).
+            return Self {
+                exit: Exit::Ok,
+                message: String::new(),
+                hint: None,
+            };
+        }
+        BenchError::failed(format!("writing output: {err}"))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn instants_format_as_utc_iso() {
+        let at = |ms| Timestamp::from_millis(ms).unwrap();
+        assert_eq!(iso(at(0)), "1970-01-01T00:00:00Z");
+        assert_eq!(iso(at(951_782_400_000)), "2000-02-29T00:00:00Z");
+        assert_eq!(iso(at(1_717_243_445_123)), "2024-06-01T12:04:05Z");
+    }
+
+    #[test]
+    fn passwords_do_not_reach_the_report() {
+        assert_eq!(
+            redact("postgres://u:secret@db:5432/x"),
+            "postgres://u:…@db:5432/x"
+        );
+        assert_eq!(redact("postgres://u@db/x"), "postgres://u@db/x");
+        assert_eq!(redact("--quick"), "--quick");
+    }
+
+    #[test]
+    fn tables_align_columns_and_do_not_pad_the_last() {
+        let mut t = Table::new(&["A", "LONGER"]);
+        t.row(vec!["xyz".into(), "1".into()]);
+        t.row(vec!["q".into(), "22".into()]);
+        let style = Style { color: false };
+        assert_eq!(t.render(&style), "A    LONGER\nxyz  1\nq    22\n");
+    }
+}
