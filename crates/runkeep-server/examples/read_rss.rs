@@ -50,7 +50,11 @@ fn token(bin: &str, tokens: &Path, root: &Path, tenant: &str) -> String {
         .arg(tokens)
         .output()
         .unwrap_or_else(|e| panic!("run {bin}: {e} (build it: cargo build -p runkeep-cli)"));
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("token create's JSON");
     v["token"].as_str().expect("a token").to_string()
 }
@@ -111,11 +115,7 @@ fn run_url(url: &str, tenant: &str, run: &str) -> String {
 
 /// Sends a GET, retrying a 503 after its `Retry-After`; reads the answer to
 /// its end, keeping only its last 512 bytes. (status, bytes, tail, 503s)
-async fn get_drained(
-    client: &reqwest::Client,
-    url: &str,
-    token: &str,
-) -> (u16, u64, Vec<u8>, u64) {
+async fn get_drained(client: &reqwest::Client, url: &str, token: &str) -> (u16, u64, Vec<u8>, u64) {
     let mut refused = 0;
     loop {
         let mut res = match client.get(url).bearer_auth(token).send().await {
@@ -247,9 +247,14 @@ async fn main() {
     // The other tenant's runs.
     for i in 0..50 {
         let r = client
-            .post(format!("{}/checkpoints", run_url(&server.url, OTHER, &format!("r{i}"))))
+            .post(format!(
+                "{}/checkpoints",
+                run_url(&server.url, OTHER, &format!("r{i}"))
+            ))
             .bearer_auth(&other)
-            .json(&serde_json::json!({"checkpoint": {"id": "c1", "createdAt": 1, "state": {"n": i}}}))
+            .json(
+                &serde_json::json!({"checkpoint": {"id": "c1", "createdAt": 1, "state": {"n": i}}}),
+            )
             .send()
             .await
             .unwrap();
@@ -259,8 +264,7 @@ async fn main() {
     let mut phases = Vec::new();
     if wants("checkpoint") {
         let run = run_url(&server.url, TENANT, "big-checkpoint");
-        let mut body =
-            br#"{"checkpoint":{"id":"cp_big","createdAt":1,"state":{"x":["#.to_vec();
+        let mut body = br#"{"checkpoint":{"id":"cp_big","createdAt":1,"state":{"x":["#.to_vec();
         let item = format!("\"{}\",", "x".repeat(1022));
         while body.len() < cp_mib << 20 {
             body.extend_from_slice(item.as_bytes());

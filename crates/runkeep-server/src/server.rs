@@ -82,6 +82,12 @@ pub struct ServerConfig {
     /// checkpoint and its envelope); lower it when no run writes large
     /// checkpoints.
     pub body_limit: usize,
+    /// The memory large answers in flight may take together, bytes (a
+    /// checkpoint, a checkpoint listing, a page of events; see
+    /// [`crate::api::answers`]). Each tenant's share is half; an answer that
+    /// finds no room within 5 s is 503 `overloaded`. Default
+    /// [`crate::api::answers::DEFAULT_ANSWER_BUDGET`] (512 MiB).
+    pub answer_budget: usize,
     /// Longest a request may take up to its response head, body upload
     /// included (408 for a body not received, 503 for a store that did not
     /// answer). Default 60 s. [`Server::bind`] refuses one that does not
@@ -134,6 +140,7 @@ impl Default for ServerConfig {
         Self {
             listen: SocketAddr::from(([127, 0, 0, 1], 7420)),
             body_limit: crate::api::DEFAULT_BODY_LIMIT,
+            answer_budget: crate::api::answers::DEFAULT_ANSWER_BUDGET,
             request_timeout: Duration::from_secs(60),
             header_read_timeout: Duration::from_secs(10),
             write_timeout: Duration::from_secs(30),
@@ -262,7 +269,8 @@ pub fn app_with_shutdown(
         scope: config.readiness_scope.clone(),
         timeout: config.readiness_timeout,
     };
-    let store_bound = crate::api::router_with_limit(state, config.body_limit).merge(
+    let answers = crate::api::answers::AnswerBudget::new(config.answer_budget);
+    let store_bound = crate::api::router_with_budgets(state, config.body_limit, answers).merge(
         Router::new()
             .route("/readyz", get(readyz))
             .with_state(readiness),

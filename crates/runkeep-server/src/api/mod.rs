@@ -43,6 +43,7 @@ use crate::auth::{Principal, Role};
 use crate::problem::{Problem, ProblemType};
 use crate::state::AppState;
 
+pub mod answers;
 pub mod budget;
 mod checkpoints;
 mod claims;
@@ -57,7 +58,7 @@ pub use events::{MAX_WAIT_MS, SSE_BATCH};
 
 /// The query structs, for the OpenAPI document.
 pub(crate) mod docs {
-    pub(crate) use super::checkpoints::FenceQuery;
+    pub(crate) use super::checkpoints::{FenceQuery, ListCheckpointsQuery};
     pub(crate) use super::claims::NowQuery;
     pub(crate) use super::documents::AuditQuery;
     pub(crate) use super::events::{ReadQuery, StreamQuery, WaitEventsQuery};
@@ -159,8 +160,23 @@ pub fn router(state: AppState) -> Router {
     router_with_limit(state, DEFAULT_BODY_LIMIT)
 }
 
-/// The API router accepting bodies up to `body_limit` bytes.
+/// The API router accepting bodies up to `body_limit` bytes, with the
+/// default answer budget ([`answers::DEFAULT_ANSWER_BUDGET`]).
 pub fn router_with_limit(state: AppState, body_limit: usize) -> Router {
+    router_with_budgets(
+        state,
+        body_limit,
+        answers::AnswerBudget::new(answers::DEFAULT_ANSWER_BUDGET),
+    )
+}
+
+/// The API router accepting bodies up to `body_limit` bytes, its large
+/// answers charged to `answers` ([`answers`]).
+pub fn router_with_budgets(
+    state: AppState,
+    body_limit: usize,
+    answers: answers::AnswerBudget,
+) -> Router {
     let mut by_path: BTreeMap<String, Handler> = BTreeMap::new();
     for (spec, handler) in table() {
         let role = spec.role;
@@ -187,6 +203,7 @@ pub fn router_with_limit(state: AppState, body_limit: usize) -> Router {
             budget,
             budget::charge_bodies,
         ))
+        .layer(axum::Extension(answers))
         .layer(axum::extract::DefaultBodyLimit::max(body_limit))
         .layer(middleware::from_fn_with_state(state.clone(), stamp_now))
         .with_state(state)
