@@ -308,3 +308,50 @@ async fn a_tenant_whose_answer_share_is_full_is_refused_while_another_is_served(
     }
     assert_eq!(free, budget.total_kib() as usize);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tenants_heavy_reads_wait_for_its_turn_while_another_tenant_is_served() {
+    let store: Arc<dyn RunStore> = Arc::new(runkeep::MemoryStore::new());
+    let budget = AnswerBudget::new(64 << 20);
+    let url = serve(store.clone(), budget.clone()).await;
+    let a = scope(support::tenant(), "a");
+    let b = scope(support::other_tenant(), "b");
+    for s in [&a, &b] {
+        checkpoints(&store, s, 1).await;
+    }
+    // Every turn of tenant A at heavy work is taken.
+    let mut turns = Vec::new();
+    for _ in 0..budget.heavy_per_tenant() {
+        turns.push(
+            budget
+                .heavy(
+                    a.tenant_id.as_str(),
+                    runkeep_server::api::answers::HEAVY_KIB,
+                )
+                .await
+                .unwrap(),
+        );
+    }
+    // A read of a run not read before is heavy (charged the dearest): it
+    // waits for a turn...
+    let a_url = format!("{url}{}/checkpoints/latest", run_path(&a));
+    let waiting = tokio::spawn(async move { get(&a_url, TOKEN_A).await });
+    // ...while tenant B's is served.
+    let (status, _, body) = get(
+        &format!("{url}{}/checkpoints/latest", run_path(&b)),
+        TOKEN_B,
+    )
+    .await;
+    assert_eq!(status, 200, "{body}");
+    // (Correct code never finishes it here, however slow the machine: the
+    // pause only gives a read that does not wait the time to finish.)
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    assert!(
+        !waiting.is_finished(),
+        "A's heavy read did not wait for its turn"
+    );
+    drop(turns);
+    let (status, _, body) = waiting.await.unwrap();
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["checkpoint"]["state"], json!({"n": 0}));
+}

@@ -27,12 +27,18 @@
 //!   charge is given back when the connection has written them.
 //! - **Pages** of events are streamed in chunks (see `events.rs`), each
 //!   charged the same way while it is in flight.
+//! - **Processor time.** Reading and serializing a large answer is heavy
+//!   work on the blocking pool; one tenant does at most
+//!   [`AnswerBudget::heavy_per_tenant`] of it at once (half the cores), so
+//!   its readers cannot take every core from the other tenants' requests.
+//!   Heavy: an answer charged 1 MiB or more before its read, and every
+//!   event chunk after a page's first.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use tokio::sync::Semaphore;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use crate::problem::{Problem, ProblemType};
 
@@ -49,6 +55,9 @@ pub const READ_FACTOR: u32 = 3;
 /// The charge of a read whose size is not known yet: three times the
 /// contract's largest checkpoint (64 MiB), capped at the share.
 pub const DEAREST_KIB: u32 = 3 * 64 * 1024;
+
+/// What makes a read heavy work (module docs), KiB charged before it.
+pub const HEAVY_KIB: u32 = 1024;
 
 /// The least any charged answer is charged, KiB.
 const MIN_KIB: u32 = 16;
@@ -72,6 +81,8 @@ struct Inner {
     share_kib: u32,
     tenants: Mutex<HashMap<String, Arc<Semaphore>>>,
     last: Mutex<HashMap<String, u32>>,
+    heavy: Mutex<HashMap<String, Arc<Semaphore>>>,
+    heavy_per_tenant: usize,
 }
 
 impl AnswerBudget {
@@ -84,6 +95,10 @@ impl AnswerBudget {
             share_kib: total_kib / 2,
             tenants: Mutex::new(HashMap::new()),
             last: Mutex::new(HashMap::new()),
+            heavy: Mutex::new(HashMap::new()),
+            heavy_per_tenant: std::thread::available_parallelism()
+                .map_or(1, |n| n.get() / 2)
+                .max(1),
         }))
     }
 
@@ -107,6 +122,26 @@ impl AnswerBudget {
         t.entry(tenant.to_string())
             .or_insert_with(|| Arc::new(Semaphore::new(self.0.share_kib as usize)))
             .clone()
+    }
+
+    /// How much heavy answer work one tenant does at once (module docs).
+    pub fn heavy_per_tenant(&self) -> usize {
+        self.0.heavy_per_tenant
+    }
+
+    /// Waits for a turn at heavy work for `tenant` (module docs); the turn
+    /// ends when the permit is dropped. `None` when the work is light.
+    pub async fn heavy(&self, tenant: &str, kib: u32) -> Option<OwnedSemaphorePermit> {
+        if kib < HEAVY_KIB {
+            return None;
+        }
+        let sem = {
+            let mut h = self.0.heavy.lock().unwrap_or_else(|p| p.into_inner());
+            h.entry(tenant.to_string())
+                .or_insert_with(|| Arc::new(Semaphore::new(self.0.heavy_per_tenant)))
+                .clone()
+        };
+        sem.acquire_owned().await.ok()
     }
 
     /// Charges `kib` to `tenant`'s share and to the whole budget, waiting

@@ -102,9 +102,9 @@ pub(super) async fn list(
     // The store reads every checkpoint with its state, whatever the form:
     // charged by what the run's last listing read.
     let key = format!("list {scope}");
-    let mut held = answers
-        .charge(scope.tenant_id.as_str(), answers.before_read(&key))
-        .await?;
+    let estimate = answers.before_read(&key);
+    let mut held = answers.charge(scope.tenant_id.as_str(), estimate).await?;
+    let turn = answers.heavy(scope.tenant_id.as_str(), estimate).await;
     let cps = state.store.list_checkpoints(&scope).await?;
     let start = match &q.after {
         None => 0,
@@ -154,6 +154,7 @@ pub(super) async fn list(
     .await
     .map_err(|_| unwritable())?
     .map_err(|_| unwritable())?;
+    drop(turn);
     answers.learn(&key, read_cost.max(bytes.len()));
     held.set_bytes(bytes.len()).await?;
     Ok(json_answer(ChargedBytes::new(bytes, Some(held))))
@@ -168,9 +169,9 @@ async fn checkpoint_answer(
     read: impl std::future::Future<Output = runkeep::Result<Option<runkeep::Checkpoint>>>,
 ) -> Result<Response, Problem> {
     let key = format!("checkpoint {scope}");
-    let mut held = answers
-        .charge(scope.tenant_id.as_str(), answers.before_read(&key))
-        .await?;
+    let estimate = answers.before_read(&key);
+    let mut held = answers.charge(scope.tenant_id.as_str(), estimate).await?;
+    let turn = answers.heavy(scope.tenant_id.as_str(), estimate).await;
     let cp = read.await?;
     let bytes = tokio::task::spawn_blocking(move || {
         serde_json::to_vec(&MaybeCheckpoint {
@@ -180,6 +181,7 @@ async fn checkpoint_answer(
     .await
     .map_err(|_| unwritable())?
     .map_err(|_| unwritable())?;
+    drop(turn);
     answers.learn(&key, bytes.len());
     held.set_bytes(bytes.len()).await?;
     Ok(json_answer(ChargedBytes::new(bytes, Some(held))))

@@ -23,7 +23,7 @@ use futures_util::{Stream, StreamExt};
 use runkeep::{Integrity, ReadEventsOptions, WatchTopic};
 use serde::Deserialize;
 
-use super::answers::{kib, AnswerBudget, ChargedBytes, READ_FACTOR};
+use super::answers::{kib, AnswerBudget, ChargedBytes, HEAVY_KIB, READ_FACTOR};
 use super::claims::checked;
 use super::extract::{JsonBody, RunAddr, Q};
 use super::runs::ApiResult;
@@ -143,6 +143,9 @@ impl Pager {
             b => kib(b.saturating_mul(want)).saturating_mul(READ_FACTOR),
         };
         let mut held = self.answers.charge(&self.tenant, estimate).await?;
+        // After the first chunk, each is heavy work (answers.rs).
+        let heavy = if first { 0 } else { HEAVY_KIB };
+        let turn = self.answers.heavy(&self.tenant, heavy).await;
         // A strict read checks the whole log once, with the first chunk;
         // damage the later chunks meet ends the answer (below).
         let integrity = if self.strict && first {
@@ -207,6 +210,7 @@ impl Pager {
             self.per_event = body.div_ceil(n).max(1);
             self.answers.learn(&self.key, self.per_event);
         }
+        drop(turn);
         self.since = last;
         self.sent += n;
         held.set_bytes(bytes.len()).await?;
