@@ -895,6 +895,26 @@ fn parameter_rule(operation: &str, name: &str) -> Option<Value> {
                 runkeep::listing::MAX_LIMIT
             ),
         }),
+        "limit" if operation == "read_events" => json!({
+            "minimum": 0,
+            "maximum": crate::wire::MAX_EVENTS_PAGE,
+            "description": format!(
+                "At most this many events (default {}, at most {}: 400 above it).",
+                crate::wire::DEFAULT_EVENTS_PAGE,
+                crate::wire::MAX_EVENTS_PAGE
+            ),
+        }),
+        "limit" if operation == "list_checkpoints" => json!({
+            "minimum": 0,
+            "maximum": crate::wire::MAX_CHECKPOINTS_PAGE,
+            "description": format!(
+                "At most this many checkpoints (default {}, at most {}: 400 above it); a page shorter than `limit` is the last.",
+                crate::wire::DEFAULT_CHECKPOINTS_PAGE,
+                crate::wire::MAX_CHECKPOINTS_PAGE
+            ),
+        }),
+        "fields" => json!({ "enum": ["summary", "full"] }),
+        "after" => id_rule(),
         "limit" => count_rule(),
         "filter" => metadata_filter_rule(),
         "cursor" => json!({

@@ -2316,9 +2316,8 @@ export interface operations {
             query?: {
                 /** @description `summary` (default: each checkpoint without its `state`; read one's
                  *     state with `GET …/checkpoints/by-id/{id}`) or `full` (with states). */
-                fields?: string;
-                /** @description At most this many checkpoints (default 100, at most 1000: 400 above
-                 *     it). A page shorter than `limit` is the last. */
+                fields?: "summary" | "full";
+                /** @description At most this many checkpoints (default 100, at most 1000: 400 above it); a page shorter than `limit` is the last. */
                 limit?: number;
                 /** @description Start after the checkpoint with this id (the last id of the previous
                  *     page); 400 when the run has no such checkpoint. */
@@ -3593,9 +3592,7 @@ export interface operations {
                 sinceSeq?: number;
                 /** @description `tolerant` (default: skip damaged records and list them) or `strict`. */
                 integrity?: "tolerant" | "strict";
-                /** @description At most this many events (default 1000, at most 10 000: 400 above
-                 *     it). A page that stopped at its limit with events after it says
-                 *     `more: true`; the next page starts at its `nextSinceSeq`. */
+                /** @description At most this many events (default 1000, at most 10000: 400 above it). */
                 limit?: number;
                 /** @description The parent run, for a sub-run. */
                 parent?: string;
