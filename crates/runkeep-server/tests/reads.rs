@@ -119,14 +119,14 @@ async fn an_event_read_is_a_page_of_the_default_limit_that_says_where_to_go_on()
     let (_, _, page) = get(&format!("{base}?limit=0"), TOKEN_A).await;
     assert_eq!(page["events"], json!([]));
     assert_eq!(page["more"], json!(true));
-    assert_eq!(page["nextSinceSeq"], json!(0));
+    assert_eq!(page.get("nextSinceSeq"), None);
     // An empty run: an empty page.
     let empty = scope(support::tenant(), "empty");
     let (status, _, page) = get(&format!("{url}{}/events", run_path(&empty)), TOKEN_A).await;
     assert_eq!(status, 200);
     assert_eq!(
         page,
-        json!({"events": [], "skipped": [], "lastSeq": 0, "more": false, "nextSinceSeq": 0})
+        json!({"events": [], "skipped": [], "lastSeq": 0, "more": false})
     );
 }
 

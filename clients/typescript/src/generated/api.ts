@@ -957,8 +957,8 @@ export interface components {
             more?: boolean;
             /**
              * Format: int64
-             * @description Where the next page starts: the last `seq` of this page (the
-             *     `sinceSeq` asked when it has no events).
+             * @description Where the next page starts: the last `seq` of this page (absent
+             *     when it has no events: read on from the same `sinceSeq`).
              */
             nextSinceSeq?: number | null;
             /** @description Damaged records skipped (tolerant mode). */

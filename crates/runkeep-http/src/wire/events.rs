@@ -110,8 +110,8 @@ pub struct EventBatchBody {
     /// `nextSinceSeq`.
     #[serde(default)]
     pub more: bool,
-    /// Where the next page starts: the last `seq` of this page (the
-    /// `sinceSeq` asked when it has no events).
+    /// Where the next page starts: the last `seq` of this page (absent
+    /// when it has no events: read on from the same `sinceSeq`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub next_since_seq: Option<u64>,
 }

@@ -229,12 +229,16 @@ impl Pager {
             })
             .collect();
         let more = self.remaining == 0 && !self.at_end && self.since < self.last_seq;
-        let tail = serde_json::json!({
+        let mut tail = serde_json::json!({
             "skipped": skipped,
             "lastSeq": self.last_seq,
             "more": more,
-            "nextSinceSeq": self.since,
         });
+        // Only after events: an empty page's next read is its own sinceSeq
+        // (which may be any number a client sent).
+        if self.sent > 0 {
+            tail["nextSinceSeq"] = serde_json::json!(self.since);
+        }
         let mut out = b"],".to_vec();
         let t = serde_json::to_vec(&tail).unwrap_or_default();
         // `{"skipped":…}` without its `{`: the object continues.
