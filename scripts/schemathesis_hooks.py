@@ -24,6 +24,9 @@ depends on the store's state, which a document cannot describe:
 - a fence that was never issued for the run (400 `invalid-input`, "presented
   fence N, but no fence was ever issued for this run" / "... the highest
   fence ever issued for this run is M; it was never issued").
+- a checkpoint listing's `after` naming a checkpoint the run does not have
+  (400 `invalid-input`, field `after`, "the run has no checkpoint …"):
+  `after` is the last id of a page the server answered.
 """
 
 import re
@@ -38,6 +41,7 @@ MAX_WAIT_MS = 30_000
 STATE_DEPENDENT = [
     re.compile(r"presented fence \d+, but no fence was ever issued for this run"),
     re.compile(r"presented fence \d+, but the highest fence ever issued for this run is \d+; it was never issued"),
+    re.compile(r"the run has no checkpoint \".*\" \(deleted since the previous page\?\)"),
 ]
 
 

@@ -54,6 +54,27 @@ def test_claim_write_finish_and_the_tenant_from_the_token(serve):
     assert worker.claim(run, holder="w2", ttl_ms=1000).outcome == "finished"
 
 
+def test_reads_are_pages(serve):
+    op = serve.client("operator")
+    # Its own project: the worker tests claim whatever is runnable in theirs.
+    run = runkeep.RunRef("prj_pages", serve.session, "run_pages")
+    for i in range(3):
+        op.write_checkpoint(run, {"id": f"cp_{i}", "createdAt": 1000 + i, "state": {"n": i}})
+    summaries = op.list_checkpoints(run)
+    assert [c["id"] for c in summaries] == ["cp_0", "cp_1", "cp_2"]
+    assert all("state" not in c for c in summaries)
+    page = op.list_checkpoints(run, fields="full", limit=2)
+    assert [c["state"] for c in page] == [{"n": 0}, {"n": 1}]
+    assert [c["id"] for c in op.list_checkpoints(run, limit=2, after="cp_1")] == ["cp_2"]
+    op.append_events(run, [{"type": "note", "payload": {"i": i}} for i in range(1200)])
+    first = op.read_events(run)
+    assert len(first["events"]) == 1000 and first["more"] and first["nextSinceSeq"] == 1000
+    rest = op.read_events(run, since_seq=first["nextSinceSeq"])
+    assert len(rest["events"]) == 200 and not rest["more"]
+    with pytest.raises(InvalidInput):
+        op.read_events(run, limit=10_001)
+
+
 def test_refusals_are_typed(serve):
     op = serve.client("operator")
     worker = serve.client("worker")

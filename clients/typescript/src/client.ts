@@ -208,6 +208,11 @@ export interface HandOver {
 }
 
 /** The path prefix `{run}` stands for in {@link OPERATIONS}. */
+/** The largest `limit` of `GET …/events` (400 above it). */
+export const MAX_EVENTS_PAGE = 10_000;
+/** The largest `limit` of `GET …/checkpoints` (400 above it). */
+export const MAX_CHECKPOINTS_PAGE = 1000;
+
 export const RUN_PATH = "/v1/tenants/{tenant}/projects/{project}/sessions/{session}/runs/{run}";
 
 /** The runkeep API over `fetch`. */
@@ -497,9 +502,27 @@ export class RunkeepClient {
     };
   }
 
-  /** Every checkpoint, in the store's total order (`GET …/checkpoints`). */
-  listCheckpoints(run: RunRef, options: CallOptions = {}): Promise<CheckpointBody[]> {
-    return this.runGet(run, "/checkpoints", options);
+  /**
+   * Every checkpoint, in the store's total order (`GET …/checkpoints`),
+   * read in pages of the server's largest (1000). With `fields: "summary"`
+   * each comes without its `state` (read one with `readCheckpoint`); the
+   * default, `"full"`, carries the states, as before.
+   */
+  async listCheckpoints(
+    run: RunRef,
+    options: CallOptions & { fields?: "summary" | "full" } = {},
+  ): Promise<CheckpointBody[]> {
+    const out: CheckpointBody[] = [];
+    for (;;) {
+      const query: Query = {
+        fields: options.fields ?? "full",
+        limit: MAX_CHECKPOINTS_PAGE,
+        after: out.at(-1)?.id,
+      };
+      const page = await this.runGet<CheckpointBody[]>(run, "/checkpoints", options, query);
+      out.push(...page);
+      if (page.length < MAX_CHECKPOINTS_PAGE) return out;
+    }
   }
 
   /** Writes a checkpoint (`POST …/checkpoints`). */
@@ -563,13 +586,48 @@ export class RunkeepClient {
 
   // ---- events -------------------------------------------------------------
 
-  /** Events after `sinceSeq` (`GET …/events`). */
+  /**
+   * One page of the events after `sinceSeq` (`GET …/events`): at most
+   * `limit` (default 1000, at most 10 000). `more: true` says events follow;
+   * read on from `nextSinceSeq`, or use `readAllEvents`.
+   */
   readEvents(
     run: RunRef,
     query: { sinceSeq?: number; integrity?: "tolerant" | "strict"; limit?: number } = {},
     options: CallOptions = {},
   ): Promise<EventBatchBody> {
     return this.runGet(run, "/events", options, query);
+  }
+
+  /**
+   * Every event after `sinceSeq`, read page by page (`readEvents` until
+   * `more` is false). A strict read checks the whole log with its first
+   * page; damage a later page meets is an error as well.
+   */
+  async readAllEvents(
+    run: RunRef,
+    query: { sinceSeq?: number; integrity?: "tolerant" | "strict" } = {},
+    options: CallOptions = {},
+  ): Promise<EventBatchBody> {
+    let since = query.sinceSeq ?? 0;
+    const all: EventBatchBody = { events: [], skipped: [], lastSeq: 0 };
+    for (let first = true; ; first = false) {
+      const q: { sinceSeq: number; limit: number; integrity?: "tolerant" | "strict" } = { sinceSeq: since, limit: MAX_EVENTS_PAGE };
+      if (first && query.integrity !== undefined) q.integrity = query.integrity;
+      const page = await this.readEvents(run, q, options);
+      const skipped = page.skipped ?? [];
+      if (!first && query.integrity === "strict" && skipped.length > 0) {
+        throw new Error(`strict read: a damaged record after seq ${since}`);
+      }
+      all.events.push(...page.events);
+      for (const s of skipped) {
+        if (!all.skipped!.some((k) => k.position === s.position)) all.skipped!.push(s);
+      }
+      all.lastSeq = Math.max(all.lastSeq, page.lastSeq);
+      const next = page.nextSinceSeq;
+      if (!page.more || next == null || next <= since) return all;
+      since = next;
+    }
   }
 
   /** Appends events (`POST …/events`); answers them with their `seq`. */

@@ -32,7 +32,7 @@ pub(crate) fn encode_record(record: &RunRecord) -> Result<Vec<u8>> {
     }
     let mut m = record.clone();
     m.insert("schemaVersion".into(), Value::from(SCHEMA_VERSION));
-    Ok(sys::pretty(&Value::Object(m)))
+    Ok(sys::record_json(&Value::Object(m)))
 }
 
 /// Reads the run record.
@@ -57,7 +57,7 @@ pub(crate) fn encode_messages(messages: &[Value], through_event_seq: u64) -> Vec
     m.insert("throughEventSeq".into(), Value::from(through_event_seq));
     m.insert("messages".into(), Value::Array(messages.to_vec()));
     m.insert("schemaVersion".into(), Value::from(SCHEMA_VERSION));
-    sys::pretty(&Value::Object(m))
+    sys::record_json(&Value::Object(m))
 }
 
 /// Reads the message snapshot: missing ⇒ unavailable; a bare

@@ -58,7 +58,7 @@ impl Record {
     }
 
     pub(crate) fn encode(&self) -> Vec<u8> {
-        serde_json::to_vec_pretty(self).unwrap_or_default()
+        serde_json::to_vec(self).unwrap_or_default()
     }
 }
 

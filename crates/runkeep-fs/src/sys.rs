@@ -499,20 +499,13 @@ pub(crate) fn write_atomic(
     TempFile::write(dir, target_name, bytes, durability)?.publish(target_name)
 }
 
-/// Records whose compact form is above this are written compact.
-pub(crate) const PRETTY_MAX: usize = 256 * 1024;
-
-/// Whole-file records as the reference writes them: pretty JSON, 2-space
-/// indent, no trailing newline; compact above [`PRETTY_MAX`] compact bytes.
-/// Indentation can multiply a record's size (`[0,0,…]` grows 4×), and the
-/// contract's byte limits are on the compact form: a record stored compact
-/// takes on disk exactly what the limit counted. Readers parse either.
-pub(crate) fn pretty(value: &serde_json::Value) -> Vec<u8> {
-    if runkeep::checkpoint::json_len(value) > PRETTY_MAX {
-        serde_json::to_vec(value).unwrap_or_default()
-    } else {
-        serde_json::to_vec_pretty(value).unwrap_or_default()
-    }
+/// Whole-file records as stored: compact JSON, no trailing newline.
+/// The reference writes pretty JSON (2-space indent); readers on both sides
+/// parse either, and compact is what the contract's byte limits count:
+/// indentation grows with nesting, so a 240 KB body nested 100 deep was a
+/// 23.9 MB file pretty-printed (and `[0,0,…]` grew 4×).
+pub(crate) fn record_json(value: &serde_json::Value) -> Vec<u8> {
+    serde_json::to_vec(value).unwrap_or_default()
 }
 
 /// One directory entry, as the listers need it.

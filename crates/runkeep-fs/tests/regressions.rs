@@ -556,7 +556,7 @@ fn records_are_stamped_and_future_versions_refused() {
     let path = base.join("run_v/checkpoints/cp_a.json");
     let text = std::fs::read_to_string(&path)
         .unwrap()
-        .replace("\"schemaVersion\": 1", "\"schemaVersion\": 2");
+        .replace("\"schemaVersion\":1", "\"schemaVersion\":2");
     std::fs::write(&path, text).unwrap();
     let e = rt
         .block_on(store.read_checkpoint(&s, &CheckpointId::new("cp_a").unwrap()))
@@ -567,7 +567,7 @@ fn records_are_stamped_and_future_versions_refused() {
     );
     let run = std::fs::read_to_string(base.join("run_v/run.json"))
         .unwrap()
-        .replace("\"schemaVersion\": 1", "\"schemaVersion\": 7");
+        .replace("\"schemaVersion\":1", "\"schemaVersion\":7");
     std::fs::write(base.join("run_v/run.json"), run).unwrap();
     assert!(rt
         .block_on(store.read_run_record(&s))

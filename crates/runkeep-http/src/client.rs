@@ -939,12 +939,28 @@ impl CheckpointStore for HttpStore {
     }
 
     async fn list_checkpoints(&self, scope: &RunScope) -> Result<Vec<Checkpoint>> {
-        let v: Vec<CheckpointBody> = self
-            .run_get("list_checkpoints", scope, "/checkpoints", vec![])
-            .await?;
-        v.iter()
-            .map(|c| c.to_checkpoint("checkpoint").map_err(problem_error))
-            .collect()
+        // Every checkpoint with its state, in pages of the server's largest
+        // (`after` the last id of the previous page; a short page is the last).
+        let mut out: Vec<Checkpoint> = Vec::new();
+        loop {
+            let mut q = vec![
+                ("fields", "full".to_string()),
+                ("limit", MAX_CHECKPOINTS_PAGE.to_string()),
+            ];
+            if let Some(last) = out.last() {
+                q.push(("after", last.id.to_string()));
+            }
+            let v: Vec<CheckpointBody> = self
+                .run_get("list_checkpoints", scope, "/checkpoints", q)
+                .await?;
+            let n = v.len();
+            for c in v {
+                out.push(c.into_checkpoint("checkpoint").map_err(problem_error)?);
+            }
+            if n < MAX_CHECKPOINTS_PAGE {
+                return Ok(out);
+            }
+        }
     }
 
     async fn delete_checkpoint(
@@ -1268,16 +1284,46 @@ impl EvidenceStore for HttpStore {
         scope: &RunScope,
         options: &ReadEventsOptions,
     ) -> Result<EventBatch> {
-        let mut q = vec![("sinceSeq", options.since_seq.to_string())];
-        if options.integrity == Integrity::Strict {
-            q.push(("integrity", "strict".to_string()));
+        // The server answers at most MAX_EVENTS_PAGE events a request: the
+        // events after `since_seq` (up to `limit`) are read in pages. A
+        // strict read checks the whole log with its first page; damage a
+        // later page meets (appended since) is `Corrupted` as well.
+        let mut out = EventBatch::default();
+        let mut since = options.since_seq;
+        let mut first = true;
+        loop {
+            let left = options
+                .limit
+                .map_or(MAX_EVENTS_PAGE, |l| l.saturating_sub(out.events.len()));
+            let page = left.min(MAX_EVENTS_PAGE);
+            let mut q = vec![("sinceSeq", since.to_string()), ("limit", page.to_string())];
+            if options.integrity == Integrity::Strict && first {
+                q.push(("integrity", "strict".to_string()));
+            }
+            let b: EventBatchBody = self.run_get("read_events", scope, "/events", q).await?;
+            self.note_seq(scope, b.last_seq);
+            let (more, next) = (b.more, b.next_since_seq);
+            let batch = b.to_batch().map_err(problem_error)?;
+            if options.integrity == Integrity::Strict && !first && !batch.skipped.is_empty() {
+                return Err(Error::corrupted(format!(
+                    "transcript of run {}: a damaged record after seq {since}",
+                    scope.run_id
+                )));
+            }
+            first = false;
+            out.last_seq = out.last_seq.max(batch.last_seq);
+            for s in batch.skipped {
+                if !out.skipped.iter().any(|k| k.position == s.position) {
+                    out.skipped.push(s);
+                }
+            }
+            out.events.extend(batch.events);
+            let more_wanted = options.limit.is_none_or(|l| out.events.len() < l);
+            match (more, next) {
+                (true, Some(n)) if more_wanted && n > since => since = n,
+                _ => return Ok(out),
+            }
         }
-        if let Some(l) = options.limit {
-            q.push(("limit", l.to_string()));
-        }
-        let b: EventBatchBody = self.run_get("read_events", scope, "/events", q).await?;
-        self.note_seq(scope, b.last_seq);
-        b.to_batch().map_err(problem_error)
     }
 
     async fn write_run_record(

@@ -404,7 +404,9 @@ async function refreshRun(run, body, summary, signal) {
   const get = (suffix) => api(runPath(run, suffix), { signal }).catch((e) => (e.name === 'AbortError' ? null : { error: e }));
   const [s, checkpoints, audit, report] = await Promise.all([
     summary ? Promise.resolve(summary) : get(''),
-    get('/checkpoints'),
+    // Summaries (no states; a state is read when its row is opened), the
+    // server's largest page.
+    get('/checkpoints?fields=summary&limit=1000'),
     get('/audit'),
     get('/report'),
   ]);
@@ -421,7 +423,7 @@ async function refreshRun(run, body, summary, signal) {
     body,
     parked ? parkSection(run, parked, now, reload) : null,
     overviewSection(run, s, now, reload),
-    checkpointsSection(cps, now),
+    checkpointsSection(run, cps, now),
     auditSection(audit),
     reportSection(report),
   );
@@ -724,7 +726,26 @@ function answerForm(run, cp, state, result, reload) {
 
 // ---------------------------------------------------------------- the rest of a run
 
-function checkpointsSection(cps, now) {
+/** A checkpoint's state, read by id when its row is first opened. */
+function lazyState(run, c) {
+  const holder = h('div', {}, h('p', { class: 'none' }, 'Open to read the state.'));
+  let asked = false;
+  const load = async () => {
+    if (asked) return;
+    asked = true;
+    fill(holder, h('p', { class: 'none' }, 'Reading the state…'));
+    try {
+      const got = await api(runPath(run, `/checkpoints/by-id/${enc(c.id)}`));
+      fill(holder, jsonBlock(got.checkpoint ? got.checkpoint.state : null, `State of ${c.id}`));
+    } catch (e) {
+      asked = false;
+      fill(holder, h('p', { class: 'msg msg-error', role: 'alert' }, problemText(e)));
+    }
+  };
+  return { holder, load };
+}
+
+function checkpointsSection(run, cps, now) {
   if (cps.length === 0) return section('Checkpoints', 'checkpoints', h('p', { class: 'none' }, 'None.'));
   return section(
     `Checkpoints (${cps.length})`,
@@ -732,13 +753,14 @@ function checkpointsSection(cps, now) {
     h(
       'ol',
       { class: 'checkpoints' },
-      cps.map((c) =>
-        h(
+      cps.map((c) => {
+        const state = c.state !== undefined ? { holder: jsonBlock(c.state, `State of ${c.id}`), load: () => {} } : lazyState(run, c);
+        return h(
           'li',
           {},
           h(
             'details',
-            {},
+            { ontoggle: (ev) => ev.target.open && state.load() },
             h(
               'summary',
               {},
@@ -748,11 +770,11 @@ function checkpointsSection(cps, now) {
               c.fence !== undefined ? ` · fence ${c.fence}` : '',
               c.pending ? [' · ', badge(`park ${parkState(c.pending, now)}`, `park-${parkState(c.pending, now)}`)] : null,
             ),
-            jsonBlock(c.state, `State of ${c.id}`),
+            state.holder,
             c.pending ? jsonBlock(c.pending, `Park of ${c.id}`) : null,
           ),
-        ),
-      ),
+        );
+      }),
     ),
   );
 }

@@ -234,10 +234,10 @@ fn doc(operation: &str) -> Doc {
             parent(),
         ),
         "list_checkpoints" => d(
-            "Every checkpoint of the run in the total order.",
+            "One page of the run's checkpoints in the total order: at most `limit` (default 100, at most 1000; 400 above it), after the checkpoint `after`; a page shorter than `limit` is the last. `fields=summary` (the default) leaves out each `state` (read it with `GET …/checkpoints/by-id/{checkpoint}`); `fields=full` carries them. Charged to the server's answer budget: 503 `overloaded` when it has no room.",
             None,
             ArrayOf("CheckpointBody"),
-            parent(),
+            q::<ListCheckpointsQuery>(),
         ),
         "write_checkpoint" => d(
             "Writes a checkpoint (fenced when `fence` is given).",
@@ -264,7 +264,7 @@ fn doc(operation: &str) -> Doc {
             q::<NowQuery>(),
         ),
         "read_checkpoint" => d(
-            "One checkpoint (`null` when absent).",
+            "One checkpoint (`null` when absent). Charged to the server's answer budget: 503 `overloaded` when it has no room.",
             None,
             Named("MaybeCheckpoint"),
             parent(),
@@ -288,7 +288,7 @@ fn doc(operation: &str) -> Doc {
             parent(),
         ),
         "read_events" => d(
-            "The transcript after `sinceSeq`.",
+            "One page of the transcript after `sinceSeq`: at most `limit` events (default 1000, at most 10 000; 400 above it). `more: true` says events follow the page; the next page starts at `nextSinceSeq`. Streamed; charged to the server's answer budget while in flight (503 `overloaded` when it has no room).",
             None,
             Named("EventBatchBody"),
             q::<ReadQuery>(),
@@ -701,8 +701,8 @@ fn integer_rule(name: &str) -> Option<Value> {
         | "availableAt" | "expiresAt" | "finishedAt" | "latestCheckpointAt" | "timestamp"
         | "now" => instant_rule(),
         "fence" | "finishedFence" | "generation" | "presented" | "current" => fence_rule(),
-        "seq" | "lastSeq" | "throughEventSeq" | "sinceSeq" | "position" | "checkpointCount"
-        | "keepLast" => count_rule(),
+        "seq" | "lastSeq" | "throughEventSeq" | "sinceSeq" | "nextSinceSeq" | "position"
+        | "checkpointCount" | "keepLast" => count_rule(),
         "ttlMs" => merge(
             bounded(MIN_TTL_MS, runkeep::time::MAX_TTL_MS),
             json!({ "description": format!(
@@ -895,6 +895,26 @@ fn parameter_rule(operation: &str, name: &str) -> Option<Value> {
                 runkeep::listing::MAX_LIMIT
             ),
         }),
+        "limit" if operation == "read_events" => json!({
+            "minimum": 0,
+            "maximum": crate::wire::MAX_EVENTS_PAGE,
+            "description": format!(
+                "At most this many events (default {}, at most {}: 400 above it).",
+                crate::wire::DEFAULT_EVENTS_PAGE,
+                crate::wire::MAX_EVENTS_PAGE
+            ),
+        }),
+        "limit" if operation == "list_checkpoints" => json!({
+            "minimum": 0,
+            "maximum": crate::wire::MAX_CHECKPOINTS_PAGE,
+            "description": format!(
+                "At most this many checkpoints (default {}, at most {}: 400 above it); a page shorter than `limit` is the last.",
+                crate::wire::DEFAULT_CHECKPOINTS_PAGE,
+                crate::wire::MAX_CHECKPOINTS_PAGE
+            ),
+        }),
+        "fields" => json!({ "enum": ["summary", "full"] }),
+        "after" => id_rule(),
         "limit" => count_rule(),
         "filter" => metadata_filter_rule(),
         "cursor" => json!({

@@ -90,6 +90,12 @@ pub struct ServerConfig {
     /// How long a body may take before its rate is judged, and the longest
     /// pause between two of its chunks. Default 10 s.
     pub body_rate_grace: Duration,
+    /// The memory large answers in flight may take together, bytes (a
+    /// checkpoint, a checkpoint listing, a page of events; see
+    /// [`crate::api::answers`]). Each tenant's share is half; an answer that
+    /// finds no room within 5 s is 503 `overloaded`. Default
+    /// [`crate::api::answers::DEFAULT_ANSWER_BUDGET`] (512 MiB).
+    pub answer_budget: usize,
     /// Longest a request may take up to its response head, body upload
     /// included (408 for a body not received, 503 for a store that did not
     /// answer). Default 60 s. [`Server::bind`] refuses one that does not
@@ -144,6 +150,7 @@ impl Default for ServerConfig {
             body_limit: crate::api::DEFAULT_BODY_LIMIT,
             body_min_rate: crate::api::budget::DEFAULT_MIN_RATE,
             body_rate_grace: crate::api::budget::DEFAULT_RATE_GRACE,
+            answer_budget: crate::api::answers::DEFAULT_ANSWER_BUDGET,
             request_timeout: Duration::from_secs(60),
             header_read_timeout: Duration::from_secs(10),
             write_timeout: Duration::from_secs(30),
@@ -274,7 +281,8 @@ pub fn app_with_shutdown(
     };
     let budget = crate::api::budget::BodyBudget::new(config.body_limit)
         .with_min_rate(config.body_min_rate, config.body_rate_grace);
-    let store_bound = crate::api::router_with_budget(state, budget).merge(
+    let answers = crate::api::answers::AnswerBudget::new(config.answer_budget);
+    let store_bound = crate::api::router_with_budgets(state, budget, answers).merge(
         Router::new()
             .route("/readyz", get(readyz))
             .with_state(readiness),

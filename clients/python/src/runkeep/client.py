@@ -293,8 +293,13 @@ class _Api:
     def write_checkpoint(self, run: RunRef, checkpoint: Mapping[str, Any], fence: int | None = None) -> Answer[dict]:
         return self._run("POST", run, "/checkpoints", _drop_none({"checkpoint": dict(checkpoint), "fence": fence}))
 
-    def list_checkpoints(self, run: RunRef) -> Answer[list]:
-        return self._run("GET", run, "/checkpoints")
+    def list_checkpoints(self, run: RunRef, fields: str | None = None, limit: int | None = None, after: str | None = None) -> Answer[list]:
+        """One page of the run's checkpoints in the store's order: at most ``limit``
+        (server default 100, at most 1000), after the checkpoint ``after`` (the
+        last id of the previous page; a page shorter than ``limit`` is the last).
+        ``fields``: ``"summary"`` (the server's default: without ``state``, read
+        one with ``read_checkpoint``) or ``"full"``."""
+        return self._run("GET", run, "/checkpoints", params={"fields": fields, "limit": limit, "after": after})
 
     def read_checkpoint(self, run: RunRef, checkpoint_id: str) -> Answer[dict | None]:
         return self._run("GET", run, f"/checkpoints/by-id/{quote(checkpoint_id, safe='')}", parse=lambda b: b.get("checkpoint"))
@@ -322,6 +327,9 @@ class _Api:
         return self._run("POST", run, "/events", _drop_none({"events": [dict(e) for e in events], "fence": fence}), parse=lambda b: b["events"])
 
     def read_events(self, run: RunRef, since_seq: int = 0, limit: int | None = None) -> Answer[dict]:
+        """One page of the events after ``since_seq``: at most ``limit`` (server
+        default 1000, at most 10 000). ``more`` says events follow; read on from
+        ``nextSinceSeq`` (the page's last seq) while ``more`` is true."""
         return self._run("GET", run, "/events", params={"sinceSeq": since_seq, "limit": limit})
 
     # -- threads (checkpoint savers) ---------------------------------------

@@ -96,7 +96,7 @@ export interface paths {
             cookie?: never;
         };
         /**
-         * Every checkpoint of the run in the total order.
+         * One page of the run's checkpoints in the total order: at most `limit` (default 100, at most 1000; 400 above it), after the checkpoint `after`; a page shorter than `limit` is the last. `fields=summary` (the default) leaves out each `state` (read it with `GET …/checkpoints/by-id/{checkpoint}`); `fields=full` carries them. Charged to the server's answer budget: 503 `overloaded` when it has no room.
          * @description Needs a `reader` token.
          */
         get: operations["list_checkpoints"];
@@ -120,7 +120,7 @@ export interface paths {
             cookie?: never;
         };
         /**
-         * One checkpoint (`null` when absent).
+         * One checkpoint (`null` when absent). Charged to the server's answer budget: 503 `overloaded` when it has no room.
          * @description Needs a `reader` token.
          */
         get: operations["read_checkpoint"];
@@ -264,7 +264,7 @@ export interface paths {
             cookie?: never;
         };
         /**
-         * The transcript after `sinceSeq`.
+         * One page of the transcript after `sinceSeq`: at most `limit` events (default 1000, at most 10 000; 400 above it). `more: true` says events follow the page; the next page starts at `nextSinceSeq`. Streamed; charged to the server's answer budget while in flight (503 `overloaded` when it has no room).
          * @description Needs a `reader` token.
          */
         get: operations["read_events"];
@@ -951,6 +951,16 @@ export interface components {
              * @description The log's last `seq` (0 when empty).
              */
             lastSeq: number;
+            /** @description Events follow this page: it stopped at its `limit` (a read answers
+             *     at most [`MAX_EVENTS_PAGE`] events). Read on with `sinceSeq` =
+             *     `nextSinceSeq`. */
+            more?: boolean;
+            /**
+             * Format: int64
+             * @description Where the next page starts: the last `seq` of this page (absent
+             *     when it has no events: read on from the same `sinceSeq`).
+             */
+            nextSinceSeq?: number | null;
             /** @description Damaged records skipped (tolerant mode). */
             skipped?: components["schemas"]["SkippedBody"][];
         };
@@ -2308,6 +2318,14 @@ export interface operations {
     list_checkpoints: {
         parameters: {
             query?: {
+                /** @description `summary` (default: each checkpoint without its `state`; read one's
+                 *     state with `GET …/checkpoints/by-id/{id}`) or `full` (with states). */
+                fields?: "summary" | "full";
+                /** @description At most this many checkpoints (default 100, at most 1000: 400 above it); a page shorter than `limit` is the last. */
+                limit?: number;
+                /** @description Start after the checkpoint with this id (the last id of the previous
+                 *     page); 400 when the run has no such checkpoint. */
+                after?: string;
                 /** @description The parent run, for a sub-run. */
                 parent?: string;
             };
@@ -3578,7 +3596,7 @@ export interface operations {
                 sinceSeq?: number;
                 /** @description `tolerant` (default: skip damaged records and list them) or `strict`. */
                 integrity?: "tolerant" | "strict";
-                /** @description At most this many events. */
+                /** @description At most this many events (default 1000, at most 10000: 400 above it). */
                 limit?: number;
                 /** @description The parent run, for a sub-run. */
                 parent?: string;

@@ -41,6 +41,9 @@ pub struct ServeArgs {
     /// Largest request body in bytes (413 above it).
     #[arg(long, default_value_t = runkeep_server::api::DEFAULT_BODY_LIMIT, value_name = "BYTES")]
     pub body_limit: usize,
+    /// Memory large answers in flight may take together, in bytes (a checkpoint, a checkpoint listing, a page of events); each tenant's share is half, and an answer that finds no room within 5s is 503 with Retry-After.
+    #[arg(long, default_value_t = runkeep_server::api::answers::DEFAULT_ANSWER_BUDGET, value_name = "BYTES")]
+    pub answer_budget: usize,
     /// Longest a request may take up to its answer, body upload included (408 / 503 after it); at least 35s (long-polls wait up to 30s).
     #[arg(long, default_value = "60s", value_parser = parse_duration, value_name = "DURATION")]
     pub request_timeout: Duration,
@@ -99,6 +102,7 @@ pub async fn run(ctx: &Ctx, args: ServeArgs) -> CliResult<Exit> {
     let config = ServerConfig {
         listen: args.listen,
         body_limit: args.body_limit,
+        answer_budget: args.answer_budget,
         request_timeout: args.request_timeout,
         header_read_timeout: args.header_timeout,
         write_timeout: args.write_timeout,

@@ -1,4 +1,4 @@
-//! Checkpoint files (`checkpoints/<id>.json`, pretty JSON stamped
+//! Checkpoint files (`checkpoints/<id>.json`, compact JSON stamped
 //! `schemaVersion: 1`) and the per-run digest (`.runkeep/digest.json`) that
 //! lets a listing build a row without parsing any checkpoint.
 //!
@@ -84,7 +84,7 @@ pub(crate) fn check_schema(obj: &Map<String, Value>, path: &Path, ctx: &Ctx) -> 
 pub(crate) fn encode(cp: &Checkpoint) -> Vec<u8> {
     let mut m = cp.to_json();
     m.insert("schemaVersion".into(), Value::from(SCHEMA_VERSION));
-    sys::pretty(&Value::Object(m))
+    sys::record_json(&Value::Object(m))
 }
 
 /// Parses a checkpoint file.

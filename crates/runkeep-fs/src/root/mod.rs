@@ -184,7 +184,7 @@ impl FsRootStore {
                     root.display()
                 )));
             }
-            let body = sys::pretty(&marker_body());
+            let body = sys::record_json(&marker_body());
             sys::write_atomic(&root, ROOT_MARKER, &body, options.durability)
                 .map_err(|e| ctx.io("write the root marker in", &root, e))?;
         }

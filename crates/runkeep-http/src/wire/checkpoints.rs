@@ -7,6 +7,11 @@
 
 use super::*;
 
+/// The `limit` of a checkpoint listing that gives none.
+pub const DEFAULT_CHECKPOINTS_PAGE: usize = 100;
+/// The largest `limit` a checkpoint listing accepts (400 above it).
+pub const MAX_CHECKPOINTS_PAGE: usize = 1000;
+
 /// A checkpoint: its header and the host's state, apart.
 #[derive(Clone, PartialEq, Debug, Serialize, Deserialize, ToSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
@@ -24,7 +29,8 @@ pub struct CheckpointBody {
     /// The fence it was written under (set by the store; ignored on input).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub fence: Option<u64>,
-    /// The host's state, kept as given.
+    /// The host's state, kept as given. Absent in a listing's `summary`
+    /// form (read the checkpoint by id for it).
     #[serde(default)]
     #[schema(value_type = Object)]
     pub state: Object,

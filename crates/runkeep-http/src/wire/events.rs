@@ -7,6 +7,11 @@
 
 use super::*;
 
+/// The `limit` of an event read that gives none.
+pub const DEFAULT_EVENTS_PAGE: usize = 1000;
+/// The largest `limit` an event read accepts (400 above it).
+pub const MAX_EVENTS_PAGE: usize = 10_000;
+
 /// An event to append.
 #[derive(Clone, PartialEq, Debug, Serialize, Deserialize, ToSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
@@ -100,6 +105,15 @@ pub struct EventBatchBody {
     pub skipped: Vec<SkippedBody>,
     /// The log's last `seq` (0 when empty).
     pub last_seq: u64,
+    /// Events follow this page: it stopped at its `limit` (a read answers
+    /// at most [`MAX_EVENTS_PAGE`] events). Read on with `sinceSeq` =
+    /// `nextSinceSeq`.
+    #[serde(default)]
+    pub more: bool,
+    /// Where the next page starts: the last `seq` of this page (absent
+    /// when it has no events: read on from the same `sinceSeq`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub next_since_seq: Option<u64>,
 }
 
 impl From<&EventBatch> for EventBatchBody {
@@ -115,6 +129,8 @@ impl From<&EventBatch> for EventBatchBody {
                 })
                 .collect(),
             last_seq: b.last_seq,
+            more: false,
+            next_since_seq: None,
         }
     }
 }

@@ -3,8 +3,10 @@
 use std::time::Instant;
 
 use axum::extract::State;
+use axum::response::{IntoResponse, Response};
 use axum::{Extension, Json};
 
+use super::answers::{AnswerBudget, ChargedBytes};
 use super::claims::{checked, NowQuery};
 use super::extract::{CheckpointParam, JsonBody, RunAddr, Q};
 use super::ownership;
@@ -16,12 +18,173 @@ use crate::wire::{
     self, CheckpointBody, Claimed, Done, HandOverAnswer, MaybeCheckpoint, Pruned, StepReceiptBody,
 };
 
+pub use crate::wire::{DEFAULT_CHECKPOINTS_PAGE, MAX_CHECKPOINTS_PAGE};
+
+/// A checkpoint listing's query.
+#[derive(Debug, serde::Deserialize, utoipa::IntoParams)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
+pub struct ListCheckpointsQuery {
+    /// `summary` (default: each checkpoint without its `state`; read one's
+    /// state with `GET …/checkpoints/by-id/{id}`) or `full` (with states).
+    fields: Option<String>,
+    /// At most this many checkpoints (default 100, at most 1000: 400 above
+    /// it). A page shorter than `limit` is the last.
+    limit: Option<usize>,
+    /// Start after the checkpoint with this id (the last id of the previous
+    /// page); 400 when the run has no such checkpoint.
+    after: Option<String>,
+    /// The parent run, for a sub-run.
+    #[expect(
+        dead_code,
+        reason = "read only by serde: the parent is part of the run address, parsed so that deny_unknown_fields accepts it"
+    )]
+    parent: Option<String>,
+}
+
+/// A checkpoint without its state (the listing's `summary` form).
+#[derive(serde::Serialize)]
+#[serde(rename_all = "camelCase")]
+struct Summary<'a> {
+    id: &'a str,
+    created_at: i64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    run_created_at: Option<i64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pending: Option<&'a wire::PendingBody>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    fence: Option<u64>,
+}
+
+fn json_answer(bytes: ChargedBytes) -> Response {
+    (
+        [(
+            axum::http::header::CONTENT_TYPE,
+            axum::http::HeaderValue::from_static("application/json"),
+        )],
+        axum::body::Body::from(bytes.into_bytes()),
+    )
+        .into_response()
+}
+
+fn unwritable() -> Problem {
+    Problem::new(
+        crate::problem::ProblemType::Backend,
+        "the answer could not be written",
+    )
+}
+
 pub(super) async fn list(
     State(state): State<AppState>,
+    Extension(answers): Extension<AnswerBudget>,
     RunAddr(scope): RunAddr,
-) -> ApiResult<Vec<CheckpointBody>> {
+    Q(q): Q<ListCheckpointsQuery>,
+) -> Result<Response, Problem> {
+    let full = match q.fields.as_deref() {
+        None | Some("summary") => false,
+        Some("full") => true,
+        Some(other) => {
+            return Err(Problem::invalid(
+                "fields",
+                format!("fields {other:?} is not one of summary, full"),
+            ))
+        }
+    };
+    let limit = q.limit.unwrap_or(DEFAULT_CHECKPOINTS_PAGE);
+    if limit > MAX_CHECKPOINTS_PAGE {
+        return Err(Problem::invalid(
+            "limit",
+            format!(
+                "limit {limit} is above the maximum of {MAX_CHECKPOINTS_PAGE} checkpoints a page; page with after (the last id of the previous page)"
+            ),
+        ));
+    }
+    // The store reads every checkpoint with its state, whatever the form:
+    // charged by what the run's last listing read.
+    let key = format!("list {scope}");
+    let estimate = answers.before_read(&key);
+    let mut held = answers.charge(scope.tenant_id.as_str(), estimate).await?;
+    let turn = answers.heavy(scope.tenant_id.as_str(), estimate).await;
     let cps = state.store.list_checkpoints(&scope).await?;
-    Ok(Json(cps.iter().map(Into::into).collect()))
+    let start = match &q.after {
+        None => 0,
+        Some(after) => {
+            cps.iter()
+                .position(|c| c.id.as_str() == after)
+                .ok_or_else(|| {
+                    Problem::invalid(
+                        "after",
+                        format!("the run has no checkpoint {after:?} (deleted since the previous page?); list again from the start"),
+                    )
+                })?
+                + 1
+        }
+    };
+    let (bytes, read_cost) = tokio::task::spawn_blocking(move || {
+        let read_cost: usize = cps
+            .iter()
+            .flat_map(|c| c.state.iter())
+            .map(|(k, v)| k.len() + 4 + runkeep::checkpoint::json_len(v))
+            .sum();
+        let page = cps.into_iter().skip(start).take(limit);
+        let out = if full {
+            let bodies: Vec<CheckpointBody> = page.map(Into::into).collect();
+            serde_json::to_vec(&bodies)
+        } else {
+            let bodies: Vec<CheckpointBody> = page
+                .map(|mut c| {
+                    c.state = Default::default();
+                    c.into()
+                })
+                .collect();
+            let summaries: Vec<Summary<'_>> = bodies
+                .iter()
+                .map(|b| Summary {
+                    id: &b.id,
+                    created_at: b.created_at,
+                    run_created_at: b.run_created_at,
+                    pending: b.pending.as_ref(),
+                    fence: b.fence,
+                })
+                .collect();
+            serde_json::to_vec(&summaries)
+        };
+        out.map(|b| (b, read_cost))
+    })
+    .await
+    .map_err(|_| unwritable())?
+    .map_err(|_| unwritable())?;
+    drop(turn);
+    answers.learn(&key, read_cost.max(bytes.len()));
+    held.set_bytes(bytes.len()).await?;
+    Ok(json_answer(ChargedBytes::new(bytes, Some(held))))
+}
+
+/// A checkpoint answer: charged before the store is read (by the run's last
+/// checkpoint answer), serialized once on the blocking pool, the parsed
+/// state dropped, and the charge set to the bytes until they are sent.
+async fn checkpoint_answer(
+    answers: &AnswerBudget,
+    scope: &runkeep::RunScope,
+    read: impl std::future::Future<Output = runkeep::Result<Option<runkeep::Checkpoint>>>,
+) -> Result<Response, Problem> {
+    let key = format!("checkpoint {scope}");
+    let estimate = answers.before_read(&key);
+    let mut held = answers.charge(scope.tenant_id.as_str(), estimate).await?;
+    let turn = answers.heavy(scope.tenant_id.as_str(), estimate).await;
+    let cp = read.await?;
+    let bytes = tokio::task::spawn_blocking(move || {
+        serde_json::to_vec(&MaybeCheckpoint {
+            checkpoint: cp.map(Into::into),
+        })
+    })
+    .await
+    .map_err(|_| unwritable())?
+    .map_err(|_| unwritable())?;
+    drop(turn);
+    answers.learn(&key, bytes.len());
+    held.set_bytes(bytes.len()).await?;
+    Ok(json_answer(ChargedBytes::new(bytes, Some(held))))
 }
 
 pub(super) async fn write(
@@ -40,13 +203,11 @@ pub(super) async fn write(
 
 pub(super) async fn read(
     State(state): State<AppState>,
+    Extension(answers): Extension<AnswerBudget>,
     RunAddr(scope): RunAddr,
     CheckpointParam(id): CheckpointParam,
-) -> ApiResult<MaybeCheckpoint> {
-    let cp = state.store.read_checkpoint(&scope, &id).await?;
-    Ok(Json(MaybeCheckpoint {
-        checkpoint: cp.map(Into::into),
-    }))
+) -> Result<Response, Problem> {
+    checkpoint_answer(&answers, &scope, state.store.read_checkpoint(&scope, &id)).await
 }
 
 /// A fence in the query.
@@ -136,36 +297,30 @@ pub(super) async fn prune(
 
 pub(super) async fn latest(
     State(state): State<AppState>,
+    Extension(answers): Extension<AnswerBudget>,
     RunAddr(scope): RunAddr,
-) -> ApiResult<MaybeCheckpoint> {
-    let cp = state.store.latest_checkpoint(&scope).await?;
-    Ok(Json(MaybeCheckpoint {
-        checkpoint: cp.map(Into::into),
-    }))
+) -> Result<Response, Problem> {
+    checkpoint_answer(&answers, &scope, state.store.latest_checkpoint(&scope)).await
 }
 
 pub(super) async fn pending(
     State(state): State<AppState>,
+    Extension(answers): Extension<AnswerBudget>,
     RunAddr(scope): RunAddr,
     Q(q): Q<NowQuery>,
-) -> ApiResult<MaybeCheckpoint> {
+) -> Result<Response, Problem> {
     let now = q.at(&state)?;
-    let cp = state.store.find_pending(&scope, now).await?;
-    Ok(Json(MaybeCheckpoint {
-        checkpoint: cp.map(Into::into),
-    }))
+    checkpoint_answer(&answers, &scope, state.store.find_pending(&scope, now)).await
 }
 
 pub(super) async fn resume_point(
     State(state): State<AppState>,
+    Extension(answers): Extension<AnswerBudget>,
     RunAddr(scope): RunAddr,
     Q(q): Q<NowQuery>,
-) -> ApiResult<MaybeCheckpoint> {
+) -> Result<Response, Problem> {
     let now = q.at(&state)?;
-    let cp = state.store.resume_point(&scope, now).await?;
-    Ok(Json(MaybeCheckpoint {
-        checkpoint: cp.map(Into::into),
-    }))
+    checkpoint_answer(&answers, &scope, state.store.resume_point(&scope, now)).await
 }
 
 pub(super) async fn commit_step(

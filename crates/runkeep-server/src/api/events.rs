@@ -17,18 +17,20 @@ use std::time::Duration;
 use axum::extract::State;
 use axum::http::HeaderMap;
 use axum::response::sse::{Event, KeepAlive, Sse};
+use axum::response::{IntoResponse, Response};
 use axum::{Extension, Json};
-use futures_util::Stream;
+use futures_util::{Stream, StreamExt};
 use runkeep::{Integrity, ReadEventsOptions, WatchTopic};
 use serde::Deserialize;
 
+use super::answers::{kib, AnswerBudget, ChargedBytes, HEAVY_KIB, READ_FACTOR};
 use super::claims::checked;
 use super::extract::{JsonBody, RunAddr, Q};
 use super::runs::ApiResult;
 use crate::auth::Principal;
 use crate::problem::Problem;
 use crate::state::AppState;
-use crate::wire::{self, Appended, EventBatchBody, EventBody, Waited};
+use crate::wire::{self, Appended, EventBody, Waited};
 
 /// The longest long-poll (`claim_next`'s `waitMs`, the waits' `timeoutMs`).
 pub const MAX_WAIT_MS: u64 = 30_000;
@@ -64,6 +66,13 @@ pub(super) async fn append(
     }))
 }
 
+pub use crate::wire::{DEFAULT_EVENTS_PAGE, MAX_EVENTS_PAGE};
+/// What one chunk of a streamed page aims at, bytes: the events read from
+/// the store and serialized at once.
+const CHUNK_BYTES: usize = 256 * 1024;
+/// The most events one chunk reads.
+const MAX_CHUNK_EVENTS: usize = 256;
+
 /// An event read's query.
 #[derive(Debug, Deserialize, utoipa::IntoParams)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
@@ -73,7 +82,9 @@ pub struct ReadQuery {
     since_seq: Option<u64>,
     /// `tolerant` (default: skip damaged records and list them) or `strict`.
     integrity: Option<String>,
-    /// At most this many events.
+    /// At most this many events (default 1000, at most 10 000: 400 above
+    /// it). A page that stopped at its limit with events after it says
+    /// `more: true`; the next page starts at its `nextSinceSeq`.
     limit: Option<usize>,
     /// The parent run, for a sub-run.
     #[expect(
@@ -83,14 +94,166 @@ pub struct ReadQuery {
     parent: Option<String>,
 }
 
+/// A page of events as it is streamed: read from the store a chunk at a
+/// time, each chunk serialized once and charged to the answer budget while
+/// it is in flight.
+struct Pager {
+    state: AppState,
+    scope: runkeep::RunScope,
+    answers: AnswerBudget,
+    tenant: String,
+    key: String,
+    strict: bool,
+    /// The last seq sent (the next chunk reads after it).
+    since: u64,
+    /// Events the page may still hold.
+    remaining: usize,
+    sent: usize,
+    /// Bytes per event, as seen so far (0: none seen).
+    per_event: usize,
+    skipped: std::collections::BTreeMap<u64, String>,
+    last_seq: u64,
+    /// The store had no more events at the last read.
+    at_end: bool,
+    /// Chunks read so far.
+    chunks: usize,
+}
+
+impl Pager {
+    fn chunk_len(&self) -> usize {
+        let n = match self.per_event {
+            0 => 1,
+            b => (CHUNK_BYTES / b).clamp(1, MAX_CHUNK_EVENTS),
+        };
+        n.min(self.remaining)
+    }
+
+    /// The next chunk of the page's events, serialized (`None`: the page
+    /// is complete). The first chunk starts the object.
+    async fn next(&mut self) -> Result<Option<ChargedBytes>, Problem> {
+        let first = self.chunks == 0;
+        if !first && (self.remaining == 0 || self.at_end) {
+            return Ok(None);
+        }
+        let want = self.chunk_len();
+        let estimate = match self.per_event {
+            0 => self.answers.before_read(&self.key),
+            b => kib(b.saturating_mul(want)).saturating_mul(READ_FACTOR),
+        };
+        let mut held = self.answers.charge(&self.tenant, estimate).await?;
+        // After the first chunk, each is heavy work (answers.rs).
+        let heavy = if first { 0 } else { HEAVY_KIB };
+        let turn = self.answers.heavy(&self.tenant, heavy).await;
+        // A strict read checks the whole log once, with the first chunk;
+        // damage the later chunks meet ends the answer (below).
+        let integrity = if self.strict && first {
+            Integrity::Strict
+        } else {
+            Integrity::Tolerant
+        };
+        let batch = self
+            .state
+            .store
+            .read_events(
+                &self.scope,
+                &ReadEventsOptions {
+                    since_seq: self.since,
+                    integrity,
+                    limit: Some(want),
+                },
+            )
+            .await?;
+        if self.strict && !first && !batch.skipped.is_empty() {
+            return Err(Problem::from(runkeep::Error::corrupted(format!(
+                "transcript of run {}: a damaged record after seq {}",
+                self.scope.run_id, self.since
+            ))));
+        }
+        self.last_seq = self.last_seq.max(batch.last_seq);
+        for s in &batch.skipped {
+            self.skipped
+                .entry(s.position)
+                .or_insert_with(|| crate::problem::redact_paths(&s.reason));
+        }
+        self.at_end = batch.events.len() < want;
+        self.chunks += 1;
+        self.remaining -= batch.events.len();
+        let (since, sent) = (self.since, self.sent);
+        let events = batch.events;
+        let out = tokio::task::spawn_blocking(move || {
+            let mut out = Vec::new();
+            if first {
+                out.extend_from_slice(b"{\"events\":[");
+            }
+            let mut last = since;
+            for (i, e) in events.iter().enumerate() {
+                if sent + i > 0 {
+                    out.push(b',');
+                }
+                serde_json::to_writer(&mut out, &EventBody::from(e)).unwrap_or_default();
+                last = last.max(e.seq);
+            }
+            (out, last, events.len())
+        })
+        .await
+        .map_err(|_| {
+            Problem::new(
+                crate::problem::ProblemType::Backend,
+                "the answer could not be written",
+            )
+        })?;
+        let (bytes, last, n) = out;
+        if n > 0 {
+            let body = bytes.len().saturating_sub(if first { 11 } else { 0 });
+            self.per_event = body.div_ceil(n).max(1);
+            self.answers.learn(&self.key, self.per_event);
+        }
+        drop(turn);
+        self.since = last;
+        self.sent += n;
+        held.set_bytes(bytes.len()).await?;
+        Ok(Some(ChargedBytes::new(bytes, Some(held))))
+    }
+
+    /// The object's end: what was skipped, the log's last seq, whether more
+    /// events follow the page and where the next page starts.
+    fn trailer(&self) -> Vec<u8> {
+        let skipped: Vec<wire::SkippedBody> = self
+            .skipped
+            .iter()
+            .map(|(p, r)| wire::SkippedBody {
+                position: *p,
+                reason: r.clone(),
+            })
+            .collect();
+        let more = self.remaining == 0 && !self.at_end && self.since < self.last_seq;
+        let mut tail = serde_json::json!({
+            "skipped": skipped,
+            "lastSeq": self.last_seq,
+            "more": more,
+        });
+        // Only after events: an empty page's next read is its own sinceSeq
+        // (which may be any number a client sent).
+        if self.sent > 0 {
+            tail["nextSinceSeq"] = serde_json::json!(self.since);
+        }
+        let mut out = b"],".to_vec();
+        let t = serde_json::to_vec(&tail).unwrap_or_default();
+        // `{"skipped":…}` without its `{`: the object continues.
+        out.extend_from_slice(&t[1..]);
+        out
+    }
+}
+
 pub(super) async fn read(
     State(state): State<AppState>,
+    Extension(answers): Extension<AnswerBudget>,
     RunAddr(scope): RunAddr,
     Q(q): Q<ReadQuery>,
-) -> ApiResult<EventBatchBody> {
-    let integrity = match q.integrity.as_deref() {
-        None | Some("tolerant") => Integrity::Tolerant,
-        Some("strict") => Integrity::Strict,
+) -> Result<Response, Problem> {
+    let strict = match q.integrity.as_deref() {
+        None | Some("tolerant") => false,
+        Some("strict") => true,
         Some(other) => {
             return Err(Problem::invalid(
                 "integrity",
@@ -98,18 +261,60 @@ pub(super) async fn read(
             ))
         }
     };
-    let batch = state
-        .store
-        .read_events(
-            &scope,
-            &ReadEventsOptions {
-                since_seq: super::extract::seq_param("sinceSeq", q.since_seq)?,
-                integrity,
-                limit: q.limit,
-            },
-        )
-        .await?;
-    Ok(Json((&batch).into()))
+    let limit = q.limit.unwrap_or(DEFAULT_EVENTS_PAGE);
+    if limit > MAX_EVENTS_PAGE {
+        return Err(Problem::invalid(
+            "limit",
+            format!(
+                "limit {limit} is above the maximum of {MAX_EVENTS_PAGE} events a page; read in pages (each answer's nextSinceSeq, while more is true)"
+            ),
+        ));
+    }
+    let since = super::extract::seq_param("sinceSeq", q.since_seq)?;
+    let mut pager = Pager {
+        tenant: scope.tenant_id.to_string(),
+        key: format!("events {scope}"),
+        state,
+        scope,
+        answers,
+        strict,
+        since,
+        remaining: limit,
+        sent: 0,
+        per_event: 0,
+        skipped: Default::default(),
+        last_seq: 0,
+        at_end: false,
+        chunks: 0,
+    };
+    // The first chunk before the head: a run that cannot be read, a strict
+    // read of a damaged log or a full budget is a problem answer.
+    let first = pager.next().await?;
+    let head = futures_util::stream::iter(first.map(|c| Ok::<_, std::io::Error>(c.into_bytes())));
+    let rest = futures_util::stream::unfold(Some(pager), |p| async move {
+        let mut p = p?;
+        match p.next().await {
+            Ok(Some(c)) => Some((Ok(c.into_bytes()), Some(p))),
+            Ok(None) => Some((Ok(bytes::Bytes::from(p.trailer())), None)),
+            Err(e) => {
+                // The head is sent: the answer can only be cut short.
+                tracing::warn!(run = %p.scope, problem = ?e.detail, "event read: a later chunk failed; the answer is cut short");
+                Some((
+                    Err(std::io::Error::other("event read failed mid-answer")),
+                    None,
+                ))
+            }
+        }
+    });
+    let body = axum::body::Body::from_stream(head.chain(rest));
+    Ok((
+        [(
+            axum::http::header::CONTENT_TYPE,
+            axum::http::HeaderValue::from_static("application/json"),
+        )],
+        body,
+    )
+        .into_response())
 }
 
 /// The tail's query.

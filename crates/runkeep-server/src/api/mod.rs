@@ -45,6 +45,7 @@ use crate::auth::{Principal, Role};
 use crate::problem::{Problem, ProblemType};
 use crate::state::AppState;
 
+pub mod answers;
 pub mod budget;
 mod checkpoints;
 mod claims;
@@ -59,7 +60,7 @@ pub use events::{MAX_WAIT_MS, SSE_BATCH};
 
 /// The query structs, for the OpenAPI document.
 pub(crate) mod docs {
-    pub(crate) use super::checkpoints::FenceQuery;
+    pub(crate) use super::checkpoints::{FenceQuery, ListCheckpointsQuery};
     pub(crate) use super::claims::NowQuery;
     pub(crate) use super::documents::AuditQuery;
     pub(crate) use super::events::{ReadQuery, StreamQuery, WaitEventsQuery};
@@ -161,14 +162,24 @@ pub fn router(state: AppState) -> Router {
     router_with_limit(state, DEFAULT_BODY_LIMIT)
 }
 
-/// The API router accepting bodies up to `body_limit` bytes.
+/// The API router accepting bodies up to `body_limit` bytes, with the
+/// default answer budget ([`answers::DEFAULT_ANSWER_BUDGET`]).
 pub fn router_with_limit(state: AppState, body_limit: usize) -> Router {
-    router_with_budget(state, budget::BodyBudget::new(body_limit))
+    router_with_budgets(
+        state,
+        budget::BodyBudget::new(body_limit),
+        answers::AnswerBudget::new(answers::DEFAULT_ANSWER_BUDGET),
+    )
 }
 
-/// The API router accepting bodies up to the limit of `budget`, charging
-/// them to it ([`budget`]).
-pub fn router_with_budget(state: AppState, budget: budget::BodyBudget) -> Router {
+/// The API router charging request bodies to `budget` (its limit is the
+/// largest body accepted, [`budget`]) and large answers to `answers`
+/// ([`answers`]).
+pub fn router_with_budgets(
+    state: AppState,
+    budget: budget::BodyBudget,
+    answers: answers::AnswerBudget,
+) -> Router {
     let body_limit = budget.limit_bytes();
     let mut by_path: BTreeMap<String, Handler> = BTreeMap::new();
     for (spec, handler) in table() {
@@ -198,6 +209,7 @@ pub fn router_with_budget(state: AppState, budget: budget::BodyBudget) -> Router
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(middleware::from_fn(budget::refuse_bodies))
+        .layer(axum::Extension(answers))
         .layer(axum::extract::DefaultBodyLimit::max(body_limit))
         .layer(middleware::from_fn_with_state(state.clone(), stamp_now))
         .with_state(state)
