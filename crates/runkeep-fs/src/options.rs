@@ -34,7 +34,7 @@ pub enum Durability {
     PowerLoss,
 }
 
-/// Options of [`FsStore::open`].
+/// Options of [`crate::FsStore::open`].
 #[derive(Clone, Debug, Default)]
 pub struct FsOptions {
     /// The scope the directory belongs to. Required for listing; per-run
@@ -44,7 +44,7 @@ pub struct FsOptions {
     pub durability: Durability,
     /// Open for reading only: nothing in the directory is created, linked
     /// or removed (no hard-link probe, no store directory created), and
-    /// every write is refused with [`Error::Unsupported`]. What read-only
+    /// every write is refused with [`runkeep::Error::Unsupported`]. What read-only
     /// tools (`runkeep runs`, `show`, `events`) use.
     pub read_only: bool,
     /// The store's clock (contract v2): what claims, expiry, listing,

@@ -45,7 +45,7 @@ impl PgStore {
     ///
     /// # Errors
     /// `Unsupported` when the schema is at a newer version than this binary
-    /// ([`SCHEMA_VERSION`]); `Unavailable` when the server cannot be
+    /// ([`crate::SCHEMA_VERSION`]); `Unavailable` when the server cannot be
     /// reached; `InvalidInput` for a bad URL, schema name or option.
     pub async fn connect(url: &str, options: PgOptions) -> Result<Self> {
         Ok(Self {
@@ -72,7 +72,7 @@ impl PgStore {
     }
 
     /// Builds a store on a schema that [`PgStore::migrate`] (or
-    /// [`PgStore::connect`]) already brought to [`SCHEMA_VERSION`], without
+    /// [`PgStore::connect`]) already brought to [`crate::SCHEMA_VERSION`], without
     /// connecting yet: connections open on first use, on the runtime that
     /// uses them. For callers that must build a store inside a running
     /// runtime without awaiting (test fixtures); everyone else calls

@@ -60,7 +60,7 @@ pub const DEAREST_KIB: u32 = 3 * 64 * 1024;
 pub const HEAVY_KIB: u32 = 1024;
 
 /// The least any charged answer is charged, KiB.
-const MIN_KIB: u32 = 16;
+pub const MIN_KIB: u32 = 16;
 
 /// Runs whose last answer size is remembered; beyond it the memory is
 /// forgotten (reads are then charged as unknown again).
