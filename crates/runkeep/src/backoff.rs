@@ -41,6 +41,16 @@ impl Doubling {
         }
     }
 
+    /// Doubles without a cap (a loop bounded by a deadline instead).
+    pub const fn uncapped(first: Duration) -> Self {
+        Self::new(first, Duration::MAX)
+    }
+
+    /// The delay [`Doubling::next_delay`] will answer, without using it.
+    pub fn current(&self) -> Duration {
+        self.current
+    }
+
     /// The delay to wait now; the next one is twice it, capped.
     pub fn next_delay(&mut self) -> Duration {
         let d = self.current;
@@ -102,7 +112,15 @@ mod tests {
         let seen: Vec<_> = (0..5).map(|_| b.next_delay()).collect();
         assert_eq!(seen, [100 * MS, 200 * MS, 400 * MS, 500 * MS, 500 * MS]);
         b.reset();
+        assert_eq!(b.current(), 100 * MS);
         assert_eq!(b.next_delay(), 100 * MS);
+        let mut u = Doubling::uncapped(50 * MS);
+        let seen: Vec<_> = (0..4).map(|_| u.next_delay()).collect();
+        assert_eq!(seen, [50 * MS, 100 * MS, 200 * MS, 400 * MS]);
+        for _ in 0..100 {
+            u.next_delay();
+        }
+        assert_eq!(u.current(), Duration::MAX);
     }
 
     #[test]
