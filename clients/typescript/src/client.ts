@@ -12,6 +12,7 @@
  * @module
  */
 
+import { Doubling } from "./backoff.js";
 import { ConnectionError, problemError, responseError, RunkeepError } from "./errors.js";
 import { SseParser, sseMessages } from "./sse.js";
 import type {
@@ -655,12 +656,10 @@ export class RunkeepClient {
    */
   async *tail(run: RunRef, options: TailOptions = {}): AsyncGenerator<EventBody> {
     const reconnect = options.reconnect ?? true;
-    const firstDelay = options.retryDelayMs ?? 200;
-    const maxDelay = options.maxRetryDelayMs ?? 5000;
+    const delays = new Doubling(options.retryDelayMs ?? 200, options.maxRetryDelayMs ?? 5000);
     const p = await this.runPath(run, "/events/stream", options);
     let lastSeq = options.sinceSeq ?? 0;
     let attempt = 0;
-    let delay = firstDelay;
     for (;;) {
       const local = new AbortController();
       const onAbort = () => local.abort(options.signal?.reason);
@@ -685,7 +684,7 @@ export class RunkeepClient {
           if (ev.seq <= lastSeq) continue;
           lastSeq = ev.seq;
           attempt = 0;
-          delay = firstDelay;
+          delays.reset();
           yield ev;
         }
         error = new ConnectionError("the server ended the event stream", { method: "GET", path: p.path }, false, undefined);
@@ -700,8 +699,7 @@ export class RunkeepClient {
       if (!reconnect) throw error;
       attempt += 1;
       options.onReconnect?.({ attempt, lastSeq, error });
-      await sleep(delay, options.signal);
-      delay = Math.min(delay * 2, maxDelay);
+      await sleep(delays.next(), options.signal);
     }
   }
 

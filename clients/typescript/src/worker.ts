@@ -56,6 +56,7 @@
  */
 
 import type { HandOver, RunkeepClient } from "./client.js";
+import { Doubling } from "./backoff.js";
 import { refOf, sleep } from "./client.js";
 import { FencedOut, RunkeepError } from "./errors.js";
 import type {
@@ -289,7 +290,7 @@ export async function runWorker(options: WorkerOptions): Promise<WorkerReport> {
   let fatal: unknown;
 
   const slot = async () => {
-    let backoff = 100;
+    const backoff = new Doubling(100, 5000);
     /** The run the previous run's finishing commit handed over: this slot works it next. */
     let handed: HeldRun | undefined;
     while (!stop.signal.aborted) {
@@ -302,14 +303,13 @@ export async function runWorker(options: WorkerOptions): Promise<WorkerReport> {
           sentAt = performance.now();
           const body = { ...claim, waitMs: options.mode === "until-idle" ? 0 : waitMs };
           claimed = (await options.client.claimNext(body, { signal: stop.signal })).claimed;
-          backoff = 100;
+          backoff.reset();
         } catch (e) {
           if (stop.signal.aborted) return;
           if (e instanceof RunkeepError && e.retryable) {
             report.claimErrors += 1;
             drain.emit({ type: "error", error: e });
-            await sleep(Math.max(backoff, retryAfter(e)), stop.signal).catch(() => undefined);
-            backoff = Math.min(backoff * 2, 5000);
+            await sleep(Math.max(backoff.next(), retryAfter(e)), stop.signal).catch(() => undefined);
             continue;
           }
           fatal = e;
@@ -458,7 +458,7 @@ class HeldRun {
     const bound = new AbortController();
     const t = setTimeout(() => bound.abort(), Math.max(0, giveUpAt - performance.now()));
     const signal = AbortSignal.any([bound.signal, this.lossController.signal]);
-    let delay = 50;
+    const delays = new Doubling(50);
     try {
       await this.gate.exclusive(signal, async () => {
         for (let attempt = 1; ; attempt++) {
@@ -515,9 +515,8 @@ class HeldRun {
               this.lose(new LeaseLost("expiring", old, `renewal attempt ${attempt} of fence ${old} did not answer before the safety margin`));
               return;
             }
-            if (e instanceof RunkeepError && e.retryable && performance.now() + delay < giveUpAt) {
-              await sleep(delay, signal).catch(() => undefined);
-              delay *= 2;
+            if (e instanceof RunkeepError && e.retryable && performance.now() + delays.peek() < giveUpAt) {
+              await sleep(delays.next(), signal).catch(() => undefined);
               continue;
             }
             this.lose(new LeaseLost("renewal-failed", old, `renewing fence ${old} failed: ${String(e instanceof Error ? e.message : e)}`, undefined, e));

@@ -202,20 +202,9 @@ pub fn note(message: &str) {
 
 /// `2025-06-01T12:04:05Z` (UTC, seconds).
 pub fn iso(ts: Timestamp) -> String {
-    let ms = ts.as_millis();
-    let (days, rest) = (ms.div_euclid(86_400_000), ms.rem_euclid(86_400_000));
-    // Days since 1970-01-01 to a civil date (proleptic Gregorian).
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z.rem_euclid(146_097);
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let d = doy - (153 * mp + 2) / 5 + 1;
-    let mo = if mp < 10 { mp + 3 } else { mp - 9 };
-    let y = yoe + era * 400 + i64::from(mo <= 2);
-    let (h, mi, s) = (rest / 3_600_000, rest / 60_000 % 60, rest / 1000 % 60);
-    format!("{y:04}-{mo:02}-{d:02}T{h:02}:{mi:02}:{s:02}Z")
+    let at =
+        std::time::UNIX_EPOCH + std::time::Duration::from_millis(ts.as_millis().unsigned_abs());
+    humantime::format_rfc3339_seconds(at).to_string()
 }
 
 /// Shortens `text` to `max` characters with an ellipsis.

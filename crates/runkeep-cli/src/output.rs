@@ -2,7 +2,7 @@
 //! tables, readable instants and durations, JSON documents and lines.
 
 use std::io::{IsTerminal, Write};
-use std::time::Duration;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use runkeep::Timestamp;
 use serde::Serialize;
@@ -242,31 +242,9 @@ pub fn note(message: &str) {
     stderr_line(&style.paint(message, Color::Dim));
 }
 
-/// `(year, month, day)` of a day count since 1970-01-01 (proleptic Gregorian).
-fn civil_from_days(days: i64) -> (i64, u32, u32) {
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z.rem_euclid(146_097);
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let day = (doy - (153 * mp + 2) / 5 + 1) as u32;
-    let month = if mp < 10 { mp + 3 } else { mp - 9 } as u32;
-    let year = yoe + era * 400 + i64::from(month <= 2);
-    (year, month, day)
-}
-
-/// Days since 1970-01-01 of a civil date (proleptic Gregorian); the
-/// inverse of [`civil_from_days`].
-fn days_from_civil(year: i64, month: u32, day: u32) -> i64 {
-    let y = if month <= 2 { year - 1 } else { year };
-    let era = y.div_euclid(400);
-    let yoe = y.rem_euclid(400);
-    let m = i64::from(month);
-    let mp = if m > 2 { m - 3 } else { m + 9 };
-    let doy = (153 * mp + 2) / 5 + i64::from(day) - 1;
-    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
-    era * 146_097 + doe - 719_468
+/// The instant as a `SystemTime` (a `Timestamp` is never before 1970).
+fn system_time(ts: Timestamp) -> SystemTime {
+    UNIX_EPOCH + Duration::from_millis(ts.as_millis().unsigned_abs())
 }
 
 /// What [`parse_instant`] accepts.
@@ -317,34 +295,32 @@ pub fn parse_instant(text: &str) -> Result<Timestamp, String> {
     if !(1..=12).contains(&month) || hour > 23 || minute > 59 || second > 59 || day < 1 {
         return Err(bad());
     }
-    let days = days_from_civil(year, month as u32, day as u32);
-    if civil_from_days(days) != (year, month as u32, day as u32) {
-        return Err(format!("{text:?}: {year:04}-{month:02} has no day {day}"));
+    if year < 1970 {
+        return Err(format!(
+            "{text:?} is before 1970-01-01T00:00:00Z, the first instant a store holds"
+        ));
     }
-    let ms = days * 86_400_000 + hour * 3_600_000 + minute * 60_000 + second * 1000 + millis;
+    // The calendar (month lengths, leap years) is humantime's; the syntax
+    // above is stricter than its RFC 3339 (no leap second, at most
+    // milliseconds).
+    let at = humantime::parse_rfc3339(&format!("{main}Z"))
+        .map_err(|_| format!("{text:?}: {year:04}-{month:02} has no day {day}"))?;
+    let whole = at
+        .duration_since(UNIX_EPOCH)
+        .map_err(|_| bad())?
+        .as_millis();
+    let ms = i64::try_from(whole).map_err(|_| bad())? + millis;
     Timestamp::from_millis(ms).map_err(|e| format!("{text:?}: {e}"))
-}
-
-fn iso_parts(ms: i64) -> (String, i64) {
-    let days = ms.div_euclid(86_400_000);
-    let rest = ms.rem_euclid(86_400_000);
-    let (y, mo, d) = civil_from_days(days);
-    let (h, mi, s) = (rest / 3_600_000, rest / 60_000 % 60, rest / 1000 % 60);
-    (
-        format!("{y:04}-{mo:02}-{d:02}T{h:02}:{mi:02}:{s:02}"),
-        rest % 1000,
-    )
 }
 
 /// `2025-06-01T12:04:05Z` (UTC, seconds).
 pub fn iso(ts: Timestamp) -> String {
-    format!("{}Z", iso_parts(ts.as_millis()).0)
+    humantime::format_rfc3339_seconds(system_time(ts)).to_string()
 }
 
 /// `2025-06-01T12:04:05.123Z` (UTC, milliseconds), for JSON reports.
 pub fn iso_millis(ts: Timestamp) -> String {
-    let (base, ms) = iso_parts(ts.as_millis());
-    format!("{base}.{ms:03}Z")
+    humantime::format_rfc3339_millis(system_time(ts)).to_string()
 }
 
 /// A duration for humans: `850ms`, `25s`, `3m 12s`, `1h 5m`, `2d 4h`.
@@ -415,7 +391,13 @@ mod tests {
 
     #[test]
     fn instants_parse_back_exactly_and_refuse_what_is_not_utc() {
-        for ms in [0, 951_782_400_000, 1_717_243_445_123, 4_102_444_799_999] {
+        for ms in [
+            0,
+            951_782_400_000,
+            1_717_243_445_123,
+            4_102_444_799_999,
+            runkeep::time::MAX_TIMESTAMP_MS,
+        ] {
             assert_eq!(parse_instant(&iso_millis(at(ms))), Ok(at(ms)));
         }
         assert_eq!(
@@ -431,6 +413,10 @@ mod tests {
             "2024-06-01T12:04:05",
             "2024-06-01T12:04:05+02:00",
             "2024-02-30T00:00:00Z",
+            "2023-02-29T00:00:00Z",
+            "1900-02-29T00:00:00Z",
+            "1969-12-31T23:59:59Z",
+            "2024-06-01T12:04:60Z",
             "2024-13-01T00:00:00Z",
             "2024-06-01T24:00:00Z",
             "2024-06-01T12:04:05.1234Z",

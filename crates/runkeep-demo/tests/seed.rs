@@ -53,7 +53,7 @@ async fn the_demo_seeds_every_kind_of_run_an_operator_meets_and_refuses_to_seed_
     for row in &failed {
         let scope = row.scope.clone();
         let l = store.lifecycle(&scope).await.unwrap();
-        if l.reason.as_deref() == Some(runkeep::lifecycle::ATTEMPTS_EXHAUSTED) {
+        if l.is_dead_lettered() {
             dead += 1;
         }
     }

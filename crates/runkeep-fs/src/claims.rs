@@ -24,6 +24,7 @@ use std::os::unix::fs::OpenOptionsExt;
 use std::path::Path;
 use std::time::{Duration, SystemTime};
 
+use runkeep::backoff;
 use runkeep::lease::decide_release;
 use runkeep::lifecycle::{self, ClaimPlan};
 use runkeep::{
@@ -33,7 +34,7 @@ use runkeep::{
 use serde_json::{Map, Value};
 
 use crate::inner::Inner;
-use crate::lock::{self, Mode, RunLock};
+use crate::lock::{Mode, RunLock};
 use crate::options::Durability;
 use crate::run_state::{self, Record};
 use crate::sys::{self, errno, Ctx};
@@ -675,7 +676,12 @@ pub(crate) fn claim(
                         attempts: lost,
                     });
                 }
-                std::thread::sleep(lock::jitter(Duration::from_micros(50u64 << lost.min(7))));
+                let pause = backoff::doubling(
+                    Duration::from_micros(50),
+                    Duration::from_micros(50 << 7),
+                    lost,
+                );
+                std::thread::sleep(backoff::jitter(pause, 0.5));
             }
             Err(PublishError::Failed(e)) => return Err(inner.note(e)),
         }

@@ -4,7 +4,7 @@ use std::collections::HashMap;
 use std::fs;
 use std::io;
 use std::path::{Path, PathBuf};
-use std::time::SystemTime;
+use std::time::{Duration, SystemTime};
 
 use runkeep::lease::MAX_FENCE;
 use runkeep::{
@@ -70,6 +70,15 @@ pub struct Diagnosis {
 }
 
 impl Diagnosis {
+    /// The age past which a scratch file is a leftover
+    /// ([`Diagnosis::scratch_leftovers`]; the claim path sweeps at the same
+    /// age).
+    pub const SCRATCH_TTL: Duration = SCRATCH_TTL;
+    /// The age below which a torn final line may still be in flight from a
+    /// writer that takes no lock: the next append terminates it instead of
+    /// removing it ([`Diagnosis::torn_transcripts`]).
+    pub const TORN_GRACE: Duration = transcript::TORN_GRACE;
+
     /// True when nothing was found.
     pub fn is_clean(&self) -> bool {
         self.scratch_leftovers.is_empty()

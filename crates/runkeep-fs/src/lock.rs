@@ -32,6 +32,7 @@ use std::os::unix::fs::OpenOptionsExt;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
+use runkeep::backoff::{self, Doubling};
 use rustix::fs::{flock, FlockOperation};
 
 use crate::options::Durability;
@@ -115,7 +116,7 @@ fn wait(file: File, mode: Mode, path: &Path, ctx: &Ctx) -> runkeep::Result<RunLo
         .map(Duration::from_millis)
         .unwrap_or(LOCK_WAIT);
     let start = Instant::now();
-    let mut pause = Duration::from_micros(20);
+    let mut pause = Doubling::new(Duration::from_micros(20), Duration::from_millis(5));
     loop {
         match flock(&file, op) {
             Ok(()) => return Ok(RunLock { _file: Some(file) }),
@@ -170,16 +171,8 @@ fn wait(file: File, mode: Mode, path: &Path, ctx: &Ctx) -> runkeep::Result<RunLo
             );
             return Ok(RunLock { _file: None });
         }
-        std::thread::sleep(jitter(pause));
-        pause = (pause * 2).min(Duration::from_millis(5));
+        std::thread::sleep(backoff::jitter(pause.next_delay(), 0.5));
     }
-}
-
-/// A random duration in `[d/2, d]`.
-pub(crate) fn jitter(d: Duration) -> Duration {
-    use rand::Rng;
-    let nanos = d.as_nanos() as u64;
-    Duration::from_nanos(rand::thread_rng().gen_range(nanos / 2..=nanos.max(1)))
 }
 
 #[cfg(test)]

@@ -572,7 +572,8 @@ impl HttpStore {
         let scope = scope.clone();
         tokio::spawn(async move {
             let mut last = since_seq;
-            let mut backoff = Duration::from_millis(50);
+            let mut backoff =
+                runkeep::backoff::Doubling::new(Duration::from_millis(50), Duration::from_secs(1));
             loop {
                 match store.tail_once(&scope, &mut last, &tx).await {
                     Tail::Closed => return,
@@ -586,15 +587,14 @@ impl HttpStore {
                                 return;
                             }
                         } else {
-                            backoff = Duration::from_millis(50);
+                            backoff.reset();
                         }
                     }
                 }
                 tokio::select! {
-                    _ = tokio::time::sleep(backoff) => {}
+                    _ = tokio::time::sleep(backoff.next_delay()) => {}
                     _ = tx.closed() => return,
                 }
-                backoff = (backoff * 2).min(Duration::from_secs(1));
             }
         });
         Box::pin(futures_util::stream::unfold(rx, |mut rx| async move {

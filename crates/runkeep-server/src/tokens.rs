@@ -242,27 +242,13 @@ pub struct TokenFile {
 }
 
 fn sha256_hex(token: &str) -> String {
-    hex(&Sha256::digest(token.as_bytes()))
+    hex::encode(Sha256::digest(token.as_bytes()))
 }
 
-fn hex(bytes: &[u8]) -> String {
-    use fmt::Write as _;
-    let mut out = String::with_capacity(bytes.len() * 2);
-    for b in bytes {
-        let _ = write!(out, "{b:02x}");
-    }
-    out
-}
-
+/// 64 hex digits (either case) as 32 bytes; `None` otherwise.
 fn unhex32(s: &str) -> Option<[u8; 32]> {
-    if s.len() != 64 {
-        return None;
-    }
     let mut out = [0u8; 32];
-    for (i, chunk) in s.as_bytes().chunks(2).enumerate() {
-        let digit = |c: u8| (c as char).to_digit(16);
-        out[i] = (digit(chunk[0])? * 16 + digit(chunk[1])?) as u8;
-    }
+    hex::decode_to_slice(s, &mut out).ok()?;
     Some(out)
 }
 
@@ -453,7 +439,7 @@ impl TokenFile {
             }
             let mut secret = [0u8; SECRET_BYTES];
             rand::rngs::OsRng.fill_bytes(&mut secret);
-            let token = format!("{TOKEN_PREFIX}{id}_{}", hex(&secret));
+            let token = format!("{TOKEN_PREFIX}{id}_{}", hex::encode(secret));
             let record = TokenRecord {
                 id,
                 tenant: tenant.clone(),
@@ -669,7 +655,7 @@ mod tests {
     #[test]
     fn hex_round_trips_and_token_ids_parse() {
         let bytes = [0xabu8; 32];
-        assert_eq!(unhex32(&hex(&bytes)), Some(bytes));
+        assert_eq!(unhex32(&hex::encode(bytes)), Some(bytes));
         assert_eq!(unhex32("zz"), None);
         let token = format!("rk_{}_{}", "a".repeat(12), "0".repeat(64));
         assert_eq!(token_id(&token), Some("aaaaaaaaaaaa"));

@@ -292,7 +292,7 @@ fn count_lifecycle(life: &runkeep::Lifecycle, a: &mut Audit) {
     if life.status.is_finished() {
         a.runs_finished += 1;
     }
-    if life.status == RunStatus::Failed && life.reason.as_deref() == Some(ATTEMPTS_EXHAUSTED) {
+    if life.is_dead_lettered() {
         a.runs_dead_lettered += 1;
     }
 }
@@ -327,8 +327,7 @@ async fn audit_poison(store: &dyn RunStore, scope: &RunScope, expect: &Expect, a
             .violations
             .push(format!("{run}: checkpoints unreadable: {e}")),
     }
-    let dead =
-        life.status == RunStatus::Failed && life.reason.as_deref() == Some(ATTEMPTS_EXHAUSTED);
+    let dead = life.is_dead_lettered();
     match life.status {
         RunStatus::Active => a.runs_incomplete.push(format!(
             "{run}: poison run not dead-lettered yet ({} of {} attempts)",

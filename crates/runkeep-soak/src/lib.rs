@@ -744,9 +744,7 @@ pub async fn drive(
                     pending_restarts
                         .push(now + Duration::from_millis(rand::thread_rng().gen_range(50..400)));
                 } else {
-                    let ttl = options.ttl.as_duration();
-                    let d = ttl + ttl.mul_f64(rand::thread_rng().gen_range(0.3..1.0));
-                    workers.stall(pick, d);
+                    workers.stall(pick, stall_past_ttl(options.ttl.as_duration()));
                     stalls += 1;
                 }
             }
@@ -797,7 +795,14 @@ pub async fn drive(
 }
 
 fn jitter(mean: Duration) -> Duration {
-    mean.mul_f64(rand::thread_rng().gen_range(0.5..1.5))
+    runkeep::backoff::scaled(mean, 0.5, 1.5)
+}
+
+/// How long a stall (a stopped worker, a stopped server, a partitioned
+/// connection) lasts: `ttl + ttl × U(0.3, 1)`, so the lease lapses while
+/// the holder is frozen, and the stall ends before two TTLs.
+pub(crate) fn stall_past_ttl(ttl: Duration) -> Duration {
+    ttl + runkeep::backoff::scaled(ttl, 0.3, 1.0)
 }
 
 /// `90s` → `1m30s`, `1s` → `1s`, `1500ms` → `1500ms`.

@@ -240,7 +240,7 @@ impl PgChaos {
             }
             live[rand::thread_rng().gen_range(0..live.len())].clone()
         };
-        let d = self.ttl + self.ttl.mul_f64(rand::thread_rng().gen_range(0.3..1.0));
+        let d = crate::stall_past_ttl(self.ttl);
         proxy.set_partitioned(true);
         tokio::spawn(async move {
             tokio::time::sleep(d).await;

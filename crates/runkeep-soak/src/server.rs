@@ -329,7 +329,7 @@ impl ServerChaos {
     }
 
     async fn stall(&self) -> Option<String> {
-        let d = self.ttl + self.ttl.mul_f64(rand::thread_rng().gen_range(0.3..1.0));
+        let d = crate::stall_past_ttl(self.ttl);
         if !self.server.signal(rustix::process::Signal::Stop) {
             return None;
         }

@@ -5,7 +5,7 @@ use std::future::Future;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use rand::Rng;
+use runkeep::backoff;
 use runkeep::checkpoint::Checkpoint;
 use runkeep::error::{BoxError, Error, Result};
 use runkeep::id::Holder;
@@ -109,16 +109,16 @@ impl IdleBackoff {
     /// The delay after `streak` idle rounds in a row, given a uniform draw
     /// `unit` in `[0, 1)`: the pure rule behind [`IdleBackoff::next_delay`].
     pub fn delay(&self, streak: u32, unit: f64) -> Duration {
-        let base = self
-            .min
-            .saturating_mul(2u32.saturating_pow(streak.min(31)))
-            .min(self.max);
-        base.mul_f64(1.0 - self.jitter * unit.clamp(0.0, 1.0))
+        backoff::shorten(
+            backoff::doubling(self.min, self.max, streak),
+            self.jitter,
+            unit,
+        )
     }
 
     /// The delay after `streak` idle rounds, with a random draw.
     pub fn next_delay(&self, streak: u32) -> Duration {
-        self.delay(streak, rand::thread_rng().gen::<f64>())
+        backoff::jitter(backoff::doubling(self.min, self.max, streak), self.jitter)
     }
 }
 

@@ -590,7 +590,7 @@ impl RunHandle {
         // 1. Fence the attempt off with a renewal (writes excluded).
         let fenced_off = {
             let _gate = self.shared.gate.write().await;
-            let mut delay = Duration::from_millis(50);
+            let mut delay = runkeep::backoff::Doubling::uncapped(Duration::from_millis(50));
             loop {
                 let deadline = self.shared.state.borrow().deadline;
                 if Instant::now() + self.shared.margin >= deadline {
@@ -625,8 +625,7 @@ impl RunHandle {
                     Ok(runkeep::ClaimOutcome::Finished(_)) => break true,
                     Ok(_) => break false,
                     Err(e) if e.is_retryable() => {
-                        tokio::time::sleep(delay).await;
-                        delay = delay.saturating_mul(2);
+                        tokio::time::sleep(delay.next_delay()).await;
                     }
                     Err(_) => break false,
                 }

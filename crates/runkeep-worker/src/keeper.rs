@@ -355,7 +355,7 @@ async fn renew(shared: &Shared, stop: &CancellationToken, retry_delay: Duration)
     if shared.loss.get().is_some() {
         return false;
     }
-    let mut delay = retry_delay;
+    let mut delay = runkeep::backoff::Doubling::uncapped(retry_delay);
     let mut attempts = 0u32;
     loop {
         if shared.ended.is_cancelled() || stop.is_cancelled() {
@@ -429,7 +429,7 @@ async fn renew(shared: &Shared, stop: &CancellationToken, retry_delay: Duration)
                 return false;
             }
             Ok(Err(e)) if e.is_retryable() => {
-                if Instant::now() + delay >= give_up_at {
+                if Instant::now() + delay.current() >= give_up_at {
                     shared.lose(LeaseLoss::Expiring {
                         detail: format!(
                             "renewal of fence {old_fence} failed {attempts} times and the next retry would land in the safety margin; last error: {e}"
@@ -441,9 +441,8 @@ async fn renew(shared: &Shared, stop: &CancellationToken, retry_delay: Duration)
                 tokio::select! {
                     biased;
                     _ = stop.cancelled() => return false,
-                    _ = sleep(delay) => {}
+                    _ = sleep(delay.next_delay()) => {}
                 }
-                delay = delay.saturating_mul(2);
             }
             Ok(Err(e)) => {
                 shared.lose(LeaseLoss::RenewalFailed {

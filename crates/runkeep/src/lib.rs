@@ -23,6 +23,7 @@
 //!   own variant carrying both fences.
 
 pub mod acting;
+pub mod backoff;
 pub mod checkpoint;
 pub mod error;
 pub mod evidence;

@@ -63,6 +63,8 @@ mod offset_index;
 mod reading;
 mod torn_tail;
 
+pub(crate) use torn_tail::TORN_GRACE;
+
 use std::fs::File;
 use std::os::unix::fs::FileExt;
 use std::path::Path;

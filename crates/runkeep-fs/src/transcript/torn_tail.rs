@@ -90,7 +90,7 @@ pub(super) fn catch_up(file: &File, len: u64, index: Option<&mut IndexWriter>) -
 /// How long a torn final line must have gone unmodified (by the
 /// filesystem's clock) before an appender may remove it when nothing says
 /// whose it is. See [`settle_tail`].
-pub(super) const TORN_GRACE: Duration = Duration::from_secs(2);
+pub(crate) const TORN_GRACE: Duration = Duration::from_secs(2);
 
 /// The file's modification time and the filesystem's "now", both from the
 /// filesystem's own clock: "now" is read back after setting the file's

@@ -35,6 +35,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
+use runkeep::backoff::Doubling;
 use runkeep::watch::Notifier;
 use runkeep::RunScope;
 use serde_json::{json, Value};
@@ -142,7 +143,7 @@ pub(crate) async fn listen_loop(
     notifier: Arc<Notifier>,
 ) {
     use futures_util::StreamExt;
-    let mut backoff = Duration::from_millis(100);
+    let mut backoff = Doubling::new(Duration::from_millis(100), Duration::from_secs(5));
     loop {
         match config.connect(NoTls).await {
             Ok((client, mut conn)) => {
@@ -168,7 +169,7 @@ pub(crate) async fn listen_loop(
                 if let Err(e) = client.batch_execute(&format!("LISTEN {channel}")).await {
                     tracing::warn!(error = %e, "runkeep-postgres: LISTEN failed; reconnecting");
                 } else {
-                    backoff = Duration::from_millis(100);
+                    backoff.reset();
                     tracing::debug!(channel, "runkeep-postgres: listening");
                     while let Some(payload) = rx.recv().await {
                         deliver(&notifier, &payload);
@@ -181,7 +182,6 @@ pub(crate) async fn listen_loop(
                 tracing::warn!(error = %e, "runkeep-postgres: cannot open the LISTEN connection; watches poll meanwhile");
             }
         }
-        tokio::time::sleep(backoff).await;
-        backoff = (backoff * 2).min(Duration::from_secs(5));
+        tokio::time::sleep(backoff.next_delay()).await;
     }
 }

@@ -67,15 +67,11 @@ const KIND_WRITES: &str = "writes";
 /// non-id-safe ones are hashed).
 const RAW_ID_MAX: usize = 96;
 
-fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
-}
-
 fn hashed(text: &str, hex_len: usize) -> String {
     let mut h = Sha256::new();
     h.update(text.as_bytes());
     let d = h.finalize();
-    let mut s = hex(d.as_slice());
+    let mut s = hex::encode(d);
     s.truncate(hex_len);
     s
 }

@@ -91,8 +91,7 @@ fn etags() -> &'static [String] {
             .iter()
             .map(|a| {
                 let digest = Sha256::digest(a.body.as_bytes());
-                let hex: String = digest[..12].iter().map(|b| format!("{b:02x}")).collect();
-                format!("\"{hex}\"")
+                format!("\"{}\"", hex::encode(&digest[..12]))
             })
             .collect()
     })

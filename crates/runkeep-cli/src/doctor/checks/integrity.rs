@@ -2,15 +2,17 @@
 //! or left behind in the run directories.
 
 use super::*;
+use crate::output::human_duration;
 
 /// `store.scratch-leftovers`.
 pub(super) async fn scratch_leftovers(env: &Env) -> CliResult<Outcome> {
+    let ttl = human_duration(Diagnosis::SCRATCH_TTL);
     from_scan(env, |env, d| {
         if d.scratch_leftovers.is_empty() {
-            return Outcome::pass(format!("no scratch file older than 10 min in {} run(s)", d.runs_scanned));
+            return Outcome::pass(format!("no scratch file older than {ttl} in {} run(s)", d.runs_scanned));
         }
         Outcome::warn(format!(
-            "{} scratch file(s) older than 10 min: {}",
+            "{} scratch file(s) older than {ttl}: {}",
             d.scratch_leftovers.len(),
             env.list(d.scratch_leftovers.iter().map(|p| env.path(p)))
         ))
@@ -30,7 +32,7 @@ pub(super) async fn torn_transcripts(env: &Env) -> CliResult<Outcome> {
             d.torn_transcripts.len(),
             env.list(d.torn_transcripts.iter().map(|p| env.path(p)))
         ))
-        .remedy("a writer crashed mid-append; readers skip the partial line and the next append removes it (or, if it is younger than 2 s and may still be in flight from a writer that takes no lock, terminates it)")
+        .remedy(format!("a writer crashed mid-append; readers skip the partial line and the next append removes it (or, if it is younger than {} and may still be in flight from a writer that takes no lock, terminates it)", human_duration(Diagnosis::TORN_GRACE)))
     })
     .await
 }

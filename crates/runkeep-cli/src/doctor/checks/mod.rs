@@ -8,7 +8,7 @@
 //! | `store.autovacuum` | store | PostgreSQL: autovacuum is on for the server and the store's `runs` table (dead row versions slow `claim_next`) |
 //! | `store.hard-links` | store | the directory can hard-link (fs; claims are published by link) |
 //! | `store.listing-index` | store | a directory store's listings can use the session index within the inotify watch budget |
-//! | `store.scratch-leftovers` | integrity | claim scratch files older than the 10 min scratch TTL |
+//! | `store.scratch-leftovers` | integrity | claim scratch files older than the scratch TTL (10 min, `runkeep_fs::Diagnosis::SCRATCH_TTL`) |
 //! | `store.torn-transcripts` | integrity | transcripts ending in a partial line |
 //! | `store.damaged-checkpoints` | integrity | checkpoint files that cannot be read |
 //! | `store.damaged-transcripts` | integrity | damage inside transcripts and audit trails: unparsable records before the last, duplicate or out-of-order `seq` |
