@@ -24,4 +24,4 @@ pub mod wire;
 
 pub use client::{HttpStore, HttpStoreOptions};
 pub use problem::{Problem, ProblemType};
-pub use routes::{Role, RouteSpec};
+pub use routes::{Operation, OperationKind, Role, RouteSpec};

@@ -55,7 +55,7 @@ pub(super) async fn release(
         None => {
             // An operator's release of whoever holds the run: the store
             // still releases only the top holding's own fence.
-            principal.require(super::unfenced_role("release"))?;
+            principal.require(super::unfenced_role(super::Operation::Release))?;
             match state.store.lease(&scope, state.store.now()).await? {
                 Some(l) if !l.holder.is_empty() => l.fence,
                 _ => return Ok(Json(Done { done: false })),
