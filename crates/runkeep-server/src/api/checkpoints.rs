@@ -14,11 +14,11 @@ use super::runs::ApiResult;
 use crate::auth::Principal;
 use crate::problem::Problem;
 use crate::state::AppState;
-use crate::wire::{
+use runkeep_http::wire::{
     self, CheckpointBody, Claimed, Done, HandOverAnswer, MaybeCheckpoint, Pruned, StepReceiptBody,
 };
 
-pub use crate::wire::{DEFAULT_CHECKPOINTS_PAGE, MAX_CHECKPOINTS_PAGE};
+pub use runkeep_http::wire::{DEFAULT_CHECKPOINTS_PAGE, MAX_CHECKPOINTS_PAGE};
 
 /// A checkpoint listing's query.
 #[derive(Debug, serde::Deserialize, utoipa::IntoParams)]

@@ -11,7 +11,7 @@ use super::runs::ApiResult;
 use crate::auth::Principal;
 use crate::problem::Problem;
 use crate::state::AppState;
-use crate::wire::{self, ClaimAnswer, Done, LifecycleBody, MaybeLease};
+use runkeep_http::wire::{self, ClaimAnswer, Done, LifecycleBody, MaybeLease};
 
 use super::ownership;
 
