@@ -293,6 +293,29 @@ impl Operation {
     }
 }
 
+/// The table as JSON (`crates/runkeep-http/operations.json`, checked by
+/// this crate's tests): one object per operation, in [`Operation::ALL`]'s
+/// order, with its `name`, `method`, `path`, `role`, `unfencedRole` and
+/// `kind`. What the other languages' clients are checked against.
+pub fn operations_json() -> String {
+    let ops: Vec<serde_json::Value> = Operation::ALL
+        .iter()
+        .map(|op| {
+            serde_json::json!({
+                "name": op.name(),
+                "method": op.method().as_str(),
+                "path": op.path(),
+                "role": op.role(),
+                "unfencedRole": op.unfenced_role(),
+                "kind": op.kind(),
+            })
+        })
+        .collect();
+    let mut out = serde_json::to_string_pretty(&ops).unwrap_or_default();
+    out.push('\n');
+    out
+}
+
 impl std::fmt::Display for Operation {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(self.name())
@@ -348,6 +371,27 @@ mod tests {
         routes.sort_unstable();
         routes.dedup();
         assert_eq!(routes.len(), n, "a method and path are declared twice");
+    }
+
+    #[test]
+    fn the_committed_operations_json_is_the_generated_one() {
+        let regenerate = "RUNKEEP_WRITE_OPERATIONS=1 cargo test -p runkeep-http";
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("operations.json");
+        let generated = operations_json();
+        if std::env::var_os("RUNKEEP_WRITE_OPERATIONS").is_some() {
+            std::fs::write(&path, &generated).expect("write operations.json");
+            return;
+        }
+        let committed = std::fs::read_to_string(&path).unwrap_or_else(|e| {
+            panic!(
+                "cannot read {}: {e}; regenerate it with: {regenerate}",
+                path.display()
+            )
+        });
+        assert!(
+            committed == generated,
+            "crates/runkeep-http/operations.json is not what Operation::ALL generates; regenerate it with: {regenerate}"
+        );
     }
 
     #[test]
