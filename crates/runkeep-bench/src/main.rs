@@ -28,7 +28,7 @@
 //! by, except the reference design's claim+release rate (350/s, measured once),
 //! which is named as such.
 //!
-//! [`HttpStore`]: runkeep_server::client::HttpStore
+//! [`HttpStore`]: runkeep_http::client::HttpStore
 
 mod fsbase;
 mod output;

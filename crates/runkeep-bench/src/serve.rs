@@ -10,8 +10,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use runkeep::{RunStore, TenantId};
+use runkeep_http::client::{HttpStore, HttpStoreOptions};
 use runkeep_server::auth::{Role, StaticTokens};
-use runkeep_server::client::{HttpStore, HttpStoreOptions};
 use runkeep_server::metrics::Metrics;
 use runkeep_server::server::{Server, ServerConfig};
 use runkeep_server::state::AppState;

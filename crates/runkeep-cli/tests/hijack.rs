@@ -14,7 +14,7 @@ use std::time::Duration;
 
 use runkeep::RunStore;
 use runkeep_conformance::{hijack, support};
-use runkeep_server::client::{HttpStore, HttpStoreOptions};
+use runkeep_http::client::{HttpStore, HttpStoreOptions};
 use serde_json::Value;
 
 /// Kills the server when the test ends, however it ends.

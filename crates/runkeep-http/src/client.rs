@@ -55,7 +55,6 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use futures_util::{Stream, StreamExt};
-use reqwest::Method;
 use runkeep::{
     AuditRecord, Checkpoint, CheckpointId, CheckpointStore, ClaimNextFilter, ClaimOptions,
     ClaimOutcome, Clock, EnqueueOptions, Error, EventBatch, EvidenceStore, Fence, Handover,
@@ -69,7 +68,7 @@ use serde::Serialize;
 use serde_json::{json, Value};
 
 use crate::problem::{Problem, ProblemType, PROBLEM_JSON};
-use crate::routes::NOW_HEADER;
+use crate::routes::{Operation, NOW_HEADER};
 use crate::wire::*;
 
 /// How an [`HttpStore`] talks to the server.
@@ -264,10 +263,9 @@ impl HttpStore {
         let secret = secret.into();
         let who: WhoAmI = store
             .send_with(
-                "whoami",
+                Operation::Whoami,
                 &secret,
-                Method::GET,
-                "/v1/whoami".into(),
+                Operation::Whoami.fill(&[]),
                 &[],
                 None::<&()>,
                 Kind::Read,
@@ -295,11 +293,30 @@ impl HttpStore {
             })
     }
 
-    fn run_path(scope: &RunScope, tail: &str) -> String {
-        format!(
-            "/v1/tenants/{}/projects/{}/sessions/{}/runs/{}{tail}",
-            scope.tenant_id, scope.project_id, scope.session_id, scope.run_id
-        )
+    /// `op`'s path for the run `scope`.
+    fn run_path(op: Operation, scope: &RunScope) -> String {
+        op.fill(&[
+            ("tenant", scope.tenant_id.as_str()),
+            ("project", scope.project_id.as_str()),
+            ("session", scope.session_id.as_str()),
+            ("run", scope.run_id.as_str()),
+        ])
+    }
+
+    /// `op`'s path for the checkpoint `id` of the run `scope`.
+    fn checkpoint_path(op: Operation, scope: &RunScope, id: &CheckpointId) -> String {
+        op.fill(&[
+            ("tenant", scope.tenant_id.as_str()),
+            ("project", scope.project_id.as_str()),
+            ("session", scope.session_id.as_str()),
+            ("run", scope.run_id.as_str()),
+            ("checkpoint", id.as_str()),
+        ])
+    }
+
+    /// `op`'s path for `tenant`.
+    fn tenant_path(op: Operation, tenant: &TenantId) -> String {
+        op.fill(&[("tenant", tenant.as_str())])
     }
 
     fn run_query(
@@ -318,15 +335,16 @@ impl HttpStore {
     )]
     async fn send_with<B: Serialize + ?Sized, T: DeserializeOwned>(
         &self,
-        operation: &'static str,
+        op: Operation,
         token: &str,
-        method: Method,
         path: String,
         query: &[(&'static str, String)],
         body: Option<&B>,
         kind: Kind,
         extra_wait: Option<Duration>,
     ) -> Result<T> {
+        let operation = op.name();
+        let method = op.method();
         let url = format!("{}{path}", self.inner.base);
         let timeout = self.inner.options.request_timeout + extra_wait.unwrap_or_default();
         let mut req = self
@@ -446,37 +464,30 @@ impl HttpStore {
         }
     }
 
-    #[expect(
-        clippy::too_many_arguments,
-        reason = "one call site passes what the locked write needs; a struct would only rename the arguments"
-    )]
     async fn call<B: Serialize + ?Sized, T: DeserializeOwned>(
         &self,
-        operation: &'static str,
+        op: Operation,
         tenant: &TenantId,
-        method: Method,
         path: String,
         query: &[(&'static str, String)],
         body: Option<&B>,
         kind: Kind,
     ) -> Result<T> {
         let token = self.token(tenant)?.to_string();
-        self.send_with(operation, &token, method, path, query, body, kind, None)
+        self.send_with(op, &token, path, query, body, kind, None)
             .await
     }
 
     async fn run_get<T: DeserializeOwned>(
         &self,
-        operation: &'static str,
+        op: Operation,
         scope: &RunScope,
-        tail: &str,
         query: Vec<(&'static str, String)>,
     ) -> Result<T> {
         self.call(
-            operation,
+            op,
             &scope.tenant_id,
-            Method::GET,
-            Self::run_path(scope, tail),
+            Self::run_path(op, scope),
             &Self::run_query(scope, query),
             None::<&()>,
             Kind::Read,
@@ -486,17 +497,25 @@ impl HttpStore {
 
     async fn run_write<B: Serialize + ?Sized, T: DeserializeOwned>(
         &self,
-        operation: &'static str,
-        method: Method,
+        op: Operation,
         scope: &RunScope,
-        tail: &str,
+        body: &B,
+    ) -> Result<T> {
+        self.run_write_at(op, scope, Self::run_path(op, scope), body)
+            .await
+    }
+
+    async fn run_write_at<B: Serialize + ?Sized, T: DeserializeOwned>(
+        &self,
+        op: Operation,
+        scope: &RunScope,
+        path: String,
         body: &B,
     ) -> Result<T> {
         self.call(
-            operation,
+            op,
             &scope.tenant_id,
-            method,
-            Self::run_path(scope, tail),
+            path,
             &Self::run_query(scope, vec![]),
             Some(body),
             Kind::Write,
@@ -531,10 +550,9 @@ impl HttpStore {
         let token = self.token(scope.tenant_id())?.to_string();
         let answer: ClaimNextAnswer = self
             .send_with(
-                "claim_next",
+                Operation::ClaimNext,
                 &token,
-                Method::POST,
-                format!("/v1/tenants/{}/claim-next", scope.tenant_id()),
+                Self::tenant_path(Operation::ClaimNext, scope.tenant_id()),
                 &[],
                 Some(&body),
                 Kind::Write,
@@ -553,7 +571,7 @@ impl HttpStore {
     /// The run's summary (lease, lifecycle, latest and pending checkpoint,
     /// last seq) in one call; `NotFound` for a run that does not exist.
     pub async fn summary(&self, scope: &RunScope) -> Result<RunSummary> {
-        self.run_get("run_summary", scope, "", vec![]).await
+        self.run_get(Operation::RunSummary, scope, vec![]).await
     }
 
     /// The live tail of a run's events after `since_seq`, over SSE. It
@@ -612,15 +630,12 @@ impl HttpStore {
             Ok(t) => t.to_string(),
             Err(e) => return Tail::Ended(e),
         };
-        let url = format!(
-            "{}{}",
-            self.inner.base,
-            Self::run_path(scope, "/events/stream")
-        );
+        let op = Operation::TailEvents;
+        let url = format!("{}{}", self.inner.base, Self::run_path(op, scope));
         let req = self
             .inner
             .client
-            .get(&url)
+            .request(op.method(), &url)
             .bearer_auth(token)
             .header("last-event-id", last.to_string())
             .header(reqwest::header::ACCEPT, "text/event-stream")
@@ -631,7 +646,7 @@ impl HttpStore {
         };
         let res = match res {
             Ok(Ok(r)) => r,
-            Ok(Err(e)) => return Tail::Dropped(Some(self.transport("tail_events", Kind::Read, e))),
+            Ok(Err(e)) => return Tail::Dropped(Some(self.transport(op.name(), Kind::Read, e))),
             Err(_) => {
                 return Tail::Dropped(Some(Error::Unavailable {
                     message: "HttpStore tail_events: no answer within the request timeout".into(),
@@ -645,7 +660,7 @@ impl HttpStore {
             let status = res.status();
             let bytes = res.bytes().await.unwrap_or_default();
             let e = match serde_json::from_slice::<Problem>(&bytes) {
-                Ok(p) => p.into_error("tail_events"),
+                Ok(p) => p.into_error(op.name()),
                 Err(_) => Error::Unavailable {
                     message: format!("HttpStore tail_events: the server answered {status}"),
                     source: None,
@@ -700,7 +715,7 @@ impl HttpStore {
                     }
                     Some("problem") => {
                         let e = serde_json::from_str::<Problem>(&frame.data)
-                            .map(|p| p.into_error("tail_events"))
+                            .map(|p| p.into_error(op.name()))
                             .unwrap_or_else(|_| {
                                 Error::corrupted("HttpStore tail_events: bad problem frame")
                             });
@@ -743,10 +758,9 @@ impl HttpStore {
                             Err(_) => return,
                         };
                         let call = store.send_with(
-                            "watch",
+                            Operation::WaitRunnable,
                             &token,
-                            Method::GET,
-                            format!("/v1/tenants/{}/runnable/wait", scope.tenant_id()),
+                            Self::tenant_path(Operation::WaitRunnable, scope.tenant_id()),
                             &q,
                             None::<&()>,
                             Kind::Read,
@@ -762,7 +776,7 @@ impl HttpStore {
                             Some(s) => Ok(s),
                             None => {
                                 let r: Result<EventBatchBody> = tokio::select! {
-                                    r = store.run_get("watch", scope, "/events", vec![("sinceSeq", u64::MAX.to_string())]) => r,
+                                    r = store.run_get(Operation::ReadEvents, scope, vec![("sinceSeq", u64::MAX.to_string())]) => r,
                                     _ = tx.closed() => return,
                                 };
                                 r.map(|b| b.last_seq)
@@ -784,10 +798,9 @@ impl HttpStore {
                                     Err(_) => return,
                                 };
                                 let call = store.send_with(
-                                    "watch",
+                                    Operation::WaitEvents,
                                     &token,
-                                    Method::GET,
-                                    Self::run_path(scope, "/events/wait"),
+                                    Self::run_path(Operation::WaitEvents, scope),
                                     &q,
                                     None::<&()>,
                                     Kind::Read,
@@ -909,13 +922,7 @@ impl CheckpointStore for HttpStore {
             fence: fence_json(fence),
         };
         let cp: CheckpointBody = self
-            .run_write(
-                "write_checkpoint",
-                Method::POST,
-                scope,
-                "/checkpoints",
-                &body,
-            )
+            .run_write(Operation::WriteCheckpoint, scope, &body)
             .await?;
         cp.to_checkpoint("checkpoint").map_err(problem_error)
     }
@@ -926,11 +933,13 @@ impl CheckpointStore for HttpStore {
         id: &CheckpointId,
     ) -> Result<Option<Checkpoint>> {
         let m: MaybeCheckpoint = self
-            .run_get(
-                "read_checkpoint",
-                scope,
-                &format!("/checkpoints/by-id/{id}"),
-                vec![],
+            .call(
+                Operation::ReadCheckpoint,
+                &scope.tenant_id,
+                Self::checkpoint_path(Operation::ReadCheckpoint, scope, id),
+                &Self::run_query(scope, vec![]),
+                None::<&()>,
+                Kind::Read,
             )
             .await?;
         m.checkpoint
@@ -950,9 +959,7 @@ impl CheckpointStore for HttpStore {
             if let Some(last) = out.last() {
                 q.push(("after", last.id.to_string()));
             }
-            let v: Vec<CheckpointBody> = self
-                .run_get("list_checkpoints", scope, "/checkpoints", q)
-                .await?;
+            let v: Vec<CheckpointBody> = self.run_get(Operation::ListCheckpoints, scope, q).await?;
             let n = v.len();
             for c in v {
                 out.push(c.into_checkpoint("checkpoint").map_err(problem_error)?);
@@ -975,10 +982,9 @@ impl CheckpointStore for HttpStore {
         }
         let d: Done = self
             .call(
-                "delete_checkpoint",
+                Operation::DeleteCheckpoint,
                 &scope.tenant_id,
-                Method::DELETE,
-                Self::run_path(scope, &format!("/checkpoints/by-id/{id}")),
+                Self::checkpoint_path(Operation::DeleteCheckpoint, scope, id),
                 &Self::run_query(scope, q),
                 None::<&()>,
                 Kind::Write,
@@ -1003,11 +1009,10 @@ impl CheckpointStore for HttpStore {
             fence: fence_json(fence),
         };
         let cp: CheckpointBody = self
-            .run_write(
-                "resolve_park",
-                Method::POST,
+            .run_write_at(
+                Operation::ResolvePark,
                 scope,
-                &format!("/checkpoints/by-id/{id}/answer"),
+                Self::checkpoint_path(Operation::ResolvePark, scope, id),
                 &body,
             )
             .await?;
@@ -1025,7 +1030,7 @@ impl CheckpointStore for HttpStore {
             fence: fence_json(fence),
         };
         let p: Pruned = self
-            .run_write("prune_checkpoints", Method::POST, scope, "/prune", &body)
+            .run_write(Operation::PruneCheckpoints, scope, &body)
             .await?;
         p.deleted.into_iter().map(CheckpointId::new).collect()
     }
@@ -1083,10 +1088,9 @@ impl CheckpointStore for HttpStore {
         }
         let page: RunPageBody = self
             .call(
-                "list_runs",
+                Operation::ListRuns,
                 scope.tenant_id(),
-                Method::GET,
-                format!("/v1/tenants/{}/runs", scope.tenant_id()),
+                Self::tenant_path(Operation::ListRuns, scope.tenant_id()),
                 &q,
                 None::<&()>,
                 Kind::Read,
@@ -1098,13 +1102,7 @@ impl CheckpointStore for HttpStore {
     async fn claim(&self, scope: &RunScope, options: &ClaimOptions) -> Result<ClaimOutcome> {
         let (options, _steered) = self.steer(options).await;
         let a: ClaimAnswer = self
-            .run_write(
-                "claim",
-                Method::POST,
-                scope,
-                "/claim",
-                &ClaimBody::of(&options)?,
-            )
+            .run_write(Operation::Claim, scope, &ClaimBody::of(&options)?)
             .await?;
         a.to_outcome().map_err(problem_error)
     }
@@ -1112,10 +1110,8 @@ impl CheckpointStore for HttpStore {
     async fn release(&self, scope: &RunScope, fence: Fence) -> Result<bool> {
         let d: Result<Done> = self
             .run_write(
-                "release",
-                Method::POST,
+                Operation::Release,
                 scope,
-                "/release",
                 &ReleaseBody {
                     fence: Some(fence.get()),
                 },
@@ -1126,7 +1122,7 @@ impl CheckpointStore for HttpStore {
 
     async fn lease(&self, scope: &RunScope, now: Timestamp) -> Result<Option<LeaseSummary>> {
         let l: MaybeLease = self
-            .run_get("lease", scope, "/lease", vec![("now", ms(now))])
+            .run_get(Operation::Lease, scope, vec![("now", ms(now))])
             .await?;
         l.lease
             .map(|l| l.to_summary().map_err(problem_error))
@@ -1151,9 +1147,7 @@ impl CheckpointStore for HttpStore {
     }
 
     async fn lifecycle(&self, scope: &RunScope) -> Result<Lifecycle> {
-        let l: LifecycleBody = self
-            .run_get("lifecycle", scope, "/lifecycle", vec![])
-            .await?;
+        let l: LifecycleBody = self.run_get(Operation::Lifecycle, scope, vec![]).await?;
         l.to_lifecycle().map_err(problem_error)
     }
 
@@ -1168,9 +1162,7 @@ impl CheckpointStore for HttpStore {
             available_at: options.available_at.map(Timestamp::as_millis),
             max_attempts: options.max_attempts,
         };
-        let cp: CheckpointBody = self
-            .run_write("enqueue", Method::POST, scope, "/enqueue", &body)
-            .await?;
+        let cp: CheckpointBody = self.run_write(Operation::Enqueue, scope, &body).await?;
         cp.to_checkpoint("checkpoint").map_err(problem_error)
     }
 
@@ -1179,9 +1171,7 @@ impl CheckpointStore for HttpStore {
             fence: fence.get(),
             outcome: outcome.into(),
         };
-        let l: LifecycleBody = self
-            .run_write("finish", Method::POST, scope, "/finish", &body)
-            .await?;
+        let l: LifecycleBody = self.run_write(Operation::Finish, scope, &body).await?;
         l.to_lifecycle().map_err(problem_error)
     }
 
@@ -1190,22 +1180,18 @@ impl CheckpointStore for HttpStore {
             fence: fence.get(),
             until: until.as_millis(),
         };
-        let d: Result<Done> = self
-            .run_write("snooze", Method::POST, scope, "/snooze", &body)
-            .await;
+        let d: Result<Done> = self.run_write(Operation::Snooze, scope, &body).await;
         stale_is_false(d)
     }
 
     async fn reopen(&self, scope: &RunScope) -> Result<Lifecycle> {
-        let l: LifecycleBody = self
-            .run_write("reopen", Method::POST, scope, "/reopen", &json!({}))
-            .await?;
+        let l: LifecycleBody = self.run_write(Operation::Reopen, scope, &json!({})).await?;
         l.to_lifecycle().map_err(problem_error)
     }
 
     async fn latest_checkpoint(&self, scope: &RunScope) -> Result<Option<Checkpoint>> {
         let m: MaybeCheckpoint = self
-            .run_get("latest_checkpoint", scope, "/checkpoints/latest", vec![])
+            .run_get(Operation::LatestCheckpoint, scope, vec![])
             .await?;
         m.checkpoint
             .map(|c| c.to_checkpoint("checkpoint").map_err(problem_error))
@@ -1214,12 +1200,7 @@ impl CheckpointStore for HttpStore {
 
     async fn find_pending(&self, scope: &RunScope, now: Timestamp) -> Result<Option<Checkpoint>> {
         let m: MaybeCheckpoint = self
-            .run_get(
-                "find_pending",
-                scope,
-                "/checkpoints/pending",
-                vec![("now", ms(now))],
-            )
+            .run_get(Operation::FindPending, scope, vec![("now", ms(now))])
             .await?;
         m.checkpoint
             .map(|c| c.to_checkpoint("checkpoint").map_err(problem_error))
@@ -1228,12 +1209,7 @@ impl CheckpointStore for HttpStore {
 
     async fn resume_point(&self, scope: &RunScope, now: Timestamp) -> Result<Option<Checkpoint>> {
         let m: MaybeCheckpoint = self
-            .run_get(
-                "resume_point",
-                scope,
-                "/checkpoints/resume-point",
-                vec![("now", ms(now))],
-            )
+            .run_get(Operation::ResumePoint, scope, vec![("now", ms(now))])
             .await?;
         m.checkpoint
             .map(|c| c.to_checkpoint("checkpoint").map_err(problem_error))
@@ -1268,7 +1244,7 @@ impl EvidenceStore for HttpStore {
             fence: fence_json(fence),
         };
         let a: Appended = self
-            .run_write("append_events", Method::POST, scope, "/events", &body)
+            .run_write(Operation::AppendEvents, scope, &body)
             .await?;
         if let Some(last) = a.events.last() {
             self.note_seq(scope, last.seq);
@@ -1300,7 +1276,7 @@ impl EvidenceStore for HttpStore {
             if options.integrity == Integrity::Strict && first {
                 q.push(("integrity", "strict".to_string()));
             }
-            let b: EventBatchBody = self.run_get("read_events", scope, "/events", q).await?;
+            let b: EventBatchBody = self.run_get(Operation::ReadEvents, scope, q).await?;
             self.note_seq(scope, b.last_seq);
             let (more, next) = (b.more, b.next_since_seq);
             let batch = b.to_batch().map_err(problem_error)?;
@@ -1337,14 +1313,14 @@ impl EvidenceStore for HttpStore {
             fence: fence_json(fence),
         };
         let _: Done = self
-            .run_write("write_run_record", Method::PUT, scope, "/record", &body)
+            .run_write(Operation::WriteRunRecord, scope, &body)
             .await?;
         Ok(())
     }
 
     async fn read_run_record(&self, scope: &RunScope) -> Result<Option<RunRecord>> {
         let r: MaybeRecord = self
-            .run_get("read_run_record", scope, "/record", vec![])
+            .run_get(Operation::ReadRunRecord, scope, vec![])
             .await?;
         Ok(r.record)
     }
@@ -1362,15 +1338,13 @@ impl EvidenceStore for HttpStore {
             fence: fence_json(fence),
         };
         let _: Done = self
-            .run_write("write_messages", Method::PUT, scope, "/messages", &body)
+            .run_write(Operation::WriteMessages, scope, &body)
             .await?;
         Ok(())
     }
 
     async fn read_messages(&self, scope: &RunScope) -> Result<MessageSnapshot> {
-        let m: MessagesBody = self
-            .run_get("read_messages", scope, "/messages", vec![])
-            .await?;
+        let m: MessagesBody = self.run_get(Operation::ReadMessages, scope, vec![]).await?;
         Ok(m.to_snapshot())
     }
 
@@ -1384,16 +1358,12 @@ impl EvidenceStore for HttpStore {
             report: report.to_string(),
             fence: fence_json(fence),
         };
-        let _: Done = self
-            .run_write("write_report", Method::PUT, scope, "/report", &body)
-            .await?;
+        let _: Done = self.run_write(Operation::WriteReport, scope, &body).await?;
         Ok(())
     }
 
     async fn read_report(&self, scope: &RunScope) -> Result<Option<String>> {
-        let r: MaybeReport = self
-            .run_get("read_report", scope, "/report", vec![])
-            .await?;
+        let r: MaybeReport = self.run_get(Operation::ReadReport, scope, vec![]).await?;
         Ok(r.report)
     }
 
@@ -1407,9 +1377,7 @@ impl EvidenceStore for HttpStore {
             events: events.iter().map(Into::into).collect(),
             fence: fence_json(fence),
         };
-        let a: AuditList = self
-            .run_write("append_audit", Method::POST, scope, "/audit", &body)
-            .await?;
+        let a: AuditList = self.run_write(Operation::AppendAudit, scope, &body).await?;
         a.records
             .iter()
             .map(|r| r.to_record().map_err(problem_error))
@@ -1419,9 +1387,8 @@ impl EvidenceStore for HttpStore {
     async fn read_audit(&self, scope: &RunScope, since_seq: u64) -> Result<Vec<AuditRecord>> {
         let a: AuditList = self
             .run_get(
-                "read_audit",
+                Operation::ReadAudit,
                 scope,
-                "/audit",
                 vec![("sinceSeq", since_seq.to_string())],
             )
             .await?;
@@ -1441,9 +1408,7 @@ impl EvidenceStore for HttpStore {
             fence: fence.get(),
             step: step.into(),
         };
-        let r: StepReceiptBody = self
-            .run_write("commit_step", Method::POST, scope, "/steps", &body)
-            .await?;
+        let r: StepReceiptBody = self.run_write(Operation::CommitStep, scope, &body).await?;
         if let Some(last) = r.events.last() {
             self.note_seq(scope, last.seq);
         }
@@ -1484,13 +1449,7 @@ impl EvidenceStore for HttpStore {
             next: NextClaimBody::of(next)?,
         };
         let a: HandOverAnswer = self
-            .run_write(
-                "commit_step_and_claim_next",
-                Method::POST,
-                scope,
-                "/steps/hand-over",
-                &body,
-            )
+            .run_write(Operation::CommitStepAndClaimNext, scope, &body)
             .await?;
         if let Some(last) = a.receipt.events.last() {
             self.note_seq(scope, last.seq);

@@ -4,9 +4,11 @@
 //! - [`wire`]: the API's JSON shapes, one module per area (runs, leases,
 //!   checkpoints, parks, events, documents, steps, threads), with lossless
 //!   conversions to and from the core types.
-//! - [`routes`]: the route table ([`routes::routes`]), the single list of
-//!   routes with the role each needs; the server's router, its auth matrix
-//!   and its OpenAPI document are built from it.
+//! - [`routes`]: the operation table ([`Operation`]: method, path, role,
+//!   unfenced role, kind and name of each operation, declared once); the
+//!   server's router, admission, role checks, auth matrix and OpenAPI
+//!   document, and [`HttpStore`]'s requests are built from it, and
+//!   `operations.json` is generated from it.
 //! - [`problem`]: every error as RFC 9457 problem details, and back
 //!   ([`problem::Problem::into_error`]). With the `into-response` feature,
 //!   a [`problem::Problem`] is an axum response.
@@ -24,4 +26,4 @@ pub mod wire;
 
 pub use client::{HttpStore, HttpStoreOptions};
 pub use problem::{Problem, ProblemType};
-pub use routes::{Role, RouteSpec};
+pub use routes::{Operation, OperationKind, Role, RouteSpec};

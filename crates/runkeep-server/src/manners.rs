@@ -103,6 +103,7 @@ use prometheus::IntGauge;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
+use crate::api::{Operation, OperationKind};
 use crate::auth::{Principal, SharedAuthenticator};
 use crate::metrics::Metrics;
 use crate::problem::{Problem, ProblemType, PROBLEM_JSON};
@@ -192,18 +193,19 @@ enum Kind {
     ClaimNext,
 }
 
-/// The API's routes that are not short, from the route table.
+/// The API's routes that are not short, from their [`OperationKind`]
+/// (an exhaustive match: a new kind must be placed here).
 fn long_routes() -> Vec<(Method, String, Kind)> {
-    crate::api::route_table()
-        .into_iter()
-        .filter_map(|spec| {
-            let kind = match spec.operation {
-                "wait_events" | "wait_runnable" => Kind::Wait,
-                "tail_events" => Kind::Tail,
-                "claim_next" => Kind::ClaimNext,
-                _ => return None,
+    Operation::ALL
+        .iter()
+        .filter_map(|op| {
+            let kind = match op.kind() {
+                OperationKind::Short => return None,
+                OperationKind::LongPoll => Kind::Wait,
+                OperationKind::Stream => Kind::Tail,
+                OperationKind::LongPollIfWaiting => Kind::ClaimNext,
             };
-            Some((spec.method, spec.path, kind))
+            Some((op.method(), op.path().to_string(), kind))
         })
         .collect()
 }

@@ -23,83 +23,83 @@ use utoipa::openapi::{
 };
 use utoipa::IntoParams;
 
-use crate::api::{self, RouteSpec};
+use crate::api::{self, Operation, RouteSpec};
 use crate::auth::Role;
 use crate::problem::{ProblemType, PROBLEM_JSON};
 
 #[derive(utoipa::OpenApi)]
 #[openapi(components(schemas(
     crate::problem::Problem,
-    crate::wire::RunAddress,
-    crate::wire::LeaseBody,
-    crate::wire::LeaseSummaryBody,
-    crate::wire::ParkStateBody,
-    crate::wire::RunStatusBody,
-    crate::wire::FinishStatusBody,
-    crate::wire::OrderBody,
-    crate::wire::ParkSummaryBody,
-    crate::wire::RunRowBody,
-    crate::wire::RunPageBody,
-    crate::wire::OutcomeBody,
-    crate::wire::LifecycleBody,
-    crate::wire::PendingBody,
-    crate::wire::CheckpointBody,
-    crate::wire::NewEventBody,
-    crate::wire::EventBody,
-    crate::wire::SkippedBody,
-    crate::wire::EventBatchBody,
-    crate::wire::MessagesKind,
-    crate::wire::MessagesBody,
-    crate::wire::NewAuditBody,
-    crate::wire::AuditBody,
-    crate::wire::ClaimBody,
-    crate::wire::ClaimAnswer,
-    crate::wire::ClaimNextBody,
-    crate::wire::Claimed,
-    crate::wire::ClaimNextAnswer,
-    crate::wire::ReleaseBody,
-    crate::wire::Done,
-    crate::wire::SnoozeBody,
-    crate::wire::FinishBody,
-    crate::wire::EnqueueBody,
-    crate::wire::WriteCheckpointBody,
-    crate::wire::MaybeCheckpoint,
-    crate::wire::ResolutionBody,
-    crate::wire::ResolveBody,
-    crate::wire::PruneBody,
-    crate::wire::Pruned,
-    crate::wire::AppendEventsBody,
-    crate::wire::Appended,
-    crate::wire::RecordBody,
-    crate::wire::MaybeRecord,
-    crate::wire::WriteMessagesBody,
-    crate::wire::ReportBody,
-    crate::wire::MaybeReport,
-    crate::wire::AppendAuditBody,
-    crate::wire::AuditList,
-    crate::wire::StepMessagesBody,
-    crate::wire::StepBody,
-    crate::wire::CommitStepBody,
-    crate::wire::StepReceiptBody,
-    crate::wire::NextClaimBody,
-    crate::wire::HandOverBody,
-    crate::wire::HandOverAnswer,
-    crate::wire::MaybeLease,
-    crate::wire::RunSummary,
-    crate::wire::Clock,
-    crate::wire::WhoAmI,
-    crate::wire::Waited,
-    crate::wire_threads::ThreadBlobBody,
-    crate::wire_threads::PutThreadCheckpointBody,
-    crate::wire_threads::ThreadWriteBody,
-    crate::wire_threads::ThreadParkBody,
-    crate::wire_threads::PutThreadWritesBody,
-    crate::wire_threads::StoredThreadWrite,
-    crate::wire_threads::ThreadCheckpointBody,
-    crate::wire_threads::ThreadParkState,
-    crate::wire_threads::MaybeThreadCheckpoint,
-    crate::wire_threads::ThreadCheckpointList,
-    crate::wire_threads::ThreadDeleted,
+    runkeep_http::wire::RunAddress,
+    runkeep_http::wire::LeaseBody,
+    runkeep_http::wire::LeaseSummaryBody,
+    runkeep_http::wire::ParkStateBody,
+    runkeep_http::wire::RunStatusBody,
+    runkeep_http::wire::FinishStatusBody,
+    runkeep_http::wire::OrderBody,
+    runkeep_http::wire::ParkSummaryBody,
+    runkeep_http::wire::RunRowBody,
+    runkeep_http::wire::RunPageBody,
+    runkeep_http::wire::OutcomeBody,
+    runkeep_http::wire::LifecycleBody,
+    runkeep_http::wire::PendingBody,
+    runkeep_http::wire::CheckpointBody,
+    runkeep_http::wire::NewEventBody,
+    runkeep_http::wire::EventBody,
+    runkeep_http::wire::SkippedBody,
+    runkeep_http::wire::EventBatchBody,
+    runkeep_http::wire::MessagesKind,
+    runkeep_http::wire::MessagesBody,
+    runkeep_http::wire::NewAuditBody,
+    runkeep_http::wire::AuditBody,
+    runkeep_http::wire::ClaimBody,
+    runkeep_http::wire::ClaimAnswer,
+    runkeep_http::wire::ClaimNextBody,
+    runkeep_http::wire::Claimed,
+    runkeep_http::wire::ClaimNextAnswer,
+    runkeep_http::wire::ReleaseBody,
+    runkeep_http::wire::Done,
+    runkeep_http::wire::SnoozeBody,
+    runkeep_http::wire::FinishBody,
+    runkeep_http::wire::EnqueueBody,
+    runkeep_http::wire::WriteCheckpointBody,
+    runkeep_http::wire::MaybeCheckpoint,
+    runkeep_http::wire::ResolutionBody,
+    runkeep_http::wire::ResolveBody,
+    runkeep_http::wire::PruneBody,
+    runkeep_http::wire::Pruned,
+    runkeep_http::wire::AppendEventsBody,
+    runkeep_http::wire::Appended,
+    runkeep_http::wire::RecordBody,
+    runkeep_http::wire::MaybeRecord,
+    runkeep_http::wire::WriteMessagesBody,
+    runkeep_http::wire::ReportBody,
+    runkeep_http::wire::MaybeReport,
+    runkeep_http::wire::AppendAuditBody,
+    runkeep_http::wire::AuditList,
+    runkeep_http::wire::StepMessagesBody,
+    runkeep_http::wire::StepBody,
+    runkeep_http::wire::CommitStepBody,
+    runkeep_http::wire::StepReceiptBody,
+    runkeep_http::wire::NextClaimBody,
+    runkeep_http::wire::HandOverBody,
+    runkeep_http::wire::HandOverAnswer,
+    runkeep_http::wire::MaybeLease,
+    runkeep_http::wire::RunSummary,
+    runkeep_http::wire::Clock,
+    runkeep_http::wire::WhoAmI,
+    runkeep_http::wire::Waited,
+    runkeep_http::wire::threads::ThreadBlobBody,
+    runkeep_http::wire::threads::PutThreadCheckpointBody,
+    runkeep_http::wire::threads::ThreadWriteBody,
+    runkeep_http::wire::threads::ThreadParkBody,
+    runkeep_http::wire::threads::PutThreadWritesBody,
+    runkeep_http::wire::threads::StoredThreadWrite,
+    runkeep_http::wire::threads::ThreadCheckpointBody,
+    runkeep_http::wire::threads::ThreadParkState,
+    runkeep_http::wire::threads::MaybeThreadCheckpoint,
+    runkeep_http::wire::threads::ThreadCheckpointList,
+    runkeep_http::wire::threads::ThreadDeleted,
 )))]
 struct Schemas;
 
@@ -139,10 +139,9 @@ fn string() -> Schema {
     Schema::Object(ObjectBuilder::new().schema_type(Type::String).build())
 }
 
-/// The documentation of `operation`. Panics for an operation without one,
-/// so a route cannot be added undocumented (the OpenAPI test builds every
-/// route's).
-fn doc(operation: &str) -> Doc {
+/// The documentation of `op`. An exhaustive match: a route cannot be added
+/// undocumented (it does not compile).
+fn doc(op: Operation) -> Doc {
     use crate::api::docs::*;
     let d = |summary, request, response, query| Doc {
         summary,
@@ -151,236 +150,235 @@ fn doc(operation: &str) -> Doc {
         query,
     };
     use Body::*;
-    match operation {
-        "clock" => d("The store's clock.", None, Named("Clock"), vec![]),
-        "whoami" => d("The tenant and role of the presented token.", None, Named("WhoAmI"), vec![]),
-        "list_runs" => d(
+    match op {
+        Operation::Clock => d("The store's clock.", None, Named("Clock"), vec![]),
+        Operation::Whoami => d("The tenant and role of the presented token.", None, Named("WhoAmI"), vec![]),
+        Operation::ListRuns => d(
             "One page of the tenant's runs (filters, order, cursor).",
             None,
             Named("RunPageBody"),
             q::<ListQuery>(),
         ),
-        "claim_next" => d(
+        Operation::ClaimNext => d(
             "Takes the next runnable run, optionally waiting up to 30 s for one.",
             Some("ClaimNextBody"),
             Named("ClaimNextAnswer"),
             vec![],
         ),
-        "wait_runnable" => d(
+        Operation::WaitRunnable => d(
             "Long-poll: answers when a run under the scope may have become runnable.",
             None,
             Named("Waited"),
             q::<WaitRunnableQuery>(),
         ),
-        "run_summary" => d(
+        Operation::RunSummary => d(
             "The run's lease, lifecycle, latest and pending checkpoint and last event seq; 404 when the run does not exist.",
             None,
             Named("RunSummary"),
             parent(),
         ),
-        "claim" => d(
+        Operation::Claim => d(
             "Claims, renews (same holder) or reclaims the run.",
             Some("ClaimBody"),
             Named("ClaimAnswer"),
             parent(),
         ),
-        "release" => d(
+        Operation::Release => d(
             "Releases the holding at `fence`; without a fence (operator) whoever holds it.",
             Some("ReleaseBody"),
             Named("Done"),
             parent(),
         ),
-        "finish" => d(
+        Operation::Finish => d(
             "Finishes the run held at `fence`, ending the lease.",
             Some("FinishBody"),
             Named("LifecycleBody"),
             parent(),
         ),
-        "snooze" => d(
+        Operation::Snooze => d(
             "Releases the run held at `fence` and defers it until `until`.",
             Some("SnoozeBody"),
             Named("Done"),
             parent(),
         ),
-        "enqueue" => d(
+        Operation::Enqueue => d(
             "Creates a runnable run with its first checkpoint.",
             Some("EnqueueBody"),
             Named("CheckpointBody"),
             parent(),
         ),
-        "reopen" => d(
+        Operation::Reopen => d(
             "Makes a finished run active again.",
             None,
             Named("LifecycleBody"),
             parent(),
         ),
-        "lease" => d(
+        Operation::Lease => d(
             "The run's top holding.",
             None,
             Named("MaybeLease"),
             q::<NowQuery>(),
         ),
-        "lifecycle" => d("The run's lifecycle.", None, Named("LifecycleBody"), parent()),
-        "commit_step" => d(
+        Operation::Lifecycle => d("The run's lifecycle.", None, Named("LifecycleBody"), parent()),
+        Operation::CommitStep => d(
             "Writes one step (events, checkpoint, messages, record, finish) under one fence check, all or nothing.",
             Some("CommitStepBody"),
             Named("StepReceiptBody"),
             parent(),
         ),
-        "commit_step_and_claim_next" => d(
+        Operation::CommitStepAndClaimNext => d(
             "A worker's hand-over: commits one step under `fence` (as `commit_step`), then takes the next runnable run in the tenant (as `claim-next`, without waiting; never this run). A refused step is a problem answer and claims nothing; a claim that failed after the step committed is answered 200 with the receipt and the claim's problem in `nextError`.",
             Some("HandOverBody"),
             Named("HandOverAnswer"),
             parent(),
         ),
-        "list_checkpoints" => d(
+        Operation::ListCheckpoints => d(
             "One page of the run's checkpoints in the total order: at most `limit` (default 100, at most 1000; 400 above it), after the checkpoint `after`; a page shorter than `limit` is the last. `fields=summary` (the default) leaves out each `state` (read it with `GET …/checkpoints/by-id/{checkpoint}`); `fields=full` carries them. Charged to the server's answer budget: 503 `overloaded` when it has no room.",
             None,
             ArrayOf("CheckpointBody"),
             q::<ListCheckpointsQuery>(),
         ),
-        "write_checkpoint" => d(
+        Operation::WriteCheckpoint => d(
             "Writes a checkpoint (fenced when `fence` is given).",
             Some("WriteCheckpointBody"),
             Named("CheckpointBody"),
             parent(),
         ),
-        "latest_checkpoint" => d(
+        Operation::LatestCheckpoint => d(
             "The latest checkpoint (total order).",
             None,
             Named("MaybeCheckpoint"),
             parent(),
         ),
-        "find_pending" => d(
+        Operation::FindPending => d(
             "The checkpoint whose park is outstanding.",
             None,
             Named("MaybeCheckpoint"),
             q::<NowQuery>(),
         ),
-        "resume_point" => d(
+        Operation::ResumePoint => d(
             "The pending checkpoint, else the latest.",
             None,
             Named("MaybeCheckpoint"),
             q::<NowQuery>(),
         ),
-        "read_checkpoint" => d(
+        Operation::ReadCheckpoint => d(
             "One checkpoint (`null` when absent). Charged to the server's answer budget: 503 `overloaded` when it has no room.",
             None,
             Named("MaybeCheckpoint"),
             parent(),
         ),
-        "delete_checkpoint" => d(
+        Operation::DeleteCheckpoint => d(
             "Deletes a checkpoint (`done: false` when absent).",
             None,
             Named("Done"),
             q::<FenceQuery>(),
         ),
-        "resolve_park" => d(
+        Operation::ResolvePark => d(
             "Answers the park on a checkpoint, exactly once: a second answer is 409 `conflict` carrying the first (`firstAnswer`, `resolvedAt`).",
             Some("ResolveBody"),
             Named("CheckpointBody"),
             parent(),
         ),
-        "prune_checkpoints" => d(
+        Operation::PruneCheckpoints => d(
             "Deletes all but the newest `keepLast` checkpoints (never an unanswered park).",
             Some("PruneBody"),
             Named("Pruned"),
             parent(),
         ),
-        "read_events" => d(
+        Operation::ReadEvents => d(
             "One page of the transcript after `sinceSeq`: at most `limit` events (default 1000, at most 10 000; 400 above it). `more: true` says events follow the page; the next page starts at `nextSinceSeq`. Streamed; charged to the server's answer budget while in flight (503 `overloaded` when it has no room).",
             None,
             Named("EventBatchBody"),
             q::<ReadQuery>(),
         ),
-        "append_events" => d(
+        Operation::AppendEvents => d(
             "Appends events; the store numbers them.",
             Some("AppendEventsBody"),
             Named("Appended"),
             parent(),
         ),
-        "tail_events" => d(
+        Operation::TailEvents => d(
             "The live tail as Server-Sent Events: `event: event`, `id:` the seq, `data:` an EventBody; resumes after `Last-Event-ID`.",
             None,
             Events,
             q::<StreamQuery>(),
         ),
-        "wait_events" => d(
+        Operation::WaitEvents => d(
             "Long-poll: answers when the log's last seq is above `sinceSeq`.",
             None,
             Named("Waited"),
             q::<WaitEventsQuery>(),
         ),
-        "read_run_record" => d("The run record.", None, Named("MaybeRecord"), parent()),
-        "write_run_record" => d(
+        Operation::ReadRunRecord => d("The run record.", None, Named("MaybeRecord"), parent()),
+        Operation::WriteRunRecord => d(
             "Replaces the run record.",
             Some("RecordBody"),
             Named("Done"),
             parent(),
         ),
-        "read_messages" => d("The message snapshot.", None, Named("MessagesBody"), parent()),
-        "write_messages" => d(
+        Operation::ReadMessages => d("The message snapshot.", None, Named("MessagesBody"), parent()),
+        Operation::WriteMessages => d(
             "Publishes the message history with the event head it follows.",
             Some("WriteMessagesBody"),
             Named("Done"),
             parent(),
         ),
-        "read_report" => d("The final report.", None, Named("MaybeReport"), parent()),
-        "write_report" => d(
+        Operation::ReadReport => d("The final report.", None, Named("MaybeReport"), parent()),
+        Operation::WriteReport => d(
             "Stores the final report.",
             Some("ReportBody"),
             Named("Done"),
             parent(),
         ),
-        "read_audit" => d(
+        Operation::ReadAudit => d(
             "The audit trail after `sinceSeq`.",
             None,
             Named("AuditList"),
             q::<AuditQuery>(),
         ),
-        "append_audit" => d(
+        Operation::AppendAudit => d(
             "Appends to the audit trail.",
             Some("AppendAuditBody"),
             Named("AuditList"),
             parent(),
         ),
-        "put_thread_checkpoint" => d(
+        Operation::PutThreadCheckpoint => d(
             "Writes a thread checkpoint (`ns`, `checkpointId`) with its parent, metadata and the channel values it changed (fenced when `fence` is given).",
             Some("PutThreadCheckpointBody"),
             Named("Done"),
             parent(),
         ),
-        "list_thread_checkpoints" => d(
+        Operation::ListThreadCheckpoints => d(
             "The thread's checkpoints, greatest checkpoint id first, with their channel values and pending writes; filtered by namespace, id, `before`, metadata `filter`, `limit`.",
             None,
             Named("ThreadCheckpointList"),
             q::<ListThreadQuery>(),
         ),
-        "get_thread_checkpoint" => d(
+        Operation::GetThreadCheckpoint => d(
             "One thread checkpoint of a namespace (by id, or the greatest id) with its channel values and pending writes.",
             None,
             Named("MaybeThreadCheckpoint"),
             q::<GetThreadQuery>(),
         ),
-        "put_thread_writes" => d(
+        Operation::PutThreadWrites => d(
             "Stores a task's pending writes on a thread checkpoint: a repeated ordinary write (`idx >= 0`) is ignored, a special one (`idx < 0`) replaces; `park` parks the run there.",
             Some("PutThreadWritesBody"),
             Named("Done"),
             parent(),
         ),
-        "delete_thread" => d(
+        Operation::DeleteThread => d(
             "Deletes every thread checkpoint and pending write of the run (fenced when `fence` is given).",
             None,
             Named("ThreadDeleted"),
             q::<DeleteThreadQuery>(),
         ),
-        "list_threads_checkpoints" => d(
+        Operation::ListThreadsCheckpoints => d(
             "Thread checkpoints across every thread under the scope, greatest checkpoint id first.",
             None,
             Named("ThreadCheckpointList"),
             q::<ListThreadsQuery>(),
         ),
-        other => panic!("route {other} has no OpenAPI documentation: add it to openapi::doc"),
     }
 }
 
@@ -429,7 +427,7 @@ fn problem_response_because(kinds: &[ProblemType], why: &str) -> utoipa::openapi
 }
 
 fn operation(spec: &RouteSpec) -> utoipa::openapi::path::Operation {
-    let d = doc(spec.operation);
+    let d = doc(spec.op);
     let mut params: Vec<Parameter> = spec
         .path
         .split('/')
@@ -897,20 +895,20 @@ fn parameter_rule(operation: &str, name: &str) -> Option<Value> {
         }),
         "limit" if operation == "read_events" => json!({
             "minimum": 0,
-            "maximum": crate::wire::MAX_EVENTS_PAGE,
+            "maximum": runkeep_http::wire::MAX_EVENTS_PAGE,
             "description": format!(
                 "At most this many events (default {}, at most {}: 400 above it).",
-                crate::wire::DEFAULT_EVENTS_PAGE,
-                crate::wire::MAX_EVENTS_PAGE
+                runkeep_http::wire::DEFAULT_EVENTS_PAGE,
+                runkeep_http::wire::MAX_EVENTS_PAGE
             ),
         }),
         "limit" if operation == "list_checkpoints" => json!({
             "minimum": 0,
-            "maximum": crate::wire::MAX_CHECKPOINTS_PAGE,
+            "maximum": runkeep_http::wire::MAX_CHECKPOINTS_PAGE,
             "description": format!(
                 "At most this many checkpoints (default {}, at most {}: 400 above it); a page shorter than `limit` is the last.",
-                crate::wire::DEFAULT_CHECKPOINTS_PAGE,
-                crate::wire::MAX_CHECKPOINTS_PAGE
+                runkeep_http::wire::DEFAULT_CHECKPOINTS_PAGE,
+                runkeep_http::wire::MAX_CHECKPOINTS_PAGE
             ),
         }),
         "fields" => json!({ "enum": ["summary", "full"] }),
@@ -1023,7 +1021,7 @@ fn enqueued_run_rule() -> Value {
 
 /// One frame of the live tail (`text/event-stream`), as a Server-Sent
 /// Events reader sees it: `event: event` with the event's `seq` as `id` and
-/// an [`EventBody`](crate::wire::EventBody) as `data`, or, when the log can
+/// an [`EventBody`](runkeep_http::wire::EventBody) as `data`, or, when the log can
 /// no longer be read, one `event: problem` frame with a problem detail, and
 /// the stream ends.
 fn event_frame() -> Value {

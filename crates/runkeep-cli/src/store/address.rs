@@ -20,7 +20,7 @@ pub enum StoreAddress {
     /// `postgres://…` or `postgresql://…`: the PostgreSQL backend.
     Postgres(PgAddress),
     /// `http://HOST:PORT` or `https://…`: a `runkeep serve` API, through
-    /// [`runkeep_server::client::HttpStore`]; its bearer token comes from
+    /// [`runkeep_http::client::HttpStore`]; its bearer token comes from
     /// `--token` / `RUNKEEP_TOKEN` (never from the URL, never printed).
     Http(HttpAddress),
 }

@@ -1,6 +1,6 @@
 //! `http://` stores: how every command reaches `runkeep serve`.
 
-use runkeep_server::client::{HttpStore, HttpStoreOptions};
+use runkeep_http::client::{HttpStore, HttpStoreOptions};
 
 use super::{HttpAddress, StoreOptions};
 use crate::error::{CliError, CliResult};

@@ -14,11 +14,11 @@ use super::runs::ApiResult;
 use crate::auth::Principal;
 use crate::problem::Problem;
 use crate::state::AppState;
-use crate::wire::{
+use runkeep_http::wire::{
     self, CheckpointBody, Claimed, Done, HandOverAnswer, MaybeCheckpoint, Pruned, StepReceiptBody,
 };
 
-pub use crate::wire::{DEFAULT_CHECKPOINTS_PAGE, MAX_CHECKPOINTS_PAGE};
+pub use runkeep_http::wire::{DEFAULT_CHECKPOINTS_PAGE, MAX_CHECKPOINTS_PAGE};
 
 /// A checkpoint listing's query.
 #[derive(Debug, serde::Deserialize, utoipa::IntoParams)]
@@ -248,7 +248,7 @@ pub(super) async fn resolve(
 ) -> ApiResult<CheckpointBody> {
     let fence = wire::opt_fence("fence", body.fence)?;
     if fence.is_none() {
-        principal.require(super::unfenced_role("resolve_park"))?;
+        principal.require(super::unfenced_role(super::Operation::ResolvePark))?;
     }
     // The store's clock, always: a client cannot back-date an answer.
     let now = state.store.now();
@@ -281,7 +281,7 @@ pub(super) async fn prune(
 ) -> ApiResult<Pruned> {
     let fence = wire::opt_fence("fence", body.fence)?;
     if fence.is_none() {
-        principal.require(super::unfenced_role("prune_checkpoints"))?;
+        principal.require(super::unfenced_role(super::Operation::PruneCheckpoints))?;
     }
     let ids = checked(
         &state,

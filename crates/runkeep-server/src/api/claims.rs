@@ -11,7 +11,7 @@ use super::runs::ApiResult;
 use crate::auth::Principal;
 use crate::problem::Problem;
 use crate::state::AppState;
-use crate::wire::{self, ClaimAnswer, Done, LifecycleBody, MaybeLease};
+use runkeep_http::wire::{self, ClaimAnswer, Done, LifecycleBody, MaybeLease};
 
 use super::ownership;
 
@@ -55,7 +55,7 @@ pub(super) async fn release(
         None => {
             // An operator's release of whoever holds the run: the store
             // still releases only the top holding's own fence.
-            principal.require(super::unfenced_role("release"))?;
+            principal.require(super::unfenced_role(super::Operation::Release))?;
             match state.store.lease(&scope, state.store.now()).await? {
                 Some(l) if !l.holder.is_empty() => l.fence,
                 _ => return Ok(Json(Done { done: false })),

@@ -8,7 +8,7 @@ use super::claims::checked;
 use super::extract::{JsonBody, RunAddr, Q};
 use super::runs::ApiResult;
 use crate::state::AppState;
-use crate::wire::{self, AuditList, Done, MaybeRecord, MaybeReport, MessagesBody};
+use runkeep_http::wire::{self, AuditList, Done, MaybeRecord, MaybeReport, MessagesBody};
 
 pub(super) async fn read_record(
     State(state): State<AppState>,

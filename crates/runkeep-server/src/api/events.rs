@@ -30,7 +30,7 @@ use super::runs::ApiResult;
 use crate::auth::Principal;
 use crate::problem::Problem;
 use crate::state::AppState;
-use crate::wire::{self, Appended, EventBody, Waited};
+use runkeep_http::wire::{self, Appended, EventBody, Waited};
 
 /// The longest long-poll (`claim_next`'s `waitMs`, the waits' `timeoutMs`).
 pub const MAX_WAIT_MS: u64 = 30_000;
@@ -66,7 +66,7 @@ pub(super) async fn append(
     }))
 }
 
-pub use crate::wire::{DEFAULT_EVENTS_PAGE, MAX_EVENTS_PAGE};
+pub use runkeep_http::wire::{DEFAULT_EVENTS_PAGE, MAX_EVENTS_PAGE};
 /// What one chunk of a streamed page aims at, bytes: the events read from
 /// the store and serialized at once.
 const CHUNK_BYTES: usize = 256 * 1024;

@@ -1,10 +1,11 @@
 //! The versioned JSON API (`/v1`): one route per contract operation.
 //!
-//! Every route is declared once, with the role it needs, in the route table
-//! of `runkeep-http` ([`runkeep_http::routes::routes`]); the router, the auth
+//! Every operation is declared once, with its method, path, role and kind,
+//! in [`Operation`] (`runkeep-http`); the router, admission, the auth
 //! matrix test and the OpenAPI document are all built from it, so a route
 //! cannot be added without its role check. This module maps each
-//! operation to its handler. A tenant route's guard
+//! operation to its handler with an exhaustive `match` ([`handler`]): a new
+//! operation without a handler does not compile. A tenant route's guard
 //! ([`guard`]) runs before anything is parsed or touched:
 //!
 //! 1. no token or an unknown one → 401 `unauthorized`;
@@ -20,7 +21,7 @@
 //! fence, its act on a holding another token claimed ([`ownership`]). Three operations need `operator` when they carry
 //! no fence (an operator's override: release of whoever holds a run, a park
 //! answer, a prune) and `worker` with one (the holder's own act); the
-//! table says so ([`RouteSpec::unfenced_role`]).
+//! table says so ([`Operation::unfenced_role`]).
 //!
 //! Every response carries the store's clock in [`NOW_HEADER`] so a client
 //! (`HttpStore::now`) judges time as the store does.
@@ -70,7 +71,7 @@ pub(crate) mod docs {
     };
 }
 
-pub use runkeep_http::routes::{RouteSpec, NOW_HEADER, RUN, TENANT};
+pub use runkeep_http::routes::{Operation, OperationKind, RouteSpec, NOW_HEADER, RUN, TENANT};
 
 /// The largest request body [`router`] accepts by default (the contract's
 /// 64 MiB checkpoint, its envelope and some slack). The server's own body
@@ -79,69 +80,64 @@ pub const DEFAULT_BODY_LIMIT: usize = 65 * 1024 * 1024;
 
 type Handler = MethodRouter<AppState>;
 
-/// The handler of each operation of the route table
-/// ([`runkeep_http::routes::routes`]); `None` for an operation this server
-/// does not know (building the router then panics, so any server test
-/// catches it).
-fn handler(operation: &str) -> Option<Handler> {
-    Some(match operation {
-        "clock" => routing::get(runs::clock),
-        "whoami" => routing::get(runs::whoami),
-        "list_runs" => routing::get(runs::list_runs),
-        "claim_next" => routing::post(runs::claim_next),
-        "wait_runnable" => routing::get(runs::wait_runnable),
-        "run_summary" => routing::get(runs::summary),
-        "claim" => routing::post(claims::claim),
-        "release" => routing::post(claims::release),
-        "finish" => routing::post(claims::finish),
-        "snooze" => routing::post(claims::snooze),
-        "enqueue" => routing::post(claims::enqueue),
-        "reopen" => routing::post(claims::reopen),
-        "lease" => routing::get(claims::lease),
-        "lifecycle" => routing::get(claims::lifecycle),
-        "commit_step" => routing::post(checkpoints::commit_step),
-        "commit_step_and_claim_next" => routing::post(checkpoints::commit_step_and_claim_next),
-        "list_checkpoints" => routing::get(checkpoints::list),
-        "write_checkpoint" => routing::post(checkpoints::write),
-        "latest_checkpoint" => routing::get(checkpoints::latest),
-        "find_pending" => routing::get(checkpoints::pending),
-        "resume_point" => routing::get(checkpoints::resume_point),
-        "read_checkpoint" => routing::get(checkpoints::read),
-        "delete_checkpoint" => routing::delete(checkpoints::delete),
-        "prune_checkpoints" => routing::post(checkpoints::prune),
-        "read_events" => routing::get(events::read),
-        "append_events" => routing::post(events::append),
-        "tail_events" => routing::get(events::stream),
-        "wait_events" => routing::get(events::wait),
-        "read_run_record" => routing::get(documents::read_record),
-        "write_run_record" => routing::put(documents::write_record),
-        "read_messages" => routing::get(documents::read_messages),
-        "write_messages" => routing::put(documents::write_messages),
-        "read_report" => routing::get(documents::read_report),
-        "write_report" => routing::put(documents::write_report),
-        "read_audit" => routing::get(documents::read_audit),
-        "append_audit" => routing::post(documents::append_audit),
-        "put_thread_checkpoint" => routing::put(threads::put_checkpoint),
-        "list_thread_checkpoints" => routing::get(threads::list_checkpoints),
-        "get_thread_checkpoint" => routing::get(threads::get_checkpoint),
-        "put_thread_writes" => routing::post(threads::put_writes),
-        "delete_thread" => routing::delete(threads::delete_thread),
-        "list_threads_checkpoints" => routing::get(threads::list_threads),
-        "resolve_park" => routing::post(checkpoints::resolve),
-        _ => return None,
-    })
+/// The handler of each operation ([`Operation`]). Exhaustive, with no
+/// catch-all: an operation added to the table without a handler here does
+/// not compile (error E0004, "non-exhaustive patterns: `Operation::…` not
+/// covered").
+fn handler(op: Operation) -> Handler {
+    use Operation::*;
+    match op {
+        Clock => routing::get(runs::clock),
+        Whoami => routing::get(runs::whoami),
+        ListRuns => routing::get(runs::list_runs),
+        ClaimNext => routing::post(runs::claim_next),
+        WaitRunnable => routing::get(runs::wait_runnable),
+        RunSummary => routing::get(runs::summary),
+        Claim => routing::post(claims::claim),
+        Release => routing::post(claims::release),
+        Finish => routing::post(claims::finish),
+        Snooze => routing::post(claims::snooze),
+        Enqueue => routing::post(claims::enqueue),
+        Reopen => routing::post(claims::reopen),
+        Lease => routing::get(claims::lease),
+        Lifecycle => routing::get(claims::lifecycle),
+        CommitStep => routing::post(checkpoints::commit_step),
+        CommitStepAndClaimNext => routing::post(checkpoints::commit_step_and_claim_next),
+        ListCheckpoints => routing::get(checkpoints::list),
+        WriteCheckpoint => routing::post(checkpoints::write),
+        LatestCheckpoint => routing::get(checkpoints::latest),
+        FindPending => routing::get(checkpoints::pending),
+        ResumePoint => routing::get(checkpoints::resume_point),
+        ReadCheckpoint => routing::get(checkpoints::read),
+        DeleteCheckpoint => routing::delete(checkpoints::delete),
+        PruneCheckpoints => routing::post(checkpoints::prune),
+        ReadEvents => routing::get(events::read),
+        AppendEvents => routing::post(events::append),
+        TailEvents => routing::get(events::stream),
+        WaitEvents => routing::get(events::wait),
+        ReadRunRecord => routing::get(documents::read_record),
+        WriteRunRecord => routing::put(documents::write_record),
+        ReadMessages => routing::get(documents::read_messages),
+        WriteMessages => routing::put(documents::write_messages),
+        ReadReport => routing::get(documents::read_report),
+        WriteReport => routing::put(documents::write_report),
+        ReadAudit => routing::get(documents::read_audit),
+        AppendAudit => routing::post(documents::append_audit),
+        PutThreadCheckpoint => routing::put(threads::put_checkpoint),
+        ListThreadCheckpoints => routing::get(threads::list_checkpoints),
+        GetThreadCheckpoint => routing::get(threads::get_checkpoint),
+        PutThreadWrites => routing::post(threads::put_writes),
+        DeleteThread => routing::delete(threads::delete_thread),
+        ListThreadsCheckpoints => routing::get(threads::list_threads),
+        ResolvePark => routing::post(checkpoints::resolve),
+    }
 }
 
 /// Every route with its handler, in the route table's order.
 fn table() -> Vec<(RouteSpec, Handler)> {
-    runkeep_http::routes::routes()
-        .into_iter()
-        .map(|spec| {
-            let h = handler(spec.operation).unwrap_or_else(|| {
-                panic!("route table: no handler for operation {:?}", spec.operation)
-            });
-            (spec, h)
-        })
+    Operation::ALL
+        .iter()
+        .map(|op| (op.spec(), handler(*op)))
         .collect()
 }
 
@@ -151,10 +147,10 @@ pub fn route_table() -> Vec<RouteSpec> {
     runkeep_http::routes::routes()
 }
 
-/// The unfenced role of `operation` (what its handler enforces when the
-/// body carries no fence).
-pub(crate) fn unfenced_role(operation: &str) -> Role {
-    runkeep_http::routes::unfenced_role(operation)
+/// The unfenced role of `op` (what its handler enforces when the body
+/// carries no fence): the table's, or `operator`.
+pub(crate) fn unfenced_role(op: Operation) -> Role {
+    op.unfenced_role().unwrap_or(Role::Operator)
 }
 
 /// The API router with the default body limit ([`DEFAULT_BODY_LIMIT`]).
@@ -313,6 +309,9 @@ mod tests {
 
     #[test]
     fn every_route_of_the_table_has_a_handler() {
+        // `handler` is an exhaustive match: this only checks the table and
+        // `Operation::ALL` agree.
         assert_eq!(table().len(), route_table().len());
+        assert_eq!(Operation::ALL.len(), route_table().len());
     }
 }

@@ -17,7 +17,7 @@ use super::extract::{JsonBody, RunAddr, TenantParam, Q};
 use crate::auth::Principal;
 use crate::problem::Problem;
 use crate::state::AppState;
-use crate::wire::{self, ClaimNextAnswer, Claimed, RunPageBody, RunSummary, Waited};
+use runkeep_http::wire::{self, ClaimNextAnswer, Claimed, RunPageBody, RunSummary, Waited};
 
 pub(super) type ApiResult<T> = Result<Json<T>, Problem>;
 

@@ -1,5 +1,5 @@
 //! Threads: a LangGraph-style checkpoint chain kept in one run
-//! ([`crate::wire_threads`] has the shapes).
+//! ([`runkeep_http::wire::threads`] has the shapes).
 //!
 //! What a checkpoint saver needs that the per-run checkpoint routes cannot
 //! answer without the client reading the whole run: the latest checkpoint
@@ -52,11 +52,11 @@ use super::extract::{JsonBody, RunAddr, TenantParam, Q};
 use super::runs::ApiResult;
 use crate::problem::Problem;
 use crate::state::AppState;
-use crate::wire::{self, Done, PendingBody};
-use crate::wire_threads::{
+use runkeep_http::wire::threads::{
     MaybeThreadCheckpoint, PutThreadCheckpointBody, PutThreadWritesBody, StoredThreadWrite,
     ThreadBlobBody, ThreadCheckpointBody, ThreadCheckpointList, ThreadDeleted, ThreadParkState,
 };
+use runkeep_http::wire::{self, Done, PendingBody};
 
 /// The state key that marks a thread record, and its kind.
 pub const RECORD_KEY: &str = "threadRecord";
