@@ -4,7 +4,7 @@
 //! in [`Operation`] (`runkeep-http`); the router, admission, the auth
 //! matrix test and the OpenAPI document are all built from it, so a route
 //! cannot be added without its role check. This module maps each
-//! operation to its handler with an exhaustive `match` ([`handler`]): a new
+//! operation to its handler with an exhaustive `match` (`handler`): a new
 //! operation without a handler does not compile. A tenant route's guard
 //! ([`guard`]) runs before anything is parsed or touched:
 //!
