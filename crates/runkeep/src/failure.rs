@@ -312,12 +312,14 @@ pub fn after_cancel(
             ),
         });
     }
-    let tomb = match top {
-        None => None,
-        Some(TopHolding::Released { .. }) => None,
-        Some(t) => Some(t.fence().next(run)?),
+    // A lease (live or lapsed) or an unreadable holding is ended as a
+    // finish ends it: its fence is spent, a tombstone goes above it.
+    let (tomb, spent) = match top {
+        Some(t @ (TopHolding::Lease { .. } | TopHolding::Unreadable { .. })) => {
+            (Some(t.fence().next(run)?), Some(t.fence()))
+        }
+        Some(TopHolding::Released { .. }) | None => (None, None),
     };
-    let spent = tomb.or_else(|| top.map(TopHolding::fence));
     Ok((
         Lifecycle {
             status: RunStatus::Cancelled,
