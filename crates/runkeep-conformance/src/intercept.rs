@@ -71,11 +71,11 @@ use std::ops::{Deref, DerefMut};
 
 use async_trait::async_trait;
 use runkeep::{
-    AttemptError, AuditRecord, Checkpoint, CheckpointId, CheckpointStore, ClaimNextFilter, ClaimOptions,
-    ClaimOutcome, EnqueueOptions, EventBatch, EvidenceStore, Fence, Handover, Lease, LeaseSummary,
-    Lifecycle, ListOptions, ListingScope, MessageSnapshot, NewAuditEvent, NewEvent, NextClaim,
-    Outcome, ParkResolution, PersistedEvent, ReadEventsOptions, Result, RunPage, RunRecord,
-    RunScope, RunStore, Step, StepReceipt, Timestamp, Watch, WatchTopic,
+    AttemptError, AuditRecord, Checkpoint, CheckpointId, CheckpointStore, ClaimNextFilter,
+    ClaimOptions, ClaimOutcome, EnqueueOptions, EventBatch, EvidenceStore, Fence, Handover, Lease,
+    LeaseSummary, Lifecycle, ListOptions, ListingScope, MessageSnapshot, NewAuditEvent, NewEvent,
+    NextClaim, Outcome, ParkResolution, PersistedEvent, ReadEventsOptions, Result, RunPage,
+    RunRecord, RunScope, RunStore, Step, StepReceipt, Timestamp, Watch, WatchTopic,
 };
 use serde_json::Value;
 

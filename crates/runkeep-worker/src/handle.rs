@@ -20,9 +20,9 @@ use runkeep::evidence::{
     completed_tools, AuditRecord, CompletedTool, CompletedTools, EventBatch, NewAuditEvent,
     NewEvent, PersistedEvent, RunRecord,
 };
+use runkeep::failure::AttemptError;
 use runkeep::id::{CheckpointId, Holder};
 use runkeep::lease::{Fence, Lease};
-use runkeep::failure::AttemptError;
 use runkeep::lifecycle::{Lifecycle, Outcome};
 use runkeep::park::ParkResolution;
 use runkeep::scope::RunScope;

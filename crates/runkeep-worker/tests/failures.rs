@@ -13,15 +13,15 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use runkeep::lifecycle::ATTEMPTS_EXHAUSTED;
+use runkeep::Clock as _;
 use runkeep::{
-    Checkpoint, CheckpointId, EnqueueOptions, Holder, ListingScope, MemoryStore,
-    RetryPolicy, RunScope, RunStatus, RunStore, Timestamp, Ttl,
+    Checkpoint, CheckpointId, EnqueueOptions, Holder, ListingScope, MemoryStore, RetryPolicy,
+    RunScope, RunStatus, RunStore, Timestamp, Ttl,
 };
 use runkeep_worker::{
     DrainMode, KeeperOptions, LeaseKeeper, LeaseLoss, StepOutcome, TokioClock, Worker,
     WorkerOptions,
 };
-use runkeep::Clock as _;
 use serde_json::Map;
 use tokio::time::{sleep, Instant};
 use tokio_util::sync::CancellationToken;
@@ -117,7 +117,11 @@ async fn a_step_that_raises_is_retried_with_backoff_and_dead_lettered_at_its_lim
     assert!(poison.is_dead_lettered(), "{poison:?}");
     assert_eq!(poison.reason.as_deref(), Some(ATTEMPTS_EXHAUSTED));
     assert_eq!(poison.attempts, 3, "exactly the limit: {poison:?}");
-    let errors: Vec<_> = poison.failures.iter().map(|f| f.error.message.clone()).collect();
+    let errors: Vec<_> = poison
+        .failures
+        .iter()
+        .map(|f| f.error.message.clone())
+        .collect();
     assert_eq!(
         errors,
         [
@@ -206,8 +210,8 @@ async fn long_step(store: &Arc<dyn RunStore>, id: &str, writes: bool) -> LongSte
                 if writes
                     && handle
                         .append_events(&[runkeep::NewEvent::new("tick", p)])
-                    .await
-                    .is_ok()
+                        .await
+                        .is_ok()
                 {
                     a.fetch_add(1, Ordering::SeqCst);
                 }
@@ -304,7 +308,11 @@ async fn an_operator_release_under_a_running_worker_stops_its_step() {
     match step.keeper.handle().loss() {
         Some(LeaseLoss::Gap { held, answered }) => {
             assert_eq!(held, fence);
-            assert_eq!(answered.get(), fence.get() + 2, "the claim over the tombstone");
+            assert_eq!(
+                answered.get(),
+                fence.get() + 2,
+                "the claim over the tombstone"
+            );
         }
         other => panic!("the loss was {other:?}, not a gap"),
     }
@@ -314,7 +322,10 @@ async fn an_operator_release_under_a_running_worker_stops_its_step() {
         .unwrap()
         .events
         .len();
-    assert_eq!(events, events_at_release, "a write landed after the release");
+    assert_eq!(
+        events, events_at_release,
+        "a write landed after the release"
+    );
     assert!(
         step.keeper
             .handle()

@@ -424,7 +424,10 @@ mod tests {
         for attempt in 1..=20u32 {
             let full = (1000.0 * 2f64.powi(attempt as i32 - 1)).min(600_000.0);
             let d = p.delay(&run(), attempt).as_millis() as f64;
-            assert!(d >= full / 2.0 && d < full, "attempt {attempt}: {d} vs {full}");
+            assert!(
+                d >= full / 2.0 && d < full,
+                "attempt {attempt}: {d} vs {full}"
+            );
         }
         // The same run and attempt: the same delay, on every backend.
         assert_eq!(p.delay(&run(), 3), p.delay(&run(), 3));
@@ -511,7 +514,10 @@ mod tests {
             apply_failure(&run(), &mut top, &mut l, f(n), &e, None, at(0)).unwrap();
         }
         assert_eq!(l.failures.len(), MAX_KEPT_FAILURES);
-        assert_eq!(l.failures.last().unwrap().error.message, format!("#{}", MAX_KEPT_FAILURES + 5));
+        assert_eq!(
+            l.failures.last().unwrap().error.message,
+            format!("#{}", MAX_KEPT_FAILURES + 5)
+        );
         assert_eq!(l.attempts as usize, MAX_KEPT_FAILURES + 5);
     }
 
@@ -538,7 +544,14 @@ mod tests {
         apply_cancel(&run(), true, &mut none, &mut fresh, None, at(1)).unwrap();
         assert_eq!(none, None);
         assert!(matches!(
-            apply_cancel(&run(), false, &mut None, &mut Lifecycle::default(), None, at(1)),
+            apply_cancel(
+                &run(),
+                false,
+                &mut None,
+                &mut Lifecycle::default(),
+                None,
+                at(1)
+            ),
             Err(Error::NotFound { .. })
         ));
     }

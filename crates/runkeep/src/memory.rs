@@ -19,12 +19,12 @@ use crate::evidence::{
     Integrity, MessageSnapshot, NewAuditEvent, NewEvent, PersistedEvent, ReadEventsOptions,
     RunRecord,
 };
+use crate::failure::{self, AttemptError};
 use crate::id::CheckpointId;
 use crate::lease::{
     check_write, check_write_fence, decide_release, stamp_fence, ClaimOptions, ClaimOutcome, Fence,
     Lease, LeaseSummary, TopHolding,
 };
-use crate::failure::{self, AttemptError};
 use crate::lifecycle::{self, EnqueueOptions, Lifecycle, Outcome};
 use crate::listing::{ListOptions, ListQuery, RunDigest, RunPage, RunRow};
 use crate::park::{self, ParkResolution};

@@ -38,11 +38,11 @@ use serde_json::Value;
 
 use crate::checkpoint::Checkpoint;
 use crate::error::Result;
-use crate::failure::AttemptError;
 use crate::evidence::{
     completed_tools, AuditRecord, CompletedTools, EventBatch, MessageSnapshot, NewAuditEvent,
     NewEvent, PersistedEvent, ReadEventsOptions, RunRecord,
 };
+use crate::failure::AttemptError;
 use crate::id::CheckpointId;
 use crate::lease::{ClaimOptions, ClaimOutcome, Fence, Lease, LeaseSummary};
 use crate::lifecycle::{EnqueueOptions, Lifecycle, Outcome};

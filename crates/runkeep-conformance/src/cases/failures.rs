@@ -58,7 +58,11 @@ pub async fn records_a_failed_attempt_and_defers_the_run_by_its_backoff(
         .await
         .expect("fail_attempt");
     let expected = failed_at.offset(policy().delay(&a.run_id, 1).as_millis() as i64);
-    assert_eq!(l.status, RunStatus::Active, "one failure of five is not the end");
+    assert_eq!(
+        l.status,
+        RunStatus::Active,
+        "one failure of five is not the end"
+    );
     assert_eq!(l.attempts, 1, "a failed attempt counts one attempt");
     assert_eq!(
         l.available_at,
@@ -95,7 +99,11 @@ pub async fn records_a_failed_attempt_and_defers_the_run_by_its_backoff(
     );
     // Deferred until the backoff has passed, then claimable by anyone, and
     // that claim is not a second attempt.
-    match store.claim(&a, &claim_now("w2", 60_000)).await.expect("claim") {
+    match store
+        .claim(&a, &claim_now("w2", 60_000))
+        .await
+        .expect("claim")
+    {
         ClaimOutcome::NotBefore(at) => assert_eq!(at, expected),
         other => panic!("a claim during the backoff answered {other:?}"),
     }
@@ -137,21 +145,35 @@ pub async fn dead_letters_the_run_when_failed_attempts_reach_the_limit(
     assert_eq!(dead.reason.as_deref(), Some(ATTEMPTS_EXHAUSTED));
     assert_eq!(dead.finished_at, Some(when));
     assert_eq!(dead.available_at, None);
-    let history: Vec<_> = dead.failures.iter().map(|f| f.error.message.clone()).collect();
+    let history: Vec<_> = dead
+        .failures
+        .iter()
+        .map(|f| f.error.message.clone())
+        .collect();
     assert_eq!(
         history,
         ["step raised #1", "step raised #2", "step raised #3"],
         "the error history"
     );
-    assert_eq!(dead.failures[2].retry_at, None, "the last failure retries nothing");
-    match store.claim(&a, &claim_now("w", 60_000)).await.expect("claim") {
+    assert_eq!(
+        dead.failures[2].retry_at, None,
+        "the last failure retries nothing"
+    );
+    match store
+        .claim(&a, &claim_now("w", 60_000))
+        .await
+        .expect("claim")
+    {
         ClaimOutcome::Finished(RunStatus::Failed) => {}
         other => panic!("a claim of the dead-lettered run answered {other:?}"),
     }
     clock.advance(3_600_000);
     assert!(next_run(&store, "w").await.is_none());
     let row = row_of(&store, &a, 0).await.expect("row");
-    assert!(row.dead_lettered && row.status == RunStatus::Failed, "{row:?}");
+    assert!(
+        row.dead_lettered && row.status == RunStatus::Failed,
+        "{row:?}"
+    );
 }
 
 /// Takeovers of expired leases and failed attempts count toward one limit;
@@ -277,13 +299,21 @@ pub async fn cancels_a_claimed_run_and_tells_its_holder_why(
         other => panic!("the holder's write after a cancel answered {other:?}, not Cancelled"),
     }
     match store
-        .append_events(&a, &[event("note", serde_json::json!({}))], Some(lease.fence))
+        .append_events(
+            &a,
+            &[event("note", serde_json::json!({}))],
+            Some(lease.fence),
+        )
         .await
     {
         Err(Error::Cancelled { .. }) => {}
         other => panic!("the holder's append after a cancel answered {other:?}, not Cancelled"),
     }
-    match store.claim(&a, &claim_now("w1", 60_000)).await.expect("claim") {
+    match store
+        .claim(&a, &claim_now("w1", 60_000))
+        .await
+        .expect("claim")
+    {
         ClaimOutcome::Finished(RunStatus::Cancelled) => {}
         other => panic!("the holder's renewal after a cancel answered {other:?}"),
     }
@@ -308,15 +338,25 @@ pub async fn cancels_an_unclaimed_run_and_refuses_what_it_cannot_cancel(
     let a = run("a");
     enqueue(&store, &a, 5).await;
     let long = "r".repeat(runkeep::lifecycle::MAX_REASON_CHARS + 1);
-    expect_invalid(store.cancel(&a, Some(&long)).await, "a reason above the limit");
+    expect_invalid(
+        store.cancel(&a, Some(&long)).await,
+        "a reason above the limit",
+    );
     assert_eq!(
         store.lifecycle(&a).await.expect("lifecycle").status,
         RunStatus::Active
     );
     let l = store.cancel(&a, None).await.expect("cancel");
     assert_eq!(l.status, RunStatus::Cancelled);
-    assert!(l.reason.is_some(), "a cancel without a reason still records one");
-    match store.claim(&a, &claim_now("w", 60_000)).await.expect("claim") {
+    assert!(
+        l.reason.is_some(),
+        "a cancel without a reason still records one"
+    );
+    match store
+        .claim(&a, &claim_now("w", 60_000))
+        .await
+        .expect("claim")
+    {
         ClaimOutcome::Finished(RunStatus::Cancelled) => {}
         other => panic!("a claim of the cancelled run answered {other:?}"),
     }

@@ -240,7 +240,12 @@ impl CheckpointStore for FsRootStore {
         max_attempts: Option<u32>,
     ) -> Result<runkeep::Lifecycle> {
         error.validate(&scope.run_id)?;
-        write_op!(self, scope, |s| s.fail_attempt(scope, fence, error, max_attempts))
+        write_op!(self, scope, |s| s.fail_attempt(
+            scope,
+            fence,
+            error,
+            max_attempts
+        ))
     }
 
     async fn cancel(&self, scope: &RunScope, reason: Option<&str>) -> Result<runkeep::Lifecycle> {
