@@ -174,8 +174,9 @@ impl Default for RetryPolicy {
 }
 
 impl RetryPolicy {
-    /// Refuses a factor below 1 or above 100 (or not finite), a cap below
-    /// the base, or a cap above [`MAX_RETRY_CAP`].
+    /// Refuses a factor below 1 or above 100 (or not finite), or a base or
+    /// cap above [`MAX_RETRY_CAP`]. A cap below the base is allowed: every
+    /// delay is then the cap.
     pub fn validate(&self, run: &RunId) -> Result<()> {
         if !self.factor.is_finite() || !(1.0..=100.0).contains(&self.factor) {
             return Err(Error::invalid(format!(
@@ -183,13 +184,13 @@ impl RetryPolicy {
                 self.factor
             )));
         }
-        if self.cap_ms < self.base_ms {
+        let max = MAX_RETRY_CAP.as_millis() as u64;
+        if self.base_ms > max {
             return Err(Error::invalid(format!(
-                "retry policy of run {run}: cap {} ms is below base {} ms",
-                self.cap_ms, self.base_ms
+                "retry policy of run {run}: base {} ms is above the longest delay allowed, {max} ms (7 days)",
+                self.base_ms
             )));
         }
-        let max = MAX_RETRY_CAP.as_millis() as u64;
         if self.cap_ms > max {
             return Err(Error::invalid(format!(
                 "retry policy of run {run}: cap {} ms is above the longest delay allowed, {max} ms (7 days); set a deadline or reopen the run by hand instead",
@@ -453,8 +454,13 @@ mod tests {
             factor: f64::NAN,
             ..RetryPolicy::default()
         }));
-        assert!(bad(RetryPolicy {
+        assert!(!bad(RetryPolicy {
             base_ms: 10,
+            cap_ms: 5,
+            factor: 2.0
+        }));
+        assert!(bad(RetryPolicy {
+            base_ms: u64::MAX,
             cap_ms: 5,
             factor: 2.0
         }));

@@ -24,8 +24,8 @@ use std::time::Duration;
 use clap::Args;
 use runkeep::lifecycle::DEFAULT_MAX_ATTEMPTS;
 use runkeep::{
-    Checkpoint, CheckpointId, EnqueueOptions, Fence, FinishStatus, Lifecycle, Outcome,
-    RetryPolicy, RunScope, RunStatus, Timestamp, Ttl,
+    Checkpoint, CheckpointId, EnqueueOptions, Fence, FinishStatus, Lifecycle, Outcome, RetryPolicy,
+    RunScope, RunStatus, Timestamp, Ttl,
 };
 use serde_json::{json, Map, Value};
 
