@@ -439,6 +439,33 @@ pub fn show_rows(l: &Lifecycle, now: Timestamp) -> Vec<(&'static str, Cell)> {
             attempts.into()
         },
     ));
+    if let Some(d) = l.deadline {
+        let past = !l.status.is_finished() && d <= now;
+        rows.push((
+            "deadline",
+            if past {
+                Cell::colored(
+                    format!(
+                        "{} (passed: its next claim finishes it as failed)",
+                        when(d, now)
+                    ),
+                    Color::Red,
+                )
+            } else {
+                when(d, now).into()
+            },
+        ));
+    }
+    if let Some(ms) = l.attempt_timeout_ms {
+        rows.push((
+            "attempt limit",
+            format!(
+                "{} per attempt",
+                humantime::format_duration(Duration::from_millis(ms))
+            )
+            .into(),
+        ));
+    }
     let shown = l.failures.len().min(SHOWN_FAILURES);
     if l.failures.len() > shown {
         rows.push((
