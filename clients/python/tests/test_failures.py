@@ -55,10 +55,31 @@ def enqueue(serve, session: str, run_id: str, *, max_attempts: int = 5) -> RunRe
     return ref
 
 
+class Recording:
+    """The worker's client, recording the calls that end or report on a
+    holding (with their fence)."""
+
+    ENDINGS = ("finish", "release", "snooze", "fail_attempt", "commit_step_and_claim_next")
+
+    def __init__(self, client: RunkeepClient) -> None:
+        self.client = client
+        self.endings: list[tuple[str, int | None]] = []
+
+    def __getattr__(self, name: str):
+        attr = getattr(self.client, name)
+        if name in self.ENDINGS:
+            def recorded(run, fence=None, *a, **kw):
+                self.endings.append((name, fence))
+                return attr(run, fence, *a, **kw)
+
+            return recorded
+        return attr
+
+
 def worker(serve, session: str, **kw) -> Worker:
     kw.setdefault("ttl_ms", TTL)
     kw.setdefault("wait_ms", 200)
-    return Worker(serve.client("worker"), project=serve.project, session=session, **kw)
+    return Worker(Recording(serve.client("worker")), project=serve.project, session=session, **kw)  # type: ignore[arg-type]
 
 
 def run_until(w: Worker, handler, done, *, limit: float = 20.0) -> int:
@@ -235,6 +256,7 @@ def test_an_operator_cancel_sets_lost_within_one_renewal_interval(serve):
     assert life.status == "cancelled" and life.reason == "customer left" and life.failures == [], life
     assert op.read_events(ref)["events"] == []
     assert (w.report.cancelled, w.report.lost, w.report.completed, w.report.failed, w.report.end_failed) == (1, 1, 0, 0, 0), w.report
+    assert w.client.endings == [], "the worker ended or reported on a cancelled run"
 
 
 def test_no_write_of_a_cancelled_run_lands(serve):
@@ -259,11 +281,13 @@ def test_no_write_of_a_cancelled_run_lands(serve):
     assert seen.get("accepted", 0) > 0
     if "refused" in seen:  # a write was refused before a renewal told it
         assert seen["refused"] == ("Cancelled", True), seen["refused"]
+    print(f"cancel under writes: told by {'a refused write' if 'refused' in seen else 'the renewal'}")
     assert len(op.read_events(ref)["events"]) == at_cancel, "a write landed after the cancel"
     assert seen["after"] == "LeaseLost"
     life = op.lifecycle(ref)
     assert life.status == "cancelled" and life.failures == []
     assert (w.report.cancelled, w.report.completed, w.report.failed) == (1, 0, 0)
+    assert w.client.endings == [], "the worker ended or reported on a cancelled run"
 
 
 def test_a_write_refused_as_cancelled_marks_the_holding_lost(serve):
@@ -283,7 +307,8 @@ def test_a_write_refused_as_cancelled_marks_the_holding_lost(serve):
     assert held.lost.is_set() and held.loss.kind == "cancelled" and held.loss.reason == "no more"
     with pytest.raises(LeaseLost):
         held.step({"events": [{"type": "y", "payload": {}}]})
-    assert held.release() is False  # nothing sent for a cancelled run
+    assert held.release() is False
+    assert w.client.endings == [], "a release was sent for a cancelled run"
     assert op.lifecycle(ref).status == "cancelled"
 
 
@@ -339,6 +364,8 @@ def test_an_operator_release_under_a_running_worker_is_a_gap(serve):
     life = op.lifecycle(ref)
     assert life.status == "active" and life.failures == [] and life.attempts == 0, life
     assert (w.report.lost, w.report.cancelled, w.report.completed, w.report.failed) == (1, 0, 0, 0), w.report
+    # Its only ending: giving back the holding the renewal took by mistake.
+    assert w.client.endings == [("release", held.loss.current)], w.client.endings
     serve.client("worker").release(ref, other.lease.fence)
 
 
