@@ -225,6 +225,18 @@ def long_handler(started: threading.Event, seen: dict, *, writes: bool):
     return handler
 
 
+def just_renewed(serve, session: str) -> tuple[Worker, threading.Event]:
+    """A worker whose event is set at each renewal: acting right after one
+    measures the worst case, a whole renewal interval until the next."""
+    renewed = threading.Event()
+
+    def on_event(e: dict) -> None:
+        if e["type"] == "renewed":
+            renewed.set()
+
+    return worker(serve, session, on_event=on_event), renewed
+
+
 def run_in_thread(w: Worker, handler) -> threading.Thread:
     t = threading.Thread(target=lambda: w.run(handler, max_runs=1), daemon=True)
     t.start()
@@ -233,14 +245,15 @@ def run_in_thread(w: Worker, handler) -> threading.Thread:
 
 def test_an_operator_cancel_sets_lost_within_one_renewal_interval(serve):
     """A handler that only waits (no write to be refused): the renewal
-    learns the cancel and sets ``lost`` with the operator's reason."""
+    learns the cancel and sets ``lost`` with the operator's reason. The
+    cancel comes right after a renewal, so the next one is a whole
+    interval away: the worst case."""
     op = serve.client("operator")
     ref = enqueue(serve, "f_cancel", "run_cancel")
     started, seen = threading.Event(), {}
-    w = worker(serve, "f_cancel")
+    w, renewed = just_renewed(serve, "f_cancel")
     t = run_in_thread(w, long_handler(started, seen, writes=False))
-    assert started.wait(10)
-    time.sleep(0.2)
+    assert started.wait(10) and renewed.wait(10)
     cancelled_at = time.monotonic()
     op.cancel(ref, reason="customer left")
     t.join(10)
@@ -333,14 +346,14 @@ def test_an_operator_release_under_a_running_worker_is_a_gap(serve):
     """A release sticks: the next renewal is answered a new claim over the
     release's tombstone (fence held + 2); the worker takes the gap as a lost
     lease within one renewal interval, gives that holding back, and no write
-    of its step lands."""
+    of its step lands. The release comes right after a renewal (the worst
+    case)."""
     op = serve.client("operator")
     ref = enqueue(serve, "f_release", "run_release")
     started, seen = threading.Event(), {}
-    w = worker(serve, "f_release")
+    w, renewed = just_renewed(serve, "f_release")
     t = run_in_thread(w, long_handler(started, seen, writes=False))
-    assert started.wait(10)
-    time.sleep(0.2)
+    assert started.wait(10) and renewed.wait(10)
     held = seen["held"]
     fence = held.fence
     released_at = time.monotonic()
