@@ -458,3 +458,17 @@ def test_cancel_over_http_finishes_the_run_and_a_second_is_a_conflict(serve):
     assert wk.claim_next(holder="h", ttl_ms=TTL, project=serve.project, session="f_cancel_http") is None
     with pytest.raises(Conflict):
         op.cancel(ref)
+
+
+async def test_the_async_client_fails_attempts_and_cancels(serve):
+    from runkeep import AsyncRunkeepClient
+
+    ref = RunRef(serve.project, "f_async", "run_async_fail")
+    async with AsyncRunkeepClient(serve.url, serve.tokens["operator"]) as c:
+        await c.enqueue(ref, checkpoint(), retry=RetryPolicy(base_ms=100))
+        a = await c.claim(ref, holder="async", ttl_ms=TTL)
+        life = await c.fail_attempt(ref, a.lease.fence, "OSError", "disk")
+        assert isinstance(life, Lifecycle) and [(f.kind, f.message) for f in life.failures] == [("OSError", "disk")]
+        assert life.retry == RetryPolicy(base_ms=100, factor=2.0, cap_ms=600_000)
+        assert (await c.cancel(ref, reason="async")).status == "cancelled"
+        assert (await c.lifecycle(ref)).reason == "async"
