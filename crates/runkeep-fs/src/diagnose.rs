@@ -243,23 +243,20 @@ pub(crate) fn diagnose(inner: &Inner, now: Timestamp) -> Result<Diagnosis> {
     Ok(d)
 }
 
-impl crate::FsStore {
-    /// The run's top holding as the store reads it, with the path of its
-    /// file; `None` when the run was never claimed. Reads only.
-    ///
-    /// For operator tools: a listing row shows a release tombstone and an
-    /// unreadable holding alike (holder `""`, expiry 0); this tells them
-    /// apart and names the file. (It lives here, beside the doctor's scan,
-    /// rather than in `lib.rs`; it could move there.)
-    pub fn top_holding(&self, scope: &RunScope) -> Result<Option<(TopHolding, PathBuf)>> {
-        let run_dir = self.run_dir(scope);
-        let ctx = Ctx::new(scope, "top_holding");
-        let top = claims::read_top(&run_dir, &ctx)?;
-        Ok(top.map(|t| {
-            let path = holding_path(&run_dir.join(claims::CLAIMS_DIR), t.fence());
-            (t, path)
-        }))
-    }
+/// The run's top holding as the store reads it, with the path of its
+/// file ([`crate::FsStore::top_holding`]); `None` when the run was never
+/// claimed. Reads only.
+pub(crate) fn top_holding(
+    inner: &Inner,
+    scope: &RunScope,
+) -> Result<Option<(TopHolding, PathBuf)>> {
+    let run_dir = inner.run_dir(scope);
+    let ctx = Ctx::new(scope, "top_holding");
+    let top = claims::read_top(&run_dir, &ctx)?;
+    Ok(top.map(|t| {
+        let path = holding_path(&run_dir.join(claims::CLAIMS_DIR), t.fence());
+        (t, path)
+    }))
 }
 
 /// The canonical path of the holding at `fence` in `claims_dir`.
@@ -300,7 +297,7 @@ fn inspect_transcript(run_dir: &Path, ctx: &Ctx, d: &mut Diagnosis) {
         .collect();
     let torn = !bytes.is_empty() && bytes.last() != Some(&b'\n');
     // What the store's own (tolerant) reader skips, in its words.
-    match transcript::read_events(run_dir, &ReadEventsOptions::default(), ctx) {
+    match transcript::read_transcript(run_dir, &ReadEventsOptions::default(), ctx) {
         Ok(batch) => {
             for s in &batch.skipped {
                 // The torn final record is `torn_transcripts`' finding.

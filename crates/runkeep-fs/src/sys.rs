@@ -292,7 +292,7 @@ pub(crate) fn sync_dir(dir: &Path) -> io::Result<()> {
 /// `fsync` of a file's data.
 pub(crate) fn sync_file(file: &File, path: &Path) -> io::Result<()> {
     crate::testing_hooks::fault(crate::testing_hooks::Point::Fsync, path).map_err(sync_failed)?;
-    crate::testing_hooks::delay("fsync");
+    crate::testing_hooks::delay(crate::testing_hooks::Delay::Fsync);
     if crate::testing_hooks::skip_sync(false, path) {
         return Ok(());
     }

@@ -25,6 +25,29 @@ pub use crate::testing_hooks::Point as FaultPoint;
 #[derive(Clone, Copy, Debug)]
 pub struct StoreSeams<'a>(pub(crate) &'a crate::FsStore);
 
+impl StoreSeams<'_> {
+    /// Test seam: publish holdings through scratch names, never `O_TMPFILE`.
+    #[doc(hidden)]
+    pub fn force_scratch_publish(&self) {
+        self.0.inner.disable_tmpfile();
+    }
+
+    /// Test seam: `watch` never uses inotify (the polling fallback).
+    #[doc(hidden)]
+    pub fn disable_inotify(&self) {
+        self.0
+            .inner
+            .switches
+            .switch_off(crate::testing_hooks::Switch::Inotify);
+    }
+
+    /// Test seam: whether holdings are published through `O_TMPFILE`.
+    #[doc(hidden)]
+    pub fn uses_tmpfile(&self) -> bool {
+        self.0.inner.tmpfile_enabled()
+    }
+}
+
 /// One root's test seams: [`crate::FsRootStore::testing`].
 #[derive(Clone, Copy, Debug)]
 pub struct RootSeams<'a>(pub(crate) &'a crate::FsRootStore);

@@ -352,15 +352,7 @@ impl SessionIndex {
 
     /// Runs `f` on the index brought up to date with the directory, or
     /// answers `None` when the index cannot be used (yet): the caller walks.
-    fn with<T>(
-        &self,
-        base: &Path,
-        off: bool,
-        f: impl FnOnce(&Built) -> Result<T, Refusal>,
-    ) -> Option<T> {
-        if off {
-            return None;
-        }
+    fn with<T>(&self, base: &Path, f: impl FnOnce(&Built) -> Result<T, Refusal>) -> Option<T> {
         let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
         match &mut *st {
             State::Refused(_) | State::Building => None,
@@ -401,13 +393,12 @@ impl SessionIndex {
     pub(crate) fn candidates(
         &self,
         base: &Path,
-        off: bool,
         order: ListOrder,
         after: Option<&RowKey>,
         want: usize,
         keep: &dyn Fn(&Summary) -> bool,
     ) -> Option<Vec<Found>> {
-        self.with(base, off, |b| b.scan(order, after, want, keep))
+        self.with(base, |b| b.scan(order, after, want, keep))
     }
 
     /// Corrects a run's entry from a read the caller made after the index
@@ -481,26 +472,6 @@ impl SessionIndex {
     }
 }
 
-impl crate::inner::Inner {
-    /// [`SessionIndex::candidates`] on this store's index.
-    pub(crate) fn index_candidates(
-        &self,
-        order: ListOrder,
-        after: Option<&RowKey>,
-        want: usize,
-        keep: &dyn Fn(&Summary) -> bool,
-    ) -> Option<Vec<Found>> {
-        let off = self.no_index.load(std::sync::atomic::Ordering::Relaxed);
-        self.index
-            .candidates(self.base(), off, order, after, want, keep)
-    }
-
-    /// [`SessionIndex::reconcile`] on this store's index.
-    pub(crate) fn index_reconcile(&self, found: &Found, summary: Option<Summary>) {
-        self.index.reconcile(found, summary);
-    }
-}
-
 #[cfg(feature = "testing")]
 impl crate::testing::StoreSeams<'_> {
     /// Test seam: never use the session index (every listing walks).
@@ -508,8 +479,8 @@ impl crate::testing::StoreSeams<'_> {
     pub fn disable_index(&self) {
         self.0
             .inner
-            .no_index
-            .store(true, std::sync::atomic::Ordering::Relaxed);
+            .switches
+            .switch_off(crate::testing_hooks::Switch::Index);
     }
 
     /// Test seam: `Ok(run directories indexed)` when the index is in use,

@@ -25,7 +25,7 @@ impl FsRootStore {
         F: FnOnce(&RootInner) -> Result<T> + Send + 'static,
     {
         let inner = self.inner.clone();
-        blocking(move || f(&inner)).await
+        blocking::run(move || f(&inner)).await
     }
 
     /// The store of the run's session when it exists (reads).

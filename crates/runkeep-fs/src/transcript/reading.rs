@@ -11,13 +11,11 @@ use std::path::Path;
 use runkeep::evidence::SkippedRecord;
 use runkeep::{Error, EventBatch, Integrity, PersistedEvent, ReadEventsOptions, Result};
 
+use super::format::{parse_line, Parsed, TRANSCRIPT};
 use super::offset_index::IndexView;
-use super::{parse_line, Parsed, TRANSCRIPT};
-use crate::inner::Inner;
 use crate::lock::RunLock;
 use crate::sys::{self, Ctx};
 use crate::testing_hooks::{self};
-use runkeep::RunScope;
 
 #[derive(Default)]
 pub(super) struct Collected {
@@ -333,7 +331,7 @@ pub(super) fn max_seq_in(
 }
 
 /// Reads the transcript: strict or tolerant, with no side effects.
-pub(crate) fn read_events(
+pub(crate) fn read_transcript(
     run_dir: &Path,
     options: &ReadEventsOptions,
     ctx: &Ctx,
@@ -496,24 +494,12 @@ pub(super) fn read_tolerant(
     })
 }
 
-impl Inner {
-    pub(crate) fn read_events(
-        &self,
-        scope: &RunScope,
-        options: &ReadEventsOptions,
-    ) -> Result<EventBatch> {
-        self.check_scope(scope)?;
-        let ctx = Ctx::new(scope, "read_events");
-        read_events(&self.run_dir(scope), options, &ctx)
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use runkeep::{NewEvent, Timestamp};
     use serde_json::{Map, Value};
 
-    use super::super::append::append_events;
+    use super::super::append::append_to_transcript;
     use super::super::{lines, INDEX_FILE};
     use super::*;
     use crate::lock::META_DIR;
@@ -579,7 +565,7 @@ mod tests {
                 })
                 .collect();
             let now = Timestamp::from_millis(1_700_000_000_000).unwrap();
-            append_events(
+            append_to_transcript(
                 dir.path(),
                 &batch,
                 None,
@@ -604,7 +590,7 @@ mod tests {
             limit,
             ..Default::default()
         };
-        let batch = read_events(dir, &options, &Ctx::store("read_events")).unwrap();
+        let batch = read_transcript(dir, &options, &Ctx::store("read_events")).unwrap();
         let after = testing_hooks::transcript_reads(&path);
         let cost = ReadCost {
             bytes: after.bytes - before.bytes,
