@@ -92,6 +92,35 @@ impl Diagnosis {
             && self.fence_ceiling.is_empty()
             && self.fenced_out_refusals.is_empty()
     }
+
+    /// Adds another scan's findings to this one (a root sums its
+    /// sessions'). Destructured, so a new field cannot be forgotten.
+    pub(crate) fn add(&mut self, other: Diagnosis) {
+        let Diagnosis {
+            runs_scanned,
+            scratch_leftovers,
+            torn_transcripts,
+            damaged_checkpoints,
+            oversized_claims,
+            damaged_transcripts,
+            unreadable,
+            expired_unreclaimed,
+            unreadable_holdings,
+            fence_ceiling,
+            fenced_out_refusals,
+        } = other;
+        self.runs_scanned += runs_scanned;
+        self.scratch_leftovers.extend(scratch_leftovers);
+        self.torn_transcripts.extend(torn_transcripts);
+        self.damaged_checkpoints.extend(damaged_checkpoints);
+        self.oversized_claims.extend(oversized_claims);
+        self.damaged_transcripts.extend(damaged_transcripts);
+        self.unreadable.extend(unreadable);
+        self.expired_unreclaimed.extend(expired_unreclaimed);
+        self.unreadable_holdings.extend(unreadable_holdings);
+        self.fence_ceiling.extend(fence_ceiling);
+        self.fenced_out_refusals.extend(fenced_out_refusals);
+    }
 }
 
 fn old_transients(dir: &Path, now: SystemTime, out: &mut Vec<PathBuf>) {

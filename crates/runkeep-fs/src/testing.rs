@@ -52,6 +52,26 @@ impl StoreSeams<'_> {
 #[derive(Clone, Copy, Debug)]
 pub struct RootSeams<'a>(pub(crate) &'a crate::FsRootStore);
 
+impl RootSeams<'_> {
+    /// Test seam: rows read from the sessions' listings so far.
+    #[doc(hidden)]
+    pub fn rows_fetched(&self) -> u64 {
+        self.0.inner.fetched.load(Ordering::Relaxed)
+    }
+
+    /// Test seam: the next `claim_next` records the first candidate it is
+    /// about to claim in `seen`, then waits at `barrier` before claiming it
+    /// (two callers made to race for one run).
+    #[doc(hidden)]
+    pub fn pause_first_claim(
+        &self,
+        barrier: std::sync::Arc<tokio::sync::Barrier>,
+        seen: std::sync::Arc<Mutex<Vec<runkeep::RunScope>>>,
+    ) {
+        *self.0.inner.pause.lock().unwrap_or_else(|p| p.into_inner()) = Some((barrier, seen));
+    }
+}
+
 struct Fault {
     id: u64,
     point: FaultPoint,

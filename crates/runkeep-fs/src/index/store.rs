@@ -2,7 +2,29 @@
 //! (redb), their encodings, and every change to them (one write
 //! transaction's [`Writer`]).
 
-use super::*;
+use std::collections::BTreeSet;
+use std::ops::Bound;
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::path::{Path, PathBuf};
+
+use redb::{Database, Durability, ReadableDatabase, ReadableTable, Table, TableDefinition};
+use runkeep::listing::RowKey;
+use runkeep::{ListOrder, RunId, RunStatus, Timestamp};
+use rustix::fs::inotify::{self, CreateFlags, ReadFlags};
+
+use super::common::{
+    dir_of, is_real_dir, mask, run_names, store_failed, watched_dirs, DirKey, Found, Kind, Refusal,
+    CHILDREN_DIR,
+};
+use super::outlook::IndexOutlook;
+use super::summary::{ParkTimes, Summary};
+use super::sweep::{stamp_of, Stamp, RACY_NS};
+use crate::checkpoints::CHECKPOINTS_DIR;
+use crate::claims::CLAIMS_DIR;
+use crate::listing::{self, Candidate};
+use crate::lock::META_DIR;
+use crate::run_state::LIFECYCLE_FILE;
+use crate::sys::Ctx;
 
 /// The scratch store's tables. Keys and values are this module's own
 /// encodings (below); nothing here outlives the process.
@@ -262,6 +284,39 @@ pub(super) fn kind_of(c: u8) -> Kind {
         _ => Kind::Children,
     }
 }
+
+/// Where the index of a store is in its life: what a listing asks it
+/// for first (and the sweeper thread before each pass).
+#[derive(Default)]
+pub(super) enum State {
+    /// Not built yet: the next listing starts the build.
+    #[default]
+    Unbuilt,
+    /// Being built by a background thread; listings walk meanwhile.
+    Building,
+    /// Cannot be used; the listing walks. (The reason was logged when it
+    /// was refused; tests and benches read it back through `status`.)
+    Refused(
+        #[cfg_attr(
+            not(feature = "testing"),
+            allow(dead_code, reason = "read only by the test seams")
+        )]
+        String,
+    ),
+    Built(Box<Built>),
+}
+
+/// The index given up, with the log line saying why the listing walks.
+pub(super) fn refused(base: &Path, why: String) -> State {
+    tracing::warn!(
+        "the directory store at {} lists by walking every run directory (O(runs) per page): {why}",
+        base.display()
+    );
+    State::Refused(why)
+}
+
+/// A test's code run inside the build (after the store directory was read).
+pub(super) type BuildHook = Box<dyn FnOnce() + Send>;
 
 /// The built index: the inotify descriptor and the scratch store.
 pub(super) struct Built {
