@@ -16,22 +16,13 @@
 //! renames run, and the fence is checked again before each publish.
 
 use runkeep::step::{Step, StepReceipt};
-use runkeep::{Fence, ReadEventsOptions, Result, RunScope};
+use runkeep::{Fence, Result, RunScope};
 
 use crate::checkpoints;
 use crate::inner::Inner;
 use crate::run_state::{self, Record};
 use crate::sys::{self, Ctx};
 use crate::{documents, fenced_write, queue, testing_hooks, transcript};
-
-fn last_seq(run_dir: &std::path::Path, ctx: &Ctx) -> Result<u64> {
-    let opts = ReadEventsOptions {
-        since_seq: u64::MAX,
-        limit: Some(0),
-        ..ReadEventsOptions::default()
-    };
-    Ok(transcript::read_transcript(run_dir, &opts, ctx)?.last_seq)
-}
 
 pub(crate) fn commit_step(
     inner: &Inner,
@@ -60,7 +51,7 @@ pub(crate) fn commit_step(
     // The whole files, written before the lock.
     sys::ensure_dir(&run_dir, inner.durability)
         .map_err(|e| inner.note(ctx.io("create the run directory", &run_dir, e)))?;
-    let last0 = last_seq(&run_dir, &ctx).unwrap_or(0);
+    let last0 = transcript::last_seq(&run_dir, &ctx).unwrap_or(0);
     let predicted_through = step.messages.as_ref().map(|m| {
         m.through_event_seq
             .unwrap_or(last0 + step.events.len() as u64)
@@ -163,7 +154,7 @@ pub(crate) fn commit_step(
             if let Some(m) = &step.messages {
                 let last_before = match events.first() {
                     Some(e) => e.seq - 1,
-                    None => last_seq(run_dir, ctx)?,
+                    None => transcript::last_seq(run_dir, ctx)?,
                 };
                 let through = Step::through_seq(m, &events, last_before);
                 let temp = match messages_temp {

@@ -279,7 +279,16 @@ pub fn checkpoint_reads(run_dir: impl AsRef<Path>) -> u64 {
 static CHECKPOINT_DIR_OPS: LazyLock<Mutex<HashMap<PathBuf, (u64, u64)>>> =
     LazyLock::new(Default::default);
 
-pub(crate) fn note_checkpoint_dir_op(cps_dir: &Path, stat: bool) {
+/// An operation on a checkpoints directory the counters count.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub(crate) enum DirOp {
+    /// A listing (`readdir`).
+    Listing,
+    /// A `stat` of the directory or of one of its entries.
+    Stat,
+}
+
+pub(crate) fn note_checkpoint_dir_op(cps_dir: &Path, op: DirOp) {
     if !counting() {
         return;
     }
@@ -292,10 +301,9 @@ pub(crate) fn note_checkpoint_dir_op(cps_dir: &Path, stat: bool) {
         r.insert(run.to_path_buf(), (0, 0));
     }
     if let Some(n) = r.get_mut(run) {
-        if stat {
-            n.1 += 1;
-        } else {
-            n.0 += 1;
+        match op {
+            DirOp::Listing => n.0 += 1,
+            DirOp::Stat => n.1 += 1,
         }
     }
 }

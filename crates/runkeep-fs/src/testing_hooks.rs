@@ -66,15 +66,24 @@ pub(crate) enum Mutation {
     /// `index-ignores-events`: the session index misses event appends.
     IndexIgnoresEvents,
     /// `no-dir-fsync` / `no-file-fsync`, optionally `:<name>`: the `fsync`
-    /// of directories (`dir`) or files removed, everywhere or only for
-    /// paths with a component equal to `<name>` or a file name starting
-    /// with `<name>.` (`no-dir-fsync:claims`, `no-file-fsync:transcript.jsonl`).
+    /// of directories or of files removed, everywhere or only for paths
+    /// with a component equal to `<name>` or a file name starting with
+    /// `<name>.` (`no-dir-fsync:claims`, `no-file-fsync:transcript.jsonl`).
     NoSync {
-        /// Directories (else files).
-        dir: bool,
+        /// Which syncs.
+        of: Synced,
         /// Only for paths named so.
         only: Option<String>,
     },
+}
+
+/// What an `fsync` syncs (the `no-dir-fsync` / `no-file-fsync` mutations).
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub(crate) enum Synced {
+    /// A directory (its entries).
+    Dir,
+    /// A file (its bytes).
+    File,
 }
 
 #[cfg_attr(
@@ -100,8 +109,14 @@ impl Mutation {
             ("no-append-recheck", None) => Mutation::NoAppendRecheck,
             ("step-checkpoint-first", None) => Mutation::StepCheckpointFirst,
             ("index-ignores-events", None) => Mutation::IndexIgnoresEvents,
-            ("no-dir-fsync", only) => Mutation::NoSync { dir: true, only },
-            ("no-file-fsync", only) => Mutation::NoSync { dir: false, only },
+            ("no-dir-fsync", only) => Mutation::NoSync {
+                of: Synced::Dir,
+                only,
+            },
+            ("no-file-fsync", only) => Mutation::NoSync {
+                of: Synced::File,
+                only,
+            },
             _ => panic!(
                 "RUNKEEP_FS_TEST_MUTATION={name:?} names no mutation of runkeep-fs (see testing_hooks::Mutation)"
             ),
@@ -567,7 +582,7 @@ pub(crate) fn pause_requested(_point: Pause) -> bool {
     false
 }
 
-/// True when a test removed the `fsync` of `path` (a directory when `dir`)
+/// True when a test removed the `fsync` (`of` a directory or a file) of `path`
 /// to prove the power-loss harness (`crates/runkeep-powerloss`) catches a
 /// missing sync: `RUNKEEP_FS_TEST_MUTATION=no-dir-fsync` (every directory
 /// sync), `no-file-fsync` (every file sync), or either with `:<name>`,
@@ -575,11 +590,11 @@ pub(crate) fn pause_requested(_point: Pause) -> bool {
 /// starting with `<name>.` (`no-dir-fsync:claims`,
 /// `no-file-fsync:transcript.jsonl`).
 #[cfg(feature = "testing")]
-pub(crate) fn skip_sync(dir: bool, path: &Path) -> bool {
-    let Mutation::NoSync { dir: d, only } = mutation() else {
+pub(crate) fn skip_sync(of: Synced, path: &Path) -> bool {
+    let Mutation::NoSync { of: removed, only } = mutation() else {
         return false;
     };
-    if d != dir {
+    if removed != of {
         return false;
     }
     match only {
@@ -596,7 +611,7 @@ pub(crate) fn skip_sync(dir: bool, path: &Path) -> bool {
 
 #[cfg(not(feature = "testing"))]
 #[inline(always)]
-pub(crate) fn skip_sync(_dir: bool, _path: &Path) -> bool {
+pub(crate) fn skip_sync(_of: Synced, _path: &Path) -> bool {
     false
 }
 
@@ -614,7 +629,7 @@ pub(crate) fn count_checkpoint_read(_path: &Path) {}
 /// Counts one listing of a checkpoints directory (`cps_dir`).
 #[cfg(feature = "testing")]
 pub(crate) fn count_checkpoint_listing(cps_dir: &Path) {
-    crate::testing::note_checkpoint_dir_op(cps_dir, false);
+    crate::testing::note_checkpoint_dir_op(cps_dir, crate::testing::DirOp::Listing);
 }
 
 #[cfg(not(feature = "testing"))]
@@ -624,7 +639,7 @@ pub(crate) fn count_checkpoint_listing(_cps_dir: &Path) {}
 /// Counts one `stat` of a checkpoints directory or of one of its entries.
 #[cfg(feature = "testing")]
 pub(crate) fn count_checkpoint_stat(cps_dir: &Path) {
-    crate::testing::note_checkpoint_dir_op(cps_dir, true);
+    crate::testing::note_checkpoint_dir_op(cps_dir, crate::testing::DirOp::Stat);
 }
 
 #[cfg(not(feature = "testing"))]
@@ -676,7 +691,7 @@ pub(crate) fn transcript_reads(path: &Path) -> crate::transcript::ReadCost {
 
 #[cfg(test)]
 mod tests {
-    use super::Mutation;
+    use super::{Mutation, Synced};
 
     #[cfg(feature = "testing")]
     #[test]
@@ -706,14 +721,14 @@ mod tests {
         assert_eq!(
             Mutation::parse("no-dir-fsync:claims"),
             Mutation::NoSync {
-                dir: true,
+                of: Synced::Dir,
                 only: Some("claims".into())
             }
         );
         assert_eq!(
             Mutation::parse("no-file-fsync"),
             Mutation::NoSync {
-                dir: false,
+                of: Synced::File,
                 only: None
             }
         );

@@ -115,6 +115,10 @@ pub(crate) fn stamp(cps_dir: &Path) -> io::Result<Option<(Stamp, Vec<Entry>)>> {
     Ok(Some((stamp_of(&list, &meta, content), list)))
 }
 
+/// The words an entry gone since the `readdir` hashes with: the stamps on
+/// disk were made with these, so they do not change.
+const GONE_WORDS: [u64; 5] = [u64::MAX; 5];
+
 /// XOR over the entries of [`content_entry_hash`], each entry read with
 /// `fstatat` (not following symlinks). An entry gone since the `readdir`
 /// hashes as absent (the directory's mtime changed anyway).
@@ -125,7 +129,7 @@ fn content_hash(dir: &rustix::fd::OwnedFd, cps_dir: &Path, list: &[Entry]) -> io
         let words =
             match rustix::fs::statat(dir, e.name.as_str(), rustix::fs::AtFlags::SYMLINK_NOFOLLOW) {
                 Ok(st) => stat_words(&st),
-                Err(err) if err == rustix::io::Errno::NOENT => [u64::MAX; 5],
+                Err(err) if err == rustix::io::Errno::NOENT => GONE_WORDS,
                 Err(err) => return Err(err.into()),
             };
         h ^= content_entry_hash(&e.name, &words);

@@ -103,7 +103,7 @@ mod sweep;
 pub(crate) use common::Found;
 use common::{remote, Refusal};
 pub use outlook::IndexOutlook;
-use store::{refused, BuildHook, Built, State};
+use store::{refused, BuildHook, BuildSettings, Built, State};
 pub(crate) use summary::Summary;
 
 /// The index of one store (shared by its clones and its build thread).
@@ -111,9 +111,8 @@ pub(crate) use summary::Summary;
 pub(crate) struct SessionIndex {
     state: Arc<Mutex<State>>,
     hook: Mutex<Option<BuildHook>>,
-    /// Test seams: the watch budget of the next build (`None`: half the
-    /// user's limit) and its racy window (`None`: [`RACY_NS`]).
-    budget: Mutex<(Option<u64>, Option<i128>)>,
+    /// Test seams: the watch budget and racy window of the next build.
+    settings: Mutex<BuildSettings>,
     /// Test seam: the sweeper skips its passes while set.
     sweeper_paused: Arc<AtomicBool>,
 }
@@ -127,12 +126,12 @@ fn build_into(
     state: &Arc<Mutex<State>>,
     base: &Path,
     hook: Option<BuildHook>,
-    budget: (Option<u64>, Option<i128>),
+    settings: BuildSettings,
     paused: &Arc<AtomicBool>,
 ) {
     let built = match remote(base) {
         Some(why) => Err(Refusal(why)),
-        None => Built::build(base, hook, budget.0, budget.1),
+        None => Built::build(base, hook, settings),
     };
     let mut st = state.lock().unwrap_or_else(|p| p.into_inner());
     if matches!(*st, State::Building) {
@@ -170,12 +169,12 @@ impl SessionIndex {
         *st = State::Building;
         let (state, dir) = (self.state.clone(), base.to_path_buf());
         let hook = self.hook.lock().unwrap_or_else(|p| p.into_inner()).take();
-        let budget = *self.budget.lock().unwrap_or_else(|p| p.into_inner());
+        let settings = *self.settings.lock().unwrap_or_else(|p| p.into_inner());
         let paused = self.sweeper_paused.clone();
         let spawned = std::thread::Builder::new()
             .name("runkeep-fs-index".into())
             .spawn(move || {
-                build_into(&state, &dir, hook, budget, &paused);
+                build_into(&state, &dir, hook, settings, &paused);
                 BUILDS.fetch_sub(1, Ordering::SeqCst);
             });
         if let Err(e) = spawned {
@@ -331,10 +330,10 @@ impl crate::testing::StoreSeams<'_> {
         self.0
             .inner
             .index
-            .budget
+            .settings
             .lock()
             .unwrap_or_else(|p| p.into_inner())
-            .0 = Some(watches);
+            .watch_budget = Some(watches);
     }
 
     /// Test seam: stamps of the next index build are trusted however young
@@ -344,10 +343,10 @@ impl crate::testing::StoreSeams<'_> {
         self.0
             .inner
             .index
-            .budget
+            .settings
             .lock()
             .unwrap_or_else(|p| p.into_inner())
-            .1 = Some(0);
+            .racy_ns = Some(0);
     }
 
     /// Test seam: the index's background sweeper skips its passes while

@@ -451,12 +451,22 @@ pub(super) struct Writer<'t> {
     pub(super) by_created: Table<'t, &'static [u8], &'static [u8]>,
 }
 
+/// What a test set for the next build (test seams). The default: the
+/// process's watch budget and [`RACY_NS`].
+#[derive(Clone, Copy, Default, Debug)]
+pub(super) struct BuildSettings {
+    /// The watches the build may hold, its own (`None`: half the user's
+    /// limit, shared by every index of the process).
+    pub(super) watch_budget: Option<u64>,
+    /// The racy window of its stamps (`None`: [`RACY_NS`]).
+    pub(super) racy_ns: Option<i128>,
+}
+
 impl Built {
     pub(super) fn build(
         base: &Path,
         hook: Option<BuildHook>,
-        budget: Option<u64>,
-        racy_ns: Option<i128>,
+        settings: BuildSettings,
     ) -> Result<Built, Refusal> {
         let db = redb::Builder::new()
             .set_cache_size(CACHE_BYTES)
@@ -471,9 +481,9 @@ impl Built {
             base: base.to_path_buf(),
             db,
             tally: Tally {
-                budget: budget.unwrap_or_else(watch_budget),
-                own_budget: budget.is_some(),
-                racy_ns: racy_ns.unwrap_or(RACY_NS),
+                budget: settings.watch_budget.unwrap_or_else(watch_budget),
+                own_budget: settings.watch_budget.is_some(),
+                racy_ns: settings.racy_ns.unwrap_or(RACY_NS),
                 ..Tally::default()
             },
             lazy_commits: 0,

@@ -71,5 +71,5 @@ mod torn_tail;
 pub(crate) use append::append_to_transcript;
 pub(crate) use format::{is_torn, AUDIT, TRANSCRIPT};
 pub(crate) use operations::{append_audit, append_events, read_audit, read_events};
-pub(crate) use reading::{read_transcript, ReadCost};
+pub(crate) use reading::{last_seq, read_transcript, ReadCost};
 pub(crate) use torn_tail::TORN_GRACE;

@@ -128,6 +128,20 @@ pub(super) fn stream_lines_by(
     Ok(off - start)
 }
 
+/// How a read judges a damaged record.
+#[derive(Clone, Copy)]
+pub(super) enum Judging<'a> {
+    /// Skipped and reported ([`SkippedRecord`]); a page ends at its `limit`.
+    Tolerant,
+    /// The read fails, naming the file; it checks the whole log.
+    Strict {
+        /// The operation, for the error.
+        ctx: &'a Ctx,
+        /// The transcript, for the error.
+        path: &'a Path,
+    },
+}
+
 /// What [`Collector::feed`] says about a line.
 pub(super) enum Fed {
     /// Go on.
@@ -143,13 +157,14 @@ pub(super) enum Fed {
 /// match.
 pub(super) struct Collector<'a> {
     pub(super) out: Collected,
-    pub(super) limit: usize,
+    /// `None`: every event.
+    pub(super) limit: Option<usize>,
     pub(super) pos: u64,
     pub(super) expected: u64,
     pub(super) first: bool,
     pub(super) expect_first: Option<u64>,
     pub(super) options: &'a ReadEventsOptions,
-    pub(super) strict: Option<(&'a Ctx, &'a Path)>,
+    pub(super) judging: Judging<'a>,
 }
 
 impl<'a> Collector<'a> {
@@ -157,17 +172,17 @@ impl<'a> Collector<'a> {
         first_pos: u64,
         expect_first: Option<u64>,
         options: &'a ReadEventsOptions,
-        strict: Option<(&'a Ctx, &'a Path)>,
+        judging: Judging<'a>,
     ) -> Self {
         Self {
             out: Collected::default(),
-            limit: options.limit.unwrap_or(usize::MAX),
+            limit: options.limit,
             pos: first_pos - 1,
             expected: 1,
             first: true,
             expect_first,
             options,
-            strict,
+            judging,
         }
     }
 
@@ -186,7 +201,7 @@ impl<'a> Collector<'a> {
         let out = &mut self.out;
         match parsed {
             Parsed::Event(e) => {
-                if let Some((ctx, path)) = self.strict {
+                if let Judging::Strict { ctx, path } = self.judging {
                     if e.seq != self.expected {
                         return Err(strict_error(
                             ctx,
@@ -203,18 +218,20 @@ impl<'a> Collector<'a> {
                 if e.seq <= self.options.since_seq {
                     // Damage before the reader's cursor is not its concern.
                     out.skipped.clear();
-                } else if out.events.len() < self.limit {
+                } else if self.limit.is_none_or(|l| out.events.len() < l) {
                     out.events.push(e);
                     // A tolerant page ends at its last event (what follows
                     // is the next page's); a strict read checks on to the
                     // end of the log.
-                    if out.events.len() == self.limit && self.strict.is_none() {
+                    if Some(out.events.len()) == self.limit
+                        && matches!(self.judging, Judging::Tolerant)
+                    {
                         return Ok(Fed::Full);
                     }
                 }
             }
             Parsed::BadSeq(v) => {
-                if let Some((ctx, path)) = self.strict {
+                if let Judging::Strict { ctx, path } = self.judging {
                     return Err(strict_error(
                         ctx,
                         path,
@@ -227,7 +244,7 @@ impl<'a> Collector<'a> {
                 });
             }
             Parsed::Damaged(reason) => {
-                if let Some((ctx, path)) = self.strict {
+                if let Judging::Strict { ctx, path } = self.judging {
                     return Err(strict_error(ctx, path, format!("record {pos} {reason}")));
                 }
                 let reason = if terminated {
@@ -260,12 +277,12 @@ pub(super) fn collect(
     first_pos: u64,
     expect_first: Option<u64>,
     options: &ReadEventsOptions,
-    strict: Option<(&Ctx, &Path)>,
+    judging: Judging<'_>,
     ctx: &Ctx,
     path: &Path,
     cost: &mut ReadCost,
 ) -> Result<Option<Collected>> {
-    let mut c = Collector::new(first_pos, expect_first, options, strict);
+    let mut c = Collector::new(first_pos, expect_first, options, judging);
     let mut outcome: Result<Fed> = Ok(Fed::More);
     let mut lines = 0u64;
     stream_lines(file, start, end, cost, &mut |off, line, terminated| {
@@ -360,6 +377,17 @@ pub(crate) fn read_transcript(
     got
 }
 
+/// The highest `seq` in the transcript (0 when it has none): a tolerant
+/// page of no events, so it costs what the page's `last_seq` costs
+/// (O(log n) with a usable index), not a read of the log.
+pub(crate) fn last_seq(run_dir: &Path, ctx: &Ctx) -> Result<u64> {
+    let head_only = ReadEventsOptions {
+        limit: Some(0),
+        ..ReadEventsOptions::default()
+    };
+    Ok(read_transcript(run_dir, &head_only, ctx)?.last_seq)
+}
+
 /// A strict read checks the whole file, whatever `limit` says: a
 /// strict reader must learn of damage anywhere in the log.
 pub(super) fn read_strict(
@@ -389,7 +417,7 @@ pub(super) fn read_strict(
         1,
         None,
         options,
-        Some((ctx, path)),
+        Judging::Strict { ctx, path },
         ctx,
         path,
         cost,
@@ -451,7 +479,7 @@ pub(super) fn read_tolerant(
                     r.pos,
                     Some(r.seq),
                     options,
-                    None,
+                    Judging::Tolerant,
                     ctx,
                     path,
                     cost,
@@ -464,9 +492,19 @@ pub(super) fn read_tolerant(
         }
         match page {
             Some(p) => p,
-            None => {
-                collect(file, 0, len, 1, None, options, None, ctx, path, cost)?.unwrap_or_default()
-            }
+            None => collect(
+                file,
+                0,
+                len,
+                1,
+                None,
+                options,
+                Judging::Tolerant,
+                ctx,
+                path,
+                cost,
+            )?
+            .unwrap_or_default(),
         }
     };
     let last_seq = match page.stop {
@@ -500,7 +538,7 @@ mod tests {
     use serde_json::{Map, Value};
 
     use super::super::append::append_to_transcript;
-    use super::super::{lines, INDEX_FILE};
+    use super::super::format::{lines, INDEX_FILE};
     use super::*;
     use crate::lock::META_DIR;
     use crate::options::Durability;
