@@ -17,7 +17,7 @@
 //!              sticky-failed
 //! ```
 //!
-//! [`Inner::fenced_write`] is the skeleton; [`Inner::locked_write`] is the
+//! [`fenced_write`] is the skeleton; [`locked_write`] is the
 //! same path with nothing to prepare. A write whose rule needs more than
 //! the holding (a finish, a step: the lifecycle record too) passes no
 //! fence to the skeleton and judges inside its act, under the same lock.
@@ -110,7 +110,7 @@ pub(crate) fn fenced_write<P, T>(
     act(&ctx, &run_dir, top.as_ref(), prepared).map_err(|e| inner.note(e))
 }
 
-/// [`Inner::fenced_write`] with nothing to prepare before the lock.
+/// [`fenced_write`] with nothing to prepare before the lock.
 pub(crate) fn locked_write<T>(
     inner: &Inner,
     scope: &RunScope,
@@ -126,7 +126,7 @@ pub(crate) fn locked_write<T>(
     )
 }
 
-/// [`Inner::locked_write`] for a write whose act judges it itself
+/// [`locked_write`] for a write whose act judges it itself
 /// ([`FencedWrite::judged_in_act`]).
 pub(crate) fn judged_write<T>(
     inner: &Inner,
