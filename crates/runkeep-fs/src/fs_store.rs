@@ -5,7 +5,7 @@
 //! runs the job module's function off the async runtime
 //! ([`crate::blocking`]) and returns its answer. The rules are in the job
 //! modules (`checkpoints`, `claims`, `queue`, `steps`, `transcript`,
-//! `documents`, `listing`, `watching`, `diagnose`), the store's state and
+//! `documents`, `failures`, `listing`, `watching`, `diagnose`), the store's state and
 //! guards in [`crate::inner`].
 
 use std::fmt;
@@ -16,10 +16,11 @@ use async_trait::async_trait;
 use runkeep::checkpoint::Checkpoint;
 use runkeep::watch::{Watch, WatchTopic};
 use runkeep::{
-    AuditRecord, CheckpointId, ClaimNextFilter, ClaimOptions, ClaimOutcome, EnqueueOptions,
-    EventBatch, Fence, Lease, LeaseSummary, Lifecycle, ListOptions, ListingScope, MessageSnapshot,
-    NewAuditEvent, NewEvent, Outcome, ParkResolution, PersistedEvent, ReadEventsOptions, Result,
-    RunPage, RunRecord, RunScope, Step, StepReceipt, Timestamp, TopHolding,
+    AttemptError, AuditRecord, CheckpointId, ClaimNextFilter, ClaimOptions, ClaimOutcome,
+    EnqueueOptions, EventBatch, Fence, Lease, LeaseSummary, Lifecycle, ListOptions, ListingScope,
+    MessageSnapshot, NewAuditEvent, NewEvent, Outcome, ParkResolution, PersistedEvent,
+    ReadEventsOptions, Result, RunPage, RunRecord, RunScope, Step, StepReceipt, Timestamp,
+    TopHolding,
 };
 use serde_json::Value;
 
@@ -27,7 +28,8 @@ use crate::diagnose::{self, Diagnosis};
 use crate::inner::Inner;
 use crate::options::FsOptions;
 use crate::{
-    blocking, checkpoints, claims, documents, listing, opening, queue, steps, transcript, watching,
+    blocking, checkpoints, claims, documents, failures, listing, opening, queue, steps, transcript,
+    watching,
 };
 
 /// The directory backend. Cheap to clone; safe to share between threads and
@@ -225,6 +227,24 @@ impl runkeep::CheckpointStore for FsStore {
     async fn snooze(&self, scope: &RunScope, fence: Fence, until: Timestamp) -> Result<bool> {
         let (inner, scope) = (self.inner.clone(), scope.clone());
         blocking::run(move || queue::snooze(&inner, &scope, fence, until)).await
+    }
+
+    async fn fail_attempt(
+        &self,
+        scope: &RunScope,
+        fence: Fence,
+        error: &AttemptError,
+        max_attempts: Option<u32>,
+    ) -> Result<Lifecycle> {
+        let (inner, scope, error) = (self.inner.clone(), scope.clone(), error.clone());
+        blocking::run(move || failures::fail_attempt(&inner, &scope, fence, &error, max_attempts))
+            .await
+    }
+
+    async fn cancel(&self, scope: &RunScope, reason: Option<&str>) -> Result<Lifecycle> {
+        let (inner, scope) = (self.inner.clone(), scope.clone());
+        let reason = reason.map(str::to_owned);
+        blocking::run(move || failures::cancel(&inner, &scope, reason.as_deref())).await
     }
 
     async fn reopen(&self, scope: &RunScope) -> Result<Lifecycle> {

@@ -79,6 +79,7 @@ mod checkpoints;
 mod claims;
 mod diagnose;
 mod documents;
+mod failures;
 mod index;
 mod listing;
 mod opening;

@@ -20,7 +20,9 @@
 //! `attempts` counts the claims that **took the run over from an expired
 //! lease of another holder** (or from an unreadable holding): each one is a
 //! holder that lost the run without finishing or releasing it — a crash, a
-//! kill, a stall past its lease. A renewal does not count, nor does a claim
+//! kill, a stall past its lease — and the **failed attempts** its holders
+//! reported ([`crate::failure`]: a step that raised, panicked or timed
+//! out). A renewal does not count, nor does a claim
 //! after a clean release (or a [`snooze`](crate::CheckpointStore::snooze)),
 //! nor the first claim of a run. When a takeover would bring `attempts` to
 //! the run's limit, the claim does not hand the run out: it finishes it as
@@ -44,6 +46,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use crate::error::{Error, Result};
+use crate::failure::{FailedAttempt, RetryPolicy};
 use crate::id::{Holder, RunId};
 use crate::lease::{
     check_write_fence, decide_claim, decide_release, is_expired, ClaimDecision, ClaimOptions,
@@ -238,6 +241,12 @@ pub struct Lifecycle {
     /// Not claimable before this instant.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub available_at: Option<Timestamp>,
+    /// The newest failed attempts, oldest first ([`crate::failure`]).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub failures: Vec<FailedAttempt>,
+    /// The run's own retry policy (`None`: the defaults).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub retry: Option<RetryPolicy>,
 }
 
 /// The enqueue rule: enqueue creates a run, so it refuses one that exists
@@ -282,17 +291,34 @@ pub struct EnqueueOptions {
     pub available_at: Option<Timestamp>,
     /// The run's own attempt limit.
     pub max_attempts: Option<u32>,
+    /// The run's own retry policy after a failed attempt (`None`: the
+    /// defaults of [`crate::failure`]).
+    pub retry: Option<RetryPolicy>,
 }
 
 impl EnqueueOptions {
-    /// Refuses a zero attempt limit (the run could never be handed out).
+    /// Refuses a zero attempt limit (the run could never be handed out) and
+    /// a bad retry policy.
     pub fn validate(&self, run: &RunId) -> Result<()> {
         if self.max_attempts == Some(0) {
             return Err(Error::invalid(format!(
                 "enqueue of run {run}: max_attempts must be at least 1"
             )));
         }
+        if let Some(p) = &self.retry {
+            p.validate(run)?;
+        }
         Ok(())
+    }
+
+    /// The lifecycle a run enqueued with these options starts with.
+    pub fn lifecycle(&self) -> Lifecycle {
+        Lifecycle {
+            max_attempts: self.max_attempts,
+            available_at: self.available_at,
+            retry: self.retry,
+            ..Lifecycle::default()
+        }
     }
 }
 
@@ -421,7 +447,8 @@ pub fn exhausted(l: &Lifecycle, fence: Fence, attempts: u32, now: Timestamp) -> 
 
 /// The lifecycle after an operator reopens a run: active, available now,
 /// attempts back to 0 (so it is not dead-lettered again at once), the
-/// finish cleared, its own limit kept. Refuses an active run (`Conflict`).
+/// finish and the failure history cleared, its own limit and retry policy
+/// kept. Refuses an active run (`Conflict`).
 pub fn after_reopen(run: &RunId, l: &Lifecycle) -> Result<Lifecycle> {
     if !l.status.is_finished() {
         return Err(Error::Conflict {
@@ -430,6 +457,7 @@ pub fn after_reopen(run: &RunId, l: &Lifecycle) -> Result<Lifecycle> {
     }
     Ok(Lifecycle {
         max_attempts: l.max_attempts,
+        retry: l.retry,
         ..Lifecycle::default()
     })
 }
