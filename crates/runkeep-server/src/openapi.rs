@@ -714,7 +714,7 @@ fn integer_rule(name: &str) -> Option<Value> {
     Some(match name {
         "createdAt" | "runCreatedAt" | "parkedAt" | "deadlineAt" | "resolvedAt" | "until"
         | "availableAt" | "expiresAt" | "finishedAt" | "latestCheckpointAt" | "timestamp"
-        | "now" | "at" | "retryAt" => instant_rule(),
+        | "now" | "at" | "retryAt" | "deadline" => instant_rule(),
         "fence" | "finishedFence" | "generation" | "presented" | "current" => fence_rule(),
         "seq" | "lastSeq" | "throughEventSeq" | "sinceSeq" | "nextSinceSeq" | "position"
         | "checkpointCount" | "keepLast" => count_rule(),
@@ -726,6 +726,10 @@ fn integer_rule(name: &str) -> Option<Value> {
             ) }),
         ),
         "waitMs" | "timeoutMs" => wait_rule(),
+        "attemptTimeoutMs" => merge(
+            bounded(1, runkeep::time::MAX_TTL_MS),
+            json!({ "description": "An attempt's time limit, ms: 1 ms to 366 days (a lease's range)." }),
+        ),
         // u32 in the server: utoipa says int32, whose range stops at 2^31 − 1.
         "attempts" => json!({ "format": "int64", "minimum": 0, "maximum": u32::MAX }),
         "maxAttempts" => json!({ "format": "int64", "minimum": 1, "maximum": u32::MAX }),
