@@ -621,10 +621,10 @@ pub(crate) fn claim(
             }
         }
         testing_hooks::pause_once(testing_hooks::Pause::ClaimBeforeLink);
-        testing_hooks::delay("claim-before-link");
+        testing_hooks::delay(testing_hooks::Delay::ClaimBeforeLink);
         match publish(inner, &claims_dir, fence, &body, &ctx) {
             Ok(()) => {
-                testing_hooks::trace(|| format!("linked {fence}"));
+                testing_hooks::trace(testing_hooks::Trace::Linked(fence));
                 match after_link(&claims_dir, fence, &ctx)? {
                     AfterLink::Top(after) => {
                         if let Some(ends) = dead {
@@ -653,15 +653,16 @@ pub(crate) fn claim(
                         }
                         drop(lock);
                         prune(&claims_dir, fence, &after);
-                        testing_hooks::delay("claim-after-link");
+                        testing_hooks::delay(testing_hooks::Delay::ClaimAfterLink);
                         let timeout = state.lifecycle.attempt_timeout_ms;
                         return hand_back(
                             inner, scope, options, fence, now, started, timeout, &ctx,
                         );
                     }
                     AfterLink::Superseded { above, scan: after } => {
-                        testing_hooks::trace(|| {
-                            format!("refused-after-link {fence} above {above}")
+                        testing_hooks::trace(testing_hooks::Trace::RefusedAfterLink {
+                            fence,
+                            above,
                         });
                         tracing::debug!(run = %scope.run_id, %fence, %above, "claim linked a fence the run had already moved past; not handed back");
                         // The stale name sits far below the top: the same
@@ -828,7 +829,7 @@ pub(crate) fn release_with(
     inner.check_poison()?;
     let lock = RunLock::acquire(&run_dir, Mode::Shared, inner.durability, &ctx)?;
     testing_hooks::pause_once(testing_hooks::Pause::ReleaseBeforeLink);
-    testing_hooks::delay("release-before-link");
+    testing_hooks::delay(testing_hooks::Delay::ReleaseBeforeLink);
     match publish(
         inner,
         &claims_dir,
@@ -837,7 +838,7 @@ pub(crate) fn release_with(
         &ctx,
     ) {
         Ok(()) => {
-            testing_hooks::trace(|| format!("tombstone {tomb}"));
+            testing_hooks::trace(testing_hooks::Trace::Tombstone(tomb));
             let after = after_link(&claims_dir, tomb, &ctx);
             drop(lock);
             match after? {
@@ -846,7 +847,10 @@ pub(crate) fn release_with(
                     Ok(true)
                 }
                 AfterLink::Superseded { above, scan: after } => {
-                    testing_hooks::trace(|| format!("refused-after-link {tomb} above {above}"));
+                    testing_hooks::trace(testing_hooks::Trace::RefusedAfterLink {
+                        fence: tomb,
+                        above,
+                    });
                     prune(&claims_dir, above, &after);
                     Ok(false)
                 }

@@ -92,6 +92,35 @@ impl Diagnosis {
             && self.fence_ceiling.is_empty()
             && self.fenced_out_refusals.is_empty()
     }
+
+    /// Adds another scan's findings to this one (a root sums its
+    /// sessions'). Destructured, so a new field cannot be forgotten.
+    pub(crate) fn add(&mut self, other: Diagnosis) {
+        let Diagnosis {
+            runs_scanned,
+            scratch_leftovers,
+            torn_transcripts,
+            damaged_checkpoints,
+            oversized_claims,
+            damaged_transcripts,
+            unreadable,
+            expired_unreclaimed,
+            unreadable_holdings,
+            fence_ceiling,
+            fenced_out_refusals,
+        } = other;
+        self.runs_scanned += runs_scanned;
+        self.scratch_leftovers.extend(scratch_leftovers);
+        self.torn_transcripts.extend(torn_transcripts);
+        self.damaged_checkpoints.extend(damaged_checkpoints);
+        self.oversized_claims.extend(oversized_claims);
+        self.damaged_transcripts.extend(damaged_transcripts);
+        self.unreadable.extend(unreadable);
+        self.expired_unreclaimed.extend(expired_unreclaimed);
+        self.unreadable_holdings.extend(unreadable_holdings);
+        self.fence_ceiling.extend(fence_ceiling);
+        self.fenced_out_refusals.extend(fenced_out_refusals);
+    }
 }
 
 fn old_transients(dir: &Path, now: SystemTime, out: &mut Vec<PathBuf>) {
@@ -243,23 +272,20 @@ pub(crate) fn diagnose(inner: &Inner, now: Timestamp) -> Result<Diagnosis> {
     Ok(d)
 }
 
-impl crate::FsStore {
-    /// The run's top holding as the store reads it, with the path of its
-    /// file; `None` when the run was never claimed. Reads only.
-    ///
-    /// For operator tools: a listing row shows a release tombstone and an
-    /// unreadable holding alike (holder `""`, expiry 0); this tells them
-    /// apart and names the file. (It lives here, beside the doctor's scan,
-    /// rather than in `lib.rs`; it could move there.)
-    pub fn top_holding(&self, scope: &RunScope) -> Result<Option<(TopHolding, PathBuf)>> {
-        let run_dir = self.run_dir(scope);
-        let ctx = Ctx::new(scope, "top_holding");
-        let top = claims::read_top(&run_dir, &ctx)?;
-        Ok(top.map(|t| {
-            let path = holding_path(&run_dir.join(claims::CLAIMS_DIR), t.fence());
-            (t, path)
-        }))
-    }
+/// The run's top holding as the store reads it, with the path of its
+/// file ([`crate::FsStore::top_holding`]); `None` when the run was never
+/// claimed. Reads only.
+pub(crate) fn top_holding(
+    inner: &Inner,
+    scope: &RunScope,
+) -> Result<Option<(TopHolding, PathBuf)>> {
+    let run_dir = inner.run_dir(scope);
+    let ctx = Ctx::new(scope, "top_holding");
+    let top = claims::read_top(&run_dir, &ctx)?;
+    Ok(top.map(|t| {
+        let path = holding_path(&run_dir.join(claims::CLAIMS_DIR), t.fence());
+        (t, path)
+    }))
 }
 
 /// The canonical path of the holding at `fence` in `claims_dir`.
@@ -300,7 +326,7 @@ fn inspect_transcript(run_dir: &Path, ctx: &Ctx, d: &mut Diagnosis) {
         .collect();
     let torn = !bytes.is_empty() && bytes.last() != Some(&b'\n');
     // What the store's own (tolerant) reader skips, in its words.
-    match transcript::read_events(run_dir, &ReadEventsOptions::default(), ctx) {
+    match transcript::read_transcript(run_dir, &ReadEventsOptions::default(), ctx) {
         Ok(batch) => {
             for s in &batch.skipped {
                 // The torn final record is `torn_transcripts`' finding.
