@@ -23,6 +23,8 @@ pub(crate) struct Inner {
     pub(crate) tmpfile: AtomicBool,
     pub(crate) poisoned: Mutex<Option<String>>,
     pub(crate) clock: Arc<dyn Clock>,
+    /// [`crate::FsOptions::prune_grace`].
+    pub(crate) prune_grace: std::time::Duration,
     pub(crate) no_inotify: AtomicBool,
     /// The session index the listing and `claim_next` consult.
     pub(crate) index: index::SessionIndex,

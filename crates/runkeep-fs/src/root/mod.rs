@@ -81,8 +81,9 @@ const CLAIM_FETCH: usize = 32;
 const RESCAN: Duration = Duration::from_secs(1);
 
 /// Options of [`FsRootStore::open`]: those of [`crate::FsOptions`] that apply to
-/// every session (attribution comes from each run's scope).
-#[derive(Clone, Debug, Default)]
+/// every session (attribution comes from each run's scope). The default is
+/// that of [`crate::FsOptions`].
+#[derive(Clone, Debug)]
 pub struct FsRootOptions {
     /// The durability level of every session.
     pub durability: Durability,
@@ -93,6 +94,21 @@ pub struct FsRootOptions {
     /// The store's clock, shared by every session (`None`: the machine
     /// clock).
     pub clock: Option<Arc<dyn Clock>>,
+    /// The prune grace period of every session
+    /// ([`crate::FsOptions::prune_grace`]; default
+    /// [`crate::FsOptions::DEFAULT_PRUNE_GRACE`]).
+    pub prune_grace: Duration,
+}
+
+impl Default for FsRootOptions {
+    fn default() -> Self {
+        Self {
+            durability: Durability::default(),
+            read_only: false,
+            clock: None,
+            prune_grace: crate::options::FsOptions::DEFAULT_PRUNE_GRACE,
+        }
+    }
 }
 
 /// A session under a root: its directory is
@@ -117,6 +133,7 @@ struct RootInner {
     durability: Durability,
     read_only: bool,
     clock: Arc<dyn Clock>,
+    prune_grace: Duration,
     sessions: Mutex<HashMap<SessionKey, FsStore>>,
     /// Rows read from sessions' listings (what a page cost; a test seam).
     fetched: Arc<AtomicU64>,
@@ -194,6 +211,7 @@ impl FsRootStore {
                 durability: options.durability,
                 read_only: options.read_only,
                 clock: options.clock.unwrap_or_else(|| Arc::new(SystemClock)),
+                prune_grace: options.prune_grace,
                 sessions: Mutex::new(HashMap::new()),
                 fetched: Arc::new(AtomicU64::new(0)),
                 #[cfg(feature = "testing")]

@@ -28,6 +28,7 @@ impl RootInner {
                 durability: self.durability,
                 read_only: self.read_only,
                 clock: Some(self.clock.clone()),
+                prune_grace: self.prune_grace,
             },
         )?;
         let mut cache = self.sessions.lock().unwrap_or_else(|p| p.into_inner());
