@@ -36,11 +36,11 @@ pub struct Diagnosis {
     /// Checkpoint files that cannot be read, with the reason.
     pub damaged_checkpoints: Vec<(PathBuf, String)>,
     /// Claims directories holding names that pruning should have removed
-    /// (more than 32 below the top and older than the store's prune grace
-    /// period, [`crate::FsOptions::prune_grace`]), with their count of
-    /// holdings: pruning is failing or another writer does not prune. A
-    /// run claimed faster than 33 fences per grace period holds more than
-    /// 33 names by design; those are not listed while they are young.
+    /// (more than 32 below the top, and appeared more than the store's
+    /// prune grace period, [`crate::FsOptions::prune_grace`], before the
+    /// top did), with their count of holdings: pruning is failing or another
+    /// writer does not prune. A run claimed faster than 33 fences per grace
+    /// period holds more than 33 names by design; those are not listed.
     pub oversized_claims: Vec<(PathBuf, usize)>,
     /// Transcripts (and audit trails) damaged *inside*: a record that is not
     /// valid JSON (or not an event) followed by more records, a `seq` that
