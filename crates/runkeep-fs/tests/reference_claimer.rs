@@ -356,7 +356,7 @@ fn ref_random_worker() {
                 wins += 1;
                 report(format!("win {f}"));
                 n += 1;
-                if n % 2 == 0 {
+                if n.is_multiple_of(2) {
                     if c.release(f).unwrap() {
                         report(format!("tomb {}", f + 1));
                     }
@@ -411,9 +411,9 @@ fn runkeep_worker() {
                     release(l.fence);
                     break;
                 }
-                if lapse_every.is_some_and(|k| n % k == 0) {
+                if lapse_every.is_some_and(|k| n.is_multiple_of(k)) {
                     std::thread::sleep(Duration::from_millis(TTL_MS + 1));
-                } else if n % 2 == 0 {
+                } else if n.is_multiple_of(2) {
                     release(l.fence);
                 } else {
                     match claim() {
