@@ -186,6 +186,10 @@ operations! {
     Snooze = "snooze", POST run_path!("/snooze"), Worker, unfenced: None, Short;
     /// Enqueues a run.
     Enqueue = "enqueue", POST run_path!("/enqueue"), Worker, unfenced: None, Short;
+    /// Reports a failed attempt of the holding at `fence`.
+    FailAttempt = "fail_attempt", POST run_path!("/attempts/failed"), Worker, unfenced: None, Short;
+    /// Cancels a run (an operator's act).
+    Cancel = "cancel", POST run_path!("/cancel"), Operator, unfenced: None, Short;
     /// Reopens a finished run.
     Reopen = "reopen", POST run_path!("/reopen"), Operator, unfenced: None, Short;
     /// A run's lease.

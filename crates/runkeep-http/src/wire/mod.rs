@@ -30,6 +30,7 @@
 )]
 
 use runkeep::evidence::SkippedRecord;
+use runkeep::failure::{AttemptError, FailedAttempt, RetryPolicy};
 use runkeep::lease::Fence;
 use runkeep::step::MessagesUpdate;
 use runkeep::{

@@ -311,7 +311,8 @@ pub struct LifecycleBody {
     /// The finish's reason.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reason: Option<String>,
-    /// Takeovers from expired leases.
+    /// Attempts lost so far: takeovers from expired leases and failed
+    /// attempts.
     pub attempts: u32,
     /// The run's own attempt limit.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -324,6 +325,67 @@ pub struct LifecycleBody {
     /// the store decides it.
     #[serde(default)]
     pub dead_lettered: bool,
+    /// The newest failed attempts (at most 20), oldest first.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub failures: Vec<FailedAttemptBody>,
+    /// The run's own retry policy.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub retry: Option<RetryPolicyBody>,
+    /// Each attempt's time limit, ms.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub attempt_timeout_ms: Option<u64>,
+    /// The run must be finished by then, epoch ms (store clock).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub deadline: Option<i64>,
+}
+
+/// One failed attempt of a run.
+#[derive(Clone, PartialEq, Eq, Debug, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct FailedAttemptBody {
+    /// The attempt count this failure brought the run to.
+    pub attempt: u32,
+    /// The holding that failed.
+    pub fence: u64,
+    /// When it was recorded, epoch ms (store clock).
+    pub at: i64,
+    /// What failed, in a word.
+    pub kind: String,
+    /// The error's text.
+    pub message: String,
+    /// When the run became claimable again, epoch ms; absent when this
+    /// failure dead-lettered it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub retry_at: Option<i64>,
+}
+
+impl From<&FailedAttempt> for FailedAttemptBody {
+    fn from(f: &FailedAttempt) -> Self {
+        Self {
+            attempt: f.attempt,
+            fence: f.fence.get(),
+            at: ms(f.at),
+            kind: f.error.kind.clone(),
+            message: f.error.message.clone(),
+            retry_at: f.retry_at.map(ms),
+        }
+    }
+}
+
+impl FailedAttemptBody {
+    /// The core record.
+    pub fn to_failed_attempt(&self) -> Result<FailedAttempt, Problem> {
+        Ok(FailedAttempt {
+            attempt: self.attempt,
+            fence: fence("failures.fence", self.fence)?,
+            at: instant("failures.at", self.at)?,
+            error: AttemptError {
+                kind: self.kind.clone(),
+                message: self.message.clone(),
+            },
+            retry_at: opt_instant("failures.retryAt", self.retry_at)?,
+        })
+    }
 }
 
 impl From<&Lifecycle> for LifecycleBody {
@@ -338,6 +400,10 @@ impl From<&Lifecycle> for LifecycleBody {
             max_attempts: l.max_attempts,
             available_at: l.available_at.map(ms),
             dead_lettered: l.is_dead_lettered(),
+            failures: l.failures.iter().map(Into::into).collect(),
+            retry: l.retry.map(Into::into),
+            attempt_timeout_ms: l.attempt_timeout_ms,
+            deadline: l.deadline.map(ms),
         }
     }
 }
@@ -354,6 +420,14 @@ impl LifecycleBody {
             attempts: self.attempts,
             max_attempts: self.max_attempts,
             available_at: opt_instant("availableAt", self.available_at)?,
+            failures: self
+                .failures
+                .iter()
+                .map(FailedAttemptBody::to_failed_attempt)
+                .collect::<Result<_, _>>()?,
+            retry: self.retry.map(Into::into),
+            attempt_timeout_ms: self.attempt_timeout_ms,
+            deadline: opt_instant("deadline", self.deadline)?,
         })
     }
 }

@@ -98,6 +98,8 @@ fn handler(op: Operation) -> Handler {
         Finish => routing::post(claims::finish),
         Snooze => routing::post(claims::snooze),
         Enqueue => routing::post(claims::enqueue),
+        FailAttempt => routing::post(claims::fail_attempt),
+        Cancel => routing::post(claims::cancel),
         Reopen => routing::post(claims::reopen),
         Lease => routing::get(claims::lease),
         Lifecycle => routing::get(claims::lifecycle),
