@@ -35,9 +35,12 @@ pub struct Diagnosis {
     pub torn_transcripts: Vec<PathBuf>,
     /// Checkpoint files that cannot be read, with the reason.
     pub damaged_checkpoints: Vec<(PathBuf, String)>,
-    /// Claims directories holding more than the pruning window (33
-    /// holdings), with their count: pruning is failing or another writer
-    /// does not prune.
+    /// Claims directories holding names that pruning should have removed
+    /// (more than 32 below the top, and appeared more than the store's
+    /// prune grace period, [`crate::FsOptions::prune_grace`], before the
+    /// top did), with their count of holdings: pruning is failing or another
+    /// writer does not prune. A run claimed faster than 33 fences per grace
+    /// period holds more than 33 names by design; those are not listed.
     pub oversized_claims: Vec<(PathBuf, usize)>,
     /// Transcripts (and audit trails) damaged *inside*: a record that is not
     /// valid JSON (or not an event) followed by more records, a `seq` that
@@ -227,7 +230,9 @@ pub(crate) fn diagnose(inner: &Inner, now: Timestamp) -> Result<Diagnosis> {
         }
         match claims::scan(&claims_dir) {
             Ok(Some(s)) => {
-                if s.holdings.len() as u64 > KEEP_BELOW_TOP + 1 {
+                if s.holdings.len() as u64 > KEEP_BELOW_TOP + 1
+                    && claims::overdue(&claims_dir, &s, inner.prune_grace) > 0
+                {
                     d.oversized_claims
                         .push((claims_dir.clone(), s.holdings.len()));
                 }

@@ -25,6 +25,8 @@ pub(crate) struct Inner {
     pub(crate) tmpfile: AtomicBool,
     pub(crate) poisoned: Mutex<Option<String>>,
     pub(crate) clock: Arc<dyn Clock>,
+    /// [`crate::FsOptions::prune_grace`].
+    pub(crate) prune_grace: std::time::Duration,
     /// The session index the listing and `claim_next` consult.
     pub(crate) index: SessionIndex,
     /// The parts of this store a test switched off (feature `testing`;
@@ -45,6 +47,7 @@ impl Inner {
             tmpfile: AtomicBool::new(tmpfile),
             poisoned: Mutex::new(None),
             clock: options.clock.unwrap_or_else(|| Arc::new(SystemClock)),
+            prune_grace: options.prune_grace,
             index: SessionIndex::default(),
             switches: Switches::default(),
         }

@@ -71,8 +71,9 @@ use routing::write_op;
 use session_cache::RootInner;
 
 /// Options of [`FsRootStore::open`]: those of [`crate::FsOptions`] that apply to
-/// every session (attribution comes from each run's scope).
-#[derive(Clone, Debug, Default)]
+/// every session (attribution comes from each run's scope). The default is
+/// that of [`crate::FsOptions`].
+#[derive(Clone, Debug)]
 pub struct FsRootOptions {
     /// The durability level of every session.
     pub durability: Durability,
@@ -83,6 +84,21 @@ pub struct FsRootOptions {
     /// The store's clock, shared by every session (`None`: the machine
     /// clock).
     pub clock: Option<Arc<dyn Clock>>,
+    /// The prune grace period of every session
+    /// ([`crate::FsOptions::prune_grace`]; default
+    /// [`crate::FsOptions::DEFAULT_PRUNE_GRACE`]).
+    pub prune_grace: std::time::Duration,
+}
+
+impl Default for FsRootOptions {
+    fn default() -> Self {
+        Self {
+            durability: Durability::default(),
+            read_only: false,
+            clock: None,
+            prune_grace: crate::options::FsOptions::DEFAULT_PRUNE_GRACE,
+        }
+    }
 }
 
 /// A directory store of many tenants. Cheap to clone; safe to share
@@ -116,7 +132,13 @@ impl FsRootStore {
     pub fn open(root: impl AsRef<Path>, options: FsRootOptions) -> Result<FsRootStore> {
         let root = layout::open_root(root.as_ref(), options.durability, options.read_only)?;
         let clock = options.clock.unwrap_or_else(|| Arc::new(SystemClock));
-        let inner = RootInner::new(root, options.durability, options.read_only, clock);
+        let inner = RootInner::new(
+            root,
+            options.durability,
+            options.read_only,
+            clock,
+            options.prune_grace,
+        );
         Ok(FsRootStore {
             inner: Arc::new(inner),
         })

@@ -19,6 +19,8 @@ pub(crate) struct RootInner {
     pub(super) durability: Durability,
     pub(super) read_only: bool,
     pub(super) clock: Arc<dyn Clock>,
+    /// [`crate::FsRootOptions::prune_grace`], handed to every session.
+    pub(super) prune_grace: std::time::Duration,
     sessions: Mutex<HashMap<SessionKey, FsStore>>,
     /// Rows read from sessions' listings (what a page cost; a test seam).
     pub(crate) fetched: Arc<AtomicU64>,
@@ -43,12 +45,14 @@ impl RootInner {
         durability: Durability,
         read_only: bool,
         clock: Arc<dyn Clock>,
+        prune_grace: std::time::Duration,
     ) -> RootInner {
         RootInner {
             root,
             durability,
             read_only,
             clock,
+            prune_grace,
             sessions: Mutex::new(HashMap::new()),
             fetched: Arc::new(AtomicU64::new(0)),
             #[cfg(feature = "testing")]
@@ -84,6 +88,7 @@ impl RootInner {
                 durability: self.durability,
                 read_only: self.read_only,
                 clock: Some(self.clock.clone()),
+                prune_grace: self.prune_grace,
             },
         )?;
         let mut cache = self.sessions.lock().unwrap_or_else(|p| p.into_inner());
