@@ -496,9 +496,11 @@ class HeldRun {
     if (this.lost || this.ended) return;
     this.lost = loss;
     this.stopTimers();
+    // Abort first: an observer that stops the worker on this event must
+    // not make the worker's reason the handler's.
+    this.lossController.abort(loss);
     if (loss instanceof Cancelled) this.emit({ type: "cancelled", run: this.run, cancelled: loss });
     else this.emit({ type: "lost", run: this.run, loss });
-    this.lossController.abort(loss);
   }
 
   /** Counts how this holding was lost: a cancel, or a lease lost. */
