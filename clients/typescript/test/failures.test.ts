@@ -302,6 +302,7 @@ for (const writes of [false, true]) {
     await sleep(700); // past the first renewal
     const cancelSent = performance.now();
     const cancelled = await operator.cancel(run, { reason: "customer left" });
+    const cancelDone = performance.now();
     const eventsAtCancel = await eventCount(id);
     assert.equal(cancelled.status, "cancelled");
     const report = await within(15_000, h.report, "the worker");
@@ -314,7 +315,12 @@ for (const writes of [false, true]) {
     assert.equal(h.reason.reason, "customer left");
     assert.equal(h.reason.run, id);
     assert.ok(h.lateWrite instanceof Cancelled, `the late write: ${String(h.lateWrite)}`);
-    if (writes) assert.ok(h.accepted > 0, "steps landed before the cancel");
+    if (writes) {
+      assert.ok(h.accepted > 0, "steps landed before the cancel");
+      // The first refused write stopped the handler: no step was sent after it.
+      const steps = h.log.filter((r) => r.at > cancelDone && r.path.endsWith("/steps"));
+      assert.ok(steps.length <= 1, `${steps.length} steps sent after the cancel`);
+    }
     assert.equal(await eventCount(id), eventsAtCancel, "a write landed after the cancel");
     assert.deepEqual(
       [report.cancelled, report.lost, report.failed, report.finished, report.released, report.snoozed],
