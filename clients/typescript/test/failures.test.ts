@@ -182,6 +182,7 @@ test("a handler past the attempt timeout is aborted and its attempt failed as ti
   await operator.enqueue(run, { checkpoint: firstCheckpoint("x"), maxAttempts: 5, retry: { baseMs: 60_000, factor: 1, capMs: 60_000 } });
   let reason: unknown;
   let lateWrite: unknown;
+  let lateFenced: unknown;
   let handlerDone!: () => void;
   const handlerEnded = new Promise<void>((r) => (handlerDone = r));
   const started = performance.now();
@@ -204,6 +205,12 @@ test("a handler past the attempt timeout is aborted and its attempt failed as ti
           await ctx.step({ events: [{ type: "late" }] }).catch((e: unknown) => {
             lateWrite = e;
           });
+          // Also a write that does not pass the aborted signal on: refused by the worker, not sent.
+          await ctx
+            .fenced((fence) => ctx.client.appendEvents(ctx.ref, [{ type: "late-fenced" }], { fence }))
+            .catch((e: unknown) => {
+              lateFenced = e;
+            });
         } finally {
           handlerDone();
         }
@@ -216,6 +223,7 @@ test("a handler past the attempt timeout is aborted and its attempt failed as ti
   assert.equal(reason.timeoutMs, 300);
   assert.ok(abortedAfter >= 300 && abortedAfter < 2000, `aborted after ${abortedAfter} ms`);
   assert.ok(lateWrite instanceof AttemptTimedOut, `the late write: ${String(lateWrite)}`);
+  assert.ok(lateFenced instanceof AttemptTimedOut, `the late fenced write: ${String(lateFenced)}`);
   assert.deepEqual([report.failed, report.timedOut, report.deadLettered, report.finished, report.lost], [1, 1, 0, 0, 0]);
   const l = await operator.lifecycle(run);
   assert.equal(l.status, "active");
