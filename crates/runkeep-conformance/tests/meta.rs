@@ -60,6 +60,8 @@ enum Flaw {
     /// `release` answers `true` and changes nothing: the holder's next
     /// claim is a renewal of the fence it gave up.
     ReleaseKeepsTheHolding,
+    /// `enqueue` drops the run's deadline and attempt timeout.
+    ForgetsTheTimeouts,
 }
 
 #[derive(Debug)]
@@ -230,6 +232,7 @@ impl Intercept for Broken {
                     holder: options.holder.clone(),
                     fence: Fence::FIRST,
                     expires_at: options.now().plus(options.ttl),
+                    attempt_timeout_ms: None,
                 }))
             }
             Flaw::RewindsFenceAfterRelease => {
@@ -250,12 +253,26 @@ impl Intercept for Broken {
                     holder: options.holder.clone(),
                     fence: Fence::new(next)?,
                     expires_at: now.plus(options.ttl),
+                    attempt_timeout_ms: None,
                 };
                 live.insert(scope.clone(), lease.clone());
                 Ok(ClaimOutcome::Acquired(lease))
             }
             _ => self.inner.claim(scope, options).await,
         }
+    }
+    async fn enqueue(
+        &self,
+        scope: &RunScope,
+        cp: &Checkpoint,
+        options: &runkeep::EnqueueOptions,
+    ) -> Result<Checkpoint> {
+        let mut options = options.clone();
+        if self.flaw == Flaw::ForgetsTheTimeouts {
+            options.deadline = None;
+            options.attempt_timeout = None;
+        }
+        self.inner.enqueue(scope, cp, &options).await
     }
     async fn fail_attempt(
         &self,
@@ -692,6 +709,7 @@ async fn a_store_handing_out_finished_runs_fails_the_lifecycle_cases() {
             "dead_letters_the_run_when_the_takeover_reaches_the_limit",
             "dead_letters_the_run_when_failed_attempts_reach_the_limit",
             "cancels_a_claimed_run_and_tells_its_holder_why",
+            "finishes_a_run_past_its_deadline_at_its_next_claim",
             "hands_over_from_a_finished_step_to_the_next_run",
             "never_hands_over_to_the_run_the_step_just_finished",
             "concurrent_hand_overs_never_give_one_run_to_two_workers",
@@ -806,6 +824,23 @@ async fn a_store_judging_claims_on_the_machine_clock_fails_the_store_clock_cases
             "records_a_failed_attempt_and_defers_the_run_by_its_backoff",
             "counts_takeovers_and_failed_attempts_toward_one_limit",
             "refuses_a_failed_attempt_it_cannot_record_and_changes_nothing",
+            "finishes_a_run_past_its_deadline_at_its_next_claim",
+        ],
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_store_that_forgets_the_deadline_and_the_attempt_timeout_fails_the_timeout_cases() {
+    let failed = failures(
+        Broken::on(Flaw::ForgetsTheTimeouts),
+        runkeep_conformance::CONTRACT_VERSION,
+    )
+    .await;
+    assert_fails_exactly(
+        &failed,
+        &[
+            "finishes_a_run_past_its_deadline_at_its_next_claim",
+            "hands_the_runs_attempt_timeout_to_every_taker",
         ],
     );
 }
@@ -824,6 +859,7 @@ async fn a_store_that_only_releases_a_failed_attempt_fails_the_failure_cases() {
             "dead_letters_the_run_when_failed_attempts_reach_the_limit",
             "counts_takeovers_and_failed_attempts_toward_one_limit",
             "refuses_a_failed_attempt_it_cannot_record_and_changes_nothing",
+            "cancels_a_claimed_run_and_tells_its_holder_why",
         ],
     );
 }

@@ -1162,6 +1162,8 @@ impl CheckpointStore for HttpStore {
             available_at: options.available_at.map(Timestamp::as_millis),
             max_attempts: options.max_attempts,
             retry: options.retry.map(Into::into),
+            attempt_timeout_ms: options.attempt_timeout.map(runkeep::Ttl::as_millis),
+            deadline: options.deadline.map(Timestamp::as_millis),
         };
         let cp: CheckpointBody = self.run_write(Operation::Enqueue, scope, &body).await?;
         cp.to_checkpoint("checkpoint").map_err(problem_error)

@@ -714,7 +714,7 @@ fn integer_rule(name: &str) -> Option<Value> {
     Some(match name {
         "createdAt" | "runCreatedAt" | "parkedAt" | "deadlineAt" | "resolvedAt" | "until"
         | "availableAt" | "expiresAt" | "finishedAt" | "latestCheckpointAt" | "timestamp"
-        | "now" => instant_rule(),
+        | "now" | "at" | "retryAt" | "deadline" => instant_rule(),
         "fence" | "finishedFence" | "generation" | "presented" | "current" => fence_rule(),
         "seq" | "lastSeq" | "throughEventSeq" | "sinceSeq" | "nextSinceSeq" | "position"
         | "checkpointCount" | "keepLast" => count_rule(),
@@ -726,9 +726,18 @@ fn integer_rule(name: &str) -> Option<Value> {
             ) }),
         ),
         "waitMs" | "timeoutMs" => wait_rule(),
+        "attemptTimeoutMs" => merge(
+            bounded(1, runkeep::time::MAX_TTL_MS),
+            json!({ "description": "An attempt's time limit, ms: 1 ms to 366 days (a lease's range)." }),
+        ),
         // u32 in the server: utoipa says int32, whose range stops at 2^31 − 1.
         "attempts" => json!({ "format": "int64", "minimum": 0, "maximum": u32::MAX }),
         "maxAttempts" => json!({ "format": "int64", "minimum": 1, "maximum": u32::MAX }),
+        "attempt" => json!({ "format": "int64", "minimum": 1, "maximum": u32::MAX }),
+        "baseMs" | "capMs" => merge(
+            bounded(0, runkeep::failure::MAX_RETRY_CAP.as_millis() as u64),
+            json!({ "description": "A retry delay, ms: at most 7 days; the cap at least the base." }),
+        ),
         "status" => bounded(100, 599),
         // A pending write's index: negative for a special channel's slot.
         "idx" => json!({ "minimum": i32::MIN, "maximum": i32::MAX }),
@@ -741,11 +750,14 @@ fn integer_rule(name: &str) -> Option<Value> {
 pub const CLOSED_SCHEMAS: &[&str] = &[
     "AppendAuditBody",
     "AppendEventsBody",
+    "AttemptErrorBody",
+    "CancelBody",
     "CheckpointBody",
     "ClaimBody",
     "ClaimNextBody",
     "CommitStepBody",
     "EnqueueBody",
+    "FailAttemptBody",
     "FinishBody",
     "HandOverBody",
     "NewAuditBody",
@@ -760,6 +772,7 @@ pub const CLOSED_SCHEMAS: &[&str] = &[
     "ReleaseBody",
     "ReportBody",
     "ResolveBody",
+    "RetryPolicyBody",
     "SnoozeBody",
     "StepBody",
     "StepMessagesBody",
@@ -854,6 +867,26 @@ fn property_rules() -> Vec<(&'static str, &'static str, Value)> {
             "OutcomeBody",
             "reason",
             json!({ "maxLength": runkeep::lifecycle::MAX_REASON_CHARS }),
+        ),
+        (
+            "CancelBody",
+            "reason",
+            json!({ "maxLength": runkeep::lifecycle::MAX_REASON_CHARS }),
+        ),
+        (
+            "AttemptErrorBody",
+            "kind",
+            json!({ "minLength": 1, "maxLength": runkeep::failure::MAX_ERROR_KIND_CHARS, "pattern": "\\S" }),
+        ),
+        (
+            "AttemptErrorBody",
+            "message",
+            json!({ "maxLength": runkeep::failure::MAX_ERROR_MESSAGE_CHARS }),
+        ),
+        (
+            "RetryPolicyBody",
+            "factor",
+            json!({ "minimum": 1, "maximum": 100 }),
         ),
         ("RunAddress", "tenantId", id()),
         ("RunAddress", "projectId", id()),

@@ -190,6 +190,19 @@ fn closed_schemas_are_exactly_the_bodies_that_refuse_unknown_members() {
         ),
         ("ClaimBody", refuses_unknown::<wire::ClaimBody>(unknown)),
         (
+            "AttemptErrorBody",
+            refuses_unknown::<wire::AttemptErrorBody>(unknown),
+        ),
+        ("CancelBody", refuses_unknown::<wire::CancelBody>(unknown)),
+        (
+            "FailAttemptBody",
+            refuses_unknown::<wire::FailAttemptBody>(unknown),
+        ),
+        (
+            "RetryPolicyBody",
+            refuses_unknown::<wire::RetryPolicyBody>(unknown),
+        ),
+        (
             "ClaimNextBody",
             refuses_unknown::<wire::ClaimNextBody>(unknown),
         ),

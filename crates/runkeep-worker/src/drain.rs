@@ -148,7 +148,8 @@ pub struct WorkerOptions {
     pub shutdown_grace: Duration,
     /// A step running longer than this is stopped and its attempt reported
     /// failed (kind `timeout`). `None` (the default): no limit but the
-    /// run's own.
+    /// run's own (set on enqueue, carried by its lease); with both, the
+    /// shorter holds.
     pub attempt_timeout: Option<Duration>,
     /// The attempt limit the drain's failure reports carry, over the run's
     /// own limit (set on enqueue) and the store's default. `None` (the
@@ -831,6 +832,15 @@ where
         keeper,
     } = taken;
     let fence = lease.fence;
+    // The run's own attempt timeout (set on enqueue) and the drain's: the
+    // shorter one holds.
+    let timeout = match (
+        lease.attempt_timeout_ms.map(Duration::from_millis),
+        opts.attempt_timeout,
+    ) {
+        (Some(a), Some(b)) => Some(a.min(b)),
+        (a, b) => a.or(b),
+    };
     let keeper = match keeper.map(Ok).unwrap_or_else(|| {
         LeaseKeeper::start_at(
             store.clone(),
@@ -882,7 +892,6 @@ where
         };
         tokio::pin!(handed_waited);
         let mut gave_back = false;
-        let timeout = opts.attempt_timeout;
         let attempt_ends = timeout.map(|t| Instant::now() + t);
         loop {
             tokio::select! {

@@ -343,3 +343,37 @@ async fn an_operator_release_under_a_running_worker_stops_its_step() {
         .unwrap();
     assert!(lease.holder.is_empty(), "{lease:?}");
 }
+
+/// A run's own attempt timeout (set on enqueue, carried by its lease) is
+/// honoured with no timeout configured on the worker.
+#[tokio::test(start_paused = true)]
+async fn the_runs_own_attempt_timeout_stops_its_step() {
+    let (clock, store) = setup();
+    let cp = Checkpoint::new(CheckpointId::new("cp_0").unwrap(), clock.now(), Map::new());
+    store
+        .enqueue(
+            &run("run_own"),
+            &cp,
+            &EnqueueOptions {
+                attempt_timeout: Some(Ttl::from_millis(1_500).unwrap()),
+                ..Default::default()
+            },
+        )
+        .await
+        .unwrap();
+    let worker = Worker::new(store.clone(), tenant(), options("w", DrainMode::UntilIdle)).unwrap();
+    let started = Instant::now();
+    let report = worker
+        .drain(CancellationToken::new(), move |_h, _| async move {
+            sleep(Duration::from_secs(60)).await;
+            Ok::<_, String>(StepOutcome::Finished)
+        })
+        .await;
+    assert!(
+        started.elapsed() < Duration::from_secs(60),
+        "the step ran its minute"
+    );
+    assert_eq!((report.failed, report.timed_out), (1, 1), "{report:?}");
+    let l = store.lifecycle(&run("run_own")).await.unwrap();
+    assert_eq!(l.failures[0].error.kind, "timeout", "{l:?}");
+}

@@ -174,8 +174,9 @@ impl Default for RetryPolicy {
 }
 
 impl RetryPolicy {
-    /// Refuses a factor below 1 or above 100 (or not finite), a cap below
-    /// the base, or a cap above [`MAX_RETRY_CAP`].
+    /// Refuses a factor below 1 or above 100 (or not finite), or a base or
+    /// cap above [`MAX_RETRY_CAP`]. A cap below the base is allowed: every
+    /// delay is then the cap.
     pub fn validate(&self, run: &RunId) -> Result<()> {
         if !self.factor.is_finite() || !(1.0..=100.0).contains(&self.factor) {
             return Err(Error::invalid(format!(
@@ -183,13 +184,13 @@ impl RetryPolicy {
                 self.factor
             )));
         }
-        if self.cap_ms < self.base_ms {
+        let max = MAX_RETRY_CAP.as_millis() as u64;
+        if self.base_ms > max {
             return Err(Error::invalid(format!(
-                "retry policy of run {run}: cap {} ms is below base {} ms",
-                self.cap_ms, self.base_ms
+                "retry policy of run {run}: base {} ms is above the longest delay allowed, {max} ms (7 days)",
+                self.base_ms
             )));
         }
-        let max = MAX_RETRY_CAP.as_millis() as u64;
         if self.cap_ms > max {
             return Err(Error::invalid(format!(
                 "retry policy of run {run}: cap {} ms is above the longest delay allowed, {max} ms (7 days); set a deadline or reopen the run by hand instead",
@@ -232,6 +233,9 @@ pub fn after_failure(
     limit: Option<u32>,
     now: Timestamp,
 ) -> Result<Lifecycle> {
+    if l.status == RunStatus::Cancelled {
+        return Err(cancelled(run, "fail_attempt", l));
+    }
     if l.status.is_finished() {
         return Err(Error::Conflict {
             message: format!(
@@ -336,6 +340,15 @@ pub fn after_cancel(
 
 /// The reason recorded on a cancel that gave none.
 pub const CANCELLED_BY_OPERATOR: &str = "cancelled by an operator";
+
+/// The refusal of a holder's act on a cancelled run.
+pub fn cancelled(run: &RunId, operation: &'static str, l: &Lifecycle) -> Error {
+    Error::Cancelled {
+        run: run.to_string(),
+        operation,
+        reason: l.reason.clone(),
+    }
+}
 
 /// A holder's write refused for its fence on a run that was cancelled is
 /// answered [`Error::Cancelled`] instead, so the holder learns why it lost
@@ -453,8 +466,13 @@ mod tests {
             factor: f64::NAN,
             ..RetryPolicy::default()
         }));
-        assert!(bad(RetryPolicy {
+        assert!(!bad(RetryPolicy {
             base_ms: 10,
+            cap_ms: 5,
+            factor: 2.0
+        }));
+        assert!(bad(RetryPolicy {
+            base_ms: u64::MAX,
             cap_ms: 5,
             factor: 2.0
         }));

@@ -52,7 +52,7 @@ use crate::lease::{
     check_write_fence, decide_claim, decide_release, is_expired, ClaimDecision, ClaimOptions,
     ClaimOutcome, Fence, Lease, LeaseSummary, TopHolding,
 };
-use crate::time::Timestamp;
+use crate::time::{Timestamp, Ttl};
 
 /// The attempt limit when neither the claim nor the run sets one.
 pub const DEFAULT_MAX_ATTEMPTS: u32 = 25;
@@ -247,7 +247,20 @@ pub struct Lifecycle {
     /// The run's own retry policy (`None`: the defaults).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub retry: Option<RetryPolicy>,
+    /// Each attempt's time limit, ms: a runtime stops a step that runs
+    /// longer and reports the attempt failed (`timeout`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub attempt_timeout_ms: Option<u64>,
+    /// The run must be finished by this instant (store clock): the first
+    /// claim at or after it (a claim, `claim_next`, the holder's renewal)
+    /// finishes it as failed, reason [`DEADLINE_PASSED`], instead of
+    /// handing it out.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub deadline: Option<Timestamp>,
 }
+
+/// The reason recorded on a run finished by its deadline.
+pub const DEADLINE_PASSED: &str = "deadline";
 
 /// The enqueue rule: enqueue creates a run, so it refuses one that exists
 /// (`Conflict`, changing nothing). Every backend asks this before writing.
@@ -294,11 +307,16 @@ pub struct EnqueueOptions {
     /// The run's own retry policy after a failed attempt (`None`: the
     /// defaults of [`crate::failure`]).
     pub retry: Option<RetryPolicy>,
+    /// Each attempt's time limit (`None`: none).
+    pub attempt_timeout: Option<Ttl>,
+    /// The run must be finished by this instant (`None`: no deadline).
+    pub deadline: Option<Timestamp>,
 }
 
 impl EnqueueOptions {
     /// Refuses a zero attempt limit (the run could never be handed out) and
-    /// a bad retry policy.
+    /// a bad retry policy. (A deadline already past is allowed: the run's
+    /// first claim finishes it.)
     pub fn validate(&self, run: &RunId) -> Result<()> {
         if self.max_attempts == Some(0) {
             return Err(Error::invalid(format!(
@@ -317,6 +335,8 @@ impl EnqueueOptions {
             max_attempts: self.max_attempts,
             available_at: self.available_at,
             retry: self.retry,
+            attempt_timeout_ms: self.attempt_timeout.map(Ttl::as_millis),
+            deadline: self.deadline,
             ..Lifecycle::default()
         }
     }
@@ -339,6 +359,12 @@ pub enum ClaimPlan {
     Finished(RunStatus),
     /// Deferred until this instant.
     NotBefore(Timestamp),
+    /// The run's deadline has passed: finish it as failed
+    /// ([`DEADLINE_PASSED`]) at `fence` instead of handing it out.
+    PastDeadline {
+        /// The fence the finish spends.
+        fence: Fence,
+    },
     /// This takeover would reach the attempt limit: finish the run as
     /// failed ([`ATTEMPTS_EXHAUSTED`]) at `fence` instead of handing it out.
     Exhausted {
@@ -366,6 +392,9 @@ pub fn plan_claim(
         ClaimDecision::Held(s) => return Ok(ClaimPlan::Held(s)),
         ClaimDecision::Take(f) => f,
     };
+    if lifecycle.deadline.is_some_and(|d| now >= d) {
+        return Ok(ClaimPlan::PastDeadline { fence });
+    }
     let renewal = matches!(top, Some(TopHolding::Lease { holder: h, expires_at, .. })
         if h == holder && !is_expired(*expires_at, now));
     if !renewal {
@@ -403,7 +432,8 @@ pub fn after_take(l: &Lifecycle, takeover: bool) -> Lifecycle {
 }
 
 /// The lifecycle after a finish at `fence`, judged at `now`. Refuses a run
-/// that is already finished (`Conflict`: a finish is recorded once).
+/// that is already finished (`Conflict`: a finish is recorded once; a
+/// cancelled run answers `Cancelled`, so its holder learns why).
 pub fn after_finish(
     run: &RunId,
     l: &Lifecycle,
@@ -411,6 +441,9 @@ pub fn after_finish(
     fence: Fence,
     now: Timestamp,
 ) -> Result<Lifecycle> {
+    if l.status == RunStatus::Cancelled {
+        return Err(crate::failure::cancelled(run, "finish", l));
+    }
     if l.status.is_finished() {
         return Err(Error::Conflict {
             message: format!(
@@ -429,6 +462,20 @@ pub fn after_finish(
         available_at: None,
         ..l.clone()
     })
+}
+
+/// The lifecycle a claim past the run's deadline records (finished at
+/// `now`, the instant it was judged).
+pub fn past_deadline(l: &Lifecycle, fence: Fence, now: Timestamp) -> Lifecycle {
+    Lifecycle {
+        status: RunStatus::Failed,
+        finished_at: Some(now),
+        finished_fence: Some(fence),
+        result: None,
+        reason: Some(DEADLINE_PASSED.to_string()),
+        available_at: None,
+        ..l.clone()
+    }
 }
 
 /// The lifecycle a dead-lettering claim records.
@@ -490,11 +537,17 @@ pub fn apply_claim(
             *top = Some(TopHolding::Released { fence });
             Ok(ClaimOutcome::Finished(lifecycle.status))
         }
+        ClaimPlan::PastDeadline { fence } => {
+            *lifecycle = past_deadline(lifecycle, fence, now);
+            *top = Some(TopHolding::Released { fence });
+            Ok(ClaimOutcome::Finished(lifecycle.status))
+        }
         ClaimPlan::Take { fence, takeover } => {
             let lease = Lease {
                 holder: options.holder.clone(),
                 fence,
                 expires_at: now.plus(options.ttl),
+                attempt_timeout_ms: lifecycle.attempt_timeout_ms,
             };
             *top = Some(TopHolding::Lease {
                 fence,

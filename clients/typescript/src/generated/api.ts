@@ -985,11 +985,22 @@ export interface components {
         EnqueueBody: {
             /**
              * Format: int64
+             * @description An attempt's time limit, ms: 1 ms to 366 days (a lease's range).
+             */
+            attemptTimeoutMs?: number | null;
+            /**
+             * Format: int64
              * @description Not claimable before, epoch ms.
              */
             availableAt?: number | null;
             /** @description The run's first checkpoint. */
             checkpoint: components["schemas"]["CheckpointBody"];
+            /**
+             * Format: int64
+             * @description The run must be finished by then, epoch ms (store clock): its first
+             *     claim at or after it finishes it as failed, reason `deadline`.
+             */
+            deadline?: number | null;
             /**
              * Format: int64
              * @description The run's own attempt limit.
@@ -1064,7 +1075,7 @@ export interface components {
              */
             at: number;
             /**
-             * Format: int32
+             * Format: int64
              * @description The attempt count this failure brought the run to.
              */
             attempt: number;
@@ -1124,6 +1135,11 @@ export interface components {
         LeaseBody: {
             /**
              * Format: int64
+             * @description An attempt's time limit, ms: 1 ms to 366 days (a lease's range).
+             */
+            attemptTimeoutMs?: number | null;
+            /**
+             * Format: int64
              * @description Expiry, epoch ms (store clock).
              */
             expiresAt: number;
@@ -1156,6 +1172,11 @@ export interface components {
         LifecycleBody: {
             /**
              * Format: int64
+             * @description An attempt's time limit, ms: 1 ms to 366 days (a lease's range).
+             */
+            attemptTimeoutMs?: number | null;
+            /**
+             * Format: int64
              * @description Attempts lost so far: takeovers from expired leases and failed
              *     attempts.
              */
@@ -1169,6 +1190,11 @@ export interface components {
              *     `failed`, reason `attempts exhausted`). Derived, answered only:
              *     the store decides it. */
             deadLettered?: boolean;
+            /**
+             * Format: int64
+             * @description The run must be finished by then, epoch ms (store clock).
+             */
+            deadline?: number | null;
             /** @description The newest failed attempts (at most 20), oldest first. */
             failures?: components["schemas"]["FailedAttemptBody"][];
             /**
@@ -1517,12 +1543,12 @@ export interface components {
         RetryPolicyBody: {
             /**
              * Format: int64
-             * @description The first delay, ms.
+             * @description A retry delay, ms: at most 7 days; the cap at least the base.
              */
             baseMs: number;
             /**
              * Format: int64
-             * @description The longest delay, ms (at most 7 days).
+             * @description A retry delay, ms: at most 7 days; the cap at least the base.
              */
             capMs: number;
             /**

@@ -24,8 +24,8 @@ use std::time::Duration;
 use clap::Args;
 use runkeep::lifecycle::DEFAULT_MAX_ATTEMPTS;
 use runkeep::{
-    Checkpoint, CheckpointId, EnqueueOptions, Fence, FinishStatus, Lifecycle, Outcome,
-    RetryPolicy, RunScope, RunStatus, Timestamp, Ttl,
+    Checkpoint, CheckpointId, EnqueueOptions, Fence, FinishStatus, Lifecycle, Outcome, RetryPolicy,
+    RunScope, RunStatus, Timestamp, Ttl,
 };
 use serde_json::{json, Map, Value};
 
@@ -69,6 +69,15 @@ pub struct EnqueueArgs {
     /// The longest retry delay (default 10m, at most 7d).
     #[arg(long, value_parser = parse_duration, value_name = "DURATION")]
     retry_cap: Option<Duration>,
+    /// Each attempt's time limit: a worker stops a step that runs longer
+    /// and reports the attempt failed (kind `timeout`).
+    #[arg(long, value_parser = parse_duration, value_name = "DURATION")]
+    attempt_timeout: Option<Duration>,
+    /// The run must be finished by then: a duration from now on the store's
+    /// clock or a UTC instant. Its first claim after it (a renewal
+    /// included) finishes it as failed, reason `deadline`.
+    #[arg(long, value_parser = parse_not_before, value_name = "DURATION|INSTANT")]
+    deadline: Option<NotBefore>,
     /// The id of the first checkpoint.
     #[arg(long, default_value = ENQUEUE_CHECKPOINT, value_parser = parse_id::<CheckpointId>, value_name = "ID")]
     checkpoint: CheckpointId,
@@ -213,10 +222,28 @@ pub async fn enqueue(ctx: &Ctx, args: EnqueueArgs) -> CliResult<Exit> {
             })
         }
     };
+    let attempt_timeout = args
+        .attempt_timeout
+        .map(|d| {
+            Ttl::from_duration(d).map_err(|e| {
+                CliError::usage(format!("--attempt-timeout: {}", CliError::from(e).message))
+            })
+        })
+        .transpose()?;
+    let deadline =
+        match args.deadline {
+            None => None,
+            Some(NotBefore::At(at)) => Some(at),
+            Some(NotBefore::After(d)) => Some(now.plus(Ttl::from_duration(d).map_err(|e| {
+                CliError::usage(format!("--deadline: {}", CliError::from(e).message))
+            })?)),
+        };
     let options = EnqueueOptions {
         available_at,
         max_attempts: args.max_attempts,
         retry,
+        attempt_timeout,
+        deadline,
     };
     let stored = store
         .enqueue(&scope, &checkpoint, &options)
@@ -412,6 +439,33 @@ pub fn show_rows(l: &Lifecycle, now: Timestamp) -> Vec<(&'static str, Cell)> {
             attempts.into()
         },
     ));
+    if let Some(d) = l.deadline {
+        let past = !l.status.is_finished() && d <= now;
+        rows.push((
+            "deadline",
+            if past {
+                Cell::colored(
+                    format!(
+                        "{} (passed: its next claim finishes it as failed)",
+                        when(d, now)
+                    ),
+                    Color::Red,
+                )
+            } else {
+                when(d, now).into()
+            },
+        ));
+    }
+    if let Some(ms) = l.attempt_timeout_ms {
+        rows.push((
+            "attempt limit",
+            format!(
+                "{} per attempt",
+                humantime::format_duration(Duration::from_millis(ms))
+            )
+            .into(),
+        ));
+    }
     let shown = l.failures.len().min(SHOWN_FAILURES);
     if l.failures.len() > shown {
         rows.push((

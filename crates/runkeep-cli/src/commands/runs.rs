@@ -155,7 +155,9 @@ async fn print_last_errors(opened: &OpenedStore, rows: &[RunRow]) -> CliResult<(
         lines.push_str(&format!("{}: {line}\n", r.scope.run_id));
     }
     if !lines.is_empty() {
-        emit(&format!("last errors (`runkeep show RUN` has the history):\n{lines}"))?;
+        emit(&format!(
+            "last errors (`runkeep show RUN` has the history):\n{lines}"
+        ))?;
     }
     Ok(())
 }

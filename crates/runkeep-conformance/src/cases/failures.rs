@@ -310,6 +310,19 @@ pub async fn cancels_a_claimed_run_and_tells_its_holder_why(
         other => panic!("the holder's append after a cancel answered {other:?}, not Cancelled"),
     }
     match store
+        .finish(&a, lease.fence, &runkeep::Outcome::completed(None))
+        .await
+    {
+        Err(Error::Cancelled { .. }) => {}
+        other => panic!("the holder's finish after a cancel answered {other:?}, not Cancelled"),
+    }
+    match store.fail_attempt(&a, lease.fence, &boom(1), None).await {
+        Err(Error::Cancelled { .. }) => {}
+        other => {
+            panic!("the holder's failure report after a cancel answered {other:?}, not Cancelled")
+        }
+    }
+    match store
         .claim(&a, &claim_now("w1", 60_000))
         .await
         .expect("claim")
@@ -407,4 +420,102 @@ pub async fn a_claim_after_a_release_is_a_new_claim_not_a_renewal(
         0,
         "a claim after a release is not an attempt"
     );
+}
+
+/// A run past its deadline is finished as failed ("deadline") by its next
+/// claim, the holder's renewal included, and never handed out again;
+/// `claim_next` finishes it and moves on.
+pub async fn finishes_a_run_past_its_deadline_at_its_next_claim(
+    store: Arc<dyn RunStore>,
+    env: CaseEnv,
+) {
+    let clock = env.clock();
+    let (a, b) = (run("a"), run("b"));
+    for scope in [&a, &b] {
+        store
+            .enqueue(
+                scope,
+                &checkpoint(scope.run_id.as_str(), 0),
+                &EnqueueOptions {
+                    deadline: Some(at(5_000)),
+                    ..Default::default()
+                },
+            )
+            .await
+            .expect("enqueue");
+    }
+    assert_eq!(
+        store.lifecycle(&a).await.expect("lifecycle").deadline,
+        Some(at(5_000))
+    );
+    let lease = take(&store, &a, claim_now("w1", 60_000)).await;
+    clock.set(at(4_999));
+    let renewed = take(&store, &a, claim_now("w1", 60_000)).await;
+    clock.set(at(5_000));
+    match store
+        .claim(&a, &claim_now("w1", 60_000))
+        .await
+        .expect("claim")
+    {
+        ClaimOutcome::Finished(RunStatus::Failed) => {}
+        other => panic!("the holder's renewal at the deadline answered {other:?}"),
+    }
+    let l = store.lifecycle(&a).await.expect("lifecycle");
+    assert_eq!(l.status, RunStatus::Failed);
+    assert_eq!(
+        l.reason.as_deref(),
+        Some(runkeep::lifecycle::DEADLINE_PASSED)
+    );
+    assert_eq!(l.finished_at, Some(at(5_000)));
+    assert!(!l.is_dead_lettered(), "a deadline is not a dead-letter");
+    expect_fenced(
+        store
+            .write_checkpoint(&a, &checkpoint("late", 1), Some(renewed.fence))
+            .await,
+        renewed.fence,
+        "a write of the holder after its run's deadline was judged",
+    );
+    assert!(lease.fence < renewed.fence);
+    // Nobody holds b: claim_next finishes it and finds nothing else.
+    assert!(next_run(&store, "w2").await.is_none());
+    let lb = store.lifecycle(&b).await.expect("lifecycle");
+    assert_eq!(
+        (lb.status, lb.reason.as_deref()),
+        (RunStatus::Failed, Some(runkeep::lifecycle::DEADLINE_PASSED))
+    );
+}
+
+/// Every lease of a run carries its attempt timeout, for the runtime that
+/// steps it.
+pub async fn hands_the_runs_attempt_timeout_to_every_taker(store: Arc<dyn RunStore>, env: CaseEnv) {
+    let _clock = env.clock();
+    let a = run("a");
+    store
+        .enqueue(
+            &a,
+            &checkpoint("a", 0),
+            &EnqueueOptions {
+                attempt_timeout: Some(runkeep::Ttl::from_millis(30_000).expect("ttl")),
+                ..Default::default()
+            },
+        )
+        .await
+        .expect("enqueue");
+    let (scope, lease) = store
+        .claim_next(
+            &listing(),
+            &runkeep::ClaimNextFilter::default(),
+            &claim_now("w", 60_000),
+        )
+        .await
+        .expect("claim_next")
+        .expect("a run");
+    assert_eq!(scope, a);
+    assert_eq!(lease.attempt_timeout_ms, Some(30_000), "claim_next's lease");
+    let renewed = take(&store, &a, claim_now("w", 60_000)).await;
+    assert_eq!(renewed.attempt_timeout_ms, Some(30_000), "a claim's lease");
+    let b = run("b");
+    write(&store, &b, &checkpoint("b", 0), None).await;
+    let plain = take(&store, &b, claim_now("w", 60_000)).await;
+    assert_eq!(plain.attempt_timeout_ms, None, "a run without one");
 }

@@ -17,6 +17,10 @@ pub struct LeaseBody {
     pub fence: u64,
     /// Expiry, epoch ms (store clock).
     pub expires_at: i64,
+    /// The run's attempt timeout, ms: stop a step that runs longer and
+    /// report the attempt failed (kind `timeout`). Absent: none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub attempt_timeout_ms: Option<u64>,
 }
 
 impl From<&Lease> for LeaseBody {
@@ -25,6 +29,7 @@ impl From<&Lease> for LeaseBody {
             holder: crate::holder::display(l.holder.as_str()).to_string(),
             fence: l.fence.get(),
             expires_at: ms(l.expires_at),
+            attempt_timeout_ms: l.attempt_timeout_ms,
         }
     }
 }
@@ -36,6 +41,7 @@ impl LeaseBody {
             holder: Holder::new(&self.holder).map_err(|e| bad("lease.holder", e))?,
             fence: fence("lease.fence", self.fence)?,
             expires_at: instant("lease.expiresAt", self.expires_at)?,
+            attempt_timeout_ms: self.attempt_timeout_ms,
         })
     }
 }
@@ -294,6 +300,13 @@ pub struct EnqueueBody {
     /// ×2, 10 min).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub retry: Option<RetryPolicyBody>,
+    /// Each attempt's time limit, ms (a lease's length: 1 ms to 366 days).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub attempt_timeout_ms: Option<u64>,
+    /// The run must be finished by then, epoch ms (store clock): its first
+    /// claim at or after it finishes it as failed, reason `deadline`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub deadline: Option<i64>,
 }
 
 /// A lease read.

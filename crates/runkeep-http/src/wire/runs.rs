@@ -331,6 +331,12 @@ pub struct LifecycleBody {
     /// The run's own retry policy.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub retry: Option<RetryPolicyBody>,
+    /// Each attempt's time limit, ms.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub attempt_timeout_ms: Option<u64>,
+    /// The run must be finished by then, epoch ms (store clock).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub deadline: Option<i64>,
 }
 
 /// One failed attempt of a run.
@@ -396,6 +402,8 @@ impl From<&Lifecycle> for LifecycleBody {
             dead_lettered: l.is_dead_lettered(),
             failures: l.failures.iter().map(Into::into).collect(),
             retry: l.retry.map(Into::into),
+            attempt_timeout_ms: l.attempt_timeout_ms,
+            deadline: l.deadline.map(ms),
         }
     }
 }
@@ -418,6 +426,8 @@ impl LifecycleBody {
                 .map(FailedAttemptBody::to_failed_attempt)
                 .collect::<Result<_, _>>()?,
             retry: self.retry.map(Into::into),
+            attempt_timeout_ms: self.attempt_timeout_ms,
+            deadline: opt_instant("deadline", self.deadline)?,
         })
     }
 }

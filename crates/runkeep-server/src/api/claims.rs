@@ -171,6 +171,17 @@ pub(super) async fn enqueue(
             .transpose()?,
         max_attempts: body.max_attempts,
         retry: body.retry.map(Into::into),
+        attempt_timeout: body
+            .attempt_timeout_ms
+            .map(|ms| {
+                runkeep::Ttl::from_millis(ms)
+                    .map_err(|e| Problem::from(e).with_field("attemptTimeoutMs"))
+            })
+            .transpose()?,
+        deadline: body
+            .deadline
+            .map(|t| wire::instant("deadline", t))
+            .transpose()?,
     };
     let stored = state.store.enqueue(&scope, &cp, &options).await?;
     Ok(Json((&stored).into()))
