@@ -28,8 +28,9 @@
  *    `POST …/steps`, always with the current fence.
  * 5. **End the holding** by what the handler returned: finish (default
  *    `completed`, with the returned value as result), release, or snooze.
- *    A handler that throws (or rejects), or runs past `attemptTimeoutMs`
- *    (its signal then aborts with an {@link AttemptTimedOut}), has its
+ *    A handler that throws (or rejects), or runs past its attempt timeout
+ *    (`attemptTimeoutMs`, or the run's own from its lease, the shorter;
+ *    its signal then aborts with an {@link AttemptTimedOut}), has its
  *    attempt reported failed (`failAttempt`, kind the error's `name` or
  *    `timeout`, message its text, cut to 4 096 characters): the store keeps
  *    the error, counts the attempt, and defers the run by the run's own
@@ -254,8 +255,9 @@ export interface WorkerOptions {
    * Longest a handler may run on one attempt, ms. Past it the handler's
    * signal aborts (an {@link AttemptTimedOut}), its later writes are
    * refused locally, and the attempt is reported failed with kind
-   * `timeout` without waiting for the handler to return. Default: no
-   * limit but the lease.
+   * `timeout` without waiting for the handler to return. A run may set
+   * its own (`attemptTimeoutMs` on enqueue, carried by its lease); with
+   * both, the shorter holds. Default: the run's own, if any.
    */
   attemptTimeoutMs?: number;
   /** Renew every `renewFraction × ttlMs`. Default 1/3. */
@@ -819,8 +821,10 @@ class HeldRun {
       (result): HandlerOutcome => ({ kind: "returned", result }),
       (error: unknown): HandlerOutcome => ({ kind: "threw", error }),
     );
-    const ms = this.options.attemptTimeoutMs;
-    if (ms === undefined) return settled;
+    // The run's own limit (set on enqueue, carried by its lease) and the worker's: the shorter holds.
+    const limits = [this.options.attemptTimeoutMs, this.lease.attemptTimeoutMs ?? undefined].filter((t): t is number => t !== undefined);
+    if (limits.length === 0) return settled;
+    const ms = Math.min(...limits);
     let timer: ReturnType<typeof setTimeout> | undefined;
     const timedOut = new Promise<HandlerOutcome>((resolve) => {
       timer = setTimeout(() => {

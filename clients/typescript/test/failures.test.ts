@@ -234,6 +234,39 @@ test("a handler past the attempt timeout is aborted and its attempt failed as ti
   assert.equal(await eventCount("fail-timeout"), 0, "the late write did not land");
 });
 
+test("the run's own attempt timeout (enqueue, carried by its lease) holds when it is shorter than the worker's", async () => {
+  const run = at("fail-own-timeout");
+  await operator.enqueue(run, {
+    checkpoint: firstCheckpoint("x"),
+    attemptTimeoutMs: 250,
+    retry: { baseMs: 60_000, factor: 1, capMs: 60_000 },
+  });
+  let reason: unknown;
+  let leaseLimit: unknown;
+  const report = await within(
+    10_000,
+    runWorker({
+      client: worker,
+      ttlMs: 30_000,
+      mode: "until-idle",
+      filter: only("fail-own-timeout"),
+      attemptTimeoutMs: 20_000,
+      handler: async (ctx) => {
+        leaseLimit = ctx.lease.attemptTimeoutMs;
+        await sleep(60_000, ctx.signal).catch(() => undefined);
+        reason = ctx.signal.reason;
+      },
+    }),
+    "the worker",
+  );
+  assert.equal(leaseLimit, 250, "the lease carries the run's attempt timeout");
+  assert.ok(reason instanceof AttemptTimedOut, `aborted with ${String(reason)}`);
+  assert.equal(reason.timeoutMs, 250);
+  assert.deepEqual([report.failed, report.timedOut], [1, 1]);
+  const [f] = (await operator.lifecycle(run)).failures ?? [];
+  assert.equal(f?.kind, "timeout");
+});
+
 /** Starts a worker (short TTL) on `runId` whose handler would run for a minute. */
 function longHandler(runId: string, ttlMs: number, writes: boolean) {
   const { client, log } = loggedClient();
@@ -397,10 +430,9 @@ test("the cancelled problem maps to Cancelled (run, operation, reason): a write,
     assert.deepEqual([err.run, err.operation, err.reason, err.status], ["cancel-refused", "commit_step", "not needed", 409]);
     return true;
   });
-  // A failed attempt reported on the cancelled run is refused too. The OpenAPI
-  // description of fail_attempt says `cancelled`; the store answers
-  // `conflict` (its finished-run check comes before the fence's).
-  await assert.rejects(worker.failAttempt(run, fence, { kind: "Error", message: "x" }), Conflict);
+  // A failed attempt or a finish reported on the cancelled run is refused as cancelled too.
+  await assert.rejects(worker.failAttempt(run, fence, { kind: "Error", message: "x" }), Cancelled);
+  await assert.rejects(worker.finish(run, fence, { status: "completed" }), Cancelled);
   const renewal = await worker.claim(run, { holder: "w-c", ttlMs: 30_000 });
   assert.deepEqual(renewal.outcome === "finished" ? renewal.status : renewal.outcome, "cancelled");
   // A finished run cannot be cancelled again; a run never claimed can be.
