@@ -122,6 +122,15 @@ export type NewAuditBody = Wire<S["NewAuditBody"]>;
 /** An audit record. */
 export type AuditBody = Wire<S["AuditBody"]>;
 
+/** A failed attempt's error: what failed, in a word, and its text. */
+export type AttemptErrorBody = Wire<S["AttemptErrorBody"]>;
+
+/** One failed attempt in a run's history (`LifecycleBody.failures`). */
+export type FailedAttemptBody = Wire<S["FailedAttemptBody"]>;
+
+/** How a run is retried after a failed attempt (`EnqueueBody.retry`, `LifecycleBody.retry`). */
+export type RetryPolicyBody = Wire<S["RetryPolicyBody"]>;
+
 /** What a claim takes. */
 export type ClaimBody = Wire<S["ClaimBody"]>;
 
@@ -216,6 +225,12 @@ export type SnoozeBody = Wire<S["SnoozeBody"]>;
 
 /** `POST …/finish`. */
 export type FinishBody = Wire<S["FinishBody"]>;
+
+/** `POST …/attempts/failed`. */
+export type FailAttemptBody = Wire<S["FailAttemptBody"]>;
+
+/** `POST …/cancel`. */
+export type CancelBody = Wire<S["CancelBody"]>;
 
 /** `POST …/enqueue`. */
 export type EnqueueBody = Wire<S["EnqueueBody"]>;
