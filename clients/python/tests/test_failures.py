@@ -221,8 +221,8 @@ def test_a_run_past_its_deadline_is_finished_by_its_next_claim(serve):
     ref = RunRef(serve.project, "f_deadline", "run_deadline")
     now = op.clock()
     op.enqueue(ref, checkpoint(), deadline=now - 1)
-    w = worker(serve, "f_deadline")
-    assert w.run(lambda held: "never", max_runs=1) == 0
+    answer = serve.client("worker").claim(ref, holder="w-deadline", ttl_ms=TTL)
+    assert not answer.acquired, answer
     life = op.lifecycle(ref)
     assert (life.status, life.reason) == ("failed", "deadline"), life
 
@@ -357,8 +357,8 @@ def test_a_write_refused_as_cancelled_marks_the_holding_lost(serve):
 
 
 def test_a_finish_or_failure_report_on_a_cancelled_run_is_told_apart_as_cancelled(serve):
-    """The server answers some acts on a cancelled run as ``Conflict`` (the
-    run is finished); the held run still raises ``Cancelled`` and is lost."""
+    """A holder's finish or failure report on a cancelled run is answered
+    ``Cancelled`` by the store itself; the held run raises it and is lost."""
     op = serve.client("operator")
     for i, end in enumerate([lambda h: h.finish(), lambda h: h.fail_attempt("ValueError", "x")]):
         ref = enqueue(serve, "f_cancel_end", f"run_cancel_end_{i}")
@@ -368,7 +368,7 @@ def test_a_finish_or_failure_report_on_a_cancelled_run_is_told_apart_as_cancelle
         op.cancel(ref, reason=f"end {i}")
         with pytest.raises(Cancelled) as e:
             end(held)
-        assert e.value.reason == f"end {i}" and isinstance(e.value.__cause__, (Conflict, FencedOut))
+        assert e.value.reason == f"end {i}", e.value
         assert held.cancelled and held.loss.kind == "cancelled"
         assert op.lifecycle(ref).failures == []
 
