@@ -44,9 +44,6 @@
 //!   [`HttpStore::follow_events`] is the SSE tail, resuming with
 //!   `Last-Event-ID` across disconnects and server restarts.
 
-// A `Problem` is returned straight into a response, once per refused
-// request: its size costs nothing measurable, boxing it would cost clarity.
-
 use runkeep::RemoteClock;
 use std::collections::HashMap;
 use std::pin::Pin;
@@ -897,7 +894,7 @@ impl SseFrame {
 fn problem_error(p: Problem) -> Error {
     Error::corrupted(format!(
         "the server's answer does not convert: {}",
-        p.detail.unwrap_or_default()
+        p.into_details().detail.unwrap_or_default()
     ))
 }
 
@@ -1464,7 +1461,7 @@ impl EvidenceStore for HttpStore {
             ))),
             (Some(_), Some(p)) => Err(Error::corrupted(format!(
                 "the server's hand-over answered both a next run and a claim error: {}",
-                p.detail.unwrap_or_default()
+                p.into_details().detail.unwrap_or_default()
             ))),
         };
         Ok(Handover { receipt, next })

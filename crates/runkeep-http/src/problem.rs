@@ -14,9 +14,6 @@
 //! to the same `runkeep::Error` variant: that is how `HttpStore` gives a
 //! caller (and the conformance kit) the variant the backing store returned.
 
-// A `Problem` is returned straight into a response, once per refused
-// request: its size costs nothing measurable, boxing it would cost clarity.
-
 use std::time::Duration;
 
 use http::StatusCode;
@@ -133,10 +130,58 @@ impl ProblemType {
     }
 }
 
-/// An RFC 9457 problem, with runkeep's extension members.
+/// An RFC 9457 problem, with runkeep's extension members: the
+/// [`ProblemDetails`] it carries, boxed, so that every `Result<_, Problem>`
+/// the parsers and handlers return is a pointer wide (the details are
+/// some 250 bytes). It reads and writes as its details (`Deref`), and
+/// travels as them (`serde(transparent)`; the document's `Problem`).
+#[derive(Clone, PartialEq, Debug, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct Problem(Box<ProblemDetails>);
+
+impl std::ops::Deref for Problem {
+    type Target = ProblemDetails;
+    fn deref(&self) -> &ProblemDetails {
+        &self.0
+    }
+}
+
+impl std::ops::DerefMut for Problem {
+    fn deref_mut(&mut self) -> &mut ProblemDetails {
+        &mut self.0
+    }
+}
+
+impl Problem {
+    /// The details, unboxed.
+    pub fn into_details(self) -> ProblemDetails {
+        *self.0
+    }
+}
+
+impl From<ProblemDetails> for Problem {
+    fn from(details: ProblemDetails) -> Self {
+        Self(Box::new(details))
+    }
+}
+
+impl utoipa::PartialSchema for Problem {
+    fn schema() -> utoipa::openapi::RefOr<utoipa::openapi::schema::Schema> {
+        <ProblemDetails as utoipa::PartialSchema>::schema()
+    }
+}
+
+impl utoipa::ToSchema for Problem {
+    fn name() -> std::borrow::Cow<'static, str> {
+        std::borrow::Cow::Borrowed("Problem")
+    }
+}
+
+/// The members of a [`Problem`].
 #[derive(Clone, PartialEq, Debug, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
-pub struct Problem {
+#[schema(description = "An RFC 9457 problem, with runkeep's extension members.")]
+pub struct ProblemDetails {
     /// `urn:runkeep:problem:<slug>`, one per kind ([`ProblemType`]).
     #[serde(rename = "type")]
     pub problem_type: String,
@@ -192,7 +237,7 @@ pub struct Problem {
 impl Problem {
     /// A problem of `kind` with a detail.
     pub fn new(kind: ProblemType, detail: impl Into<String>) -> Self {
-        Self {
+        Self::from(ProblemDetails {
             problem_type: kind.uri(),
             title: kind.title().to_string(),
             status: kind.status().as_u16(),
@@ -208,7 +253,7 @@ impl Problem {
             first_answer: None,
             resolved_at: None,
             required_role: None,
-        }
+        })
     }
 
     /// `invalid-input` naming `field`.

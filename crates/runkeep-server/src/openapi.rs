@@ -8,9 +8,6 @@
 //! when the two disagree and says how to regenerate the file
 //! (`RUNKEEP_WRITE_OPENAPI=1 cargo test -p runkeep-server --test openapi`).
 
-// A `Problem` is returned straight into a response, once per refused
-// request: its size costs nothing measurable, boxing it would cost clarity.
-
 use serde_json::{json, Value};
 use utoipa::openapi::path::{
     HttpMethod, OperationBuilder, Parameter, ParameterBuilder, ParameterIn, Paths,

@@ -1,10 +1,5 @@
 //! Per-run documents: the run record, message snapshots, the report, audit records.
 
-#![expect(
-    clippy::result_large_err,
-    reason = "a Problem (RFC 9457 details) is what every parser and handler here refuses with; boxing it would allocate per refusal and change nothing else"
-)]
-
 use super::*;
 
 /// The kind of a message snapshot.

@@ -1,10 +1,5 @@
 //! Events: appends, reads and the batches a reader pages through.
 
-#![expect(
-    clippy::result_large_err,
-    reason = "a Problem (RFC 9457 details) is what every parser and handler here refuses with; boxing it would allocate per refusal and change nothing else"
-)]
-
 use super::*;
 
 /// The `limit` of an event read that gives none.

@@ -1,10 +1,5 @@
 //! Leases: claims (one run or the next runnable), release, finish, snooze, enqueue, the lease read.
 
-#![expect(
-    clippy::result_large_err,
-    reason = "a Problem (RFC 9457 details) is what every parser and handler here refuses with; boxing it would allocate per refusal and change nothing else"
-)]
-
 use super::*;
 
 /// A lease handed to its taker.

@@ -22,13 +22,6 @@
 //! - [`steps`]: the all-or-nothing step commit;
 //! - [`threads`]: the thread routes (a LangGraph-style checkpoint chain).
 
-// A `Problem` is returned straight into a response, once per refused
-// request: its size costs nothing measurable, boxing it would cost clarity.
-#![expect(
-    clippy::result_large_err,
-    reason = "a Problem (RFC 9457 details) is what every parser and handler here refuses with; boxing it would allocate per refusal and change nothing else"
-)]
-
 use runkeep::evidence::SkippedRecord;
 use runkeep::lease::Fence;
 use runkeep::step::MessagesUpdate;

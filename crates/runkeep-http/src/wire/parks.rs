@@ -1,10 +1,5 @@
 //! Parks: their state, the pending decision a parked run waits on, and its answer.
 
-#![expect(
-    clippy::result_large_err,
-    reason = "a Problem (RFC 9457 details) is what every parser and handler here refuses with; boxing it would allocate per refusal and change nothing else"
-)]
-
 use super::*;
 
 /// The state of a park.

@@ -1,10 +1,5 @@
 //! Runs: addresses, listings, status, lifecycle, the run summary, the store's clock and `whoami`.
 
-#![expect(
-    clippy::result_large_err,
-    reason = "a Problem (RFC 9457 details) is what every parser and handler here refuses with; boxing it would allocate per refusal and change nothing else"
-)]
-
 use super::*;
 
 /// The address of one run.

@@ -1,10 +1,5 @@
 //! Steps: one step of a run (checkpoint, events, messages, park), committed all or nothing.
 
-#![expect(
-    clippy::result_large_err,
-    reason = "a Problem (RFC 9457 details) is what every parser and handler here refuses with; boxing it would allocate per refusal and change nothing else"
-)]
-
 use super::*;
 
 /// A message update inside a step.

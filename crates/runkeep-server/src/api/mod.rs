@@ -26,13 +26,6 @@
 //! Every response carries the store's clock in [`NOW_HEADER`] so a client
 //! (`HttpStore::now`) judges time as the store does.
 
-// A `Problem` is returned straight into a response, once per refused
-// request: its size costs nothing measurable, boxing it would cost clarity.
-#![expect(
-    clippy::result_large_err,
-    reason = "a Problem (RFC 9457 details) is what every parser and handler here refuses with; boxing it would allocate per refusal and change nothing else"
-)]
-
 use std::collections::BTreeMap;
 
 use axum::extract::{Request, State};

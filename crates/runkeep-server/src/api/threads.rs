@@ -30,13 +30,6 @@
 //! Reads scan the run's checkpoints once (`list_checkpoints`): a read costs
 //! one store scan of the thread, and one request.
 
-// A `Problem` is returned straight into a response, once per refused
-// request: its size costs nothing measurable, boxing it would cost clarity.
-#![expect(
-    clippy::result_large_err,
-    reason = "a Problem (RFC 9457 details) is what every parser and handler here refuses with; boxing it would allocate per refusal and change nothing else"
-)]
-
 use std::collections::{BTreeMap, HashMap};
 use std::sync::OnceLock;
 
