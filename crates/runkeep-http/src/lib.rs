@@ -20,10 +20,11 @@
 
 pub mod client;
 pub mod holder;
+pub mod openapi;
 pub mod problem;
 pub mod routes;
 pub mod wire;
 
 pub use client::{HttpStore, HttpStoreOptions};
 pub use problem::{Problem, ProblemType};
-pub use routes::{Operation, OperationKind, Role, RouteSpec};
+pub use routes::{op, Operation, OperationKind, OperationSpec, Role, RouteSpec};

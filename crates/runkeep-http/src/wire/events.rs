@@ -169,3 +169,54 @@ pub struct Appended {
     /// With their `seq`.
     pub events: Vec<EventBody>,
 }
+
+/// The answer of the live tail (`GET …/events/stream`): Server-Sent Events,
+/// not JSON. [`HttpStore::follow_events`](crate::HttpStore::follow_events)
+/// reads it frame by frame; the document states its frames
+/// ([`EventStream::frame_schema`]).
+#[derive(Clone, Copy, Debug)]
+pub struct EventStream;
+
+impl EventStream {
+    /// One frame of the tail, as a Server-Sent Events reader sees it:
+    /// `event: event` with the event's `seq` as `id` and an [`EventBody`]
+    /// as `data`, or, when the log can no longer be read, one
+    /// `event: problem` frame with a problem detail, and the stream ends.
+    pub fn frame_schema() -> utoipa::openapi::Schema {
+        let json_of = |schema: &str| {
+            serde_json::json!({
+                "type": "string",
+                "contentMediaType": "application/json",
+                "contentSchema": { "$ref": format!("#/components/schemas/{schema}") },
+            })
+        };
+        let frame = utoipa::openapi::ObjectBuilder::new()
+            .schema_type(utoipa::openapi::schema::SchemaType::AnyValue)
+            .description(Some(
+                "One Server-Sent Events frame: `event: event`, `id:` the event's `seq`, `data:` an EventBody; or a last `event: problem` frame whose `data` is a problem detail.",
+            ));
+        crate::openapi::with_keyword(
+            frame,
+            "oneOf",
+            serde_json::json!([
+                {
+                    "type": "object",
+                    "required": ["event", "id", "data"],
+                    "properties": {
+                        "event": { "const": "event" },
+                        "id": { "type": "string", "pattern": "^[1-9][0-9]*$" },
+                        "data": json_of("EventBody"),
+                    },
+                },
+                {
+                    "type": "object",
+                    "required": ["event", "data"],
+                    "properties": {
+                        "event": { "const": "problem" },
+                        "data": json_of("Problem"),
+                    },
+                },
+            ]),
+        )
+    }
+}

@@ -20,7 +20,8 @@
 //! - [`events`]: event appends, reads and batches;
 //! - [`documents`]: the run record, message snapshots, reports, audit;
 //! - [`steps`]: the all-or-nothing step commit;
-//! - [`threads`]: the thread routes (a LangGraph-style checkpoint chain).
+//! - [`threads`]: the thread routes (a LangGraph-style checkpoint chain);
+//! - [`params`]: every operation's path and query parameters.
 
 use runkeep::evidence::SkippedRecord;
 use runkeep::lease::Fence;
@@ -41,6 +42,7 @@ pub mod checkpoints;
 pub mod documents;
 pub mod events;
 pub mod leases;
+pub mod params;
 pub mod parks;
 pub mod runs;
 pub mod steps;
@@ -50,9 +52,25 @@ pub use checkpoints::*;
 pub use documents::*;
 pub use events::*;
 pub use leases::*;
+pub use params::*;
 pub use parks::*;
 pub use runs::*;
 pub use steps::*;
+
+/// The longest long-poll, ms (`claim_next`'s `waitMs`, the waits'
+/// `timeoutMs`).
+pub const MAX_WAIT_MS: u64 = 30_000;
+
+/// No request body: the body of an operation that takes none
+/// ([`OperationSpec::Body`](crate::routes::OperationSpec::Body));
+/// `HttpStore` sends nothing.
+#[derive(Clone, Copy, Debug, Default, Serialize)]
+pub struct NoBody;
+
+/// An answer that is a JSON array of `T` (a checkpoint listing).
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct Array<T>(pub Vec<T>);
 
 /// A JSON object.
 pub type Object = Map<String, Value>;

@@ -1,403 +1,121 @@
-//! The API's OpenAPI 3.1 document, generated from the code: the paths from
-//! the route table ([`crate::api::route_table`], the same table the router
-//! is built from), the schemas from the wire types' `ToSchema` derives, the
-//! query parameters from the query structs' `IntoParams` derives.
+//! The API's OpenAPI 3.1 document, generated from the operation table
+//! ([`Operation`]): each operation's path, method, role, summary,
+//! parameters, request body and answer come from its entry
+//! ([`OperationSpec`]); the schemas from the wire types' `ToSchema`
+//! derives, the parameters from their `IntoParams` derives.
 //!
-//! It is served at `/openapi.json` and committed as
-//! `crates/runkeep-server/openapi.json`; the test `tests/openapi.rs` fails
-//! when the two disagree and says how to regenerate the file
-//! (`RUNKEEP_WRITE_OPENAPI=1 cargo test -p runkeep-server --test openapi`).
+//! The server serves it at `/openapi.json`; it is committed as
+//! `crates/runkeep-http/openapi.json`, and the test `tests/openapi.rs`
+//! fails when the two disagree and says how to regenerate the file
+//! (`RUNKEEP_WRITE_OPENAPI=1 cargo test -p runkeep-http --test openapi`).
 
 use serde_json::{json, Value};
-use utoipa::openapi::path::{
-    HttpMethod, OperationBuilder, Parameter, ParameterBuilder, ParameterIn, Paths,
-};
+use utoipa::openapi::extensions::Extensions;
+use utoipa::openapi::path::{HttpMethod, OperationBuilder, Parameter, ParameterIn, Paths};
 use utoipa::openapi::request_body::RequestBodyBuilder;
 use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityRequirement, SecurityScheme};
 use utoipa::openapi::{
-    ArrayBuilder, ContentBuilder, InfoBuilder, ObjectBuilder, OpenApi, Ref, RefOr, Required,
-    ResponseBuilder, Schema, Type,
+    ArrayBuilder, ComponentsBuilder, ContentBuilder, InfoBuilder, ObjectBuilder, OpenApi,
+    OpenApiBuilder, Ref, RefOr, Required, ResponseBuilder, Schema,
 };
-use utoipa::IntoParams;
+use utoipa::{IntoParams, ToSchema};
 
-use crate::api::{self, Operation, RouteSpec};
-use crate::auth::Role;
-use crate::problem::{ProblemType, PROBLEM_JSON};
+use crate::problem::{Problem, ProblemType, PROBLEM_JSON};
+use crate::routes::{Operation, OperationSpec, Role, RUN};
+use crate::wire::{Array, EventStream, NoBody};
 
-#[derive(utoipa::OpenApi)]
-#[openapi(components(schemas(
-    crate::problem::Problem,
-    runkeep_http::wire::RunAddress,
-    runkeep_http::wire::LeaseBody,
-    runkeep_http::wire::LeaseSummaryBody,
-    runkeep_http::wire::ParkStateBody,
-    runkeep_http::wire::RunStatusBody,
-    runkeep_http::wire::FinishStatusBody,
-    runkeep_http::wire::OrderBody,
-    runkeep_http::wire::ParkSummaryBody,
-    runkeep_http::wire::RunRowBody,
-    runkeep_http::wire::RunPageBody,
-    runkeep_http::wire::OutcomeBody,
-    runkeep_http::wire::LifecycleBody,
-    runkeep_http::wire::PendingBody,
-    runkeep_http::wire::CheckpointBody,
-    runkeep_http::wire::NewEventBody,
-    runkeep_http::wire::EventBody,
-    runkeep_http::wire::SkippedBody,
-    runkeep_http::wire::EventBatchBody,
-    runkeep_http::wire::MessagesKind,
-    runkeep_http::wire::MessagesBody,
-    runkeep_http::wire::NewAuditBody,
-    runkeep_http::wire::AuditBody,
-    runkeep_http::wire::ClaimBody,
-    runkeep_http::wire::ClaimAnswer,
-    runkeep_http::wire::ClaimNextBody,
-    runkeep_http::wire::Claimed,
-    runkeep_http::wire::ClaimNextAnswer,
-    runkeep_http::wire::ReleaseBody,
-    runkeep_http::wire::Done,
-    runkeep_http::wire::SnoozeBody,
-    runkeep_http::wire::FinishBody,
-    runkeep_http::wire::EnqueueBody,
-    runkeep_http::wire::WriteCheckpointBody,
-    runkeep_http::wire::MaybeCheckpoint,
-    runkeep_http::wire::ResolutionBody,
-    runkeep_http::wire::ResolveBody,
-    runkeep_http::wire::PruneBody,
-    runkeep_http::wire::Pruned,
-    runkeep_http::wire::AppendEventsBody,
-    runkeep_http::wire::Appended,
-    runkeep_http::wire::RecordBody,
-    runkeep_http::wire::MaybeRecord,
-    runkeep_http::wire::WriteMessagesBody,
-    runkeep_http::wire::ReportBody,
-    runkeep_http::wire::MaybeReport,
-    runkeep_http::wire::AppendAuditBody,
-    runkeep_http::wire::AuditList,
-    runkeep_http::wire::StepMessagesBody,
-    runkeep_http::wire::StepBody,
-    runkeep_http::wire::CommitStepBody,
-    runkeep_http::wire::StepReceiptBody,
-    runkeep_http::wire::NextClaimBody,
-    runkeep_http::wire::HandOverBody,
-    runkeep_http::wire::HandOverAnswer,
-    runkeep_http::wire::MaybeLease,
-    runkeep_http::wire::RunSummary,
-    runkeep_http::wire::Clock,
-    runkeep_http::wire::WhoAmI,
-    runkeep_http::wire::Waited,
-    runkeep_http::wire::threads::ThreadBlobBody,
-    runkeep_http::wire::threads::PutThreadCheckpointBody,
-    runkeep_http::wire::threads::ThreadWriteBody,
-    runkeep_http::wire::threads::ThreadParkBody,
-    runkeep_http::wire::threads::PutThreadWritesBody,
-    runkeep_http::wire::threads::StoredThreadWrite,
-    runkeep_http::wire::threads::ThreadCheckpointBody,
-    runkeep_http::wire::threads::ThreadParkState,
-    runkeep_http::wire::threads::MaybeThreadCheckpoint,
-    runkeep_http::wire::threads::ThreadCheckpointList,
-    runkeep_http::wire::threads::ThreadDeleted,
-)))]
-struct Schemas;
-
-/// What an answer carries.
-enum Body {
-    /// A schema by name.
-    Named(&'static str),
-    /// An array of a schema.
-    ArrayOf(&'static str),
-    /// Server-Sent Events.
-    Events,
+/// How a request body or an answer appears in the document: its media
+/// type and schema, and the named schemas it refers to.
+pub trait Payload {
+    /// False for [`NoBody`]: nothing is sent.
+    const PRESENT: bool = true;
+    /// The media type and the schema (`None`: no body).
+    fn content() -> Option<(&'static str, RefOr<Schema>)>;
+    /// Adds the named schemas it refers to (itself included) to `out`.
+    fn components(out: &mut Vec<(String, RefOr<Schema>)>);
 }
 
-/// How one operation is documented.
-struct Doc {
-    summary: &'static str,
-    request: Option<&'static str>,
-    response: Body,
-    query: Vec<Parameter>,
-}
+/// A wire type: `application/json`, a reference to its named schema.
+impl<T: ToSchema> Payload for T {
+    fn content() -> Option<(&'static str, RefOr<Schema>)> {
+        Some(("application/json", Ref::from_schema_name(T::name()).into()))
+    }
 
-fn q<T: IntoParams>() -> Vec<Parameter> {
-    T::into_params(|| Some(ParameterIn::Query))
-}
-
-fn parent() -> Vec<Parameter> {
-    vec![ParameterBuilder::new()
-        .name("parent")
-        .parameter_in(ParameterIn::Query)
-        .required(Required::False)
-        .description(Some("The parent run, for a sub-run."))
-        .schema(Some(string()))
-        .build()]
-}
-
-fn string() -> Schema {
-    Schema::Object(ObjectBuilder::new().schema_type(Type::String).build())
-}
-
-/// The documentation of `op`. An exhaustive match: a route cannot be added
-/// undocumented (it does not compile).
-fn doc(op: Operation) -> Doc {
-    use crate::api::docs::*;
-    let d = |summary, request, response, query| Doc {
-        summary,
-        request,
-        response,
-        query,
-    };
-    use Body::*;
-    match op {
-        Operation::Clock => d("The store's clock.", None, Named("Clock"), vec![]),
-        Operation::Whoami => d("The tenant and role of the presented token.", None, Named("WhoAmI"), vec![]),
-        Operation::ListRuns => d(
-            "One page of the tenant's runs (filters, order, cursor).",
-            None,
-            Named("RunPageBody"),
-            q::<ListQuery>(),
-        ),
-        Operation::ClaimNext => d(
-            "Takes the next runnable run, optionally waiting up to 30 s for one.",
-            Some("ClaimNextBody"),
-            Named("ClaimNextAnswer"),
-            vec![],
-        ),
-        Operation::WaitRunnable => d(
-            "Long-poll: answers when a run under the scope may have become runnable.",
-            None,
-            Named("Waited"),
-            q::<WaitRunnableQuery>(),
-        ),
-        Operation::RunSummary => d(
-            "The run's lease, lifecycle, latest and pending checkpoint and last event seq; 404 when the run does not exist.",
-            None,
-            Named("RunSummary"),
-            parent(),
-        ),
-        Operation::Claim => d(
-            "Claims, renews (same holder) or reclaims the run.",
-            Some("ClaimBody"),
-            Named("ClaimAnswer"),
-            parent(),
-        ),
-        Operation::Release => d(
-            "Releases the holding at `fence`; without a fence (operator) whoever holds it.",
-            Some("ReleaseBody"),
-            Named("Done"),
-            parent(),
-        ),
-        Operation::Finish => d(
-            "Finishes the run held at `fence`, ending the lease.",
-            Some("FinishBody"),
-            Named("LifecycleBody"),
-            parent(),
-        ),
-        Operation::Snooze => d(
-            "Releases the run held at `fence` and defers it until `until`.",
-            Some("SnoozeBody"),
-            Named("Done"),
-            parent(),
-        ),
-        Operation::Enqueue => d(
-            "Creates a runnable run with its first checkpoint.",
-            Some("EnqueueBody"),
-            Named("CheckpointBody"),
-            parent(),
-        ),
-        Operation::Reopen => d(
-            "Makes a finished run active again.",
-            None,
-            Named("LifecycleBody"),
-            parent(),
-        ),
-        Operation::Lease => d(
-            "The run's top holding.",
-            None,
-            Named("MaybeLease"),
-            q::<NowQuery>(),
-        ),
-        Operation::Lifecycle => d("The run's lifecycle.", None, Named("LifecycleBody"), parent()),
-        Operation::CommitStep => d(
-            "Writes one step (events, checkpoint, messages, record, finish) under one fence check, all or nothing.",
-            Some("CommitStepBody"),
-            Named("StepReceiptBody"),
-            parent(),
-        ),
-        Operation::CommitStepAndClaimNext => d(
-            "A worker's hand-over: commits one step under `fence` (as `commit_step`), then takes the next runnable run in the tenant (as `claim-next`, without waiting; never this run). A refused step is a problem answer and claims nothing; a claim that failed after the step committed is answered 200 with the receipt and the claim's problem in `nextError`.",
-            Some("HandOverBody"),
-            Named("HandOverAnswer"),
-            parent(),
-        ),
-        Operation::ListCheckpoints => d(
-            "One page of the run's checkpoints in the total order: at most `limit` (default 100, at most 1000; 400 above it), after the checkpoint `after`; a page shorter than `limit` is the last. `fields=summary` (the default) leaves out each `state` (read it with `GET …/checkpoints/by-id/{checkpoint}`); `fields=full` carries them. Charged to the server's answer budget: 503 `overloaded` when it has no room.",
-            None,
-            ArrayOf("CheckpointBody"),
-            q::<ListCheckpointsQuery>(),
-        ),
-        Operation::WriteCheckpoint => d(
-            "Writes a checkpoint (fenced when `fence` is given).",
-            Some("WriteCheckpointBody"),
-            Named("CheckpointBody"),
-            parent(),
-        ),
-        Operation::LatestCheckpoint => d(
-            "The latest checkpoint (total order).",
-            None,
-            Named("MaybeCheckpoint"),
-            parent(),
-        ),
-        Operation::FindPending => d(
-            "The checkpoint whose park is outstanding.",
-            None,
-            Named("MaybeCheckpoint"),
-            q::<NowQuery>(),
-        ),
-        Operation::ResumePoint => d(
-            "The pending checkpoint, else the latest.",
-            None,
-            Named("MaybeCheckpoint"),
-            q::<NowQuery>(),
-        ),
-        Operation::ReadCheckpoint => d(
-            "One checkpoint (`null` when absent). Charged to the server's answer budget: 503 `overloaded` when it has no room.",
-            None,
-            Named("MaybeCheckpoint"),
-            parent(),
-        ),
-        Operation::DeleteCheckpoint => d(
-            "Deletes a checkpoint (`done: false` when absent).",
-            None,
-            Named("Done"),
-            q::<FenceQuery>(),
-        ),
-        Operation::ResolvePark => d(
-            "Answers the park on a checkpoint, exactly once: a second answer is 409 `conflict` carrying the first (`firstAnswer`, `resolvedAt`).",
-            Some("ResolveBody"),
-            Named("CheckpointBody"),
-            parent(),
-        ),
-        Operation::PruneCheckpoints => d(
-            "Deletes all but the newest `keepLast` checkpoints (never an unanswered park).",
-            Some("PruneBody"),
-            Named("Pruned"),
-            parent(),
-        ),
-        Operation::ReadEvents => d(
-            "One page of the transcript after `sinceSeq`: at most `limit` events (default 1000, at most 10 000; 400 above it). `more: true` says events follow the page; the next page starts at `nextSinceSeq`. Streamed; charged to the server's answer budget while in flight (503 `overloaded` when it has no room).",
-            None,
-            Named("EventBatchBody"),
-            q::<ReadQuery>(),
-        ),
-        Operation::AppendEvents => d(
-            "Appends events; the store numbers them.",
-            Some("AppendEventsBody"),
-            Named("Appended"),
-            parent(),
-        ),
-        Operation::TailEvents => d(
-            "The live tail as Server-Sent Events: `event: event`, `id:` the seq, `data:` an EventBody; resumes after `Last-Event-ID`.",
-            None,
-            Events,
-            q::<StreamQuery>(),
-        ),
-        Operation::WaitEvents => d(
-            "Long-poll: answers when the log's last seq is above `sinceSeq`.",
-            None,
-            Named("Waited"),
-            q::<WaitEventsQuery>(),
-        ),
-        Operation::ReadRunRecord => d("The run record.", None, Named("MaybeRecord"), parent()),
-        Operation::WriteRunRecord => d(
-            "Replaces the run record.",
-            Some("RecordBody"),
-            Named("Done"),
-            parent(),
-        ),
-        Operation::ReadMessages => d("The message snapshot.", None, Named("MessagesBody"), parent()),
-        Operation::WriteMessages => d(
-            "Publishes the message history with the event head it follows.",
-            Some("WriteMessagesBody"),
-            Named("Done"),
-            parent(),
-        ),
-        Operation::ReadReport => d("The final report.", None, Named("MaybeReport"), parent()),
-        Operation::WriteReport => d(
-            "Stores the final report.",
-            Some("ReportBody"),
-            Named("Done"),
-            parent(),
-        ),
-        Operation::ReadAudit => d(
-            "The audit trail after `sinceSeq`.",
-            None,
-            Named("AuditList"),
-            q::<AuditQuery>(),
-        ),
-        Operation::AppendAudit => d(
-            "Appends to the audit trail.",
-            Some("AppendAuditBody"),
-            Named("AuditList"),
-            parent(),
-        ),
-        Operation::PutThreadCheckpoint => d(
-            "Writes a thread checkpoint (`ns`, `checkpointId`) with its parent, metadata and the channel values it changed (fenced when `fence` is given).",
-            Some("PutThreadCheckpointBody"),
-            Named("Done"),
-            parent(),
-        ),
-        Operation::ListThreadCheckpoints => d(
-            "The thread's checkpoints, greatest checkpoint id first, with their channel values and pending writes; filtered by namespace, id, `before`, metadata `filter`, `limit`.",
-            None,
-            Named("ThreadCheckpointList"),
-            q::<ListThreadQuery>(),
-        ),
-        Operation::GetThreadCheckpoint => d(
-            "One thread checkpoint of a namespace (by id, or the greatest id) with its channel values and pending writes.",
-            None,
-            Named("MaybeThreadCheckpoint"),
-            q::<GetThreadQuery>(),
-        ),
-        Operation::PutThreadWrites => d(
-            "Stores a task's pending writes on a thread checkpoint: a repeated ordinary write (`idx >= 0`) is ignored, a special one (`idx < 0`) replaces; `park` parks the run there.",
-            Some("PutThreadWritesBody"),
-            Named("Done"),
-            parent(),
-        ),
-        Operation::DeleteThread => d(
-            "Deletes every thread checkpoint and pending write of the run (fenced when `fence` is given).",
-            None,
-            Named("ThreadDeleted"),
-            q::<DeleteThreadQuery>(),
-        ),
-        Operation::ListThreadsCheckpoints => d(
-            "Thread checkpoints across every thread under the scope, greatest checkpoint id first.",
-            None,
-            Named("ThreadCheckpointList"),
-            q::<ListThreadsQuery>(),
-        ),
+    fn components(out: &mut Vec<(String, RefOr<Schema>)>) {
+        out.push((T::name().into_owned(), T::schema()));
+        T::schemas(out);
     }
 }
 
-fn path_param(name: &str) -> Parameter {
-    let what = match name {
-        "checkpoint" => "checkpoint id",
-        other => other,
-    };
-    ParameterBuilder::new()
-        .name(name)
-        .parameter_in(ParameterIn::Path)
-        .required(Required::True)
-        .description(Some(format!(
-            "The {what} id: 1 to 128 characters of [A-Za-z0-9_-], starting with a letter or digit."
-        )))
-        .schema(Some(Schema::Object(
-            ObjectBuilder::new()
-                .schema_type(Type::String)
-                .pattern(Some("^[A-Za-z0-9][A-Za-z0-9_-]{0,127}$"))
-                .build(),
-        )))
-        .build()
+impl Payload for NoBody {
+    const PRESENT: bool = false;
+
+    fn content() -> Option<(&'static str, RefOr<Schema>)> {
+        None
+    }
+
+    fn components(_: &mut Vec<(String, RefOr<Schema>)>) {}
+}
+
+/// A JSON array of a wire type.
+impl<T: ToSchema> Payload for Array<T> {
+    fn content() -> Option<(&'static str, RefOr<Schema>)> {
+        let items = ArrayBuilder::new().items(Ref::from_schema_name(T::name()));
+        Some(("application/json", Schema::Array(items.build()).into()))
+    }
+
+    fn components(out: &mut Vec<(String, RefOr<Schema>)>) {
+        T::components(out);
+    }
+}
+
+/// `text/event-stream`: its frames ([`EventStream::frame_schema`]).
+impl Payload for EventStream {
+    fn content() -> Option<(&'static str, RefOr<Schema>)> {
+        Some(("text/event-stream", EventStream::frame_schema().into()))
+    }
+
+    fn components(out: &mut Vec<(String, RefOr<Schema>)>) {
+        crate::wire::EventBody::components(out);
+        Problem::components(out);
+    }
+}
+
+/// `object` with one JSON Schema keyword utoipa has no builder for
+/// (`anyOf` beside `properties`, `dependentSchemas`, `oneOf` of raw
+/// frames, …), carried as it is. One keyword: utoipa keeps such members in
+/// a hash map, whose order would change from run to run with more.
+pub fn with_keyword(object: ObjectBuilder, keyword: &str, value: Value) -> Schema {
+    let extensions: Extensions = [(keyword.to_string(), value)].into_iter().collect();
+    Schema::Object(object.extensions(Some(extensions)).build())
+}
+
+/// One operation's parameters, body and answer as the document states
+/// them, from its [`OperationSpec`].
+pub(crate) struct Contract {
+    params: Vec<Parameter>,
+    body: Option<(&'static str, RefOr<Schema>)>,
+    answer: (&'static str, RefOr<Schema>),
+    components: Vec<(String, RefOr<Schema>)>,
+}
+
+impl Contract {
+    pub(crate) fn of<S: OperationSpec>() -> Self {
+        let mut params = S::Path::into_params(|| Some(ParameterIn::Path));
+        params.extend(S::Query::into_params(|| Some(ParameterIn::Query)));
+        let mut components = Vec::new();
+        S::Body::components(&mut components);
+        S::Answer::components(&mut components);
+        Self {
+            params,
+            body: S::Body::content(),
+            answer: S::Answer::content().unwrap_or_else(|| {
+                // An answer is always something; NoBody is for bodies.
+                ("application/json", Schema::default().into())
+            }),
+            components,
+        }
+    }
 }
 
 fn problem_response(kinds: &[ProblemType]) -> utoipa::openapi::Response {
@@ -423,75 +141,58 @@ fn problem_response_because(kinds: &[ProblemType], why: &str) -> utoipa::openapi
         .build()
 }
 
-fn operation(spec: &RouteSpec) -> utoipa::openapi::path::Operation {
-    let d = doc(spec.op);
-    let mut params: Vec<Parameter> = spec
-        .path
-        .split('/')
-        .filter_map(|seg| seg.strip_prefix('{').and_then(|s| s.strip_suffix('}')))
-        .map(path_param)
-        .collect();
-    params.extend(d.query);
-    let role = match spec.unfenced_role {
+fn operation(op: Operation, contract: &Contract) -> utoipa::openapi::path::Operation {
+    let role = match op.unfenced_role() {
         Some(u) => format!(
             "Needs a `{}` token with a `fence`, an `{}` token without one.",
-            spec.role, u
+            op.role(),
+            u
         ),
-        None => format!("Needs a `{}` token.", spec.role),
+        None => format!("Needs a `{}` token.", op.role()),
     };
-    let tag = if spec.path.starts_with(api::RUN) {
+    let tag = if op.path().starts_with(RUN) {
         "runs"
     } else {
         "tenant"
     };
-    let mut op = OperationBuilder::new()
-        .operation_id(Some(spec.operation))
+    let mut builder = OperationBuilder::new()
+        .operation_id(Some(op.name()))
         .tag(tag)
-        .summary(Some(d.summary))
+        .summary(Some(op.summary()))
         .description(Some(role))
-        .parameters(Some(params))
+        .parameters(Some(contract.params.clone()))
         .security(SecurityRequirement::new("bearer", Vec::<String>::new()));
-    if let Some(req) = d.request {
-        op = op.request_body(Some(
+    if let Some((media_type, schema)) = &contract.body {
+        builder = builder.request_body(Some(
             RequestBodyBuilder::new()
                 .required(Some(Required::True))
                 .content(
-                    "application/json",
-                    ContentBuilder::new()
-                        .schema(Some(Ref::from_schema_name(req)))
-                        .build(),
+                    *media_type,
+                    ContentBuilder::new().schema(Some(schema.clone())).build(),
                 )
                 .build(),
         ));
     }
-    let ok = match d.response {
-        Body::Named(n) => ContentBuilder::new()
-            .schema(Some(Ref::from_schema_name(n)))
-            .build(),
-        Body::ArrayOf(n) => ContentBuilder::new()
-            .schema(Some(RefOr::T(Schema::Array(
-                ArrayBuilder::new().items(Ref::from_schema_name(n)).build(),
-            ))))
-            .build(),
-        Body::Events => ContentBuilder::new().schema(Some(string())).build(),
-    };
-    let ok_type = match d.response {
-        Body::Events => "text/event-stream",
-        _ => "application/json",
-    };
-    op = op.response(
+    let (ok_type, ok_schema) = &contract.answer;
+    builder = builder.response(
         "200",
         ResponseBuilder::new()
             .description("The answer.")
-            .content(ok_type, ok)
+            .content(
+                *ok_type,
+                ContentBuilder::new()
+                    .schema(Some(ok_schema.clone()))
+                    .build(),
+            )
             .build(),
     );
+    let takes_body = contract.body.is_some();
     use ProblemType::*;
     let mut bad = vec![InvalidInput];
-    if d.request.is_some() {
+    if takes_body {
         bad.push(MalformedBody);
     }
-    op = op
+    builder = builder
         .response("400", problem_response(&bad))
         .response("401", problem_response(&[Unauthorized]))
         .response(
@@ -508,18 +209,19 @@ fn operation(spec: &RouteSpec) -> utoipa::openapi::path::Operation {
                 "The request head (request line and header fields) is larger than the server accepts.",
             ),
         );
-    if spec.role > Role::Reader || spec.unfenced_role.is_some() {
-        op = op.response("403", problem_response(&[Forbidden]));
+    let spec = op.spec();
+    if op.role() > Role::Reader || op.unfenced_role().is_some() {
+        builder = builder.response("403", problem_response(&[Forbidden]));
     }
     if spec.is_tenant_scoped() {
-        op = op.response("404", problem_response(&[NotFound]));
+        builder = builder.response("404", problem_response(&[NotFound]));
     }
-    if spec.method != axum::http::Method::GET {
-        op = op.response("409", problem_response(&[FencedOut, Conflict]));
+    if op.method() != http::Method::GET {
+        builder = builder.response("409", problem_response(&[FencedOut, Conflict]));
     }
-    if d.request.is_some() {
+    if takes_body {
         // 408: the body did not arrive within the request timeout.
-        op = op
+        builder = builder
             .response("408", problem_response(&[Timeout]))
             .response("413", problem_response(&[PayloadTooLarge]))
             .response("415", problem_response(&[UnsupportedMediaType]));
@@ -527,9 +229,10 @@ fn operation(spec: &RouteSpec) -> utoipa::openapi::path::Operation {
     if spec.is_tenant_scoped() {
         // What a store cannot do (`Error::Unsupported`: a fence ceiling
         // reached, a volume without the locks a directory store needs).
-        op = op.response("422", problem_response(&[Unsupported]));
+        builder = builder.response("422", problem_response(&[Unsupported]));
     }
-    op.response("500", problem_response(&[Corrupted, Backend]))
+    builder
+        .response("500", problem_response(&[Corrupted, Backend]))
         .response(
             "503",
             problem_response(&[Unavailable, Contended, Overloaded]),
@@ -537,34 +240,50 @@ fn operation(spec: &RouteSpec) -> utoipa::openapi::path::Operation {
         .build()
 }
 
-fn method(m: &axum::http::Method) -> HttpMethod {
+fn method(m: &http::Method) -> HttpMethod {
     match *m {
-        axum::http::Method::GET => HttpMethod::Get,
-        axum::http::Method::POST => HttpMethod::Post,
-        axum::http::Method::PUT => HttpMethod::Put,
-        axum::http::Method::DELETE => HttpMethod::Delete,
-        axum::http::Method::PATCH => HttpMethod::Patch,
+        http::Method::GET => HttpMethod::Get,
+        http::Method::POST => HttpMethod::Post,
+        http::Method::PUT => HttpMethod::Put,
+        http::Method::DELETE => HttpMethod::Delete,
+        http::Method::PATCH => HttpMethod::Patch,
         _ => HttpMethod::Head,
     }
 }
 
-/// The document as the derives and the route table generate it, before
+/// The document as the table and the derives generate it, before
 /// [`tighten`] states what they cannot (id patterns, bounds, closed
 /// bodies, reserved keys).
 pub fn generated() -> OpenApi {
-    let mut doc = <Schemas as utoipa::OpenApi>::openapi();
-    doc.info = InfoBuilder::new()
-        .title("runkeep")
-        .version("1")
-        .description(Some(
-            "Durable state for long-running agent and workflow runs, over HTTP: fenced leases, checkpoints, event transcripts, parks. Every write carries its fence to the store, which checks it. Errors are RFC 9457 problem details (`application/problem+json`). Every response carries the store's clock in the `runkeep-now` header (epoch ms).",
-        ))
-        .build();
     let mut paths = Paths::new();
-    for spec in api::route_table() {
-        paths.add_path_operation(&spec.path, vec![method(&spec.method)], operation(&spec));
+    let mut components = ComponentsBuilder::new();
+    let mut schemas = Vec::new();
+    Problem::components(&mut schemas);
+    for op in Operation::ALL {
+        let contract = op.contract();
+        paths.add_path_operation(
+            op.path(),
+            vec![method(&op.method())],
+            operation(*op, &contract),
+        );
+        schemas.extend(contract.components);
     }
-    doc.paths = paths;
+    for (name, schema) in schemas {
+        components = components.schema(name, schema);
+    }
+    let mut doc = OpenApiBuilder::new()
+        .info(
+            InfoBuilder::new()
+                .title("runkeep")
+                .version("1")
+                .description(Some(
+                    "Durable state for long-running agent and workflow runs, over HTTP: fenced leases, checkpoints, event transcripts, parks. Every write carries its fence to the store, which checks it. Errors are RFC 9457 problem details (`application/problem+json`). Every response carries the store's clock in the `runkeep-now` header (epoch ms).",
+                ))
+                .build(),
+        )
+        .paths(paths)
+        .components(Some(components.build()))
+        .build();
     if let Some(c) = doc.components.as_mut() {
         c.add_security_scheme(
             "bearer",
@@ -611,9 +330,6 @@ const JSON_SAFE_MAX: u64 = (1 << 53) - 1;
 /// The shortest lease the document admits (ms): [`integer_rule`]'s `ttlMs`.
 const MIN_TTL_MS: u64 = 1000;
 
-/// The length of a token id (`rk_<id>_<secret>`, `crate::tokens`).
-const TOKEN_ID_LEN: usize = 12;
-
 /// The id rule of `runkeep::id` as a pattern: 1 to 128 bytes of
 /// `[A-Za-z0-9_-]`, starting with a letter or digit.
 pub fn id_pattern() -> String {
@@ -647,16 +363,16 @@ fn printable_within(bytes: usize) -> String {
 /// (` ~token:<token id>`, `api::ownership`), which a holder may therefore
 /// not contain.
 fn holder_rule() -> Value {
-    let room = runkeep::id::MAX_HOLDER_LEN - api::ownership::TAG.len() - TOKEN_ID_LEN;
+    let room = runkeep::id::MAX_HOLDER_LEN - crate::holder::TAG.len() - crate::holder::TOKEN_ID_LEN;
     json!({
         "pattern": format!(
             "^(?![\\s\\S]*{})(?=[\\s\\S]*\\S){}$",
-            api::ownership::TAG.trim_start(),
+            crate::holder::TAG.trim_start(),
             printable_within(room)
         ),
         "description": format!(
             "The claiming worker (unique per process); the same holder renews. Not blank, no control characters, at most {room} bytes (ASCII) and never containing `{}`: the server appends ` ~token:<token id>` to bind the holding to the token, within the store's {} bytes.",
-            api::ownership::TAG.trim_start(),
+            crate::holder::TAG.trim_start(),
             runkeep::id::MAX_HOLDER_LEN
         ),
     })
@@ -679,7 +395,7 @@ fn count_rule() -> Value {
 }
 
 fn wait_rule() -> Value {
-    bounded(0, api::MAX_WAIT_MS)
+    bounded(0, crate::wire::MAX_WAIT_MS)
 }
 
 /// `propertyNames` refusing `keys`.
@@ -892,20 +608,20 @@ fn parameter_rule(operation: &str, name: &str) -> Option<Value> {
         }),
         "limit" if operation == "read_events" => json!({
             "minimum": 0,
-            "maximum": runkeep_http::wire::MAX_EVENTS_PAGE,
+            "maximum": crate::wire::MAX_EVENTS_PAGE,
             "description": format!(
                 "At most this many events (default {}, at most {}: 400 above it).",
-                runkeep_http::wire::DEFAULT_EVENTS_PAGE,
-                runkeep_http::wire::MAX_EVENTS_PAGE
+                crate::wire::DEFAULT_EVENTS_PAGE,
+                crate::wire::MAX_EVENTS_PAGE
             ),
         }),
         "limit" if operation == "list_checkpoints" => json!({
             "minimum": 0,
-            "maximum": runkeep_http::wire::MAX_CHECKPOINTS_PAGE,
+            "maximum": crate::wire::MAX_CHECKPOINTS_PAGE,
             "description": format!(
                 "At most this many checkpoints (default {}, at most {}: 400 above it); a page shorter than `limit` is the last.",
-                runkeep_http::wire::DEFAULT_CHECKPOINTS_PAGE,
-                runkeep_http::wire::MAX_CHECKPOINTS_PAGE
+                crate::wire::DEFAULT_CHECKPOINTS_PAGE,
+                crate::wire::MAX_CHECKPOINTS_PAGE
             ),
         }),
         "fields" => json!({ "enum": ["summary", "full"] }),
@@ -1016,43 +732,6 @@ fn enqueued_run_rule() -> Value {
     })
 }
 
-/// One frame of the live tail (`text/event-stream`), as a Server-Sent
-/// Events reader sees it: `event: event` with the event's `seq` as `id` and
-/// an [`EventBody`](runkeep_http::wire::EventBody) as `data`, or, when the log can
-/// no longer be read, one `event: problem` frame with a problem detail, and
-/// the stream ends.
-fn event_frame() -> Value {
-    let json_of = |schema: &str| {
-        json!({
-            "type": "string",
-            "contentMediaType": "application/json",
-            "contentSchema": { "$ref": format!("#/components/schemas/{schema}") },
-        })
-    };
-    json!({
-        "description": "One Server-Sent Events frame: `event: event`, `id:` the event's `seq`, `data:` an EventBody; or a last `event: problem` frame whose `data` is a problem detail.",
-        "oneOf": [
-            {
-                "type": "object",
-                "required": ["event", "id", "data"],
-                "properties": {
-                    "event": { "const": "event" },
-                    "id": { "type": "string", "pattern": "^[1-9][0-9]*$" },
-                    "data": json_of("EventBody"),
-                },
-            },
-            {
-                "type": "object",
-                "required": ["event", "data"],
-                "properties": {
-                    "event": { "const": "problem" },
-                    "data": json_of("Problem"),
-                },
-            },
-        ],
-    })
-}
-
 fn schema_mut<'a>(schemas: &'a mut Value, name: &str) -> &'a mut Value {
     schemas
         .get_mut(name)
@@ -1094,9 +773,6 @@ pub fn tighten(doc: &mut Value) {
         };
         for op in item.values_mut() {
             let operation = op["operationId"].as_str().unwrap_or_default().to_string();
-            if let Some(stream) = op.pointer_mut("/responses/200/content/text~1event-stream") {
-                stream["schema"] = event_frame();
-            }
             let Some(params) = op.get_mut("parameters").and_then(Value::as_array_mut) else {
                 continue;
             };
@@ -1117,6 +793,33 @@ pub fn tighten(doc: &mut Value) {
                     merge_into(&mut p["schema"], rule);
                 }
             }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn each_operation_s_path_parameters_are_its_path_s() {
+        for op in Operation::ALL {
+            let in_path: Vec<&str> = op
+                .path()
+                .split('/')
+                .filter_map(|seg| seg.strip_prefix('{').and_then(|s| s.strip_suffix('}')))
+                .collect();
+            let contract = op.contract();
+            let declared: Vec<&str> = contract
+                .params
+                .iter()
+                .filter(|p| p.parameter_in == ParameterIn::Path)
+                .map(|p| p.name.as_str())
+                .collect();
+            assert_eq!(
+                declared, in_path,
+                "{op}: its `path:` type and its path disagree"
+            );
         }
     }
 }
