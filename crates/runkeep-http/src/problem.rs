@@ -188,6 +188,7 @@ pub struct ProblemDetails {
     /// The kind's title.
     pub title: String,
     /// The HTTP status, repeated.
+    #[schema(minimum = 100, maximum = 599)]
     pub status: u16,
     /// What happened, for a person. Never a path, SQL or a secret.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -211,13 +212,16 @@ pub struct ProblemDetails {
     /// The fence the caller presented (`fenced-out`; `forbidden` for
     /// another principal's holding, absent for an unfenced write).
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(minimum = 1, maximum = 999_999_999_999_999_i64)]
     pub presented: Option<u64>,
     /// The run's current fence (`fenced-out`; `forbidden`: the fence of
     /// the holding that is another principal's).
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(minimum = 1, maximum = 999_999_999_999_999_i64)]
     pub current: Option<u64>,
     /// Claim attempts lost (`contended`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(format = Int64, minimum = 0, maximum = 4_294_967_295_i64)]
     pub attempts: Option<u32>,
     /// The write may or may not have been stored (`unavailable`): read back
     /// before repeating it.
@@ -228,6 +232,7 @@ pub struct ProblemDetails {
     pub first_answer: Option<serde_json::Value>,
     /// When the first answer was recorded (`conflict` on a park).
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(minimum = 0, maximum = 253_402_300_799_999_i64)]
     pub resolved_at: Option<i64>,
     /// The role the operation needs (`forbidden`).
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -11,14 +11,24 @@ pub const MAX_EVENTS_PAGE: usize = 10_000;
 #[derive(Clone, PartialEq, Debug, Serialize, Deserialize, ToSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct NewEventBody {
-    /// The `type` discriminator.
+    /// The `type` discriminator: 1 to 128 bytes, no control characters.
     #[serde(rename = "type")]
+    #[schema(pattern = r"^(?:[\x20-\x7e]{1,128}|[^\x00-\x1f\x7f-\x9f]{1,32})$")]
     pub event_type: String,
     /// Every other field (`type`, `seq`, `timestamp`, `generation` are the
     /// store's and refused here).
     #[serde(default)]
-    #[schema(value_type = Object)]
+    #[schema(schema_with = new_event_payload)]
     pub payload: Object,
+}
+
+/// [`NewEventBody::payload`]'s schema: an object without the store's keys
+/// ([`runkeep::evidence::RESERVED_EVENT_KEYS`]).
+fn new_event_payload() -> utoipa::openapi::Schema {
+    crate::openapi::object_refusing_keys(
+        "Every other field (`type`, `seq`, `timestamp`, `generation` are the store's and refused here).",
+        &runkeep::evidence::RESERVED_EVENT_KEYS,
+    )
 }
 
 impl From<&NewEvent> for NewEventBody {
@@ -41,14 +51,17 @@ impl From<&NewEventBody> for NewEvent {
 #[serde(rename_all = "camelCase")]
 pub struct EventBody {
     /// 1-based position in the run's log (the SSE event id).
+    #[schema(maximum = 9_007_199_254_740_991_i64)]
     pub seq: u64,
     /// Recorded at, epoch ms (store clock).
+    #[schema(minimum = 0, maximum = 253_402_300_799_999_i64)]
     pub timestamp: i64,
     /// `type`.
     #[serde(rename = "type")]
     pub event_type: String,
     /// The fence it was appended under.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(minimum = 1, maximum = 999_999_999_999_999_i64)]
     pub generation: Option<u64>,
     /// Every other field.
     #[schema(value_type = Object)]
@@ -84,6 +97,7 @@ impl EventBody {
 #[derive(Clone, PartialEq, Eq, Debug, Serialize, Deserialize, ToSchema)]
 pub struct SkippedBody {
     /// 1-based line position.
+    #[schema(maximum = 9_007_199_254_740_991_i64)]
     pub position: u64,
     /// Why.
     pub reason: String,
@@ -99,6 +113,7 @@ pub struct EventBatchBody {
     #[serde(default)]
     pub skipped: Vec<SkippedBody>,
     /// The log's last `seq` (0 when empty).
+    #[schema(maximum = 9_007_199_254_740_991_i64)]
     pub last_seq: u64,
     /// Events follow this page: it stopped at its `limit` (a read answers
     /// at most [`MAX_EVENTS_PAGE`] events). Read on with `sinceSeq` =
@@ -108,6 +123,7 @@ pub struct EventBatchBody {
     /// Where the next page starts: the last `seq` of this page (absent
     /// when it has no events: read on from the same `sinceSeq`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(maximum = 9_007_199_254_740_991_i64)]
     pub next_since_seq: Option<u64>,
 }
 
@@ -160,6 +176,7 @@ pub struct AppendEventsBody {
     pub events: Vec<NewEventBody>,
     /// The holding (absent: unfenced).
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(minimum = 1, maximum = 999_999_999_999_999_i64)]
     pub fence: Option<u64>,
 }
 

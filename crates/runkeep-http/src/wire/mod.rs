@@ -72,6 +72,41 @@ pub struct NoBody;
 #[serde(transparent)]
 pub struct Array<T>(pub Vec<T>);
 
+/// A rule on a whole object that its fields' attributes cannot carry: a
+/// JSON Schema keyword beside `properties` (`anyOf`, `dependentSchemas`),
+/// for which utoipa's derive has no attribute. Declared with its type; the
+/// document adds it to the type's schema ([`object_rules`]).
+pub trait ObjectRule: ToSchema {
+    /// The keyword and its value.
+    fn rule() -> (&'static str, Value);
+}
+
+/// Every wire type with an [`ObjectRule`]: its schema's name, keyword and
+/// value.
+pub fn object_rules() -> Vec<(String, &'static str, Value)> {
+    fn of<T: ObjectRule>() -> (String, &'static str, Value) {
+        let (keyword, value) = T::rule();
+        (T::name().into_owned(), keyword, value)
+    }
+    vec![
+        of::<StepBody>(),
+        of::<ClaimNextBody>(),
+        of::<NextClaimBody>(),
+    ]
+}
+
+/// A listing scope is a prefix of tenant → project → session: a `session`
+/// needs its `project` ([`ClaimNextBody`], [`NextClaimBody`]).
+fn session_needs_project() -> (&'static str, Value) {
+    (
+        "dependentSchemas",
+        serde_json::json!({ "session": {
+            "required": ["project"],
+            "properties": { "project": { "type": "string" } },
+        } }),
+    )
+}
+
 /// A JSON object.
 pub type Object = Map<String, Value>;
 

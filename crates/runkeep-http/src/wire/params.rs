@@ -10,7 +10,9 @@
 
 use serde::Deserialize;
 use utoipa::openapi::path::{Parameter, ParameterIn};
-use utoipa::IntoParams;
+use utoipa::openapi::schema::{ObjectBuilder, Schema, Type};
+use utoipa::openapi::RefOr;
+use utoipa::{IntoParams, PartialSchema, ToSchema};
 
 /// No parameters (an operation whose path names nothing, or whose query
 /// takes nothing).
@@ -66,7 +68,7 @@ pub struct CheckpointPath {
     /// The run id: 1 to 128 characters of [A-Za-z0-9_-], starting with a letter or digit.
     #[param(pattern = "^[A-Za-z0-9][A-Za-z0-9_-]{0,127}$")]
     pub run: String,
-    /// The checkpoint id id: 1 to 128 characters of [A-Za-z0-9_-], starting with a letter or digit.
+    /// The checkpoint id: 1 to 128 characters of [A-Za-z0-9_-], starting with a letter or digit.
     #[param(pattern = "^[A-Za-z0-9][A-Za-z0-9_-]{0,127}$")]
     pub checkpoint: String,
 }
@@ -84,8 +86,14 @@ pub struct EnqueuePath {
     /// The session id: 1 to 128 characters of [A-Za-z0-9_-], starting with a letter or digit.
     #[param(pattern = "^[A-Za-z0-9][A-Za-z0-9_-]{0,127}$")]
     pub session: String,
-    /// The run id: 1 to 128 characters of [A-Za-z0-9_-], starting with a letter or digit.
-    #[param(pattern = "^[A-Za-z0-9][A-Za-z0-9_-]{0,127}$")]
+    /// The run id (and `parent`): the id rule, starting with `run_` (a
+    /// directory store lists and hands out only `run_*` runs, so it refuses
+    /// to enqueue others; runkeep's generated run ids all start so).
+    #[param(
+        min_length = 4,
+        max_length = 128,
+        pattern = "^run_[A-Za-z0-9_-]{0,124}$"
+    )]
     pub run: String,
 }
 
@@ -95,15 +103,28 @@ pub struct EnqueuePath {
 #[into_params(parameter_in = Query)]
 pub struct ParentQuery {
     /// The parent run, for a sub-run.
+    #[param(
+        min_length = 1,
+        max_length = 128,
+        pattern = "^[A-Za-z0-9][A-Za-z0-9_-]{0,127}$"
+    )]
     pub parent: Option<String>,
 }
 
-/// The query of an enqueue: the run's parent.
+/// The query of an enqueue: the run's parent, which starts with `run_`
+/// like the run.
 #[derive(Debug, Deserialize, IntoParams)]
 #[serde(deny_unknown_fields)]
 #[into_params(parameter_in = Query)]
 pub struct EnqueueQuery {
-    /// The parent run, for a sub-run.
+    /// The run id (and `parent`): the id rule, starting with `run_` (a
+    /// directory store lists and hands out only `run_*` runs, so it refuses
+    /// to enqueue others; runkeep's generated run ids all start so).
+    #[param(
+        min_length = 4,
+        max_length = 128,
+        pattern = "^run_[A-Za-z0-9_-]{0,124}$"
+    )]
     pub parent: Option<String>,
 }
 
@@ -113,8 +134,14 @@ pub struct EnqueueQuery {
 #[into_params(parameter_in = Query)]
 pub struct NowQuery {
     /// Judge at this instant (epoch ms); the store's clock when absent.
+    #[param(minimum = 0, maximum = 253_402_300_799_999_i64)]
     pub now: Option<i64>,
     /// The parent run, for a sub-run.
+    #[param(
+        min_length = 1,
+        max_length = 128,
+        pattern = "^[A-Za-z0-9][A-Za-z0-9_-]{0,127}$"
+    )]
     pub parent: Option<String>,
 }
 
@@ -124,8 +151,14 @@ pub struct NowQuery {
 #[into_params(parameter_in = Query)]
 pub struct FenceQuery {
     /// The holding the delete is made under (absent: unfenced).
+    #[param(minimum = 1, maximum = 999_999_999_999_999_i64)]
     pub fence: Option<u64>,
     /// The parent run, for a sub-run.
+    #[param(
+        min_length = 1,
+        max_length = 128,
+        pattern = "^[A-Za-z0-9][A-Za-z0-9_-]{0,127}$"
+    )]
     pub parent: Option<String>,
 }
 
@@ -136,14 +169,26 @@ pub struct FenceQuery {
 pub struct ListCheckpointsQuery {
     /// `summary` (default: each checkpoint without its `state`; read one's
     /// state with `GET …/checkpoints/by-id/{id}`) or `full` (with states).
+    #[param(value_type = Option<CheckpointFields>, inline)]
     pub fields: Option<String>,
     /// At most this many checkpoints (default 100, at most 1000: 400 above
-    /// it). A page shorter than `limit` is the last.
+    /// it); a page shorter than `limit` is the last.
+    #[param(maximum = 1000)]
     pub limit: Option<usize>,
     /// Start after the checkpoint with this id (the last id of the previous
     /// page); 400 when the run has no such checkpoint.
+    #[param(
+        min_length = 1,
+        max_length = 128,
+        pattern = "^[A-Za-z0-9][A-Za-z0-9_-]{0,127}$"
+    )]
     pub after: Option<String>,
     /// The parent run, for a sub-run.
+    #[param(
+        min_length = 1,
+        max_length = 128,
+        pattern = "^[A-Za-z0-9][A-Za-z0-9_-]{0,127}$"
+    )]
     pub parent: Option<String>,
 }
 
@@ -153,8 +198,14 @@ pub struct ListCheckpointsQuery {
 #[into_params(parameter_in = Query)]
 pub struct AuditQuery {
     /// Only records with `seq` above this (default 0).
+    #[param(maximum = 9_007_199_254_740_991_i64)]
     pub since_seq: Option<u64>,
     /// The parent run, for a sub-run.
+    #[param(
+        min_length = 1,
+        max_length = 128,
+        pattern = "^[A-Za-z0-9][A-Za-z0-9_-]{0,127}$"
+    )]
     pub parent: Option<String>,
 }
 
@@ -164,14 +215,20 @@ pub struct AuditQuery {
 #[into_params(parameter_in = Query)]
 pub struct ReadQuery {
     /// Only events with `seq` above this (exclusive; default 0).
+    #[param(maximum = 9_007_199_254_740_991_i64)]
     pub since_seq: Option<u64>,
     /// `tolerant` (default: skip damaged records and list them) or `strict`.
+    #[param(value_type = Option<IntegrityName>, inline)]
     pub integrity: Option<String>,
-    /// At most this many events (default 1000, at most 10 000: 400 above
-    /// it). A page that stopped at its limit with events after it says
-    /// `more: true`; the next page starts at its `nextSinceSeq`.
+    /// At most this many events (default 1000, at most 10000: 400 above it).
+    #[param(maximum = 10000)]
     pub limit: Option<usize>,
     /// The parent run, for a sub-run.
+    #[param(
+        min_length = 1,
+        max_length = 128,
+        pattern = "^[A-Za-z0-9][A-Za-z0-9_-]{0,127}$"
+    )]
     pub parent: Option<String>,
 }
 
@@ -181,8 +238,14 @@ pub struct ReadQuery {
 #[into_params(parameter_in = Query)]
 pub struct StreamQuery {
     /// Start after this `seq` (the `Last-Event-ID` header wins over it).
+    #[param(maximum = 9_007_199_254_740_991_i64)]
     pub since_seq: Option<u64>,
     /// The parent run, for a sub-run.
+    #[param(
+        min_length = 1,
+        max_length = 128,
+        pattern = "^[A-Za-z0-9][A-Za-z0-9_-]{0,127}$"
+    )]
     pub parent: Option<String>,
 }
 
@@ -192,10 +255,17 @@ pub struct StreamQuery {
 #[into_params(parameter_in = Query)]
 pub struct WaitEventsQuery {
     /// Answer as soon as the log's last `seq` is above this.
+    #[param(maximum = 9_007_199_254_740_991_i64)]
     pub since_seq: Option<u64>,
     /// Wait at most this long, ms (at most 30 000; default 25 000).
+    #[param(maximum = 30000)]
     pub timeout_ms: Option<u64>,
     /// The parent run, for a sub-run.
+    #[param(
+        min_length = 1,
+        max_length = 128,
+        pattern = "^[A-Za-z0-9][A-Za-z0-9_-]{0,127}$"
+    )]
     pub parent: Option<String>,
 }
 
@@ -205,22 +275,42 @@ pub struct WaitEventsQuery {
 #[into_params(parameter_in = Query)]
 pub struct ListQuery {
     /// Only this project.
+    #[param(
+        min_length = 1,
+        max_length = 128,
+        pattern = "^[A-Za-z0-9][A-Za-z0-9_-]{0,127}$"
+    )]
     pub project: Option<String>,
     /// Only this session (needs `project`).
+    #[param(
+        min_length = 1,
+        max_length = 128,
+        pattern = "^[A-Za-z0-9][A-Za-z0-9_-]{0,127}$"
+    )]
     pub session: Option<String>,
-    /// `runId` (default) or `createdAt`.
+    /// `runId` (default) or `createdAt` (the server also takes
+    /// `run-id`/`run_id` and `created-at`/`created_at`).
+    #[param(value_type = Option<OrderName>, inline)]
     pub order: Option<String>,
     /// Park states, comma-separated (`outstanding,expired`).
+    #[param(pattern = "^(?:outstanding|expired|resolved)(?:,(?:outstanding|expired|resolved))*$")]
     pub park: Option<String>,
     /// `true`: only runs held live; `false`: only runs nobody holds.
     pub claimed: Option<bool>,
     /// Statuses, comma-separated (`active,failed`).
+    #[param(
+        pattern = "^(?:active|completed|failed|cancelled)(?:,(?:active|completed|failed|cancelled))*$"
+    )]
     pub status: Option<String>,
-    /// Page size (default 100, at most 1000).
+    /// Page size (default 100, at most 1000; 0 reads as 1, more as 1000).
+    #[param(minimum = 1, maximum = 1000)]
     pub limit: Option<usize>,
-    /// The cursor of the previous page.
+    /// The `cursor` of the previous page, as the server issued it (opaque:
+    /// bound to the listing's order, filters and scope; any other string is
+    /// refused).
     pub cursor: Option<String>,
     /// Judge expiry at this instant (epoch ms) instead of the store's clock.
+    #[param(minimum = 0, maximum = 253_402_300_799_999_i64)]
     pub now: Option<i64>,
 }
 
@@ -230,10 +320,21 @@ pub struct ListQuery {
 #[into_params(parameter_in = Query)]
 pub struct WaitRunnableQuery {
     /// Only this project.
+    #[param(
+        min_length = 1,
+        max_length = 128,
+        pattern = "^[A-Za-z0-9][A-Za-z0-9_-]{0,127}$"
+    )]
     pub project: Option<String>,
     /// Only this session (needs `project`).
+    #[param(
+        min_length = 1,
+        max_length = 128,
+        pattern = "^[A-Za-z0-9][A-Za-z0-9_-]{0,127}$"
+    )]
     pub session: Option<String>,
     /// Wait at most this long, ms (at most 30 000; default 25 000).
+    #[param(maximum = 30000)]
     pub timeout_ms: Option<u64>,
 }
 
@@ -247,6 +348,11 @@ pub struct GetThreadQuery {
     /// The checkpoint id; absent: the namespace's latest (greatest id).
     pub checkpoint_id: Option<String>,
     /// The parent run, for a sub-run.
+    #[param(
+        min_length = 1,
+        max_length = 128,
+        pattern = "^[A-Za-z0-9][A-Za-z0-9_-]{0,127}$"
+    )]
     pub parent: Option<String>,
 }
 
@@ -262,11 +368,19 @@ pub struct ListThreadQuery {
     /// Only checkpoints whose id is below this one (byte order).
     pub before: Option<String>,
     /// At most this many (newest first).
+    #[param(maximum = 9_007_199_254_740_991_i64)]
     pub limit: Option<usize>,
     /// A JSON object: only checkpoints whose metadata has each of its keys
-    /// with an equal value (an absent key equals `null`).
+    /// with an equal value (an absent key equals null). The server takes
+    /// any JSON object; the pattern states flat ones.
+    #[param(value_type = Option<MetadataFilter>, inline)]
     pub filter: Option<String>,
     /// The parent run, for a sub-run.
+    #[param(
+        min_length = 1,
+        max_length = 128,
+        pattern = "^[A-Za-z0-9][A-Za-z0-9_-]{0,127}$"
+    )]
     pub parent: Option<String>,
 }
 
@@ -276,16 +390,30 @@ pub struct ListThreadQuery {
 #[into_params(parameter_in = Query)]
 pub struct ListThreadsQuery {
     /// Only threads of this project.
+    #[param(
+        min_length = 1,
+        max_length = 128,
+        pattern = "^[A-Za-z0-9][A-Za-z0-9_-]{0,127}$"
+    )]
     pub project: Option<String>,
     /// Only threads of this session (needs `project`).
+    #[param(
+        min_length = 1,
+        max_length = 128,
+        pattern = "^[A-Za-z0-9][A-Za-z0-9_-]{0,127}$"
+    )]
     pub session: Option<String>,
     /// Only this namespace (absent: every namespace).
     pub ns: Option<String>,
     /// Only checkpoints whose id is below this one (byte order).
     pub before: Option<String>,
     /// At most this many (newest first).
+    #[param(maximum = 9_007_199_254_740_991_i64)]
     pub limit: Option<usize>,
-    /// A JSON object of metadata keys to the values they must equal.
+    /// A JSON object: only checkpoints whose metadata has each of its keys
+    /// with an equal value (an absent key equals null). The server takes
+    /// any JSON object; the pattern states flat ones.
+    #[param(value_type = Option<MetadataFilter>, inline)]
     pub filter: Option<String>,
 }
 
@@ -295,7 +423,79 @@ pub struct ListThreadsQuery {
 #[into_params(parameter_in = Query)]
 pub struct DeleteThreadQuery {
     /// The holding the delete is made under (absent: unfenced).
+    #[param(minimum = 1, maximum = 999_999_999_999_999_i64)]
     pub fence: Option<u64>,
     /// The parent run, for a sub-run.
+    #[param(
+        min_length = 1,
+        max_length = 128,
+        pattern = "^[A-Za-z0-9][A-Za-z0-9_-]{0,127}$"
+    )]
     pub parent: Option<String>,
 }
+
+// A checkpoint listing's `fields`, as the document states them (the query
+// takes it as text and names a bad one).
+// (No doc comment: it would become a description inside the parameter's
+// schema.)
+#[derive(ToSchema)]
+#[schema(rename_all = "lowercase")]
+#[expect(
+    dead_code,
+    reason = "a document-only type: its variants are its schema's values"
+)]
+enum CheckpointFields {
+    Summary,
+    Full,
+}
+
+// An event read's `integrity`, as the document states it.
+// (No doc comment: it would become a description inside the parameter's
+// schema.)
+#[derive(ToSchema)]
+#[schema(rename_all = "lowercase")]
+#[expect(
+    dead_code,
+    reason = "a document-only type: its variants are its schema's values"
+)]
+enum IntegrityName {
+    Tolerant,
+    Strict,
+}
+
+// A listing's `order`, as the document states it (the server also takes
+// the kebab and snake spellings).
+// (No doc comment: it would become a description inside the parameter's
+// schema.)
+#[derive(ToSchema)]
+#[schema(rename_all = "camelCase")]
+#[expect(
+    dead_code,
+    reason = "a document-only type: its variants are its schema's values"
+)]
+enum OrderName {
+    RunId,
+    CreatedAt,
+}
+
+/// A thread listing's metadata `filter`: the server takes any JSON object;
+/// the document states the flat objects of strings (no escapes), integers,
+/// booleans and nulls, which it certainly parses.
+struct MetadataFilter;
+
+impl PartialSchema for MetadataFilter {
+    fn schema() -> RefOr<Schema> {
+        let string = r#""[^"\\\x00-\x1f]*""#;
+        let value = format!(r"(?:{string}|-?(?:0|[1-9][0-9]{{0,15}})|true|false|null)");
+        // JSON's whitespace only: `\s` would also admit \v and \f.
+        let w = r"[ \t\n\r]*";
+        let member = format!(r"{w}{string}{w}:{w}{value}{w}");
+        ObjectBuilder::new()
+            .schema_type(Type::String)
+            .pattern(Some(format!(r"^\{{(?:{member}(?:,{member})*|{w})\}}$")))
+            .build()
+            .into()
+    }
+}
+
+impl ToSchema for MetadataFilter {}

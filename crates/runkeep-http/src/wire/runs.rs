@@ -7,15 +7,40 @@ use super::*;
 #[serde(rename_all = "camelCase")]
 pub struct RunAddress {
     /// Tenant.
+    #[schema(
+        min_length = 1,
+        max_length = 128,
+        pattern = "^[A-Za-z0-9][A-Za-z0-9_-]{0,127}$"
+    )]
     pub tenant_id: String,
     /// Project.
+    #[schema(
+        min_length = 1,
+        max_length = 128,
+        pattern = "^[A-Za-z0-9][A-Za-z0-9_-]{0,127}$"
+    )]
     pub project_id: String,
     /// Session.
+    #[schema(
+        min_length = 1,
+        max_length = 128,
+        pattern = "^[A-Za-z0-9][A-Za-z0-9_-]{0,127}$"
+    )]
     pub session_id: String,
     /// Run.
+    #[schema(
+        min_length = 1,
+        max_length = 128,
+        pattern = "^[A-Za-z0-9][A-Za-z0-9_-]{0,127}$"
+    )]
     pub run_id: String,
     /// The parent run, for a sub-run.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(
+        min_length = 1,
+        max_length = 128,
+        pattern = "^[A-Za-z0-9][A-Za-z0-9_-]{0,127}$"
+    )]
     pub parent_run_id: Option<String>,
 }
 
@@ -133,14 +158,22 @@ pub struct RunRowBody {
     pub run: RunAddress,
     /// Run start, epoch ms; absent when never recorded.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(minimum = 0, maximum = 253_402_300_799_999_i64)]
     pub run_created_at: Option<i64>,
     /// Number of checkpoints.
+    #[schema(maximum = 9_007_199_254_740_991_i64)]
     pub checkpoint_count: u64,
     /// The latest checkpoint (total order); absent only on a damaged row.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(
+        min_length = 1,
+        max_length = 128,
+        pattern = "^[A-Za-z0-9][A-Za-z0-9_-]{0,127}$"
+    )]
     pub latest_checkpoint_id: Option<String>,
     /// Its `createdAt`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(minimum = 0, maximum = 253_402_300_799_999_i64)]
     pub latest_checkpoint_at: Option<i64>,
     /// The park by precedence.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -155,11 +188,14 @@ pub struct RunRowBody {
     pub status: RunStatusBody,
     /// When finished, epoch ms.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(minimum = 0, maximum = 253_402_300_799_999_i64)]
     pub finished_at: Option<i64>,
     /// Takeovers from expired leases so far.
+    #[schema(format = Int64, maximum = 4_294_967_295_i64)]
     pub attempts: u32,
     /// Not claimable before, epoch ms.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(minimum = 0, maximum = 253_402_300_799_999_i64)]
     pub available_at: Option<i64>,
     /// Dead-lettered: failed because its holders kept losing it (the store
     /// finished it at its attempt limit), not failed by a worker.
@@ -257,6 +293,7 @@ pub struct OutcomeBody {
     pub result: Option<Value>,
     /// Why, for operators.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(max_length = 4096)]
     pub reason: Option<String>,
 }
 
@@ -296,9 +333,11 @@ pub struct LifecycleBody {
     pub status: RunStatusBody,
     /// Finished at, epoch ms (store clock).
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(minimum = 0, maximum = 253_402_300_799_999_i64)]
     pub finished_at: Option<i64>,
     /// The fence the finish spent.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(minimum = 1, maximum = 999_999_999_999_999_i64)]
     pub finished_fence: Option<u64>,
     /// The finish's result.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -307,12 +346,15 @@ pub struct LifecycleBody {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reason: Option<String>,
     /// Takeovers from expired leases.
+    #[schema(format = Int64, maximum = 4_294_967_295_i64)]
     pub attempts: u32,
     /// The run's own attempt limit.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(format = Int64, minimum = 1, maximum = 4_294_967_295_i64)]
     pub max_attempts: Option<u32>,
     /// Not claimable before, epoch ms.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(minimum = 0, maximum = 253_402_300_799_999_i64)]
     pub available_at: Option<i64>,
     /// Dead-lettered: failed by the store at the attempt limit (status
     /// `failed`, reason `attempts exhausted`). Derived, answered only:
@@ -371,8 +413,10 @@ pub struct RunSummary {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pending: Option<CheckpointBody>,
     /// The event log's last `seq`.
+    #[schema(maximum = 9_007_199_254_740_991_i64)]
     pub last_seq: u64,
     /// The store's clock when this was read, epoch ms.
+    #[schema(minimum = 0, maximum = 253_402_300_799_999_i64)]
     pub now: i64,
 }
 
@@ -380,6 +424,7 @@ pub struct RunSummary {
 #[derive(Clone, PartialEq, Eq, Debug, Serialize, Deserialize, ToSchema)]
 pub struct Clock {
     /// Epoch ms.
+    #[schema(minimum = 0, maximum = 253_402_300_799_999_i64)]
     pub now: i64,
 }
 
@@ -388,8 +433,14 @@ pub struct Clock {
 #[serde(rename_all = "camelCase")]
 pub struct WhoAmI {
     /// The token's tenant.
+    #[schema(
+        min_length = 1,
+        max_length = 128,
+        pattern = "^[A-Za-z0-9][A-Za-z0-9_-]{0,127}$"
+    )]
     pub tenant: String,
     /// Its role: `reader`, `worker` or `operator`.
+    #[schema(schema_with = role_name)]
     pub role: String,
     /// Its id (never the secret).
     pub token_id: String,
@@ -404,5 +455,19 @@ pub struct Waited {
     pub changed: bool,
     /// For an events wait: the log's last `seq` at the answer.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(maximum = 9_007_199_254_740_991_i64)]
     pub last_seq: Option<u64>,
+}
+
+/// [`WhoAmI::role`]'s schema: a [`Role`](crate::Role)'s name.
+fn role_name() -> utoipa::openapi::Schema {
+    use crate::Role;
+    utoipa::openapi::schema::ObjectBuilder::new()
+        .schema_type(utoipa::openapi::schema::Type::String)
+        .description(Some("Its role: `reader`, `worker` or `operator`."))
+        .enum_values(Some(
+            [Role::Reader, Role::Worker, Role::Operator].map(Role::as_str),
+        ))
+        .build()
+        .into()
 }
