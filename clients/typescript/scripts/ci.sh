@@ -30,7 +30,7 @@ bash "$repo/scripts/npm-ci-once.sh" .
 # The wire types are generated from the committed OpenAPI document: a stale
 # src/generated/api.ts fails here (fix: `npm run gen`, commit the result).
 if ! npm run --silent gen:check; then
-    echo "clients/typescript: src/generated/api.ts does not match crates/runkeep-server/openapi.json; run \`npm run gen\` in clients/typescript and commit it" >&2
+    echo "clients/typescript: src/generated/api.ts does not match crates/runkeep-http/openapi.json; run \`npm run gen\` in clients/typescript and commit it" >&2
     exit 1
 fi
 # The console serves this client's SSE parser, emitted as an ES module.

@@ -4,7 +4,7 @@
  * from the document (src/generated/api.ts, `npm run gen`); CI checks the
  * generated file is current.
  *
- * The document is the committed `crates/runkeep-server/openapi.json`, else
+ * The document is the committed `crates/runkeep-http/openapi.json`, else
  * the one a live `runkeep serve` answers at `/openapi.json`. While neither
  * exists the test is reported as skipped, saying so.
  */
@@ -18,7 +18,7 @@ import { fileURLToPath } from "node:url";
 import { ENUMS, OPERATIONS, RUN_PATH, TAGGED } from "../src/index.js";
 import { Serve } from "./helpers/serve.js";
 
-const COMMITTED = resolve(fileURLToPath(new URL(".", import.meta.url)), "../../../../crates/runkeep-server/openapi.json");
+const COMMITTED = resolve(fileURLToPath(new URL(".", import.meta.url)), "../../../../crates/runkeep-http/openapi.json");
 
 type Schema = {
   enum?: string[];
@@ -48,7 +48,7 @@ async function load(): Promise<{ doc: Doc; from: string } | undefined> {
 test("the client's enums, tagged unions and operations are the document's", async (t) => {
   const loaded = await load();
   if (!loaded) {
-    t.skip("no OpenAPI document yet: crates/runkeep-server/openapi.json is not committed and the server answers 404 at /openapi.json");
+    t.skip("no OpenAPI document yet: crates/runkeep-http/openapi.json is not committed and the server answers 404 at /openapi.json");
     return;
   }
   const schemas = loaded.doc.components?.schemas ?? {};

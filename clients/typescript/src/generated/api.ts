@@ -851,7 +851,10 @@ export interface components {
         /** @description What a claim takes: holder, lease length and attempt limit (never an
          *     instant: the store's clock judges every claim). */
         ClaimBody: {
-            /** @description The claiming worker (unique per process); the same holder renews. Not blank, no control characters, at most 236 bytes (ASCII) and never containing `~token:`: the server appends ` ~token:<token id>` to bind the holding to the token, within the store's 256 bytes. */
+            /** @description The claiming worker (unique per process); the same holder renews.
+             *     Not blank, no control characters, at most 236 bytes (ASCII) and
+             *     never containing `~token:`: the server appends ` ~token:<token id>`
+             *     to bind the holding to the token, within the store's 256 bytes. */
             holder: string;
             /**
              * Format: int64
@@ -860,7 +863,11 @@ export interface components {
             maxAttempts?: number | null;
             /**
              * Format: int64
-             * @description Lease length, ms: 1000 ms (1 s) to 31622400000 ms (366 days). The store takes any positive length, but a lease shorter than a claim takes on its volume has expired before it is handed back (a directory store answers 503 `unavailable`), so the document asks for at least a second.
+             * @description Lease length, ms: 1000 ms (1 s) to 31622400000 ms (366 days). The
+             *     store takes any positive length, but a lease shorter than a claim
+             *     takes on its volume has expired before it is handed back (a
+             *     directory store answers 503 `unavailable`), so the document asks
+             *     for at least a second.
              */
             ttlMs: number;
         };
@@ -870,7 +877,10 @@ export interface components {
         };
         /** @description `claim_next`: scope narrowing, filter, claim options, optional wait. */
         ClaimNextBody: {
-            /** @description The claiming worker (unique per process); the same holder renews. Not blank, no control characters, at most 236 bytes (ASCII) and never containing `~token:`: the server appends ` ~token:<token id>` to bind the holding to the token, within the store's 256 bytes. */
+            /** @description The claiming worker (unique per process); the same holder renews.
+             *     Not blank, no control characters, at most 236 bytes (ASCII) and
+             *     never containing `~token:`: the server appends ` ~token:<token id>`
+             *     to bind the holding to the token, within the store's 256 bytes. */
             holder: string;
             /**
              * Format: int64
@@ -887,7 +897,11 @@ export interface components {
             session?: string | null;
             /**
              * Format: int64
-             * @description Lease length, ms: 1000 ms (1 s) to 31622400000 ms (366 days). The store takes any positive length, but a lease shorter than a claim takes on its volume has expired before it is handed back (a directory store answers 503 `unavailable`), so the document asks for at least a second.
+             * @description Lease length, ms: 1000 ms (1 s) to 31622400000 ms (366 days). The
+             *     store takes any positive length, but a lease shorter than a claim
+             *     takes on its volume has expired before it is handed back (a
+             *     directory store answers 503 `unavailable`), so the document asks
+             *     for at least a second.
              */
             ttlMs: number;
             /**
@@ -1152,7 +1166,10 @@ export interface components {
         /** @description The next claim of a hand-over: `claim-next`'s body without its wait
          *     (the tenant is the step's, from the path). */
         NextClaimBody: {
-            /** @description The claiming worker (unique per process); the same holder renews. Not blank, no control characters, at most 236 bytes (ASCII) and never containing `~token:`: the server appends ` ~token:<token id>` to bind the holding to the token, within the store's 256 bytes. */
+            /** @description The claiming worker (unique per process); the same holder renews.
+             *     Not blank, no control characters, at most 236 bytes (ASCII) and
+             *     never containing `~token:`: the server appends ` ~token:<token id>`
+             *     to bind the holding to the token, within the store's 256 bytes. */
             holder: string;
             /**
              * Format: int64
@@ -1169,7 +1186,11 @@ export interface components {
             session?: string | null;
             /**
              * Format: int64
-             * @description Lease length, ms: 1000 ms (1 s) to 31622400000 ms (366 days). The store takes any positive length, but a lease shorter than a claim takes on its volume has expired before it is handed back (a directory store answers 503 `unavailable`), so the document asks for at least a second.
+             * @description Lease length, ms: 1000 ms (1 s) to 31622400000 ms (366 days). The
+             *     store takes any positive length, but a lease shorter than a claim
+             *     takes on its volume has expired before it is handed back (a
+             *     directory store answers 503 `unavailable`), so the document asks
+             *     for at least a second.
              */
             ttlMs: number;
         };
@@ -2321,7 +2342,8 @@ export interface operations {
                 /** @description `summary` (default: each checkpoint without its `state`; read one's
                  *     state with `GET …/checkpoints/by-id/{id}`) or `full` (with states). */
                 fields?: "summary" | "full";
-                /** @description At most this many checkpoints (default 100, at most 1000: 400 above it); a page shorter than `limit` is the last. */
+                /** @description At most this many checkpoints (default 100, at most 1000: 400 above
+                 *     it); a page shorter than `limit` is the last. */
                 limit?: number;
                 /** @description Start after the checkpoint with this id (the last id of the previous
                  *     page); 400 when the run has no such checkpoint. */
@@ -2596,7 +2618,7 @@ export interface operations {
                 session: string;
                 /** @description The run id: 1 to 128 characters of [A-Za-z0-9_-], starting with a letter or digit. */
                 run: string;
-                /** @description The checkpoint id id: 1 to 128 characters of [A-Za-z0-9_-], starting with a letter or digit. */
+                /** @description The checkpoint id: 1 to 128 characters of [A-Za-z0-9_-], starting with a letter or digit. */
                 checkpoint: string;
             };
             cookie?: never;
@@ -2704,7 +2726,7 @@ export interface operations {
                 session: string;
                 /** @description The run id: 1 to 128 characters of [A-Za-z0-9_-], starting with a letter or digit. */
                 run: string;
-                /** @description The checkpoint id id: 1 to 128 characters of [A-Za-z0-9_-], starting with a letter or digit. */
+                /** @description The checkpoint id: 1 to 128 characters of [A-Za-z0-9_-], starting with a letter or digit. */
                 checkpoint: string;
             };
             cookie?: never;
@@ -2828,7 +2850,7 @@ export interface operations {
                 session: string;
                 /** @description The run id: 1 to 128 characters of [A-Za-z0-9_-], starting with a letter or digit. */
                 run: string;
-                /** @description The checkpoint id id: 1 to 128 characters of [A-Za-z0-9_-], starting with a letter or digit. */
+                /** @description The checkpoint id: 1 to 128 characters of [A-Za-z0-9_-], starting with a letter or digit. */
                 checkpoint: string;
             };
             cookie?: never;
@@ -3439,7 +3461,9 @@ export interface operations {
     enqueue: {
         parameters: {
             query?: {
-                /** @description The run id (and `parent`): the id rule, starting with `run_` (a directory store lists and hands out only `run_*` runs, so it refuses to enqueue others; runkeep's generated run ids all start so). */
+                /** @description The run id (and `parent`): the id rule, starting with `run_` (a
+                 *     directory store lists and hands out only `run_*` runs, so it refuses
+                 *     to enqueue others; runkeep's generated run ids all start so). */
                 parent?: string;
             };
             header?: never;
@@ -3450,7 +3474,9 @@ export interface operations {
                 project: string;
                 /** @description The session id: 1 to 128 characters of [A-Za-z0-9_-], starting with a letter or digit. */
                 session: string;
-                /** @description The run id (and `parent`): the id rule, starting with `run_` (a directory store lists and hands out only `run_*` runs, so it refuses to enqueue others; runkeep's generated run ids all start so). */
+                /** @description The run id (and `parent`): the id rule, starting with `run_` (a
+                 *     directory store lists and hands out only `run_*` runs, so it refuses
+                 *     to enqueue others; runkeep's generated run ids all start so). */
                 run: string;
             };
             cookie?: never;
@@ -6339,7 +6365,9 @@ export interface operations {
                 before?: string;
                 /** @description At most this many (newest first). */
                 limit?: number;
-                /** @description A JSON object: only checkpoints whose metadata has each of its keys with an equal value (an absent key equals null). The server takes any JSON object; the pattern states flat ones. */
+                /** @description A JSON object: only checkpoints whose metadata has each of its keys
+                 *     with an equal value (an absent key equals null). The server takes
+                 *     any JSON object; the pattern states flat ones. */
                 filter?: string;
                 /** @description The parent run, for a sub-run. */
                 parent?: string;
@@ -6857,7 +6885,8 @@ export interface operations {
                 project?: string;
                 /** @description Only this session (needs `project`). */
                 session?: string;
-                /** @description `runId` (default) or `createdAt` (the server also takes `run-id`/`run_id` and `created-at`/`created_at`). */
+                /** @description `runId` (default) or `createdAt` (the server also takes
+                 *     `run-id`/`run_id` and `created-at`/`created_at`). */
                 order?: "runId" | "createdAt";
                 /** @description Park states, comma-separated (`outstanding,expired`). */
                 park?: string;
@@ -6867,7 +6896,9 @@ export interface operations {
                 status?: string;
                 /** @description Page size (default 100, at most 1000; 0 reads as 1, more as 1000). */
                 limit?: number;
-                /** @description The `cursor` of the previous page, as the server issued it (opaque: bound to the listing's order, filters and scope; any other string is refused). */
+                /** @description The `cursor` of the previous page, as the server issued it (opaque:
+                 *     bound to the listing's order, filters and scope; any other string is
+                 *     refused). */
                 cursor?: string;
                 /** @description Judge expiry at this instant (epoch ms) instead of the store's clock. */
                 now?: number;
@@ -6977,7 +7008,9 @@ export interface operations {
                 before?: string;
                 /** @description At most this many (newest first). */
                 limit?: number;
-                /** @description A JSON object: only checkpoints whose metadata has each of its keys with an equal value (an absent key equals null). The server takes any JSON object; the pattern states flat ones. */
+                /** @description A JSON object: only checkpoints whose metadata has each of its keys
+                 *     with an equal value (an absent key equals null). The server takes
+                 *     any JSON object; the pattern states flat ones. */
                 filter?: string;
             };
             header?: never;
