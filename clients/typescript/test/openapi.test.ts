@@ -18,7 +18,10 @@ import { fileURLToPath } from "node:url";
 import { ENUMS, OPERATIONS, RUN_PATH, TAGGED } from "../src/index.js";
 import { Serve } from "./helpers/serve.js";
 
-const COMMITTED = resolve(fileURLToPath(new URL(".", import.meta.url)), "../../../../crates/runkeep-http/openapi.json");
+const REPO = resolve(fileURLToPath(new URL(".", import.meta.url)), "../../../..");
+const COMMITTED = resolve(REPO, "crates/runkeep-http/openapi.json");
+/** The operation table as JSON, generated from the Rust table the server is built from. */
+const TABLE = resolve(REPO, "crates/runkeep-http/operations.json");
 
 type Schema = {
   enum?: string[];
@@ -74,4 +77,20 @@ test("the client's enums, tagged unions and operations are the document's", asyn
     Object.entries(OPERATIONS).map(([id, [method, path]]) => [id, `${method} ${path.replace("{run}", RUN_PATH)}`]),
   );
   assert.deepEqual([...ours].sort(), [...inDoc].sort(), "every /v1 operation of the document has its client method, with its method and path");
+});
+
+test("the client's operations are the operation table's, with their methods and paths", () => {
+  const table = JSON.parse(readFileSync(TABLE, "utf8")) as { name: string; method: string; path: string }[];
+  const theirs = new Map(table.map((op) => [op.name, `${op.method} ${op.path}`]));
+  const ours = new Map(
+    Object.entries(OPERATIONS).map(([id, [method, path]]) => [id, `${method} ${path.replace(/^\{run\}/, RUN_PATH)}`]),
+  );
+  assert.deepEqual([...ours].sort(), [...theirs].sort(), "every operation of crates/runkeep-http/operations.json, with its method and path");
+});
+
+test("no client method spells a path or a method of its own", () => {
+  const source = readFileSync(resolve(REPO, "clients/typescript/src/client.ts"), "utf8");
+  const body = source.slice(source.indexOf("export class RunkeepClient"));
+  assert.deepEqual(body.match(/["`]\/v1[^"`]*["`]/g) ?? [], [], "a path spelled outside OPERATIONS");
+  assert.deepEqual(body.match(/this\.(call|send|runGet|runWrite)(<[^>]*>)?\("(GET|POST|PUT|DELETE)"/g) ?? [], [], "a method spelled outside OPERATIONS");
 });
