@@ -37,6 +37,8 @@ import type {
   ReportBody,
   ResolveBody,
   SnoozeBody,
+  FailAttemptBody,
+  CancelBody,
   WriteCheckpointBody,
   WriteMessagesBody,
   CheckpointBody,
@@ -160,6 +162,8 @@ export const OPERATIONS = {
   release: ["POST", "{run}/release", "release"],
   finish: ["POST", "{run}/finish", "finish"],
   snooze: ["POST", "{run}/snooze", "snooze"],
+  fail_attempt: ["POST", "{run}/attempts/failed", "failAttempt"],
+  cancel: ["POST", "{run}/cancel", "cancel"],
   enqueue: ["POST", "{run}/enqueue", "enqueue"],
   reopen: ["POST", "{run}/reopen", "reopen"],
   lease: ["GET", "{run}/lease", "lease"],
@@ -461,6 +465,21 @@ export class RunkeepClient {
   snooze(run: RunRef, fence: number, until: number, options: CallOptions = {}): Promise<Done> {
     const body: SnoozeBody = { fence, until };
     return this.runWrite("snooze", run, body, options);
+  }
+
+  /**
+   * Reports a failed attempt of the holding at `fence` (`POST
+   * …/attempts/failed`): the error is kept in the run's failure history,
+   * the holding ends, and the run is retried after its backoff or
+   * dead-lettered at its attempt limit.
+   */
+  failAttempt(run: RunRef, body: FailAttemptBody, options: CallOptions = {}): Promise<LifecycleBody> {
+    return this.runWrite("fail_attempt", run, body, options);
+  }
+
+  /** Cancels a run, claimed or not (`POST …/cancel`, an operator's act). */
+  cancel(run: RunRef, body: CancelBody = {}, options: CallOptions = {}): Promise<LifecycleBody> {
+    return this.runWrite("cancel", run, body, options);
   }
 
   /** Creates a runnable run with its first checkpoint (`POST …/enqueue`). */

@@ -214,6 +214,15 @@ export type ReleaseBody = Wire<S["ReleaseBody"]>;
 /** `POST …/snooze`. */
 export type SnoozeBody = Wire<S["SnoozeBody"]>;
 
+/** `POST …/attempts/failed`: the holding's fence, the error, an optional attempt limit. */
+export type FailAttemptBody = Wire<S["FailAttemptBody"]>;
+
+/** A failed attempt's error: its kind (`error`, `panic`, `timeout`, …) and message. */
+export type AttemptErrorBody = Wire<S["AttemptErrorBody"]>;
+
+/** `POST …/cancel`: the operator's reason. */
+export type CancelBody = Wire<S["CancelBody"]>;
+
 /** `POST …/finish`. */
 export type FinishBody = Wire<S["FinishBody"]>;
 

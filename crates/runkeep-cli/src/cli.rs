@@ -143,6 +143,8 @@ pub enum Command {
     Enqueue(commands::lifecycle::EnqueueArgs),
     /// Finish the run held at a fence: completed, failed or cancelled.
     Finish(commands::lifecycle::FinishArgs),
+    /// Cancel a run, claimed or not: finished as cancelled; its worker is refused and stops the step.
+    Cancel(commands::lifecycle::CancelArgs),
     /// Make a finished run active and claimable again.
     Reopen(commands::lifecycle::ReopenArgs),
     /// Delete all but the newest checkpoints (never an unanswered park).

@@ -52,6 +52,7 @@ async fn dispatch(cli: Cli) -> CliResult<Exit> {
         Command::Release(args) => commands::lease::release(&ctx, args).await,
         Command::Enqueue(args) => commands::lifecycle::enqueue(&ctx, args).await,
         Command::Finish(args) => commands::lifecycle::finish(&ctx, args).await,
+        Command::Cancel(args) => commands::lifecycle::cancel(&ctx, args).await,
         Command::Reopen(args) => commands::lifecycle::reopen(&ctx, args).await,
         Command::Prune(args) => commands::prune::run(&ctx, args).await,
         Command::Park(command) => commands::park::run(&ctx, command).await,

@@ -197,6 +197,22 @@ pub enum Op {
         /// 0 completed, 1 failed, 2 cancelled.
         kind: u8,
     },
+    /// `fail_attempt` under the holder's fence, with the report's limit.
+    Fail {
+        /// Run index.
+        run: u8,
+        /// Holder index.
+        holder: u8,
+        /// The report's attempt limit.
+        limit: Option<u32>,
+    },
+    /// `cancel`, with or without a reason.
+    Cancel {
+        /// Run index.
+        run: u8,
+        /// With a reason.
+        reason: bool,
+    },
     /// `reopen`.
     Reopen {
         /// Run index.
@@ -263,6 +279,9 @@ fn op() -> impl Strategy<Value = Op> {
                 finish
             }),
         2 => (r.clone(), h.clone(), 0u8..3).prop_map(|(run, holder, kind)| Op::Finish { run, holder, kind }),
+        2 => (r.clone(), h.clone(), proptest::option::weighted(0.3, 1u32..4))
+            .prop_map(|(run, holder, limit)| Op::Fail { run, holder, limit }),
+        1 => (r.clone(), any::<bool>()).prop_map(|(run, reason)| Op::Cancel { run, reason }),
         1 => r.clone().prop_map(|run| Op::Reopen { run }),
         1 => (r.clone(), proptest::option::of(1i64..3_000), proptest::option::of(0u32..4))
             .prop_map(|(run, delay, max_attempts)| Op::Enqueue { run, delay, max_attempts }),
@@ -363,6 +382,7 @@ fn kind(e: &Error) -> &'static str {
         Error::InvalidInput { .. } => "InvalidInput",
         Error::FencedOut { .. } => "FencedOut",
         Error::Contended { .. } => "Contended",
+        Error::Cancelled { .. } => "Cancelled",
         Error::Conflict { .. } => "Conflict",
         Error::Unsupported { .. } => "Unsupported",
         Error::Corrupted { .. } => "Corrupted",
@@ -502,6 +522,21 @@ impl Pair {
                         .finish(&scope(*run), self.fence(*run, *holder), &outcome(*kind))
                         .await,
                 ),
+                Op::Fail { run, holder, limit } => normalize(
+                    store
+                        .fail_attempt(
+                            &scope(*run),
+                            self.fence(*run, *holder),
+                            &runkeep::AttemptError::new("error", format!("at {}", now.as_millis())),
+                            *limit,
+                        )
+                        .await,
+                ),
+                Op::Cancel { run, reason } => normalize(
+                    store
+                        .cancel(&scope(*run), reason.then_some("called off"))
+                        .await,
+                ),
                 Op::Reopen { run } => normalize(store.reopen(&scope(*run)).await),
                 Op::Enqueue {
                     run,
@@ -515,6 +550,7 @@ impl Pair {
                             &EnqueueOptions {
                                 available_at: delay.map(|d| now.offset(d)),
                                 max_attempts: *max_attempts,
+                                ..Default::default()
                             },
                         )
                         .await,

@@ -71,11 +71,11 @@ use std::ops::{Deref, DerefMut};
 
 use async_trait::async_trait;
 use runkeep::{
-    AuditRecord, Checkpoint, CheckpointId, CheckpointStore, ClaimNextFilter, ClaimOptions,
-    ClaimOutcome, EnqueueOptions, EventBatch, EvidenceStore, Fence, Handover, Lease, LeaseSummary,
-    Lifecycle, ListOptions, ListingScope, MessageSnapshot, NewAuditEvent, NewEvent, NextClaim,
-    Outcome, ParkResolution, PersistedEvent, ReadEventsOptions, Result, RunPage, RunRecord,
-    RunScope, RunStore, Step, StepReceipt, Timestamp, Watch, WatchTopic,
+    AttemptError, AuditRecord, Checkpoint, CheckpointId, CheckpointStore, ClaimNextFilter,
+    ClaimOptions, ClaimOutcome, EnqueueOptions, EventBatch, EvidenceStore, Fence, Handover, Lease,
+    LeaseSummary, Lifecycle, ListOptions, ListingScope, MessageSnapshot, NewAuditEvent, NewEvent,
+    NextClaim, Outcome, ParkResolution, PersistedEvent, ReadEventsOptions, Result, RunPage,
+    RunRecord, RunScope, RunStore, Step, StepReceipt, Timestamp, Watch, WatchTopic,
 };
 use serde_json::Value;
 
@@ -212,6 +212,24 @@ pub trait Intercept: Send + Sync + std::fmt::Debug {
     /// [`CheckpointStore::snooze`]; forwards.
     async fn snooze(&self, scope: &RunScope, fence: Fence, until: Timestamp) -> Result<bool> {
         self.inner().snooze(scope, fence, until).await
+    }
+
+    /// [`CheckpointStore::fail_attempt`]; forwards.
+    async fn fail_attempt(
+        &self,
+        scope: &RunScope,
+        fence: Fence,
+        error: &AttemptError,
+        max_attempts: Option<u32>,
+    ) -> Result<Lifecycle> {
+        self.inner()
+            .fail_attempt(scope, fence, error, max_attempts)
+            .await
+    }
+
+    /// [`CheckpointStore::cancel`]; forwards.
+    async fn cancel(&self, scope: &RunScope, reason: Option<&str>) -> Result<Lifecycle> {
+        self.inner().cancel(scope, reason).await
     }
 
     /// [`CheckpointStore::reopen`]; forwards.
@@ -466,6 +484,18 @@ impl<I: Intercept> CheckpointStore for Intercepted<I> {
     }
     async fn snooze(&self, scope: &RunScope, fence: Fence, until: Timestamp) -> Result<bool> {
         self.0.snooze(scope, fence, until).await
+    }
+    async fn fail_attempt(
+        &self,
+        scope: &RunScope,
+        fence: Fence,
+        error: &AttemptError,
+        max_attempts: Option<u32>,
+    ) -> Result<Lifecycle> {
+        self.0.fail_attempt(scope, fence, error, max_attempts).await
+    }
+    async fn cancel(&self, scope: &RunScope, reason: Option<&str>) -> Result<Lifecycle> {
+        self.0.cancel(scope, reason).await
     }
     async fn reopen(&self, scope: &RunScope) -> Result<Lifecycle> {
         self.0.reopen(scope).await

@@ -65,7 +65,7 @@ pub const CONTRACT_VERSION: u32 = runkeep::CONTRACT_REVISION;
 
 /// What changed in each revision, for the refusal of a backend that
 /// declares an older one.
-pub const CHANGES_IN_V2: &str = "contract v2 added: run lifecycle (finish, reopen, enqueue; status and finished_at in listing rows; the status filter; claim answers Finished), attempts and dead-lettering (a takeover from an expired lease counts; the limit finishes the run as failed \"attempts exhausted\"), deferral (snooze, available_at; claims answer NotBefore), the atomic step (EvidenceStore::commit_step, all or nothing under one fence check), indexed answers (latest_checkpoint, find_pending, resume_point are contract methods), the store clock (CheckpointStore::now judges every call that passes no instant) and watch (CheckpointStore::watch wakes idle workers)";
+pub const CHANGES_IN_V2: &str = "contract v2 added: run lifecycle (finish, reopen, enqueue; status and finished_at in listing rows; the status filter; claim answers Finished), attempts and dead-lettering (a takeover from an expired lease counts; the limit finishes the run as failed \"attempts exhausted\"), deferral (snooze, available_at; claims answer NotBefore), failed attempts (fail_attempt counts, defers by the run's backoff and dead-letters at the limit with the error history) cancel (an operator's cancel finishes the run; the holder's writes answer Cancelled) and timeouts (a run's deadline is judged by its next claim; its attempt timeout rides on every lease), the atomic step (EvidenceStore::commit_step, all or nothing under one fence check), indexed answers (latest_checkpoint, find_pending, resume_point are contract methods), the store clock (CheckpointStore::now judges every call that passes no instant) and watch (CheckpointStore::watch wakes idle workers)";
 
 /// What a case is run with besides the store: the declared revision and
 /// the store's clock.
@@ -284,6 +284,15 @@ macro_rules! __runkeep_cases {
             claim_next_skips_a_deferred_run_until_it_is_available,
             enqueues_a_runnable_run_with_its_not_before_time_and_attempt_limit,
             refuses_to_enqueue_an_existing_run_or_a_zero_attempt_limit,
+            records_a_failed_attempt_and_defers_the_run_by_its_backoff,
+            dead_letters_the_run_when_failed_attempts_reach_the_limit,
+            counts_takeovers_and_failed_attempts_toward_one_limit,
+            refuses_a_failed_attempt_it_cannot_record_and_changes_nothing,
+            cancels_a_claimed_run_and_tells_its_holder_why,
+            cancels_an_unclaimed_run_and_refuses_what_it_cannot_cancel,
+            a_claim_after_a_release_is_a_new_claim_not_a_renewal,
+            finishes_a_run_past_its_deadline_at_its_next_claim,
+            hands_the_runs_attempt_timeout_to_every_taker,
             commits_a_whole_step_with_its_finish,
             defaults_the_message_boundary_to_the_steps_last_event,
             leaves_nothing_of_a_step_refused_for_its_fence,

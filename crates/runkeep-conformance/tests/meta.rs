@@ -51,6 +51,17 @@ enum Flaw {
     /// `latest_checkpoint` answers the newest by `created_at` (an index on
     /// the wrong column).
     IndexesLatestByClock,
+    /// `fail_attempt` only releases the run: nothing is counted, kept or
+    /// deferred.
+    OnlyReleasesAFailedAttempt,
+    /// A holder's write refused on a cancelled run answers `FencedOut`, as
+    /// if another worker had taken over.
+    HidesTheCancel,
+    /// `release` answers `true` and changes nothing: the holder's next
+    /// claim is a renewal of the fence it gave up.
+    ReleaseKeepsTheHolding,
+    /// `enqueue` drops the run's deadline and attempt timeout.
+    ForgetsTheTimeouts,
 }
 
 #[derive(Debug)]
@@ -92,6 +103,22 @@ impl Broken {
         Ok(())
     }
 
+    /// HidesTheCancel: a `Cancelled` refusal answered as a plain fence
+    /// refusal.
+    fn hide_cancel<T>(&self, r: Result<T>) -> Result<T> {
+        match r {
+            Err(Error::Cancelled { run, operation, .. }) if self.flaw == Flaw::HidesTheCancel => {
+                Err(Error::FencedOut {
+                    run,
+                    operation,
+                    presented: Fence::FIRST,
+                    current: Fence::FIRST,
+                })
+            }
+            other => other,
+        }
+    }
+
     /// What fence to hand the inner store for an evidence write.
     fn pass(&self, scope: &RunScope, fence: Option<Fence>) -> Result<Option<Fence>> {
         match self.flaw {
@@ -119,7 +146,8 @@ impl Intercept for Broken {
         fence: Option<Fence>,
     ) -> Result<Checkpoint> {
         let f = self.pass(scope, fence)?;
-        self.inner.write_checkpoint(scope, cp, f).await
+        let written = self.inner.write_checkpoint(scope, cp, f).await;
+        self.hide_cancel(written)
     }
     async fn delete_checkpoint(
         &self,
@@ -204,6 +232,7 @@ impl Intercept for Broken {
                     holder: options.holder.clone(),
                     fence: Fence::FIRST,
                     expires_at: options.now().plus(options.ttl),
+                    attempt_timeout_ms: None,
                 }))
             }
             Flaw::RewindsFenceAfterRelease => {
@@ -224,6 +253,7 @@ impl Intercept for Broken {
                     holder: options.holder.clone(),
                     fence: Fence::new(next)?,
                     expires_at: now.plus(options.ttl),
+                    attempt_timeout_ms: None,
                 };
                 live.insert(scope.clone(), lease.clone());
                 Ok(ClaimOutcome::Acquired(lease))
@@ -231,7 +261,36 @@ impl Intercept for Broken {
             _ => self.inner.claim(scope, options).await,
         }
     }
+    async fn enqueue(
+        &self,
+        scope: &RunScope,
+        cp: &Checkpoint,
+        options: &runkeep::EnqueueOptions,
+    ) -> Result<Checkpoint> {
+        let mut options = options.clone();
+        if self.flaw == Flaw::ForgetsTheTimeouts {
+            options.deadline = None;
+            options.attempt_timeout = None;
+        }
+        self.inner.enqueue(scope, cp, &options).await
+    }
+    async fn fail_attempt(
+        &self,
+        scope: &RunScope,
+        fence: Fence,
+        error: &runkeep::AttemptError,
+        limit: Option<u32>,
+    ) -> Result<runkeep::Lifecycle> {
+        if self.flaw == Flaw::OnlyReleasesAFailedAttempt {
+            self.inner.release(scope, fence).await?;
+            return self.inner.lifecycle(scope).await;
+        }
+        self.inner.fail_attempt(scope, fence, error, limit).await
+    }
     async fn release(&self, scope: &RunScope, fence: Fence) -> Result<bool> {
+        if self.flaw == Flaw::ReleaseKeepsTheHolding {
+            return Ok(true);
+        }
         if self.flaw == Flaw::RewindsFenceAfterRelease {
             let mut live = self.live.lock().unwrap();
             if live.get(scope).is_some_and(|l| l.fence == fence) {
@@ -316,7 +375,7 @@ impl Intercept for Broken {
         fence: Option<Fence>,
     ) -> Result<Vec<PersistedEvent>> {
         let f = self.pass(scope, fence)?;
-        let mut out = self.inner.append_events(scope, events, f).await?;
+        let mut out = self.hide_cancel(self.inner.append_events(scope, events, f).await)?;
         if self.flaw == Flaw::ReusesASeq {
             if let Some(first) = out.first_mut() {
                 if first.seq > 1 {
@@ -648,6 +707,9 @@ async fn a_store_handing_out_finished_runs_fails_the_lifecycle_cases() {
         &[
             "answers_finished_to_a_claim_and_claim_next_never_takes_it",
             "dead_letters_the_run_when_the_takeover_reaches_the_limit",
+            "dead_letters_the_run_when_failed_attempts_reach_the_limit",
+            "cancels_a_claimed_run_and_tells_its_holder_why",
+            "finishes_a_run_past_its_deadline_at_its_next_claim",
             "hands_over_from_a_finished_step_to_the_next_run",
             "never_hands_over_to_the_run_the_step_just_finished",
             "concurrent_hand_overs_never_give_one_run_to_two_workers",
@@ -759,6 +821,70 @@ async fn a_store_judging_claims_on_the_machine_clock_fails_the_store_clock_cases
             "reopens_a_finished_run_at_a_fence_above_every_fence_issued",
             "leaves_nothing_of_a_step_refused_for_its_fence",
             "refuses_an_unfenced_write_for_a_principal_while_a_lease_is_on_top",
+            "records_a_failed_attempt_and_defers_the_run_by_its_backoff",
+            "counts_takeovers_and_failed_attempts_toward_one_limit",
+            "refuses_a_failed_attempt_it_cannot_record_and_changes_nothing",
+            "finishes_a_run_past_its_deadline_at_its_next_claim",
+        ],
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_store_that_forgets_the_deadline_and_the_attempt_timeout_fails_the_timeout_cases() {
+    let failed = failures(
+        Broken::on(Flaw::ForgetsTheTimeouts),
+        runkeep_conformance::CONTRACT_VERSION,
+    )
+    .await;
+    assert_fails_exactly(
+        &failed,
+        &[
+            "finishes_a_run_past_its_deadline_at_its_next_claim",
+            "hands_the_runs_attempt_timeout_to_every_taker",
+        ],
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_store_that_only_releases_a_failed_attempt_fails_the_failure_cases() {
+    let failed = failures(
+        Broken::on(Flaw::OnlyReleasesAFailedAttempt),
+        runkeep_conformance::CONTRACT_VERSION,
+    )
+    .await;
+    assert_fails_exactly(
+        &failed,
+        &[
+            "records_a_failed_attempt_and_defers_the_run_by_its_backoff",
+            "dead_letters_the_run_when_failed_attempts_reach_the_limit",
+            "counts_takeovers_and_failed_attempts_toward_one_limit",
+            "refuses_a_failed_attempt_it_cannot_record_and_changes_nothing",
+        ],
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_store_not_saying_a_run_was_cancelled_fails_the_cancel_case() {
+    let failed = failures(
+        Broken::on(Flaw::HidesTheCancel),
+        runkeep_conformance::CONTRACT_VERSION,
+    )
+    .await;
+    assert_fails_exactly(&failed, &["cancels_a_claimed_run_and_tells_its_holder_why"]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_store_whose_release_keeps_the_holding_fails_the_release_cases() {
+    let failed = failures(
+        Broken::on(Flaw::ReleaseKeepsTheHolding),
+        runkeep_conformance::CONTRACT_VERSION,
+    )
+    .await;
+    assert_fails(
+        &failed,
+        &[
+            "a_claim_after_a_release_is_a_new_claim_not_a_renewal",
+            "refuses_the_fence_its_own_holder_just_released",
         ],
     );
 }

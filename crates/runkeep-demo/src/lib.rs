@@ -20,9 +20,9 @@
 //! one.
 
 use runkeep::{
-    Checkpoint, CheckpointId, ClaimOptions, EnqueueOptions, Fence, Holder, ListingScope,
-    NewAuditEvent, NewEvent, Outcome, ParkResolution, PendingDecision, ProjectId, RunId, RunScope,
-    RunStore, SessionId, TenantId, Timestamp, Ttl,
+    AttemptError, Checkpoint, CheckpointId, ClaimOptions, EnqueueOptions, Fence, Holder,
+    ListingScope, NewAuditEvent, NewEvent, Outcome, ParkResolution, PendingDecision, ProjectId,
+    RetryPolicy, RunId, RunScope, RunStore, SessionId, TenantId, Timestamp, Ttl,
 };
 use serde_json::{json, Map, Value};
 
@@ -350,7 +350,7 @@ async fn seed_one(
                     &first,
                     &EnqueueOptions {
                         available_at,
-                        max_attempts: None,
+                        ..EnqueueOptions::default()
                     },
                 )
                 .await?;
@@ -368,18 +368,44 @@ async fn seed_one(
                     scope,
                     &first,
                     &EnqueueOptions {
-                        available_at: None,
-                        max_attempts: Some(2),
+                        max_attempts: Some(3),
+                        // Retried at once, so the demo needs no waiting.
+                        retry: Some(RetryPolicy {
+                            base_ms: 0,
+                            factor: 1.0,
+                            cap_ms: 0,
+                        }),
+                        ..EnqueueOptions::default()
                     },
                 )
                 .await?;
             store
                 .append_events(scope, &transcript(&goal, kind), None)
                 .await?;
-            // Two holders lose it in turn; the third claim dead-letters it.
-            claim_at(store, scope, "worker-a", MIN as u64, now.offset(-30 * MIN)).await?;
-            claim_at(store, scope, "worker-b", MIN as u64, now.offset(-20 * MIN)).await?;
-            claim_at(store, scope, "worker-c", MIN as u64, now.offset(-10 * MIN)).await?;
+            // Three workers' steps raise in turn; the third failed attempt
+            // reaches the limit and dead-letters the run with its errors.
+            for (who, error_kind, message) in [
+                (
+                    "worker-a",
+                    "RateLimitError",
+                    "429 Too Many Requests from api.example.com: retry after 20 s",
+                ),
+                (
+                    "worker-b",
+                    "TimeoutError",
+                    "tool `fetch_invoice` did not answer within 30 s",
+                ),
+                (
+                    "worker-c",
+                    "ValueError",
+                    "tool `fetch_invoice` returned malformed JSON at line 1 column 318",
+                ),
+            ] {
+                let fence = held(store, scope, who, 60 * MIN as u64, now).await?;
+                store
+                    .fail_attempt(scope, fence, &AttemptError::new(error_kind, message), None)
+                    .await?;
+            }
         }
         _ => {
             if kind == Claimed {

@@ -605,7 +605,14 @@ pub(crate) fn claim(
             }
             ClaimPlan::Exhausted { fence, attempts } => {
                 let body = tomb_body(attempts, None, Some(now));
-                (fence, body, Some(attempts))
+                (fence, body, Some(Ends::Exhausted(attempts)))
+            }
+            // A plain tombstone: the record written after the link says
+            // why. Should the record never land, the run reads as released
+            // and its next claim judges the deadline again.
+            ClaimPlan::PastDeadline { fence } => {
+                let body = tomb_body(state.lifecycle.attempts, None, None);
+                (fence, body, Some(Ends::PastDeadline))
             }
         };
         if let Some(fl) = floor {
@@ -620,26 +627,37 @@ pub(crate) fn claim(
                 testing_hooks::trace(|| format!("linked {fence}"));
                 match after_link(&claims_dir, fence, &ctx)? {
                     AfterLink::Top(after) => {
-                        if let Some(attempts) = dead {
-                            // Dead-lettered by the link (the commit point);
-                            // the record materializes it (written under the
-                            // shared lock: only the link's winner writes it,
-                            // and record writers with the exclusive lock are
+                        if let Some(ends) = dead {
+                            // Dead-lettered (or past its deadline) by the
+                            // link (the commit point); the record
+                            // materializes it (written under the shared
+                            // lock: only the link's winner writes it, and
+                            // record writers with the exclusive lock are
                             // excluded).
                             testing_hooks::pause(testing_hooks::Pause::DeadLetterAfterLink);
-                            let l = lifecycle::exhausted(&state.lifecycle, fence, attempts, now);
+                            let l = match ends {
+                                Ends::Exhausted(attempts) => {
+                                    lifecycle::exhausted(&state.lifecycle, fence, attempts, now)
+                                }
+                                Ends::PastDeadline => {
+                                    lifecycle::past_deadline(&state.lifecycle, fence, now)
+                                }
+                            };
                             let rec = Record::new(l.clone(), fence.get());
                             run_state::write(&run_dir, &rec, inner.durability, &ctx)
                                 .map_err(|e| inner.note(e))?;
                             drop(lock);
                             prune(&claims_dir, fence, &after);
-                            tracing::info!(run = %scope.run_id, attempts, "run dead-lettered: {}", lifecycle::ATTEMPTS_EXHAUSTED);
+                            tracing::info!(run = %scope.run_id, attempts = l.attempts, reason = ?l.reason, "run finished by a claim");
                             return Ok(ClaimOutcome::Finished(l.status));
                         }
                         drop(lock);
                         prune(&claims_dir, fence, &after);
                         testing_hooks::delay("claim-after-link");
-                        return hand_back(inner, scope, options, fence, now, started, &ctx);
+                        let timeout = state.lifecycle.attempt_timeout_ms;
+                        return hand_back(
+                            inner, scope, options, fence, now, started, timeout, &ctx,
+                        );
                     }
                     AfterLink::Superseded { above, scan: after } => {
                         testing_hooks::trace(|| {
@@ -697,6 +715,10 @@ pub(crate) fn claim(
 /// disk must not return a lease someone else may already be taking). An
 /// expired win is released at once (a clean release: the next claimer
 /// takes it without waiting) and answered as retryable `Unavailable`.
+#[expect(
+    clippy::too_many_arguments,
+    reason = "the one call site passes what the claim loop already holds; a struct would only rename them"
+)]
 fn hand_back(
     inner: &Inner,
     scope: &RunScope,
@@ -704,6 +726,7 @@ fn hand_back(
     fence: Fence,
     now: Timestamp,
     started: std::time::Instant,
+    attempt_timeout_ms: Option<u64>,
     ctx: &Ctx,
 ) -> Result<ClaimOutcome> {
     let expires_at = now.plus(options.ttl);
@@ -728,7 +751,17 @@ fn hand_back(
         holder: options.holder.clone(),
         fence,
         expires_at,
+        attempt_timeout_ms,
     }))
+}
+
+/// How a claim that finishes the run instead of handing it out ends it.
+#[derive(Clone, Copy)]
+enum Ends {
+    /// Dead-lettered at this attempt count.
+    Exhausted(u32),
+    /// Past the run's deadline.
+    PastDeadline,
 }
 /// The holding at exactly `fence`, read by name (no directory listing).
 pub(crate) fn holding_at(claims_dir: &Path, fence: Fence, ctx: &Ctx) -> Result<Option<Holding>> {

@@ -26,6 +26,7 @@
 
 use std::path::Path;
 
+use runkeep::failure;
 use runkeep::lease::{check_unfenced_write, check_write_fence};
 use runkeep::{Error, Fence, Result, RunScope, Timestamp, TopHolding};
 
@@ -33,7 +34,7 @@ use crate::inner::Inner;
 use crate::lock::{self, Mode, RunLock};
 use crate::options::Durability;
 use crate::sys::{self, Ctx};
-use crate::{claims, testing_hooks};
+use crate::{claims, run_state, testing_hooks};
 
 /// The log in a run's meta directory that records every fenced-out write.
 pub(crate) const FENCED_OUT_LOG: &str = "fenced-out.jsonl";
@@ -163,6 +164,11 @@ impl Inner {
         {
             if !self.read_only {
                 record_refusal(run_dir, ctx.operation, *presented, *current);
+            }
+            // Told why when an operator cancelled the run (the record is
+            // read only on this refusal path).
+            if let Ok(Some(record)) = run_state::read_record(run_dir, ctx) {
+                return r.map_err(|e| failure::refine_refusal(e, &record.lifecycle));
             }
         }
         r

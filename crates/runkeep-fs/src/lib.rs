@@ -82,6 +82,7 @@ mod checkpoints;
 mod claims;
 mod diagnose;
 mod documents;
+mod failures;
 mod fenced_write;
 mod hard_links;
 mod index;
@@ -436,6 +437,23 @@ impl runkeep::CheckpointStore for FsStore {
     async fn snooze(&self, scope: &RunScope, fence: Fence, until: Timestamp) -> Result<bool> {
         let (inner, scope) = (self.inner.clone(), scope.clone());
         blocking(move || inner.snooze(&scope, fence, until)).await
+    }
+
+    async fn fail_attempt(
+        &self,
+        scope: &RunScope,
+        fence: Fence,
+        error: &runkeep::AttemptError,
+        max_attempts: Option<u32>,
+    ) -> Result<runkeep::Lifecycle> {
+        let (inner, scope, error) = (self.inner.clone(), scope.clone(), error.clone());
+        blocking(move || inner.fail_attempt(&scope, fence, &error, max_attempts)).await
+    }
+
+    async fn cancel(&self, scope: &RunScope, reason: Option<&str>) -> Result<runkeep::Lifecycle> {
+        let (inner, scope) = (self.inner.clone(), scope.clone());
+        let reason = reason.map(str::to_owned);
+        blocking(move || inner.cancel(&scope, reason.as_deref())).await
     }
 
     async fn reopen(&self, scope: &RunScope) -> Result<runkeep::Lifecycle> {

@@ -59,14 +59,7 @@ impl Inner {
         check_enqueue(self.run_exists(&run_dir, &ctx)?, &scope.run_id)?;
         let mut stored = checkpoint.clone();
         stored.fence = None;
-        let record = Record::new(
-            Lifecycle {
-                max_attempts: options.max_attempts,
-                available_at: options.available_at,
-                ..Lifecycle::default()
-            },
-            0,
-        );
+        let record = Record::new(options.lifecycle(), 0);
         let rebuild = self.judged_write(scope, "enqueue", |ctx, run_dir, _| {
             check_enqueue(self.run_exists(run_dir, ctx)?, &scope.run_id)?;
             // The record first: a crash before the checkpoint leaves a run

@@ -1145,6 +1145,9 @@ impl CheckpointStore for HttpStore {
             checkpoint: checkpoint.into(),
             available_at: options.available_at.map(Timestamp::as_millis),
             max_attempts: options.max_attempts,
+            retry: options.retry.map(Into::into),
+            attempt_timeout_ms: options.attempt_timeout.map(runkeep::Ttl::as_millis),
+            deadline: options.deadline.map(Timestamp::as_millis),
         };
         let cp: CheckpointBody = self.run_write::<op::Enqueue>(scope, &body).await?;
         cp.to_checkpoint("checkpoint").map_err(problem_error)
@@ -1166,6 +1169,30 @@ impl CheckpointStore for HttpStore {
         };
         let d: Result<Done> = self.run_write::<op::Snooze>(scope, &body).await;
         stale_is_false(d)
+    }
+
+    async fn fail_attempt(
+        &self,
+        scope: &RunScope,
+        fence: Fence,
+        error: &runkeep::AttemptError,
+        max_attempts: Option<u32>,
+    ) -> Result<Lifecycle> {
+        let body = FailAttemptBody {
+            fence: fence.get(),
+            error: error.into(),
+            max_attempts,
+        };
+        let l: LifecycleBody = self.run_write::<op::FailAttempt>(scope, &body).await?;
+        l.to_lifecycle().map_err(problem_error)
+    }
+
+    async fn cancel(&self, scope: &RunScope, reason: Option<&str>) -> Result<Lifecycle> {
+        let body = CancelBody {
+            reason: reason.map(str::to_owned),
+        };
+        let l: LifecycleBody = self.run_write::<op::Cancel>(scope, &body).await?;
+        l.to_lifecycle().map_err(problem_error)
     }
 
     async fn reopen(&self, scope: &RunScope) -> Result<Lifecycle> {

@@ -68,6 +68,9 @@ problem_types! {
     InvalidInput => "invalid-input", StatusCode::BAD_REQUEST, "Invalid input";
     /// `runkeep::Error::FencedOut`: the presented fence no longer holds the run.
     FencedOut => "fenced-out", StatusCode::CONFLICT, "Fenced out";
+    /// `runkeep::Error::Cancelled`: an operator cancelled the run; the
+    /// holder's write is refused for that reason. Stop the run's step.
+    Cancelled => "cancelled", StatusCode::CONFLICT, "Run cancelled";
     /// `runkeep::Error::Contended`: retry later.
     Contended => "contended", StatusCode::SERVICE_UNAVAILABLE, "Contended";
     /// `runkeep::Error::Conflict`: a compare-and-set found the record changed.
@@ -117,6 +120,7 @@ impl ProblemType {
             Error::InvalidInput { .. } => ProblemType::InvalidInput,
             Error::FencedOut { .. } => ProblemType::FencedOut,
             Error::NotYourHolding { .. } => ProblemType::Forbidden,
+            Error::Cancelled { .. } => ProblemType::Cancelled,
             Error::Contended { .. } => ProblemType::Contended,
             Error::Conflict { .. } => ProblemType::Conflict,
             Error::Unsupported { .. } => ProblemType::Unsupported,
@@ -237,6 +241,9 @@ pub struct ProblemDetails {
     /// The role the operation needs (`forbidden`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub required_role: Option<String>,
+    /// The operator's reason (`cancelled`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
 }
 
 impl Problem {
@@ -258,6 +265,7 @@ impl Problem {
             first_answer: None,
             resolved_at: None,
             required_role: None,
+            reason: None,
         })
     }
 
@@ -320,6 +328,11 @@ impl Problem {
                 _ => Error::corrupted(format!(
                     "the server answered fenced-out without its fences: {detail}"
                 )),
+            },
+            Some(ProblemType::Cancelled) => Error::Cancelled {
+                run,
+                operation,
+                reason: self.reason.clone(),
             },
             Some(ProblemType::Contended) => Error::Contended {
                 run,
@@ -384,9 +397,10 @@ impl From<Error> for Problem {
             Error::InvalidInput { message } => redact_paths(message),
             Error::Conflict { message } => redact_paths(message),
             Error::Unsupported { message } => redact_paths(message),
-            Error::FencedOut { .. } | Error::Contended { .. } | Error::NotYourHolding { .. } => {
-                error.to_string()
-            }
+            Error::FencedOut { .. }
+            | Error::Contended { .. }
+            | Error::NotYourHolding { .. }
+            | Error::Cancelled { .. } => error.to_string(),
             Error::Corrupted { .. } => {
                 tracing::error!(error = %error, "stored data could not be read");
                 "stored data of this run could not be read; nothing was changed. An operator can find it with `runkeep doctor`".to_string()
@@ -431,6 +445,15 @@ impl From<Error> for Problem {
             Error::Contended { run, attempts } => {
                 p.run = Some(run);
                 p.attempts = Some(attempts);
+            }
+            Error::Cancelled {
+                run,
+                operation,
+                reason,
+            } => {
+                p.run = Some(run);
+                p.operation = Some(operation.to_string());
+                p.reason = reason;
             }
             ref e @ Error::Unavailable { .. } => {
                 p.outcome_unknown = e.is_outcome_unknown();

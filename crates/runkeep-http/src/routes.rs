@@ -360,6 +360,24 @@ operations! {
         POST run_path!("/enqueue"), Worker, Short,
         path: EnqueuePath, query: EnqueueQuery, body: EnqueueBody, answer: CheckpointBody,
     }
+    /// Reports a failed attempt of the holding at `fence` (the step raised,
+    /// panicked or timed out): the error is kept in the run's failure
+    /// history, the attempt counts toward the limit like a takeover, the
+    /// holding ends, and the run is deferred by its retry backoff, or
+    /// dead-lettered when this attempt reaches the limit. A cancelled run
+    /// answers `cancelled`.
+    FailAttempt = "fail_attempt" {
+        POST run_path!("/attempts/failed"), Worker, Short,
+        path: RunPath, query: ParentQuery, body: FailAttemptBody, answer: LifecycleBody,
+    }
+    /// Cancels an active run, claimed or not (operator): it is finished as
+    /// cancelled with the reason, its holding ends, and the holder's next
+    /// write is refused as `cancelled` (its renewal answers finished). No
+    /// claim takes it until it is reopened.
+    Cancel = "cancel" {
+        POST run_path!("/cancel"), Operator, Short,
+        path: RunPath, query: ParentQuery, body: CancelBody, answer: LifecycleBody,
+    }
     /// Makes a finished run active again.
     Reopen = "reopen" {
         POST run_path!("/reopen"), Operator, Short,

@@ -167,6 +167,19 @@ fn closed_schemas_are_exactly_the_bodies_that_refuse_unknown_members() {
         ),
         ("ClaimBody", refuses_unknown::<wire::ClaimBody>(unknown)),
         (
+            "AttemptErrorBody",
+            refuses_unknown::<wire::AttemptErrorBody>(unknown),
+        ),
+        ("CancelBody", refuses_unknown::<wire::CancelBody>(unknown)),
+        (
+            "FailAttemptBody",
+            refuses_unknown::<wire::FailAttemptBody>(unknown),
+        ),
+        (
+            "RetryPolicyBody",
+            refuses_unknown::<wire::RetryPolicyBody>(unknown),
+        ),
+        (
             "ClaimNextBody",
             refuses_unknown::<wire::ClaimNextBody>(unknown),
         ),
@@ -313,6 +326,13 @@ fn every_rule_of_the_document_is_computed_from_its_constant() {
         ("run listing limit", 1, runkeep::listing::MAX_LIMIT as i128),
         ("events page", 0, wire::MAX_EVENTS_PAGE as i128),
         ("checkpoints page", 0, wire::MAX_CHECKPOINTS_PAGE as i128),
+        ("attempt timeout", 1, runkeep::time::MAX_TTL_MS as i128),
+        (
+            "retry delay",
+            0,
+            runkeep::failure::MAX_RETRY_CAP.as_millis() as i128,
+        ),
+        ("retry factor", 1, 100),
     ];
     let id = openapi::id_pattern();
     let max_id = runkeep::id::MAX_ID_LEN;
@@ -372,6 +392,12 @@ fn every_rule_of_the_document_is_computed_from_its_constant() {
             None,
         ),
         ("SSE event id", "^[1-9][0-9]*$".to_string(), None, None),
+        (
+            "attempt error kind",
+            "\\S".to_string(),
+            Some(1),
+            Some(runkeep::failure::MAX_ERROR_KIND_CHARS as u64),
+        ),
     ];
     fn walk(v: &serde_json::Value, at: &str, found: &mut Vec<(String, serde_json::Value)>) {
         match v {
@@ -435,8 +461,11 @@ fn every_rule_of_the_document_is_computed_from_its_constant() {
             }
             None => {
                 if let Some(max) = len("maxLength") {
-                    let reason = runkeep::lifecycle::MAX_REASON_CHARS as u64;
-                    if max != reason {
+                    let texts = [
+                        runkeep::lifecycle::MAX_REASON_CHARS,
+                        runkeep::failure::MAX_ERROR_MESSAGE_CHARS,
+                    ];
+                    if !texts.contains(&(max as usize)) {
                         bad.push(format!("{at}: maxLength {max} is no rule's"));
                     }
                 }

@@ -1,6 +1,8 @@
-//! The run's lifecycle: `enqueue`, `finish`, `snooze`, `reopen` and the
+//! The run's lifecycle: `enqueue`, `finish`, `snooze`, `fail_attempt`,
+//! `cancel`, `reopen` and the
 //! lifecycle read.
 
+use runkeep::failure::{self, AttemptError};
 use runkeep::lifecycle;
 use runkeep::{
     Checkpoint, EnqueueOptions, Error, Fence, Lifecycle, Outcome, Result, RunScope, Timestamp,
@@ -36,11 +38,7 @@ pub(crate) async fn enqueue(
         runkeep::lifecycle::check_enqueue(l.run.exists(), &scope.run_id)?;
         let mut stored = checkpoint.clone();
         stored.fence = None;
-        l.run.lifecycle = Lifecycle {
-            max_attempts: options.max_attempts,
-            available_at: options.available_at,
-            ..Lifecycle::default()
-        };
+        l.run.lifecycle = options.lifecycle();
         let writes = Writes::default()
             .checkpoint(stored.clone(), l.checkpoint_exists)
             .save()
@@ -103,6 +101,62 @@ pub(crate) async fn snooze(
         }
         Ok(Verdict::Write(
             true,
+            Writes::default().save().notify(Wake::Changed),
+        ))
+    })
+    .await
+}
+
+pub(crate) async fn fail_attempt(
+    db: &Db,
+    scope: &RunScope,
+    fence: Fence,
+    error: &AttemptError,
+    max_attempts: Option<u32>,
+) -> Result<Lifecycle> {
+    error.validate(&scope.run_id)?;
+    let opening = Opening {
+        clock: true,
+        ..Opening::default()
+    };
+    db.write_locked("fail_attempt", scope, opening, |l| {
+        let run = &mut l.run;
+        let done = failure::apply_failure(
+            &scope.run_id,
+            &mut run.top,
+            &mut run.lifecycle,
+            fence,
+            error,
+            max_attempts,
+            l.now,
+        )?;
+        Ok(Verdict::Write(
+            done,
+            Writes::default().save().notify(Wake::Changed),
+        ))
+    })
+    .await
+}
+
+pub(crate) async fn cancel(db: &Db, scope: &RunScope, reason: Option<&str>) -> Result<Lifecycle> {
+    failure::check_cancel_reason(&scope.run_id, reason)?;
+    let opening = Opening {
+        clock: true,
+        ..Opening::default()
+    };
+    db.write_locked("cancel", scope, opening, |l| {
+        let exists = l.found && l.run.exists();
+        let run = &mut l.run;
+        let done = failure::apply_cancel(
+            &scope.run_id,
+            exists,
+            &mut run.top,
+            &mut run.lifecycle,
+            reason,
+            l.now,
+        )?;
+        Ok(Verdict::Write(
+            done,
             Writes::default().save().notify(Wake::Changed),
         ))
     })

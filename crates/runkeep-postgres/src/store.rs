@@ -226,6 +226,20 @@ impl CheckpointStore for PgStore {
         crate::lifecycle::snooze(&self.db, scope, fence, until).await
     }
 
+    async fn fail_attempt(
+        &self,
+        scope: &RunScope,
+        fence: Fence,
+        error: &runkeep::AttemptError,
+        max_attempts: Option<u32>,
+    ) -> Result<Lifecycle> {
+        crate::lifecycle::fail_attempt(&self.db, scope, fence, error, max_attempts).await
+    }
+
+    async fn cancel(&self, scope: &RunScope, reason: Option<&str>) -> Result<Lifecycle> {
+        crate::lifecycle::cancel(&self.db, scope, reason).await
+    }
+
     async fn reopen(&self, scope: &RunScope) -> Result<Lifecycle> {
         crate::lifecycle::reopen(&self.db, scope).await
     }

@@ -714,6 +714,7 @@ pub async fn workload(store: FsStore, recorder: Recorder, clock: ManualClock) ->
             &EnqueueOptions {
                 available_at: None,
                 max_attempts: Some(5),
+                ..EnqueueOptions::default()
             },
         ),
     )

@@ -11,6 +11,7 @@
 //! |---|---|---|---|
 //! | `runkeep_claims_total` | counter | `outcome` | claims, `claim_next` and hand-overs' claims answered, by outcome (`acquired`, `held`, `finished`, `empty`, `error` for a hand-over's claim that failed after its step, …) |
 //! | `runkeep_fenced_out_total` | counter | | writes the store refused for a stale fence |
+//! | `runkeep_run_failures_total` | counter | `kind`, `tenant` | failed attempts reported (`failed_attempt`), runs they dead-lettered (`dead_lettered`), runs an operator cancelled (`cancelled`), and failed attempts whose step ran past its attempt timeout (`timed_out`); per tenant, a label set as bounded as the server's tenants |
 //! | `runkeep_step_seconds` | histogram | | latency of the atomic step commit (whatever its result; a hand-over's includes its claim) |
 //! | `runkeep_sse_clients` | gauge | | Server-Sent Events tails connected now |
 //! | `runkeep_http_requests_total` | counter | `method`, `route`, `status` | every request answered; `route` is the matched route template (`/v1/…/{run}`), never the raw path, so the label set stays bounded |
@@ -41,6 +42,7 @@ pub struct Metrics {
     registry: Registry,
     claims: IntCounterVec,
     fenced_out: IntCounter,
+    run_failures: IntCounterVec,
     step_seconds: Histogram,
     sse_clients: IntGauge,
     requests: IntCounterVec,
@@ -81,6 +83,13 @@ impl Metrics {
         let fenced_out = must(IntCounter::new(
             "fenced_out_total",
             "Writes the store refused because the presented fence was stale.",
+        ));
+        let run_failures = must(IntCounterVec::new(
+            Opts::new(
+                "run_failures_total",
+                "Failed attempts, dead-letterings, cancels and attempt timeouts, by kind and tenant.",
+            ),
+            &["kind", "tenant"],
         ));
         let step_seconds = must(Histogram::with_opts(
             HistogramOpts::new(
@@ -129,6 +138,7 @@ impl Metrics {
         for c in [
             Box::new(claims.clone()) as Box<dyn prometheus::core::Collector>,
             Box::new(fenced_out.clone()),
+            Box::new(run_failures.clone()),
             Box::new(step_seconds.clone()),
             Box::new(sse_clients.clone()),
             Box::new(requests.clone()),
@@ -143,6 +153,7 @@ impl Metrics {
             registry,
             claims,
             fenced_out,
+            run_failures,
             step_seconds,
             sse_clients,
             requests,
@@ -160,6 +171,13 @@ impl Metrics {
     }
 
     /// A write the store refused because the presented fence was stale.
+    /// A run failure of `kind` (`failed_attempt`, `dead_lettered`,
+    /// `cancelled`, `timed_out`) in `tenant`.
+    pub fn record_run_failure(&self, kind: &'static str, tenant: &str) {
+        self.run_failures.with_label_values(&[kind, tenant]).inc();
+    }
+
+    /// A write refused for a stale fence.
     pub fn record_fenced_out(&self) {
         self.fenced_out.inc();
     }

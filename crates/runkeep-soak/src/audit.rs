@@ -23,13 +23,19 @@ pub struct Audit {
     pub runs_completed: u64,
     /// Runs the store reports finished (any status).
     pub runs_finished: u64,
-    /// Takeovers from expired leases, summed over every run (the store's
-    /// attempt counts).
+    /// Attempts lost, summed over every run (the store's attempt counts:
+    /// takeovers from expired leases and failed attempts).
     pub attempts: u64,
     /// Runs dead-lettered (finished as failed, attempts exhausted).
     pub runs_dead_lettered: u64,
     /// Poison runs dead-lettered after exactly their attempt limit.
     pub poison_dead_lettered: u64,
+    /// Raising poison runs dead-lettered after exactly their attempt
+    /// limit, their errors kept.
+    pub raise_dead_lettered: u64,
+    /// Failed attempts on record, summed over every run (each run keeps
+    /// its newest ones).
+    pub failed_attempts: u64,
     /// Workers a poison run crashed (from the ack logs).
     pub poison_crashes: u64,
     /// Checkpoints read back.
@@ -289,6 +295,7 @@ async fn audit_run(
 
 fn count_lifecycle(life: &runkeep::Lifecycle, a: &mut Audit) {
     a.attempts += u64::from(life.attempts);
+    a.failed_attempts += life.failures.len() as u64;
     if life.status.is_finished() {
         a.runs_finished += 1;
     }
@@ -310,16 +317,18 @@ async fn audit_poison(store: &dyn RunStore, scope: &RunScope, expect: &Expect, a
         }
     };
     count_lifecycle(&life, a);
+    let mut raising = false;
     match store.list_checkpoints(scope).await {
         Ok(cps) => {
             a.checkpoints += cps.len() as u64;
+            raising = cps.iter().any(crate::worker::is_raising);
             let stepped = cps
                 .iter()
                 .filter(|c| c.id.as_str() != SEED_CHECKPOINT)
                 .count();
             if stepped > 0 {
                 a.violations.push(format!(
-                    "{run}: a poison run (its step crashes every worker) has {stepped} step checkpoints"
+                    "{run}: a poison run (its step crashes every worker, or raises every time) has {stepped} step checkpoints"
                 ));
             }
         }
@@ -328,10 +337,23 @@ async fn audit_poison(store: &dyn RunStore, scope: &RunScope, expect: &Expect, a
             .push(format!("{run}: checkpoints unreadable: {e}")),
     }
     let dead = life.is_dead_lettered();
+    // A raising run's failures are on record with the step's error (a
+    // takeover in between, when chaos killed its worker, counts too).
+    let errors_kept = life
+        .failures
+        .iter()
+        .any(|f| f.error.message.contains(crate::worker::RAISED));
     match life.status {
         RunStatus::Active => a.runs_incomplete.push(format!(
             "{run}: poison run not dead-lettered yet ({} of {} attempts)",
             life.attempts, expect.max_attempts
+        )),
+        _ if raising && dead && life.attempts == expect.max_attempts && errors_kept => {
+            a.raise_dead_lettered += 1
+        }
+        _ if raising && dead && life.attempts == expect.max_attempts => a.violations.push(format!(
+            "{run}: raising run dead-lettered without its step's error on record: {:?}",
+            life.failures
         )),
         _ if dead && life.attempts == expect.max_attempts => a.poison_dead_lettered += 1,
         _ if dead => a.violations.push(format!(

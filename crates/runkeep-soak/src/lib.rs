@@ -50,7 +50,7 @@ use serde_json::{json, Map};
 use tokio_util::sync::CancellationToken;
 
 use audit::{Audit, Expect};
-use worker::{WorkFn, WorkerConfig, POISON_KEY, SEED_CHECKPOINT};
+use worker::{WorkFn, WorkerConfig, POISON_KEY, RAISE_KEY, SEED_CHECKPOINT};
 
 /// The shortest lease TTL a soak accepts: a few store round trips (with
 /// fsync, on a loaded machine) must fit in the tenth of it the worker keeps
@@ -59,6 +59,15 @@ pub const MIN_TTL: Duration = Duration::from_millis(200);
 
 /// The TTL must be at least this many times the step time.
 pub const TTL_PER_STEP: u32 = 3;
+
+/// The retry policy of every soak run: a failed attempt (a raising poison
+/// run, a step whose store did not answer) is retried soon, so the soak's
+/// runs finish within its time.
+pub const SOAK_RETRY: runkeep::RetryPolicy = runkeep::RetryPolicy {
+    base_ms: 50,
+    factor: 2.0,
+    cap_ms: 1_000,
+};
 
 /// The attempt limit poison runs are enqueued with, by default.
 pub const DEFAULT_POISON_MAX_ATTEMPTS: u32 = 3;
@@ -88,6 +97,9 @@ pub struct SoakOptions {
     pub timeout: Duration,
     /// Poison runs: their step crashes the worker every time.
     pub poison: u64,
+    /// Raising poison runs: their step raises (returns an error) every
+    /// time; the worker reports each attempt failed.
+    pub poison_raise: u64,
     /// The attempt limit the poison runs are enqueued with.
     pub max_attempts: u32,
 }
@@ -106,6 +118,7 @@ impl Default for SoakOptions {
             stall_only: false,
             timeout: Duration::from_secs(300),
             poison: 0,
+            poison_raise: 0,
             max_attempts: DEFAULT_POISON_MAX_ATTEMPTS,
         }
     }
@@ -126,6 +139,12 @@ pub fn check_progress(o: &SoakOptions) -> Result<(), Refusal> {
         return Err(Refusal {
             message: "--runs, --steps, --workers and --concurrency must all be at least 1".into(),
             hint: None,
+        });
+    }
+    if o.max_attempts < 1 && o.poison_raise > 0 {
+        return Err(Refusal {
+            message: "--max-attempts 0 would never let a run be attempted".into(),
+            hint: Some(format!("the default is {DEFAULT_POISON_MAX_ATTEMPTS}")),
         });
     }
     if o.max_attempts < 2 && o.poison > 0 {
@@ -235,8 +254,10 @@ pub struct SoakReport {
     pub store: String,
     /// Runs enqueued (besides the poison runs).
     pub runs: u64,
-    /// Poison runs enqueued.
+    /// Poison runs enqueued (both kinds).
     pub poison: u64,
+    /// Of those, raising poison runs (`--poison-raise`).
+    pub poison_raise: u64,
     /// Their attempt limit.
     pub max_attempts: u32,
     /// Steps per run.
@@ -371,23 +392,31 @@ pub async fn seed(
     let now = Timestamp::now();
     let mut runs = Vec::new();
     let mut poison = HashSet::new();
-    for i in 0..o.runs + o.poison {
+    for i in 0..o.runs + o.poison + o.poison_raise {
+        let is_raising = i >= o.runs + o.poison;
         let is_poison = i >= o.runs;
         let run_id = RunId::new(format!(
             "run_soak{}{i:04}_{}",
-            if is_poison { "poison" } else { "" },
+            match (is_poison, is_raising) {
+                (_, true) => "raise",
+                (true, false) => "poison",
+                _ => "",
+            },
             runkeep::id::random_suffix(6)
         ))?;
         let scope = session_run(session, run_id)?;
         let mut state = Map::new();
         state.insert("step".into(), json!(0));
-        if is_poison {
+        if is_raising {
+            state.insert(RAISE_KEY.into(), json!(true));
+        } else if is_poison {
             state.insert(POISON_KEY.into(), json!(true));
         }
         let cp = Checkpoint::new(CheckpointId::new(SEED_CHECKPOINT)?, now, state)
             .with_run_created_at(now.offset(i as i64));
         let options = EnqueueOptions {
             max_attempts: is_poison.then_some(o.max_attempts),
+            retry: Some(SOAK_RETRY),
             ..EnqueueOptions::default()
         };
         store.enqueue(&scope, &cp, &options).await?;
@@ -774,6 +803,7 @@ pub async fn drive(
         store: target.address.clone(),
         runs: runs.len() as u64 - poison.len() as u64,
         poison: poison.len() as u64,
+        poison_raise: options.poison_raise,
         max_attempts: options.max_attempts,
         steps: options.steps,
         workers: options.workers,
@@ -918,15 +948,30 @@ fn render(r: &SoakReport) -> String {
         ),
         (
             "attempts",
-            format!("{} takeovers from expired leases", a.attempts),
+            format!(
+                "{} lost (takeovers from expired leases and failed attempts; {} failed attempts recorded)",
+                a.attempts, a.failed_attempts
+            ),
         ),
     ]);
-    if r.poison > 0 {
+    if r.poison > r.poison_raise {
         rows.push((
             "poison runs",
             format!(
                 "{} / {} dead-lettered after {} attempts ({} workers crashed by them)",
-                a.poison_dead_lettered, r.poison, r.max_attempts, a.poison_crashes
+                a.poison_dead_lettered,
+                r.poison - r.poison_raise,
+                r.max_attempts,
+                a.poison_crashes
+            ),
+        ));
+    }
+    if r.poison_raise > 0 {
+        rows.push((
+            "raising runs",
+            format!(
+                "{} / {} dead-lettered after {} attempts with their errors kept ({} failed attempts recorded)",
+                a.raise_dead_lettered, r.poison_raise, r.max_attempts, a.failed_attempts
             ),
         ));
     }

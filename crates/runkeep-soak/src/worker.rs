@@ -38,6 +38,13 @@ pub const STEP_EVENT: &str = "soak_step";
 /// State key marking a poison run.
 pub const POISON_KEY: &str = "poison";
 
+/// The seed checkpoint's key marking a run whose step raises every time
+/// (`--poison-raise`): the worker survives, the attempt is reported failed.
+pub const RAISE_KEY: &str = "poisonRaise";
+
+/// What a raising poison run's step answers, every time.
+pub const RAISED: &str = "poison-raise: this step raises every time";
+
 /// What a worker needs to know.
 #[derive(Clone, Debug)]
 pub struct WorkerConfig {
@@ -134,7 +141,6 @@ pub fn options(cfg: &WorkerConfig) -> WorkerOptions {
     };
     options.mode = DrainMode::Continuous;
     options.shutdown_grace = Duration::from_secs(2);
-    options.failure_backoff = Duration::from_millis(100);
     options
 }
 
@@ -268,6 +274,11 @@ pub fn is_poison(cp: &Checkpoint) -> bool {
     cp.state.get(POISON_KEY).and_then(Value::as_bool) == Some(true)
 }
 
+/// True for a checkpoint of a raising poison run.
+pub fn is_raising(cp: &Checkpoint) -> bool {
+    cp.state.get(RAISE_KEY).and_then(Value::as_bool) == Some(true)
+}
+
 /// Blocks the worker's thread while its stall flag is set (thread workers).
 pub fn stall_if_asked(cfg: &WorkerConfig) {
     if let Some(flag) = &cfg.stall {
@@ -327,6 +338,10 @@ async fn step(
     if is_poison(&latest) {
         crash(cfg, acks, &scope).await;
         return Err("a crashed worker does not go on".into());
+    }
+    if is_raising(&latest) {
+        acks.log(json!({"k": "raise", "run": run_key(&scope)}));
+        return Err(RAISED.into());
     }
     let run_created_at = latest.run_created_at;
     let mut done = state_step(&latest);

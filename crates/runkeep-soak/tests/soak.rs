@@ -296,3 +296,77 @@ async fn a_broken_worker_that_ignores_cancellation_makes_the_audit_fail() {
     );
     assert_eq!(r.verdict(), Verdict::Fail);
 }
+
+/// A raising run counts only when it was dead-lettered at its limit with
+/// its step's error on record: one dead-lettered by failed attempts
+/// counts, one dead-lettered by takeovers alone (no error kept) is a
+/// violation, one still active is incomplete.
+#[tokio::test]
+async fn the_audit_wants_a_raising_runs_errors_on_record() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = MemoryStore::new();
+    let options = SoakOptions {
+        runs: 1,
+        poison_raise: 3,
+        steps: 1,
+        max_attempts: 2,
+        ..SoakOptions::default()
+    };
+    let (runs, poison) = seed(&store, &session(), &options).await.unwrap();
+    let raising: Vec<_> = runs
+        .iter()
+        .filter(|r| poison.contains(r))
+        .cloned()
+        .collect();
+    assert_eq!(raising.len(), 3);
+    let claim = |who: &str, at: i64| {
+        ClaimOptions::new(Holder::new(who).unwrap(), Ttl::from_millis(1_000).unwrap())
+            .at(runkeep::Timestamp::now().offset(at))
+    };
+    // Failed twice with the step's error: dead-lettered, errors kept.
+    for n in 0..2 {
+        let fence = store
+            .claim(&raising[0], &claim("w", 10_000_000 * (n + 1)))
+            .await
+            .unwrap()
+            .lease()
+            .unwrap()
+            .fence;
+        store
+            .fail_attempt(
+                &raising[0],
+                fence,
+                &runkeep::AttemptError::new("error", runkeep_soak::worker::RAISED),
+                None,
+            )
+            .await
+            .unwrap();
+    }
+    // Lost twice by takeovers only: dead-lettered with no error.
+    for (i, who) in ["a", "b", "c"].iter().enumerate() {
+        let _ = store
+            .claim(&raising[1], &claim(who, 10_000_000 * (i as i64 + 1)))
+            .await
+            .unwrap();
+    }
+    let expect = Expect {
+        steps: 1,
+        poison: poison.clone(),
+        max_attempts: 2,
+    };
+    let a = audit(&store, &runs, &expect, dir.path()).await;
+    assert_eq!(a.raise_dead_lettered, 1, "{a:?}");
+    assert_eq!(a.violations.len(), 1, "{:?}", a.violations);
+    assert!(
+        a.violations[0].contains("without its step's error on record"),
+        "{:?}",
+        a.violations
+    );
+    assert!(
+        a.runs_incomplete
+            .iter()
+            .any(|r| r.contains(raising[2].run_id.as_str())),
+        "{:?}",
+        a.runs_incomplete
+    );
+}

@@ -8,9 +8,10 @@ use std::time::Duration;
 use runkeep::backoff;
 use runkeep::checkpoint::Checkpoint;
 use runkeep::error::{BoxError, Error, Result};
+use runkeep::failure::AttemptError;
 use runkeep::id::Holder;
 use runkeep::lease::Fence;
-use runkeep::lifecycle::Outcome;
+use runkeep::lifecycle::{Lifecycle, Outcome};
 use runkeep::scope::{ListingScope, RunScope};
 use runkeep::store::{ClaimNextFilter, RunStore};
 use runkeep::time::Ttl;
@@ -145,10 +146,15 @@ pub struct WorkerOptions {
     /// finish before their steps are dropped and the runs released. Default
     /// 10 s.
     pub shutdown_grace: Duration,
-    /// A run whose step failed (an error, a panic, an unreadable resume
-    /// point) is given back not claimable for this long (`snooze`), so it
-    /// is retried later rather than in a hot loop. Default 1 s.
-    pub failure_backoff: Duration,
+    /// A step running longer than this is stopped and its attempt reported
+    /// failed (kind `timeout`). `None` (the default): no limit but the
+    /// run's own (set on enqueue, carried by its lease); with both, the
+    /// shorter holds.
+    pub attempt_timeout: Option<Duration>,
+    /// The attempt limit the drain's failure reports carry, over the run's
+    /// own limit (set on enqueue) and the store's default. `None` (the
+    /// default): the run's.
+    pub max_attempts: Option<u32>,
     /// Hand over from a finished run to the next one in one store call.
     /// Default `true`. When a step's [`RunHandle::commit_step`] carries the
     /// run's `finish` and the drain would claim again anyway (it runs, is
@@ -182,7 +188,8 @@ impl WorkerOptions {
             idle: IdleBackoff::default(),
             mode: DrainMode::default(),
             shutdown_grace: Duration::from_secs(10),
-            failure_backoff: Duration::from_secs(1),
+            attempt_timeout: None,
+            max_attempts: None,
             handover: true,
             handover_wait: Duration::from_secs(5),
         }
@@ -194,6 +201,16 @@ impl WorkerOptions {
         if self.holder.as_str().trim().is_empty() {
             return Err(Error::invalid(
                 "worker holder is empty; it must name this process uniquely (Holder::unique)",
+            ));
+        }
+        if self.attempt_timeout.is_some_and(|t| t.is_zero()) {
+            return Err(Error::invalid(
+                "worker attempt_timeout is 0: every step would time out at once; set None for no limit",
+            ));
+        }
+        if self.max_attempts == Some(0) {
+            return Err(Error::invalid(
+                "worker max_attempts is 0: a run could never be attempted; it must be at least 1, or None for the run's own limit",
             ));
         }
         if self.handover_wait.is_zero() {
@@ -238,8 +255,12 @@ pub enum DrainStop {
 /// How a stepped run ended, when it did not end well.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 pub enum FailureKind {
-    /// The step (or reading its resume point) returned an error or panicked.
+    /// The step (or reading its resume point) returned an error or panicked;
+    /// the attempt was reported failed.
     Failed,
+    /// The step ran past [`WorkerOptions::attempt_timeout`] and was
+    /// stopped; the attempt was reported failed.
+    TimedOut,
     /// The lease was lost while the run was being stepped.
     FencedOut,
     /// Shutdown's grace ran out and the step was dropped.
@@ -266,6 +287,9 @@ pub enum EndAction {
     Finish,
     /// Given back with a not-before time.
     Snooze,
+    /// Reported as a failed attempt (`fail_attempt`): deferred by the run's
+    /// backoff, or dead-lettered at its limit.
+    FailAttempt,
 }
 
 /// A release, finish or snooze of the drain's that failed (a failed release
@@ -298,8 +322,17 @@ pub struct DrainReport {
     /// Steps that answered [`StepOutcome::RetryAfter`].
     pub deferred: u64,
     /// Steps that failed (error or panic, or the resume point could not be
-    /// read); their runs are snoozed for `failure_backoff`.
+    /// read, or past the attempt timeout); each was reported as a failed
+    /// attempt, which defers its run by the run's backoff or dead-letters
+    /// it at its limit.
     pub failed: u64,
+    /// Of `failed`, the steps stopped by the attempt timeout.
+    pub timed_out: u64,
+    /// Failed attempts that reached their run's limit: the run was
+    /// dead-lettered.
+    pub dead_lettered: u64,
+    /// Runs whose step was stopped because an operator cancelled them.
+    pub cancelled: u64,
     /// Runs whose lease was lost while stepped (the step was stopped).
     pub fenced_out: u64,
     /// Runs whose step was dropped when the shutdown grace ran out.
@@ -338,6 +371,10 @@ impl DrainReport {
     fn fail(&mut self, scope: RunScope, kind: FailureKind, message: String) {
         match kind {
             FailureKind::Failed => self.failed += 1,
+            FailureKind::TimedOut => {
+                self.failed += 1;
+                self.timed_out += 1;
+            }
             FailureKind::FencedOut => self.fenced_out += 1,
             FailureKind::Interrupted => self.interrupted += 1,
         }
@@ -355,7 +392,7 @@ impl DrainReport {
             Ok(true) => match end.action {
                 EndAction::Release => self.released += 1,
                 EndAction::Snooze => self.snoozed += 1,
-                EndAction::Finish => {}
+                EndAction::Finish | EndAction::FailAttempt => {}
             },
             Ok(false) => self.release_superseded += 1,
             Err(e) => {
@@ -393,9 +430,12 @@ impl DrainReport {
 /// 3. When the step returns, end the holding by its [`StepOutcome`]:
 ///    `Finished` → finish as completed (unless the step finished the run
 ///    itself), `Yield` → release, `RetryAfter(d)` → snooze for `d`. A step
-///    that failed (error, panic) → snooze for `failure_backoff`. The lease
-///    lost (the step is then dropped at once: its writes would be refused
-///    anyway), or shutdown's grace ran out → release. A failed release,
+///    that failed (error, panic, past [`WorkerOptions::attempt_timeout`])
+///    → a failed attempt (`fail_attempt`): the store keeps the error,
+///    counts the attempt and defers the run by its backoff, or
+///    dead-letters it at its limit. The lease lost (the step is then
+///    dropped at once: its writes would be refused anyway; an operator's
+///    cancel or release counts), or shutdown's grace ran out → release. A failed release,
 ///    finish or snooze is reported, never swallowed.
 ///
 /// # The hand-over
@@ -473,6 +513,10 @@ struct Ran {
     end: Option<Ended>,
     /// The step finished or snoozed the run through its handle.
     by_handle: Option<LeaseLoss>,
+    /// The drain's failed-attempt report dead-lettered the run.
+    dead_lettered: bool,
+    /// The step was stopped because an operator cancelled the run.
+    cancelled: bool,
 }
 
 impl Worker {
@@ -672,6 +716,8 @@ fn absorb(
 
 /// Books a run's end.
 fn book_ran(report: &mut DrainReport, ran: Ran) {
+    report.dead_lettered += u64::from(ran.dead_lettered);
+    report.cancelled += u64::from(ran.cancelled);
     match ran.outcome {
         None => {}
         Some(Ok(StepOutcome::Finished)) => {}
@@ -765,6 +811,8 @@ async fn give_back<F>(pool: &Pool<F>, taken: Taken) -> Ran {
             result: result.map_err(|e| e.to_string()),
         }),
         by_handle: None,
+        dead_lettered: false,
+        cancelled: false,
     }
 }
 
@@ -784,6 +832,15 @@ where
         keeper,
     } = taken;
     let fence = lease.fence;
+    // The run's own attempt timeout (set on enqueue) and the drain's: the
+    // shorter one holds.
+    let timeout = match (
+        lease.attempt_timeout_ms.map(Duration::from_millis),
+        opts.attempt_timeout,
+    ) {
+        (Some(a), Some(b)) => Some(a.min(b)),
+        (a, b) => a.or(b),
+    };
     let keeper = match keeper.map(Ok).unwrap_or_else(|| {
         LeaseKeeper::start_at(
             store.clone(),
@@ -809,6 +866,8 @@ where
                     result: release.map_err(|e| e.to_string()),
                 }),
                 by_handle: None,
+                dead_lettered: false,
+                cancelled: false,
             };
             return (ran, Handed::Closed);
         }
@@ -833,10 +892,19 @@ where
         };
         tokio::pin!(handed_waited);
         let mut gave_back = false;
+        let attempt_ends = timeout.map(|t| Instant::now() + t);
         loop {
             tokio::select! {
                 biased;
                 joined = &mut task => return classify(joined, &handle),
+                _ = sleep_until(attempt_ends.unwrap_or_else(Instant::now)), if attempt_ends.is_some() => {
+                    task.abort();
+                    let _ = task.await;
+                    return Err((
+                        FailureKind::TimedOut,
+                        format!("the step ran past the attempt timeout of {:?}", timeout.unwrap_or_default()),
+                    ));
+                }
                 () = &mut handed_waited, if !gave_back => {
                     gave_back = true;
                     // Closes the holding to hand-overs: the step may go on.
@@ -881,6 +949,8 @@ where
     let handed = handle.shared.collect_handed();
     let fence = handle.fence();
     let by_handle = handle.ended_by_handle();
+    let mut dead_lettered = false;
+    let cancelled = matches!(handle.loss(), Some(LeaseLoss::Cancelled { .. }));
     if by_handle.is_some() {
         // The step finished or snoozed the run itself; the keeper stopped.
         drop(keeper);
@@ -890,13 +960,17 @@ where
             outcome: Some(outcome),
             end: None,
             by_handle,
+            dead_lettered: false,
+            cancelled,
         };
         return (ran, handed);
     }
     let end = match &outcome {
         Ok(StepOutcome::Finished) => Some((EndAction::Finish, None)),
         Ok(StepOutcome::RetryAfter(d)) => Some((EndAction::Snooze, Some(*d))),
-        Err((FailureKind::Failed, _)) => Some((EndAction::Snooze, Some(opts.failure_backoff))),
+        Err((FailureKind::Failed | FailureKind::TimedOut, _)) => {
+            Some((EndAction::FailAttempt, None))
+        }
         Ok(StepOutcome::Yield) | Err(_) => None,
     };
     let end = match end {
@@ -904,6 +978,18 @@ where
             action: EndAction::Finish,
             result: end_result(handle.finish(&Outcome::completed(None)).await.map(|_| true)),
         },
+        Some((EndAction::FailAttempt, _)) => {
+            let error = match &outcome {
+                Err((kind, message)) => attempt_error(*kind, message),
+                Ok(_) => AttemptError::new("error", "the step failed"),
+            };
+            let failed = handle.fail_attempt(&error, opts.max_attempts).await;
+            dead_lettered = failed.as_ref().is_ok_and(Lifecycle::is_dead_lettered);
+            Ended {
+                action: EndAction::FailAttempt,
+                result: end_result(failed.map(|_| true)),
+            }
+        }
         Some((_, Some(d))) => {
             let until = handle
                 .now()
@@ -924,9 +1010,24 @@ where
         outcome: Some(outcome),
         end: Some(end),
         by_handle: None,
+        dead_lettered,
+        cancelled,
     };
     (ran, handed)
 }
+
+/// The error a failed attempt reports, from how the step failed.
+fn attempt_error(kind: FailureKind, message: &str) -> AttemptError {
+    let kind = match kind {
+        FailureKind::TimedOut => "timeout",
+        _ if message.starts_with(PANICKED) => "panic",
+        _ => "error",
+    };
+    AttemptError::new(kind, message)
+}
+
+/// How [`classify`] begins the message of a step that panicked.
+const PANICKED: &str = "the step panicked";
 
 /// A handle's finish or snooze as an end result: a lost lease is
 /// "superseded" (nothing to end), other refusals are failures.
@@ -969,7 +1070,7 @@ fn classify<E: Into<BoxError>>(
                 Err((FailureKind::Failed, e.to_string()))
             }
         }
-        Err(e) if e.is_panic() => Err((FailureKind::Failed, format!("the step panicked: {e}"))),
+        Err(e) if e.is_panic() => Err((FailureKind::Failed, format!("{PANICKED}: {e}"))),
         Err(e) => Err((
             FailureKind::Failed,
             format!("the step's task ended abnormally: {e}"),

@@ -50,6 +50,31 @@ pub enum LeaseLoss {
         /// Not claimable before this instant.
         until: Timestamp,
     },
+    /// This handle reported a failed attempt (`fail_attempt`): the holding
+    /// ended, the run is deferred by its backoff or dead-lettered. Not a
+    /// loss to anyone else: the run's token is not cancelled.
+    AttemptFailed {
+        /// The run's attempt count now.
+        attempts: u32,
+        /// The attempt reached the limit and the run was dead-lettered.
+        dead_lettered: bool,
+    },
+    /// An operator cancelled the run: a renewal answered it finished as
+    /// cancelled, or the store refused a write as [`Error::Cancelled`].
+    Cancelled {
+        /// The operator's reason.
+        reason: Option<String>,
+    },
+    /// The holding was ended by someone else (an operator's release, or a
+    /// takeover that was released again) between two renewals: the
+    /// renewal got a fence that does not follow ours. The run is not ours
+    /// any more, whatever that new claim answered; it was given back.
+    Gap {
+        /// The fence this worker held.
+        held: Fence,
+        /// The fence the renewal was answered with.
+        answered: Fence,
+    },
 }
 
 impl LeaseLoss {
@@ -58,7 +83,10 @@ impl LeaseLoss {
     pub fn is_own_end(&self) -> bool {
         matches!(
             self,
-            LeaseLoss::Released | LeaseLoss::Finished { .. } | LeaseLoss::Snoozed { .. }
+            LeaseLoss::Released
+                | LeaseLoss::Finished { .. }
+                | LeaseLoss::Snoozed { .. }
+                | LeaseLoss::AttemptFailed { .. }
         )
     }
 }
@@ -87,6 +115,28 @@ impl fmt::Display for LeaseLoss {
             LeaseLoss::Snoozed { until } => {
                 write!(f, "the run was given back by this worker until {until}")
             }
+            LeaseLoss::AttemptFailed {
+                attempts,
+                dead_lettered,
+            } => {
+                write!(f, "this worker reported attempt {attempts} failed")?;
+                if *dead_lettered {
+                    f.write_str("; the run was dead-lettered")?;
+                }
+                Ok(())
+            }
+            LeaseLoss::Cancelled { reason } => {
+                f.write_str("an operator cancelled the run")?;
+                match reason {
+                    Some(r) => write!(f, " ({r})"),
+                    None => Ok(()),
+                }
+            }
+            LeaseLoss::Gap { held, answered } => write!(
+                f,
+                "the holding at fence {held} was ended by someone else (released by an operator, or taken over): the renewal answered fence {answered}, not {}",
+                held.get() + 1
+            ),
         }
     }
 }

@@ -20,6 +20,7 @@ use runkeep::evidence::{
     completed_tools, AuditRecord, CompletedTool, CompletedTools, EventBatch, NewAuditEvent,
     NewEvent, PersistedEvent, RunRecord,
 };
+use runkeep::failure::AttemptError;
 use runkeep::id::{CheckpointId, Holder};
 use runkeep::lease::{Fence, Lease};
 use runkeep::lifecycle::{Lifecycle, Outcome};
@@ -159,6 +160,21 @@ impl Shared {
         self.lost.cancel();
         self.stopping.cancel();
         self.ended.cancel();
+    }
+
+    /// Marks the lease lost when the store refused a write for it: fenced
+    /// out (superseded) or cancelled by an operator.
+    pub(crate) fn lose_on_refusal(&self, e: &Error) {
+        match e {
+            Error::FencedOut { current, .. } => self.lose(LeaseLoss::Superseded {
+                current: *current,
+                holder: None,
+            }),
+            Error::Cancelled { reason, .. } => self.lose(LeaseLoss::Cancelled {
+                reason: reason.clone(),
+            }),
+            _ => {}
+        }
     }
 
     /// Records that this worker ended the holding itself (finish, snooze):
@@ -358,12 +374,7 @@ impl RunHandle {
         match write(fence).await {
             Ok(v) => Ok(v),
             Err(e) => {
-                if let Error::FencedOut { current, .. } = &e {
-                    self.shared.lose(LeaseLoss::Superseded {
-                        current: *current,
-                        holder: None,
-                    });
-                }
+                self.shared.lose_on_refusal(&e);
                 Err(e.into())
             }
         }
@@ -393,12 +404,7 @@ impl RunHandle {
                 Ok(v)
             }
             Err(e) => {
-                if let Error::FencedOut { current, .. } = &e {
-                    self.shared.lose(LeaseLoss::Superseded {
-                        current: *current,
-                        holder: None,
-                    });
-                }
+                self.shared.lose_on_refusal(&e);
                 Err(e.into())
             }
         }
@@ -755,13 +761,46 @@ impl RunHandle {
         Ok(snoozed)
     }
 
+    /// Reports that this attempt failed (contract v2, `runkeep::failure`):
+    /// the store counts it, keeps `error`, ends the holding and defers the
+    /// run by its backoff, or dead-letters it at the limit (`max_attempts`:
+    /// this report's limit over the run's own). Answers the lifecycle
+    /// recorded. The drain calls it for a step that returned an error,
+    /// panicked or timed out; a host stepping runs itself calls it the same
+    /// way.
+    pub async fn fail_attempt(
+        &self,
+        error: &AttemptError,
+        max_attempts: Option<u32>,
+    ) -> Result<Lifecycle, WorkerError> {
+        let (store, scope) = (&self.shared.store, &self.shared.scope);
+        self.ending(
+            "fail_attempt",
+            |f| store.fail_attempt(scope, f, error, max_attempts),
+            |l: &Lifecycle| {
+                Some(LeaseLoss::AttemptFailed {
+                    attempts: l.attempts,
+                    dead_lettered: l.is_dead_lettered(),
+                })
+            },
+        )
+        .await
+    }
+
     /// How this worker ended the holding itself (finish or snooze through
     /// the handle), if it did.
     pub fn ended_by_handle(&self) -> Option<LeaseLoss> {
         self.shared
             .loss
             .get()
-            .filter(|l| matches!(l, LeaseLoss::Finished { .. } | LeaseLoss::Snoozed { .. }))
+            .filter(|l| {
+                matches!(
+                    l,
+                    LeaseLoss::Finished { .. }
+                        | LeaseLoss::Snoozed { .. }
+                        | LeaseLoss::AttemptFailed { .. }
+                )
+            })
             .cloned()
     }
 

@@ -15,6 +15,7 @@ use crate::handle::{HeldLease, RunHandle, Shared};
 use runkeep::error::{Error, Result};
 use runkeep::id::Holder;
 use runkeep::lease::{ClaimOptions, ClaimOutcome, Lease};
+use runkeep::lifecycle::RunStatus;
 use runkeep::scope::RunScope;
 use runkeep::store::RunStore;
 use runkeep::time::Ttl;
@@ -111,6 +112,11 @@ impl KeeperOptions {
 ///
 /// - a renewal answers `Held` (someone else holds the run) or a write is
 ///   refused as fenced out;
+/// - an operator cancelled the run (a renewal answers it finished as
+///   cancelled, or a write is refused as `Cancelled`);
+/// - a renewal answers a fence that does not follow ours: the holding was
+///   ended by someone else in between (an operator's release), so the
+///   answer is a new claim, not a renewal — the keeper gives it back;
 /// - a renewal fails with a non-retryable error;
 /// - retryable failures, a renewal that does not answer, or in-flight writes
 ///   holding the renewal off, run into the safety margin before the local
@@ -392,6 +398,21 @@ async fn renew(shared: &Shared, stop: &CancellationToken, retry_delay: Duration)
                     });
                     return false;
                 }
+                if new_fence.get() != old_fence.get() + 1 {
+                    // A gap: someone ended our holding in between (an
+                    // operator's release, a takeover released again), and
+                    // this "renewal" is a new claim of a run that is no
+                    // longer ours to go on with. Stop the step and give the
+                    // new holding back at once.
+                    shared.lose(LeaseLoss::Gap {
+                        held: old_fence,
+                        answered: new_fence,
+                    });
+                    if let Err(e) = shared.store.release(&shared.scope, new_fence).await {
+                        tracing::warn!(run = %shared.scope, fence = %new_fence, error = %e, "could not give back the holding a renewal took after a gap; it stays unclaimable until its lease expires");
+                    }
+                    return false;
+                }
                 if answered_at >= deadline {
                     shared.lose(LeaseLoss::Expiring {
                         detail: format!(
@@ -408,6 +429,16 @@ async fn renew(shared: &Shared, stop: &CancellationToken, retry_delay: Duration)
                     current: summary.fence,
                     holder: Some(summary.holder),
                 });
+                return false;
+            }
+            Ok(Ok(ClaimOutcome::Finished(RunStatus::Cancelled))) => {
+                let reason = shared
+                    .store
+                    .lifecycle(&shared.scope)
+                    .await
+                    .ok()
+                    .and_then(|l| l.reason);
+                shared.lose(LeaseLoss::Cancelled { reason });
                 return false;
             }
             Ok(Ok(ClaimOutcome::Finished(status))) => {

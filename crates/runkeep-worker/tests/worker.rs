@@ -1090,7 +1090,7 @@ async fn a_drained_run_that_loses_its_lease_is_stopped_and_reported_fenced_out()
 }
 
 #[tokio::test(start_paused = true)]
-async fn a_failing_step_is_reported_and_its_run_snoozed_for_the_failure_backoff() {
+async fn a_failing_step_is_reported_as_a_failed_attempt_and_its_run_deferred_by_its_backoff() {
     let clock = clock();
     let store: Arc<dyn RunStore> = Arc::new(MemoryStore::with_clock(clock.clone()));
     seed(&*store, &["run_err", "run_panic"], clock.now()).await;
@@ -1122,8 +1122,8 @@ async fn a_failing_step_is_reported_and_its_run_snoozed_for_the_failure_backoff(
     assert_eq!(report.stopped, DrainStop::Idle);
     assert_eq!(
         (report.snoozed, report.released, report.release_failed),
-        (2, 0, 0),
-        "failed runs are given back with the failure backoff: {report:?}"
+        (0, 0, 0),
+        "failed runs are reported as failed attempts, not snoozed or released: {report:?}"
     );
     let messages: Vec<_> = report.failures.iter().map(|f| f.message.clone()).collect();
     assert!(
@@ -1144,11 +1144,16 @@ async fn a_failing_step_is_reported_and_its_run_snoozed_for_the_failure_backoff(
             .is_empty());
         let life = store.lifecycle(&run(id)).await.unwrap();
         assert_eq!(life.status, RunStatus::Active, "{id}: a failure is retried");
+        assert_eq!(life.attempts, 1, "{id}: one failed attempt counted");
+        let delay = runkeep::RetryPolicy::default().delay(&run(id).run_id, 1);
         assert_eq!(
             life.available_at,
-            Some(clock.now().offset(1_000)),
-            "{id}: not before the failure backoff (1 s by default): {life:?}"
+            Some(clock.now().offset(delay.as_millis() as i64)),
+            "{id}: not before the run's backoff for attempt 1 (default policy): {life:?}"
         );
+        let kind = if id == "run_panic" { "panic" } else { "error" };
+        assert_eq!(life.failures.len(), 1, "{id}: {life:?}");
+        assert_eq!(life.failures[0].error.kind, kind, "{id}");
     }
 }
 

@@ -69,6 +69,23 @@ pub enum Error {
         fenced: bool,
     },
 
+    /// The run was cancelled by an operator ([`crate::failure`]): the
+    /// holder's write (or renewal) is refused for that reason, not because
+    /// another worker took over. Stop working on the run; it is handed out
+    /// again only if an operator reopens it.
+    #[error(
+        "cancelled: {operation} on run {run} was refused because an operator cancelled the run{}; stop its step",
+        cancel_reason(.reason.as_deref())
+    )]
+    Cancelled {
+        /// The run.
+        run: String,
+        /// The operation that was refused.
+        operation: &'static str,
+        /// The operator's reason.
+        reason: Option<String>,
+    },
+
     /// A claim lost every attempt to other takers of the same run. Nobody is
     /// known to hold it live; retrying later may succeed.
     #[error(
@@ -153,6 +170,10 @@ fn not_your_holding(run: &str, operation: &str, fence: Fence, fenced: bool) -> S
     }
 }
 
+fn cancel_reason(reason: Option<&str>) -> String {
+    reason.map(|r| format!(" ({r})")).unwrap_or_default()
+}
+
 fn outcome_prefix(outcome_unknown: bool) -> &'static str {
     if outcome_unknown {
         "outcome unknown: "
@@ -191,9 +212,11 @@ impl Error {
         matches!(self, Error::Contended { .. } | Error::Unavailable { .. })
     }
 
-    /// True when this is a fenced-out refusal.
+    /// True when the caller no longer holds the run: a fenced-out refusal,
+    /// or a refusal because an operator cancelled the run. Either way, stop
+    /// working on it.
     pub fn is_fenced_out(&self) -> bool {
-        matches!(self, Error::FencedOut { .. })
+        matches!(self, Error::FencedOut { .. } | Error::Cancelled { .. })
     }
 
     /// Shorthand for [`Error::InvalidInput`].
@@ -234,6 +257,7 @@ impl Error {
             Error::InvalidInput { .. } => "invalid_input",
             Error::FencedOut { .. } => "fenced_out",
             Error::NotYourHolding { .. } => "not_your_holding",
+            Error::Cancelled { .. } => "cancelled",
             Error::Contended { .. } => "contended",
             Error::Conflict { .. } => "conflict",
             Error::Unsupported { .. } => "unsupported",

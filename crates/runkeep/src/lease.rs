@@ -103,6 +103,11 @@ pub struct Lease {
     pub fence: Fence,
     /// Absolute expiry instant.
     pub expires_at: Timestamp,
+    /// The run's attempt timeout, ms ([`crate::failure`]): a runtime stops
+    /// a step that runs longer and reports the attempt failed (`timeout`).
+    /// `None`: the run sets none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub attempt_timeout_ms: Option<u64>,
 }
 
 /// Options of a claim.

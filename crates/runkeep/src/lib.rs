@@ -27,6 +27,7 @@ pub mod backoff;
 pub mod checkpoint;
 pub mod error;
 pub mod evidence;
+pub mod failure;
 pub mod id;
 pub mod lease;
 pub mod lifecycle;
@@ -45,6 +46,7 @@ pub use evidence::{
     AuditRecord, CompletedTool, CompletedTools, EventBatch, Integrity, MessageSnapshot,
     NewAuditEvent, NewEvent, PersistedEvent, ReadEventsOptions, RunRecord,
 };
+pub use failure::{AttemptError, FailedAttempt, RetryPolicy};
 pub use id::{CheckpointId, Holder, ProjectId, RunId, SessionId, TenantId};
 pub use lease::{ClaimOptions, ClaimOutcome, Fence, Lease, LeaseSummary, TopHolding};
 pub use lifecycle::{EnqueueOptions, FinishStatus, Lifecycle, Outcome, RunStatus};

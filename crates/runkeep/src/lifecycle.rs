@@ -20,7 +20,9 @@
 //! `attempts` counts the claims that **took the run over from an expired
 //! lease of another holder** (or from an unreadable holding): each one is a
 //! holder that lost the run without finishing or releasing it — a crash, a
-//! kill, a stall past its lease. A renewal does not count, nor does a claim
+//! kill, a stall past its lease — and the **failed attempts** its holders
+//! reported ([`crate::failure`]: a step that raised, panicked or timed
+//! out). A renewal does not count, nor does a claim
 //! after a clean release (or a [`snooze`](crate::CheckpointStore::snooze)),
 //! nor the first claim of a run. When a takeover would bring `attempts` to
 //! the run's limit, the claim does not hand the run out: it finishes it as
@@ -44,12 +46,13 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use crate::error::{Error, Result};
+use crate::failure::{FailedAttempt, RetryPolicy};
 use crate::id::{Holder, RunId};
 use crate::lease::{
     check_write_fence, decide_claim, decide_release, is_expired, ClaimDecision, ClaimOptions,
     ClaimOutcome, Fence, Lease, LeaseSummary, TopHolding,
 };
-use crate::time::Timestamp;
+use crate::time::{Timestamp, Ttl};
 
 /// The attempt limit when neither the claim nor the run sets one.
 pub const DEFAULT_MAX_ATTEMPTS: u32 = 25;
@@ -238,7 +241,26 @@ pub struct Lifecycle {
     /// Not claimable before this instant.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub available_at: Option<Timestamp>,
+    /// The newest failed attempts, oldest first ([`crate::failure`]).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub failures: Vec<FailedAttempt>,
+    /// The run's own retry policy (`None`: the defaults).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub retry: Option<RetryPolicy>,
+    /// Each attempt's time limit, ms: a runtime stops a step that runs
+    /// longer and reports the attempt failed (`timeout`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub attempt_timeout_ms: Option<u64>,
+    /// The run must be finished by this instant (store clock): the first
+    /// claim at or after it (a claim, `claim_next`, the holder's renewal)
+    /// finishes it as failed, reason [`DEADLINE_PASSED`], instead of
+    /// handing it out.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub deadline: Option<Timestamp>,
 }
+
+/// The reason recorded on a run finished by its deadline.
+pub const DEADLINE_PASSED: &str = "deadline";
 
 /// The enqueue rule: enqueue creates a run, so it refuses one that exists
 /// (`Conflict`, changing nothing). Every backend asks this before writing.
@@ -282,17 +304,41 @@ pub struct EnqueueOptions {
     pub available_at: Option<Timestamp>,
     /// The run's own attempt limit.
     pub max_attempts: Option<u32>,
+    /// The run's own retry policy after a failed attempt (`None`: the
+    /// defaults of [`crate::failure`]).
+    pub retry: Option<RetryPolicy>,
+    /// Each attempt's time limit (`None`: none).
+    pub attempt_timeout: Option<Ttl>,
+    /// The run must be finished by this instant (`None`: no deadline).
+    pub deadline: Option<Timestamp>,
 }
 
 impl EnqueueOptions {
-    /// Refuses a zero attempt limit (the run could never be handed out).
+    /// Refuses a zero attempt limit (the run could never be handed out) and
+    /// a bad retry policy. (A deadline already past is allowed: the run's
+    /// first claim finishes it.)
     pub fn validate(&self, run: &RunId) -> Result<()> {
         if self.max_attempts == Some(0) {
             return Err(Error::invalid(format!(
                 "enqueue of run {run}: max_attempts must be at least 1"
             )));
         }
+        if let Some(p) = &self.retry {
+            p.validate(run)?;
+        }
         Ok(())
+    }
+
+    /// The lifecycle a run enqueued with these options starts with.
+    pub fn lifecycle(&self) -> Lifecycle {
+        Lifecycle {
+            max_attempts: self.max_attempts,
+            available_at: self.available_at,
+            retry: self.retry,
+            attempt_timeout_ms: self.attempt_timeout.map(Ttl::as_millis),
+            deadline: self.deadline,
+            ..Lifecycle::default()
+        }
     }
 }
 
@@ -313,6 +359,12 @@ pub enum ClaimPlan {
     Finished(RunStatus),
     /// Deferred until this instant.
     NotBefore(Timestamp),
+    /// The run's deadline has passed: finish it as failed
+    /// ([`DEADLINE_PASSED`]) at `fence` instead of handing it out.
+    PastDeadline {
+        /// The fence the finish spends.
+        fence: Fence,
+    },
     /// This takeover would reach the attempt limit: finish the run as
     /// failed ([`ATTEMPTS_EXHAUSTED`]) at `fence` instead of handing it out.
     Exhausted {
@@ -340,6 +392,9 @@ pub fn plan_claim(
         ClaimDecision::Held(s) => return Ok(ClaimPlan::Held(s)),
         ClaimDecision::Take(f) => f,
     };
+    if lifecycle.deadline.is_some_and(|d| now >= d) {
+        return Ok(ClaimPlan::PastDeadline { fence });
+    }
     let renewal = matches!(top, Some(TopHolding::Lease { holder: h, expires_at, .. })
         if h == holder && !is_expired(*expires_at, now));
     if !renewal {
@@ -405,6 +460,20 @@ pub fn after_finish(
     })
 }
 
+/// The lifecycle a claim past the run's deadline records (finished at
+/// `now`, the instant it was judged).
+pub fn past_deadline(l: &Lifecycle, fence: Fence, now: Timestamp) -> Lifecycle {
+    Lifecycle {
+        status: RunStatus::Failed,
+        finished_at: Some(now),
+        finished_fence: Some(fence),
+        result: None,
+        reason: Some(DEADLINE_PASSED.to_string()),
+        available_at: None,
+        ..l.clone()
+    }
+}
+
 /// The lifecycle a dead-lettering claim records.
 pub fn exhausted(l: &Lifecycle, fence: Fence, attempts: u32, now: Timestamp) -> Lifecycle {
     Lifecycle {
@@ -421,7 +490,8 @@ pub fn exhausted(l: &Lifecycle, fence: Fence, attempts: u32, now: Timestamp) -> 
 
 /// The lifecycle after an operator reopens a run: active, available now,
 /// attempts back to 0 (so it is not dead-lettered again at once), the
-/// finish cleared, its own limit kept. Refuses an active run (`Conflict`).
+/// finish and the failure history cleared, its own limit and retry policy
+/// kept. Refuses an active run (`Conflict`).
 pub fn after_reopen(run: &RunId, l: &Lifecycle) -> Result<Lifecycle> {
     if !l.status.is_finished() {
         return Err(Error::Conflict {
@@ -430,6 +500,7 @@ pub fn after_reopen(run: &RunId, l: &Lifecycle) -> Result<Lifecycle> {
     }
     Ok(Lifecycle {
         max_attempts: l.max_attempts,
+        retry: l.retry,
         ..Lifecycle::default()
     })
 }
@@ -462,11 +533,17 @@ pub fn apply_claim(
             *top = Some(TopHolding::Released { fence });
             Ok(ClaimOutcome::Finished(lifecycle.status))
         }
+        ClaimPlan::PastDeadline { fence } => {
+            *lifecycle = past_deadline(lifecycle, fence, now);
+            *top = Some(TopHolding::Released { fence });
+            Ok(ClaimOutcome::Finished(lifecycle.status))
+        }
         ClaimPlan::Take { fence, takeover } => {
             let lease = Lease {
                 holder: options.holder.clone(),
                 fence,
                 expires_at: now.plus(options.ttl),
+                attempt_timeout_ms: lifecycle.attempt_timeout_ms,
             };
             *top = Some(TopHolding::Lease {
                 fence,

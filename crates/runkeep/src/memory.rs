@@ -19,6 +19,7 @@ use crate::evidence::{
     Integrity, MessageSnapshot, NewAuditEvent, NewEvent, PersistedEvent, ReadEventsOptions,
     RunRecord,
 };
+use crate::failure::{self, AttemptError};
 use crate::id::CheckpointId;
 use crate::lease::{
     check_write, check_write_fence, decide_release, stamp_fence, ClaimOptions, ClaimOutcome, Fence,
@@ -49,6 +50,7 @@ struct RunState {
 impl RunState {
     fn check(&self, scope: &RunScope, operation: &'static str, fence: Option<Fence>) -> Result<()> {
         check_write(&scope.run_id, operation, fence, self.top.as_ref())
+            .map_err(|e| failure::refine_refusal(e, &self.lifecycle))
     }
 
     fn row(&self, scope: &RunScope, now: Timestamp) -> Option<RunRow> {
@@ -347,11 +349,7 @@ impl CheckpointStore for MemoryStore {
         let mut stored = checkpoint.clone();
         stored.fence = None;
         run.checkpoints.insert(stored.id.clone(), stored.clone());
-        run.lifecycle = Lifecycle {
-            max_attempts: options.max_attempts,
-            available_at: options.available_at,
-            ..Lifecycle::default()
-        };
+        run.lifecycle = options.lifecycle();
         drop(runs);
         self.notifier.notify_run(scope, false);
         Ok(stored)
@@ -389,6 +387,52 @@ impl CheckpointStore for MemoryStore {
             self.notifier.notify_run(scope, false);
         }
         Ok(snoozed)
+    }
+
+    async fn fail_attempt(
+        &self,
+        scope: &RunScope,
+        fence: Fence,
+        error: &AttemptError,
+        max_attempts: Option<u32>,
+    ) -> Result<Lifecycle> {
+        let now = self.clock.now();
+        let mut runs = self.lock();
+        let run = runs.entry(scope.clone()).or_default();
+        let l = failure::apply_failure(
+            &scope.run_id,
+            &mut run.top,
+            &mut run.lifecycle,
+            fence,
+            error,
+            max_attempts,
+            now,
+        )?;
+        drop(runs);
+        self.notifier.notify_run(scope, false);
+        Ok(l)
+    }
+
+    async fn cancel(&self, scope: &RunScope, reason: Option<&str>) -> Result<Lifecycle> {
+        let now = self.clock.now();
+        let mut runs = self.lock();
+        let run = runs.entry(scope.clone()).or_default();
+        let exists = run.exists();
+        let l = failure::apply_cancel(
+            &scope.run_id,
+            exists,
+            &mut run.top,
+            &mut run.lifecycle,
+            reason,
+            now,
+        );
+        if !exists {
+            runs.remove(scope);
+        }
+        drop(runs);
+        let l = l?;
+        self.notifier.notify_run(scope, false);
+        Ok(l)
     }
 
     async fn reopen(&self, scope: &RunScope) -> Result<Lifecycle> {

@@ -42,6 +42,7 @@ use crate::evidence::{
     completed_tools, AuditRecord, CompletedTools, EventBatch, MessageSnapshot, NewAuditEvent,
     NewEvent, PersistedEvent, ReadEventsOptions, RunRecord,
 };
+use crate::failure::AttemptError;
 use crate::id::CheckpointId;
 use crate::lease::{ClaimOptions, ClaimOutcome, Fence, Lease, LeaseSummary};
 use crate::lifecycle::{EnqueueOptions, Lifecycle, Outcome};
@@ -239,6 +240,42 @@ pub trait CheckpointStore: Send + Sync + std::fmt::Debug {
     /// answer `NotBefore` until then. `Ok(false)` and no change when `fence`
     /// is not the run's current holding (like `release`).
     async fn snooze(&self, scope: &RunScope, fence: Fence, until: Timestamp) -> Result<bool>;
+
+    /// Records a failed attempt of the holding at `fence` (its step returned
+    /// an error, panicked or timed out) and ends the holding
+    /// ([`crate::failure`]). Returns the lifecycle recorded: active and
+    /// deferred by the run's backoff (`available_at`), or dead-lettered
+    /// (failed, [`crate::lifecycle::ATTEMPTS_EXHAUSTED`]) when this attempt
+    /// reaches the limit (`max_attempts` of the report, else the run's own,
+    /// else the default).
+    ///
+    /// # Contract
+    /// - Fenced like a finish: a superseded or released fence is
+    ///   `FencedOut` (`Cancelled` on a cancelled run), a never-issued one
+    ///   `InvalidInput`, a finished run `Conflict`; a bad error is
+    ///   `InvalidInput`. A refusal changes nothing.
+    /// - Afterwards `fence` is spent, `attempts` is one higher, the error is
+    ///   the newest entry of `failures`, and claims answer `NotBefore` until
+    ///   the backoff has passed.
+    async fn fail_attempt(
+        &self,
+        scope: &RunScope,
+        fence: Fence,
+        error: &AttemptError,
+        max_attempts: Option<u32>,
+    ) -> Result<Lifecycle>;
+
+    /// Cancels an active run, claimed or not (an operator's act; unfenced):
+    /// it is finished as cancelled with `reason`, its holding (if any) ends
+    /// with a tombstone, and the holder's next write is refused with
+    /// `Cancelled`, its renewal with `ClaimOutcome::Finished(Cancelled)`.
+    ///
+    /// # Contract
+    /// - `NotFound` for a run that does not exist, `Conflict` for a finished
+    ///   one, `InvalidInput` for a reason above the limit; a refusal changes
+    ///   nothing.
+    /// - No claim takes the run until it is reopened.
+    async fn cancel(&self, scope: &RunScope, reason: Option<&str>) -> Result<Lifecycle>;
 
     /// Makes a finished run active and claimable again (an operator's act;
     /// unfenced). Its next claim gets a fence above every fence ever

@@ -64,6 +64,26 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/v1/tenants/{tenant}/projects/{project}/sessions/{session}/runs/{run}/attempts/failed": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /**
+         * Reports a failed attempt of the holding at `fence` (the step raised, panicked or timed out): the error is kept in the run's failure history, the attempt counts toward the limit like a takeover, the holding ends, and the run is deferred by its retry backoff, or dead-lettered when this attempt reaches the limit. A cancelled run answers `cancelled`.
+         * @description Needs a `worker` token.
+         */
+        post: operations["fail_attempt"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/v1/tenants/{tenant}/projects/{project}/sessions/{session}/runs/{run}/audit": {
         parameters: {
             query?: never;
@@ -82,6 +102,26 @@ export interface paths {
          * @description Needs a `worker` token.
          */
         post: operations["append_audit"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/tenants/{tenant}/projects/{project}/sessions/{session}/runs/{run}/cancel": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /**
+         * Cancels an active run, claimed or not (operator): it is finished as cancelled with the reason, its holding ends, and the holder's next write is refused as `cancelled` (its renewal answers finished). No claim takes it until it is reopened.
+         * @description Needs a `operator` token.
+         */
+        post: operations["cancel"];
         delete?: never;
         options?: never;
         head?: never;
@@ -765,6 +805,15 @@ export interface components {
             /** @description With their `seq`. */
             events: components["schemas"]["EventBody"][];
         };
+        /** @description A failed attempt's error: what the step raised. */
+        AttemptErrorBody: {
+            /** @description What failed, in a word (`error`, `panic`, `timeout`, or the error's
+             *     class name); 1 to 128 characters. */
+            kind: string;
+            /** @description The error's text; at most 4 096 characters (clients cut longer text
+             *     with a marker). */
+            message: string;
+        };
         /** @description An audit record. */
         AuditBody: {
             /** @description Other fields. */
@@ -799,6 +848,11 @@ export interface components {
         AuditList: {
             /** @description In trail order. */
             records: components["schemas"]["AuditBody"][];
+        };
+        /** @description Cancel: the operator's reason. */
+        CancelBody: {
+            /** @description Why (kept as the run's finish reason); at most 4 096 characters. */
+            reason?: string | null;
         };
         /** @description A checkpoint: its header and the host's state, apart. */
         CheckpointBody: {
@@ -945,6 +999,11 @@ export interface components {
         EnqueueBody: {
             /**
              * Format: int64
+             * @description Each attempt's time limit, ms (a lease's length: 1 ms to 366 days).
+             */
+            attemptTimeoutMs?: number | null;
+            /**
+             * Format: int64
              * @description Not claimable before, epoch ms.
              */
             availableAt?: number | null;
@@ -952,9 +1011,16 @@ export interface components {
             checkpoint: components["schemas"]["CheckpointBody"];
             /**
              * Format: int64
+             * @description The run must be finished by then, epoch ms (store clock): its first
+             *     claim at or after it finishes it as failed, reason `deadline`.
+             */
+            deadline?: number | null;
+            /**
+             * Format: int64
              * @description The run's own attempt limit.
              */
             maxAttempts?: number | null;
+            retry?: null | components["schemas"]["RetryPolicyBody"];
         };
         /** @description An event read. */
         EventBatchBody: {
@@ -1000,6 +1066,49 @@ export interface components {
             /** @description `type`. */
             type: string;
         };
+        /** @description Fail an attempt: the holding, the error, and the report's own limit. */
+        FailAttemptBody: {
+            /** @description What the step raised. */
+            error: components["schemas"]["AttemptErrorBody"];
+            /**
+             * Format: int64
+             * @description The holding whose attempt failed (spent by the report).
+             */
+            fence: number;
+            /**
+             * Format: int64
+             * @description The attempt limit for this report, over the run's own.
+             */
+            maxAttempts?: number | null;
+        };
+        /** @description One failed attempt of a run. */
+        FailedAttemptBody: {
+            /**
+             * Format: int64
+             * @description When it was recorded, epoch ms (store clock).
+             */
+            at: number;
+            /**
+             * Format: int64
+             * @description The attempt count this failure brought the run to.
+             */
+            attempt: number;
+            /**
+             * Format: int64
+             * @description The holding that failed.
+             */
+            fence: number;
+            /** @description What failed, in a word. */
+            kind: string;
+            /** @description The error's text. */
+            message: string;
+            /**
+             * Format: int64
+             * @description When the run became claimable again, epoch ms; absent when this
+             *     failure dead-lettered it.
+             */
+            retryAt?: number | null;
+        };
         /** @description Finish: the holding and the outcome. */
         FinishBody: {
             /**
@@ -1040,6 +1149,12 @@ export interface components {
         LeaseBody: {
             /**
              * Format: int64
+             * @description The run's attempt timeout, ms: stop a step that runs longer and
+             *     report the attempt failed (kind `timeout`). Absent: none.
+             */
+            attemptTimeoutMs?: number | null;
+            /**
+             * Format: int64
              * @description Expiry, epoch ms (store clock).
              */
             expiresAt: number;
@@ -1072,7 +1187,13 @@ export interface components {
         LifecycleBody: {
             /**
              * Format: int64
-             * @description Takeovers from expired leases.
+             * @description Each attempt's time limit, ms (1 ms to 366 days).
+             */
+            attemptTimeoutMs?: number | null;
+            /**
+             * Format: int64
+             * @description Attempts lost so far: takeovers from expired leases and failed
+             *     attempts.
              */
             attempts: number;
             /**
@@ -1084,6 +1205,13 @@ export interface components {
              *     `failed`, reason `attempts exhausted`). Derived, answered only:
              *     the store decides it. */
             deadLettered?: boolean;
+            /**
+             * Format: int64
+             * @description The run must be finished by then, epoch ms (store clock).
+             */
+            deadline?: number | null;
+            /** @description The newest failed attempts (at most 20), oldest first. */
+            failures?: components["schemas"]["FailedAttemptBody"][];
             /**
              * Format: int64
              * @description Finished at, epoch ms (store clock).
@@ -1103,6 +1231,7 @@ export interface components {
             reason?: string | null;
             /** @description The finish's result. */
             result?: unknown;
+            retry?: null | components["schemas"]["RetryPolicyBody"];
             /** @description Status. */
             status: components["schemas"]["RunStatusBody"];
         };
@@ -1298,6 +1427,8 @@ export interface components {
              *     another principal's holding, absent for an unfenced write).
              */
             presented?: number | null;
+            /** @description The operator's reason (`cancelled`). */
+            reason?: string | null;
             /** @description The role the operation needs (`forbidden`). */
             requiredRole?: string | null;
             /**
@@ -1429,6 +1560,24 @@ export interface components {
             fence?: number | null;
             /** @description The answer. */
             resolution: components["schemas"]["ResolutionBody"];
+        };
+        /** @description How a run is retried after a failed attempt. */
+        RetryPolicyBody: {
+            /**
+             * Format: int64
+             * @description The first delay, ms (at most 7 days).
+             */
+            baseMs: number;
+            /**
+             * Format: int64
+             * @description The longest delay, ms (at most 7 days).
+             */
+            capMs: number;
+            /**
+             * Format: double
+             * @description The growth per attempt, 1 to 100.
+             */
+            factor: number;
         };
         /** @description The address of one run. */
         RunAddress: {
@@ -2077,6 +2226,159 @@ export interface operations {
             };
         };
     };
+    fail_attempt: {
+        parameters: {
+            query?: {
+                /** @description The parent run, for a sub-run. */
+                parent?: string;
+            };
+            header?: never;
+            path: {
+                /** @description The tenant id: 1 to 128 characters of [A-Za-z0-9_-], starting with a letter or digit. */
+                tenant: string;
+                /** @description The project id: 1 to 128 characters of [A-Za-z0-9_-], starting with a letter or digit. */
+                project: string;
+                /** @description The session id: 1 to 128 characters of [A-Za-z0-9_-], starting with a letter or digit. */
+                session: string;
+                /** @description The run id: 1 to 128 characters of [A-Za-z0-9_-], starting with a letter or digit. */
+                run: string;
+            };
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/json": components["schemas"]["FailAttemptBody"];
+            };
+        };
+        responses: {
+            /** @description The answer. */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["LifecycleBody"];
+                };
+            };
+            /** @description A problem detail: `urn:runkeep:problem:invalid-input`, `urn:runkeep:problem:malformed-body`. */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description A problem detail: `urn:runkeep:problem:unauthorized`. */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description A problem detail: `urn:runkeep:problem:forbidden`. */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description A problem detail: `urn:runkeep:problem:not-found`. */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description A problem detail: `urn:runkeep:problem:timeout`. */
+            408: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description A problem detail: `urn:runkeep:problem:fenced-out`, `urn:runkeep:problem:conflict`. */
+            409: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description A problem detail: `urn:runkeep:problem:payload-too-large`. */
+            413: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description A problem detail: `urn:runkeep:problem:invalid-input`. The request target (path and query) is longer than the server accepts. */
+            414: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description A problem detail: `urn:runkeep:problem:unsupported-media-type`. */
+            415: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description A problem detail: `urn:runkeep:problem:unsupported`. */
+            422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description A problem detail: `urn:runkeep:problem:invalid-input`. The request head (request line and header fields) is larger than the server accepts. */
+            431: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description A problem detail: `urn:runkeep:problem:corrupted`, `urn:runkeep:problem:backend`. */
+            500: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description A problem detail: `urn:runkeep:problem:unavailable`, `urn:runkeep:problem:contended`, `urn:runkeep:problem:overloaded`. */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+        };
+    };
     read_audit: {
         parameters: {
             query?: {
@@ -2215,6 +2517,159 @@ export interface operations {
                 };
                 content: {
                     "application/json": components["schemas"]["AuditList"];
+                };
+            };
+            /** @description A problem detail: `urn:runkeep:problem:invalid-input`, `urn:runkeep:problem:malformed-body`. */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description A problem detail: `urn:runkeep:problem:unauthorized`. */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description A problem detail: `urn:runkeep:problem:forbidden`. */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description A problem detail: `urn:runkeep:problem:not-found`. */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description A problem detail: `urn:runkeep:problem:timeout`. */
+            408: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description A problem detail: `urn:runkeep:problem:fenced-out`, `urn:runkeep:problem:conflict`. */
+            409: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description A problem detail: `urn:runkeep:problem:payload-too-large`. */
+            413: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description A problem detail: `urn:runkeep:problem:invalid-input`. The request target (path and query) is longer than the server accepts. */
+            414: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description A problem detail: `urn:runkeep:problem:unsupported-media-type`. */
+            415: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description A problem detail: `urn:runkeep:problem:unsupported`. */
+            422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description A problem detail: `urn:runkeep:problem:invalid-input`. The request head (request line and header fields) is larger than the server accepts. */
+            431: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description A problem detail: `urn:runkeep:problem:corrupted`, `urn:runkeep:problem:backend`. */
+            500: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description A problem detail: `urn:runkeep:problem:unavailable`, `urn:runkeep:problem:contended`, `urn:runkeep:problem:overloaded`. */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+        };
+    };
+    cancel: {
+        parameters: {
+            query?: {
+                /** @description The parent run, for a sub-run. */
+                parent?: string;
+            };
+            header?: never;
+            path: {
+                /** @description The tenant id: 1 to 128 characters of [A-Za-z0-9_-], starting with a letter or digit. */
+                tenant: string;
+                /** @description The project id: 1 to 128 characters of [A-Za-z0-9_-], starting with a letter or digit. */
+                project: string;
+                /** @description The session id: 1 to 128 characters of [A-Za-z0-9_-], starting with a letter or digit. */
+                session: string;
+                /** @description The run id: 1 to 128 characters of [A-Za-z0-9_-], starting with a letter or digit. */
+                run: string;
+            };
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/json": components["schemas"]["CancelBody"];
+            };
+        };
+        responses: {
+            /** @description The answer. */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["LifecycleBody"];
                 };
             };
             /** @description A problem detail: `urn:runkeep:problem:invalid-input`, `urn:runkeep:problem:malformed-body`. */

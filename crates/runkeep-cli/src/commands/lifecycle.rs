@@ -1,4 +1,4 @@
-//! `runkeep enqueue`, `runkeep finish` and `runkeep reopen`: a run's
+//! `runkeep enqueue`, `runkeep finish`, `runkeep cancel` and `runkeep reopen`: a run's
 //! lifecycle (contract v2) from the command line.
 //!
 //! - `enqueue` creates a runnable run: its first checkpoint holds the input
@@ -11,6 +11,10 @@
 //!   (exit 64).
 //! - `reopen` makes a finished run active and claimable again (attempts
 //!   restart at 0). An active run is `Conflict`, an unknown one exit 1.
+//! - `cancel` finishes an active run as cancelled, claimed or not (an
+//!   operator's act): its holder's next write or renewal is refused as
+//!   cancelled and its worker stops the step. A finished run is `Conflict`,
+//!   an unknown one exit 1.
 //!
 //! A backend that does not keep lifecycles answers `Unsupported`: exit 1,
 //! naming the store and the operation, never a silent no-op.
@@ -20,8 +24,8 @@ use std::time::Duration;
 use clap::Args;
 use runkeep::lifecycle::DEFAULT_MAX_ATTEMPTS;
 use runkeep::{
-    Checkpoint, CheckpointId, EnqueueOptions, Fence, FinishStatus, Lifecycle, Outcome, RunScope,
-    RunStatus, Timestamp, Ttl,
+    Checkpoint, CheckpointId, EnqueueOptions, Fence, FinishStatus, Lifecycle, Outcome, RetryPolicy,
+    RunScope, RunStatus, Timestamp, Ttl,
 };
 use serde_json::{json, Map, Value};
 
@@ -50,9 +54,30 @@ pub struct EnqueueArgs {
     #[arg(long, value_parser = parse_not_before, value_name = "DURATION|INSTANT")]
     not_before: Option<NotBefore>,
     /// The run's own attempt limit: it is dead-lettered (failed, "attempts
-    /// exhausted") once this many holders have lost it (default 25).
+    /// exhausted") once this many attempts were lost: a holder gone (its
+    /// lease expired) or a step that failed (default 25).
     #[arg(long, value_parser = clap::value_parser!(u32).range(1..), value_name = "N")]
     max_attempts: Option<u32>,
+    /// After a failed attempt, the first retry delay (default 1s); each
+    /// later one is --retry-factor times longer, up to --retry-cap, with
+    /// jitter (half to all of it).
+    #[arg(long, value_parser = parse_duration, value_name = "DURATION")]
+    retry_base: Option<Duration>,
+    /// The growth of the retry delay per failed attempt, 1 to 100 (default 2).
+    #[arg(long, value_name = "FACTOR")]
+    retry_factor: Option<f64>,
+    /// The longest retry delay (default 10m, at most 7d).
+    #[arg(long, value_parser = parse_duration, value_name = "DURATION")]
+    retry_cap: Option<Duration>,
+    /// Each attempt's time limit: a worker stops a step that runs longer
+    /// and reports the attempt failed (kind `timeout`).
+    #[arg(long, value_parser = parse_duration, value_name = "DURATION")]
+    attempt_timeout: Option<Duration>,
+    /// The run must be finished by then: a duration from now on the store's
+    /// clock or a UTC instant. Its first claim after it (a renewal
+    /// included) finishes it as failed, reason `deadline`.
+    #[arg(long, value_parser = parse_not_before, value_name = "DURATION|INSTANT")]
+    deadline: Option<NotBefore>,
     /// The id of the first checkpoint.
     #[arg(long, default_value = ENQUEUE_CHECKPOINT, value_parser = parse_id::<CheckpointId>, value_name = "ID")]
     checkpoint: CheckpointId,
@@ -73,6 +98,16 @@ pub struct FinishArgs {
     #[arg(long, value_parser = parse_json, value_name = "JSON")]
     result: Option<Value>,
     /// Why, for operators (free text).
+    #[arg(long, value_name = "TEXT")]
+    reason: Option<String>,
+}
+
+/// `runkeep cancel`.
+#[derive(Args, Debug)]
+pub struct CancelArgs {
+    #[command(flatten)]
+    run: RunArg,
+    /// Why (kept as the run's finish reason; the holder is told it).
     #[arg(long, value_name = "TEXT")]
     reason: Option<String>,
 }
@@ -175,9 +210,40 @@ pub async fn enqueue(ctx: &Ctx, args: EnqueueArgs) -> CliResult<Exit> {
         state.insert("input".into(), input);
     }
     let checkpoint = Checkpoint::new(args.checkpoint, now, state).with_run_created_at(now);
+    let retry = match (args.retry_base, args.retry_factor, args.retry_cap) {
+        (None, None, None) => None,
+        (base, factor, cap) => {
+            let d = RetryPolicy::default();
+            let ms = |d: Duration| u64::try_from(d.as_millis()).unwrap_or(u64::MAX);
+            Some(RetryPolicy {
+                base_ms: base.map_or(d.base_ms, ms),
+                factor: factor.unwrap_or(d.factor),
+                cap_ms: cap.map_or(d.cap_ms, ms),
+            })
+        }
+    };
+    let attempt_timeout = args
+        .attempt_timeout
+        .map(|d| {
+            Ttl::from_duration(d).map_err(|e| {
+                CliError::usage(format!("--attempt-timeout: {}", CliError::from(e).message))
+            })
+        })
+        .transpose()?;
+    let deadline =
+        match args.deadline {
+            None => None,
+            Some(NotBefore::At(at)) => Some(at),
+            Some(NotBefore::After(d)) => Some(now.plus(Ttl::from_duration(d).map_err(|e| {
+                CliError::usage(format!("--deadline: {}", CliError::from(e).message))
+            })?)),
+        };
     let options = EnqueueOptions {
         available_at,
         max_attempts: args.max_attempts,
+        retry,
+        attempt_timeout,
+        deadline,
     };
     let stored = store
         .enqueue(&scope, &checkpoint, &options)
@@ -264,6 +330,41 @@ pub async fn reopen(ctx: &Ctx, args: ReopenArgs) -> CliResult<Exit> {
     Ok(Exit::Ok)
 }
 
+/// Cancels a run (an operator's act): finished as cancelled whoever holds
+/// it; its holder's next write or renewal is refused and its step stopped.
+pub async fn cancel(ctx: &Ctx, args: CancelArgs) -> CliResult<Exit> {
+    let scope = ctx.run_scope(&args.run)?;
+    let opened = ctx.store().await?;
+    let store = opened.store.as_ref();
+    let now = store.now();
+    let before = store
+        .lease(&scope, now)
+        .await
+        .map_err(|e| refusal(e, "read the lease of", &scope, &opened))?;
+    let lifecycle = store
+        .cancel(&scope, args.reason.as_deref())
+        .await
+        .map_err(|e| refusal(e, "cancel", &scope, &opened))?;
+    if ctx.json() {
+        emit_json(&json!({"run": scope, "lifecycle": lifecycle}))?;
+        return Ok(Exit::Ok);
+    }
+    let holder = match before {
+        Some(l) if !l.holder.is_empty() && !l.expired => format!(
+            "; its holder {} (fence {}) is refused from its next write or renewal, and its step is stopped",
+            l.holder, l.fence
+        ),
+        _ => String::new(),
+    };
+    emit(&format!(
+        "cancelled {}: {}{holder}. `runkeep reopen {}` makes it runnable again\n",
+        scope.run_id,
+        lifecycle.reason.as_deref().unwrap_or("no reason given"),
+        scope.run_id,
+    ))?;
+    Ok(Exit::Ok)
+}
+
 /// `3` or `25 (default)`.
 fn limit_text(l: &Lifecycle) -> String {
     match l.max_attempts {
@@ -338,11 +439,84 @@ pub fn show_rows(l: &Lifecycle, now: Timestamp) -> Vec<(&'static str, Cell)> {
             attempts.into()
         },
     ));
+    if let Some(d) = l.deadline {
+        let past = !l.status.is_finished() && d <= now;
+        rows.push((
+            "deadline",
+            if past {
+                Cell::colored(
+                    format!(
+                        "{} (passed: its next claim finishes it as failed)",
+                        when(d, now)
+                    ),
+                    Color::Red,
+                )
+            } else {
+                when(d, now).into()
+            },
+        ));
+    }
+    if let Some(ms) = l.attempt_timeout_ms {
+        rows.push((
+            "attempt limit",
+            format!(
+                "{} per attempt",
+                humantime::format_duration(Duration::from_millis(ms))
+            )
+            .into(),
+        ));
+    }
+    let shown = l.failures.len().min(SHOWN_FAILURES);
+    if l.failures.len() > shown {
+        rows.push((
+            "failures",
+            format!(
+                "{} kept, the newest {shown} shown (`--json` has them all)",
+                l.failures.len()
+            )
+            .into(),
+        ));
+    }
+    for (i, f) in l.failures[l.failures.len() - shown..].iter().enumerate() {
+        let retry = match f.retry_at {
+            Some(t) => format!(" · retried {}", when(t, now)),
+            None if l.is_dead_lettered() => " · dead-lettered".to_string(),
+            None => String::new(),
+        };
+        rows.push((
+            if i == 0 && l.failures.len() == shown {
+                "failures"
+            } else {
+                ""
+            },
+            Cell::colored(
+                format!(
+                    "#{} fence {} {}: {}: {}{retry}",
+                    f.attempt,
+                    f.fence,
+                    when(f.at, now),
+                    f.error.kind,
+                    truncate(&f.error.message, 160),
+                ),
+                Color::Red,
+            ),
+        ));
+    }
     if l.status.is_finished() {
         // The status cell shows the finish; say how to undo it.
         rows[0].1 = status_cell(l.status, None, None, None, now);
     }
     rows
+}
+
+/// How many failed attempts `show` lists (the newest).
+const SHOWN_FAILURES: usize = 5;
+
+/// The newest failed attempt of a run, on one line: `kind: message`.
+pub fn last_error(l: &Lifecycle) -> Option<String> {
+    l.failures
+        .last()
+        .map(|f| format!("{}: {}", f.error.kind, truncate(&f.error.message, 120)))
 }
 
 #[cfg(test)]

@@ -84,6 +84,9 @@ pub async fn run(ctx: &Ctx, args: RunsArgs) -> CliResult<Exit> {
             emit_json(&page)?;
         } else {
             print_rows(ctx, &opened, &page.entries, now, &listing.to_string())?;
+            if dead_lettered {
+                print_last_errors(&opened, &page.entries).await?;
+            }
             if let Some(c) = &page.cursor {
                 emit(&format!("more: runkeep runs --cursor {c}\n"))?;
             }
@@ -130,8 +133,33 @@ pub async fn run(ctx: &Ctx, args: RunsArgs) -> CliResult<Exit> {
     bar.finish_and_clear();
     if !ctx.json() {
         print_rows(ctx, &opened, &rows, now, &listing.to_string())?;
+        if dead_lettered {
+            print_last_errors(&opened, &rows).await?;
+        }
     }
     Ok(Exit::Ok)
+}
+
+/// Under the table of dead-lettered runs: each one's last error (one
+/// lifecycle read per row of the page), so the operator sees why without a
+/// `show` per run.
+async fn print_last_errors(opened: &OpenedStore, rows: &[RunRow]) -> CliResult<()> {
+    let mut lines = String::new();
+    for r in rows {
+        let line = match opened.store.lifecycle(&r.scope).await {
+            Ok(l) => crate::commands::lifecycle::last_error(&l).unwrap_or_else(|| {
+                "no error on record (its holders were lost: leases expired)".into()
+            }),
+            Err(e) => format!("lifecycle unreadable: {e}"),
+        };
+        lines.push_str(&format!("{}: {line}\n", r.scope.run_id));
+    }
+    if !lines.is_empty() {
+        emit(&format!(
+            "last errors (`runkeep show RUN` has the history):\n{lines}"
+        ))?;
+    }
+    Ok(())
 }
 
 /// Keeps the rows of dead-lettered runs (the row says so:

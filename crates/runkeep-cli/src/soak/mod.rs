@@ -69,6 +69,11 @@ pub struct SoakArgs {
     /// run completes.
     #[arg(long, default_value_t = 0, value_name = "N")]
     pub poison: u64,
+    /// Also enqueue N raising runs: their step returns an error every time;
+    /// each must end dead-lettered after --max-attempts failed attempts,
+    /// its errors kept, with no step committed.
+    #[arg(long, default_value_t = 0, value_name = "N")]
+    pub poison_raise: u64,
     /// The attempt limit the poison runs are enqueued with.
     #[arg(long, default_value_t = runkeep_soak::DEFAULT_POISON_MAX_ATTEMPTS)]
     pub max_attempts: u32,
@@ -110,6 +115,7 @@ impl SoakArgs {
             stall_only: self.stall_only,
             timeout: self.timeout,
             poison: self.poison,
+            poison_raise: self.poison_raise,
             max_attempts: self.max_attempts,
         }
     }

@@ -112,6 +112,7 @@ pub async fn enqueues_a_runnable_run_with_its_not_before_time_and_attempt_limit(
             &EnqueueOptions {
                 available_at: Some(at(3_000)),
                 max_attempts: Some(3),
+                ..Default::default()
             },
         )
         .await
@@ -176,6 +177,7 @@ pub async fn refuses_to_enqueue_an_existing_run_or_a_zero_attempt_limit(
                 &EnqueueOptions {
                     available_at: Some(at(9_000)),
                     max_attempts: Some(2),
+                    ..Default::default()
                 },
             )
             .await,

@@ -232,6 +232,27 @@ impl CheckpointStore for FsRootStore {
         write_op!(self, scope, |s| s.snooze(scope, fence, until))
     }
 
+    async fn fail_attempt(
+        &self,
+        scope: &RunScope,
+        fence: Fence,
+        error: &runkeep::AttemptError,
+        max_attempts: Option<u32>,
+    ) -> Result<runkeep::Lifecycle> {
+        error.validate(&scope.run_id)?;
+        write_op!(self, scope, |s| s.fail_attempt(
+            scope,
+            fence,
+            error,
+            max_attempts
+        ))
+    }
+
+    async fn cancel(&self, scope: &RunScope, reason: Option<&str>) -> Result<runkeep::Lifecycle> {
+        runkeep::failure::check_cancel_reason(&scope.run_id, reason)?;
+        write_op!(self, scope, |s| s.cancel(scope, reason))
+    }
+
     async fn reopen(&self, scope: &RunScope) -> Result<runkeep::Lifecycle> {
         write_op!(self, scope, |s| s.reopen(scope))
     }

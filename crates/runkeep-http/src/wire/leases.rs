@@ -14,6 +14,11 @@ pub struct LeaseBody {
     /// Expiry, epoch ms (store clock).
     #[schema(minimum = 0, maximum = 253_402_300_799_999_i64)]
     pub expires_at: i64,
+    /// The run's attempt timeout, ms: stop a step that runs longer and
+    /// report the attempt failed (kind `timeout`). Absent: none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(minimum = 1, maximum = 31_622_400_000_i64)]
+    pub attempt_timeout_ms: Option<u64>,
 }
 
 impl From<&Lease> for LeaseBody {
@@ -22,6 +27,7 @@ impl From<&Lease> for LeaseBody {
             holder: crate::holder::display(l.holder.as_str()).to_string(),
             fence: l.fence.get(),
             expires_at: ms(l.expires_at),
+            attempt_timeout_ms: l.attempt_timeout_ms,
         }
     }
 }
@@ -33,6 +39,7 @@ impl LeaseBody {
             holder: Holder::new(&self.holder).map_err(|e| bad("lease.holder", e))?,
             fence: fence("lease.fence", self.fence)?,
             expires_at: instant("lease.expiresAt", self.expires_at)?,
+            attempt_timeout_ms: self.attempt_timeout_ms,
         })
     }
 }
@@ -338,6 +345,19 @@ pub struct EnqueueBody {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schema(format = Int64, minimum = 1, maximum = 4_294_967_295_i64)]
     pub max_attempts: Option<u32>,
+    /// The run's own retry policy after a failed attempt (defaults: 1 s,
+    /// ×2, 10 min).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub retry: Option<RetryPolicyBody>,
+    /// Each attempt's time limit, ms (a lease's length: 1 ms to 366 days).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(minimum = 1, maximum = 31_622_400_000_i64)]
+    pub attempt_timeout_ms: Option<u64>,
+    /// The run must be finished by then, epoch ms (store clock): its first
+    /// claim at or after it finishes it as failed, reason `deadline`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(minimum = 0, maximum = 253_402_300_799_999_i64)]
+    pub deadline: Option<i64>,
 }
 
 /// A lease read.
@@ -345,4 +365,96 @@ pub struct EnqueueBody {
 pub struct MaybeLease {
     /// The top holding, `null` when never claimed.
     pub lease: Option<LeaseSummaryBody>,
+}
+
+/// A failed attempt's error: what the step raised.
+#[derive(Clone, PartialEq, Eq, Debug, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct AttemptErrorBody {
+    /// What failed, in a word (`error`, `panic`, `timeout`, or the error's
+    /// class name); 1 to 128 characters.
+    #[schema(min_length = 1, max_length = 128, pattern = r"\S")]
+    pub kind: String,
+    /// The error's text; at most 4 096 characters (clients cut longer text
+    /// with a marker).
+    #[schema(max_length = 4096)]
+    pub message: String,
+}
+
+impl From<&AttemptErrorBody> for AttemptError {
+    fn from(b: &AttemptErrorBody) -> Self {
+        AttemptError {
+            kind: b.kind.clone(),
+            message: b.message.clone(),
+        }
+    }
+}
+
+impl From<&AttemptError> for AttemptErrorBody {
+    fn from(e: &AttemptError) -> Self {
+        Self {
+            kind: e.kind.clone(),
+            message: e.message.clone(),
+        }
+    }
+}
+
+/// Fail an attempt: the holding, the error, and the report's own limit.
+#[derive(Clone, PartialEq, Eq, Debug, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct FailAttemptBody {
+    /// The holding whose attempt failed (spent by the report).
+    #[schema(minimum = 1, maximum = 999_999_999_999_999_i64)]
+    pub fence: u64,
+    /// What the step raised.
+    pub error: AttemptErrorBody,
+    /// The attempt limit for this report, over the run's own.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(format = Int64, minimum = 1, maximum = 4_294_967_295_i64)]
+    pub max_attempts: Option<u32>,
+}
+
+/// Cancel: the operator's reason.
+#[derive(Clone, PartialEq, Eq, Debug, Default, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct CancelBody {
+    /// Why (kept as the run's finish reason); at most 4 096 characters.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(max_length = 4096)]
+    pub reason: Option<String>,
+}
+
+/// How a run is retried after a failed attempt.
+#[derive(Clone, Copy, PartialEq, Debug, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct RetryPolicyBody {
+    /// The first delay, ms (at most 7 days).
+    #[schema(maximum = 604_800_000)]
+    pub base_ms: u64,
+    /// The growth per attempt, 1 to 100.
+    #[schema(minimum = 1, maximum = 100)]
+    pub factor: f64,
+    /// The longest delay, ms (at most 7 days).
+    #[schema(maximum = 604_800_000)]
+    pub cap_ms: u64,
+}
+
+impl From<RetryPolicyBody> for RetryPolicy {
+    fn from(b: RetryPolicyBody) -> Self {
+        RetryPolicy {
+            base_ms: b.base_ms,
+            factor: b.factor,
+            cap_ms: b.cap_ms,
+        }
+    }
+}
+
+impl From<RetryPolicy> for RetryPolicyBody {
+    fn from(p: RetryPolicy) -> Self {
+        Self {
+            base_ms: p.base_ms,
+            factor: p.factor,
+            cap_ms: p.cap_ms,
+        }
+    }
 }

@@ -24,6 +24,7 @@
 //! - [`params`]: every operation's path and query parameters.
 
 use runkeep::evidence::SkippedRecord;
+use runkeep::failure::{AttemptError, FailedAttempt, RetryPolicy};
 use runkeep::lease::Fence;
 use runkeep::step::MessagesUpdate;
 use runkeep::{

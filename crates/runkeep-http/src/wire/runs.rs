@@ -345,7 +345,8 @@ pub struct LifecycleBody {
     /// The finish's reason.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reason: Option<String>,
-    /// Takeovers from expired leases.
+    /// Attempts lost so far: takeovers from expired leases and failed
+    /// attempts.
     #[schema(format = Int64, maximum = 4_294_967_295_i64)]
     pub attempts: u32,
     /// The run's own attempt limit.
@@ -361,6 +362,73 @@ pub struct LifecycleBody {
     /// the store decides it.
     #[serde(default)]
     pub dead_lettered: bool,
+    /// The newest failed attempts (at most 20), oldest first.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub failures: Vec<FailedAttemptBody>,
+    /// The run's own retry policy.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub retry: Option<RetryPolicyBody>,
+    /// Each attempt's time limit, ms (1 ms to 366 days).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(minimum = 1, maximum = 31_622_400_000_i64)]
+    pub attempt_timeout_ms: Option<u64>,
+    /// The run must be finished by then, epoch ms (store clock).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(minimum = 0, maximum = 253_402_300_799_999_i64)]
+    pub deadline: Option<i64>,
+}
+
+/// One failed attempt of a run.
+#[derive(Clone, PartialEq, Eq, Debug, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct FailedAttemptBody {
+    /// The attempt count this failure brought the run to.
+    #[schema(format = Int64, minimum = 1, maximum = 4_294_967_295_i64)]
+    pub attempt: u32,
+    /// The holding that failed.
+    #[schema(minimum = 1, maximum = 999_999_999_999_999_i64)]
+    pub fence: u64,
+    /// When it was recorded, epoch ms (store clock).
+    #[schema(minimum = 0, maximum = 253_402_300_799_999_i64)]
+    pub at: i64,
+    /// What failed, in a word.
+    pub kind: String,
+    /// The error's text.
+    pub message: String,
+    /// When the run became claimable again, epoch ms; absent when this
+    /// failure dead-lettered it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(minimum = 0, maximum = 253_402_300_799_999_i64)]
+    pub retry_at: Option<i64>,
+}
+
+impl From<&FailedAttempt> for FailedAttemptBody {
+    fn from(f: &FailedAttempt) -> Self {
+        Self {
+            attempt: f.attempt,
+            fence: f.fence.get(),
+            at: ms(f.at),
+            kind: f.error.kind.clone(),
+            message: f.error.message.clone(),
+            retry_at: f.retry_at.map(ms),
+        }
+    }
+}
+
+impl FailedAttemptBody {
+    /// The core record.
+    pub fn to_failed_attempt(&self) -> Result<FailedAttempt, Problem> {
+        Ok(FailedAttempt {
+            attempt: self.attempt,
+            fence: fence("failures.fence", self.fence)?,
+            at: instant("failures.at", self.at)?,
+            error: AttemptError {
+                kind: self.kind.clone(),
+                message: self.message.clone(),
+            },
+            retry_at: opt_instant("failures.retryAt", self.retry_at)?,
+        })
+    }
 }
 
 impl From<&Lifecycle> for LifecycleBody {
@@ -375,6 +443,10 @@ impl From<&Lifecycle> for LifecycleBody {
             max_attempts: l.max_attempts,
             available_at: l.available_at.map(ms),
             dead_lettered: l.is_dead_lettered(),
+            failures: l.failures.iter().map(Into::into).collect(),
+            retry: l.retry.map(Into::into),
+            attempt_timeout_ms: l.attempt_timeout_ms,
+            deadline: l.deadline.map(ms),
         }
     }
 }
@@ -391,6 +463,14 @@ impl LifecycleBody {
             attempts: self.attempts,
             max_attempts: self.max_attempts,
             available_at: opt_instant("availableAt", self.available_at)?,
+            failures: self
+                .failures
+                .iter()
+                .map(FailedAttemptBody::to_failed_attempt)
+                .collect::<Result<_, _>>()?,
+            retry: self.retry.map(Into::into),
+            attempt_timeout_ms: self.attempt_timeout_ms,
+            deadline: opt_instant("deadline", self.deadline)?,
         })
     }
 }

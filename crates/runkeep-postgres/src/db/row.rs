@@ -36,6 +36,7 @@ impl RunState {
         fence: Option<Fence>,
     ) -> Result<()> {
         check_write(&scope.run_id, operation, fence, self.top.as_ref())
+            .map_err(|e| runkeep::failure::refine_refusal(e, &self.lifecycle))
     }
 
     pub(crate) fn checkpoint_count(&self) -> u64 {

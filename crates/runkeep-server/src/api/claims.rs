@@ -1,5 +1,5 @@
 //! Claims and the run lifecycle: claim (and renew), release, finish,
-//! snooze, enqueue, reopen, lease, lifecycle.
+//! snooze, failed attempts, cancel, enqueue, reopen, lease, lifecycle.
 
 use axum::extract::State;
 use axum::{Extension, Json};
@@ -76,6 +76,43 @@ pub(super) async fn finish(
     Ok(Json((&l).into()))
 }
 
+pub(super) async fn fail_attempt(
+    State(state): State<AppState>,
+    RunAddr(scope): RunAddr,
+    JsonBody(body): JsonBody<wire::FailAttemptBody>,
+) -> ApiResult<LifecycleBody> {
+    let fence = wire::fence("fence", body.fence)?;
+    let error = (&body.error).into();
+    let l = checked(
+        &state,
+        state
+            .store
+            .fail_attempt(&scope, fence, &error, body.max_attempts)
+            .await,
+    )?;
+    let tenant = scope.tenant_id.as_str();
+    state.metrics.record_run_failure("failed_attempt", tenant);
+    if body.error.kind == "timeout" {
+        state.metrics.record_run_failure("timed_out", tenant);
+    }
+    if l.is_dead_lettered() {
+        state.metrics.record_run_failure("dead_lettered", tenant);
+    }
+    Ok(Json((&l).into()))
+}
+
+pub(super) async fn cancel(
+    State(state): State<AppState>,
+    RunAddr(scope): RunAddr,
+    JsonBody(body): JsonBody<wire::CancelBody>,
+) -> ApiResult<LifecycleBody> {
+    let l = state.store.cancel(&scope, body.reason.as_deref()).await?;
+    state
+        .metrics
+        .record_run_failure("cancelled", scope.tenant_id.as_str());
+    Ok(Json((&l).into()))
+}
+
 pub(super) async fn snooze(
     State(state): State<AppState>,
     RunAddr(scope): RunAddr,
@@ -132,6 +169,18 @@ pub(super) async fn enqueue(
             .map(|t| wire::instant("availableAt", t))
             .transpose()?,
         max_attempts: body.max_attempts,
+        retry: body.retry.map(Into::into),
+        attempt_timeout: body
+            .attempt_timeout_ms
+            .map(|ms| {
+                runkeep::Ttl::from_millis(ms)
+                    .map_err(|e| Problem::from(e).with_field("attemptTimeoutMs"))
+            })
+            .transpose()?,
+        deadline: body
+            .deadline
+            .map(|t| wire::instant("deadline", t))
+            .transpose()?,
     };
     let stored = state.store.enqueue(&scope, &cp, &options).await?;
     Ok(Json((&stored).into()))

@@ -79,6 +79,8 @@ fn handler(op: Operation) -> Handler {
         Finish => on(op, claims::finish),
         Snooze => on(op, claims::snooze),
         Enqueue => on(op, claims::enqueue),
+        FailAttempt => on(op, claims::fail_attempt),
+        Cancel => on(op, claims::cancel),
         Reopen => on(op, claims::reopen),
         Lease => on(op, claims::lease),
         Lifecycle => on(op, claims::lifecycle),
