@@ -175,6 +175,44 @@ enum Kind {
     Write,
 }
 
+/// What a request is about: the ids that fill its operation's path
+/// ([`Operation::fill`]).
+#[derive(Clone, Copy)]
+enum At<'a> {
+    /// Nothing (`/v1/clock`, `/v1/whoami`).
+    Root,
+    /// A tenant.
+    Tenant(&'a TenantId),
+    /// A run.
+    Run(&'a RunScope),
+    /// One checkpoint of a run.
+    Checkpoint(&'a RunScope, &'a CheckpointId),
+}
+
+impl At<'_> {
+    /// `op`'s path for this target.
+    fn path(self, op: Operation) -> String {
+        fn run(scope: &RunScope) -> [(&'static str, &str); 4] {
+            [
+                ("tenant", scope.tenant_id.as_str()),
+                ("project", scope.project_id.as_str()),
+                ("session", scope.session_id.as_str()),
+                ("run", scope.run_id.as_str()),
+            ]
+        }
+        match self {
+            At::Root => op.fill(&[]),
+            At::Tenant(tenant) => op.fill(&[("tenant", tenant.as_str())]),
+            At::Run(scope) => op.fill(&run(scope)),
+            At::Checkpoint(scope, id) => {
+                let mut params = run(scope).to_vec();
+                params.push(("checkpoint", id.as_str()));
+                op.fill(&params)
+            }
+        }
+    }
+}
+
 impl HttpStore {
     /// A store at `base_url` (`http://127.0.0.1:7420`) with no token yet.
     pub fn new(base_url: impl Into<String>, options: HttpStoreOptions) -> Result<Self> {
@@ -259,7 +297,7 @@ impl HttpStore {
         let store = Self::new(base_url, options)?;
         let secret = secret.into();
         let who: WhoAmI = store
-            .send::<op::Whoami>(&secret, Operation::Whoami.fill(&[]), &[], &NoBody, None)
+            .send::<op::Whoami>(&secret, At::Root, &[], &NoBody, None)
             .await?;
         let tenant = TenantId::new(who.tenant)?;
         Ok(store.with_token(tenant, secret))
@@ -282,32 +320,6 @@ impl HttpStore {
             })
     }
 
-    /// `op`'s path for the run `scope`.
-    fn run_path(op: Operation, scope: &RunScope) -> String {
-        op.fill(&[
-            ("tenant", scope.tenant_id.as_str()),
-            ("project", scope.project_id.as_str()),
-            ("session", scope.session_id.as_str()),
-            ("run", scope.run_id.as_str()),
-        ])
-    }
-
-    /// `op`'s path for the checkpoint `id` of the run `scope`.
-    fn checkpoint_path(op: Operation, scope: &RunScope, id: &CheckpointId) -> String {
-        op.fill(&[
-            ("tenant", scope.tenant_id.as_str()),
-            ("project", scope.project_id.as_str()),
-            ("session", scope.session_id.as_str()),
-            ("run", scope.run_id.as_str()),
-            ("checkpoint", id.as_str()),
-        ])
-    }
-
-    /// `op`'s path for `tenant`.
-    fn tenant_path(op: Operation, tenant: &TenantId) -> String {
-        op.fill(&[("tenant", tenant.as_str())])
-    }
-
     fn run_query(
         scope: &RunScope,
         mut q: Vec<(&'static str, String)>,
@@ -325,7 +337,7 @@ impl HttpStore {
     async fn send<S: OperationSpec>(
         &self,
         token: &str,
-        path: String,
+        at: At<'_>,
         query: &[(&'static str, String)],
         body: &S::Body,
         extra_wait: Option<Duration>,
@@ -341,7 +353,7 @@ impl HttpStore {
         } else {
             Kind::Write
         };
-        let url = format!("{}{path}", self.inner.base);
+        let url = format!("{}{}", self.inner.base, at.path(op));
         let timeout = self.inner.options.request_timeout + extra_wait.unwrap_or_default();
         let mut req = self
             .inner
@@ -460,11 +472,12 @@ impl HttpStore {
         }
     }
 
-    /// A request of `S` with `tenant`'s token.
+    /// A request of `S` about `at` (in its tenant, with that tenant's
+    /// token).
     async fn call<S: OperationSpec>(
         &self,
         tenant: &TenantId,
-        path: String,
+        at: At<'_>,
         query: &[(&'static str, String)],
         body: &S::Body,
     ) -> Result<S::Answer>
@@ -472,7 +485,7 @@ impl HttpStore {
         S::Answer: DeserializeOwned,
     {
         let token = self.token(tenant)?.to_string();
-        self.send::<S>(&token, path, query, body, None).await
+        self.send::<S>(&token, at, query, body, None).await
     }
 
     /// A read of the run `scope` (an operation that takes no body).
@@ -486,7 +499,7 @@ impl HttpStore {
     {
         self.call::<S>(
             &scope.tenant_id,
-            Self::run_path(S::OP, scope),
+            At::Run(scope),
             &Self::run_query(scope, query),
             &NoBody,
         )
@@ -502,23 +515,9 @@ impl HttpStore {
     where
         S::Answer: DeserializeOwned,
     {
-        self.run_write_at::<S>(scope, Self::run_path(S::OP, scope), body)
-            .await
-    }
-
-    /// A write to the run `scope` at `path` (one of its checkpoints).
-    async fn run_write_at<S: OperationSpec>(
-        &self,
-        scope: &RunScope,
-        path: String,
-        body: &S::Body,
-    ) -> Result<S::Answer>
-    where
-        S::Answer: DeserializeOwned,
-    {
         self.call::<S>(
             &scope.tenant_id,
-            path,
+            At::Run(scope),
             &Self::run_query(scope, vec![]),
             body,
         )
@@ -553,7 +552,7 @@ impl HttpStore {
         let answer: ClaimNextAnswer = self
             .send::<op::ClaimNext>(
                 &token,
-                Self::tenant_path(Operation::ClaimNext, scope.tenant_id()),
+                At::Tenant(scope.tenant_id()),
                 &[],
                 &body,
                 Some(wait),
@@ -630,8 +629,8 @@ impl HttpStore {
             Ok(t) => t.to_string(),
             Err(e) => return Tail::Ended(e),
         };
-        let op = Operation::TailEvents;
-        let url = format!("{}{}", self.inner.base, Self::run_path(op, scope));
+        let op = op::TailEvents::OP;
+        let url = format!("{}{}", self.inner.base, At::Run(scope).path(op));
         let req = self
             .inner
             .client
@@ -759,7 +758,7 @@ impl HttpStore {
                         };
                         let call = store.send::<op::WaitRunnable>(
                             &token,
-                            Self::tenant_path(Operation::WaitRunnable, scope.tenant_id()),
+                            At::Tenant(scope.tenant_id()),
                             &q,
                             &NoBody,
                             Some(wait),
@@ -797,7 +796,7 @@ impl HttpStore {
                                 };
                                 let call = store.send::<op::WaitEvents>(
                                     &token,
-                                    Self::run_path(Operation::WaitEvents, scope),
+                                    At::Run(scope),
                                     &q,
                                     &NoBody,
                                     Some(wait),
@@ -929,7 +928,7 @@ impl CheckpointStore for HttpStore {
         let m: MaybeCheckpoint = self
             .call::<op::ReadCheckpoint>(
                 &scope.tenant_id,
-                Self::checkpoint_path(Operation::ReadCheckpoint, scope, id),
+                At::Checkpoint(scope, id),
                 &Self::run_query(scope, vec![]),
                 &NoBody,
             )
@@ -975,7 +974,7 @@ impl CheckpointStore for HttpStore {
         let d: Done = self
             .call::<op::DeleteCheckpoint>(
                 &scope.tenant_id,
-                Self::checkpoint_path(Operation::DeleteCheckpoint, scope, id),
+                At::Checkpoint(scope, id),
                 &Self::run_query(scope, q),
                 &NoBody,
             )
@@ -999,9 +998,10 @@ impl CheckpointStore for HttpStore {
             fence: fence_json(fence),
         };
         let cp: CheckpointBody = self
-            .run_write_at::<op::ResolvePark>(
-                scope,
-                Self::checkpoint_path(Operation::ResolvePark, scope, id),
+            .call::<op::ResolvePark>(
+                &scope.tenant_id,
+                At::Checkpoint(scope, id),
+                &Self::run_query(scope, vec![]),
                 &body,
             )
             .await?;
@@ -1076,7 +1076,7 @@ impl CheckpointStore for HttpStore {
         let page: RunPageBody = self
             .call::<op::ListRuns>(
                 scope.tenant_id(),
-                Self::tenant_path(Operation::ListRuns, scope.tenant_id()),
+                At::Tenant(scope.tenant_id()),
                 &q,
                 &NoBody,
             )
