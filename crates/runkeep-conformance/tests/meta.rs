@@ -859,6 +859,7 @@ async fn a_store_that_only_releases_a_failed_attempt_fails_the_failure_cases() {
             "dead_letters_the_run_when_failed_attempts_reach_the_limit",
             "counts_takeovers_and_failed_attempts_toward_one_limit",
             "refuses_a_failed_attempt_it_cannot_record_and_changes_nothing",
+            "cancels_a_claimed_run_and_tells_its_holder_why",
         ],
     );
 }

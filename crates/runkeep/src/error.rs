@@ -74,7 +74,7 @@ pub enum Error {
     /// another worker took over. Stop working on the run; it is handed out
     /// again only if an operator reopens it.
     #[error(
-        "cancelled: {operation} on run {run} was refused because an operator cancelled the run{}; stop its step",
+        "cancelled: {operation} on run {run} was refused because the run was cancelled{}; stop its step",
         cancel_reason(.reason.as_deref())
     )]
     Cancelled {

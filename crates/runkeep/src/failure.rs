@@ -233,6 +233,9 @@ pub fn after_failure(
     limit: Option<u32>,
     now: Timestamp,
 ) -> Result<Lifecycle> {
+    if l.status == RunStatus::Cancelled {
+        return Err(cancelled(run, "fail_attempt", l));
+    }
     if l.status.is_finished() {
         return Err(Error::Conflict {
             message: format!(
@@ -337,6 +340,15 @@ pub fn after_cancel(
 
 /// The reason recorded on a cancel that gave none.
 pub const CANCELLED_BY_OPERATOR: &str = "cancelled by an operator";
+
+/// The refusal of a holder's act on a cancelled run.
+pub fn cancelled(run: &RunId, operation: &'static str, l: &Lifecycle) -> Error {
+    Error::Cancelled {
+        run: run.to_string(),
+        operation,
+        reason: l.reason.clone(),
+    }
+}
 
 /// A holder's write refused for its fence on a run that was cancelled is
 /// answered [`Error::Cancelled`] instead, so the holder learns why it lost

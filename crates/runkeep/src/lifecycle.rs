@@ -432,7 +432,8 @@ pub fn after_take(l: &Lifecycle, takeover: bool) -> Lifecycle {
 }
 
 /// The lifecycle after a finish at `fence`, judged at `now`. Refuses a run
-/// that is already finished (`Conflict`: a finish is recorded once).
+/// that is already finished (`Conflict`: a finish is recorded once; a
+/// cancelled run answers `Cancelled`, so its holder learns why).
 pub fn after_finish(
     run: &RunId,
     l: &Lifecycle,
@@ -440,6 +441,9 @@ pub fn after_finish(
     fence: Fence,
     now: Timestamp,
 ) -> Result<Lifecycle> {
+    if l.status == RunStatus::Cancelled {
+        return Err(crate::failure::cancelled(run, "finish", l));
+    }
     if l.status.is_finished() {
         return Err(Error::Conflict {
             message: format!(

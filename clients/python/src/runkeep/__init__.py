@@ -1,9 +1,10 @@
 """runkeep's Python client: the HTTP API (sync and async), typed errors,
 the resuming event tail and the lease-keeping worker helper."""
 
-from .client import AsyncRunkeepClient, ClaimAnswer, Claimed, HandOver, Lease, RunkeepClient, RunRef
+from .client import AsyncRunkeepClient, ClaimAnswer, Claimed, FailedAttempt, HandOver, Lease, Lifecycle, RetryPolicy, RunkeepClient, RunRef, cut_text
 from .errors import (
     Backend,
+    Cancelled,
     Conflict,
     ConnectionFailed,
     Contended,
@@ -26,19 +27,21 @@ from .errors import (
     problem_error,
 )
 from .sse import SseParser
-from .worker import HeldRun, LeaseLost, Worker, default_holder
+from .worker import HeldRun, LeaseLost, Worker, WorkerReport, default_holder
 
 __version__ = "0.1.0"
 
 __all__ = [
     "AsyncRunkeepClient",
     "Backend",
+    "Cancelled",
     "ClaimAnswer",
     "Claimed",
     "Conflict",
     "ConnectionFailed",
     "Contended",
     "Corrupted",
+    "FailedAttempt",
     "FencedOut",
     "Forbidden",
     "HandOver",
@@ -46,12 +49,14 @@ __all__ = [
     "InvalidInput",
     "Lease",
     "LeaseLost",
+    "Lifecycle",
     "MalformedBody",
     "MethodNotAllowed",
     "NotFound",
     "Overloaded",
     "PayloadTooLarge",
     "RetryLater",
+    "RetryPolicy",
     "RunRef",
     "RunkeepClient",
     "RunkeepError",
@@ -62,6 +67,8 @@ __all__ = [
     "Unsupported",
     "UnsupportedMediaType",
     "Worker",
+    "WorkerReport",
+    "cut_text",
     "default_holder",
     "problem_error",
 ]

@@ -118,6 +118,119 @@ class HandOver:
         )
 
 
+#: The longest failed-attempt message the server keeps, in characters
+#: (it refuses longer text; :func:`cut_text` cuts it first).
+MAX_ERROR_MESSAGE_CHARS = 4096
+#: The longest failed-attempt kind, in characters.
+MAX_ERROR_KIND_CHARS = 128
+
+
+def cut_text(text: str, limit: int) -> str:
+    """``text`` cut to ``limit`` characters with a marker saying how many
+    were cut (the marker counts within the limit), as every runtime cuts
+    an error it reports. Text within the limit is answered unchanged."""
+    n = len(text)
+    if n <= limit:
+        return text
+    marker = f" … [{n - limit} more characters cut]"
+    return text[: max(0, limit - len(marker))] + marker
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    """How a run is retried after a failed attempt, set on enqueue: the
+    first delay ``base_ms``, growing by ``factor`` per attempt, at most
+    ``cap_ms``, with equal jitter (the store computes it). The server's
+    defaults: 1 000 ms, ×2, 600 000 ms (10 min)."""
+
+    base_ms: int
+    factor: float = 2.0
+    cap_ms: int = 600_000
+
+    def body(self) -> dict[str, Any]:
+        return {"baseMs": self.base_ms, "factor": self.factor, "capMs": self.cap_ms}
+
+    @staticmethod
+    def of(body: Mapping[str, Any] | None) -> "RetryPolicy | None":
+        if not body:
+            return None
+        return RetryPolicy(base_ms=int(body["baseMs"]), factor=float(body["factor"]), cap_ms=int(body["capMs"]))
+
+
+@dataclass(frozen=True)
+class FailedAttempt:
+    """One failed attempt of a run, as the store keeps it: the attempt
+    count it brought the run to, the fence that failed, when (epoch ms,
+    store clock), the error's ``kind`` and ``message``, and ``retry_at``
+    (epoch ms; ``None`` when this failure dead-lettered the run)."""
+
+    attempt: int
+    fence: int
+    at: int
+    kind: str
+    message: str
+    retry_at: int | None = None
+
+    @staticmethod
+    def of(body: Mapping[str, Any]) -> "FailedAttempt":
+        return FailedAttempt(
+            attempt=int(body["attempt"]),
+            fence=int(body["fence"]),
+            at=int(body["at"]),
+            kind=str(body["kind"]),
+            message=str(body["message"]),
+            retry_at=body.get("retryAt"),
+        )
+
+
+class Lifecycle(dict):
+    """A run's lifecycle as the server answers it (``status``,
+    ``attempts``, ``reason``, ``availableAt``, ``deadLettered`` …): the
+    JSON object itself, so ``life["status"]`` reads as before, with
+    ``failures`` (a list, empty when none; the newest 20, oldest first)
+    and ``retry`` (the run's own policy, or ``None``) always present, and
+    typed views of them."""
+
+    @staticmethod
+    def of(body: Mapping[str, Any]) -> "Lifecycle":
+        life = Lifecycle(body)
+        life.setdefault("failures", [])
+        life.setdefault("retry", None)
+        return life
+
+    @property
+    def status(self) -> str:
+        return str(self["status"])
+
+    @property
+    def attempts(self) -> int:
+        return int(self.get("attempts") or 0)
+
+    @property
+    def reason(self) -> str | None:
+        return self.get("reason")
+
+    @property
+    def dead_lettered(self) -> bool:
+        return self.get("deadLettered") is True
+
+    @property
+    def failures(self) -> list[FailedAttempt]:
+        return [FailedAttempt.of(f) for f in self.get("failures") or []]
+
+    @property
+    def retry(self) -> RetryPolicy | None:
+        return RetryPolicy.of(self.get("retry"))
+
+
+def _retry_body(retry: "RetryPolicy | Mapping[str, Any] | None") -> dict[str, Any] | None:
+    if retry is None:
+        return None
+    if isinstance(retry, RetryPolicy):
+        return retry.body()
+    return dict(retry)
+
+
 #: The per-run path prefix ``{run}`` stands for in :data:`OPERATIONS`.
 RUN_PATH = "/v1/tenants/{tenant}/projects/{project}/sessions/{session}/runs/{run}"
 
@@ -138,6 +251,8 @@ OPERATIONS: dict[str, tuple[str, str]] = {
     "release": ("POST", "{run}/release"),
     "finish": ("POST", "{run}/finish"),
     "snooze": ("POST", "{run}/snooze"),
+    "fail_attempt": ("POST", "{run}/attempts/failed"),
+    "cancel": ("POST", "{run}/cancel"),
     "enqueue": ("POST", "{run}/enqueue"),
     "reopen": ("POST", "{run}/reopen"),
     "lease": ("GET", "{run}/lease"),
@@ -250,7 +365,14 @@ class _Api:
         return self._call("list_runs", params=params)
 
     def run_summary(self, run: RunRef) -> Answer[dict]:
-        return self._call("run_summary", run)
+        """Everything the console shows of one run; its ``lifecycle`` is a :class:`Lifecycle`."""
+
+        def parse(b: Any) -> dict:
+            if isinstance(b.get("lifecycle"), dict):
+                b["lifecycle"] = Lifecycle.of(b["lifecycle"])
+            return b
+
+        return self._call("run_summary", run, parse=parse)
 
     # -- leases ----------------------------------------------------------
     def claim(self, run: RunRef, *, holder: str, ttl_ms: int, max_attempts: int | None = None) -> Answer[ClaimAnswer]:
@@ -293,25 +415,60 @@ class _Api:
     def release(self, run: RunRef, fence: int | None = None) -> Answer[bool]:
         return self._call("release", run, body=_drop_none({"fence": fence}), parse=lambda b: bool(b["done"]))
 
-    def finish(self, run: RunRef, fence: int, status: str = "completed", *, result: Any = None, reason: str | None = None) -> Answer[dict]:
+    def finish(self, run: RunRef, fence: int, status: str = "completed", *, result: Any = None, reason: str | None = None) -> Answer[Lifecycle]:
         outcome = _drop_none({"status": status, "result": result, "reason": reason})
-        return self._call("finish", run, body={"fence": fence, "outcome": outcome})
+        return self._call("finish", run, body={"fence": fence, "outcome": outcome}, parse=Lifecycle.of)
+
+    def fail_attempt(self, run: RunRef, fence: int, kind: str, message: str, max_attempts: int | None = None) -> Answer[Lifecycle]:
+        """Reports the attempt at ``fence`` failed (``POST …/attempts/failed``)
+        with its error: ``kind`` in a word (``error``, ``timeout``, or the
+        exception's class name), ``message`` its text, cut here to 4 096
+        characters with a marker (the server refuses longer text). The store
+        keeps the error, counts the attempt, ends the holding and defers the
+        run by its retry backoff, or dead-letters it at its limit
+        (``max_attempts``: this report's limit, over the run's own). Answers
+        the lifecycle after it. Refused as ``FencedOut`` when the fence no
+        longer holds the run, ``Cancelled`` when an operator cancelled it."""
+        kind = cut_text(kind, MAX_ERROR_KIND_CHARS) if kind.strip() else "error"
+        error = {"kind": kind, "message": cut_text(message, MAX_ERROR_MESSAGE_CHARS)}
+        body = _drop_none({"fence": fence, "error": error, "maxAttempts": max_attempts})
+        return self._call("fail_attempt", run, body=body, parse=Lifecycle.of)
+
+    def cancel(self, run: RunRef, reason: str | None = None) -> Answer[Lifecycle]:
+        """An operator's cancel (``POST …/cancel``): the run, claimed or not,
+        is finished as ``cancelled`` with ``reason`` and its holding ended;
+        the holder's next write is refused as ``Cancelled`` and its next
+        renewal answers the run finished (``cancelled``). A finished run is
+        refused (``Conflict``). Answers the lifecycle after it."""
+        return self._call("cancel", run, body=_drop_none({"reason": reason}), parse=Lifecycle.of)
 
     def snooze(self, run: RunRef, fence: int, until: int) -> Answer[bool]:
         return self._call("snooze", run, body={"fence": fence, "until": until}, parse=lambda b: bool(b["done"]))
 
-    def enqueue(self, run: RunRef, checkpoint: Mapping[str, Any], *, available_at: int | None = None, max_attempts: int | None = None) -> Answer[dict]:
-        body = _drop_none({"checkpoint": dict(checkpoint), "availableAt": available_at, "maxAttempts": max_attempts})
+    def enqueue(
+        self,
+        run: RunRef,
+        checkpoint: Mapping[str, Any],
+        *,
+        available_at: int | None = None,
+        max_attempts: int | None = None,
+        retry: RetryPolicy | Mapping[str, Any] | None = None,
+    ) -> Answer[dict]:
+        """Creates the run with its first checkpoint. ``max_attempts``: its
+        attempt limit; ``retry``: its backoff after a failed attempt (a
+        :class:`RetryPolicy`, or the wire's ``{"baseMs", "factor", "capMs"}``)."""
+        body = _drop_none({"checkpoint": dict(checkpoint), "availableAt": available_at, "maxAttempts": max_attempts, "retry": _retry_body(retry)})
         return self._call("enqueue", run, body=body)
 
-    def reopen(self, run: RunRef) -> Answer[dict]:
-        return self._call("reopen", run)
+    def reopen(self, run: RunRef) -> Answer[Lifecycle]:
+        return self._call("reopen", run, parse=Lifecycle.of)
 
     def lease(self, run: RunRef) -> Answer[dict | None]:
         return self._call("lease", run, parse=lambda b: b.get("lease"))
 
-    def lifecycle(self, run: RunRef) -> Answer[dict]:
-        return self._call("lifecycle", run)
+    def lifecycle(self, run: RunRef) -> Answer[Lifecycle]:
+        """The run's :class:`Lifecycle` (with its ``failures`` and ``retry``)."""
+        return self._call("lifecycle", run, parse=Lifecycle.of)
 
     # -- checkpoints -----------------------------------------------------
     def commit_step(self, run: RunRef, fence: int, step: Mapping[str, Any]) -> Answer[dict]:
@@ -586,10 +743,14 @@ __all__ = [
     "AsyncRunkeepClient",
     "ClaimAnswer",
     "Claimed",
+    "FailedAttempt",
     "HandOver",
     "Lease",
+    "Lifecycle",
+    "RetryPolicy",
     "RunRef",
     "RunkeepClient",
     "OPERATIONS",
     "RunkeepError",
+    "cut_text",
 ]

@@ -4,8 +4,9 @@ Every non-2xx answer of the API is ``application/problem+json`` with a
 ``type`` of ``urn:runkeep:problem:<slug>``. :func:`problem_error` maps it to
 the subclass of :class:`RunkeepError` for that slug, carrying the kind's
 extension members (``FencedOut.presented`` / ``.current``,
-``InvalidInput.field``, ``Conflict.first_answer``, ``RetryLater.retry_after``
-…). A ``type`` the client does not know still raises a ``RunkeepError``
+``InvalidInput.field``, ``Conflict.first_answer``, ``RetryLater.retry_after``,
+``Cancelled.reason`` …). ``lost_holding`` says the writer no longer holds
+the run (fenced out, or cancelled by an operator). A ``type`` the client does not know still raises a ``RunkeepError``
 with the type, status and detail, never a silent success.
 
 Failures below HTTP (no connection, a reset, no answer in time) are
@@ -27,6 +28,10 @@ class RunkeepError(Exception):
 
     #: True when the same call may succeed later, unchanged.
     retryable: bool = False
+    #: True when the refusal means the writer no longer holds the run
+    #: (:class:`FencedOut`, :class:`Cancelled`): stop working on it, and
+    #: do not release, finish or report anything more for it.
+    lost_holding: bool = False
 
     def __init__(
         self,
@@ -79,6 +84,8 @@ class FencedOut(RunkeepError):
     holding. The holder lost the run: stop working on it.
     """
 
+    lost_holding = True
+
     def __init__(self, problem: Mapping[str, Any], **kw: Any) -> None:
         super().__init__(problem, **kw)
         presented, current = problem.get("presented"), problem.get("current")
@@ -97,6 +104,28 @@ class FencedOut(RunkeepError):
         self.current: int = current
         self.run: str | None = problem.get("run")
         self.operation: str | None = problem.get("operation")
+
+
+class Cancelled(RunkeepError):
+    """``cancelled`` (409): an operator cancelled the run. A holder's write
+    (or failure report) on it is refused with this: the run is finished as
+    ``cancelled`` and no longer this holder's; stop its work and report
+    nothing more for it. ``run``, ``operation`` (the refused act) and the
+    operator's ``reason``."""
+
+    lost_holding = True
+
+    @property
+    def run(self) -> str | None:
+        return self.problem.get("run")
+
+    @property
+    def operation(self) -> str | None:
+        return self.problem.get("operation")
+
+    @property
+    def reason(self) -> str | None:
+        return self.problem.get("reason")
 
 
 class RetryLater(RunkeepError):
@@ -232,6 +261,7 @@ BY_SLUG: dict[str, type[RunkeepError]] = {
     "not-found": NotFound,
     "invalid-input": InvalidInput,
     "fenced-out": FencedOut,
+    "cancelled": Cancelled,
     "contended": Contended,
     "conflict": Conflict,
     "unsupported": Unsupported,

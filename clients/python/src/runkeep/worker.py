@@ -9,23 +9,44 @@ For each run it takes, :class:`Worker`:
    measured from when the previous claim was *sent*. Renewals and writes
    exclude each other, so no write presents a fence a renewal is retiring;
 3. **stops the work the moment the lease is lost**: ``held.lost`` is set
-   (and the handler's ``held.check()`` raises :class:`LeaseLost`) when a
-   renewal finds another holder, when a write is refused as fenced out, or
-   when no renewal landed before the safety margin (a tenth of the TTL
-   before the local deadline, on the monotonic clock from when the claim
-   was sent, so never later than the store's). A renewal is never sent
-   after that margin: a lease that lapsed is lost, not re-taken;
+   (and the handler's ``held.check()`` raises :class:`LeaseLost`, whose
+   ``kind`` says why) when a renewal finds another holder
+   (``superseded``), when a write is refused as fenced out
+   (``fenced-out``), when no renewal landed before the safety margin
+   (``expiring``: a tenth of the TTL before the local deadline, on the
+   monotonic clock from when the claim was sent, so never later than the
+   store's; a renewal is never sent after that margin: a lease that lapsed
+   is lost, not re-taken), when a renewal answers a fence other than the
+   next one (``gap``: someone ended the holding in between, an operator's
+   release or a takeover; the holding that renewal took by mistake is
+   released at once), or when an operator cancelled the run (``cancelled``:
+   a renewal answers it finished as cancelled, or a write is refused as
+   :class:`~runkeep.errors.Cancelled`; ``LeaseLost.reason`` is the
+   operator's). The same signal stops a handler past the worker's
+   ``attempt_timeout`` (``timeout``);
 4. **writes through the atomic step** (``held.step(step)``: one
    ``POST …/steps`` under the current fence) or any fenced write
    (``held.fenced(lambda fence: ...)``);
-5. **ends the holding** by what the handler returned: finish (default),
-   release or snooze; a handler that raises has its run released. When
+5. **ends the holding** by what the handler did: a return value finishes
+   the run (default), or the handler released or snoozed it itself; a
+   handler that raises has its attempt reported failed (``fail_attempt``:
+   kind the exception's class name, message its text), and one past
+   ``attempt_timeout`` is stopped and reported failed with kind
+   ``timeout``: the store keeps the error, counts the attempt, and defers
+   the run by its own retry backoff or dead-letters it at its limit (the
+   worker keeps no backoff of its own). A run whose holding was lost (or
+   cancelled) gets nothing more: no finish, release or report. When
    :meth:`Worker.run` would claim again anyway, the finish is a hand-over
    (``commit_step_and_claim_next``: a finishing step and the next claim in
    one request); the next run it took is handled without a ``claim_next``.
 
 Python threads cannot be killed: the sync handler is stopped cooperatively
-(``held.lost``, ``held.check()``, and every write refused once lost).
+(``held.lost``, ``held.check()``, and every write refused once lost). With
+``attempt_timeout``, the handler runs on a thread of its own and the worker
+stops waiting on it the moment it times out or its holding is lost; the
+abandoned thread's writes are refused locally, and any that was in flight
+is refused by the store (the failure report or the loss spent its fence).
+Counters of what the worker did are in :attr:`Worker.report`.
 
 This is the worker protocol every runkeep runtime follows (Rust, TypeScript,
 Python), written down once in the repository's
@@ -39,23 +60,30 @@ import socket
 import threading
 import time
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
-from .client import ClaimAnswer, HandOver, Lease, RunkeepClient, RunRef
-from .errors import FencedOut, RunkeepError
+from .client import ClaimAnswer, HandOver, Lease, Lifecycle, RunkeepClient, RunRef
+from .errors import Cancelled, Conflict, FencedOut, RunkeepError
 
 
 class LeaseLost(RunkeepError):
-    """The holding is gone: ``kind`` is ``superseded`` (another holder has
-    the run), ``fenced-out`` (a write was refused), ``expiring`` (no renewal
-    before the safety margin) or ``renewal-failed``."""
+    """The holding is gone, or the step must stop: ``kind`` is
+    ``superseded`` (another holder has the run), ``fenced-out`` (a write
+    was refused), ``expiring`` (no renewal before the safety margin),
+    ``renewal-failed``, ``gap`` (a renewal answered fence ``current``, not
+    the next one: someone ended the holding in between), ``cancelled`` (an
+    operator cancelled the run; ``reason`` is theirs) or ``timeout`` (the
+    handler ran past the worker's ``attempt_timeout``)."""
 
-    def __init__(self, kind: str, fence: int, detail: str, current: int | None = None) -> None:
+    lost_holding = True
+
+    def __init__(self, kind: str, fence: int, detail: str, current: int | None = None, *, reason: str | None = None) -> None:
         super().__init__({"type": "urn:runkeep:client:lease-lost", "title": "Lease lost", "status": 0, "detail": detail})
         self.kind = kind
         self.fence = fence
         self.current = current
+        self.reason = reason
 
 
 class _Gate:
@@ -143,6 +171,9 @@ class HeldRun:
         self._stop = threading.Event()
         self.lost = threading.Event()
         self.loss: LeaseLost | None = None
+        #: True once this worker learned that an operator cancelled the run
+        #: (even when the step had already been stopped for another reason).
+        self.cancelled = False
         self.ended = False
         self._thread: threading.Thread | None = None
         self._emit = on_event or (lambda e: None)
@@ -200,6 +231,9 @@ class HeldRun:
                     continue
                 self._lose(LeaseLost("renewal-failed", old, f"renewing fence {old} failed: {e}"))
                 return
+            if answer.acquired and answer.lease is not None and answer.lease.fence != old + 1:
+                self._gap(old, answer.lease.fence)
+                return
             if time.monotonic() >= self.deadline:
                 self._lose(LeaseLost("expiring", old, f"the renewal of fence {old} answered after its deadline"))
                 return
@@ -211,9 +245,41 @@ class HeldRun:
             if answer.outcome == "held":
                 cur = (answer.held_by or {}).get("fence")
                 self._lose(LeaseLost("superseded", old, f"the run is held by another holding at fence {cur}", cur))
+            elif answer.outcome == "finished" and answer.status == "cancelled":
+                self._cancelled(old, self._cancel_reason())
             else:
                 self._lose(LeaseLost("renewal-failed", old, f"the run answered {answer.outcome} while fence {old} was held"))
             return
+
+    def _gap(self, held: int, answered: int) -> None:
+        """A renewal of ``held`` answered ``answered``, not ``held + 1``: the
+        holding was ended by someone else in between (an operator's release,
+        or a takeover released again), and the store answered a new claim
+        over the tombstone. The run is not ours to go on with: stop the step,
+        and give back the holding the renewal took by mistake."""
+        self._lose(
+            LeaseLost(
+                "gap",
+                held,
+                f"the holding at fence {held} was ended by someone else (released by an operator, or taken over): the renewal answered fence {answered}, not {held + 1}",
+                answered,
+            )
+        )
+        try:
+            self.client.release(self.run, answered)
+        except RunkeepError as e:
+            self._emit({"type": "gap-release-failed", "run": self.run, "fence": answered, "error": e})
+
+    def _cancel_reason(self) -> str | None:
+        try:
+            return self.client.lifecycle(self.run).get("reason")
+        except RunkeepError:
+            return None
+
+    def _cancelled(self, fence: int, reason: str | None) -> None:
+        self.cancelled = True
+        why = f" ({reason})" if reason else ""
+        self._lose(LeaseLost("cancelled", fence, f"an operator cancelled the run{why}", reason=reason))
 
     # -- writes --------------------------------------------------------
     def check(self) -> None:
@@ -224,22 +290,35 @@ class HeldRun:
             self._lose(LeaseLost("expiring", self.fence, f"fence {self.fence} is within the safety margin of its deadline"))
             raise self.loss  # type: ignore[misc]
 
-    def fenced(self, write: Callable[[int], Any]) -> Any:
+    def fenced(self, write: Callable[[int], Any], operation: str = "write") -> Any:
         """Runs ``write(fence)`` under the current fence, excluded from
-        renewals; refused locally once lost; a ``FencedOut`` answer marks
-        the holding lost (and is raised)."""
+        renewals; refused locally once lost; a ``FencedOut`` or
+        ``Cancelled`` answer marks the holding lost (and is raised). A
+        refusal of a run an operator cancelled is raised as ``Cancelled``
+        whatever the server called it (some acts on a finished run answer
+        ``Conflict`` or ``FencedOut``)."""
         with self._gate.shared():
             self.check()
-            fence = self.fence
-            try:
-                return write(fence)
-            except FencedOut as e:
+            return self._send(write, operation)
+
+    def _send(self, write: Callable[[int], Any], operation: str) -> Any:
+        fence = self.fence
+        try:
+            return write(fence)
+        except Cancelled as e:
+            self._cancelled(fence, e.reason)
+            raise
+        except (FencedOut, Conflict) as e:
+            cancelled = self._cancelled_refusal(fence, operation, e)
+            if cancelled is not None:
+                raise cancelled from e
+            if isinstance(e, FencedOut):
                 self._lose(LeaseLost("fenced-out", fence, str(e), e.current))
-                raise
+            raise
 
     def step(self, step: Mapping[str, Any]) -> dict:
         """One atomic step (events, checkpoint, messages, record, finish)."""
-        return self.fenced(lambda fence: self.client.commit_step(self.run, fence, step))
+        return self.fenced(lambda fence: self.client.commit_step(self.run, fence, step), "commit_step")
 
     # -- endings -------------------------------------------------------
     def _end(self) -> None:
@@ -248,23 +327,75 @@ class HeldRun:
 
     def finish(self, status: str = "completed", *, result: Any = None, reason: str | None = None) -> dict:
         try:
-            return self.fenced(lambda fence: self.client.finish(self.run, fence, status, result=result, reason=reason))
+            return self.fenced(lambda fence: self.client.finish(self.run, fence, status, result=result, reason=reason), "finish")
         finally:
             self._end()
 
     def release(self) -> bool:
+        """Gives the run back (claimable at once). Sends nothing once the
+        store has ended the holding itself (lost to another holder, a gap,
+        a cancel): answers ``False`` then."""
         self._stop.set()
         with self._gate.shared():
             try:
-                return bool(self.client.release(self.run, self.fence))
-            except FencedOut:
+                if self.lost.is_set() and self.loss is not None and self.loss.kind in ("superseded", "fenced-out", "gap", "cancelled"):
+                    return False
+                return bool(self._send(lambda fence: self.client.release(self.run, fence), "release"))
+            except (FencedOut, Cancelled):
                 return False
             finally:
                 self._end()
 
+    def fail_attempt(self, kind: str, message: str, *, max_attempts: int | None = None) -> Lifecycle:
+        """Reports this attempt failed (``POST …/attempts/failed``) with the
+        error's ``kind`` and ``message`` (cut to 4 096 characters with a
+        marker): the store keeps it, counts the attempt, ends the holding and
+        defers the run by its retry backoff, or dead-letters it at its limit
+        (``max_attempts``: this report's, over the run's own). Answers the
+        lifecycle after it. Refused locally (:class:`LeaseLost`) once the
+        holding is lost; allowed after the attempt timeout stopped the step."""
+        self._stop.set()
+        try:
+            with self._gate.shared():
+                if self.lost.is_set() and self.loss is not None and self.loss.kind != "timeout":
+                    raise self.loss
+                return self._send(lambda fence: self.client.fail_attempt(self.run, fence, kind, message, max_attempts=max_attempts), "fail_attempt")
+        finally:
+            self._end()
+
+    def _cancelled_refusal(self, fence: int, operation: str, refused: RunkeepError) -> Cancelled | None:
+        """The :class:`Cancelled` a refusal stands for when the run turns
+        out to be cancelled (marking the holding lost), else ``None``."""
+        try:
+            life = self.client.lifecycle(self.run)
+        except RunkeepError:
+            return None
+        if life.get("status") != "cancelled":
+            return None
+        reason = life.get("reason")
+        self._cancelled(fence, reason)
+        problem = {
+            "type": "urn:runkeep:problem:cancelled",
+            "title": "Run cancelled",
+            "status": 409,
+            "detail": f"{operation} on run {self.run.run} was refused ({refused.detail}): an operator cancelled the run",
+            "run": self.run.run,
+            "operation": operation,
+            "reason": reason,
+        }
+        return Cancelled(problem, method=refused.method, path=refused.path)
+
+    def stop_step(self, kind: str, detail: str) -> None:
+        """Sets the step's cancellation signal (``lost``, with a
+        :class:`LeaseLost` of ``kind``) without ending the holding: every
+        later write of the step is refused locally, and renewals stop. The
+        worker does this to a handler past its ``attempt_timeout``
+        (``timeout``), then reports the attempt failed."""
+        self._lose(LeaseLost(kind, self.fence, detail))
+
     def snooze(self, until_ms: int) -> bool:
         try:
-            return bool(self.fenced(lambda fence: self.client.snooze(self.run, fence, until_ms)))
+            return bool(self.fenced(lambda fence: self.client.snooze(self.run, fence, until_ms), "snooze"))
         finally:
             self._end()
 
@@ -274,12 +405,17 @@ class HeldRun:
     def __enter__(self) -> "HeldRun":
         return self.start()
 
-    def __exit__(self, exc_type: Any, *rest: Any) -> None:
+    def __exit__(self, exc_type: Any, exc: Any, *rest: Any) -> None:
+        """A clean exit finishes the run; an exception (the holding not lost)
+        reports the attempt failed, kind the exception's class name."""
         if not self.ended:
             if exc_type is None:
                 self.finish()
             elif not self.lost.is_set():
-                self.release()
+                try:
+                    self.fail_attempt(exc_type.__name__, str(exc))
+                except RunkeepError:
+                    pass
             else:
                 self._end()
 
@@ -292,13 +428,75 @@ class WorkerOptions:
     session: str | None = None
     park: list[str] | None = None
     wait_ms: int = 20_000
+    attempt_timeout: float | None = None
+    max_attempts: int | None = None
+
+
+@dataclass
+class WorkerReport:
+    """What a :class:`Worker` did, counted over every :meth:`Worker.run`.
+
+    - ``handled``: runs handed to the handler.
+    - ``completed``: runs the worker finished (or handed over) after the
+      handler returned.
+    - ``failed``: handlers that raised or ran past ``attempt_timeout``; each
+      was reported as a failed attempt (unless the holding was lost first).
+    - ``timed_out``: of ``failed``, the handlers stopped by ``attempt_timeout``.
+    - ``dead_lettered``: failure reports that reached the run's limit (the
+      store dead-lettered the run).
+    - ``cancelled``: runs an operator cancelled under the worker (a renewal
+      answered it cancelled, or a write was refused as ``Cancelled``).
+    - ``lost``: runs whose holding was lost while handled (``cancelled``
+      included: superseded, fenced out, a gap, expiring); nothing more was
+      reported for them.
+    - ``end_failed``: finishes and failure reports the server refused for
+      another reason (the run stays held until its lease expires).
+    """
+
+    handled: int = 0
+    completed: int = 0
+    failed: int = 0
+    timed_out: int = 0
+    dead_lettered: int = 0
+    cancelled: int = 0
+    lost: int = 0
+    end_failed: int = 0
+    errors: list[BaseException] = field(default_factory=list, repr=False)
+
+
+#: How many refused endings :attr:`WorkerReport.errors` keeps.
+MAX_LISTED_ERRORS = 32
 
 
 class Worker:
     """Claims runs with ``claim_next`` and hands each to a handler as a
-    :class:`HeldRun` whose lease it keeps."""
+    :class:`HeldRun` whose lease it keeps.
 
-    def __init__(self, client: RunkeepClient, *, holder: str | None = None, ttl_ms: int = 30_000, project: str | None = None, session: str | None = None, park: list[str] | None = None, wait_ms: int = 20_000, on_event: Callable[[dict], None] | None = None) -> None:
+    ``attempt_timeout`` (seconds, default ``None``: no limit): a handler
+    running longer is stopped (``held.lost`` set, ``held.loss.kind ==
+    "timeout"``; the worker stops waiting on it) and its attempt reported
+    failed with kind ``timeout``. ``max_attempts``: the limit the worker's
+    failure reports carry, over the run's own (default: the run's).
+    """
+
+    def __init__(
+        self,
+        client: RunkeepClient,
+        *,
+        holder: str | None = None,
+        ttl_ms: int = 30_000,
+        project: str | None = None,
+        session: str | None = None,
+        park: list[str] | None = None,
+        wait_ms: int = 20_000,
+        on_event: Callable[[dict], None] | None = None,
+        attempt_timeout: float | None = None,
+        max_attempts: int | None = None,
+    ) -> None:
+        if attempt_timeout is not None and not attempt_timeout > 0:
+            raise ValueError("attempt_timeout must be above 0 seconds (None: no limit)")
+        if max_attempts is not None and max_attempts < 1:
+            raise ValueError("max_attempts must be at least 1 (None: the run's own limit)")
         self.client = client
         self.holder = holder or default_holder()
         self.ttl_ms = ttl_ms
@@ -307,6 +505,13 @@ class Worker:
         self.park = park
         self.wait_ms = wait_ms
         self.on_event = on_event
+        self.attempt_timeout = attempt_timeout
+        self.max_attempts = max_attempts
+        self.report = WorkerReport()
+
+    def _emit(self, event: dict) -> None:
+        if self.on_event is not None:
+            self.on_event(event)
 
     def _held(self, run: RunRef, lease: Lease, sent: float) -> HeldRun:
         return HeldRun(self.client, run, lease, holder=self.holder, ttl_ms=self.ttl_ms, sent_at=sent, on_event=self.on_event)
@@ -344,7 +549,7 @@ class Worker:
             return self.client.commit_step_and_claim_next(held.run, fence, step, holder=self.holder, ttl_ms=self.ttl_ms, project=self.project, session=self.session, park=self.park)
 
         try:
-            over: HandOver = held.fenced(write)
+            over: HandOver = held.fenced(write, "commit_step_and_claim_next")
         finally:
             held._end()
         if over.next_error is not None and self.on_event is not None:
@@ -356,8 +561,13 @@ class Worker:
     def run(self, handler: Callable[[HeldRun], Any], *, stop: threading.Event | None = None, max_runs: int | None = None) -> int:
         """Drains runs until ``stop`` is set (or ``max_runs`` were handled):
         each one's handler return value finishes it as ``completed`` with
-        that result; a raised :class:`LeaseLost` abandons it; another
-        exception releases it. Answers how many runs were handled.
+        that result; a handler that raised (its holding not lost) has its
+        attempt reported failed (``fail_attempt``, kind the exception's
+        class name, message its text); one past ``attempt_timeout`` is
+        stopped and reported failed with kind ``timeout``; a run whose
+        holding was lost (``held.lost``: superseded, a gap, a cancel …)
+        gets nothing more. Answers how many runs were handled;
+        :attr:`report` counts the rest.
 
         While another run is wanted (``stop`` not set, ``max_runs`` not
         reached), that finish is a hand-over
@@ -376,25 +586,104 @@ class Worker:
                 held = self._handle(handler, held, wanted)
         return done
 
+    def _call(self, handler: Callable[[HeldRun], Any], held: HeldRun) -> tuple[str, Any]:
+        """Runs the handler: ``("returned", value)``, ``("raised", exc)``,
+        ``("timeout", None)`` or ``("lost", None)`` (stopped waiting on a
+        handler whose holding was lost; only with ``attempt_timeout``)."""
+        if self.attempt_timeout is None:
+            try:
+                return ("returned", handler(held))
+            except Exception as e:
+                return ("raised", e)
+        box: dict[str, Any] = {}
+        done = threading.Event()
+
+        def target() -> None:
+            try:
+                box["value"] = handler(held)
+            except BaseException as e:  # noqa: BLE001 - handed to the worker
+                box["error"] = e
+            finally:
+                done.set()
+
+        threading.Thread(target=target, name=f"runkeep-handler-{held.run.run}", daemon=True).start()
+        ends = time.monotonic() + self.attempt_timeout
+        while not done.is_set():
+            if held.lost.is_set():
+                return ("lost", None)
+            left = ends - time.monotonic()
+            if left <= 0:
+                held.stop_step("timeout", f"the handler ran past the attempt timeout of {self.attempt_timeout} s")
+                return ("timeout", None)
+            done.wait(min(left, 0.02))
+        if "error" in box:
+            e = box["error"]
+            if not isinstance(e, Exception):
+                raise e
+            return ("raised", e)
+        return ("returned", box.get("value"))
+
+    def _book_lost(self, held: HeldRun, error: BaseException | None = None) -> None:
+        held.stop_renewing()
+        self.report.lost += 1
+        if held.cancelled or isinstance(error, Cancelled):
+            self.report.cancelled += 1
+
+    def _book_refused(self, held: HeldRun, e: RunkeepError) -> None:
+        """An ending refused: a lost holding is booked as lost, anything
+        else as ``end_failed``."""
+        own_stop = isinstance(e, LeaseLost) and e.kind == "timeout"
+        if (e.lost_holding and not own_stop) or (held.lost.is_set() and held.loss is not None and held.loss.kind != "timeout"):
+            self._book_lost(held, e)
+            return
+        self.report.end_failed += 1
+        if len(self.report.errors) < MAX_LISTED_ERRORS:
+            self.report.errors.append(e)
+        self._emit({"type": "end-failed", "run": held.run, "error": e})
+
+    def _fail(self, held: HeldRun, kind: str, message: str) -> None:
+        """Reports the attempt failed; the store decides the backoff."""
+        self.report.failed += 1
+        if kind == "timeout":
+            self.report.timed_out += 1
+        try:
+            life = held.fail_attempt(kind, message, max_attempts=self.max_attempts)
+        except RunkeepError as e:
+            self._book_refused(held, e)
+            return
+        if life.dead_lettered:
+            self.report.dead_lettered += 1
+        self._emit({"type": "attempt-failed", "run": held.run, "kind": kind, "attempts": life.attempts, "dead_lettered": life.dead_lettered})
+
     def _handle(self, handler: Callable[[HeldRun], Any], held: HeldRun, wanted: Callable[[], bool]) -> HeldRun | None:
         """Runs the handler on ``held`` and ends the holding; answers the
         run a hand-over took (only when another run is ``wanted()`` once
         the handler returned)."""
-        try:
-            result = handler(held)
-        except LeaseLost:
-            held.stop_renewing()
+        self.report.handled += 1
+        how, value = self._call(handler, held)
+        if how == "timeout":
+            self._fail(held, "timeout", held.loss.detail if held.loss is not None and held.loss.detail else "attempt timeout")
             return None
-        except Exception:
-            if not held.ended:
-                held.release()
+        if held.lost.is_set() or (how == "raised" and isinstance(value, LeaseLost)):
+            # Lost (superseded, fenced out, a gap, cancelled, expiring): the
+            # run is not ours to end or report on.
+            self._book_lost(held)
             return None
         if held.ended:
+            return None  # the handler finished, released or snoozed it itself
+        if how == "raised":
+            self._fail(held, type(value).__name__, str(value))
             return None
         try:
             if wanted():
-                return self.finish_and_claim_next(held, result=result)
-            held.finish(result=result)
-        except (LeaseLost, FencedOut):
-            pass
-        return None
+                nxt = self.finish_and_claim_next(held, result=value)
+            else:
+                held.finish(result=value)
+                nxt = None
+        except RunkeepError as e:
+            if not (e.lost_holding or held.lost.is_set()):
+                raise
+            self._book_refused(held, e)
+            return None
+        self.report.completed += 1
+        return nxt

@@ -310,6 +310,19 @@ pub async fn cancels_a_claimed_run_and_tells_its_holder_why(
         other => panic!("the holder's append after a cancel answered {other:?}, not Cancelled"),
     }
     match store
+        .finish(&a, lease.fence, &runkeep::Outcome::completed(None))
+        .await
+    {
+        Err(Error::Cancelled { .. }) => {}
+        other => panic!("the holder's finish after a cancel answered {other:?}, not Cancelled"),
+    }
+    match store.fail_attempt(&a, lease.fence, &boom(1), None).await {
+        Err(Error::Cancelled { .. }) => {}
+        other => {
+            panic!("the holder's failure report after a cancel answered {other:?}, not Cancelled")
+        }
+    }
+    match store
         .claim(&a, &claim_now("w1", 60_000))
         .await
         .expect("claim")

@@ -40,7 +40,7 @@ from langgraph.checkpoint.base import (
     get_serializable_checkpoint_metadata,
 )
 from langgraph.checkpoint.serde.types import INTERRUPT
-from runkeep import FencedOut, HeldRun, LeaseLost, RunkeepClient, RunkeepError, RunRef
+from runkeep import Cancelled, FencedOut, HeldRun, LeaseLost, RunkeepClient, RunkeepError, RunRef
 
 __all__ = [
     "FixedFence",
@@ -201,6 +201,10 @@ class RunkeepSaver(BaseCheckpointSaver[str]):
             raise StaleWriteOwnerError(owned_thread, e.presented, e.current, e) from e
         except LeaseLost as e:
             raise StaleWriteOwnerError(owned_thread, e.fence, e.current, e) from e
+        except Cancelled as e:
+            # An operator cancelled the thread's run: this owner is as
+            # superseded as one a takeover fenced out, and says why.
+            raise StaleWriteOwnerError(owned_thread, lease.fence, None, e) from e
 
     # -- serialization -------------------------------------------------
     def _dump(self, value: Any) -> tuple[str, str | None]:
