@@ -196,6 +196,37 @@ def test_a_handler_past_the_attempt_timeout_is_stopped_and_failed_as_timeout(ser
     assert life["status"] == op.lifecycle(ref)["status"] == "active"  # its "too late" finished nothing
 
 
+def test_the_runs_own_attempt_timeout_stops_a_handler_with_none_on_the_worker(serve):
+    op = serve.client("operator")
+    ref = RunRef(serve.project, "f_own", "run_own")
+    op.enqueue(ref, checkpoint(), max_attempts=5, retry=FAST_RETRY, attempt_timeout_ms=400)
+    w = worker(serve, "f_own")
+    assert w.attempt_timeout is None
+
+    def handler(held: HeldRun):
+        assert held.lease.attempt_timeout_ms == 400
+        held.lost.wait(30)
+        return "late"
+
+    started = time.monotonic()
+    assert w.run(handler, max_runs=1) == 1
+    assert time.monotonic() - started < 5, "the run's own 0.4 s limit was not applied"
+    life = op.lifecycle(ref)
+    assert [f.kind for f in life.failures] == ["timeout"], life
+    assert (w.report.failed, w.report.timed_out) == (1, 1), w.report
+
+
+def test_a_run_past_its_deadline_is_finished_by_its_next_claim(serve):
+    op = serve.client("operator")
+    ref = RunRef(serve.project, "f_deadline", "run_deadline")
+    now = op.clock()
+    op.enqueue(ref, checkpoint(), deadline=now - 1)
+    w = worker(serve, "f_deadline")
+    assert w.run(lambda held: "never", max_runs=1) == 0
+    life = op.lifecycle(ref)
+    assert (life.status, life.reason) == ("failed", "deadline"), life
+
+
 def long_handler(started: threading.Event, seen: dict, *, writes: bool):
     """A handler that would run for a minute: waits on ``held.lost``
     (writing an event every 50 ms when ``writes``), records when the

@@ -48,7 +48,7 @@ use std::process::ExitCode;
 
 use clap::Parser;
 use runkeep::{ClaimOptions, MemoryStore, RunScope, RunStore, SessionId};
-use runkeep_fs::{Durability, FsRootOptions, FsRootStore};
+use runkeep_fs::{Durability, FsOptions, FsRootOptions, FsRootStore};
 use runkeep_postgres::{NotifyMode, PgOptions, PgStore};
 use serde_json::{json, Value};
 
@@ -163,6 +163,13 @@ pub struct BenchArgs {
     /// Print the names of the cases that would run, and stop.
     #[arg(long)]
     pub list: bool,
+
+    /// Also the directory store with its prune grace period off
+    /// (`fs-grace0`: `prune_grace` zero, pruning by count alone) beside
+    /// `fs` (the default grace period, 5 s), for claim+release, renew and
+    /// the drains: what keeping young holding names costs.
+    #[arg(long)]
+    pub grace_off: bool,
 }
 
 /// `--pg-notify`: the PostgreSQL stores' `NotifyMode`.
@@ -231,6 +238,27 @@ impl Settings {
 
 /// The backends, in table order.
 const BACKENDS: [&str; 6] = ["memory", "fs", "fs-powerloss", "pg", "serve-fs", "serve-pg"];
+/// `--grace-off`: the directory store with `prune_grace` zero, only for the
+/// lease cases and the drains; tabled right after `fs`.
+const FS_GRACE_OFF: &str = "fs-grace0";
+
+/// The backends cases are made for: [`BACKENDS`], and [`FS_GRACE_OFF`]
+/// after `fs` with `--grace-off`.
+fn backends(grace_off: bool) -> Vec<&'static str> {
+    let mut v = BACKENDS.to_vec();
+    if grace_off {
+        v.insert(2, FS_GRACE_OFF);
+    }
+    v
+}
+
+/// Where a backend's table goes.
+fn table_rank(b: &str) -> usize {
+    backends(true)
+        .iter()
+        .position(|x| *x == b)
+        .unwrap_or(BACKENDS.len() + 1)
+}
 
 /// What one case does.
 #[derive(Clone, Debug)]
@@ -330,9 +358,9 @@ impl Case {
 }
 
 /// Every case, in the order of one round.
-fn all_cases(s: &Settings, scaling: bool, with_peers: bool) -> Vec<Case> {
+fn all_cases(s: &Settings, scaling: bool, with_peers: bool, grace_off: bool) -> Vec<Case> {
     let mut cases = Vec::new();
-    for b in BACKENDS {
+    for b in backends(grace_off) {
         let mut add = |op: &str, unit, what: String, kind| {
             cases.push(Case::new(b, op.to_string(), unit, what, kind));
         };
@@ -348,6 +376,9 @@ fn all_cases(s: &Settings, scaling: bool, with_peers: bool) -> Vec<Case> {
             "the holder renews its lease".into(),
             Kind::Renew,
         );
+        if b == FS_GRACE_OFF {
+            continue;
+        }
         add(
             "checkpoint-4k",
             "ops/s",
@@ -452,7 +483,7 @@ fn all_cases(s: &Settings, scaling: bool, with_peers: bool) -> Vec<Case> {
     // The drains, worker count by worker count, every contender side by
     // side (so compared figures are measured next to each other).
     for w in WORKERS {
-        for b in BACKENDS {
+        for b in backends(grace_off) {
             cases.push(Case::new(
                 b,
                 format!("drain@{w}"),
@@ -463,7 +494,7 @@ fn all_cases(s: &Settings, scaling: bool, with_peers: bool) -> Vec<Case> {
                 ),
                 Kind::Drain(w, false),
             ));
-            if matches!(b, "fs" | "pg" | "serve-pg") {
+            if matches!(b, "fs" | FS_GRACE_OFF | "pg" | "serve-pg") {
                 cases.push(Case::new(
                     b,
                     format!("handover@{w}"),
@@ -791,7 +822,7 @@ async fn open_env(
         || needs("pg-coalesced")
         || needs("serve-pg")
         || cases.iter().any(|c| c.group == "peers");
-    let needs_fs = needs("fs") || needs("fs-powerloss") || needs("serve-fs");
+    let needs_fs = needs("fs") || needs(FS_GRACE_OFF) || needs("fs-powerloss") || needs("serve-fs");
     let (tenant, project) = Target::ids();
     let mut env = Env {
         settings,
@@ -826,9 +857,18 @@ async fn open_env(
                 .hint("pass --dir DIR on the filesystem to measure")
             })?
             .keep();
-        for (name, durability) in [
-            ("fs", Durability::ProcessCrash),
-            ("fs-powerloss", Durability::PowerLoss),
+        for (name, durability, prune_grace) in [
+            (
+                "fs",
+                Durability::ProcessCrash,
+                FsOptions::DEFAULT_PRUNE_GRACE,
+            ),
+            (FS_GRACE_OFF, Durability::ProcessCrash, Duration::ZERO),
+            (
+                "fs-powerloss",
+                Durability::PowerLoss,
+                FsOptions::DEFAULT_PRUNE_GRACE,
+            ),
         ] {
             if !needs(name) {
                 continue;
@@ -837,6 +877,7 @@ async fn open_env(
                 dir.join(name),
                 FsRootOptions {
                     durability,
+                    prune_grace,
                     ..FsRootOptions::default()
                 },
             )
@@ -990,7 +1031,7 @@ async fn clean_up(env: Env, servers: Vec<serve::InProcessServer>) -> Vec<String>
 /// The bench.
 async fn run(args: BenchArgs) -> BenchResult<Exit> {
     let settings = Settings::of(&args)?;
-    let mut cases = all_cases(&settings, args.scaling, args.peers);
+    let mut cases = all_cases(&settings, args.scaling, args.peers, args.grace_off);
     if !args.only.is_empty() {
         cases.retain(|c| {
             args.only.iter().any(|p| match p.strip_prefix('=') {
@@ -1333,6 +1374,23 @@ fn ratios(cases: &[Case], s: &Settings) -> Vec<Ratio> {
             "",
         );
     }
+    for (op, what) in [
+        ("claim+release", "claim+release"),
+        ("renew", "renew"),
+        ("drain@1", "drain cycle @1"),
+        ("drain@8", "drain cycle @8"),
+        ("drain@16", "drain cycle @16"),
+        ("handover@8", "drain by hand-overs @8"),
+    ] {
+        pair(
+            format!("fs {what}, prune grace 5 s vs off"),
+            &format!("fs/{op}"),
+            &format!("{FS_GRACE_OFF}/{op}"),
+            false,
+            None,
+            "the cost of keeping young holding names (--grace-off)",
+        );
+    }
     for w in WORKERS {
         pair(
             format!("pg drain by hand-overs, wake-ups coalesced vs immediate @{w}"),
@@ -1542,12 +1600,7 @@ fn render(
             backends.push(&c.backend);
         }
     }
-    backends.sort_by_key(|b| {
-        BACKENDS
-            .iter()
-            .position(|x| x == b)
-            .unwrap_or(BACKENDS.len())
-    });
+    backends.sort_by_key(|b| table_rank(b));
     for b in backends {
         out.push('\n');
         out.push_str(&style.paint(b, Color::Bold));
@@ -1759,12 +1812,7 @@ fn markdown(report: &Value, cases: &[Case], ratios: &[Ratio], images: &str) -> S
             backends.push(&c.backend);
         }
     }
-    backends.sort_by_key(|b| {
-        BACKENDS
-            .iter()
-            .position(|x| x == b)
-            .unwrap_or(BACKENDS.len())
-    });
+    backends.sort_by_key(|b| table_rank(b));
     for b in backends {
         out.push_str(&format!(
             "\n#### {b}\n\n| case | median | min–max | unit | p50 | p99 | what |\n|---|---:|---:|---|---:|---:|---|\n"

@@ -12,7 +12,7 @@
 //! | completed | finished by its holder, with a result and a report |
 //! | failed | finished as failed by its holder |
 //! | cancelled | called off by its holder |
-//! | dead-lettered | lost by two holders in turn: the third claim dead-lettered it (`attempts exhausted`) |
+//! | dead-lettered | three workers' steps failed in turn (a rate limit, a timeout, malformed JSON): the third failed attempt reached its limit of 3 and dead-lettered it (`attempts exhausted`), its errors kept |
 //!
 //! Every run has a transcript (events), a checkpoint or more, a run record
 //! and an audit entry. Everything goes through the [`RunStore`] contract,
@@ -401,7 +401,10 @@ async fn seed_one(
                     "tool `fetch_invoice` returned malformed JSON at line 1 column 318",
                 ),
             ] {
-                let fence = held(store, scope, who, 60 * MIN as u64, now).await?;
+                // Claimed at the store's clock, not the seed's `now`: each
+                // failure makes the run claimable again at the store's
+                // current time (no backoff), which is past `now` by then.
+                let fence = held(store, scope, who, 60 * MIN as u64, store.now()).await?;
                 store
                     .fail_attempt(scope, fence, &AttemptError::new(error_kind, message), None)
                     .await?;

@@ -4,7 +4,8 @@
 //!   runtime, inline (no runtime: the store runs the call on the caller's
 //!   thread), and the bare system calls the lease needs (`link` + `unlink` +
 //!   `readdir`);
-//! - a renewal after 10 and after 100 000 renewals (pruning keeps it flat);
+//! - a renewal after 10 and after 100 000 renewals (pruning keeps it flat;
+//!   the store prunes by count alone, see [`open`]);
 //! - one listing page of 100 over 1 000 and 10 000 runs (first page in both
 //!   orders, and a deep page), from the session index (the scale curve to
 //!   100 000 runs, filters and `claim_next` are in `listing_scale.rs`);
@@ -47,11 +48,18 @@ fn scope(run: &str) -> RunScope {
     )
 }
 
+/// The store, pruning by count alone (`prune_grace` zero): these cases loop
+/// on one run, where the default grace period keeps every name of the last
+/// 5 s and the loop measures listing that directory instead (100 000
+/// renewals would take minutes to set up). What the grace period costs such
+/// a loop: `runkeep-bench --grace-off` (BENCHMARKS.md, "The prune grace
+/// period").
 fn open(base: &Path) -> FsStore {
     FsStore::open(
         base,
         FsOptions {
             attribution: Some(attribution()),
+            prune_grace: Duration::ZERO,
             ..Default::default()
         },
     )

@@ -10,7 +10,10 @@
 //! [`crate::run_state`]). The reference reads these bodies as its own: it
 //! looks only at `holder` and `expiresAt` (a body with a string `holder`
 //! and a finite numeric `expiresAt` is valid to it). Holdings more than 32 below
-//! the top are pruned; scratch files older than ten minutes are swept.
+//! the top are pruned once they are older than the store's grace period
+//! ([`crate::FsOptions::prune_grace`], so a reference claimer on its way to
+//! a name finds it still there); scratch files older than ten minutes are
+//! swept.
 //!
 //! Names are canonical (`[1-9][0-9]{0,14}.json`) and only regular files are
 //! holdings: `007.json`, `0x10.json`, `1e21.json`, a 16-digit name or a
@@ -479,13 +482,76 @@ fn publish_open_exclusive(
 /// is worked down a slice per call instead of making one claim take seconds.
 pub(crate) const MAX_PRUNE_PER_CALL: usize = 256;
 
+/// Holdings found younger than the grace period after which one prune stops
+/// looking. Names are linked in fence order, so above a young name the
+/// names are nearly always young too; a young name far below the top (a
+/// late link) costs one probe. Stopping early only keeps names longer: the
+/// next prune, one grace period later at most, finds them old.
+pub(crate) const YOUNG_PROBES_PER_CALL: usize = 8;
+
+/// When a holding name appeared, as the filesystem stamped it: the inode's
+/// change time. Linking the name sets it, and every later change of the
+/// inode (another link, the unlink of the scratch name it was linked from)
+/// only moves it later, so it is never earlier than the link. The
+/// modification time is not used: it is the time the body was written,
+/// which a writer stopped between its write and its link leaves arbitrarily
+/// far before the name existed (so a name just linked would look old).
+/// `None` for a time before 1970 (judged old).
+fn appeared_at(meta: &fs::Metadata) -> Option<SystemTime> {
+    use std::os::unix::fs::MetadataExt;
+    let secs = u64::try_from(meta.ctime()).ok()?;
+    let nanos = u32::try_from(meta.ctime_nsec())
+        .ok()
+        .filter(|n| *n < 1_000_000_000)?;
+    SystemTime::UNIX_EPOCH.checked_add(Duration::new(secs, nanos))
+}
+
+/// The instant names are aged against: the change time of the top holding
+/// `top` (which the caller has just linked, or which superseded its link),
+/// so that a name's age is the difference of two timestamps the same clock
+/// made, the filesystem's: not the store's clock (an injected test clock may
+/// say 1970 or next year), and not this machine's clock, which on a network
+/// filesystem may be skewed from the file server's that stamps the names.
+/// The machine clock only when the top cannot be read.
+fn names_now(claims_dir: &Path, top: Fence) -> SystemTime {
+    fs::symlink_metadata(claims_dir.join(format!("{top}.json")))
+        .ok()
+        .and_then(|m| appeared_at(&m))
+        .unwrap_or_else(SystemTime::now)
+}
+
+/// True when a name that appeared at `appeared` is still inside the grace
+/// period at `now`. A name stamped more than the grace period *after* `now`
+/// cannot be judged (the clock was stepped back since): it is judged old,
+/// which is the count-only pruning of a store without a grace period,
+/// rather than kept for as long as the step.
+fn within_grace(appeared: Option<SystemTime>, now: SystemTime, grace: Duration) -> bool {
+    let Some(at) = appeared else {
+        return false;
+    };
+    match now.duration_since(at) {
+        Ok(age) => age < grace,
+        Err(ahead) => ahead.duration() <= grace,
+    }
+}
+
 /// Housekeeping after a successful acquire (or release) at `top`: unlink
-/// holdings more than [`KEEP_BELOW_TOP`] below it, lowest first and at most
+/// holdings more than [`KEEP_BELOW_TOP`] below it that appeared more than
+/// `grace` ago ([`crate::FsOptions::prune_grace`]), lowest first and at most
 /// [`MAX_PRUNE_PER_CALL`] of them, and scratch files older than
 /// [`SCRATCH_TTL`] (wall clock, never the injected lease clock). Runs after
 /// the run lock is dropped (it never changes the top, so writers need not
 /// wait for it). Failures are swallowed: housekeeping must not fail a claim.
-fn prune(claims_dir: &Path, top: Fence, scan: &Scan) {
+///
+/// The grace period is what keeps a name alive for a claimer that read the
+/// top, is on its way to linking the next number, and will not check after
+/// its link (the reference): the name it aims at appeared after its read,
+/// so while its read-to-link time is below `grace` no prune finds that name
+/// old, and its link collides instead of re-issuing the fence. Names
+/// younger than `grace` are never unlinked, so beyond the 33-name window
+/// the directory holds at most the names the run's claims and releases
+/// created in the last grace period.
+fn prune(claims_dir: &Path, top: Fence, scan: &Scan, grace: Duration) {
     let floor = top.get().saturating_sub(KEEP_BELOW_TOP);
     // Ascending, so that even a crash mid-prune removes only a prefix.
     let mut doomed: Vec<&(Fence, String)> = scan
@@ -494,8 +560,26 @@ fn prune(claims_dir: &Path, top: Fence, scan: &Scan) {
         .filter(|(f, _)| f.get() < floor)
         .collect();
     doomed.sort_by_key(|(f, _)| *f);
-    for (_, name) in doomed.into_iter().take(MAX_PRUNE_PER_CALL) {
-        let _ = fs::remove_file(claims_dir.join(name));
+    let now = (!grace.is_zero() && !doomed.is_empty()).then(|| names_now(claims_dir, top));
+    let (mut tried, mut young) = (0, 0);
+    for (_, name) in doomed {
+        if tried == MAX_PRUNE_PER_CALL || young == YOUNG_PROBES_PER_CALL {
+            break;
+        }
+        let path = claims_dir.join(name);
+        if let Some(now) = now {
+            let Ok(meta) = fs::symlink_metadata(&path) else {
+                // Gone already (another pruner).
+                tried += 1;
+                continue;
+            };
+            if within_grace(appeared_at(&meta), now, grace) {
+                young += 1;
+                continue;
+            }
+        }
+        let _ = fs::remove_file(&path);
+        tried += 1;
     }
     if scan.scratch.is_empty() {
         return;
@@ -511,6 +595,27 @@ fn prune(claims_dir: &Path, top: Fence, scan: &Scan) {
             let _ = fs::remove_file(&path);
         }
     }
+}
+
+/// Holdings of `scan` that the next prune would find due: more than
+/// [`KEEP_BELOW_TOP`] below the top and older than `grace` (judged as
+/// [`prune`] judges them). Read-only; for the doctor.
+pub(crate) fn overdue(claims_dir: &Path, scan: &Scan, grace: Duration) -> usize {
+    let Some((top, _)) = scan.top() else {
+        return 0;
+    };
+    let floor = top.get().saturating_sub(KEEP_BELOW_TOP);
+    let below = scan.holdings.iter().filter(|(f, _)| f.get() < floor);
+    if grace.is_zero() {
+        return below.count();
+    }
+    let now = names_now(claims_dir, *top);
+    below
+        .filter(|(_, name)| {
+            fs::symlink_metadata(claims_dir.join(name))
+                .is_ok_and(|m| !within_grace(appeared_at(&m), now, grace))
+        })
+        .count()
 }
 
 /// True when the entry at `path` exists and is not a regular file.
@@ -621,10 +726,10 @@ pub(crate) fn claim(
             }
         }
         testing_hooks::pause_once(testing_hooks::Pause::ClaimBeforeLink);
-        testing_hooks::delay("claim-before-link");
+        testing_hooks::delay(testing_hooks::Delay::ClaimBeforeLink);
         match publish(inner, &claims_dir, fence, &body, &ctx) {
             Ok(()) => {
-                testing_hooks::trace(|| format!("linked {fence}"));
+                testing_hooks::trace(testing_hooks::Trace::Linked(fence));
                 match after_link(&claims_dir, fence, &ctx)? {
                     AfterLink::Top(after) => {
                         if let Some(ends) = dead {
@@ -647,27 +752,28 @@ pub(crate) fn claim(
                             run_state::write(&run_dir, &rec, inner.durability, &ctx)
                                 .map_err(|e| inner.note(e))?;
                             drop(lock);
-                            prune(&claims_dir, fence, &after);
+                            prune(&claims_dir, fence, &after, inner.prune_grace);
                             tracing::info!(run = %scope.run_id, attempts = l.attempts, reason = ?l.reason, "run finished by a claim");
                             return Ok(ClaimOutcome::Finished(l.status));
                         }
                         drop(lock);
-                        prune(&claims_dir, fence, &after);
-                        testing_hooks::delay("claim-after-link");
+                        prune(&claims_dir, fence, &after, inner.prune_grace);
+                        testing_hooks::delay(testing_hooks::Delay::ClaimAfterLink);
                         let timeout = state.lifecycle.attempt_timeout_ms;
                         return hand_back(
                             inner, scope, options, fence, now, started, timeout, &ctx,
                         );
                     }
                     AfterLink::Superseded { above, scan: after } => {
-                        testing_hooks::trace(|| {
-                            format!("refused-after-link {fence} above {above}")
+                        testing_hooks::trace(testing_hooks::Trace::RefusedAfterLink {
+                            fence,
+                            above,
                         });
                         tracing::debug!(run = %scope.run_id, %fence, %above, "claim linked a fence the run had already moved past; not handed back");
                         // The stale name sits far below the top: the same
                         // bounded prune that keeps the directory small
-                        // removes it.
-                        prune(&claims_dir, above, &after);
+                        // removes it once it is past the grace period.
+                        prune(&claims_dir, above, &after, inner.prune_grace);
                         lost += 1;
                         if lost >= MAX_ATTEMPTS {
                             return Err(Error::Contended {
@@ -828,7 +934,7 @@ pub(crate) fn release_with(
     inner.check_poison()?;
     let lock = RunLock::acquire(&run_dir, Mode::Shared, inner.durability, &ctx)?;
     testing_hooks::pause_once(testing_hooks::Pause::ReleaseBeforeLink);
-    testing_hooks::delay("release-before-link");
+    testing_hooks::delay(testing_hooks::Delay::ReleaseBeforeLink);
     match publish(
         inner,
         &claims_dir,
@@ -837,17 +943,20 @@ pub(crate) fn release_with(
         &ctx,
     ) {
         Ok(()) => {
-            testing_hooks::trace(|| format!("tombstone {tomb}"));
+            testing_hooks::trace(testing_hooks::Trace::Tombstone(tomb));
             let after = after_link(&claims_dir, tomb, &ctx);
             drop(lock);
             match after? {
                 AfterLink::Top(after) => {
-                    prune(&claims_dir, tomb, &after);
+                    prune(&claims_dir, tomb, &after, inner.prune_grace);
                     Ok(true)
                 }
                 AfterLink::Superseded { above, scan: after } => {
-                    testing_hooks::trace(|| format!("refused-after-link {tomb} above {above}"));
-                    prune(&claims_dir, above, &after);
+                    testing_hooks::trace(testing_hooks::Trace::RefusedAfterLink {
+                        fence: tomb,
+                        above,
+                    });
+                    prune(&claims_dir, above, &after, inner.prune_grace);
                     Ok(false)
                 }
             }

@@ -35,9 +35,12 @@ pub struct Diagnosis {
     pub torn_transcripts: Vec<PathBuf>,
     /// Checkpoint files that cannot be read, with the reason.
     pub damaged_checkpoints: Vec<(PathBuf, String)>,
-    /// Claims directories holding more than the pruning window (33
-    /// holdings), with their count: pruning is failing or another writer
-    /// does not prune.
+    /// Claims directories holding names that pruning should have removed
+    /// (more than 32 below the top, and appeared more than the store's
+    /// prune grace period, [`crate::FsOptions::prune_grace`], before the
+    /// top did), with their count of holdings: pruning is failing or another
+    /// writer does not prune. A run claimed faster than 33 fences per grace
+    /// period holds more than 33 names by design; those are not listed.
     pub oversized_claims: Vec<(PathBuf, usize)>,
     /// Transcripts (and audit trails) damaged *inside*: a record that is not
     /// valid JSON (or not an event) followed by more records, a `seq` that
@@ -91,6 +94,35 @@ impl Diagnosis {
             && self.unreadable_holdings.is_empty()
             && self.fence_ceiling.is_empty()
             && self.fenced_out_refusals.is_empty()
+    }
+
+    /// Adds another scan's findings to this one (a root sums its
+    /// sessions'). Destructured, so a new field cannot be forgotten.
+    pub(crate) fn add(&mut self, other: Diagnosis) {
+        let Diagnosis {
+            runs_scanned,
+            scratch_leftovers,
+            torn_transcripts,
+            damaged_checkpoints,
+            oversized_claims,
+            damaged_transcripts,
+            unreadable,
+            expired_unreclaimed,
+            unreadable_holdings,
+            fence_ceiling,
+            fenced_out_refusals,
+        } = other;
+        self.runs_scanned += runs_scanned;
+        self.scratch_leftovers.extend(scratch_leftovers);
+        self.torn_transcripts.extend(torn_transcripts);
+        self.damaged_checkpoints.extend(damaged_checkpoints);
+        self.oversized_claims.extend(oversized_claims);
+        self.damaged_transcripts.extend(damaged_transcripts);
+        self.unreadable.extend(unreadable);
+        self.expired_unreclaimed.extend(expired_unreclaimed);
+        self.unreadable_holdings.extend(unreadable_holdings);
+        self.fence_ceiling.extend(fence_ceiling);
+        self.fenced_out_refusals.extend(fenced_out_refusals);
     }
 }
 
@@ -198,7 +230,9 @@ pub(crate) fn diagnose(inner: &Inner, now: Timestamp) -> Result<Diagnosis> {
         }
         match claims::scan(&claims_dir) {
             Ok(Some(s)) => {
-                if s.holdings.len() as u64 > KEEP_BELOW_TOP + 1 {
+                if s.holdings.len() as u64 > KEEP_BELOW_TOP + 1
+                    && claims::overdue(&claims_dir, &s, inner.prune_grace) > 0
+                {
                     d.oversized_claims
                         .push((claims_dir.clone(), s.holdings.len()));
                 }
@@ -243,23 +277,20 @@ pub(crate) fn diagnose(inner: &Inner, now: Timestamp) -> Result<Diagnosis> {
     Ok(d)
 }
 
-impl crate::FsStore {
-    /// The run's top holding as the store reads it, with the path of its
-    /// file; `None` when the run was never claimed. Reads only.
-    ///
-    /// For operator tools: a listing row shows a release tombstone and an
-    /// unreadable holding alike (holder `""`, expiry 0); this tells them
-    /// apart and names the file. (It lives here, beside the doctor's scan,
-    /// rather than in `lib.rs`; it could move there.)
-    pub fn top_holding(&self, scope: &RunScope) -> Result<Option<(TopHolding, PathBuf)>> {
-        let run_dir = self.run_dir(scope);
-        let ctx = Ctx::new(scope, "top_holding");
-        let top = claims::read_top(&run_dir, &ctx)?;
-        Ok(top.map(|t| {
-            let path = holding_path(&run_dir.join(claims::CLAIMS_DIR), t.fence());
-            (t, path)
-        }))
-    }
+/// The run's top holding as the store reads it, with the path of its
+/// file ([`crate::FsStore::top_holding`]); `None` when the run was never
+/// claimed. Reads only.
+pub(crate) fn top_holding(
+    inner: &Inner,
+    scope: &RunScope,
+) -> Result<Option<(TopHolding, PathBuf)>> {
+    let run_dir = inner.run_dir(scope);
+    let ctx = Ctx::new(scope, "top_holding");
+    let top = claims::read_top(&run_dir, &ctx)?;
+    Ok(top.map(|t| {
+        let path = holding_path(&run_dir.join(claims::CLAIMS_DIR), t.fence());
+        (t, path)
+    }))
 }
 
 /// The canonical path of the holding at `fence` in `claims_dir`.
@@ -300,7 +331,7 @@ fn inspect_transcript(run_dir: &Path, ctx: &Ctx, d: &mut Diagnosis) {
         .collect();
     let torn = !bytes.is_empty() && bytes.last() != Some(&b'\n');
     // What the store's own (tolerant) reader skips, in its words.
-    match transcript::read_events(run_dir, &ReadEventsOptions::default(), ctx) {
+    match transcript::read_transcript(run_dir, &ReadEventsOptions::default(), ctx) {
         Ok(batch) => {
             for s in &batch.skipped {
                 // The torn final record is `torn_transcripts`' finding.

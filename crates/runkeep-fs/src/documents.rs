@@ -8,7 +8,7 @@ use runkeep::{Error, MessageSnapshot, Result, RunRecord};
 use serde_json::{Map, Value};
 
 use crate::checkpoints::{check_schema, SCHEMA_VERSION};
-use crate::fenced_write::FencedWrite;
+use crate::fenced_write::{self, FencedWrite};
 use crate::inner::Inner;
 use crate::sys::{self, Ctx};
 use crate::testing_hooks;
@@ -36,7 +36,7 @@ pub(crate) fn encode_record(record: &RunRecord) -> Result<Vec<u8>> {
 }
 
 /// Reads the run record.
-pub(crate) fn read_record(run_dir: &Path, ctx: &Ctx) -> Result<Option<RunRecord>> {
+fn read_record_file(run_dir: &Path, ctx: &Ctx) -> Result<Option<RunRecord>> {
     let path = run_dir.join(RUN_RECORD);
     let Some(bytes) = sys::read_opt(&path).map_err(|e| ctx.io("read the run record", &path, e))?
     else {
@@ -63,7 +63,7 @@ pub(crate) fn encode_messages(messages: &[Value], through_event_seq: u64) -> Vec
 /// Reads the message snapshot: missing ⇒ unavailable; a bare
 /// array ⇒ legacy-unverified; the versioned envelope ⇒ available; anything
 /// else is refused, never degraded to an empty snapshot.
-pub(crate) fn read_messages(run_dir: &Path, ctx: &Ctx) -> Result<MessageSnapshot> {
+fn read_messages_file(run_dir: &Path, ctx: &Ctx) -> Result<MessageSnapshot> {
     let path = run_dir.join(MESSAGES);
     let Some(bytes) =
         sys::read_opt(&path).map_err(|e| ctx.io("read the message snapshot", &path, e))?
@@ -102,7 +102,7 @@ pub(crate) fn read_messages(run_dir: &Path, ctx: &Ctx) -> Result<MessageSnapshot
 }
 
 /// Reads the report.
-pub(crate) fn read_report(run_dir: &Path, ctx: &Ctx) -> Result<Option<String>> {
+fn read_report_file(run_dir: &Path, ctx: &Ctx) -> Result<Option<String>> {
     let path = run_dir.join(REPORT);
     let Some(bytes) = sys::read_opt(&path).map_err(|e| ctx.io("read the report", &path, e))? else {
         return Ok(None);
@@ -112,34 +112,91 @@ pub(crate) fn read_report(run_dir: &Path, ctx: &Ctx) -> Result<Option<String>> {
         .map_err(|_| ctx.corrupted(&path, "the report is not UTF-8 text"))
 }
 
+/// Writes the run record (its keys checked, `schemaVersion` stamped).
+pub(crate) fn write_run_record(
+    inner: &Inner,
+    scope: &RunScope,
+    record: &RunRecord,
+    fence: Option<Fence>,
+) -> Result<()> {
+    runkeep::evidence::check_json_document("run record", record, record.values())?;
+    let bytes = encode_record(record)?;
+    write_document(inner, scope, "write_run_record", RUN_RECORD, bytes, fence)
+}
+
+/// Reads the run record of a run; creates nothing.
+pub(crate) fn read_run_record(inner: &Inner, scope: &RunScope) -> Result<Option<RunRecord>> {
+    inner.check_scope(scope)?;
+    let ctx = Ctx::new(scope, "read_run_record");
+    read_record_file(&inner.run_dir(scope), &ctx)
+}
+
+/// Writes the message snapshot, current through `through_event_seq`.
+pub(crate) fn write_messages(
+    inner: &Inner,
+    scope: &RunScope,
+    messages: &[Value],
+    through_event_seq: u64,
+    fence: Option<Fence>,
+) -> Result<()> {
+    runkeep::evidence::check_json_document("message snapshot", messages, messages)?;
+    let bytes = encode_messages(messages, through_event_seq);
+    write_document(inner, scope, "write_messages", MESSAGES, bytes, fence)
+}
+
+/// Reads the message snapshot of a run; creates nothing.
+pub(crate) fn read_messages(inner: &Inner, scope: &RunScope) -> Result<MessageSnapshot> {
+    inner.check_scope(scope)?;
+    let ctx = Ctx::new(scope, "read_messages");
+    read_messages_file(&inner.run_dir(scope), &ctx)
+}
+
+/// Writes the final report.
+pub(crate) fn write_report(
+    inner: &Inner,
+    scope: &RunScope,
+    report: &str,
+    fence: Option<Fence>,
+) -> Result<()> {
+    runkeep::evidence::check_document_size("report", report.len())?;
+    let bytes = report.as_bytes().to_vec();
+    write_document(inner, scope, "write_report", REPORT, bytes, fence)
+}
+
+/// Reads the report of a run; creates nothing.
+pub(crate) fn read_report(inner: &Inner, scope: &RunScope) -> Result<Option<String>> {
+    inner.check_scope(scope)?;
+    let ctx = Ctx::new(scope, "read_report");
+    read_report_file(&inner.run_dir(scope), &ctx)
+}
+
 /// A whole-document write (run record, messages, report) through the
 /// fenced-write skeleton.
-impl Inner {
-    pub(crate) fn write_document(
-        &self,
-        scope: &RunScope,
-        operation: &'static str,
-        file: &'static str,
-        bytes: Vec<u8>,
-        fence: Option<Fence>,
-    ) -> Result<()> {
-        self.check_scope(scope)?;
-        // The long part — writing (and under `PowerLoss` syncing) the whole
-        // document — happens before the lock; under the lock only the fence
-        // check and the `rename` run, so a slow disk cannot stretch the
-        // window between the check and the publish.
-        self.fenced_write(
-            FencedWrite::new(scope, operation, fence),
-            |ctx, run_dir, _| {
-                let temp = sys::TempFile::write(run_dir, file, &bytes, self.durability)
-                    .map_err(|e| ctx.io("write", &run_dir.join(file), e))?;
-                testing_hooks::delay("document-before-lock");
-                Ok(temp)
-            },
-            |ctx, run_dir, _, temp| {
-                temp.publish(file)
-                    .map_err(|e| ctx.io("publish", &run_dir.join(file), e))
-            },
-        )
-    }
+fn write_document(
+    inner: &Inner,
+    scope: &RunScope,
+    operation: &'static str,
+    file: &'static str,
+    bytes: Vec<u8>,
+    fence: Option<Fence>,
+) -> Result<()> {
+    inner.check_scope(scope)?;
+    // The long part — writing (and under `PowerLoss` syncing) the whole
+    // document — happens before the lock; under the lock only the fence
+    // check and the `rename` run, so a slow disk cannot stretch the
+    // window between the check and the publish.
+    fenced_write::fenced_write(
+        inner,
+        FencedWrite::new(scope, operation, fence),
+        |ctx, run_dir, _| {
+            let temp = sys::TempFile::write(run_dir, file, &bytes, inner.durability)
+                .map_err(|e| ctx.io("write", &run_dir.join(file), e))?;
+            testing_hooks::delay(testing_hooks::Delay::DocumentBeforeLock);
+            Ok(temp)
+        },
+        |ctx, run_dir, _, temp| {
+            temp.publish(file)
+                .map_err(|e| ctx.io("publish", &run_dir.join(file), e))
+        },
+    )
 }

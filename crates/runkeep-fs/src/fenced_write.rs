@@ -17,7 +17,7 @@
 //!              sticky-failed
 //! ```
 //!
-//! [`Inner::fenced_write`] is the skeleton; [`Inner::locked_write`] is the
+//! [`fenced_write`] is the skeleton; [`locked_write`] is the
 //! same path with nothing to prepare. A write whose rule needs more than
 //! the holding (a finish, a step: the lifecycle record too) passes no
 //! fence to the skeleton and judges inside its act, under the same lock.
@@ -72,120 +72,120 @@ impl<'a> FencedWrite<'a> {
     }
 }
 
-impl Inner {
-    /// The fenced-write skeleton (see the module doc): judge early, prepare
-    /// outside the lock, lock, read the holding, judge again, act.
-    ///
-    /// `prepare` sees the holding read early (`None` when it was not read);
-    /// `act` sees the one read under the lock and what `prepare` made.
-    pub(crate) fn fenced_write<P, T>(
-        &self,
-        w: FencedWrite<'_>,
-        prepare: impl FnOnce(&Ctx, &Path, Option<&TopHolding>) -> Result<P>,
-        act: impl FnOnce(&Ctx, &Path, Option<&TopHolding>, P) -> Result<T>,
-    ) -> Result<T> {
-        self.refuse_read_only()?;
-        let ctx = Ctx::new(w.scope, w.operation);
-        let run_dir = self.run_dir(w.scope);
-        let top0 = if w.fence.is_some() || w.read_top_early {
-            claims::read_top(&run_dir, &ctx)?
-        } else {
-            None
-        };
-        if let Some(f) = w.fence {
-            self.check_fence(&ctx, &run_dir, f, top0.as_ref(), w.scope)?;
+/// The fenced-write skeleton (see the module doc): judge early, prepare
+/// outside the lock, lock, read the holding, judge again, act.
+///
+/// `prepare` sees the holding read early (`None` when it was not read);
+/// `act` sees the one read under the lock and what `prepare` made.
+pub(crate) fn fenced_write<P, T>(
+    inner: &Inner,
+    w: FencedWrite<'_>,
+    prepare: impl FnOnce(&Ctx, &Path, Option<&TopHolding>) -> Result<P>,
+    act: impl FnOnce(&Ctx, &Path, Option<&TopHolding>, P) -> Result<T>,
+) -> Result<T> {
+    inner.refuse_read_only()?;
+    let ctx = Ctx::new(w.scope, w.operation);
+    let run_dir = inner.run_dir(w.scope);
+    let top0 = if w.fence.is_some() || w.read_top_early {
+        claims::read_top(&run_dir, &ctx)?
+    } else {
+        None
+    };
+    if let Some(f) = w.fence {
+        check_fence(inner, &ctx, &run_dir, f, top0.as_ref(), w.scope)?;
+    }
+    inner.check_poison()?;
+    sys::ensure_dir(&run_dir, inner.durability)
+        .map_err(|e| inner.note(ctx.io("create the run directory", &run_dir, e)))?;
+    let prepared = prepare(&ctx, &run_dir, top0.as_ref()).map_err(|e| inner.note(e))?;
+    let _lock = RunLock::acquire(&run_dir, Mode::Exclusive, inner.durability, &ctx)?;
+    let top = claims::read_top(&run_dir, &ctx)?;
+    match w.fence {
+        Some(f) => check_fence(inner, &ctx, &run_dir, f, top.as_ref(), w.scope)?,
+        None if !w.judged_in_act => {
+            check_unfenced_write(&w.scope.run_id, w.operation, top.as_ref())?
         }
-        self.check_poison()?;
-        sys::ensure_dir(&run_dir, self.durability)
-            .map_err(|e| self.note(ctx.io("create the run directory", &run_dir, e)))?;
-        let prepared = prepare(&ctx, &run_dir, top0.as_ref()).map_err(|e| self.note(e))?;
-        let _lock = RunLock::acquire(&run_dir, Mode::Exclusive, self.durability, &ctx)?;
-        let top = claims::read_top(&run_dir, &ctx)?;
-        match w.fence {
-            Some(f) => self.check_fence(&ctx, &run_dir, f, top.as_ref(), w.scope)?,
-            None if !w.judged_in_act => {
-                check_unfenced_write(&w.scope.run_id, w.operation, top.as_ref())?
-            }
-            None => {}
+        None => {}
+    }
+    testing_hooks::pause(testing_hooks::Pause::AfterFenceCheck);
+    act(&ctx, &run_dir, top.as_ref(), prepared).map_err(|e| inner.note(e))
+}
+
+/// [`fenced_write`] with nothing to prepare before the lock.
+pub(crate) fn locked_write<T>(
+    inner: &Inner,
+    scope: &RunScope,
+    operation: &'static str,
+    fence: Option<Fence>,
+    act: impl FnOnce(&Ctx, &Path, Option<&TopHolding>) -> Result<T>,
+) -> Result<T> {
+    fenced_write(
+        inner,
+        FencedWrite::new(scope, operation, fence),
+        |_, _, _| Ok(()),
+        |ctx, run_dir, top, ()| act(ctx, run_dir, top),
+    )
+}
+
+/// [`locked_write`] for a write whose act judges it itself
+/// ([`FencedWrite::judged_in_act`]).
+pub(crate) fn judged_write<T>(
+    inner: &Inner,
+    scope: &RunScope,
+    operation: &'static str,
+    act: impl FnOnce(&Ctx, &Path, Option<&TopHolding>) -> Result<T>,
+) -> Result<T> {
+    let mut w = FencedWrite::new(scope, operation, None);
+    w.judged_in_act = true;
+    fenced_write(
+        inner,
+        w,
+        |_, _, _| Ok(()),
+        |ctx, run_dir, top, ()| act(ctx, run_dir, top),
+    )
+}
+
+/// The fence rule (the core's), recording every refusal in the run's
+/// fenced-out log.
+pub(crate) fn check_fence(
+    inner: &Inner,
+    ctx: &Ctx,
+    run_dir: &Path,
+    fence: Fence,
+    top: Option<&TopHolding>,
+    scope: &RunScope,
+) -> Result<()> {
+    if testing_hooks::mutation() == testing_hooks::Mutation::NoWriteFence {
+        return Ok(());
+    }
+    let r = check_write_fence(&scope.run_id, ctx.operation, fence, top);
+    if let Err(Error::FencedOut {
+        presented, current, ..
+    }) = &r
+    {
+        if !inner.read_only {
+            record_refusal(run_dir, ctx.operation, *presented, *current);
         }
-        testing_hooks::pause(testing_hooks::Pause::AfterFenceCheck);
-        act(&ctx, &run_dir, top.as_ref(), prepared).map_err(|e| self.note(e))
-    }
-
-    /// [`Inner::fenced_write`] with nothing to prepare before the lock.
-    pub(crate) fn locked_write<T>(
-        &self,
-        scope: &RunScope,
-        operation: &'static str,
-        fence: Option<Fence>,
-        act: impl FnOnce(&Ctx, &Path, Option<&TopHolding>) -> Result<T>,
-    ) -> Result<T> {
-        self.fenced_write(
-            FencedWrite::new(scope, operation, fence),
-            |_, _, _| Ok(()),
-            |ctx, run_dir, top, ()| act(ctx, run_dir, top),
-        )
-    }
-
-    /// [`Inner::locked_write`] for a write whose act judges it itself
-    /// ([`FencedWrite::judged_in_act`]).
-    pub(crate) fn judged_write<T>(
-        &self,
-        scope: &RunScope,
-        operation: &'static str,
-        act: impl FnOnce(&Ctx, &Path, Option<&TopHolding>) -> Result<T>,
-    ) -> Result<T> {
-        let mut w = FencedWrite::new(scope, operation, None);
-        w.judged_in_act = true;
-        self.fenced_write(
-            w,
-            |_, _, _| Ok(()),
-            |ctx, run_dir, top, ()| act(ctx, run_dir, top),
-        )
-    }
-
-    /// The fence rule (the core's), recording every refusal in the run's
-    /// fenced-out log.
-    pub(crate) fn check_fence(
-        &self,
-        ctx: &Ctx,
-        run_dir: &Path,
-        fence: Fence,
-        top: Option<&TopHolding>,
-        scope: &RunScope,
-    ) -> Result<()> {
-        if testing_hooks::mutation() == testing_hooks::Mutation::NoWriteFence {
-            return Ok(());
+        // Told why when an operator cancelled the run (the record is
+        // read only on this refusal path).
+        if let Ok(Some(record)) = run_state::read_record(run_dir, ctx) {
+            return r.map_err(|e| failure::refine_refusal(e, &record.lifecycle));
         }
-        let r = check_write_fence(&scope.run_id, ctx.operation, fence, top);
-        if let Err(Error::FencedOut {
-            presented, current, ..
-        }) = &r
-        {
-            if !self.read_only {
-                record_refusal(run_dir, ctx.operation, *presented, *current);
-            }
-            // Told why when an operator cancelled the run (the record is
-            // read only on this refusal path).
-            if let Ok(Some(record)) = run_state::read_record(run_dir, ctx) {
-                return r.map_err(|e| failure::refine_refusal(e, &record.lifecycle));
-            }
-        }
-        r
     }
+    r
+}
 
-    /// Reads the holding and checks `fence` against it (a re-check inside
-    /// an act, before a publish that must not outlive a takeover).
-    pub(crate) fn recheck_fence(
-        &self,
-        ctx: &Ctx,
-        run_dir: &Path,
-        fence: Fence,
-        scope: &RunScope,
-    ) -> Result<()> {
-        let top = claims::read_top(run_dir, ctx)?;
-        self.check_fence(ctx, run_dir, fence, top.as_ref(), scope)
-    }
+/// Reads the holding and checks `fence` against it (a re-check inside
+/// an act, before a publish that must not outlive a takeover).
+pub(crate) fn recheck_fence(
+    inner: &Inner,
+    ctx: &Ctx,
+    run_dir: &Path,
+    fence: Fence,
+    scope: &RunScope,
+) -> Result<()> {
+    let top = claims::read_top(run_dir, ctx)?;
+    check_fence(inner, ctx, run_dir, fence, top.as_ref(), scope)
 }
 
 /// Appends one line to the run's fenced-out log: the evidence the doctor

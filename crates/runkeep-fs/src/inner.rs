@@ -8,11 +8,13 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
-use runkeep::{Clock, Error, Result, RunScope, Timestamp};
+use runkeep::listing::RowKey;
+use runkeep::{Clock, Error, ListOrder, Result, RunScope, SystemClock, Timestamp};
 
-use crate::index;
-use crate::options::{Attribution, Durability};
+use crate::index::{Found, SessionIndex, Summary};
+use crate::options::{Attribution, Durability, FsOptions};
 use crate::sys::{self, Ctx};
+use crate::testing_hooks::{Switch, Switches};
 
 /// The state of one directory store, shared by its clones.
 pub(crate) struct Inner {
@@ -23,14 +25,34 @@ pub(crate) struct Inner {
     pub(crate) tmpfile: AtomicBool,
     pub(crate) poisoned: Mutex<Option<String>>,
     pub(crate) clock: Arc<dyn Clock>,
-    pub(crate) no_inotify: AtomicBool,
+    /// [`crate::FsOptions::prune_grace`].
+    pub(crate) prune_grace: std::time::Duration,
     /// The session index the listing and `claim_next` consult.
-    pub(crate) index: index::SessionIndex,
-    /// Test seam: never use the index (the walk).
-    pub(crate) no_index: AtomicBool,
+    pub(crate) index: SessionIndex,
+    /// The parts of this store a test switched off (feature `testing`;
+    /// empty and always on without it).
+    pub(crate) switches: Switches,
 }
 
 impl Inner {
+    /// The state of a store opened on `base` (absolute) with `options`;
+    /// `tmpfile`: whether holdings are published through `O_TMPFILE` (what
+    /// the probe at open found). Touches nothing.
+    pub(crate) fn new(base: PathBuf, options: FsOptions, tmpfile: bool) -> Inner {
+        Inner {
+            base,
+            attribution: options.attribution,
+            durability: options.durability,
+            read_only: options.read_only,
+            tmpfile: AtomicBool::new(tmpfile),
+            poisoned: Mutex::new(None),
+            clock: options.clock.unwrap_or_else(|| Arc::new(SystemClock)),
+            prune_grace: options.prune_grace,
+            index: SessionIndex::default(),
+            switches: Switches::default(),
+        }
+    }
+
     pub(crate) fn run_dir(&self, scope: &RunScope) -> PathBuf {
         match &scope.parent_run_id {
             Some(parent) => self
@@ -173,5 +195,24 @@ impl Inner {
             }
         }
         e
+    }
+
+    /// [`SessionIndex::candidates`] on this store's index (`None`: walk).
+    pub(crate) fn index_candidates(
+        &self,
+        order: ListOrder,
+        after: Option<&RowKey>,
+        want: usize,
+        keep: &dyn Fn(&Summary) -> bool,
+    ) -> Option<Vec<Found>> {
+        if self.switches.is_off(Switch::Index) {
+            return None;
+        }
+        self.index.candidates(&self.base, order, after, want, keep)
+    }
+
+    /// [`SessionIndex::reconcile`] on this store's index.
+    pub(crate) fn index_reconcile(&self, found: &Found, summary: Option<Summary>) {
+        self.index.reconcile(found, summary);
     }
 }

@@ -3,6 +3,7 @@
 //! Every module takes these from here, never from the crate root.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use runkeep::{Clock, ProjectId, SessionId, TenantId};
 
@@ -34,8 +35,10 @@ pub enum Durability {
     PowerLoss,
 }
 
-/// Options of [`crate::FsStore::open`].
-#[derive(Clone, Debug, Default)]
+/// Options of [`crate::FsStore::open`]. `FsOptions::default()` is the
+/// machine clock, process-crash durability, read-write, no attribution and
+/// a [`FsOptions::DEFAULT_PRUNE_GRACE`] prune grace period.
+#[derive(Clone, Debug)]
 pub struct FsOptions {
     /// The scope the directory belongs to. Required for listing; per-run
     /// operations on another scope are refused when it is set.
@@ -54,4 +57,42 @@ pub struct FsOptions {
     /// `docs/design/directory/lifecycle.md`
     /// for what a skewed clock can still do.
     pub clock: Option<Arc<dyn Clock>>,
+    /// How long a holding name in a run's `claims/` is kept, whatever its
+    /// distance below the top, once it appeared (default
+    /// [`FsOptions::DEFAULT_PRUNE_GRACE`]). Pruning after a claim or a
+    /// release removes only names more than 32 below the top *and* older
+    /// than this. It protects a claimer that links `top + 1` without
+    /// checking afterwards (the reference implementation sharing the
+    /// directory): a name it is still aiming at cannot be emptied under it
+    /// while its read-to-link time stays below the grace period, so its
+    /// link collides instead of issuing a fence a second time. A name's age
+    /// is judged by its inode change time against that of the top holding
+    /// (both stamped by the filesystem, never by [`FsOptions::clock`]). The
+    /// cost: a run claimed or renewed faster than 33 fences per grace period
+    /// keeps every name of the last grace period (see
+    /// `docs/design/directory/lease-and-fencing.md`). `Duration::ZERO` turns
+    /// it off (pruning by count alone); only do that when no other
+    /// implementation claims runs in this directory.
+    pub prune_grace: Duration,
+}
+
+impl FsOptions {
+    /// The default [`FsOptions::prune_grace`]: 5 s. A claimer's read of
+    /// `claims/` to its link takes well under a millisecond on a local disk
+    /// and tens of milliseconds on a slow or contended one; 5 s covers a
+    /// descheduled or briefly paused process too, and still lets a run that
+    /// is renewed every few seconds keep only its 33-name window.
+    pub const DEFAULT_PRUNE_GRACE: Duration = Duration::from_secs(5);
+}
+
+impl Default for FsOptions {
+    fn default() -> Self {
+        Self {
+            attribution: None,
+            durability: Durability::default(),
+            read_only: false,
+            clock: None,
+            prune_grace: Self::DEFAULT_PRUNE_GRACE,
+        }
+    }
 }

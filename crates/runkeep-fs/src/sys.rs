@@ -282,7 +282,7 @@ pub(crate) fn is_sync_failure(err: &(dyn std::error::Error + 'static)) -> bool {
 /// `fsync` of a directory (makes its entries durable).
 pub(crate) fn sync_dir(dir: &Path) -> io::Result<()> {
     crate::testing_hooks::fault(crate::testing_hooks::Point::Fsync, dir).map_err(sync_failed)?;
-    if crate::testing_hooks::skip_sync(true, dir) {
+    if crate::testing_hooks::skip_sync(crate::testing_hooks::Synced::Dir, dir) {
         return Ok(());
     }
     let f = File::open(dir)?;
@@ -292,8 +292,8 @@ pub(crate) fn sync_dir(dir: &Path) -> io::Result<()> {
 /// `fsync` of a file's data.
 pub(crate) fn sync_file(file: &File, path: &Path) -> io::Result<()> {
     crate::testing_hooks::fault(crate::testing_hooks::Point::Fsync, path).map_err(sync_failed)?;
-    crate::testing_hooks::delay("fsync");
-    if crate::testing_hooks::skip_sync(false, path) {
+    crate::testing_hooks::delay(crate::testing_hooks::Delay::Fsync);
+    if crate::testing_hooks::skip_sync(crate::testing_hooks::Synced::File, path) {
         return Ok(());
     }
     file.sync_data().map_err(sync_failed)

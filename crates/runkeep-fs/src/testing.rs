@@ -25,9 +25,52 @@ pub use crate::testing_hooks::Point as FaultPoint;
 #[derive(Clone, Copy, Debug)]
 pub struct StoreSeams<'a>(pub(crate) &'a crate::FsStore);
 
+impl StoreSeams<'_> {
+    /// Test seam: publish holdings through scratch names, never `O_TMPFILE`.
+    #[doc(hidden)]
+    pub fn force_scratch_publish(&self) {
+        self.0.inner.disable_tmpfile();
+    }
+
+    /// Test seam: `watch` never uses inotify (the polling fallback).
+    #[doc(hidden)]
+    pub fn disable_inotify(&self) {
+        self.0
+            .inner
+            .switches
+            .switch_off(crate::testing_hooks::Switch::Inotify);
+    }
+
+    /// Test seam: whether holdings are published through `O_TMPFILE`.
+    #[doc(hidden)]
+    pub fn uses_tmpfile(&self) -> bool {
+        self.0.inner.tmpfile_enabled()
+    }
+}
+
 /// One root's test seams: [`crate::FsRootStore::testing`].
 #[derive(Clone, Copy, Debug)]
 pub struct RootSeams<'a>(pub(crate) &'a crate::FsRootStore);
+
+impl RootSeams<'_> {
+    /// Test seam: rows read from the sessions' listings so far.
+    #[doc(hidden)]
+    pub fn rows_fetched(&self) -> u64 {
+        self.0.inner.fetched.load(Ordering::Relaxed)
+    }
+
+    /// Test seam: the next `claim_next` records the first candidate it is
+    /// about to claim in `seen`, then waits at `barrier` before claiming it
+    /// (two callers made to race for one run).
+    #[doc(hidden)]
+    pub fn pause_first_claim(
+        &self,
+        barrier: std::sync::Arc<tokio::sync::Barrier>,
+        seen: std::sync::Arc<Mutex<Vec<runkeep::RunScope>>>,
+    ) {
+        *self.0.inner.pause.lock().unwrap_or_else(|p| p.into_inner()) = Some((barrier, seen));
+    }
+}
 
 struct Fault {
     id: u64,
@@ -236,7 +279,16 @@ pub fn checkpoint_reads(run_dir: impl AsRef<Path>) -> u64 {
 static CHECKPOINT_DIR_OPS: LazyLock<Mutex<HashMap<PathBuf, (u64, u64)>>> =
     LazyLock::new(Default::default);
 
-pub(crate) fn note_checkpoint_dir_op(cps_dir: &Path, stat: bool) {
+/// An operation on a checkpoints directory the counters count.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub(crate) enum DirOp {
+    /// A listing (`readdir`).
+    Listing,
+    /// A `stat` of the directory or of one of its entries.
+    Stat,
+}
+
+pub(crate) fn note_checkpoint_dir_op(cps_dir: &Path, op: DirOp) {
     if !counting() {
         return;
     }
@@ -249,10 +301,9 @@ pub(crate) fn note_checkpoint_dir_op(cps_dir: &Path, stat: bool) {
         r.insert(run.to_path_buf(), (0, 0));
     }
     if let Some(n) = r.get_mut(run) {
-        if stat {
-            n.1 += 1;
-        } else {
-            n.0 += 1;
+        match op {
+            DirOp::Listing => n.0 += 1,
+            DirOp::Stat => n.1 += 1,
         }
     }
 }

@@ -9,6 +9,8 @@
 use std::io;
 use std::path::Path;
 
+use runkeep::Fence;
+
 /// Where a fault can be injected.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 pub enum Point {
@@ -64,15 +66,24 @@ pub(crate) enum Mutation {
     /// `index-ignores-events`: the session index misses event appends.
     IndexIgnoresEvents,
     /// `no-dir-fsync` / `no-file-fsync`, optionally `:<name>`: the `fsync`
-    /// of directories (`dir`) or files removed, everywhere or only for
-    /// paths with a component equal to `<name>` or a file name starting
-    /// with `<name>.` (`no-dir-fsync:claims`, `no-file-fsync:transcript.jsonl`).
+    /// of directories or of files removed, everywhere or only for paths
+    /// with a component equal to `<name>` or a file name starting with
+    /// `<name>.` (`no-dir-fsync:claims`, `no-file-fsync:transcript.jsonl`).
     NoSync {
-        /// Directories (else files).
-        dir: bool,
+        /// Which syncs.
+        of: Synced,
         /// Only for paths named so.
         only: Option<String>,
     },
+}
+
+/// What an `fsync` syncs (the `no-dir-fsync` / `no-file-fsync` mutations).
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub(crate) enum Synced {
+    /// A directory (its entries).
+    Dir,
+    /// A file (its bytes).
+    File,
 }
 
 #[cfg_attr(
@@ -98,8 +109,14 @@ impl Mutation {
             ("no-append-recheck", None) => Mutation::NoAppendRecheck,
             ("step-checkpoint-first", None) => Mutation::StepCheckpointFirst,
             ("index-ignores-events", None) => Mutation::IndexIgnoresEvents,
-            ("no-dir-fsync", only) => Mutation::NoSync { dir: true, only },
-            ("no-file-fsync", only) => Mutation::NoSync { dir: false, only },
+            ("no-dir-fsync", only) => Mutation::NoSync {
+                of: Synced::Dir,
+                only,
+            },
+            ("no-file-fsync", only) => Mutation::NoSync {
+                of: Synced::File,
+                only,
+            },
             _ => panic!(
                 "RUNKEEP_FS_TEST_MUTATION={name:?} names no mutation of runkeep-fs (see testing_hooks::Mutation)"
             ),
@@ -298,17 +315,58 @@ pub(crate) fn pause_once(point: Pause) {
 #[inline(always)]
 pub(crate) fn pause_once(_point: Pause) {}
 
-/// Records `event` in the file a test named in `RUNKEEP_FS_TEST_TRACE`, one
-/// `<pid> <event>` line per call (a single `O_APPEND` write, so lines of
-/// concurrent processes never interleave). Lets a race test prove which
-/// interleaving happened.
+/// An event a race test reads back to prove which interleaving happened:
+/// one `<pid> <line>` per event in the file `RUNKEEP_FS_TEST_TRACE` names.
+/// One enum, so a call site cannot misspell its event; without the
+/// `testing` feature the lines are not compiled in.
+#[derive(Clone, Copy, Debug)]
+#[cfg_attr(
+    not(feature = "testing"),
+    allow(dead_code, reason = "read only by the test seams")
+)]
+pub(crate) enum Trace<'a> {
+    /// `linked <fence>`: a claim linked its holding.
+    Linked(Fence),
+    /// `tombstone <fence>`: a release linked its tombstone.
+    Tombstone(Fence),
+    /// `refused-after-link <fence> above <top>`: a link the run had already
+    /// moved past (the post-link check refused it).
+    RefusedAfterLink {
+        /// The fence linked.
+        fence: Fence,
+        /// The holding above it.
+        above: Fence,
+    },
+    /// `watch-woke <store directory>`: a watch thread woke on an inotify
+    /// event (not on its interval).
+    WatchWoke(&'a Path),
+}
+
 #[cfg(feature = "testing")]
-pub(crate) fn trace(event: impl FnOnce() -> String) {
+impl Trace<'_> {
+    /// Its line in the trace file (without the pid).
+    fn line(self) -> String {
+        match self {
+            Trace::Linked(fence) => format!("linked {fence}"),
+            Trace::Tombstone(fence) => format!("tombstone {fence}"),
+            Trace::RefusedAfterLink { fence, above } => {
+                format!("refused-after-link {fence} above {above}")
+            }
+            Trace::WatchWoke(base) => format!("watch-woke {}", base.display()),
+        }
+    }
+}
+
+/// Records `event` in the file a test named in `RUNKEEP_FS_TEST_TRACE`, one
+/// `<pid> <line>` per call (a single `O_APPEND` write, so lines of
+/// concurrent processes never interleave).
+#[cfg(feature = "testing")]
+pub(crate) fn trace(event: Trace<'_>) {
     use std::io::Write;
     let Ok(path) = std::env::var("RUNKEEP_FS_TEST_TRACE") else {
         return;
     };
-    let line = format!("{} {}\n", std::process::id(), event());
+    let line = format!("{} {}\n", std::process::id(), event.line());
     if let Ok(mut f) = std::fs::OpenOptions::new()
         .append(true)
         .create(true)
@@ -320,7 +378,7 @@ pub(crate) fn trace(event: impl FnOnce() -> String) {
 
 #[cfg(not(feature = "testing"))]
 #[inline(always)]
-pub(crate) fn trace(_event: impl FnOnce() -> String) {}
+pub(crate) fn trace(_event: Trace<'_>) {}
 
 /// True when a test removed the post-link check (the mutation that brings
 /// back "a fence issued twice"), to prove the race tests catch it.
@@ -335,28 +393,168 @@ pub(crate) fn skip_post_link_check() -> bool {
     false
 }
 
-/// Sleeps at `point` for the milliseconds a test gave in
-/// `RUNKEEP_FS_TEST_DELAY=<point>:<ms>` (a slow disk or a descheduled
-/// process, without stopping it).
+/// A point where a test may slow this process down without stopping it (a
+/// slow disk, a descheduled process): `RUNKEEP_FS_TEST_DELAY=<point>:<ms>`,
+/// several separated by `,`, across processes. One enum, like [`Pause`]: a
+/// call site cannot misspell its point, a test that names no point is
+/// refused, and without the `testing` feature the names are not compiled
+/// in.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub(crate) enum Delay {
+    /// `append-before-recheck`: an append about to check its fence again.
+    AppendBeforeRecheck,
+    /// `claim-before-link`: a claim about to link its holding.
+    ClaimBeforeLink,
+    /// `claim-after-link`: a claim linked its holding and released the
+    /// run lock, not yet handed the lease back.
+    ClaimAfterLink,
+    /// `release-before-link`: a release about to link its tombstone.
+    ReleaseBeforeLink,
+    /// `document-before-lock`: a document written to its sidecar, the run
+    /// lock not yet taken.
+    DocumentBeforeLock,
+    /// `fsync`: every `fsync` of a file.
+    Fsync,
+}
+
 #[cfg(feature = "testing")]
-pub(crate) fn delay(point: &str) {
-    let Ok(spec) = std::env::var("RUNKEEP_FS_TEST_DELAY") else {
-        return;
-    };
-    for item in spec.split(',') {
-        if let Some((p, ms)) = item.split_once(':') {
-            if p == point {
-                if let Ok(ms) = ms.parse::<u64>() {
-                    std::thread::sleep(std::time::Duration::from_millis(ms));
-                }
+impl Delay {
+    /// Every point, for [`Delay::asked`].
+    const ALL: [Delay; 6] = [
+        Delay::AppendBeforeRecheck,
+        Delay::ClaimBeforeLink,
+        Delay::ClaimAfterLink,
+        Delay::ReleaseBeforeLink,
+        Delay::DocumentBeforeLock,
+        Delay::Fsync,
+    ];
+
+    /// Its name in `RUNKEEP_FS_TEST_DELAY`.
+    fn name(self) -> &'static str {
+        match self {
+            Delay::AppendBeforeRecheck => "append-before-recheck",
+            Delay::ClaimBeforeLink => "claim-before-link",
+            Delay::ClaimAfterLink => "claim-after-link",
+            Delay::ReleaseBeforeLink => "release-before-link",
+            Delay::DocumentBeforeLock => "document-before-lock",
+            Delay::Fsync => "fsync",
+        }
+    }
+
+    /// The milliseconds `RUNKEEP_FS_TEST_DELAY` gives this point, if any.
+    fn asked(self) -> Option<u64> {
+        self.ms_in(&std::env::var("RUNKEEP_FS_TEST_DELAY").ok()?)
+    }
+
+    /// The milliseconds `spec` (`<point>:<ms>,…`) gives this point. A name
+    /// that is no point, or a malformed item, panics (a misspelt delay would
+    /// never slow anything down).
+    fn ms_in(self, spec: &str) -> Option<u64> {
+        let mut ms = None;
+        for item in spec.split(',').filter(|i| !i.is_empty()) {
+            let parsed = item.split_once(':').and_then(|(p, n)| {
+                let point = Delay::ALL.into_iter().find(|d| d.name() == p)?;
+                Some((point, n.parse::<u64>().ok()?))
+            });
+            match parsed {
+                Some((point, n)) if point == self => ms = Some(n),
+                Some(_) => {}
+                None => panic!(
+                    "RUNKEEP_FS_TEST_DELAY={spec:?}: {item:?} is not <point>:<ms> with a delay point of runkeep-fs (see testing_hooks::Delay)"
+                ),
             }
         }
+        ms
+    }
+}
+
+/// Sleeps at `point` for the milliseconds a test gave in
+/// `RUNKEEP_FS_TEST_DELAY`.
+#[cfg(feature = "testing")]
+pub(crate) fn delay(point: Delay) {
+    if let Some(ms) = point.asked() {
+        std::thread::sleep(std::time::Duration::from_millis(ms));
     }
 }
 
 #[cfg(not(feature = "testing"))]
 #[inline(always)]
-pub(crate) fn delay(_point: &str) {}
+pub(crate) fn delay(_point: Delay) {}
+
+/// A part of one store a test switches off ([`Switches`]). One enum, like
+/// [`Mutation`]; without the `testing` feature nothing can switch a part
+/// off and its name is not compiled in.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub(crate) enum Switch {
+    /// `no-index`: the session index; every listing walks.
+    Index,
+    /// `no-inotify`: inotify; every watch polls.
+    Inotify,
+}
+
+#[cfg(feature = "testing")]
+impl Switch {
+    fn bit(self) -> u8 {
+        match self {
+            Switch::Index => 1,
+            Switch::Inotify => 2,
+        }
+    }
+
+    fn name(self) -> &'static str {
+        match self {
+            Switch::Index => "no-index",
+            Switch::Inotify => "no-inotify",
+        }
+    }
+}
+
+/// The parts of one store a test switched off. Without the `testing`
+/// feature it holds nothing and every part is on.
+#[derive(Default, Debug)]
+pub(crate) struct Switches {
+    #[cfg(feature = "testing")]
+    off: std::sync::atomic::AtomicU8,
+}
+
+impl Switches {
+    /// Switches `part` off for the rest of the store's life.
+    #[cfg(feature = "testing")]
+    pub(crate) fn switch_off(&self, part: Switch) {
+        self.off
+            .fetch_or(part.bit(), std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// Whether a test switched `part` off.
+    #[cfg(feature = "testing")]
+    pub(crate) fn is_off(&self, part: Switch) -> bool {
+        self.off.load(std::sync::atomic::Ordering::Relaxed) & part.bit() != 0
+    }
+
+    #[cfg(not(feature = "testing"))]
+    #[inline(always)]
+    pub(crate) fn is_off(&self, _part: Switch) -> bool {
+        false
+    }
+
+    /// Why `part` cannot be used when a test switched it off (for the log
+    /// line of the fallback); `None` when it is on.
+    #[cfg(feature = "testing")]
+    pub(crate) fn off_reason(&self, part: Switch) -> Option<String> {
+        self.is_off(part).then(|| {
+            format!(
+                "{} switched this store's {part:?} off (test seam)",
+                part.name()
+            )
+        })
+    }
+
+    #[cfg(not(feature = "testing"))]
+    #[inline(always)]
+    pub(crate) fn off_reason(&self, _part: Switch) -> Option<String> {
+        None
+    }
+}
 
 /// When a test asked for a short write at `point` on `path`: the error the
 /// write fails with after landing part of its buffer (half of it).
@@ -384,7 +582,7 @@ pub(crate) fn pause_requested(_point: Pause) -> bool {
     false
 }
 
-/// True when a test removed the `fsync` of `path` (a directory when `dir`)
+/// True when a test removed the `fsync` (`of` a directory or a file) of `path`
 /// to prove the power-loss harness (`crates/runkeep-powerloss`) catches a
 /// missing sync: `RUNKEEP_FS_TEST_MUTATION=no-dir-fsync` (every directory
 /// sync), `no-file-fsync` (every file sync), or either with `:<name>`,
@@ -392,11 +590,11 @@ pub(crate) fn pause_requested(_point: Pause) -> bool {
 /// starting with `<name>.` (`no-dir-fsync:claims`,
 /// `no-file-fsync:transcript.jsonl`).
 #[cfg(feature = "testing")]
-pub(crate) fn skip_sync(dir: bool, path: &Path) -> bool {
-    let Mutation::NoSync { dir: d, only } = mutation() else {
+pub(crate) fn skip_sync(of: Synced, path: &Path) -> bool {
+    let Mutation::NoSync { of: removed, only } = mutation() else {
         return false;
     };
-    if d != dir {
+    if removed != of {
         return false;
     }
     match only {
@@ -413,7 +611,7 @@ pub(crate) fn skip_sync(dir: bool, path: &Path) -> bool {
 
 #[cfg(not(feature = "testing"))]
 #[inline(always)]
-pub(crate) fn skip_sync(_dir: bool, _path: &Path) -> bool {
+pub(crate) fn skip_sync(_of: Synced, _path: &Path) -> bool {
     false
 }
 
@@ -431,7 +629,7 @@ pub(crate) fn count_checkpoint_read(_path: &Path) {}
 /// Counts one listing of a checkpoints directory (`cps_dir`).
 #[cfg(feature = "testing")]
 pub(crate) fn count_checkpoint_listing(cps_dir: &Path) {
-    crate::testing::note_checkpoint_dir_op(cps_dir, false);
+    crate::testing::note_checkpoint_dir_op(cps_dir, crate::testing::DirOp::Listing);
 }
 
 #[cfg(not(feature = "testing"))]
@@ -441,7 +639,7 @@ pub(crate) fn count_checkpoint_listing(_cps_dir: &Path) {}
 /// Counts one `stat` of a checkpoints directory or of one of its entries.
 #[cfg(feature = "testing")]
 pub(crate) fn count_checkpoint_stat(cps_dir: &Path) {
-    crate::testing::note_checkpoint_dir_op(cps_dir, true);
+    crate::testing::note_checkpoint_dir_op(cps_dir, crate::testing::DirOp::Stat);
 }
 
 #[cfg(not(feature = "testing"))]
@@ -493,7 +691,28 @@ pub(crate) fn transcript_reads(path: &Path) -> crate::transcript::ReadCost {
 
 #[cfg(test)]
 mod tests {
-    use super::Mutation;
+    use super::{Mutation, Synced};
+
+    #[cfg(feature = "testing")]
+    #[test]
+    fn every_delay_is_named_once_and_a_misspelt_one_is_refused() {
+        use super::Delay;
+        for d in Delay::ALL {
+            let spec = format!("{}:7", d.name());
+            assert_eq!(d.ms_in(&spec), Some(7), "{d:?}");
+            let others = Delay::ALL.into_iter().filter(|o| *o != d);
+            assert!(others.map(|o| o.ms_in(&spec)).all(|ms| ms.is_none()));
+        }
+        assert_eq!(
+            Delay::Fsync.ms_in("claim-after-link:300,fsync:3000"),
+            Some(3000)
+        );
+        // A typo must not run undelayed and pass for the wrong reason.
+        let typo = std::panic::catch_unwind(|| Delay::Fsync.ms_in("claim-after-lnk:300"));
+        assert!(typo.is_err(), "a misspelt delay point was accepted");
+        let no_ms = std::panic::catch_unwind(|| Delay::Fsync.ms_in("fsync"));
+        assert!(no_ms.is_err(), "a delay without milliseconds was accepted");
+    }
 
     #[test]
     fn every_mutation_is_named_once_and_a_misspelt_one_is_refused() {
@@ -502,14 +721,14 @@ mod tests {
         assert_eq!(
             Mutation::parse("no-dir-fsync:claims"),
             Mutation::NoSync {
-                dir: true,
+                of: Synced::Dir,
                 only: Some("claims".into())
             }
         );
         assert_eq!(
             Mutation::parse("no-file-fsync"),
             Mutation::NoSync {
-                dir: false,
+                of: Synced::File,
                 only: None
             }
         );

@@ -26,8 +26,10 @@ use rustix::fs::inotify::{self, CreateFlags, WatchFlags};
 
 use crate::checkpoints::CHECKPOINTS_DIR;
 use crate::claims::CLAIMS_DIR;
+use crate::inner::Inner;
 use crate::lock::META_DIR;
 use crate::run_state::LIFECYCLE_FILE;
+use crate::testing_hooks::{self, Switch, Trace};
 use crate::transcript::TRANSCRIPT;
 
 /// How often a notified watch wakes anyway (a lapsed lease changes no file).
@@ -189,7 +191,7 @@ fn start(base: &Path, run_dir: Option<PathBuf>, topic: &WatchTopic) -> Result<Wa
         }
     }
     let (tx, rx) = tokio::sync::watch::channel(0u64);
-    let traced = base.display().to_string();
+    let traced = base.to_path_buf();
     std::thread::Builder::new()
         .name("runkeep-fs-watch".into())
         .spawn(move || {
@@ -207,7 +209,7 @@ fn start(base: &Path, run_dir: Option<PathBuf>, topic: &WatchTopic) -> Result<Wa
                     Ok(0) => continue,
                     Ok(_) => {
                         if w.drain() {
-                            crate::testing_hooks::trace(|| format!("watch-woke {traced}"));
+                            testing_hooks::trace(Trace::WatchWoke(&traced));
                             tx.send_modify(|n| *n = n.wrapping_add(1));
                         }
                     }
@@ -223,18 +225,17 @@ fn start(base: &Path, run_dir: Option<PathBuf>, topic: &WatchTopic) -> Result<Wa
     Ok(Watch::notified(rx, FALLBACK))
 }
 
-/// The watch for `topic` on the store at `base` (`run_dir`: the run of an
-/// `Events` topic). `disabled` forces the polling fallback (tests).
-pub(crate) fn watch(
-    base: &Path,
-    run_dir: Option<PathBuf>,
-    topic: &WatchTopic,
-    disabled: bool,
-) -> Watch {
-    let result = if disabled {
-        Err("inotify is switched off for this store (test seam)".to_string())
-    } else {
-        start(base, run_dir, topic)
+/// The watch for `topic` on the store of `inner`: inotify, else (with a
+/// log line saying why) polling.
+pub(crate) fn watch(inner: &Inner, topic: &WatchTopic) -> Watch {
+    let base = inner.base();
+    let run_dir = match topic {
+        WatchTopic::Events(run) => Some(inner.run_dir(run)),
+        WatchTopic::Runnable(_) => None,
+    };
+    let result = match inner.switches.off_reason(Switch::Inotify) {
+        Some(why) => Err(why),
+        None => start(base, run_dir, topic),
     };
     match result {
         Ok(w) => w,

@@ -7,8 +7,8 @@
 //!
 //! Each scenario forces the interleaving: the worker process is stopped
 //! with SIGSTOP at the `*-before-link` pause point, the test checks it is
-//! stopped, moves the run 80 fences on (so the worker's target name is
-//! pruned: checked), SIGCONTs it, and reads the worker's outcome and the
+//! stopped, moves the run 80 fences on and waits out the prune grace period
+//! (so the worker's target name is pruned: checked), SIGCONTs it, and reads the worker's outcome and the
 //! store's trace of links (which proves the stale link was made). Each
 //! scenario also runs against the store with its post-link check removed
 //! (meta-tests), where the same fence is handed out twice.
@@ -127,11 +127,16 @@ fn names(dir: &Path) -> Vec<u64> {
     v
 }
 
+/// The mover's prune grace period: short, so the scenario can wait it out
+/// (the default is 5 s). The stopped worker's delay crosses it: the post-link
+/// check is what protects a runkeep claimer delayed past any grace period.
+const MOVER_GRACE: Duration = Duration::from_millis(200);
+
 fn run_scenario(role: &str, mutation: Option<&str>) -> Scenario {
     let dir = tempdir();
     let base = dir.path().join("runs");
     let trace = dir.path().join("trace");
-    let store = open(&base);
+    let store = open_with_grace(&base, MOVER_GRACE);
     let rt = rt();
     let s = scope("run_stale");
     let claims = base.join("run_stale").join("claims");
@@ -183,6 +188,9 @@ fn run_scenario(role: &str, mutation: Option<&str>) -> Scenario {
         assert!(rt.block_on(store.release(&s, f)).unwrap());
         handed.entry(f.get() + 1).or_default().push("mover".into());
     }
+    // Past the grace period, the next claim prunes the old names (the
+    // worker's target among them).
+    std::thread::sleep(MOVER_GRACE + Duration::from_millis(50));
     let live = take(&mut handed);
     let target_pruned = !names(&claims).contains(&target);
     signal(w.pid(), rustix::process::Signal::Cont);
@@ -324,12 +332,14 @@ fn a_claim_slower_than_its_ttl_never_returns_an_expired_lease() {
 
 /// Item 4: a claims directory with a large backlog of old holdings is worked
 /// down a bounded slice per claim (the work of one claim does not grow with
-/// the backlog), and a release prunes too, so `claims/` ends at 33 names.
+/// the backlog), and a release prunes too, so `claims/` ends at 33 names
+/// once the names are past the prune grace period (200 ms here, waited out).
 #[test]
 fn pruning_is_bounded_per_claim_and_a_release_prunes_too() {
     let dir = tempdir();
     let base = dir.path().join("runs");
-    let store = open(&base);
+    let grace = Duration::from_millis(200);
+    let store = open_with_grace(&base, grace);
     let rt = rt();
     let s = scope("run_backlog");
     let t0 = now_ms();
@@ -345,6 +355,8 @@ fn pruning_is_bounded_per_claim_and_a_release_prunes_too() {
         std::fs::write(claims.join(format!("{f}.json")), body).unwrap();
     }
     std::fs::remove_file(claims.join("1.json")).unwrap();
+    // The backlog is old: older than the grace period.
+    std::thread::sleep(grace + Duration::from_millis(50));
     let before = names(&claims).len();
     let got = rt
         .block_on(store.claim(&s, &opts("b", 60_000, t0 + 10)))
@@ -369,6 +381,17 @@ fn pruning_is_bounded_per_claim_and_a_release_prunes_too() {
         };
         f = l.fence;
     }
+    // The names those 40 rounds made are younger than the grace period and
+    // kept; past it, one more claim and release prune them too.
+    std::thread::sleep(grace + Duration::from_millis(50));
+    assert!(rt.block_on(store.release(&s, f)).unwrap());
+    let ClaimOutcome::Acquired(l) = rt
+        .block_on(store.claim(&s, &opts("b", 60_000, t0 + 100)))
+        .unwrap()
+    else {
+        panic!("must win");
+    };
+    f = l.fence;
     assert!(rt.block_on(store.release(&s, f)).unwrap());
     let left = names(&claims);
     assert_eq!(left.len(), 33, "{left:?}");

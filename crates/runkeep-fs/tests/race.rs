@@ -40,6 +40,11 @@ fn body_holder(base: &Path, run: &str, fence: u64) -> String {
 
 /// Lease TTL of the single-run race (the issue's reproduction used 30 ms).
 const RACE_TTL_MS: u64 = 30;
+/// The prune grace period of the single-run race's processes: below the
+/// delayed claimer's 500 ms, so its delay crosses it (the default 5 s
+/// would keep every name it aims at, and the race would no longer reach
+/// the post-link check).
+const RACE_GRACE_MS: u64 = 200;
 
 /// One process of the single-run race: claims the run over and over; each
 /// win is, in turn, released at once, renewed once and then released, or
@@ -50,7 +55,7 @@ fn single_run_worker() {
     let run = env("RUN");
     let me = env("HOLDER");
     let target: u64 = env("TARGET").parse().unwrap();
-    let store = open(&base);
+    let store = open_with_grace(&base, grace_from_env());
     let rt = rt();
     let s = scope(&run);
     let ttl_ms: u64 = std::env::var("TTL_MS")
@@ -166,6 +171,11 @@ fn single_run_race_with(
                 ("TARGET", target.to_string()),
                 ("START_AT", start.to_string()),
                 ("RUNKEEP_FS_TEST_TRACE", trace.display().to_string()),
+                // A prune grace period (200 ms) shorter than process 0's
+                // delay before each link (500 ms): its links still land on
+                // names pruned while it slept, which is what the post-link
+                // check is for (a claimer delayed past any grace period).
+                ("PRUNE_GRACE_MS", RACE_GRACE_MS.to_string()),
             ];
             e.extend(envs.iter().cloned());
             if i == 0 {
@@ -237,8 +247,9 @@ fn single_run_race_with(
 }
 
 /// Process 0 is delayed 500 ms before every link (claim, renewal and
-/// release): the others issue well over 33 fences meanwhile, so its links
-/// regularly land on names pruned while it slept. Its
+/// release): the others issue well over 33 fences meanwhile, and the names
+/// pass the 200 ms prune grace period, so its links regularly land on names
+/// pruned while it slept. Its
 /// ttl is 2 s, so a delayed win it is legitimately handed stays live (a
 /// claim slower than its ttl is never handed back, which would hide the
 /// stale link from the tally).

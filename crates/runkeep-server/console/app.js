@@ -7,7 +7,7 @@
 
 import { api, ApiError, getToken, runPath, setToken, whenUnauthorized, withQuery } from './api.js';
 import { tailEvents } from './sse.js';
-import { ago, badge, compact, facts, fill, h, isoLocal, jsonBlock, when } from './views.js';
+import { ago, badge, compact, duration, facts, fill, folded, h, isoLocal, jsonBlock, when } from './views.js';
 
 const main = document.getElementById('main');
 const statusEl = document.getElementById('status');
@@ -273,6 +273,7 @@ async function renderRuns(params, signal) {
   summary.textContent = `Page ${pageNo}: ${rows.length} run${rows.length === 1 ? '' : 's'}${page.cursor ? ', more after' : ''} (${ms} ms)`;
   summary.dataset.rows = String(rows.length);
   fill(tableWrap, runsTable(rows, dead));
+  lastErrors(tableWrap, rows.filter((r) => dead.has(r)), signal);
   const prev = h('button', {
     type: 'button',
     class: 'quiet',
@@ -293,6 +294,33 @@ async function renderRuns(params, signal) {
     },
   }, 'Next →');
   fill(pager, prev, h('span', {}, `Page ${pageNo}`), next);
+}
+
+/**
+ * Under each dead-lettered row's status, its last error: one lifecycle
+ * read per such row of the page (as `runkeep runs --dead-lettered` does).
+ */
+async function lastErrors(table, rows, signal) {
+  await Promise.all(
+    rows.map(async (r) => {
+      let l;
+      try {
+        l = await api(runPath(r.run, '/lifecycle'), { signal });
+      } catch {
+        return;
+      }
+      const last = l.failures?.length ? l.failures[l.failures.length - 1] : null;
+      const tr = [...table.querySelectorAll('tr[data-run]')].find((t) => t.dataset.run === r.run.runId && t.dataset.scope === scopeKey(r.run));
+      const cell = tr?.querySelector('td[data-label=Status] > div');
+      if (!last || !cell || signal.aborted) return;
+      const message = last.message.length > 120 ? `${last.message.slice(0, 119)}…` : last.message;
+      cell.append(h('span', { class: 'sub last-error', title: `${last.kind}: ${last.message}` }, `${last.kind}: ${message}`));
+    }),
+  );
+}
+
+function scopeKey(run) {
+  return [run.projectId, run.sessionId, run.parentRunId || ''].join('/');
 }
 
 function parkCell(park, now) {
@@ -347,7 +375,7 @@ function runsTable(rows, dead) {
         const cell = (label, ...content) => h('td', { 'data-label': label, class: label === 'Attempts' ? 'num' : undefined }, h('div', {}, content));
         return h(
           'tr',
-          { dataset: { run: r.run.runId, status: r.status } },
+          { dataset: { run: r.run.runId, scope: scopeKey(r.run), status: r.status, ...(dead.has(r) ? { dead: 'true' } : {}) } },
           cell('Run', h('a', { href: runHref(r.run), class: 'run-link' }, r.run.runId), h('span', { class: 'sub scope' }, `${r.run.projectId} / ${r.run.sessionId}`)),
           cell('Status', statusCell(r, dead)),
           cell('Park', parkCell(r.park, now)),
@@ -421,8 +449,10 @@ async function refreshRun(run, body, summary, signal) {
   const parked = [...cps].reverse().find((c) => c.pending);
   fill(
     body,
+    deadBanner(s.lifecycle, now),
     parked ? parkSection(run, parked, now, reload) : null,
     overviewSection(run, s, now, reload),
+    attemptsSection(s.lifecycle, now, signal),
     checkpointsSection(run, cps, now),
     auditSection(audit),
     reportSection(report),
@@ -457,11 +487,160 @@ function overviewSection(run, s, now, reload) {
       l.reason ? ['Reason', l.reason] : null,
       l.result !== undefined && l.result !== null ? ['Result', jsonBlock(l.result, 'Result')] : null,
       ['Lease', leaseText],
-      ['Attempts', `${l.attempts}${l.maxAttempts ? ` of at most ${l.maxAttempts}` : ''}`],
+      ['Attempts', attemptsText(l)],
       l.availableAt ? ['Not before', when(l.availableAt, now)] : null,
       ['Transcript', `${s.lastSeq} event${s.lastSeq === 1 ? '' : 's'}`],
     ]),
     actionsBlock(run, s, reload),
+  );
+}
+
+/** `3 of at most 3`: the attempts counted and the run's limit. */
+function attemptsText(l) {
+  return `${l.attempts}${l.maxAttempts ? ` of at most ${l.maxAttempts}` : ''}`;
+}
+
+/** `kind: message` of a failed attempt, the message folded when long. */
+function errorView(f) {
+  return h('span', { class: 'error' }, h('strong', { class: 'error-kind' }, f.kind), ': ', folded(f.message));
+}
+
+/**
+ * A `<time>` of `at` and how long until (or since) it, kept current each
+ * second while the view is shown: `2026-… (in 12 s)`, then `(3 s ago)`.
+ * `skew` is the store's clock minus this browser's.
+ */
+function countdown(at, skew, signal, { id, future, past }) {
+  const rel = h('span', { class: 'rel' });
+  const label = h('span', { class: 'countdown-label' });
+  const el = h(
+    'span',
+    { id, class: 'countdown', dataset: { at: String(at) } },
+    label,
+    ' ',
+    h('time', { datetime: new Date(at).toISOString(), title: new Date(at).toISOString() }, isoLocal(at)),
+    rel,
+  );
+  const tick = () => {
+    const left = at - (Date.now() + skew);
+    el.dataset.state = left > 0 ? 'waiting' : 'over';
+    label.textContent = left > 0 ? future : past;
+    rel.textContent = left > 0 ? ` (in ${duration(left)})` : ` (${duration(-left)} ago)`;
+    return left;
+  };
+  if (tick() > 0) {
+    const timer = setInterval(() => {
+      if (signal.aborted || !el.isConnected || tick() <= 0) clearInterval(timer);
+    }, 1000);
+    signal.addEventListener('abort', () => clearInterval(timer), { once: true });
+  }
+  return el;
+}
+
+/** The banner of a dead-lettered run: it stopped at its limit; the last error. */
+function deadBanner(l, now) {
+  if (l.deadLettered !== true) return null;
+  const last = l.failures?.length ? l.failures[l.failures.length - 1] : null;
+  return h(
+    'section',
+    { class: 'banner banner-dead', id: 'dead-banner', 'aria-labelledby': 'dead-banner-h' },
+    h('h2', { id: 'dead-banner-h' }, 'Dead-lettered'),
+    h(
+      'p',
+      {},
+      `The run failed ${l.attempts} attempt${l.attempts === 1 ? '' : 's'}${l.maxAttempts ? `, its limit of ${l.maxAttempts}` : ', its limit'}${l.reason ? ` (${l.reason})` : ''}: the store stopped retrying it`,
+      l.finishedAt ? [' at ', when(l.finishedAt, now)] : null,
+      '. No worker takes it again unless an operator reopens it.',
+    ),
+    last
+      ? h('p', { class: 'last-error', id: 'dead-last-error' }, h('span', { class: 'label' }, `Last error (attempt ${last.attempt}): `), errorView(last))
+      : h('p', { class: 'none' }, 'No error was kept: its holders lost the run (expired leases) until the limit.'),
+  );
+}
+
+/**
+ * Attempts: the count and its limit, the retry policy, when the run may
+ * be claimed again (its backoff), and the failed attempts, oldest first,
+ * each with its error and when the run was claimable again after it.
+ */
+function attemptsSection(l, now, signal) {
+  const failures = Array.isArray(l.failures) ? l.failures : [];
+  const skew = now - Date.now();
+  const waiting = l.status === 'active' && l.availableAt && l.availableAt > now;
+  const lastFailure = failures.length ? failures[failures.length - 1] : null;
+  const backingOff = waiting && lastFailure && lastFailure.retryAt === l.availableAt;
+  const policy = !l.retry
+    ? null
+    : l.retry.baseMs === 0 && l.retry.capMs === 0
+      ? 'none: retried at once'
+      : `${duration(l.retry.baseMs)} after the first failure, ×${l.retry.factor} after each next one, at most ${duration(l.retry.capMs)}; each wait is between half and all of that (jitter)`;
+  const pairs = [
+    ['Attempts', h('span', { id: 'attempts-count' }, attemptsText(l))],
+    policy ? ['Retry backoff', policy] : null,
+    waiting
+      ? [
+          backingOff ? 'Next attempt' : 'Not before',
+          countdown(l.availableAt, skew, signal, {
+            id: 'run-backoff',
+            future: backingOff ? 'backoff until' : 'deferred until',
+            past: backingOff ? 'backoff ended' : 'claimable since',
+          }),
+        ]
+      : null,
+  ];
+  const note = h(
+    'p',
+    { class: 'help' },
+    'An attempt is counted when a failed step is reported (its error is listed below) and when a holder loses its lease and another takes the run over (no error). The store keeps the newest 20 errors.',
+  );
+  if (failures.length === 0) {
+    return section('Attempts', 'attempts', facts(pairs), h('p', { class: 'none', id: 'no-failures' }, 'No failed attempt.'), note);
+  }
+  const cols = ['Attempt', 'Fence', 'Failed', 'Error', 'Then'];
+  const rows = failures.map((f, i) => {
+    let then;
+    if (f.retryAt !== undefined && f.retryAt !== null) {
+      const wait = f.retryAt - f.at;
+      then = h(
+        'span',
+        {},
+        f.retryAt > now && l.status === 'active' && i === failures.length - 1
+          ? countdown(f.retryAt, skew, signal, { future: 'backoff until', past: 'claimable again' })
+          : [h('span', { class: 'countdown-label' }, 'claimable again '), when(f.retryAt, now)],
+        h('span', { class: 'sub' }, wait > 0 ? `after a backoff of ${duration(wait)}` : 'at once (no backoff)'),
+      );
+    } else {
+      then = l.deadLettered && i === failures.length - 1
+        ? h('span', {}, badge('dead-lettered', 'dead'), h('span', { class: 'sub' }, 'the limit was reached: not retried'))
+        : h('span', { class: 'none' }, 'not retried');
+    }
+    const cell = (label, ...content) => h('td', { 'data-label': label, class: label === 'Attempt' || label === 'Fence' ? 'num' : undefined }, h('div', {}, content));
+    return h(
+      'tr',
+      { dataset: { attempt: String(f.attempt) } },
+      cell('Attempt', String(f.attempt)),
+      cell('Fence', String(f.fence)),
+      cell('Failed', when(f.at, now)),
+      cell('Error', errorView(f)),
+      cell('Then', then),
+    );
+  });
+  return section(
+    `Attempts (${failures.length} failed)`,
+    'attempts',
+    facts(pairs),
+    h(
+      'div',
+      { class: 'table-wrap' },
+      h(
+        'table',
+        { class: 'failures', id: 'failures' },
+        h('caption', { class: 'visually-hidden' }, 'Failed attempts, oldest first'),
+        h('thead', {}, h('tr', {}, cols.map((c) => h('th', { scope: 'col' }, c)))),
+        h('tbody', {}, rows),
+      ),
+    ),
+    note,
   );
 }
 
@@ -471,7 +650,7 @@ function actionsBlock(run, s, reload) {
     return h(
       'p',
       { class: 'help', id: 'no-actions' },
-      `Your token's role (${me.role}) can look, not act: answering parks, releasing, reopening and pruning need an operator token.`,
+      `Your token's role (${me.role}) can look, not act: answering parks, releasing, cancelling, reopening and pruning need an operator token.`,
     );
   }
   const buttons = [];
@@ -490,6 +669,25 @@ function actionsBlock(run, s, reload) {
             reload,
           ),
       }, 'Release lease…'),
+    );
+  }
+  if (s.lifecycle.status === 'active') {
+    buttons.push(
+      h('button', {
+        type: 'button',
+        id: 'cancel-run',
+        class: 'danger',
+        onclick: () =>
+          act(
+            'Cancel the run?',
+            `${run.runId} is active${s.lease && s.lease.holder && !s.lease.expired ? ` and held by ${s.lease.holder}` : ''}. Cancelling finishes it as cancelled: its holding ends, its holder's next write is refused, and no worker takes it again unless it is reopened. Its checkpoints and transcript stay.`,
+            'Cancel run',
+            ({ reason }) => api(runPath(run, '/cancel'), { method: 'POST', body: reason ? { reason } : {} }),
+            (l) => `Cancelled: the run is finished as ${l.status}${l.reason ? ` (${l.reason})` : ''}.`,
+            reload,
+            { reason: true, dismiss: 'Keep running', dismissed: 'Not cancelled; nothing was changed.' },
+          ),
+      }, 'Cancel run…'),
     );
   }
   if (s.lifecycle.status !== 'active') {
@@ -541,39 +739,63 @@ function actionsBlock(run, s, reload) {
 
 const dialog = document.getElementById('confirm');
 
-/** Asks for confirmation in a modal dialog; resolves true on Confirm. */
-function confirmDialog(title, text, okLabel) {
+/**
+ * Asks for confirmation in a modal dialog. Resolves null when dismissed
+ * (its dismiss button, Escape), else `{reason}`: the optional reason typed
+ * in the dialog when `opts.reason` asks for one (`''` when left empty).
+ * `opts.dismiss` names the dismiss button (`Cancel` by default).
+ */
+function confirmDialog(title, text, okLabel, opts = {}) {
   document.getElementById('confirm-title').textContent = title;
   document.getElementById('confirm-text').textContent = text;
   const ok = document.getElementById('confirm-ok');
   const cancel = document.getElementById('confirm-cancel');
+  const fields = document.getElementById('confirm-fields');
   ok.textContent = okLabel;
+  cancel.textContent = opts.dismiss || 'Cancel';
+  const reason = opts.reason
+    ? h('input', { id: 'confirm-reason', name: 'reason', type: 'text', maxlength: 4096, autocomplete: 'off', 'aria-describedby': 'confirm-reason-help' })
+    : null;
+  fill(
+    fields,
+    reason
+      ? [
+          h('label', { for: 'confirm-reason' }, 'Reason (optional)'),
+          reason,
+          h('p', { class: 'help', id: 'confirm-reason-help' }, 'Kept as the run\'s finish reason.'),
+        ]
+      : null,
+  );
+  fields.hidden = !reason;
   return new Promise((resolve) => {
     const done = (v) => {
       ok.removeEventListener('click', onOk);
       cancel.removeEventListener('click', onCancel);
       dialog.removeEventListener('close', onClose);
       if (dialog.open) dialog.close();
+      fill(fields);
+      fields.hidden = true;
       resolve(v);
     };
-    const onOk = () => done(true);
-    const onCancel = () => done(false);
-    const onClose = () => done(false);
+    const onOk = () => done({ reason: reason ? reason.value.trim() : '' });
+    const onCancel = () => done(null);
+    const onClose = () => done(null);
     ok.addEventListener('click', onOk);
     cancel.addEventListener('click', onCancel);
     dialog.addEventListener('close', onClose);
     dialog.showModal();
-    cancel.focus();
+    (reason || cancel).focus();
   });
 }
 
-async function act(title, text, okLabel, call, message, reload) {
-  if (!(await confirmDialog(title, text, okLabel))) {
-    say('Cancelled; nothing was changed.');
+async function act(title, text, okLabel, call, message, reload, opts) {
+  const answer = await confirmDialog(title, text, okLabel, opts);
+  if (!answer) {
+    say(opts?.dismissed || 'Cancelled; nothing was changed.');
     return;
   }
   try {
-    const r = await call();
+    const r = await call(answer);
     say(message(r), 'ok');
   } catch (e) {
     say(`Refused: ${problemText(e)}`, 'error');

@@ -87,3 +87,31 @@ export function badge(text, kind = text) {
 export function facts(pairs) {
   return h('dl', { class: 'facts' }, pairs.filter(Boolean).map(([k, v]) => [h('dt', {}, k), h('dd', {}, v)]));
 }
+
+/** A length of time, short: `12 s`, `3 min 5 s`, `2 h 10 min`, `1 d 3 h`. */
+export function duration(ms) {
+  const s = Math.max(0, Math.round(ms / 1000));
+  if (s < 60) return `${s} s`;
+  const two = (a, ua, b, ub) => (b ? `${a} ${ua} ${b} ${ub}` : `${a} ${ua}`);
+  if (s < 3600) return two(Math.floor(s / 60), 'min', s % 60, 's');
+  if (s < 86400) return two(Math.floor(s / 3600), 'h', Math.floor((s % 3600) / 60), 'min');
+  return two(Math.floor(s / 86400), 'd', Math.floor((s % 86400) / 3600), 'h');
+}
+
+/**
+ * A text that may be long (an error message): shown whole when short and
+ * on one line, else folded: its first line (cut) as a `<summary>`, the
+ * whole text in a `<pre>` below. Always as text, never as HTML.
+ */
+export function folded(text, { max = 160, className = 'error-text' } = {}) {
+  const s = String(text ?? '');
+  const firstLine = s.split(/\r\n|\r|\n/, 1)[0];
+  if (s.length <= max && firstLine === s) return h('span', { class: className }, s);
+  const head = firstLine.length > max ? `${firstLine.slice(0, max - 1)}…` : `${firstLine} …`;
+  return h(
+    'details',
+    { class: `fold ${className}` },
+    h('summary', {}, h('span', { class: 'fold-head' }, head), h('span', { class: 'fold-note' }, ` (${s.length} characters; open to read it all)`)),
+    h('pre', { class: 'fold-body', tabindex: 0 }, s),
+  );
+}

@@ -42,10 +42,18 @@ class Lease:
     holder: str
     fence: int
     expires_at: int
+    #: The run's own attempt timeout, ms (set on enqueue); ``None``: none.
+    attempt_timeout_ms: int | None = None
 
     @staticmethod
     def of(body: Mapping[str, Any]) -> "Lease":
-        return Lease(holder=body["holder"], fence=int(body["fence"]), expires_at=int(body["expiresAt"]))
+        timeout = body.get("attemptTimeoutMs")
+        return Lease(
+            holder=body["holder"],
+            fence=int(body["fence"]),
+            expires_at=int(body["expiresAt"]),
+            attempt_timeout_ms=int(timeout) if timeout is not None else None,
+        )
 
 
 @dataclass(frozen=True)
@@ -453,11 +461,17 @@ class _Api:
         available_at: int | None = None,
         max_attempts: int | None = None,
         retry: RetryPolicy | Mapping[str, Any] | None = None,
+        attempt_timeout_ms: int | None = None,
+        deadline: int | None = None,
     ) -> Answer[dict]:
         """Creates the run with its first checkpoint. ``max_attempts``: its
         attempt limit; ``retry``: its backoff after a failed attempt (a
-        :class:`RetryPolicy`, or the wire's ``{"baseMs", "factor", "capMs"}``)."""
-        body = _drop_none({"checkpoint": dict(checkpoint), "availableAt": available_at, "maxAttempts": max_attempts, "retry": _retry_body(retry)})
+        :class:`RetryPolicy`, or the wire's ``{"baseMs", "factor", "capMs"}``);
+        ``attempt_timeout_ms``: each attempt's time limit (on every lease, a
+        worker stops a handler past it); ``deadline`` (epoch ms, store clock):
+        the first claim after it finishes the run as failed, reason
+        ``deadline``."""
+        body = _drop_none({"checkpoint": dict(checkpoint), "availableAt": available_at, "maxAttempts": max_attempts, "retry": _retry_body(retry), "attemptTimeoutMs": attempt_timeout_ms, "deadline": deadline})
         return self._call("enqueue", run, body=body)
 
     def reopen(self, run: RunRef) -> Answer[Lifecycle]:

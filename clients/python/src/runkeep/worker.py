@@ -590,7 +590,12 @@ class Worker:
         """Runs the handler: ``("returned", value)``, ``("raised", exc)``,
         ``("timeout", None)`` or ``("lost", None)`` (stopped waiting on a
         handler whose holding was lost; only with ``attempt_timeout``)."""
-        if self.attempt_timeout is None:
+        # The run's own attempt timeout (set on enqueue, on its lease) and
+        # the worker's: the shorter one holds.
+        own = held.lease.attempt_timeout_ms
+        limits = [t for t in (self.attempt_timeout, own / 1000 if own is not None else None) if t is not None]
+        limit = min(limits) if limits else None
+        if limit is None:
             try:
                 return ("returned", handler(held))
             except Exception as e:
@@ -607,13 +612,13 @@ class Worker:
                 done.set()
 
         threading.Thread(target=target, name=f"runkeep-handler-{held.run.run}", daemon=True).start()
-        ends = time.monotonic() + self.attempt_timeout
+        ends = time.monotonic() + limit
         while not done.is_set():
             if held.lost.is_set():
                 return ("lost", None)
             left = ends - time.monotonic()
             if left <= 0:
-                held.stop_step("timeout", f"the handler ran past the attempt timeout of {self.attempt_timeout} s")
+                held.stop_step("timeout", f"the handler ran past the attempt timeout of {limit} s")
                 return ("timeout", None)
             done.wait(min(left, 0.02))
         if "error" in box:

@@ -14,16 +14,18 @@
 //! the page is still built from the run's files, exactly as the walk builds
 //! it, and the entry is corrected from what was read.
 //!
-//! Where each part lives: the summary and the filters in `summary.rs`, the
-//! tables and every change to them in `store.rs`, the stamps and the
-//! sweeper in `sweep.rs`, what it needs from the machine (`runkeep doctor`)
-//! in `outlook.rs`; this file keeps the watches' rules and the lifecycle of
-//! the index (built, refused, rebuilt).
+//! Where each part lives, top-down: this file keeps the lifecycle of the
+//! index (built, refused, rebuilt) and its test seams; `store.rs` its
+//! state, the tables and every change to them; `sweep.rs` the stamps and
+//! the sweeper; `summary.rs` the summary and the filters; `outlook.rs` what
+//! it needs from the machine (`runkeep doctor`); `common.rs`, below them
+//! all, the run directories it watches (keys, kinds, masks), `Refusal` and
+//! `Found`.
 //!
 //! The entries and both orders live in an ordered on-disk B-tree (redb) in
 //! an unnamed temporary file (`O_TMPFILE` on the store's filesystem, else
 //! the system temporary directory), with a fixed page cache
-//! ([`CACHE_BYTES`]): the process keeps nothing per run in memory, so a
+//! ([`store::CACHE_BYTES`]): the process keeps nothing per run in memory, so a
 //! listing's resident memory does not grow with the store. The file is
 //! scratch — never synced for durability, gone with the process, rebuilt by
 //! the next one — and a failure of it drops the index (the listing walks).
@@ -53,14 +55,14 @@
 //!
 //! # Over the watch budget: swept by stamp
 //!
-//! A run directory costs up to five watches (see [`watched_dirs`]) from a
+//! A run directory costs up to five watches (see [`common::watched_dirs`]) from a
 //! per-user limit (`fs.inotify.max_user_watches`). The indexes of one
 //! process hold at most half of that limit together (a second listing
 //! process and the user's other inotify users keep theirs), or less if
 //! `add_watch` says the limit is reached. Run directories past it are **swept** instead: each keeps the
-//! [`Stamp`] of its directories taken before it was read, and a sweeper
+//! [`sweep::Stamp`] of its directories taken before it was read, and a sweeper
 //! thread compares every swept stamp with the directories at least every
-//! [`SWEEP_EVERY`] (pausing four times as long as a pass took) and re-reads
+//! [`sweep::SWEEP_EVERY`] (pausing four times as long as a pass took) and re-reads
 //! the runs whose stamp moved or was too young to trust. A run read as not
 //! finished whose stamp moves takes the watches of a finished one (which is
 //! then swept; at most 256 per transaction, never during a build: each
@@ -83,222 +85,53 @@
 //! deferral ending) — which is not a change at all: the summary keeps the
 //! instants and every filter is judged at the page's `now`.
 
-use std::collections::BTreeSet;
-use std::ops::Bound;
-use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::atomic::AtomicBool;
-use std::sync::{Arc, Mutex, Weak};
-use std::time::{Duration, Instant};
+use std::sync::{Arc, Mutex};
 
-use redb::{Database, Durability, ReadableDatabase, ReadableTable, Table, TableDefinition};
-use runkeep::listing::{ListQuery, RowKey};
-use runkeep::park::ParkState;
-use runkeep::{ListOrder, RunId, RunStatus, Timestamp, TopHolding};
-use rustix::fs::inotify::{self, CreateFlags, ReadFlags, WatchFlags};
+use runkeep::listing::RowKey;
+use runkeep::ListOrder;
 
-use crate::checkpoints::CHECKPOINTS_DIR;
-use crate::claims::CLAIMS_DIR;
-use crate::listing::{self, Candidate, RunRead};
-use crate::lock::META_DIR;
-use crate::run_state::LIFECYCLE_FILE;
-use crate::sys::Ctx;
-
-/// The directory a run's sub-runs live in.
-const CHILDREN_DIR: &str = "children";
-
-/// A run directory: `(parent, run)`.
-type DirKey = (Option<RunId>, RunId);
-
+// Top-down: this file (the index's life) uses the store and the sweeper;
+// they use the summary and what every part shares (`common`).
+mod common;
 mod outlook;
 mod store;
 mod summary;
 mod sweep;
 
+pub(crate) use common::Found;
+use common::{remote, Refusal};
 pub use outlook::IndexOutlook;
-use store::*;
+use store::{refused, BuildHook, BuildSettings, Built, State};
 pub(crate) use summary::Summary;
-use summary::*;
-use sweep::*;
-
-#[derive(Clone, Copy, PartialEq, Eq, Debug)]
-enum Kind {
-    /// The store directory: run directories come and go here.
-    Base,
-    /// A run directory: its subdirectories come and go here.
-    Run,
-    /// `checkpoints/` or `claims/`: every change matters.
-    Rows,
-    /// `.runkeep/`: only the lifecycle record matters.
-    Meta,
-    /// A run's `children/`: sub-run directories come and go here.
-    Children,
-}
-
-/// The events a watch asks for.
-fn mask(kind: Kind) -> WatchFlags {
-    let tree = WatchFlags::CREATE
-        | WatchFlags::DELETE
-        | WatchFlags::MOVED_FROM
-        | WatchFlags::MOVED_TO
-        | WatchFlags::DELETE_SELF
-        | WatchFlags::MOVE_SELF
-        | WatchFlags::ONLYDIR;
-    match kind {
-        Kind::Base | Kind::Run | Kind::Children => tree,
-        // In-place rewrites too (a truncated checkpoint, an edited body).
-        Kind::Rows => tree | WatchFlags::MODIFY | WatchFlags::ATTRIB | WatchFlags::CLOSE_WRITE,
-        Kind::Meta => tree | WatchFlags::CLOSE_WRITE,
-    }
-}
-
-/// A candidate the index found, with its entry's generation.
-pub(crate) struct Found {
-    pub(crate) key: RowKey,
-    pub(crate) candidate: Candidate,
-    generation: u64,
-}
-
-/// Why the index cannot be used.
-#[derive(Clone, Debug)]
-struct Refusal(String);
-
-/// A failure of the scratch store: the index is dropped and the listing
-/// walks (correct, O(runs)), rather than answering from a store it cannot
-/// trust.
-fn store_failed(e: impl std::fmt::Display) -> Refusal {
-    Refusal(format!("the session index's scratch file failed ({e})"))
-}
-
-/// Whether `path` is a real directory (not a link to one).
-fn is_real_dir(path: &Path) -> bool {
-    std::fs::symlink_metadata(path).is_ok_and(|m| m.is_dir())
-}
-
-/// Run directories named `run_*` in `dir` (the walk's rule).
-fn run_names(dir: &Path) -> Vec<RunId> {
-    crate::sys::list_dir(dir)
-        .ok()
-        .flatten()
-        .unwrap_or_default()
-        .into_iter()
-        .filter(|i| i.file_type.is_dir() && crate::listing::is_listed_run_name(&i.name))
-        .filter_map(|i| RunId::new(&i.name).ok())
-        .collect()
-}
-
-/// The directories watched for one run directory: itself, `checkpoints/`,
-/// `claims/`, `.runkeep/` and (a top-level run's) `children/` — those that
-/// exist get a watch.
-fn watched_dirs(dir: &Path, top_level: bool) -> Vec<(PathBuf, Kind)> {
-    let mut out = vec![
-        (dir.to_path_buf(), Kind::Run),
-        (dir.join(CHECKPOINTS_DIR), Kind::Rows),
-        (dir.join(CLAIMS_DIR), Kind::Rows),
-        (dir.join(META_DIR), Kind::Meta),
-    ];
-    if top_level {
-        out.push((dir.join(CHILDREN_DIR), Kind::Children));
-    }
-    out
-}
-
-/// The directory of a run in the store at `base`.
-fn dir_of(base: &Path, k: &DirKey) -> PathBuf {
-    match &k.0 {
-        Some(p) => base.join(p.as_str()).join(CHILDREN_DIR).join(k.1.as_str()),
-        None => base.join(k.1.as_str()),
-    }
-}
-
-/// Filesystems where inotify does not see other hosts' (or the server's)
-/// writes: `statfs` magic numbers.
-const REMOTE_MAGIC: &[i64] = &[
-    0x6969,                 // NFS
-    0x517B,                 // SMB
-    0xFF53_4D42_u32 as i64, // CIFS
-    0xFE53_4D42_u32 as i64, // SMB2
-    0x6573_5546,            // FUSE
-    0x0102_1997,            // 9P
-    0x00C3_6400,            // Ceph
-    0x5346_414F,            // AFS
-    0x7375_7245,            // Coda
-    0x564C,                 // NCP
-    0x0116_1970,            // GFS2
-    0x7461_636F,            // OCFS2
-    0x0BD0_0BD0,            // Lustre
-    0x4750_4653,            // GPFS
-];
-
-fn remote(base: &Path) -> Option<String> {
-    let st = rustix::fs::statfs(base).ok()?;
-    #[allow(
-        clippy::unnecessary_cast,
-        reason = "the stat field types differ between platforms: the cast is needed where they are signed"
-    )]
-    let magic = st.f_type as i64;
-    REMOTE_MAGIC.contains(&magic).then(|| {
-        format!("{} is on a network or FUSE filesystem (statfs type {magic:#x}), where inotify does not see other hosts' writes", base.display())
-    })
-}
 
 /// The index of one store (shared by its clones and its build thread).
 #[derive(Default)]
 pub(crate) struct SessionIndex {
     state: Arc<Mutex<State>>,
     hook: Mutex<Option<BuildHook>>,
-    /// Test seams: the watch budget of the next build (`None`: half the
-    /// user's limit) and its racy window (`None`: [`RACY_NS`]).
-    budget: Mutex<(Option<u64>, Option<i128>)>,
+    /// Test seams: the watch budget and racy window of the next build.
+    settings: Mutex<BuildSettings>,
     /// Test seam: the sweeper skips its passes while set.
     sweeper_paused: Arc<AtomicBool>,
-}
-
-#[derive(Default)]
-enum State {
-    /// Not built yet: the next listing starts the build.
-    #[default]
-    Unbuilt,
-    /// Being built by a background thread; listings walk meanwhile.
-    Building,
-    /// Cannot be used; the listing walks. (The reason was logged when it
-    /// was refused; tests and benches read it back through `status`.)
-    Refused(
-        #[cfg_attr(
-            not(feature = "testing"),
-            allow(dead_code, reason = "read only by the test seams")
-        )]
-        String,
-    ),
-    Built(Box<Built>),
-}
-
-fn refused(base: &Path, why: String) -> State {
-    tracing::warn!(
-        "the directory store at {} lists by walking every run directory (O(runs) per page): {why}",
-        base.display()
-    );
-    State::Refused(why)
 }
 
 /// Index builds running in this process, and how many may.
 static BUILDS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
 const MAX_BUILDS: usize = 2;
 
-/// A test's code run inside the build (after the store directory was read).
-type BuildHook = Box<dyn FnOnce() + Send>;
-
 /// Builds the index of `base` and installs it, unless the state moved on.
 fn build_into(
     state: &Arc<Mutex<State>>,
     base: &Path,
     hook: Option<BuildHook>,
-    budget: (Option<u64>, Option<i128>),
+    settings: BuildSettings,
     paused: &Arc<AtomicBool>,
 ) {
     let built = match remote(base) {
         Some(why) => Err(Refusal(why)),
-        None => Built::build(base, hook, budget.0, budget.1),
+        None => Built::build(base, hook, settings),
     };
     let mut st = state.lock().unwrap_or_else(|p| p.into_inner());
     if matches!(*st, State::Building) {
@@ -336,12 +169,12 @@ impl SessionIndex {
         *st = State::Building;
         let (state, dir) = (self.state.clone(), base.to_path_buf());
         let hook = self.hook.lock().unwrap_or_else(|p| p.into_inner()).take();
-        let budget = *self.budget.lock().unwrap_or_else(|p| p.into_inner());
+        let settings = *self.settings.lock().unwrap_or_else(|p| p.into_inner());
         let paused = self.sweeper_paused.clone();
         let spawned = std::thread::Builder::new()
             .name("runkeep-fs-index".into())
             .spawn(move || {
-                build_into(&state, &dir, hook, budget, &paused);
+                build_into(&state, &dir, hook, settings, &paused);
                 BUILDS.fetch_sub(1, Ordering::SeqCst);
             });
         if let Err(e) = spawned {
@@ -352,15 +185,7 @@ impl SessionIndex {
 
     /// Runs `f` on the index brought up to date with the directory, or
     /// answers `None` when the index cannot be used (yet): the caller walks.
-    fn with<T>(
-        &self,
-        base: &Path,
-        off: bool,
-        f: impl FnOnce(&Built) -> Result<T, Refusal>,
-    ) -> Option<T> {
-        if off {
-            return None;
-        }
+    fn with<T>(&self, base: &Path, f: impl FnOnce(&Built) -> Result<T, Refusal>) -> Option<T> {
         let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
         match &mut *st {
             State::Refused(_) | State::Building => None,
@@ -401,13 +226,12 @@ impl SessionIndex {
     pub(crate) fn candidates(
         &self,
         base: &Path,
-        off: bool,
         order: ListOrder,
         after: Option<&RowKey>,
         want: usize,
         keep: &dyn Fn(&Summary) -> bool,
     ) -> Option<Vec<Found>> {
-        self.with(base, off, |b| b.scan(order, after, want, keep))
+        self.with(base, |b| b.scan(order, after, want, keep))
     }
 
     /// Corrects a run's entry from a read the caller made after the index
@@ -481,26 +305,6 @@ impl SessionIndex {
     }
 }
 
-impl crate::inner::Inner {
-    /// [`SessionIndex::candidates`] on this store's index.
-    pub(crate) fn index_candidates(
-        &self,
-        order: ListOrder,
-        after: Option<&RowKey>,
-        want: usize,
-        keep: &dyn Fn(&Summary) -> bool,
-    ) -> Option<Vec<Found>> {
-        let off = self.no_index.load(std::sync::atomic::Ordering::Relaxed);
-        self.index
-            .candidates(self.base(), off, order, after, want, keep)
-    }
-
-    /// [`SessionIndex::reconcile`] on this store's index.
-    pub(crate) fn index_reconcile(&self, found: &Found, summary: Option<Summary>) {
-        self.index.reconcile(found, summary);
-    }
-}
-
 #[cfg(feature = "testing")]
 impl crate::testing::StoreSeams<'_> {
     /// Test seam: never use the session index (every listing walks).
@@ -508,8 +312,8 @@ impl crate::testing::StoreSeams<'_> {
     pub fn disable_index(&self) {
         self.0
             .inner
-            .no_index
-            .store(true, std::sync::atomic::Ordering::Relaxed);
+            .switches
+            .switch_off(crate::testing_hooks::Switch::Index);
     }
 
     /// Test seam: `Ok(run directories indexed)` when the index is in use,
@@ -526,10 +330,10 @@ impl crate::testing::StoreSeams<'_> {
         self.0
             .inner
             .index
-            .budget
+            .settings
             .lock()
             .unwrap_or_else(|p| p.into_inner())
-            .0 = Some(watches);
+            .watch_budget = Some(watches);
     }
 
     /// Test seam: stamps of the next index build are trusted however young
@@ -539,10 +343,10 @@ impl crate::testing::StoreSeams<'_> {
         self.0
             .inner
             .index
-            .budget
+            .settings
             .lock()
             .unwrap_or_else(|p| p.into_inner())
-            .1 = Some(0);
+            .racy_ns = Some(0);
     }
 
     /// Test seam: the index's background sweeper skips its passes while
@@ -559,7 +363,7 @@ impl crate::testing::StoreSeams<'_> {
     /// Test seam: one sweep pass now; `Some((checked, re-read))`.
     #[doc(hidden)]
     pub fn index_sweep(&self) -> Option<(usize, usize)> {
-        sweep_pass(&self.0.inner.index.state, false)
+        sweep::sweep_pass(&self.0.inner.index.state, false)
     }
 
     /// Test seam: `(run directories indexed, swept by stamp, inotify

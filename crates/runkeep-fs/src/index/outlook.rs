@@ -1,6 +1,8 @@
 //! What the index needs from this machine (`runkeep doctor`).
 
-use super::*;
+use std::path::Path;
+
+use super::common::{is_real_dir, remote, run_names, watched_dirs, CHILDREN_DIR};
 
 /// What the session index of one store directory needs from this machine
 /// (`runkeep doctor`'s `store.listing-index`).

@@ -2,7 +2,29 @@
 //! (redb), their encodings, and every change to them (one write
 //! transaction's [`Writer`]).
 
-use super::*;
+use std::collections::BTreeSet;
+use std::ops::Bound;
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::path::{Path, PathBuf};
+
+use redb::{Database, Durability, ReadableDatabase, ReadableTable, Table, TableDefinition};
+use runkeep::listing::RowKey;
+use runkeep::{ListOrder, RunId, RunStatus, Timestamp};
+use rustix::fs::inotify::{self, CreateFlags, ReadFlags};
+
+use super::common::{
+    dir_of, is_real_dir, mask, run_names, store_failed, watched_dirs, DirKey, Found, Kind, Refusal,
+    CHILDREN_DIR,
+};
+use super::outlook::IndexOutlook;
+use super::summary::{ParkTimes, Summary};
+use super::sweep::{stamp_of, Stamp, RACY_NS};
+use crate::checkpoints::CHECKPOINTS_DIR;
+use crate::claims::CLAIMS_DIR;
+use crate::listing::{self, Candidate};
+use crate::lock::META_DIR;
+use crate::run_state::LIFECYCLE_FILE;
+use crate::sys::Ctx;
 
 /// The scratch store's tables. Keys and values are this module's own
 /// encodings (below); nothing here outlives the process.
@@ -263,6 +285,39 @@ pub(super) fn kind_of(c: u8) -> Kind {
     }
 }
 
+/// Where the index of a store is in its life: what a listing asks it
+/// for first (and the sweeper thread before each pass).
+#[derive(Default)]
+pub(super) enum State {
+    /// Not built yet: the next listing starts the build.
+    #[default]
+    Unbuilt,
+    /// Being built by a background thread; listings walk meanwhile.
+    Building,
+    /// Cannot be used; the listing walks. (The reason was logged when it
+    /// was refused; tests and benches read it back through `status`.)
+    Refused(
+        #[cfg_attr(
+            not(feature = "testing"),
+            allow(dead_code, reason = "read only by the test seams")
+        )]
+        String,
+    ),
+    Built(Box<Built>),
+}
+
+/// The index given up, with the log line saying why the listing walks.
+pub(super) fn refused(base: &Path, why: String) -> State {
+    tracing::warn!(
+        "the directory store at {} lists by walking every run directory (O(runs) per page): {why}",
+        base.display()
+    );
+    State::Refused(why)
+}
+
+/// A test's code run inside the build (after the store directory was read).
+pub(super) type BuildHook = Box<dyn FnOnce() + Send>;
+
 /// The built index: the inotify descriptor and the scratch store.
 pub(super) struct Built {
     pub(super) fd: OwnedFd,
@@ -396,12 +451,22 @@ pub(super) struct Writer<'t> {
     pub(super) by_created: Table<'t, &'static [u8], &'static [u8]>,
 }
 
+/// What a test set for the next build (test seams). The default: the
+/// process's watch budget and [`RACY_NS`].
+#[derive(Clone, Copy, Default, Debug)]
+pub(super) struct BuildSettings {
+    /// The watches the build may hold, its own (`None`: half the user's
+    /// limit, shared by every index of the process).
+    pub(super) watch_budget: Option<u64>,
+    /// The racy window of its stamps (`None`: [`RACY_NS`]).
+    pub(super) racy_ns: Option<i128>,
+}
+
 impl Built {
     pub(super) fn build(
         base: &Path,
         hook: Option<BuildHook>,
-        budget: Option<u64>,
-        racy_ns: Option<i128>,
+        settings: BuildSettings,
     ) -> Result<Built, Refusal> {
         let db = redb::Builder::new()
             .set_cache_size(CACHE_BYTES)
@@ -416,9 +481,9 @@ impl Built {
             base: base.to_path_buf(),
             db,
             tally: Tally {
-                budget: budget.unwrap_or_else(watch_budget),
-                own_budget: budget.is_some(),
-                racy_ns: racy_ns.unwrap_or(RACY_NS),
+                budget: settings.watch_budget.unwrap_or_else(watch_budget),
+                own_budget: settings.watch_budget.is_some(),
+                racy_ns: settings.racy_ns.unwrap_or(RACY_NS),
                 ..Tally::default()
             },
             lazy_commits: 0,

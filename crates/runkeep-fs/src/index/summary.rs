@@ -1,6 +1,11 @@
 //! What the index keeps of a run's row, and how it answers the filters.
 
-use super::*;
+use runkeep::listing::{ListQuery, RowKey};
+use runkeep::park::ParkState;
+use runkeep::{ListOrder, RunStatus, Timestamp, TopHolding};
+
+use super::common::DirKey;
+use crate::listing::RunRead;
 
 /// When a run's park precedence changes state: what the park filter needs
 /// at any instant, without the park headers.

@@ -1,7 +1,16 @@
 //! Run directories past the watch budget: stamps, and the sweeper that
 //! compares them.
 
-use super::*;
+use std::ops::Bound;
+use std::path::Path;
+use std::sync::atomic::AtomicBool;
+use std::sync::{Arc, Mutex, Weak};
+use std::time::{Duration, Instant};
+
+use redb::ReadableDatabase;
+
+use super::common::{dir_of, store_failed, watched_dirs, Refusal};
+use super::store::{parse_dir_key, refused, Built, Entry, State, ENTRIES, SWEPT};
 
 /// What an unwatched run directory looked like when it was read: a hash of
 /// the identity, mode, mtime and ctime of each directory a watch would

@@ -14,9 +14,16 @@ use runkeep::{
     ListingScope, Result, RunDigest, RunPage, RunRow, RunScope, Timestamp,
 };
 
-use super::layout::{key_of, session_scope};
-use super::{FsRootStore, SessionKey, CLAIM_FETCH};
-use crate::FsStore;
+use super::layout::{self, key_of, session_scope, SessionKey};
+use super::routing;
+use super::session_cache::RootInner;
+use crate::diagnose::Diagnosis;
+use crate::fs_store::FsStore;
+
+/// How many candidates `claim_next` reads from a session at a time (the
+/// first claimable run is usually near the front; more are read as the
+/// merge consumes them).
+const CLAIM_FETCH: usize = 32;
 
 /// One session's rows in order, read a page at a time.
 struct Stream {
@@ -148,107 +155,120 @@ async fn still_matches(
     )
 }
 
-impl FsRootStore {
-    /// A page of the runs under `scope`: the sessions' listings merged
-    /// k-way in the core's order, each read at most a page past the cursor.
-    pub(super) async fn list_across(
-        &self,
-        scope: &ListingScope,
-        options: &ListOptions,
-    ) -> Result<RunPage> {
-        let query = ListQuery::new(scope, &options.judged_at(|| self.inner.clock.now()))?;
-        let sessions = self.sessions_async(scope).await?;
-        let fetch = ListOptions {
-            order: query.order,
-            park: query.park.clone(),
-            claimed: query.claimed,
-            status: query.status.clone(),
-            // One row past the page tells whether more remain.
-            limit: Some((query.limit + 1).min(MAX_LIMIT)),
-            cursor: None,
-            now: Some(query.now),
+/// A page of the runs under `scope`: the sessions' listings merged
+/// k-way in the core's order, each read at most a page past the cursor.
+pub(super) async fn list_across(
+    inner: &Arc<RootInner>,
+    scope: &ListingScope,
+    options: &ListOptions,
+) -> Result<RunPage> {
+    let query = ListQuery::new(scope, &options.judged_at(|| inner.clock.now()))?;
+    let sessions = routing::sessions(inner, scope).await?;
+    let fetch = ListOptions {
+        order: query.order,
+        park: query.park.clone(),
+        claimed: query.claimed,
+        status: query.status.clone(),
+        // One row past the page tells whether more remain.
+        limit: Some((query.limit + 1).min(MAX_LIMIT)),
+        cursor: None,
+        now: Some(query.now),
+    };
+    let mut merge = Merge::start(inner.fetched.clone(), sessions, &query, fetch).await?;
+    let mut rows = Vec::with_capacity(query.limit + 1);
+    while rows.len() <= query.limit {
+        let Some((key, row)) = merge.next().await? else {
+            break;
         };
-        let mut merge = Merge::start(self.inner.fetched.clone(), sessions, &query, fetch).await?;
-        let mut rows = Vec::with_capacity(query.limit + 1);
-        while rows.len() <= query.limit {
-            let Some((key, row)) = merge.next().await? else {
-                break;
-            };
-            if row.scope.is_within(scope) && query.is_after_cursor(&key) && query.matches(&row) {
-                rows.push((key, row));
-            }
+        if row.scope.is_within(scope) && query.is_after_cursor(&key) && query.matches(&row) {
+            rows.push((key, row));
         }
-        Ok(query.page_from_sorted(rows))
     }
+    Ok(query.page_from_sorted(rows))
+}
 
-    /// The first claimable run under `scope` in the merged order, claimed
-    /// through its session's lease.
-    pub(super) async fn claim_next_across(
-        &self,
-        scope: &ListingScope,
-        filter: &ClaimNextFilter,
-        options: &ClaimOptions,
-    ) -> Result<Option<(RunScope, Lease)>> {
-        let now = options.judged_at(|| self.inner.clock.now());
-        let query = ListQuery::claim_next(scope, filter, now)?;
-        let options = options.clone().at(now);
-        let sessions = self.sessions_async(scope).await?;
-        let fetch = ListOptions {
-            order: filter.order,
-            park: filter.park.clone(),
-            claimed: Some(false),
-            status: None,
-            limit: Some(CLAIM_FETCH),
-            cursor: None,
-            now: Some(now),
+/// The first claimable run under `scope` in the merged order, claimed
+/// through its session's lease.
+pub(super) async fn claim_next_across(
+    inner: &Arc<RootInner>,
+    scope: &ListingScope,
+    filter: &ClaimNextFilter,
+    options: &ClaimOptions,
+) -> Result<Option<(RunScope, Lease)>> {
+    let now = options.judged_at(|| inner.clock.now());
+    let query = ListQuery::claim_next(scope, filter, now)?;
+    let options = options.clone().at(now);
+    let sessions = routing::sessions(inner, scope).await?;
+    let fetch = ListOptions {
+        order: filter.order,
+        park: filter.park.clone(),
+        claimed: Some(false),
+        status: None,
+        limit: Some(CLAIM_FETCH),
+        cursor: None,
+        now: Some(now),
+    };
+    let stores: HashMap<SessionKey, FsStore> = sessions.iter().cloned().collect();
+    let mut merge = Merge::start(inner.fetched.clone(), sessions, &query, fetch).await?;
+    let mut contended = None;
+    // The first claimable run in the merged order, the rule MemoryStore
+    // applies over (row key, scope); each candidate is claimed through
+    // its session's lease, so two callers never get one run at one
+    // fence.
+    while let Some((_, row)) = merge.next().await? {
+        if !(query.matches(&row) && row.is_claimable(now)) {
+            continue;
+        }
+        let Some(store) = stores.get(&key_of(&row.scope)) else {
+            continue;
         };
-        let stores: HashMap<SessionKey, FsStore> = sessions.iter().cloned().collect();
-        let mut merge = Merge::start(self.inner.fetched.clone(), sessions, &query, fetch).await?;
-        let mut contended = None;
-        // The first claimable run in the merged order, the rule MemoryStore
-        // applies over (row key, scope); each candidate is claimed through
-        // its session's lease, so two callers never get one run at one
-        // fence.
-        while let Some((_, row)) = merge.next().await? {
-            if !(query.matches(&row) && row.is_claimable(now)) {
-                continue;
-            }
-            let Some(store) = stores.get(&key_of(&row.scope)) else {
-                continue;
-            };
-            #[cfg(feature = "testing")]
-            {
-                let pause = self
-                    .inner
-                    .pause
-                    .lock()
+        #[cfg(feature = "testing")]
+        {
+            let pause = inner.pause.lock().unwrap_or_else(|p| p.into_inner()).take();
+            if let Some((barrier, seen)) = pause {
+                seen.lock()
                     .unwrap_or_else(|p| p.into_inner())
-                    .take();
-                if let Some((barrier, seen)) = pause {
-                    seen.lock()
-                        .unwrap_or_else(|p| p.into_inner())
-                        .push(row.scope.clone());
-                    barrier.wait().await;
-                }
-            }
-            match store.claim(&row.scope, &options).await {
-                Ok(ClaimOutcome::Acquired(lease)) => {
-                    if !still_matches(store, &row.scope, filter, now).await? {
-                        store.release(&row.scope, lease.fence).await?;
-                        continue;
-                    }
-                    return Ok(Some((row.scope, lease)));
-                }
-                Ok(
-                    ClaimOutcome::Held(_) | ClaimOutcome::Finished(_) | ClaimOutcome::NotBefore(_),
-                ) => {}
-                Err(e @ Error::Contended { .. }) => contended = Some(e),
-                Err(e) => return Err(e),
+                    .push(row.scope.clone());
+                barrier.wait().await;
             }
         }
-        match contended {
-            Some(e) => Err(e),
-            None => Ok(None),
+        match store.claim(&row.scope, &options).await {
+            Ok(ClaimOutcome::Acquired(lease)) => {
+                if !still_matches(store, &row.scope, filter, now).await? {
+                    store.release(&row.scope, lease.fence).await?;
+                    continue;
+                }
+                return Ok(Some((row.scope, lease)));
+            }
+            Ok(ClaimOutcome::Held(_) | ClaimOutcome::Finished(_) | ClaimOutcome::NotBefore(_)) => {}
+            Err(e @ Error::Contended { .. }) => contended = Some(e),
+            Err(e) => return Err(e),
         }
     }
+    match contended {
+        Some(e) => Err(e),
+        None => Ok(None),
+    }
+}
+
+/// A read-only health scan of every session under `scope`
+/// ([`crate::FsRootStore::diagnose`]): each session's own scan summed,
+/// plus the tenant, project, session or `runs` entries that are symbolic
+/// links (listed in `unreadable`: runkeep never follows them).
+pub(super) fn diagnose(
+    inner: &RootInner,
+    scope: &ListingScope,
+    now: Timestamp,
+) -> Result<Diagnosis> {
+    let mut d = Diagnosis::default();
+    for (_, store) in inner.sessions_under(scope)? {
+        d.add(store.diagnose(now)?);
+    }
+    for link in layout::links_under(&inner.root, scope)? {
+        d.unreadable.push((
+            link,
+            "a symbolic link: runkeep never follows a link out of the root, so the sessions behind it are neither listed nor written".into(),
+        ));
+    }
+    Ok(d)
 }

@@ -36,18 +36,24 @@
 //! entries (a session's `runs/`), and [`FsStore::open`] refuses a directory
 //! carrying the root marker, each naming the open to use instead.
 
-use std::collections::HashMap;
 use std::fmt;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::AtomicU64;
-use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::sync::Arc;
 
+use async_trait::async_trait;
+use runkeep::checkpoint::Checkpoint;
+use runkeep::watch::{Watch, WatchTopic};
 use runkeep::{
-    Clock, Error, ListingScope, ProjectId, Result, RunScope, SessionId, SystemClock, TenantId,
+    AuditRecord, CheckpointId, CheckpointStore, ClaimNextFilter, ClaimOptions, ClaimOutcome, Clock,
+    EventBatch, EvidenceStore, Fence, Lease, LeaseSummary, ListOptions, ListingScope,
+    MessageSnapshot, NewAuditEvent, NewEvent, ParkResolution, PersistedEvent, ProjectId,
+    ReadEventsOptions, Result, RunPage, RunRecord, RunScope, SessionId, SystemClock, TenantId,
     Timestamp,
 };
+use serde_json::Value;
 
+// Top-down: the store below delegates to these; each imports only the
+// ones after it.
 mod across_sessions;
 mod layout;
 mod prefix_watch;
@@ -55,80 +61,52 @@ mod routing;
 mod session_cache;
 
 use crate::diagnose::Diagnosis;
+use crate::fs_store::FsStore;
 use crate::options::Durability;
-use crate::sys::{self, Ctx};
-use crate::FsStore;
+use layout::key_of;
 pub(crate) use layout::refuse_root_as_session;
-use layout::{key_of, marker_body, read_marker, refuse_session_as_root};
-
-/// The file that marks a directory as a root of many sessions.
-pub const ROOT_MARKER: &str = ".runkeep-root.json";
-/// The root layout version this crate writes and reads.
-pub const ROOT_LAYOUT_VERSION: u64 = 1;
-/// The directory inside a session directory that [`FsStore::open`] takes
-/// (the reference's `baseDir`).
-pub const SESSION_RUNS_DIR: &str = "runs";
-/// Above this many sessions a prefix watch stops adding per-session
-/// watches (each holds an inotify thread) and wakes on every rescan
-/// instead (once a second).
-pub const MAX_WATCHED_SESSIONS: usize = 64;
-/// How many candidates `claim_next` reads from a session at a time (the
-/// first claimable run is usually near the front; more are read as the
-/// merge consumes them).
-const CLAIM_FETCH: usize = 32;
-/// How often a prefix watch looks for new sessions (and, like a session's
-/// own watch, wakes at least this often: a lapsed lease changes no file).
-const RESCAN: Duration = Duration::from_secs(1);
+pub use layout::{ROOT_LAYOUT_VERSION, ROOT_MARKER, SESSION_RUNS_DIR};
+pub use prefix_watch::MAX_WATCHED_SESSIONS;
+use routing::write_op;
+use session_cache::RootInner;
 
 /// Options of [`FsRootStore::open`]: those of [`crate::FsOptions`] that apply to
-/// every session (attribution comes from each run's scope).
-#[derive(Clone, Debug, Default)]
+/// every session (attribution comes from each run's scope). The default is
+/// that of [`crate::FsOptions`].
+#[derive(Clone, Debug)]
 pub struct FsRootOptions {
     /// The durability level of every session.
     pub durability: Durability,
     /// Open for reading only: nothing is created (no marker, no session
     /// directory, no hard-link probe), and every write is refused with
-    /// [`Error::Unsupported`]. The root must exist and carry the marker.
+    /// [`runkeep::Error::Unsupported`]. The root must exist and carry the marker.
     pub read_only: bool,
     /// The store's clock, shared by every session (`None`: the machine
     /// clock).
     pub clock: Option<Arc<dyn Clock>>,
+    /// The prune grace period of every session
+    /// ([`crate::FsOptions::prune_grace`]; default
+    /// [`crate::FsOptions::DEFAULT_PRUNE_GRACE`]).
+    pub prune_grace: std::time::Duration,
 }
 
-/// A session under a root: its directory is
-/// `<tenant>/<project>/<session>/`. Ordered tenant, project, session (the
-/// order sessions are listed in).
-#[derive(Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Debug)]
-struct SessionKey {
-    tenant_id: TenantId,
-    project_id: ProjectId,
-    session_id: SessionId,
+impl Default for FsRootOptions {
+    fn default() -> Self {
+        Self {
+            durability: Durability::default(),
+            read_only: false,
+            clock: None,
+            prune_grace: crate::options::FsOptions::DEFAULT_PRUNE_GRACE,
+        }
+    }
 }
 
 /// A directory store of many tenants. Cheap to clone; safe to share
 /// between threads and (through the directory) between processes.
 #[derive(Clone)]
 pub struct FsRootStore {
-    inner: Arc<RootInner>,
+    pub(crate) inner: Arc<RootInner>,
 }
-
-struct RootInner {
-    root: PathBuf,
-    durability: Durability,
-    read_only: bool,
-    clock: Arc<dyn Clock>,
-    sessions: Mutex<HashMap<SessionKey, FsStore>>,
-    /// Rows read from sessions' listings (what a page cost; a test seam).
-    fetched: Arc<AtomicU64>,
-    /// Test seam: a pause before `claim_next`'s first claim.
-    #[cfg(feature = "testing")]
-    pause: Mutex<Option<ClaimPause>>,
-}
-
-/// Where `claim_next` pauses once (test seam): the candidate it is about
-/// to claim is recorded, then it waits at the barrier.
-#[cfg(feature = "testing")]
-type ClaimPause = (Arc<tokio::sync::Barrier>, Arc<Mutex<Vec<RunScope>>>);
 
 impl fmt::Debug for FsRootStore {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -144,61 +122,25 @@ impl fmt::Debug for FsRootStore {
 impl FsRootStore {
     /// Opens (creating if missing) a root of many sessions.
     ///
-    /// Refused with [`Error::InvalidInput`]: a directory that is one
-    /// session (it holds `runs/`, or `run_*` directories) — the message
+    /// Refused with [`runkeep::Error::InvalidInput`]: a directory that is
+    /// one session (it holds `runs/`, or `run_*` directories) — the message
     /// says to open it with [`FsStore::open`]. A root is marked with
     /// [`ROOT_MARKER`] when first opened; nothing else is created until a
     /// run is written. With [`FsRootOptions::read_only`] nothing is
-    /// created: a missing root is [`Error::NotFound`], one without the
-    /// marker is refused.
+    /// created: a missing root is [`runkeep::Error::NotFound`], one without
+    /// the marker is refused.
     pub fn open(root: impl AsRef<Path>, options: FsRootOptions) -> Result<FsRootStore> {
-        let ctx = Ctx::store("open");
-        let root =
-            std::path::absolute(root.as_ref()).unwrap_or_else(|_| root.as_ref().to_path_buf());
-        match std::fs::metadata(&root) {
-            Ok(m) if m.is_dir() => {}
-            Ok(_) => {
-                return Err(Error::invalid(format!(
-                    "{} is not a directory; a root of many sessions is a directory",
-                    root.display()
-                )))
-            }
-            Err(e) if sys::is_not_found(&e) && options.read_only => {
-                return Err(Error::NotFound {
-                    what: format!(
-                        "a root of many sessions at {} (opened read-only, so it is not created; the first write creates it)",
-                        root.display()
-                    ),
-                })
-            }
-            Err(e) if sys::is_not_found(&e) => sys::ensure_dir(&root, options.durability)
-                .map_err(|e| ctx.io("create the root directory", &root, e))?,
-            Err(e) => return Err(ctx.io("open the root directory", &root, e)),
-        }
-        let marked = read_marker(&root)?;
-        if !marked {
-            refuse_session_as_root(&root)?;
-            if options.read_only {
-                return Err(Error::invalid(format!(
-                    "{} is not a runkeep root (no {ROOT_MARKER}); opened read-only, it is not marked: open it once for writing, or check the path",
-                    root.display()
-                )));
-            }
-            let body = sys::record_json(&marker_body());
-            sys::write_atomic(&root, ROOT_MARKER, &body, options.durability)
-                .map_err(|e| ctx.io("write the root marker in", &root, e))?;
-        }
+        let root = layout::open_root(root.as_ref(), options.durability, options.read_only)?;
+        let clock = options.clock.unwrap_or_else(|| Arc::new(SystemClock));
+        let inner = RootInner::new(
+            root,
+            options.durability,
+            options.read_only,
+            clock,
+            options.prune_grace,
+        );
         Ok(FsRootStore {
-            inner: Arc::new(RootInner {
-                root,
-                durability: options.durability,
-                read_only: options.read_only,
-                clock: options.clock.unwrap_or_else(|| Arc::new(SystemClock)),
-                sessions: Mutex::new(HashMap::new()),
-                fetched: Arc::new(AtomicU64::new(0)),
-                #[cfg(feature = "testing")]
-                pause: Mutex::new(None),
-            }),
+            inner: Arc::new(inner),
         })
     }
 
@@ -232,8 +174,7 @@ impl FsRootStore {
     /// The `runs/` directory of a run's session: what [`FsStore::open`]
     /// takes to open that session alone. Pure.
     pub fn runs_dir(&self, scope: &RunScope) -> PathBuf {
-        self.session_dir(&scope.tenant_id, &scope.project_id, &scope.session_id)
-            .join(SESSION_RUNS_DIR)
+        layout::session_path(&self.inner.root, &key_of(scope))
     }
 
     /// The directory of a run (inside its session's `runs/`). Pure.
@@ -259,16 +200,10 @@ impl FsRootStore {
     /// session) order, with their stores. Symlinked entries are skipped
     /// (see [`FsRootStore::diagnose`]).
     pub fn sessions(&self, scope: &ListingScope) -> Result<Vec<(ListingScope, FsStore)>> {
-        Ok(self
-            .inner
-            .sessions_under(scope)?
+        let sessions = self.inner.sessions_under(scope)?;
+        Ok(sessions
             .into_iter()
-            .map(|(k, s)| {
-                (
-                    ListingScope::session(k.tenant_id, k.project_id, k.session_id),
-                    s,
-                )
-            })
+            .map(|(k, s)| (layout::session_scope(&k), s))
             .collect())
     }
 
@@ -277,51 +212,286 @@ impl FsRootStore {
     /// project, session or `runs` entry that is a symbolic link (listed in
     /// `unreadable`: runkeep never follows it).
     pub fn diagnose(&self, scope: &ListingScope, now: Timestamp) -> Result<Diagnosis> {
-        let mut d = Diagnosis::default();
-        for (_, store) in self.inner.sessions_under(scope)? {
-            let s = store.diagnose(now)?;
-            d.runs_scanned += s.runs_scanned;
-            d.scratch_leftovers.extend(s.scratch_leftovers);
-            d.torn_transcripts.extend(s.torn_transcripts);
-            d.damaged_checkpoints.extend(s.damaged_checkpoints);
-            d.oversized_claims.extend(s.oversized_claims);
-            d.damaged_transcripts.extend(s.damaged_transcripts);
-            d.unreadable.extend(s.unreadable);
-            d.expired_unreclaimed.extend(s.expired_unreclaimed);
-            d.unreadable_holdings.extend(s.unreadable_holdings);
-            d.fence_ceiling.extend(s.fence_ceiling);
-            d.fenced_out_refusals.extend(s.fenced_out_refusals);
-        }
-        for link in self.inner.links_under(scope)? {
-            d.unreadable.push((
-                link,
-                "a symbolic link: runkeep never follows a link out of the root, so the sessions behind it are neither listed nor written".into(),
-            ));
-        }
-        Ok(d)
+        across_sessions::diagnose(&self.inner, scope, now)
     }
 }
 
-#[cfg(feature = "testing")]
-impl crate::testing::RootSeams<'_> {
-    /// Test seam: rows read from the sessions' listings so far.
-    #[doc(hidden)]
-    pub fn rows_fetched(&self) -> u64 {
-        self.0
-            .inner
-            .fetched
-            .load(std::sync::atomic::Ordering::Relaxed)
+#[async_trait]
+impl CheckpointStore for FsRootStore {
+    async fn write_checkpoint(
+        &self,
+        scope: &RunScope,
+        checkpoint: &Checkpoint,
+        fence: Option<Fence>,
+    ) -> Result<Checkpoint> {
+        checkpoint.validate_for_write(scope)?;
+        write_op!(self.inner, scope, |s| s
+            .write_checkpoint(scope, checkpoint, fence))
     }
 
-    /// Test seam: the next `claim_next` records the first candidate it is
-    /// about to claim in `seen`, then waits at `barrier` before claiming it
-    /// (two callers made to race for one run).
-    #[doc(hidden)]
-    pub fn pause_first_claim(
+    async fn read_checkpoint(
         &self,
-        barrier: Arc<tokio::sync::Barrier>,
-        seen: Arc<Mutex<Vec<RunScope>>>,
-    ) {
-        *self.0.inner.pause.lock().unwrap_or_else(|p| p.into_inner()) = Some((barrier, seen));
+        scope: &RunScope,
+        id: &CheckpointId,
+    ) -> Result<Option<Checkpoint>> {
+        match routing::reading(&self.inner, scope).await? {
+            Some(s) => s.read_checkpoint(scope, id).await,
+            None => Ok(None),
+        }
+    }
+
+    async fn list_checkpoints(&self, scope: &RunScope) -> Result<Vec<Checkpoint>> {
+        match routing::reading(&self.inner, scope).await? {
+            Some(s) => s.list_checkpoints(scope).await,
+            None => Ok(Vec::new()),
+        }
+    }
+
+    async fn delete_checkpoint(
+        &self,
+        scope: &RunScope,
+        id: &CheckpointId,
+        fence: Option<Fence>,
+    ) -> Result<bool> {
+        write_op!(self.inner, scope, |s| s.delete_checkpoint(scope, id, fence))
+    }
+
+    async fn resolve_park(
+        &self,
+        scope: &RunScope,
+        id: &CheckpointId,
+        resolution: ParkResolution,
+        now: Timestamp,
+        fence: Option<Fence>,
+    ) -> Result<Checkpoint> {
+        write_op!(self.inner, scope, |s| s
+            .resolve_park(scope, id, resolution, now, fence))
+    }
+
+    async fn prune_checkpoints(
+        &self,
+        scope: &RunScope,
+        keep_last: usize,
+        fence: Option<Fence>,
+    ) -> Result<Vec<CheckpointId>> {
+        write_op!(self.inner, scope, |s| s
+            .prune_checkpoints(scope, keep_last, fence))
+    }
+
+    async fn list_runs(&self, scope: &ListingScope, options: &ListOptions) -> Result<RunPage> {
+        across_sessions::list_across(&self.inner, scope, options).await
+    }
+
+    async fn claim(&self, scope: &RunScope, options: &ClaimOptions) -> Result<ClaimOutcome> {
+        write_op!(self.inner, scope, |s| s.claim(scope, options))
+    }
+
+    async fn release(&self, scope: &RunScope, fence: Fence) -> Result<bool> {
+        write_op!(self.inner, scope, |s| s.release(scope, fence))
+    }
+
+    async fn lease(&self, scope: &RunScope, now: Timestamp) -> Result<Option<LeaseSummary>> {
+        match routing::reading(&self.inner, scope).await? {
+            Some(s) => s.lease(scope, now).await,
+            None => Ok(None),
+        }
+    }
+
+    async fn claim_next(
+        &self,
+        scope: &ListingScope,
+        filter: &ClaimNextFilter,
+        options: &ClaimOptions,
+    ) -> Result<Option<(RunScope, Lease)>> {
+        across_sessions::claim_next_across(&self.inner, scope, filter, options).await
+    }
+
+    fn now(&self) -> Timestamp {
+        self.inner.clock.now()
+    }
+
+    async fn lifecycle(&self, scope: &RunScope) -> Result<runkeep::Lifecycle> {
+        match routing::reading(&self.inner, scope).await? {
+            Some(s) => s.lifecycle(scope).await,
+            None => Ok(runkeep::Lifecycle::default()),
+        }
+    }
+
+    async fn enqueue(
+        &self,
+        scope: &RunScope,
+        checkpoint: &Checkpoint,
+        options: &runkeep::EnqueueOptions,
+    ) -> Result<Checkpoint> {
+        checkpoint.validate_for_write(scope)?;
+        options.validate(&scope.run_id)?;
+        write_op!(self.inner, scope, |s| s.enqueue(scope, checkpoint, options))
+    }
+
+    async fn finish(
+        &self,
+        scope: &RunScope,
+        fence: Fence,
+        outcome: &runkeep::Outcome,
+    ) -> Result<runkeep::Lifecycle> {
+        outcome.validate(&scope.run_id)?;
+        write_op!(self.inner, scope, |s| s.finish(scope, fence, outcome))
+    }
+
+    async fn snooze(&self, scope: &RunScope, fence: Fence, until: Timestamp) -> Result<bool> {
+        write_op!(self.inner, scope, |s| s.snooze(scope, fence, until))
+    }
+
+    async fn fail_attempt(
+        &self,
+        scope: &RunScope,
+        fence: Fence,
+        error: &runkeep::AttemptError,
+        max_attempts: Option<u32>,
+    ) -> Result<runkeep::Lifecycle> {
+        error.validate(&scope.run_id)?;
+        write_op!(self.inner, scope, |s| s.fail_attempt(
+            scope,
+            fence,
+            error,
+            max_attempts
+        ))
+    }
+
+    async fn cancel(&self, scope: &RunScope, reason: Option<&str>) -> Result<runkeep::Lifecycle> {
+        runkeep::failure::check_cancel_reason(&scope.run_id, reason)?;
+        write_op!(self.inner, scope, |s| s.cancel(scope, reason))
+    }
+
+    async fn reopen(&self, scope: &RunScope) -> Result<runkeep::Lifecycle> {
+        write_op!(self.inner, scope, |s| s.reopen(scope))
+    }
+
+    async fn latest_checkpoint(&self, scope: &RunScope) -> Result<Option<Checkpoint>> {
+        match routing::reading(&self.inner, scope).await? {
+            Some(s) => s.latest_checkpoint(scope).await,
+            None => Ok(None),
+        }
+    }
+
+    async fn find_pending(&self, scope: &RunScope, now: Timestamp) -> Result<Option<Checkpoint>> {
+        match routing::reading(&self.inner, scope).await? {
+            Some(s) => s.find_pending(scope, now).await,
+            None => Ok(None),
+        }
+    }
+
+    async fn resume_point(&self, scope: &RunScope, now: Timestamp) -> Result<Option<Checkpoint>> {
+        match routing::reading(&self.inner, scope).await? {
+            Some(s) => s.resume_point(scope, now).await,
+            None => Ok(None),
+        }
+    }
+
+    fn watch(&self, topic: &WatchTopic) -> Watch {
+        prefix_watch::watch(&self.inner, topic)
+    }
+}
+
+#[async_trait]
+impl EvidenceStore for FsRootStore {
+    async fn commit_step(
+        &self,
+        scope: &RunScope,
+        fence: Fence,
+        step: &runkeep::Step,
+    ) -> Result<runkeep::StepReceipt> {
+        write_op!(self.inner, scope, |s| s.commit_step(scope, fence, step))
+    }
+
+    async fn append_events(
+        &self,
+        scope: &RunScope,
+        events: &[NewEvent],
+        fence: Option<Fence>,
+    ) -> Result<Vec<PersistedEvent>> {
+        write_op!(self.inner, scope, |s| s.append_events(scope, events, fence))
+    }
+
+    async fn read_events(
+        &self,
+        scope: &RunScope,
+        options: &ReadEventsOptions,
+    ) -> Result<EventBatch> {
+        match routing::reading(&self.inner, scope).await? {
+            Some(s) => s.read_events(scope, options).await,
+            None => Ok(EventBatch::default()),
+        }
+    }
+
+    async fn write_run_record(
+        &self,
+        scope: &RunScope,
+        record: &RunRecord,
+        fence: Option<Fence>,
+    ) -> Result<()> {
+        write_op!(self.inner, scope, |s| s
+            .write_run_record(scope, record, fence))
+    }
+
+    async fn read_run_record(&self, scope: &RunScope) -> Result<Option<RunRecord>> {
+        match routing::reading(&self.inner, scope).await? {
+            Some(s) => s.read_run_record(scope).await,
+            None => Ok(None),
+        }
+    }
+
+    async fn write_messages(
+        &self,
+        scope: &RunScope,
+        messages: &[Value],
+        through_event_seq: u64,
+        fence: Option<Fence>,
+    ) -> Result<()> {
+        write_op!(self.inner, scope, |s| s.write_messages(
+            scope,
+            messages,
+            through_event_seq,
+            fence
+        ))
+    }
+
+    async fn read_messages(&self, scope: &RunScope) -> Result<MessageSnapshot> {
+        match routing::reading(&self.inner, scope).await? {
+            Some(s) => s.read_messages(scope).await,
+            None => Ok(MessageSnapshot::Unavailable),
+        }
+    }
+
+    async fn write_report(
+        &self,
+        scope: &RunScope,
+        report: &str,
+        fence: Option<Fence>,
+    ) -> Result<()> {
+        write_op!(self.inner, scope, |s| s.write_report(scope, report, fence))
+    }
+
+    async fn read_report(&self, scope: &RunScope) -> Result<Option<String>> {
+        match routing::reading(&self.inner, scope).await? {
+            Some(s) => s.read_report(scope).await,
+            None => Ok(None),
+        }
+    }
+
+    async fn append_audit(
+        &self,
+        scope: &RunScope,
+        events: &[NewAuditEvent],
+        fence: Option<Fence>,
+    ) -> Result<Vec<AuditRecord>> {
+        write_op!(self.inner, scope, |s| s.append_audit(scope, events, fence))
+    }
+
+    async fn read_audit(&self, scope: &RunScope, since_seq: u64) -> Result<Vec<AuditRecord>> {
+        match routing::reading(&self.inner, scope).await? {
+            Some(s) => s.read_audit(scope, since_seq).await,
+            None => Ok(Vec::new()),
+        }
     }
 }

@@ -9,14 +9,12 @@ use std::path::Path;
 use runkeep::{Error, Fence, NewEvent, PersistedEvent, Result, Timestamp};
 use serde_json::Value;
 
+use super::format::TRANSCRIPT;
 use super::offset_index::{fingerprint, IndexWriter, Rec};
 use super::torn_tail::{catch_up, roll_back, settle_tail};
-use super::TRANSCRIPT;
-use crate::inner::Inner;
 use crate::options::Durability;
 use crate::sys::{self, Ctx};
 use crate::testing_hooks;
-use runkeep::RunScope;
 
 pub(super) fn open_log(
     dir: &Path,
@@ -54,7 +52,7 @@ pub(super) fn open_log(
 /// tail, catching the index up, serializing the batch) is done and just
 /// before the batch is written, so a writer slowed down in that work
 /// cannot land a batch after a takeover it passed its first check before.
-pub(crate) fn append_events(
+pub(crate) fn append_to_transcript(
     run_dir: &Path,
     events: &[NewEvent],
     fence: Option<Fence>,
@@ -108,7 +106,7 @@ pub(crate) fn append_events(
         });
         out.push(pe);
     }
-    testing_hooks::delay("append-before-recheck");
+    testing_hooks::delay(testing_hooks::Delay::AppendBeforeRecheck);
     recheck()?;
     if let Some(ix) = index.as_mut() {
         if let Err(e) = ix.begin(&tail, &recs, fingerprint(&buf)) {
@@ -159,43 +157,4 @@ pub(crate) fn append_events(
         }
     }
     Ok(out)
-}
-
-/// The fenced append of events: under the run lock, the fence checked
-/// again just before the batch is written.
-impl Inner {
-    pub(crate) fn append_events(
-        &self,
-        scope: &RunScope,
-        events: &[NewEvent],
-        fence: Option<Fence>,
-    ) -> Result<Vec<PersistedEvent>> {
-        self.check_scope(scope)?;
-        for e in events {
-            e.validate()?;
-        }
-        self.locked_write(scope, "append_events", fence, |ctx, run_dir, _| {
-            if events.is_empty() {
-                return Ok(Vec::new());
-            }
-            let recheck = || match fence {
-                Some(_)
-                    if testing_hooks::mutation() == testing_hooks::Mutation::NoAppendRecheck =>
-                {
-                    Ok(())
-                }
-                Some(f) => self.recheck_fence(ctx, run_dir, f, scope),
-                None => Ok(()),
-            };
-            append_events(
-                run_dir,
-                events,
-                fence,
-                self.durability,
-                ctx,
-                &recheck,
-                self.now(),
-            )
-        })
-    }
 }

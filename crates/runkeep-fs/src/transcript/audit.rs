@@ -10,13 +10,11 @@ use runkeep::{AuditRecord, Error, Fence, NewAuditEvent, Result, Timestamp};
 use serde_json::{Map, Value};
 
 use super::append::open_log;
+use super::format::AUDIT;
 use super::torn_tail::{roll_back, settle_tail};
-use super::AUDIT;
-use crate::inner::Inner;
 use crate::lock::RunLock;
 use crate::options::Durability;
 use crate::sys::{self, Ctx};
-use runkeep::RunScope;
 
 /// Parses an audit line leniently: the reference writes `who`/`what` as
 /// objects; they are kept as their compact JSON text.
@@ -89,7 +87,7 @@ pub(super) fn audit_last_seq(file: &File, len: u64) -> io::Result<u64> {
 }
 
 /// Appends audit events (caller holds the run lock and checked the fence).
-pub(crate) fn append_audit(
+pub(crate) fn append_to_trail(
     run_dir: &Path,
     run_id: &str,
     events: &[NewAuditEvent],
@@ -130,7 +128,7 @@ pub(crate) fn append_audit(
 }
 
 /// Reads the audit trail after `since_seq`; unparseable lines are skipped.
-pub(crate) fn read_audit(run_dir: &Path, since_seq: u64, ctx: &Ctx) -> Result<Vec<AuditRecord>> {
+pub(crate) fn read_trail(run_dir: &Path, since_seq: u64, ctx: &Ctx) -> Result<Vec<AuditRecord>> {
     let path = run_dir.join(AUDIT);
     let file = match File::open(&path) {
         Ok(f) => f,
@@ -152,32 +150,4 @@ pub(crate) fn read_audit(run_dir: &Path, since_seq: u64, ctx: &Ctx) -> Result<Ve
         .filter_map(parse_audit)
         .filter(|r| r.seq > since_seq)
         .collect())
-}
-
-impl Inner {
-    pub(crate) fn append_audit(
-        &self,
-        scope: &RunScope,
-        events: &[NewAuditEvent],
-        fence: Option<Fence>,
-    ) -> Result<Vec<AuditRecord>> {
-        self.check_scope(scope)?;
-        for e in events {
-            e.validate()?;
-        }
-        self.locked_write(scope, "append_audit", fence, |ctx, run_dir, _| {
-            if events.is_empty() {
-                return Ok(Vec::new());
-            }
-            append_audit(
-                run_dir,
-                scope.run_id.as_str(),
-                events,
-                fence,
-                self.durability,
-                ctx,
-                self.now(),
-            )
-        })
-    }
 }

@@ -51,98 +51,25 @@
 //!
 //! # Where each part lives
 //!
+//! Top-down: [`operations`] is what the store calls; below it
+//!
 //! - [`reading`]: strict and tolerant (paged) reads of the transcript;
 //! - [`offset_index`]: the index file, its reader view and its writer;
 //! - [`append`]: appending a batch of events;
 //! - [`torn_tail`]: catching up, torn fragments, rolling a failed append back;
-//! - [`audit`]: the audit trail.
+//! - [`audit`]: the audit trail;
+//! - [`format`], below them all: the line format and the file names.
 
 mod append;
 mod audit;
+mod format;
 mod offset_index;
+mod operations;
 mod reading;
 mod torn_tail;
 
+pub(crate) use append::append_to_transcript;
+pub(crate) use format::{is_torn, AUDIT, TRANSCRIPT};
+pub(crate) use operations::{append_audit, append_events, read_audit, read_events};
+pub(crate) use reading::{last_seq, read_transcript, ReadCost};
 pub(crate) use torn_tail::TORN_GRACE;
-
-use std::fs::File;
-use std::os::unix::fs::FileExt;
-use std::path::Path;
-
-use runkeep::PersistedEvent;
-use serde_json::Value;
-
-pub(crate) use append::append_events;
-pub(crate) use audit::read_audit;
-pub(crate) use reading::{read_events, ReadCost};
-
-/// The transcript file of a run.
-pub(crate) const TRANSCRIPT: &str = "transcript.jsonl";
-
-/// The audit trail of a run.
-pub(crate) const AUDIT: &str = "audit.jsonl";
-
-/// The offset index inside the run's meta directory.
-pub(crate) const INDEX_FILE: &str = "transcript.idx";
-
-/// What one non-empty line is.
-enum Parsed {
-    Event(PersistedEvent),
-    /// An object whose `seq` is not a positive integer.
-    BadSeq(Value),
-    Damaged(String),
-}
-
-fn parse_line(bytes: &[u8], position: u64) -> Parsed {
-    match serde_json::from_slice::<Value>(bytes) {
-        Ok(Value::Object(m)) => {
-            if !matches!(m.get("type"), Some(Value::String(_))) {
-                return Parsed::Damaged("is not an event object".into());
-            }
-            if let Some(v) = m.get("seq") {
-                if v.as_u64().is_none_or(|s| s == 0) {
-                    return Parsed::BadSeq(v.clone());
-                }
-            }
-            match PersistedEvent::from_json(m, position) {
-                Ok(e) => Parsed::Event(e),
-                Err(reason) => Parsed::Damaged(reason),
-            }
-        }
-        Ok(_) => Parsed::Damaged("is not an event object".into()),
-        Err(_) => Parsed::Damaged("is not valid JSON".into()),
-    }
-}
-
-/// Non-empty lines of `buf` with their absolute offsets and whether each is
-/// newline-terminated.
-fn lines(buf: &[u8], base: u64) -> impl Iterator<Item = (u64, &[u8], bool)> {
-    let mut start = 0usize;
-    std::iter::from_fn(move || loop {
-        if start >= buf.len() {
-            return None;
-        }
-        let (end, next, terminated) = match buf[start..].iter().position(|b| *b == b'\n') {
-            Some(i) => (start + i, start + i + 1, true),
-            None => (buf.len(), buf.len(), false),
-        };
-        let off = base + start as u64;
-        let line = &buf[start..end];
-        start = next;
-        if !line.is_empty() {
-            return Some((off, line, terminated));
-        }
-    })
-}
-
-/// True when a non-empty log file's last byte is not a newline.
-pub(crate) fn is_torn(path: &Path) -> bool {
-    let Ok(f) = File::open(path) else {
-        return false;
-    };
-    let Ok(len) = f.metadata().map(|m| m.len()) else {
-        return false;
-    };
-    let mut b = [0u8; 1];
-    len > 0 && f.read_exact_at(&mut b, len - 1).is_ok() && b[0] != b'\n'
-}

@@ -8,8 +8,8 @@ use std::io;
 use std::os::unix::fs::{FileExt, MetadataExt, OpenOptionsExt};
 use std::path::Path;
 
+use super::format::{parse_line, Parsed, INDEX_FILE};
 use super::torn_tail::Tail;
-use super::{parse_line, Parsed, INDEX_FILE};
 use crate::lock::META_DIR;
 use crate::sys::{self};
 

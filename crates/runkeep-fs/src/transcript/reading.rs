@@ -11,13 +11,11 @@ use std::path::Path;
 use runkeep::evidence::SkippedRecord;
 use runkeep::{Error, EventBatch, Integrity, PersistedEvent, ReadEventsOptions, Result};
 
+use super::format::{parse_line, Parsed, TRANSCRIPT};
 use super::offset_index::IndexView;
-use super::{parse_line, Parsed, TRANSCRIPT};
-use crate::inner::Inner;
 use crate::lock::RunLock;
 use crate::sys::{self, Ctx};
 use crate::testing_hooks::{self};
-use runkeep::RunScope;
 
 #[derive(Default)]
 pub(super) struct Collected {
@@ -130,6 +128,20 @@ pub(super) fn stream_lines_by(
     Ok(off - start)
 }
 
+/// How a read judges a damaged record.
+#[derive(Clone, Copy)]
+pub(super) enum Judging<'a> {
+    /// Skipped and reported ([`SkippedRecord`]); a page ends at its `limit`.
+    Tolerant,
+    /// The read fails, naming the file; it checks the whole log.
+    Strict {
+        /// The operation, for the error.
+        ctx: &'a Ctx,
+        /// The transcript, for the error.
+        path: &'a Path,
+    },
+}
+
 /// What [`Collector::feed`] says about a line.
 pub(super) enum Fed {
     /// Go on.
@@ -145,13 +157,14 @@ pub(super) enum Fed {
 /// match.
 pub(super) struct Collector<'a> {
     pub(super) out: Collected,
-    pub(super) limit: usize,
+    /// `None`: every event.
+    pub(super) limit: Option<usize>,
     pub(super) pos: u64,
     pub(super) expected: u64,
     pub(super) first: bool,
     pub(super) expect_first: Option<u64>,
     pub(super) options: &'a ReadEventsOptions,
-    pub(super) strict: Option<(&'a Ctx, &'a Path)>,
+    pub(super) judging: Judging<'a>,
 }
 
 impl<'a> Collector<'a> {
@@ -159,17 +172,17 @@ impl<'a> Collector<'a> {
         first_pos: u64,
         expect_first: Option<u64>,
         options: &'a ReadEventsOptions,
-        strict: Option<(&'a Ctx, &'a Path)>,
+        judging: Judging<'a>,
     ) -> Self {
         Self {
             out: Collected::default(),
-            limit: options.limit.unwrap_or(usize::MAX),
+            limit: options.limit,
             pos: first_pos - 1,
             expected: 1,
             first: true,
             expect_first,
             options,
-            strict,
+            judging,
         }
     }
 
@@ -188,7 +201,7 @@ impl<'a> Collector<'a> {
         let out = &mut self.out;
         match parsed {
             Parsed::Event(e) => {
-                if let Some((ctx, path)) = self.strict {
+                if let Judging::Strict { ctx, path } = self.judging {
                     if e.seq != self.expected {
                         return Err(strict_error(
                             ctx,
@@ -205,18 +218,20 @@ impl<'a> Collector<'a> {
                 if e.seq <= self.options.since_seq {
                     // Damage before the reader's cursor is not its concern.
                     out.skipped.clear();
-                } else if out.events.len() < self.limit {
+                } else if self.limit.is_none_or(|l| out.events.len() < l) {
                     out.events.push(e);
                     // A tolerant page ends at its last event (what follows
                     // is the next page's); a strict read checks on to the
                     // end of the log.
-                    if out.events.len() == self.limit && self.strict.is_none() {
+                    if Some(out.events.len()) == self.limit
+                        && matches!(self.judging, Judging::Tolerant)
+                    {
                         return Ok(Fed::Full);
                     }
                 }
             }
             Parsed::BadSeq(v) => {
-                if let Some((ctx, path)) = self.strict {
+                if let Judging::Strict { ctx, path } = self.judging {
                     return Err(strict_error(
                         ctx,
                         path,
@@ -229,7 +244,7 @@ impl<'a> Collector<'a> {
                 });
             }
             Parsed::Damaged(reason) => {
-                if let Some((ctx, path)) = self.strict {
+                if let Judging::Strict { ctx, path } = self.judging {
                     return Err(strict_error(ctx, path, format!("record {pos} {reason}")));
                 }
                 let reason = if terminated {
@@ -262,12 +277,12 @@ pub(super) fn collect(
     first_pos: u64,
     expect_first: Option<u64>,
     options: &ReadEventsOptions,
-    strict: Option<(&Ctx, &Path)>,
+    judging: Judging<'_>,
     ctx: &Ctx,
     path: &Path,
     cost: &mut ReadCost,
 ) -> Result<Option<Collected>> {
-    let mut c = Collector::new(first_pos, expect_first, options, strict);
+    let mut c = Collector::new(first_pos, expect_first, options, judging);
     let mut outcome: Result<Fed> = Ok(Fed::More);
     let mut lines = 0u64;
     stream_lines(file, start, end, cost, &mut |off, line, terminated| {
@@ -333,7 +348,7 @@ pub(super) fn max_seq_in(
 }
 
 /// Reads the transcript: strict or tolerant, with no side effects.
-pub(crate) fn read_events(
+pub(crate) fn read_transcript(
     run_dir: &Path,
     options: &ReadEventsOptions,
     ctx: &Ctx,
@@ -360,6 +375,17 @@ pub(crate) fn read_events(
     };
     testing_hooks::note_transcript_read(&path, cost);
     got
+}
+
+/// The highest `seq` in the transcript (0 when it has none): a tolerant
+/// page of no events, so it costs what the page's `last_seq` costs
+/// (O(log n) with a usable index), not a read of the log.
+pub(crate) fn last_seq(run_dir: &Path, ctx: &Ctx) -> Result<u64> {
+    let head_only = ReadEventsOptions {
+        limit: Some(0),
+        ..ReadEventsOptions::default()
+    };
+    Ok(read_transcript(run_dir, &head_only, ctx)?.last_seq)
 }
 
 /// A strict read checks the whole file, whatever `limit` says: a
@@ -391,7 +417,7 @@ pub(super) fn read_strict(
         1,
         None,
         options,
-        Some((ctx, path)),
+        Judging::Strict { ctx, path },
         ctx,
         path,
         cost,
@@ -453,7 +479,7 @@ pub(super) fn read_tolerant(
                     r.pos,
                     Some(r.seq),
                     options,
-                    None,
+                    Judging::Tolerant,
                     ctx,
                     path,
                     cost,
@@ -466,9 +492,19 @@ pub(super) fn read_tolerant(
         }
         match page {
             Some(p) => p,
-            None => {
-                collect(file, 0, len, 1, None, options, None, ctx, path, cost)?.unwrap_or_default()
-            }
+            None => collect(
+                file,
+                0,
+                len,
+                1,
+                None,
+                options,
+                Judging::Tolerant,
+                ctx,
+                path,
+                cost,
+            )?
+            .unwrap_or_default(),
         }
     };
     let last_seq = match page.stop {
@@ -496,25 +532,13 @@ pub(super) fn read_tolerant(
     })
 }
 
-impl Inner {
-    pub(crate) fn read_events(
-        &self,
-        scope: &RunScope,
-        options: &ReadEventsOptions,
-    ) -> Result<EventBatch> {
-        self.check_scope(scope)?;
-        let ctx = Ctx::new(scope, "read_events");
-        read_events(&self.run_dir(scope), options, &ctx)
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use runkeep::{NewEvent, Timestamp};
     use serde_json::{Map, Value};
 
-    use super::super::append::append_events;
-    use super::super::{lines, INDEX_FILE};
+    use super::super::append::append_to_transcript;
+    use super::super::format::{lines, INDEX_FILE};
     use super::*;
     use crate::lock::META_DIR;
     use crate::options::Durability;
@@ -579,7 +603,7 @@ mod tests {
                 })
                 .collect();
             let now = Timestamp::from_millis(1_700_000_000_000).unwrap();
-            append_events(
+            append_to_transcript(
                 dir.path(),
                 &batch,
                 None,
@@ -604,7 +628,7 @@ mod tests {
             limit,
             ..Default::default()
         };
-        let batch = read_events(dir, &options, &Ctx::store("read_events")).unwrap();
+        let batch = read_transcript(dir, &options, &Ctx::store("read_events")).unwrap();
         let after = testing_hooks::transcript_reads(&path);
         let cost = ReadCost {
             bytes: after.bytes - before.bytes,

@@ -12,8 +12,8 @@ use std::time::{Duration, SystemTime};
 use runkeep::Result;
 use rustix::fs::{Timespec, Timestamps, UTIME_NOW, UTIME_OMIT};
 
+use super::format::{lines, parse_line, Parsed};
 use super::offset_index::{IndexWriter, Rec, FLAG_NON_MONOTONE};
-use super::{lines, parse_line, Parsed};
 use crate::sys::{self, Ctx};
 
 /// What an appender learns about the existing log.

@@ -57,6 +57,29 @@ pub fn open(base: &Path) -> FsStore {
     .expect("open the store")
 }
 
+/// A store with the prune grace period `grace` (`Duration::ZERO`: pruning
+/// by count alone, as before the grace period existed).
+pub fn open_with_grace(base: &Path, grace: Duration) -> FsStore {
+    FsStore::open(
+        base,
+        FsOptions {
+            attribution: Some(attribution()),
+            prune_grace: grace,
+            ..Default::default()
+        },
+    )
+    .expect("open the store")
+}
+
+/// The prune grace period a worker was given in `PRUNE_GRACE_MS` (the
+/// default when unset).
+pub fn grace_from_env() -> Duration {
+    std::env::var("PRUNE_GRACE_MS")
+        .ok()
+        .map(|v| Duration::from_millis(v.parse().expect("PRUNE_GRACE_MS: milliseconds")))
+        .unwrap_or(FsOptions::DEFAULT_PRUNE_GRACE)
+}
+
 pub fn rt() -> tokio::runtime::Runtime {
     tokio::runtime::Builder::new_current_thread()
         .enable_all()

@@ -7,21 +7,12 @@
 //   RUNKEEP_BIN=target/debug/runkeep node --test console.test.mjs
 // It takes the README's screenshots into docs/console/.
 
-import { spawn } from 'node:child_process';
 import { mkdirSync } from 'node:fs';
 import net from 'node:net';
 import path from 'node:path';
-import readline from 'node:readline';
 import { after, before, describe, test } from 'node:test';
 import assert from 'node:assert/strict';
-import { fileURLToPath } from 'node:url';
-import { chromium } from 'playwright-core';
-
-const here = path.dirname(fileURLToPath(import.meta.url));
-const repo = path.resolve(here, '../../../..');
-const BIN = process.env.RUNKEEP_BIN || path.join(repo, 'target/debug/runkeep');
-const CHROMIUM = process.env.CHROMIUM || '/usr/bin/chromium';
-const SHOTS = process.env.CONSOLE_SCREENSHOTS || path.join(repo, 'docs/console');
+import { caller, launchBrowser, runPath, SHOTS, signIn, startDemo, stopDemo } from './harness.mjs';
 
 let server; // the runkeep process
 let api; // the server's own address (the test's API calls go there directly)
@@ -29,26 +20,6 @@ let tokens; // role -> secret
 let proxy; // what the browser connects to
 let browser;
 let origin; // the proxy's address: the console's origin in the browser
-
-/** Starts `runkeep serve --demo` and reads its address and tokens. */
-function startServer() {
-  return new Promise((resolve, reject) => {
-    const child = spawn(BIN, ['--json', 'serve', '--demo', '--listen', '127.0.0.1:0'], {
-      stdio: ['ignore', 'pipe', 'pipe'],
-    });
-    let stderr = '';
-    child.stderr.on('data', (d) => (stderr += d));
-    child.on('error', reject);
-    child.on('exit', (code) => reject(new Error(`runkeep serve --demo exited (${code}): ${stderr}`)));
-    const lines = readline.createInterface({ input: child.stdout });
-    let address;
-    lines.on('line', (line) => {
-      const ev = JSON.parse(line);
-      if (ev.event === 'listening') address = ev.address;
-      if (ev.event === 'demo') resolve({ child, address, tokens: ev.tokens, runs: ev.runs });
-    });
-  });
-}
 
 /**
  * A TCP proxy to the server. `drop()` cuts every open connection (the
@@ -97,41 +68,11 @@ function startProxy(target) {
 }
 
 /** A direct API call (not through the browser). */
-async function call(role, method, p, body) {
-  const res = await fetch(api + p, {
-    method,
-    headers: {
-      Authorization: `Bearer ${tokens[role]}`,
-      ...(body === undefined ? {} : { 'Content-Type': 'application/json' }),
-    },
-    body: body === undefined ? undefined : JSON.stringify(body),
-  });
-  const text = await res.text();
-  const data = text ? JSON.parse(text) : null;
-  if (!res.ok) throw new Error(`${method} ${p}: ${res.status} ${text}`);
-  return data;
-}
-
-const runPath = (project, session, run, suffix = '') =>
-  `/v1/tenants/default/projects/${project}/sessions/${session}/runs/${run}${suffix}`;
+let call;
 
 /** A fresh browser context signed in with `role`'s token (by keyboard). */
-async function signedIn(role, viewport = { width: 1280, height: 900 }) {
-  const context = await browser.newContext({ viewport });
-  const page = await context.newPage();
-  const outside = [];
-  page.on('request', (r) => {
-    if (!r.url().startsWith(origin) && !r.url().startsWith('data:')) outside.push(r.url());
-  });
-  const errors = [];
-  page.on('pageerror', (e) => errors.push(String(e)));
-  await page.goto(`${origin}/`);
-  await page.waitForSelector('#token');
-  // The token field has the focus on load: type and press Enter.
-  await page.keyboard.type(tokens[role]);
-  await page.keyboard.press('Enter');
-  await page.waitForSelector('#runs');
-  return { context, page, outside, errors };
+function signedIn(role, viewport) {
+  return signIn(browser, origin, tokens[role], viewport);
 }
 
 async function rowCount(page) {
@@ -148,35 +89,22 @@ async function choose(page, id, value) {
 }
 
 before(async () => {
-  const s = await startServer();
+  const s = await startDemo();
   server = s.child;
   api = s.address;
   tokens = s.tokens;
+  call = caller(api, tokens);
   assert.equal(s.runs, 35, 'the demo seeds 35 runs');
   proxy = await startProxy(api);
   origin = proxy.url;
-  browser = await chromium.launch({
-    executablePath: CHROMIUM,
-    args: [
-      '--no-sandbox',
-      '--disable-gpu',
-      '--disable-quic',
-      '--no-first-run',
-      '--disable-background-networking',
-      '--disable-component-update',
-      '--disable-sync',
-    ],
-  });
+  browser = await launchBrowser();
   mkdirSync(SHOTS, { recursive: true });
 });
 
 after(async () => {
   await browser?.close();
   await proxy?.close();
-  if (server) {
-    server.removeAllListeners('exit');
-    server.kill('SIGTERM');
-  }
+  stopDemo(server);
 });
 
 describe('the runkeep console', () => {
@@ -205,7 +133,7 @@ describe('the runkeep console', () => {
     assert.match(await stuck.textContent(), /stuck/);
     const dead = page.locator('tr[data-run="enrich-crm-3"]');
     assert.match(await dead.textContent(), /dead-lettered/);
-    assert.equal((await dead.locator('td.num').textContent()).trim(), '2');
+    assert.equal((await dead.locator('td.num').textContent()).trim(), '3', 'three failed attempts');
     const parked = page.locator('tr[data-run="refund-4411"]');
     assert.match(await parked.textContent(), /outstanding\s*tool_review/);
     await page.screenshot({ path: path.join(SHOTS, 'runs.png'), fullPage: false });

@@ -110,7 +110,7 @@ pub(super) async fn oversized_claims(env: &Env) -> CliResult<Outcome> {
                     .map(|(p, n)| format!("{} ({n} entries)", env.path(p)))
             )
         ))
-        .remedy("claims get slower as the directory grows; the next claim of the run prunes it")
+        .remedy("claims get slower as the directory grows; the next claim or release of the run prunes it (names younger than the prune grace period, 5 s by default, are kept by design and not counted here); if it keeps growing, a process that does not prune is claiming the run")
     })
     .await
 }
