@@ -19,6 +19,9 @@ import type {
   AppendAuditBody,
   AppendEventsBody,
   Appended,
+  AttemptErrorBody,
+  CancelBody,
+  FailAttemptBody,
   AuditBody,
   AuditList,
   CommitStepBody,
@@ -37,8 +40,6 @@ import type {
   ReportBody,
   ResolveBody,
   SnoozeBody,
-  FailAttemptBody,
-  CancelBody,
   WriteCheckpointBody,
   WriteMessagesBody,
   CheckpointBody,
@@ -162,10 +163,10 @@ export const OPERATIONS = {
   release: ["POST", "{run}/release", "release"],
   finish: ["POST", "{run}/finish", "finish"],
   snooze: ["POST", "{run}/snooze", "snooze"],
-  fail_attempt: ["POST", "{run}/attempts/failed", "failAttempt"],
-  cancel: ["POST", "{run}/cancel", "cancel"],
   enqueue: ["POST", "{run}/enqueue", "enqueue"],
   reopen: ["POST", "{run}/reopen", "reopen"],
+  fail_attempt: ["POST", "{run}/attempts/failed", "failAttempt"],
+  cancel: ["POST", "{run}/cancel", "cancel"],
   lease: ["GET", "{run}/lease", "lease"],
   lifecycle: ["GET", "{run}/lifecycle", "lifecycle"],
   commit_step: ["POST", "{run}/steps", "commitStep"],
@@ -468,21 +469,46 @@ export class RunkeepClient {
   }
 
   /**
-   * Reports a failed attempt of the holding at `fence` (`POST
-   * …/attempts/failed`): the error is kept in the run's failure history,
-   * the holding ends, and the run is retried after its backoff or
-   * dead-lettered at its attempt limit.
+   * Reports that the attempt held at `fence` failed (`POST …/attempts/failed`):
+   * the handler threw, or ran past its attempt timeout. The store keeps the
+   * error in the run's failure history, counts the attempt toward the limit
+   * (`maxAttempts`, over the run's own, as on a claim) like a takeover,
+   * ends the holding (the fence is spent), and defers the run by its retry
+   * backoff — or, when this attempt reaches the limit, dead-letters it
+   * (failed, `attempts exhausted`; `deadLettered` in the answer). The error
+   * is cut to the store's limits with a marker first ({@link attemptError}).
+   * A cancelled run answers `Cancelled`; a stale fence `FencedOut`.
    */
-  failAttempt(run: RunRef, body: FailAttemptBody, options: CallOptions = {}): Promise<LifecycleBody> {
+  failAttempt(
+    run: RunRef,
+    fence: number,
+    error: { kind: string; message: string },
+    options: CallOptions & { maxAttempts?: number } = {},
+  ): Promise<LifecycleBody> {
+    const body: FailAttemptBody = { fence, error: attemptError(error.kind, error.message) };
+    if (options.maxAttempts !== undefined) body.maxAttempts = options.maxAttempts;
     return this.runWrite("fail_attempt", run, body, options);
   }
 
-  /** Cancels a run, claimed or not (`POST …/cancel`, an operator's act). */
-  cancel(run: RunRef, body: CancelBody = {}, options: CallOptions = {}): Promise<LifecycleBody> {
+  /**
+   * Cancels an active run, claimed or not (operator, `POST …/cancel`): it
+   * is finished as cancelled with `reason` (default "cancelled by an
+   * operator"), its holding ends, and its holder's next write is refused
+   * as `Cancelled` (its next renewal answers `finished`, status
+   * `cancelled`). No claim takes it until it is reopened. A finished run
+   * answers `Conflict`.
+   */
+  cancel(run: RunRef, options: CallOptions & { reason?: string } = {}): Promise<LifecycleBody> {
+    const body: CancelBody = options.reason !== undefined ? { reason: options.reason } : {};
     return this.runWrite("cancel", run, body, options);
   }
 
-  /** Creates a runnable run with its first checkpoint (`POST …/enqueue`). */
+  /**
+   * Creates a runnable run with its first checkpoint (`POST …/enqueue`).
+   * `maxAttempts` is its attempt limit; `retry` (`{ baseMs, factor, capMs }`)
+   * the backoff after a failed attempt (default 1 s, ×2, at most 10 min,
+   * with equal jitter).
+   */
   enqueue(
     run: RunRef,
     body: EnqueueBody,
@@ -867,6 +893,35 @@ export class RunkeepClient {
 
 function filterParam(filter: JsonObject | undefined): string | undefined {
   return filter === undefined || Object.keys(filter).length === 0 ? undefined : JSON.stringify(filter);
+}
+
+/** The longest error kind a failed attempt may carry, in characters. */
+export const MAX_ERROR_KIND_CHARS = 128;
+/** The longest error message a failed attempt may carry, in characters. */
+export const MAX_ERROR_MESSAGE_CHARS = 4096;
+
+/**
+ * A failed attempt's error within the store's limits, as the Rust
+ * `AttemptError::new` makes it: an empty kind becomes `error`, and a kind
+ * or message longer than {@link MAX_ERROR_KIND_CHARS} /
+ * {@link MAX_ERROR_MESSAGE_CHARS} characters (Unicode code points, as the
+ * store counts them) is cut, ending with a marker saying how much was cut
+ * (` … [N more characters cut]`). The store refuses longer text; it never
+ * cuts it.
+ */
+export function attemptError(kind: string, message: string): AttemptErrorBody {
+  return {
+    kind: kind.trim() === "" ? "error" : cutChars(kind, MAX_ERROR_KIND_CHARS),
+    message: cutChars(message, MAX_ERROR_MESSAGE_CHARS),
+  };
+}
+
+function cutChars(s: string, max: number): string {
+  const chars = Array.from(s);
+  if (chars.length <= max) return s;
+  const marker = ` … [${chars.length - max} more characters cut]`;
+  const keep = Math.max(0, max - Array.from(marker).length);
+  return chars.slice(0, keep).join("") + marker;
 }
 
 /** The {@link RunRef} of a run's address. */

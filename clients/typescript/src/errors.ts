@@ -39,7 +39,8 @@ export type ProblemSlug =
   | "payload-too-large"
   | "method-not-allowed"
   | "timeout"
-  | "overloaded";
+  | "overloaded"
+  | "cancelled";
 
 /** What an error is built with besides its problem. */
 export interface ProblemErrorOptions {
@@ -163,6 +164,30 @@ export class FencedOut extends RunkeepError {
     this.current = problem.current;
     this.run = problem.run ?? undefined;
     this.operation = problem.operation ?? undefined;
+  }
+}
+
+/**
+ * `cancelled` (409): an operator cancelled the run (`POST …/cancel`). The
+ * run is finished as cancelled and its holding ended: a holder's write is
+ * refused with this instead of `fenced-out`, so it knows to stop, and not
+ * to release, finish or report anything for the run. `runWorker` also
+ * aborts a handler's `ctx.signal` with one when a renewal finds the run
+ * cancelled (then {@link operation} is `claim`).
+ */
+export class Cancelled extends RunkeepError {
+  override name = "Cancelled";
+  /** The run's id. */
+  readonly run: string | undefined;
+  /** The refused operation (`commit_step`, `finish`, `claim`, …). */
+  readonly operation: string | undefined;
+  /** The operator's reason, when one was given. */
+  readonly reason: string | undefined;
+  constructor(problem: ProblemBody, request?: RequestInfo, options?: ProblemErrorOptions) {
+    super(problem, request, options);
+    this.run = problem.run ?? undefined;
+    this.operation = problem.operation ?? undefined;
+    this.reason = problem.reason ?? undefined;
   }
 }
 
@@ -339,6 +364,7 @@ const BY_SLUG: Record<ProblemSlug, Ctor> = {
   "method-not-allowed": MethodNotAllowed,
   timeout: Timeout,
   overloaded: Overloaded,
+  cancelled: Cancelled,
 };
 
 /** Every problem slug with the class it maps to. */

@@ -122,6 +122,15 @@ export type NewAuditBody = Wire<S["NewAuditBody"]>;
 /** An audit record. */
 export type AuditBody = Wire<S["AuditBody"]>;
 
+/** A failed attempt's error: what failed, in a word, and its text. */
+export type AttemptErrorBody = Wire<S["AttemptErrorBody"]>;
+
+/** One failed attempt in a run's history (`LifecycleBody.failures`). */
+export type FailedAttemptBody = Wire<S["FailedAttemptBody"]>;
+
+/** How a run is retried after a failed attempt (`EnqueueBody.retry`, `LifecycleBody.retry`). */
+export type RetryPolicyBody = Wire<S["RetryPolicyBody"]>;
+
 /** What a claim takes. */
 export type ClaimBody = Wire<S["ClaimBody"]>;
 
@@ -214,17 +223,14 @@ export type ReleaseBody = Wire<S["ReleaseBody"]>;
 /** `POST …/snooze`. */
 export type SnoozeBody = Wire<S["SnoozeBody"]>;
 
-/** `POST …/attempts/failed`: the holding's fence, the error, an optional attempt limit. */
-export type FailAttemptBody = Wire<S["FailAttemptBody"]>;
-
-/** A failed attempt's error: its kind (`error`, `panic`, `timeout`, …) and message. */
-export type AttemptErrorBody = Wire<S["AttemptErrorBody"]>;
-
-/** `POST …/cancel`: the operator's reason. */
-export type CancelBody = Wire<S["CancelBody"]>;
-
 /** `POST …/finish`. */
 export type FinishBody = Wire<S["FinishBody"]>;
+
+/** `POST …/attempts/failed`. */
+export type FailAttemptBody = Wire<S["FailAttemptBody"]>;
+
+/** `POST …/cancel`. */
+export type CancelBody = Wire<S["CancelBody"]>;
 
 /** `POST …/enqueue`. */
 export type EnqueueBody = Wire<S["EnqueueBody"]>;

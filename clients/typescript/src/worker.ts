@@ -13,20 +13,30 @@
  *    no write presents a fence a renewal is retiring.
  * 3. **Stop the work the moment the lease is lost**: `ctx.signal` aborts
  *    with a {@link LeaseLost} when a renewal answers that another holder has
- *    the run, when any write is refused as fenced out, when renewals keep
- *    failing into the safety margin (a tenth of the TTL before the local
- *    deadline), or when nothing renewed the lease by then (a stalled event
- *    loop). From then on every `ctx.step()` is refused locally, before it
- *    is sent.
+ *    the run, when a renewal answers a fence other than the next one (a
+ *    gap: someone released the holding in between, so the answer is a new
+ *    claim, which the worker gives back at once), when any write is refused
+ *    as fenced out, when renewals keep failing into the safety margin (a
+ *    tenth of the TTL before the local deadline), or when nothing renewed
+ *    the lease by then (a stalled event loop). An operator's cancel aborts
+ *    it with a {@link Cancelled} instead (a renewal answers the run
+ *    finished as cancelled, or a write is refused as `cancelled`), and the
+ *    worker reports nothing more for that run. From then on every
+ *    `ctx.step()` is refused locally, before it is sent.
  * 4. **Write through the atomic step**: `ctx.step(step)` commits events,
  *    checkpoint, messages, record and optionally the finish as one
  *    `POST …/steps`, always with the current fence.
  * 5. **End the holding** by what the handler returned: finish (default
- *    `completed`, with the returned value as result), release, or snooze;
- *    a handler that throws has its run snoozed for `failureBackoffMs`
- *    (`onError: "fail"` finishes it as failed instead). A run that keeps
- *    losing its holders is dead-lettered by the store itself (its attempt
- *    limit, `maxAttempts`).
+ *    `completed`, with the returned value as result), release, or snooze.
+ *    A handler that throws (or rejects), or runs past its attempt timeout
+ *    (`attemptTimeoutMs`, or the run's own from its lease, the shorter;
+ *    its signal then aborts with an {@link AttemptTimedOut}), has its
+ *    attempt reported failed (`failAttempt`, kind the error's `name` or
+ *    `timeout`, message its text, cut to 4 096 characters): the store keeps
+ *    the error, counts the attempt, and defers the run by the run's own
+ *    retry backoff, or dead-letters it at its attempt limit (`maxAttempts`)
+ *    — the worker keeps no backoff of its own. `onError: "fail"` finishes
+ *    a run whose handler threw as failed at once instead.
  * 6. **Hand over** (on by default, `handover`): a drained run's finishing
  *    commit — a `ctx.step` with `finish`, or the worker's own finish when
  *    the handler returns — is sent with the drain's next claim in one
@@ -57,9 +67,10 @@
 
 import type { HandOver, RunkeepClient } from "./client.js";
 import { Doubling } from "./backoff.js";
-import { refOf, sleep } from "./client.js";
-import { FencedOut, RunkeepError } from "./errors.js";
+import { attemptError, refOf, sleep } from "./client.js";
+import { Cancelled, FencedOut, RunkeepError, TYPE_PREFIX } from "./errors.js";
 import type {
+  AttemptErrorBody,
   CheckpointBody,
   Claimed,
   Json,
@@ -68,6 +79,7 @@ import type {
   OutcomeBody,
   Order,
   ParkState,
+  ProblemBody,
   RunAddress,
   RunRef,
   StepBody,
@@ -82,6 +94,13 @@ export type LeaseLossKind =
   | "fenced-out"
   /** No renewal landed before the safety margin of the local deadline. */
   | "expiring"
+  /**
+   * A renewal answered a fence other than the next one: the holding was
+   * ended in between (an operator's release, a takeover released again)
+   * and the answer was a new claim, which the worker gave back. `current`
+   * is the fence it answered.
+   */
+  | "gap"
   /** A renewal was refused for good (run finished or deferred meanwhile, a refusal). */
   | "renewal-failed";
 
@@ -108,6 +127,27 @@ export class LeaseLost extends RunkeepError {
   }
 }
 
+/**
+ * The reason `ctx.signal` aborts with when the handler ran past
+ * {@link WorkerOptions.attemptTimeoutMs}, and the error every later
+ * `ctx.step()` rejects with. The worker reports the attempt failed with
+ * kind `timeout`.
+ */
+export class AttemptTimedOut extends RunkeepError {
+  override name = "AttemptTimedOut";
+  /** The attempt timeout, ms. */
+  readonly timeoutMs: number;
+  constructor(timeoutMs: number) {
+    super({
+      type: "urn:runkeep:client:attempt-timeout",
+      title: "Attempt timed out",
+      status: 0,
+      detail: `the handler ran past the attempt timeout of ${timeoutMs} ms`,
+    });
+    this.timeoutMs = timeoutMs;
+  }
+}
+
 /** What a handler returns: how the holding ends. */
 export type WorkResult =
   /** Finish as `completed` with no result. */
@@ -131,9 +171,11 @@ export interface RunContext {
   /** The current fence (it changes with every renewal). */
   readonly fence: number;
   /**
-   * Aborts the moment the lease is lost (reason: a {@link LeaseLost}) or the
-   * worker is stopped (reason: the worker signal's). Pass it to everything
-   * the handler awaits.
+   * Aborts the moment the lease is lost (reason: a {@link LeaseLost}), the
+   * run is cancelled by an operator (a {@link Cancelled}), the handler runs
+   * past the attempt timeout (an {@link AttemptTimedOut}) or the worker is
+   * stopped (the worker signal's reason). Pass it to everything the
+   * handler awaits.
    */
   readonly signal: AbortSignal;
   /** The client (for reads; make writes through {@link step}). */
@@ -142,8 +184,10 @@ export interface RunContext {
   resumePoint(): Promise<CheckpointBody | null>;
   /**
    * Commits one step atomically under the current fence. Refused locally
-   * with {@link LeaseLost} once the lease is lost; a `FencedOut` answer
-   * aborts {@link signal} and rejects with it. A step with `finish` ends the
+   * with {@link LeaseLost} once the lease is lost (with the
+   * {@link Cancelled} once the run is cancelled, the {@link AttemptTimedOut}
+   * once the attempt timed out); a `FencedOut` or `Cancelled` answer aborts
+   * {@link signal} and rejects with it. A step with `finish` ends the
    * holding: the worker then does not finish the run again. In a drain
    * with hand-overs on, that step also claims the drain's next run
    * ({@link WorkerOptions.handover}); what it answers is the step's
@@ -157,7 +201,7 @@ export interface RunContext {
    * aborts {@link signal}. `write` gets the fence to present.
    */
   fenced<T>(write: (fence: number, signal: AbortSignal) => Promise<T>): Promise<T>;
-  /** Throws the {@link LeaseLost} if the lease is already known lost. */
+  /** Throws the {@link LeaseLost} (or {@link Cancelled}, {@link AttemptTimedOut}) if the holding may no longer write. */
   ensureHeld(): void;
 }
 
@@ -167,10 +211,18 @@ export type WorkerEvent =
   | { type: "claimed"; run: RunAddress; fence: number; handedOver: boolean }
   | { type: "renewed"; run: RunAddress; from: number; to: number }
   | { type: "lost"; run: RunAddress; loss: LeaseLost }
+  /** An operator cancelled the run while this worker held it. */
+  | { type: "cancelled"; run: RunAddress; cancelled: Cancelled }
   | { type: "finished"; run: RunAddress; outcome: OutcomeBody }
   | { type: "released"; run: RunAddress; done: boolean }
   | { type: "snoozed"; run: RunAddress; until: number }
-  | { type: "failed"; run: RunAddress; error: unknown }
+  /**
+   * The handler threw (`error`: what it threw) or timed out (`error`: the
+   * {@link AttemptTimedOut}); `kind` is the error's kind (its `name`, or
+   * `timeout`), `deadLettered` whether the failed attempt's report
+   * dead-lettered the run.
+   */
+  | { type: "failed"; run: RunAddress; error: unknown; kind: string; deadLettered: boolean }
   | { type: "error"; error: unknown };
 
 /** How {@link runWorker} works. */
@@ -192,10 +244,22 @@ export interface WorkerOptions {
   mode?: "continuous" | "until-idle";
   /** Stops the worker: no more claims; running handlers see `ctx.signal` abort, their runs are released. */
   signal?: AbortSignal;
-  /** A handler that throws: `"snooze"` (default) retries later, `"fail"` finishes the run as failed. */
-  onError?: "snooze" | "fail";
-  /** The snooze after a handler failure, ms. Default 1000. */
-  failureBackoffMs?: number;
+  /**
+   * A handler that throws: `"retry"` (default) reports a failed attempt
+   * (`failAttempt`: the store retries the run after its backoff, or
+   * dead-letters it at its attempt limit); `"fail"` finishes the run as
+   * failed at once, the error as its reason.
+   */
+  onError?: "retry" | "fail";
+  /**
+   * Longest a handler may run on one attempt, ms. Past it the handler's
+   * signal aborts (an {@link AttemptTimedOut}), its later writes are
+   * refused locally, and the attempt is reported failed with kind
+   * `timeout` without waiting for the handler to return. A run may set
+   * its own (`attemptTimeoutMs` on enqueue, carried by its lease); with
+   * both, the shorter holds. Default: the run's own, if any.
+   */
+  attemptTimeoutMs?: number;
   /** Renew every `renewFraction × ttlMs`. Default 1/3. */
   renewFraction?: number;
   /** Give the lease up `safetyFraction × ttlMs` before its local deadline. Default 0.1. */
@@ -220,9 +284,18 @@ export interface WorkerReport {
   finished: number;
   released: number;
   snoozed: number;
-  /** Handlers that threw (their runs were snoozed or failed). */
+  /**
+   * Handlers that threw or timed out: each attempt was reported failed
+   * (or, with `onError: "fail"`, the run finished as failed).
+   */
   failed: number;
-  /** Leases lost while working. */
+  /** Of `failed`, the handlers stopped by the attempt timeout. */
+  timedOut: number;
+  /** Failed attempts that reached their run's limit: the store dead-lettered the run. */
+  deadLettered: number;
+  /** Runs an operator cancelled while they were worked (the handler's signal aborted; nothing more was reported). */
+  cancelled: number;
+  /** Leases lost while working (cancels not included). */
   lost: number;
   /** Runs taken by a hand-over (a finishing commit claimed them); counted in `claimed` too. */
   handedOver: number;
@@ -247,6 +320,10 @@ export async function runWorker(options: WorkerOptions): Promise<WorkerReport> {
   if (!(safetyFraction >= 0 && safetyFraction < 1) || renewFraction + safetyFraction >= 1) {
     throw new TypeError(`safetyFraction ${safetyFraction} must lie in [0, 1) with renewFraction + safetyFraction < 1`);
   }
+  const timeoutMs = options.attemptTimeoutMs;
+  if (timeoutMs !== undefined && !(Number.isFinite(timeoutMs) && timeoutMs > 0)) {
+    throw new TypeError(`attemptTimeoutMs ${timeoutMs} must be a positive number of ms (leave it out for no limit)`);
+  }
   const waitMs = options.waitMs ?? 20_000;
   const concurrency = options.concurrency ?? 1;
   if (!Number.isInteger(concurrency) || concurrency < 1) throw new TypeError(`concurrency ${concurrency} must be at least 1`);
@@ -257,6 +334,9 @@ export async function runWorker(options: WorkerOptions): Promise<WorkerReport> {
     released: 0,
     snoozed: 0,
     failed: 0,
+    timedOut: 0,
+    deadLettered: 0,
+    cancelled: 0,
     lost: 0,
     handedOver: 0,
     claimErrors: 0,
@@ -356,13 +436,17 @@ class HeldRun {
   private lease: LeaseBody;
   /** Monotonic ms when the current lease's claim was sent. */
   private sentAt: number;
-  private lost: LeaseLost | undefined;
+  /** Why this holding may no longer write: the lease was lost, or the run cancelled. */
+  private lost: LeaseLost | Cancelled | undefined;
+  /** Set when the handler ran past the attempt timeout: its writes are refused from then on. */
+  private timedOut: AttemptTimedOut | undefined;
   private ended = false;
   /** The run this holding's finishing commit handed over, until the slot collects it. */
   private next: HeldRun | undefined;
   /** Set once the slot has collected {@link next}: no hand-over from then on. */
   private collected = false;
   private readonly lossController = new AbortController();
+  private readonly attemptController = new AbortController();
   private readonly signal: AbortSignal;
   private readonly gate = new Gate();
   private renewTimer: ReturnType<typeof setTimeout> | undefined;
@@ -394,7 +478,7 @@ class HeldRun {
     this.lease = lease;
     this.sentAt = sentAt;
     this.ref = refOf(run);
-    this.signal = AbortSignal.any([this.lossController.signal, drain.stop]);
+    this.signal = AbortSignal.any([this.lossController.signal, this.attemptController.signal, drain.stop]);
   }
 
   private get ttl(): number {
@@ -410,12 +494,21 @@ class HeldRun {
     return this.sentAt + this.ttl * (1 - this.drain.safetyFraction);
   }
 
-  private lose(loss: LeaseLost): void {
+  private lose(loss: LeaseLost | Cancelled): void {
     if (this.lost || this.ended) return;
     this.lost = loss;
     this.stopTimers();
-    this.emit({ type: "lost", run: this.run, loss });
+    // Abort first: an observer that stops the worker on this event must
+    // not make the worker's reason the handler's.
     this.lossController.abort(loss);
+    if (loss instanceof Cancelled) this.emit({ type: "cancelled", run: this.run, cancelled: loss });
+    else this.emit({ type: "lost", run: this.run, loss });
+  }
+
+  /** Counts how this holding was lost: a cancel, or a lease lost. */
+  private countLoss(): void {
+    if (this.lost instanceof Cancelled) this.drain.report.cancelled += 1;
+    else this.drain.report.lost += 1;
   }
 
   private stopTimers(): void {
@@ -476,14 +569,29 @@ class HeldRun {
             );
             switch (answer.outcome) {
               case "acquired": {
-                if (performance.now() >= deadline) {
-                  this.lose(new LeaseLost("expiring", old, `the renewal of fence ${old} answered after its deadline`));
+                const got = answer.lease.fence;
+                if (got <= old) {
+                  this.lose(new LeaseLost("renewal-failed", old, `the store renewed fence ${old} with fence ${got}; a renewal must mint a higher one`));
                   return;
                 }
-                if (answer.lease.fence <= old) {
+                if (got !== old + 1) {
+                  // A gap: someone ended this holding in between (an
+                  // operator's release, a takeover released again), and the
+                  // answer is a new claim over the tombstone, not a renewal.
+                  // Stop the work, and give that holding back at once.
                   this.lose(
-                    new LeaseLost("renewal-failed", old, `the store renewed fence ${old} with fence ${answer.lease.fence}; a renewal must mint a higher one`),
+                    new LeaseLost(
+                      "gap",
+                      old,
+                      `the renewal of fence ${old} answered fence ${got}, not ${old + 1}: the holding was ended in between (an operator's release, or a takeover released again), so this was a new claim; it was given back`,
+                      got,
+                    ),
                   );
+                  await this.giveBackGap(got);
+                  return;
+                }
+                if (performance.now() >= deadline) {
+                  this.lose(new LeaseLost("expiring", old, `the renewal of fence ${old} answered after its deadline`));
                   return;
                 }
                 this.lease = answer.lease;
@@ -503,6 +611,15 @@ class HeldRun {
                 );
                 return;
               case "finished":
+                if (answer.status === "cancelled") {
+                  // An operator's cancel: say why, if the lifecycle tells.
+                  const reason = await this.options.client
+                    .lifecycle(this.ref, { signal })
+                    .then((l) => l.reason ?? undefined)
+                    .catch(() => undefined);
+                  this.lose(cancelledWhileHeld(this.run, old, reason));
+                  return;
+                }
                 this.lose(new LeaseLost("renewal-failed", old, `the run was finished (${answer.status}) while fence ${old} was held`));
                 return;
               case "notBefore":
@@ -511,6 +628,10 @@ class HeldRun {
             }
           } catch (e) {
             if (this.lost || this.ended) return;
+            if (e instanceof Cancelled) {
+              this.lose(e);
+              return;
+            }
             if (bound.signal.aborted) {
               this.lose(new LeaseLost("expiring", old, `renewal attempt ${attempt} of fence ${old} did not answer before the safety margin`));
               return;
@@ -532,26 +653,50 @@ class HeldRun {
     }
   }
 
-  private ensureHeld(): void {
+  /**
+   * Gives back the holding a renewal took after a gap (a new claim the
+   * worker must not go on with), so the run is claimable at once. A failure
+   * is reported; the holding then waits out its lease.
+   */
+  private async giveBackGap(fence: number): Promise<void> {
+    try {
+      await this.options.client.release(this.ref, { fence, signal: AbortSignal.timeout(this.ttl) });
+    } catch (e) {
+      this.emit({ type: "error", error: e });
+    }
+  }
+
+  /**
+   * Throws when this holding may not write: the lease is lost, the run
+   * cancelled, the holding ended, or (unless `own`: the worker's own report
+   * of the timeout) the attempt timed out.
+   */
+  private ensureHeld(own = false): void {
     if (this.lost) throw this.lost;
-    if (this.ended) throw new Error(`the holding of fence ${this.lease.fence} already ended (finished, released or snoozed); nothing more can be written under it`);
+    if (this.ended) throw new Error(`the holding of fence ${this.lease.fence} already ended (finished, released, snoozed or failed); nothing more can be written under it`);
+    if (!own && this.timedOut) throw this.timedOut;
     if (performance.now() >= this.giveUpAt()) {
       this.lose(new LeaseLost("expiring", this.lease.fence, `fence ${this.lease.fence} is within the safety margin of its deadline`));
       throw this.lost;
     }
   }
 
-  /** A write under the current fence, shared with other writes, exclusive of renewals. */
-  private fenced<T>(write: (fence: number) => Promise<T>): Promise<T> {
+  /**
+   * A write under the current fence, shared with other writes, exclusive of
+   * renewals. A refusal as fenced out loses the lease; as cancelled, the run.
+   * `own`: the worker's own write, allowed after the attempt timed out.
+   */
+  private fenced<T>(write: (fence: number) => Promise<T>, own = false): Promise<T> {
     return this.gate.shared(async () => {
-      this.ensureHeld();
+      this.ensureHeld(own);
       const fence = this.lease.fence;
       try {
         return await write(fence);
       } catch (e) {
         if (e instanceof FencedOut) {
           this.lose(new LeaseLost("fenced-out", fence, e.message, e.current, e));
-          throw e;
+        } else if (e instanceof Cancelled) {
+          this.lose(e);
         }
         throw e;
       }
@@ -635,40 +780,98 @@ class HeldRun {
    */
   async work(): Promise<HeldRun | undefined> {
     const report = this.drain.report;
-    let result: WorkResult;
-    let failure: unknown;
-    let threw = false;
-    try {
-      result = await this.options.handler(this.context());
-    } catch (e) {
-      threw = true;
-      failure = e;
-    }
+    const outcome = await this.runHandler();
     await this.renewing;
     if (this.lost) {
-      report.lost += 1;
+      // Lost or cancelled: nothing more is sent for this run.
+      this.countLoss();
     } else if (this.ended) {
       // The handler's last step finished the run.
       report.finished += 1;
       this.emit({ type: "finished", run: this.run, outcome: { status: "completed" } });
-    } else if (threw && this.signal.aborted) {
+    } else if (outcome.kind === "timeout") {
+      await this.failAttempt(outcome.error, attemptError("timeout", outcome.error.detail ?? outcome.error.message), true);
+    } else if (outcome.kind === "threw" && this.signal.aborted) {
       // Stopped by the worker's signal: give the run back at once.
       await this.endSafely({ release: true });
-    } else if (threw) {
+    } else if (outcome.kind === "threw" && this.options.onError === "fail") {
       report.failed += 1;
-      this.emit({ type: "failed", run: this.run, error: failure });
-      await this.endSafely(
-        this.options.onError === "fail"
-          ? { finish: { status: "failed", reason: reasonOf(failure) } }
-          : { retryAfterMs: this.options.failureBackoffMs ?? 1000 },
-      );
+      this.emit({ type: "failed", run: this.run, error: outcome.error, kind: attemptErrorOf(outcome.error).kind, deadLettered: false });
+      await this.endSafely({ finish: { status: "failed", reason: reasonOf(outcome.error) } });
+    } else if (outcome.kind === "threw") {
+      await this.failAttempt(outcome.error, attemptErrorOf(outcome.error), false);
     } else {
-      await this.endSafely(result);
+      await this.endSafely(outcome.result);
     }
     this.collected = true;
     const next = this.next;
     this.next = undefined;
     return next;
+  }
+
+  /**
+   * Runs the handler, up to the attempt timeout: past it, the handler's
+   * signal aborts with an {@link AttemptTimedOut}, its writes are refused
+   * from then on, and the attempt ends without waiting for the handler
+   * (JavaScript cannot stop it; what it writes through the context is
+   * refused locally).
+   */
+  private async runHandler(): Promise<HandlerOutcome> {
+    const settled = (async () => this.options.handler(this.context()))().then(
+      (result): HandlerOutcome => ({ kind: "returned", result }),
+      (error: unknown): HandlerOutcome => ({ kind: "threw", error }),
+    );
+    // The run's own limit (set on enqueue, carried by its lease) and the worker's: the shorter holds.
+    const limits = [this.options.attemptTimeoutMs, this.lease.attemptTimeoutMs ?? undefined].filter((t): t is number => t !== undefined);
+    if (limits.length === 0) return settled;
+    const ms = Math.min(...limits);
+    let timer: ReturnType<typeof setTimeout> | undefined;
+    const timedOut = new Promise<HandlerOutcome>((resolve) => {
+      timer = setTimeout(() => {
+        const error = new AttemptTimedOut(ms);
+        this.timedOut = error;
+        this.attemptController.abort(error);
+        resolve({ kind: "timeout", error });
+      }, ms);
+    });
+    try {
+      return await Promise.race([settled, timedOut]);
+    } finally {
+      clearTimeout(timer);
+    }
+  }
+
+  /**
+   * Reports the attempt failed (`failAttempt` under the current fence, the
+   * drain's attempt limit): the store keeps `error`, ends the holding and
+   * defers the run by its backoff, or dead-letters it at its limit.
+   */
+  private async failAttempt(cause: unknown, error: AttemptErrorBody, timedOut: boolean): Promise<void> {
+    const report = this.drain.report;
+    report.failed += 1;
+    if (timedOut) report.timedOut += 1;
+    try {
+      const options = this.options.maxAttempts !== undefined ? { maxAttempts: this.options.maxAttempts } : {};
+      const lifecycle = await this.fenced(
+        (fence) =>
+          this.options.client.failAttempt(this.ref, fence, error, options).then((l) => {
+            this.end();
+            return l;
+          }),
+        true,
+      );
+      const deadLettered = lifecycle.deadLettered === true;
+      if (deadLettered) report.deadLettered += 1;
+      this.emit({ type: "failed", run: this.run, error: cause, kind: error.kind, deadLettered });
+    } catch (e) {
+      if (this.lost) {
+        this.countLoss();
+        return;
+      }
+      this.emit({ type: "error", error: e });
+    } finally {
+      this.end();
+    }
   }
 
   /** Releases a handed-over run without working it (the worker stopped, or nobody collects it). */
@@ -682,7 +885,7 @@ class HeldRun {
       await this.endWith(result);
     } catch (e) {
       if (this.lost) {
-        this.drain.report.lost += 1;
+        this.countLoss();
         return;
       }
       this.emit({ type: "error", error: e });
@@ -769,6 +972,46 @@ class Gate {
 function retryAfter(e: unknown): number {
   const ms = (e as { retryAfterMs?: unknown }).retryAfterMs;
   return typeof ms === "number" ? ms : 0;
+}
+
+/** What a handler's attempt ended in. */
+type HandlerOutcome =
+  | { kind: "returned"; result: WorkResult }
+  | { kind: "threw"; error: unknown }
+  | { kind: "timeout"; error: AttemptTimedOut };
+
+/**
+ * The failed attempt's error for what a handler threw: kind its `name`
+ * (`TypeError`; `error` when it has none), message its `message` (else
+ * its text), cut to the store's limits with a marker.
+ */
+export function attemptErrorOf(e: unknown): AttemptErrorBody {
+  const o = typeof e === "object" && e !== null ? (e as { name?: unknown; message?: unknown }) : undefined;
+  const name = typeof o?.name === "string" ? o.name : "";
+  const message = typeof o?.message === "string" ? o.message : textOf(e);
+  return attemptError(name || "error", message);
+}
+
+function textOf(e: unknown): string {
+  try {
+    return String(e);
+  } catch {
+    return Object.prototype.toString.call(e);
+  }
+}
+
+/** The {@link Cancelled} a renewal that found the run cancelled aborts the handler with. */
+function cancelledWhileHeld(run: RunAddress, fence: number, reason: string | undefined): Cancelled {
+  const problem: ProblemBody = {
+    type: `${TYPE_PREFIX}cancelled`,
+    title: "Run cancelled",
+    status: 409,
+    detail: `run ${run.runId} was cancelled by an operator while fence ${fence} was held${reason !== undefined ? `: ${reason}` : ""}`,
+    run: run.runId,
+    operation: "claim",
+  };
+  if (reason !== undefined) problem.reason = reason;
+  return new Cancelled(problem);
 }
 
 function reasonOf(e: unknown): string {

@@ -1,6 +1,7 @@
 /**
  * How the worker helper ends a holding: release and snooze on request, a
- * failing handler snoozed (or failed with `onError: "fail"`), and a stopped
+ * failing handler's attempt reported failed (or the run failed with
+ * `onError: "fail"`), and a stopped
  * worker giving its run back at once.
  */
 
@@ -33,7 +34,7 @@ async function one(runId: string, options: Partial<Parameters<typeof runWorker>[
   );
 }
 
-test("{ retryAfterMs } snoozes the run on the store's clock; a failing handler is snoozed by failureBackoffMs", async () => {
+test("{ retryAfterMs } snoozes the run on the store's clock; a failing handler's attempt is failed, deferred by the store's backoff", async () => {
   const r1 = await one("end-snooze", { handler: () => ({ retryAfterMs: 60_000 }) });
   assert.equal(r1.snoozed, 1);
   const l1 = await operator.lifecycle(serve.run("end-snooze"));
@@ -44,15 +45,21 @@ test("{ retryAfterMs } snoozes the run on the store's clock; a failing handler i
   assert.equal(again.outcome, "notBefore");
 
   const r2 = await one("end-throw", {
-    failureBackoffMs: 45_000,
     handler: () => {
       throw new Error("model said no");
     },
   });
-  assert.deepEqual([r2.failed, r2.snoozed, r2.finished], [1, 1, 0]);
+  assert.deepEqual([r2.failed, r2.snoozed, r2.finished, r2.deadLettered], [1, 0, 0, 0]);
   const l2 = await operator.lifecycle(serve.run("end-throw"));
   assert.equal(l2.status, "active");
-  assert.ok(l2.availableAt != null && l2.availableAt > now + 30_000);
+  assert.equal(l2.attempts, 1);
+  const [f] = l2.failures ?? [];
+  assert.ok(f, "one failure on record");
+  assert.deepEqual([f.attempt, f.kind, f.message], [1, "Error", "model said no"]);
+  // The default policy (1 s, equal jitter): between 0.5 and 1 s after the failure, no backoff of the worker's own.
+  assert.equal(l2.availableAt, f.retryAt);
+  const wait = f.retryAt! - f.at;
+  assert.ok(wait >= 500 && wait <= 1000, `deferred ${wait} ms`);
 });
 
 test('onError: "fail" finishes a failing run as failed with the error as reason', async () => {

@@ -135,7 +135,7 @@ test("worker helper: claim_next, renewal at a third of the TTL, fenced steps, fi
     }),
     "the worker",
   );
-  assert.deepEqual(report, { claimed: 1, finished: 1, released: 0, snoozed: 0, failed: 0, lost: 0, handedOver: 0, claimErrors: 0 });
+  assert.deepEqual(report, { claimed: 1, finished: 1, released: 0, snoozed: 0, failed: 0, timedOut: 0, deadLettered: 0, cancelled: 0, lost: 0, handedOver: 0, claimErrors: 0 });
   const [first, second] = fences as [number, number];
   assert.ok(second > first, `the renewal minted a higher fence (${first} -> ${second})`);
   const renewal = events.find((e) => e.type === "renewed");

@@ -240,7 +240,7 @@ test("a renewal waits for the write in flight, so the write never presents a ret
     }),
     "the worker",
   );
-  assert.deepEqual(report, { claimed: 1, finished: 1, released: 0, snoozed: 0, failed: 0, lost: 0, handedOver: 0, claimErrors: 0 });
+  assert.deepEqual(report, { claimed: 1, finished: 1, released: 0, snoozed: 0, failed: 0, timedOut: 0, deadLettered: 0, cancelled: 0, lost: 0, handedOver: 0, claimErrors: 0 });
   assert.deepEqual(log.slice(0, 4), [
     "step sent",
     `step answered at generation ${stepFence}`,

@@ -140,3 +140,71 @@ async fn workers_drain_through_the_server_and_a_lost_step_answer_is_read_back_no
         );
     }
 }
+
+/// Through the server: a failed attempt past its limit dead-letters the run
+/// with its error, an operator's cancel makes the holder's next write
+/// answer `Cancelled` (problem type `cancelled`, mapped back by
+/// `HttpStore`), and `/metrics` counts both per tenant.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn failed_attempts_and_cancels_travel_and_are_counted_per_tenant() {
+    let backing: Arc<dyn RunStore> = Arc::new(runkeep::MemoryStore::new());
+    let server = TestServer::start(backing.clone());
+    let http: Arc<dyn RunStore> = Arc::new(server.client(None));
+    let claim = |who: &str| {
+        runkeep::ClaimOptions::new(Holder::new(who).unwrap(), Ttl::from_millis(60_000).unwrap())
+    };
+    let (a, b) = (scope(900), scope(901));
+    for s in [&a, &b] {
+        http.enqueue(
+            s,
+            &support::checkpoint(s.run_id.as_str(), 0),
+            &EnqueueOptions {
+                max_attempts: Some(1),
+                ..Default::default()
+            },
+        )
+        .await
+        .unwrap();
+    }
+    let lease = http.claim(&a, &claim("w")).await.unwrap().lease().unwrap();
+    let l = http
+        .fail_attempt(
+            &a,
+            lease.fence,
+            &runkeep::AttemptError::new("timeout", "the step ran past 30 s"),
+            None,
+        )
+        .await
+        .unwrap();
+    assert!(l.is_dead_lettered(), "{l:?}");
+    assert_eq!(l.failures[0].error.kind, "timeout");
+    assert_eq!(
+        backing.lifecycle(&a).await.unwrap(),
+        l,
+        "what travelled back"
+    );
+    let lease = http.claim(&b, &claim("w")).await.unwrap().lease().unwrap();
+    http.cancel(&b, Some("called off")).await.unwrap();
+    match http
+        .append_events(
+            &b,
+            &[NewEvent::new("late", Default::default())],
+            Some(lease.fence),
+        )
+        .await
+    {
+        Err(runkeep::Error::Cancelled { reason, .. }) => {
+            assert_eq!(reason.as_deref(), Some("called off"))
+        }
+        other => panic!("the holder's write after a cancel answered {other:?}"),
+    }
+    let text = server.metrics.render();
+    let tenant = a.tenant_id.as_str();
+    for kind in ["failed_attempt", "dead_lettered", "timed_out", "cancelled"] {
+        let series = format!("runkeep_run_failures_total{{kind=\"{kind}\",tenant=\"{tenant}\"}} 1");
+        assert!(
+            text.contains(&series),
+            "{series} missing from /metrics:\n{text}"
+        );
+    }
+}

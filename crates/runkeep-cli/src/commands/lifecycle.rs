@@ -173,9 +173,12 @@ fn refusal(err: runkeep::Error, op: &str, scope: &RunScope, opened: &OpenedStore
         E::Conflict { .. } if op == "reopen" => Some(format!(
             "only a finished run is reopened; see its status with `runkeep show {run}`"
         )),
-        E::Conflict { .. } => Some(
+        E::Conflict { .. } if op == "enqueue" => Some(
             "enqueue creates a new run: pick another run id, or reopen a finished one with `runkeep reopen`".into(),
         ),
+        E::Conflict { .. } if op == "cancel" => Some(format!(
+            "only an active run can be cancelled; `runkeep show {run}` shows how it ended, `runkeep reopen {run}` makes it active again"
+        )),
         E::InvalidInput { .. } if op == "finish" => Some(format!(
             "the fence must be one the store issued for this run; `runkeep show {run}` shows its lease and fence"
         )),
@@ -458,7 +461,7 @@ pub fn show_rows(l: &Lifecycle, now: Timestamp) -> Vec<(&'static str, Cell)> {
     }
     if let Some(ms) = l.attempt_timeout_ms {
         rows.push((
-            "attempt limit",
+            "attempt timeout",
             format!(
                 "{} per attempt",
                 humantime::format_duration(Duration::from_millis(ms))

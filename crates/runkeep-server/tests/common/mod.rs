@@ -44,6 +44,12 @@ pub fn tokens() -> StaticTokens {
 /// A server running on its own thread.
 pub struct TestServer {
     pub addr: SocketAddr,
+    /// The server's metrics (what `/metrics` renders).
+    #[allow(
+        dead_code,
+        reason = "read by the tests that check a counter, not by every test binary"
+    )]
+    pub metrics: Arc<Metrics>,
     stop: Option<tokio::sync::oneshot::Sender<()>>,
     thread: Option<std::thread::JoinHandle<()>>,
 }
@@ -84,6 +90,8 @@ impl TestServer {
         listener.set_nonblocking(true).unwrap();
         let addr = listener.local_addr().unwrap();
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let metrics = Arc::new(Metrics::default());
+        let served = metrics.clone();
         let thread = std::thread::spawn(move || {
             let rt = tokio::runtime::Builder::new_multi_thread()
                 .worker_threads(2)
@@ -95,7 +103,7 @@ impl TestServer {
                 let state = AppState {
                     store,
                     auth: Arc::new(tokens()),
-                    metrics: Arc::new(Metrics::default()),
+                    metrics: served,
                 };
                 let app = wrap(runkeep_server::api::router(state));
                 tokio::select! {
@@ -109,6 +117,7 @@ impl TestServer {
         });
         Self {
             addr,
+            metrics,
             stop: Some(stop),
             thread: Some(thread),
         }
