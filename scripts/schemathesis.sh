@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Schemathesis against a live `runkeep serve`: the OpenAPI document
-# (crates/runkeep-server/openapi.json, as the server serves it) against what
+# (crates/runkeep-http/openapi.json, as the server serves it) against what
 # the server does. Fails on any 5xx, any answer that breaks the document
 # (status code, content type, body schema) and any request the document
 # calls valid that the server refuses ("valid request rejected").

@@ -51,7 +51,7 @@ cat target/prepare.log
 # - scripts/schemathesis.sh: schemathesis (pinned, in a venv under
 #   target/schemathesis) with a reader, a worker and an operator token:
 #   fails on any 5xx, any answer that breaks
-#   crates/runkeep-server/openapi.json and any request the document calls
+#   crates/runkeep-http/openapi.json and any request the document calls
 #   valid that the server refuses.
 # They get the server binary built here (RUNKEEP_BIN), so none of them
 # waits on cargo's lock while the cargo tests run. Each suite's output goes

@@ -100,7 +100,7 @@ def test_refusals_are_typed(serve):
         op.claim(run, holder="x", ttl_ms=0)
     assert bad.value.field
     with pytest.raises(MalformedBody):
-        op._send(runkeep.client._Request("POST", op._run_path(run, "/claim"), None, {"holder": "x", "ttlMs": 1000, "zz": 1}))
+        op._send(runkeep.client._Request("POST", op._path("claim", run), None, {"holder": "x", "ttlMs": 1000, "zz": 1}))
     # A park answered twice: the second refusal carries the first answer.
     cp = {"id": "park1", "createdAt": 1, "state": {}, "pending": {"request": {"type": "approval"}, "parkedAt": 1}}
     op.write_checkpoint(run, cp, fence=new.fence)

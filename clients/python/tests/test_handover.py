@@ -135,7 +135,7 @@ def test_a_misspelt_field_is_refused_and_changes_nothing(serve):
         worker.commit_step_and_claim_next(a, fence, done("typo"), holdr="py-4", ttl_ms=TTL)  # type: ignore[call-arg]
     with pytest.raises(TypeError):
         worker.commit_step_and_claim_next(a, fence, done("typo"), holder="py-4", ttl_ms=TTL, wait_ms=1000)  # type: ignore[call-arg]
-    path = worker._run_path(a, "/steps/hand-over")
+    path = worker._path("commit_step_and_claim_next", a)
     for nxt in ({"holdr": "py-4", "ttlMs": TTL}, {"holder": "py-4", "ttlMs": TTL, "waitMs": 1000}):
         with pytest.raises(MalformedBody) as e:
             worker._send(runkeep.client._Request("POST", path, None, {"fence": fence, "step": done("typo"), "next": nxt}))

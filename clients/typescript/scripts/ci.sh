@@ -30,12 +30,12 @@ bash "$repo/scripts/npm-ci-once.sh" .
 # The wire types are generated from the committed OpenAPI document: a stale
 # src/generated/api.ts fails here (fix: `npm run gen`, commit the result).
 if ! npm run --silent gen:check; then
-    echo "clients/typescript: src/generated/api.ts does not match crates/runkeep-server/openapi.json; run \`npm run gen\` in clients/typescript and commit it" >&2
+    echo "clients/typescript: src/generated/api.ts does not match crates/runkeep-http/openapi.json; run \`npm run gen\` in clients/typescript and commit it" >&2
     exit 1
 fi
-# The console serves this client's SSE parser, emitted as an ES module.
+# The console serves this client's SSE parser and backoff, emitted as ES modules.
 if ! npm run --silent console-sse:check; then
-    echo "clients/typescript: crates/runkeep-server/console/sse-parser.js does not match src/sse.ts; run \`npm run console-sse\` in clients/typescript and commit it" >&2
+    echo "clients/typescript: crates/runkeep-server/console/sse-parser.js or backoff.js does not match src/sse.ts or src/backoff.ts; run \`npm run console-sse\` in clients/typescript and commit them" >&2
     exit 1
 fi
 npx tsc --noEmit -p .

@@ -1,9 +1,11 @@
 /**
- * Backoff, written once for the package: the worker's claim retries and
- * lease renewals (`worker.ts`) and the event tail's reconnects
- * (`client.ts`). No dependency: the package has no runtime dependencies,
- * and what the three loops share is a doubling delay that starts again
- * after a success.
+ * Backoff, written once for the package and the web console: the worker's
+ * claim retries and lease renewals (`worker.ts`), the event tail's
+ * reconnects (`client.ts`) and the console's live tail
+ * (`crates/runkeep-server/console/sse.js`, which imports this module as
+ * `console/backoff.js`, emitted by `npm run console-sse`). No dependency:
+ * the package has no runtime dependencies, and what the four loops share
+ * is a doubling delay that starts again after a success.
  *
  * @internal
  */

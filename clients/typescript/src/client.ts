@@ -145,8 +145,12 @@ type Query = Record<string, string | number | boolean | undefined>;
 
 /**
  * Every operation of the API (its OpenAPI `operationId`) with its method,
- * path and the {@link RunkeepClient} method that calls it.
- * `test/openapi.test.ts` checks it against the document both ways.
+ * path (`{run}` stands for {@link RUN_PATH}) and the {@link RunkeepClient}
+ * method that calls it. The one place the client spells a method or a
+ * path: every request names its operation and takes both from here.
+ * `test/openapi.test.ts` checks it both ways against the document and
+ * against `crates/runkeep-http/operations.json`, the table the server is
+ * built from.
  */
 export const OPERATIONS = {
   clock: ["GET", "/v1/clock", "clockNow"],
@@ -195,6 +199,9 @@ export const OPERATIONS = {
   delete_thread: ["DELETE", "{run}/thread", "deleteThread"],
   list_threads_checkpoints: ["GET", "/v1/tenants/{tenant}/thread-checkpoints", "listThreadsCheckpoints"],
 } as const satisfies Record<string, readonly [string, string, keyof RunkeepClient]>;
+
+/** The name of an operation ({@link OPERATIONS}). */
+export type Operation = keyof typeof OPERATIONS;
 
 /**
  * What {@link RunkeepClient.commitStepAndClaimNext} did: the step committed
@@ -309,10 +316,11 @@ export class RunkeepClient {
   }
 
   private async call<T>(
-    method: string,
+    op: Operation,
     path: string,
     options: { query?: Query | undefined; body?: unknown; signal?: AbortSignal | undefined } = {},
   ): Promise<T> {
+    const method = OPERATIONS[op][0];
     const res = await this.send(method, path, options);
     const text = await readText(res, options.signal, { method, path });
     try {
@@ -330,44 +338,60 @@ export class RunkeepClient {
     }
   }
 
-  private async runPath(run: RunRef, tail: string, options: CallOptions): Promise<{ path: string; query: Query }> {
-    const tenant = run.tenantId ?? (await this.defaultTenant(options));
-    const seg = encodeURIComponent;
-    const path = `/v1/tenants/${seg(tenant)}/projects/${seg(run.projectId)}/sessions/${seg(run.sessionId)}/runs/${seg(run.runId)}${tail}`;
-    return { path, query: run.parentRunId !== undefined ? { parent: run.parentRunId } : {} };
+  /**
+   * `op`'s path ({@link OPERATIONS}, the one place a path is spelled) in the
+   * run's tenant (else the default), with the run's and checkpoint's ids;
+   * a per-run path's query carries the run's `parent`.
+   */
+  private async path(
+    op: Operation,
+    options: CallOptions,
+    target: { run?: RunRef | undefined; checkpoint?: string | undefined } = {},
+  ): Promise<{ path: string; query: Query }> {
+    const { run, checkpoint } = target;
+    const template = OPERATIONS[op][1].replace(/^\{run\}/, RUN_PATH);
+    const ids: Record<string, string | undefined> = {
+      project: run?.projectId,
+      session: run?.sessionId,
+      run: run?.runId,
+      checkpoint,
+    };
+    if (template.includes("{tenant}")) ids.tenant = run?.tenantId ?? (await this.defaultTenant(options));
+    const path = template.replace(/\{(\w+)\}/g, (_, name: string) => {
+      const id = ids[name];
+      if (id === undefined) throw new TypeError(`RunkeepClient: ${op} needs {${name}}`);
+      return encodeURIComponent(id);
+    });
+    return { path, query: run?.parentRunId !== undefined ? { parent: run.parentRunId } : {} };
   }
 
-  private async tenantPath(tail: string, options: CallOptions): Promise<string> {
-    return `/v1/tenants/${encodeURIComponent(await this.defaultTenant(options))}${tail}`;
+  private async runGet<T>(op: Operation, run: RunRef, options: CallOptions, query: Query = {}, checkpoint?: string): Promise<T> {
+    const p = await this.path(op, options, { run, checkpoint });
+    return this.call<T>(op, p.path, { query: { ...query, ...p.query }, signal: options.signal });
   }
 
-  private async runGet<T>(run: RunRef, tail: string, options: CallOptions, query: Query = {}): Promise<T> {
-    const p = await this.runPath(run, tail, options);
-    return this.call<T>("GET", p.path, { query: { ...query, ...p.query }, signal: options.signal });
-  }
-
-  private async runWrite<T>(method: string, run: RunRef, tail: string, body: unknown, options: CallOptions): Promise<T> {
-    const p = await this.runPath(run, tail, options);
-    return this.call<T>(method, p.path, { query: p.query, body, signal: options.signal });
+  private async runWrite<T>(op: Operation, run: RunRef, body: unknown, options: CallOptions, checkpoint?: string): Promise<T> {
+    const p = await this.path(op, options, { run, checkpoint });
+    return this.call<T>(op, p.path, { query: p.query, body, signal: options.signal });
   }
 
   // ---- the store and the token ------------------------------------------
 
   /** The store's clock (`GET /v1/clock`). */
-  clockNow(options: CallOptions = {}): Promise<Clock> {
-    return this.call("GET", "/v1/clock", options);
+  async clockNow(options: CallOptions = {}): Promise<Clock> {
+    return this.call("clock", (await this.path("clock", options)).path, options);
   }
 
   /** Who the token is (`GET /v1/whoami`). */
-  whoami(options: CallOptions = {}): Promise<WhoAmI> {
-    return this.call("GET", "/v1/whoami", options);
+  async whoami(options: CallOptions = {}): Promise<WhoAmI> {
+    return this.call("whoami", (await this.path("whoami", options)).path, options);
   }
 
   // ---- the listing and the queue ------------------------------------------
 
   /** One page of the listing (`GET …/runs`). */
   async listRuns(query: ListRunsQuery = {}, options: CallOptions = {}): Promise<RunPageBody> {
-    return this.call("GET", await this.tenantPath("/runs", options), {
+    return this.call("list_runs", (await this.path("list_runs", options)).path, {
       query: {
         project: query.project,
         session: query.session,
@@ -400,7 +424,7 @@ export class RunkeepClient {
    * answering `{ claimed: null }`.
    */
   async claimNext(body: ClaimNextBody, options: CallOptions = {}): Promise<ClaimNextAnswer> {
-    return this.call("POST", await this.tenantPath("/claim-next", options), { body, signal: options.signal });
+    return this.call("claim_next", (await this.path("claim_next", options)).path, { body, signal: options.signal });
   }
 
   /** Waits until a run may have become runnable (`GET …/runnable/wait`). */
@@ -408,19 +432,19 @@ export class RunkeepClient {
     query: { project?: string; session?: string; timeoutMs?: number } = {},
     options: CallOptions = {},
   ): Promise<Waited> {
-    return this.call("GET", await this.tenantPath("/runnable/wait", options), { query, signal: options.signal });
+    return this.call("wait_runnable", (await this.path("wait_runnable", options)).path, { query, signal: options.signal });
   }
 
   /** Everything about one run in one call (`GET …/runs/{run}`). */
   summary(run: RunRef, options: CallOptions = {}): Promise<RunSummary> {
-    return this.runGet(run, "", options);
+    return this.runGet("run_summary", run, options);
   }
 
   // ---- claims and the lifecycle -----------------------------------------
 
   /** Claims (or, for the same holder, renews with a new fence) a run (`POST …/claim`). */
   claim(run: RunRef, body: ClaimBody, options: CallOptions = {}): Promise<ClaimAnswer> {
-    return this.runWrite("POST", run, "/claim", body, options);
+    return this.runWrite("claim", run, body, options);
   }
 
   /**
@@ -429,19 +453,19 @@ export class RunkeepClient {
    */
   release(run: RunRef, options: FencedOptions = {}): Promise<Done> {
     const body: ReleaseBody = withFence({}, options.fence);
-    return this.runWrite("POST", run, "/release", body, options);
+    return this.runWrite("release", run, body, options);
   }
 
   /** Finishes the run held at `fence` (`POST …/finish`); spends the fence. */
   finish(run: RunRef, fence: number, outcome: OutcomeBody, options: CallOptions = {}): Promise<LifecycleBody> {
     const body: FinishBody = { fence, outcome };
-    return this.runWrite("POST", run, "/finish", body, options);
+    return this.runWrite("finish", run, body, options);
   }
 
   /** Releases the holding and defers the run until `until` (epoch ms, `POST …/snooze`). */
   snooze(run: RunRef, fence: number, until: number, options: CallOptions = {}): Promise<Done> {
     const body: SnoozeBody = { fence, until };
-    return this.runWrite("POST", run, "/snooze", body, options);
+    return this.runWrite("snooze", run, body, options);
   }
 
   /**
@@ -463,7 +487,7 @@ export class RunkeepClient {
   ): Promise<LifecycleBody> {
     const body: FailAttemptBody = { fence, error: attemptError(error.kind, error.message) };
     if (options.maxAttempts !== undefined) body.maxAttempts = options.maxAttempts;
-    return this.runWrite("POST", run, "/attempts/failed", body, options);
+    return this.runWrite("fail_attempt", run, body, options);
   }
 
   /**
@@ -476,7 +500,7 @@ export class RunkeepClient {
    */
   cancel(run: RunRef, options: CallOptions & { reason?: string } = {}): Promise<LifecycleBody> {
     const body: CancelBody = options.reason !== undefined ? { reason: options.reason } : {};
-    return this.runWrite("POST", run, "/cancel", body, options);
+    return this.runWrite("cancel", run, body, options);
   }
 
   /**
@@ -490,23 +514,23 @@ export class RunkeepClient {
     body: EnqueueBody,
     options: CallOptions = {},
   ): Promise<CheckpointBody> {
-    return this.runWrite("POST", run, "/enqueue", body, options);
+    return this.runWrite("enqueue", run, body, options);
   }
 
   /** Makes a finished run active and claimable again (operator, `POST …/reopen`). */
   reopen(run: RunRef, options: CallOptions = {}): Promise<LifecycleBody> {
-    return this.runWrite("POST", run, "/reopen", {}, options);
+    return this.runWrite("reopen", run, {}, options);
   }
 
   /** The run's top holding (`GET …/lease`), `null` when never claimed. */
   async lease(run: RunRef, options: CallOptions & { now?: number } = {}): Promise<LeaseSummaryBody | null> {
-    const r = await this.runGet<MaybeLease>(run, "/lease", options, { now: options.now });
+    const r = await this.runGet<MaybeLease>("lease", run, options, { now: options.now });
     return r.lease ?? null;
   }
 
   /** The run's lifecycle (`GET …/lifecycle`). */
   lifecycle(run: RunRef, options: CallOptions = {}): Promise<LifecycleBody> {
-    return this.runGet(run, "/lifecycle", options);
+    return this.runGet("lifecycle", run, options);
   }
 
   // ---- the atomic step and checkpoints ------------------------------------
@@ -518,7 +542,7 @@ export class RunkeepClient {
    */
   commitStep(run: RunRef, fence: number, step: StepBody, options: CallOptions = {}): Promise<StepReceiptBody> {
     const body: CommitStepBody = { fence, step };
-    return this.runWrite("POST", run, "/steps", body, options);
+    return this.runWrite("commit_step", run, body, options);
   }
 
   /**
@@ -540,7 +564,7 @@ export class RunkeepClient {
     options: CallOptions = {},
   ): Promise<HandOver> {
     const body: HandOverBody = { fence, step, next };
-    const a = await this.runWrite<HandOverAnswer>("POST", run, "/steps/hand-over", body, options);
+    const a = await this.runWrite<HandOverAnswer>("commit_step_and_claim_next", run, body, options);
     return {
       receipt: a.receipt,
       next: a.next ?? null,
@@ -565,7 +589,7 @@ export class RunkeepClient {
         limit: MAX_CHECKPOINTS_PAGE,
         after: out.at(-1)?.id,
       };
-      const page = await this.runGet<CheckpointBody[]>(run, "/checkpoints", options, query);
+      const page = await this.runGet<CheckpointBody[]>("list_checkpoints", run, options, query);
       out.push(...page);
       if (page.length < MAX_CHECKPOINTS_PAGE) return out;
     }
@@ -574,37 +598,36 @@ export class RunkeepClient {
   /** Writes a checkpoint (`POST …/checkpoints`). */
   writeCheckpoint(run: RunRef, checkpoint: CheckpointBody, options: FencedOptions = {}): Promise<CheckpointBody> {
     const body: WriteCheckpointBody = withFence({ checkpoint }, options.fence);
-    return this.runWrite("POST", run, "/checkpoints", body, options);
+    return this.runWrite("write_checkpoint", run, body, options);
   }
 
   /** The latest checkpoint (`GET …/checkpoints/latest`). */
   async latestCheckpoint(run: RunRef, options: CallOptions = {}): Promise<CheckpointBody | null> {
-    return (await this.runGet<MaybeCheckpoint>(run, "/checkpoints/latest", options)).checkpoint ?? null;
+    return (await this.runGet<MaybeCheckpoint>("latest_checkpoint", run, options)).checkpoint ?? null;
   }
 
   /** The outstanding park's checkpoint (`GET …/checkpoints/pending`). */
   async findPending(run: RunRef, options: CallOptions & { now?: number } = {}): Promise<CheckpointBody | null> {
     const q = { now: options.now };
-    return (await this.runGet<MaybeCheckpoint>(run, "/checkpoints/pending", options, q)).checkpoint ?? null;
+    return (await this.runGet<MaybeCheckpoint>("find_pending", run, options, q)).checkpoint ?? null;
   }
 
   /** The checkpoint to resume from (`GET …/checkpoints/resume-point`). */
   async resumePoint(run: RunRef, options: CallOptions & { now?: number } = {}): Promise<CheckpointBody | null> {
     const q = { now: options.now };
-    return (await this.runGet<MaybeCheckpoint>(run, "/checkpoints/resume-point", options, q))
+    return (await this.runGet<MaybeCheckpoint>("resume_point", run, options, q))
       .checkpoint ?? null;
   }
 
   /** One checkpoint by id (`GET …/checkpoints/by-id/{id}`), `null` when absent. */
   async readCheckpoint(run: RunRef, id: string, options: CallOptions = {}): Promise<CheckpointBody | null> {
-    const tail = `/checkpoints/by-id/${encodeURIComponent(id)}`;
-    return (await this.runGet<MaybeCheckpoint>(run, tail, options)).checkpoint ?? null;
+    return (await this.runGet<MaybeCheckpoint>("read_checkpoint", run, options, {}, id)).checkpoint ?? null;
   }
 
   /** Deletes a checkpoint (`DELETE …/checkpoints/by-id/{id}`). */
   async deleteCheckpoint(run: RunRef, id: string, options: FencedOptions = {}): Promise<Done> {
-    const p = await this.runPath(run, `/checkpoints/by-id/${encodeURIComponent(id)}`, options);
-    return this.call("DELETE", p.path, { query: { ...p.query, fence: options.fence }, signal: options.signal });
+    const p = await this.path("delete_checkpoint", options, { run, checkpoint: id });
+    return this.call("delete_checkpoint", p.path, { query: { ...p.query, fence: options.fence }, signal: options.signal });
   }
 
   /**
@@ -621,13 +644,13 @@ export class RunkeepClient {
   ): Promise<CheckpointBody> {
     const body: ResolveBody = { resolution };
     if (options.fence !== undefined) body.fence = options.fence;
-    return this.runWrite("POST", run, `/checkpoints/by-id/${encodeURIComponent(checkpointId)}/answer`, body, options);
+    return this.runWrite("resolve_park", run, body, options, checkpointId);
   }
 
   /** Deletes all but the newest `keepLast` checkpoints (`POST …/prune`). */
   prune(run: RunRef, keepLast: number, options: FencedOptions = {}): Promise<Pruned> {
     const body: PruneBody = withFence({ keepLast }, options.fence);
-    return this.runWrite("POST", run, "/prune", body, options);
+    return this.runWrite("prune_checkpoints", run, body, options);
   }
 
   // ---- events -------------------------------------------------------------
@@ -642,7 +665,7 @@ export class RunkeepClient {
     query: { sinceSeq?: number; integrity?: "tolerant" | "strict"; limit?: number } = {},
     options: CallOptions = {},
   ): Promise<EventBatchBody> {
-    return this.runGet(run, "/events", options, query);
+    return this.runGet("read_events", run, options, query);
   }
 
   /**
@@ -679,13 +702,13 @@ export class RunkeepClient {
   /** Appends events (`POST …/events`); answers them with their `seq`. */
   async appendEvents(run: RunRef, events: NewEventBody[], options: FencedOptions = {}): Promise<EventBody[]> {
     const body: AppendEventsBody = withFence({ events }, options.fence);
-    const r = await this.runWrite<Appended>("POST", run, "/events", body, options);
+    const r = await this.runWrite<Appended>("append_events", run, body, options);
     return r.events;
   }
 
   /** Waits until the log's last `seq` is above `sinceSeq` (`GET …/events/wait`). */
   waitEvents(run: RunRef, query: { sinceSeq?: number; timeoutMs?: number } = {}, options: CallOptions = {}): Promise<Waited> {
-    return this.runGet(run, "/events/wait", options, query);
+    return this.runGet("wait_events", run, options, query);
   }
 
   /**
@@ -702,7 +725,7 @@ export class RunkeepClient {
   async *tail(run: RunRef, options: TailOptions = {}): AsyncGenerator<EventBody> {
     const reconnect = options.reconnect ?? true;
     const delays = new Doubling(options.retryDelayMs ?? 200, options.maxRetryDelayMs ?? 5000);
-    const p = await this.runPath(run, "/events/stream", options);
+    const p = await this.path("tail_events", options, { run });
     let lastSeq = options.sinceSeq ?? 0;
     let attempt = 0;
     for (;;) {
@@ -712,7 +735,7 @@ export class RunkeepClient {
       let error: unknown;
       try {
         if (options.signal?.aborted) throw options.signal.reason;
-        const res = await this.send("GET", p.path, {
+        const res = await this.send(OPERATIONS.tail_events[0], p.path, {
           query: { ...p.query, sinceSeq: lastSeq },
           signal: local.signal,
           headers: { accept: "text/event-stream", "last-event-id": String(lastSeq) },
@@ -752,46 +775,46 @@ export class RunkeepClient {
 
   /** The run record (`GET …/record`), `null` when never written. */
   async readRecord(run: RunRef, options: CallOptions = {}): Promise<JsonObject | null> {
-    return (await this.runGet<MaybeRecord>(run, "/record", options)).record ?? null;
+    return (await this.runGet<MaybeRecord>("read_run_record", run, options)).record ?? null;
   }
 
   /** Replaces the run record (`PUT …/record`). */
   writeRecord(run: RunRef, record: JsonObject, options: FencedOptions = {}): Promise<Done> {
     const body: RecordBody = withFence({ record }, options.fence);
-    return this.runWrite("PUT", run, "/record", body, options);
+    return this.runWrite("write_run_record", run, body, options);
   }
 
   /** The message snapshot (`GET …/messages`). */
   readMessages(run: RunRef, options: CallOptions = {}): Promise<MessagesBody> {
-    return this.runGet(run, "/messages", options);
+    return this.runGet("read_messages", run, options);
   }
 
   /** Publishes a message snapshot accounting for events up to `throughEventSeq` (`PUT …/messages`). */
   writeMessages(run: RunRef, messages: Json[], throughEventSeq: number, options: FencedOptions = {}): Promise<Done> {
     const body: WriteMessagesBody = withFence({ messages, throughEventSeq }, options.fence);
-    return this.runWrite("PUT", run, "/messages", body, options);
+    return this.runWrite("write_messages", run, body, options);
   }
 
   /** The report (`GET …/report`), `null` when never written. */
   async readReport(run: RunRef, options: CallOptions = {}): Promise<string | null> {
-    return (await this.runGet<MaybeReport>(run, "/report", options)).report ?? null;
+    return (await this.runGet<MaybeReport>("read_report", run, options)).report ?? null;
   }
 
   /** Replaces the report (`PUT …/report`). */
   writeReport(run: RunRef, report: string, options: FencedOptions = {}): Promise<Done> {
     const body: ReportBody = withFence({ report }, options.fence);
-    return this.runWrite("PUT", run, "/report", body, options);
+    return this.runWrite("write_report", run, body, options);
   }
 
   /** The audit trail after `sinceSeq` (`GET …/audit`). */
   async readAudit(run: RunRef, options: CallOptions & { sinceSeq?: number } = {}): Promise<AuditBody[]> {
-    return (await this.runGet<AuditList>(run, "/audit", options, { sinceSeq: options.sinceSeq })).records;
+    return (await this.runGet<AuditList>("read_audit", run, options, { sinceSeq: options.sinceSeq })).records;
   }
 
   /** Appends audit events (`POST …/audit`). */
   async appendAudit(run: RunRef, events: NewAuditBody[], options: FencedOptions = {}): Promise<AuditBody[]> {
     const body: AppendAuditBody = withFence({ events }, options.fence);
-    const r = await this.runWrite<AuditList>("POST", run, "/audit", body, options);
+    const r = await this.runWrite<AuditList>("append_audit", run, body, options);
     return r.records;
   }
 
@@ -803,7 +826,7 @@ export class RunkeepClient {
    * key. Fenced like any checkpoint write.
    */
   putThreadCheckpoint(run: RunRef, body: Omit<PutThreadCheckpointBody, "fence">, options: FencedOptions = {}): Promise<Done> {
-    return this.runWrite("PUT", run, "/thread/checkpoints", withFence(body, options.fence), options);
+    return this.runWrite("put_thread_checkpoint", run, withFence(body, options.fence), options);
   }
 
   /**
@@ -813,7 +836,7 @@ export class RunkeepClient {
    * the run there.
    */
   putThreadWrites(run: RunRef, body: Omit<PutThreadWritesBody, "fence">, options: FencedOptions = {}): Promise<Done> {
-    return this.runWrite("POST", run, "/thread/writes", withFence(body, options.fence), options);
+    return this.runWrite("put_thread_writes", run, withFence(body, options.fence), options);
   }
 
   /**
@@ -826,7 +849,7 @@ export class RunkeepClient {
     options: CallOptions = {},
   ): Promise<ThreadCheckpointBody | null> {
     const q = { ns: query.ns ?? "", checkpointId: query.checkpointId };
-    return (await this.runGet<MaybeThreadCheckpoint>(run, "/thread/checkpoint", options, q)).checkpoint ?? null;
+    return (await this.runGet<MaybeThreadCheckpoint>("get_thread_checkpoint", run, options, q)).checkpoint ?? null;
   }
 
   /** A thread's checkpoints, newest first (`GET …/thread/checkpoints`). */
@@ -838,7 +861,7 @@ export class RunkeepClient {
       limit: query.limit,
       filter: filterParam(query.filter),
     };
-    return (await this.runGet<ThreadCheckpointList>(run, "/thread/checkpoints", options, q)).checkpoints;
+    return (await this.runGet<ThreadCheckpointList>("list_thread_checkpoints", run, options, q)).checkpoints;
   }
 
   /**
@@ -846,7 +869,8 @@ export class RunkeepClient {
    * (and `session`), newest first (`GET {tenant}/thread-checkpoints`).
    */
   async listThreadsCheckpoints(query: ThreadsListQuery = {}, options: CallOptions = {}): Promise<ThreadCheckpointBody[]> {
-    const r = await this.call<ThreadCheckpointList>("GET", await this.tenantPath("/thread-checkpoints", options), {
+    const p = await this.path("list_threads_checkpoints", options);
+    const r = await this.call<ThreadCheckpointList>("list_threads_checkpoints", p.path, {
       query: {
         project: query.project,
         session: query.session,
@@ -862,8 +886,8 @@ export class RunkeepClient {
 
   /** Deletes every thread record of the run (`DELETE …/thread`); its lease, lifecycle and events stay. */
   async deleteThread(run: RunRef, options: FencedOptions = {}): Promise<ThreadDeleted> {
-    const p = await this.runPath(run, "/thread", options);
-    return this.call("DELETE", p.path, { query: { ...p.query, fence: options.fence }, signal: options.signal });
+    const p = await this.path("delete_thread", options, { run });
+    return this.call("delete_thread", p.path, { query: { ...p.query, fence: options.fence }, signal: options.signal });
   }
 }
 

@@ -2,7 +2,7 @@
  * The JSON shapes of the runkeep HTTP API, version 1.
  *
  * Every wire type here is an alias of the type generated from the server's
- * OpenAPI document (`crates/runkeep-server/openapi.json`) into
+ * OpenAPI document (`crates/runkeep-http/openapi.json`) into
  * `src/generated/api.ts` by `npm run gen` (openapi-typescript); CI fails
  * while that file is stale. Only the client's own shapes (a run reference
  * whose tenant defaults, the query objects) are written by hand.

@@ -4,7 +4,7 @@
  * from the document (src/generated/api.ts, `npm run gen`); CI checks the
  * generated file is current.
  *
- * The document is the committed `crates/runkeep-server/openapi.json`, else
+ * The document is the committed `crates/runkeep-http/openapi.json`, else
  * the one a live `runkeep serve` answers at `/openapi.json`. While neither
  * exists the test is reported as skipped, saying so.
  */
@@ -18,7 +18,10 @@ import { fileURLToPath } from "node:url";
 import { ENUMS, OPERATIONS, RUN_PATH, TAGGED } from "../src/index.js";
 import { Serve } from "./helpers/serve.js";
 
-const COMMITTED = resolve(fileURLToPath(new URL(".", import.meta.url)), "../../../../crates/runkeep-server/openapi.json");
+const REPO = resolve(fileURLToPath(new URL(".", import.meta.url)), "../../../..");
+const COMMITTED = resolve(REPO, "crates/runkeep-http/openapi.json");
+/** The operation table as JSON, generated from the Rust table the server is built from. */
+const TABLE = resolve(REPO, "crates/runkeep-http/operations.json");
 
 type Schema = {
   enum?: string[];
@@ -48,7 +51,7 @@ async function load(): Promise<{ doc: Doc; from: string } | undefined> {
 test("the client's enums, tagged unions and operations are the document's", async (t) => {
   const loaded = await load();
   if (!loaded) {
-    t.skip("no OpenAPI document yet: crates/runkeep-server/openapi.json is not committed and the server answers 404 at /openapi.json");
+    t.skip("no OpenAPI document yet: crates/runkeep-http/openapi.json is not committed and the server answers 404 at /openapi.json");
     return;
   }
   const schemas = loaded.doc.components?.schemas ?? {};
@@ -74,4 +77,20 @@ test("the client's enums, tagged unions and operations are the document's", asyn
     Object.entries(OPERATIONS).map(([id, [method, path]]) => [id, `${method} ${path.replace("{run}", RUN_PATH)}`]),
   );
   assert.deepEqual([...ours].sort(), [...inDoc].sort(), "every /v1 operation of the document has its client method, with its method and path");
+});
+
+test("the client's operations are the operation table's, with their methods and paths", () => {
+  const table = JSON.parse(readFileSync(TABLE, "utf8")) as { name: string; method: string; path: string }[];
+  const theirs = new Map(table.map((op) => [op.name, `${op.method} ${op.path}`]));
+  const ours = new Map(
+    Object.entries(OPERATIONS).map(([id, [method, path]]) => [id, `${method} ${path.replace(/^\{run\}/, RUN_PATH)}`]),
+  );
+  assert.deepEqual([...ours].sort(), [...theirs].sort(), "every operation of crates/runkeep-http/operations.json, with its method and path");
+});
+
+test("no client method spells a path or a method of its own", () => {
+  const source = readFileSync(resolve(REPO, "clients/typescript/src/client.ts"), "utf8");
+  const body = source.slice(source.indexOf("export class RunkeepClient"));
+  assert.deepEqual(body.match(/["`]\/v1[^"`]*["`]/g) ?? [], [], "a path spelled outside OPERATIONS");
+  assert.deepEqual(body.match(/this\.(call|send|runGet|runWrite)(<[^>]*>)?\("(GET|POST|PUT|DELETE)"/g) ?? [], [], "a method spelled outside OPERATIONS");
 });

@@ -44,9 +44,6 @@
 //!   [`HttpStore::follow_events`] is the SSE tail, resuming with
 //!   `Last-Event-ID` across disconnects and server restarts.
 
-// A `Problem` is returned straight into a response, once per refused
-// request: its size costs nothing measurable, boxing it would cost clarity.
-
 use runkeep::RemoteClock;
 use std::collections::HashMap;
 use std::pin::Pin;
@@ -64,11 +61,11 @@ use runkeep::{
     Watch, WatchTopic,
 };
 use serde::de::DeserializeOwned;
-use serde::Serialize;
-use serde_json::{json, Value};
+use serde_json::Value;
 
+use crate::openapi::Payload;
 use crate::problem::{Problem, ProblemType, PROBLEM_JSON};
-use crate::routes::{Operation, NOW_HEADER};
+use crate::routes::{op, Operation, OperationSpec, NOW_HEADER};
 use crate::wire::*;
 
 /// How an [`HttpStore`] talks to the server.
@@ -178,6 +175,44 @@ enum Kind {
     Write,
 }
 
+/// What a request is about: the ids that fill its operation's path
+/// ([`Operation::fill`]).
+#[derive(Clone, Copy)]
+enum At<'a> {
+    /// Nothing (`/v1/clock`, `/v1/whoami`).
+    Root,
+    /// A tenant.
+    Tenant(&'a TenantId),
+    /// A run.
+    Run(&'a RunScope),
+    /// One checkpoint of a run.
+    Checkpoint(&'a RunScope, &'a CheckpointId),
+}
+
+impl At<'_> {
+    /// `op`'s path for this target.
+    fn path(self, op: Operation) -> String {
+        fn run(scope: &RunScope) -> [(&'static str, &str); 4] {
+            [
+                ("tenant", scope.tenant_id.as_str()),
+                ("project", scope.project_id.as_str()),
+                ("session", scope.session_id.as_str()),
+                ("run", scope.run_id.as_str()),
+            ]
+        }
+        match self {
+            At::Root => op.fill(&[]),
+            At::Tenant(tenant) => op.fill(&[("tenant", tenant.as_str())]),
+            At::Run(scope) => op.fill(&run(scope)),
+            At::Checkpoint(scope, id) => {
+                let mut params = run(scope).to_vec();
+                params.push(("checkpoint", id.as_str()));
+                op.fill(&params)
+            }
+        }
+    }
+}
+
 impl HttpStore {
     /// A store at `base_url` (`http://127.0.0.1:7420`) with no token yet.
     pub fn new(base_url: impl Into<String>, options: HttpStoreOptions) -> Result<Self> {
@@ -262,15 +297,7 @@ impl HttpStore {
         let store = Self::new(base_url, options)?;
         let secret = secret.into();
         let who: WhoAmI = store
-            .send_with(
-                Operation::Whoami,
-                &secret,
-                Operation::Whoami.fill(&[]),
-                &[],
-                None::<&()>,
-                Kind::Read,
-                None,
-            )
+            .send::<op::Whoami>(&secret, At::Root, &[], &NoBody, None)
             .await?;
         let tenant = TenantId::new(who.tenant)?;
         Ok(store.with_token(tenant, secret))
@@ -293,32 +320,6 @@ impl HttpStore {
             })
     }
 
-    /// `op`'s path for the run `scope`.
-    fn run_path(op: Operation, scope: &RunScope) -> String {
-        op.fill(&[
-            ("tenant", scope.tenant_id.as_str()),
-            ("project", scope.project_id.as_str()),
-            ("session", scope.session_id.as_str()),
-            ("run", scope.run_id.as_str()),
-        ])
-    }
-
-    /// `op`'s path for the checkpoint `id` of the run `scope`.
-    fn checkpoint_path(op: Operation, scope: &RunScope, id: &CheckpointId) -> String {
-        op.fill(&[
-            ("tenant", scope.tenant_id.as_str()),
-            ("project", scope.project_id.as_str()),
-            ("session", scope.session_id.as_str()),
-            ("run", scope.run_id.as_str()),
-            ("checkpoint", id.as_str()),
-        ])
-    }
-
-    /// `op`'s path for `tenant`.
-    fn tenant_path(op: Operation, tenant: &TenantId) -> String {
-        op.fill(&[("tenant", tenant.as_str())])
-    }
-
     fn run_query(
         scope: &RunScope,
         mut q: Vec<(&'static str, String)>,
@@ -329,23 +330,30 @@ impl HttpStore {
         q
     }
 
-    #[expect(
-        clippy::too_many_arguments,
-        reason = "one call site passes what the locked write needs; a struct would only rename the arguments"
-    )]
-    async fn send_with<B: Serialize + ?Sized, T: DeserializeOwned>(
+    /// One request of the operation `S` (its marker, [`crate::op`]): its
+    /// method from the table, `body` sent when it takes one, the answer
+    /// read as its answer type. A `GET` is a read (repeatable); anything
+    /// else a write, whose lost reply is outcome unknown.
+    async fn send<S: OperationSpec>(
         &self,
-        op: Operation,
         token: &str,
-        path: String,
+        at: At<'_>,
         query: &[(&'static str, String)],
-        body: Option<&B>,
-        kind: Kind,
+        body: &S::Body,
         extra_wait: Option<Duration>,
-    ) -> Result<T> {
+    ) -> Result<S::Answer>
+    where
+        S::Answer: DeserializeOwned,
+    {
+        let op = S::OP;
         let operation = op.name();
         let method = op.method();
-        let url = format!("{}{path}", self.inner.base);
+        let kind = if method == reqwest::Method::GET {
+            Kind::Read
+        } else {
+            Kind::Write
+        };
+        let url = format!("{}{}", self.inner.base, at.path(op));
         let timeout = self.inner.options.request_timeout + extra_wait.unwrap_or_default();
         let mut req = self
             .inner
@@ -356,8 +364,8 @@ impl HttpStore {
         if !query.is_empty() {
             req = req.query(query);
         }
-        if let Some(b) = body {
-            req = req.json(b);
+        if <S::Body as Payload>::PRESENT {
+            req = req.json(body);
         }
         let res = match req.send().await {
             Ok(r) => r,
@@ -464,61 +472,54 @@ impl HttpStore {
         }
     }
 
-    async fn call<B: Serialize + ?Sized, T: DeserializeOwned>(
+    /// A request of `S` about `at` (in its tenant, with that tenant's
+    /// token).
+    async fn call<S: OperationSpec>(
         &self,
-        op: Operation,
         tenant: &TenantId,
-        path: String,
+        at: At<'_>,
         query: &[(&'static str, String)],
-        body: Option<&B>,
-        kind: Kind,
-    ) -> Result<T> {
+        body: &S::Body,
+    ) -> Result<S::Answer>
+    where
+        S::Answer: DeserializeOwned,
+    {
         let token = self.token(tenant)?.to_string();
-        self.send_with(op, &token, path, query, body, kind, None)
-            .await
+        self.send::<S>(&token, at, query, body, None).await
     }
 
-    async fn run_get<T: DeserializeOwned>(
+    /// A read of the run `scope` (an operation that takes no body).
+    async fn run_get<S: OperationSpec<Body = NoBody>>(
         &self,
-        op: Operation,
         scope: &RunScope,
         query: Vec<(&'static str, String)>,
-    ) -> Result<T> {
-        self.call(
-            op,
+    ) -> Result<S::Answer>
+    where
+        S::Answer: DeserializeOwned,
+    {
+        self.call::<S>(
             &scope.tenant_id,
-            Self::run_path(op, scope),
+            At::Run(scope),
             &Self::run_query(scope, query),
-            None::<&()>,
-            Kind::Read,
+            &NoBody,
         )
         .await
     }
 
-    async fn run_write<B: Serialize + ?Sized, T: DeserializeOwned>(
+    /// A write to the run `scope`.
+    async fn run_write<S: OperationSpec>(
         &self,
-        op: Operation,
         scope: &RunScope,
-        body: &B,
-    ) -> Result<T> {
-        self.run_write_at(op, scope, Self::run_path(op, scope), body)
-            .await
-    }
-
-    async fn run_write_at<B: Serialize + ?Sized, T: DeserializeOwned>(
-        &self,
-        op: Operation,
-        scope: &RunScope,
-        path: String,
-        body: &B,
-    ) -> Result<T> {
-        self.call(
-            op,
+        body: &S::Body,
+    ) -> Result<S::Answer>
+    where
+        S::Answer: DeserializeOwned,
+    {
+        self.call::<S>(
             &scope.tenant_id,
-            path,
+            At::Run(scope),
             &Self::run_query(scope, vec![]),
-            Some(body),
-            Kind::Write,
+            body,
         )
         .await
     }
@@ -549,13 +550,11 @@ impl HttpStore {
         };
         let token = self.token(scope.tenant_id())?.to_string();
         let answer: ClaimNextAnswer = self
-            .send_with(
-                Operation::ClaimNext,
+            .send::<op::ClaimNext>(
                 &token,
-                Self::tenant_path(Operation::ClaimNext, scope.tenant_id()),
+                At::Tenant(scope.tenant_id()),
                 &[],
-                Some(&body),
-                Kind::Write,
+                &body,
                 Some(wait),
             )
             .await?;
@@ -571,7 +570,7 @@ impl HttpStore {
     /// The run's summary (lease, lifecycle, latest and pending checkpoint,
     /// last seq) in one call; `NotFound` for a run that does not exist.
     pub async fn summary(&self, scope: &RunScope) -> Result<RunSummary> {
-        self.run_get(Operation::RunSummary, scope, vec![]).await
+        self.run_get::<op::RunSummary>(scope, vec![]).await
     }
 
     /// The live tail of a run's events after `since_seq`, over SSE. It
@@ -630,8 +629,8 @@ impl HttpStore {
             Ok(t) => t.to_string(),
             Err(e) => return Tail::Ended(e),
         };
-        let op = Operation::TailEvents;
-        let url = format!("{}{}", self.inner.base, Self::run_path(op, scope));
+        let op = op::TailEvents::OP;
+        let url = format!("{}{}", self.inner.base, At::Run(scope).path(op));
         let req = self
             .inner
             .client
@@ -757,13 +756,11 @@ impl HttpStore {
                             Ok(t) => t.to_string(),
                             Err(_) => return,
                         };
-                        let call = store.send_with(
-                            Operation::WaitRunnable,
+                        let call = store.send::<op::WaitRunnable>(
                             &token,
-                            Self::tenant_path(Operation::WaitRunnable, scope.tenant_id()),
+                            At::Tenant(scope.tenant_id()),
                             &q,
-                            None::<&()>,
-                            Kind::Read,
+                            &NoBody,
                             Some(wait),
                         );
                         tokio::select! {
@@ -776,7 +773,7 @@ impl HttpStore {
                             Some(s) => Ok(s),
                             None => {
                                 let r: Result<EventBatchBody> = tokio::select! {
-                                    r = store.run_get(Operation::ReadEvents, scope, vec![("sinceSeq", u64::MAX.to_string())]) => r,
+                                    r = store.run_get::<op::ReadEvents>(scope, vec![("sinceSeq", u64::MAX.to_string())]) => r,
                                     _ = tx.closed() => return,
                                 };
                                 r.map(|b| b.last_seq)
@@ -797,13 +794,11 @@ impl HttpStore {
                                     Ok(t) => t.to_string(),
                                     Err(_) => return,
                                 };
-                                let call = store.send_with(
-                                    Operation::WaitEvents,
+                                let call = store.send::<op::WaitEvents>(
                                     &token,
-                                    Self::run_path(Operation::WaitEvents, scope),
+                                    At::Run(scope),
                                     &q,
-                                    None::<&()>,
-                                    Kind::Read,
+                                    &NoBody,
                                     Some(wait),
                                 );
                                 tokio::select! {
@@ -897,7 +892,7 @@ impl SseFrame {
 fn problem_error(p: Problem) -> Error {
     Error::corrupted(format!(
         "the server's answer does not convert: {}",
-        p.detail.unwrap_or_default()
+        p.into_details().detail.unwrap_or_default()
     ))
 }
 
@@ -921,9 +916,7 @@ impl CheckpointStore for HttpStore {
             checkpoint: checkpoint.into(),
             fence: fence_json(fence),
         };
-        let cp: CheckpointBody = self
-            .run_write(Operation::WriteCheckpoint, scope, &body)
-            .await?;
+        let cp: CheckpointBody = self.run_write::<op::WriteCheckpoint>(scope, &body).await?;
         cp.to_checkpoint("checkpoint").map_err(problem_error)
     }
 
@@ -933,13 +926,11 @@ impl CheckpointStore for HttpStore {
         id: &CheckpointId,
     ) -> Result<Option<Checkpoint>> {
         let m: MaybeCheckpoint = self
-            .call(
-                Operation::ReadCheckpoint,
+            .call::<op::ReadCheckpoint>(
                 &scope.tenant_id,
-                Self::checkpoint_path(Operation::ReadCheckpoint, scope, id),
+                At::Checkpoint(scope, id),
                 &Self::run_query(scope, vec![]),
-                None::<&()>,
-                Kind::Read,
+                &NoBody,
             )
             .await?;
         m.checkpoint
@@ -959,7 +950,7 @@ impl CheckpointStore for HttpStore {
             if let Some(last) = out.last() {
                 q.push(("after", last.id.to_string()));
             }
-            let v: Vec<CheckpointBody> = self.run_get(Operation::ListCheckpoints, scope, q).await?;
+            let Array(v) = self.run_get::<op::ListCheckpoints>(scope, q).await?;
             let n = v.len();
             for c in v {
                 out.push(c.into_checkpoint("checkpoint").map_err(problem_error)?);
@@ -981,13 +972,11 @@ impl CheckpointStore for HttpStore {
             q.push(("fence", f.get().to_string()));
         }
         let d: Done = self
-            .call(
-                Operation::DeleteCheckpoint,
+            .call::<op::DeleteCheckpoint>(
                 &scope.tenant_id,
-                Self::checkpoint_path(Operation::DeleteCheckpoint, scope, id),
+                At::Checkpoint(scope, id),
                 &Self::run_query(scope, q),
-                None::<&()>,
-                Kind::Write,
+                &NoBody,
             )
             .await?;
         Ok(d.done)
@@ -1009,10 +998,10 @@ impl CheckpointStore for HttpStore {
             fence: fence_json(fence),
         };
         let cp: CheckpointBody = self
-            .run_write_at(
-                Operation::ResolvePark,
-                scope,
-                Self::checkpoint_path(Operation::ResolvePark, scope, id),
+            .call::<op::ResolvePark>(
+                &scope.tenant_id,
+                At::Checkpoint(scope, id),
+                &Self::run_query(scope, vec![]),
                 &body,
             )
             .await?;
@@ -1029,9 +1018,7 @@ impl CheckpointStore for HttpStore {
             keep_last,
             fence: fence_json(fence),
         };
-        let p: Pruned = self
-            .run_write(Operation::PruneCheckpoints, scope, &body)
-            .await?;
+        let p: Pruned = self.run_write::<op::PruneCheckpoints>(scope, &body).await?;
         p.deleted.into_iter().map(CheckpointId::new).collect()
     }
 
@@ -1087,13 +1074,11 @@ impl CheckpointStore for HttpStore {
             q.push(("now", ms(n)));
         }
         let page: RunPageBody = self
-            .call(
-                Operation::ListRuns,
+            .call::<op::ListRuns>(
                 scope.tenant_id(),
-                Self::tenant_path(Operation::ListRuns, scope.tenant_id()),
+                At::Tenant(scope.tenant_id()),
                 &q,
-                None::<&()>,
-                Kind::Read,
+                &NoBody,
             )
             .await?;
         page.to_page().map_err(problem_error)
@@ -1102,15 +1087,14 @@ impl CheckpointStore for HttpStore {
     async fn claim(&self, scope: &RunScope, options: &ClaimOptions) -> Result<ClaimOutcome> {
         let (options, _steered) = self.steer(options).await;
         let a: ClaimAnswer = self
-            .run_write(Operation::Claim, scope, &ClaimBody::of(&options)?)
+            .run_write::<op::Claim>(scope, &ClaimBody::of(&options)?)
             .await?;
         a.to_outcome().map_err(problem_error)
     }
 
     async fn release(&self, scope: &RunScope, fence: Fence) -> Result<bool> {
         let d: Result<Done> = self
-            .run_write(
-                Operation::Release,
+            .run_write::<op::Release>(
                 scope,
                 &ReleaseBody {
                     fence: Some(fence.get()),
@@ -1122,7 +1106,7 @@ impl CheckpointStore for HttpStore {
 
     async fn lease(&self, scope: &RunScope, now: Timestamp) -> Result<Option<LeaseSummary>> {
         let l: MaybeLease = self
-            .run_get(Operation::Lease, scope, vec![("now", ms(now))])
+            .run_get::<op::Lease>(scope, vec![("now", ms(now))])
             .await?;
         l.lease
             .map(|l| l.to_summary().map_err(problem_error))
@@ -1147,7 +1131,7 @@ impl CheckpointStore for HttpStore {
     }
 
     async fn lifecycle(&self, scope: &RunScope) -> Result<Lifecycle> {
-        let l: LifecycleBody = self.run_get(Operation::Lifecycle, scope, vec![]).await?;
+        let l: LifecycleBody = self.run_get::<op::Lifecycle>(scope, vec![]).await?;
         l.to_lifecycle().map_err(problem_error)
     }
 
@@ -1165,7 +1149,7 @@ impl CheckpointStore for HttpStore {
             attempt_timeout_ms: options.attempt_timeout.map(runkeep::Ttl::as_millis),
             deadline: options.deadline.map(Timestamp::as_millis),
         };
-        let cp: CheckpointBody = self.run_write(Operation::Enqueue, scope, &body).await?;
+        let cp: CheckpointBody = self.run_write::<op::Enqueue>(scope, &body).await?;
         cp.to_checkpoint("checkpoint").map_err(problem_error)
     }
 
@@ -1174,7 +1158,7 @@ impl CheckpointStore for HttpStore {
             fence: fence.get(),
             outcome: outcome.into(),
         };
-        let l: LifecycleBody = self.run_write(Operation::Finish, scope, &body).await?;
+        let l: LifecycleBody = self.run_write::<op::Finish>(scope, &body).await?;
         l.to_lifecycle().map_err(problem_error)
     }
 
@@ -1183,7 +1167,7 @@ impl CheckpointStore for HttpStore {
             fence: fence.get(),
             until: until.as_millis(),
         };
-        let d: Result<Done> = self.run_write(Operation::Snooze, scope, &body).await;
+        let d: Result<Done> = self.run_write::<op::Snooze>(scope, &body).await;
         stale_is_false(d)
     }
 
@@ -1199,7 +1183,7 @@ impl CheckpointStore for HttpStore {
             error: error.into(),
             max_attempts,
         };
-        let l: LifecycleBody = self.run_write(Operation::FailAttempt, scope, &body).await?;
+        let l: LifecycleBody = self.run_write::<op::FailAttempt>(scope, &body).await?;
         l.to_lifecycle().map_err(problem_error)
     }
 
@@ -1207,19 +1191,17 @@ impl CheckpointStore for HttpStore {
         let body = CancelBody {
             reason: reason.map(str::to_owned),
         };
-        let l: LifecycleBody = self.run_write(Operation::Cancel, scope, &body).await?;
+        let l: LifecycleBody = self.run_write::<op::Cancel>(scope, &body).await?;
         l.to_lifecycle().map_err(problem_error)
     }
 
     async fn reopen(&self, scope: &RunScope) -> Result<Lifecycle> {
-        let l: LifecycleBody = self.run_write(Operation::Reopen, scope, &json!({})).await?;
+        let l: LifecycleBody = self.run_write::<op::Reopen>(scope, &NoBody).await?;
         l.to_lifecycle().map_err(problem_error)
     }
 
     async fn latest_checkpoint(&self, scope: &RunScope) -> Result<Option<Checkpoint>> {
-        let m: MaybeCheckpoint = self
-            .run_get(Operation::LatestCheckpoint, scope, vec![])
-            .await?;
+        let m: MaybeCheckpoint = self.run_get::<op::LatestCheckpoint>(scope, vec![]).await?;
         m.checkpoint
             .map(|c| c.to_checkpoint("checkpoint").map_err(problem_error))
             .transpose()
@@ -1227,7 +1209,7 @@ impl CheckpointStore for HttpStore {
 
     async fn find_pending(&self, scope: &RunScope, now: Timestamp) -> Result<Option<Checkpoint>> {
         let m: MaybeCheckpoint = self
-            .run_get(Operation::FindPending, scope, vec![("now", ms(now))])
+            .run_get::<op::FindPending>(scope, vec![("now", ms(now))])
             .await?;
         m.checkpoint
             .map(|c| c.to_checkpoint("checkpoint").map_err(problem_error))
@@ -1236,7 +1218,7 @@ impl CheckpointStore for HttpStore {
 
     async fn resume_point(&self, scope: &RunScope, now: Timestamp) -> Result<Option<Checkpoint>> {
         let m: MaybeCheckpoint = self
-            .run_get(Operation::ResumePoint, scope, vec![("now", ms(now))])
+            .run_get::<op::ResumePoint>(scope, vec![("now", ms(now))])
             .await?;
         m.checkpoint
             .map(|c| c.to_checkpoint("checkpoint").map_err(problem_error))
@@ -1270,9 +1252,7 @@ impl EvidenceStore for HttpStore {
             events: events.iter().map(Into::into).collect(),
             fence: fence_json(fence),
         };
-        let a: Appended = self
-            .run_write(Operation::AppendEvents, scope, &body)
-            .await?;
+        let a: Appended = self.run_write::<op::AppendEvents>(scope, &body).await?;
         if let Some(last) = a.events.last() {
             self.note_seq(scope, last.seq);
         }
@@ -1303,7 +1283,7 @@ impl EvidenceStore for HttpStore {
             if options.integrity == Integrity::Strict && first {
                 q.push(("integrity", "strict".to_string()));
             }
-            let b: EventBatchBody = self.run_get(Operation::ReadEvents, scope, q).await?;
+            let b: EventBatchBody = self.run_get::<op::ReadEvents>(scope, q).await?;
             self.note_seq(scope, b.last_seq);
             let (more, next) = (b.more, b.next_since_seq);
             let batch = b.to_batch().map_err(problem_error)?;
@@ -1339,16 +1319,12 @@ impl EvidenceStore for HttpStore {
             record: record.clone(),
             fence: fence_json(fence),
         };
-        let _: Done = self
-            .run_write(Operation::WriteRunRecord, scope, &body)
-            .await?;
+        let _: Done = self.run_write::<op::WriteRunRecord>(scope, &body).await?;
         Ok(())
     }
 
     async fn read_run_record(&self, scope: &RunScope) -> Result<Option<RunRecord>> {
-        let r: MaybeRecord = self
-            .run_get(Operation::ReadRunRecord, scope, vec![])
-            .await?;
+        let r: MaybeRecord = self.run_get::<op::ReadRunRecord>(scope, vec![]).await?;
         Ok(r.record)
     }
 
@@ -1364,14 +1340,12 @@ impl EvidenceStore for HttpStore {
             through_event_seq,
             fence: fence_json(fence),
         };
-        let _: Done = self
-            .run_write(Operation::WriteMessages, scope, &body)
-            .await?;
+        let _: Done = self.run_write::<op::WriteMessages>(scope, &body).await?;
         Ok(())
     }
 
     async fn read_messages(&self, scope: &RunScope) -> Result<MessageSnapshot> {
-        let m: MessagesBody = self.run_get(Operation::ReadMessages, scope, vec![]).await?;
+        let m: MessagesBody = self.run_get::<op::ReadMessages>(scope, vec![]).await?;
         Ok(m.to_snapshot())
     }
 
@@ -1385,12 +1359,12 @@ impl EvidenceStore for HttpStore {
             report: report.to_string(),
             fence: fence_json(fence),
         };
-        let _: Done = self.run_write(Operation::WriteReport, scope, &body).await?;
+        let _: Done = self.run_write::<op::WriteReport>(scope, &body).await?;
         Ok(())
     }
 
     async fn read_report(&self, scope: &RunScope) -> Result<Option<String>> {
-        let r: MaybeReport = self.run_get(Operation::ReadReport, scope, vec![]).await?;
+        let r: MaybeReport = self.run_get::<op::ReadReport>(scope, vec![]).await?;
         Ok(r.report)
     }
 
@@ -1404,7 +1378,7 @@ impl EvidenceStore for HttpStore {
             events: events.iter().map(Into::into).collect(),
             fence: fence_json(fence),
         };
-        let a: AuditList = self.run_write(Operation::AppendAudit, scope, &body).await?;
+        let a: AuditList = self.run_write::<op::AppendAudit>(scope, &body).await?;
         a.records
             .iter()
             .map(|r| r.to_record().map_err(problem_error))
@@ -1413,11 +1387,7 @@ impl EvidenceStore for HttpStore {
 
     async fn read_audit(&self, scope: &RunScope, since_seq: u64) -> Result<Vec<AuditRecord>> {
         let a: AuditList = self
-            .run_get(
-                Operation::ReadAudit,
-                scope,
-                vec![("sinceSeq", since_seq.to_string())],
-            )
+            .run_get::<op::ReadAudit>(scope, vec![("sinceSeq", since_seq.to_string())])
             .await?;
         a.records
             .iter()
@@ -1435,7 +1405,7 @@ impl EvidenceStore for HttpStore {
             fence: fence.get(),
             step: step.into(),
         };
-        let r: StepReceiptBody = self.run_write(Operation::CommitStep, scope, &body).await?;
+        let r: StepReceiptBody = self.run_write::<op::CommitStep>(scope, &body).await?;
         if let Some(last) = r.events.last() {
             self.note_seq(scope, last.seq);
         }
@@ -1476,7 +1446,7 @@ impl EvidenceStore for HttpStore {
             next: NextClaimBody::of(next)?,
         };
         let a: HandOverAnswer = self
-            .run_write(Operation::CommitStepAndClaimNext, scope, &body)
+            .run_write::<op::CommitStepAndClaimNext>(scope, &body)
             .await?;
         if let Some(last) = a.receipt.events.last() {
             self.note_seq(scope, last.seq);
@@ -1491,7 +1461,7 @@ impl EvidenceStore for HttpStore {
             ))),
             (Some(_), Some(p)) => Err(Error::corrupted(format!(
                 "the server's hand-over answered both a next run and a claim error: {}",
-                p.detail.unwrap_or_default()
+                p.into_details().detail.unwrap_or_default()
             ))),
         };
         Ok(Handover { receipt, next })

@@ -6,6 +6,10 @@
 /// core's: the store judges a write's actor by it, `runkeep::acting`).
 pub use runkeep::acting::TAG;
 
+/// The length of a token id (a token is `rk_<id>_<secret>`): what the
+/// server's tag adds to a holder after [`TAG`].
+pub const TOKEN_ID_LEN: usize = 12;
+
 /// The holder as its claimer named it (the token tag removed).
 pub fn display(holder: &str) -> &str {
     match holder.rfind(TAG) {

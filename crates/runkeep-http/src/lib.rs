@@ -4,11 +4,14 @@
 //! - [`wire`]: the API's JSON shapes, one module per area (runs, leases,
 //!   checkpoints, parks, events, documents, steps, threads), with lossless
 //!   conversions to and from the core types.
-//! - [`routes`]: the operation table ([`Operation`]: method, path, role,
-//!   unfenced role, kind and name of each operation, declared once); the
-//!   server's router, admission, role checks, auth matrix and OpenAPI
-//!   document, and [`HttpStore`]'s requests are built from it, and
-//!   `operations.json` is generated from it.
+//! - [`routes`]: the operation table ([`Operation`]: name, method, path,
+//!   role, unfenced role, kind, parameters, body and answer of each
+//!   operation, declared once; [`OperationSpec`] and its markers in
+//!   [`op`]); the server's router, admission, role checks and auth matrix,
+//!   [`HttpStore`]'s requests, the OpenAPI document and `operations.json`
+//!   are built from it.
+//! - [`openapi`]: the OpenAPI 3.1 document, built from the table and the
+//!   wire types (committed as `crates/runkeep-http/openapi.json`).
 //! - [`problem`]: every error as RFC 9457 problem details, and back
 //!   ([`problem::Problem::into_error`]). With the `into-response` feature,
 //!   a [`problem::Problem`] is an axum response.
@@ -20,10 +23,11 @@
 
 pub mod client;
 pub mod holder;
+pub mod openapi;
 pub mod problem;
 pub mod routes;
 pub mod wire;
 
 pub use client::{HttpStore, HttpStoreOptions};
 pub use problem::{Problem, ProblemType};
-pub use routes::{Operation, OperationKind, Role, RouteSpec};
+pub use routes::{op, Operation, OperationKind, OperationSpec, Role, RouteSpec};

@@ -14,9 +14,6 @@
 //! to the same `runkeep::Error` variant: that is how `HttpStore` gives a
 //! caller (and the conformance kit) the variant the backing store returned.
 
-// A `Problem` is returned straight into a response, once per refused
-// request: its size costs nothing measurable, boxing it would cost clarity.
-
 use std::time::Duration;
 
 use http::StatusCode;
@@ -137,16 +134,65 @@ impl ProblemType {
     }
 }
 
-/// An RFC 9457 problem, with runkeep's extension members.
+/// An RFC 9457 problem, with runkeep's extension members: the
+/// [`ProblemDetails`] it carries, boxed, so that every `Result<_, Problem>`
+/// the parsers and handlers return is a pointer wide (the details are
+/// some 250 bytes). It reads and writes as its details (`Deref`), and
+/// travels as them (`serde(transparent)`; the document's `Problem`).
+#[derive(Clone, PartialEq, Debug, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct Problem(Box<ProblemDetails>);
+
+impl std::ops::Deref for Problem {
+    type Target = ProblemDetails;
+    fn deref(&self) -> &ProblemDetails {
+        &self.0
+    }
+}
+
+impl std::ops::DerefMut for Problem {
+    fn deref_mut(&mut self) -> &mut ProblemDetails {
+        &mut self.0
+    }
+}
+
+impl Problem {
+    /// The details, unboxed.
+    pub fn into_details(self) -> ProblemDetails {
+        *self.0
+    }
+}
+
+impl From<ProblemDetails> for Problem {
+    fn from(details: ProblemDetails) -> Self {
+        Self(Box::new(details))
+    }
+}
+
+impl utoipa::PartialSchema for Problem {
+    fn schema() -> utoipa::openapi::RefOr<utoipa::openapi::schema::Schema> {
+        <ProblemDetails as utoipa::PartialSchema>::schema()
+    }
+}
+
+impl utoipa::ToSchema for Problem {
+    fn name() -> std::borrow::Cow<'static, str> {
+        std::borrow::Cow::Borrowed("Problem")
+    }
+}
+
+/// The members of a [`Problem`].
 #[derive(Clone, PartialEq, Debug, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
-pub struct Problem {
+#[schema(description = "An RFC 9457 problem, with runkeep's extension members.")]
+pub struct ProblemDetails {
     /// `urn:runkeep:problem:<slug>`, one per kind ([`ProblemType`]).
     #[serde(rename = "type")]
     pub problem_type: String,
     /// The kind's title.
     pub title: String,
     /// The HTTP status, repeated.
+    #[schema(minimum = 100, maximum = 599)]
     pub status: u16,
     /// What happened, for a person. Never a path, SQL or a secret.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -170,13 +216,16 @@ pub struct Problem {
     /// The fence the caller presented (`fenced-out`; `forbidden` for
     /// another principal's holding, absent for an unfenced write).
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(minimum = 1, maximum = 999_999_999_999_999_i64)]
     pub presented: Option<u64>,
     /// The run's current fence (`fenced-out`; `forbidden`: the fence of
     /// the holding that is another principal's).
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(minimum = 1, maximum = 999_999_999_999_999_i64)]
     pub current: Option<u64>,
     /// Claim attempts lost (`contended`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(format = Int64, minimum = 0, maximum = 4_294_967_295_i64)]
     pub attempts: Option<u32>,
     /// The write may or may not have been stored (`unavailable`): read back
     /// before repeating it.
@@ -187,6 +236,7 @@ pub struct Problem {
     pub first_answer: Option<serde_json::Value>,
     /// When the first answer was recorded (`conflict` on a park).
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(minimum = 0, maximum = 253_402_300_799_999_i64)]
     pub resolved_at: Option<i64>,
     /// The role the operation needs (`forbidden`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -199,7 +249,7 @@ pub struct Problem {
 impl Problem {
     /// A problem of `kind` with a detail.
     pub fn new(kind: ProblemType, detail: impl Into<String>) -> Self {
-        Self {
+        Self::from(ProblemDetails {
             problem_type: kind.uri(),
             title: kind.title().to_string(),
             status: kind.status().as_u16(),
@@ -216,7 +266,7 @@ impl Problem {
             resolved_at: None,
             required_role: None,
             reason: None,
-        }
+        })
     }
 
     /// `invalid-input` naming `field`.
@@ -282,7 +332,7 @@ impl Problem {
             Some(ProblemType::Cancelled) => Error::Cancelled {
                 run,
                 operation,
-                reason: self.reason,
+                reason: self.reason.clone(),
             },
             Some(ProblemType::Contended) => Error::Contended {
                 run,

@@ -1,9 +1,20 @@
-//! The route table: every route of the API, declared once with the role it
-//! needs. The server's router, its auth matrix test and its OpenAPI document
-//! are all built from [`routes`], so a route cannot be added without its
-//! role check or its documentation.
+//! The operation table: every operation of the API, declared once
+//! ([`Operation`], one entry each) with its method, path, role, kind,
+//! parameters, request body and answer. The server's router, admission,
+//! role checks and auth matrix test, the OpenAPI document
+//! ([`crate::openapi`]), [`HttpStore`](crate::HttpStore)'s requests and
+//! `operations.json` (what the other languages' clients are checked
+//! against) are all derived from it.
 
 use http::Method;
+use utoipa::IntoParams;
+
+use crate::openapi::Payload;
+use crate::wire::threads::{
+    MaybeThreadCheckpoint, PutThreadCheckpointBody, PutThreadWritesBody, ThreadCheckpointList,
+    ThreadDeleted,
+};
+use crate::wire::{self, *};
 
 /// The response header carrying the store's clock (epoch ms).
 pub const NOW_HEADER: &str = "runkeep-now";
@@ -105,23 +116,121 @@ pub enum OperationKind {
     LongPollIfWaiting,
 }
 
-/// Declares [`Operation`]: one line per operation, in the order the server
-/// registers them. Every `match` on the enum elsewhere (the server's
-/// handlers, its admission kinds, its OpenAPI documentation, `HttpStore`)
-/// is exhaustive, so a new line here is a compile error at each place that
-/// must learn of it.
+/// What one operation takes and answers, as types: implemented by the
+/// marker of each operation ([`op`]), all from the one table below.
+///
+/// [`HttpStore`](crate::HttpStore) sends `Body` and reads `Answer` through
+/// it, and the OpenAPI document ([`crate::openapi`]) takes each
+/// operation's parameters, request body and answer from it.
+///
+/// A request with another operation's body, or read as another answer,
+/// does not compile. `HttpStore`'s request functions take `&S::Body` and
+/// answer `S::Answer`, as `send` does here:
+///
+/// ```
+/// use runkeep_http::{op, wire, OperationSpec};
+/// fn send<S: OperationSpec>(_body: &S::Body) -> Option<S::Answer> {
+///     None
+/// }
+/// let _: Option<wire::Done> = send::<op::Release>(&wire::ReleaseBody { fence: Some(1) });
+/// ```
+///
+/// A claim sent with a release's body:
+///
+/// ```compile_fail,E0308
+/// use runkeep_http::{op, wire, OperationSpec};
+/// fn send<S: OperationSpec>(_body: &S::Body) -> Option<S::Answer> {
+///     None
+/// }
+/// let _ = send::<op::Claim>(&wire::ReleaseBody { fence: Some(1) });
+/// ```
+///
+/// A release read as a claim's answer:
+///
+/// ```compile_fail,E0308
+/// use runkeep_http::{op, wire, OperationSpec};
+/// fn send<S: OperationSpec>(_body: &S::Body) -> Option<S::Answer> {
+///     None
+/// }
+/// let _: Option<wire::ClaimAnswer> = send::<op::Release>(&wire::ReleaseBody { fence: Some(1) });
+/// ```
+///
+/// And a call of an operation the table lacks names a marker that does
+/// not exist:
+///
+/// ```compile_fail,E0433
+/// let _ = runkeep_http::op::ArchiveRun;
+/// ```
+pub trait OperationSpec {
+    /// The operation.
+    const OP: Operation;
+    /// Its path parameters (the `{name}`s of [`Operation::path`]).
+    type Path: IntoParams;
+    /// Its query parameters.
+    type Query: IntoParams;
+    /// Its request body ([`NoBody`] when it takes none).
+    type Body: Payload + serde::Serialize;
+    /// Its answer.
+    type Answer: Payload;
+}
+
+/// Declares [`Operation`], its markers ([`op`]) and their
+/// [`OperationSpec`]s: one entry per operation, in the order the server
+/// registers them. The entry's doc comment is the operation's summary (its
+/// rustdoc and the OpenAPI `summary`). Every `match` on the enum elsewhere
+/// (the server's handlers, its admission kinds, `HttpStore`'s requests go
+/// through the markers) is exhaustive, so a new entry is a compile error at
+/// each place that must learn of it.
 macro_rules! operations {
     ($(
-        $(#[$doc:meta])*
-        $variant:ident = $name:literal, $method:ident $path:expr, $role:ident,
-            unfenced: $unfenced:expr, $kind:ident;
+        $(#[doc = $doc:literal])*
+        $variant:ident = $name:literal {
+            $method:ident $path:expr, $role:ident $(or unfenced $unfenced:ident)?, $kind:ident,
+            path: $params:ty, query: $query:ty, body: $body:ty, answer: $answer:ty,
+        }
     )*) => {
-        /// One operation of the HTTP API: its method, path, role and kind
-        /// are declared once, here ([`Operation::ALL`]).
+        /// One operation of the HTTP API: its method, path, role, kind,
+        /// parameters, body and answer are declared once, here
+        /// ([`Operation::ALL`]).
+        ///
+        /// # An entry without its handler does not compile
+        ///
+        /// The server maps each operation to its handler with an
+        /// exhaustive `match` (no catch-all arm). Written out for every
+        /// operation of the table, such a match compiles:
+        ///
+        #[doc = operations!(@handler_match "rust" $($variant)*)]
+        ///
+        /// With one operation left out, as a new entry is before its
+        /// handler is written, it does not (E0004, "non-exhaustive
+        /// patterns"); nothing waits for start-up to find it. Both examples
+        /// are generated from the table, so they stay true as it grows.
+        ///
+        #[doc = operations!(@handler_match_without_first $($variant)*)]
         #[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Debug)]
         pub enum Operation {
-            $( $(#[$doc])* $variant, )*
+            $( $(#[doc = $doc])* $variant, )*
         }
+
+        /// One marker type per [`Operation`], naming its types
+        /// ([`OperationSpec`]): `op::Claim` is the claim.
+        pub mod op {
+            $(
+                #[doc = concat!("The `", $name, "` operation ([`Operation::", stringify!($variant), "`](super::Operation::", stringify!($variant), ")).")]
+                #[derive(Clone, Copy, Debug)]
+                pub struct $variant;
+            )*
+        }
+
+        $(
+            impl OperationSpec for op::$variant {
+                const OP: Operation = Operation::$variant;
+                type Path = $params;
+                type Query = $query;
+                type Body = $body;
+                type Answer = $answer;
+            }
+        )*
 
         impl Operation {
             /// Every operation, in the order the server registers them.
@@ -152,108 +261,312 @@ macro_rules! operations {
             /// When set: the role needed when the body carries no `fence`
             /// (an operator's override).
             pub const fn unfenced_role(self) -> Option<Role> {
-                match self { $(Operation::$variant => $unfenced,)* }
+                match self { $(Operation::$variant => operations!(@unfenced $($unfenced)?),)* }
             }
 
             /// How it holds its admission slot.
             pub const fn kind(self) -> OperationKind {
                 match self { $(Operation::$variant => OperationKind::$kind,)* }
             }
+
+            /// What it does, in a sentence or three: its doc comment in
+            /// the table, and its OpenAPI `summary`.
+            pub fn summary(self) -> String {
+                match self { $(Operation::$variant => [$($doc),*].map(str::trim).join(" "),)* }
+            }
+
+            /// Its parameters, body and answer as the OpenAPI document
+            /// states them (from its [`OperationSpec`]).
+            pub(crate) fn contract(self) -> crate::openapi::Contract {
+                match self { $(Operation::$variant => crate::openapi::Contract::of::<op::$variant>(),)* }
+            }
         }
     };
+    (@handler_match $fence:literal $($variant:ident)*) => {
+        concat!(
+            "```", $fence, "\n",
+            "use runkeep_http::Operation;\n",
+            "fn handler(op: Operation) -> &'static str {\n",
+            "    match op {\n",
+            $("        Operation::", stringify!($variant), " => \"", stringify!($variant), "\",\n",)*
+            "    }\n",
+            "}\n",
+            "```",
+        )
+    };
+    (@handler_match_without_first $first:ident $($variant:ident)*) => {
+        operations!(@handler_match "compile_fail,E0004" $($variant)*)
+    };
+    (@unfenced) => { None };
+    (@unfenced $role:ident) => { Some(Role::$role) };
 }
 
 operations! {
-    /// `GET /v1/clock`.
-    Clock = "clock", GET "/v1/clock", Reader, unfenced: None, Short;
-    /// `GET /v1/whoami`.
-    Whoami = "whoami", GET "/v1/whoami", Reader, unfenced: None, Short;
-    /// A tenant's runs, a page at a time.
-    ListRuns = "list_runs", GET tenant_path!("/runs"), Reader, unfenced: None, Short;
-    /// Claims the next runnable run (waiting when asked).
-    ClaimNext = "claim_next", POST tenant_path!("/claim-next"), Worker, unfenced: None, LongPollIfWaiting;
-    /// Waits for a run to become runnable.
-    WaitRunnable = "wait_runnable", GET tenant_path!("/runnable/wait"), Reader, unfenced: None, LongPoll;
-    /// A run's summary.
-    RunSummary = "run_summary", GET run_path!(""), Reader, unfenced: None, Short;
-    /// Claims a run.
-    Claim = "claim", POST run_path!("/claim"), Worker, unfenced: None, Short;
-    /// Releases a lease (anyone's, for an operator without a fence).
-    Release = "release", POST run_path!("/release"), Worker, unfenced: Some(Role::Operator), Short;
-    /// Finishes a run.
-    Finish = "finish", POST run_path!("/finish"), Worker, unfenced: None, Short;
-    /// Snoozes a run.
-    Snooze = "snooze", POST run_path!("/snooze"), Worker, unfenced: None, Short;
-    /// Enqueues a run.
-    Enqueue = "enqueue", POST run_path!("/enqueue"), Worker, unfenced: None, Short;
-    /// Reports a failed attempt of the holding at `fence`.
-    FailAttempt = "fail_attempt", POST run_path!("/attempts/failed"), Worker, unfenced: None, Short;
-    /// Cancels a run (an operator's act).
-    Cancel = "cancel", POST run_path!("/cancel"), Operator, unfenced: None, Short;
-    /// Reopens a finished run.
-    Reopen = "reopen", POST run_path!("/reopen"), Operator, unfenced: None, Short;
-    /// A run's lease.
-    Lease = "lease", GET run_path!("/lease"), Reader, unfenced: None, Short;
-    /// A run's lifecycle.
-    Lifecycle = "lifecycle", GET run_path!("/lifecycle"), Reader, unfenced: None, Short;
-    /// Commits a step.
-    CommitStep = "commit_step", POST run_path!("/steps"), Worker, unfenced: None, Short;
-    /// Commits a step and claims the next run.
-    CommitStepAndClaimNext = "commit_step_and_claim_next", POST run_path!("/steps/hand-over"), Worker, unfenced: None, Short;
-    /// A run's checkpoints.
-    ListCheckpoints = "list_checkpoints", GET run_path!("/checkpoints"), Reader, unfenced: None, Short;
-    /// Writes a checkpoint.
-    WriteCheckpoint = "write_checkpoint", POST run_path!("/checkpoints"), Worker, unfenced: None, Short;
-    /// The latest checkpoint.
-    LatestCheckpoint = "latest_checkpoint", GET run_path!("/checkpoints/latest"), Reader, unfenced: None, Short;
-    /// The pending park.
-    FindPending = "find_pending", GET run_path!("/checkpoints/pending"), Reader, unfenced: None, Short;
-    /// The resume point.
-    ResumePoint = "resume_point", GET run_path!("/checkpoints/resume-point"), Reader, unfenced: None, Short;
-    /// One checkpoint.
-    ReadCheckpoint = "read_checkpoint", GET run_path!("/checkpoints/by-id/{checkpoint}"), Reader, unfenced: None, Short;
-    /// Deletes a checkpoint.
-    DeleteCheckpoint = "delete_checkpoint", DELETE run_path!("/checkpoints/by-id/{checkpoint}"), Worker, unfenced: None, Short;
-    /// Prunes checkpoints (an operator's override without a fence).
-    PruneCheckpoints = "prune_checkpoints", POST run_path!("/prune"), Worker, unfenced: Some(Role::Operator), Short;
-    /// A page of events.
-    ReadEvents = "read_events", GET run_path!("/events"), Reader, unfenced: None, Short;
-    /// Appends events.
-    AppendEvents = "append_events", POST run_path!("/events"), Worker, unfenced: None, Short;
-    /// The live tail of events (SSE).
-    TailEvents = "tail_events", GET run_path!("/events/stream"), Reader, unfenced: None, Stream;
-    /// Waits for events past a seq.
-    WaitEvents = "wait_events", GET run_path!("/events/wait"), Reader, unfenced: None, LongPoll;
+    /// The store's clock.
+    Clock = "clock" {
+        GET "/v1/clock", Reader, Short,
+        path: NoParams, query: NoParams, body: NoBody, answer: wire::Clock,
+    }
+    /// The tenant and role of the presented token.
+    Whoami = "whoami" {
+        GET "/v1/whoami", Reader, Short,
+        path: NoParams, query: NoParams, body: NoBody, answer: WhoAmI,
+    }
+    /// One page of the tenant's runs (filters, order, cursor).
+    ListRuns = "list_runs" {
+        GET tenant_path!("/runs"), Reader, Short,
+        path: TenantPath, query: ListQuery, body: NoBody, answer: RunPageBody,
+    }
+    /// Takes the next runnable run, optionally waiting up to 30 s for one.
+    ClaimNext = "claim_next" {
+        POST tenant_path!("/claim-next"), Worker, LongPollIfWaiting,
+        path: TenantPath, query: NoParams, body: ClaimNextBody, answer: ClaimNextAnswer,
+    }
+    /// Long-poll: answers when a run under the scope may have become
+    /// runnable.
+    WaitRunnable = "wait_runnable" {
+        GET tenant_path!("/runnable/wait"), Reader, LongPoll,
+        path: TenantPath, query: WaitRunnableQuery, body: NoBody, answer: Waited,
+    }
+    /// The run's lease, lifecycle, latest and pending checkpoint and last
+    /// event seq; 404 when the run does not exist.
+    RunSummary = "run_summary" {
+        GET run_path!(""), Reader, Short,
+        path: RunPath, query: ParentQuery, body: NoBody, answer: wire::RunSummary,
+    }
+    /// Claims, renews (same holder) or reclaims the run.
+    Claim = "claim" {
+        POST run_path!("/claim"), Worker, Short,
+        path: RunPath, query: ParentQuery, body: ClaimBody, answer: ClaimAnswer,
+    }
+    /// Releases the holding at `fence`; without a fence (operator) whoever
+    /// holds it.
+    Release = "release" {
+        POST run_path!("/release"), Worker or unfenced Operator, Short,
+        path: RunPath, query: ParentQuery, body: ReleaseBody, answer: Done,
+    }
+    /// Finishes the run held at `fence`, ending the lease.
+    Finish = "finish" {
+        POST run_path!("/finish"), Worker, Short,
+        path: RunPath, query: ParentQuery, body: FinishBody, answer: LifecycleBody,
+    }
+    /// Releases the run held at `fence` and defers it until `until`.
+    Snooze = "snooze" {
+        POST run_path!("/snooze"), Worker, Short,
+        path: RunPath, query: ParentQuery, body: SnoozeBody, answer: Done,
+    }
+    /// Creates a runnable run with its first checkpoint.
+    Enqueue = "enqueue" {
+        POST run_path!("/enqueue"), Worker, Short,
+        path: EnqueuePath, query: EnqueueQuery, body: EnqueueBody, answer: CheckpointBody,
+    }
+    /// Reports a failed attempt of the holding at `fence` (the step raised,
+    /// panicked or timed out): the error is kept in the run's failure
+    /// history, the attempt counts toward the limit like a takeover, the
+    /// holding ends, and the run is deferred by its retry backoff, or
+    /// dead-lettered when this attempt reaches the limit. A cancelled run
+    /// answers `cancelled`.
+    FailAttempt = "fail_attempt" {
+        POST run_path!("/attempts/failed"), Worker, Short,
+        path: RunPath, query: ParentQuery, body: FailAttemptBody, answer: LifecycleBody,
+    }
+    /// Cancels an active run, claimed or not (operator): it is finished as
+    /// cancelled with the reason, its holding ends, and the holder's next
+    /// write is refused as `cancelled` (its renewal answers finished). No
+    /// claim takes it until it is reopened.
+    Cancel = "cancel" {
+        POST run_path!("/cancel"), Operator, Short,
+        path: RunPath, query: ParentQuery, body: CancelBody, answer: LifecycleBody,
+    }
+    /// Makes a finished run active again.
+    Reopen = "reopen" {
+        POST run_path!("/reopen"), Operator, Short,
+        path: RunPath, query: ParentQuery, body: NoBody, answer: LifecycleBody,
+    }
+    /// The run's top holding.
+    Lease = "lease" {
+        GET run_path!("/lease"), Reader, Short,
+        path: RunPath, query: NowQuery, body: NoBody, answer: MaybeLease,
+    }
+    /// The run's lifecycle.
+    Lifecycle = "lifecycle" {
+        GET run_path!("/lifecycle"), Reader, Short,
+        path: RunPath, query: ParentQuery, body: NoBody, answer: LifecycleBody,
+    }
+    /// Writes one step (events, checkpoint, messages, record, finish) under
+    /// one fence check, all or nothing.
+    CommitStep = "commit_step" {
+        POST run_path!("/steps"), Worker, Short,
+        path: RunPath, query: ParentQuery, body: CommitStepBody, answer: StepReceiptBody,
+    }
+    /// A worker's hand-over: commits one step under `fence` (as
+    /// `commit_step`), then takes the next runnable run in the tenant (as
+    /// `claim-next`, without waiting; never this run). A refused step is a
+    /// problem answer and claims nothing; a claim that failed after the step
+    /// committed is answered 200 with the receipt and the claim's problem in
+    /// `nextError`.
+    CommitStepAndClaimNext = "commit_step_and_claim_next" {
+        POST run_path!("/steps/hand-over"), Worker, Short,
+        path: RunPath, query: ParentQuery, body: HandOverBody, answer: HandOverAnswer,
+    }
+    /// One page of the run's checkpoints in the total order: at most
+    /// `limit` (default 100, at most 1000; 400 above it), after the
+    /// checkpoint `after`; a page shorter than `limit` is the last.
+    /// `fields=summary` (the default) leaves out each `state` (read it with
+    /// `GET …/checkpoints/by-id/{checkpoint}`); `fields=full` carries them.
+    /// Charged to the server's answer budget: 503 `overloaded` when it has
+    /// no room.
+    ListCheckpoints = "list_checkpoints" {
+        GET run_path!("/checkpoints"), Reader, Short,
+        path: RunPath, query: ListCheckpointsQuery, body: NoBody, answer: Array<CheckpointBody>,
+    }
+    /// Writes a checkpoint (fenced when `fence` is given).
+    WriteCheckpoint = "write_checkpoint" {
+        POST run_path!("/checkpoints"), Worker, Short,
+        path: RunPath, query: ParentQuery, body: WriteCheckpointBody, answer: CheckpointBody,
+    }
+    /// The latest checkpoint (total order).
+    LatestCheckpoint = "latest_checkpoint" {
+        GET run_path!("/checkpoints/latest"), Reader, Short,
+        path: RunPath, query: ParentQuery, body: NoBody, answer: MaybeCheckpoint,
+    }
+    /// The checkpoint whose park is outstanding.
+    FindPending = "find_pending" {
+        GET run_path!("/checkpoints/pending"), Reader, Short,
+        path: RunPath, query: NowQuery, body: NoBody, answer: MaybeCheckpoint,
+    }
+    /// The pending checkpoint, else the latest.
+    ResumePoint = "resume_point" {
+        GET run_path!("/checkpoints/resume-point"), Reader, Short,
+        path: RunPath, query: NowQuery, body: NoBody, answer: MaybeCheckpoint,
+    }
+    /// One checkpoint (`null` when absent). Charged to the server's answer
+    /// budget: 503 `overloaded` when it has no room.
+    ReadCheckpoint = "read_checkpoint" {
+        GET run_path!("/checkpoints/by-id/{checkpoint}"), Reader, Short,
+        path: CheckpointPath, query: ParentQuery, body: NoBody, answer: MaybeCheckpoint,
+    }
+    /// Deletes a checkpoint (`done: false` when absent).
+    DeleteCheckpoint = "delete_checkpoint" {
+        DELETE run_path!("/checkpoints/by-id/{checkpoint}"), Worker, Short,
+        path: CheckpointPath, query: FenceQuery, body: NoBody, answer: Done,
+    }
+    /// Deletes all but the newest `keepLast` checkpoints (never an
+    /// unanswered park).
+    PruneCheckpoints = "prune_checkpoints" {
+        POST run_path!("/prune"), Worker or unfenced Operator, Short,
+        path: RunPath, query: ParentQuery, body: PruneBody, answer: Pruned,
+    }
+    /// One page of the transcript after `sinceSeq`: at most `limit` events
+    /// (default 1000, at most 10 000; 400 above it). `more: true` says
+    /// events follow the page; the next page starts at `nextSinceSeq`.
+    /// Streamed; charged to the server's answer budget while in flight (503
+    /// `overloaded` when it has no room).
+    ReadEvents = "read_events" {
+        GET run_path!("/events"), Reader, Short,
+        path: RunPath, query: ReadQuery, body: NoBody, answer: EventBatchBody,
+    }
+    /// Appends events; the store numbers them.
+    AppendEvents = "append_events" {
+        POST run_path!("/events"), Worker, Short,
+        path: RunPath, query: ParentQuery, body: AppendEventsBody, answer: Appended,
+    }
+    /// The live tail as Server-Sent Events: `event: event`, `id:` the seq,
+    /// `data:` an EventBody; resumes after `Last-Event-ID`.
+    TailEvents = "tail_events" {
+        GET run_path!("/events/stream"), Reader, Stream,
+        path: RunPath, query: StreamQuery, body: NoBody, answer: EventStream,
+    }
+    /// Long-poll: answers when the log's last seq is above `sinceSeq`.
+    WaitEvents = "wait_events" {
+        GET run_path!("/events/wait"), Reader, LongPoll,
+        path: RunPath, query: WaitEventsQuery, body: NoBody, answer: Waited,
+    }
     /// The run record.
-    ReadRunRecord = "read_run_record", GET run_path!("/record"), Reader, unfenced: None, Short;
-    /// Writes the run record.
-    WriteRunRecord = "write_run_record", PUT run_path!("/record"), Worker, unfenced: None, Short;
-    /// The messages.
-    ReadMessages = "read_messages", GET run_path!("/messages"), Reader, unfenced: None, Short;
-    /// Writes the messages.
-    WriteMessages = "write_messages", PUT run_path!("/messages"), Worker, unfenced: None, Short;
-    /// The report.
-    ReadReport = "read_report", GET run_path!("/report"), Reader, unfenced: None, Short;
-    /// Writes the report.
-    WriteReport = "write_report", PUT run_path!("/report"), Worker, unfenced: None, Short;
-    /// The audit trail.
-    ReadAudit = "read_audit", GET run_path!("/audit"), Reader, unfenced: None, Short;
+    ReadRunRecord = "read_run_record" {
+        GET run_path!("/record"), Reader, Short,
+        path: RunPath, query: ParentQuery, body: NoBody, answer: MaybeRecord,
+    }
+    /// Replaces the run record.
+    WriteRunRecord = "write_run_record" {
+        PUT run_path!("/record"), Worker, Short,
+        path: RunPath, query: ParentQuery, body: RecordBody, answer: Done,
+    }
+    /// The message snapshot.
+    ReadMessages = "read_messages" {
+        GET run_path!("/messages"), Reader, Short,
+        path: RunPath, query: ParentQuery, body: NoBody, answer: MessagesBody,
+    }
+    /// Publishes the message history with the event head it follows.
+    WriteMessages = "write_messages" {
+        PUT run_path!("/messages"), Worker, Short,
+        path: RunPath, query: ParentQuery, body: WriteMessagesBody, answer: Done,
+    }
+    /// The final report.
+    ReadReport = "read_report" {
+        GET run_path!("/report"), Reader, Short,
+        path: RunPath, query: ParentQuery, body: NoBody, answer: MaybeReport,
+    }
+    /// Stores the final report.
+    WriteReport = "write_report" {
+        PUT run_path!("/report"), Worker, Short,
+        path: RunPath, query: ParentQuery, body: ReportBody, answer: Done,
+    }
+    /// The audit trail after `sinceSeq`.
+    ReadAudit = "read_audit" {
+        GET run_path!("/audit"), Reader, Short,
+        path: RunPath, query: AuditQuery, body: NoBody, answer: AuditList,
+    }
     /// Appends to the audit trail.
-    AppendAudit = "append_audit", POST run_path!("/audit"), Worker, unfenced: None, Short;
-    /// Puts a thread checkpoint.
-    PutThreadCheckpoint = "put_thread_checkpoint", PUT run_path!("/thread/checkpoints"), Worker, unfenced: None, Short;
-    /// A thread's checkpoints.
-    ListThreadCheckpoints = "list_thread_checkpoints", GET run_path!("/thread/checkpoints"), Reader, unfenced: None, Short;
-    /// One thread checkpoint.
-    GetThreadCheckpoint = "get_thread_checkpoint", GET run_path!("/thread/checkpoint"), Reader, unfenced: None, Short;
-    /// Puts a thread's pending writes.
-    PutThreadWrites = "put_thread_writes", POST run_path!("/thread/writes"), Worker, unfenced: None, Short;
-    /// Deletes a thread.
-    DeleteThread = "delete_thread", DELETE run_path!("/thread"), Worker, unfenced: None, Short;
-    /// The threads' checkpoints of a tenant.
-    ListThreadsCheckpoints = "list_threads_checkpoints", GET tenant_path!("/thread-checkpoints"), Reader, unfenced: None, Short;
-    /// Answers a park (an operator's override without a fence).
-    ResolvePark = "resolve_park", POST run_path!("/checkpoints/by-id/{checkpoint}/answer"), Worker, unfenced: Some(Role::Operator), Short;
+    AppendAudit = "append_audit" {
+        POST run_path!("/audit"), Worker, Short,
+        path: RunPath, query: ParentQuery, body: AppendAuditBody, answer: AuditList,
+    }
+    /// Writes a thread checkpoint (`ns`, `checkpointId`) with its parent,
+    /// metadata and the channel values it changed (fenced when `fence` is
+    /// given).
+    PutThreadCheckpoint = "put_thread_checkpoint" {
+        PUT run_path!("/thread/checkpoints"), Worker, Short,
+        path: RunPath, query: ParentQuery, body: PutThreadCheckpointBody, answer: Done,
+    }
+    /// The thread's checkpoints, greatest checkpoint id first, with their
+    /// channel values and pending writes; filtered by namespace, id,
+    /// `before`, metadata `filter`, `limit`.
+    ListThreadCheckpoints = "list_thread_checkpoints" {
+        GET run_path!("/thread/checkpoints"), Reader, Short,
+        path: RunPath, query: ListThreadQuery, body: NoBody, answer: ThreadCheckpointList,
+    }
+    /// One thread checkpoint of a namespace (by id, or the greatest id)
+    /// with its channel values and pending writes.
+    GetThreadCheckpoint = "get_thread_checkpoint" {
+        GET run_path!("/thread/checkpoint"), Reader, Short,
+        path: RunPath, query: GetThreadQuery, body: NoBody, answer: MaybeThreadCheckpoint,
+    }
+    /// Stores a task's pending writes on a thread checkpoint: a repeated
+    /// ordinary write (`idx >= 0`) is ignored, a special one (`idx < 0`)
+    /// replaces; `park` parks the run there.
+    PutThreadWrites = "put_thread_writes" {
+        POST run_path!("/thread/writes"), Worker, Short,
+        path: RunPath, query: ParentQuery, body: PutThreadWritesBody, answer: Done,
+    }
+    /// Deletes every thread checkpoint and pending write of the run (fenced
+    /// when `fence` is given).
+    DeleteThread = "delete_thread" {
+        DELETE run_path!("/thread"), Worker, Short,
+        path: RunPath, query: DeleteThreadQuery, body: NoBody, answer: ThreadDeleted,
+    }
+    /// Thread checkpoints across every thread under the scope, greatest
+    /// checkpoint id first.
+    ListThreadsCheckpoints = "list_threads_checkpoints" {
+        GET tenant_path!("/thread-checkpoints"), Reader, Short,
+        path: TenantPath, query: ListThreadsQuery, body: NoBody, answer: ThreadCheckpointList,
+    }
+    /// Answers the park on a checkpoint, exactly once: a second answer is
+    /// 409 `conflict` carrying the first (`firstAnswer`, `resolvedAt`).
+    ResolvePark = "resolve_park" {
+        POST run_path!("/checkpoints/by-id/{checkpoint}/answer"), Worker or unfenced Operator, Short,
+        path: CheckpointPath, query: ParentQuery, body: ResolveBody, answer: CheckpointBody,
+    }
 }
 
 impl Operation {

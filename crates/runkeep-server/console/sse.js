@@ -2,11 +2,14 @@
 // EventSource cannot send the Authorization header), parsed by the
 // TypeScript client's parser (sse-parser.js, generated from
 // clients/typescript/src/sse.ts), resumed with Last-Event-ID after a
-// dropped connection. Events are delivered in seq order, each once: a seq at or below the last one delivered is
+// dropped connection after a doubling pause (the client's backoff,
+// backoff.js, generated from clients/typescript/src/backoff.ts). Events are
+// delivered in seq order, each once: a seq at or below the last one delivered is
 // dropped, so a resumed stream never repeats one, and the server sends
 // every event after Last-Event-ID, so none is skipped.
 
 import { getToken } from './api.js';
+import { Doubling } from './backoff.js';
 import { SseParser } from './sse-parser.js';
 
 export { SseParser };
@@ -31,7 +34,8 @@ const sleep = (ms, signal) =>
 export async function tailEvents(url, { since = 0, onEvent, onState = () => {}, signal }) {
   let last = since;
   let reconnects = 0;
-  let delay = 500;
+  // 500 ms, doubling to 5 s; from 500 ms again once a connection is live.
+  const delays = new Doubling(500, 5000);
   while (!signal?.aborted) {
     onState(reconnects === 0 ? 'connecting' : 'reconnecting', reconnects);
     try {
@@ -61,7 +65,7 @@ export async function tailEvents(url, { since = 0, onEvent, onState = () => {}, 
         throw new Error(problem.detail || res.statusText);
       }
       onState('live', reconnects);
-      delay = 500;
+      delays.reset();
       let refused = null;
       const parser = new SseParser();
       const take = (m) => {
@@ -104,8 +108,7 @@ export async function tailEvents(url, { since = 0, onEvent, onState = () => {}, 
     // after the last seq delivered.
     reconnects += 1;
     onState('reconnecting', reconnects);
-    await sleep(delay, signal);
-    delay = Math.min(delay * 2, 5000);
+    await sleep(delays.next(), signal);
   }
   return reconnects;
 }

@@ -8,13 +8,6 @@
 //! [`Principal::tenant_scope`] for the tenant named in the path (another
 //! tenant's path answers 404, as if it did not exist).
 
-// A `Problem` is returned straight into a response, once per refused
-// request: its size costs nothing measurable, boxing it would cost clarity.
-#![expect(
-    clippy::result_large_err,
-    reason = "a Problem (RFC 9457 details) is what every parser and handler here refuses with; boxing it would allocate per refusal and change nothing else"
-)]
-
 use std::sync::Arc;
 
 use runkeep::TenantId;

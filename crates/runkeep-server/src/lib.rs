@@ -19,19 +19,18 @@
 //!   `runkeep-http`).
 //! - [`console`]: the web console at `/` (embedded files).
 //! - [`wire`]: the API's JSON shapes ([`wire_threads`]: the thread routes),
-//!   from `runkeep-http`, which also holds the route table;
-//!   [`openapi`]: its OpenAPI 3.1 document.
+//!   from `runkeep-http`, which also holds the operation table and
+//!   [`openapi`], the OpenAPI 3.1 document built from it.
 
 pub mod api;
 pub mod auth;
 pub mod console;
 pub mod manners;
 pub mod metrics;
-pub mod openapi;
 pub mod server;
 pub mod state;
 pub mod tokens;
 
 // The HTTP contract lives in `runkeep-http`; these are its old paths here.
 pub use runkeep_http::wire::threads as wire_threads;
-pub use runkeep_http::{client, problem, wire};
+pub use runkeep_http::{client, openapi, problem, wire};

@@ -28,7 +28,8 @@
 //!   never a path or a query (those go to the log).
 //! - `GET /metrics`: the Prometheus text exposition ([`crate::metrics`]).
 //! - `GET /openapi.json`: the API's OpenAPI 3.1 document
-//!   ([`crate::openapi::json`], the committed `openapi.json`).
+//!   ([`crate::openapi::json`], the committed
+//!   `crates/runkeep-http/openapi.json`).
 //!
 //! # Shutdown
 //!

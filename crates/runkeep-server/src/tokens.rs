@@ -93,7 +93,7 @@ pub const DEFAULT_RELOAD_EVERY: Duration = Duration::from_secs(1);
 const SECRET_BYTES: usize = 32;
 
 /// Length of a token id.
-const ID_LEN: usize = 12;
+const ID_LEN: usize = runkeep_http::holder::TOKEN_ID_LEN;
 
 /// A token file problem.
 #[derive(Debug, thiserror::Error)]

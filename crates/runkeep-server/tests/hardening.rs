@@ -365,7 +365,7 @@ async fn an_unfenced_worker_write_to_a_held_run_is_refused_an_operators_is_not()
     ] {
         let a = post(&server, &run_path(tail), WORKER_A, body).await;
         assert_eq!(a.status, 403, "{tail}: {}", a.body);
-        let detail = a.problem().detail.unwrap_or_default();
+        let detail = a.problem().detail.clone().unwrap_or_default();
         assert!(detail.contains("without a fence"), "{detail}");
     }
     assert_eq!(checkpoint_ids(&store).await, before);
@@ -411,7 +411,7 @@ async fn a_stale_fence_on_release_and_snooze_is_409() {
         let p = a.problem();
         assert_eq!(p.kind(), Some(ProblemType::FencedOut), "{tail}");
         assert_eq!(p.presented, Some(fence), "{tail}");
-        let detail = p.detail.unwrap_or_default();
+        let detail = p.detail.clone().unwrap_or_default();
         assert!(detail.contains("holding was released"), "{tail}: {detail}");
     }
     // The Rust client keeps the contract's answer: false.
@@ -451,7 +451,7 @@ async fn bodies_shaped_to_cost_more_than_their_bytes_are_refused_before_parsing(
     )
     .await;
     assert_eq!(a.status, 413, "{}", a.body);
-    let detail = a.problem().detail.unwrap_or_default();
+    let detail = a.problem().detail.clone().unwrap_or_default();
     assert!(detail.contains("JSON values"), "{detail}");
     // Deep nesting.
     let mut deep = br#"{"checkpoint":{"id":"deep","createdAt":1,"state":{"x":"#.to_vec();
@@ -460,7 +460,7 @@ async fn bodies_shaped_to_cost_more_than_their_bytes_are_refused_before_parsing(
     deep.extend_from_slice(b"}}}");
     let a = send_raw(&server, reqwest::Method::POST, &path, TOKEN_A, deep).await;
     assert_eq!(a.status, 413, "{}", a.body);
-    let detail = a.problem().detail.unwrap_or_default();
+    let detail = a.problem().detail.clone().unwrap_or_default();
     assert!(detail.contains("deep"), "{detail}");
     // Escaped quotes and brackets inside strings count for nothing.
     let tricky = json!({"checkpoint": checkpoint("tricky", json!({"s": "[[[[\"{{{,,,,\\"}))});

@@ -10,6 +10,7 @@ problem (:mod:`runkeep.errors`).
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 from typing import Any, AsyncIterator, Awaitable, Callable, Iterator, Mapping, TypeVar, Union
 from urllib.parse import quote
@@ -238,6 +239,62 @@ def _retry_body(retry: "RetryPolicy | Mapping[str, Any] | None") -> dict[str, An
     return dict(retry)
 
 
+#: The per-run path prefix ``{run}`` stands for in :data:`OPERATIONS`.
+RUN_PATH = "/v1/tenants/{tenant}/projects/{project}/sessions/{session}/runs/{run}"
+
+#: Every operation this client calls, by its name in the API's operation
+#: table (its OpenAPI ``operationId``): method and path template
+#: (``{run}…`` for :data:`RUN_PATH` followed by the rest). The one place the
+#: client spells a method or a path: every request names its operation and
+#: takes both from here (:meth:`_Api._path`). ``tests/test_operations.py``
+#: checks each entry against ``crates/runkeep-http/operations.json``, the
+#: table the server is built from.
+OPERATIONS: dict[str, tuple[str, str]] = {
+    "clock": ("GET", "/v1/clock"),
+    "whoami": ("GET", "/v1/whoami"),
+    "list_runs": ("GET", "/v1/tenants/{tenant}/runs"),
+    "claim_next": ("POST", "/v1/tenants/{tenant}/claim-next"),
+    "run_summary": ("GET", "{run}"),
+    "claim": ("POST", "{run}/claim"),
+    "release": ("POST", "{run}/release"),
+    "finish": ("POST", "{run}/finish"),
+    "snooze": ("POST", "{run}/snooze"),
+    "fail_attempt": ("POST", "{run}/attempts/failed"),
+    "cancel": ("POST", "{run}/cancel"),
+    "enqueue": ("POST", "{run}/enqueue"),
+    "reopen": ("POST", "{run}/reopen"),
+    "lease": ("GET", "{run}/lease"),
+    "lifecycle": ("GET", "{run}/lifecycle"),
+    "commit_step": ("POST", "{run}/steps"),
+    "commit_step_and_claim_next": ("POST", "{run}/steps/hand-over"),
+    "write_checkpoint": ("POST", "{run}/checkpoints"),
+    "list_checkpoints": ("GET", "{run}/checkpoints"),
+    "read_checkpoint": ("GET", "{run}/checkpoints/by-id/{checkpoint}"),
+    "delete_checkpoint": ("DELETE", "{run}/checkpoints/by-id/{checkpoint}"),
+    "latest_checkpoint": ("GET", "{run}/checkpoints/latest"),
+    "find_pending": ("GET", "{run}/checkpoints/pending"),
+    "resume_point": ("GET", "{run}/checkpoints/resume-point"),
+    "resolve_park": ("POST", "{run}/checkpoints/by-id/{checkpoint}/answer"),
+    "append_events": ("POST", "{run}/events"),
+    "read_events": ("GET", "{run}/events"),
+    "tail_events": ("GET", "{run}/events/stream"),
+    "put_thread_checkpoint": ("PUT", "{run}/thread/checkpoints"),
+    "put_thread_writes": ("POST", "{run}/thread/writes"),
+    "get_thread_checkpoint": ("GET", "{run}/thread/checkpoint"),
+    "list_thread_checkpoints": ("GET", "{run}/thread/checkpoints"),
+    "list_threads_checkpoints": ("GET", "/v1/tenants/{tenant}/thread-checkpoints"),
+    "delete_thread": ("DELETE", "{run}/thread"),
+}
+
+
+def _template(operation: str) -> tuple[str, str]:
+    """``operation``'s method and full path template."""
+    method, path = OPERATIONS[operation]
+    if path.startswith("{run}"):
+        path = RUN_PATH + path[len("{run}") :]
+    return method, path
+
+
 def _drop_none(d: Mapping[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in d.items() if v is not None}
 
@@ -262,14 +319,21 @@ class _Api:
         raise NotImplementedError
 
     # -- addresses -------------------------------------------------------
-    def _tenant_path(self, tail: str) -> str:
-        return f"/v1/tenants/{quote(self.tenant, safe='')}{tail}"
+    def _path(self, operation: str, run: RunRef | None = None, checkpoint: str | None = None) -> str:
+        """``operation``'s path (:data:`OPERATIONS`) in the client's tenant,
+        for ``run`` (and its ``checkpoint``) when the path names them."""
+        _, path = _template(operation)
 
-    def _run_path(self, run: RunRef, tail: str = "") -> str:
-        return self._tenant_path(
-            f"/projects/{quote(run.project, safe='')}/sessions/{quote(run.session, safe='')}"
-            f"/runs/{quote(run.run, safe='')}{tail}"
-        )
+        def value(name: str) -> str:
+            if name == "tenant":
+                return self.tenant
+            if name == "checkpoint" and checkpoint is not None:
+                return checkpoint
+            if run is not None and name in ("project", "session", "run"):
+                return getattr(run, name)
+            raise ValueError(f"{operation}: its path names {{{name}}}, which this call does not give")
+
+        return re.sub(r"\{(\w+)\}", lambda m: quote(value(m.group(1)), safe=""), path)
 
     def _run_params(self, run: RunRef, extra: Mapping[str, Any] | None = None) -> dict[str, Any] | None:
         p = dict(extra or {})
@@ -278,17 +342,25 @@ class _Api:
         p = _drop_none(p)
         return p or None
 
-    def _run(self, method: str, run: RunRef, tail: str, body: Any = None, params: Mapping[str, Any] | None = None, parse: Callable[[Any], Any] | None = None, timeout: float | None = None) -> Any:
-        return self._send(_Request(method, self._run_path(run, tail), self._run_params(run, params), body, parse, timeout))
+    def _request(self, operation: str, run: RunRef | None = None, *, checkpoint: str | None = None, body: Any = None, params: Mapping[str, Any] | None = None, parse: Callable[[Any], Any] | None = None, timeout: float | None = None) -> _Request:
+        """A request of ``operation``: its method and path from
+        :data:`OPERATIONS`; a per-run one carries the run's ``parent``."""
+        method, _ = _template(operation)
+        path = self._path(operation, run, checkpoint)
+        query = self._run_params(run, params) if run is not None else (_drop_none(dict(params)) or None if params else None)
+        return _Request(method, path, query, body, parse, timeout)
+
+    def _call(self, operation: str, run: RunRef | None = None, **request: Any) -> Any:
+        return self._send(self._request(operation, run, **request))
 
     # -- the store -------------------------------------------------------
     def clock(self) -> Answer[int]:
         """The store's clock, epoch ms."""
-        return self._send(_Request("GET", "/v1/clock", parse=lambda b: int(b["now"])))
+        return self._call("clock", parse=lambda b: int(b["now"]))
 
     def whoami(self) -> Answer[dict]:
         """The token's tenant, role and id."""
-        return self._send(_Request("GET", "/v1/whoami"))
+        return self._call("whoami")
 
     def list_runs(self, *, project: str | None = None, session: str | None = None, **filters: Any) -> Answer[dict]:
         """One page of runs (``order``, ``park``, ``claimed``, ``status``, ``limit``, ``cursor``)."""
@@ -298,7 +370,7 @@ class _Api:
                 params[k] = "true" if v else "false"
             elif isinstance(v, (list, tuple)):
                 params[k] = ",".join(v)
-        return self._send(_Request("GET", self._tenant_path("/runs"), params or None))
+        return self._call("list_runs", params=params)
 
     def run_summary(self, run: RunRef) -> Answer[dict]:
         """Everything the console shows of one run; its ``lifecycle`` is a :class:`Lifecycle`."""
@@ -308,13 +380,13 @@ class _Api:
                 b["lifecycle"] = Lifecycle.of(b["lifecycle"])
             return b
 
-        return self._run("GET", run, "", parse=parse)
+        return self._call("run_summary", run, parse=parse)
 
     # -- leases ----------------------------------------------------------
     def claim(self, run: RunRef, *, holder: str, ttl_ms: int, max_attempts: int | None = None) -> Answer[ClaimAnswer]:
         """Claims, renews (same holder) or reclaims the run."""
         body = _drop_none({"holder": holder, "ttlMs": ttl_ms, "maxAttempts": max_attempts})
-        return self._run("POST", run, "/claim", body, parse=ClaimAnswer.of)
+        return self._call("claim", run, body=body, parse=ClaimAnswer.of)
 
     def claim_next(
         self,
@@ -346,14 +418,14 @@ class _Api:
             return Claimed.of(b.get("claimed"))
 
         timeout = None if not wait_ms else wait_ms / 1000 + 30
-        return self._send(_Request("POST", self._tenant_path("/claim-next"), None, body, parse, timeout))
+        return self._call("claim_next", body=body, parse=parse, timeout=timeout)
 
     def release(self, run: RunRef, fence: int | None = None) -> Answer[bool]:
-        return self._run("POST", run, "/release", _drop_none({"fence": fence}), parse=lambda b: bool(b["done"]))
+        return self._call("release", run, body=_drop_none({"fence": fence}), parse=lambda b: bool(b["done"]))
 
     def finish(self, run: RunRef, fence: int, status: str = "completed", *, result: Any = None, reason: str | None = None) -> Answer[Lifecycle]:
         outcome = _drop_none({"status": status, "result": result, "reason": reason})
-        return self._run("POST", run, "/finish", {"fence": fence, "outcome": outcome}, parse=Lifecycle.of)
+        return self._call("finish", run, body={"fence": fence, "outcome": outcome}, parse=Lifecycle.of)
 
     def fail_attempt(self, run: RunRef, fence: int, kind: str, message: str, max_attempts: int | None = None) -> Answer[Lifecycle]:
         """Reports the attempt at ``fence`` failed (``POST …/attempts/failed``)
@@ -368,7 +440,7 @@ class _Api:
         kind = cut_text(kind, MAX_ERROR_KIND_CHARS) if kind.strip() else "error"
         error = {"kind": kind, "message": cut_text(message, MAX_ERROR_MESSAGE_CHARS)}
         body = _drop_none({"fence": fence, "error": error, "maxAttempts": max_attempts})
-        return self._run("POST", run, "/attempts/failed", body, parse=Lifecycle.of)
+        return self._call("fail_attempt", run, body=body, parse=Lifecycle.of)
 
     def cancel(self, run: RunRef, reason: str | None = None) -> Answer[Lifecycle]:
         """An operator's cancel (``POST …/cancel``): the run, claimed or not,
@@ -376,10 +448,10 @@ class _Api:
         the holder's next write is refused as ``Cancelled`` and its next
         renewal answers the run finished (``cancelled``). A finished run is
         refused (``Conflict``). Answers the lifecycle after it."""
-        return self._run("POST", run, "/cancel", _drop_none({"reason": reason}), parse=Lifecycle.of)
+        return self._call("cancel", run, body=_drop_none({"reason": reason}), parse=Lifecycle.of)
 
     def snooze(self, run: RunRef, fence: int, until: int) -> Answer[bool]:
-        return self._run("POST", run, "/snooze", {"fence": fence, "until": until}, parse=lambda b: bool(b["done"]))
+        return self._call("snooze", run, body={"fence": fence, "until": until}, parse=lambda b: bool(b["done"]))
 
     def enqueue(
         self,
@@ -400,22 +472,22 @@ class _Api:
         the first claim after it finishes the run as failed, reason
         ``deadline``."""
         body = _drop_none({"checkpoint": dict(checkpoint), "availableAt": available_at, "maxAttempts": max_attempts, "retry": _retry_body(retry), "attemptTimeoutMs": attempt_timeout_ms, "deadline": deadline})
-        return self._run("POST", run, "/enqueue", body)
+        return self._call("enqueue", run, body=body)
 
     def reopen(self, run: RunRef) -> Answer[Lifecycle]:
-        return self._run("POST", run, "/reopen", parse=Lifecycle.of)
+        return self._call("reopen", run, parse=Lifecycle.of)
 
     def lease(self, run: RunRef) -> Answer[dict | None]:
-        return self._run("GET", run, "/lease", parse=lambda b: b.get("lease"))
+        return self._call("lease", run, parse=lambda b: b.get("lease"))
 
     def lifecycle(self, run: RunRef) -> Answer[Lifecycle]:
         """The run's :class:`Lifecycle` (with its ``failures`` and ``retry``)."""
-        return self._run("GET", run, "/lifecycle", parse=Lifecycle.of)
+        return self._call("lifecycle", run, parse=Lifecycle.of)
 
     # -- checkpoints -----------------------------------------------------
     def commit_step(self, run: RunRef, fence: int, step: Mapping[str, Any]) -> Answer[dict]:
         """One step (events, checkpoint, messages, record, finish) under one fence check."""
-        return self._run("POST", run, "/steps", {"fence": fence, "step": dict(step)})
+        return self._call("commit_step", run, body={"fence": fence, "step": dict(step)})
 
     def commit_step_and_claim_next(
         self,
@@ -455,12 +527,13 @@ class _Api:
                 "maxAttempts": max_attempts,
             }
         )
-        path = self._run_path(run, "/steps/hand-over")
         body = {"fence": fence, "step": dict(step), "next": nxt}
-        return self._send(_Request("POST", path, self._run_params(run), body, lambda b: HandOver.of(b, method="POST", path=path)))
+        req = self._request("commit_step_and_claim_next", run, body=body)
+        req.parse = lambda b: HandOver.of(b, method=req.method, path=req.path)
+        return self._send(req)
 
     def write_checkpoint(self, run: RunRef, checkpoint: Mapping[str, Any], fence: int | None = None) -> Answer[dict]:
-        return self._run("POST", run, "/checkpoints", _drop_none({"checkpoint": dict(checkpoint), "fence": fence}))
+        return self._call("write_checkpoint", run, body=_drop_none({"checkpoint": dict(checkpoint), "fence": fence}))
 
     def list_checkpoints(self, run: RunRef, fields: str | None = None, limit: int | None = None, after: str | None = None) -> Answer[list]:
         """One page of the run's checkpoints in the store's order: at most ``limit``
@@ -468,51 +541,51 @@ class _Api:
         last id of the previous page; a page shorter than ``limit`` is the last).
         ``fields``: ``"summary"`` (the server's default: without ``state``, read
         one with ``read_checkpoint``) or ``"full"``."""
-        return self._run("GET", run, "/checkpoints", params={"fields": fields, "limit": limit, "after": after})
+        return self._call("list_checkpoints", run, params={"fields": fields, "limit": limit, "after": after})
 
     def read_checkpoint(self, run: RunRef, checkpoint_id: str) -> Answer[dict | None]:
-        return self._run("GET", run, f"/checkpoints/by-id/{quote(checkpoint_id, safe='')}", parse=lambda b: b.get("checkpoint"))
+        return self._call("read_checkpoint", run, checkpoint=checkpoint_id, parse=lambda b: b.get("checkpoint"))
 
     def delete_checkpoint(self, run: RunRef, checkpoint_id: str, fence: int | None = None) -> Answer[bool]:
-        return self._run("DELETE", run, f"/checkpoints/by-id/{quote(checkpoint_id, safe='')}", params={"fence": fence}, parse=lambda b: bool(b["done"]))
+        return self._call("delete_checkpoint", run, checkpoint=checkpoint_id, params={"fence": fence}, parse=lambda b: bool(b["done"]))
 
     def latest_checkpoint(self, run: RunRef) -> Answer[dict | None]:
-        return self._run("GET", run, "/checkpoints/latest", parse=lambda b: b.get("checkpoint"))
+        return self._call("latest_checkpoint", run, parse=lambda b: b.get("checkpoint"))
 
     def find_pending(self, run: RunRef) -> Answer[dict | None]:
-        return self._run("GET", run, "/checkpoints/pending", parse=lambda b: b.get("checkpoint"))
+        return self._call("find_pending", run, parse=lambda b: b.get("checkpoint"))
 
     def resume_point(self, run: RunRef) -> Answer[dict | None]:
-        return self._run("GET", run, "/checkpoints/resume-point", parse=lambda b: b.get("checkpoint"))
+        return self._call("resume_point", run, parse=lambda b: b.get("checkpoint"))
 
     def resolve_park(self, run: RunRef, checkpoint_id: str, decision: Any, fence: int | None = None) -> Answer[dict]:
         """Answers a park exactly once (a second answer raises ``Conflict`` with ``first_answer``)."""
         body = _drop_none({"resolution": {"action": "answer", "decision": decision}, "fence": fence})
-        return self._run("POST", run, f"/checkpoints/by-id/{quote(checkpoint_id, safe='')}/answer", body)
+        return self._call("resolve_park", run, checkpoint=checkpoint_id, body=body)
 
     # -- events ----------------------------------------------------------
     def append_events(self, run: RunRef, events: list[Mapping[str, Any]], fence: int | None = None) -> Answer[list]:
         """Appends events (``{"type": ..., "payload": {...}}``); answers them as recorded."""
-        return self._run("POST", run, "/events", _drop_none({"events": [dict(e) for e in events], "fence": fence}), parse=lambda b: b["events"])
+        return self._call("append_events", run, body=_drop_none({"events": [dict(e) for e in events], "fence": fence}), parse=lambda b: b["events"])
 
     def read_events(self, run: RunRef, since_seq: int = 0, limit: int | None = None) -> Answer[dict]:
         """One page of the events after ``since_seq``: at most ``limit`` (server
         default 1000, at most 10 000). ``more`` says events follow; read on from
         ``nextSinceSeq`` (the page's last seq) while ``more`` is true."""
-        return self._run("GET", run, "/events", params={"sinceSeq": since_seq, "limit": limit})
+        return self._call("read_events", run, params={"sinceSeq": since_seq, "limit": limit})
 
     # -- threads (checkpoint savers) ---------------------------------------
     def put_thread_checkpoint(self, run: RunRef, body: Mapping[str, Any]) -> Answer[dict]:
         """``PUT …/thread/checkpoints``: a thread checkpoint (``thread``, ``ns``,
         ``checkpointId``, ``parentId``, ``checkpoint``, ``metadata``, ``blobs``, ``fence``)."""
-        return self._run("PUT", run, "/thread/checkpoints", _drop_none(dict(body)))
+        return self._call("put_thread_checkpoint", run, body=_drop_none(dict(body)))
 
     def put_thread_writes(self, run: RunRef, body: Mapping[str, Any]) -> Answer[dict]:
         """``POST …/thread/writes``: a task's pending writes on a thread checkpoint."""
-        return self._run("POST", run, "/thread/writes", _drop_none(dict(body)))
+        return self._call("put_thread_writes", run, body=_drop_none(dict(body)))
 
     def get_thread_checkpoint(self, run: RunRef, *, ns: str = "", checkpoint_id: str | None = None) -> Answer[dict | None]:
-        return self._run("GET", run, "/thread/checkpoint", params={"ns": ns, "checkpointId": checkpoint_id}, parse=lambda b: b.get("checkpoint"))
+        return self._call("get_thread_checkpoint", run, params={"ns": ns, "checkpointId": checkpoint_id}, parse=lambda b: b.get("checkpoint"))
 
     def list_thread_checkpoints(
         self,
@@ -531,7 +604,7 @@ class _Api:
             "limit": limit,
             "filter": json.dumps(dict(filter), separators=(",", ":")) if filter else None,
         }
-        return self._run("GET", run, "/thread/checkpoints", params=params, parse=lambda b: b["checkpoints"])
+        return self._call("list_thread_checkpoints", run, params=params, parse=lambda b: b["checkpoints"])
 
     def list_threads_checkpoints(
         self,
@@ -553,10 +626,10 @@ class _Api:
                 "filter": json.dumps(dict(filter), separators=(",", ":")) if filter else None,
             }
         )
-        return self._send(_Request("GET", self._tenant_path("/thread-checkpoints"), params or None, parse=lambda b: b["checkpoints"]))
+        return self._call("list_threads_checkpoints", params=params, parse=lambda b: b["checkpoints"])
 
     def delete_thread(self, run: RunRef, fence: int | None = None) -> Answer[int]:
-        return self._run("DELETE", run, "/thread", params={"fence": fence}, parse=lambda b: int(b["checkpointCount"]))
+        return self._call("delete_thread", run, params={"fence": fence}, parse=lambda b: int(b["checkpointCount"]))
 
 
 _WRITE_METHODS = {"POST", "PUT", "DELETE", "PATCH"}
@@ -597,7 +670,7 @@ class RunkeepClient(_Api):
         self.token = token
         self.timeout = timeout
         self._http = httpx.Client(base_url=self.base_url, headers=_headers(token), timeout=timeout, transport=transport)
-        self.tenant = tenant or self._send(_Request("GET", "/v1/whoami"))["tenant"]
+        self.tenant = tenant or self.whoami()["tenant"]
 
     def _send(self, req: _Request) -> Any:
         try:
@@ -646,7 +719,7 @@ class AsyncRunkeepClient(_Api):
 
     async def connect(self) -> "AsyncRunkeepClient":
         if not self.tenant:
-            self.tenant = (await self._send(_Request("GET", "/v1/whoami")))["tenant"]
+            self.tenant = (await self.whoami())["tenant"]
         return self
 
     async def _send(self, req: _Request) -> Any:
@@ -691,6 +764,7 @@ __all__ = [
     "RetryPolicy",
     "RunRef",
     "RunkeepClient",
+    "OPERATIONS",
     "RunkeepError",
     "cut_text",
 ]

@@ -76,7 +76,7 @@ def _open_error(res: httpx.Response, path: str) -> RunkeepError:
 
 
 def tail_sync(client: "RunkeepClient", run: "RunRef", since_seq: int, delay: float) -> Iterator[dict]:
-    path = client._run_path(run, "/events/stream")
+    path = client._path("tail_events", run)
     last = since_seq
     while True:
         params: dict[str, Any] = {"sinceSeq": since_seq}
@@ -107,7 +107,7 @@ def tail_sync(client: "RunkeepClient", run: "RunRef", since_seq: int, delay: flo
 
 
 async def tail_async(client: "AsyncRunkeepClient", run: "RunRef", since_seq: int, delay: float) -> AsyncIterator[dict]:
-    path = client._run_path(run, "/events/stream")
+    path = client._path("tail_events", run)
     last = since_seq
     while True:
         params: dict[str, Any] = {"sinceSeq": since_seq}

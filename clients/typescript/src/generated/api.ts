@@ -905,7 +905,10 @@ export interface components {
         /** @description What a claim takes: holder, lease length and attempt limit (never an
          *     instant: the store's clock judges every claim). */
         ClaimBody: {
-            /** @description The claiming worker (unique per process); the same holder renews. Not blank, no control characters, at most 236 bytes (ASCII) and never containing `~token:`: the server appends ` ~token:<token id>` to bind the holding to the token, within the store's 256 bytes. */
+            /** @description The claiming worker (unique per process); the same holder renews.
+             *     Not blank, no control characters, at most 236 bytes (ASCII) and
+             *     never containing `~token:`: the server appends ` ~token:<token id>`
+             *     to bind the holding to the token, within the store's 256 bytes. */
             holder: string;
             /**
              * Format: int64
@@ -914,7 +917,11 @@ export interface components {
             maxAttempts?: number | null;
             /**
              * Format: int64
-             * @description Lease length, ms: 1000 ms (1 s) to 31622400000 ms (366 days). The store takes any positive length, but a lease shorter than a claim takes on its volume has expired before it is handed back (a directory store answers 503 `unavailable`), so the document asks for at least a second.
+             * @description Lease length, ms: 1000 ms (1 s) to 31622400000 ms (366 days). The
+             *     store takes any positive length, but a lease shorter than a claim
+             *     takes on its volume has expired before it is handed back (a
+             *     directory store answers 503 `unavailable`), so the document asks
+             *     for at least a second.
              */
             ttlMs: number;
         };
@@ -924,7 +931,10 @@ export interface components {
         };
         /** @description `claim_next`: scope narrowing, filter, claim options, optional wait. */
         ClaimNextBody: {
-            /** @description The claiming worker (unique per process); the same holder renews. Not blank, no control characters, at most 236 bytes (ASCII) and never containing `~token:`: the server appends ` ~token:<token id>` to bind the holding to the token, within the store's 256 bytes. */
+            /** @description The claiming worker (unique per process); the same holder renews.
+             *     Not blank, no control characters, at most 236 bytes (ASCII) and
+             *     never containing `~token:`: the server appends ` ~token:<token id>`
+             *     to bind the holding to the token, within the store's 256 bytes. */
             holder: string;
             /**
              * Format: int64
@@ -941,7 +951,11 @@ export interface components {
             session?: string | null;
             /**
              * Format: int64
-             * @description Lease length, ms: 1000 ms (1 s) to 31622400000 ms (366 days). The store takes any positive length, but a lease shorter than a claim takes on its volume has expired before it is handed back (a directory store answers 503 `unavailable`), so the document asks for at least a second.
+             * @description Lease length, ms: 1000 ms (1 s) to 31622400000 ms (366 days). The
+             *     store takes any positive length, but a lease shorter than a claim
+             *     takes on its volume has expired before it is handed back (a
+             *     directory store answers 503 `unavailable`), so the document asks
+             *     for at least a second.
              */
             ttlMs: number;
             /**
@@ -985,7 +999,7 @@ export interface components {
         EnqueueBody: {
             /**
              * Format: int64
-             * @description An attempt's time limit, ms: 1 ms to 366 days (a lease's range).
+             * @description Each attempt's time limit, ms (a lease's length: 1 ms to 366 days).
              */
             attemptTimeoutMs?: number | null;
             /**
@@ -1135,7 +1149,8 @@ export interface components {
         LeaseBody: {
             /**
              * Format: int64
-             * @description An attempt's time limit, ms: 1 ms to 366 days (a lease's range).
+             * @description The run's attempt timeout, ms: stop a step that runs longer and
+             *     report the attempt failed (kind `timeout`). Absent: none.
              */
             attemptTimeoutMs?: number | null;
             /**
@@ -1172,7 +1187,7 @@ export interface components {
         LifecycleBody: {
             /**
              * Format: int64
-             * @description An attempt's time limit, ms: 1 ms to 366 days (a lease's range).
+             * @description Each attempt's time limit, ms (1 ms to 366 days).
              */
             attemptTimeoutMs?: number | null;
             /**
@@ -1280,7 +1295,10 @@ export interface components {
         /** @description The next claim of a hand-over: `claim-next`'s body without its wait
          *     (the tenant is the step's, from the path). */
         NextClaimBody: {
-            /** @description The claiming worker (unique per process); the same holder renews. Not blank, no control characters, at most 236 bytes (ASCII) and never containing `~token:`: the server appends ` ~token:<token id>` to bind the holding to the token, within the store's 256 bytes. */
+            /** @description The claiming worker (unique per process); the same holder renews.
+             *     Not blank, no control characters, at most 236 bytes (ASCII) and
+             *     never containing `~token:`: the server appends ` ~token:<token id>`
+             *     to bind the holding to the token, within the store's 256 bytes. */
             holder: string;
             /**
              * Format: int64
@@ -1297,7 +1315,11 @@ export interface components {
             session?: string | null;
             /**
              * Format: int64
-             * @description Lease length, ms: 1000 ms (1 s) to 31622400000 ms (366 days). The store takes any positive length, but a lease shorter than a claim takes on its volume has expired before it is handed back (a directory store answers 503 `unavailable`), so the document asks for at least a second.
+             * @description Lease length, ms: 1000 ms (1 s) to 31622400000 ms (366 days). The
+             *     store takes any positive length, but a lease shorter than a claim
+             *     takes on its volume has expired before it is handed back (a
+             *     directory store answers 503 `unavailable`), so the document asks
+             *     for at least a second.
              */
             ttlMs: number;
         };
@@ -1543,12 +1565,12 @@ export interface components {
         RetryPolicyBody: {
             /**
              * Format: int64
-             * @description A retry delay, ms: at most 7 days; the cap at least the base.
+             * @description The first delay, ms (at most 7 days).
              */
             baseMs: number;
             /**
              * Format: int64
-             * @description A retry delay, ms: at most 7 days; the cap at least the base.
+             * @description The longest delay, ms (at most 7 days).
              */
             capMs: number;
             /**
@@ -2775,7 +2797,8 @@ export interface operations {
                 /** @description `summary` (default: each checkpoint without its `state`; read one's
                  *     state with `GET …/checkpoints/by-id/{id}`) or `full` (with states). */
                 fields?: "summary" | "full";
-                /** @description At most this many checkpoints (default 100, at most 1000: 400 above it); a page shorter than `limit` is the last. */
+                /** @description At most this many checkpoints (default 100, at most 1000: 400 above
+                 *     it); a page shorter than `limit` is the last. */
                 limit?: number;
                 /** @description Start after the checkpoint with this id (the last id of the previous
                  *     page); 400 when the run has no such checkpoint. */
@@ -3050,7 +3073,7 @@ export interface operations {
                 session: string;
                 /** @description The run id: 1 to 128 characters of [A-Za-z0-9_-], starting with a letter or digit. */
                 run: string;
-                /** @description The checkpoint id id: 1 to 128 characters of [A-Za-z0-9_-], starting with a letter or digit. */
+                /** @description The checkpoint id: 1 to 128 characters of [A-Za-z0-9_-], starting with a letter or digit. */
                 checkpoint: string;
             };
             cookie?: never;
@@ -3158,7 +3181,7 @@ export interface operations {
                 session: string;
                 /** @description The run id: 1 to 128 characters of [A-Za-z0-9_-], starting with a letter or digit. */
                 run: string;
-                /** @description The checkpoint id id: 1 to 128 characters of [A-Za-z0-9_-], starting with a letter or digit. */
+                /** @description The checkpoint id: 1 to 128 characters of [A-Za-z0-9_-], starting with a letter or digit. */
                 checkpoint: string;
             };
             cookie?: never;
@@ -3282,7 +3305,7 @@ export interface operations {
                 session: string;
                 /** @description The run id: 1 to 128 characters of [A-Za-z0-9_-], starting with a letter or digit. */
                 run: string;
-                /** @description The checkpoint id id: 1 to 128 characters of [A-Za-z0-9_-], starting with a letter or digit. */
+                /** @description The checkpoint id: 1 to 128 characters of [A-Za-z0-9_-], starting with a letter or digit. */
                 checkpoint: string;
             };
             cookie?: never;
@@ -3893,7 +3916,9 @@ export interface operations {
     enqueue: {
         parameters: {
             query?: {
-                /** @description The run id (and `parent`): the id rule, starting with `run_` (a directory store lists and hands out only `run_*` runs, so it refuses to enqueue others; runkeep's generated run ids all start so). */
+                /** @description The run id (and `parent`): the id rule, starting with `run_` (a
+                 *     directory store lists and hands out only `run_*` runs, so it refuses
+                 *     to enqueue others; runkeep's generated run ids all start so). */
                 parent?: string;
             };
             header?: never;
@@ -3904,7 +3929,9 @@ export interface operations {
                 project: string;
                 /** @description The session id: 1 to 128 characters of [A-Za-z0-9_-], starting with a letter or digit. */
                 session: string;
-                /** @description The run id (and `parent`): the id rule, starting with `run_` (a directory store lists and hands out only `run_*` runs, so it refuses to enqueue others; runkeep's generated run ids all start so). */
+                /** @description The run id (and `parent`): the id rule, starting with `run_` (a
+                 *     directory store lists and hands out only `run_*` runs, so it refuses
+                 *     to enqueue others; runkeep's generated run ids all start so). */
                 run: string;
             };
             cookie?: never;
@@ -6793,7 +6820,9 @@ export interface operations {
                 before?: string;
                 /** @description At most this many (newest first). */
                 limit?: number;
-                /** @description A JSON object: only checkpoints whose metadata has each of its keys with an equal value (an absent key equals null). The server takes any JSON object; the pattern states flat ones. */
+                /** @description A JSON object: only checkpoints whose metadata has each of its keys
+                 *     with an equal value (an absent key equals null). The server takes
+                 *     any JSON object; the pattern states flat ones. */
                 filter?: string;
                 /** @description The parent run, for a sub-run. */
                 parent?: string;
@@ -7311,7 +7340,8 @@ export interface operations {
                 project?: string;
                 /** @description Only this session (needs `project`). */
                 session?: string;
-                /** @description `runId` (default) or `createdAt` (the server also takes `run-id`/`run_id` and `created-at`/`created_at`). */
+                /** @description `runId` (default) or `createdAt` (the server also takes
+                 *     `run-id`/`run_id` and `created-at`/`created_at`). */
                 order?: "runId" | "createdAt";
                 /** @description Park states, comma-separated (`outstanding,expired`). */
                 park?: string;
@@ -7321,7 +7351,9 @@ export interface operations {
                 status?: string;
                 /** @description Page size (default 100, at most 1000; 0 reads as 1, more as 1000). */
                 limit?: number;
-                /** @description The `cursor` of the previous page, as the server issued it (opaque: bound to the listing's order, filters and scope; any other string is refused). */
+                /** @description The `cursor` of the previous page, as the server issued it (opaque:
+                 *     bound to the listing's order, filters and scope; any other string is
+                 *     refused). */
                 cursor?: string;
                 /** @description Judge expiry at this instant (epoch ms) instead of the store's clock. */
                 now?: number;
@@ -7431,7 +7463,9 @@ export interface operations {
                 before?: string;
                 /** @description At most this many (newest first). */
                 limit?: number;
-                /** @description A JSON object: only checkpoints whose metadata has each of its keys with an equal value (an absent key equals null). The server takes any JSON object; the pattern states flat ones. */
+                /** @description A JSON object: only checkpoints whose metadata has each of its keys
+                 *     with an equal value (an absent key equals null). The server takes
+                 *     any JSON object; the pattern states flat ones. */
                 filter?: string;
             };
             header?: never;

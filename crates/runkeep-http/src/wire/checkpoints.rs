@@ -1,10 +1,5 @@
 //! Checkpoints: the checkpoint body, its write, read and prune.
 
-#![expect(
-    clippy::result_large_err,
-    reason = "a Problem (RFC 9457 details) is what every parser and handler here refuses with; boxing it would allocate per refusal and change nothing else"
-)]
-
 use super::*;
 
 /// The `limit` of a checkpoint listing that gives none.
@@ -17,22 +12,30 @@ pub const MAX_CHECKPOINTS_PAGE: usize = 1000;
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct CheckpointBody {
     /// Id; writing an existing id replaces it.
+    #[schema(
+        min_length = 1,
+        max_length = 128,
+        pattern = "^[A-Za-z0-9][A-Za-z0-9_-]{0,127}$"
+    )]
     pub id: String,
     /// Written at, epoch ms.
+    #[schema(minimum = 0, maximum = 253_402_300_799_999_i64)]
     pub created_at: i64,
     /// Run start, epoch ms.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(minimum = 0, maximum = 253_402_300_799_999_i64)]
     pub run_created_at: Option<i64>,
     /// The park, when the run parks here.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pending: Option<PendingBody>,
     /// The fence it was written under (set by the store; ignored on input).
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(minimum = 1, maximum = 999_999_999_999_999_i64)]
     pub fence: Option<u64>,
     /// The host's state, kept as given. Absent in a listing's `summary`
     /// form (read the checkpoint by id for it).
     #[serde(default)]
-    #[schema(value_type = Object)]
+    #[schema(schema_with = checkpoint_state)]
     pub state: Object,
 }
 
@@ -106,6 +109,7 @@ pub struct WriteCheckpointBody {
     pub checkpoint: CheckpointBody,
     /// The holding it is written under (absent: unfenced).
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(minimum = 1, maximum = 999_999_999_999_999_i64)]
     pub fence: Option<u64>,
 }
 
@@ -121,9 +125,11 @@ pub struct MaybeCheckpoint {
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct PruneBody {
     /// How many to keep (unanswered parks are always kept).
+    #[schema(maximum = 9_007_199_254_740_991_i64)]
     pub keep_last: usize,
     /// The holding; absent: an operator's prune.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(minimum = 1, maximum = 999_999_999_999_999_i64)]
     pub fence: Option<u64>,
 }
 
@@ -131,5 +137,32 @@ pub struct PruneBody {
 #[derive(Clone, PartialEq, Eq, Debug, Serialize, Deserialize, ToSchema)]
 pub struct Pruned {
     /// Deleted checkpoint ids.
+    #[schema(schema_with = pruned_ids)]
     pub deleted: Vec<String>,
+}
+
+/// [`CheckpointBody::state`]'s schema: an object without the store's keys
+/// ([`runkeep::checkpoint::RESERVED_CHECKPOINT_KEYS`]). A `runId` key is
+/// allowed only when it is the run's own id, so the document refuses it
+/// too.
+fn checkpoint_state() -> utoipa::openapi::Schema {
+    let mut keys = runkeep::checkpoint::RESERVED_CHECKPOINT_KEYS.to_vec();
+    keys.push("runId");
+    crate::openapi::object_refusing_keys(
+        &format!(
+            "The host's state, kept as given. It may not use the store's keys ({}); a `runId` key is allowed only when it is the run's own id, so the document leaves it out.",
+            runkeep::checkpoint::RESERVED_CHECKPOINT_KEYS.map(|k| format!("`{k}`")).join(", ")
+        ),
+        &keys,
+    )
+}
+
+/// [`Pruned::deleted`]'s schema: checkpoint ids.
+fn pruned_ids() -> utoipa::openapi::Schema {
+    use utoipa::openapi::RefOr;
+    utoipa::openapi::schema::ArrayBuilder::new()
+        .items(RefOr::T(crate::openapi::id_schema()))
+        .description(Some("Deleted checkpoint ids."))
+        .build()
+        .into()
 }

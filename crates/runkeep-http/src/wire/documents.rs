@@ -1,10 +1,5 @@
 //! Per-run documents: the run record, message snapshots, the report, audit records.
 
-#![expect(
-    clippy::result_large_err,
-    reason = "a Problem (RFC 9457 details) is what every parser and handler here refuses with; boxing it would allocate per refusal and change nothing else"
-)]
-
 use super::*;
 
 /// The kind of a message snapshot.
@@ -27,6 +22,7 @@ pub struct MessagesBody {
     pub kind: MessagesKind,
     /// Log head at publish time (`available`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(maximum = 9_007_199_254_740_991_i64)]
     pub through_event_seq: Option<u64>,
     /// The messages (absent when `unavailable`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -79,14 +75,17 @@ impl MessagesBody {
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct NewAuditBody {
     /// Who acted.
+    #[schema(min_length = 1)]
     pub who: String,
     /// What was done.
+    #[schema(min_length = 1)]
     pub what: String,
     /// How it ended.
+    #[schema(min_length = 1)]
     pub outcome: String,
     /// Any other fields.
     #[serde(default)]
-    #[schema(value_type = Object)]
+    #[schema(schema_with = new_audit_extra)]
     pub extra: Object,
 }
 
@@ -119,10 +118,17 @@ pub struct AuditBody {
     /// `aud_…` id.
     pub id: String,
     /// The run.
+    #[schema(
+        min_length = 1,
+        max_length = 128,
+        pattern = "^[A-Za-z0-9][A-Za-z0-9_-]{0,127}$"
+    )]
     pub run_id: String,
     /// 1-based position in the audit trail.
+    #[schema(maximum = 9_007_199_254_740_991_i64)]
     pub seq: u64,
     /// Recorded at, epoch ms.
+    #[schema(minimum = 0, maximum = 253_402_300_799_999_i64)]
     pub timestamp: i64,
     /// Who.
     pub who: String,
@@ -132,6 +138,7 @@ pub struct AuditBody {
     pub outcome: String,
     /// Fence appended under.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(minimum = 1, maximum = 999_999_999_999_999_i64)]
     pub generation: Option<u64>,
     /// Other fields.
     #[serde(default)]
@@ -181,6 +188,7 @@ pub struct RecordBody {
     pub record: Object,
     /// The holding (absent: unfenced).
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(minimum = 1, maximum = 999_999_999_999_999_i64)]
     pub fence: Option<u64>,
 }
 
@@ -199,9 +207,11 @@ pub struct WriteMessagesBody {
     /// The conversation.
     pub messages: Vec<Value>,
     /// The last event it accounts for.
+    #[schema(maximum = 9_007_199_254_740_991_i64)]
     pub through_event_seq: u64,
     /// The holding (absent: unfenced).
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(minimum = 1, maximum = 999_999_999_999_999_i64)]
     pub fence: Option<u64>,
 }
 
@@ -213,6 +223,7 @@ pub struct ReportBody {
     pub report: String,
     /// The holding (absent: unfenced).
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(minimum = 1, maximum = 999_999_999_999_999_i64)]
     pub fence: Option<u64>,
 }
 
@@ -231,6 +242,7 @@ pub struct AppendAuditBody {
     pub events: Vec<NewAuditBody>,
     /// The holding (absent: unfenced).
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(minimum = 1, maximum = 999_999_999_999_999_i64)]
     pub fence: Option<u64>,
 }
 
@@ -239,4 +251,23 @@ pub struct AppendAuditBody {
 pub struct AuditList {
     /// In trail order.
     pub records: Vec<AuditBody>,
+}
+
+/// The keys an audit event's extra fields may not use
+/// (`runkeep::evidence::NewAuditEvent::validate`).
+const AUDIT_RESERVED_KEYS: [&str; 8] = [
+    "id",
+    "runId",
+    "seq",
+    "timestamp",
+    "who",
+    "what",
+    "outcome",
+    "generation",
+];
+
+/// [`NewAuditBody::extra`]'s schema: an object without the record's own
+/// keys ([`AUDIT_RESERVED_KEYS`]).
+fn new_audit_extra() -> utoipa::openapi::Schema {
+    crate::openapi::object_refusing_keys("Any other fields.", &AUDIT_RESERVED_KEYS)
 }

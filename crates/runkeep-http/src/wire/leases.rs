@@ -1,10 +1,5 @@
 //! Leases: claims (one run or the next runnable), release, finish, snooze, enqueue, the lease read.
 
-#![expect(
-    clippy::result_large_err,
-    reason = "a Problem (RFC 9457 details) is what every parser and handler here refuses with; boxing it would allocate per refusal and change nothing else"
-)]
-
 use super::*;
 
 /// A lease handed to its taker.
@@ -14,12 +9,15 @@ pub struct LeaseBody {
     /// Who took it.
     pub holder: String,
     /// The fence every write under it presents.
+    #[schema(minimum = 1, maximum = 999_999_999_999_999_i64)]
     pub fence: u64,
     /// Expiry, epoch ms (store clock).
+    #[schema(minimum = 0, maximum = 253_402_300_799_999_i64)]
     pub expires_at: i64,
     /// The run's attempt timeout, ms: stop a step that runs longer and
     /// report the attempt failed (kind `timeout`). Absent: none.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(minimum = 1, maximum = 31_622_400_000_i64)]
     pub attempt_timeout_ms: Option<u64>,
 }
 
@@ -53,8 +51,10 @@ pub struct LeaseSummaryBody {
     /// Holder; empty for a released or unreadable holding.
     pub holder: String,
     /// The top fence.
+    #[schema(minimum = 1, maximum = 999_999_999_999_999_i64)]
     pub fence: u64,
     /// Expiry, epoch ms; 0 for a released or unreadable holding.
+    #[schema(minimum = 0, maximum = 253_402_300_799_999_i64)]
     pub expires_at: i64,
     /// Expired at the answer's instant.
     pub expired: bool,
@@ -88,12 +88,24 @@ impl LeaseSummaryBody {
 #[derive(Clone, PartialEq, Eq, Debug, Serialize, Deserialize, ToSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct ClaimBody {
-    /// The claiming worker (unique per process). The same holder renews.
+    /// The claiming worker (unique per process); the same holder renews.
+    /// Not blank, no control characters, at most 236 bytes (ASCII) and
+    /// never containing `~token:`: the server appends ` ~token:<token id>`
+    /// to bind the holding to the token, within the store's 256 bytes.
+    #[schema(
+        pattern = r"^(?![\s\S]*~token:)(?=[\s\S]*\S)(?:[\x20-\x7e]{1,236}|[^\x00-\x1f\x7f-\x9f]{1,59})$"
+    )]
     pub holder: String,
-    /// Lease length, ms.
+    /// Lease length, ms: 1000 ms (1 s) to 31622400000 ms (366 days). The
+    /// store takes any positive length, but a lease shorter than a claim
+    /// takes on its volume has expired before it is handed back (a
+    /// directory store answers 503 `unavailable`), so the document asks
+    /// for at least a second.
+    #[schema(minimum = 1000, maximum = 31_622_400_000_i64)]
     pub ttl_ms: u64,
     /// Attempt limit for this claim.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(format = Int64, minimum = 1, maximum = 4_294_967_295_i64)]
     pub max_attempts: Option<u32>,
 }
 
@@ -148,6 +160,7 @@ pub enum ClaimAnswer {
     #[serde(rename_all = "camelCase")]
     NotBefore {
         /// Epoch ms.
+        #[schema(minimum = 0, maximum = 253_402_300_799_999_i64)]
         available_at: i64,
     },
 }
@@ -197,27 +210,57 @@ impl ClaimAnswer {
 pub struct ClaimNextBody {
     /// Only this project.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(
+        min_length = 1,
+        max_length = 128,
+        pattern = "^[A-Za-z0-9][A-Za-z0-9_-]{0,127}$"
+    )]
     pub project: Option<String>,
     /// Only this session (needs `project`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(
+        min_length = 1,
+        max_length = 128,
+        pattern = "^[A-Za-z0-9][A-Za-z0-9_-]{0,127}$"
+    )]
     pub session: Option<String>,
     /// Only runs whose park is in this set.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(min_items = 1)]
     pub park: Option<Vec<ParkStateBody>>,
     /// Which run first.
     #[serde(default)]
     pub order: OrderBody,
-    /// The claiming worker (unique per process).
+    /// The claiming worker (unique per process); the same holder renews.
+    /// Not blank, no control characters, at most 236 bytes (ASCII) and
+    /// never containing `~token:`: the server appends ` ~token:<token id>`
+    /// to bind the holding to the token, within the store's 256 bytes.
+    #[schema(
+        pattern = r"^(?![\s\S]*~token:)(?=[\s\S]*\S)(?:[\x20-\x7e]{1,236}|[^\x00-\x1f\x7f-\x9f]{1,59})$"
+    )]
     pub holder: String,
-    /// Lease length, ms.
+    /// Lease length, ms: 1000 ms (1 s) to 31622400000 ms (366 days). The
+    /// store takes any positive length, but a lease shorter than a claim
+    /// takes on its volume has expired before it is handed back (a
+    /// directory store answers 503 `unavailable`), so the document asks
+    /// for at least a second.
+    #[schema(minimum = 1000, maximum = 31_622_400_000_i64)]
     pub ttl_ms: u64,
     /// Attempt limit for this claim.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(format = Int64, minimum = 1, maximum = 4_294_967_295_i64)]
     pub max_attempts: Option<u32>,
     /// Wait up to this many ms (at most 30 000) for a run to become
     /// runnable when none is; 0 or absent answers at once.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(maximum = 30000)]
     pub wait_ms: Option<u64>,
+}
+
+impl ObjectRule for ClaimNextBody {
+    fn rule() -> (&'static str, Value) {
+        session_needs_project()
+    }
 }
 
 impl ClaimNextBody {
@@ -254,6 +297,7 @@ pub struct ReleaseBody {
     /// The holding to release; absent releases the current holding
     /// (operator only).
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(minimum = 1, maximum = 999_999_999_999_999_i64)]
     pub fence: Option<u64>,
 }
 
@@ -269,8 +313,10 @@ pub struct Done {
 #[serde(deny_unknown_fields)]
 pub struct SnoozeBody {
     /// The holding.
+    #[schema(minimum = 1, maximum = 999_999_999_999_999_i64)]
     pub fence: u64,
     /// Not claimable before, epoch ms.
+    #[schema(minimum = 0, maximum = 253_402_300_799_999_i64)]
     pub until: i64,
 }
 
@@ -279,6 +325,7 @@ pub struct SnoozeBody {
 #[serde(deny_unknown_fields)]
 pub struct FinishBody {
     /// The holding (spent by the finish).
+    #[schema(minimum = 1, maximum = 999_999_999_999_999_i64)]
     pub fence: u64,
     /// How it ended.
     pub outcome: OutcomeBody,
@@ -292,9 +339,11 @@ pub struct EnqueueBody {
     pub checkpoint: CheckpointBody,
     /// Not claimable before, epoch ms.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(minimum = 0, maximum = 253_402_300_799_999_i64)]
     pub available_at: Option<i64>,
     /// The run's own attempt limit.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(format = Int64, minimum = 1, maximum = 4_294_967_295_i64)]
     pub max_attempts: Option<u32>,
     /// The run's own retry policy after a failed attempt (defaults: 1 s,
     /// ×2, 10 min).
@@ -302,10 +351,12 @@ pub struct EnqueueBody {
     pub retry: Option<RetryPolicyBody>,
     /// Each attempt's time limit, ms (a lease's length: 1 ms to 366 days).
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(minimum = 1, maximum = 31_622_400_000_i64)]
     pub attempt_timeout_ms: Option<u64>,
     /// The run must be finished by then, epoch ms (store clock): its first
     /// claim at or after it finishes it as failed, reason `deadline`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(minimum = 0, maximum = 253_402_300_799_999_i64)]
     pub deadline: Option<i64>,
 }
 
@@ -322,9 +373,11 @@ pub struct MaybeLease {
 pub struct AttemptErrorBody {
     /// What failed, in a word (`error`, `panic`, `timeout`, or the error's
     /// class name); 1 to 128 characters.
+    #[schema(min_length = 1, max_length = 128, pattern = r"\S")]
     pub kind: String,
     /// The error's text; at most 4 096 characters (clients cut longer text
     /// with a marker).
+    #[schema(max_length = 4096)]
     pub message: String,
 }
 
@@ -351,11 +404,13 @@ impl From<&AttemptError> for AttemptErrorBody {
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct FailAttemptBody {
     /// The holding whose attempt failed (spent by the report).
+    #[schema(minimum = 1, maximum = 999_999_999_999_999_i64)]
     pub fence: u64,
     /// What the step raised.
     pub error: AttemptErrorBody,
     /// The attempt limit for this report, over the run's own.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(format = Int64, minimum = 1, maximum = 4_294_967_295_i64)]
     pub max_attempts: Option<u32>,
 }
 
@@ -365,6 +420,7 @@ pub struct FailAttemptBody {
 pub struct CancelBody {
     /// Why (kept as the run's finish reason); at most 4 096 characters.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(max_length = 4096)]
     pub reason: Option<String>,
 }
 
@@ -372,11 +428,14 @@ pub struct CancelBody {
 #[derive(Clone, Copy, PartialEq, Debug, Serialize, Deserialize, ToSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct RetryPolicyBody {
-    /// The first delay, ms.
+    /// The first delay, ms (at most 7 days).
+    #[schema(maximum = 604_800_000)]
     pub base_ms: u64,
     /// The growth per attempt, 1 to 100.
+    #[schema(minimum = 1, maximum = 100)]
     pub factor: f64,
     /// The longest delay, ms (at most 7 days).
+    #[schema(maximum = 604_800_000)]
     pub cap_ms: u64,
 }
 

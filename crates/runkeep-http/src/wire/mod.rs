@@ -20,14 +20,8 @@
 //! - [`events`]: event appends, reads and batches;
 //! - [`documents`]: the run record, message snapshots, reports, audit;
 //! - [`steps`]: the all-or-nothing step commit;
-//! - [`threads`]: the thread routes (a LangGraph-style checkpoint chain).
-
-// A `Problem` is returned straight into a response, once per refused
-// request: its size costs nothing measurable, boxing it would cost clarity.
-#![expect(
-    clippy::result_large_err,
-    reason = "a Problem (RFC 9457 details) is what every parser and handler here refuses with; boxing it would allocate per refusal and change nothing else"
-)]
+//! - [`threads`]: the thread routes (a LangGraph-style checkpoint chain);
+//! - [`params`]: every operation's path and query parameters.
 
 use runkeep::evidence::SkippedRecord;
 use runkeep::failure::{AttemptError, FailedAttempt, RetryPolicy};
@@ -49,6 +43,7 @@ pub mod checkpoints;
 pub mod documents;
 pub mod events;
 pub mod leases;
+pub mod params;
 pub mod parks;
 pub mod runs;
 pub mod steps;
@@ -58,9 +53,60 @@ pub use checkpoints::*;
 pub use documents::*;
 pub use events::*;
 pub use leases::*;
+pub use params::*;
 pub use parks::*;
 pub use runs::*;
 pub use steps::*;
+
+/// The longest long-poll, ms (`claim_next`'s `waitMs`, the waits'
+/// `timeoutMs`).
+pub const MAX_WAIT_MS: u64 = 30_000;
+
+/// No request body: the body of an operation that takes none
+/// ([`OperationSpec::Body`](crate::routes::OperationSpec::Body));
+/// `HttpStore` sends nothing.
+#[derive(Clone, Copy, Debug, Default, Serialize)]
+pub struct NoBody;
+
+/// An answer that is a JSON array of `T` (a checkpoint listing).
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct Array<T>(pub Vec<T>);
+
+/// A rule on a whole object that its fields' attributes cannot carry: a
+/// JSON Schema keyword beside `properties` (`anyOf`, `dependentSchemas`),
+/// for which utoipa's derive has no attribute. Declared with its type; the
+/// document adds it to the type's schema ([`object_rules`]).
+pub trait ObjectRule: ToSchema {
+    /// The keyword and its value.
+    fn rule() -> (&'static str, Value);
+}
+
+/// Every wire type with an [`ObjectRule`]: its schema's name, keyword and
+/// value.
+pub fn object_rules() -> Vec<(String, &'static str, Value)> {
+    fn of<T: ObjectRule>() -> (String, &'static str, Value) {
+        let (keyword, value) = T::rule();
+        (T::name().into_owned(), keyword, value)
+    }
+    vec![
+        of::<StepBody>(),
+        of::<ClaimNextBody>(),
+        of::<NextClaimBody>(),
+    ]
+}
+
+/// A listing scope is a prefix of tenant → project → session: a `session`
+/// needs its `project` ([`ClaimNextBody`], [`NextClaimBody`]).
+fn session_needs_project() -> (&'static str, Value) {
+    (
+        "dependentSchemas",
+        serde_json::json!({ "session": {
+            "required": ["project"],
+            "properties": { "project": { "type": "string" } },
+        } }),
+    )
+}
 
 /// A JSON object.
 pub type Object = Map<String, Value>;

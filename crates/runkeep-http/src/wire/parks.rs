@@ -1,10 +1,5 @@
 //! Parks: their state, the pending decision a parked run waits on, and its answer.
 
-#![expect(
-    clippy::result_large_err,
-    reason = "a Problem (RFC 9457 details) is what every parser and handler here refuses with; boxing it would allocate per refusal and change nothing else"
-)]
-
 use super::*;
 
 /// The state of a park.
@@ -46,16 +41,24 @@ pub struct ParkSummaryBody {
     /// State at the page's instant.
     pub state: ParkStateBody,
     /// The checkpoint that parked.
+    #[schema(
+        min_length = 1,
+        max_length = 128,
+        pattern = "^[A-Za-z0-9][A-Za-z0-9_-]{0,127}$"
+    )]
     pub checkpoint_id: String,
     /// `request.type`.
     pub request_type: String,
     /// Parked at, epoch ms.
+    #[schema(minimum = 0, maximum = 253_402_300_799_999_i64)]
     pub parked_at: i64,
     /// Deadline, epoch ms.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(minimum = 0, maximum = 253_402_300_799_999_i64)]
     pub deadline_at: Option<i64>,
     /// Answered at, epoch ms.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(minimum = 0, maximum = 253_402_300_799_999_i64)]
     pub resolved_at: Option<i64>,
 }
 
@@ -91,15 +94,18 @@ impl ParkSummaryBody {
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct PendingBody {
     /// The human-facing request; carries a string `type`.
-    #[schema(value_type = Object)]
+    #[schema(schema_with = park_request)]
     pub request: Object,
     /// Parked at, epoch ms.
+    #[schema(minimum = 0, maximum = 253_402_300_799_999_i64)]
     pub parked_at: i64,
     /// Deadline, epoch ms.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(minimum = 0, maximum = 253_402_300_799_999_i64)]
     pub deadline_at: Option<i64>,
     /// Answered at, epoch ms.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(minimum = 0, maximum = 253_402_300_799_999_i64)]
     pub resolved_at: Option<i64>,
     /// The answer.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -157,6 +163,7 @@ pub struct ResolveBody {
     pub resolution: ResolutionBody,
     /// The holding it is written under; absent: an operator's answer.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(minimum = 1, maximum = 999_999_999_999_999_i64)]
     pub fence: Option<u64>,
 }
 
@@ -178,4 +185,23 @@ impl ResolutionBody {
             ParkResolution::Expire => Self::Expire,
         }
     }
+}
+
+/// A park's `request` ([`PendingBody::request`],
+/// [`threads::ThreadParkBody::request`]): an object carrying a `type`, a
+/// string that is not empty.
+pub(crate) fn park_request() -> utoipa::openapi::Schema {
+    use utoipa::openapi::schema::{ObjectBuilder, Type};
+    ObjectBuilder::new()
+        .schema_type(Type::Object)
+        .description(Some("The human-facing request; carries a string `type`."))
+        .required("type")
+        .property(
+            "type",
+            ObjectBuilder::new()
+                .schema_type(Type::String)
+                .min_length(Some(1)),
+        )
+        .build()
+        .into()
 }

@@ -1,10 +1,5 @@
 //! Runs: addresses, listings, status, lifecycle, the run summary, the store's clock and `whoami`.
 
-#![expect(
-    clippy::result_large_err,
-    reason = "a Problem (RFC 9457 details) is what every parser and handler here refuses with; boxing it would allocate per refusal and change nothing else"
-)]
-
 use super::*;
 
 /// The address of one run.
@@ -12,15 +7,40 @@ use super::*;
 #[serde(rename_all = "camelCase")]
 pub struct RunAddress {
     /// Tenant.
+    #[schema(
+        min_length = 1,
+        max_length = 128,
+        pattern = "^[A-Za-z0-9][A-Za-z0-9_-]{0,127}$"
+    )]
     pub tenant_id: String,
     /// Project.
+    #[schema(
+        min_length = 1,
+        max_length = 128,
+        pattern = "^[A-Za-z0-9][A-Za-z0-9_-]{0,127}$"
+    )]
     pub project_id: String,
     /// Session.
+    #[schema(
+        min_length = 1,
+        max_length = 128,
+        pattern = "^[A-Za-z0-9][A-Za-z0-9_-]{0,127}$"
+    )]
     pub session_id: String,
     /// Run.
+    #[schema(
+        min_length = 1,
+        max_length = 128,
+        pattern = "^[A-Za-z0-9][A-Za-z0-9_-]{0,127}$"
+    )]
     pub run_id: String,
     /// The parent run, for a sub-run.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(
+        min_length = 1,
+        max_length = 128,
+        pattern = "^[A-Za-z0-9][A-Za-z0-9_-]{0,127}$"
+    )]
     pub parent_run_id: Option<String>,
 }
 
@@ -138,14 +158,22 @@ pub struct RunRowBody {
     pub run: RunAddress,
     /// Run start, epoch ms; absent when never recorded.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(minimum = 0, maximum = 253_402_300_799_999_i64)]
     pub run_created_at: Option<i64>,
     /// Number of checkpoints.
+    #[schema(maximum = 9_007_199_254_740_991_i64)]
     pub checkpoint_count: u64,
     /// The latest checkpoint (total order); absent only on a damaged row.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(
+        min_length = 1,
+        max_length = 128,
+        pattern = "^[A-Za-z0-9][A-Za-z0-9_-]{0,127}$"
+    )]
     pub latest_checkpoint_id: Option<String>,
     /// Its `createdAt`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(minimum = 0, maximum = 253_402_300_799_999_i64)]
     pub latest_checkpoint_at: Option<i64>,
     /// The park by precedence.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -160,11 +188,14 @@ pub struct RunRowBody {
     pub status: RunStatusBody,
     /// When finished, epoch ms.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(minimum = 0, maximum = 253_402_300_799_999_i64)]
     pub finished_at: Option<i64>,
     /// Takeovers from expired leases so far.
+    #[schema(format = Int64, maximum = 4_294_967_295_i64)]
     pub attempts: u32,
     /// Not claimable before, epoch ms.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(minimum = 0, maximum = 253_402_300_799_999_i64)]
     pub available_at: Option<i64>,
     /// Dead-lettered: failed because its holders kept losing it (the store
     /// finished it at its attempt limit), not failed by a worker.
@@ -262,6 +293,7 @@ pub struct OutcomeBody {
     pub result: Option<Value>,
     /// Why, for operators.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(max_length = 4096)]
     pub reason: Option<String>,
 }
 
@@ -301,9 +333,11 @@ pub struct LifecycleBody {
     pub status: RunStatusBody,
     /// Finished at, epoch ms (store clock).
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(minimum = 0, maximum = 253_402_300_799_999_i64)]
     pub finished_at: Option<i64>,
     /// The fence the finish spent.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(minimum = 1, maximum = 999_999_999_999_999_i64)]
     pub finished_fence: Option<u64>,
     /// The finish's result.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -313,12 +347,15 @@ pub struct LifecycleBody {
     pub reason: Option<String>,
     /// Attempts lost so far: takeovers from expired leases and failed
     /// attempts.
+    #[schema(format = Int64, maximum = 4_294_967_295_i64)]
     pub attempts: u32,
     /// The run's own attempt limit.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(format = Int64, minimum = 1, maximum = 4_294_967_295_i64)]
     pub max_attempts: Option<u32>,
     /// Not claimable before, epoch ms.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(minimum = 0, maximum = 253_402_300_799_999_i64)]
     pub available_at: Option<i64>,
     /// Dead-lettered: failed by the store at the attempt limit (status
     /// `failed`, reason `attempts exhausted`). Derived, answered only:
@@ -331,11 +368,13 @@ pub struct LifecycleBody {
     /// The run's own retry policy.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub retry: Option<RetryPolicyBody>,
-    /// Each attempt's time limit, ms.
+    /// Each attempt's time limit, ms (1 ms to 366 days).
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(minimum = 1, maximum = 31_622_400_000_i64)]
     pub attempt_timeout_ms: Option<u64>,
     /// The run must be finished by then, epoch ms (store clock).
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(minimum = 0, maximum = 253_402_300_799_999_i64)]
     pub deadline: Option<i64>,
 }
 
@@ -344,10 +383,13 @@ pub struct LifecycleBody {
 #[serde(rename_all = "camelCase")]
 pub struct FailedAttemptBody {
     /// The attempt count this failure brought the run to.
+    #[schema(format = Int64, minimum = 1, maximum = 4_294_967_295_i64)]
     pub attempt: u32,
     /// The holding that failed.
+    #[schema(minimum = 1, maximum = 999_999_999_999_999_i64)]
     pub fence: u64,
     /// When it was recorded, epoch ms (store clock).
+    #[schema(minimum = 0, maximum = 253_402_300_799_999_i64)]
     pub at: i64,
     /// What failed, in a word.
     pub kind: String,
@@ -356,6 +398,7 @@ pub struct FailedAttemptBody {
     /// When the run became claimable again, epoch ms; absent when this
     /// failure dead-lettered it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(minimum = 0, maximum = 253_402_300_799_999_i64)]
     pub retry_at: Option<i64>,
 }
 
@@ -450,8 +493,10 @@ pub struct RunSummary {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pending: Option<CheckpointBody>,
     /// The event log's last `seq`.
+    #[schema(maximum = 9_007_199_254_740_991_i64)]
     pub last_seq: u64,
     /// The store's clock when this was read, epoch ms.
+    #[schema(minimum = 0, maximum = 253_402_300_799_999_i64)]
     pub now: i64,
 }
 
@@ -459,6 +504,7 @@ pub struct RunSummary {
 #[derive(Clone, PartialEq, Eq, Debug, Serialize, Deserialize, ToSchema)]
 pub struct Clock {
     /// Epoch ms.
+    #[schema(minimum = 0, maximum = 253_402_300_799_999_i64)]
     pub now: i64,
 }
 
@@ -467,8 +513,14 @@ pub struct Clock {
 #[serde(rename_all = "camelCase")]
 pub struct WhoAmI {
     /// The token's tenant.
+    #[schema(
+        min_length = 1,
+        max_length = 128,
+        pattern = "^[A-Za-z0-9][A-Za-z0-9_-]{0,127}$"
+    )]
     pub tenant: String,
     /// Its role: `reader`, `worker` or `operator`.
+    #[schema(schema_with = role_name)]
     pub role: String,
     /// Its id (never the secret).
     pub token_id: String,
@@ -483,5 +535,19 @@ pub struct Waited {
     pub changed: bool,
     /// For an events wait: the log's last `seq` at the answer.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(maximum = 9_007_199_254_740_991_i64)]
     pub last_seq: Option<u64>,
+}
+
+/// [`WhoAmI::role`]'s schema: a [`Role`](crate::Role)'s name.
+fn role_name() -> utoipa::openapi::Schema {
+    use crate::Role;
+    utoipa::openapi::schema::ObjectBuilder::new()
+        .schema_type(utoipa::openapi::schema::Type::String)
+        .description(Some("Its role: `reader`, `worker` or `operator`."))
+        .enum_values(Some(
+            [Role::Reader, Role::Worker, Role::Operator].map(Role::as_str),
+        ))
+        .build()
+        .into()
 }

@@ -1,10 +1,5 @@
 //! Steps: one step of a run (checkpoint, events, messages, park), committed all or nothing.
 
-#![expect(
-    clippy::result_large_err,
-    reason = "a Problem (RFC 9457 details) is what every parser and handler here refuses with; boxing it would allocate per refusal and change nothing else"
-)]
-
 use super::*;
 
 /// A message update inside a step.
@@ -15,6 +10,7 @@ pub struct StepMessagesBody {
     pub messages: Vec<Value>,
     /// The last event it accounts for; absent: the step's last event.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(maximum = 9_007_199_254_740_991_i64)]
     pub through_event_seq: Option<u64>,
 }
 
@@ -38,6 +34,29 @@ pub struct StepBody {
     /// Finish the run with this step.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub finish: Option<OutcomeBody>,
+}
+
+/// `Step::validate`: a step writes something, one of its parts present and
+/// not empty.
+impl ObjectRule for StepBody {
+    fn rule() -> (&'static str, Value) {
+        let present = |name: &str| {
+            serde_json::json!({
+                "required": [name],
+                "properties": { name: { "not": { "type": "null" } } },
+            })
+        };
+        (
+            "anyOf",
+            serde_json::json!([
+                { "required": ["events"], "properties": { "events": { "minItems": 1 } } },
+                present("checkpoint"),
+                present("messages"),
+                present("runRecord"),
+                present("finish"),
+            ]),
+        )
+    }
 }
 
 impl From<&Step> for StepBody {
@@ -101,6 +120,7 @@ impl StepBody {
 #[serde(deny_unknown_fields)]
 pub struct CommitStepBody {
     /// The holding; checked by the store with the whole step.
+    #[schema(minimum = 1, maximum = 999_999_999_999_999_i64)]
     pub fence: u64,
     /// The step.
     pub step: StepBody,
@@ -159,23 +179,52 @@ impl StepReceiptBody {
 pub struct NextClaimBody {
     /// Only this project.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(
+        min_length = 1,
+        max_length = 128,
+        pattern = "^[A-Za-z0-9][A-Za-z0-9_-]{0,127}$"
+    )]
     pub project: Option<String>,
     /// Only this session (needs `project`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(
+        min_length = 1,
+        max_length = 128,
+        pattern = "^[A-Za-z0-9][A-Za-z0-9_-]{0,127}$"
+    )]
     pub session: Option<String>,
     /// Only runs whose park is in this set.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(min_items = 1)]
     pub park: Option<Vec<ParkStateBody>>,
     /// Which run first.
     #[serde(default)]
     pub order: OrderBody,
-    /// The claiming worker (unique per process).
+    /// The claiming worker (unique per process); the same holder renews.
+    /// Not blank, no control characters, at most 236 bytes (ASCII) and
+    /// never containing `~token:`: the server appends ` ~token:<token id>`
+    /// to bind the holding to the token, within the store's 256 bytes.
+    #[schema(
+        pattern = r"^(?![\s\S]*~token:)(?=[\s\S]*\S)(?:[\x20-\x7e]{1,236}|[^\x00-\x1f\x7f-\x9f]{1,59})$"
+    )]
     pub holder: String,
-    /// Lease length, ms.
+    /// Lease length, ms: 1000 ms (1 s) to 31622400000 ms (366 days). The
+    /// store takes any positive length, but a lease shorter than a claim
+    /// takes on its volume has expired before it is handed back (a
+    /// directory store answers 503 `unavailable`), so the document asks
+    /// for at least a second.
+    #[schema(minimum = 1000, maximum = 31_622_400_000_i64)]
     pub ttl_ms: u64,
     /// Attempt limit for this claim.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(format = Int64, minimum = 1, maximum = 4_294_967_295_i64)]
     pub max_attempts: Option<u32>,
+}
+
+impl ObjectRule for NextClaimBody {
+    fn rule() -> (&'static str, Value) {
+        session_needs_project()
+    }
 }
 
 impl NextClaimBody {
@@ -216,6 +265,7 @@ impl NextClaimBody {
 #[serde(deny_unknown_fields)]
 pub struct HandOverBody {
     /// The holding of this run; checked by the store with the whole step.
+    #[schema(minimum = 1, maximum = 999_999_999_999_999_i64)]
     pub fence: u64,
     /// The step.
     pub step: StepBody,

@@ -46,12 +46,14 @@ pub struct ThreadBlobBody {
 pub struct PutThreadCheckpointBody {
     /// The thread's own id as the client names it (any string; the run id
     /// is the client's encoding of it). Returned by cross-thread listings.
+    #[schema(min_length = 1)]
     pub thread: String,
     /// The namespace (`""`: the root graph).
     #[serde(default)]
     pub ns: String,
     /// The checkpoint's id. Ids of one namespace order the chain: the
     /// latest checkpoint is the greatest id (byte order).
+    #[schema(min_length = 1)]
     pub checkpoint_id: String,
     /// The parent checkpoint's id (same namespace), if any.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -70,6 +72,7 @@ pub struct PutThreadCheckpointBody {
     pub blobs: Vec<ThreadBlobBody>,
     /// The holding it is written under (absent: unfenced).
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(minimum = 1, maximum = 999_999_999_999_999_i64)]
     pub fence: Option<u64>,
 }
 
@@ -80,6 +83,7 @@ pub struct ThreadWriteBody {
     /// Its index in the task's writes: `>= 0` for an ordinary write (a
     /// repeated `(taskId, idx)` is ignored: the first write stays), `< 0`
     /// for a special channel's fixed slot (a repeat replaces it).
+    #[schema(minimum = -2_147_483_648_i64, maximum = 2147483647)]
     pub idx: i32,
     /// The channel written.
     pub channel: String,
@@ -97,10 +101,11 @@ pub struct ThreadWriteBody {
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct ThreadParkBody {
     /// The human-facing request; carries a string `type`.
-    #[schema(value_type = Object)]
+    #[schema(schema_with = super::parks::park_request)]
     pub request: Object,
     /// Deadline, epoch ms.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(minimum = 0, maximum = 253_402_300_799_999_i64)]
     pub deadline_at: Option<i64>,
 }
 
@@ -109,13 +114,16 @@ pub struct ThreadParkBody {
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct PutThreadWritesBody {
     /// The thread's own id (as in [`PutThreadCheckpointBody::thread`]).
+    #[schema(min_length = 1)]
     pub thread: String,
     /// The namespace of the checkpoint written to.
     #[serde(default)]
     pub ns: String,
     /// The checkpoint the writes belong to.
+    #[schema(min_length = 1)]
     pub checkpoint_id: String,
     /// The task writing.
+    #[schema(min_length = 1)]
     pub task_id: String,
     /// The task's path (sorts writes).
     #[serde(default)]
@@ -129,6 +137,7 @@ pub struct PutThreadWritesBody {
     pub park: Option<ThreadParkBody>,
     /// The holding it is written under (absent: unfenced).
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(minimum = 1, maximum = 999_999_999_999_999_i64)]
     pub fence: Option<u64>,
 }
 
@@ -141,6 +150,7 @@ pub struct StoredThreadWrite {
     /// The task's path.
     pub task_path: String,
     /// Its index (negative: a special channel's slot).
+    #[schema(minimum = -2_147_483_648_i64, maximum = 2147483647)]
     pub idx: i32,
     /// The channel.
     pub channel: String,
@@ -180,8 +190,10 @@ pub struct ThreadCheckpointBody {
     pub writes: Vec<StoredThreadWrite>,
     /// The fence it was written under.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(minimum = 1, maximum = 999_999_999_999_999_i64)]
     pub fence: Option<u64>,
     /// Written at (the store's clock), epoch ms.
+    #[schema(minimum = 0, maximum = 253_402_300_799_999_i64)]
     pub created_at: i64,
     /// The runkeep checkpoint that holds this checkpoint's writes and its
     /// park, when one was opened there.
@@ -220,5 +232,6 @@ pub struct ThreadCheckpointList {
 pub struct ThreadDeleted {
     /// How many runkeep checkpoints (thread checkpoints and write records)
     /// were deleted.
+    #[schema(maximum = 9_007_199_254_740_991_i64)]
     pub checkpoint_count: u64,
 }

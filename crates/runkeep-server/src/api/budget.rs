@@ -507,13 +507,13 @@ mod tests {
         // The same token: no more.
         let a1b = charge(&b, "a", "t1");
         let p = a1b.raise_to(1).await.unwrap_err();
-        assert!(p.detail.unwrap().contains("this token's (t1)"));
+        assert!(p.detail.as_deref().unwrap().contains("this token's (t1)"));
         // Another token of the tenant: up to the tenant's share.
         let a2 = charge(&b, "a", "t2");
         a2.raise_to(tenant - token).await.unwrap();
         let a3 = charge(&b, "a", "t3");
         let p = a3.raise_to(1).await.unwrap_err();
-        assert!(p.detail.unwrap().contains("tenant a's"));
+        assert!(p.detail.as_deref().unwrap().contains("tenant a's"));
         // Another tenant: the rest of the budget.
         let b1 = charge(&b, "b", "u1");
         b1.raise_to(total - tenant).await.unwrap();

@@ -7,40 +7,19 @@ use axum::response::{IntoResponse, Response};
 use axum::{Extension, Json};
 
 use super::answers::{AnswerBudget, ChargedBytes};
-use super::claims::{checked, NowQuery};
+use super::claims::{at, checked};
 use super::extract::{CheckpointParam, JsonBody, RunAddr, Q};
 use super::ownership;
 use super::runs::ApiResult;
 use crate::auth::Principal;
 use crate::problem::Problem;
 use crate::state::AppState;
+use runkeep_http::wire::params::{FenceQuery, ListCheckpointsQuery, NowQuery};
 use runkeep_http::wire::{
     self, CheckpointBody, Claimed, Done, HandOverAnswer, MaybeCheckpoint, Pruned, StepReceiptBody,
 };
 
 pub use runkeep_http::wire::{DEFAULT_CHECKPOINTS_PAGE, MAX_CHECKPOINTS_PAGE};
-
-/// A checkpoint listing's query.
-#[derive(Debug, serde::Deserialize, utoipa::IntoParams)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
-#[into_params(parameter_in = Query)]
-pub struct ListCheckpointsQuery {
-    /// `summary` (default: each checkpoint without its `state`; read one's
-    /// state with `GET …/checkpoints/by-id/{id}`) or `full` (with states).
-    fields: Option<String>,
-    /// At most this many checkpoints (default 100, at most 1000: 400 above
-    /// it). A page shorter than `limit` is the last.
-    limit: Option<usize>,
-    /// Start after the checkpoint with this id (the last id of the previous
-    /// page); 400 when the run has no such checkpoint.
-    after: Option<String>,
-    /// The parent run, for a sub-run.
-    #[expect(
-        dead_code,
-        reason = "read only by serde: the parent is part of the run address, parsed so that deny_unknown_fields accepts it"
-    )]
-    parent: Option<String>,
-}
 
 /// A checkpoint without its state (the listing's `summary` form).
 #[derive(serde::Serialize)]
@@ -210,21 +189,6 @@ pub(super) async fn read(
     checkpoint_answer(&answers, &scope, state.store.read_checkpoint(&scope, &id)).await
 }
 
-/// A fence in the query.
-#[derive(Debug, serde::Deserialize, utoipa::IntoParams)]
-#[serde(deny_unknown_fields)]
-#[into_params(parameter_in = Query)]
-pub struct FenceQuery {
-    /// The holding the delete is made under (absent: unfenced).
-    fence: Option<u64>,
-    /// The parent run, for a sub-run.
-    #[expect(
-        dead_code,
-        reason = "read only by serde: the parent is part of the run address, parsed so that deny_unknown_fields accepts it"
-    )]
-    parent: Option<String>,
-}
-
 pub(super) async fn delete(
     State(state): State<AppState>,
     RunAddr(scope): RunAddr,
@@ -309,7 +273,7 @@ pub(super) async fn pending(
     RunAddr(scope): RunAddr,
     Q(q): Q<NowQuery>,
 ) -> Result<Response, Problem> {
-    let now = q.at(&state)?;
+    let now = at(&state, &q)?;
     checkpoint_answer(&answers, &scope, state.store.find_pending(&scope, now)).await
 }
 
@@ -319,7 +283,7 @@ pub(super) async fn resume_point(
     RunAddr(scope): RunAddr,
     Q(q): Q<NowQuery>,
 ) -> Result<Response, Problem> {
-    let now = q.at(&state)?;
+    let now = at(&state, &q)?;
     checkpoint_answer(&answers, &scope, state.store.resume_point(&scope, now)).await
 }
 

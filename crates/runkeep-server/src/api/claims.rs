@@ -4,14 +4,13 @@
 use axum::extract::State;
 use axum::{Extension, Json};
 use runkeep::EnqueueOptions;
-use serde::Deserialize;
 
 use super::extract::{JsonBody, RunAddr, Q};
 use super::runs::ApiResult;
 use crate::auth::Principal;
 use crate::problem::Problem;
 use crate::state::AppState;
-use runkeep_http::wire::{self, ClaimAnswer, Done, LifecycleBody, MaybeLease};
+use runkeep_http::wire::{self, ClaimAnswer, Done, LifecycleBody, MaybeLease, NowQuery};
 
 use super::ownership;
 
@@ -195,27 +194,12 @@ pub(super) async fn reopen(
     Ok(Json((&l).into()))
 }
 
-/// An optional instant.
-#[derive(Debug, Deserialize, utoipa::IntoParams)]
-#[serde(deny_unknown_fields)]
-#[into_params(parameter_in = Query)]
-pub struct NowQuery {
-    /// Judge at this instant (epoch ms); the store's clock when absent.
-    now: Option<i64>,
-    /// The parent run, for a sub-run.
-    #[expect(
-        dead_code,
-        reason = "read only by serde: the parent is part of the run address, parsed so that deny_unknown_fields accepts it"
-    )]
-    parent: Option<String>,
-}
-
-impl NowQuery {
-    pub(super) fn at(&self, state: &AppState) -> Result<runkeep::Timestamp, Problem> {
-        match self.now {
-            Some(n) => wire::instant("now", n),
-            None => Ok(state.store.now()),
-        }
+/// The instant a read is judged at: the query's `now`, else the store's
+/// clock.
+pub(super) fn at(state: &AppState, q: &NowQuery) -> Result<runkeep::Timestamp, Problem> {
+    match q.now {
+        Some(n) => wire::instant("now", n),
+        None => Ok(state.store.now()),
     }
 }
 
@@ -224,7 +208,7 @@ pub(super) async fn lease(
     RunAddr(scope): RunAddr,
     Q(q): Q<NowQuery>,
 ) -> ApiResult<MaybeLease> {
-    let now = q.at(&state)?;
+    let now = at(&state, &q)?;
     let l = state.store.lease(&scope, now).await?;
     Ok(Json(MaybeLease {
         lease: l.as_ref().map(Into::into),

@@ -2,12 +2,12 @@
 
 use axum::extract::State;
 use axum::Json;
-use serde::Deserialize;
 
 use super::claims::checked;
 use super::extract::{JsonBody, RunAddr, Q};
 use super::runs::ApiResult;
 use crate::state::AppState;
+use runkeep_http::wire::params::AuditQuery;
 use runkeep_http::wire::{self, AuditList, Done, MaybeRecord, MaybeReport, MessagesBody};
 
 pub(super) async fn read_record(
@@ -93,21 +93,6 @@ pub(super) async fn append_audit(
     Ok(Json(AuditList {
         records: out.iter().map(Into::into).collect(),
     }))
-}
-
-/// The audit read's query.
-#[derive(Debug, Deserialize, utoipa::IntoParams)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
-#[into_params(parameter_in = Query)]
-pub struct AuditQuery {
-    /// Only records with `seq` above this (default 0).
-    since_seq: Option<u64>,
-    /// The parent run, for a sub-run.
-    #[expect(
-        dead_code,
-        reason = "read only by serde: the parent is part of the run address, parsed so that deny_unknown_fields accepts it"
-    )]
-    parent: Option<String>,
 }
 
 pub(super) async fn read_audit(

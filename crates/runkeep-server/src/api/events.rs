@@ -21,7 +21,6 @@ use axum::response::{IntoResponse, Response};
 use axum::{Extension, Json};
 use futures_util::{Stream, StreamExt};
 use runkeep::{Integrity, ReadEventsOptions, WatchTopic};
-use serde::Deserialize;
 
 use super::answers::{kib, AnswerBudget, ChargedBytes, HEAVY_KIB, READ_FACTOR};
 use super::claims::checked;
@@ -30,10 +29,10 @@ use super::runs::ApiResult;
 use crate::auth::Principal;
 use crate::problem::Problem;
 use crate::state::AppState;
+use runkeep_http::wire::params::{ReadQuery, StreamQuery, WaitEventsQuery};
 use runkeep_http::wire::{self, Appended, EventBody, Waited};
 
-/// The longest long-poll (`claim_next`'s `waitMs`, the waits' `timeoutMs`).
-pub const MAX_WAIT_MS: u64 = 30_000;
+pub use runkeep_http::wire::MAX_WAIT_MS;
 /// The default wait when none is given.
 const DEFAULT_WAIT_MS: u64 = 25_000;
 /// How many events the tail reads per store call.
@@ -72,27 +71,6 @@ pub use runkeep_http::wire::{DEFAULT_EVENTS_PAGE, MAX_EVENTS_PAGE};
 const CHUNK_BYTES: usize = 256 * 1024;
 /// The most events one chunk reads.
 const MAX_CHUNK_EVENTS: usize = 256;
-
-/// An event read's query.
-#[derive(Debug, Deserialize, utoipa::IntoParams)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
-#[into_params(parameter_in = Query)]
-pub struct ReadQuery {
-    /// Only events with `seq` above this (exclusive; default 0).
-    since_seq: Option<u64>,
-    /// `tolerant` (default: skip damaged records and list them) or `strict`.
-    integrity: Option<String>,
-    /// At most this many events (default 1000, at most 10 000: 400 above
-    /// it). A page that stopped at its limit with events after it says
-    /// `more: true`; the next page starts at its `nextSinceSeq`.
-    limit: Option<usize>,
-    /// The parent run, for a sub-run.
-    #[expect(
-        dead_code,
-        reason = "read only by serde: the parent is part of the run address, parsed so that deny_unknown_fields accepts it"
-    )]
-    parent: Option<String>,
-}
 
 /// A page of events as it is streamed: read from the store a chunk at a
 /// time, each chunk serialized once and charged to the answer budget while
@@ -317,21 +295,6 @@ pub(super) async fn read(
         .into_response())
 }
 
-/// The tail's query.
-#[derive(Debug, Deserialize, utoipa::IntoParams)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
-#[into_params(parameter_in = Query)]
-pub struct StreamQuery {
-    /// Start after this `seq` (the `Last-Event-ID` header wins over it).
-    since_seq: Option<u64>,
-    /// The parent run, for a sub-run.
-    #[expect(
-        dead_code,
-        reason = "read only by serde: the parent is part of the run address, parsed so that deny_unknown_fields accepts it"
-    )]
-    parent: Option<String>,
-}
-
 pub(super) async fn stream(
     State(state): State<AppState>,
     Extension(principal): Extension<Principal>,
@@ -426,23 +389,6 @@ pub(super) async fn stream(
     });
     let stream = futures_util::stream::poll_fn(move |cx| rx.poll_recv(cx).map(|o| o.map(Ok)));
     Ok(Sse::new(stream).keep_alive(KeepAlive::new().interval(Duration::from_secs(15))))
-}
-
-/// The events wait's query.
-#[derive(Debug, Deserialize, utoipa::IntoParams)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
-#[into_params(parameter_in = Query)]
-pub struct WaitEventsQuery {
-    /// Answer as soon as the log's last `seq` is above this.
-    since_seq: Option<u64>,
-    /// Wait at most this long, ms (at most 30 000; default 25 000).
-    timeout_ms: Option<u64>,
-    /// The parent run, for a sub-run.
-    #[expect(
-        dead_code,
-        reason = "read only by serde: the parent is part of the run address, parsed so that deny_unknown_fields accepts it"
-    )]
-    parent: Option<String>,
 }
 
 pub(super) async fn wait(

@@ -26,13 +26,6 @@
 //! Every response carries the store's clock in [`NOW_HEADER`] so a client
 //! (`HttpStore::now`) judges time as the store does.
 
-// A `Problem` is returned straight into a response, once per refused
-// request: its size costs nothing measurable, boxing it would cost clarity.
-#![expect(
-    clippy::result_large_err,
-    reason = "a Problem (RFC 9457 details) is what every parser and handler here refuses with; boxing it would allocate per refusal and change nothing else"
-)]
-
 use std::collections::BTreeMap;
 
 use axum::extract::{Request, State};
@@ -59,18 +52,6 @@ mod threads;
 
 pub use events::{MAX_WAIT_MS, SSE_BATCH};
 
-/// The query structs, for the OpenAPI document.
-pub(crate) mod docs {
-    pub(crate) use super::checkpoints::{FenceQuery, ListCheckpointsQuery};
-    pub(crate) use super::claims::NowQuery;
-    pub(crate) use super::documents::AuditQuery;
-    pub(crate) use super::events::{ReadQuery, StreamQuery, WaitEventsQuery};
-    pub(crate) use super::runs::{ListQuery, WaitRunnableQuery};
-    pub(crate) use super::threads::{
-        DeleteThreadQuery, GetThreadQuery, ListThreadQuery, ListThreadsQuery,
-    };
-}
-
 pub use runkeep_http::routes::{Operation, OperationKind, RouteSpec, NOW_HEADER, RUN, TENANT};
 
 /// The largest request body [`router`] accepts by default (the contract's
@@ -80,59 +61,72 @@ pub const DEFAULT_BODY_LIMIT: usize = 65 * 1024 * 1024;
 
 type Handler = MethodRouter<AppState>;
 
-/// The handler of each operation ([`Operation`]). Exhaustive, with no
-/// catch-all: an operation added to the table without a handler here does
-/// not compile (error E0004, "non-exhaustive patterns: `Operation::…` not
-/// covered").
+/// The handler of each operation ([`Operation`]), on the table's method.
+/// Exhaustive, with no catch-all: an operation added to the table without
+/// a handler here does not compile (error E0004, "non-exhaustive patterns:
+/// `Operation::…` not covered").
 fn handler(op: Operation) -> Handler {
     use Operation::*;
     match op {
-        Clock => routing::get(runs::clock),
-        Whoami => routing::get(runs::whoami),
-        ListRuns => routing::get(runs::list_runs),
-        ClaimNext => routing::post(runs::claim_next),
-        WaitRunnable => routing::get(runs::wait_runnable),
-        RunSummary => routing::get(runs::summary),
-        Claim => routing::post(claims::claim),
-        Release => routing::post(claims::release),
-        Finish => routing::post(claims::finish),
-        Snooze => routing::post(claims::snooze),
-        Enqueue => routing::post(claims::enqueue),
-        FailAttempt => routing::post(claims::fail_attempt),
-        Cancel => routing::post(claims::cancel),
-        Reopen => routing::post(claims::reopen),
-        Lease => routing::get(claims::lease),
-        Lifecycle => routing::get(claims::lifecycle),
-        CommitStep => routing::post(checkpoints::commit_step),
-        CommitStepAndClaimNext => routing::post(checkpoints::commit_step_and_claim_next),
-        ListCheckpoints => routing::get(checkpoints::list),
-        WriteCheckpoint => routing::post(checkpoints::write),
-        LatestCheckpoint => routing::get(checkpoints::latest),
-        FindPending => routing::get(checkpoints::pending),
-        ResumePoint => routing::get(checkpoints::resume_point),
-        ReadCheckpoint => routing::get(checkpoints::read),
-        DeleteCheckpoint => routing::delete(checkpoints::delete),
-        PruneCheckpoints => routing::post(checkpoints::prune),
-        ReadEvents => routing::get(events::read),
-        AppendEvents => routing::post(events::append),
-        TailEvents => routing::get(events::stream),
-        WaitEvents => routing::get(events::wait),
-        ReadRunRecord => routing::get(documents::read_record),
-        WriteRunRecord => routing::put(documents::write_record),
-        ReadMessages => routing::get(documents::read_messages),
-        WriteMessages => routing::put(documents::write_messages),
-        ReadReport => routing::get(documents::read_report),
-        WriteReport => routing::put(documents::write_report),
-        ReadAudit => routing::get(documents::read_audit),
-        AppendAudit => routing::post(documents::append_audit),
-        PutThreadCheckpoint => routing::put(threads::put_checkpoint),
-        ListThreadCheckpoints => routing::get(threads::list_checkpoints),
-        GetThreadCheckpoint => routing::get(threads::get_checkpoint),
-        PutThreadWrites => routing::post(threads::put_writes),
-        DeleteThread => routing::delete(threads::delete_thread),
-        ListThreadsCheckpoints => routing::get(threads::list_threads),
-        ResolvePark => routing::post(checkpoints::resolve),
+        Clock => on(op, runs::clock),
+        Whoami => on(op, runs::whoami),
+        ListRuns => on(op, runs::list_runs),
+        ClaimNext => on(op, runs::claim_next),
+        WaitRunnable => on(op, runs::wait_runnable),
+        RunSummary => on(op, runs::summary),
+        Claim => on(op, claims::claim),
+        Release => on(op, claims::release),
+        Finish => on(op, claims::finish),
+        Snooze => on(op, claims::snooze),
+        Enqueue => on(op, claims::enqueue),
+        FailAttempt => on(op, claims::fail_attempt),
+        Cancel => on(op, claims::cancel),
+        Reopen => on(op, claims::reopen),
+        Lease => on(op, claims::lease),
+        Lifecycle => on(op, claims::lifecycle),
+        CommitStep => on(op, checkpoints::commit_step),
+        CommitStepAndClaimNext => on(op, checkpoints::commit_step_and_claim_next),
+        ListCheckpoints => on(op, checkpoints::list),
+        WriteCheckpoint => on(op, checkpoints::write),
+        LatestCheckpoint => on(op, checkpoints::latest),
+        FindPending => on(op, checkpoints::pending),
+        ResumePoint => on(op, checkpoints::resume_point),
+        ReadCheckpoint => on(op, checkpoints::read),
+        DeleteCheckpoint => on(op, checkpoints::delete),
+        PruneCheckpoints => on(op, checkpoints::prune),
+        ReadEvents => on(op, events::read),
+        AppendEvents => on(op, events::append),
+        TailEvents => on(op, events::stream),
+        WaitEvents => on(op, events::wait),
+        ReadRunRecord => on(op, documents::read_record),
+        WriteRunRecord => on(op, documents::write_record),
+        ReadMessages => on(op, documents::read_messages),
+        WriteMessages => on(op, documents::write_messages),
+        ReadReport => on(op, documents::read_report),
+        WriteReport => on(op, documents::write_report),
+        ReadAudit => on(op, documents::read_audit),
+        AppendAudit => on(op, documents::append_audit),
+        PutThreadCheckpoint => on(op, threads::put_checkpoint),
+        ListThreadCheckpoints => on(op, threads::list_checkpoints),
+        GetThreadCheckpoint => on(op, threads::get_checkpoint),
+        PutThreadWrites => on(op, threads::put_writes),
+        DeleteThread => on(op, threads::delete_thread),
+        ListThreadsCheckpoints => on(op, threads::list_threads),
+        ResolvePark => on(op, checkpoints::resolve),
     }
+}
+
+/// `handler` served for `op`'s method (the table's).
+fn on<H, T>(op: Operation, handler: H) -> Handler
+where
+    H: axum::handler::Handler<T, AppState>,
+    T: 'static,
+{
+    let method = op.method();
+    let filter = routing::MethodFilter::try_from(method.clone()).unwrap_or_else(|_| {
+        unreachable!("the table's methods are GET, POST, PUT and DELETE, not {method}")
+    });
+    routing::on(filter, handler)
 }
 
 /// Every route with its handler, in the route table's order.

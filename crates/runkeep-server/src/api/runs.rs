@@ -10,13 +10,13 @@ use runkeep::{
     ClaimNextFilter, ListOptions, ListingScope, ParkState, ProjectId, RunStatus, SessionId,
     WatchTopic,
 };
-use serde::Deserialize;
 
 use super::events::MAX_WAIT_MS;
 use super::extract::{JsonBody, RunAddr, TenantParam, Q};
 use crate::auth::Principal;
 use crate::problem::Problem;
 use crate::state::AppState;
+use runkeep_http::wire::params::{ListQuery, WaitRunnableQuery};
 use runkeep_http::wire::{self, ClaimNextAnswer, Claimed, RunPageBody, RunSummary, Waited};
 
 pub(super) type ApiResult<T> = Result<Json<T>, Problem>;
@@ -68,31 +68,6 @@ fn csv<T: std::str::FromStr<Err = runkeep::Error>>(
             .collect::<Result<Vec<T>, Problem>>()
     })
     .transpose()
-}
-
-/// The listing's query.
-#[derive(Debug, Deserialize, utoipa::IntoParams)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
-#[into_params(parameter_in = Query)]
-pub struct ListQuery {
-    /// Only this project.
-    project: Option<String>,
-    /// Only this session (needs `project`).
-    session: Option<String>,
-    /// `runId` (default) or `createdAt`.
-    order: Option<String>,
-    /// Park states, comma-separated (`outstanding,expired`).
-    park: Option<String>,
-    /// `true`: only runs held live; `false`: only runs nobody holds.
-    claimed: Option<bool>,
-    /// Statuses, comma-separated (`active,failed`).
-    status: Option<String>,
-    /// Page size (default 100, at most 1000).
-    limit: Option<usize>,
-    /// The cursor of the previous page.
-    cursor: Option<String>,
-    /// Judge expiry at this instant (epoch ms) instead of the store's clock.
-    now: Option<i64>,
 }
 
 pub(super) async fn list_runs(
@@ -169,19 +144,6 @@ pub(super) async fn claim_next(
             () = &mut revoked => return Err(crate::auth::revoked_problem()),
         }
     }
-}
-
-/// The runnable wait's query.
-#[derive(Debug, Deserialize, utoipa::IntoParams)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
-#[into_params(parameter_in = Query)]
-pub struct WaitRunnableQuery {
-    /// Only this project.
-    project: Option<String>,
-    /// Only this session (needs `project`).
-    session: Option<String>,
-    /// Wait at most this long, ms (at most 30 000; default 25 000).
-    timeout_ms: Option<u64>,
 }
 
 pub(super) async fn wait_runnable(

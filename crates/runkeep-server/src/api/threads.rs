@@ -30,20 +30,12 @@
 //! Reads scan the run's checkpoints once (`list_checkpoints`): a read costs
 //! one store scan of the thread, and one request.
 
-// A `Problem` is returned straight into a response, once per refused
-// request: its size costs nothing measurable, boxing it would cost clarity.
-#![expect(
-    clippy::result_large_err,
-    reason = "a Problem (RFC 9457 details) is what every parser and handler here refuses with; boxing it would allocate per refusal and change nothing else"
-)]
-
 use std::collections::{BTreeMap, HashMap};
 use std::sync::OnceLock;
 
 use axum::extract::State;
 use axum::Json;
 use runkeep::{Checkpoint, CheckpointId, ListOptions, ListingScope, RunScope};
-use serde::Deserialize;
 use serde_json::{Map, Value};
 use sha2::{Digest, Sha256};
 
@@ -52,6 +44,9 @@ use super::extract::{JsonBody, RunAddr, TenantParam, Q};
 use super::runs::ApiResult;
 use crate::problem::Problem;
 use crate::state::AppState;
+use runkeep_http::wire::params::{
+    DeleteThreadQuery, GetThreadQuery, ListThreadQuery, ListThreadsQuery,
+};
 use runkeep_http::wire::threads::{
     MaybeThreadCheckpoint, PutThreadCheckpointBody, PutThreadWritesBody, StoredThreadWrite,
     ThreadBlobBody, ThreadCheckpointBody, ThreadCheckpointList, ThreadDeleted, ThreadParkState,
@@ -324,81 +319,6 @@ fn parse_filter(filter: Option<&str>) -> Result<Map<String, Value>, Problem> {
             )
         }),
     }
-}
-
-/// A thread checkpoint to read.
-#[derive(Debug, Deserialize, utoipa::IntoParams)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
-#[into_params(parameter_in = Query)]
-pub struct GetThreadQuery {
-    /// The namespace (default `""`, the root graph).
-    ns: Option<String>,
-    /// The checkpoint id; absent: the namespace's latest (greatest id).
-    checkpoint_id: Option<String>,
-    /// The parent run, for a sub-run.
-    #[expect(
-        dead_code,
-        reason = "read only by serde: the parent is part of the run address, parsed so that deny_unknown_fields accepts it"
-    )]
-    parent: Option<String>,
-}
-
-/// A listing of a thread's checkpoints.
-#[derive(Debug, Deserialize, utoipa::IntoParams)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
-#[into_params(parameter_in = Query)]
-pub struct ListThreadQuery {
-    /// Only this namespace (absent: every namespace; empty: the root graph).
-    ns: Option<String>,
-    /// Only this checkpoint id.
-    checkpoint_id: Option<String>,
-    /// Only checkpoints whose id is below this one (byte order).
-    before: Option<String>,
-    /// At most this many (newest first).
-    limit: Option<usize>,
-    /// A JSON object: only checkpoints whose metadata has each of its keys
-    /// with an equal value (an absent key equals `null`).
-    filter: Option<String>,
-    /// The parent run, for a sub-run.
-    #[expect(
-        dead_code,
-        reason = "read only by serde: the parent is part of the run address, parsed so that deny_unknown_fields accepts it"
-    )]
-    parent: Option<String>,
-}
-
-/// A listing across every thread under a scope.
-#[derive(Debug, Deserialize, utoipa::IntoParams)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
-#[into_params(parameter_in = Query)]
-pub struct ListThreadsQuery {
-    /// Only threads of this project.
-    project: Option<String>,
-    /// Only threads of this session (needs `project`).
-    session: Option<String>,
-    /// Only this namespace (absent: every namespace).
-    ns: Option<String>,
-    /// Only checkpoints whose id is below this one (byte order).
-    before: Option<String>,
-    /// At most this many (newest first).
-    limit: Option<usize>,
-    /// A JSON object of metadata keys to the values they must equal.
-    filter: Option<String>,
-}
-
-/// A thread's deletion.
-#[derive(Debug, Deserialize, utoipa::IntoParams)]
-#[serde(deny_unknown_fields)]
-#[into_params(parameter_in = Query)]
-pub struct DeleteThreadQuery {
-    /// The holding the delete is made under (absent: unfenced).
-    fence: Option<u64>,
-    /// The parent run, for a sub-run.
-    #[expect(
-        dead_code,
-        reason = "read only by serde: the parent is part of the run address, parsed so that deny_unknown_fields accepts it"
-    )]
-    parent: Option<String>,
 }
 
 pub(super) async fn put_checkpoint(

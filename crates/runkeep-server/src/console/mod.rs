@@ -71,6 +71,7 @@ pub const ASSETS: &[Asset] = &[
     asset!("app.js", "text/javascript; charset=utf-8"),
     asset!("api.js", "text/javascript; charset=utf-8"),
     asset!("sse.js", "text/javascript; charset=utf-8"),
+    asset!("backoff.js", "text/javascript; charset=utf-8"),
     asset!("sse-parser.js", "text/javascript; charset=utf-8"),
     asset!("views.js", "text/javascript; charset=utf-8"),
 ];

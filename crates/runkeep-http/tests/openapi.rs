@@ -1,11 +1,12 @@
-//! The committed OpenAPI document (`crates/runkeep-server/openapi.json`) is
-//! the one the code generates, and it documents every route of the table.
+//! The committed OpenAPI document (`crates/runkeep-http/openapi.json`) is
+//! the one the code generates; it documents every operation of the table,
+//! and every rule it states agrees with the constant it comes from.
 
 use std::path::PathBuf;
 
-use runkeep_server::{api, openapi};
+use runkeep_http::{openapi, routes};
 
-const REGENERATE: &str = "RUNKEEP_WRITE_OPENAPI=1 cargo test -p runkeep-server --test openapi";
+const REGENERATE: &str = "RUNKEEP_WRITE_OPENAPI=1 cargo test -p runkeep-http --test openapi";
 
 fn committed_path() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("openapi.json")
@@ -34,7 +35,7 @@ fn the_committed_openapi_document_is_the_generated_one() {
             .map(|i| i + 1)
             .unwrap_or_else(|| committed.lines().count().min(generated.lines().count()) + 1);
         panic!(
-            "crates/runkeep-server/openapi.json is not what the code generates (first difference at line {line}); regenerate it with: {REGENERATE}"
+            "crates/runkeep-http/openapi.json is not what the code generates (first difference at line {line}); regenerate it with: {REGENERATE}"
         );
     }
 }
@@ -47,7 +48,7 @@ fn the_document_is_openapi_3_1_and_has_every_route_of_the_table() {
         "{}",
         doc["openapi"]
     );
-    let table = api::route_table();
+    let table = routes::routes();
     for spec in &table {
         let op = &doc["paths"][&spec.path][spec.method.as_str().to_ascii_lowercase()];
         assert_eq!(
@@ -60,7 +61,7 @@ fn the_document_is_openapi_3_1_and_has_every_route_of_the_table() {
             "{}: no 401",
             spec.operation
         );
-        if spec.role > runkeep_server::auth::Role::Reader {
+        if spec.role > runkeep_http::Role::Reader {
             assert!(
                 op["responses"]["403"].is_object(),
                 "{}: no 403",
@@ -91,32 +92,8 @@ fn the_document_is_openapi_3_1_and_has_every_route_of_the_table() {
     );
 }
 
-/// The README's route table lists every route of the table (with `{run}`
-/// and `{tenant}` standing for the per-run and tenant prefixes).
-#[test]
-fn the_readme_route_table_lists_every_route() {
-    let readme =
-        std::fs::read_to_string(PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("README.md"))
-            .expect("README.md");
-    for spec in api::route_table() {
-        let short = if let Some(rest) = spec.path.strip_prefix(api::RUN) {
-            format!("{{run}}{rest}")
-        } else if let Some(rest) = spec.path.strip_prefix(api::TENANT) {
-            format!("{{tenant}}{rest}")
-        } else {
-            spec.path.clone()
-        };
-        let row = format!("| `{} {short}` |", spec.method);
-        assert!(
-            readme.contains(&row),
-            "README.md's route table lacks {row} ({})",
-            spec.operation
-        );
-    }
-}
-
 /// Every integer the document describes has both bounds (an instant, a
-/// fence, a count, a wait…; `openapi::tighten`): an unbounded one would let
+/// fence, a count, a wait…; the wire types' attributes): an unbounded one would let
 /// a generator send what the server refuses, or a client read what it
 /// cannot represent.
 #[test]
@@ -148,7 +125,7 @@ fn every_integer_of_the_document_is_bounded() {
     walk(&openapi::document(), "", &mut unbounded);
     assert!(
         unbounded.is_empty(),
-        "integers without minimum and maximum (give their name a rule in openapi::integer_rule): {unbounded:#?}"
+        "integers without minimum and maximum (bound the field: #[schema(minimum = …, maximum = …)]): {unbounded:#?}"
     );
 }
 
@@ -158,7 +135,7 @@ fn every_integer_of_the_document_is_bounded() {
 /// does, both ways).
 #[test]
 fn closed_schemas_are_exactly_the_bodies_that_refuse_unknown_members() {
-    use runkeep_server::wire;
+    use runkeep_http::wire;
     fn refuses_unknown<T: serde::de::DeserializeOwned>(sample: &str) -> bool {
         match serde_json::from_str::<T>(sample) {
             Ok(_) => false,
@@ -233,23 +210,23 @@ fn closed_schemas_are_exactly_the_bodies_that_refuse_unknown_members() {
         ("PruneBody", refuses_unknown::<wire::PruneBody>(unknown)),
         (
             "PutThreadCheckpointBody",
-            refuses_unknown::<runkeep_server::wire_threads::PutThreadCheckpointBody>(unknown),
+            refuses_unknown::<wire::threads::PutThreadCheckpointBody>(unknown),
         ),
         (
             "PutThreadWritesBody",
-            refuses_unknown::<runkeep_server::wire_threads::PutThreadWritesBody>(unknown),
+            refuses_unknown::<wire::threads::PutThreadWritesBody>(unknown),
         ),
         (
             "ThreadBlobBody",
-            refuses_unknown::<runkeep_server::wire_threads::ThreadBlobBody>(unknown),
+            refuses_unknown::<wire::threads::ThreadBlobBody>(unknown),
         ),
         (
             "ThreadParkBody",
-            refuses_unknown::<runkeep_server::wire_threads::ThreadParkBody>(unknown),
+            refuses_unknown::<wire::threads::ThreadParkBody>(unknown),
         ),
         (
             "ThreadWriteBody",
-            refuses_unknown::<runkeep_server::wire_threads::ThreadWriteBody>(unknown),
+            refuses_unknown::<wire::threads::ThreadWriteBody>(unknown),
         ),
         ("RecordBody", refuses_unknown::<wire::RecordBody>(unknown)),
         ("ReleaseBody", refuses_unknown::<wire::ReleaseBody>(unknown)),
@@ -320,10 +297,183 @@ fn closed_schemas_are_exactly_the_bodies_that_refuse_unknown_members() {
         assert_eq!(
             closed,
             refuses,
-            "{name}: the server {} unknown members but the document {} it (openapi::CLOSED_SCHEMAS)",
+            "{name}: the server {} unknown members but the document {} it (serde's deny_unknown_fields closes a derived schema)",
             if refuses { "refuses" } else { "takes" },
             if closed { "closes" } else { "leaves open" }
         );
-        assert_eq!(openapi::CLOSED_SCHEMAS.contains(&name), refuses, "{name}");
     }
+}
+
+/// The rules the wire types state as literals (`#[schema(maximum = …)]`,
+/// `#[param(pattern = …)]`; utoipa's attributes take no constants) are the
+/// core's: every bound, length and pattern of the document is one of the
+/// rules below, each computed from the constant it states. A constant that
+/// changes, or a literal mistyped, fails here.
+#[test]
+fn every_rule_of_the_document_is_computed_from_its_constant() {
+    use runkeep_http::wire;
+    let json_safe_max = (1i128 << 53) - 1;
+    let bounds: Vec<(&str, i128, i128)> = vec![
+        ("instant", 0, runkeep::time::MAX_TIMESTAMP_MS as i128),
+        ("fence", 1, runkeep::lease::MAX_FENCE as i128),
+        ("count (JSON-safe)", 0, json_safe_max),
+        ("lease ttl", 1000, runkeep::time::MAX_TTL_MS as i128),
+        ("wait", 0, wire::MAX_WAIT_MS as i128),
+        ("attempts", 0, u32::MAX as i128),
+        ("attempt limit", 1, u32::MAX as i128),
+        ("HTTP status", 100, 599),
+        ("pending write index", i32::MIN as i128, i32::MAX as i128),
+        ("run listing limit", 1, runkeep::listing::MAX_LIMIT as i128),
+        ("events page", 0, wire::MAX_EVENTS_PAGE as i128),
+        ("checkpoints page", 0, wire::MAX_CHECKPOINTS_PAGE as i128),
+        ("attempt timeout", 1, runkeep::time::MAX_TTL_MS as i128),
+        (
+            "retry delay",
+            0,
+            runkeep::failure::MAX_RETRY_CAP.as_millis() as i128,
+        ),
+        ("retry factor", 1, 100),
+    ];
+    let id = openapi::id_pattern();
+    let max_id = runkeep::id::MAX_ID_LEN;
+    let printable = |bytes: usize| {
+        format!(
+            "(?:[\\x20-\\x7e]{{1,{bytes}}}|[^\\x00-\\x1f\\x7f-\\x9f]{{1,{}}})",
+            bytes / 4
+        )
+    };
+    let tag = runkeep_http::holder::TAG.trim_start();
+    let room = runkeep::id::MAX_HOLDER_LEN
+        - runkeep_http::holder::TAG.len()
+        - runkeep_http::holder::TOKEN_ID_LEN;
+    let csv = |names: &[&str]| {
+        let one = format!("(?:{})", names.join("|"));
+        format!("^{one}(?:,{one})*$")
+    };
+    // (what, pattern, minLength, maxLength) as the document may state them.
+    let patterns: Vec<(&str, String, Option<u64>, Option<u64>)> = vec![
+        ("id", id.clone(), Some(1), Some(max_id as u64)),
+        // A path parameter: the router has matched one segment already.
+        ("id in a path", id.clone(), None, None),
+        (
+            "enqueued run",
+            format!("^run_[A-Za-z0-9_-]{{0,{}}}$", max_id - 4),
+            Some(4),
+            Some(max_id as u64),
+        ),
+        (
+            "holder",
+            format!("^(?![\\s\\S]*{tag})(?=[\\s\\S]*\\S){}$", printable(room)),
+            None,
+            None,
+        ),
+        ("event type", format!("^{}$", printable(128)), None, None),
+        (
+            "park states",
+            csv(&[
+                runkeep::ParkState::Outstanding,
+                runkeep::ParkState::Expired,
+                runkeep::ParkState::Resolved,
+            ]
+            .map(|p| p.as_str())),
+            None,
+            None,
+        ),
+        (
+            "run statuses",
+            csv(&[
+                runkeep::RunStatus::Active,
+                runkeep::RunStatus::Completed,
+                runkeep::RunStatus::Failed,
+                runkeep::RunStatus::Cancelled,
+            ]
+            .map(|s| s.as_str())),
+            None,
+            None,
+        ),
+        ("SSE event id", "^[1-9][0-9]*$".to_string(), None, None),
+        (
+            "attempt error kind",
+            "\\S".to_string(),
+            Some(1),
+            Some(runkeep::failure::MAX_ERROR_KIND_CHARS as u64),
+        ),
+    ];
+    fn walk(v: &serde_json::Value, at: &str, found: &mut Vec<(String, serde_json::Value)>) {
+        match v {
+            serde_json::Value::Object(m) => {
+                if ["minimum", "maximum", "pattern", "minLength", "maxLength"]
+                    .iter()
+                    .any(|k| m.contains_key(*k))
+                {
+                    found.push((at.to_string(), v.clone()));
+                }
+                for (k, v) in m {
+                    walk(v, &format!("{at}/{k}"), found);
+                }
+            }
+            serde_json::Value::Array(items) => {
+                for (i, v) in items.iter().enumerate() {
+                    walk(v, &format!("{at}/{i}"), found);
+                }
+            }
+            _ => {}
+        }
+    }
+    let mut found = Vec::new();
+    walk(&openapi::document(), "", &mut found);
+    let mut bad = Vec::new();
+    let mut seen_bounds = std::collections::BTreeSet::new();
+    let mut seen_patterns = std::collections::BTreeSet::new();
+    for (at, schema) in &found {
+        let int = |k: &str| {
+            schema
+                .get(k)
+                .and_then(serde_json::Value::as_i64)
+                .map(i128::from)
+        };
+        if let (Some(min), Some(max)) = (int("minimum"), int("maximum")) {
+            match bounds.iter().find(|(_, lo, hi)| (*lo, *hi) == (min, max)) {
+                Some((what, ..)) => {
+                    seen_bounds.insert(*what);
+                }
+                None => bad.push(format!("{at}: bounds {min}..={max} are no rule's")),
+            }
+        }
+        let len = |k: &str| schema.get(k).and_then(serde_json::Value::as_u64);
+        match schema.get("pattern").and_then(serde_json::Value::as_str) {
+            Some(p) if at.ends_with("/filter/schema") || p.starts_with("^\\{") => {
+                // The metadata filter's pattern is computed by its type.
+            }
+            Some(p) => {
+                let lengths = (len("minLength"), len("maxLength"));
+                match patterns
+                    .iter()
+                    .find(|(_, q, lo, hi)| q == p && (*lo, *hi) == lengths)
+                {
+                    Some((what, ..)) => {
+                        seen_patterns.insert(*what);
+                    }
+                    None => bad.push(format!(
+                        "{at}: pattern {p:?} with lengths {lengths:?} is no rule's"
+                    )),
+                }
+            }
+            None => {
+                if let Some(max) = len("maxLength") {
+                    let texts = [
+                        runkeep::lifecycle::MAX_REASON_CHARS,
+                        runkeep::failure::MAX_ERROR_MESSAGE_CHARS,
+                    ];
+                    if !texts.contains(&(max as usize)) {
+                        bad.push(format!("{at}: maxLength {max} is no rule's"));
+                    }
+                }
+            }
+        }
+    }
+    assert!(bad.is_empty(), "{bad:#?}");
+    // Every rule is used: a rule nothing states would be stale.
+    assert_eq!(seen_bounds.len(), bounds.len(), "{seen_bounds:?}");
+    assert_eq!(seen_patterns.len(), patterns.len(), "{seen_patterns:?}");
 }
