@@ -24,7 +24,6 @@ import pytest
 from runkeep import (
     Cancelled,
     Conflict,
-    FencedOut,
     HeldRun,
     LeaseLost,
     Lifecycle,
