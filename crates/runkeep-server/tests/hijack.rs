@@ -80,9 +80,10 @@ enum Act {
     ResolvePark,
     Prune,
     WriteRunRecord,
+    FailAttempt,
 }
 
-const ACTS: [Act; 10] = [
+const ACTS: [Act; 11] = [
     Act::Finish,
     Act::Snooze,
     Act::Release,
@@ -93,6 +94,7 @@ const ACTS: [Act; 10] = [
     Act::ResolvePark,
     Act::Prune,
     Act::WriteRunRecord,
+    Act::FailAttempt,
 ];
 
 /// Holds the first call of the armed act at the store's door until told
@@ -141,6 +143,16 @@ impl Intercept for Gate {
     async fn release(&self, s: &RunScope, f: Fence) -> Result<bool> {
         self.door(Act::Release).await;
         self.inner.release(s, f).await
+    }
+    async fn fail_attempt(
+        &self,
+        s: &RunScope,
+        f: Fence,
+        e: &runkeep::AttemptError,
+        limit: Option<u32>,
+    ) -> Result<Lifecycle> {
+        self.door(Act::FailAttempt).await;
+        self.inner.fail_attempt(s, f, e, limit).await
     }
     async fn append_events(
         &self,
@@ -230,6 +242,10 @@ async fn attack(
             .map(drop),
         Act::Snooze => store.snooze(r, f, far).await.map(drop),
         Act::Release => store.release(r, f).await.map(drop),
+        Act::FailAttempt => store
+            .fail_attempt(r, f, &runkeep::AttemptError::new("error", "hijacked"), None)
+            .await
+            .map(drop),
         Act::AppendEvents => store
             .append_events(r, &[event("attack")], Some(f))
             .await

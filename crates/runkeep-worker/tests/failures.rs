@@ -377,3 +377,32 @@ async fn the_runs_own_attempt_timeout_stops_its_step() {
     let l = store.lifecycle(&run("run_own")).await.unwrap();
     assert_eq!(l.failures[0].error.kind, "timeout", "{l:?}");
 }
+
+/// A cancel under a step that writes nothing is learnt from the renewal
+/// alone (it answers the run finished as cancelled): the step is stopped
+/// within one renewal interval, and the loss says cancelled with the
+/// operator's reason, not a generic renewal failure.
+#[tokio::test(start_paused = true)]
+async fn a_cancel_is_learnt_from_the_renewal_when_the_step_writes_nothing() {
+    let (clock, store) = setup();
+    enqueue(&store, "run_quiet", 5, clock.now()).await;
+    let step = long_step(&store, "run_quiet", false).await;
+    sleep(Duration::from_millis(1_500)).await;
+    let cancelled_at = Instant::now();
+    store
+        .cancel(&run("run_quiet"), Some("quiet"))
+        .await
+        .unwrap();
+    step.task.await.unwrap();
+    let stopped = step.stopped.lock().unwrap().expect("the step was stopped");
+    let interval = KeeperOptions::default().renew_every(ttl());
+    assert!(
+        stopped - cancelled_at <= interval + Duration::from_millis(100),
+        "stopped {:?} after the cancel; one renewal interval is {interval:?}",
+        stopped - cancelled_at
+    );
+    match step.keeper.handle().loss() {
+        Some(LeaseLoss::Cancelled { reason }) => assert_eq!(reason.as_deref(), Some("quiet")),
+        other => panic!("the loss was {other:?}, not Cancelled"),
+    }
+}

@@ -168,6 +168,18 @@ pub async fn refuses_every_fenced_act_on_a_holding_another_principal_claimed(
             "finish",
         );
         expect_not_yours(s.release(&r, f).await, f, true, "release");
+        expect_not_yours(
+            s.fail_attempt(
+                &r,
+                f,
+                &runkeep::AttemptError::new("error", "hijacked"),
+                None,
+            )
+            .await,
+            f,
+            true,
+            "fail_attempt",
+        );
     })
     .await;
 
