@@ -244,6 +244,15 @@ pub trait Intercept: Send + Sync + std::fmt::Debug {
         self.inner().latest_checkpoint(scope).await
     }
 
+    /// [`CheckpointStore::checkpoint_ids`]: the inner store's own answer.
+    async fn checkpoint_ids(
+        &self,
+        scope: &RunScope,
+        query: &runkeep::CheckpointIdQuery,
+    ) -> Result<Vec<runkeep::CheckpointId>> {
+        self.inner().checkpoint_ids(scope, query).await
+    }
+
     /// [`CheckpointStore::find_pending`]: the inner store's own answer, like
     /// [`latest_checkpoint`](Self::latest_checkpoint).
     async fn find_pending(&self, scope: &RunScope, now: Timestamp) -> Result<Option<Checkpoint>> {
@@ -502,6 +511,13 @@ impl<I: Intercept> CheckpointStore for Intercepted<I> {
     }
     async fn latest_checkpoint(&self, scope: &RunScope) -> Result<Option<Checkpoint>> {
         self.0.latest_checkpoint(scope).await
+    }
+    async fn checkpoint_ids(
+        &self,
+        scope: &RunScope,
+        query: &runkeep::CheckpointIdQuery,
+    ) -> Result<Vec<runkeep::CheckpointId>> {
+        self.0.checkpoint_ids(scope, query).await
     }
     async fn find_pending(&self, scope: &RunScope, now: Timestamp) -> Result<Option<Checkpoint>> {
         self.0.find_pending(scope, now).await

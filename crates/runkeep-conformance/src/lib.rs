@@ -300,6 +300,7 @@ macro_rules! __runkeep_cases {
             leaves_nothing_of_a_step_on_a_finished_run,
             agrees_on_the_latest_checkpoint_with_the_full_read,
             agrees_on_the_pending_park_and_resume_point_with_the_full_read,
+            lists_checkpoint_ids_by_prefix_before_and_limit_greatest_first,
             judges_expiry_on_the_store_clock_when_no_instant_is_passed,
             never_lets_two_clients_with_skewed_clocks_both_hold_a_live_lease,
             wakes_a_runnable_watcher_after_a_release_an_enqueue_and_a_reopen,

@@ -62,6 +62,8 @@ enum Flaw {
     ReleaseKeepsTheHolding,
     /// `enqueue` drops the run's deadline and attempt timeout.
     ForgetsTheTimeouts,
+    /// `checkpoint_ids` ignores `before` (an index walked from the top).
+    IdsIgnoreBefore,
 }
 
 #[derive(Debug)]
@@ -348,6 +350,20 @@ impl Intercept for Broken {
             return self.inner.release(s, fence).await;
         }
         self.inner.snooze(s, fence, until).await
+    }
+    async fn checkpoint_ids(
+        &self,
+        s: &RunScope,
+        q: &runkeep::CheckpointIdQuery,
+    ) -> Result<Vec<runkeep::CheckpointId>> {
+        if self.flaw == Flaw::IdsIgnoreBefore {
+            let q = runkeep::CheckpointIdQuery {
+                before: None,
+                ..q.clone()
+            };
+            return self.inner.checkpoint_ids(s, &q).await;
+        }
+        self.inner.checkpoint_ids(s, q).await
     }
     async fn latest_checkpoint(&self, s: &RunScope) -> Result<Option<Checkpoint>> {
         if self.flaw == Flaw::IndexesLatestByClock {
@@ -959,5 +975,18 @@ async fn a_store_indexing_latest_by_clock_fails_the_indexed_answer_cases() {
             "agrees_on_the_latest_checkpoint_with_the_full_read",
             "orders_latest_by_fence_before_clock",
         ],
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_store_whose_checkpoint_ids_ignore_before_fails_the_ids_case() {
+    let failed = failures(
+        Broken::on(Flaw::IdsIgnoreBefore),
+        runkeep_conformance::CONTRACT_VERSION,
+    )
+    .await;
+    assert_fails_exactly(
+        &failed,
+        &["lists_checkpoint_ids_by_prefix_before_and_limit_greatest_first"],
     );
 }

@@ -257,6 +257,15 @@ impl runkeep::CheckpointStore for FsStore {
         blocking::run(move || queue::latest_checkpoint(&inner, &scope)).await
     }
 
+    async fn checkpoint_ids(
+        &self,
+        scope: &RunScope,
+        query: &runkeep::CheckpointIdQuery,
+    ) -> Result<Vec<runkeep::CheckpointId>> {
+        let (inner, scope, query) = (self.inner.clone(), scope.clone(), query.clone());
+        blocking::run(move || queue::checkpoint_ids(&inner, &scope, &query)).await
+    }
+
     async fn find_pending(&self, scope: &RunScope, now: Timestamp) -> Result<Option<Checkpoint>> {
         let (inner, scope) = (self.inner.clone(), scope.clone());
         blocking::run(move || queue::find_pending(&inner, &scope, now)).await

@@ -236,6 +236,37 @@ pub(crate) fn reopen(inner: &Inner, scope: &RunScope) -> Result<Lifecycle> {
 
 /// The latest checkpoint, from the digest when it is fresh (one
 /// checkpoint read), else from every checkpoint.
+/// The checkpoint ids `query` admits, from the directory's names alone (one
+/// readdir; no checkpoint file is opened or parsed).
+pub(crate) fn checkpoint_ids(
+    inner: &Inner,
+    scope: &RunScope,
+    query: &runkeep::CheckpointIdQuery,
+) -> Result<Vec<runkeep::CheckpointId>> {
+    query.validate()?;
+    inner.check_scope(scope)?;
+    let ctx = Ctx::new(scope, "checkpoint_ids");
+    let dir = inner.run_dir(scope).join(checkpoints::CHECKPOINTS_DIR);
+    let Some(list) =
+        checkpoints::entries(&dir).map_err(|e| ctx.io("list the checkpoints", &dir, e))?
+    else {
+        return Ok(Vec::new());
+    };
+    let mut ids = Vec::with_capacity(list.len());
+    for e in &list {
+        let stem = &e.name[..e.name.len() - ".json".len()];
+        // Never silently short: a name that is no id is damage, as on a read.
+        let id = runkeep::CheckpointId::new(stem).map_err(|_| {
+            ctx.corrupted(
+                &dir.join(&e.name),
+                "not a usable checkpoint: its name is not a checkpoint id ([A-Za-z0-9_-], starting with a letter or digit)",
+            )
+        })?;
+        ids.push(id);
+    }
+    Ok(query.answer(ids))
+}
+
 pub(crate) fn latest_checkpoint(inner: &Inner, scope: &RunScope) -> Result<Option<Checkpoint>> {
     inner.check_scope(scope)?;
     let ctx = Ctx::new(scope, "latest_checkpoint");

@@ -181,6 +181,46 @@ pub(crate) async fn prune_checkpoints(
     .await
 }
 
+pub(crate) async fn checkpoint_ids(
+    db: &Db,
+    scope: &RunScope,
+    query: &runkeep::CheckpointIdQuery,
+) -> Result<Vec<runkeep::CheckpointId>> {
+    query.validate()?;
+    // Names only, served by the primary key: the run's key, then
+    // `checkpoint_id` descending from `before`, within the prefix range.
+    // The prefix is of the id alphabet ([A-Za-z0-9_-]), so only `_`
+    // needs escaping for LIKE.
+    let key = Key::of(scope);
+    let like = format!("{}%", query.prefix.replace('_', "\\_"));
+    let before: Option<String> = query.before.as_ref().map(|b| b.as_str().to_string());
+    let limit: Option<i64> = query.limit.map(|n| i64::try_from(n).unwrap_or(i64::MAX));
+    let mut params = key.params();
+    params.push(&like);
+    params.push(&before);
+    params.push(&limit);
+    let c = db.conn("checkpoint_ids").await?;
+    let rows = db
+        .rows(
+            &c,
+            "list checkpoint ids",
+            "SELECT checkpoint_id FROM checkpoints
+              WHERE tenant_id = $1 AND project_id = $2 AND session_id = $3 AND run_id = $4 AND parent_id = $5
+                AND checkpoint_id LIKE $6 ESCAPE '\\'
+                AND ($7::text IS NULL OR checkpoint_id < $7::text)
+              ORDER BY checkpoint_id DESC
+              LIMIT $8",
+            &params,
+        )
+        .await?;
+    rows.iter()
+        .map(|r| {
+            runkeep::CheckpointId::new(r.get::<_, String>(0))
+                .map_err(|e| runkeep::Error::corrupted(e.to_string()))
+        })
+        .collect()
+}
+
 pub(crate) async fn latest_checkpoint(db: &Db, scope: &RunScope) -> Result<Option<Checkpoint>> {
     // One indexed read: the digest names the latest, the join reads it.
     let key = Key::of(scope);

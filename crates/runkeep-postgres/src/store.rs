@@ -248,6 +248,14 @@ impl CheckpointStore for PgStore {
         crate::checkpoints::latest_checkpoint(&self.db, scope).await
     }
 
+    async fn checkpoint_ids(
+        &self,
+        scope: &RunScope,
+        query: &runkeep::CheckpointIdQuery,
+    ) -> Result<Vec<runkeep::CheckpointId>> {
+        crate::checkpoints::checkpoint_ids(&self.db, scope, query).await
+    }
+
     async fn find_pending(&self, scope: &RunScope, now: Timestamp) -> Result<Option<Checkpoint>> {
         crate::parks::find_pending(&self.db, scope, now).await
     }

@@ -56,8 +56,8 @@ pub use park::{ParkResolution, ParkState, ParkSummary, PendingDecision};
 pub use scope::{ListingScope, RunScope};
 pub use step::{MessagesUpdate, Step, StepFinish, StepReceipt};
 pub use store::{
-    CheckpointStore, ClaimNextFilter, EvidenceStore, Handover, NextClaim, RunStore, RunStoreExt,
-    CONTRACT_REVISION,
+    CheckpointIdQuery, CheckpointStore, ClaimNextFilter, EvidenceStore, Handover, NextClaim,
+    RunStore, RunStoreExt, CONTRACT_REVISION,
 };
 pub use time::{Clock, ManualClock, RemoteClock, SystemClock, Timestamp, Ttl};
 pub use watch::{Watch, WatchTopic};

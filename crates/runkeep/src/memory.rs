@@ -189,6 +189,35 @@ impl CheckpointStore for MemoryStore {
         Ok(cps)
     }
 
+    async fn checkpoint_ids(
+        &self,
+        scope: &RunScope,
+        query: &crate::CheckpointIdQuery,
+    ) -> Result<Vec<CheckpointId>> {
+        query.validate()?;
+        let runs = self.lock();
+        let Some(run) = runs.get(scope) else {
+            return Ok(Vec::new());
+        };
+        // The map is in id order: walk down from `before`, stop at `limit`.
+        let upper = match &query.before {
+            Some(b) => std::ops::Bound::Excluded(b.clone()),
+            None => std::ops::Bound::Unbounded,
+        };
+        Ok(run
+            .checkpoints
+            .range((std::ops::Bound::Unbounded, upper))
+            .rev()
+            .map(|(id, _)| id)
+            .skip_while(|id| {
+                id.as_str() > query.prefix.as_str() && !id.as_str().starts_with(&query.prefix)
+            })
+            .take_while(|id| id.as_str().starts_with(&query.prefix))
+            .take(query.limit.unwrap_or(usize::MAX))
+            .cloned()
+            .collect())
+    }
+
     async fn delete_checkpoint(
         &self,
         scope: &RunScope,

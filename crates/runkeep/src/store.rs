@@ -63,6 +63,71 @@ pub struct ClaimNextFilter {
     pub order: ListOrder,
 }
 
+/// Which checkpoint ids [`CheckpointStore::checkpoint_ids`] answers: those
+/// starting with `prefix`, strictly below `before` (byte order), at most
+/// `limit` of them, greatest first.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct CheckpointIdQuery {
+    /// Only ids starting with this (`""`: every id). At most
+    /// [`crate::id::MAX_ID_LEN`] characters of `[A-Za-z0-9_-]`.
+    pub prefix: String,
+    /// Only ids strictly below this one in byte order.
+    pub before: Option<CheckpointId>,
+    /// At most this many (`None`: all; `Some(0)` is refused).
+    pub limit: Option<usize>,
+}
+
+impl CheckpointIdQuery {
+    /// Refuses a query no id could be asked by: a `prefix` outside the id
+    /// alphabet or longer than an id, a `limit` of 0.
+    pub fn validate(&self) -> Result<()> {
+        if self.prefix.len() > crate::id::MAX_ID_LEN {
+            return Err(crate::Error::invalid(format!(
+                "checkpoint id prefix is {} bytes long; ids are at most {} bytes",
+                self.prefix.len(),
+                crate::id::MAX_ID_LEN
+            )));
+        }
+        if let Some(bad) = self
+            .prefix
+            .chars()
+            .find(|c| !(c.is_ascii_alphanumeric() || *c == '_' || *c == '-'))
+        {
+            return Err(crate::Error::invalid(format!(
+                "checkpoint id prefix {:?} contains {bad:?}; ids only use [A-Za-z0-9_-]",
+                self.prefix
+            )));
+        }
+        if self.limit == Some(0) {
+            return Err(crate::Error::invalid(
+                "checkpoint id limit is 0; ask for at least one id, or none for all",
+            ));
+        }
+        Ok(())
+    }
+
+    /// Whether `id` is one this query answers (prefix and `before`; not
+    /// the limit).
+    pub fn admits(&self, id: &CheckpointId) -> bool {
+        id.as_str().starts_with(&self.prefix)
+            && self
+                .before
+                .as_ref()
+                .is_none_or(|b| id.as_str().as_bytes() < b.as_str().as_bytes())
+    }
+
+    /// The answer over `ids` (any order, no duplicates): the admitted ones,
+    /// greatest first, cut at `limit`.
+    pub fn answer(&self, ids: impl IntoIterator<Item = CheckpointId>) -> Vec<CheckpointId> {
+        let mut v: Vec<CheckpointId> = ids.into_iter().filter(|id| self.admits(id)).collect();
+        v.sort_by(|a, b| b.as_str().as_bytes().cmp(a.as_str().as_bytes()));
+        if let Some(n) = self.limit {
+            v.truncate(n);
+        }
+        v
+    }
+}
+
 /// Checkpoints, leases and the listing.
 #[async_trait]
 pub trait CheckpointStore: Send + Sync + std::fmt::Debug {
@@ -282,6 +347,29 @@ pub trait CheckpointStore: Send + Sync + std::fmt::Debug {
     /// issued; attempts restart at 0. `Conflict` for an active run,
     /// `NotFound` for a run that does not exist.
     async fn reopen(&self, scope: &RunScope) -> Result<Lifecycle>;
+
+    /// The ids of the run's checkpoints that `query` admits, greatest first
+    /// in byte order, without reading their bodies.
+    ///
+    /// A contract method a backend answers from its index or key order (a
+    /// read whose cost follows the answer, not the run); the provided body
+    /// reads every checkpoint and is correct for every backend.
+    ///
+    /// # Contract
+    /// - A bad query ([`CheckpointIdQuery::validate`]) is `InvalidInput`.
+    /// - Exactly the ids starting with `prefix` and strictly below `before`,
+    ///   in descending byte order, the first `limit` of them; a run without
+    ///   checkpoints answers empty.
+    /// - No side effects.
+    async fn checkpoint_ids(
+        &self,
+        scope: &RunScope,
+        query: &CheckpointIdQuery,
+    ) -> Result<Vec<CheckpointId>> {
+        query.validate()?;
+        let all = self.list_checkpoints(scope).await?;
+        Ok(query.answer(all.into_iter().map(|c| c.id)))
+    }
 
     /// The latest checkpoint under the total order.
     ///

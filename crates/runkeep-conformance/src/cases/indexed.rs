@@ -162,3 +162,106 @@ pub async fn agrees_on_the_pending_park_and_resume_point_with_the_full_read(
         .await;
     }
 }
+
+/// `checkpoint_ids` (contract v2): exactly the ids with the prefix, below
+/// `before`, greatest first in byte order, cut at `limit`, compared with
+/// the ids of the full read; ids that are prefixes of each other, a `_`
+/// in a prefix (a LIKE wildcard in SQL) and `-`, a prefix matching
+/// nothing, an empty run; a bad query is `InvalidInput`.
+pub async fn lists_checkpoint_ids_by_prefix_before_and_limit_greatest_first(
+    store: Arc<dyn RunStore>,
+    _env: CaseEnv,
+) {
+    use runkeep::{CheckpointId, CheckpointIdQuery};
+    let q = |prefix: &str, before: Option<&str>, limit: Option<usize>| CheckpointIdQuery {
+        prefix: prefix.to_string(),
+        before: before.map(|b| CheckpointId::new(b).expect("id")),
+        limit,
+    };
+    let empty = run("no_checkpoints");
+    assert_eq!(
+        store
+            .checkpoint_ids(&empty, &q("", None, None))
+            .await
+            .expect("ids"),
+        Vec::<CheckpointId>::new(),
+        "a run without checkpoints has no ids"
+    );
+    let a = run("a");
+    let ids = [
+        "a", "ab", "abc", "abd", "a_b", "aXb", "b", "b1", "b10", "b2", "tc-0-r01", "tc-0-r02",
+        "tc-0-r1", "tc-0-hff", "tc-1-r05", "tw-0-r01", "Z",
+    ];
+    for (i, id) in ids.iter().enumerate() {
+        let offset = i64::try_from(i).expect("small") * 10;
+        write(&store, &a, &checkpoint(id, offset), None).await;
+    }
+    let all: Vec<CheckpointId> = store
+        .list_checkpoints(&a)
+        .await
+        .expect("list")
+        .into_iter()
+        .map(|c| c.id)
+        .collect();
+    let truth = |query: &CheckpointIdQuery| {
+        let mut v: Vec<CheckpointId> = all
+            .iter()
+            .filter(|id| id.as_str().starts_with(&query.prefix))
+            .filter(|id| {
+                query
+                    .before
+                    .as_ref()
+                    .is_none_or(|b| id.as_str().as_bytes() < b.as_str().as_bytes())
+            })
+            .cloned()
+            .collect();
+        v.sort_by(|x, y| y.as_str().as_bytes().cmp(x.as_str().as_bytes()));
+        v.truncate(query.limit.unwrap_or(usize::MAX));
+        v
+    };
+    let queries = [
+        q("", None, None),
+        q("", None, Some(3)),
+        q("", Some("b1"), Some(4)),
+        q("a", None, None),
+        q("ab", None, None),
+        q("ab", Some("abc"), None),
+        q("abc", None, None),
+        q("a_", None, None),
+        q("b1", None, None),
+        q("tc-0-r", None, Some(1)),
+        q("tc-0-r", Some("tc-0-r02"), Some(1)),
+        q("tc-0-r", Some("tc-0-r01"), None),
+        q("tc-0-h", None, Some(1)),
+        q("tc-", None, None),
+        q("t", Some("tw"), Some(100)),
+        q("zz", None, None),
+        q("", Some("0"), None),
+        q("", Some("a"), None),
+    ];
+    for query in &queries {
+        let got = store
+            .checkpoint_ids(&a, query)
+            .await
+            .expect("checkpoint_ids");
+        assert_eq!(
+            got,
+            truth(query),
+            "checkpoint_ids({query:?}) disagrees with the ids of the full read"
+        );
+    }
+    for (bad, what) in [
+        (q("a/", None, None), "a prefix outside the id alphabet"),
+        (q("a", None, Some(0)), "a limit of 0"),
+        (
+            q(&"a".repeat(200), None, None),
+            "a prefix longer than any id",
+        ),
+    ] {
+        let r = store.checkpoint_ids(&a, &bad).await;
+        assert!(
+            matches!(r, Err(runkeep::Error::InvalidInput { .. })),
+            "{what} must be InvalidInput, got {r:?}"
+        );
+    }
+}

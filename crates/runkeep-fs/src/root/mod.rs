@@ -374,6 +374,18 @@ impl CheckpointStore for FsRootStore {
         }
     }
 
+    async fn checkpoint_ids(
+        &self,
+        scope: &RunScope,
+        query: &runkeep::CheckpointIdQuery,
+    ) -> Result<Vec<runkeep::CheckpointId>> {
+        query.validate()?;
+        match routing::reading(&self.inner, scope).await? {
+            Some(s) => s.checkpoint_ids(scope, query).await,
+            None => Ok(Vec::new()),
+        }
+    }
+
     async fn find_pending(&self, scope: &RunScope, now: Timestamp) -> Result<Option<Checkpoint>> {
         match routing::reading(&self.inner, scope).await? {
             Some(s) => s.find_pending(scope, now).await,
