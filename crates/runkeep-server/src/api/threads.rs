@@ -344,6 +344,8 @@ pub(super) async fn put_checkpoint(
     }
     s.insert("checkpoint".into(), Value::Object(body.checkpoint));
     s.insert("metadata".into(), Value::Object(body.metadata));
+    let locations = locations(&state, &scope, &s, &body.blobs, id.as_str()).await?;
+    s.insert(LOCATIONS.into(), Value::Object(locations));
     s.insert(
         "blobs".into(),
         serde_json::to_value(&body.blobs).unwrap_or(Value::Array(vec![])),
@@ -361,6 +363,225 @@ pub(super) async fn put_checkpoint(
         state.store.write_checkpoint(&scope, &cp, fence).await,
     )?;
     Ok(Json(Done { done: true }))
+}
+
+/// The state key of a record's blob locations (layout v2): for each
+/// channel of its `channel_versions`, the record id holding the blob of
+/// that (channel, version).
+const LOCATIONS: &str = "locations";
+
+/// The key of a namespace in record ids (`0` for the root namespace).
+fn ns_key(ns: &str) -> String {
+    if ns.is_empty() {
+        "0".to_string()
+    } else {
+        hashed(ns, 20)
+    }
+}
+
+/// Where each channel of the checkpoint being written finds its blob: this
+/// record for the blobs it carries; else the parent record's location for
+/// the channel when the parent holds the same version (one point read of
+/// the parent). A channel found nowhere has no entry (a read then falls
+/// back to the scan).
+async fn locations(
+    state: &AppState,
+    scope: &RunScope,
+    record: &Map<String, Value>,
+    blobs: &[ThreadBlobBody],
+    own: &str,
+) -> Result<Map<String, Value>, Problem> {
+    let mut out = Map::new();
+    let Some(Value::Object(versions)) = object(record, "checkpoint")
+        .get("channel_versions")
+        .cloned()
+    else {
+        return Ok(out);
+    };
+    let mut parent: Option<Option<Map<String, Value>>> = None;
+    for (channel, v) in &versions {
+        let version = version_text(v);
+        if blobs
+            .iter()
+            .any(|b| b.channel == *channel && b.version == version)
+        {
+            out.insert(channel.clone(), own.into());
+            continue;
+        }
+        if parent.is_none() {
+            parent = Some(match (text(record, "parentId"), text(record, "ns")) {
+                (Some(pid), Some(ns)) => {
+                    let rid = record_id(KIND_CHECKPOINT, &ns, &pid);
+                    match CheckpointId::new(&rid) {
+                        Ok(id) => state
+                            .store
+                            .read_checkpoint(scope, &id)
+                            .await?
+                            .filter(|cp| cp_record(cp).is_some_and(|r| r.ns == ns && r.id == pid))
+                            .map(|cp| cp.state),
+                        Err(_) => None,
+                    }
+                }
+                _ => None,
+            });
+        }
+        let Some(Some(p)) = &parent else { continue };
+        let same = object(p, "checkpoint")
+            .get("channel_versions")
+            .and_then(|pv| pv.get(channel))
+            .is_some_and(|pv| version_text(pv) == version);
+        if let (true, Some(at)) = (same, object(p, LOCATIONS).get(channel)) {
+            out.insert(channel.clone(), at.clone());
+        }
+    }
+    Ok(out)
+}
+
+/// Reads one thread checkpoint the v2 way: its record, the records its
+/// blobs live in (each once), and its writes record. `None` when the
+/// record predates layout v2 or a channel's location is unknown: the
+/// caller then takes the scan.
+async fn read_direct(
+    state: &AppState,
+    scope: &RunScope,
+    cp: &Checkpoint,
+) -> Result<Option<ThreadCheckpointBody>, Problem> {
+    let Some(r) = cp_record(cp) else {
+        return Ok(None);
+    };
+    let Some(Value::Object(locs)) = cp.state.get(LOCATIONS) else {
+        return Ok(None);
+    };
+    let versions = match r.checkpoint.get("channel_versions") {
+        Some(Value::Object(v)) => v.clone(),
+        _ => Map::new(),
+    };
+    let mut records: HashMap<String, Vec<ThreadBlobBody>> = HashMap::new();
+    records.insert(cp.id.to_string(), r.blobs.clone());
+    let mut values = Vec::new();
+    for (channel, v) in &versions {
+        let Some(at) = locs.get(channel).and_then(Value::as_str) else {
+            return Ok(None);
+        };
+        if !records.contains_key(at) {
+            let Ok(id) = CheckpointId::new(at) else {
+                return Ok(None);
+            };
+            let blobs = match state.store.read_checkpoint(scope, &id).await? {
+                Some(other) => match cp_record(&other) {
+                    Some(o) if o.ns == r.ns => o.blobs,
+                    _ => return Ok(None),
+                },
+                None => return Ok(None),
+            };
+            records.insert(at.to_string(), blobs);
+        }
+        let version = version_text(v);
+        match records[at]
+            .iter()
+            .rev()
+            .find(|b| b.channel == *channel && b.version == version)
+        {
+            Some(b) => values.push(b.clone()),
+            None => return Ok(None),
+        }
+    }
+    let wid = checkpoint_id("checkpointId", &record_id(KIND_WRITES, &r.ns, &r.id))?;
+    let w = state
+        .store
+        .read_checkpoint(scope, &wid)
+        .await?
+        .filter(|w| writes_key(w).is_some_and(|(ns, id)| ns == r.ns && id == r.id))
+        .map(|w| writes_record(&w));
+    Ok(Some(ThreadCheckpointBody {
+        thread: r.thread.clone(),
+        run: scope.run_id.to_string(),
+        ns: r.ns.clone(),
+        checkpoint_id: r.id.clone(),
+        parent_id: r.parent.clone(),
+        checkpoint: r.checkpoint.clone(),
+        metadata: r.metadata.clone(),
+        values,
+        writes: w
+            .as_ref()
+            .map(|w| sorted(w.writes.clone()))
+            .unwrap_or_default(),
+        fence: r.fence,
+        created_at: r.created_at,
+        park: w.and_then(|w| {
+            w.pending.map(|pending| ThreadParkState {
+                checkpoint: w.record,
+                pending,
+            })
+        }),
+    }))
+}
+
+/// Whether the namespace holds checkpoints under hashed ids (not in
+/// checkpoint-id order: listing it by id then takes the scan).
+async fn has_hashed(state: &AppState, scope: &RunScope, ns: &str) -> Result<bool, Problem> {
+    let q = runkeep::CheckpointIdQuery {
+        prefix: format!("tc-{}-h", ns_key(ns)),
+        before: None,
+        limit: Some(1),
+    };
+    Ok(!state.store.checkpoint_ids(scope, &q).await?.is_empty())
+}
+
+/// The newest checkpoints of `ns` (below `before`, admitted by `filter`),
+/// at most `limit`, read page by page in id order without the scan;
+/// `None` when the namespace or a record needs the scan.
+async fn list_direct(
+    state: &AppState,
+    scope: &RunScope,
+    ns: &str,
+    before: Option<&str>,
+    filter: &Map<String, Value>,
+    limit: usize,
+) -> Result<Option<Vec<ThreadCheckpointBody>>, Problem> {
+    if has_hashed(state, scope, ns).await? {
+        return Ok(None);
+    }
+    let mut cursor = match before {
+        Some(b) if id_safe(b) => Some(checkpoint_id("before", &record_id(KIND_CHECKPOINT, ns, b))?),
+        Some(_) => return Ok(None),
+        None => None,
+    };
+    let mut out = Vec::new();
+    while out.len() < limit {
+        let q = runkeep::CheckpointIdQuery {
+            prefix: format!("tc-{}-r", ns_key(ns)),
+            before: cursor.clone(),
+            limit: Some((limit - out.len()).clamp(1, 64)),
+        };
+        let ids = state.store.checkpoint_ids(scope, &q).await?;
+        let Some(last) = ids.last().cloned() else {
+            break;
+        };
+        for id in ids {
+            let Some(cp) = state.store.read_checkpoint(scope, &id).await? else {
+                continue;
+            };
+            let admitted = cp_record(&cp).is_some_and(|r| {
+                r.ns == ns
+                    && filter
+                        .iter()
+                        .all(|(k, v)| r.metadata.get(k).unwrap_or(&Value::Null) == v)
+            });
+            if !admitted {
+                continue;
+            }
+            match read_direct(state, scope, &cp).await? {
+                Some(b) => out.push(b),
+                None => return Ok(None),
+            }
+            if out.len() == limit {
+                break;
+            }
+        }
+        cursor = Some(last);
+    }
+    Ok(Some(out))
 }
 
 pub(super) async fn put_writes(
@@ -540,6 +761,27 @@ pub(super) async fn get_checkpoint(
     RunAddr(scope): RunAddr,
     Q(q): Q<GetThreadQuery>,
 ) -> ApiResult<MaybeThreadCheckpoint> {
+    let ns = q.ns.clone().unwrap_or_default();
+    // Layout v2: one point read (by id) or one names-only query (the
+    // latest), then the blobs' records; the scan only for what needs it.
+    let direct = match &q.checkpoint_id {
+        Some(id) => {
+            let rid = checkpoint_id("checkpointId", &record_id(KIND_CHECKPOINT, &ns, id))?;
+            match state.store.read_checkpoint(&scope, &rid).await? {
+                None => Some(None),
+                Some(cp) if cp_record(&cp).is_some_and(|r| r.ns == ns && r.id == *id) => {
+                    read_direct(&state, &scope, &cp).await?.map(Some)
+                }
+                Some(_) => None,
+            }
+        }
+        None => list_direct(&state, &scope, &ns, None, &Map::new(), 1)
+            .await?
+            .map(|mut v| v.pop()),
+    };
+    if let Some(found) = direct {
+        return Ok(Json(MaybeThreadCheckpoint { checkpoint: found }));
+    }
     let thread = Thread::load(&state, &scope).await?;
     let sel = Selection {
         ns: Some(q.ns.unwrap_or_default()),
@@ -561,8 +803,23 @@ pub(super) async fn list_checkpoints(
         before: q.before,
         filter: parse_filter(q.filter.as_deref())?,
     };
-    let thread = Thread::load(&state, &scope).await?;
     let limit = q.limit.unwrap_or(usize::MAX);
+    // A page of one namespace, without the scan (layout v2).
+    if let (Some(ns), None, true) = (&sel.ns, &sel.id, limit <= 10_000) {
+        if let Some(checkpoints) = list_direct(
+            &state,
+            &scope,
+            ns,
+            sel.before.as_deref(),
+            &sel.filter,
+            limit,
+        )
+        .await?
+        {
+            return Ok(Json(ThreadCheckpointList { checkpoints }));
+        }
+    }
+    let thread = Thread::load(&state, &scope).await?;
     let checkpoints = thread
         .select(&sel)
         .into_iter()
