@@ -740,3 +740,215 @@ async fn deleting_chosen_checkpoints_is_fenced_and_takes_their_writes() {
         .collect();
     assert_eq!(ids, vec![("".into(), "3".into()), ("".into(), "2".into())]);
 }
+
+/// Counts the reads the thread routes make of the store.
+#[derive(Debug, Default)]
+struct CountingReads {
+    inner: runkeep::MemoryStore,
+    scans: std::sync::atomic::AtomicU64,
+    point_reads: std::sync::atomic::AtomicU64,
+}
+
+#[async_trait::async_trait]
+impl runkeep_conformance::intercept::Intercept for CountingReads {
+    fn inner(&self) -> &dyn runkeep::RunStore {
+        &self.inner
+    }
+    async fn read_checkpoint(
+        &self,
+        scope: &runkeep::RunScope,
+        id: &runkeep::CheckpointId,
+    ) -> runkeep::Result<Option<runkeep::Checkpoint>> {
+        self.point_reads
+            .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        runkeep::CheckpointStore::read_checkpoint(&self.inner, scope, id).await
+    }
+    async fn list_checkpoints(
+        &self,
+        scope: &runkeep::RunScope,
+    ) -> runkeep::Result<Vec<runkeep::Checkpoint>> {
+        self.scans.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        runkeep::CheckpointStore::list_checkpoints(&self.inner, scope).await
+    }
+}
+
+/// 1 000 checkpoints in the root namespace and 100 in a subgraph's, each
+/// changing one of three channels: the latest read and a page of 5 never
+/// scan the thread and read a bounded number of records, and answer what
+/// the scan answers.
+#[tokio::test]
+async fn the_latest_read_and_a_page_read_only_what_they_return() {
+    use std::sync::atomic::Ordering::SeqCst;
+    let counting = Arc::new(runkeep_conformance::intercept::Intercepted(
+        CountingReads::default(),
+    ));
+    let s = TestServer::start(counting.clone());
+    let run = "run_t9";
+    let id = |i: usize| format!("1ef{i:05}");
+    for (ns, n) in [("", 1000usize), ("sub:1", 100)] {
+        for i in 1..=n {
+            let channel = ["c", "a", "b"][i % 3];
+            let versions = json!({
+                "a": format!("{}", (i + 2) / 3),
+                "b": format!("{}", (i + 1) / 3),
+                "c": format!("{}", i / 3),
+            });
+            let parent = (i > 1).then(|| id(i - 1));
+            let body = cp(
+                "t9",
+                ns,
+                &id(i),
+                parent.as_deref(),
+                versions.clone(),
+                json!([blob(
+                    channel,
+                    versions[channel].as_str().unwrap(),
+                    &format!("{ns}{i}")
+                )]),
+            );
+            let a = put_cp(&s, run, TOKEN_A, body).await;
+            assert_eq!(a.status, 200, "{}", a.body);
+        }
+    }
+    let before = (
+        counting.scans.load(SeqCst),
+        counting.point_reads.load(SeqCst),
+    );
+    let latest = get(&s, &run_path(run, "/thread/checkpoint")).await;
+    let sub = get(&s, &run_path(run, "/thread/checkpoint?ns=sub%3A1")).await;
+    let page = get(
+        &s,
+        &run_path(run, "/thread/checkpoints?ns=&limit=5&before=1ef00500"),
+    )
+    .await;
+    let after = (
+        counting.scans.load(SeqCst),
+        counting.point_reads.load(SeqCst),
+    );
+    assert_eq!(after.0, before.0, "no read scanned the thread");
+    // Latest: its record, two blob records, its writes record = 4 reads.
+    // A page of 5: 5 × 4 at most.
+    assert!(
+        after.1 - before.1 <= 4 + 4 + 20,
+        "{} point reads",
+        after.1 - before.1
+    );
+    let l = &latest.body["checkpoint"];
+    assert_eq!(l["checkpointId"], "1ef01000");
+    assert_eq!(
+        values(l),
+        vec![
+            ("a".into(), "334".into(), "1000".into()),
+            ("b".into(), "333".into(), "998".into()),
+            ("c".into(), "333".into(), "999".into()),
+        ]
+    );
+    assert_eq!(sub.body["checkpoint"]["checkpointId"], "1ef00100");
+    let ids: Vec<&str> = page.body["checkpoints"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c["checkpointId"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        ids,
+        ["1ef00499", "1ef00498", "1ef00497", "1ef00496", "1ef00495"]
+    );
+    // The same answers as the scan (a listing of everything takes it).
+    let all = get(&s, &run_path(run, "/thread/checkpoints?ns=")).await;
+    assert!(counting.scans.load(SeqCst) > after.0);
+    let all = all.body["checkpoints"].as_array().unwrap().clone();
+    assert_eq!(all.len(), 1000);
+    assert_eq!(&all[0], l);
+    assert_eq!(
+        &all[501..506],
+        page.body["checkpoints"].as_array().unwrap().as_slice()
+    );
+}
+
+/// Records written before layout v2 (no `locations`) read back as before,
+/// through the scan.
+#[tokio::test]
+async fn records_of_the_old_layout_still_read_back() {
+    let store = Arc::new(runkeep::MemoryStore::new());
+    let s = TestServer::start(store.clone());
+    let scope = support::run("run_t10");
+    for (i, blobs) in [
+        (1, json!([blob("a", "1", "A1"), blob("b", "1", "B1")])),
+        (2, json!([blob("a", "2", "A2")])),
+    ] {
+        let mut state = serde_json::Map::new();
+        state.insert("threadRecord".into(), json!("checkpoint"));
+        state.insert("thread".into(), json!("t10"));
+        state.insert("ns".into(), json!(""));
+        state.insert("checkpointId".into(), json!(format!("{i}")));
+        state.insert(
+            "checkpoint".into(),
+            json!({ "id": format!("{i}"), "channel_versions": { "a": format!("{i}"), "b": "1" } }),
+        );
+        state.insert("metadata".into(), json!({ "step": i }));
+        state.insert("blobs".into(), blobs);
+        let cp = runkeep::Checkpoint {
+            id: runkeep::CheckpointId::new(format!("tc-0-r{i}")).unwrap(),
+            created_at: runkeep::Timestamp::now(),
+            run_created_at: None,
+            pending: None,
+            fence: None,
+            state,
+        };
+        runkeep::CheckpointStore::write_checkpoint(store.as_ref(), &scope, &cp, None)
+            .await
+            .unwrap();
+    }
+    let run = scope.run_id.to_string();
+    let latest = get(&s, &run_path(&run, "/thread/checkpoint")).await;
+    assert_eq!(
+        latest.body["checkpoint"]["checkpointId"], "2",
+        "{}",
+        latest.body
+    );
+    assert_eq!(
+        values(&latest.body["checkpoint"]),
+        vec![
+            ("a".into(), "2".into(), "A2".into()),
+            ("b".into(), "1".into(), "B1".into())
+        ]
+    );
+    // A v2 checkpoint on top of old ones: its untouched channel is found
+    // through the scan too.
+    let a = put_cp(
+        &s,
+        &run,
+        TOKEN_A,
+        cp(
+            "t10",
+            "",
+            "3",
+            Some("2"),
+            json!({ "a": "3", "b": "1" }),
+            json!([blob("a", "3", "A3")]),
+        ),
+    )
+    .await;
+    assert_eq!(a.status, 200);
+    let page = get(&s, &run_path(&run, "/thread/checkpoints?ns=&limit=2")).await;
+    let got: Vec<_> = page.body["checkpoints"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(values)
+        .collect();
+    assert_eq!(
+        got,
+        vec![
+            vec![
+                ("a".into(), "3".into(), "A3".into()),
+                ("b".into(), "1".into(), "B1".into())
+            ],
+            vec![
+                ("a".into(), "2".into(), "A2".into()),
+                ("b".into(), "1".into(), "B1".into())
+            ],
+        ]
+    );
+}
