@@ -809,7 +809,7 @@ class _AsyncClients:
         with self._lock:
             c = self._per_loop.get(loop)
             if c is None:
-                c = self._per_loop[loop] = _to_async(self._client)
+                c = self._per_loop[loop] = self._client.to_async()
             return c
 
     async def aclose(self) -> None:
@@ -820,9 +820,3 @@ class _AsyncClients:
         if c is not None:
             await c.aclose()
 
-
-def _to_async(client: RunkeepClient) -> AsyncRunkeepClient:  # TEMP until h-pypkg's to_async lands
-    to_async = getattr(client, "to_async", None)
-    if to_async is not None:
-        return to_async()  # type: ignore[no-any-return]
-    return AsyncRunkeepClient(client.base_url, client.token, tenant=client.tenant, timeout=client.timeout)

@@ -79,7 +79,7 @@ class RunkeepGraphWorker:
 
     def __init__(
         self,
-        graph: Pregel,
+        graph: "Pregel[Any, Any, Any, Any]",
         saver: RunkeepSaver,
         *,
         holder: str | None = None,
