@@ -44,7 +44,7 @@ async def test_the_async_methods_never_use_the_sync_client_nor_threads(serve, mo
 
     graph = graphs.two_interrupts().compile(checkpointer=saver)
     config = {"configurable": {"thread_id": "a-1"}}
-    out = await graph.ainvoke({"log": []}, config, durability="sync")  # aput, aput_writes (parks), aget_tuple
+    out = await graph.ainvoke({"log": []}, {**config, "metadata": {"run_id": "r-a1"}}, durability="sync")  # aput, aput_writes (parks), aget_tuple
     assert len(out["__interrupt__"]) == 2
     park = await saver.ainterrupt_park("a-1")
     assert park is not None and len(park.interrupts) == 2
@@ -59,8 +59,8 @@ async def test_the_async_methods_never_use_the_sync_client_nor_threads(serve, mo
     ]
     await saver.aprune(["a-2"], strategy="keep_latest")
     assert len([t async for t in saver.alist({"configurable": {"thread_id": "a-2"}})]) == 1
-    run_id = listed[0].metadata["run_id"]
-    await saver.adelete_for_runs([run_id])
+    assert listed[0].metadata["run_id"] == "r-a1"
+    await saver.adelete_for_runs(["r-a1"])
     assert [t async for t in saver.alist(config)] == []
     await saver.adelete_thread("a-2")
     assert await saver.aget_tuple({"configurable": {"thread_id": "a-2"}}) is None

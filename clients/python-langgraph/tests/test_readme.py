@@ -50,8 +50,9 @@ def test_the_readme_blocks_run_and_do_what_it_says(serve) -> None:
     copy = list(saver.list({"configurable": {"thread_id": "t-2-copy"}}))
     assert len(copy) == 1
     assert copy[0].checkpoint["channel_values"]["log"] == ["drafted", "approval: yes", "shipped"]
-    # delete_for_runs removed t-1's checkpoints of that run.
-    assert all(t.metadata.get("run_id") != ns["run_id"] for t in saver.list({"configurable": {"thread_id": "t-1"}}))
+    # delete_for_runs removed t-1's checkpoints of run "r-1" (all of them), and only those.
+    assert list(saver.list({"configurable": {"thread_id": "t-1"}})) == []
+    assert saver.get_tuple({"configurable": {"thread_id": "t-2"}}) is not None
     # Async: t-3 ran to its interrupt through the async methods.
     t3 = saver.get_tuple({"configurable": {"thread_id": "t-3"}})
     assert t3 is not None and saver.interrupt_park("t-3") is not None
