@@ -16,7 +16,7 @@ import json
 import re
 import types
 from dataclasses import dataclass
-from typing import Any, AsyncIterator, Callable, Concatenate, Coroutine, Generic, Iterator, Mapping, ParamSpec, TypeVar, overload
+from typing import Any, AsyncIterator, Callable, Concatenate, Coroutine, Generic, Iterator, Mapping, ParamSpec, Sequence, TypeVar, overload
 from urllib.parse import quote
 
 import httpx
@@ -287,6 +287,7 @@ OPERATIONS: dict[str, tuple[str, str]] = {
     "list_thread_checkpoints": ("GET", "{run}/thread/checkpoints"),
     "list_threads_checkpoints": ("GET", "/v1/tenants/{tenant}/thread-checkpoints"),
     "delete_thread": ("DELETE", "{run}/thread"),
+    "delete_thread_checkpoints": ("POST", "{run}/thread/checkpoints/delete"),
 }
 
 
@@ -717,6 +718,14 @@ class _Api:
     @_operation
     def delete_thread(self, run: RunRef, fence: int | None = None) -> _Request[int]:
         return self._request("delete_thread", run, params={"fence": fence}, parse=lambda b: int(b["checkpointCount"]))
+
+    @_operation
+    def delete_thread_checkpoints(self, run: RunRef, checkpoints: Sequence[Mapping[str, str]], fence: int | None = None) -> _Request[int]:
+        """``POST …/thread/checkpoints/delete``: deletes the named checkpoints
+        (each ``{"ns", "checkpointId"}``) and their pending writes; the answer
+        is how many existed."""
+        body = {"checkpoints": [{"ns": c.get("ns", ""), "checkpointId": c["checkpointId"]} for c in checkpoints], "fence": fence}
+        return self._request("delete_thread_checkpoints", run, body=body, parse=lambda b: int(b["deleted"]))
 
 
 _WRITE_METHODS = {"POST", "PUT", "DELETE", "PATCH"}
