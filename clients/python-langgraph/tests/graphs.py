@@ -49,6 +49,21 @@ def asks_twice() -> StateGraph:
     return g
 
 
+def fails_after_answer() -> StateGraph:
+    """One node that reads its answer and then fails: the task writes no
+    ``__resume__`` of its own, only the error."""
+
+    def ask(state: State) -> dict:
+        answer = interrupt({"q": "go?"})
+        raise RuntimeError(f"failed after the answer {answer!r}")
+
+    g = StateGraph(State)
+    g.add_node("ask", ask)
+    g.add_edge(START, "ask")
+    g.add_edge("ask", END)
+    return g
+
+
 def start(saver: RunkeepSaver, thread: str, builder: StateGraph, inputs: Any = None) -> dict:
     """What a first worker does: claims the thread, runs the graph to its
     interrupt under ownership, and releases the run (it waits on its park)."""

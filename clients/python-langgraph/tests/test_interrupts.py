@@ -117,7 +117,32 @@ def test_command_resume_in_code_closes_the_park(serve, saver):
     held.finish()
 
 
-def test_a_plain_command_resume_closes_a_single_interrupt_park_with_its_value(serve, saver):
+def test_the_null_task_resume_write_closes_the_park_by_itself(serve, saver):
+    """A plain ``Command(resume=v)`` makes LangGraph write ``__resume__``
+    under the null task id before the node runs: that write alone closes
+    the park, with ``v`` (the node's own write, which would close it too,
+    may never come: its process can die first)."""
+    thread = "in-code-3"
+    held = saver.claim_thread(thread, holder="me")
+    owned = saver.owned(thread, held)
+    graph = graphs.fails_after_answer().compile(checkpointer=owned)
+    config = {"configurable": {"thread_id": thread}}
+    graph.invoke({"log": []}, config, durability="sync")
+    run = saver.run_ref(thread)
+    reader = serve.client("reader")
+    parked = reader.find_pending(run)
+    assert parked is not None
+    tip = owned.get_tuple(config)
+    owned.put_writes(tip.config, [("__resume__", "go")], "00000000-0000-0000-0000-000000000000")
+    assert reader.find_pending(run) is None
+    assert reader.read_checkpoint(run, parked["id"])["pending"]["decision"] == "go"
+    # LangGraph then resumes from that write: the node reads "go" (and fails).
+    with pytest.raises(RuntimeError, match="failed after the answer 'go'"):
+        graph.invoke(None, config, durability="sync")
+    held.release()
+
+
+def test_a_resumed_node_asking_again_opens_a_new_park_on_the_same_checkpoint(serve, saver):
     thread = "in-code-2"
     held = saver.claim_thread(thread, holder="me")
     graph = graphs.asks_twice().compile(checkpointer=saver.owned(thread, held))
