@@ -26,7 +26,7 @@ import hashlib
 import json
 import random
 import re
-from typing import Any, AsyncIterator, Iterator, Mapping, Optional, Sequence
+from typing import Any, AsyncIterator, Iterator, Mapping, Optional, Sequence, cast
 
 from langchain_core.runnables import RunnableConfig
 from langgraph.checkpoint.base import (
@@ -227,7 +227,7 @@ class RunkeepSaver(BaseCheckpointSaver[str]):
         return CheckpointTuple(
             config=config,
             checkpoint=checkpoint,
-            metadata=body.get("metadata") or {},
+            metadata=cast(CheckpointMetadata, body.get("metadata") or {}),
             parent_config=({"configurable": {"thread_id": thread, "checkpoint_ns": ns, "checkpoint_id": parent}} if parent else None),
             pending_writes=[(w["taskId"], w["channel"], self._load(w["type"], w["data"])) for w in body["writes"]],
         )
@@ -326,7 +326,7 @@ class RunkeepSaver(BaseCheckpointSaver[str]):
         self._write(thread_id, send)
 
     @staticmethod
-    def _park_request(thread_id: str, ns: str, checkpoint_id: str, task_id: str, value: Any) -> dict:
+    def _park_request(thread_id: str, ns: str, checkpoint_id: str, task_id: str, value: Any) -> dict[str, Any]:
         interrupts = value if isinstance(value, (list, tuple)) else [value]
         return {
             "type": "langgraph-interrupt",
@@ -347,7 +347,7 @@ class RunkeepSaver(BaseCheckpointSaver[str]):
         ``graph.invoke(Command(resume=decision), config)``."""
         body = self.client.get_thread_checkpoint(self.run_ref(thread_id), ns="")
         park = (body or {}).get("park")
-        if not park:
+        if not park or body is None:
             return False, None
         pending = park["pending"]
         if pending.get("resolvedAt") is None or "decision" not in pending:
