@@ -64,6 +64,32 @@ def fails_after_answer() -> StateGraph:
     return g
 
 
+def approval(die_in_ship: bool = False) -> StateGraph:
+    """draft → approve (an interrupt) → ship; ``die_in_ship``: the process
+    "dies" in ``ship`` (``KeyboardInterrupt``, nothing reported)."""
+
+    def draft(state: State) -> dict:
+        return {"log": ["drafted"]}
+
+    def approve(state: State) -> dict:
+        return {"log": [f"approval: {interrupt({'q': 'ship?'})}"]}
+
+    def ship(state: State) -> dict:
+        if die_in_ship:
+            raise KeyboardInterrupt("the process died")
+        return {"log": ["shipped"]}
+
+    g = StateGraph(State)
+    g.add_node("draft", draft)
+    g.add_node("approve", approve)
+    g.add_node("ship", ship)
+    g.add_edge(START, "draft")
+    g.add_edge("draft", "approve")
+    g.add_edge("approve", "ship")
+    g.add_edge("ship", END)
+    return g
+
+
 def start(saver: RunkeepSaver, thread: str, builder: StateGraph, inputs: Any = None) -> dict:
     """What a first worker does: claims the thread, runs the graph to its
     interrupt under ownership, and releases the run (it waits on its park)."""

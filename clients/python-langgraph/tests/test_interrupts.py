@@ -211,3 +211,24 @@ async def test_aclaim_write_ownership_tells_a_finished_thread_from_a_held_one(se
     with pytest.raises(ThreadFinished):
         await saver.aclaim_write_ownership(thread)
     await saver.aclose()
+
+
+def test_a_thread_whose_worker_died_after_the_answer_is_continued_from_its_latest_checkpoint(serve, saver):
+    thread = "died-1"
+    graphs.start(saver, thread, graphs.approval())
+    run = saver.run_ref(thread)
+    serve.client("operator").resolve_park(run, saver.interrupt_park(thread).park_id, "yes")
+
+    # A first resumer takes the answer, gets past the approval and dies in
+    # `ship` (its holding is never ended; its lease lapses).
+    held = saver.claim_thread(thread, holder="dies", ttl_ms=300)
+    with pytest.raises(KeyboardInterrupt):
+        graphs.approval(die_in_ship=True).compile(checkpointer=saver.owned(thread, held)).invoke(Command(resume="yes"), {"configurable": {"thread_id": thread}}, durability="sync")
+    held.stop_renewing()
+    assert saver.interrupt_park(thread) is None, "the graph moved past its answered park"
+
+    worker = RunkeepGraphWorker(graphs.approval().compile(), saver, holder="w", wait_ms=2_000, result=log_result)
+    outcome = worker.run_once(wait_s=30)
+    assert outcome is not None and outcome.how == "continued" and not outcome.interrupted, worker.report
+    assert outcome.output["log"] == ["drafted", "approval: yes", "shipped"]
+    assert serve.client("reader").lifecycle(run)["status"] == "completed"
