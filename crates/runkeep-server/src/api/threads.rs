@@ -27,8 +27,22 @@
 //!   carries `park` makes this record a runkeep park: the console shows
 //!   it, and its answer is the decision a worker resumes the graph with.
 //!
-//! Reads scan the run's checkpoints once (`list_checkpoints`): a read costs
-//! one store scan of the thread, and one request.
+//! Layout v2: a checkpoint record also keeps `locations`, for each channel
+//! of its `channel_versions` the record id holding that version's blob
+//! (its own for the blobs it carries, else its parent's location when the
+//! parent holds the same version: one point read of the parent at write
+//! time). Each blob is stored once, in the record that introduced it.
+//!
+//! Reads: the latest of a namespace is one names-only
+//! [`runkeep::CheckpointStore::checkpoint_ids`] query (`tc-<ns key>-r`,
+//! limit 1: raw ids sort as checkpoint ids), then point reads of the
+//! record, the records its blobs live in (each once) and its writes
+//! record — independent of the thread's length. A read by id is a point
+//! read; a one-namespace page (`ns`, `before`, `filter`, `limit`) pages the
+//! ids and reads only what it returns. Old-layout records, a channel with
+//! no known location, a namespace holding hashed ids, and listings without
+//! `ns` (or across threads) scan the run's checkpoints once
+//! (`list_checkpoints`).
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::OnceLock;
