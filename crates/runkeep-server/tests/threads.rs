@@ -789,7 +789,7 @@ async fn the_latest_read_and_a_page_read_only_what_they_return() {
         for i in 1..=n {
             let channel = ["c", "a", "b"][i % 3];
             let versions = json!({
-                "a": format!("{}", (i + 2) / 3),
+                "a": format!("{}", i.div_ceil(3)),
                 "b": format!("{}", (i + 1) / 3),
                 "c": format!("{}", i / 3),
             });
