@@ -187,17 +187,22 @@ pub(crate) async fn checkpoint_ids(
     query: &runkeep::CheckpointIdQuery,
 ) -> Result<Vec<runkeep::CheckpointId>> {
     query.validate()?;
-    // Names only, served by the primary key: the run's key, then
-    // `checkpoint_id` descending from `before`, within the prefix range.
-    // The prefix is of the id alphabet ([A-Za-z0-9_-]), so only `_`
-    // needs escaping for LIKE.
+    // Names only, served by the primary key as one range scan: the ids
+    // with the prefix are exactly those in [prefix, prefix || U+007F) (ids
+    // use only [A-Za-z0-9_-], all below U+007F, under COLLATE "C"), cut
+    // at `before`, walked down from the top.
     let key = Key::of(scope);
-    let like = format!("{}%", query.prefix.replace('_', "\\_"));
-    let before: Option<String> = query.before.as_ref().map(|b| b.as_str().to_string());
+    let low = query.prefix.clone();
+    let mut high = format!("{}\u{7f}", query.prefix);
+    if let Some(b) = &query.before {
+        if b.as_str() < high.as_str() {
+            high = b.as_str().to_string();
+        }
+    }
     let limit: Option<i64> = query.limit.map(|n| i64::try_from(n).unwrap_or(i64::MAX));
     let mut params = key.params();
-    params.push(&like);
-    params.push(&before);
+    params.push(&low);
+    params.push(&high);
     params.push(&limit);
     let c = db.conn("checkpoint_ids").await?;
     let rows = db
@@ -206,8 +211,7 @@ pub(crate) async fn checkpoint_ids(
             "list checkpoint ids",
             "SELECT checkpoint_id FROM checkpoints
               WHERE tenant_id = $1 AND project_id = $2 AND session_id = $3 AND run_id = $4 AND parent_id = $5
-                AND checkpoint_id LIKE $6 ESCAPE '\\'
-                AND ($7::text IS NULL OR checkpoint_id < $7::text)
+                AND checkpoint_id >= $6 AND checkpoint_id < $7
               ORDER BY checkpoint_id DESC
               LIMIT $8",
             &params,
