@@ -50,5 +50,9 @@ status=0
 # A hung test fails the run instead of blocking CI.
 timeout 300 "$venv/bin/python" -m pytest -p no:cacheprovider -q -rA --rootdir clients/python clients/python/tests || status=1
 timeout 600 "$venv/bin/python" -m pytest -p no:cacheprovider -q -s --rootdir clients/python-langgraph clients/python-langgraph/tests || status=1
+# --- the LangGraph saver bench at its small size: checks every saver stores
+# what it is given (not timings); its own venv (clients/python-langgraph/bench).
+timeout 180 bash "$repo/clients/python-langgraph/bench/run.sh" --small || status=1
+# ---
 echo "clients/python: $(( $(date +%s) - started )) s"
 exit "$status"
