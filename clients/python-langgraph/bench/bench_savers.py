@@ -282,9 +282,6 @@ def open_savers(stack: ExitStack, args: argparse.Namespace, work: Path) -> list[
 
     mem = InMemorySaver()
     savers.append(Saver("memory", mem, lambda st, m=mem: m, storage=None))
-    for s in savers:
-        if s.storage:
-            s.baseline = s.storage()
     return savers
 
 
@@ -612,6 +609,9 @@ def main(argv: list[str] | None = None) -> int:
             names = [s.name for s in savers]
             for s in savers:  # warm-up: connections, first requests
                 small_graph().compile(checkpointer=s.sync).invoke({"n": 0, "last": ""}, cfg(f"{tag}-warm"))
+            for s in savers:  # (e) counts what the chat thread adds to this
+                if s.storage:
+                    s.baseline = s.storage()
             print(f"bench: savers {names} ready in {time.monotonic() - started:.1f} s; chat, {args.turns} turns", flush=True)
             res["chat"] = chat_phase(savers, args.turns, tag, rng)
             for s in savers:
