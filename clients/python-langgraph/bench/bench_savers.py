@@ -327,6 +327,8 @@ def chat_phase(savers: list[Saver], T: int, tag: str, rng: random.Random) -> dic
         for s in rounds(rng, savers):
             ms, _ = timed(lambda: graphs[s.name].invoke({"messages": [HumanMessage(content=human(turn))]}, cfg(f"{tag}-chat")))
             lat[s.name].append(ms)
+        if turn % 100 == 0:
+            print(f"bench: chat turn {turn}: " + ", ".join(f"{n} {v[-1]:.1f} ms" for n, v in lat.items()), flush=True)
     return lat
 
 
