@@ -596,6 +596,9 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     lengths = [int(x) for x in args.lengths.split(",")]
     rng = random.Random(args.seed)
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip() or "?"
+    dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], capture_output=True, text=True).stdout.strip()
+    commit += " (with uncommitted changes)" if dirty else ""
     tag = f"b{os.getpid()}"
     started = time.monotonic()
     parent = Path(args.dir) if args.dir else None
@@ -653,7 +656,6 @@ def main(argv: list[str] | None = None) -> int:
     if args.plot:
         plot(res["chat"], Path(args.plot))
     if args.update_doc:
-        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
         cpu = next((ln.split(":", 1)[1].strip() for ln in open("/proc/cpuinfo") if ln.startswith("model name")), "?")
         import psycopg
 
@@ -661,7 +663,7 @@ def main(argv: list[str] | None = None) -> int:
             pgv = c.execute("SHOW server_version").fetchone()[0]
         head = [
             f"> {datetime.now(timezone.utc):%Y-%m-%d}, commit {commit}, {os.cpu_count()} cores ({cpu}), PostgreSQL {pgv}, {took / 60:.1f} min.",
-            f"> Command: `{args.command or ' '.join(['python', *sys.argv])}`",
+            f"> Command: `{args.command or ' '.join(['python', *sys.argv])}`; server `{os.environ.get('RUNKEEP_BIN')}`; load average at the end {os.getloadavg()[0]:.1f}.",
         ]
         if args.label:
             head.append(f"> {args.label}")
