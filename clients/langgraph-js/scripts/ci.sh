@@ -41,3 +41,8 @@ rm -rf dist
 npx tsc -p tsconfig.build.json
 # A hung test fails the run instead of blocking CI.
 timeout 300 npx vitest run --reporter=default
+# The packages as a user gets them: both packed, their tarballs' contents
+# checked, installed from the tarballs into a fresh project under
+# target/js-pack with @langchain/langgraph, and a graph with an interrupt
+# run there under runWorker (scripts/pack-check.sh).
+bash "$here/scripts/pack-check.sh"
