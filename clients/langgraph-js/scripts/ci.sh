@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The LangGraph.js saver's CI: build the TypeScript client it depends on
-# (file:../typescript), install from the committed lockfile, type-check,
+# (a peer dependency; file:../typescript in development), install from the
+# committed lockfile, type-check,
 # build, and run the vitest specs against a live `runkeep serve` (one per
 # run, started by test/global-setup.ts on a free port with reader, worker
 # and operator tokens): LangGraph.js's own validation suite
