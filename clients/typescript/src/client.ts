@@ -69,6 +69,8 @@ import type {
   ThreadCheckpointBody,
   ThreadCheckpointList,
   ThreadDeleted,
+  ThreadCheckpointRef,
+  ThreadCheckpointsDeleted,
   ThreadListQuery,
   ThreadsListQuery,
   ResolutionBody,
@@ -197,6 +199,7 @@ export const OPERATIONS = {
   get_thread_checkpoint: ["GET", "{run}/thread/checkpoint", "getThreadCheckpoint"],
   put_thread_writes: ["POST", "{run}/thread/writes", "putThreadWrites"],
   delete_thread: ["DELETE", "{run}/thread", "deleteThread"],
+  delete_thread_checkpoints: ["POST", "{run}/thread/checkpoints/delete", "deleteThreadCheckpoints"],
   list_threads_checkpoints: ["GET", "/v1/tenants/{tenant}/thread-checkpoints", "listThreadsCheckpoints"],
 } as const satisfies Record<string, readonly [string, string, keyof RunkeepClient]>;
 
@@ -888,6 +891,19 @@ export class RunkeepClient {
   async deleteThread(run: RunRef, options: FencedOptions = {}): Promise<ThreadDeleted> {
     const p = await this.path("delete_thread", options, { run });
     return this.call("delete_thread", p.path, { query: { ...p.query, fence: options.fence }, signal: options.signal });
+  }
+
+  /**
+   * Deletes the named checkpoints of a thread and their pending writes
+   * (`POST …/thread/checkpoints/delete`; LangGraph's `prune` and
+   * `delete_for_runs`); answers how many existed.
+   */
+  deleteThreadCheckpoints(
+    run: RunRef,
+    checkpoints: ThreadCheckpointRef[],
+    options: FencedOptions = {},
+  ): Promise<ThreadCheckpointsDeleted> {
+    return this.runWrite("delete_thread_checkpoints", run, { checkpoints, fence: options.fence ?? null }, options);
   }
 }
 

@@ -317,6 +317,8 @@ export type ThreadCheckpointList = Wire<S["ThreadCheckpointList"]>;
 
 /** A thread deleted. */
 export type ThreadDeleted = Wire<S["ThreadDeleted"]>;
+export type ThreadCheckpointRef = Wire<S["ThreadCheckpointRef"]>;
+export type ThreadCheckpointsDeleted = Wire<S["ThreadCheckpointsDeleted"]>;
 
 /** What a thread listing keeps (`GET …/thread/checkpoints`). */
 export interface ThreadListQuery {

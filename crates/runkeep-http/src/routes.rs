@@ -11,8 +11,8 @@ use utoipa::IntoParams;
 
 use crate::openapi::Payload;
 use crate::wire::threads::{
-    MaybeThreadCheckpoint, PutThreadCheckpointBody, PutThreadWritesBody, ThreadCheckpointList,
-    ThreadDeleted,
+    DeleteThreadCheckpointsBody, MaybeThreadCheckpoint, PutThreadCheckpointBody,
+    PutThreadWritesBody, ThreadCheckpointList, ThreadCheckpointsDeleted, ThreadDeleted,
 };
 use crate::wire::{self, *};
 
@@ -554,6 +554,13 @@ operations! {
     DeleteThread = "delete_thread" {
         DELETE run_path!("/thread"), Worker, Short,
         path: RunPath, query: DeleteThreadQuery, body: NoBody, answer: ThreadDeleted,
+    }
+    /// Deletes the named thread checkpoints and their pending writes
+    /// (LangGraph's `prune` and `delete_for_runs`; fenced when `fence` is
+    /// given: a refused delete deletes nothing).
+    DeleteThreadCheckpoints = "delete_thread_checkpoints" {
+        POST run_path!("/thread/checkpoints/delete"), Worker, Short,
+        path: RunPath, query: ParentQuery, body: DeleteThreadCheckpointsBody, answer: ThreadCheckpointsDeleted,
     }
     /// Thread checkpoints across every thread under the scope, greatest
     /// checkpoint id first.

@@ -213,6 +213,14 @@ fn closed_schemas_are_exactly_the_bodies_that_refuse_unknown_members() {
             refuses_unknown::<wire::threads::PutThreadCheckpointBody>(unknown),
         ),
         (
+            "DeleteThreadCheckpointsBody",
+            refuses_unknown::<wire::threads::DeleteThreadCheckpointsBody>(unknown),
+        ),
+        (
+            "ThreadCheckpointRef",
+            refuses_unknown::<wire::threads::ThreadCheckpointRef>(unknown),
+        ),
+        (
             "PutThreadWritesBody",
             refuses_unknown::<wire::threads::PutThreadWritesBody>(unknown),
         ),

@@ -525,3 +525,218 @@ async fn deleting_a_thread_leaves_other_threads_and_listing_spans_threads() {
         (200, json!(0))
     );
 }
+
+fn interrupt_batch(thread: &str, task: &str, ids: &[&str], resume: Option<Value>) -> Value {
+    let interrupts: Vec<Value> = ids
+        .iter()
+        .map(|id| json!({ "id": id, "value": format!("ask {id}") }))
+        .collect();
+    let mut b = json!({
+        "thread": thread,
+        "checkpointId": "1",
+        "taskId": task,
+        "writes": [{ "idx": -3, "channel": "__interrupt__", "type": "json", "data": task }],
+        "park": { "request": {
+            "type": "langgraph-interrupt",
+            "thread": thread,
+            "checkpointId": "1",
+            "taskId": task,
+            "interrupts": interrupts,
+        } },
+    });
+    if let Some(r) = resume {
+        b["resume"] = r;
+    }
+    b
+}
+
+async fn park_of(s: &TestServer, run: &str) -> Value {
+    let got = get(s, &run_path(run, "/thread/checkpoint?checkpointId=1")).await;
+    assert_eq!(got.status, 200, "{}", got.body);
+    got.body["checkpoint"]["park"]["pending"].clone()
+}
+
+#[tokio::test]
+async fn two_tasks_interrupting_in_one_step_leave_one_open_park_with_both() {
+    let s = server();
+    let run = "run_t6";
+    put_cp(
+        &s,
+        run,
+        TOKEN_A,
+        cp("t6", "", "1", None, json!({}), json!([])),
+    )
+    .await;
+    for (task, ids) in [
+        ("ta", vec!["i1"]),
+        ("tb", vec!["i2", "i1"]),
+        ("ta", vec!["i1"]),
+    ] {
+        let a = put_writes(&s, run, WORKER_A, interrupt_batch("t6", task, &ids, None)).await;
+        assert_eq!(a.status, 200, "{}", a.body);
+    }
+    let pending = park_of(&s, run).await;
+    assert!(pending["resolvedAt"].is_null(), "{pending}");
+    let interrupts: Vec<(String, String)> = pending["request"]["interrupts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|i| {
+            (
+                i["id"].as_str().unwrap().to_string(),
+                i["taskId"].as_str().unwrap().to_string(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        interrupts,
+        vec![("i1".into(), "ta".into()), ("i2".into(), "tb".into())],
+        "the union by id, in arrival order, each with its task"
+    );
+    // Both tasks' writes are kept.
+    let got = get(&s, &run_path(run, "/thread/checkpoint?checkpointId=1")).await;
+    assert_eq!(
+        got.body["checkpoint"]["writes"].as_array().unwrap().len(),
+        2
+    );
+}
+
+#[tokio::test]
+async fn resume_closes_an_outstanding_park_and_never_an_answered_one() {
+    let s = server();
+    let run = "run_t7";
+    put_cp(
+        &s,
+        run,
+        TOKEN_A,
+        cp("t7", "", "1", None, json!({}), json!([])),
+    )
+    .await;
+    let a = put_writes(
+        &s,
+        run,
+        WORKER_A,
+        interrupt_batch("t7", "ta", &["i1"], None),
+    )
+    .await;
+    assert_eq!(a.status, 200, "{}", a.body);
+    // A batch without `resume` leaves the park open.
+    let plain = json!({ "thread": "t7", "checkpointId": "1", "taskId": "tz", "writes": [] });
+    assert_eq!(
+        put_writes(&s, run, WORKER_A, plain.clone()).await.status,
+        200
+    );
+    assert!(park_of(&s, run).await["resolvedAt"].is_null());
+    let mut resume = plain.clone();
+    resume["resume"] = json!({ "approved": true });
+    assert_eq!(put_writes(&s, run, WORKER_A, resume).await.status, 200);
+    let closed = park_of(&s, run).await;
+    assert!(closed["resolvedAt"].is_i64(), "{closed}");
+    assert_eq!(closed["decision"], json!({ "approved": true }));
+    let pending = get(&s, &run_path(run, "/checkpoints/pending")).await;
+    assert!(pending.body["checkpoint"].is_null(), "{}", pending.body);
+    // A second resume does not overwrite the first answer.
+    let mut again = plain;
+    again["resume"] = json!("no");
+    assert_eq!(put_writes(&s, run, WORKER_A, again).await.status, 200);
+    let kept = park_of(&s, run).await;
+    assert_eq!(kept["decision"], json!({ "approved": true }));
+    assert_eq!(kept["resolvedAt"], closed["resolvedAt"]);
+    // After an answer, a new interrupt at the same checkpoint replaces it.
+    let a = put_writes(
+        &s,
+        run,
+        WORKER_A,
+        interrupt_batch("t7", "tb", &["i9"], None),
+    )
+    .await;
+    assert_eq!(a.status, 200);
+    let new = park_of(&s, run).await;
+    assert!(new["resolvedAt"].is_null(), "{new}");
+    assert_eq!(new["request"]["interrupts"][0]["id"], "i9");
+    assert_eq!(new["request"]["interrupts"].as_array().unwrap().len(), 1);
+}
+
+async fn delete_cps(s: &TestServer, run: &str, token: &str, body: Value) -> Answer {
+    send(
+        s,
+        reqwest::Method::POST,
+        &run_path(run, "/thread/checkpoints/delete"),
+        token,
+        Some(body),
+    )
+    .await
+}
+
+#[tokio::test]
+async fn deleting_chosen_checkpoints_is_fenced_and_takes_their_writes() {
+    let s = server();
+    let run = "run_t8";
+    let c = send(
+        &s,
+        reqwest::Method::POST,
+        &run_path(run, "/claim"),
+        WORKER_A,
+        Some(json!({ "holder": "w1", "ttlMs": 60000 })),
+    )
+    .await;
+    assert_eq!(c.body["lease"]["fence"], 1, "{}", c.body);
+    for (ns, id) in [("", "1"), ("", "2"), ("", "3"), ("sub", "2")] {
+        let mut b = cp("t8", ns, id, None, json!({}), json!([]));
+        b["fence"] = json!(1);
+        assert_eq!(put_cp(&s, run, WORKER_A, b).await.status, 200);
+        let w = json!({ "thread": "t8", "ns": ns, "checkpointId": id, "taskId": "t",
+            "writes": [{ "idx": 0, "channel": "c", "type": "json", "data": "x" }], "fence": 1 });
+        assert_eq!(put_writes(&s, run, WORKER_A, w).await.status, 200);
+    }
+    let total = || async {
+        get(&s, &run_path(run, "/checkpoints?fields=summary"))
+            .await
+            .body
+            .as_array()
+            .map(Vec::len)
+    };
+    assert_eq!(total().await, Some(8));
+    // A renewal moves the fence to 2: fence 1 is stale, nothing is deleted.
+    let c = send(
+        &s,
+        reqwest::Method::POST,
+        &run_path(run, "/claim"),
+        WORKER_A,
+        Some(json!({ "holder": "w1", "ttlMs": 60000 })),
+    )
+    .await;
+    assert_eq!(c.body["lease"]["fence"], 2, "{}", c.body);
+    let body = |fence: u64| {
+        json!({ "checkpoints": [
+            { "ns": "", "checkpointId": "1" },
+            { "ns": "sub", "checkpointId": "2" },
+            { "ns": "", "checkpointId": "nope" },
+        ], "fence": fence })
+    };
+    let stale = delete_cps(&s, run, WORKER_A, body(1)).await;
+    assert_eq!(stale.status, 409, "{}", stale.body);
+    assert_eq!(total().await, Some(8), "a refused delete deletes nothing");
+    // Bad input is refused before anything is deleted.
+    let mut bad = body(2);
+    bad["checkpoints"][1]["checkpointId"] = json!("");
+    assert_eq!(delete_cps(&s, run, WORKER_A, bad).await.status, 400);
+    assert_eq!(total().await, Some(8));
+    let ok = delete_cps(&s, run, WORKER_A, body(2)).await;
+    assert_eq!(ok.status, 200, "{}", ok.body);
+    assert_eq!(ok.body, json!({ "deleted": 2 }));
+    assert_eq!(total().await, Some(4));
+    let left = get(&s, &run_path(run, "/thread/checkpoints")).await;
+    let ids: Vec<(String, String)> = left.body["checkpoints"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| {
+            (
+                c["ns"].as_str().unwrap().into(),
+                c["checkpointId"].as_str().unwrap().into(),
+            )
+        })
+        .collect();
+    assert_eq!(ids, vec![("".into(), "3".into()), ("".into(), "2".into())]);
+}

@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import dataclass
-from typing import Any, AsyncIterator, Awaitable, Callable, Iterator, Mapping, TypeVar, Union
+from typing import Any, AsyncIterator, Awaitable, Callable, Iterator, Mapping, Sequence, TypeVar, Union
 from urllib.parse import quote
 
 import httpx
@@ -284,6 +284,7 @@ OPERATIONS: dict[str, tuple[str, str]] = {
     "list_thread_checkpoints": ("GET", "{run}/thread/checkpoints"),
     "list_threads_checkpoints": ("GET", "/v1/tenants/{tenant}/thread-checkpoints"),
     "delete_thread": ("DELETE", "{run}/thread"),
+    "delete_thread_checkpoints": ("POST", "{run}/thread/checkpoints/delete"),
 }
 
 
@@ -630,6 +631,15 @@ class _Api:
 
     def delete_thread(self, run: RunRef, fence: int | None = None) -> Answer[int]:
         return self._call("delete_thread", run, params={"fence": fence}, parse=lambda b: int(b["checkpointCount"]))
+
+    def delete_thread_checkpoints(
+        self, run: RunRef, checkpoints: Sequence[Mapping[str, str]], fence: int | None = None
+    ) -> Answer[int]:
+        """``POST …/thread/checkpoints/delete``: deletes the named checkpoints
+        (each ``{"ns", "checkpointId"}``) and their pending writes; the answer
+        is how many existed."""
+        body = {"checkpoints": [{"ns": c.get("ns", ""), "checkpointId": c["checkpointId"]} for c in checkpoints], "fence": fence}
+        return self._call("delete_thread_checkpoints", run, body=body, parse=lambda b: int(b["deleted"]))
 
 
 _WRITE_METHODS = {"POST", "PUT", "DELETE", "PATCH"}

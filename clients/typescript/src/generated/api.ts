@@ -676,6 +676,26 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/v1/tenants/{tenant}/projects/{project}/sessions/{session}/runs/{run}/thread/checkpoints/delete": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /**
+         * Deletes the named thread checkpoints and their pending writes (LangGraph's `prune` and `delete_for_runs`; fenced when `fence` is given: a refused delete deletes nothing).
+         * @description Needs a `worker` token.
+         */
+        post: operations["delete_thread_checkpoints"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/v1/tenants/{tenant}/projects/{project}/sessions/{session}/runs/{run}/thread/writes": {
         parameters: {
             query?: never;
@@ -989,6 +1009,17 @@ export interface components {
             fence: number;
             /** @description The step. */
             step: components["schemas"]["StepBody"];
+        };
+        /** @description Deletes chosen checkpoints of a thread (LangGraph's `prune` and
+         *     `delete_for_runs`): each checkpoint record and its writes record. */
+        DeleteThreadCheckpointsBody: {
+            /** @description The checkpoints to delete (at most 10 000). */
+            checkpoints: components["schemas"]["ThreadCheckpointRef"][];
+            /**
+             * Format: int64
+             * @description The holding the delete is made under (absent or `null`: unfenced).
+             */
+            fence?: number | null;
         };
         /** @description Whether a release or snooze took effect. */
         Done: {
@@ -1503,6 +1534,11 @@ export interface components {
             /** @description The namespace of the checkpoint written to. */
             ns?: string;
             park?: null | components["schemas"]["ThreadParkBody"];
+            /** @description Closes the checkpoint's outstanding park in the same write
+             *     (resolved at the store's clock, this value its decision): how
+             *     `Command(resume=…)` in code answers an interrupt. Ignored when the
+             *     park is already answered or there is none. */
+            resume?: Record<string, never> | null;
             /** @description The task writing. */
             taskId: string;
             /** @description The task's path (sorts writes). */
@@ -1800,6 +1836,21 @@ export interface components {
         ThreadCheckpointList: {
             /** @description The checkpoints. */
             checkpoints: components["schemas"]["ThreadCheckpointBody"][];
+        };
+        /** @description One thread checkpoint named for deletion. */
+        ThreadCheckpointRef: {
+            /** @description The checkpoint id. */
+            checkpointId: string;
+            /** @description The namespace (`""`: the root graph). */
+            ns?: string;
+        };
+        /** @description Thread checkpoints deleted. */
+        ThreadCheckpointsDeleted: {
+            /**
+             * Format: int64
+             * @description How many of the named thread checkpoints existed and were deleted.
+             */
+            deleted: number;
         };
         /** @description A thread deleted. */
         ThreadDeleted: {
@@ -6957,6 +7008,159 @@ export interface operations {
                 };
                 content: {
                     "application/json": components["schemas"]["Done"];
+                };
+            };
+            /** @description A problem detail: `urn:runkeep:problem:invalid-input`, `urn:runkeep:problem:malformed-body`. */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description A problem detail: `urn:runkeep:problem:unauthorized`. */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description A problem detail: `urn:runkeep:problem:forbidden`. */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description A problem detail: `urn:runkeep:problem:not-found`. */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description A problem detail: `urn:runkeep:problem:timeout`. */
+            408: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description A problem detail: `urn:runkeep:problem:fenced-out`, `urn:runkeep:problem:conflict`. */
+            409: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description A problem detail: `urn:runkeep:problem:payload-too-large`. */
+            413: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description A problem detail: `urn:runkeep:problem:invalid-input`. The request target (path and query) is longer than the server accepts. */
+            414: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description A problem detail: `urn:runkeep:problem:unsupported-media-type`. */
+            415: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description A problem detail: `urn:runkeep:problem:unsupported`. */
+            422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description A problem detail: `urn:runkeep:problem:invalid-input`. The request head (request line and header fields) is larger than the server accepts. */
+            431: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description A problem detail: `urn:runkeep:problem:corrupted`, `urn:runkeep:problem:backend`. */
+            500: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description A problem detail: `urn:runkeep:problem:unavailable`, `urn:runkeep:problem:contended`, `urn:runkeep:problem:overloaded`. */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+        };
+    };
+    delete_thread_checkpoints: {
+        parameters: {
+            query?: {
+                /** @description The parent run, for a sub-run. */
+                parent?: string;
+            };
+            header?: never;
+            path: {
+                /** @description The tenant id: 1 to 128 characters of [A-Za-z0-9_-], starting with a letter or digit. */
+                tenant: string;
+                /** @description The project id: 1 to 128 characters of [A-Za-z0-9_-], starting with a letter or digit. */
+                project: string;
+                /** @description The session id: 1 to 128 characters of [A-Za-z0-9_-], starting with a letter or digit. */
+                session: string;
+                /** @description The run id: 1 to 128 characters of [A-Za-z0-9_-], starting with a letter or digit. */
+                run: string;
+            };
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/json": components["schemas"]["DeleteThreadCheckpointsBody"];
+            };
+        };
+        responses: {
+            /** @description The answer. */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ThreadCheckpointsDeleted"];
                 };
             };
             /** @description A problem detail: `urn:runkeep:problem:invalid-input`, `urn:runkeep:problem:malformed-body`. */

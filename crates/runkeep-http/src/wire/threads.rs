@@ -132,9 +132,19 @@ pub struct PutThreadWritesBody {
     pub writes: Vec<ThreadWriteBody>,
     /// Parks the run on this checkpoint (an interrupt). A park already
     /// open there with the same request is kept; an answered one is
-    /// replaced by a new one.
+    /// replaced by a new one. Two open `langgraph-interrupt` requests
+    /// (one per task of a step) merge: the stored request's `interrupts`
+    /// becomes the union by interrupt `id`, in arrival order, each entry
+    /// keeping its `taskId` (the batch's `taskId` when it has none).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub park: Option<ThreadParkBody>,
+    /// Closes the checkpoint's outstanding park in the same write
+    /// (resolved at the store's clock, this value its decision): how
+    /// `Command(resume=…)` in code answers an interrupt. Ignored when the
+    /// park is already answered or there is none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<Object>)]
+    pub resume: Option<Value>,
     /// The holding it is written under (absent: unfenced).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schema(minimum = 1, maximum = 999_999_999_999_999_i64)]
@@ -234,4 +244,39 @@ pub struct ThreadDeleted {
     /// were deleted.
     #[schema(maximum = 9_007_199_254_740_991_i64)]
     pub checkpoint_count: u64,
+}
+
+/// One thread checkpoint named for deletion.
+#[derive(Clone, PartialEq, Eq, Debug, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct ThreadCheckpointRef {
+    /// The namespace (`""`: the root graph).
+    #[serde(default)]
+    pub ns: String,
+    /// The checkpoint id.
+    #[schema(min_length = 1)]
+    pub checkpoint_id: String,
+}
+
+/// Deletes chosen checkpoints of a thread (LangGraph's `prune` and
+/// `delete_for_runs`): each checkpoint record and its writes record.
+#[derive(Clone, PartialEq, Debug, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct DeleteThreadCheckpointsBody {
+    /// The checkpoints to delete (at most 10 000).
+    #[schema(max_items = 10000)]
+    pub checkpoints: Vec<ThreadCheckpointRef>,
+    /// The holding the delete is made under (absent or `null`: unfenced).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(minimum = 1, maximum = 999_999_999_999_999_i64)]
+    pub fence: Option<u64>,
+}
+
+/// Thread checkpoints deleted.
+#[derive(Clone, PartialEq, Eq, Debug, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ThreadCheckpointsDeleted {
+    /// How many of the named thread checkpoints existed and were deleted.
+    #[schema(maximum = 9_007_199_254_740_991_i64)]
+    pub deleted: u64,
 }

@@ -111,6 +111,7 @@ fn handler(op: Operation) -> Handler {
         GetThreadCheckpoint => on(op, threads::get_checkpoint),
         PutThreadWrites => on(op, threads::put_writes),
         DeleteThread => on(op, threads::delete_thread),
+        DeleteThreadCheckpoints => on(op, threads::delete_checkpoints),
         ListThreadsCheckpoints => on(op, threads::list_threads),
         ResolvePark => on(op, checkpoints::resolve),
     }

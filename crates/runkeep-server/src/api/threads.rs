@@ -48,8 +48,9 @@ use runkeep_http::wire::params::{
     DeleteThreadQuery, GetThreadQuery, ListThreadQuery, ListThreadsQuery,
 };
 use runkeep_http::wire::threads::{
-    MaybeThreadCheckpoint, PutThreadCheckpointBody, PutThreadWritesBody, StoredThreadWrite,
-    ThreadBlobBody, ThreadCheckpointBody, ThreadCheckpointList, ThreadDeleted, ThreadParkState,
+    DeleteThreadCheckpointsBody, MaybeThreadCheckpoint, PutThreadCheckpointBody,
+    PutThreadWritesBody, StoredThreadWrite, ThreadBlobBody, ThreadCheckpointBody,
+    ThreadCheckpointList, ThreadCheckpointsDeleted, ThreadDeleted, ThreadParkState,
 };
 use runkeep_http::wire::{self, Done, PendingBody};
 
@@ -420,11 +421,28 @@ pub(super) async fn put_writes(
             None => writes.push(stored),
         }
     }
+    // `resume` answers the park that was open before this batch (how
+    // `Command(resume=…)` in code closes it); an answered park stays as
+    // first answered.
+    let old_pending = match (old_pending, body.resume) {
+        (Some(mut old), Some(decision)) if old.resolved_at.is_none() => {
+            old.resolved_at = Some(state.store.now());
+            old.decision = Some(decision);
+            Some(old)
+        }
+        (old, _) => old,
+    };
     let pending = match (old_pending, park) {
-        // The same park (open or answered) is kept as it is; another
-        // request replaces it (a later interrupt at the same checkpoint).
+        // The same park (open or answered) is kept as it is.
         (Some(old), Some(new)) if old.request == new.request => Some(old),
-        (_, Some(new)) => Some(new),
+        // Two tasks of one step interrupting: one open park with every
+        // interrupt.
+        (Some(old), Some(new)) if old.resolved_at.is_none() && both_interrupts(&old, &new) => {
+            Some(merge_interrupts(old, &new.request, &body.task_id))
+        }
+        // Another request replaces it (a later interrupt at the same
+        // checkpoint after an answer).
+        (_, Some(new)) => Some(with_task_ids(new, &body.task_id)),
         (old, None) => old,
     };
     let mut s = Map::new();
@@ -449,6 +467,72 @@ pub(super) async fn put_writes(
         state.store.write_checkpoint(&scope, &cp, fence).await,
     )?;
     Ok(Json(Done { done: true }))
+}
+
+/// The request type of a LangGraph interrupt park.
+const INTERRUPT_REQUEST: &str = "langgraph-interrupt";
+
+fn both_interrupts(a: &runkeep::PendingDecision, b: &runkeep::PendingDecision) -> bool {
+    a.request_type() == INTERRUPT_REQUEST && b.request_type() == INTERRUPT_REQUEST
+}
+
+/// The request's `interrupts` entries, each carrying a `taskId` (the
+/// request's own `taskId`, else `task_id`, when it has none).
+fn interrupt_entries(request: &Map<String, Value>, task_id: &str) -> Vec<Value> {
+    let task = request
+        .get("taskId")
+        .and_then(Value::as_str)
+        .unwrap_or(task_id)
+        .to_string();
+    let entries = match request.get("interrupts") {
+        Some(Value::Array(a)) => a.clone(),
+        _ => Vec::new(),
+    };
+    entries
+        .into_iter()
+        .map(|mut e| {
+            if let Value::Object(o) = &mut e {
+                o.entry("taskId")
+                    .or_insert_with(|| Value::String(task.clone()));
+            }
+            e
+        })
+        .collect()
+}
+
+/// A new park with `taskId` on each of its interrupts.
+fn with_task_ids(mut p: runkeep::PendingDecision, task_id: &str) -> runkeep::PendingDecision {
+    if p.request_type() == INTERRUPT_REQUEST
+        && p.request.get("interrupts").is_some_and(Value::is_array)
+    {
+        let entries = interrupt_entries(&p.request, task_id);
+        p.request.insert("interrupts".into(), Value::Array(entries));
+    }
+    p
+}
+
+/// The open park `old` with the interrupts of `new` added: the union by
+/// interrupt `id` (an entry without an id by its whole value), in arrival
+/// order.
+fn merge_interrupts(
+    mut old: runkeep::PendingDecision,
+    new: &Map<String, Value>,
+    task_id: &str,
+) -> runkeep::PendingDecision {
+    let mut merged = interrupt_entries(&old.request, task_id);
+    for e in interrupt_entries(new, task_id) {
+        let id = e.get("id").and_then(Value::as_str);
+        let known = merged.iter().any(|m| match id {
+            Some(id) => m.get("id").and_then(Value::as_str) == Some(id),
+            None => *m == e,
+        });
+        if !known {
+            merged.push(e);
+        }
+    }
+    old.request
+        .insert("interrupts".into(), Value::Array(merged));
+    old
 }
 
 pub(super) async fn get_checkpoint(
@@ -567,6 +651,55 @@ pub(super) async fn delete_thread(
         }
     }
     Ok(Json(ThreadDeleted { checkpoint_count }))
+}
+
+/// Most checkpoints one delete request may name.
+const MAX_DELETE: usize = 10_000;
+
+pub(super) async fn delete_checkpoints(
+    State(state): State<AppState>,
+    RunAddr(scope): RunAddr,
+    JsonBody(body): JsonBody<DeleteThreadCheckpointsBody>,
+) -> ApiResult<ThreadCheckpointsDeleted> {
+    let fence = wire::opt_fence("fence", body.fence)?;
+    if body.checkpoints.len() > MAX_DELETE {
+        return Err(Problem::invalid(
+            "checkpoints",
+            format!("at most {MAX_DELETE} checkpoints per request"),
+        ));
+    }
+    // Every id is checked before anything is deleted.
+    let mut ids = Vec::with_capacity(body.checkpoints.len());
+    for c in &body.checkpoints {
+        not_empty("checkpoints.checkpointId", &c.checkpoint_id)?;
+        ids.push((
+            checkpoint_id(
+                "checkpoints.checkpointId",
+                &record_id(KIND_CHECKPOINT, &c.ns, &c.checkpoint_id),
+            )?,
+            checkpoint_id(
+                "checkpoints.checkpointId",
+                &record_id(KIND_WRITES, &c.ns, &c.checkpoint_id),
+            )?,
+        ));
+    }
+    let mut deleted = 0;
+    for (cp, writes) in &ids {
+        // Each delete is fenced by the store: a stale fence is refused at
+        // the first one, before anything is deleted.
+        let gone = checked(
+            &state,
+            state.store.delete_checkpoint(&scope, cp, fence).await,
+        )?;
+        checked(
+            &state,
+            state.store.delete_checkpoint(&scope, writes, fence).await,
+        )?;
+        if gone {
+            deleted += 1;
+        }
+    }
+    Ok(Json(ThreadCheckpointsDeleted { deleted }))
 }
 
 #[cfg(test)]
