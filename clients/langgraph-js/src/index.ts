@@ -541,7 +541,9 @@ export class RunkeepSaver extends BaseCheckpointSaver {
       taskPath,
       writes: items,
       ...(park ? { park } : {}),
-      ...(resume ? { resume: resume.value } : {}),
+      // Any JSON: the server takes any value (`Option<Value>`), though the
+      // OpenAPI document's generated type says an object.
+      ...(resume ? { resume: resume.value as JsonObject } : {}),
     };
     await this.write(threadId, (fence) => this.client.putThreadWrites(this.runRef(threadId), body, { fence }));
   }
