@@ -50,7 +50,7 @@ try {
     const graph = builder.compile({ checkpointer: saver.owned(t, ctx) });
     const config = { configurable: { thread_id: t }, durability: "sync", signal: ctx.signal };
     const answer = await saver.answeredInterrupt(t);
-    const out = await graph.invoke(answer.answered ? new Command({ resume: answer.decision }) : { log: [] }, config);
+    const out = await graph.invoke(answer.answered ? new Command({ resume: answer.resume }) : { log: [] }, config);
     const state = await graph.getState(config);
     outcomes.push({ log: out.log, next: state.next });
     if (state.next.length > 0) {
