@@ -43,7 +43,8 @@ cat target/prepare.log
 #   headless Debian chromium driven by playwright-core against
 #   `runkeep serve --demo`. Installs chromium as root when missing; fails
 #   when it cannot run.
-# - clients/python: the Python client + LangGraph saver: conformance,
+# - clients/python: the Python client + LangGraph saver, built (sdist,
+#   wheel) and installed into a fresh venv: mypy --strict, conformance,
 #   two-process write ownership.
 # - clients/langgraph-js: the LangGraph.js saver:
 #   @langchain/langgraph-checkpoint-validation 1.1.1 (718 tests), write

@@ -1,11 +1,12 @@
 """A graph with a human approval, run by two workers (no LLM).
 
 Worker 1 claims the thread, runs the graph until ``interrupt()`` asks for
-an approval, and releases the run: the saver turned the interrupt into a
-runkeep park, which the console shows with its request. Someone answers it
-there (or ``--answer`` does it through the API, as an operator). Worker 2
-takes the run with ``claim_next`` (parks answered), reads the answer and
-resumes the graph with ``Command(resume=answer)``, then finishes the run.
+an approval, and releases the run (not finish: the graph waits): the saver
+turned the interrupt into a runkeep park, which the console shows with its
+request. Someone answers it there (or ``--answer`` does it through the API,
+as an operator). Worker 2 is a ``RunkeepGraphWorker``: the server hands it
+the run once its park is answered; it resumes the graph with
+``Command(resume=answer)`` and finishes the run when the graph ends.
 
     python approval.py --url URL --worker-token W --operator-token O [--answer yes]
 """
@@ -14,15 +15,14 @@ from __future__ import annotations
 
 import argparse
 import operator
-import time
 import uuid
 from typing import Annotated, TypedDict
 
 from langgraph.graph import END, START, StateGraph
-from langgraph.types import Command, interrupt
+from langgraph.types import interrupt
 
-from langgraph.checkpoint.runkeep import RunkeepSaver
-from runkeep import RunkeepClient, Worker
+from langgraph.checkpoint.runkeep import RunkeepGraphWorker, RunkeepSaver
+from runkeep import RunkeepClient
 
 
 class State(TypedDict):
@@ -62,32 +62,28 @@ def build():
 
 def worker_one(client: RunkeepClient, saver: RunkeepSaver, thread: str, say=print) -> None:
     held = saver.claim_thread(thread, holder="worker-1", ttl_ms=30_000)
-    assert held is not None
+    assert held is not None, "another worker holds the thread"
     graph = build().compile(checkpointer=saver.owned(thread, held))
-    out = graph.invoke({"log": []}, {"configurable": {"thread_id": thread}}, durability="sync")
-    say(f"worker-1: interrupted: {[i.value for i in out.get('__interrupt__', [])]}")
-    held.release()
-    say("worker-1: released the run; it waits on its park")
+    config = {"configurable": {"thread_id": thread}}
+    out = graph.invoke({"log": []}, config, durability="sync")
+    if graph.get_state(config).interrupts:
+        say(f"worker-1: interrupted: {[i.value for i in out.get('__interrupt__', [])]}")
+        held.release()  # not finish(): the thread waits on its park
+        say("worker-1: released the run; it waits on its park")
+    else:
+        held.finish()  # the graph ended
 
 
 def worker_two(client: RunkeepClient, saver: RunkeepSaver, say=print, wait_s: float = 60) -> dict:
-    w = Worker(client, holder="worker-2", ttl_ms=30_000, project=saver.project, session=saver.session, park=["resolved"], wait_ms=5_000)
-    deadline = time.monotonic() + wait_s
-    while True:
-        held = w.claim_next()
-        if held is not None:
-            break
-        assert time.monotonic() < deadline, "no answered park came"
-    # The thread's own id, as its writer named it (the run id encodes it).
-    thread = client.get_thread_checkpoint(held.run)["thread"]
-    ok, answer = saver.answered_interrupt(thread)
-    assert ok, "claimed a run whose park is not answered"
-    say(f"worker-2: took {held.run.run} at fence {held.fence}; the answer: {answer!r}")
-    graph = build().compile(checkpointer=saver.owned(thread, held))
-    out = graph.invoke(Command(resume=answer), {"configurable": {"thread_id": thread}}, durability="sync")
-    held.finish(result={"log": out["log"]})
-    say(f"worker-2: finished: {out['log']}")
-    return out
+    """Resumes the answered thread with a RunkeepGraphWorker: it takes the
+    run once its park is answered, resumes the graph with the answer and
+    finishes the run when the graph ends."""
+    worker = RunkeepGraphWorker(build().compile(), saver, holder="worker-2", wait_ms=5_000, result=lambda out: {"log": out["log"]})
+    outcome = worker.run_once(wait_s=wait_s)
+    assert outcome is not None, f"no answered park came ({worker.report})"
+    say(f"worker-2: took {outcome.run.run}; {outcome.how} with {outcome.resume!r}")
+    say(f"worker-2: finished: {outcome.output['log']}")
+    return outcome.output
 
 
 def main() -> None:

@@ -15,9 +15,8 @@ from langgraph.checkpoint.conformance.report import ProgressCallbacks
 from langgraph.checkpoint.runkeep import RunkeepSaver
 
 BASE = {"put", "put_writes", "get_tuple", "list", "delete_thread"}
-#: The optional capabilities this saver implements (none yet: delete_for_runs,
-#: copy_thread and prune are not overridden, so the suite skips them).
-IMPLEMENTED_OPTIONAL: set[str] = set()
+#: The optional capabilities this saver implements (every one 0.0.2 knows).
+IMPLEMENTED_OPTIONAL = {"copy_thread", "delete_for_runs", "prune"}
 
 
 async def test_langgraph_conformance(serve) -> None:

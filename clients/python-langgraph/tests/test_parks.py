@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import sys
 import uuid
+
+import pytest
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "examples"))
@@ -17,11 +19,13 @@ import approval  # noqa: E402
 from langgraph.checkpoint.runkeep import RunkeepSaver  # noqa: E402
 
 
-def test_an_interrupt_parks_the_run_and_the_answer_resumes_it_on_another_worker(serve):
+# "yes" as an API answer; the decision the console's Approve records.
+@pytest.mark.parametrize("answer", ["yes", {"action": "approve", "by": "operator"}], ids=["api", "console-approve"])
+def test_an_interrupt_parks_the_run_and_the_answer_resumes_it_on_another_worker(serve, answer):
     transcript: list[str] = []
     client = serve.client("worker")
     saver = RunkeepSaver(client, project="examples", session=f"a{uuid.uuid4().hex[:8]}")
-    thread = "approval-1"
+    thread = f"approval-{'api' if answer == 'yes' else 'console'}"
     approval.worker_one(client, saver, thread, say=transcript.append)
     run = saver.run_ref(thread)
     park = client.find_pending(run)
@@ -31,8 +35,8 @@ def test_an_interrupt_parks_the_run_and_the_answer_resumes_it_on_another_worker(
     assert request["interrupts"][0]["value"]["question"] == "Ship the draft?"
     assert saver.answered_interrupt(thread) == (False, None)
     transcript.append(f"park {park['id']}: {request['interrupts'][0]['value']}")
-    serve.client("operator").resolve_park(run, park["id"], "yes")
-    transcript.append("operator: answered 'yes'")
+    serve.client("operator").resolve_park(run, park["id"], answer)
+    transcript.append(f"operator: answered {answer!r}")
     out = approval.worker_two(client, saver, say=transcript.append, wait_s=30)
     print("\n--- parks from interrupts ---\n" + "\n".join(transcript))
     assert out["log"] == ["drafted", "approval: yes", "shipped"]

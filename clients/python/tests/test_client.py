@@ -35,12 +35,12 @@ def first_checkpoint(cp_id: str = "cp_input") -> dict:
     return {"id": cp_id, "createdAt": int(time.time() * 1000), "state": {"input": 1}}
 
 
-def test_claim_write_finish_and_the_tenant_from_the_token(serve):
-    worker = RunkeepClient(serve.url, serve.tokens["worker"])
-    assert worker.tenant == serve.tenant
+def test_claim_write_finish_and_the_tenant_from_the_token(serve, connect):
+    worker = connect("worker", tenant=None)
     assert worker.whoami()["role"] == "worker"
+    assert worker.tenant == serve.tenant
     assert worker.clock() > 0
-    run = serve.run("run_basic")
+    run = serve.run(f"run_basic_{connect.kind}")
     worker.enqueue(run, first_checkpoint())
     a = worker.claim(run, holder="w1", ttl_ms=30_000)
     assert a.acquired and a.lease.fence == 1 and a.lease.holder == "w1"
@@ -54,10 +54,10 @@ def test_claim_write_finish_and_the_tenant_from_the_token(serve):
     assert worker.claim(run, holder="w2", ttl_ms=1000).outcome == "finished"
 
 
-def test_reads_are_pages(serve):
-    op = serve.client("operator")
+def test_reads_are_pages(serve, connect):
+    op = connect("operator")
     # Its own project: the worker tests claim whatever is runnable in theirs.
-    run = runkeep.RunRef("prj_pages", serve.session, "run_pages")
+    run = runkeep.RunRef("prj_pages", serve.session, f"run_pages_{connect.kind}")
     for i in range(3):
         op.write_checkpoint(run, {"id": f"cp_{i}", "createdAt": 1000 + i, "state": {"n": i}})
     summaries = op.list_checkpoints(run)
@@ -75,11 +75,11 @@ def test_reads_are_pages(serve):
         op.read_events(run, limit=10_001)
 
 
-def test_refusals_are_typed(serve):
-    op = serve.client("operator")
-    worker = serve.client("worker")
-    reader = serve.client("reader")
-    run = serve.run("run_errors")
+def test_refusals_are_typed(serve, connect):
+    op = connect("operator")
+    worker = connect("worker")
+    reader = connect("reader")
+    run = serve.run(f"run_errors_{connect.kind}")
     worker.enqueue(run, first_checkpoint())
     held = worker.claim(run, holder="w1", ttl_ms=30_000).lease
     # Taken over: the old fence is fenced out, with both fences.
@@ -93,7 +93,7 @@ def test_refusals_are_typed(serve):
     with pytest.raises(Forbidden):
         reader.write_checkpoint(run, {"id": "x", "createdAt": 1, "state": {}})
     with pytest.raises(Unauthorized):
-        RunkeepClient(serve.url, "rk_bogus_token", tenant=serve.tenant).lease(run)
+        connect(token="rk_bogus_token").lease(run)
     with pytest.raises(NotFound):
         op.run_summary(serve.run("run_never"))
     with pytest.raises(InvalidInput) as bad:
@@ -130,11 +130,15 @@ def test_retryable_kinds_carry_retry_after_and_outcome_unknown():
     assert type(unknown) is runkeep.RunkeepError and unknown.status == 418
     assert parse_retry_after("3") == 3.0
     assert parse_retry_after("Wed, 21 Oct 2015 07:28:00 GMT", now=1445412480.0) == 0.0
-    # Below HTTP: a write whose request may have left is outcome-unknown.
+
+
+def test_a_write_whose_request_may_have_left_is_outcome_unknown(connect):
+    """Below HTTP: a connection lost after the request left."""
+
     def reset(request: httpx.Request) -> httpx.Response:
         raise httpx.ReadError("connection reset", request=request)
 
-    c = RunkeepClient("http://127.0.0.1:9", "t", tenant="acme", transport=httpx.MockTransport(reset))
+    c = connect(token="t", tenant="acme", url="http://127.0.0.1:9", transport=httpx.MockTransport(reset))
     with pytest.raises(ConnectionFailed) as w:
         c.write_checkpoint(runkeep.RunRef("p", "s", "r"), {"id": "x", "createdAt": 1, "state": {}})
     assert w.value.outcome_unknown and w.value.retryable

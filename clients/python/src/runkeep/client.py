@@ -1,18 +1,22 @@
 """The HTTP API's client, sync (:class:`RunkeepClient`) and async
 (:class:`AsyncRunkeepClient`), over httpx.
 
-Both share every method (:class:`_Api`): a method builds its request and
-hands it to the transport, which answers the parsed JSON (sync) or a
-coroutine of it (async). Every refusal raises the typed error of its
-problem (:mod:`runkeep.errors`).
+Every API method is described once, on :class:`_Api`: an
+:class:`_Operation` builds its :class:`_Request` (method and path from
+:data:`OPERATIONS`, query, body, how the answer parses). Read on the sync
+client it is a method answering the parsed value; on the async one, a
+coroutine method with the same name and parameters. Every refusal raises
+the typed error of its problem (:mod:`runkeep.errors`).
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import re
+import types
 from dataclasses import dataclass
-from typing import Any, AsyncIterator, Awaitable, Callable, Iterator, Mapping, Sequence, TypeVar, Union
+from typing import Any, AsyncIterator, Callable, Concatenate, Coroutine, Generic, Iterator, Mapping, ParamSpec, Sequence, TypeVar, overload
 from urllib.parse import quote
 
 import httpx
@@ -20,9 +24,8 @@ import httpx
 from .errors import ConnectionFailed, RunkeepError, parse_retry_after, problem_error
 
 T = TypeVar("T")
+P = ParamSpec("P")
 Json = Any
-#: A sync answer, or an awaitable of it (async client).
-Answer = Union[T, Awaitable[T]]
 
 
 @dataclass(frozen=True)
@@ -64,7 +67,7 @@ class ClaimAnswer:
 
     outcome: str
     lease: Lease | None = None
-    held_by: dict | None = None
+    held_by: dict[str, Any] | None = None
     status: str | None = None
     available_at: int | None = None
 
@@ -112,7 +115,7 @@ class HandOver:
     raises); the step stands, nothing was claimed, and ``claim_next`` may
     be retried."""
 
-    receipt: dict
+    receipt: dict[str, Any]
     next: Claimed | None = None
     next_error: RunkeepError | None = None
 
@@ -191,7 +194,7 @@ class FailedAttempt:
         )
 
 
-class Lifecycle(dict):
+class Lifecycle(dict[str, Any]):
     """A run's lifecycle as the server answers it (``status``,
     ``attempts``, ``reason``, ``availableAt``, ``deadLettered`` …): the
     JSON object itself, so ``life["status"]`` reads as before, with
@@ -301,13 +304,63 @@ def _drop_none(d: Mapping[str, Any]) -> dict[str, Any]:
 
 
 @dataclass
-class _Request:
+class _Request(Generic[T]):
+    """One request of an operation, transport-free: method and path (from
+    :data:`OPERATIONS`), query, JSON body, and how its answer parses
+    (``None``: the JSON as it is)."""
+
     method: str
     path: str
     params: dict[str, Any] | None = None
     body: Any = None
-    parse: Callable[[Any], Any] | None = None
+    parse: Callable[[Any], T] | None = None
     timeout: float | None = None
+
+    def answer(self, body: Any) -> T:
+        if self.parse is None:
+            return body  # type: ignore[no-any-return]  # the JSON as it is (T is Any then)
+        return self.parse(body)
+
+
+class _Operation(Generic[P, T]):
+    """An API method, described once: ``build`` makes its :class:`_Request`
+    from the method's arguments. Read on a :class:`RunkeepClient` it is a
+    method answering ``T``; on an :class:`AsyncRunkeepClient`, a coroutine
+    method answering ``T``: the same name and parameters on both, one
+    request builder and one answer parser for both transports."""
+
+    def __init__(self, build: Callable[Concatenate[Any, P], _Request[T]]) -> None:
+        self.build = build
+        self.name = self.__name__ = build.__name__
+        self.__doc__ = build.__doc__
+        self.__wrapped__ = build
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.name = name
+
+    def __call__(self, obj: "_Api", /, *args: P.args, **kwargs: P.kwargs) -> Any:
+        """Called on the class (``RunkeepClient.claim(client, …)``): as on ``obj``."""
+        return obj._bind(self)(*args, **kwargs)
+
+    @overload
+    def __get__(self, obj: None, owner: type | None = None) -> "_Operation[P, T]": ...
+    @overload
+    def __get__(self, obj: "RunkeepClient", owner: type | None = None) -> Callable[P, T]: ...
+    @overload
+    def __get__(self, obj: "AsyncRunkeepClient", owner: type | None = None) -> Callable[P, Coroutine[Any, Any, T]]: ...
+    @overload
+    def __get__(self, obj: "_Api", owner: type | None = None) -> Callable[P, Any]: ...
+    def __get__(self, obj: "_Api | None", owner: type | None = None) -> Any:
+        if obj is None:
+            return self
+        bound = obj._bind(self)
+        # Bound once per client: later reads find it in the instance dict.
+        obj.__dict__[self.name] = bound
+        return bound
+
+
+def _operation(build: Callable[Concatenate[Any, P], _Request[T]]) -> _Operation[P, T]:
+    return _Operation(build)
 
 
 class _Api:
@@ -316,7 +369,7 @@ class _Api:
 
     tenant: str
 
-    def _send(self, req: _Request) -> Any:  # pragma: no cover - per transport
+    def _bind(self, op: _Operation[P, T]) -> Callable[P, Any]:  # pragma: no cover - per transport
         raise NotImplementedError
 
     # -- addresses -------------------------------------------------------
@@ -331,7 +384,7 @@ class _Api:
             if name == "checkpoint" and checkpoint is not None:
                 return checkpoint
             if run is not None and name in ("project", "session", "run"):
-                return getattr(run, name)
+                return str(getattr(run, name))
             raise ValueError(f"{operation}: its path names {{{name}}}, which this call does not give")
 
         return re.sub(r"\{(\w+)\}", lambda m: quote(value(m.group(1)), safe=""), path)
@@ -343,7 +396,11 @@ class _Api:
         p = _drop_none(p)
         return p or None
 
-    def _request(self, operation: str, run: RunRef | None = None, *, checkpoint: str | None = None, body: Any = None, params: Mapping[str, Any] | None = None, parse: Callable[[Any], Any] | None = None, timeout: float | None = None) -> _Request:
+    @overload
+    def _request(self, operation: str, run: RunRef | None = None, *, checkpoint: str | None = None, body: Any = None, params: Mapping[str, Any] | None = None, parse: Callable[[Any], T], timeout: float | None = None) -> _Request[T]: ...
+    @overload
+    def _request(self, operation: str, run: RunRef | None = None, *, checkpoint: str | None = None, body: Any = None, params: Mapping[str, Any] | None = None, parse: None = None, timeout: float | None = None) -> _Request[Any]: ...
+    def _request(self, operation: str, run: RunRef | None = None, *, checkpoint: str | None = None, body: Any = None, params: Mapping[str, Any] | None = None, parse: Callable[[Any], Any] | None = None, timeout: float | None = None) -> _Request[Any]:
         """A request of ``operation``: its method and path from
         :data:`OPERATIONS`; a per-run one carries the run's ``parent``."""
         method, _ = _template(operation)
@@ -351,19 +408,19 @@ class _Api:
         query = self._run_params(run, params) if run is not None else (_drop_none(dict(params)) or None if params else None)
         return _Request(method, path, query, body, parse, timeout)
 
-    def _call(self, operation: str, run: RunRef | None = None, **request: Any) -> Any:
-        return self._send(self._request(operation, run, **request))
-
     # -- the store -------------------------------------------------------
-    def clock(self) -> Answer[int]:
+    @_operation
+    def clock(self) -> _Request[int]:
         """The store's clock, epoch ms."""
-        return self._call("clock", parse=lambda b: int(b["now"]))
+        return self._request("clock", parse=lambda b: int(b["now"]))
 
-    def whoami(self) -> Answer[dict]:
+    @_operation
+    def whoami(self) -> _Request[dict[str, Any]]:
         """The token's tenant, role and id."""
-        return self._call("whoami")
+        return self._request("whoami")
 
-    def list_runs(self, *, project: str | None = None, session: str | None = None, **filters: Any) -> Answer[dict]:
+    @_operation
+    def list_runs(self, /, *, project: str | None = None, session: str | None = None, **filters: Any) -> _Request[dict[str, Any]]:
         """One page of runs (``order``, ``park``, ``claimed``, ``status``, ``limit``, ``cursor``)."""
         params = _drop_none({"project": project, "session": session, **filters})
         for k, v in list(params.items()):
@@ -371,24 +428,27 @@ class _Api:
                 params[k] = "true" if v else "false"
             elif isinstance(v, (list, tuple)):
                 params[k] = ",".join(v)
-        return self._call("list_runs", params=params)
+        return self._request("list_runs", params=params)
 
-    def run_summary(self, run: RunRef) -> Answer[dict]:
+    @_operation
+    def run_summary(self, run: RunRef) -> _Request[dict[str, Any]]:
         """Everything the console shows of one run; its ``lifecycle`` is a :class:`Lifecycle`."""
 
-        def parse(b: Any) -> dict:
+        def parse(b: dict[str, Any]) -> dict[str, Any]:
             if isinstance(b.get("lifecycle"), dict):
                 b["lifecycle"] = Lifecycle.of(b["lifecycle"])
             return b
 
-        return self._call("run_summary", run, parse=parse)
+        return self._request("run_summary", run, parse=parse)
 
     # -- leases ----------------------------------------------------------
-    def claim(self, run: RunRef, *, holder: str, ttl_ms: int, max_attempts: int | None = None) -> Answer[ClaimAnswer]:
+    @_operation
+    def claim(self, run: RunRef, *, holder: str, ttl_ms: int, max_attempts: int | None = None) -> _Request[ClaimAnswer]:
         """Claims, renews (same holder) or reclaims the run."""
         body = _drop_none({"holder": holder, "ttlMs": ttl_ms, "maxAttempts": max_attempts})
-        return self._call("claim", run, body=body, parse=ClaimAnswer.of)
+        return self._request("claim", run, body=body, parse=ClaimAnswer.of)
 
+    @_operation
     def claim_next(
         self,
         *,
@@ -400,7 +460,7 @@ class _Api:
         order: str | None = None,
         wait_ms: int | None = None,
         max_attempts: int | None = None,
-    ) -> Answer[Claimed | None]:
+    ) -> _Request[Claimed | None]:
         """Takes the next runnable run, waiting up to ``wait_ms`` (≤ 30 000) for one."""
         body = _drop_none(
             {
@@ -419,16 +479,19 @@ class _Api:
             return Claimed.of(b.get("claimed"))
 
         timeout = None if not wait_ms else wait_ms / 1000 + 30
-        return self._call("claim_next", body=body, parse=parse, timeout=timeout)
+        return self._request("claim_next", body=body, parse=parse, timeout=timeout)
 
-    def release(self, run: RunRef, fence: int | None = None) -> Answer[bool]:
-        return self._call("release", run, body=_drop_none({"fence": fence}), parse=lambda b: bool(b["done"]))
+    @_operation
+    def release(self, run: RunRef, fence: int | None = None) -> _Request[bool]:
+        return self._request("release", run, body=_drop_none({"fence": fence}), parse=lambda b: bool(b["done"]))
 
-    def finish(self, run: RunRef, fence: int, status: str = "completed", *, result: Any = None, reason: str | None = None) -> Answer[Lifecycle]:
+    @_operation
+    def finish(self, run: RunRef, fence: int, status: str = "completed", *, result: Any = None, reason: str | None = None) -> _Request[Lifecycle]:
         outcome = _drop_none({"status": status, "result": result, "reason": reason})
-        return self._call("finish", run, body={"fence": fence, "outcome": outcome}, parse=Lifecycle.of)
+        return self._request("finish", run, body={"fence": fence, "outcome": outcome}, parse=Lifecycle.of)
 
-    def fail_attempt(self, run: RunRef, fence: int, kind: str, message: str, max_attempts: int | None = None) -> Answer[Lifecycle]:
+    @_operation
+    def fail_attempt(self, run: RunRef, fence: int, kind: str, message: str, max_attempts: int | None = None) -> _Request[Lifecycle]:
         """Reports the attempt at ``fence`` failed (``POST …/attempts/failed``)
         with its error: ``kind`` in a word (``error``, ``timeout``, or the
         exception's class name), ``message`` its text, cut here to 4 096
@@ -441,19 +504,22 @@ class _Api:
         kind = cut_text(kind, MAX_ERROR_KIND_CHARS) if kind.strip() else "error"
         error = {"kind": kind, "message": cut_text(message, MAX_ERROR_MESSAGE_CHARS)}
         body = _drop_none({"fence": fence, "error": error, "maxAttempts": max_attempts})
-        return self._call("fail_attempt", run, body=body, parse=Lifecycle.of)
+        return self._request("fail_attempt", run, body=body, parse=Lifecycle.of)
 
-    def cancel(self, run: RunRef, reason: str | None = None) -> Answer[Lifecycle]:
+    @_operation
+    def cancel(self, run: RunRef, reason: str | None = None) -> _Request[Lifecycle]:
         """An operator's cancel (``POST …/cancel``): the run, claimed or not,
         is finished as ``cancelled`` with ``reason`` and its holding ended;
         the holder's next write is refused as ``Cancelled`` and its next
         renewal answers the run finished (``cancelled``). A finished run is
         refused (``Conflict``). Answers the lifecycle after it."""
-        return self._call("cancel", run, body=_drop_none({"reason": reason}), parse=Lifecycle.of)
+        return self._request("cancel", run, body=_drop_none({"reason": reason}), parse=Lifecycle.of)
 
-    def snooze(self, run: RunRef, fence: int, until: int) -> Answer[bool]:
-        return self._call("snooze", run, body={"fence": fence, "until": until}, parse=lambda b: bool(b["done"]))
+    @_operation
+    def snooze(self, run: RunRef, fence: int, until: int) -> _Request[bool]:
+        return self._request("snooze", run, body={"fence": fence, "until": until}, parse=lambda b: bool(b["done"]))
 
+    @_operation
     def enqueue(
         self,
         run: RunRef,
@@ -464,7 +530,7 @@ class _Api:
         retry: RetryPolicy | Mapping[str, Any] | None = None,
         attempt_timeout_ms: int | None = None,
         deadline: int | None = None,
-    ) -> Answer[dict]:
+    ) -> _Request[dict[str, Any]]:
         """Creates the run with its first checkpoint. ``max_attempts``: its
         attempt limit; ``retry``: its backoff after a failed attempt (a
         :class:`RetryPolicy`, or the wire's ``{"baseMs", "factor", "capMs"}``);
@@ -473,23 +539,28 @@ class _Api:
         the first claim after it finishes the run as failed, reason
         ``deadline``."""
         body = _drop_none({"checkpoint": dict(checkpoint), "availableAt": available_at, "maxAttempts": max_attempts, "retry": _retry_body(retry), "attemptTimeoutMs": attempt_timeout_ms, "deadline": deadline})
-        return self._call("enqueue", run, body=body)
+        return self._request("enqueue", run, body=body)
 
-    def reopen(self, run: RunRef) -> Answer[Lifecycle]:
-        return self._call("reopen", run, parse=Lifecycle.of)
+    @_operation
+    def reopen(self, run: RunRef) -> _Request[Lifecycle]:
+        return self._request("reopen", run, parse=Lifecycle.of)
 
-    def lease(self, run: RunRef) -> Answer[dict | None]:
-        return self._call("lease", run, parse=lambda b: b.get("lease"))
+    @_operation
+    def lease(self, run: RunRef) -> _Request[dict[str, Any] | None]:
+        return self._request("lease", run, parse=lambda b: b.get("lease"))
 
-    def lifecycle(self, run: RunRef) -> Answer[Lifecycle]:
+    @_operation
+    def lifecycle(self, run: RunRef) -> _Request[Lifecycle]:
         """The run's :class:`Lifecycle` (with its ``failures`` and ``retry``)."""
-        return self._call("lifecycle", run, parse=Lifecycle.of)
+        return self._request("lifecycle", run, parse=Lifecycle.of)
 
     # -- checkpoints -----------------------------------------------------
-    def commit_step(self, run: RunRef, fence: int, step: Mapping[str, Any]) -> Answer[dict]:
+    @_operation
+    def commit_step(self, run: RunRef, fence: int, step: Mapping[str, Any]) -> _Request[dict[str, Any]]:
         """One step (events, checkpoint, messages, record, finish) under one fence check."""
-        return self._call("commit_step", run, body={"fence": fence, "step": dict(step)})
+        return self._request("commit_step", run, body={"fence": fence, "step": dict(step)})
 
+    @_operation
     def commit_step_and_claim_next(
         self,
         run: RunRef,
@@ -503,7 +574,7 @@ class _Api:
         park: list[str] | None = None,
         order: str | None = None,
         max_attempts: int | None = None,
-    ) -> Answer[HandOver]:
+    ) -> _Request[HandOver]:
         """The hand-over (``POST …/steps/hand-over``): commits ``step`` on
         ``run`` under ``fence`` as :meth:`commit_step` does, then takes the
         next run as :meth:`claim_next` would (same keywords, no ``wait_ms``:
@@ -529,65 +600,79 @@ class _Api:
             }
         )
         body = {"fence": fence, "step": dict(step), "next": nxt}
-        req = self._request("commit_step_and_claim_next", run, body=body)
-        req.parse = lambda b: HandOver.of(b, method=req.method, path=req.path)
-        return self._send(req)
+        method, _ = _template("commit_step_and_claim_next")
+        path = self._path("commit_step_and_claim_next", run)
+        return self._request("commit_step_and_claim_next", run, body=body, parse=lambda b: HandOver.of(b, method=method, path=path))
 
-    def write_checkpoint(self, run: RunRef, checkpoint: Mapping[str, Any], fence: int | None = None) -> Answer[dict]:
-        return self._call("write_checkpoint", run, body=_drop_none({"checkpoint": dict(checkpoint), "fence": fence}))
+    @_operation
+    def write_checkpoint(self, run: RunRef, checkpoint: Mapping[str, Any], fence: int | None = None) -> _Request[dict[str, Any]]:
+        return self._request("write_checkpoint", run, body=_drop_none({"checkpoint": dict(checkpoint), "fence": fence}))
 
-    def list_checkpoints(self, run: RunRef, fields: str | None = None, limit: int | None = None, after: str | None = None) -> Answer[list]:
+    @_operation
+    def list_checkpoints(self, run: RunRef, fields: str | None = None, limit: int | None = None, after: str | None = None) -> _Request[list[Any]]:
         """One page of the run's checkpoints in the store's order: at most ``limit``
         (server default 100, at most 1000), after the checkpoint ``after`` (the
         last id of the previous page; a page shorter than ``limit`` is the last).
         ``fields``: ``"summary"`` (the server's default: without ``state``, read
         one with ``read_checkpoint``) or ``"full"``."""
-        return self._call("list_checkpoints", run, params={"fields": fields, "limit": limit, "after": after})
+        return self._request("list_checkpoints", run, params={"fields": fields, "limit": limit, "after": after})
 
-    def read_checkpoint(self, run: RunRef, checkpoint_id: str) -> Answer[dict | None]:
-        return self._call("read_checkpoint", run, checkpoint=checkpoint_id, parse=lambda b: b.get("checkpoint"))
+    @_operation
+    def read_checkpoint(self, run: RunRef, checkpoint_id: str) -> _Request[dict[str, Any] | None]:
+        return self._request("read_checkpoint", run, checkpoint=checkpoint_id, parse=lambda b: b.get("checkpoint"))
 
-    def delete_checkpoint(self, run: RunRef, checkpoint_id: str, fence: int | None = None) -> Answer[bool]:
-        return self._call("delete_checkpoint", run, checkpoint=checkpoint_id, params={"fence": fence}, parse=lambda b: bool(b["done"]))
+    @_operation
+    def delete_checkpoint(self, run: RunRef, checkpoint_id: str, fence: int | None = None) -> _Request[bool]:
+        return self._request("delete_checkpoint", run, checkpoint=checkpoint_id, params={"fence": fence}, parse=lambda b: bool(b["done"]))
 
-    def latest_checkpoint(self, run: RunRef) -> Answer[dict | None]:
-        return self._call("latest_checkpoint", run, parse=lambda b: b.get("checkpoint"))
+    @_operation
+    def latest_checkpoint(self, run: RunRef) -> _Request[dict[str, Any] | None]:
+        return self._request("latest_checkpoint", run, parse=lambda b: b.get("checkpoint"))
 
-    def find_pending(self, run: RunRef) -> Answer[dict | None]:
-        return self._call("find_pending", run, parse=lambda b: b.get("checkpoint"))
+    @_operation
+    def find_pending(self, run: RunRef) -> _Request[dict[str, Any] | None]:
+        return self._request("find_pending", run, parse=lambda b: b.get("checkpoint"))
 
-    def resume_point(self, run: RunRef) -> Answer[dict | None]:
-        return self._call("resume_point", run, parse=lambda b: b.get("checkpoint"))
+    @_operation
+    def resume_point(self, run: RunRef) -> _Request[dict[str, Any] | None]:
+        return self._request("resume_point", run, parse=lambda b: b.get("checkpoint"))
 
-    def resolve_park(self, run: RunRef, checkpoint_id: str, decision: Any, fence: int | None = None) -> Answer[dict]:
+    @_operation
+    def resolve_park(self, run: RunRef, checkpoint_id: str, decision: Any, fence: int | None = None) -> _Request[dict[str, Any]]:
         """Answers a park exactly once (a second answer raises ``Conflict`` with ``first_answer``)."""
         body = _drop_none({"resolution": {"action": "answer", "decision": decision}, "fence": fence})
-        return self._call("resolve_park", run, checkpoint=checkpoint_id, body=body)
+        return self._request("resolve_park", run, checkpoint=checkpoint_id, body=body)
 
     # -- events ----------------------------------------------------------
-    def append_events(self, run: RunRef, events: list[Mapping[str, Any]], fence: int | None = None) -> Answer[list]:
+    @_operation
+    def append_events(self, run: RunRef, events: list[Mapping[str, Any]], fence: int | None = None) -> _Request[list[Any]]:
         """Appends events (``{"type": ..., "payload": {...}}``); answers them as recorded."""
-        return self._call("append_events", run, body=_drop_none({"events": [dict(e) for e in events], "fence": fence}), parse=lambda b: b["events"])
+        return self._request("append_events", run, body=_drop_none({"events": [dict(e) for e in events], "fence": fence}), parse=lambda b: b["events"])
 
-    def read_events(self, run: RunRef, since_seq: int = 0, limit: int | None = None) -> Answer[dict]:
+    @_operation
+    def read_events(self, run: RunRef, since_seq: int = 0, limit: int | None = None) -> _Request[dict[str, Any]]:
         """One page of the events after ``since_seq``: at most ``limit`` (server
         default 1000, at most 10 000). ``more`` says events follow; read on from
         ``nextSinceSeq`` (the page's last seq) while ``more`` is true."""
-        return self._call("read_events", run, params={"sinceSeq": since_seq, "limit": limit})
+        return self._request("read_events", run, params={"sinceSeq": since_seq, "limit": limit})
 
     # -- threads (checkpoint savers) ---------------------------------------
-    def put_thread_checkpoint(self, run: RunRef, body: Mapping[str, Any]) -> Answer[dict]:
+    @_operation
+    def put_thread_checkpoint(self, run: RunRef, body: Mapping[str, Any]) -> _Request[dict[str, Any]]:
         """``PUT …/thread/checkpoints``: a thread checkpoint (``thread``, ``ns``,
         ``checkpointId``, ``parentId``, ``checkpoint``, ``metadata``, ``blobs``, ``fence``)."""
-        return self._call("put_thread_checkpoint", run, body=_drop_none(dict(body)))
+        return self._request("put_thread_checkpoint", run, body=_drop_none(dict(body)))
 
-    def put_thread_writes(self, run: RunRef, body: Mapping[str, Any]) -> Answer[dict]:
+    @_operation
+    def put_thread_writes(self, run: RunRef, body: Mapping[str, Any]) -> _Request[dict[str, Any]]:
         """``POST …/thread/writes``: a task's pending writes on a thread checkpoint."""
-        return self._call("put_thread_writes", run, body=_drop_none(dict(body)))
+        return self._request("put_thread_writes", run, body=_drop_none(dict(body)))
 
-    def get_thread_checkpoint(self, run: RunRef, *, ns: str = "", checkpoint_id: str | None = None) -> Answer[dict | None]:
-        return self._call("get_thread_checkpoint", run, params={"ns": ns, "checkpointId": checkpoint_id}, parse=lambda b: b.get("checkpoint"))
+    @_operation
+    def get_thread_checkpoint(self, run: RunRef, *, ns: str = "", checkpoint_id: str | None = None) -> _Request[dict[str, Any] | None]:
+        return self._request("get_thread_checkpoint", run, params={"ns": ns, "checkpointId": checkpoint_id}, parse=lambda b: b.get("checkpoint"))
 
+    @_operation
     def list_thread_checkpoints(
         self,
         run: RunRef,
@@ -597,7 +682,7 @@ class _Api:
         before: str | None = None,
         limit: int | None = None,
         filter: Mapping[str, Any] | None = None,
-    ) -> Answer[list]:
+    ) -> _Request[list[Any]]:
         params = {
             "ns": ns,
             "checkpointId": checkpoint_id,
@@ -605,8 +690,9 @@ class _Api:
             "limit": limit,
             "filter": json.dumps(dict(filter), separators=(",", ":")) if filter else None,
         }
-        return self._call("list_thread_checkpoints", run, params=params, parse=lambda b: b["checkpoints"])
+        return self._request("list_thread_checkpoints", run, params=params, parse=lambda b: b["checkpoints"])
 
+    @_operation
     def list_threads_checkpoints(
         self,
         *,
@@ -616,7 +702,7 @@ class _Api:
         before: str | None = None,
         limit: int | None = None,
         filter: Mapping[str, Any] | None = None,
-    ) -> Answer[list]:
+    ) -> _Request[list[Any]]:
         params = _drop_none(
             {
                 "project": project,
@@ -627,19 +713,19 @@ class _Api:
                 "filter": json.dumps(dict(filter), separators=(",", ":")) if filter else None,
             }
         )
-        return self._call("list_threads_checkpoints", params=params, parse=lambda b: b["checkpoints"])
+        return self._request("list_threads_checkpoints", params=params, parse=lambda b: b["checkpoints"])
 
-    def delete_thread(self, run: RunRef, fence: int | None = None) -> Answer[int]:
-        return self._call("delete_thread", run, params={"fence": fence}, parse=lambda b: int(b["checkpointCount"]))
+    @_operation
+    def delete_thread(self, run: RunRef, fence: int | None = None) -> _Request[int]:
+        return self._request("delete_thread", run, params={"fence": fence}, parse=lambda b: int(b["checkpointCount"]))
 
-    def delete_thread_checkpoints(
-        self, run: RunRef, checkpoints: Sequence[Mapping[str, str]], fence: int | None = None
-    ) -> Answer[int]:
+    @_operation
+    def delete_thread_checkpoints(self, run: RunRef, checkpoints: Sequence[Mapping[str, str]], fence: int | None = None) -> _Request[int]:
         """``POST …/thread/checkpoints/delete``: deletes the named checkpoints
         (each ``{"ns", "checkpointId"}``) and their pending writes; the answer
         is how many existed."""
         body = {"checkpoints": [{"ns": c.get("ns", ""), "checkpointId": c["checkpointId"]} for c in checkpoints], "fence": fence}
-        return self._call("delete_thread_checkpoints", run, body=body, parse=lambda b: int(b["deleted"]))
+        return self._request("delete_thread_checkpoints", run, body=body, parse=lambda b: int(b["deleted"]))
 
 
 _WRITE_METHODS = {"POST", "PUT", "DELETE", "PATCH"}
@@ -672,32 +758,48 @@ def _headers(token: str) -> dict[str, str]:
     return {"authorization": f"Bearer {token}", "accept": "application/json"}
 
 
+def _json_of(req: _Request[Any]) -> Any:
+    """The JSON body a request sends: POST and PUT always send one."""
+    return req.body if req.body is not None else ({} if req.method in ("POST", "PUT") else None)
+
+
 class RunkeepClient(_Api):
-    """The sync client. ``tenant`` defaults to the token's (``whoami``)."""
+    """The sync client. ``tenant`` defaults to the token's (``whoami``,
+    asked here)."""
 
     def __init__(self, base_url: str, token: str, *, tenant: str | None = None, timeout: float = 60.0, transport: httpx.BaseTransport | None = None) -> None:
         self.base_url = base_url.rstrip("/")
         self.token = token
         self.timeout = timeout
         self._http = httpx.Client(base_url=self.base_url, headers=_headers(token), timeout=timeout, transport=transport)
-        self.tenant = tenant or self.whoami()["tenant"]
+        self.tenant = tenant or ""
+        if not self.tenant:
+            self.tenant = str(self.whoami()["tenant"])
 
-    def _send(self, req: _Request) -> Any:
+    def _send(self, req: _Request[T]) -> T:
         try:
-            res = self._http.request(
-                req.method,
-                req.path,
-                params=req.params,
-                json=req.body if req.body is not None else ({} if req.method in ("POST", "PUT") else None),
-                timeout=req.timeout or self.timeout,
-            )
+            res = self._http.request(req.method, req.path, params=req.params, json=_json_of(req), timeout=req.timeout or self.timeout)
         except httpx.TransportError as e:
             raise _connection_error(e, req.method, req.path) from e
         _raise_for(res, req.method, req.path)
-        body = res.json()
-        return req.parse(body) if req.parse else body
+        return req.answer(res.json())
 
-    def tail(self, run: RunRef, since_seq: int = 0, *, reconnect_delay: float = 0.5) -> Iterator[dict]:
+    def _bind(self, op: _Operation[P, T]) -> Callable[P, T]:
+        build = op.build
+
+        def call(*args: P.args, **kwargs: P.kwargs) -> T:
+            return self._send(build(self, *args, **kwargs))
+
+        functools.update_wrapper(call, types.MethodType(build, self))
+        return call
+
+    def to_async(self, *, transport: httpx.AsyncBaseTransport | None = None) -> "AsyncRunkeepClient":
+        """An :class:`AsyncRunkeepClient` with this client's URL, token,
+        tenant and timeout (a transport is per kind: pass an async one to
+        replace httpx's default). The two share nothing else; close both."""
+        return AsyncRunkeepClient(self.base_url, self.token, tenant=self.tenant, timeout=self.timeout, transport=transport)
+
+    def tail(self, run: RunRef, since_seq: int = 0, *, reconnect_delay: float = 0.5) -> Iterator[dict[str, Any]]:
         """The run's events after ``since_seq``, live, forever: resumes
         after a dropped stream from the last event seen (``Last-Event-ID``),
         so no event is lost or repeated. Break out of the loop to stop."""
@@ -711,14 +813,15 @@ class RunkeepClient(_Api):
     def __enter__(self) -> "RunkeepClient":
         return self
 
-    def __exit__(self, *exc: Any) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
 
 class AsyncRunkeepClient(_Api):
-    """The async client: every method answers an awaitable. Call
-    :meth:`connect` (or ``async with``) to learn the tenant from the token
-    when none is given."""
+    """The async client: :class:`RunkeepClient`'s methods, each a coroutine
+    with the same name and parameters, over ``httpx.AsyncClient``. Without
+    ``tenant``, the first call asks the token's (``whoami``); ``async with``
+    or :meth:`connect` asks it at once."""
 
     def __init__(self, base_url: str, token: str, *, tenant: str | None = None, timeout: float = 60.0, transport: httpx.AsyncBaseTransport | None = None) -> None:
         self.base_url = base_url.rstrip("/")
@@ -728,26 +831,32 @@ class AsyncRunkeepClient(_Api):
         self.tenant = tenant or ""
 
     async def connect(self) -> "AsyncRunkeepClient":
+        """Learns the token's tenant when none was given; answers the client."""
         if not self.tenant:
-            self.tenant = (await self.whoami())["tenant"]
+            me = await self._send(_Api.whoami.build(self))
+            self.tenant = str(me["tenant"])
         return self
 
-    async def _send(self, req: _Request) -> Any:
+    async def _send(self, req: _Request[T]) -> T:
         try:
-            res = await self._http.request(
-                req.method,
-                req.path,
-                params=req.params,
-                json=req.body if req.body is not None else ({} if req.method in ("POST", "PUT") else None),
-                timeout=req.timeout or self.timeout,
-            )
+            res = await self._http.request(req.method, req.path, params=req.params, json=_json_of(req), timeout=req.timeout or self.timeout)
         except httpx.TransportError as e:
             raise _connection_error(e, req.method, req.path) from e
         _raise_for(res, req.method, req.path)
-        body = res.json()
-        return req.parse(body) if req.parse else body
+        return req.answer(res.json())
 
-    def tail(self, run: RunRef, since_seq: int = 0, *, reconnect_delay: float = 0.5) -> AsyncIterator[dict]:
+    def _bind(self, op: _Operation[P, T]) -> Callable[P, Coroutine[Any, Any, T]]:
+        build = op.build
+
+        async def call(*args: P.args, **kwargs: P.kwargs) -> T:
+            if not self.tenant:
+                await self.connect()
+            return await self._send(build(self, *args, **kwargs))
+
+        functools.update_wrapper(call, types.MethodType(build, self))
+        return call
+
+    def tail(self, run: RunRef, since_seq: int = 0, *, reconnect_delay: float = 0.5) -> AsyncIterator[dict[str, Any]]:
         """Async twin of :meth:`RunkeepClient.tail`."""
         from .sse import tail_async
 
@@ -759,7 +868,7 @@ class AsyncRunkeepClient(_Api):
     async def __aenter__(self) -> "AsyncRunkeepClient":
         return await self.connect()
 
-    async def __aexit__(self, *exc: Any) -> None:
+    async def __aexit__(self, *exc: object) -> None:
         await self.aclose()
 
 

@@ -58,10 +58,11 @@ def _frames(lines: Iterable[str], parser: SseParser) -> Iterator[tuple[str, str 
             yield f
 
 
-def _event_of(frame: tuple[str, str | None, str], path: str) -> dict | None:
+def _event_of(frame: tuple[str, str | None, str], path: str) -> dict[str, Any] | None:
     event, _id, data = frame
     if event == "event":
-        return json.loads(data)
+        ev: dict[str, Any] = json.loads(data)
+        return ev
     if event == "problem":
         raise problem_error(json.loads(data), method="GET", path=path)
     return None
@@ -75,7 +76,7 @@ def _open_error(res: httpx.Response, path: str) -> RunkeepError:
     return problem_error(problem, method="GET", path=path)
 
 
-def tail_sync(client: "RunkeepClient", run: "RunRef", since_seq: int, delay: float) -> Iterator[dict]:
+def tail_sync(client: "RunkeepClient", run: "RunRef", since_seq: int, delay: float) -> Iterator[dict[str, Any]]:
     path = client._path("tail_events", run)
     last = since_seq
     while True:
@@ -106,7 +107,8 @@ def tail_sync(client: "RunkeepClient", run: "RunRef", since_seq: int, delay: flo
         time.sleep(delay)
 
 
-async def tail_async(client: "AsyncRunkeepClient", run: "RunRef", since_seq: int, delay: float) -> AsyncIterator[dict]:
+async def tail_async(client: "AsyncRunkeepClient", run: "RunRef", since_seq: int, delay: float) -> AsyncIterator[dict[str, Any]]:
+    await client.connect()
     path = client._path("tail_events", run)
     last = since_seq
     while True:

@@ -69,7 +69,7 @@ class Serve:
             [runkeep_binary(), "--tenant", self.tenant, "--json", "token", "create", "--role", role, "--label", "py-test", "--tokens", os.path.join(self.dir, "tokens.json")],
             env=_env(), capture_output=True, text=True, check=True,
         ).stdout
-        return json.loads(out)["token"]
+        return str(json.loads(out)["token"])
 
     def _wait_url(self) -> str:
         deadline = time.monotonic() + 20

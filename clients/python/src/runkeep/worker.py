@@ -61,10 +61,12 @@ import threading
 import time
 import uuid
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Mapping, TypeVar
 
 from .client import ClaimAnswer, HandOver, Lease, Lifecycle, RunkeepClient, RunRef
 from .errors import Cancelled, Conflict, FencedOut, RunkeepError
+
+T = TypeVar("T")
 
 
 class LeaseLost(RunkeepError):
@@ -155,7 +157,7 @@ class HeldRun:
         sent_at: float,
         renew_fraction: float = 1 / 3,
         safety_fraction: float = 0.1,
-        on_event: Callable[[dict], None] | None = None,
+        on_event: Callable[[dict[str, Any]], None] | None = None,
     ) -> None:
         if not (0 < renew_fraction < 1 and 0 <= safety_fraction < 1 and renew_fraction + safety_fraction < 1):
             raise ValueError("renew_fraction in (0, 1), safety_fraction in [0, 1), their sum below 1")
@@ -290,7 +292,7 @@ class HeldRun:
             self._lose(LeaseLost("expiring", self.fence, f"fence {self.fence} is within the safety margin of its deadline"))
             raise self.loss  # type: ignore[misc]
 
-    def fenced(self, write: Callable[[int], Any], operation: str = "write") -> Any:
+    def fenced(self, write: Callable[[int], T], operation: str = "write") -> T:
         """Runs ``write(fence)`` under the current fence, excluded from
         renewals; refused locally once lost; a ``FencedOut`` or
         ``Cancelled`` answer marks the holding lost (and is raised). A
@@ -301,7 +303,7 @@ class HeldRun:
             self.check()
             return self._send(write, operation)
 
-    def _send(self, write: Callable[[int], Any], operation: str) -> Any:
+    def _send(self, write: Callable[[int], T], operation: str) -> T:
         fence = self.fence
         try:
             return write(fence)
@@ -316,7 +318,7 @@ class HeldRun:
                 self._lose(LeaseLost("fenced-out", fence, str(e), e.current))
             raise
 
-    def step(self, step: Mapping[str, Any]) -> dict:
+    def step(self, step: Mapping[str, Any]) -> dict[str, Any]:
         """One atomic step (events, checkpoint, messages, record, finish)."""
         return self.fenced(lambda fence: self.client.commit_step(self.run, fence, step), "commit_step")
 
@@ -325,7 +327,7 @@ class HeldRun:
         self.ended = True
         self._stop.set()
 
-    def finish(self, status: str = "completed", *, result: Any = None, reason: str | None = None) -> dict:
+    def finish(self, status: str = "completed", *, result: Any = None, reason: str | None = None) -> Lifecycle:
         try:
             return self.fenced(lambda fence: self.client.finish(self.run, fence, status, result=result, reason=reason), "finish")
         finally:
@@ -489,7 +491,7 @@ class Worker:
         session: str | None = None,
         park: list[str] | None = None,
         wait_ms: int = 20_000,
-        on_event: Callable[[dict], None] | None = None,
+        on_event: Callable[[dict[str, Any]], None] | None = None,
         attempt_timeout: float | None = None,
         max_attempts: int | None = None,
     ) -> None:
@@ -509,7 +511,7 @@ class Worker:
         self.max_attempts = max_attempts
         self.report = WorkerReport()
 
-    def _emit(self, event: dict) -> None:
+    def _emit(self, event: dict[str, Any]) -> None:
         if self.on_event is not None:
             self.on_event(event)
 
@@ -622,10 +624,10 @@ class Worker:
                 return ("timeout", None)
             done.wait(min(left, 0.02))
         if "error" in box:
-            e = box["error"]
-            if not isinstance(e, Exception):
-                raise e
-            return ("raised", e)
+            err = box["error"]
+            if not isinstance(err, Exception):
+                raise err
+            return ("raised", err)
         return ("returned", box.get("value"))
 
     def _book_lost(self, held: HeldRun, error: BaseException | None = None) -> None:
