@@ -37,8 +37,9 @@ cat target/prepare.log
 # free ports, run in two lanes beside the cargo tests (both wait on
 # servers, disks, browsers and PostgreSQL more than they compute; one after
 # the other they took 3.6 minutes of CI after the cargo tests' 6):
-# - clients/typescript: npm ci, tsc --noEmit, its tests. Fails when node/npm
-#   are missing.
+# - clients/typescript: npm ci, tsc --noEmit, its tests, then the package
+#   packed and installed from its tarball into a fresh project under
+#   target/js-pack, its worker run there. Fails when node/npm are missing.
 # - crates/runkeep-server/console/tests: the web console's browser tests,
 #   headless Debian chromium driven by playwright-core against
 #   `runkeep serve --demo`. Installs chromium as root when missing; fails
@@ -48,7 +49,8 @@ cat target/prepare.log
 #   two-process write ownership.
 # - clients/langgraph-js: the LangGraph.js saver:
 #   @langchain/langgraph-checkpoint-validation 1.1.1 (718 tests), write
-#   ownership, parks.
+#   ownership, parks; then both JS packages installed from their tarballs
+#   into a fresh project, a graph with an interrupt run there.
 # - scripts/schemathesis.sh: schemathesis (pinned, in a venv under
 #   target/schemathesis) with a reader, a worker and an operator token:
 #   fails on any 5xx, any answer that breaks

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The LangGraph.js saver's CI: build the TypeScript client it depends on
-# (file:../typescript), install from the committed lockfile, type-check,
+# (a peer dependency; file:../typescript in development), install from the
+# committed lockfile, type-check,
 # build, and run the vitest specs against a live `runkeep serve` (one per
 # run, started by test/global-setup.ts on a free port with reader, worker
 # and operator tokens): LangGraph.js's own validation suite
@@ -41,3 +42,8 @@ rm -rf dist
 npx tsc -p tsconfig.build.json
 # A hung test fails the run instead of blocking CI.
 timeout 300 npx vitest run --reporter=default
+# The packages as a user gets them: both packed, their tarballs' contents
+# checked, installed from the tarballs into a fresh project under
+# target/js-pack with @langchain/langgraph, and a graph with an interrupt
+# run there under runWorker (scripts/pack-check.sh).
+bash "$here/scripts/pack-check.sh"

@@ -148,8 +148,116 @@ export interface RunkeepSaverOptions {
   parks?: boolean;
 }
 
-/** What {@link RunkeepSaver.answeredInterrupt} answers. */
-export type AnsweredInterrupt = { answered: true; decision: Json } | { answered: false };
+/** One interrupt of a park's request: LangGraph's interrupt id, its value (as JSON) and the task that raised it. */
+export interface ParkedInterrupt {
+  id: string | null;
+  value: Json;
+  taskId: string | null;
+}
+
+/**
+ * What {@link RunkeepSaver.answeredInterrupt} answers. `resume` is what to
+ * resume the graph with (`new Command({ resume })`): with one interrupt,
+ * the answer itself; with several, the `{ [interruptId]: value }` map the
+ * answer is. `decision` is the park's answer as recorded, `interrupts` the
+ * park's interrupts.
+ */
+export type AnsweredInterrupt =
+  | { answered: true; resume: Json; decision: Json; interrupts: ParkedInterrupt[] }
+  | { answered: false };
+
+/**
+ * The answer of a park with several interrupts is not a map with exactly one
+ * value per interrupt id: nothing to resume with. `ids` are the park's
+ * interrupt ids, `decision` the answer as recorded.
+ */
+export class InterruptAnswerError extends Error {
+  override name = "InterruptAnswerError";
+  constructor(
+    readonly threadId: string,
+    readonly ids: string[],
+    readonly decision: Json,
+  ) {
+    super(
+      `thread ${JSON.stringify(threadId)}: the park holds ${ids.length} interrupts (${ids.join(", ")}); its answer must be ` +
+        `an object with one value per interrupt id, e.g. ${JSON.stringify(Object.fromEntries(ids.map((id) => [id, "…"])))}, ` +
+        `but it is ${JSON.stringify(decision)}`,
+    );
+  }
+}
+
+/**
+ * A thread's run could not be claimed: {@link ThreadHeldError} (another
+ * owner holds it live), {@link ThreadFinishedError} (the run is finished)
+ * or {@link ThreadNotYetClaimableError} (snoozed or backing off). `outcome`
+ * is the claim's answer.
+ */
+export class ThreadClaimRefused extends RunkeepError {
+  override name = "ThreadClaimRefused";
+  constructor(
+    readonly threadId: string,
+    readonly outcome: "held" | "finished" | "notBefore",
+    type: string,
+    title: string,
+    detail: string,
+  ) {
+    super({ type, title, status: 409, detail });
+  }
+}
+
+/** Another owner holds the thread's run live: wait for it to release, or for its lease (`expiresAt`) to lapse. */
+export class ThreadHeldError extends ThreadClaimRefused {
+  override name = "ThreadHeldError";
+  constructor(
+    threadId: string,
+    readonly holder: string,
+    readonly fence: number,
+    readonly expiresAt: number,
+  ) {
+    super(
+      threadId,
+      "held",
+      "urn:runkeep:client:thread-held",
+      "Thread held",
+      `thread ${JSON.stringify(threadId)} is held live by ${JSON.stringify(holder)} (fence ${fence}, until ${new Date(expiresAt).toISOString()}); ` +
+        "its writes are refused to anyone else until it releases or its lease lapses",
+    );
+  }
+}
+
+/** The thread's run is finished (`runStatus`: completed, failed or cancelled): nothing more is written under a claim; an operator's `reopen` makes it claimable again. */
+export class ThreadFinishedError extends ThreadClaimRefused {
+  override name = "ThreadFinishedError";
+  constructor(
+    threadId: string,
+    readonly runStatus: string,
+  ) {
+    super(
+      threadId,
+      "finished",
+      "urn:runkeep:client:thread-finished",
+      "Thread finished",
+      `thread ${JSON.stringify(threadId)}: its run is finished (${runStatus}); an operator reopens it with \`reopen\` (RunkeepClient.reopen(saver.runRef(threadId))) to run it again`,
+    );
+  }
+}
+
+/** The thread's run is not claimable before `availableAt` (snoozed, or backing off after a failed attempt). */
+export class ThreadNotYetClaimableError extends ThreadClaimRefused {
+  override name = "ThreadNotYetClaimableError";
+  constructor(
+    threadId: string,
+    readonly availableAt: number,
+  ) {
+    super(
+      threadId,
+      "notBefore",
+      "urn:runkeep:client:thread-not-yet-claimable",
+      "Thread not yet claimable",
+      `thread ${JSON.stringify(threadId)} is not claimable before ${new Date(availableAt).toISOString()}`,
+    );
+  }
+}
 
 function b64(data: Uint8Array): string {
   return Buffer.from(data.buffer, data.byteOffset, data.byteLength).toString("base64");
@@ -222,8 +330,13 @@ export class RunkeepSaver extends BaseCheckpointSaver {
   /**
    * Claims the thread's run (a fence above every earlier one; a live
    * owner's holding is not taken before it lapses) and answers a saver
-   * that writes under it, at that fixed fence. Rejects when another holder
-   * has the thread live.
+   * that writes under it, at that fixed fence. Rejects with
+   * {@link ThreadHeldError} when another owner holds the thread live,
+   * {@link ThreadFinishedError} when its run is finished (the graph ended,
+   * or an operator finished it) and {@link ThreadNotYetClaimableError}
+   * when it is snoozed. End the holding with the client's `release` (the
+   * graph stopped at an interrupt) or `finish` (the graph ended), at
+   * {@link ownershipFence}.
    */
   async claimWriteOwnership(
     threadId: string | number,
@@ -235,15 +348,23 @@ export class RunkeepSaver extends BaseCheckpointSaver {
       { holder, ttlMs: options.ttlMs ?? 30_000 },
       { signal: options.signal },
     );
-    if (answer.outcome !== "acquired") {
-      throw new RunkeepError({
-        type: "urn:runkeep:client:held",
-        title: "Held",
-        status: 409,
-        detail: `thread ${JSON.stringify(String(threadId))} is not claimable now (${answer.outcome})`,
-      });
+    const t = String(threadId);
+    switch (answer.outcome) {
+      case "acquired":
+        return this.owned(threadId, new FixedFence(answer.lease.fence));
+      case "held":
+        throw new ThreadHeldError(t, answer.lease.holder, answer.lease.fence, answer.lease.expiresAt);
+      case "finished":
+        throw new ThreadFinishedError(t, answer.status);
+      case "notBefore":
+        throw new ThreadNotYetClaimableError(t, answer.availableAt);
     }
-    return this.owned(threadId, new FixedFence(answer.lease.fence));
+  }
+
+  /** The fence this saver writes its thread under when bound to a {@link FixedFence} ({@link claimWriteOwnership}); else `undefined`. */
+  get ownershipFence(): number | undefined {
+    const lease = this.owner?.lease;
+    return lease instanceof FixedFence ? lease.fence : undefined;
   }
 
   /** Runs `send(fence)` with the fence this saver writes `threadId` under. */
@@ -404,29 +525,62 @@ export class RunkeepSaver extends BaseCheckpointSaver {
     const ns = (c["checkpoint_ns"] as string | undefined) ?? "";
     const items: ThreadWriteBody[] = [];
     let park: { request: { type: string } & JsonObject } | undefined;
+    let resume: { value: Json } | undefined;
     for (const [idx, [channel, value]] of writes.entries()) {
       items.push({ idx: WRITES_IDX_MAP[channel] ?? idx, channel, ...(await this.dump(value)) });
       if (channel === INTERRUPT && this.parks) {
         park = { request: parkRequest(threadId, ns, checkpointId, taskId, value) };
       }
+      if (channel === RESUME && this.parks) resume = commandResume(taskId, value);
     }
-    const body = { thread: threadId, ns, checkpointId, taskId, taskPath, writes: items, ...(park ? { park } : {}) };
+    const body = {
+      thread: threadId,
+      ns,
+      checkpointId,
+      taskId,
+      taskPath,
+      writes: items,
+      ...(park ? { park } : {}),
+      // Any JSON: the server takes any value (`Option<Value>`), though the
+      // OpenAPI document's generated type says an object.
+      ...(resume ? { resume: resume.value as JsonObject } : {}),
+    };
     await this.write(threadId, (fence) => this.client.putThreadWrites(this.runRef(threadId), body, { fence }));
   }
 
   /**
-   * `{ answered: true, decision }` when the thread's latest root checkpoint
-   * carries a park (from an `interrupt()`) that was answered (in the
-   * console, or `resolvePark`) and the graph has not resumed from it yet;
-   * else `{ answered: false }`. Resume with
-   * `graph.invoke(new Command({ resume: decision }), config)`.
+   * `{ answered: true, resume, decision, interrupts }` when the thread's
+   * latest root checkpoint carries a park (from `interrupt()`s) that was
+   * answered (in the console, or `resolvePark`) and the graph has not
+   * resumed from it yet; else `{ answered: false }`. Resume with
+   * `graph.invoke(new Command({ resume }), config)`: with one interrupt
+   * `resume` is the answer; with several (parallel nodes interrupting in
+   * one step: one park holds them all) the answer must be an object with
+   * one value per interrupt id, `{ [id]: value }`, and `resume` is that map
+   * (any other answer rejects with {@link InterruptAnswerError}, naming
+   * the ids).
    */
   async answeredInterrupt(threadId: string | number): Promise<AnsweredInterrupt> {
     const body = await this.client.getThreadCheckpoint(this.runRef(threadId), { ns: "" });
     const pending = body?.park?.pending;
     if (!body || !pending || pending.resolvedAt === undefined || pending.decision === undefined) return { answered: false };
     if (body.writes.some((w) => w.channel === RESUME)) return { answered: false };
-    return { answered: true, decision: pending.decision };
+    const decision = pending.decision;
+    const raw = (pending.request as { interrupts?: unknown } | undefined)?.interrupts;
+    const interrupts: ParkedInterrupt[] = (Array.isArray(raw) ? raw : []).map((i: { id?: unknown; value?: unknown; taskId?: unknown }) => ({
+      id: typeof i?.id === "string" ? i.id : null,
+      value: (i?.value ?? null) as Json,
+      taskId: typeof i?.taskId === "string" ? i.taskId : null,
+    }));
+    if (interrupts.length <= 1) return { answered: true, resume: decision, decision, interrupts };
+    const ids = interrupts.map((i) => i.id);
+    const known = ids.filter((id): id is string => id !== null);
+    const map = decision !== null && typeof decision === "object" && !Array.isArray(decision) ? (decision as JsonObject) : undefined;
+    const keys = map ? Object.keys(map) : [];
+    if (!map || known.length !== ids.length || keys.length !== known.length || !known.every((id) => Object.hasOwn(map, id))) {
+      throw new InterruptAnswerError(String(threadId), known, decision);
+    }
+    return { answered: true, resume: Object.fromEntries(known.map((id) => [id, map[id] as Json])), decision, interrupts };
   }
 
   async deleteThread(threadId: string): Promise<void> {
@@ -449,7 +603,29 @@ export class RunkeepSaver extends BaseCheckpointSaver {
   }
 }
 
-/** The park request of an `__interrupt__` write (the Python saver's shape). */
+/** LangGraph.js's null task: the writes of a `Command` (its `resume` among them). */
+const NULL_TASK_ID = "00000000-0000-0000-0000-000000000000";
+/** An interrupt id (xxh3, 32 hex digits): LangGraph.js writes a resume map as one batch per interrupt, under that id. */
+const INTERRUPT_ID = /^[0-9a-f]{32}$/;
+
+/**
+ * The resume a `Command({ resume })` writes, to close the park with: the
+ * null task's `__resume__` value (one answer, or LangGraph's map), or, for
+ * the batch LangGraph.js writes per interrupt of a resume map (task id =
+ * the interrupt id, value = the list of that interrupt's answers), that
+ * answer as `{ [interruptId]: value }`. A task's own `__resume__` write
+ * (the answers it consumed) is not a Command's, so it closes nothing.
+ */
+function commandResume(taskId: string, value: unknown): { value: Json } | undefined {
+  if (taskId === NULL_TASK_ID) return { value: jsonable(value) };
+  if (INTERRUPT_ID.test(taskId)) {
+    const answers = Array.isArray(value) ? value : [value];
+    return { value: { [taskId]: jsonable(answers[answers.length - 1]) } };
+  }
+  return undefined;
+}
+
+/** The park request of an `__interrupt__` write (the Python saver's shape): each interrupt with its id, value and task. */
 function parkRequest(
   threadId: string,
   ns: string,
@@ -469,6 +645,7 @@ function parkRequest(
       return {
         id: typeof o?.id === "string" ? o.id : null,
         value: jsonable(o && "value" in o ? o.value : i),
+        taskId,
       };
     }),
   };

@@ -10,8 +10,15 @@ import { Command } from "@langchain/langgraph";
 import { emptyCheckpoint } from "@langchain/langgraph-checkpoint";
 import { describe, expect, it } from "vitest";
 
+import { InterruptAnswerError, type RunkeepSaver } from "../src/index.js";
 import { client, saver } from "./context.js";
-import { approvalGraph } from "./graph.js";
+import { approvalGraph, twoReviewersGraph } from "./graph.js";
+
+/** The park of the thread's latest root checkpoint, as the server keeps it. */
+async function parkOf(s: RunkeepSaver, thread: string) {
+  const body = await client("reader").getThreadCheckpoint(s.runRef(thread), { ns: "" });
+  return body?.park ?? undefined;
+}
 
 describe("RunkeepSaver under a graph", () => {
   it("turns an interrupt into a park, and the park's answer resumes the graph", async () => {
@@ -35,9 +42,9 @@ describe("RunkeepSaver under a graph", () => {
 
     await client("operator").resolvePark(run, park!.id, { action: "answer", decision: "yes" });
     const answer = await s.answeredInterrupt(thread);
-    expect(answer).toEqual({ answered: true, decision: "yes" });
+    expect(answer).toMatchObject({ answered: true, resume: "yes", decision: "yes" });
 
-    const done = await graph.invoke(new Command({ resume: answer.answered ? answer.decision : null }), config);
+    const done = await graph.invoke(new Command({ resume: answer.answered ? answer.resume : null }), config);
     expect(done.log).toEqual(["drafted", "approval: yes", "shipped"]);
     expect(await s.answeredInterrupt(thread), "resumed: the answer is spent").toEqual({ answered: false });
     const state = await graph.getState(config);
@@ -45,6 +52,82 @@ describe("RunkeepSaver under a graph", () => {
     const steps: unknown[] = [];
     for await (const t of s.list({ configurable: { thread_id: thread } })) steps.push(t.metadata?.step);
     expect(steps, "one chain, newest first: input, start, draft, (the interrupt writes none), approve, ship").toEqual([3, 2, 1, 0, -1]);
+  });
+
+  it("parks two interrupts of one step as one park with both ids; a map answer resumes both", async () => {
+    const s = saver();
+    const thread = "reviewers-1";
+    const config = { configurable: { thread_id: thread }, durability: "sync" as const };
+    const graph = twoReviewersGraph().compile({ checkpointer: s });
+
+    const first = await graph.invoke({ log: [] }, config);
+    const raised = (first as { __interrupt__?: { id: string; value: unknown }[] }).__interrupt__ ?? [];
+    expect(raised.map((i) => i.value)).toEqual([{ reviewer: "legal" }, { reviewer: "security" }]);
+    const run = s.runRef(thread);
+    const park = await client("reader").findPending(run);
+    const request = park?.pending?.request as unknown as { interrupts: { id: string; value: unknown; taskId: string }[]; taskId: string };
+    expect(request.interrupts.map((i) => i.id).sort(), "one park, both interrupt ids").toEqual(raised.map((i) => i.id).sort());
+    const state = await graph.getState(config);
+    const taskOf = Object.fromEntries(state.tasks.flatMap((t) => (t.interrupts ?? []).map((i) => [i.id, t.id])));
+    for (const i of request.interrupts) expect(i.taskId, "each interrupt names its own task").toBe(taskOf[i.id]);
+
+    const [legal, security] = raised;
+    await client("operator").resolvePark(run, park!.id, { action: "answer", decision: { [legal!.id]: "ok" } });
+    await expect(s.answeredInterrupt(thread), "an answer without every id is refused, naming the ids").rejects.toThrow(new RegExp(`${legal!.id}.*${security!.id}|${security!.id}.*${legal!.id}`));
+    await expect(s.answeredInterrupt(thread)).rejects.toBeInstanceOf(InterruptAnswerError);
+    expect((await graph.getState(config)).next.sort(), "nothing resumed").toEqual(["legal", "security"]);
+  });
+
+  it("resumes two interrupts answered with a map of their ids", async () => {
+    const s = saver();
+    const thread = "reviewers-2";
+    const config = { configurable: { thread_id: thread }, durability: "sync" as const };
+    const graph = twoReviewersGraph().compile({ checkpointer: s });
+    const first = await graph.invoke({ log: [] }, config);
+    const raised = (first as { __interrupt__?: { id: string; value: { reviewer: string } }[] }).__interrupt__ ?? [];
+    const run = s.runRef(thread);
+    const park = await client("reader").findPending(run);
+    const decision = Object.fromEntries(raised.map((i) => [i.id, `${i.value.reviewer} approves`]));
+    await client("operator").resolvePark(run, park!.id, { action: "answer", decision });
+
+    const answer = await s.answeredInterrupt(thread);
+    expect(answer).toMatchObject({ answered: true, resume: decision });
+    const done = await graph.invoke(new Command({ resume: answer.answered ? answer.resume : null }), config);
+    expect([...done.log].sort()).toEqual(["legal: legal approves", "merged 2", "security: security approves"]);
+    expect((await graph.getState(config)).next).toEqual([]);
+    expect(await s.answeredInterrupt(thread)).toEqual({ answered: false });
+  });
+
+  it("closes the park when the graph is resumed in code with Command({ resume })", async () => {
+    const s = saver();
+    const thread = "approval-in-code";
+    const config = { configurable: { thread_id: thread }, durability: "sync" as const };
+    const graph = approvalGraph().compile({ checkpointer: s });
+    await graph.invoke({ log: [] }, config);
+    const before = await parkOf(s, thread);
+    expect(before?.pending?.resolvedAt, "open while the interrupt waits").toBeUndefined();
+    const interruptCheckpoint = (await s.getTuple({ configurable: { thread_id: thread } }))!.checkpoint.id;
+
+    const done = await graph.invoke(new Command({ resume: "yes" }), config);
+    expect(done.log).toEqual(["drafted", "approval: yes", "shipped"]);
+    const after = await client("reader").getThreadCheckpoint(s.runRef(thread), { ns: "", checkpointId: interruptCheckpoint });
+    expect(after?.park?.pending?.resolvedAt, "the resume in code closed the park").toBeTypeOf("number");
+    expect(after?.park?.pending?.decision).toEqual("yes");
+    expect(await client("reader").findPending(s.runRef(thread)), "no park outstanding any more").toBeNull();
+  });
+
+  it("closes the park of two interrupts resumed in code with a map", async () => {
+    const s = saver();
+    const thread = "reviewers-in-code";
+    const config = { configurable: { thread_id: thread }, durability: "sync" as const };
+    const graph = twoReviewersGraph().compile({ checkpointer: s });
+    const first = await graph.invoke({ log: [] }, config);
+    const raised = (first as { __interrupt__?: { id: string }[] }).__interrupt__ ?? [];
+    const interruptCheckpoint = (await s.getTuple({ configurable: { thread_id: thread } }))!.checkpoint.id;
+    const done = await graph.invoke(new Command({ resume: Object.fromEntries(raised.map((i) => [i.id, "fine"])) }), config);
+    expect(done.log).toContain("merged 2");
+    const after = await client("reader").getThreadCheckpoint(s.runRef(thread), { ns: "", checkpointId: interruptCheckpoint });
+    expect(after?.park?.pending?.resolvedAt, "the resume in code closed the park").toBeTypeOf("number");
   });
 
   it("keeps each branch's values when a checkpoint has two children (versions never collide)", async () => {

@@ -19,3 +19,16 @@ export function approvalGraph() {
     .addEdge("approve", "ship")
     .addEdge("ship", END);
 }
+
+/** Two reviewers in parallel, each interrupting in the same step: one park holds both interrupts. */
+export function twoReviewersGraph() {
+  return new StateGraph(State)
+    .addNode("legal", () => ({ log: [`legal: ${String(interrupt({ reviewer: "legal" }))}`] }))
+    .addNode("security", () => ({ log: [`security: ${String(interrupt({ reviewer: "security" }))}`] }))
+    .addNode("merge", (s: typeof State.State) => ({ log: [`merged ${s.log.length}`] }))
+    .addEdge(START, "legal")
+    .addEdge(START, "security")
+    .addEdge("legal", "merge")
+    .addEdge("security", "merge")
+    .addEdge("merge", END);
+}

@@ -12,7 +12,7 @@ import { runWorker, RunkeepError } from "@runkeep/client";
 import { emptyCheckpoint, type CheckpointMetadata } from "@langchain/langgraph-checkpoint";
 import { describe, expect, it } from "vitest";
 
-import { RunkeepSaver, StaleWriteOwnerError } from "../src/index.js";
+import { RunkeepSaver, StaleWriteOwnerError, ThreadFinishedError, ThreadHeldError } from "../src/index.js";
 import { client, freshSession, saver } from "./context.js";
 import { approvalGraph } from "./graph.js";
 
@@ -129,5 +129,28 @@ describe("write ownership", () => {
     expect(checkpoints.length).toBeGreaterThan(0);
     for (const c of checkpoints) expect(c.fence, "every checkpoint written under the worker's fence").toBe(fence);
     expect(await worker.findPending(base.runRef(thread)), "the interrupt parked the run").not.toBeNull();
+  });
+});
+
+describe("claimWriteOwnership", () => {
+  it("tells a thread held live by another owner from a thread whose run is finished", async () => {
+    const s = saver();
+    const thread = "claims-1";
+    const run = s.runRef(thread);
+    await client().enqueue(run, { checkpoint: { id: "cp_input", createdAt: Date.now(), state: { thread } } });
+    const a = await s.claimWriteOwnership(thread, { holder: "owner-a" });
+    expect(a.ownershipFence).toBeTypeOf("number");
+
+    const held = await s.claimWriteOwnership(thread, { holder: "owner-b" }).catch((e: unknown) => e);
+    expect(held).toBeInstanceOf(ThreadHeldError);
+    expect(held).toMatchObject({ outcome: "held", threadId: thread, fence: a.ownershipFence });
+    expect((held as ThreadHeldError).holder).toContain("owner-a");
+
+    await client().finish(run, a.ownershipFence!, { status: "completed" });
+    const finished = await s.claimWriteOwnership(thread, { holder: "owner-b" }).catch((e: unknown) => e);
+    expect(finished).toBeInstanceOf(ThreadFinishedError);
+    expect(finished).not.toBeInstanceOf(ThreadHeldError);
+    expect(finished).toMatchObject({ outcome: "finished", runStatus: "completed" });
+    expect(String((finished as Error).message)).toContain("reopen");
   });
 });

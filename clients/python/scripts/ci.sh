@@ -110,5 +110,9 @@ status=0
 # 5. The tests. A hung test fails the run instead of blocking CI.
 timeout 300 "$installed/bin/python" -m pytest -p no:cacheprovider -q -rA --rootdir clients/python clients/python/tests || status=1
 timeout 600 "$installed/bin/python" -m pytest -p no:cacheprovider -q -s --rootdir clients/python-langgraph clients/python-langgraph/tests || status=1
+# --- the LangGraph saver bench at its small size: checks every saver stores
+# what it is given (not timings); its own venv (clients/python-langgraph/bench).
+timeout 180 bash "$repo/clients/python-langgraph/bench/run.sh" --small || status=1
+# ---
 echo "clients/python: $(( $(date +%s) - started )) s"
 exit "$status"

@@ -43,3 +43,7 @@ rm -rf dist
 npx tsc -p .
 # A hung test fails the run instead of blocking CI.
 timeout 300 node --test --test-concurrency=1 --test-timeout=60000 dist/test/*.test.js
+# The package as a user gets it: `npm pack`, the tarball's contents checked,
+# installed from the tarball into a fresh project under target/js-pack,
+# type-checked against and run there (scripts/pack-check.sh).
+bash "$here/scripts/pack-check.sh"
