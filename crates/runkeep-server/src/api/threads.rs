@@ -911,12 +911,21 @@ pub(super) async fn delete_thread(
     Q(q): Q<DeleteThreadQuery>,
 ) -> ApiResult<ThreadDeleted> {
     let fence = wire::opt_fence("fence", q.fence)?;
-    let all = state.store.list_checkpoints(&scope).await?;
+    // Names only: every thread record id starts `tc-` or `tw-`.
+    let mut ids = Vec::new();
+    for prefix in ["tc-", "tw-"] {
+        let q = runkeep::CheckpointIdQuery {
+            prefix: prefix.into(),
+            before: None,
+            limit: None,
+        };
+        ids.extend(state.store.checkpoint_ids(&scope, &q).await?);
+    }
     let mut checkpoint_count = 0;
-    for cp in all.iter().filter(|cp| cp.state.contains_key(RECORD_KEY)) {
+    for id in &ids {
         if checked(
             &state,
-            state.store.delete_checkpoint(&scope, &cp.id, fence).await,
+            state.store.delete_checkpoint(&scope, id, fence).await,
         )? {
             checkpoint_count += 1;
         }
