@@ -488,6 +488,15 @@ async fn deleting_a_thread_leaves_other_threads_and_listing_spans_threads() {
         listed(&get(&s, &tenant_path("&limit=2&before=4")).await),
         vec![("a".into(), "3".into()), ("b".into(), "2".into())]
     );
+    // With `ns` each thread is paged without the scan: the same answers.
+    assert_eq!(
+        listed(&get(&s, &tenant_path("&ns=&limit=2&before=4")).await),
+        vec![("a".into(), "3".into()), ("b".into(), "2".into())]
+    );
+    assert_eq!(
+        get(&s, &tenant_path("&ns=&limit=10")).await.body,
+        get(&s, &tenant_path("")).await.body
+    );
     let d = send(
         &s,
         reqwest::Method::DELETE,

@@ -41,8 +41,8 @@
 //! read; a one-namespace page (`ns`, `before`, `filter`, `limit`) pages the
 //! ids and reads only what it returns. Old-layout records, a channel with
 //! no known location, a namespace holding hashed ids, and listings without
-//! `ns` (or across threads) scan the run's checkpoints once
-//! (`list_checkpoints`).
+//! `ns` scan the run's checkpoints once (`list_checkpoints`); the listing
+//! across threads with `ns` pages each thread like a one-namespace page.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::OnceLock;
@@ -881,6 +881,33 @@ pub(super) async fn list_threads(
         for row in &page.entries {
             if row.damaged.is_some() {
                 continue;
+            }
+            // One namespace: at most `limit` bodies of this thread, read
+            // without the scan (layout v2).
+            if let (Some(ns), true) = (&sel.ns, limit <= 10_000) {
+                if let Some(bodies) = list_direct(
+                    &state,
+                    &row.scope,
+                    ns,
+                    sel.before.as_deref(),
+                    &sel.filter,
+                    limit,
+                )
+                .await?
+                {
+                    for b in bodies {
+                        let key = (
+                            std::cmp::Reverse(b.checkpoint_id.clone()),
+                            b.thread.clone(),
+                            b.ns.clone(),
+                        );
+                        found.insert(key, b);
+                        if found.len() > limit {
+                            found.pop_last();
+                        }
+                    }
+                    continue;
+                }
             }
             let thread = Thread::load(&state, &row.scope).await?;
             for r in thread.select(&sel) {
