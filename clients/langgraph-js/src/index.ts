@@ -541,9 +541,7 @@ export class RunkeepSaver extends BaseCheckpointSaver {
       taskPath,
       writes: items,
       ...(park ? { park } : {}),
-      // Any JSON: the server takes any value (`Option<Value>`), though the
-      // OpenAPI document's generated type says an object.
-      ...(resume ? { resume: resume.value as JsonObject } : {}),
+      ...(resume ? { resume: resume.value } : {}),
     };
     await this.write(threadId, (fence) => this.client.putThreadWrites(this.runRef(threadId), body, { fence }));
   }

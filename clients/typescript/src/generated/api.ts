@@ -1538,7 +1538,7 @@ export interface components {
              *     (resolved at the store's clock, this value its decision): how
              *     `Command(resume=…)` in code answers an interrupt. Ignored when the
              *     park is already answered or there is none. */
-            resume?: Record<string, never> | null;
+            resume?: unknown;
             /** @description The task writing. */
             taskId: string;
             /** @description The task's path (sorts writes). */

@@ -143,7 +143,6 @@ pub struct PutThreadWritesBody {
     /// `Command(resume=…)` in code answers an interrupt. Ignored when the
     /// park is already answered or there is none.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schema(value_type = Option<Object>)]
     pub resume: Option<Value>,
     /// The holding it is written under (absent: unfenced).
     #[serde(default, skip_serializing_if = "Option::is_none")]
