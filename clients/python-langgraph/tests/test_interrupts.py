@@ -220,8 +220,9 @@ def test_a_thread_whose_worker_died_after_the_answer_is_continued_from_its_lates
     serve.client("operator").resolve_park(run, saver.interrupt_park(thread).park_id, "yes")
 
     # A first resumer takes the answer, gets past the approval and dies in
-    # `ship` (its holding is never ended; its lease lapses).
-    held = saver.claim_thread(thread, holder="dies", ttl_ms=300)
+    # `ship` (its holding is never ended; its lease lapses). The lease is
+    # long enough that a loaded machine renews it in time while it runs.
+    held = saver.claim_thread(thread, holder="dies", ttl_ms=2_000)
     with pytest.raises(KeyboardInterrupt):
         graphs.approval(die_in_ship=True).compile(checkpointer=saver.owned(thread, held)).invoke(Command(resume="yes"), {"configurable": {"thread_id": thread}}, durability="sync")
     held.stop_renewing()
