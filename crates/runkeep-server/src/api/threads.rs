@@ -269,25 +269,7 @@ impl Thread {
             }
         }
         let w = self.writes.get(&(r.ns.clone(), r.id.clone()));
-        ThreadCheckpointBody {
-            thread: r.thread.clone(),
-            run: self.run.clone(),
-            ns: r.ns.clone(),
-            checkpoint_id: r.id.clone(),
-            parent_id: r.parent.clone(),
-            checkpoint: r.checkpoint.clone(),
-            metadata: r.metadata.clone(),
-            values,
-            writes: w.map(|w| sorted(w.writes.clone())).unwrap_or_default(),
-            fence: r.fence,
-            created_at: r.created_at,
-            park: w.and_then(|w| {
-                w.pending.clone().map(|pending| ThreadParkState {
-                    checkpoint: w.record.clone(),
-                    pending,
-                })
-            }),
-        }
+        checkpoint_body(r, &self.run, values, w)
     }
 
     /// The checkpoints matching `sel`, newest first.
@@ -507,28 +489,41 @@ async fn read_direct(
         .await?
         .filter(|w| writes_key(w).is_some_and(|(ns, id)| ns == r.ns && id == r.id))
         .map(|w| writes_record(&w));
-    Ok(Some(ThreadCheckpointBody {
+    Ok(Some(checkpoint_body(
+        &r,
+        &scope.run_id.to_string(),
+        values,
+        w.as_ref(),
+    )))
+}
+
+/// A thread checkpoint as answered: its record, the values of its
+/// versions and its writes record (if any), however they were read.
+fn checkpoint_body(
+    r: &CpRecord,
+    run: &str,
+    values: Vec<ThreadBlobBody>,
+    w: Option<&WritesRecord>,
+) -> ThreadCheckpointBody {
+    ThreadCheckpointBody {
         thread: r.thread.clone(),
-        run: scope.run_id.to_string(),
+        run: run.to_string(),
         ns: r.ns.clone(),
         checkpoint_id: r.id.clone(),
         parent_id: r.parent.clone(),
         checkpoint: r.checkpoint.clone(),
         metadata: r.metadata.clone(),
         values,
-        writes: w
-            .as_ref()
-            .map(|w| sorted(w.writes.clone()))
-            .unwrap_or_default(),
+        writes: w.map(|w| sorted(w.writes.clone())).unwrap_or_default(),
         fence: r.fence,
         created_at: r.created_at,
         park: w.and_then(|w| {
-            w.pending.map(|pending| ThreadParkState {
-                checkpoint: w.record,
+            w.pending.clone().map(|pending| ThreadParkState {
+                checkpoint: w.record.clone(),
                 pending,
             })
         }),
-    }))
+    }
 }
 
 /// Whether the namespace holds checkpoints under hashed ids (not in
