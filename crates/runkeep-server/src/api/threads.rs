@@ -491,7 +491,7 @@ async fn read_direct(
         .map(|w| writes_record(&w));
     Ok(Some(checkpoint_body(
         &r,
-        &scope.run_id.to_string(),
+        scope.run_id.as_ref(),
         values,
         w.as_ref(),
     )))
