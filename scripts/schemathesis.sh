@@ -35,7 +35,10 @@ if ! command -v "$python" >/dev/null 2>&1; then
     exit 1
 fi
 want="$(sha256sum "$req" | cut -d' ' -f1) $("$python" -c 'import sys; print(sys.version.split()[0])')"
-if [ ! -x "$venv/bin/st" ] || [ "$(cat "$venv/.requirements" 2>/dev/null)" != "$want" ]; then
+# A venv moved from elsewhere (its scripts name the old interpreter path)
+# is rebuilt too.
+if [ ! -x "$venv/bin/st" ] || [ "$(cat "$venv/.requirements" 2>/dev/null)" != "$want" ] \
+    || ! "$venv/bin/st" --version >/dev/null 2>&1; then
     echo "schemathesis.sh: installing $req into $venv"
     rm -rf "$venv"
     "$python" -m venv "$venv"
