@@ -296,7 +296,7 @@ impl Drop for Server {
 
 /// The HTTP soak's chaos, paced on its own schedule
 /// ([`BackendChaos::every`]): two strikes in three kill the server and
-/// start it again; one in three stalls it (SIGSTOP for 1.3–2 × the lease
+/// start it again; every third stalls it (SIGSTOP for 1.3–2 × the lease
 /// TTL, then SIGCONT): the server has not vanished, it just stops
 /// answering, so the workers' requests hang until their request timeout,
 /// and on SIGCONT it serves what queued up meanwhile (stale fences
@@ -309,6 +309,9 @@ pub struct ServerChaos {
     down: (Duration, Duration),
     /// The lease TTL (a stall lasts 1.3–2 × it).
     ttl: Duration,
+    /// Strikes so far: every third one stalls, the others kill (counted,
+    /// not drawn, so a short soak cannot draw stalls only).
+    strikes: AtomicU64,
 }
 
 impl ServerChaos {
@@ -325,6 +328,7 @@ impl ServerChaos {
             every,
             down,
             ttl,
+            strikes: AtomicU64::new(0),
         }
     }
 
@@ -370,7 +374,7 @@ impl BackendChaos for ServerChaos {
     ) -> Pin<Box<dyn std::future::Future<Output = Result<Option<String>, String>> + Send + '_>>
     {
         Box::pin(async move {
-            if rand::thread_rng().gen_bool(1.0 / 3.0) {
+            if self.strikes.fetch_add(1, Ordering::Relaxed) % 3 == 2 {
                 if let Some(label) = self.stall().await {
                     return Ok(Some(label));
                 }
