@@ -696,6 +696,7 @@ pub(crate) fn claim(
             &options.holder,
             now,
             options.max_attempts,
+            0, // FIXME(issue 30, directory helper): count the key under its lock
         )?;
         // What this attempt publishes: a lease, or (dead-lettering) a
         // tombstone that finishes the run.
@@ -703,6 +704,7 @@ pub(crate) fn claim(
             ClaimPlan::Held(summary) => return Ok(ClaimOutcome::Held(summary)),
             ClaimPlan::Finished(status) => return Ok(ClaimOutcome::Finished(status)),
             ClaimPlan::NotBefore(at) => return Ok(ClaimOutcome::NotBefore(at)),
+            ClaimPlan::AtLimit(busy) => return Ok(ClaimOutcome::AtLimit(busy)),
             ClaimPlan::Take { fence, takeover } => {
                 let attempts = lifecycle::after_take(&state.lifecycle, takeover).attempts;
                 let body = lease_body(options.holder.as_str(), expires_at.as_millis(), attempts);

@@ -289,7 +289,7 @@ fn walk_page(inner: &Inner, q: &ListQuery, a: &Attribution) -> Result<RunPage> {
         .into_iter()
         .filter_map(|c| {
             let created = match q.order {
-                ListOrder::RunId => None,
+                ListOrder::RunId | ListOrder::Priority => None,
                 ListOrder::CreatedAt => digest_of(&c, &ctx)?.ok().and_then(|d| d.run_created_at),
             };
             let k = RowKey::new(q.order, &c.run, c.parent.as_ref(), created);
@@ -337,6 +337,7 @@ pub(crate) fn claim_next(
         cursor: None,
         now: Some(now),
         status: None,
+        min_priority: None,
     };
     let Some((q, a)) = prepare(inner, scope, &list)? else {
         return Ok(None);
@@ -407,7 +408,10 @@ pub(crate) fn claim_next(
                     return Ok(Some((row.scope, lease)));
                 }
                 Ok(
-                    ClaimOutcome::Held(_) | ClaimOutcome::Finished(_) | ClaimOutcome::NotBefore(_),
+                    ClaimOutcome::Held(_)
+                    | ClaimOutcome::Finished(_)
+                    | ClaimOutcome::NotBefore(_)
+                    | ClaimOutcome::AtLimit(_),
                 ) => {}
                 Err(e @ Error::Contended { .. }) => contended = Some(e),
                 Err(e) => return Err(e),

@@ -152,6 +152,7 @@ impl Fx {
             cursor: None,
             now: Some(self.now),
             status: None,
+            min_priority: None,
         }
     }
 }

@@ -28,6 +28,7 @@ pub(crate) fn apply_claim(
         &mut run.lifecycle,
         options,
         now,
+        0, // FIXME(issue 30, PostgreSQL helper): count the key under its lock
     )
 }
 

@@ -175,7 +175,8 @@ impl Listing<'_> {
             wh.push("park_count > 0".into());
         }
         let (key_cols, order_by) = match self.order {
-            ListOrder::RunId => (
+            // FIXME(issue 30, PostgreSQL helper): the priority order.
+            ListOrder::RunId | ListOrder::Priority => (
                 "run_id, parent_id",
                 "run_id, parent_id, project_id, session_id",
             ),

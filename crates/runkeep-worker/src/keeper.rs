@@ -158,9 +158,10 @@ impl LeaseKeeper {
             ClaimOutcome::Acquired(lease) => {
                 Self::start_at(store, scope, lease, ttl, options, sent_at).map(Some)
             }
-            ClaimOutcome::Held(_) | ClaimOutcome::Finished(_) | ClaimOutcome::NotBefore(_) => {
-                Ok(None)
-            }
+            ClaimOutcome::Held(_)
+            | ClaimOutcome::Finished(_)
+            | ClaimOutcome::NotBefore(_)
+            | ClaimOutcome::AtLimit(_) => Ok(None),
         }
     }
 
@@ -446,6 +447,18 @@ async fn renew(shared: &Shared, stop: &CancellationToken, retry_delay: Duration)
                     kind: "finished",
                     message: format!(
                         "the run was finished ({status}) while fence {old_fence} was held; nothing is left to renew"
+                    ),
+                });
+                return false;
+            }
+            Ok(Ok(ClaimOutcome::AtLimit(busy))) => {
+                // Only a renewal of a lease that already expired is judged
+                // against the key: the run was ours no longer.
+                shared.lose(LeaseLoss::RenewalFailed {
+                    kind: "at_limit",
+                    message: format!(
+                        "fence {old_fence} expired before its renewal, and concurrency key {:?} is at its limit of {} ({} others held)",
+                        busy.key, busy.limit, busy.held
                     ),
                 });
                 return false;

@@ -172,6 +172,10 @@ pub enum ClaimOutcome {
     Finished(crate::lifecycle::RunStatus),
     /// The run is deferred until this instant (`snooze`, `enqueue`).
     NotBefore(Timestamp),
+    /// The run's concurrency key is at its limit: this many other runs of
+    /// the key are held live ([`crate::scheduling::concurrency`]). Nothing
+    /// changed; claim it again once one of them ends.
+    AtLimit(crate::scheduling::KeyBusy),
 }
 
 impl ClaimOutcome {

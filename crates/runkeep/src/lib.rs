@@ -34,6 +34,7 @@ pub mod lifecycle;
 pub mod listing;
 pub mod memory;
 pub mod park;
+pub mod scheduling;
 pub mod scope;
 pub mod step;
 pub mod store;
@@ -53,6 +54,7 @@ pub use lifecycle::{EnqueueOptions, FinishStatus, Lifecycle, Outcome, RunStatus}
 pub use listing::{ListOptions, ListOrder, RunDigest, RunPage, RunRow};
 pub use memory::MemoryStore;
 pub use park::{ParkResolution, ParkState, ParkSummary, PendingDecision};
+pub use scheduling::{Concurrency, Dedupe, Enqueued, KeyBusy, KeyHolding, Priority};
 pub use scope::{ListingScope, RunScope};
 pub use step::{MessagesUpdate, Step, StepFinish, StepReceipt};
 pub use store::{

@@ -52,6 +52,7 @@ use crate::lease::{
     check_write_fence, decide_claim, decide_release, is_expired, ClaimDecision, ClaimOptions,
     ClaimOutcome, Fence, Lease, LeaseSummary, TopHolding,
 };
+use crate::scheduling::{concurrency, Concurrency, KeyBusy, Priority};
 use crate::time::{Timestamp, Ttl};
 
 /// The attempt limit when neither the claim nor the run sets one.
@@ -257,6 +258,16 @@ pub struct Lifecycle {
     /// handing it out.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub deadline: Option<Timestamp>,
+    /// Its priority ([`crate::scheduling::priority`]); serialized when not 0.
+    #[serde(default, skip_serializing_if = "Priority::is_default")]
+    pub priority: Priority,
+    /// Its concurrency key and limit ([`crate::scheduling::concurrency`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub concurrency: Option<Concurrency>,
+    /// How long it is kept once finished, ms, overriding the store's
+    /// retention policy ([`crate::scheduling::retention`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub retention_ms: Option<u64>,
 }
 
 /// The reason recorded on a run finished by its deadline.
@@ -311,6 +322,12 @@ pub struct EnqueueOptions {
     pub attempt_timeout: Option<Ttl>,
     /// The run must be finished by this instant (`None`: no deadline).
     pub deadline: Option<Timestamp>,
+    /// Its priority (default 0; higher runs are claimed first).
+    pub priority: Priority,
+    /// Its concurrency key and limit (`None`: none).
+    pub concurrency: Option<Concurrency>,
+    /// How long it is kept once finished (`None`: the store's policy).
+    pub retention: Option<Ttl>,
 }
 
 impl EnqueueOptions {
@@ -326,6 +343,10 @@ impl EnqueueOptions {
         if let Some(p) = &self.retry {
             p.validate(run)?;
         }
+        self.priority.validate()?;
+        if let Some(c) = &self.concurrency {
+            c.validate()?;
+        }
         Ok(())
     }
 
@@ -337,6 +358,9 @@ impl EnqueueOptions {
             retry: self.retry,
             attempt_timeout_ms: self.attempt_timeout.map(Ttl::as_millis),
             deadline: self.deadline,
+            priority: self.priority,
+            concurrency: self.concurrency.clone(),
+            retention_ms: self.retention.map(Ttl::as_millis),
             ..Lifecycle::default()
         }
     }
@@ -359,6 +383,9 @@ pub enum ClaimPlan {
     Finished(RunStatus),
     /// Deferred until this instant.
     NotBefore(Timestamp),
+    /// The run's concurrency key is at its limit
+    /// ([`crate::scheduling::concurrency`]).
+    AtLimit(KeyBusy),
     /// The run's deadline has passed: finish it as failed
     /// ([`DEADLINE_PASSED`]) at `fence` instead of handing it out.
     PastDeadline {
@@ -384,6 +411,7 @@ pub fn plan_claim(
     holder: &Holder,
     now: Timestamp,
     claim_limit: Option<u32>,
+    key_held_by_others: u32,
 ) -> Result<ClaimPlan> {
     if lifecycle.status.is_finished() {
         return Ok(ClaimPlan::Finished(lifecycle.status));
@@ -402,6 +430,13 @@ pub fn plan_claim(
             if now < at {
                 return Ok(ClaimPlan::NotBefore(at));
             }
+        }
+        if let Some(busy) = lifecycle
+            .concurrency
+            .as_ref()
+            .and_then(|c| concurrency::admit(c, key_held_by_others))
+        {
+            return Ok(ClaimPlan::AtLimit(busy));
         }
     }
     let takeover = match top {
@@ -464,6 +499,23 @@ pub fn after_finish(
     })
 }
 
+/// The lifecycle after an operator sets the run's priority: refused
+/// (`Conflict`) on a finished run.
+pub fn after_set_priority(run: &RunId, l: &Lifecycle, priority: Priority) -> Result<Lifecycle> {
+    if l.status.is_finished() {
+        return Err(Error::Conflict {
+            message: format!(
+                "set priority of run {run}: the run is finished ({}); reopen it first",
+                l.status
+            ),
+        });
+    }
+    Ok(Lifecycle {
+        priority,
+        ..l.clone()
+    })
+}
+
 /// The lifecycle a claim past the run's deadline records (finished at
 /// `now`, the instant it was judged).
 pub fn past_deadline(l: &Lifecycle, fence: Fence, now: Timestamp) -> Lifecycle {
@@ -520,6 +572,7 @@ pub fn apply_claim(
     lifecycle: &mut Lifecycle,
     options: &ClaimOptions,
     now: Timestamp,
+    key_held_by_others: u32,
 ) -> Result<ClaimOutcome> {
     match plan_claim(
         run,
@@ -528,8 +581,10 @@ pub fn apply_claim(
         &options.holder,
         now,
         options.max_attempts,
+        key_held_by_others,
     )? {
         ClaimPlan::Held(s) => Ok(ClaimOutcome::Held(s)),
+        ClaimPlan::AtLimit(b) => Ok(ClaimOutcome::AtLimit(b)),
         ClaimPlan::Finished(status) => Ok(ClaimOutcome::Finished(status)),
         ClaimPlan::NotBefore(at) => Ok(ClaimOutcome::NotBefore(at)),
         ClaimPlan::Exhausted { fence, attempts } => {
@@ -628,7 +683,7 @@ mod tests {
     fn only_takeovers_from_expired_leases_count_attempts() {
         let l = Lifecycle::default();
         let plan = |top: Option<TopHolding>, who: &str| {
-            plan_claim(&run(), top.as_ref(), &l, &h(who), at(100), None).unwrap()
+            plan_claim(&run(), top.as_ref(), &l, &h(who), at(100), None, 0).unwrap()
         };
         // First claim, after a release, renewal: no attempt.
         assert_eq!(
@@ -681,7 +736,7 @@ mod tests {
         };
         let top = lease(5, "a", 50);
         for expected in [1, 2] {
-            let p = plan_claim(&run(), Some(&top), &l, &h("b"), at(100), None).unwrap();
+            let p = plan_claim(&run(), Some(&top), &l, &h("b"), at(100), None, 0).unwrap();
             assert_eq!(
                 p,
                 ClaimPlan::Take {
@@ -692,7 +747,7 @@ mod tests {
             l = after_take(&l, true);
             assert_eq!(l.attempts, expected);
         }
-        let p = plan_claim(&run(), Some(&top), &l, &h("b"), at(100), None).unwrap();
+        let p = plan_claim(&run(), Some(&top), &l, &h("b"), at(100), None, 0).unwrap();
         assert_eq!(
             p,
             ClaimPlan::Exhausted {
@@ -701,12 +756,12 @@ mod tests {
             }
         );
         // The claim's own limit wins over the run's.
-        let p = plan_claim(&run(), Some(&top), &l, &h("b"), at(100), Some(10)).unwrap();
+        let p = plan_claim(&run(), Some(&top), &l, &h("b"), at(100), Some(10), 0).unwrap();
         assert!(matches!(p, ClaimPlan::Take { .. }));
         let dead = exhausted(&l, f(6), 3, at(100));
         assert_eq!(dead.status, RunStatus::Failed);
         assert_eq!(dead.reason.as_deref(), Some(ATTEMPTS_EXHAUSTED));
-        let p = plan_claim(&run(), None, &dead, &h("b"), at(100), None).unwrap();
+        let p = plan_claim(&run(), None, &dead, &h("b"), at(100), None, 0).unwrap();
         assert_eq!(p, ClaimPlan::Finished(RunStatus::Failed));
     }
 
@@ -718,11 +773,11 @@ mod tests {
         };
         let top = TopHolding::Released { fence: f(2) };
         assert_eq!(
-            plan_claim(&run(), Some(&top), &l, &h("a"), at(499), None).unwrap(),
+            plan_claim(&run(), Some(&top), &l, &h("a"), at(499), None, 0).unwrap(),
             ClaimPlan::NotBefore(at(500))
         );
         assert!(matches!(
-            plan_claim(&run(), Some(&top), &l, &h("a"), at(500), None).unwrap(),
+            plan_claim(&run(), Some(&top), &l, &h("a"), at(500), None, 0).unwrap(),
             ClaimPlan::Take { .. }
         ));
         assert_eq!(after_take(&l, false).available_at, None);

@@ -33,6 +33,7 @@ use crate::id::{CheckpointId, ProjectId, RunId, SessionId};
 use crate::lease::{LeaseSummary, TopHolding};
 use crate::lifecycle::{Lifecycle, RunStatus};
 use crate::park::{park_precedence, ParkState, ParkSummary};
+use crate::scheduling::Priority;
 use crate::scope::{ListingScope, RunScope};
 use crate::time::Timestamp;
 
@@ -50,6 +51,9 @@ pub enum ListOrder {
     RunId,
     /// By run start instant, unrecorded first.
     CreatedAt,
+    /// By priority, highest first, then run id
+    /// ([`crate::scheduling::priority`]).
+    Priority,
 }
 
 impl ListOrder {
@@ -57,6 +61,7 @@ impl ListOrder {
         match self {
             ListOrder::RunId => "runId",
             ListOrder::CreatedAt => "createdAt",
+            ListOrder::Priority => "priority",
         }
     }
 }
@@ -67,8 +72,9 @@ impl std::str::FromStr for ListOrder {
         match s {
             "runId" | "run-id" | "run_id" => Ok(ListOrder::RunId),
             "createdAt" | "created-at" | "created_at" => Ok(ListOrder::CreatedAt),
+            "priority" => Ok(ListOrder::Priority),
             other => Err(Error::invalid(format!(
-                "order {other:?} is not one of runId, createdAt (run-id, created-at also read)"
+                "order {other:?} is not one of runId, createdAt, priority (run-id, created-at also read)"
             ))),
         }
     }
@@ -94,6 +100,8 @@ pub struct ListOptions {
     /// Keep only rows whose lifecycle status is in this set. `None` ⇒ no
     /// filter; an empty set is refused.
     pub status: Option<Vec<RunStatus>>,
+    /// Keep only rows whose priority is at least this. `None` ⇒ no filter.
+    pub min_priority: Option<Priority>,
 }
 
 impl ListOptions {
@@ -156,6 +164,12 @@ pub struct RunRow {
     /// Serialized only when true.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub dead_lettered: bool,
+    /// Its priority (serialized when not 0).
+    #[serde(default, skip_serializing_if = "Priority::is_default")]
+    pub priority: Priority,
+    /// Its concurrency key, if any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub concurrency_key: Option<String>,
 }
 
 fn is_active(s: &RunStatus) -> bool {
@@ -163,6 +177,10 @@ fn is_active(s: &RunStatus) -> bool {
 }
 
 fn is_zero(n: &u32) -> bool {
+    *n == 0
+}
+
+fn is_zero_rank(n: &i64) -> bool {
     *n == 0
 }
 
@@ -183,6 +201,8 @@ impl RunRow {
             attempts: 0,
             available_at: None,
             dead_lettered: false,
+            priority: Priority::default(),
+            concurrency_key: None,
         }
     }
 
@@ -193,6 +213,8 @@ impl RunRow {
         self.attempts = l.attempts;
         self.available_at = l.available_at;
         self.dead_lettered = l.is_dead_lettered();
+        self.priority = l.priority;
+        self.concurrency_key = l.concurrency.as_ref().map(|c| c.key.clone());
         self
     }
 
@@ -205,14 +227,25 @@ impl RunRow {
             && self.is_unheld()
     }
 
+    /// The key `claim_next` takes this row in: highest priority first,
+    /// then `order`.
+    pub fn claim_key(&self, order: ListOrder) -> RowKey {
+        self.key(order).with_priority(self.priority)
+    }
+
     /// The sort key of this row in `order`.
     pub fn key(&self, order: ListOrder) -> RowKey {
-        RowKey::new(
+        let k = RowKey::new(
             order,
             &self.scope.run_id,
             self.scope.parent_run_id.as_ref(),
             self.run_created_at,
-        )
+        );
+        if order == ListOrder::Priority {
+            k.with_priority(self.priority)
+        } else {
+            k
+        }
         .in_session(&self.scope.project_id, &self.scope.session_id)
     }
 
@@ -236,6 +269,10 @@ pub struct RunPage {
 /// The sort key of a row.
 #[derive(Clone, PartialEq, Eq, PartialOrd, Ord, Debug, Serialize, Deserialize)]
 pub struct RowKey {
+    /// [`Priority::rank`] in the priority order and in `claim_next`'s keys
+    /// (higher priorities first); 0 otherwise.
+    #[serde(default, skip_serializing_if = "is_zero_rank")]
+    pub prio: i64,
     /// 0 = unrecorded (or run-id order), 1 = recorded.
     pub rank: u8,
     /// `run_created_at` when ranked 1.
@@ -269,6 +306,7 @@ impl RowKey {
             _ => (0, 0),
         };
         Self {
+            prio: 0,
             rank,
             stamp,
             run_id: run.to_string(),
@@ -276,6 +314,12 @@ impl RowKey {
             project: String::new(),
             session: String::new(),
         }
+    }
+
+    /// This key ranked by `priority` first (higher first).
+    pub fn with_priority(mut self, priority: Priority) -> Self {
+        self.prio = priority.rank();
+        self
     }
 
     /// This key with the tie-break of a row in `project`/`session`.
@@ -290,9 +334,9 @@ impl RowKey {
         !self.project.is_empty() || !self.session.is_empty()
     }
 
-    /// The key without its tie-break: `(rank, stamp, run_id, parent)`.
-    fn base(&self) -> (u8, i64, &str, &str) {
-        (self.rank, self.stamp, &self.run_id, &self.parent)
+    /// The key without its tie-break: `(prio, rank, stamp, run_id, parent)`.
+    fn base(&self) -> (i64, u8, i64, &str, &str) {
+        (self.prio, self.rank, self.stamp, &self.run_id, &self.parent)
     }
 
     /// This key without its tie-break.
@@ -479,6 +523,8 @@ impl RunDigest {
             attempts: 0,
             available_at: None,
             dead_lettered: false,
+            priority: Priority::default(),
+            concurrency_key: None,
         })
     }
 }
@@ -497,6 +543,8 @@ pub struct ListQuery {
     pub claimed: Option<bool>,
     /// Status filter (never empty).
     pub status: Option<Vec<RunStatus>>,
+    /// Lowest priority kept.
+    pub min_priority: Option<Priority>,
     /// Effective page size.
     pub limit: usize,
     /// Start strictly after this key.
@@ -575,6 +623,7 @@ impl ListQuery {
             park,
             claimed: options.claimed,
             status,
+            min_priority: options.min_priority,
             limit,
             after: None,
             now: options.now.unwrap_or_else(Timestamp::now),
@@ -602,6 +651,7 @@ impl ListQuery {
                 cursor: None,
                 now: Some(now),
                 status: None,
+                min_priority: None,
             },
         )
     }
@@ -622,13 +672,17 @@ impl ListQuery {
             .as_ref()
             .map(|v| v.iter().map(|s| s.as_str()).collect::<Vec<_>>().join(","))
             .unwrap_or_else(|| "*".into());
-        if status == "*" {
+        let mut digest = if status == "*" {
             // The digest of a query without a status filter is the one
             // contract v1 issued, so its cursors stay valid.
             format!("park={park};claimed={claimed}")
         } else {
             format!("park={park};claimed={claimed};status={status}")
+        };
+        if let Some(p) = self.min_priority {
+            digest.push_str(&format!(";minPriority={p}"));
         }
+        digest
     }
 
     fn body_checksum(&self, k: &RowKey) -> String {
@@ -720,6 +774,9 @@ impl ListQuery {
             if !statuses.contains(&row.status) {
                 return false;
             }
+        }
+        if self.min_priority.is_some_and(|p| row.priority < p) {
+            return false;
         }
         match self.claimed {
             None => true,
@@ -865,6 +922,7 @@ mod tests {
             f: "park=*;claimed=*".into(),
             s: "tnt_a".into(),
             k: RowKey {
+                prio: 0,
                 rank: 0,
                 stamp: 0,
                 run_id: "run_z".into(),

@@ -28,6 +28,9 @@ use crate::lease::{
 use crate::lifecycle::{self, EnqueueOptions, Lifecycle, Outcome};
 use crate::listing::{ListOptions, ListQuery, RunDigest, RunPage, RunRow};
 use crate::park::{self, ParkResolution};
+use crate::scheduling::concurrency::{self, KeyHolding, KeyLog};
+use crate::scheduling::dedupe::{self, Dedupe, DedupeRecord, Enqueued};
+use crate::scheduling::Priority;
 use crate::scope::{ListingScope, RunScope};
 use crate::step::{Step, StepReceipt};
 use crate::store::{CheckpointStore, ClaimNextFilter, EvidenceStore};
@@ -84,6 +87,7 @@ impl RunState {
         scope: &RunScope,
         options: &ClaimOptions,
         now: Timestamp,
+        key_held_by_others: u32,
     ) -> Result<ClaimOutcome> {
         lifecycle::apply_claim(
             &scope.run_id,
@@ -91,7 +95,18 @@ impl RunState {
             &mut self.lifecycle,
             options,
             now,
+            key_held_by_others,
         )
+    }
+
+    /// The live lease's fence at `now`, if any.
+    fn live_fence(&self, now: Timestamp) -> Option<Fence> {
+        match &self.top {
+            Some(TopHolding::Lease {
+                fence, expires_at, ..
+            }) if !crate::lease::is_expired(*expires_at, now) => Some(*fence),
+            _ => None,
+        }
     }
 
     /// Appends events under the already-checked fence.
@@ -111,12 +126,43 @@ impl RunState {
     }
 }
 
+/// A concurrency key or an idempotency key, within its session.
+type SessionKey = (String, String);
+
 /// The in-memory reference store.
 #[derive(Debug)]
 pub struct MemoryStore {
     runs: Mutex<BTreeMap<RunScope, RunState>>,
+    /// Each key's holdings history; locked after `runs`, only under it.
+    keys: Mutex<BTreeMap<SessionKey, KeyLog>>,
+    /// Each idempotency key's window; locked after `runs`, only under it.
+    dedupe: Mutex<BTreeMap<SessionKey, DedupeRecord>>,
     clock: Arc<dyn Clock>,
     notifier: Notifier,
+}
+
+/// Runs of `key` in `session`, other than `scope`, held live at `now`.
+fn key_held_by_others(
+    runs: &BTreeMap<RunScope, RunState>,
+    scope: &RunScope,
+    now: Timestamp,
+) -> u32 {
+    let Some(key) = runs
+        .get(scope)
+        .and_then(|r| r.lifecycle.concurrency.as_ref())
+        .map(|c| &c.key)
+    else {
+        return 0;
+    };
+    let session = scope.session_scope();
+    runs.iter()
+        .filter(|(s, r)| {
+            *s != scope
+                && s.session_scope() == session
+                && r.lifecycle.concurrency.as_ref().map(|c| &c.key) == Some(key)
+                && r.live_fence(now).is_some()
+        })
+        .count() as u32
 }
 
 impl Default for MemoryStore {
@@ -136,6 +182,8 @@ impl MemoryStore {
     pub fn with_clock(clock: Arc<dyn Clock>) -> Self {
         Self {
             runs: Mutex::new(BTreeMap::new()),
+            keys: Mutex::new(BTreeMap::new()),
+            dedupe: Mutex::new(BTreeMap::new()),
             clock,
             notifier: Notifier::default(),
         }
@@ -145,6 +193,64 @@ impl MemoryStore {
         // A panic while holding the lock cannot leave a half-applied change:
         // every mutation validates first and then assigns.
         self.runs.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Brings the key history of `scope` up to its top holding at `now`
+    /// (called under the runs lock after every change of a holding): a new
+    /// fence starts a holding, and a holding that is no longer the run's
+    /// lease ends at `now`.
+    fn note_holding(&self, runs: &BTreeMap<RunScope, RunState>, scope: &RunScope, now: Timestamp) {
+        let Some(run) = runs.get(scope) else {
+            return;
+        };
+        let Some(c) = &run.lifecycle.concurrency else {
+            return;
+        };
+        let mut keys = self.keys.lock().unwrap_or_else(|p| p.into_inner());
+        let log = keys
+            .entry((scope.session_scope().to_string(), c.key.clone()))
+            .or_default();
+        let parent = scope.parent_run_id.as_ref();
+        let open = log
+            .entries()
+            .iter()
+            .rev()
+            .find(|h| {
+                &h.run_id == &scope.run_id
+                    && h.parent_run_id.as_ref() == parent
+                    && h.ended_at.is_none()
+            })
+            .map(|h| h.fence);
+        match &run.top {
+            Some(TopHolding::Lease {
+                fence, expires_at, ..
+            }) => {
+                if open != Some(*fence) {
+                    log.acquired(&scope.run_id, parent, *fence, now, *expires_at);
+                }
+            }
+            _ => {
+                if open.is_some() {
+                    log.ended(&scope.run_id, parent, now);
+                }
+            }
+        }
+    }
+
+    fn claim_in(
+        &self,
+        runs: &mut BTreeMap<RunScope, RunState>,
+        scope: &RunScope,
+        options: &ClaimOptions,
+        now: Timestamp,
+    ) -> Result<ClaimOutcome> {
+        let held = key_held_by_others(runs, scope, now);
+        let out = runs
+            .entry(scope.clone())
+            .or_default()
+            .claim(scope, options, now, held)?;
+        self.note_holding(runs, scope, now);
+        Ok(out)
     }
 }
 
@@ -296,9 +402,7 @@ impl CheckpointStore for MemoryStore {
     async fn claim(&self, scope: &RunScope, options: &ClaimOptions) -> Result<ClaimOutcome> {
         let now = options.judged_at(|| self.clock.now());
         let mut runs = self.lock();
-        runs.entry(scope.clone())
-            .or_default()
-            .claim(scope, options, now)
+        self.claim_in(&mut runs, scope, options, now)
     }
 
     async fn release(&self, scope: &RunScope, fence: Fence) -> Result<bool> {
@@ -309,6 +413,7 @@ impl CheckpointStore for MemoryStore {
         match decide_release(&scope.run_id, run.top.as_ref(), fence)? {
             Some(tomb) => {
                 run.top = Some(TopHolding::Released { fence: tomb });
+                self.note_holding(&runs, scope, self.clock.now());
                 drop(runs);
                 self.notifier.notify_run(scope, false);
                 Ok(true)
@@ -338,14 +443,13 @@ impl CheckpointStore for MemoryStore {
             .filter(|(s, _)| s.is_within(scope))
             .filter_map(|(s, r)| r.row(s, now))
             .filter(|row| query.matches(row) && row.is_claimable(now))
-            .map(|row| (row.key(filter.order), row.scope))
+            .map(|row| (row.claim_key(filter.order), row.scope))
             .collect();
         candidates.sort();
         for (_, run_scope) in candidates {
-            let Some(run) = runs.get_mut(&run_scope) else {
-                continue;
-            };
-            if let ClaimOutcome::Acquired(lease) = run.claim(&run_scope, options, now)? {
+            if let ClaimOutcome::Acquired(lease) =
+                self.claim_in(&mut runs, &run_scope, options, now)?
+            {
                 return Ok(Some((run_scope, lease)));
             }
         }
@@ -389,14 +493,16 @@ impl CheckpointStore for MemoryStore {
         let now = self.clock.now();
         let mut runs = self.lock();
         let run = runs.entry(scope.clone()).or_default();
-        lifecycle::apply_finish(
+        let l = lifecycle::apply_finish(
             &scope.run_id,
             &mut run.top,
             &mut run.lifecycle,
             outcome,
             fence,
             now,
-        )
+        )?;
+        self.note_holding(&runs, scope, now);
+        Ok(l)
     }
 
     async fn snooze(&self, scope: &RunScope, fence: Fence, until: Timestamp) -> Result<bool> {
@@ -411,6 +517,7 @@ impl CheckpointStore for MemoryStore {
             fence,
             until,
         )?;
+        self.note_holding(&runs, scope, self.clock.now());
         drop(runs);
         if snoozed {
             self.notifier.notify_run(scope, false);
@@ -437,6 +544,7 @@ impl CheckpointStore for MemoryStore {
             max_attempts,
             now,
         )?;
+        self.note_holding(&runs, scope, now);
         drop(runs);
         self.notifier.notify_run(scope, false);
         Ok(l)
@@ -458,6 +566,7 @@ impl CheckpointStore for MemoryStore {
         if !exists {
             runs.remove(scope);
         }
+        self.note_holding(&runs, scope, now);
         drop(runs);
         let l = l?;
         self.notifier.notify_run(scope, false);
@@ -476,6 +585,88 @@ impl CheckpointStore for MemoryStore {
         drop(runs);
         self.notifier.notify_run(scope, false);
         Ok(l)
+    }
+
+    async fn set_priority(&self, scope: &RunScope, priority: Priority) -> Result<Lifecycle> {
+        priority.validate()?;
+        let mut runs = self.lock();
+        let Some(run) = runs.get_mut(scope).filter(|r| r.exists()) else {
+            return Err(Error::NotFound {
+                what: format!("run {}", scope.run_id),
+            });
+        };
+        let l = lifecycle::after_set_priority(&scope.run_id, &run.lifecycle, priority)?;
+        run.lifecycle = l.clone();
+        drop(runs);
+        self.notifier.notify_run(scope, false);
+        Ok(l)
+    }
+
+    async fn enqueue_once(
+        &self,
+        scope: &RunScope,
+        checkpoint: &Checkpoint,
+        options: &EnqueueOptions,
+        dedupe: Option<&Dedupe>,
+    ) -> Result<Enqueued> {
+        let Some(d) = dedupe else {
+            let cp = self.enqueue(scope, checkpoint, options).await?;
+            return Ok(Enqueued {
+                run: scope.clone(),
+                created: true,
+                checkpoint: Some(cp),
+            });
+        };
+        d.validate()?;
+        checkpoint.validate_for_write(scope)?;
+        options.validate(&scope.run_id)?;
+        let now = self.clock.now();
+        let mut runs = self.lock();
+        let mut windows = self.dedupe.lock().unwrap_or_else(|p| p.into_inner());
+        let slot = (scope.session_scope().to_string(), d.key.clone());
+        let existing = windows.get(&slot).map(|r| {
+            let exists = runs.get(&r.scope_in(scope)).is_some_and(RunState::exists);
+            (r, exists)
+        });
+        if let Some(r) = dedupe::decide(existing, now) {
+            let run = r.scope_in(scope);
+            let latest = runs.get(&run).and_then(|st| {
+                let mut cps: Vec<Checkpoint> = st.checkpoints.values().cloned().collect();
+                sort_checkpoints(&mut cps);
+                cps.pop()
+            });
+            return Ok(Enqueued {
+                run,
+                created: false,
+                checkpoint: latest,
+            });
+        }
+        let run = runs.entry(scope.clone()).or_default();
+        crate::lifecycle::check_enqueue(run.exists(), &scope.run_id)?;
+        let mut stored = checkpoint.clone();
+        stored.fence = None;
+        run.checkpoints.insert(stored.id.clone(), stored.clone());
+        run.lifecycle = options.lifecycle();
+        windows.insert(slot, DedupeRecord::new(scope, d, now));
+        drop(windows);
+        drop(runs);
+        self.notifier.notify_run(scope, false);
+        Ok(Enqueued {
+            run: scope.clone(),
+            created: true,
+            checkpoint: Some(stored),
+        })
+    }
+
+    async fn key_holdings(&self, session: &ListingScope, key: &str) -> Result<Vec<KeyHolding>> {
+        concurrency::check_key(key)?;
+        let session = concurrency::session_of(session)?;
+        let _runs = self.lock();
+        let keys = self.keys.lock().unwrap_or_else(|p| p.into_inner());
+        Ok(keys
+            .get(&(session.to_string(), key.to_string()))
+            .map(|l| l.entries().to_vec())
+            .unwrap_or_default())
     }
 
     fn watch(&self, topic: &WatchTopic) -> Watch {
@@ -678,6 +869,7 @@ impl EvidenceStore for MemoryStore {
         }
         if let Some(f) = &finished {
             f.apply(&mut run.top, &mut run.lifecycle);
+            self.note_holding(&runs, scope, now);
         }
         drop(runs);
         self.notifier.notify_run(scope, !events.is_empty());

@@ -37,7 +37,7 @@ use async_trait::async_trait;
 use serde_json::Value;
 
 use crate::checkpoint::Checkpoint;
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::evidence::{
     completed_tools, AuditRecord, CompletedTools, EventBatch, MessageSnapshot, NewAuditEvent,
     NewEvent, PersistedEvent, ReadEventsOptions, RunRecord,
@@ -48,6 +48,7 @@ use crate::lease::{ClaimOptions, ClaimOutcome, Fence, Lease, LeaseSummary};
 use crate::lifecycle::{EnqueueOptions, Lifecycle, Outcome};
 use crate::listing::{ListOptions, ListOrder, RunPage};
 use crate::park::{self, ParkResolution, ParkState};
+use crate::scheduling::{Dedupe, Enqueued, KeyHolding, Priority};
 use crate::scope::{ListingScope, RunScope};
 use crate::step::{Step, StepReceipt};
 use crate::time::Timestamp;
@@ -347,6 +348,78 @@ pub trait CheckpointStore: Send + Sync + std::fmt::Debug {
     /// issued; attempts restart at 0. `Conflict` for an active run,
     /// `NotFound` for a run that does not exist.
     async fn reopen(&self, scope: &RunScope) -> Result<Lifecycle>;
+
+    /// Sets an active run's priority (an operator's act; unfenced) and
+    /// returns the lifecycle recorded. Later `claim_next` calls see it; a
+    /// holding is not touched ([`crate::scheduling::priority`]).
+    ///
+    /// # Contract
+    /// - `NotFound` for a run that does not exist, `Conflict` for a
+    ///   finished one; a refusal changes nothing.
+    ///
+    /// The provided body refuses (`Unsupported`); every backend overrides it.
+    async fn set_priority(&self, scope: &RunScope, priority: Priority) -> Result<Lifecycle> {
+        let _ = priority;
+        Err(Error::Unsupported {
+            message: format!(
+                "set_priority of run {}: this store does not implement priorities",
+                scope.run_id
+            ),
+        })
+    }
+
+    /// Enqueues like [`enqueue`](Self::enqueue), unless `dedupe` names a
+    /// key whose window is still open: then it returns the run the window
+    /// belongs to and changes nothing ([`crate::scheduling::dedupe`]).
+    ///
+    /// # Contract
+    /// - Judged under one lock per key: any number of concurrent calls with
+    ///   one key inside one window create exactly one run.
+    /// - A run id that exists is `Conflict`, as for `enqueue` (also when it
+    ///   is the run the key's window belongs to: the caller asked for a
+    ///   specific id; the answer says which run holds the key).
+    /// - Bad options or a bad key are `InvalidInput`; a refusal changes
+    ///   nothing.
+    ///
+    /// The provided body enqueues when `dedupe` is `None` and refuses
+    /// (`Unsupported`) otherwise; every backend overrides it.
+    async fn enqueue_once(
+        &self,
+        scope: &RunScope,
+        checkpoint: &Checkpoint,
+        options: &EnqueueOptions,
+        dedupe: Option<&Dedupe>,
+    ) -> Result<Enqueued> {
+        if dedupe.is_some() {
+            return Err(Error::Unsupported {
+                message: format!(
+                    "enqueue of run {} with an idempotency key: this store does not implement the dedupe window",
+                    scope.run_id
+                ),
+            });
+        }
+        let cp = self.enqueue(scope, checkpoint, options).await?;
+        Ok(Enqueued {
+            run: scope.clone(),
+            created: true,
+            checkpoint: Some(cp),
+        })
+    }
+
+    /// Every holding of a run carrying concurrency key `key` in `session`
+    /// (a scope naming a session), oldest first
+    /// ([`crate::scheduling::concurrency`]): the evidence that the key's
+    /// limit held. Holdings of deleted runs are gone with them.
+    ///
+    /// The provided body refuses (`Unsupported`); every backend overrides it.
+    async fn key_holdings(&self, session: &ListingScope, key: &str) -> Result<Vec<KeyHolding>> {
+        let _ = session;
+        Err(Error::Unsupported {
+            message: format!(
+                "key_holdings of key {key:?}: this store does not implement concurrency keys"
+            ),
+        })
+    }
 
     /// The ids of the run's checkpoints that `query` admits, greatest first
     /// in byte order, without reading their bodies.

@@ -117,6 +117,18 @@ pub async fn claim(ctx: &Ctx, args: ClaimArgs) -> CliResult<Exit> {
             ))
             .hint("claim it after that instant"))
         }
+        ClaimOutcome::AtLimit(busy) => {
+            if ctx.json() {
+                emit_json(
+                    &json!({"outcome": "atLimit", "run": scope, "key": busy.key, "limit": busy.limit, "held": busy.held}),
+                )?;
+            }
+            Err(CliError::failed(format!(
+                "run {} carries concurrency key {:?}, which is at its limit: {} of {} runs of the key are held",
+                scope.run_id, busy.key, busy.held, busy.limit
+            ))
+            .hint("claim it once one of them is finished or released (runkeep runs --claimed lists the holders)"))
+        }
     }
 }
 

@@ -247,6 +247,8 @@ pub async fn enqueue(ctx: &Ctx, args: EnqueueArgs) -> CliResult<Exit> {
         retry,
         attempt_timeout,
         deadline,
+        // FIXME(issue 30): --priority, --concurrency-key, --retention, --dedupe-key.
+        ..EnqueueOptions::default()
     };
     let stored = store
         .enqueue(&scope, &checkpoint, &options)

@@ -73,6 +73,8 @@ pub async fn run(ctx: &Ctx, args: RunsArgs) -> CliResult<Exit> {
         } else {
             (!args.status.is_empty()).then_some(args.status)
         },
+        // FIXME(issue 30): --min-priority.
+        min_priority: None,
     };
     let dead_lettered = args.dead_lettered;
     if !args.all {

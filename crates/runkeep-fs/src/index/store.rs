@@ -742,6 +742,8 @@ impl Built {
             .open_table(match order {
                 ListOrder::RunId => BY_ID,
                 ListOrder::CreatedAt => BY_CREATED,
+                // FIXME(issue 30, directory helper): a priority table.
+                ListOrder::Priority => BY_ID,
             })
             .map_err(store_failed)?;
         let from = after.map(|a| encode_key(&a.without_tie()));

@@ -169,6 +169,7 @@ pub(super) async fn list_across(
         park: query.park.clone(),
         claimed: query.claimed,
         status: query.status.clone(),
+        min_priority: query.min_priority,
         // One row past the page tells whether more remain.
         limit: Some((query.limit + 1).min(MAX_LIMIT)),
         cursor: None,
@@ -204,6 +205,7 @@ pub(super) async fn claim_next_across(
         park: filter.park.clone(),
         claimed: Some(false),
         status: None,
+        min_priority: None,
         limit: Some(CLAIM_FETCH),
         cursor: None,
         now: Some(now),
@@ -240,7 +242,12 @@ pub(super) async fn claim_next_across(
                 }
                 return Ok(Some((row.scope, lease)));
             }
-            Ok(ClaimOutcome::Held(_) | ClaimOutcome::Finished(_) | ClaimOutcome::NotBefore(_)) => {}
+            Ok(
+                ClaimOutcome::Held(_)
+                | ClaimOutcome::Finished(_)
+                | ClaimOutcome::NotBefore(_)
+                | ClaimOutcome::AtLimit(_),
+            ) => {}
             Err(e @ Error::Contended { .. }) => contended = Some(e),
             Err(e) => return Err(e),
         }

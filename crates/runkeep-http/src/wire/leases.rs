@@ -163,6 +163,15 @@ pub enum ClaimAnswer {
         #[schema(minimum = 0, maximum = 253_402_300_799_999_i64)]
         available_at: i64,
     },
+    /// The run's concurrency key is at its limit; nothing changed.
+    AtLimit {
+        /// The key.
+        key: String,
+        /// The limit the run carries.
+        limit: u32,
+        /// Other runs of the key held live when the claim was judged.
+        held: u32,
+    },
 }
 
 impl From<&ClaimOutcome> for ClaimAnswer {
@@ -175,6 +184,11 @@ impl From<&ClaimOutcome> for ClaimAnswer {
             },
             ClaimOutcome::NotBefore(t) => Self::NotBefore {
                 available_at: ms(*t),
+            },
+            ClaimOutcome::AtLimit(b) => Self::AtLimit {
+                key: b.key.clone(),
+                limit: b.limit,
+                held: b.held,
             },
         }
     }
@@ -190,6 +204,11 @@ impl ClaimAnswer {
             Self::NotBefore { available_at } => {
                 ClaimOutcome::NotBefore(instant("availableAt", *available_at)?)
             }
+            Self::AtLimit { key, limit, held } => ClaimOutcome::AtLimit(KeyBusy {
+                key: key.clone(),
+                limit: *limit,
+                held: *held,
+            }),
         })
     }
 
@@ -200,6 +219,7 @@ impl ClaimAnswer {
             Self::Held { .. } => "held",
             Self::Finished { .. } => "finished",
             Self::NotBefore { .. } => "not_before",
+            Self::AtLimit { .. } => "at_limit",
         }
     }
 }

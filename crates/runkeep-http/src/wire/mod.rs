@@ -33,6 +33,7 @@ use runkeep::{
     ParkResolution, ParkState, ParkSummary, PendingDecision, PersistedEvent, ProjectId, RunId,
     RunPage, RunRow, RunScope, RunStatus, SessionId, Step, StepReceipt, TenantId, Timestamp, Ttl,
 };
+use runkeep::{Concurrency, KeyBusy, Priority};
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 use utoipa::ToSchema;

@@ -201,6 +201,17 @@ pub struct RunRowBody {
     /// finished it at its attempt limit), not failed by a worker.
     #[serde(default)]
     pub dead_lettered: bool,
+    /// Its priority (higher runs are claimed first); absent when 0.
+    #[serde(default, skip_serializing_if = "is_zero_priority")]
+    #[schema(minimum = -1_000_000, maximum = 1_000_000)]
+    pub priority: i32,
+    /// Its concurrency key, if any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub concurrency_key: Option<String>,
+}
+
+pub(crate) fn is_zero_priority(p: &i32) -> bool {
+    *p == 0
 }
 
 impl From<&RunRow> for RunRowBody {
@@ -219,6 +230,8 @@ impl From<&RunRow> for RunRowBody {
             attempts: r.attempts,
             available_at: r.available_at.map(ms),
             dead_lettered: r.dead_lettered,
+            priority: r.priority.get(),
+            concurrency_key: r.concurrency_key.clone(),
         }
     }
 }
@@ -245,6 +258,8 @@ impl RunRowBody {
             attempts: self.attempts,
             available_at: opt_instant("availableAt", self.available_at)?,
             dead_lettered: self.dead_lettered,
+            priority: Priority::new(i64::from(self.priority)).map_err(|e| bad("priority", e))?,
+            concurrency_key: self.concurrency_key.clone(),
         })
     }
 }
@@ -376,6 +391,45 @@ pub struct LifecycleBody {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schema(minimum = 0, maximum = 253_402_300_799_999_i64)]
     pub deadline: Option<i64>,
+    /// Its priority; absent when 0.
+    #[serde(default, skip_serializing_if = "is_zero_priority")]
+    #[schema(minimum = -1_000_000, maximum = 1_000_000)]
+    pub priority: i32,
+    /// Its concurrency key and limit.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub concurrency: Option<ConcurrencyBody>,
+    /// How long it is kept once finished, ms (absent: the store's policy).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub retention_ms: Option<u64>,
+}
+
+/// A run's concurrency key and its limit: at most `limit` runs of the key
+/// (within the run's session) held at once.
+#[derive(Clone, PartialEq, Eq, Debug, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct ConcurrencyBody {
+    /// The key: 1 to 128 bytes of `[A-Za-z0-9_.:@/-]`.
+    #[schema(min_length = 1, max_length = 128, pattern = "^[A-Za-z0-9_.:@/-]+$")]
+    pub key: String,
+    /// At most this many runs of the key held at once.
+    #[schema(minimum = 1, maximum = 10_000)]
+    pub limit: u32,
+}
+
+impl ConcurrencyBody {
+    /// The core value, checked.
+    pub fn to_concurrency(&self, field: &str) -> Result<Concurrency, Problem> {
+        Concurrency::new(self.key.clone(), self.limit).map_err(|e| bad(field, e))
+    }
+}
+
+impl From<&Concurrency> for ConcurrencyBody {
+    fn from(c: &Concurrency) -> Self {
+        Self {
+            key: c.key.clone(),
+            limit: c.limit,
+        }
+    }
 }
 
 /// One failed attempt of a run.
@@ -447,6 +501,9 @@ impl From<&Lifecycle> for LifecycleBody {
             retry: l.retry.map(Into::into),
             attempt_timeout_ms: l.attempt_timeout_ms,
             deadline: l.deadline.map(ms),
+            priority: l.priority.get(),
+            concurrency: l.concurrency.as_ref().map(Into::into),
+            retention_ms: l.retention_ms,
         }
     }
 }
@@ -471,6 +528,13 @@ impl LifecycleBody {
             retry: self.retry.map(Into::into),
             attempt_timeout_ms: self.attempt_timeout_ms,
             deadline: opt_instant("deadline", self.deadline)?,
+            priority: Priority::new(i64::from(self.priority)).map_err(|e| bad("priority", e))?,
+            concurrency: self
+                .concurrency
+                .as_ref()
+                .map(|c| c.to_concurrency("concurrency"))
+                .transpose()?,
+            retention_ms: self.retention_ms,
         })
     }
 }

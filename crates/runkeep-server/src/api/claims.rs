@@ -181,6 +181,8 @@ pub(super) async fn enqueue(
             .deadline
             .map(|t| wire::instant("deadline", t))
             .transpose()?,
+        // FIXME(issue 30, HTTP helper): priority, concurrency, retention, dedupe on the wire.
+        ..EnqueueOptions::default()
     };
     let stored = state.store.enqueue(&scope, &cp, &options).await?;
     Ok(Json((&stored).into()))

@@ -90,6 +90,8 @@ pub(super) async fn list_runs(
         cursor: q.cursor,
         now: q.now.map(|n| wire::instant("now", n)).transpose()?,
         status: csv::<RunStatus>("status", q.status.as_deref())?,
+        // FIXME(issue 30, HTTP helper): the minPriority query parameter.
+        min_priority: None,
     };
     let page = state.store.list_runs(&scope, &options).await?;
     Ok(Json((&page).into()))

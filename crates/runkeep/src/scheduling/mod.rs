@@ -1,0 +1,20 @@
+//! Which run goes next, and for how long finished ones are kept: the
+//! queue's rules beyond the lease. Pure functions over plain values, used by
+//! every backend under its own lock or transaction.
+//!
+//! - [`priority`]: a run's priority; `claim_next` takes the highest first,
+//!   then the filter's order.
+//! - [`concurrency`]: a run's concurrency key and limit; at most `limit`
+//!   runs of one key (within one session) are held live at once, and the
+//!   store keeps every holding of a keyed run as the key's history.
+//! - [`dedupe`]: an enqueue carrying an idempotency key and a window
+//!   returns the run a first enqueue with that key created inside the
+//!   window instead of creating another.
+
+pub mod concurrency;
+pub mod dedupe;
+pub mod priority;
+
+pub use concurrency::{Concurrency, KeyBusy, KeyHolding};
+pub use dedupe::{Dedupe, DedupeRecord, Enqueued};
+pub use priority::Priority;
