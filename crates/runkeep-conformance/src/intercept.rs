@@ -72,10 +72,11 @@ use std::ops::{Deref, DerefMut};
 use async_trait::async_trait;
 use runkeep::{
     AttemptError, AuditRecord, Checkpoint, CheckpointId, CheckpointStore, ClaimNextFilter,
-    ClaimOptions, ClaimOutcome, EnqueueOptions, EventBatch, EvidenceStore, Fence, Handover, Lease,
-    LeaseSummary, Lifecycle, ListOptions, ListingScope, MessageSnapshot, NewAuditEvent, NewEvent,
-    NextClaim, Outcome, ParkResolution, PersistedEvent, ReadEventsOptions, Result, RunPage,
-    RunRecord, RunScope, RunStore, Step, StepReceipt, Timestamp, Watch, WatchTopic,
+    ClaimOptions, ClaimOutcome, Dedupe, EnqueueOptions, Enqueued, EventBatch, EvidenceStore, Fence,
+    Handover, KeyHolding, Lease, LeaseSummary, Lifecycle, ListOptions, ListingScope,
+    MessageSnapshot, NewAuditEvent, NewEvent, NextClaim, Outcome, ParkResolution, PersistedEvent,
+    Priority, ReadEventsOptions, Result, RunPage, RunRecord, RunScope, RunStore, Step, StepReceipt,
+    Timestamp, Watch, WatchTopic,
 };
 use serde_json::Value;
 
@@ -235,6 +236,29 @@ pub trait Intercept: Send + Sync + std::fmt::Debug {
     /// [`CheckpointStore::reopen`]; forwards.
     async fn reopen(&self, scope: &RunScope) -> Result<Lifecycle> {
         self.inner().reopen(scope).await
+    }
+
+    /// [`CheckpointStore::set_priority`]; forwards.
+    async fn set_priority(&self, scope: &RunScope, priority: Priority) -> Result<Lifecycle> {
+        self.inner().set_priority(scope, priority).await
+    }
+
+    /// [`CheckpointStore::enqueue_once`]; forwards.
+    async fn enqueue_once(
+        &self,
+        scope: &RunScope,
+        checkpoint: &Checkpoint,
+        options: &EnqueueOptions,
+        dedupe: Option<&Dedupe>,
+    ) -> Result<Enqueued> {
+        self.inner()
+            .enqueue_once(scope, checkpoint, options, dedupe)
+            .await
+    }
+
+    /// [`CheckpointStore::key_holdings`]; forwards.
+    async fn key_holdings(&self, session: &ListingScope, key: &str) -> Result<Vec<KeyHolding>> {
+        self.inner().key_holdings(session, key).await
     }
 
     /// [`CheckpointStore::latest_checkpoint`]: the inner store's own answer
@@ -508,6 +532,23 @@ impl<I: Intercept> CheckpointStore for Intercepted<I> {
     }
     async fn reopen(&self, scope: &RunScope) -> Result<Lifecycle> {
         self.0.reopen(scope).await
+    }
+    async fn set_priority(&self, scope: &RunScope, priority: Priority) -> Result<Lifecycle> {
+        self.0.set_priority(scope, priority).await
+    }
+    async fn enqueue_once(
+        &self,
+        scope: &RunScope,
+        checkpoint: &Checkpoint,
+        options: &EnqueueOptions,
+        dedupe: Option<&Dedupe>,
+    ) -> Result<Enqueued> {
+        self.0
+            .enqueue_once(scope, checkpoint, options, dedupe)
+            .await
+    }
+    async fn key_holdings(&self, session: &ListingScope, key: &str) -> Result<Vec<KeyHolding>> {
+        self.0.key_holdings(session, key).await
     }
     async fn latest_checkpoint(&self, scope: &RunScope) -> Result<Option<Checkpoint>> {
         self.0.latest_checkpoint(scope).await
