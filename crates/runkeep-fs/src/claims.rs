@@ -37,6 +37,7 @@ use runkeep::{
 use serde_json::{Map, Value};
 
 use crate::inner::Inner;
+use crate::keys::KeyGuard;
 use crate::lock::{Mode, RunLock};
 use crate::options::Durability;
 use crate::run_state::{self, Record};
@@ -680,6 +681,28 @@ pub(crate) fn claim(
     // The record changes only under the exclusive run lock (finish,
     // enqueue, reopen) or by the winner of a dead-lettering link: read once.
     let record = run_state::read_record(&run_dir, &ctx)?;
+    // A keyed run: the key lock from the count to the log line of the
+    // holding (`crate::keys`), taken after the run lock (the one order).
+    let mut guard = match record
+        .as_ref()
+        .and_then(|r| r.lifecycle.concurrency.as_ref())
+    {
+        Some(c) => Some(KeyGuard::lock(inner, &c.key, &ctx)?),
+        None => None,
+    };
+    let key_held = match &guard {
+        Some(g) => {
+            let n = g.held_by_others(scope, now, &ctx)?;
+            testing_hooks::trace(testing_hooks::Trace::KeyCounted(scope.run_id.as_str(), n));
+            testing_hooks::pause_once(testing_hooks::Pause::KeyAfterCount);
+            if testing_hooks::mutation() == Mutation::KeyCountZero {
+                0
+            } else {
+                n
+            }
+        }
+        None => 0,
+    };
     let expires_at = now.plus(options.ttl);
     let mut lost = 0;
     let mut floor: Option<Fence> = None;
@@ -696,7 +719,7 @@ pub(crate) fn claim(
             &options.holder,
             now,
             options.max_attempts,
-            0, // FIXME(issue 30, directory helper): count the key under its lock
+            key_held,
         )?;
         // What this attempt publishes: a lease, or (dead-lettering) a
         // tombstone that finishes the run.
@@ -726,6 +749,11 @@ pub(crate) fn claim(
             if fence <= fl {
                 fence = fl.next(&scope.run_id)?;
             }
+        }
+        if let (Some(g), None) = (&guard, &dead) {
+            // Before the link: a crash after it still leaves the run in
+            // the key's held set, so the next count reads its holding.
+            g.note_taking(scope, fence).map_err(|e| inner.note(e))?;
         }
         testing_hooks::pause_once(testing_hooks::Pause::ClaimBeforeLink);
         testing_hooks::delay(testing_hooks::Delay::ClaimBeforeLink);
@@ -757,6 +785,13 @@ pub(crate) fn claim(
                             prune(&claims_dir, fence, &after, inner.prune_grace);
                             tracing::info!(run = %scope.run_id, attempts = l.attempts, reason = ?l.reason, "run finished by a claim");
                             return Ok(ClaimOutcome::Finished(l.status));
+                        }
+                        if let Some(g) = guard.take() {
+                            // The history, still under the key lock; then
+                            // the lock goes (a release of an expired win
+                            // below takes it again).
+                            g.log_acquired(scope, fence, now, expires_at)
+                                .map_err(|e| inner.note(e))?;
                         }
                         drop(lock);
                         prune(&claims_dir, fence, &after, inner.prune_grace);

@@ -65,6 +65,12 @@ pub(crate) enum Mutation {
     StepCheckpointFirst,
     /// `index-ignores-events`: the session index misses event appends.
     IndexIgnoresEvents,
+    /// `key-count-zero`: a claim of a keyed run passes 0 as the count of
+    /// the key's other live holdings (the limit is never enforced).
+    KeyCountZero,
+    /// `no-key-lock`: the concurrency key lock is never taken (count and
+    /// publish race).
+    NoKeyLock,
     /// `no-dir-fsync` / `no-file-fsync`, optionally `:<name>`: the `fsync`
     /// of directories or of files removed, everywhere or only for paths
     /// with a component equal to `<name>` or a file name starting with
@@ -109,6 +115,8 @@ impl Mutation {
             ("no-append-recheck", None) => Mutation::NoAppendRecheck,
             ("step-checkpoint-first", None) => Mutation::StepCheckpointFirst,
             ("index-ignores-events", None) => Mutation::IndexIgnoresEvents,
+            ("key-count-zero", None) => Mutation::KeyCountZero,
+            ("no-key-lock", None) => Mutation::NoKeyLock,
             ("no-dir-fsync", only) => Mutation::NoSync {
                 of: Synced::Dir,
                 only,
@@ -207,12 +215,15 @@ pub(crate) enum Pause {
     StepAfterRecord,
     /// `step-after-checkpoint`: a step commit published its checkpoint.
     StepAfterCheckpoint,
+    /// `key-after-count`: a claim of a keyed run counted the key's live
+    /// holdings under the key lock, not yet linked its own.
+    KeyAfterCount,
 }
 
 #[cfg(feature = "testing")]
 impl Pause {
     /// Every point, for [`Pause::asked`].
-    const ALL: [Pause; 16] = [
+    const ALL: [Pause; 17] = [
         Pause::BeforeAppendWrite,
         Pause::MidAppendWrite,
         Pause::AfterFenceCheck,
@@ -229,6 +240,7 @@ impl Pause {
         Pause::StepAfterMessages,
         Pause::StepAfterRecord,
         Pause::StepAfterCheckpoint,
+        Pause::KeyAfterCount,
     ];
 
     /// Its name in `RUNKEEP_FS_TEST_PAUSE`.
@@ -250,6 +262,7 @@ impl Pause {
             Pause::StepAfterMessages => "step-after-messages",
             Pause::StepAfterRecord => "step-after-record",
             Pause::StepAfterCheckpoint => "step-after-checkpoint",
+            Pause::KeyAfterCount => "key-after-count",
         }
     }
 
@@ -340,6 +353,9 @@ pub(crate) enum Trace<'a> {
     /// `watch-woke <store directory>`: a watch thread woke on an inotify
     /// event (not on its interval).
     WatchWoke(&'a Path),
+    /// `key-counted <run> <held>`: a claim of a keyed run counted the
+    /// key's other live holdings under the key lock.
+    KeyCounted(&'a str, u32),
 }
 
 #[cfg(feature = "testing")]
@@ -353,6 +369,7 @@ impl Trace<'_> {
                 format!("refused-after-link {fence} above {above}")
             }
             Trace::WatchWoke(base) => format!("watch-woke {}", base.display()),
+            Trace::KeyCounted(run, held) => format!("key-counted {run} {held}"),
         }
     }
 }

@@ -56,6 +56,8 @@ pub(crate) struct Found {
     pub(crate) key: RowKey,
     pub(crate) candidate: Candidate,
     pub(super) generation: u64,
+    /// The run's concurrency key and limit, as the entry says.
+    pub(crate) concurrency: Option<(String, u32)>,
 }
 
 /// Why the index cannot be used.

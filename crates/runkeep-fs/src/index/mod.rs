@@ -231,7 +231,20 @@ impl SessionIndex {
         want: usize,
         keep: &dyn Fn(&Summary) -> bool,
     ) -> Option<Vec<Found>> {
-        self.with(base, |b| b.scan(order, after, want, keep))
+        self.with(base, |b| b.scan(order, false, after, want, keep))
+    }
+
+    /// [`Self::candidates`] in `claim_next`'s order for `order` (priority
+    /// first, [`runkeep::RunRow::claim_key`]).
+    pub(crate) fn claim_candidates(
+        &self,
+        base: &Path,
+        order: ListOrder,
+        after: Option<&RowKey>,
+        want: usize,
+        keep: &dyn Fn(&Summary) -> bool,
+    ) -> Option<Vec<Found>> {
+        self.with(base, |b| b.scan(order, true, after, want, keep))
     }
 
     /// Corrects a run's entry from a read the caller made after the index

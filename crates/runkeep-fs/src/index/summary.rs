@@ -2,6 +2,7 @@
 
 use runkeep::listing::{ListQuery, RowKey};
 use runkeep::park::ParkState;
+use runkeep::scheduling::Priority;
 use runkeep::{ListOrder, RunStatus, Timestamp, TopHolding};
 
 use super::common::DirKey;
@@ -48,6 +49,11 @@ pub(crate) struct Summary {
     /// The live lease's expiry (a top holding that is a lease).
     pub(super) live_until: Option<Timestamp>,
     pub(super) park: ParkTimes,
+    /// The run's priority (the priority order and `claim_next`'s order).
+    pub(super) priority: Priority,
+    /// The run's concurrency key and limit: `claim_next` skips the runs of
+    /// a key at its limit without reading them.
+    pub(crate) concurrency: Option<(String, u32)>,
 }
 
 impl Summary {
@@ -65,6 +71,8 @@ impl Summary {
                     available_at: None,
                     live_until: None,
                     park: ParkTimes::default(),
+                    priority: Priority::default(),
+                    concurrency: None,
                 })
             }
         };
@@ -97,6 +105,12 @@ impl Summary {
             available_at: state.lifecycle.available_at,
             live_until,
             park,
+            priority: state.lifecycle.priority,
+            concurrency: state
+                .lifecycle
+                .concurrency
+                .as_ref()
+                .map(|c| (c.key.clone(), c.limit)),
         })
     }
 
@@ -115,6 +129,9 @@ impl Summary {
                 Some(s) if states.contains(&s) => {}
                 _ => return false,
             }
+        }
+        if q.min_priority.is_some_and(|p| self.priority < p) {
+            return false;
         }
         if let Some(statuses) = &q.status {
             if !statuses.contains(&self.status) {
@@ -137,6 +154,16 @@ impl Summary {
     }
 
     pub(super) fn key(&self, order: ListOrder, k: &DirKey) -> RowKey {
-        RowKey::new(order, &k.1, k.0.as_ref(), self.created)
+        let key = RowKey::new(order, &k.1, k.0.as_ref(), self.created);
+        if order == ListOrder::Priority {
+            key.with_priority(self.priority)
+        } else {
+            key
+        }
+    }
+
+    /// The key `claim_next` takes the run in ([`runkeep::RunRow::claim_key`]).
+    pub(super) fn claim_key(&self, order: ListOrder, k: &DirKey) -> RowKey {
+        self.key(order, k).with_priority(self.priority)
     }
 }
