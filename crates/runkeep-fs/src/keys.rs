@@ -93,6 +93,9 @@ fn parse_held_name(name: &str) -> Option<(RunId, Option<RunId>)> {
     }
 }
 
+/// A held-set entry: run, parent, and the fence it records.
+type HeldEntry = (RunId, Option<RunId>, Option<Fence>);
+
 /// One line of the history.
 #[derive(Serialize, Deserialize, Debug)]
 #[serde(rename_all = "camelCase")]
@@ -139,7 +142,7 @@ impl<'a> KeyGuard<'a> {
     }
 
     /// The held set's entries: run, parent, and the fence recorded.
-    fn entries(&self, ctx: &Ctx) -> Result<Vec<(RunId, Option<RunId>, Option<Fence>)>> {
+    fn entries(&self, ctx: &Ctx) -> Result<Vec<HeldEntry>> {
         let dir = self.held_dir();
         let items = sys::list_dir(&dir)
             .map_err(|e| ctx.io("list the concurrency key's held set", &dir, e))?

@@ -167,7 +167,12 @@ impl RunRead {
                     .ok()
                     .and_then(|s| s.top.as_ref())
                     .map(|t| t.summary(now));
-                Some(RunRow::damaged(scope, e, claim))
+                let mut row = RunRow::damaged(scope, e, claim);
+                // Its place in the priority orders stays the run's.
+                if let Ok(s) = state {
+                    row.priority = s.lifecycle.priority;
+                }
+                Some(row)
             }
             (Ok(_), Err(e)) => Some(RunRow::damaged(scope, e, None)),
         }
@@ -493,6 +498,18 @@ pub(crate) fn claim_page(
     list: &ListOptions,
     after: Option<RowKey>,
 ) -> Result<(Vec<RunRow>, Option<RowKey>)> {
+    claim_page_with(inner, scope, list, after, true)
+}
+
+/// [`claim_page`], from the index only when `index` (the walk otherwise:
+/// the oracle in the tests).
+pub(crate) fn claim_page_with(
+    inner: &Inner,
+    scope: &ListingScope,
+    list: &ListOptions,
+    after: Option<RowKey>,
+    index: bool,
+) -> Result<(Vec<RunRow>, Option<RowKey>)> {
     let Some((mut q, a)) = prepare(inner, scope, list)? else {
         return Ok((Vec::new(), None));
     };
@@ -500,9 +517,13 @@ pub(crate) fn claim_page(
     let now = q.now;
     let ctx = Ctx::store("claim_next");
     let want = q.limit;
-    let batch = inner.index_claim_candidates(q.order, q.after.as_ref(), want, &|s| {
-        s.claimable(now) && s.matches(&q)
-    });
+    let batch = if index {
+        inner.index_claim_candidates(q.order, q.after.as_ref(), want, &|s| {
+            s.claimable(now) && s.matches(&q)
+        })
+    } else {
+        None
+    };
     let Some(batch) = batch else {
         let page = walk_page(inner, &q, a, true)?;
         let next = page
@@ -510,7 +531,12 @@ pub(crate) fn claim_page(
             .last()
             .map(|r| r.claim_key(q.order).without_tie());
         let more = page.cursor.is_some();
-        return Ok((page.entries, next.filter(|_| more)));
+        let rows = page
+            .entries
+            .into_iter()
+            .filter(|r| r.is_claimable(now))
+            .collect();
+        return Ok((rows, next.filter(|_| more)));
     };
     let more = batch.len() == want;
     let mut rows = Vec::with_capacity(batch.len());
@@ -521,7 +547,7 @@ pub(crate) fn claim_page(
         let read = read_run(c, &ctx);
         inner.index_reconcile(&found, read.as_ref().and_then(Summary::of));
         if let Some(row) = read.and_then(|r| r.row(c.scope(a), now)) {
-            if q.matches(&row) {
+            if q.matches(&row) && row.is_claimable(now) {
                 rows.push(row);
             }
         }

@@ -40,7 +40,7 @@ fn listing_scope() -> ListingScope {
 /// filter (park states, claimed both ways, status).
 fn option_sets(now: i64, limit: usize) -> Vec<ListOptions> {
     let mut out = Vec::new();
-    for order in [ListOrder::RunId, ListOrder::CreatedAt] {
+    for order in [ListOrder::RunId, ListOrder::CreatedAt, ListOrder::Priority] {
         let base = ListOptions {
             order,
             limit: Some(limit),
@@ -66,6 +66,10 @@ fn option_sets(now: i64, limit: usize) -> Vec<ListOptions> {
         });
         out.push(ListOptions {
             status: Some(vec![RunStatus::Active]),
+            ..base.clone()
+        });
+        out.push(ListOptions {
+            min_priority: Some(runkeep::scheduling::Priority::new(1).unwrap()),
             ..base.clone()
         });
         out.push(ListOptions {
@@ -109,9 +113,44 @@ fn compare_all(store: &FsStore, nows: &[i64], limit: usize) -> Result<usize, Str
     for now in nows {
         for o in option_sets(*now, limit) {
             rows += compare(store, &o)?;
+            compare_claim_order(store, &o)?;
         }
     }
     Ok(rows)
+}
+
+/// `claim_next`'s candidates (priority first, then the order) from the
+/// index and from the walk, in pages of the options' limit.
+fn compare_claim_order(store: &FsStore, options: &ListOptions) -> Result<(), String> {
+    let o = ListOptions {
+        claimed: Some(false),
+        ..options.clone()
+    };
+    let indexed = store
+        .testing()
+        .claim_order(&listing_scope(), &o, false)
+        .map_err(|e| e.to_string())?;
+    let walked = store
+        .testing()
+        .claim_order(&listing_scope(), &o, true)
+        .map_err(|e| e.to_string())?;
+    if indexed != walked {
+        let show = |rows: &[runkeep::RunRow]| -> Vec<String> {
+            rows.iter()
+                .map(|r| format!("{}:{}:{:?}", r.scope.run_id, r.priority, r.claim))
+                .collect()
+        };
+        return Err(format!(
+            "claim order, options {o:?}\n indexed {:?}\n walked {:?}",
+            show(&indexed),
+            show(&walked)
+        ));
+    }
+    let keys: Vec<_> = walked.iter().map(|r| r.claim_key(o.order)).collect();
+    if !keys.windows(2).all(|w| w[0] < w[1]) {
+        return Err(format!("claim order not ascending: {keys:#?}"));
+    }
+    Ok(())
 }
 
 fn check_all(store: &FsStore, what: &str) {
@@ -399,6 +438,10 @@ enum Op {
     List {
         limit: usize,
     },
+    Priority {
+        run: usize,
+        priority: i64,
+    },
 }
 
 /// Run slots: top-level runs and sub-runs (of `run_t0` and `run_t1`).
@@ -448,6 +491,7 @@ fn op_strategy() -> impl Strategy<Value = Op> {
         1 => run.clone().prop_map(|run| Op::RemoveCheckpoint { run }),
         1 => run.clone().prop_map(|run| Op::Shell { run }),
         2 => (1usize..4).prop_map(|limit| Op::List { limit }),
+        2 => (run.clone(), -2i64..3).prop_map(|(run, priority)| Op::Priority { run, priority }),
     ]
 }
 
@@ -563,6 +607,10 @@ fn apply(store: &FsStore, op: &Op, leases: &mut std::collections::HashMap<usize,
             let _ = std::fs::create_dir_all(store.run_dir(&run_scope(*run)));
         }
         Op::List { .. } => {}
+        Op::Priority { run, priority } => {
+            let p = runkeep::scheduling::Priority::new(*priority).unwrap();
+            let _ = rt.block_on(store.set_priority(&run_scope(*run), p));
+        }
     }
 }
 

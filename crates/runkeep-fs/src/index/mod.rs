@@ -423,4 +423,27 @@ impl crate::testing::StoreSeams<'_> {
     ) -> runkeep::Result<runkeep::RunPage> {
         crate::listing::list_runs_walk(&self.0.inner, scope, options)
     }
+
+    /// Test seam: every `claim_next` candidate of `options` (claimed
+    /// `false`, its filters and instant) in `claim_next`'s order, read page
+    /// by page from the index (`walk` false) or by the walk.
+    #[doc(hidden)]
+    pub fn claim_order(
+        &self,
+        scope: &runkeep::ListingScope,
+        options: &runkeep::ListOptions,
+        walk: bool,
+    ) -> runkeep::Result<Vec<runkeep::RunRow>> {
+        let mut out = Vec::new();
+        let mut after = None;
+        loop {
+            let (rows, next) =
+                crate::listing::claim_page_with(&self.0.inner, scope, options, after, !walk)?;
+            out.extend(rows);
+            match next {
+                Some(k) => after = Some(k),
+                None => return Ok(out),
+            }
+        }
+    }
 }

@@ -71,7 +71,11 @@ impl Summary {
                     available_at: None,
                     live_until: None,
                     park: ParkTimes::default(),
-                    priority: Priority::default(),
+                    priority: read
+                        .state
+                        .as_ref()
+                        .map(|s| s.lifecycle.priority)
+                        .unwrap_or_default(),
                     concurrency: None,
                 })
             }
