@@ -690,9 +690,14 @@ pub(crate) fn claim(
         Some(c) => Some(KeyGuard::lock(inner, &c.key, &ctx)?),
         None => None,
     };
+    // The instant the key is judged and the holding starts in its history:
+    // the claim's, or the store clock's under the key lock when that is
+    // later (a claim that waited for the lock must not start its holding
+    // before the end the previous holder logged).
+    let key_now = now.max(inner.now());
     let key_held = match &guard {
         Some(g) => {
-            let n = g.held_by_others(scope, now, &ctx)?;
+            let n = g.held_by_others(scope, key_now, &ctx)?;
             testing_hooks::trace(testing_hooks::Trace::KeyCounted(scope.run_id.as_str(), n));
             testing_hooks::pause_once(testing_hooks::Pause::KeyAfterCount);
             if testing_hooks::mutation() == Mutation::KeyCountZero {
@@ -753,7 +758,9 @@ pub(crate) fn claim(
         if let (Some(g), None) = (&guard, &dead) {
             // Before the link: a crash after it still leaves the run in
             // the key's held set, so the next count reads its holding.
-            g.note_taking(scope, fence).map_err(|e| inner.note(e))?;
+            if testing_hooks::mutation() != Mutation::HeldAfterLog {
+                g.note_taking(scope, fence).map_err(|e| inner.note(e))?;
+            }
         }
         testing_hooks::pause_once(testing_hooks::Pause::ClaimBeforeLink);
         testing_hooks::delay(testing_hooks::Delay::ClaimBeforeLink);
@@ -790,8 +797,12 @@ pub(crate) fn claim(
                             // The history, still under the key lock; then
                             // the lock goes (a release of an expired win
                             // below takes it again).
-                            g.log_acquired(scope, fence, now, expires_at)
+                            testing_hooks::pause(testing_hooks::Pause::KeyAfterLink);
+                            g.log_acquired(scope, fence, key_now, expires_at)
                                 .map_err(|e| inner.note(e))?;
+                            if testing_hooks::mutation() == Mutation::HeldAfterLog {
+                                g.note_taking(scope, fence).map_err(|e| inner.note(e))?;
+                            }
                         }
                         drop(lock);
                         prune(&claims_dir, fence, &after, inner.prune_grace);

@@ -71,6 +71,9 @@ pub(crate) enum Mutation {
     /// `no-key-lock`: the concurrency key lock is never taken (count and
     /// publish race).
     NoKeyLock,
+    /// `held-after-log`: a keyed claim enters its run in the key's held set
+    /// only after logging its holding (not before linking it).
+    HeldAfterLog,
     /// `no-dir-fsync` / `no-file-fsync`, optionally `:<name>`: the `fsync`
     /// of directories or of files removed, everywhere or only for paths
     /// with a component equal to `<name>` or a file name starting with
@@ -117,6 +120,7 @@ impl Mutation {
             ("index-ignores-events", None) => Mutation::IndexIgnoresEvents,
             ("key-count-zero", None) => Mutation::KeyCountZero,
             ("no-key-lock", None) => Mutation::NoKeyLock,
+            ("held-after-log", None) => Mutation::HeldAfterLog,
             ("no-dir-fsync", only) => Mutation::NoSync {
                 of: Synced::Dir,
                 only,
@@ -218,12 +222,15 @@ pub(crate) enum Pause {
     /// `key-after-count`: a claim of a keyed run counted the key's live
     /// holdings under the key lock, not yet linked its own.
     KeyAfterCount,
+    /// `key-after-link`: a claim of a keyed run linked its holding, not yet
+    /// logged it in the key's history.
+    KeyAfterLink,
 }
 
 #[cfg(feature = "testing")]
 impl Pause {
     /// Every point, for [`Pause::asked`].
-    const ALL: [Pause; 17] = [
+    const ALL: [Pause; 18] = [
         Pause::BeforeAppendWrite,
         Pause::MidAppendWrite,
         Pause::AfterFenceCheck,
@@ -241,6 +248,7 @@ impl Pause {
         Pause::StepAfterRecord,
         Pause::StepAfterCheckpoint,
         Pause::KeyAfterCount,
+        Pause::KeyAfterLink,
     ];
 
     /// Its name in `RUNKEEP_FS_TEST_PAUSE`.
@@ -263,6 +271,7 @@ impl Pause {
             Pause::StepAfterRecord => "step-after-record",
             Pause::StepAfterCheckpoint => "step-after-checkpoint",
             Pause::KeyAfterCount => "key-after-count",
+            Pause::KeyAfterLink => "key-after-link",
         }
     }
 
