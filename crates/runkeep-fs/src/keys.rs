@@ -295,10 +295,15 @@ impl<'a> KeyGuard<'a> {
             .mode(sys::FILE_MODE)
             .open(&path)
             .map_err(|e| ctx.io("open the key history", &path, e))?;
+        let created = f.metadata().is_ok_and(|m| m.len() == 0);
         f.write_all(&bytes)
             .map_err(|e| ctx.io("append to the key history", &path, e))?;
         if self.inner.durability == Durability::PowerLoss {
             sys::sync_file(&f, &path).map_err(|e| ctx.io("sync the key history", &path, e))?;
+            if created {
+                sys::sync_dir(&self.dir)
+                    .map_err(|e| ctx.io("sync the concurrency key's directory", &self.dir, e))?;
+            }
         }
         Ok(())
     }
@@ -331,6 +336,9 @@ pub(crate) fn held_now(inner: &Inner, like: &RunScope, key: &str, now: Timestamp
     };
     let mut n = 0;
     for i in items {
+        if sys::is_transient_name(&i.name) {
+            continue;
+        }
         let Some((run, parent)) = parse_held_name(&i.name) else {
             continue;
         };

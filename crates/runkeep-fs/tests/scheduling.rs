@@ -554,3 +554,58 @@ fn a_claimer_killed_between_its_link_and_its_log_still_counts() {
 fn the_crash_test_catches_a_held_set_written_after_the_log() {
     assert!(killed_after_link("held-after-log").starts_with("acquired"));
 }
+
+/// Enqueue writes the run's priority, key and retention into its lifecycle
+/// record (`.runkeep/lifecycle.json`), and `set_priority` rewrites it; the
+/// store-level files live under `<base>/.runkeep/`, which neither the
+/// listing nor the reference's `run_*` rule takes for a run.
+#[test]
+fn the_lifecycle_record_carries_the_scheduling_fields() {
+    let dir = tempfile::tempdir().unwrap();
+    let base = dir.path().join("runs");
+    let store = open(&base);
+    let options = EnqueueOptions {
+        priority: runkeep::scheduling::Priority::new(7).unwrap(),
+        concurrency: Some(Concurrency::new("customer:42", 2).unwrap()),
+        retention: Some(Ttl::from_millis(3_600_000).unwrap()),
+        ..EnqueueOptions::default()
+    };
+    enqueue(&store, "run_a", &options);
+    let read = || -> serde_json::Value {
+        serde_json::from_slice(&std::fs::read(base.join("run_a/.runkeep/lifecycle.json")).unwrap())
+            .unwrap()
+    };
+    let v = read();
+    assert_eq!(v["priority"], 7, "{v}");
+    assert_eq!(v["concurrency"]["key"], "customer:42", "{v}");
+    assert_eq!(v["concurrency"]["limit"], 2, "{v}");
+    assert_eq!(v["retentionMs"], 3_600_000, "{v}");
+    let rt = rt();
+    let l = rt
+        .block_on(store.set_priority(
+            &scope("run_a"),
+            runkeep::scheduling::Priority::new(-3).unwrap(),
+        ))
+        .unwrap();
+    assert_eq!(l.priority.get(), -3);
+    assert_eq!(read()["priority"], -3);
+    // A claim makes the key's directory; the listing still has one run.
+    let o = ClaimOptions::new(holder("w"), Ttl::from_millis(60_000).unwrap());
+    assert!(rt
+        .block_on(store.claim(&scope("run_a"), &o))
+        .unwrap()
+        .lease()
+        .is_some());
+    assert!(base
+        .join(".runkeep/keys/customer%3A42/held/run_a")
+        .is_file());
+    assert!(base.join(".runkeep/keys/customer%3A42/log.jsonl").is_file());
+    let rows = rt
+        .block_on(store.list_runs(&session_scope(), &Default::default()))
+        .unwrap();
+    assert_eq!(rows.entries.len(), 1);
+    assert_eq!(
+        rows.entries[0].concurrency_key.as_deref(),
+        Some("customer:42")
+    );
+}
