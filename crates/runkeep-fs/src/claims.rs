@@ -889,7 +889,9 @@ fn hand_back(
     let judged_at =
         Timestamp::from_millis(now.as_millis().saturating_add(took_ms)).unwrap_or(expires_at);
     if runkeep::lease::is_expired(expires_at, judged_at) {
-        let _ = release(inner, scope, fence);
+        if let Ok(true) = release(inner, scope, fence) {
+            crate::keys::after_end(inner, scope, "claim");
+        }
         return Err(Error::Unavailable {
             message: format!(
                 "{} on run {}: the claim took {} ms, longer than its ttl, so the lease at fence {fence} had expired before it could be handed back; it was released again. Retry, with a ttl well above the time a claim takes on this volume (`runkeep doctor` reports the claims directory size)",

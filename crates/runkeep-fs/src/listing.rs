@@ -444,7 +444,9 @@ pub(crate) fn claim_next(
                     if filter.park.is_some() && !still_matches(inner, &row.scope, filter, now) {
                         // Answered (or otherwise changed) between the listing
                         // and the claim: give it back and keep looking.
-                        claims::release(inner, &row.scope, lease.fence)?;
+                        if claims::release(inner, &row.scope, lease.fence)? {
+                            keys::after_end(inner, &row.scope, "claim_next");
+                        }
                         continue;
                     }
                     return Ok(Some((row.scope, lease)));
