@@ -683,10 +683,34 @@ pub(crate) fn claim(
     let record = run_state::read_record(&run_dir, &ctx)?;
     // A keyed run: the key lock from the count to the log line of the
     // holding (`crate::keys`), taken after the run lock (the one order).
-    let mut guard = match record
+    let key = record
         .as_ref()
-        .and_then(|r| r.lifecycle.concurrency.as_ref())
-    {
+        .and_then(|r| r.lifecycle.concurrency.as_ref());
+    if key.is_some() {
+        // First without the key lock: a run someone else holds live (or
+        // finished, or deferred) is answered at once, so the losers of a
+        // race for one run do not queue on its key's lock.
+        let s = scan(&claims_dir)
+            .map_err(|e| ctx.io("list the claims directory", &claims_dir, e))?
+            .unwrap_or_default();
+        let holding = holding_of(&claims_dir, &s, &ctx)?;
+        let state = run_state::state_with(record.as_ref(), holding.as_ref(), &claims_dir, &ctx);
+        match lifecycle::plan_claim(
+            &scope.run_id,
+            state.top.as_ref(),
+            &state.lifecycle,
+            &options.holder,
+            now,
+            options.max_attempts,
+            0,
+        )? {
+            ClaimPlan::Held(summary) => return Ok(ClaimOutcome::Held(summary)),
+            ClaimPlan::Finished(status) => return Ok(ClaimOutcome::Finished(status)),
+            ClaimPlan::NotBefore(at) => return Ok(ClaimOutcome::NotBefore(at)),
+            _ => {}
+        }
+    }
+    let mut guard = match key {
         Some(c) => Some(KeyGuard::lock(inner, &c.key, &ctx)?),
         None => None,
     };
