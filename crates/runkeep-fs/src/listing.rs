@@ -519,9 +519,16 @@ pub(crate) fn claim_page_with(
     let now = q.now;
     let ctx = Ctx::store("claim_next");
     let want = q.limit;
+    // As `claim_next`: a key's live holdings counted once per page from its
+    // held set, and the runs of a key at its limit skipped unread.
+    let busy: RefCell<HashMap<String, u32>> = RefCell::default();
+    let at_limit = |c: &Option<(String, u32)>| {
+        c.as_ref()
+            .is_some_and(|(k, limit)| busy.borrow().get(k).is_some_and(|h| h >= limit))
+    };
     let batch = if index {
         inner.index_claim_candidates(q.order, q.after.as_ref(), want, &|s| {
-            s.claimable(now) && s.matches(&q)
+            s.claimable(now) && s.matches(&q) && !at_limit(&s.concurrency)
         })
     } else {
         None
@@ -546,6 +553,15 @@ pub(crate) fn claim_page_with(
     for found in batch {
         last = Some(found.key.clone());
         let c = &found.candidate;
+        if let Some((key, limit)) = &found.concurrency {
+            let held = *busy
+                .borrow_mut()
+                .entry(key.clone())
+                .or_insert_with(|| keys::held_now(inner, &c.scope(a), key, now));
+            if held >= *limit {
+                continue;
+            }
+        }
         let read = read_run(c, &ctx);
         inner.index_reconcile(&found, read.as_ref().and_then(Summary::of));
         if let Some(row) = read.and_then(|r| r.row(c.scope(a), now)) {

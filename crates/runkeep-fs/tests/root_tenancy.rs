@@ -1166,3 +1166,71 @@ fn claim_next_over_a_tenant_merges_by_priority_and_counts_keys_per_session() {
         }
     });
 }
+
+/// `claim_next` over a tenant reads none of the queued runs of a key held
+/// at its limit: each session's page of candidates skips them from its
+/// index unread. Mutation tried: no skip in the session's candidate page —
+/// the queued runs are read (the assertion fails).
+#[test]
+fn claim_next_over_a_tenant_reads_no_run_of_a_key_at_its_limit() {
+    rt().block_on(async {
+        let dir = tempfile::tempdir().unwrap();
+        let store = root(dir.path());
+        let big: Vec<RunScope> = (0..60)
+            .map(|i| scope("tnt_a", "prj_x", "ses_0", &format!("run_a{i:03}")))
+            .collect();
+        let free: Vec<RunScope> = (0..6)
+            .map(|i| scope("tnt_a", "prj_x", "ses_1", &format!("run_z{i:03}")))
+            .collect();
+        let keyed = EnqueueOptions {
+            concurrency: Some(runkeep::scheduling::Concurrency::new("big", 1).unwrap()),
+            ..Default::default()
+        };
+        for sc in &big {
+            store.enqueue(sc, &cp("cp_1", 0), &keyed).await.unwrap();
+        }
+        for sc in &free {
+            store
+                .enqueue(sc, &cp("cp_1", 0), &EnqueueOptions::default())
+                .await
+                .unwrap();
+        }
+        assert!(store
+            .claim(&big[0], &claim("w", 600_000))
+            .await
+            .unwrap()
+            .lease()
+            .is_some());
+        for sc in [&big[0], &free[0]] {
+            store
+                .session_store(sc)
+                .unwrap()
+                .unwrap()
+                .testing()
+                .wait_index()
+                .unwrap();
+        }
+        let tenant = ListingScope::tenant(t("tnt_a"));
+        let reads = |runs: &[RunScope]| -> Vec<u64> {
+            runs.iter()
+                .map(|sc| runkeep_fs::testing::checkpoint_dir_listings(store.run_dir(sc)))
+                .collect()
+        };
+        let queued = &big[1..];
+        for _ in 0..4 {
+            let before = reads(queued);
+            let (got, _) = store
+                .claim_next(&tenant, &ClaimNextFilter::default(), &claim("w", 600_000))
+                .await
+                .unwrap()
+                .unwrap();
+            assert_eq!(got.session_id.as_str(), "ses_1", "{got:?}");
+            let after = reads(queued);
+            let read = before.iter().zip(&after).filter(|(b, a)| a > b).count();
+            assert_eq!(
+                read, 0,
+                "claim_next read {read} queued runs of the key at its limit"
+            );
+        }
+    });
+}
