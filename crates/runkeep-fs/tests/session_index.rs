@@ -789,6 +789,48 @@ fn claim_next_reads_a_handful_of_rows() {
     }
 }
 
+/// With priorities, `claim_next` takes the highest first (run id among
+/// equals) and still reads a handful of runs per call: the index's claim
+/// table is in that order.
+#[test]
+fn claim_next_takes_the_highest_priority_first_reading_a_handful_of_rows() {
+    let dir = tempfile::tempdir().unwrap();
+    let base = dir.path().join("runs");
+    let store = open(&base);
+    let n = 120;
+    seed(&store, n);
+    let rt = rt();
+    // Runs 100..105 at priority 5, 50..53 at 2, the rest at 0.
+    for (i, p) in (100..105).map(|i| (i, 5)).chain((50..53).map(|i| (i, 2))) {
+        rt.block_on(store.set_priority(
+            &scope(&format!("run_{i:04}")),
+            runkeep::scheduling::Priority::new(p).unwrap(),
+        ))
+        .unwrap();
+    }
+    store.testing().wait_index().unwrap();
+    let filter = ClaimNextFilter::default();
+    let o = opts("w", 60_000, Timestamp::now().as_millis());
+    let mut taken = Vec::new();
+    for _ in 0..10 {
+        let before = listings(&base, n);
+        let (s, _) = rt
+            .block_on(store.claim_next(&listing_scope(), &filter, &o))
+            .unwrap()
+            .unwrap();
+        let read = runs_read(&base, n, &before);
+        assert!(read <= 2, "claim_next of {} read {read} runs", s.run_id);
+        taken.push(s.run_id.to_string());
+    }
+    assert_eq!(
+        taken,
+        [
+            "run_0100", "run_0101", "run_0102", "run_0103", "run_0104", "run_0050", "run_0051",
+            "run_0052", "run_0000", "run_0001"
+        ]
+    );
+}
+
 // ---------------------------------------------------------------------------
 // Over the watch budget: run directories swept by stamp.
 
