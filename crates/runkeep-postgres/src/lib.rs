@@ -82,9 +82,11 @@
 mod checkpoints;
 mod claims;
 mod db;
+mod dedupe;
 mod documents;
 pub mod error;
 mod events;
+mod keys;
 mod lifecycle;
 mod listing;
 mod options;
