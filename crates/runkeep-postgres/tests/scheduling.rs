@@ -499,6 +499,11 @@ async fn sixteen_connections_drain_two_thousand_keyed_runs_within_every_limit() 
                         // Every runnable key is at its limit: wait for a
                         // finish (a short pause, not a timing assertion).
                         idle += 1;
+                        assert!(
+                            idle < 3_000,
+                            "worker {w}: nothing claimable 3 000 times in a row with {} of {RUNS} runs finished (holdings never end?)",
+                            done.load(std::sync::atomic::Ordering::SeqCst)
+                        );
                         tokio::time::sleep(Duration::from_millis(u64::from(idle.min(20)))).await;
                     }
                 }
