@@ -14,8 +14,8 @@ use std::time::Duration;
 use runkeep::scheduling::concurrency::max_held_at_once;
 use runkeep::{
     CheckpointStore, ClaimNextFilter, ClaimOptions, ClaimOutcome, Concurrency, Dedupe,
-    EnqueueOptions, ListOptions, ListOrder, ListingScope, ManualClock, MemoryStore, Outcome,
-    Priority, Ttl,
+    EnqueueOptions, ListOptions, ListOrder, ListingScope, ManualClock, MemoryStore, NextClaim,
+    Outcome, Priority, RunStore, Step, Ttl,
 };
 use runkeep_conformance::support;
 use runkeep_postgres::PgStore;
@@ -53,7 +53,7 @@ fn ids(page: &runkeep::RunPage) -> Vec<String> {
 /// One scripted history of priorities, keys and dedupe windows, every
 /// answer written down: what the reference model and PostgreSQL must
 /// agree on.
-async fn script(store: &dyn CheckpointStore, clock: &ManualClock) -> Vec<String> {
+async fn script(store: &dyn RunStore, clock: &ManualClock) -> Vec<String> {
     let mut out = Vec::new();
     let session = support::listing();
     enqueue(store, "run_a", 0, None).await;
@@ -263,6 +263,45 @@ async fn script(store: &dyn CheckpointStore, clock: &ManualClock) -> Vec<String>
         out.push(format!("enqueue_once {i} {got:?}"));
         clock.advance(600);
     }
+    // The hand-over: a step that finishes a run of a key at its limit,
+    // then the next claim, which must see the key free (as a claim after
+    // the step's commit does) and take the other run of the key, first by
+    // priority.
+    enqueue(store, "run_h1", 0, Some(("hk", 1))).await;
+    enqueue(store, "run_h2", 100, Some(("hk", 1))).await;
+    let h1 = store
+        .claim(&support::run("run_h1"), &claim("w", 60_000))
+        .await
+        .unwrap();
+    out.push(format!("claim h1 {h1:?}"));
+    if let ClaimOutcome::Acquired(l) = h1 {
+        clock.advance(10);
+        let handover = store
+            .commit_step_and_claim_next(
+                &support::run("run_h1"),
+                l.fence,
+                &Step {
+                    finish: Some(Outcome::completed(None)),
+                    ..Step::default()
+                },
+                &NextClaim {
+                    scope: session.clone(),
+                    filter: ClaimNextFilter::default(),
+                    options: claim("w", 60_000),
+                },
+            )
+            .await
+            .unwrap();
+        out.push(format!(
+            "hand-over {:?} then {:?}",
+            handover.receipt.lifecycle.map(|l| l.status),
+            handover.next.map(|n| n.map(|(s, _)| s.run_id.to_string()))
+        ));
+    }
+    out.push(format!(
+        "holdings hk {:?}",
+        store.key_holdings(&session, "hk").await
+    ));
     out.push(format!(
         "enqueue_once of an existing id {:?}",
         store
@@ -311,6 +350,7 @@ async fn postgres_answers_the_scripted_history_as_the_reference_model_does() {
         "claim_next after set_priority Ok(Some(\"run_conformance_run_j\"))",
         "enqueue_once 1 Ok((\"run_conformance_run_x1\", false",
         "enqueue_once 2 Ok((\"run_conformance_run_x3\", true",
+        "hand-over Some(Completed) then Ok(Some(\"run_conformance_run_h2\"))",
     ] {
         assert!(text.contains(line), "{line}:\n{text}");
     }
