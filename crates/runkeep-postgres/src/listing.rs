@@ -211,16 +211,18 @@ impl Listing<'_> {
             // Skip the runs of keys at their limit without reading them: the
             // open holdings live now, grouped by key (few: at most the runs
             // held), against each candidate's own limit. A prefilter: the
-            // claim re-counts under the key's lock.
+            // claim re-counts under the key's lock. A run past its deadline
+            // stays a candidate: the core finishes it before it looks at
+            // the key (`plan_claim`), as `MemoryStore`'s claim_next does.
             clock.push_str(&format!(
                 ", held AS (SELECT project_id, session_id, ckey, count(*) AS n FROM key_holdings \
                  WHERE {} AND ended_at IS NULL AND expires_at > {now} GROUP BY project_id, session_id, ckey) ",
                 self.scope_where(&mut params)
             ));
             wh.push(
-                "(ckey IS NULL OR NOT EXISTS (SELECT 1 FROM held WHERE held.project_id = runs.project_id \
-                 AND held.session_id = runs.session_id AND held.ckey = runs.ckey AND held.n >= runs.climit))"
-                    .into(),
+                format!("(ckey IS NULL OR (lifecycle->>'deadline')::bigint <= {now} \
+                 OR NOT EXISTS (SELECT 1 FROM held WHERE held.project_id = runs.project_id \
+                 AND held.session_id = runs.session_id AND held.ckey = runs.ckey AND held.n >= runs.climit))"),
             );
         }
         // The priority comes first in the priority order and in claim_next

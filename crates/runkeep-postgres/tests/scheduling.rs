@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use runkeep::scheduling::concurrency::max_held_at_once;
 use runkeep::{
-    CheckpointStore, ClaimNextFilter, ClaimOptions, ClaimOutcome, Concurrency, Dedupe,
+    CheckpointStore, ClaimNextFilter, ClaimOptions, ClaimOutcome, Clock, Concurrency, Dedupe,
     EnqueueOptions, ListOptions, ListOrder, ListingScope, ManualClock, MemoryStore, NextClaim,
     Outcome, Priority, RunStore, Step, Ttl,
 };
@@ -302,6 +302,43 @@ async fn script(store: &dyn RunStore, clock: &ManualClock) -> Vec<String> {
         "holdings hk {:?}",
         store.key_holdings(&session, "hk").await
     ));
+    // A run past its deadline whose key is at its limit: claim_next
+    // finishes it (the deadline is judged before the key) and goes on.
+    enqueue(store, "run_dl0", 0, Some(("dk", 1))).await;
+    store
+        .enqueue(
+            &support::run("run_dl1"),
+            &support::checkpoint("cp_0", 0),
+            &EnqueueOptions {
+                priority: Priority::new(200).unwrap(),
+                concurrency: Some(Concurrency::new("dk", 1).unwrap()),
+                deadline: Some(clock.now().offset(5)),
+                ..EnqueueOptions::default()
+            },
+        )
+        .await
+        .unwrap();
+    out.push(format!(
+        "claim dl0 {:?}",
+        store
+            .claim(&support::run("run_dl0"), &claim("w", 60_000))
+            .await
+    ));
+    clock.advance(10);
+    out.push(format!(
+        "claim_next past a deadline {:?}",
+        store
+            .claim_next(&session, &ClaimNextFilter::default(), &claim("w", 60_000))
+            .await
+            .map(|o| o.map(|(s, _)| s.run_id.to_string()))
+    ));
+    out.push(format!(
+        "dl1 {:?}",
+        store
+            .lifecycle(&support::run("run_dl1"))
+            .await
+            .map(|l| (l.status, l.reason))
+    ));
     out.push(format!(
         "enqueue_once of an existing id {:?}",
         store
@@ -351,6 +388,7 @@ async fn postgres_answers_the_scripted_history_as_the_reference_model_does() {
         "enqueue_once 1 Ok((\"run_conformance_run_x1\", false",
         "enqueue_once 2 Ok((\"run_conformance_run_x3\", true",
         "hand-over Some(Completed) then Ok(Some(\"run_conformance_run_h2\"))",
+        "dl1 Ok((Failed",
     ] {
         assert!(text.contains(line), "{line}:\n{text}");
     }
