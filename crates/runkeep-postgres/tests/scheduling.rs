@@ -14,8 +14,8 @@ use std::time::Duration;
 use runkeep::scheduling::concurrency::max_held_at_once;
 use runkeep::{
     CheckpointStore, ClaimNextFilter, ClaimOptions, ClaimOutcome, Clock, Concurrency, Dedupe,
-    EnqueueOptions, ListOptions, ListOrder, ListingScope, ManualClock, MemoryStore, NextClaim,
-    Outcome, Priority, RunStore, Step, Ttl,
+    EnqueueOptions, EvidenceStore, ListOptions, ListOrder, ListingScope, ManualClock, MemoryStore,
+    NextClaim, Outcome, Priority, RunStore, Step, Ttl,
 };
 use runkeep_conformance::support;
 use runkeep_postgres::PgStore;
@@ -501,8 +501,10 @@ async fn a_second_claim_of_a_key_waits_for_the_first_to_commit() {
 }
 
 /// 16 connections drain 2 000 runs of 20 keys (limits 1 to 3) with
-/// `claim_next`, finishing each run they take: every run finishes, and
-/// no key's history ever shows more holdings at once than its limit.
+/// `claim_next`, finishing each run they take (half of them by a hand-over
+/// that claims the next run in the finishing transaction): every run
+/// finishes, and no key's history ever shows more holdings at once than
+/// its limit.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn sixteen_connections_drain_two_thousand_keyed_runs_within_every_limit() {
     let Some(url) = common::url_or_skip("scheduling_drain") else {
@@ -555,36 +557,55 @@ async fn sixteen_connections_drain_two_thousand_keyed_runs_within_every_limit() 
         workers.push(tokio::spawn(async move {
             let mut mine = 0usize;
             let mut idle = 0u32;
+            let mut current = None;
+            let options = claim(&format!("w{w}"), 600_000);
             while done.load(std::sync::atomic::Ordering::SeqCst) < RUNS {
-                let got = s
-                    .claim_next(
-                        &support::listing(),
-                        &ClaimNextFilter::default(),
-                        &claim(&format!("w{w}"), 600_000),
-                    )
-                    .await
-                    .unwrap();
-                match got {
-                    Some((scope, lease)) => {
-                        idle = 0;
-                        s.finish(&scope, lease.fence, &Outcome::completed(None))
-                            .await
-                            .unwrap();
-                        mine += 1;
-                        done.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-                    }
-                    None => {
-                        // Every runnable key is at its limit: wait for a
-                        // finish (a short pause, not a timing assertion).
-                        idle += 1;
-                        assert!(
-                            idle < 3_000,
-                            "worker {w}: nothing claimable 3 000 times in a row with {} of {RUNS} runs finished (holdings never end?)",
-                            done.load(std::sync::atomic::Ordering::SeqCst)
-                        );
-                        tokio::time::sleep(Duration::from_millis(u64::from(idle.min(20)))).await;
-                    }
+                if current.is_none() {
+                    current = s
+                        .claim_next(&support::listing(), &ClaimNextFilter::default(), &options)
+                        .await
+                        .unwrap();
                 }
+                let Some((scope, lease)) = current.take() else {
+                    // Every runnable key is at its limit: wait for a
+                    // finish (a short pause, not a timing assertion).
+                    idle += 1;
+                    assert!(
+                        idle < 3_000,
+                        "worker {w}: nothing claimable 3 000 times in a row with {} of {RUNS} runs finished (holdings never end?)",
+                        done.load(std::sync::atomic::Ordering::SeqCst)
+                    );
+                    tokio::time::sleep(Duration::from_millis(u64::from(idle.min(20)))).await;
+                    continue;
+                };
+                idle = 0;
+                if w % 2 == 1 {
+                    // Odd workers finish by a hand-over that takes the
+                    // next run in the same transaction.
+                    let h = s
+                        .commit_step_and_claim_next(
+                            &scope,
+                            lease.fence,
+                            &Step {
+                                finish: Some(Outcome::completed(None)),
+                                ..Step::default()
+                            },
+                            &NextClaim {
+                                scope: support::listing(),
+                                filter: ClaimNextFilter::default(),
+                                options: options.clone(),
+                            },
+                        )
+                        .await
+                        .unwrap();
+                    current = h.next.unwrap();
+                } else {
+                    s.finish(&scope, lease.fence, &Outcome::completed(None))
+                        .await
+                        .unwrap();
+                }
+                mine += 1;
+                done.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
             }
             mine
         }));
