@@ -374,13 +374,12 @@ pub(crate) fn claim_next(
     // are skipped from the index without reading their runs. The claim
     // counts again under the key lock; this only saves the reads.
     let busy: RefCell<HashMap<String, u32>> = RefCell::default();
-    let at_limit = |c: &Option<(String, u32)>| {
-        c.as_ref()
-            .is_some_and(|(k, limit)| busy.borrow().get(k).is_some_and(|h| h >= limit))
+    let at_limit = |c: Option<&(String, u32)>| {
+        c.is_some_and(|(k, limit)| busy.borrow().get(k).is_some_and(|h| h >= limit))
     };
     loop {
         let indexed = inner.index_claim_candidates(q.order, after.as_ref(), CLAIM_PAGE, &|s| {
-            s.claimable(now) && s.matches(&q) && !at_limit(&s.concurrency)
+            s.claimable(now) && s.matches(&q) && !at_limit(s.skippable_key(now))
         });
         // From the index: candidates, each read only when its turn comes
         // (the first claimable one usually ends the call).
@@ -414,7 +413,7 @@ pub(crate) fn claim_next(
                 Some(found) => {
                     after = Some(found.key.clone());
                     let c = &found.candidate;
-                    if let Some((key, limit)) = &found.concurrency {
+                    if let Some((key, limit)) = found.skippable_key(now) {
                         let held = *busy
                             .borrow_mut()
                             .entry(key.clone())
@@ -522,13 +521,12 @@ pub(crate) fn claim_page_with(
     // As `claim_next`: a key's live holdings counted once per page from its
     // held set, and the runs of a key at its limit skipped unread.
     let busy: RefCell<HashMap<String, u32>> = RefCell::default();
-    let at_limit = |c: &Option<(String, u32)>| {
-        c.as_ref()
-            .is_some_and(|(k, limit)| busy.borrow().get(k).is_some_and(|h| h >= limit))
+    let at_limit = |c: Option<&(String, u32)>| {
+        c.is_some_and(|(k, limit)| busy.borrow().get(k).is_some_and(|h| h >= limit))
     };
     let batch = if index {
         inner.index_claim_candidates(q.order, q.after.as_ref(), want, &|s| {
-            s.claimable(now) && s.matches(&q) && !at_limit(&s.concurrency)
+            s.claimable(now) && s.matches(&q) && !at_limit(s.skippable_key(now))
         })
     } else {
         None
@@ -553,7 +551,7 @@ pub(crate) fn claim_page_with(
     for found in batch {
         last = Some(found.key.clone());
         let c = &found.candidate;
-        if let Some((key, limit)) = &found.concurrency {
+        if let Some((key, limit)) = found.skippable_key(now) {
             let held = *busy
                 .borrow_mut()
                 .entry(key.clone())

@@ -609,3 +609,48 @@ fn the_lifecycle_record_carries_the_scheduling_fields() {
         Some("customer:42")
     );
 }
+
+/// A keyed run past its deadline is not skipped for its saturated key:
+/// `claim_next` reaches it and the claim finishes it (the core judges the
+/// deadline before the key), as the memory store does. Mutation tried:
+/// skipping on the key alone — the run stays active.
+#[test]
+fn claim_next_finishes_a_keyed_run_past_its_deadline_even_when_its_key_is_at_its_limit() {
+    let dir = tempfile::tempdir().unwrap();
+    let base = dir.path().join("runs");
+    let fs = open(&base);
+    let mem = runkeep::MemoryStore::new();
+    let rt = rt();
+    let now = runkeep::Timestamp::now();
+    let stores: [&dyn CheckpointStore; 2] = [&fs, &mem];
+    let mut answers = Vec::new();
+    for (i, st) in stores.into_iter().enumerate() {
+        rt.block_on(st.enqueue(&scope("run_a"), &cp("cp_1", 1_000), &keyed("k", 1)))
+            .unwrap();
+        rt.block_on(st.enqueue(
+            &scope("run_b"),
+            &cp("cp_1", 1_000),
+            &EnqueueOptions {
+                deadline: Some(runkeep::Timestamp::from_millis(now.as_millis() - 1_000).unwrap()),
+                ..keyed("k", 1)
+            },
+        ))
+        .unwrap();
+        let o = ClaimOptions::new(holder("w"), Ttl::from_millis(600_000).unwrap());
+        assert!(rt
+            .block_on(st.claim(&scope("run_a"), &o))
+            .unwrap()
+            .lease()
+            .is_some());
+        if i == 0 {
+            fs.testing().wait_index().unwrap();
+        }
+        let next = rt
+            .block_on(st.claim_next(&session_scope(), &ClaimNextFilter::default(), &o))
+            .unwrap();
+        let b = rt.block_on(st.lifecycle(&scope("run_b"))).unwrap();
+        answers.push((next.map(|(s, _)| s.run_id.to_string()), b.status, b.reason));
+    }
+    assert_eq!(answers[0], answers[1], "directory vs memory");
+    assert!(answers[0].1.is_finished(), "{answers:?}");
+}

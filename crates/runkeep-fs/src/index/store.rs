@@ -159,6 +159,8 @@ impl Summary {
             out.extend_from_slice(&t.map_or(0, Timestamp::as_millis).to_le_bytes());
         }
         out.extend_from_slice(&self.priority.get().to_le_bytes());
+        out.push(u8::from(self.deadline.is_some()));
+        out.extend_from_slice(&self.deadline.map_or(0, Timestamp::as_millis).to_le_bytes());
         match &self.concurrency {
             Some((key, limit)) => {
                 out.extend_from_slice(&limit.to_le_bytes());
@@ -186,9 +188,17 @@ impl Summary {
         }
         let tail = rest.get(40..)?;
         let priority = i32::from_le_bytes(tail.get(..4)?.try_into().ok()?);
-        let limit = u32::from_le_bytes(tail.get(4..8)?.try_into().ok()?);
-        let len = usize::from(*tail.get(8)?);
-        let key = std::str::from_utf8(tail.get(9..9 + len)?).ok()?;
+        let deadline = match *tail.get(4)? {
+            0 => None,
+            _ => Some(
+                Timestamp::from_millis(i64::from_le_bytes(tail.get(5..13)?.try_into().ok()?))
+                    .ok()?,
+            ),
+        };
+        let tail = tail.get(13..)?;
+        let limit = u32::from_le_bytes(tail.get(..4)?.try_into().ok()?);
+        let len = usize::from(*tail.get(4)?);
+        let key = std::str::from_utf8(tail.get(5..5 + len)?).ok()?;
         let concurrency = (limit > 0).then(|| (key.to_owned(), limit));
         let summary = Summary {
             damaged: flags & (1 << 5) != 0,
@@ -204,8 +214,9 @@ impl Summary {
             },
             priority: runkeep::scheduling::Priority::new(i64::from(priority)).ok()?,
             concurrency,
+            deadline,
         };
-        Some((summary, SUMMARY_LEN + 9 + len))
+        Some((summary, SUMMARY_LEN + 18 + len))
     }
 }
 
@@ -812,6 +823,7 @@ impl Built {
                     },
                     generation,
                     concurrency: s.concurrency.clone(),
+                    deadline: s.deadline,
                 });
             }
         }

@@ -54,6 +54,9 @@ pub(crate) struct Summary {
     /// The run's concurrency key and limit: `claim_next` skips the runs of
     /// a key at its limit without reading them.
     pub(crate) concurrency: Option<(String, u32)>,
+    /// The run's deadline: a run past it is never skipped for its key (a
+    /// claim finishes it first, `lifecycle::plan_claim`).
+    pub(crate) deadline: Option<Timestamp>,
 }
 
 impl Summary {
@@ -77,6 +80,7 @@ impl Summary {
                         .map(|s| s.lifecycle.priority)
                         .unwrap_or_default(),
                     concurrency: None,
+                    deadline: None,
                 })
             }
         };
@@ -115,6 +119,7 @@ impl Summary {
                 .concurrency
                 .as_ref()
                 .map(|c| (c.key.clone(), c.limit)),
+            deadline: state.lifecycle.deadline,
         })
     }
 
@@ -146,6 +151,15 @@ impl Summary {
             None => true,
             Some(true) => !self.unheld(q.now),
             Some(false) => self.unheld(q.now),
+        }
+    }
+
+    /// The key `claim_next` may skip this run for when the key is at its
+    /// limit at `now` (none once its deadline passed).
+    pub(crate) fn skippable_key(&self, now: Timestamp) -> Option<&(String, u32)> {
+        match self.deadline {
+            Some(d) if now >= d => None,
+            _ => self.concurrency.as_ref(),
         }
     }
 
