@@ -846,3 +846,73 @@ async fn claim_next_with_priorities_reads_an_index() {
     let g: u32 = s.run_id.as_str()["run_".len()..].parse().unwrap();
     assert_eq!(g % 7, 6, "{s:?}");
 }
+
+/// `n` stores on one fresh schema, each with its own small pool (as `n`
+/// worker processes would be).
+async fn fleet(url: &str, label: &str, n: usize) -> (Vec<Arc<dyn RunStore>>, common::SchemaGuard) {
+    let schema = common::unique_schema(label);
+    let guard = common::SchemaGuard::new(url, &schema);
+    let mut stores: Vec<Arc<dyn RunStore>> = Vec::new();
+    for _ in 0..n {
+        let s = PgStore::connect(
+            url,
+            runkeep_postgres::PgOptions {
+                pool_size: 2,
+                ..common::options(&schema, None)
+            },
+        )
+        .await
+        .unwrap();
+        stores.push(Arc::new(s));
+    }
+    (stores, guard)
+}
+
+/// The kit's concurrency-key race (`runkeep_conformance::key_limits`) at
+/// the size: 16 workers, each on a store of its own (its own
+/// pool), 20 keys with limits 1 to 3, 2 000 runs; the keys' histories show
+/// no key past its limit and every run completes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_kits_key_race_at_full_size_holds_every_limit() {
+    let Some(url) = common::url_or_skip("scheduling_key_race") else {
+        return;
+    };
+    let (stores, _guard) = fleet(&url, "sched_kit_race", 16).await;
+    let report = runkeep_conformance::key_limits::drain_keyed(
+        &stores,
+        &runkeep_conformance::key_limits::KeyRace::full(),
+    )
+    .await;
+    eprintln!("{}", report.line("postgres"));
+    report.assert_clean("postgres");
+}
+
+/// The kit's fairness figure: one key with most of the queue at limit 2
+/// does not starve the others.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_key_with_most_of_the_queue_does_not_starve_the_others() {
+    let Some(url) = common::url_or_skip("scheduling_fairness") else {
+        return;
+    };
+    let (stores, _guard) = fleet(&url, "sched_fair", 8).await;
+    let report = runkeep_conformance::key_limits::fairness(
+        &stores,
+        &runkeep_conformance::key_limits::Fairness {
+            workers: 8,
+            big_runs: 180,
+            big_limit: 2,
+            other_runs: 20,
+            hold: Duration::from_millis(2),
+        },
+    )
+    .await;
+    eprintln!("{}", report.line("postgres"));
+    assert_eq!(report.big_most, 2, "the big key must be held at its limit");
+    assert_eq!(report.cycles.len(), 20);
+    assert_eq!(
+        report.claimed_while_big_waited,
+        20,
+        "another key's run waited behind the big key: {}",
+        report.line("postgres")
+    );
+}
