@@ -302,6 +302,56 @@ async fn script(store: &dyn RunStore, clock: &ManualClock) -> Vec<String> {
         "holdings hk {:?}",
         store.key_holdings(&session, "hk").await
     ));
+    // A snooze and a failed attempt end their holdings too: the key's
+    // other run is admitted after each.
+    enqueue(store, "run_s1", 0, Some(("sk", 1))).await;
+    enqueue(store, "run_s2", 0, Some(("sk", 1))).await;
+    if let Ok(ClaimOutcome::Acquired(l)) = store
+        .claim(&support::run("run_s1"), &claim("w", 60_000))
+        .await
+    {
+        out.push(format!(
+            "claim s2 while s1 held {:?}",
+            store
+                .claim(&support::run("run_s2"), &claim("w", 60_000))
+                .await
+        ));
+        clock.advance(10);
+        out.push(format!(
+            "snooze s1 {:?}",
+            store
+                .snooze(
+                    &support::run("run_s1"),
+                    l.fence,
+                    clock.now().offset(100_000)
+                )
+                .await
+        ));
+    }
+    clock.advance(10);
+    let s2 = store
+        .claim(&support::run("run_s2"), &claim("w", 60_000))
+        .await;
+    out.push(format!("claim s2 after the snooze {s2:?}"));
+    if let Ok(ClaimOutcome::Acquired(l)) = s2 {
+        clock.advance(10);
+        out.push(format!(
+            "fail s2 {:?}",
+            store
+                .fail_attempt(
+                    &support::run("run_s2"),
+                    l.fence,
+                    &runkeep::AttemptError::new("error", "boom"),
+                    None,
+                )
+                .await
+                .map(|l| (l.status, l.attempts, l.available_at))
+        ));
+    }
+    out.push(format!(
+        "holdings sk {:?}",
+        store.key_holdings(&session, "sk").await
+    ));
     // A run past its deadline whose key is at its limit: claim_next
     // finishes it (the deadline is judged before the key) and goes on.
     enqueue(store, "run_dl0", 0, Some(("dk", 1))).await;
@@ -389,6 +439,8 @@ async fn postgres_answers_the_scripted_history_as_the_reference_model_does() {
         "enqueue_once 2 Ok((\"run_conformance_run_x3\", true",
         "hand-over Some(Completed) then Ok(Some(\"run_conformance_run_h2\"))",
         "dl1 Ok((Failed",
+        "claim s2 while s1 held Ok(AtLimit",
+        "claim s2 after the snooze Ok(Acquired",
     ] {
         assert!(text.contains(line), "{line}:\n{text}");
     }
