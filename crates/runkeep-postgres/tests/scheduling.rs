@@ -974,3 +974,91 @@ async fn a_key_with_most_of_the_queue_does_not_starve_the_others() {
         report.line("postgres")
     );
 }
+
+/// The key lock's hash for `key` in the test session, as SQL (`$1` the
+/// schema).
+const KEY_LOCK_SQL: &str = "SELECT pg_advisory_xact_lock(hashtextextended(concat_ws(chr(1), 'runkeep-key', $1::text, $2::text, $3::text, $4::text, $5::text), 0))::text";
+
+async fn hold_key_lock(c: &tokio_postgres::Client, schema: &str, key: &str) {
+    c.batch_execute("BEGIN").await.unwrap();
+    c.query(
+        KEY_LOCK_SQL,
+        &[
+            &schema,
+            &support::tenant().to_string(),
+            &support::project().to_string(),
+            &support::session().to_string(),
+            &key,
+        ],
+    )
+    .await
+    .unwrap();
+}
+
+/// No deadlock between keys: a `claim_next` that already holds one key's
+/// lock (its candidate was refused at the limit under it) only tries the
+/// next keyed candidate's lock, and skips that candidate when another
+/// transaction holds it, instead of waiting while holding the first.
+/// Forced: a third connection holds key `k1`'s lock while it commits a
+/// holding the candidate statement did not see; a fourth holds `k2`'s.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn claim_next_holding_one_key_lock_skips_a_candidate_whose_key_lock_is_taken() {
+    let Some(url) = common::url_or_skip("scheduling_try_lock") else {
+        return;
+    };
+    let (store, guard) = common::store(&url, "sched_try", None).await;
+    let store = Arc::new(store);
+    enqueue(&*store, "run_a1", 3, Some(("k1", 1))).await;
+    enqueue(&*store, "run_a2", 2, Some(("k2", 1))).await;
+    enqueue(&*store, "run_a3", 1, None).await;
+    enqueue(&*store, "run_b1", 0, Some(("k1", 1))).await;
+    let third = common::raw_client(&url, &guard.schema).await;
+    let fourth = common::raw_client(&url, &guard.schema).await;
+    let watch = common::raw_client(&url, &guard.schema).await;
+    hold_key_lock(&third, &guard.schema, "k1").await;
+    // A live holding of run_b1, not yet committed: the candidate search
+    // does not see it, the count under k1's lock will.
+    third
+        .execute(
+            "INSERT INTO key_holdings (tenant_id, project_id, session_id, run_id, parent_id, ckey, fence, acquired_at, expires_at)
+             VALUES ($1, $2, $3, $4, '', 'k1', 1, 0, 9000000000000)",
+            &[
+                &support::tenant().to_string(),
+                &support::project().to_string(),
+                &support::session().to_string(),
+                &support::run("run_b1").run_id.to_string(),
+            ],
+        )
+        .await
+        .unwrap();
+    hold_key_lock(&fourth, &guard.schema, "k2").await;
+    let claimer = {
+        let s = store.clone();
+        tokio::spawn(async move {
+            s.claim_next(
+                &support::listing(),
+                &ClaimNextFilter::default(),
+                &claim("w", 60_000),
+            )
+            .await
+        })
+    };
+    wait_until("claim_next waits for k1's lock", || async {
+        key_lock_waiters(&watch, &guard.schema, "k1").await == 1
+    })
+    .await;
+    third.batch_execute("COMMIT").await.unwrap();
+    let got = claimer.await.unwrap().unwrap();
+    fourth.batch_execute("COMMIT").await.unwrap();
+    let (scope, _) = got.expect("claim_next took a run");
+    assert_eq!(
+        scope.run_id,
+        support::run("run_a3").run_id,
+        "run_a1 is at its limit (counted under its lock) and run_a2's key lock is held: the unkeyed run_a3 is next"
+    );
+    let a2 = store
+        .lease(&support::run("run_a2"), store.now())
+        .await
+        .unwrap();
+    assert!(a2.is_none(), "run_a2 was skipped, not taken: {a2:?}");
+}
