@@ -302,6 +302,56 @@ async fn script(store: &dyn RunStore, clock: &ManualClock) -> Vec<String> {
         "holdings hk {:?}",
         store.key_holdings(&session, "hk").await
     ));
+    // A snooze and a failed attempt end their holdings too: the key's
+    // other run is admitted after each.
+    enqueue(store, "run_s1", 0, Some(("sk", 1))).await;
+    enqueue(store, "run_s2", 0, Some(("sk", 1))).await;
+    if let Ok(ClaimOutcome::Acquired(l)) = store
+        .claim(&support::run("run_s1"), &claim("w", 60_000))
+        .await
+    {
+        out.push(format!(
+            "claim s2 while s1 held {:?}",
+            store
+                .claim(&support::run("run_s2"), &claim("w", 60_000))
+                .await
+        ));
+        clock.advance(10);
+        out.push(format!(
+            "snooze s1 {:?}",
+            store
+                .snooze(
+                    &support::run("run_s1"),
+                    l.fence,
+                    clock.now().offset(100_000)
+                )
+                .await
+        ));
+    }
+    clock.advance(10);
+    let s2 = store
+        .claim(&support::run("run_s2"), &claim("w", 60_000))
+        .await;
+    out.push(format!("claim s2 after the snooze {s2:?}"));
+    if let Ok(ClaimOutcome::Acquired(l)) = s2 {
+        clock.advance(10);
+        out.push(format!(
+            "fail s2 {:?}",
+            store
+                .fail_attempt(
+                    &support::run("run_s2"),
+                    l.fence,
+                    &runkeep::AttemptError::new("error", "boom"),
+                    None,
+                )
+                .await
+                .map(|l| (l.status, l.attempts, l.available_at))
+        ));
+    }
+    out.push(format!(
+        "holdings sk {:?}",
+        store.key_holdings(&session, "sk").await
+    ));
     // A run past its deadline whose key is at its limit: claim_next
     // finishes it (the deadline is judged before the key) and goes on.
     enqueue(store, "run_dl0", 0, Some(("dk", 1))).await;
@@ -389,6 +439,8 @@ async fn postgres_answers_the_scripted_history_as_the_reference_model_does() {
         "enqueue_once 2 Ok((\"run_conformance_run_x3\", true",
         "hand-over Some(Completed) then Ok(Some(\"run_conformance_run_h2\"))",
         "dl1 Ok((Failed",
+        "claim s2 while s1 held Ok(AtLimit",
+        "claim s2 after the snooze Ok(Acquired",
     ] {
         assert!(text.contains(line), "{line}:\n{text}");
     }
@@ -564,7 +616,7 @@ async fn sixteen_connections_drain_two_thousand_keyed_runs_within_every_limit() 
                     current = s
                         .claim_next(&support::listing(), &ClaimNextFilter::default(), &options)
                         .await
-                        .unwrap();
+                        .unwrap_or_else(|e| panic!("worker {w}: claim_next: {e:?}"));
                 }
                 let Some((scope, lease)) = current.take() else {
                     // Every runnable key is at its limit: wait for a
@@ -845,4 +897,171 @@ async fn claim_next_with_priorities_reads_an_index() {
     // Seeded with priority (g % 7) - 3: the highest, 3, is g % 7 == 6.
     let g: u32 = s.run_id.as_str()["run_".len()..].parse().unwrap();
     assert_eq!(g % 7, 6, "{s:?}");
+}
+
+/// `n` stores on one fresh schema, each with a pool of one connection (as
+/// `n` worker processes would be; one connection each keeps the server's
+/// connection count low while other tests share it).
+async fn fleet(url: &str, label: &str, n: usize) -> (Vec<Arc<dyn RunStore>>, common::SchemaGuard) {
+    let schema = common::unique_schema(label);
+    let guard = common::SchemaGuard::new(url, &schema);
+    let mut stores: Vec<Arc<dyn RunStore>> = Vec::new();
+    for _ in 0..n {
+        let s = PgStore::connect(
+            url,
+            runkeep_postgres::PgOptions {
+                pool_size: 1,
+                ..common::options(&schema, None)
+            },
+        )
+        .await
+        .unwrap();
+        stores.push(Arc::new(s));
+    }
+    (stores, guard)
+}
+
+/// The kit's concurrency-key race (`runkeep_conformance::key_limits`) at
+/// the issue's size: 16 workers, each on a store of its own (its own
+/// pool), 20 keys with limits 1 to 3, 2 000 runs; the keys' histories show
+/// no key past its limit and every run completes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_kits_key_race_at_full_size_holds_every_limit() {
+    let Some(url) = common::url_or_skip("scheduling_key_race") else {
+        return;
+    };
+    let (stores, _guard) = fleet(&url, "sched_kit_race", 16).await;
+    let report = runkeep_conformance::key_limits::drain_keyed(
+        &stores,
+        &runkeep_conformance::key_limits::KeyRace {
+            // Holdings up to 100 ms (the kit's 2 ms is shorter than a
+            // PostgreSQL claim on a loaded machine, and runs are claimed in
+            // key order: only holdings longer than a few claims let the
+            // held runs span more than the 20 keys, so that keys of limit
+            // 2 and 3 reach their limit).
+            hold: Duration::from_millis(100),
+            ..runkeep_conformance::key_limits::KeyRace::full()
+        },
+    )
+    .await;
+    eprintln!("{}", report.line("postgres"));
+    report.assert_clean("postgres");
+}
+
+/// The kit's fairness figure: one key with most of the queue at limit 2
+/// does not starve the others.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_key_with_most_of_the_queue_does_not_starve_the_others() {
+    let Some(url) = common::url_or_skip("scheduling_fairness") else {
+        return;
+    };
+    let (stores, _guard) = fleet(&url, "sched_fair", 8).await;
+    let report = runkeep_conformance::key_limits::fairness(
+        &stores,
+        &runkeep_conformance::key_limits::Fairness {
+            workers: 8,
+            big_runs: 180,
+            big_limit: 2,
+            other_runs: 20,
+            hold: Duration::from_millis(2),
+        },
+    )
+    .await;
+    eprintln!("{}", report.line("postgres"));
+    assert_eq!(report.big_most, 2, "the big key must be held at its limit");
+    assert_eq!(report.cycles.len(), 20);
+    assert_eq!(
+        report.claimed_while_big_waited,
+        20,
+        "another key's run waited behind the big key: {}",
+        report.line("postgres")
+    );
+}
+
+/// The key lock's hash for `key` in the test session, as SQL (`$1` the
+/// schema).
+const KEY_LOCK_SQL: &str = "SELECT pg_advisory_xact_lock(hashtextextended(concat_ws(chr(1), 'runkeep-key', $1::text, $2::text, $3::text, $4::text, $5::text), 0))::text";
+
+async fn hold_key_lock(c: &tokio_postgres::Client, schema: &str, key: &str) {
+    c.batch_execute("BEGIN").await.unwrap();
+    c.query(
+        KEY_LOCK_SQL,
+        &[
+            &schema,
+            &support::tenant().to_string(),
+            &support::project().to_string(),
+            &support::session().to_string(),
+            &key,
+        ],
+    )
+    .await
+    .unwrap();
+}
+
+/// No deadlock between keys: a `claim_next` that already holds one key's
+/// lock (its candidate was refused at the limit under it) only tries the
+/// next keyed candidate's lock, and skips that candidate when another
+/// transaction holds it, instead of waiting while holding the first.
+/// Forced: a third connection holds key `k1`'s lock while it commits a
+/// holding the candidate statement did not see; a fourth holds `k2`'s.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn claim_next_holding_one_key_lock_skips_a_candidate_whose_key_lock_is_taken() {
+    let Some(url) = common::url_or_skip("scheduling_try_lock") else {
+        return;
+    };
+    let (store, guard) = common::store(&url, "sched_try", None).await;
+    let store = Arc::new(store);
+    enqueue(&*store, "run_a1", 3, Some(("k1", 1))).await;
+    enqueue(&*store, "run_a2", 2, Some(("k2", 1))).await;
+    enqueue(&*store, "run_a3", 1, None).await;
+    enqueue(&*store, "run_b1", 0, Some(("k1", 1))).await;
+    let third = common::raw_client(&url, &guard.schema).await;
+    let fourth = common::raw_client(&url, &guard.schema).await;
+    let watch = common::raw_client(&url, &guard.schema).await;
+    hold_key_lock(&third, &guard.schema, "k1").await;
+    // A live holding of run_b1, not yet committed: the candidate search
+    // does not see it, the count under k1's lock will.
+    third
+        .execute(
+            "INSERT INTO key_holdings (tenant_id, project_id, session_id, run_id, parent_id, ckey, fence, acquired_at, expires_at)
+             VALUES ($1, $2, $3, $4, '', 'k1', 1, 0, 9000000000000)",
+            &[
+                &support::tenant().to_string(),
+                &support::project().to_string(),
+                &support::session().to_string(),
+                &support::run("run_b1").run_id.to_string(),
+            ],
+        )
+        .await
+        .unwrap();
+    hold_key_lock(&fourth, &guard.schema, "k2").await;
+    let claimer = {
+        let s = store.clone();
+        tokio::spawn(async move {
+            s.claim_next(
+                &support::listing(),
+                &ClaimNextFilter::default(),
+                &claim("w", 60_000),
+            )
+            .await
+        })
+    };
+    wait_until("claim_next waits for k1's lock", || async {
+        key_lock_waiters(&watch, &guard.schema, "k1").await == 1
+    })
+    .await;
+    third.batch_execute("COMMIT").await.unwrap();
+    let got = claimer.await.unwrap().unwrap();
+    fourth.batch_execute("COMMIT").await.unwrap();
+    let (scope, _) = got.expect("claim_next took a run");
+    assert_eq!(
+        scope.run_id,
+        support::run("run_a3").run_id,
+        "run_a1 is at its limit (counted under its lock) and run_a2's key lock is held: the unkeyed run_a3 is next"
+    );
+    let a2 = store
+        .lease(&support::run("run_a2"), store.now())
+        .await
+        .unwrap();
+    assert!(a2.is_none(), "run_a2 was skipped, not taken: {a2:?}");
 }
