@@ -1020,3 +1020,60 @@ async fn key_lock_holders(raw: &tokio_postgres::Client, schema: &str, key: &str)
     .unwrap()
     .get(0)
 }
+
+/// A figure, not a guarantee: `claim_next` + release with 10 000 runs
+/// queued, plain, and with the first 95 % in 19 keys held at their limit
+/// (the bench's `keys20` queue): the keyed search passes the saturated
+/// keys' runs inside its index scan (no round trip, no lock), so its cost
+/// grows with the runs ahead of the first admissible one. Printed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn figure_claim_next_past_saturated_keys() {
+    let Some(url) = common::url_or_skip("scheduling_figure") else {
+        return;
+    };
+    let (store, guard) = common::store(&url, "sched_fig", None).await;
+    enqueue(&store, "run_seed", 0, None).await;
+    let raw = common::raw_client(&url, &guard.schema).await;
+    let seed = support::run("run_seed").run_id.to_string();
+    // Plain queue in project p_plain; keyed in p_keys (keys 0..18 held).
+    raw.batch_execute(&format!(
+        "INSERT INTO runs (tenant_id, project_id, session_id, run_id, parent_id, digest, checkpoint_count, created_rank, created_stamp, status)
+         SELECT r.tenant_id, 'prj_plain', r.session_id, 'run_' || lpad(g::text, 6, '0'), '', r.digest, 1, 0, 0, 'active'
+         FROM runs r, generate_series(1, 10000) g WHERE r.run_id = '{seed}';
+         INSERT INTO runs (tenant_id, project_id, session_id, run_id, parent_id, digest, checkpoint_count, created_rank, created_stamp, status, lifecycle, ckey, climit)
+         SELECT r.tenant_id, 'prj_keys', r.session_id, 'run_' || lpad(g::text, 6, '0'), '', r.digest, 1, 0, 0, 'active',
+                jsonb_build_object('concurrency', jsonb_build_object('key', 'key-' || k, 'limit', 1 + k % 3)), 'key-' || k, 1 + k % 3
+         FROM runs r, generate_series(1, 10000) g, LATERAL (SELECT CASE WHEN g <= 9500 THEN g % 19 ELSE 19 END AS k) kk
+         WHERE r.run_id = '{seed}';
+         INSERT INTO key_holdings (tenant_id, project_id, session_id, run_id, parent_id, ckey, fence, acquired_at, expires_at)
+         SELECT tenant_id, project_id, session_id, run_id, parent_id, ckey, 1, 0, 9000000000000 FROM (
+           SELECT r.*, row_number() OVER (PARTITION BY ckey ORDER BY run_id) AS n FROM runs r
+           WHERE project_id = 'prj_keys' AND ckey <> 'key-19') x WHERE n <= climit;
+         UPDATE runs SET top_kind = 1, top_fence = 1, holder = 'blocker', expires_at = 9000000000000
+         WHERE (tenant_id, project_id, session_id, run_id, parent_id) IN (SELECT tenant_id, project_id, session_id, run_id, parent_id FROM key_holdings);
+         ANALYZE runs; ANALYZE key_holdings;"
+    ))
+    .await
+    .unwrap();
+    for project in ["prj_plain", "prj_keys"] {
+        let scope = ListingScope::session(
+            support::tenant(),
+            project.parse().unwrap(),
+            support::session(),
+        );
+        let t = std::time::Instant::now();
+        let n = 30;
+        for _ in 0..n {
+            let (s, l) = store
+                .claim_next(&scope, &ClaimNextFilter::default(), &claim("w", 60_000))
+                .await
+                .unwrap()
+                .unwrap();
+            store.release(&s, l.fence).await.unwrap();
+        }
+        eprintln!(
+            "claim_next + release, 10 000 queued, {project}: {:.2} ms each",
+            t.elapsed().as_secs_f64() * 1e3 / f64::from(n)
+        );
+    }
+}
