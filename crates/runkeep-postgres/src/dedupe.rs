@@ -5,25 +5,28 @@
 //! the session and the key; taken before the run's row lock, always in
 //! that order), then the run's row (created) and lock, the clock, and the
 //! key's window with whether its run still exists. The core's
-//! `dedupe::decide` judges: an open window answers its run and the
-//! transaction rolls back; otherwise the run is enqueued as `enqueue`
+//! `dedupe::decide` judges: an open window answers its run (and its latest
+//! checkpoint, read with the window) and the transaction rolls back; otherwise the run is enqueued as `enqueue`
 //! does and the window is written (`INSERT … ON CONFLICT DO UPDATE`) with
 //! `COMMIT`, which releases the lock. Concurrent callers with one key
 //! therefore judge one after the other, and all but the first find the
 //! window open.
 
 use runkeep::scheduling::{dedupe, DedupeRecord};
+use serde_json::Value;
+
 use runkeep::{Checkpoint, Dedupe, EnqueueOptions, Enqueued, Error, Result, RunId, RunScope};
 
 use crate::db::pipeline::Stmt;
-use crate::db::row::Key;
+use crate::db::row::{checkpoint_of, Key};
 use crate::db::tx::{Opening, Verdict, Wake, Writes};
 use crate::db::Db;
 
 /// What the judge decided.
 enum Judged {
     Created(Box<Checkpoint>),
-    Existing(RunScope),
+    /// The window's run and its latest checkpoint (read with the window).
+    Existing(RunScope, Option<Box<Checkpoint>>),
 }
 
 pub(crate) async fn enqueue_once(
@@ -65,10 +68,15 @@ pub(crate) async fn enqueue_once(
     let window = Stmt::new(
         "read the idempotency key's window",
         "SELECT d.run_id, d.parent_id, d.enqueued_at, d.expires_at, \
-                coalesce(r.checkpoint_count > 0 OR r.top_kind IS NOT NULL OR r.last_seq > 0 OR r.record IS NOT NULL, false) \
+                coalesce(r.checkpoint_count > 0 OR r.top_kind IS NOT NULL OR r.last_seq > 0 OR r.record IS NOT NULL, false), \
+                c.body \
          FROM dedupe d LEFT JOIN runs r \
            ON (r.tenant_id, r.project_id, r.session_id, r.run_id, r.parent_id) \
             = (d.tenant_id, d.project_id, d.session_id, d.run_id, d.parent_id) \
+         LEFT JOIN checkpoints c \
+           ON (c.tenant_id, c.project_id, c.session_id, c.run_id, c.parent_id) \
+            = (r.tenant_id, r.project_id, r.session_id, r.run_id, r.parent_id) \
+          AND c.checkpoint_id = r.digest->'latest'->>'id' \
          WHERE d.tenant_id = $1 AND d.project_id = $2 AND d.session_id = $3 AND d.dkey = $4",
         session(4),
     );
@@ -111,7 +119,12 @@ pub(crate) async fn enqueue_once(
                 None => None,
             };
             if let Some(r) = dedupe::decide(existing.as_ref().map(|(r, e)| (r, *e)), now) {
-                return Ok(Verdict::Keep(Judged::Existing(r.scope_in(scope))));
+                let run = r.scope_in(scope);
+                let latest = match l.more[0].first().and_then(|r| r.get::<_, Option<Value>>(5)) {
+                    Some(body) => Some(Box::new(checkpoint_of(&run, body)?)),
+                    None => None,
+                };
+                return Ok(Verdict::Keep(Judged::Existing(run, latest)));
             }
             runkeep::lifecycle::check_enqueue(l.run.exists(), &scope.run_id)?;
             let mut stored = checkpoint.clone();
@@ -146,13 +159,10 @@ pub(crate) async fn enqueue_once(
             created: true,
             checkpoint: Some(*cp),
         }),
-        Judged::Existing(run) => {
-            let latest = crate::checkpoints::latest_checkpoint(db, &run).await?;
-            Ok(Enqueued {
-                run,
-                created: false,
-                checkpoint: latest,
-            })
-        }
+        Judged::Existing(run, latest) => Ok(Enqueued {
+            run,
+            created: false,
+            checkpoint: latest.map(|c| *c),
+        }),
     }
 }
