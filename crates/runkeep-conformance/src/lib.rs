@@ -305,6 +305,9 @@ macro_rules! __runkeep_cases {
             never_lets_two_clients_with_skewed_clocks_both_hold_a_live_lease,
             wakes_a_runnable_watcher_after_a_release_an_enqueue_and_a_reopen,
             wakes_an_events_watcher_after_an_append,
+            keeps_schedules_and_refuses_bad_ones,
+            moves_a_schedule_cursor_only_by_compare_and_set,
+            enqueues_each_tick_once_whoever_runs_the_scheduler,
         }
     };
     // Writes made for a principal (`cases::actors`): in process only, where

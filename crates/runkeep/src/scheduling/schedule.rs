@@ -6,8 +6,10 @@
 //! - A [`Schedule`] lives in one session (the queue its runs go to) under a
 //!   name unique in that session. Its runs are enqueued there.
 //! - **One run per tick, whoever enqueues it.** The run of the tick at
-//!   instant `t` has the id [`run_id_for`]`(name, t)`: the name, a dash and
-//!   the tick in UTC (`20261206T212130Z`, a fixed 16 characters). Any number
+//!   instant `t` has the id [`run_id_for`]`(name, t)`: `run_`, the name, a
+//!   dash and the tick in UTC (`run_nightly-20261206T212130Z`; the tick is a
+//!   fixed 16 characters, so the id names one schedule and one tick; `run_`
+//!   because a directory store lists only `run_*` runs). Any number
 //!   of schedulers (CLI loops, servers) enqueue the same tick under the same
 //!   id; the store's `enqueue` answers `Conflict` to all but the first, and a
 //!   scheduler counts that as done. No lock between schedulers is needed for
@@ -49,7 +51,7 @@ use crate::scope::{ListingScope, RunScope};
 use crate::store::CheckpointStore;
 use crate::time::{Timestamp, Ttl};
 
-/// The longest schedule name, in bytes (the run id adds 17).
+/// The longest schedule name, in bytes (the run id adds 21).
 pub const MAX_NAME_LEN: usize = 64;
 /// The most missed ticks one catch-up enqueues.
 pub const MAX_CATCH_UP: u32 = 1000;
@@ -228,7 +230,7 @@ impl Schedule {
                 self.name
             )));
         }
-        let probe = RunId::new(format!("{}-20000101T000000Z", self.name))?;
+        let probe = RunId::new(format!("run_{}-20000101T000000Z", self.name))?;
         self.options.enqueue_options()?.validate(&probe)?;
         if self.next_tick_after(self.base()).is_none() {
             return Err(Error::invalid(format!(
@@ -313,11 +315,11 @@ fn next_after(cron: &Cron, tz: Tz, after: Timestamp) -> Option<Timestamp> {
     (t > after).then_some(t)
 }
 
-/// The run id of `name`'s tick at `tick`: `{name}-{YYYYMMDDTHHMMSSZ}`
+/// The run id of `name`'s tick at `tick`: `run_{name}-{YYYYMMDDTHHMMSSZ}`
 /// (the tick in UTC; a tick is a whole second).
 pub fn run_id_for(name: &str, tick: Timestamp) -> RunId {
     let at = DateTime::<Utc>::from_timestamp_millis(tick.as_millis()).unwrap_or_default();
-    RunId::new(format!("{name}-{}", at.format("%Y%m%dT%H%M%SZ")))
+    RunId::new(format!("run_{name}-{}", at.format("%Y%m%dT%H%M%SZ")))
         .expect("a checked schedule name and a UTC instant make a valid run id")
 }
 
@@ -607,7 +609,7 @@ mod tests {
         let t = at("2026-12-06T21:21:30Z");
         assert_eq!(
             run_id_for("nightly", t).as_str(),
-            "nightly-20261206T212130Z"
+            "run_nightly-20261206T212130Z"
         );
         assert_eq!(run_id_for("nightly", t), run_id_for("nightly", t));
         assert_ne!(
