@@ -64,6 +64,9 @@ enum Flaw {
     ForgetsTheTimeouts,
     /// `checkpoint_ids` ignores `before` (an index walked from the top).
     IdsIgnoreBefore,
+    /// `advance_schedule` ignores the cursor the caller read: every
+    /// advance wins (no compare-and-set).
+    AdvancesFromAnyCursor,
 }
 
 #[derive(Debug)]
@@ -350,6 +353,30 @@ impl Intercept for Broken {
             return self.inner.release(s, fence).await;
         }
         self.inner.snooze(s, fence, until).await
+    }
+    async fn advance_schedule(
+        &self,
+        session: &ListingScope,
+        name: &str,
+        from: Option<Timestamp>,
+        to: Timestamp,
+    ) -> Result<bool> {
+        if self.flaw == Flaw::AdvancesFromAnyCursor {
+            // Reads the cursor and moves from it, whatever the caller read.
+            let stored = self
+                .inner
+                .get_schedule(session, name)
+                .await?
+                .ok_or_else(|| Error::NotFound { what: name.into() })?;
+            if stored.cursor.is_some_and(|c| to <= c) {
+                return Ok(true);
+            }
+            return self
+                .inner
+                .advance_schedule(session, name, stored.cursor, to)
+                .await;
+        }
+        self.inner.advance_schedule(session, name, from, to).await
     }
     async fn checkpoint_ids(
         &self,
@@ -988,5 +1015,18 @@ async fn a_store_whose_checkpoint_ids_ignore_before_fails_the_ids_case() {
     assert_fails_exactly(
         &failed,
         &["lists_checkpoint_ids_by_prefix_before_and_limit_greatest_first"],
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_store_whose_schedule_advance_ignores_the_cursor_read_fails_the_cas_case() {
+    let failed = failures(
+        Broken::on(Flaw::AdvancesFromAnyCursor),
+        runkeep_conformance::CONTRACT_VERSION,
+    )
+    .await;
+    assert_fails_exactly(
+        &failed,
+        &["moves_a_schedule_cursor_only_by_compare_and_set"],
     );
 }
