@@ -261,6 +261,24 @@ impl Schedule {
         next_after(&cron, tz, after)
     }
 
+    /// Pauses or resumes it at `now`: a resume of a paused schedule sets
+    /// `resumed_at`, so the ticks of the pause are not due.
+    pub fn set_paused(&mut self, paused: bool, now: Timestamp) {
+        if self.paused && !paused {
+            self.resumed_at = Some(now);
+        }
+        self.paused = paused;
+    }
+
+    /// The next tick a scheduler would enqueue at `now` (`None` while
+    /// paused).
+    pub fn next_tick(&self, now: Timestamp) -> Option<Timestamp> {
+        if self.paused {
+            return None;
+        }
+        self.next_tick_after(self.base().max(now.offset(-1)))
+    }
+
     /// The run id of the last tick enqueued.
     pub fn last_run(&self) -> Option<RunId> {
         self.cursor.map(|t| run_id_for(&self.name, t))
@@ -688,6 +706,72 @@ mod tests {
         assert_eq!(
             ticks_due(&s, start.offset(7000)).unwrap(),
             vec![start.offset(6000), start.offset(7000)]
+        );
+    }
+
+    /// The scheduler did not run for 10 ticks: a skip schedule enqueues the
+    /// newest only, a catch-up one the newest `max`, and the cursor of both
+    /// moves to the newest tick (the rest are skipped for good).
+    #[tokio::test]
+    async fn missed_ticks_follow_the_policy_through_a_store() {
+        use crate::memory::MemoryStore;
+        use crate::time::ManualClock;
+        let start = at("2026-01-01T00:00:00Z");
+        let clock = ManualClock::new(start);
+        let store = MemoryStore::with_clock(std::sync::Arc::new(clock.clone()));
+        let session = ListingScope::session(
+            "t".parse().unwrap(),
+            "p".parse().unwrap(),
+            "s".parse().unwrap(),
+        );
+        let mut skip = Schedule::new("skip", "* * * * * *", start);
+        skip.missed = MissedTicks::Skip;
+        let mut catch = Schedule::new("catch", "* * * * * *", start);
+        catch.missed = MissedTicks::CatchUp { max: 4 };
+        store.put_schedule(&session, &skip).await.unwrap();
+        store.put_schedule(&session, &catch).await.unwrap();
+        // One pass at +1 s: both enqueue their first tick.
+        let passes = run_due(&store, &session, start.offset(1000)).await.unwrap();
+        assert!(passes.iter().all(|p| p.enqueued.len() == 1 && p.advanced));
+        // Nothing runs for 10 ticks.
+        let now = start.offset(11_000);
+        let passes = run_due(&store, &session, now).await.unwrap();
+        let by = |n: &str| passes.iter().find(|p| p.name == n).unwrap().clone();
+        assert_eq!(by("skip").enqueued, vec![run_id_for("skip", now)]);
+        assert_eq!(
+            by("catch").enqueued,
+            (8..=11)
+                .map(|s| run_id_for("catch", start.offset(s * 1000)))
+                .collect::<Vec<_>>()
+        );
+        for name in ["skip", "catch"] {
+            let s = store.get_schedule(&session, name).await.unwrap().unwrap();
+            assert_eq!(s.cursor, Some(now), "{name}'s cursor");
+        }
+        // The skipped ticks stay skipped: nothing is due at the same instant.
+        let again = run_due(&store, &session, now).await.unwrap();
+        assert!(again.iter().all(|p| p.enqueued.is_empty()));
+        // A pause of 5 ticks, then a resume: none of the pause's ticks.
+        let mut c = store
+            .get_schedule(&session, "catch")
+            .await
+            .unwrap()
+            .unwrap();
+        c.set_paused(true, now);
+        store.put_schedule(&session, &c).await.unwrap();
+        let paused = run_due(&store, &session, now.offset(3000)).await.unwrap();
+        assert!(paused
+            .iter()
+            .find(|p| p.name == "catch")
+            .unwrap()
+            .enqueued
+            .is_empty());
+        c.set_paused(false, now.offset(5500));
+        store.put_schedule(&session, &c).await.unwrap();
+        let resumed = run_due(&store, &session, now.offset(6000)).await.unwrap();
+        assert_eq!(
+            resumed.iter().find(|p| p.name == "catch").unwrap().enqueued,
+            vec![run_id_for("catch", now.offset(6000))]
         );
     }
 
