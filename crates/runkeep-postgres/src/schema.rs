@@ -13,11 +13,13 @@ use tokio_postgres::Client;
 use crate::error::map_pg;
 
 /// The schema version this binary writes and reads.
-pub const SCHEMA_VERSION: i32 = 2;
+pub const SCHEMA_VERSION: i32 = 4;
 
 /// The migrations, in order: `(version, SQL)`. Never edit a released one;
 /// add the next.
-pub const MIGRATIONS: &[(i32, &str)] = &[(1, V1), (2, V2)];
+// Version 3 is reserved for the priorities/concurrency/dedupe migration
+// (issue 30, merged separately); 4 adds the schedules.
+pub const MIGRATIONS: &[(i32, &str)] = &[(1, V1), (2, V2), (4, V4)];
 
 /// Version 1: runs (the lease row, lifecycle, digest and documents),
 /// checkpoints, events and audit records.
@@ -134,6 +136,20 @@ CREATE TABLE audit (
 /// without it, in one run (`BENCHMARKS.md`). Pages written before the
 /// migration keep their fill until rewritten (`VACUUM FULL runs`).
 const V2: &str = "ALTER TABLE runs SET (fillfactor = 70);";
+
+/// Recurring schedules (crates/runkeep-postgres/src/schedules.rs): the
+/// schedule without its cursor as `body`, the cursor (epoch ms) apart.
+const V4: &str = r#"
+CREATE TABLE schedules (
+    tenant_id  text COLLATE "C" NOT NULL,
+    project_id text COLLATE "C" NOT NULL,
+    session_id text COLLATE "C" NOT NULL,
+    name       text COLLATE "C" NOT NULL,
+    body       jsonb NOT NULL,
+    cursor_at  bigint,
+    PRIMARY KEY (tenant_id, project_id, session_id, name)
+);
+"#;
 
 /// Quotes a validated schema name as an identifier.
 pub(crate) fn ident(schema: &str) -> String {
