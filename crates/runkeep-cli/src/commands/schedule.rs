@@ -332,6 +332,11 @@ async fn run_loop(ctx: &Ctx, args: RunArgs) -> CliResult<Exit> {
     let scope = ctx.scope.listing()?;
     let opened = ctx.store().await?;
     let store = opened.store.clone();
+    if args.once {
+        let passes = schedule::run_due(store.as_ref(), &scope, store.now()).await?;
+        report(ctx, &passes)?;
+        return Ok(Exit::Ok);
+    }
     let until = args
         .run_for
         .map(|d| {
@@ -340,21 +345,35 @@ async fn run_loop(ctx: &Ctx, args: RunArgs) -> CliResult<Exit> {
                 .map_err(|e| CliError::usage(format!("--for: {}", CliError::from(e).message)))
         })
         .transpose()?;
-    let mut stop = Box::pin(async {
-        let _ = tokio::signal::ctrl_c().await;
-    });
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => Ok(Exit::Ok),
+        r = drive(ctx, store.as_ref(), &scope, args.poll, until) => r.map(|_| Exit::Ok),
+    }
+}
+
+/// The scheduler loop over every schedule under `scope`: a pass, then a
+/// sleep until the earliest next tick (at most `poll`), until `until` (a
+/// last pass is made at or after it) or forever. A pass that fails is
+/// reported and the loop goes on. Used by `runkeep schedule run` and
+/// `runkeep serve --schedules`.
+pub async fn drive(
+    ctx: &Ctx,
+    store: &dyn RunStore,
+    scope: &ListingScope,
+    poll: Duration,
+    until: Option<Timestamp>,
+) -> CliResult<()> {
     loop {
         let now = store.now();
-        let passes = schedule::run_due(store.as_ref(), &scope, now).await?;
-        report(ctx, &passes)?;
-        if args.once || until.is_some_and(|u| now >= u) {
-            return Ok(Exit::Ok);
+        match schedule::run_due(store, scope, now).await {
+            Ok(passes) => report(ctx, &passes)?,
+            Err(e) => crate::output::warn(&format!("scheduler pass over {scope}: {e}")),
         }
-        let wait = next_wait(store.as_ref(), &scope, now, args.poll, until).await;
-        tokio::select! {
-            _ = &mut stop => return Ok(Exit::Ok),
-            _ = tokio::time::sleep(wait) => {}
+        if until.is_some_and(|u| now >= u) {
+            return Ok(());
         }
+        let wait = next_wait(store, scope, now, poll, until).await;
+        tokio::time::sleep(wait).await;
     }
 }
 
