@@ -210,8 +210,7 @@ fn three_scheduler_processes_enqueue_each_tick_exactly_once() {
                 .unwrap()
         })
         .collect();
-    let mut created_by: BTreeMap<String, Vec<usize>> = BTreeMap::new();
-    let mut seen: BTreeSet<String> = BTreeSet::new();
+    let mut outputs = Vec::new();
     for (i, child) in children.iter_mut().enumerate() {
         let status = wait_within(child, Duration::from_secs(120), "a scheduler");
         let mut out = String::new();
@@ -220,11 +219,42 @@ fn three_scheduler_processes_enqueue_each_tick_exactly_once() {
         std::io::Read::read_to_string(child.stderr.as_mut().unwrap(), &mut err).unwrap();
         assert!(status.success(), "scheduler {i} failed: {err}");
         assert!(err.is_empty(), "scheduler {i} warned: {err}");
+        outputs.push(out);
+    }
+    let stored = runs_of(&json(root, &["runs", "--limit", "1000"]));
+    let cursor = json(root, &["schedule", "show", "tick"])["cursor"]
+        .as_i64()
+        .unwrap();
+    each_tick_once(&outputs, &stored, created, cursor);
+}
+
+/// The run ids of a `runs --json` page.
+fn runs_of(page: &Value) -> BTreeSet<String> {
+    page["entries"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["runId"].as_str().unwrap().to_string())
+        .collect()
+}
+
+/// Checks the JSON lines of each scheduler (`outputs`) and the runs in the
+/// store: every tick after `created` up to `cursor` (epoch ms) has exactly
+/// one run, created by exactly one scheduler.
+fn each_tick_once(outputs: &[String], stored: &BTreeSet<String>, created: i64, cursor: i64) {
+    let mut created_by: BTreeMap<String, Vec<usize>> = BTreeMap::new();
+    let mut seen: BTreeSet<String> = BTreeSet::new();
+    for (i, out) in outputs.iter().enumerate() {
         for line in out.lines() {
-            let v: Value = serde_json::from_str(line).unwrap();
+            let Ok(v) = serde_json::from_str::<Value>(line) else {
+                continue;
+            };
+            let Some(outcome) = v["outcome"].as_str() else {
+                continue;
+            };
             let run = v["run"].as_str().unwrap().to_string();
-            eprintln!("scheduler {i}: {} {run}", v["outcome"].as_str().unwrap());
-            if v["outcome"] == "enqueued" {
+            eprintln!("scheduler {i}: {outcome:<8} {run}");
+            if outcome == "enqueued" {
                 created_by.entry(run.clone()).or_default().push(i);
             }
             seen.insert(run);
@@ -240,20 +270,10 @@ fn three_scheduler_processes_enqueue_each_tick_exactly_once() {
         "a run some scheduler saw as already enqueued was created by none of them"
     );
     // The runs in the store are exactly those, one per tick, none missing.
-    let runs = json(root, &["runs", "--limit", "1000"]);
-    let stored: BTreeSet<String> = runs["entries"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|r| r["runId"].as_str().unwrap().to_string())
-        .collect();
-    assert_eq!(stored, created_by.keys().cloned().collect::<BTreeSet<_>>());
+    assert_eq!(*stored, created_by.keys().cloned().collect::<BTreeSet<_>>());
     let ticks: Vec<i64> = stored.iter().map(|r| tick_of(r)).collect();
     let first = created / 1000 + 1;
-    let cursor = json(root, &["schedule", "show", "tick"])["cursor"]
-        .as_i64()
-        .unwrap()
-        / 1000;
+    let cursor = cursor / 1000;
     assert_eq!(
         ticks,
         (first..=cursor).collect::<Vec<_>>(),
@@ -268,8 +288,146 @@ fn three_scheduler_processes_enqueue_each_tick_exactly_once() {
         "{} ticks, {} runs, each created once by one of 3 schedulers (created per scheduler: {:?})",
         ticks.len(),
         stored.len(),
-        (0..3)
+        (0..outputs.len())
             .map(|i| created_by.values().filter(|b| b[0] == i).count())
             .collect::<Vec<_>>()
     );
+}
+
+/// Three `runkeep serve --schedules` over one PostgreSQL schema, stopped
+/// (SIGTERM) once the cursor is five ticks past creation: each tick has
+/// exactly one run, created by exactly one server. Skipped without
+/// `RUNKEEP_TEST_POSTGRES_URL`.
+#[test]
+fn three_servers_over_one_postgres_enqueue_each_tick_exactly_once() {
+    let Ok(url) = std::env::var("RUNKEEP_TEST_POSTGRES_URL") else {
+        eprintln!("SKIPPED: RUNKEEP_TEST_POSTGRES_URL is not set");
+        return;
+    };
+    let schema = format!(
+        "rkcli_sched_{}_{}",
+        std::process::id(),
+        runkeep::id::random_suffix(4)
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let pg = |args: &[&str]| {
+        let mut c = runkeep();
+        c.args([
+            "--store",
+            &url,
+            "--pg-schema",
+            &schema,
+            "--project",
+            "prj_s",
+        ])
+        .args(args);
+        c
+    };
+    let pg_json = |args: &[&str]| -> Value {
+        let out = pg(&[&["--json"], args].concat()).output().unwrap();
+        serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+            panic!(
+                "not JSON ({e}) from {args:?}: {}",
+                String::from_utf8_lossy(&out.stderr)
+            )
+        })
+    };
+    pg(&["migrate"]).assert().success();
+    pg(&[
+        "schedule",
+        "create",
+        "tick",
+        "--cron",
+        "* * * * * *",
+        "--missed",
+        "catch-up:100",
+    ])
+    .assert()
+    .success();
+    let created = pg_json(&["schedule", "show", "tick"])["createdAt"]
+        .as_i64()
+        .unwrap();
+    let bin = assert_cmd::cargo::cargo_bin("runkeep");
+    let mut children: Vec<_> = (0..3)
+        .map(|i| {
+            Command::new(&bin)
+                .env_remove("RUNKEEP_STORE")
+                .env_remove("RUNKEEP_TENANT")
+                .env_remove("RUNKEEP_SESSION")
+                .env_remove("RUNKEEP_TOKENS")
+                .env("NO_COLOR", "1")
+                .args([
+                    "--store",
+                    &url,
+                    "--pg-schema",
+                    &schema,
+                    "--project",
+                    "prj_s",
+                    "--json",
+                ])
+                .args([
+                    "serve",
+                    "--schedules",
+                    "--listen",
+                    "127.0.0.1:0",
+                    "--tokens",
+                ])
+                .arg(dir.path().join(format!("tokens{i}.json")))
+                .arg("--token-out")
+                .arg(dir.path().join(format!("token{i}")))
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped())
+                .spawn()
+                .unwrap()
+        })
+        .collect();
+    // Until the cursor is five ticks past creation (no timed assertion:
+    // the schedulers' progress is what is waited for, bounded).
+    let deadline = std::time::Instant::now() + Duration::from_secs(120);
+    loop {
+        let s = pg_json(&["schedule", "show", "tick"]);
+        if s["cursor"].as_i64().is_some_and(|c| c >= created + 5000) {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the servers enqueued no 5 ticks in 120 s"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    for c in &children {
+        Command::new("kill")
+            .args(["-TERM", &c.id().to_string()])
+            .status()
+            .unwrap();
+    }
+    let mut outputs = Vec::new();
+    for (i, child) in children.iter_mut().enumerate() {
+        let status = wait_within(child, Duration::from_secs(60), "a server");
+        let mut out = String::new();
+        std::io::Read::read_to_string(child.stdout.as_mut().unwrap(), &mut out).unwrap();
+        let mut err = String::new();
+        std::io::Read::read_to_string(child.stderr.as_mut().unwrap(), &mut err).unwrap();
+        assert!(status.success(), "server {i} failed: {err}");
+        outputs.push(out);
+    }
+    let stored = runs_of(&pg_json(&["runs", "--limit", "1000"]));
+    let cursor = pg_json(&["schedule", "show", "tick"])["cursor"]
+        .as_i64()
+        .unwrap();
+    each_tick_once(&outputs, &stored, created, cursor);
+    let _ = pg(&["runs"]).output();
+    // The schema is the test's own: drop it.
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        if let Ok((client, conn)) = tokio_postgres::connect(&url, tokio_postgres::NoTls).await {
+            tokio::spawn(conn);
+            let _ = client
+                .simple_query(&format!("DROP SCHEMA IF EXISTS {schema} CASCADE"))
+                .await;
+        }
+    });
 }
