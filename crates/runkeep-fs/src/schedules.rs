@@ -122,7 +122,11 @@ pub(crate) fn put(inner: &Inner, session: &ListingScope, incoming: &Schedule) ->
     inner.check_poison()?;
     let _lock = lock(inner, &incoming.name)?;
     let existing = read(&file(inner, &incoming.name))?;
-    let stored = schedule::on_put(existing.as_ref().map(|s| &s.schedule), incoming)?;
+    let stored = schedule::on_put(
+        existing.as_ref().map(|s| &s.schedule),
+        incoming,
+        inner.now(),
+    )?;
     write(
         inner,
         &Stored {

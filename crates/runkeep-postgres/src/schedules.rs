@@ -46,7 +46,7 @@ fn from_row(body: Value, cursor: Option<i64>) -> Result<Schedule> {
 
 pub(crate) async fn put(db: &Db, session: &ListingScope, incoming: &Schedule) -> Result<Schedule> {
     let (_, k) = key(session)?;
-    let created = schedule::on_put(None, incoming)?;
+    let created = schedule::on_put(None, incoming, db.now())?;
     let mut c = db.conn("put_schedule").await?;
     let tx = c
         .transaction()
@@ -79,7 +79,7 @@ pub(crate) async fn put(db: &Db, session: &ListingScope, incoming: &Schedule) ->
             .await
             .map_err(|e| map_pg("put_schedule: lock", e))?;
         let existing = from_row(row.get(0), row.get(1))?;
-        let stored = schedule::on_put(Some(&existing), incoming)?;
+        let stored = schedule::on_put(Some(&existing), incoming, db.now())?;
         tx.execute(
             "UPDATE schedules SET body = $5
              WHERE tenant_id = $1 AND project_id = $2 AND session_id = $3 AND name = $4",

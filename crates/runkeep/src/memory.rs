@@ -677,7 +677,11 @@ impl CheckpointStore for MemoryStore {
         let session = schedule::session_of(session)?;
         let mut all = self.schedules.lock().unwrap_or_else(|p| p.into_inner());
         let slot = (session.to_string(), schedule.name.clone());
-        let stored = schedule::on_put(all.get(&slot).map(|e| &e.schedule), schedule)?;
+        let stored = schedule::on_put(
+            all.get(&slot).map(|e| &e.schedule),
+            schedule,
+            self.clock.now(),
+        )?;
         all.insert(
             slot,
             ScheduleEntry {

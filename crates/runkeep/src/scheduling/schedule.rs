@@ -378,10 +378,17 @@ pub fn ticks_due(schedule: &Schedule, now: Timestamp) -> Result<Vec<Timestamp>> 
     }
 }
 
-/// The stored schedule after a put of `incoming` over `existing`: a new
-/// one starts with no cursor; a replacement keeps the stored `created_at`
-/// and cursor (only `advance_schedule` moves it).
-pub fn on_put(existing: Option<&Schedule>, incoming: &Schedule) -> Result<Schedule> {
+/// The stored schedule after a put of `incoming` over `existing` at `now`
+/// (the store's clock): a new one starts with no cursor; a replacement
+/// keeps the stored `created_at` and cursor (only `advance_schedule` moves
+/// it), and one that resumes a paused schedule without a newer
+/// `resumed_at` of its own is resumed at `now` (so every client's resume
+/// drops the pause's ticks).
+pub fn on_put(
+    existing: Option<&Schedule>,
+    incoming: &Schedule,
+    now: Timestamp,
+) -> Result<Schedule> {
     incoming.validate()?;
     let mut stored = incoming.clone();
     match existing {
@@ -389,6 +396,9 @@ pub fn on_put(existing: Option<&Schedule>, incoming: &Schedule) -> Result<Schedu
         Some(old) => {
             stored.created_at = old.created_at;
             stored.cursor = old.cursor;
+            if old.paused && !incoming.paused && incoming.resumed_at <= old.resumed_at {
+                stored.resumed_at = Some(now);
+            }
         }
     }
     Ok(stored)
@@ -800,13 +810,18 @@ mod tests {
         old.cursor = Some(t0.offset(60_000));
         let mut new = Schedule::new("n", "*/2 * * * *", t0.offset(999_000));
         new.cursor = None;
-        let stored = on_put(Some(&old), &new).unwrap();
+        let stored = on_put(Some(&old), &new, t0).unwrap();
         assert_eq!(stored.cursor, old.cursor);
         assert_eq!(stored.created_at, t0);
         assert_eq!(stored.cron, "*/2 * * * *");
         let mut created = new.clone();
         created.cursor = Some(t0);
-        assert_eq!(on_put(None, &created).unwrap().cursor, None);
+        assert_eq!(on_put(None, &created, t0).unwrap().cursor, None);
+        // A put that unpauses resumes at the store's instant.
+        let mut paused = old.clone();
+        paused.paused = true;
+        let resumed = on_put(Some(&paused), &old, t0.offset(5000)).unwrap();
+        assert_eq!(resumed.resumed_at, Some(t0.offset(5000)));
 
         let mut s = stored;
         assert!(!advance(&mut s, None, t0.offset(120_000)).unwrap());
