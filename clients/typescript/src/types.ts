@@ -355,6 +355,8 @@ export type ScheduleList = Wire<S["ScheduleList"]>;
 export type MaybeSchedule = Wire<S["MaybeSchedule"]>;
 /** The missed-tick policy of a schedule. */
 export type MissedBody = Wire<S["MissedBody"]>;
+/** Which missed-tick policy: `skip` or `catchUp`. */
+export type MissedPolicy = S["MissedPolicy"];
 
 /** The session a schedule lives in (the tenant defaults to the client's). */
 export interface SessionRef {
