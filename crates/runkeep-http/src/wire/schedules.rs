@@ -171,7 +171,7 @@ impl ScheduleBody {
             max_attempts: self.max_attempts,
             retention_ms: self.retention_ms,
         };
-        s.validate().map_err(|e| Problem::from(e))?;
+        s.validate().map_err(Problem::from)?;
         Ok(s)
     }
 }
