@@ -72,6 +72,10 @@ import type {
   ThreadCheckpointRef,
   ThreadCheckpointsDeleted,
   ThreadListQuery,
+  ScheduleBody,
+  ScheduleList,
+  MaybeSchedule,
+  SessionRef,
   ThreadsListQuery,
   ResolutionBody,
   RunAddress,
@@ -201,6 +205,11 @@ export const OPERATIONS = {
   delete_thread: ["DELETE", "{run}/thread", "deleteThread"],
   delete_thread_checkpoints: ["POST", "{run}/thread/checkpoints/delete", "deleteThreadCheckpoints"],
   list_threads_checkpoints: ["GET", "/v1/tenants/{tenant}/thread-checkpoints", "listThreadsCheckpoints"],
+  list_schedules: ["GET", "/v1/tenants/{tenant}/schedules", "listSchedules"],
+  put_schedule: ["PUT", "/v1/tenants/{tenant}/projects/{project}/sessions/{session}/schedules/{schedule}", "putSchedule"],
+  get_schedule: ["GET", "/v1/tenants/{tenant}/projects/{project}/sessions/{session}/schedules/{schedule}", "getSchedule"],
+  delete_schedule: ["DELETE", "/v1/tenants/{tenant}/projects/{project}/sessions/{session}/schedules/{schedule}", "deleteSchedule"],
+  advance_schedule: ["POST", "/v1/tenants/{tenant}/projects/{project}/sessions/{session}/schedules/{schedule}/advance", "advanceSchedule"],
 } as const satisfies Record<string, readonly [string, string, keyof RunkeepClient]>;
 
 /** The name of an operation ({@link OPERATIONS}). */
@@ -349,17 +358,24 @@ export class RunkeepClient {
   private async path(
     op: Operation,
     options: CallOptions,
-    target: { run?: RunRef | undefined; checkpoint?: string | undefined } = {},
+    target: {
+      run?: RunRef | undefined;
+      checkpoint?: string | undefined;
+      session?: SessionRef | undefined;
+      schedule?: string | undefined;
+    } = {},
   ): Promise<{ path: string; query: Query }> {
-    const { run, checkpoint } = target;
+    const { run, checkpoint, session, schedule } = target;
     const template = OPERATIONS[op][1].replace(/^\{run\}/, RUN_PATH);
     const ids: Record<string, string | undefined> = {
-      project: run?.projectId,
-      session: run?.sessionId,
+      project: run?.projectId ?? session?.projectId,
+      session: run?.sessionId ?? session?.sessionId,
       run: run?.runId,
       checkpoint,
+      schedule,
     };
-    if (template.includes("{tenant}")) ids.tenant = run?.tenantId ?? (await this.defaultTenant(options));
+    if (template.includes("{tenant}"))
+      ids.tenant = run?.tenantId ?? session?.tenantId ?? (await this.defaultTenant(options));
     const path = template.replace(/\{(\w+)\}/g, (_, name: string) => {
       const id = ids[name];
       if (id === undefined) throw new TypeError(`RunkeepClient: ${op} needs {${name}}`);
@@ -376,6 +392,66 @@ export class RunkeepClient {
   private async runWrite<T>(op: Operation, run: RunRef, body: unknown, options: CallOptions, checkpoint?: string): Promise<T> {
     const p = await this.path(op, options, { run, checkpoint });
     return this.call<T>(op, p.path, { query: p.query, body, signal: options.signal });
+  }
+
+  // ---- recurring schedules ------------------------------------------------
+
+  /**
+   * The tenant's recurring schedules (`GET …/schedules`), narrowed to a
+   * project and a session in it; each with its `nextTick` and `lastRun`.
+   */
+  async listSchedules(
+    query: { project?: string; session?: string } = {},
+    options: CallOptions = {},
+  ): Promise<ScheduleList> {
+    return this.call("list_schedules", (await this.path("list_schedules", options)).path, {
+      query: { project: query.project, session: query.session },
+      signal: options.signal,
+    });
+  }
+
+  /**
+   * Creates or replaces a schedule (operator, `PUT …/schedules/{name}`): its
+   * cron (5 fields, or 6 with seconds first) in its time zone enqueues one
+   * run per tick, `run_<name>-<YYYYMMDDTHHMMSSZ>`. A replacement keeps the
+   * stored creation time and cursor.
+   */
+  async putSchedule(
+    session: SessionRef,
+    name: string,
+    body: Omit<ScheduleBody, "name"> & { name?: string },
+    options: CallOptions = {},
+  ): Promise<ScheduleBody> {
+    const p = await this.path("put_schedule", options, { session, schedule: name });
+    return this.call("put_schedule", p.path, { body: { ...body, name }, signal: options.signal });
+  }
+
+  /** One schedule (`GET …/schedules/{name}`), `null` when there is none. */
+  async getSchedule(session: SessionRef, name: string, options: CallOptions = {}): Promise<ScheduleBody | null> {
+    const p = await this.path("get_schedule", options, { session, schedule: name });
+    const r = await this.call<MaybeSchedule>("get_schedule", p.path, { signal: options.signal });
+    return r.schedule ?? null;
+  }
+
+  /** Deletes a schedule (operator, `DELETE …/schedules/{name}`); its runs stay. */
+  async deleteSchedule(session: SessionRef, name: string, options: CallOptions = {}): Promise<Done> {
+    const p = await this.path("delete_schedule", options, { session, schedule: name });
+    return this.call("delete_schedule", p.path, { signal: options.signal });
+  }
+
+  /**
+   * Moves a schedule's cursor from `from` (absent: none yet) to `to`,
+   * compare-and-set (`POST …/schedules/{name}/advance`): what a scheduler
+   * does after enqueueing a tick's run; `done: false` when another moved it.
+   */
+  async advanceSchedule(
+    session: SessionRef,
+    name: string,
+    cursor: { from?: number; to: number },
+    options: CallOptions = {},
+  ): Promise<Done> {
+    const p = await this.path("advance_schedule", options, { session, schedule: name });
+    return this.call("advance_schedule", p.path, { body: cursor, signal: options.signal });
   }
 
   // ---- the store and the token ------------------------------------------

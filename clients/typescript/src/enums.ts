@@ -21,6 +21,7 @@ export const ENUMS = {
   FinishStatusBody: every<T.FinishStatus>()(["completed", "failed", "cancelled"]),
   OrderBody: every<T.Order>()(["runId", "createdAt"]),
   MessagesKind: every<T.MessagesKind>()(["available", "legacy-unverified", "unavailable"]),
+  MissedPolicy: every<T.MissedPolicy>()(["skip", "catchUp"]),
 } as const;
 
 /** Every tagged union the client types: schema name → tag → its values. */

@@ -344,3 +344,23 @@ export interface ThreadsListQuery {
   limit?: number;
   filter?: JsonObject;
 }
+
+/** A recurring schedule: a cron in a time zone that enqueues one run per tick. */
+export type ScheduleBody = Wire<S["ScheduleBody"]>;
+/** A schedule with its session (a listing's entry). */
+export type ScheduleEntryBody = Wire<S["ScheduleEntryBody"]>;
+/** The schedules under a scope. */
+export type ScheduleList = Wire<S["ScheduleList"]>;
+/** One schedule, or `null`. */
+export type MaybeSchedule = Wire<S["MaybeSchedule"]>;
+/** The missed-tick policy of a schedule. */
+export type MissedBody = Wire<S["MissedBody"]>;
+/** Which missed-tick policy: `skip` or `catchUp`. */
+export type MissedPolicy = S["MissedPolicy"];
+
+/** The session a schedule lives in (the tenant defaults to the client's). */
+export interface SessionRef {
+  tenantId?: string;
+  projectId: string;
+  sessionId: string;
+}

@@ -166,6 +166,9 @@ pub enum Command {
     /// Bearer tokens of `runkeep serve`: create (the secret is shown once), list, revoke.
     #[command(subcommand)]
     Token(commands::token::TokenCommand),
+    /// Recurring schedules: a cron that enqueues one run per tick; `schedule run` is the scheduler.
+    #[command(subcommand)]
+    Schedule(commands::schedule::ScheduleCommand),
     /// One worker process of a soak (internal).
     #[command(hide = true)]
     SoakWorker(crate::soak::SoakWorkerArgs),

@@ -63,6 +63,7 @@ async fn dispatch(cli: Cli) -> CliResult<Exit> {
         Command::SoakWorker(args) => soak::run_worker(&ctx, args).await,
         Command::Serve(args) => commands::serve::run(&ctx, args).await,
         Command::Token(command) => commands::token::run(&ctx, command).await,
+        Command::Schedule(command) => commands::schedule::run(&ctx, command).await,
     }
 }
 

@@ -70,6 +70,7 @@
 use std::ops::{Deref, DerefMut};
 
 use async_trait::async_trait;
+use runkeep::scheduling::schedule::{Schedule, ScheduleEntry};
 use runkeep::{
     AttemptError, AuditRecord, Checkpoint, CheckpointId, CheckpointStore, ClaimNextFilter,
     ClaimOptions, ClaimOutcome, Dedupe, EnqueueOptions, Enqueued, EventBatch, EvidenceStore, Fence,
@@ -259,6 +260,37 @@ pub trait Intercept: Send + Sync + std::fmt::Debug {
     /// [`CheckpointStore::key_holdings`]; forwards.
     async fn key_holdings(&self, session: &ListingScope, key: &str) -> Result<Vec<KeyHolding>> {
         self.inner().key_holdings(session, key).await
+    }
+
+    /// [`CheckpointStore::put_schedule`]; forwards.
+    async fn put_schedule(&self, session: &ListingScope, schedule: &Schedule) -> Result<Schedule> {
+        self.inner().put_schedule(session, schedule).await
+    }
+
+    /// [`CheckpointStore::get_schedule`]; forwards.
+    async fn get_schedule(&self, session: &ListingScope, name: &str) -> Result<Option<Schedule>> {
+        self.inner().get_schedule(session, name).await
+    }
+
+    /// [`CheckpointStore::list_schedules`]; forwards.
+    async fn list_schedules(&self, scope: &ListingScope) -> Result<Vec<ScheduleEntry>> {
+        self.inner().list_schedules(scope).await
+    }
+
+    /// [`CheckpointStore::delete_schedule`]; forwards.
+    async fn delete_schedule(&self, session: &ListingScope, name: &str) -> Result<bool> {
+        self.inner().delete_schedule(session, name).await
+    }
+
+    /// [`CheckpointStore::advance_schedule`]; forwards.
+    async fn advance_schedule(
+        &self,
+        session: &ListingScope,
+        name: &str,
+        from: Option<Timestamp>,
+        to: Timestamp,
+    ) -> Result<bool> {
+        self.inner().advance_schedule(session, name, from, to).await
     }
 
     /// [`CheckpointStore::latest_checkpoint`]: the inner store's own answer
@@ -549,6 +581,27 @@ impl<I: Intercept> CheckpointStore for Intercepted<I> {
     }
     async fn key_holdings(&self, session: &ListingScope, key: &str) -> Result<Vec<KeyHolding>> {
         self.0.key_holdings(session, key).await
+    }
+    async fn put_schedule(&self, session: &ListingScope, schedule: &Schedule) -> Result<Schedule> {
+        self.0.put_schedule(session, schedule).await
+    }
+    async fn get_schedule(&self, session: &ListingScope, name: &str) -> Result<Option<Schedule>> {
+        self.0.get_schedule(session, name).await
+    }
+    async fn list_schedules(&self, scope: &ListingScope) -> Result<Vec<ScheduleEntry>> {
+        self.0.list_schedules(scope).await
+    }
+    async fn delete_schedule(&self, session: &ListingScope, name: &str) -> Result<bool> {
+        self.0.delete_schedule(session, name).await
+    }
+    async fn advance_schedule(
+        &self,
+        session: &ListingScope,
+        name: &str,
+        from: Option<Timestamp>,
+        to: Timestamp,
+    ) -> Result<bool> {
+        self.0.advance_schedule(session, name, from, to).await
     }
     async fn latest_checkpoint(&self, scope: &RunScope) -> Result<Option<Checkpoint>> {
         self.0.latest_checkpoint(scope).await

@@ -316,6 +316,9 @@ macro_rules! __runkeep_cases {
             dedupes_an_enqueue_inside_its_window_and_not_after,
             concurrent_enqueues_with_one_key_create_one_run,
             refuses_bad_scheduling_options_and_changes_nothing,
+            keeps_schedules_and_refuses_bad_ones,
+            moves_a_schedule_cursor_only_by_compare_and_set,
+            enqueues_each_tick_once_whoever_runs_the_scheduler,
         }
     };
     // Writes made for a principal (`cases::actors`): in process only, where

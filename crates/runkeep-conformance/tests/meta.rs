@@ -64,6 +64,9 @@ enum Flaw {
     ForgetsTheTimeouts,
     /// `checkpoint_ids` ignores `before` (an index walked from the top).
     IdsIgnoreBefore,
+    /// `advance_schedule` ignores the cursor the caller read: every
+    /// advance wins (no compare-and-set).
+    AdvancesFromAnyCursor,
 }
 
 #[derive(Debug)]
@@ -350,6 +353,30 @@ impl Intercept for Broken {
             return self.inner.release(s, fence).await;
         }
         self.inner.snooze(s, fence, until).await
+    }
+    async fn advance_schedule(
+        &self,
+        session: &ListingScope,
+        name: &str,
+        from: Option<Timestamp>,
+        to: Timestamp,
+    ) -> Result<bool> {
+        if self.flaw == Flaw::AdvancesFromAnyCursor {
+            // Reads the cursor and moves from it, whatever the caller read.
+            let stored = self
+                .inner
+                .get_schedule(session, name)
+                .await?
+                .ok_or_else(|| Error::NotFound { what: name.into() })?;
+            if stored.cursor.is_some_and(|c| to <= c) {
+                return Ok(true);
+            }
+            return self
+                .inner
+                .advance_schedule(session, name, stored.cursor, to)
+                .await;
+        }
+        self.inner.advance_schedule(session, name, from, to).await
     }
     async fn checkpoint_ids(
         &self,
@@ -1128,5 +1155,23 @@ async fn a_store_forgetting_the_dedupe_window_fails_the_dedupe_cases() {
     assert!(
         !failed.contains_key("holds_at_most_the_limit_of_runs_of_one_key"),
         "{failed:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_store_whose_schedule_advance_ignores_the_cursor_read_fails_the_cas_cases() {
+    let failed = failures(
+        Broken::on(Flaw::AdvancesFromAnyCursor),
+        runkeep_conformance::CONTRACT_VERSION,
+    )
+    .await;
+    // The CAS case, and the scheduler case (three passes from one read:
+    // every advance wins, where exactly one may).
+    assert_fails_exactly(
+        &failed,
+        &[
+            "moves_a_schedule_cursor_only_by_compare_and_set",
+            "enqueues_each_tick_once_whoever_runs_the_scheduler",
+        ],
     );
 }

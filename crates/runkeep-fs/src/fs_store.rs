@@ -334,6 +334,48 @@ impl runkeep::CheckpointStore for FsStore {
         blocking::run(move || queue::reopen(&inner, &scope)).await
     }
 
+    async fn put_schedule(
+        &self,
+        session: &ListingScope,
+        schedule: &runkeep::scheduling::Schedule,
+    ) -> Result<runkeep::scheduling::Schedule> {
+        let (inner, session, schedule) = (self.inner.clone(), session.clone(), schedule.clone());
+        blocking::run(move || crate::schedules::put(&inner, &session, &schedule)).await
+    }
+
+    async fn get_schedule(
+        &self,
+        session: &ListingScope,
+        name: &str,
+    ) -> Result<Option<runkeep::scheduling::Schedule>> {
+        let (inner, session, name) = (self.inner.clone(), session.clone(), name.to_string());
+        blocking::run(move || crate::schedules::get(&inner, &session, &name)).await
+    }
+
+    async fn list_schedules(
+        &self,
+        scope: &ListingScope,
+    ) -> Result<Vec<runkeep::scheduling::ScheduleEntry>> {
+        let (inner, scope) = (self.inner.clone(), scope.clone());
+        blocking::run(move || crate::schedules::list(&inner, &scope)).await
+    }
+
+    async fn delete_schedule(&self, session: &ListingScope, name: &str) -> Result<bool> {
+        let (inner, session, name) = (self.inner.clone(), session.clone(), name.to_string());
+        blocking::run(move || crate::schedules::delete(&inner, &session, &name)).await
+    }
+
+    async fn advance_schedule(
+        &self,
+        session: &ListingScope,
+        name: &str,
+        from: Option<Timestamp>,
+        to: Timestamp,
+    ) -> Result<bool> {
+        let (inner, session, name) = (self.inner.clone(), session.clone(), name.to_string());
+        blocking::run(move || crate::schedules::advance(&inner, &session, &name, from, to)).await
+    }
+
     async fn latest_checkpoint(&self, scope: &RunScope) -> Result<Option<Checkpoint>> {
         let (inner, scope) = (self.inner.clone(), scope.clone());
         blocking::run(move || queue::latest_checkpoint(&inner, &scope)).await

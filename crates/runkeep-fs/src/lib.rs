@@ -87,6 +87,7 @@ mod listing;
 mod opening;
 mod queue;
 mod run_state;
+mod schedules;
 mod steps;
 mod transcript;
 mod watching;

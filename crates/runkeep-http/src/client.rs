@@ -187,6 +187,8 @@ enum At<'a> {
     Run(&'a RunScope),
     /// One checkpoint of a run.
     Checkpoint(&'a RunScope, &'a CheckpointId),
+    /// One schedule of a session (tenant, project, session, name).
+    Schedule([&'a str; 4]),
 }
 
 impl At<'_> {
@@ -209,6 +211,12 @@ impl At<'_> {
                 params.push(("checkpoint", id.as_str()));
                 op.fill(&params)
             }
+            At::Schedule([tenant, project, session, schedule]) => op.fill(&[
+                ("tenant", tenant),
+                ("project", project),
+                ("session", session),
+                ("schedule", schedule),
+            ]),
         }
     }
 }
@@ -889,6 +897,16 @@ impl SseFrame {
     }
 }
 
+/// The path ids of schedule `name` in `session` (a session scope).
+fn schedule_ids<'a>(session: &'a ListingScope, name: &'a str) -> [&'a str; 4] {
+    [
+        session.tenant_id().as_str(),
+        session.project_id().map(|p| p.as_str()).unwrap_or(""),
+        session.session_id().map(|s| s.as_str()).unwrap_or(""),
+        name,
+    ]
+}
+
 fn problem_error(p: Problem) -> Error {
     Error::corrupted(format!(
         "the server's answer does not convert: {}",
@@ -1198,6 +1216,110 @@ impl CheckpointStore for HttpStore {
     async fn reopen(&self, scope: &RunScope) -> Result<Lifecycle> {
         let l: LifecycleBody = self.run_write::<op::Reopen>(scope, &NoBody).await?;
         l.to_lifecycle().map_err(problem_error)
+    }
+
+    async fn put_schedule(
+        &self,
+        session: &ListingScope,
+        schedule: &runkeep::scheduling::Schedule,
+    ) -> Result<runkeep::scheduling::Schedule> {
+        let s = runkeep::scheduling::schedule::session_of(session)?;
+        schedule.validate()?;
+        let ids = schedule_ids(&s, &schedule.name);
+        let body = ScheduleBody::of(schedule, self.now());
+        let stored: ScheduleBody = self
+            .call::<op::PutSchedule>(s.tenant_id(), At::Schedule(ids), &[], &body)
+            .await?;
+        stored.to_schedule(self.now()).map_err(problem_error)
+    }
+
+    async fn get_schedule(
+        &self,
+        session: &ListingScope,
+        name: &str,
+    ) -> Result<Option<runkeep::scheduling::Schedule>> {
+        let s = runkeep::scheduling::schedule::session_of(session)?;
+        runkeep::scheduling::schedule::check_name(name)?;
+        if !self.inner.tokens.contains_key(s.tenant_id()) {
+            return Ok(None);
+        }
+        let m: MaybeSchedule = self
+            .call::<op::GetSchedule>(
+                s.tenant_id(),
+                At::Schedule(schedule_ids(&s, name)),
+                &[],
+                &NoBody,
+            )
+            .await?;
+        m.schedule
+            .map(|b| b.to_schedule(self.now()).map_err(problem_error))
+            .transpose()
+    }
+
+    async fn list_schedules(
+        &self,
+        scope: &ListingScope,
+    ) -> Result<Vec<runkeep::scheduling::ScheduleEntry>> {
+        if !self.inner.tokens.contains_key(scope.tenant_id()) {
+            return Ok(Vec::new());
+        }
+        let mut q: Vec<(&'static str, String)> = vec![];
+        if let Some(p) = scope.project_id() {
+            q.push(("project", p.to_string()));
+        }
+        if let Some(s) = scope.session_id() {
+            q.push(("session", s.to_string()));
+        }
+        let list: ScheduleList = self
+            .call::<op::ListSchedules>(
+                scope.tenant_id(),
+                At::Tenant(scope.tenant_id()),
+                &q,
+                &NoBody,
+            )
+            .await?;
+        list.schedules
+            .iter()
+            .map(|e| e.to_entry().map_err(problem_error))
+            .collect()
+    }
+
+    async fn delete_schedule(&self, session: &ListingScope, name: &str) -> Result<bool> {
+        let s = runkeep::scheduling::schedule::session_of(session)?;
+        runkeep::scheduling::schedule::check_name(name)?;
+        let d: Done = self
+            .call::<op::DeleteSchedule>(
+                s.tenant_id(),
+                At::Schedule(schedule_ids(&s, name)),
+                &[],
+                &NoBody,
+            )
+            .await?;
+        Ok(d.done)
+    }
+
+    async fn advance_schedule(
+        &self,
+        session: &ListingScope,
+        name: &str,
+        from: Option<Timestamp>,
+        to: Timestamp,
+    ) -> Result<bool> {
+        let s = runkeep::scheduling::schedule::session_of(session)?;
+        runkeep::scheduling::schedule::check_name(name)?;
+        let body = AdvanceScheduleBody {
+            from: from.map(Timestamp::as_millis),
+            to: to.as_millis(),
+        };
+        let d: Done = self
+            .call::<op::AdvanceSchedule>(
+                s.tenant_id(),
+                At::Schedule(schedule_ids(&s, name)),
+                &[],
+                &body,
+            )
+            .await?;
+        Ok(d.done)
     }
 
     async fn latest_checkpoint(&self, scope: &RunScope) -> Result<Option<Checkpoint>> {

@@ -574,6 +574,36 @@ operations! {
         POST run_path!("/checkpoints/by-id/{checkpoint}/answer"), Worker or unfenced Operator, Short,
         path: CheckpointPath, query: ParentQuery, body: ResolveBody, answer: CheckpointBody,
     }
+    /// The tenant's recurring schedules (narrowed by `project` and
+    /// `session`), by session then name, each with its next tick and the
+    /// run of its last tick.
+    ListSchedules = "list_schedules" {
+        GET tenant_path!("/schedules"), Reader, Short,
+        path: TenantPath, query: ListSchedulesQuery, body: NoBody, answer: ScheduleList,
+    }
+    /// Creates or replaces a schedule (operator); a replacement keeps the
+    /// stored creation time and cursor.
+    PutSchedule = "put_schedule" {
+        PUT tenant_path!("/projects/{project}/sessions/{session}/schedules/{schedule}"), Operator, Short,
+        path: SchedulePath, query: NoParams, body: ScheduleBody, answer: ScheduleBody,
+    }
+    /// One schedule (`null` when there is none).
+    GetSchedule = "get_schedule" {
+        GET tenant_path!("/projects/{project}/sessions/{session}/schedules/{schedule}"), Reader, Short,
+        path: SchedulePath, query: NoParams, body: NoBody, answer: MaybeSchedule,
+    }
+    /// Deletes a schedule (`done: false` when absent); its runs stay.
+    DeleteSchedule = "delete_schedule" {
+        DELETE tenant_path!("/projects/{project}/sessions/{session}/schedules/{schedule}"), Operator, Short,
+        path: SchedulePath, query: NoParams, body: NoBody, answer: Done,
+    }
+    /// Moves a schedule's cursor from `from` to `to`, compare-and-set
+    /// (`done: false` when the cursor is no longer `from`): what a
+    /// scheduler does after enqueueing a tick's run.
+    AdvanceSchedule = "advance_schedule" {
+        POST tenant_path!("/projects/{project}/sessions/{session}/schedules/{schedule}/advance"), Worker, Short,
+        path: SchedulePath, query: NoParams, body: AdvanceScheduleBody, answer: Done,
+    }
 }
 
 impl Operation {

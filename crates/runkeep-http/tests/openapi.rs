@@ -236,6 +236,19 @@ fn closed_schemas_are_exactly_the_bodies_that_refuse_unknown_members() {
             "ThreadWriteBody",
             refuses_unknown::<wire::threads::ThreadWriteBody>(unknown),
         ),
+        (
+            "AdvanceScheduleBody",
+            refuses_unknown::<wire::AdvanceScheduleBody>(unknown),
+        ),
+        (
+            "ConcurrencyBody",
+            refuses_unknown::<wire::ConcurrencyBody>(unknown),
+        ),
+        ("MissedBody", refuses_unknown::<wire::MissedBody>(unknown)),
+        (
+            "ScheduleBody",
+            refuses_unknown::<wire::ScheduleBody>(unknown),
+        ),
         ("RecordBody", refuses_unknown::<wire::RecordBody>(unknown)),
         ("ReleaseBody", refuses_unknown::<wire::ReleaseBody>(unknown)),
         ("ReportBody", refuses_unknown::<wire::ReportBody>(unknown)),
@@ -331,6 +344,7 @@ fn every_rule_of_the_document_is_computed_from_its_constant() {
         ("attempt limit", 1, u32::MAX as i128),
         ("HTTP status", 100, 599),
         ("pending write index", i32::MIN as i128, i32::MAX as i128),
+        // Also a schedule's catch-up max (`MAX_CATCH_UP`, the same bounds).
         ("run listing limit", 1, runkeep::listing::MAX_LIMIT as i128),
         ("events page", 0, wire::MAX_EVENTS_PAGE as i128),
         ("checkpoints page", 0, wire::MAX_CHECKPOINTS_PAGE as i128),
@@ -341,6 +355,16 @@ fn every_rule_of_the_document_is_computed_from_its_constant() {
             runkeep::failure::MAX_RETRY_CAP.as_millis() as i128,
         ),
         ("retry factor", 1, 100),
+        (
+            "priority",
+            runkeep::Priority::MIN as i128,
+            runkeep::Priority::MAX as i128,
+        ),
+        (
+            "concurrency limit",
+            1,
+            runkeep::scheduling::concurrency::MAX_LIMIT as i128,
+        ),
     ];
     let id = openapi::id_pattern();
     let max_id = runkeep::id::MAX_ID_LEN;
@@ -400,6 +424,12 @@ fn every_rule_of_the_document_is_computed_from_its_constant() {
             None,
         ),
         ("SSE event id", "^[1-9][0-9]*$".to_string(), None, None),
+        (
+            "concurrency key",
+            "^[A-Za-z0-9_.:@/-]+$".to_string(),
+            Some(1),
+            Some(runkeep::scheduling::concurrency::MAX_KEY_LEN as u64),
+        ),
         (
             "attempt error kind",
             "\\S".to_string(),

@@ -13,11 +13,11 @@ use tokio_postgres::Client;
 use crate::error::map_pg;
 
 /// The schema version this binary writes and reads.
-pub const SCHEMA_VERSION: i32 = 3;
+pub const SCHEMA_VERSION: i32 = 4;
 
 /// The migrations, in order: `(version, SQL)`. Never edit a released one;
 /// add the next.
-pub const MIGRATIONS: &[(i32, &str)] = &[(1, V1), (2, V2), (3, V3)];
+pub const MIGRATIONS: &[(i32, &str)] = &[(1, V1), (2, V2), (3, V3), (4, V4)];
 
 /// Version 1: runs (the lease row, lifecycle, digest and documents),
 /// checkpoints, events and audit records.
@@ -219,6 +219,20 @@ CREATE TABLE dedupe (
 );
 -- The cascade from a deleted run.
 CREATE INDEX dedupe_by_run ON dedupe (tenant_id, project_id, session_id, run_id, parent_id);
+"#;
+
+/// Version 4: recurring schedules (crates/runkeep-postgres/src/schedules.rs): the
+/// schedule without its cursor as `body`, the cursor (epoch ms) apart.
+const V4: &str = r#"
+CREATE TABLE schedules (
+    tenant_id  text COLLATE "C" NOT NULL,
+    project_id text COLLATE "C" NOT NULL,
+    session_id text COLLATE "C" NOT NULL,
+    name       text COLLATE "C" NOT NULL,
+    body       jsonb NOT NULL,
+    cursor_at  bigint,
+    PRIMARY KEY (tenant_id, project_id, session_id, name)
+);
 "#;
 
 /// Quotes a validated schema name as an identifier.

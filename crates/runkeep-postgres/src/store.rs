@@ -270,6 +270,43 @@ impl CheckpointStore for PgStore {
         crate::keys::key_holdings(&self.db, session, key).await
     }
 
+    async fn put_schedule(
+        &self,
+        session: &ListingScope,
+        schedule: &runkeep::scheduling::Schedule,
+    ) -> Result<runkeep::scheduling::Schedule> {
+        crate::schedules::put(&self.db, session, schedule).await
+    }
+
+    async fn get_schedule(
+        &self,
+        session: &ListingScope,
+        name: &str,
+    ) -> Result<Option<runkeep::scheduling::Schedule>> {
+        crate::schedules::get(&self.db, session, name).await
+    }
+
+    async fn list_schedules(
+        &self,
+        scope: &ListingScope,
+    ) -> Result<Vec<runkeep::scheduling::ScheduleEntry>> {
+        crate::schedules::list(&self.db, scope).await
+    }
+
+    async fn delete_schedule(&self, session: &ListingScope, name: &str) -> Result<bool> {
+        crate::schedules::delete(&self.db, session, name).await
+    }
+
+    async fn advance_schedule(
+        &self,
+        session: &ListingScope,
+        name: &str,
+        from: Option<Timestamp>,
+        to: Timestamp,
+    ) -> Result<bool> {
+        crate::schedules::advance(&self.db, session, name, from, to).await
+    }
+
     async fn latest_checkpoint(&self, scope: &RunScope) -> Result<Option<Checkpoint>> {
         crate::checkpoints::latest_checkpoint(&self.db, scope).await
     }

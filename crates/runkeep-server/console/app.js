@@ -4,6 +4,7 @@
 // Routes are URL hashes, so a run's page is a link:
 //   #/runs?show=parked&order=createdAt&project=P&session=S&limit=50
 //   #/run/PROJECT/SESSION/RUN[?parent=PARENT]
+//   #/schedules
 
 import { api, ApiError, getToken, runPath, setToken, whenUnauthorized, withQuery } from './api.js';
 import { tailEvents } from './sse.js';
@@ -141,6 +142,7 @@ async function route() {
     };
     return renderRun(run, viewAbort.signal);
   }
+  if (parts[0] === 'schedules') return renderSchedules(viewAbort.signal);
   return renderRuns(params, viewAbort.signal);
 }
 
@@ -801,6 +803,107 @@ async function act(title, text, okLabel, call, message, reload, opts) {
     say(`Refused: ${problemText(e)}`, 'error');
   }
   await reload();
+}
+
+// ---------------------------------------------------------------- schedules
+
+/** The path of one schedule. */
+function schedulePath(entry) {
+  return `/v1/tenants/${enc(entry.tenantId)}/projects/${enc(entry.projectId)}/sessions/${enc(entry.sessionId)}/schedules/${enc(entry.schedule.name)}`;
+}
+
+function missedText(m) {
+  if (!m || m.policy === 'skip') return 'skip';
+  return `catch up (at most ${m.max})`;
+}
+
+/**
+ * The tenant's recurring schedules: cron and zone, missed-tick policy, the
+ * next tick, the run of the last tick enqueued (a link), and, for an
+ * operator, pause and resume (a resume does not enqueue the pause's ticks).
+ */
+async function renderSchedules(signal) {
+  document.title = 'Schedules · runkeep console';
+  const summary = h('p', { class: 'page-info', id: 'schedules-info', 'aria-live': 'polite' }, 'Loading…');
+  const tableWrap = h('div', { class: 'table-wrap' });
+  fill(main, h('h1', {}, 'Schedules'), summary, tableWrap);
+  focusHeading();
+  let list;
+  try {
+    list = await api(`/v1/tenants/${enc(me.tenant)}/schedules`, { signal });
+  } catch (e) {
+    if (e.name === 'AbortError') return;
+    summary.textContent = '';
+    say(`Could not list the schedules: ${problemText(e)}`, 'error');
+    return;
+  }
+  const entries = list.schedules;
+  summary.textContent = `${entries.length} schedule${entries.length === 1 ? '' : 's'}`;
+  summary.dataset.rows = String(entries.length);
+  if (!entries.length) {
+    fill(tableWrap, h('p', { class: 'empty' }, 'No schedules. Create one with ', h('code', {}, 'runkeep schedule create NAME --cron "*/5 * * * *"'), '.'));
+    return;
+  }
+  const now = Date.now();
+  const head = ['Name', 'Session', 'Cron', 'Missed ticks', 'Next tick', 'Last run', canOperate() ? 'Actions' : null].filter(Boolean);
+  const rows = entries.map((e) => {
+    const s = e.schedule;
+    const last = s.lastRun
+      ? h('a', { href: runHref({ projectId: e.projectId, sessionId: e.sessionId, runId: s.lastRun }) }, s.lastRun)
+      : '—';
+    const next = s.paused ? badge('paused', 'paused') : s.nextTick != null ? when(s.nextTick, now) : '—';
+    const cells = [
+      h('td', {}, h('code', {}, s.name)),
+      h('td', {}, `${e.projectId} / ${e.sessionId}`),
+      h('td', {}, h('code', {}, s.cron), ` (${s.timezone || 'UTC'})`),
+      h('td', {}, missedText(s.missed)),
+      h('td', { class: 'next-tick' }, next),
+      h('td', { class: 'last-run' }, last),
+    ];
+    if (canOperate()) {
+      const label = s.paused ? 'Resume' : 'Pause';
+      cells.push(
+        h(
+          'td',
+          {},
+          h(
+            'button',
+            {
+              type: 'button',
+              class: 'quiet',
+              'data-schedule': s.name,
+              onclick: () =>
+                act(
+                  `${label} schedule ${s.name}?`,
+                  s.paused
+                    ? 'Its ticks are enqueued again from now on; the ticks of the pause are not.'
+                    : 'No tick is enqueued until it is resumed.',
+                  label,
+                  () => {
+                    const { nextTick, lastRun, cursor, ...body } = s;
+                    return api(schedulePath(e), { method: 'PUT', body: { ...body, paused: !s.paused } });
+                  },
+                  () => `${s.paused ? 'Resumed' : 'Paused'} schedule ${s.name}.`,
+                  () => route(),
+                ),
+            },
+            label,
+          ),
+        ),
+      );
+    }
+    return h('tr', { 'data-schedule': s.name }, cells);
+  });
+  fill(
+    tableWrap,
+    h(
+      'table',
+      { class: 'runs', id: 'schedules' },
+      h('caption', { class: 'visually-hidden' }, 'Recurring schedules'),
+      h('thead', {}, h('tr', {}, head.map((t) => h('th', { scope: 'col' }, t)))),
+      h('tbody', {}, rows),
+    ),
+  );
 }
 
 // ---------------------------------------------------------------- the park

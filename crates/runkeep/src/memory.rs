@@ -30,6 +30,7 @@ use crate::listing::{ListOptions, ListQuery, RunDigest, RunPage, RunRow};
 use crate::park::{self, ParkResolution};
 use crate::scheduling::concurrency::{self, KeyHolding, KeyLog};
 use crate::scheduling::dedupe::{self, Dedupe, DedupeRecord, Enqueued};
+use crate::scheduling::schedule::{self, Schedule, ScheduleEntry};
 use crate::scheduling::Priority;
 use crate::scope::{ListingScope, RunScope};
 use crate::step::{Step, StepReceipt};
@@ -137,6 +138,8 @@ pub struct MemoryStore {
     keys: Mutex<BTreeMap<SessionKey, KeyLog>>,
     /// Each idempotency key's window; locked after `runs`, only under it.
     dedupe: Mutex<BTreeMap<SessionKey, DedupeRecord>>,
+    /// Each session's schedules, by session then name (its own lock).
+    schedules: Mutex<BTreeMap<SessionKey, ScheduleEntry>>,
     clock: Arc<dyn Clock>,
     notifier: Notifier,
 }
@@ -184,6 +187,7 @@ impl MemoryStore {
             runs: Mutex::new(BTreeMap::new()),
             keys: Mutex::new(BTreeMap::new()),
             dedupe: Mutex::new(BTreeMap::new()),
+            schedules: Mutex::new(BTreeMap::new()),
             clock,
             notifier: Notifier::default(),
         }
@@ -667,6 +671,70 @@ impl CheckpointStore for MemoryStore {
             .get(&(session.to_string(), key.to_string()))
             .map(|l| l.entries().to_vec())
             .unwrap_or_default())
+    }
+
+    async fn put_schedule(&self, session: &ListingScope, schedule: &Schedule) -> Result<Schedule> {
+        let session = schedule::session_of(session)?;
+        let mut all = self.schedules.lock().unwrap_or_else(|p| p.into_inner());
+        let slot = (session.to_string(), schedule.name.clone());
+        let stored = schedule::on_put(
+            all.get(&slot).map(|e| &e.schedule),
+            schedule,
+            self.clock.now(),
+        )?;
+        all.insert(
+            slot,
+            ScheduleEntry {
+                session,
+                schedule: stored.clone(),
+            },
+        );
+        Ok(stored)
+    }
+
+    async fn get_schedule(&self, session: &ListingScope, name: &str) -> Result<Option<Schedule>> {
+        let session = schedule::session_of(session)?;
+        schedule::check_name(name)?;
+        let all = self.schedules.lock().unwrap_or_else(|p| p.into_inner());
+        Ok(all
+            .get(&(session.to_string(), name.to_string()))
+            .map(|e| e.schedule.clone()))
+    }
+
+    async fn list_schedules(&self, scope: &ListingScope) -> Result<Vec<ScheduleEntry>> {
+        let all = self.schedules.lock().unwrap_or_else(|p| p.into_inner());
+        let mut out: Vec<ScheduleEntry> = all
+            .values()
+            .filter(|e| schedule::is_under(&e.session, scope))
+            .cloned()
+            .collect();
+        schedule::sort_entries(&mut out);
+        Ok(out)
+    }
+
+    async fn delete_schedule(&self, session: &ListingScope, name: &str) -> Result<bool> {
+        let session = schedule::session_of(session)?;
+        schedule::check_name(name)?;
+        let mut all = self.schedules.lock().unwrap_or_else(|p| p.into_inner());
+        Ok(all
+            .remove(&(session.to_string(), name.to_string()))
+            .is_some())
+    }
+
+    async fn advance_schedule(
+        &self,
+        session: &ListingScope,
+        name: &str,
+        from: Option<Timestamp>,
+        to: Timestamp,
+    ) -> Result<bool> {
+        let session = schedule::session_of(session)?;
+        schedule::check_name(name)?;
+        let mut all = self.schedules.lock().unwrap_or_else(|p| p.into_inner());
+        let entry = all
+            .get_mut(&(session.to_string(), name.to_string()))
+            .ok_or_else(|| schedule::not_found(&session, name))?;
+        schedule::advance(&mut entry.schedule, from, to)
     }
 
     fn watch(&self, topic: &WatchTopic) -> Watch {

@@ -48,6 +48,7 @@ use crate::lease::{ClaimOptions, ClaimOutcome, Fence, Lease, LeaseSummary};
 use crate::lifecycle::{EnqueueOptions, Lifecycle, Outcome};
 use crate::listing::{ListOptions, ListOrder, RunPage};
 use crate::park::{self, ParkResolution, ParkState};
+use crate::scheduling::schedule::{Schedule, ScheduleEntry};
 use crate::scheduling::{Dedupe, Enqueued, KeyHolding, Priority};
 use crate::scope::{ListingScope, RunScope};
 use crate::step::{Step, StepReceipt};
@@ -126,6 +127,12 @@ impl CheckpointIdQuery {
             v.truncate(n);
         }
         v
+    }
+}
+
+fn schedules_unsupported(name: &str) -> Error {
+    Error::Unsupported {
+        message: format!("schedule {name:?}: this store does not implement schedules"),
     }
 }
 
@@ -419,6 +426,70 @@ pub trait CheckpointStore: Send + Sync + std::fmt::Debug {
                 "key_holdings of key {key:?}: this store does not implement concurrency keys"
             ),
         })
+    }
+
+    /// Creates or replaces the schedule named `schedule.name` in `session`
+    /// (a scope naming a session) and returns it as stored
+    /// ([`crate::scheduling::schedule`]).
+    ///
+    /// # Contract
+    /// - A bad schedule or a scope naming no session is `InvalidInput`; a
+    ///   refusal changes nothing.
+    /// - A replacement keeps the stored `created_at` and cursor
+    ///   ([`crate::scheduling::schedule::on_put`]); a new schedule has no cursor.
+    ///
+    /// The provided body refuses (`Unsupported`); every backend overrides it.
+    async fn put_schedule(&self, session: &ListingScope, schedule: &Schedule) -> Result<Schedule> {
+        let _ = session;
+        Err(schedules_unsupported(&schedule.name))
+    }
+
+    /// The schedule `name` of `session` (`None`: there is none).
+    ///
+    /// The provided body refuses (`Unsupported`); every backend overrides it.
+    async fn get_schedule(&self, session: &ListingScope, name: &str) -> Result<Option<Schedule>> {
+        let _ = session;
+        Err(schedules_unsupported(name))
+    }
+
+    /// Every schedule under `scope` (a tenant, project or session), by
+    /// session then name.
+    ///
+    /// The provided body refuses (`Unsupported`); every backend overrides it.
+    async fn list_schedules(&self, scope: &ListingScope) -> Result<Vec<ScheduleEntry>> {
+        let _ = scope;
+        Err(schedules_unsupported("*"))
+    }
+
+    /// Deletes the schedule `name` of `session`; `Ok(false)` if it was
+    /// absent. Its runs stay.
+    ///
+    /// The provided body refuses (`Unsupported`); every backend overrides it.
+    async fn delete_schedule(&self, session: &ListingScope, name: &str) -> Result<bool> {
+        let _ = session;
+        Err(schedules_unsupported(name))
+    }
+
+    /// Moves the cursor of schedule `name` from `from` to `to`,
+    /// compare-and-set ([`crate::scheduling::schedule::advance`]).
+    ///
+    /// # Contract
+    /// - `Ok(true)` only when the stored cursor was `from`; otherwise
+    ///   `Ok(false)` and nothing changes (any number of concurrent advances
+    ///   from one cursor: exactly one moves it).
+    /// - `to` not after `from` is `InvalidInput`; an absent schedule is
+    ///   `NotFound`.
+    ///
+    /// The provided body refuses (`Unsupported`); every backend overrides it.
+    async fn advance_schedule(
+        &self,
+        session: &ListingScope,
+        name: &str,
+        from: Option<Timestamp>,
+        to: Timestamp,
+    ) -> Result<bool> {
+        let _ = (session, from, to);
+        Err(schedules_unsupported(name))
     }
 
     /// The ids of the run's checkpoints that `query` admits, greatest first

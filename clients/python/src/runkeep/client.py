@@ -288,6 +288,10 @@ OPERATIONS: dict[str, tuple[str, str]] = {
     "list_threads_checkpoints": ("GET", "/v1/tenants/{tenant}/thread-checkpoints"),
     "delete_thread": ("DELETE", "{run}/thread"),
     "delete_thread_checkpoints": ("POST", "{run}/thread/checkpoints/delete"),
+    "list_schedules": ("GET", "/v1/tenants/{tenant}/schedules"),
+    "put_schedule": ("PUT", "/v1/tenants/{tenant}/projects/{project}/sessions/{session}/schedules/{schedule}"),
+    "get_schedule": ("GET", "/v1/tenants/{tenant}/projects/{project}/sessions/{session}/schedules/{schedule}"),
+    "delete_schedule": ("DELETE", "/v1/tenants/{tenant}/projects/{project}/sessions/{session}/schedules/{schedule}"),
 }
 
 
@@ -375,13 +379,15 @@ class _Api:
     # -- addresses -------------------------------------------------------
     def _path(self, operation: str, run: RunRef | None = None, checkpoint: str | None = None) -> str:
         """``operation``'s path (:data:`OPERATIONS`) in the client's tenant,
-        for ``run`` (and its ``checkpoint``) when the path names them."""
+        for ``run`` (and its ``checkpoint``) when the path names them. A
+        schedule's path takes its project and session from ``run`` and its
+        name from ``checkpoint`` (the last id the path names)."""
         _, path = _template(operation)
 
         def value(name: str) -> str:
             if name == "tenant":
                 return self.tenant
-            if name == "checkpoint" and checkpoint is not None:
+            if name in ("checkpoint", "schedule") and checkpoint is not None:
                 return checkpoint
             if run is not None and name in ("project", "session", "run"):
                 return str(getattr(run, name))
@@ -553,6 +559,50 @@ class _Api:
     def lifecycle(self, run: RunRef) -> _Request[Lifecycle]:
         """The run's :class:`Lifecycle` (with its ``failures`` and ``retry``)."""
         return self._request("lifecycle", run, parse=Lifecycle.of)
+
+    # -- schedules -------------------------------------------------------
+    @_operation
+    def list_schedules(self, /, *, project: str | None = None, session: str | None = None) -> _Request[list[dict[str, Any]]]:
+        """The tenant's recurring schedules (narrowed to a project, and a
+        session in it), each ``{"tenantId", "projectId", "sessionId",
+        "schedule"}``; a schedule carries its ``nextTick`` and ``lastRun``."""
+        return self._request("list_schedules", params=_drop_none({"project": project, "session": session}), parse=lambda b: list(b["schedules"]))
+
+    @_operation
+    def put_schedule(
+        self,
+        project: str,
+        session: str,
+        name: str,
+        /,
+        *,
+        cron: str,
+        timezone: str | None = None,
+        input: Any = None,
+        missed: Mapping[str, Any] | None = None,
+        priority: int | None = None,
+        concurrency: Mapping[str, Any] | None = None,
+        max_attempts: int | None = None,
+        paused: bool | None = None,
+    ) -> _Request[dict[str, Any]]:
+        """Creates or replaces schedule ``name`` of the session (operator):
+        ``cron`` (5 fields, or 6 with seconds first) in ``timezone`` (IANA,
+        default UTC) enqueues one run per tick, ``run_<name>-<YYYYMMDDTHHMMSSZ>``,
+        whose first checkpoint holds ``input``. ``missed``: ``{"policy":
+        "skip"}`` (default) or ``{"policy": "catchUp", "max": N}``. A
+        replacement keeps the stored creation time and cursor."""
+        body = _drop_none({"name": name, "cron": cron, "timezone": timezone, "input": input, "missed": dict(missed) if missed is not None else None, "priority": priority, "concurrency": dict(concurrency) if concurrency is not None else None, "maxAttempts": max_attempts, "paused": paused})
+        return self._request("put_schedule", RunRef(project, session, ""), checkpoint=name, body=body)
+
+    @_operation
+    def get_schedule(self, project: str, session: str, name: str, /) -> _Request[dict[str, Any] | None]:
+        """Schedule ``name`` of the session; ``None`` when there is none."""
+        return self._request("get_schedule", RunRef(project, session, ""), checkpoint=name, parse=lambda b: b.get("schedule"))
+
+    @_operation
+    def delete_schedule(self, project: str, session: str, name: str, /) -> _Request[bool]:
+        """Deletes schedule ``name`` (operator); ``False`` when absent. Its runs stay."""
+        return self._request("delete_schedule", RunRef(project, session, ""), checkpoint=name, parse=lambda b: bool(b["done"]))
 
     # -- checkpoints -----------------------------------------------------
     @_operation

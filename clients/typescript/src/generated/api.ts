@@ -716,6 +716,54 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/v1/tenants/{tenant}/projects/{project}/sessions/{session}/schedules/{schedule}": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /**
+         * One schedule (`null` when there is none).
+         * @description Needs a `reader` token.
+         */
+        get: operations["get_schedule"];
+        /**
+         * Creates or replaces a schedule (operator); a replacement keeps the stored creation time and cursor.
+         * @description Needs a `operator` token.
+         */
+        put: operations["put_schedule"];
+        post?: never;
+        /**
+         * Deletes a schedule (`done: false` when absent); its runs stay.
+         * @description Needs a `operator` token.
+         */
+        delete: operations["delete_schedule"];
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/tenants/{tenant}/projects/{project}/sessions/{session}/schedules/{schedule}/advance": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /**
+         * Moves a schedule's cursor from `from` to `to`, compare-and-set (`done: false` when the cursor is no longer `from`): what a scheduler does after enqueueing a tick's run.
+         * @description Needs a `worker` token.
+         */
+        post: operations["advance_schedule"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/v1/tenants/{tenant}/runnable/wait": {
         parameters: {
             query?: never;
@@ -748,6 +796,26 @@ export interface paths {
          * @description Needs a `reader` token.
          */
         get: operations["list_runs"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/tenants/{tenant}/schedules": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /**
+         * The tenant's recurring schedules (narrowed by `project` and `session`), by session then name, each with its next tick and the run of its last tick.
+         * @description Needs a `reader` token.
+         */
+        get: operations["list_schedules"];
         put?: never;
         post?: never;
         delete?: never;
@@ -800,6 +868,20 @@ export interface paths {
 export type webhooks = Record<string, never>;
 export interface components {
     schemas: {
+        /** @description The cursor's compare-and-set: move it from `from` (absent: no cursor)
+         *     to `to`. */
+        AdvanceScheduleBody: {
+            /**
+             * Format: int64
+             * @description The cursor the caller read (epoch ms; absent: none yet).
+             */
+            from?: number | null;
+            /**
+             * Format: int64
+             * @description The new cursor (epoch ms), after `from`.
+             */
+            to: number;
+        };
         /** @description An audit append. */
         AppendAuditBody: {
             /** @description Audit events, in order. */
@@ -921,6 +1003,21 @@ export interface components {
             availableAt: number;
             /** @enum {string} */
             outcome: "notBefore";
+        } | {
+            /**
+             * Format: int32
+             * @description Other runs of the key held live when the claim was judged.
+             */
+            held: number;
+            /** @description The key. */
+            key: string;
+            /**
+             * Format: int32
+             * @description The limit the run carries.
+             */
+            limit: number;
+            /** @enum {string} */
+            outcome: "atLimit";
         };
         /** @description What a claim takes: holder, lease length and attempt limit (never an
          *     instant: the store's clock judges every claim). */
@@ -1009,6 +1106,17 @@ export interface components {
             fence: number;
             /** @description The step. */
             step: components["schemas"]["StepBody"];
+        };
+        /** @description A run's concurrency key and its limit: at most `limit` runs of the key
+         *     (within the run's session) held at once. */
+        ConcurrencyBody: {
+            /** @description The key: 1 to 128 bytes of `[A-Za-z0-9_.:@/-]`. */
+            key: string;
+            /**
+             * Format: int32
+             * @description At most this many runs of the key held at once.
+             */
+            limit: number;
         };
         /** @description Deletes chosen checkpoints of a thread (LangGraph's `prune` and
          *     `delete_for_runs`): each checkpoint record and its writes record. */
@@ -1232,6 +1340,7 @@ export interface components {
              * @description Not claimable before, epoch ms.
              */
             availableAt?: number | null;
+            concurrency?: null | components["schemas"]["ConcurrencyBody"];
             /** @description Dead-lettered: failed by the store at the attempt limit (status
              *     `failed`, reason `attempts exhausted`). Derived, answered only:
              *     the store decides it. */
@@ -1258,10 +1367,20 @@ export interface components {
              * @description The run's own attempt limit.
              */
             maxAttempts?: number | null;
+            /**
+             * Format: int32
+             * @description Its priority; absent when 0.
+             */
+            priority?: number;
             /** @description The finish's reason. */
             reason?: string | null;
             /** @description The finish's result. */
             result?: unknown;
+            /**
+             * Format: int64
+             * @description How long it is kept once finished, ms (absent: the store's policy).
+             */
+            retentionMs?: number | null;
             retry?: null | components["schemas"]["RetryPolicyBody"];
             /** @description Status. */
             status: components["schemas"]["RunStatusBody"];
@@ -1284,6 +1403,10 @@ export interface components {
             /** @description The report, `null` when never written. */
             report?: string | null;
         };
+        /** @description One schedule, or `null` when there is none. */
+        MaybeSchedule: {
+            schedule?: null | components["schemas"]["ScheduleBody"];
+        };
         /** @description A thread checkpoint, or none. */
         MaybeThreadCheckpoint: {
             checkpoint?: null | components["schemas"]["ThreadCheckpointBody"];
@@ -1305,6 +1428,22 @@ export interface components {
          * @enum {string}
          */
         MessagesKind: "available" | "legacy-unverified" | "unavailable";
+        /** @description The missed-tick policy: `skip` (only the newest due tick is enqueued)
+         *     or `catchUp` with `max` (the newest `max` due ticks, oldest first). */
+        MissedBody: {
+            /**
+             * Format: int32
+             * @description With `catchUp` (and only then): at most this many ticks.
+             */
+            max?: number | null;
+            /** @description `skip` or `catchUp`. */
+            policy: components["schemas"]["MissedPolicy"];
+        };
+        /**
+         * @description Which missed-tick policy.
+         * @enum {string}
+         */
+        MissedPolicy: "skip" | "catchUp";
         /** @description An audit event to append. */
         NewAuditBody: {
             /** @description Any other fields. */
@@ -1653,6 +1792,8 @@ export interface components {
              */
             checkpointCount: number;
             claim?: null | components["schemas"]["LeaseSummaryBody"];
+            /** @description Its concurrency key, if any. */
+            concurrencyKey?: string | null;
             /** @description Set when the run's records could not be read. */
             damaged?: string | null;
             /** @description Dead-lettered: failed because its holders kept losing it (the store
@@ -1671,6 +1812,11 @@ export interface components {
             /** @description The latest checkpoint (total order); absent only on a damaged row. */
             latestCheckpointId?: string | null;
             park?: null | components["schemas"]["ParkSummaryBody"];
+            /**
+             * Format: int32
+             * @description Its priority (higher runs are claimed first); absent when 0.
+             */
+            priority?: number;
             /** @description The run's address. */
             run: components["schemas"]["RunAddress"];
             /**
@@ -1705,6 +1851,77 @@ export interface components {
             pending?: null | components["schemas"]["CheckpointBody"];
             /** @description The run. */
             run: components["schemas"]["RunAddress"];
+        };
+        /** @description A recurring schedule: a cron in a time zone that enqueues one run per
+         *     tick (id `run_<name>-<YYYYMMDDTHHMMSSZ>`) into its session. */
+        ScheduleBody: {
+            concurrency?: null | components["schemas"]["ConcurrencyBody"];
+            /**
+             * Format: int64
+             * @description When it was created (epoch ms; on a create, default the store's
+             *     clock; kept by later puts).
+             */
+            createdAt?: number | null;
+            /** @description 5 fields (minute first) or 6 (seconds first). */
+            cron: string;
+            /**
+             * Format: int64
+             * @description The last tick enqueued (epoch ms; answers only: a put never moves it).
+             */
+            cursor?: number | null;
+            /** @description Each run's `input` (its first checkpoint's state). */
+            input?: unknown;
+            /** @description The run of the last tick enqueued (answers only). */
+            lastRun?: string | null;
+            /**
+             * Format: int64
+             * @description Each run's attempt limit.
+             */
+            maxAttempts?: number | null;
+            missed?: null | components["schemas"]["MissedBody"];
+            /** @description Unique in its session: 1 to 64 characters of [A-Za-z0-9_-]. On a
+             *     put, the path's name (a body naming another is refused). */
+            name?: string;
+            /**
+             * Format: int64
+             * @description The next tick a scheduler would enqueue (answers only; none while paused).
+             */
+            nextTick?: number | null;
+            /** @description No tick is due while paused. */
+            paused?: boolean;
+            /**
+             * Format: int32
+             * @description Each run's priority (higher runs first).
+             */
+            priority?: number;
+            /**
+             * Format: int64
+             * @description When it was last resumed (epoch ms): no tick at or before is due.
+             */
+            resumedAt?: number | null;
+            /**
+             * Format: int64
+             * @description How long each run is kept once finished, ms.
+             */
+            retentionMs?: number | null;
+            /** @description An IANA time zone (default `UTC`). */
+            timezone?: string | null;
+        };
+        /** @description A schedule with its session (a listing's entry). */
+        ScheduleEntryBody: {
+            /** @description Its project. */
+            projectId: string;
+            /** @description The schedule. */
+            schedule: components["schemas"]["ScheduleBody"];
+            /** @description Its session. */
+            sessionId: string;
+            /** @description Its tenant. */
+            tenantId: string;
+        };
+        /** @description The schedules under a scope, by session then name. */
+        ScheduleList: {
+            /** @description The schedules. */
+            schedules: components["schemas"]["ScheduleEntryBody"][];
         };
         /** @description A record a tolerant read skipped. */
         SkippedBody: {
@@ -7435,6 +7652,526 @@ export interface operations {
             };
         };
     };
+    get_schedule: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description The tenant id: 1 to 128 characters of [A-Za-z0-9_-], starting with a letter or digit. */
+                tenant: string;
+                /** @description The project id: 1 to 128 characters of [A-Za-z0-9_-], starting with a letter or digit. */
+                project: string;
+                /** @description The session id: 1 to 128 characters of [A-Za-z0-9_-], starting with a letter or digit. */
+                session: string;
+                /** @description The schedule's name: 1 to 64 characters of [A-Za-z0-9_-], starting with a letter or digit. */
+                schedule: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description The answer. */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["MaybeSchedule"];
+                };
+            };
+            /** @description A problem detail: `urn:runkeep:problem:invalid-input`. */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description A problem detail: `urn:runkeep:problem:unauthorized`. */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description A problem detail: `urn:runkeep:problem:not-found`. */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description A problem detail: `urn:runkeep:problem:invalid-input`. The request target (path and query) is longer than the server accepts. */
+            414: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description A problem detail: `urn:runkeep:problem:unsupported`. */
+            422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description A problem detail: `urn:runkeep:problem:invalid-input`. The request head (request line and header fields) is larger than the server accepts. */
+            431: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description A problem detail: `urn:runkeep:problem:corrupted`, `urn:runkeep:problem:backend`. */
+            500: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description A problem detail: `urn:runkeep:problem:unavailable`, `urn:runkeep:problem:contended`, `urn:runkeep:problem:overloaded`. */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+        };
+    };
+    put_schedule: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description The tenant id: 1 to 128 characters of [A-Za-z0-9_-], starting with a letter or digit. */
+                tenant: string;
+                /** @description The project id: 1 to 128 characters of [A-Za-z0-9_-], starting with a letter or digit. */
+                project: string;
+                /** @description The session id: 1 to 128 characters of [A-Za-z0-9_-], starting with a letter or digit. */
+                session: string;
+                /** @description The schedule's name: 1 to 64 characters of [A-Za-z0-9_-], starting with a letter or digit. */
+                schedule: string;
+            };
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/json": components["schemas"]["ScheduleBody"];
+            };
+        };
+        responses: {
+            /** @description The answer. */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ScheduleBody"];
+                };
+            };
+            /** @description A problem detail: `urn:runkeep:problem:invalid-input`, `urn:runkeep:problem:malformed-body`. */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description A problem detail: `urn:runkeep:problem:unauthorized`. */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description A problem detail: `urn:runkeep:problem:forbidden`. */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description A problem detail: `urn:runkeep:problem:not-found`. */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description A problem detail: `urn:runkeep:problem:timeout`. */
+            408: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description A problem detail: `urn:runkeep:problem:fenced-out`, `urn:runkeep:problem:conflict`. */
+            409: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description A problem detail: `urn:runkeep:problem:payload-too-large`. */
+            413: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description A problem detail: `urn:runkeep:problem:invalid-input`. The request target (path and query) is longer than the server accepts. */
+            414: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description A problem detail: `urn:runkeep:problem:unsupported-media-type`. */
+            415: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description A problem detail: `urn:runkeep:problem:unsupported`. */
+            422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description A problem detail: `urn:runkeep:problem:invalid-input`. The request head (request line and header fields) is larger than the server accepts. */
+            431: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description A problem detail: `urn:runkeep:problem:corrupted`, `urn:runkeep:problem:backend`. */
+            500: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description A problem detail: `urn:runkeep:problem:unavailable`, `urn:runkeep:problem:contended`, `urn:runkeep:problem:overloaded`. */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+        };
+    };
+    delete_schedule: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description The tenant id: 1 to 128 characters of [A-Za-z0-9_-], starting with a letter or digit. */
+                tenant: string;
+                /** @description The project id: 1 to 128 characters of [A-Za-z0-9_-], starting with a letter or digit. */
+                project: string;
+                /** @description The session id: 1 to 128 characters of [A-Za-z0-9_-], starting with a letter or digit. */
+                session: string;
+                /** @description The schedule's name: 1 to 64 characters of [A-Za-z0-9_-], starting with a letter or digit. */
+                schedule: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description The answer. */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Done"];
+                };
+            };
+            /** @description A problem detail: `urn:runkeep:problem:invalid-input`. */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description A problem detail: `urn:runkeep:problem:unauthorized`. */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description A problem detail: `urn:runkeep:problem:forbidden`. */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description A problem detail: `urn:runkeep:problem:not-found`. */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description A problem detail: `urn:runkeep:problem:fenced-out`, `urn:runkeep:problem:conflict`. */
+            409: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description A problem detail: `urn:runkeep:problem:invalid-input`. The request target (path and query) is longer than the server accepts. */
+            414: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description A problem detail: `urn:runkeep:problem:unsupported`. */
+            422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description A problem detail: `urn:runkeep:problem:invalid-input`. The request head (request line and header fields) is larger than the server accepts. */
+            431: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description A problem detail: `urn:runkeep:problem:corrupted`, `urn:runkeep:problem:backend`. */
+            500: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description A problem detail: `urn:runkeep:problem:unavailable`, `urn:runkeep:problem:contended`, `urn:runkeep:problem:overloaded`. */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+        };
+    };
+    advance_schedule: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description The tenant id: 1 to 128 characters of [A-Za-z0-9_-], starting with a letter or digit. */
+                tenant: string;
+                /** @description The project id: 1 to 128 characters of [A-Za-z0-9_-], starting with a letter or digit. */
+                project: string;
+                /** @description The session id: 1 to 128 characters of [A-Za-z0-9_-], starting with a letter or digit. */
+                session: string;
+                /** @description The schedule's name: 1 to 64 characters of [A-Za-z0-9_-], starting with a letter or digit. */
+                schedule: string;
+            };
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/json": components["schemas"]["AdvanceScheduleBody"];
+            };
+        };
+        responses: {
+            /** @description The answer. */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Done"];
+                };
+            };
+            /** @description A problem detail: `urn:runkeep:problem:invalid-input`, `urn:runkeep:problem:malformed-body`. */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description A problem detail: `urn:runkeep:problem:unauthorized`. */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description A problem detail: `urn:runkeep:problem:forbidden`. */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description A problem detail: `urn:runkeep:problem:not-found`. */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description A problem detail: `urn:runkeep:problem:timeout`. */
+            408: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description A problem detail: `urn:runkeep:problem:fenced-out`, `urn:runkeep:problem:conflict`. */
+            409: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description A problem detail: `urn:runkeep:problem:payload-too-large`. */
+            413: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description A problem detail: `urn:runkeep:problem:invalid-input`. The request target (path and query) is longer than the server accepts. */
+            414: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description A problem detail: `urn:runkeep:problem:unsupported-media-type`. */
+            415: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description A problem detail: `urn:runkeep:problem:unsupported`. */
+            422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description A problem detail: `urn:runkeep:problem:invalid-input`. The request head (request line and header fields) is larger than the server accepts. */
+            431: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description A problem detail: `urn:runkeep:problem:corrupted`, `urn:runkeep:problem:backend`. */
+            500: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description A problem detail: `urn:runkeep:problem:unavailable`, `urn:runkeep:problem:contended`, `urn:runkeep:problem:overloaded`. */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+        };
+    };
     wait_runnable: {
         parameters: {
             query?: {
@@ -7578,6 +8315,106 @@ export interface operations {
                 };
                 content: {
                     "application/json": components["schemas"]["RunPageBody"];
+                };
+            };
+            /** @description A problem detail: `urn:runkeep:problem:invalid-input`. */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description A problem detail: `urn:runkeep:problem:unauthorized`. */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description A problem detail: `urn:runkeep:problem:not-found`. */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description A problem detail: `urn:runkeep:problem:invalid-input`. The request target (path and query) is longer than the server accepts. */
+            414: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description A problem detail: `urn:runkeep:problem:unsupported`. */
+            422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description A problem detail: `urn:runkeep:problem:invalid-input`. The request head (request line and header fields) is larger than the server accepts. */
+            431: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description A problem detail: `urn:runkeep:problem:corrupted`, `urn:runkeep:problem:backend`. */
+            500: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description A problem detail: `urn:runkeep:problem:unavailable`, `urn:runkeep:problem:contended`, `urn:runkeep:problem:overloaded`. */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+        };
+    };
+    list_schedules: {
+        parameters: {
+            query?: {
+                /** @description Only this project's schedules. */
+                project?: string;
+                /** @description Only this session's (with `project`). */
+                session?: string;
+            };
+            header?: never;
+            path: {
+                /** @description The tenant id: 1 to 128 characters of [A-Za-z0-9_-], starting with a letter or digit. */
+                tenant: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description The answer. */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ScheduleList"];
                 };
             };
             /** @description A problem detail: `urn:runkeep:problem:invalid-input`. */

@@ -17,6 +17,7 @@ pub mod migrate;
 pub mod park;
 pub mod prune;
 pub mod runs;
+pub mod schedule;
 pub mod seed;
 pub mod serve;
 pub mod serve_demo;

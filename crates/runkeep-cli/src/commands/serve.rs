@@ -71,6 +71,9 @@ pub struct ServeArgs {
     /// Most long-polls and event tails of one token at once.
     #[arg(long, default_value_t = 256, value_name = "N")]
     pub max_waits_per_token: usize,
+    /// Also run the scheduler of recurring schedules (`runkeep schedule`) over the --tenant/--project/--session scope (`--session ''`: the whole project); any number of servers may run it at once, each tick is enqueued once.
+    #[arg(long)]
+    pub schedules: bool,
     /// Longest a shutdown waits for requests in flight.
     #[arg(long, default_value = "30s", value_parser = parse_duration, value_name = "DURATION")]
     pub shutdown_grace: Duration,
@@ -222,14 +225,17 @@ pub async fn run(ctx: &Ctx, args: ServeArgs) -> CliResult<Exit> {
     }
 
     let state = server::state(&config, opened.store.clone()).map_err(serve_error)?;
-    serve_until_signal(
-        ctx,
-        config,
-        state,
-        &ctx.global.store.to_string(),
-        |_| Ok(()),
-    )
-    .await
+    let address = ctx.global.store.to_string();
+    let served = serve_until_signal(ctx, config, state, &address, |_| Ok(()));
+    if !args.schedules {
+        return served.await;
+    }
+    let scope = ctx.scope.listing()?;
+    let store = opened.store.clone();
+    tokio::select! {
+        r = served => r,
+        r = crate::commands::schedule::drive(ctx, store.as_ref(), &scope, Duration::from_secs(1), None) => r.map(|_| Exit::Ok),
+    }
 }
 
 /// Creates `--token-out` for the first token: mode 0600, never over an

@@ -405,6 +405,80 @@ impl CheckpointStore for FsRootStore {
         }
     }
 
+    async fn put_schedule(
+        &self,
+        session: &ListingScope,
+        schedule: &runkeep::scheduling::Schedule,
+    ) -> Result<runkeep::scheduling::Schedule> {
+        let k = schedule_session(session)?;
+        schedule.validate()?;
+        let inner = self.inner.clone();
+        let store = crate::blocking::run(move || inner.creating(&k)).await?;
+        store.put_schedule(session, schedule).await
+    }
+
+    async fn get_schedule(
+        &self,
+        session: &ListingScope,
+        name: &str,
+    ) -> Result<Option<runkeep::scheduling::Schedule>> {
+        let k = schedule_session(session)?;
+        let inner = self.inner.clone();
+        match crate::blocking::run(move || inner.existing(&k)).await? {
+            Some(s) => s.get_schedule(session, name).await,
+            None => {
+                runkeep::scheduling::schedule::check_name(name)?;
+                Ok(None)
+            }
+        }
+    }
+
+    async fn list_schedules(
+        &self,
+        scope: &ListingScope,
+    ) -> Result<Vec<runkeep::scheduling::ScheduleEntry>> {
+        let (inner, under) = (self.inner.clone(), scope.clone());
+        let sessions = crate::blocking::run(move || inner.sessions_under(&under)).await?;
+        let mut out = Vec::new();
+        for (k, store) in sessions {
+            out.extend(
+                store
+                    .list_schedules(&layout::session_scope(&k))
+                    .await?
+                    .into_iter()
+                    .filter(|e| e.session == layout::session_scope(&k)),
+            );
+        }
+        Ok(out)
+    }
+
+    async fn delete_schedule(&self, session: &ListingScope, name: &str) -> Result<bool> {
+        let k = schedule_session(session)?;
+        let inner = self.inner.clone();
+        match crate::blocking::run(move || inner.existing(&k)).await? {
+            Some(s) => s.delete_schedule(session, name).await,
+            None => {
+                runkeep::scheduling::schedule::check_name(name)?;
+                Ok(false)
+            }
+        }
+    }
+
+    async fn advance_schedule(
+        &self,
+        session: &ListingScope,
+        name: &str,
+        from: Option<Timestamp>,
+        to: Timestamp,
+    ) -> Result<bool> {
+        let k = schedule_session(session)?;
+        let inner = self.inner.clone();
+        match crate::blocking::run(move || inner.existing(&k)).await? {
+            Some(s) => s.advance_schedule(session, name, from, to).await,
+            None => Err(runkeep::scheduling::schedule::not_found(session, name)),
+        }
+    }
+
     async fn latest_checkpoint(&self, scope: &RunScope) -> Result<Option<Checkpoint>> {
         match routing::reading(&self.inner, scope).await? {
             Some(s) => s.latest_checkpoint(scope).await,
@@ -544,4 +618,14 @@ impl EvidenceStore for FsRootStore {
             None => Ok(Vec::new()),
         }
     }
+}
+
+/// The session a schedule call names (`InvalidInput` for a wider scope).
+fn schedule_session(session: &ListingScope) -> Result<layout::SessionKey> {
+    let s = runkeep::scheduling::schedule::session_of(session)?;
+    Ok(layout::SessionKey {
+        tenant_id: s.tenant_id().clone(),
+        project_id: s.project_id().expect("a session").clone(),
+        session_id: s.session_id().expect("a session").clone(),
+    })
 }

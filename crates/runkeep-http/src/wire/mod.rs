@@ -20,6 +20,7 @@
 //! - [`events`]: event appends, reads and batches;
 //! - [`documents`]: the run record, message snapshots, reports, audit;
 //! - [`steps`]: the all-or-nothing step commit;
+//! - [`schedules`]: recurring schedules and their cursor;
 //! - [`threads`]: the thread routes (a LangGraph-style checkpoint chain);
 //! - [`params`]: every operation's path and query parameters.
 
@@ -47,6 +48,7 @@ pub mod leases;
 pub mod params;
 pub mod parks;
 pub mod runs;
+pub mod schedules;
 pub mod steps;
 pub mod threads;
 
@@ -57,6 +59,7 @@ pub use leases::*;
 pub use params::*;
 pub use parks::*;
 pub use runs::*;
+pub use schedules::*;
 pub use steps::*;
 
 /// The longest long-poll, ms (`claim_next`'s `waitMs`, the waits'

@@ -40,4 +40,4 @@ fi
 
 cd "$here"
 bash "$repo/scripts/npm-ci-once.sh" .
-node --test --test-concurrency=1 sse.test.mjs console.test.mjs attempts.test.mjs parks.test.mjs
+node --test --test-concurrency=1 sse.test.mjs console.test.mjs attempts.test.mjs parks.test.mjs schedules.test.mjs

@@ -48,6 +48,7 @@ mod events;
 pub mod extract;
 pub mod ownership;
 mod runs;
+mod schedules;
 mod threads;
 
 pub use events::{MAX_WAIT_MS, SSE_BATCH};
@@ -114,6 +115,11 @@ fn handler(op: Operation) -> Handler {
         DeleteThreadCheckpoints => on(op, threads::delete_checkpoints),
         ListThreadsCheckpoints => on(op, threads::list_threads),
         ResolvePark => on(op, checkpoints::resolve),
+        ListSchedules => on(op, schedules::list),
+        PutSchedule => on(op, schedules::put),
+        GetSchedule => on(op, schedules::get),
+        DeleteSchedule => on(op, schedules::delete),
+        AdvanceSchedule => on(op, schedules::advance),
     }
 }
 

@@ -10,11 +10,15 @@
 //! - [`dedupe`]: an enqueue carrying an idempotency key and a window
 //!   returns the run a first enqueue with that key created inside the
 //!   window instead of creating another.
+//! - [`schedule`]: recurring schedules; one run per cron tick, its id
+//!   derived from the schedule and the tick.
 
 pub mod concurrency;
 pub mod dedupe;
 pub mod priority;
+pub mod schedule;
 
 pub use concurrency::{Concurrency, KeyBusy, KeyHolding};
 pub use dedupe::{Dedupe, DedupeRecord, Enqueued};
 pub use priority::Priority;
+pub use schedule::{MissedTicks, Schedule, ScheduleEntry};
