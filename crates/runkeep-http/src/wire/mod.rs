@@ -21,6 +21,8 @@
 //! - [`documents`]: the run record, message snapshots, reports, audit;
 //! - [`steps`]: the all-or-nothing step commit;
 //! - [`threads`]: the thread routes (a LangGraph-style checkpoint chain);
+//! - [`scheduling`]: an enqueue's idempotency key and answer, a priority
+//!   change, a concurrency key's holdings;
 //! - [`params`]: every operation's path and query parameters.
 
 use runkeep::evidence::SkippedRecord;
@@ -33,7 +35,7 @@ use runkeep::{
     ParkResolution, ParkState, ParkSummary, PendingDecision, PersistedEvent, ProjectId, RunId,
     RunPage, RunRow, RunScope, RunStatus, SessionId, Step, StepReceipt, TenantId, Timestamp, Ttl,
 };
-use runkeep::{Concurrency, KeyBusy, Priority};
+use runkeep::{Concurrency, Dedupe, EnqueueOptions, KeyBusy, Priority};
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 use utoipa::ToSchema;
@@ -47,6 +49,7 @@ pub mod leases;
 pub mod params;
 pub mod parks;
 pub mod runs;
+pub mod scheduling;
 pub mod steps;
 pub mod threads;
 
@@ -57,6 +60,7 @@ pub use leases::*;
 pub use params::*;
 pub use parks::*;
 pub use runs::*;
+pub use scheduling::*;
 pub use steps::*;
 
 /// The longest long-poll, ms (`claim_next`'s `waitMs`, the waits'

@@ -344,6 +344,27 @@ impl FromRequestParts<AppState> for TenantParam {
     }
 }
 
+/// The session a session route addresses (its path's tenant, project and
+/// session, validated).
+#[derive(Debug, Clone)]
+pub struct SessionAddr(pub runkeep::ListingScope);
+
+impl FromRequestParts<AppState> for SessionAddr {
+    type Rejection = Problem;
+
+    async fn from_request_parts(
+        parts: &mut Parts,
+        state: &AppState,
+    ) -> Result<Self, Self::Rejection> {
+        let tenant = path_id(parts, state, "tenant", TenantId::new).await?;
+        let project = path_id(parts, state, "project", ProjectId::new).await?;
+        let session = path_id(parts, state, "session", SessionId::new).await?;
+        Ok(SessionAddr(runkeep::ListingScope::session(
+            tenant, project, session,
+        )))
+    }
+}
+
 /// The path parameter `name`, validated by `parse` (an id type's `new`); a
 /// refusal is a 400 naming the parameter.
 async fn path_id<T>(
