@@ -209,11 +209,18 @@ impl<T: DeserializeOwned, S: Send + Sync> FromRequestParts<S> for Q<T> {
                     .strip_prefix("Failed to deserialize query string: ")
                     .unwrap_or(&text)
                     .to_string();
-                let field = detail
-                    .split_once(':')
-                    .map(|(f, _)| f.trim().to_string())
-                    .filter(|f| !f.is_empty() && !f.contains(' '))
-                    .unwrap_or_else(|| "query".into());
+                // A required parameter left out is named too.
+                let missing = detail
+                    .strip_prefix("missing field `")
+                    .and_then(|rest| rest.split_once('`'))
+                    .map(|(f, _)| f.to_string());
+                let field = missing.unwrap_or_else(|| {
+                    detail
+                        .split_once(':')
+                        .map(|(f, _)| f.trim().to_string())
+                        .filter(|f| !f.is_empty() && !f.contains(' '))
+                        .unwrap_or_else(|| "query".into())
+                });
                 Err(Problem::invalid(
                     field,
                     format!("bad query parameter: {detail}"),
