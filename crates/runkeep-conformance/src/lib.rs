@@ -53,6 +53,7 @@ pub mod cases;
 pub mod differential;
 pub mod hijack;
 pub mod intercept;
+pub mod key_limits;
 pub mod support;
 
 pub use intercept::{Intercept, Intercepted};
@@ -305,6 +306,16 @@ macro_rules! __runkeep_cases {
             never_lets_two_clients_with_skewed_clocks_both_hold_a_live_lease,
             wakes_a_runnable_watcher_after_a_release_an_enqueue_and_a_reopen,
             wakes_an_events_watcher_after_an_append,
+            claim_next_takes_the_highest_priority_first_then_the_order,
+            lists_runs_by_priority_and_filters_by_a_lowest_priority,
+            sets_a_priority_only_on_an_active_run,
+            holds_at_most_the_limit_of_runs_of_one_key,
+            claim_next_skips_runs_of_a_key_at_its_limit,
+            an_expired_holding_frees_its_slot_and_a_late_renewal_is_judged,
+            keeps_every_holding_of_a_keyed_run_in_the_keys_history,
+            dedupes_an_enqueue_inside_its_window_and_not_after,
+            concurrent_enqueues_with_one_key_create_one_run,
+            refuses_bad_scheduling_options_and_changes_nothing,
         }
     };
     // Writes made for a principal (`cases::actors`): in process only, where

@@ -656,6 +656,7 @@ async fn a_store_reversing_each_page_fails_the_listing_order_cases() {
             "filters_the_listing_by_park_state",
             "lists_sub_runs_with_their_parent",
             "lists_a_finished_run_with_its_status_and_finish_time",
+            "lists_runs_by_priority_and_filters_by_a_lowest_priority",
         ],
     );
 }
@@ -675,6 +676,7 @@ async fn a_store_repeating_the_cursor_row_fails_the_cursor_cases() {
             "carries_a_cursor_only_while_rows_remain",
             "treats_limit_zero_as_one",
             "puts_unrecorded_start_first_and_recorded_zero_after",
+            "lists_runs_by_priority_and_filters_by_a_lowest_priority",
         ],
     );
 }
@@ -729,6 +731,7 @@ async fn a_store_handing_out_finished_runs_fails_the_lifecycle_cases() {
             "hands_over_from_a_finished_step_to_the_next_run",
             "never_hands_over_to_the_run_the_step_just_finished",
             "concurrent_hand_overs_never_give_one_run_to_two_workers",
+            "claim_next_skips_runs_of_a_key_at_its_limit",
         ],
     );
 }
@@ -841,6 +844,8 @@ async fn a_store_judging_claims_on_the_machine_clock_fails_the_store_clock_cases
             "counts_takeovers_and_failed_attempts_toward_one_limit",
             "refuses_a_failed_attempt_it_cannot_record_and_changes_nothing",
             "finishes_a_run_past_its_deadline_at_its_next_claim",
+            "an_expired_holding_frees_its_slot_and_a_late_renewal_is_judged",
+            "keeps_every_holding_of_a_keyed_run_in_the_keys_history",
         ],
     );
 }
@@ -988,5 +993,140 @@ async fn a_store_whose_checkpoint_ids_ignore_before_fails_the_ids_case() {
     assert_fails_exactly(
         &failed,
         &["lists_checkpoint_ids_by_prefix_before_and_limit_greatest_first"],
+    );
+}
+
+/// What a store broken on the queue's scheduling rules forgets.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Forgets {
+    /// Stores every run at priority 0 and ignores `set_priority`.
+    Priority,
+    /// Stores no run's concurrency key (so none is ever at its limit).
+    ConcurrencyKey,
+    /// Enqueues as if no idempotency key were given.
+    DedupeWindow,
+}
+
+#[derive(Debug)]
+struct ForgetsScheduling(Arc<MemoryStore>, Forgets);
+
+#[async_trait]
+impl Intercept for ForgetsScheduling {
+    fn inner(&self) -> &dyn RunStore {
+        self.0.as_ref()
+    }
+    async fn enqueue(
+        &self,
+        scope: &RunScope,
+        cp: &Checkpoint,
+        options: &runkeep::EnqueueOptions,
+    ) -> Result<Checkpoint> {
+        let mut o = options.clone();
+        match self.1 {
+            Forgets::Priority => o.priority = runkeep::Priority::default(),
+            Forgets::ConcurrencyKey => o.concurrency = None,
+            Forgets::DedupeWindow => {}
+        }
+        self.0.enqueue(scope, cp, &o).await
+    }
+    async fn enqueue_once(
+        &self,
+        scope: &RunScope,
+        cp: &Checkpoint,
+        options: &runkeep::EnqueueOptions,
+        dedupe: Option<&runkeep::Dedupe>,
+    ) -> Result<runkeep::Enqueued> {
+        if self.1 == Forgets::DedupeWindow {
+            if let Some(d) = dedupe {
+                d.validate()?;
+            }
+            let stored = self.enqueue(scope, cp, options).await?;
+            return Ok(runkeep::Enqueued {
+                run: scope.clone(),
+                created: true,
+                checkpoint: Some(stored),
+            });
+        }
+        let mut o = options.clone();
+        match self.1 {
+            Forgets::Priority => o.priority = runkeep::Priority::default(),
+            Forgets::ConcurrencyKey => o.concurrency = None,
+            Forgets::DedupeWindow => {}
+        }
+        self.0.enqueue_once(scope, cp, &o, dedupe).await
+    }
+    async fn set_priority(
+        &self,
+        scope: &RunScope,
+        priority: runkeep::Priority,
+    ) -> Result<runkeep::Lifecycle> {
+        if self.1 == Forgets::Priority {
+            return self.0.lifecycle(scope).await;
+        }
+        self.0.set_priority(scope, priority).await
+    }
+}
+
+async fn forgetting(what: Forgets) -> HashMap<&'static str, String> {
+    failures(
+        move |clock| {
+            Arc::new(Intercepted(ForgetsScheduling(
+                Arc::new(MemoryStore::with_clock(Arc::new(clock))),
+                what,
+            )))
+        },
+        runkeep_conformance::CONTRACT_VERSION,
+    )
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_store_forgetting_priorities_fails_the_priority_cases() {
+    let failed = forgetting(Forgets::Priority).await;
+    assert_fails(
+        &failed,
+        &[
+            "claim_next_takes_the_highest_priority_first_then_the_order",
+            "lists_runs_by_priority_and_filters_by_a_lowest_priority",
+            "sets_a_priority_only_on_an_active_run",
+        ],
+    );
+    assert!(
+        !failed.contains_key("holds_at_most_the_limit_of_runs_of_one_key"),
+        "{failed:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_store_forgetting_concurrency_keys_fails_the_key_cases() {
+    let failed = forgetting(Forgets::ConcurrencyKey).await;
+    assert_fails(
+        &failed,
+        &[
+            "holds_at_most_the_limit_of_runs_of_one_key",
+            "claim_next_skips_runs_of_a_key_at_its_limit",
+            "an_expired_holding_frees_its_slot_and_a_late_renewal_is_judged",
+            "keeps_every_holding_of_a_keyed_run_in_the_keys_history",
+        ],
+    );
+    assert!(
+        !failed.contains_key("claim_next_takes_the_highest_priority_first_then_the_order"),
+        "{failed:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_store_forgetting_the_dedupe_window_fails_the_dedupe_cases() {
+    let failed = forgetting(Forgets::DedupeWindow).await;
+    assert_fails(
+        &failed,
+        &[
+            "dedupes_an_enqueue_inside_its_window_and_not_after",
+            "concurrent_enqueues_with_one_key_create_one_run",
+        ],
+    );
+    assert!(
+        !failed.contains_key("holds_at_most_the_limit_of_runs_of_one_key"),
+        "{failed:?}"
     );
 }

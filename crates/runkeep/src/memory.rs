@@ -216,7 +216,7 @@ impl MemoryStore {
             .iter()
             .rev()
             .find(|h| {
-                &h.run_id == &scope.run_id
+                h.run_id == scope.run_id
                     && h.parent_run_id.as_ref() == parent
                     && h.ended_at.is_none()
             })
