@@ -289,6 +289,14 @@ fn priorities_keys_and_dedupe_through_runkeep_serve() {
         .assert()
         .failure()
         .stderr(predicate::str::contains("operator"));
+    // `show` names the priority and the key.
+    s.cmd(&op, &["show", "run_a"])
+        .assert()
+        .success()
+        .stdout(predicate::str::contains("priority"))
+        .stdout(predicate::str::contains(
+            "key cust/9 (at most 1 held at once)",
+        ));
     let v = s.json(&op, &["priority", "run_low", "10"]);
     assert_eq!(v["priority"], 10);
     let page = s.json(&op, &["runs", "--order", "priority"]);

@@ -637,6 +637,15 @@ pub fn show_rows(l: &Lifecycle, now: Timestamp) -> Vec<(&'static str, Cell)> {
             ),
         ));
     }
+    if !l.priority.is_default() {
+        rows.push(("priority", l.priority.to_string().into()));
+    }
+    if let Some(c) = &l.concurrency {
+        rows.push((
+            "concurrency",
+            format!("key {} (at most {} held at once)", c.key, c.limit).into(),
+        ));
+    }
     if l.status.is_finished() {
         // The status cell shows the finish; say how to undo it.
         rows[0].1 = status_cell(l.status, None, None, None, now);
