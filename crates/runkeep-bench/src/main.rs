@@ -283,6 +283,8 @@ enum Kind {
     ListAt(u64),
     CatchUpAt(u64),
     DrainQueued(u64, usize),
+    /// `claim_next` + release with this many runs queued, mixed so.
+    ClaimNextAt(u64, work::QueueMix),
     Peer(&'static str, &'static str, usize),
 }
 
@@ -330,9 +332,11 @@ impl Case {
             _ => 1,
         };
         let group = match kind {
-            Kind::RenewAfter(_) | Kind::ListAt(_) | Kind::CatchUpAt(_) | Kind::DrainQueued(..) => {
-                "scaling"
-            }
+            Kind::RenewAfter(_)
+            | Kind::ListAt(_)
+            | Kind::CatchUpAt(_)
+            | Kind::DrainQueued(..)
+            | Kind::ClaimNextAt(..) => "scaling",
             Kind::Peer(..) => "peers",
             Kind::FsBase(_) | Kind::PgSelect1 | Kind::PgUpdate | Kind::PgSkipLocked(_) => {
                 "baseline"
@@ -562,6 +566,29 @@ fn all_cases(s: &Settings, scaling: bool, with_peers: bool, grace_off: bool) -> 
                     Kind::ListAt(size),
                 ));
             }
+            for size in [1000, n] {
+                for mix in [
+                    work::QueueMix::Plain,
+                    work::QueueMix::Priority,
+                    work::QueueMix::Keys20,
+                ] {
+                    cases.push(Case::new(
+                        b,
+                        format!("claim-next.{}-{size}", mix.label()),
+                        "ops/s",
+                        format!(
+                            "claim_next + release with {size} runs queued ({})",
+                            match mix {
+                                work::QueueMix::Plain => "no priorities, no keys",
+                                work::QueueMix::Priority => "priorities -100..100",
+                                work::QueueMix::Keys20 =>
+                                    "20 keys; the first 95 % of the queue in keys held at their limit",
+                            }
+                        ),
+                        Kind::ClaimNextAt(size, mix),
+                    ));
+                }
+            }
             for size in [1000, 10 * n] {
                 cases.push(Case::new(
                     b,
@@ -698,6 +725,17 @@ async fn measure(env: &Env, case: &mut Case) -> Result<Sample, String> {
             let sample = work::drain(t, &session, w, hand_over, budget).await?;
             case.hint = Some(sample.rate());
             Ok(sample)
+        }
+        Kind::ClaimNextAt(size, mix) => {
+            let t = env.target(&case.backend)?;
+            if matches!(case.prep, Prep::None) {
+                let session = work::queued_session(t, size as usize, mix).await?;
+                case.prep = Prep::Queue { session, next: 0 };
+            }
+            let Prep::Queue { session, .. } = &case.prep else {
+                unreachable!("prepared above")
+            };
+            work::claim_next_cycle(t, session, budget).await
         }
         Kind::DrainQueued(depth, w) => {
             let t = env.target(&case.backend)?;
@@ -1529,6 +1567,20 @@ fn ratios(cases: &[Case], s: &Settings) -> Vec<Ratio> {
             (10 * n >= 1_000_000).then_some((false, 2.0)),
             "target at 1 000 000 events",
         );
+    }
+    for b in ["fs", "pg"] {
+        for size in [1000, n] {
+            for mix in ["priority", "keys20"] {
+                pair(
+                    format!("{b} claim_next with {mix} vs plain at {size} queued (time)"),
+                    &format!("{b}/claim-next.{mix}-{size}"),
+                    &format!("{b}/claim-next.plain-{size}"),
+                    true,
+                    Some((false, 1.5)),
+                    "target",
+                );
+            }
+        }
     }
     pair(
         format!("pg drain @8 with {n} vs 1000 runs queued (rate)"),

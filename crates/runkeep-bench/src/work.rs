@@ -7,9 +7,10 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use runkeep::{
-    Checkpoint, CheckpointId, ClaimNextFilter, ClaimOptions, ClaimOutcome, EnqueueOptions, Fence,
-    Holder, ListOptions, ListingScope, NewEvent, NextClaim, Outcome, ProjectId, ReadEventsOptions,
-    RunId, RunScope, RunStore, SessionId, Step, TenantId, Ttl, WatchTopic,
+    Checkpoint, CheckpointId, ClaimNextFilter, ClaimOptions, ClaimOutcome, Concurrency,
+    EnqueueOptions, Fence, Holder, ListOptions, ListingScope, NewEvent, NextClaim, Outcome,
+    Priority, ProjectId, ReadEventsOptions, RunId, RunScope, RunStore, SessionId, Step, TenantId,
+    Ttl, WatchTopic,
 };
 use serde_json::{json, Map, Value};
 
@@ -136,17 +137,30 @@ impl Target {
 
     /// Enqueues `names` in `session` (not timed), `fill_concurrency` at once.
     pub async fn enqueue_all(&self, session: &SessionId, names: Vec<String>) -> Result<(), String> {
+        self.enqueue_all_with(session, names, |_| EnqueueOptions::default())
+            .await
+    }
+
+    /// Enqueues the runs named, run `i` with `options(i)`, in lanes.
+    pub async fn enqueue_all_with(
+        &self,
+        session: &SessionId,
+        names: Vec<String>,
+        options: impl Fn(usize) -> EnqueueOptions + Send + Sync + 'static,
+    ) -> Result<(), String> {
+        let options = Arc::new(options);
         let lanes = self.fill_concurrency.max(1);
         let names = Arc::new(names);
         let mut tasks = Vec::new();
         for lane in 0..lanes {
             let (t, names, session) = (self.clone(), names.clone(), session.clone());
+            let options = options.clone();
             tasks.push(tokio::spawn(async move {
                 let input = t.input();
-                for name in names.iter().skip(lane).step_by(lanes) {
+                for (i, name) in names.iter().enumerate().skip(lane).step_by(lanes) {
                     let scope = t.run(&session, name);
                     t.store
-                        .enqueue(&scope, &input, &EnqueueOptions::default())
+                        .enqueue(&scope, &input, &options(i))
                         .await
                         .ctx("enqueue")?;
                 }
@@ -391,6 +405,110 @@ pub async fn list_page(
             let page = store.list_runs(&listing, &options).await.ctx("list_runs")?;
             if page.entries.is_empty() {
                 return Err("the listing page came back empty".into());
+            }
+            Ok(1.0)
+        }
+    })
+    .await
+}
+
+/// What the queued runs of a `claim_next` scaling case carry.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum QueueMix {
+    /// Nothing: today's plain queue.
+    Plain,
+    /// Priorities drawn from -100..=100.
+    Priority,
+    /// 20 concurrency keys (limits 1–3): the first 95 % of the queue (in
+    /// run-id order) belongs to keys 0–18, all held at their limit by a
+    /// blocker, so every call must pass them by to reach key 19's runs.
+    Keys20,
+}
+
+impl QueueMix {
+    /// The case name's part.
+    pub fn label(self) -> &'static str {
+        match self {
+            QueueMix::Plain => "plain",
+            QueueMix::Priority => "priority",
+            QueueMix::Keys20 => "keys20",
+        }
+    }
+}
+
+fn key_of(i: usize, size: usize) -> (usize, Concurrency) {
+    let k = if i < size * 95 / 100 { i % 19 } else { 19 };
+    (
+        k,
+        Concurrency::new(format!("key-{k:02}"), 1 + (k % 3) as u32).expect("a valid key"),
+    )
+}
+
+/// A session of `size` queued runs mixed as `mix`, with the keys at their
+/// limit held (not timed).
+pub async fn queued_session(t: &Target, size: usize, mix: QueueMix) -> Result<SessionId, String> {
+    let session = fresh_session();
+    let names: Vec<String> = (0..size).map(|i| format!("run_c{i:09}")).collect();
+    t.enqueue_all_with(&session, names, move |i| match mix {
+        QueueMix::Plain => EnqueueOptions::default(),
+        QueueMix::Priority => EnqueueOptions {
+            priority: Priority::new(
+                (((i as u64).wrapping_mul(2654435761) >> 7) % 201) as i64 - 100,
+            )
+            .expect("a valid priority"),
+            ..EnqueueOptions::default()
+        },
+        QueueMix::Keys20 => EnqueueOptions {
+            concurrency: Some(key_of(i, size).1),
+            ..EnqueueOptions::default()
+        },
+    })
+    .await?;
+    if mix == QueueMix::Keys20 {
+        let blocker = claim_options("key-blocker");
+        let mut held = [0u32; 19];
+        for i in 0..size * 95 / 100 {
+            let (k, c) = key_of(i, size);
+            if held[k] < c.limit {
+                acquire(
+                    &*t.store,
+                    &t.run(&session, &format!("run_c{i:09}")),
+                    &blocker,
+                )
+                .await?;
+                held[k] += 1;
+            }
+            if held
+                .iter()
+                .enumerate()
+                .all(|(k, h)| *h == 1 + (k % 3) as u32)
+            {
+                break;
+            }
+        }
+    }
+    Ok(session)
+}
+
+/// `claim_next` + release on a queued session: the run a call takes goes
+/// back for the next one, so the queue's shape stays as prepared.
+pub async fn claim_next_cycle(
+    t: &Target,
+    session: &SessionId,
+    budget: Duration,
+) -> Result<Sample, String> {
+    let listing = t.listing(session);
+    let opts = claim_options("claim-next");
+    sequential(budget, |_| {
+        let (store, listing, opts) = (t.store.clone(), listing.clone(), opts.clone());
+        async move {
+            let (scope, lease) = store
+                .claim_next(&listing, &ClaimNextFilter::default(), &opts)
+                .await
+                .ctx("claim_next")?
+                .ok_or("claim_next found no run")?;
+            if !store.release(&scope, lease.fence).await.ctx("release")? {
+                return Err(format!("release of {scope} released nothing"));
             }
             Ok(1.0)
         }

@@ -31,8 +31,11 @@ pub struct KeyRace {
     pub workers: usize,
     /// Keys, `key-00` …; key `i` has limit `1 + i % 3`.
     pub keys: usize,
-    /// Runs, spread over the keys round-robin.
+    /// Runs, spread over the keys in blocks of [`Self::block`] runs in
+    /// run-id order (so the fleet's next runs share keys: pressure).
     pub runs: usize,
+    /// Consecutive runs of one key.
+    pub block: usize,
     /// How long a worker keeps a run before finishing it (at most; each
     /// hold is drawn from 0 up to this, so holdings overlap).
     pub hold: Duration,
@@ -45,13 +48,14 @@ impl KeyRace {
             workers: 16,
             keys: 20,
             runs: 2_000,
-            hold: Duration::from_millis(2),
+            block: 8,
+            hold: Duration::from_millis(10),
         }
     }
 
     /// The key of run `i` and its limit.
     pub fn key_of(&self, i: usize) -> Concurrency {
-        let k = i % self.keys;
+        let k = (i / self.block.max(1)) % self.keys;
         Concurrency::new(format!("key-{k:02}"), 1 + (k % 3) as u32).expect("key")
     }
 }
@@ -198,7 +202,7 @@ pub async fn drain_keyed(stores: &[Arc<dyn RunStore>], spec: &KeyRace) -> KeyRac
         ..KeyRaceReport::default()
     };
     for k in 0..spec.keys {
-        let c = spec.key_of(k);
+        let c = spec.key_of(k * spec.block.max(1));
         let history = first
             .key_holdings(&support::listing(), &c.key)
             .await

@@ -37,6 +37,7 @@ use runkeep::{
 use serde_json::{Map, Value};
 
 use crate::inner::Inner;
+use crate::keys::KeyGuard;
 use crate::lock::{Mode, RunLock};
 use crate::options::Durability;
 use crate::run_state::{self, Record};
@@ -680,6 +681,57 @@ pub(crate) fn claim(
     // The record changes only under the exclusive run lock (finish,
     // enqueue, reopen) or by the winner of a dead-lettering link: read once.
     let record = run_state::read_record(&run_dir, &ctx)?;
+    // A keyed run: the key lock from the count to the log line of the
+    // holding (`crate::keys`), taken after the run lock (the one order).
+    let key = record
+        .as_ref()
+        .and_then(|r| r.lifecycle.concurrency.as_ref());
+    if key.is_some() {
+        // First without the key lock: a run someone else holds live (or
+        // finished, or deferred) is answered at once, so the losers of a
+        // race for one run do not queue on its key's lock.
+        let s = scan(&claims_dir)
+            .map_err(|e| ctx.io("list the claims directory", &claims_dir, e))?
+            .unwrap_or_default();
+        let holding = holding_of(&claims_dir, &s, &ctx)?;
+        let state = run_state::state_with(record.as_ref(), holding.as_ref(), &claims_dir, &ctx);
+        match lifecycle::plan_claim(
+            &scope.run_id,
+            state.top.as_ref(),
+            &state.lifecycle,
+            &options.holder,
+            now,
+            options.max_attempts,
+            0,
+        )? {
+            ClaimPlan::Held(summary) => return Ok(ClaimOutcome::Held(summary)),
+            ClaimPlan::Finished(status) => return Ok(ClaimOutcome::Finished(status)),
+            ClaimPlan::NotBefore(at) => return Ok(ClaimOutcome::NotBefore(at)),
+            _ => {}
+        }
+    }
+    let mut guard = match key {
+        Some(c) => Some(KeyGuard::lock(inner, &c.key, &ctx)?),
+        None => None,
+    };
+    // The instant the key is judged and the holding starts in its history:
+    // the claim's, or the store clock's under the key lock when that is
+    // later (a claim that waited for the lock must not start its holding
+    // before the end the previous holder logged).
+    let key_now = now.max(inner.now());
+    let key_held = match &guard {
+        Some(g) => {
+            let n = g.held_by_others(scope, key_now, &ctx)?;
+            testing_hooks::trace(testing_hooks::Trace::KeyCounted(scope.run_id.as_str(), n));
+            testing_hooks::pause_once(testing_hooks::Pause::KeyAfterCount);
+            if testing_hooks::mutation() == Mutation::KeyCountZero {
+                0
+            } else {
+                n
+            }
+        }
+        None => 0,
+    };
     let expires_at = now.plus(options.ttl);
     let mut lost = 0;
     let mut floor: Option<Fence> = None;
@@ -696,7 +748,7 @@ pub(crate) fn claim(
             &options.holder,
             now,
             options.max_attempts,
-            0, // FIXME(issue 30, directory helper): count the key under its lock
+            key_held,
         )?;
         // What this attempt publishes: a lease, or (dead-lettering) a
         // tombstone that finishes the run.
@@ -725,6 +777,13 @@ pub(crate) fn claim(
         if let Some(fl) = floor {
             if fence <= fl {
                 fence = fl.next(&scope.run_id)?;
+            }
+        }
+        if let (Some(g), None) = (&guard, &dead) {
+            // Before the link: a crash after it still leaves the run in
+            // the key's held set, so the next count reads its holding.
+            if testing_hooks::mutation() != Mutation::HeldAfterLog {
+                g.note_taking(scope, fence).map_err(|e| inner.note(e))?;
             }
         }
         testing_hooks::pause_once(testing_hooks::Pause::ClaimBeforeLink);
@@ -757,6 +816,17 @@ pub(crate) fn claim(
                             prune(&claims_dir, fence, &after, inner.prune_grace);
                             tracing::info!(run = %scope.run_id, attempts = l.attempts, reason = ?l.reason, "run finished by a claim");
                             return Ok(ClaimOutcome::Finished(l.status));
+                        }
+                        if let Some(g) = guard.take() {
+                            // The history, still under the key lock; then
+                            // the lock goes (a release of an expired win
+                            // below takes it again).
+                            testing_hooks::pause(testing_hooks::Pause::KeyAfterLink);
+                            g.log_acquired(scope, fence, key_now, expires_at)
+                                .map_err(|e| inner.note(e))?;
+                            if testing_hooks::mutation() == Mutation::HeldAfterLog {
+                                g.note_taking(scope, fence).map_err(|e| inner.note(e))?;
+                            }
                         }
                         drop(lock);
                         prune(&claims_dir, fence, &after, inner.prune_grace);
@@ -843,7 +913,9 @@ fn hand_back(
     let judged_at =
         Timestamp::from_millis(now.as_millis().saturating_add(took_ms)).unwrap_or(expires_at);
     if runkeep::lease::is_expired(expires_at, judged_at) {
-        let _ = release(inner, scope, fence);
+        if let Ok(true) = release(inner, scope, fence) {
+            crate::keys::after_end(inner, scope, "claim");
+        }
         return Err(Error::Unavailable {
             message: format!(
                 "{} on run {}: the claim took {} ms, longer than its ttl, so the lease at fence {fence} had expired before it could be handed back; it was released again. Retry, with a ttl well above the time a claim takes on this volume (`runkeep doctor` reports the claims directory size)",

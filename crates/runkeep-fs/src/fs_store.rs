@@ -28,9 +28,10 @@ use crate::diagnose::{self, Diagnosis};
 use crate::inner::Inner;
 use crate::options::FsOptions;
 use crate::{
-    blocking, checkpoints, claims, documents, failures, listing, opening, queue, steps, transcript,
-    watching,
+    blocking, checkpoints, claims, dedupe, documents, failures, keys, listing, opening, queue,
+    steps, transcript, watching,
 };
+use runkeep::scheduling::{concurrency, Dedupe, Enqueued, KeyHolding, Priority};
 
 /// The directory backend. Cheap to clone; safe to share between threads and
 /// between processes (through the directory).
@@ -71,6 +72,18 @@ impl FsStore {
     /// The directory the store was opened on (absolute).
     pub fn base_dir(&self) -> &Path {
         self.inner.base()
+    }
+
+    /// A page of `claim_next`'s candidates in its order (priority first),
+    /// after `after` (the root store's merge).
+    pub(crate) async fn claim_page(
+        &self,
+        scope: &ListingScope,
+        list: &ListOptions,
+        after: Option<runkeep::listing::RowKey>,
+    ) -> Result<(Vec<runkeep::RunRow>, Option<runkeep::listing::RowKey>)> {
+        let (inner, scope, list) = (self.inner.clone(), scope.clone(), list.clone());
+        blocking::run(move || listing::claim_page(&inner, &scope, &list, after)).await
     }
 
     /// The directory of a run: `<base>/<run>` for a top-level run,
@@ -180,7 +193,14 @@ impl runkeep::CheckpointStore for FsStore {
     async fn release(&self, scope: &RunScope, fence: Fence) -> Result<bool> {
         self.inner.check_scope(scope)?;
         let (inner, scope) = (self.inner.clone(), scope.clone());
-        blocking::run(move || claims::release(&inner, &scope, fence)).await
+        blocking::run(move || {
+            let r = claims::release(&inner, &scope, fence);
+            if matches!(r, Ok(true)) {
+                keys::after_end(&inner, &scope, "release");
+            }
+            r
+        })
+        .await
     }
 
     async fn lease(&self, scope: &RunScope, now: Timestamp) -> Result<Option<LeaseSummary>> {
@@ -221,12 +241,26 @@ impl runkeep::CheckpointStore for FsStore {
 
     async fn finish(&self, scope: &RunScope, fence: Fence, outcome: &Outcome) -> Result<Lifecycle> {
         let (inner, scope, outcome) = (self.inner.clone(), scope.clone(), outcome.clone());
-        blocking::run(move || queue::finish(&inner, &scope, fence, &outcome)).await
+        blocking::run(move || {
+            let r = queue::finish(&inner, &scope, fence, &outcome);
+            if r.is_ok() {
+                keys::after_end(&inner, &scope, "finish");
+            }
+            r
+        })
+        .await
     }
 
     async fn snooze(&self, scope: &RunScope, fence: Fence, until: Timestamp) -> Result<bool> {
         let (inner, scope) = (self.inner.clone(), scope.clone());
-        blocking::run(move || queue::snooze(&inner, &scope, fence, until)).await
+        blocking::run(move || {
+            let r = queue::snooze(&inner, &scope, fence, until);
+            if matches!(r, Ok(true)) {
+                keys::after_end(&inner, &scope, "snooze");
+            }
+            r
+        })
+        .await
     }
 
     async fn fail_attempt(
@@ -237,14 +271,62 @@ impl runkeep::CheckpointStore for FsStore {
         max_attempts: Option<u32>,
     ) -> Result<Lifecycle> {
         let (inner, scope, error) = (self.inner.clone(), scope.clone(), error.clone());
-        blocking::run(move || failures::fail_attempt(&inner, &scope, fence, &error, max_attempts))
-            .await
+        blocking::run(move || {
+            let r = failures::fail_attempt(&inner, &scope, fence, &error, max_attempts);
+            if r.is_ok() {
+                keys::after_end(&inner, &scope, "fail_attempt");
+            }
+            r
+        })
+        .await
     }
 
     async fn cancel(&self, scope: &RunScope, reason: Option<&str>) -> Result<Lifecycle> {
         let (inner, scope) = (self.inner.clone(), scope.clone());
         let reason = reason.map(str::to_owned);
-        blocking::run(move || failures::cancel(&inner, &scope, reason.as_deref())).await
+        blocking::run(move || {
+            let r = failures::cancel(&inner, &scope, reason.as_deref());
+            if r.is_ok() {
+                keys::after_end(&inner, &scope, "cancel");
+            }
+            r
+        })
+        .await
+    }
+
+    async fn set_priority(&self, scope: &RunScope, priority: Priority) -> Result<Lifecycle> {
+        let (inner, scope) = (self.inner.clone(), scope.clone());
+        blocking::run(move || dedupe::set_priority(&inner, &scope, priority)).await
+    }
+
+    async fn enqueue_once(
+        &self,
+        scope: &RunScope,
+        checkpoint: &Checkpoint,
+        options: &EnqueueOptions,
+        dedupe: Option<&Dedupe>,
+    ) -> Result<Enqueued> {
+        let Some(d) = dedupe else {
+            let cp = self.enqueue(scope, checkpoint, options).await?;
+            return Ok(Enqueued {
+                run: scope.clone(),
+                created: true,
+                checkpoint: Some(cp),
+            });
+        };
+        let (inner, scope, d) = (self.inner.clone(), scope.clone(), d.clone());
+        let (cp, options) = (checkpoint.clone(), options.clone());
+        blocking::run(move || dedupe::enqueue_once(&inner, &scope, &cp, &options, &d)).await
+    }
+
+    async fn key_holdings(&self, session: &ListingScope, key: &str) -> Result<Vec<KeyHolding>> {
+        concurrency::check_key(key)?;
+        let session = concurrency::session_of(session)?;
+        if !self.inner.is_bound_to(&session) {
+            return Ok(Vec::new());
+        }
+        let (inner, key) = (self.inner.clone(), key.to_owned());
+        blocking::run(move || keys::key_holdings(&inner, &key)).await
     }
 
     async fn reopen(&self, scope: &RunScope) -> Result<Lifecycle> {
@@ -290,7 +372,14 @@ impl runkeep::EvidenceStore for FsStore {
         step: &Step,
     ) -> Result<StepReceipt> {
         let (inner, scope, step) = (self.inner.clone(), scope.clone(), step.clone());
-        blocking::run(move || steps::commit_step(&inner, &scope, fence, &step)).await
+        blocking::run(move || {
+            let r = steps::commit_step(&inner, &scope, fence, &step);
+            if r.is_ok() && step.finish.is_some() {
+                keys::after_end(&inner, &scope, "commit_step");
+            }
+            r
+        })
+        .await
     }
 
     async fn append_events(

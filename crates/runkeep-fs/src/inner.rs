@@ -73,6 +73,16 @@ impl Inner {
         self.clock.now()
     }
 
+    /// True when `session` (a scope naming a session) is this store's
+    /// (a store opened without attribution takes any).
+    pub(crate) fn is_bound_to(&self, session: &runkeep::ListingScope) -> bool {
+        self.attribution.as_ref().is_none_or(|a| {
+            a.tenant_id == *session.tenant_id()
+                && session.project_id() == Some(&a.project_id)
+                && session.session_id() == Some(&a.session_id)
+        })
+    }
+
     pub(crate) fn attribution(&self) -> Option<&Attribution> {
         self.attribution.as_ref()
     }
@@ -209,6 +219,21 @@ impl Inner {
             return None;
         }
         self.index.candidates(&self.base, order, after, want, keep)
+    }
+
+    /// [`Self::index_candidates`] in `claim_next`'s order (priority first).
+    pub(crate) fn index_claim_candidates(
+        &self,
+        order: ListOrder,
+        after: Option<&RowKey>,
+        want: usize,
+        keep: &dyn Fn(&Summary) -> bool,
+    ) -> Option<Vec<Found>> {
+        if self.switches.is_off(Switch::Index) {
+            return None;
+        }
+        self.index
+            .claim_candidates(&self.base, order, after, want, keep)
     }
 
     /// [`SessionIndex::reconcile`] on this store's index.

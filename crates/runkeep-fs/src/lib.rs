@@ -77,10 +77,12 @@ mod root;
 // The jobs.
 mod checkpoints;
 mod claims;
+mod dedupe;
 mod diagnose;
 mod documents;
 mod failures;
 mod index;
+mod keys;
 mod listing;
 mod opening;
 mod queue;

@@ -16,9 +16,12 @@
 //! key is kept. A damaged run is a flagged row; a run directory removed
 //! mid-walk is simply not a row.
 
+use std::cell::RefCell;
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
 use runkeep::listing::{ListQuery, RowKey};
+use runkeep::scheduling::Priority;
 use runkeep::{
     ClaimNextFilter, ClaimOptions, ClaimOutcome, Error, Lease, ListOptions, ListOrder,
     ListingScope, Result, RunDigest, RunId, RunPage, RunRow, RunScope,
@@ -28,7 +31,7 @@ use crate::index::Summary;
 use crate::inner::Inner;
 use crate::options::Attribution;
 use crate::sys::{self, Ctx};
-use crate::{checkpoints, claims, run_state};
+use crate::{checkpoints, claims, keys, run_state};
 
 /// A run directory found by the walk.
 #[derive(Clone, Debug)]
@@ -164,7 +167,12 @@ impl RunRead {
                     .ok()
                     .and_then(|s| s.top.as_ref())
                     .map(|t| t.summary(now));
-                Some(RunRow::damaged(scope, e, claim))
+                let mut row = RunRow::damaged(scope, e, claim);
+                // Its place in the priority orders stays the run's.
+                if let Ok(s) = state {
+                    row.priority = s.lifecycle.priority;
+                }
+                Some(row)
             }
             (Ok(_), Err(e)) => Some(RunRow::damaged(scope, e, None)),
         }
@@ -222,7 +230,7 @@ pub(crate) fn list_runs(
     };
     match indexed_page(inner, &q, a) {
         Some(page) => Ok(page),
-        None => walk_page(inner, &q, a),
+        None => walk_page(inner, &q, a, false),
     }
 }
 
@@ -236,7 +244,7 @@ pub(crate) fn list_runs_walk(
     let Some((q, a)) = prepare(inner, scope, options)? else {
         return Ok(RunPage::default());
     };
-    walk_page(inner, &q, a)
+    walk_page(inner, &q, a, false)
 }
 
 /// How many candidates a page asks the index for at a time beyond what it
@@ -277,10 +285,22 @@ fn indexed_page(inner: &Inner, q: &ListQuery, a: &Attribution) -> Option<RunPage
     Some(q.page_from_sorted(page))
 }
 
+/// A run's priority as its lifecycle record says (the default when it has
+/// none or it cannot be read: the row then reads damaged or default too).
+fn priority_of(c: &Candidate, ctx: &Ctx) -> Priority {
+    run_state::read_record(&c.dir, ctx)
+        .ok()
+        .flatten()
+        .map(|r| r.lifecycle.priority)
+        .unwrap_or_default()
+}
+
 /// One page by walking every run directory: O(runs) directory entries,
-/// O(page) rows in run-id order, every run's digest in created-at order.
-/// Holds one key per run, never a digest per run.
-fn walk_page(inner: &Inner, q: &ListQuery, a: &Attribution) -> Result<RunPage> {
+/// O(page) rows in run-id order, every run's digest in created-at order and
+/// every run's lifecycle record in the priority order (and in `claim`:
+/// `claim_next`'s order, priority first). Holds one key per run, never a
+/// digest per run.
+fn walk_page(inner: &Inner, q: &ListQuery, a: &Attribution, claim: bool) -> Result<RunPage> {
     let ctx = Ctx::store("list_runs");
     let candidates = enumerate(inner.base(), &ctx)?;
     // Run-id order needs no digest to sort, so digests are read only for the
@@ -292,7 +312,10 @@ fn walk_page(inner: &Inner, q: &ListQuery, a: &Attribution) -> Result<RunPage> {
                 ListOrder::RunId | ListOrder::Priority => None,
                 ListOrder::CreatedAt => digest_of(&c, &ctx)?.ok().and_then(|d| d.run_created_at),
             };
-            let k = RowKey::new(q.order, &c.run, c.parent.as_ref(), created);
+            let mut k = RowKey::new(q.order, &c.run, c.parent.as_ref(), created);
+            if claim || q.order == ListOrder::Priority {
+                k = k.with_priority(priority_of(&c, &ctx));
+            }
             Some((k, c))
         })
         .filter(|(k, _)| q.is_after_cursor(k))
@@ -346,9 +369,17 @@ pub(crate) fn claim_next(
     let mut contended = None;
     let mut after: Option<RowKey> = None;
     let mut cursor: Option<String> = None;
+    // Runs of each concurrency key held live, counted once per call from
+    // the key's held set (`crate::keys`): the entries of a key at its limit
+    // are skipped from the index without reading their runs. The claim
+    // counts again under the key lock; this only saves the reads.
+    let busy: RefCell<HashMap<String, u32>> = RefCell::default();
+    let at_limit = |c: Option<&(String, u32)>| {
+        c.is_some_and(|(k, limit)| busy.borrow().get(k).is_some_and(|h| h >= limit))
+    };
     loop {
-        let indexed = inner.index_candidates(q.order, after.as_ref(), CLAIM_PAGE, &|s| {
-            s.claimable(now) && s.matches(&q)
+        let indexed = inner.index_claim_candidates(q.order, after.as_ref(), CLAIM_PAGE, &|s| {
+            s.claimable(now) && s.matches(&q) && !at_limit(s.skippable_key(now))
         });
         // From the index: candidates, each read only when its turn comes
         // (the first claimable one usually ends the call).
@@ -368,6 +399,7 @@ pub(crate) fn claim_next(
                         },
                     )?,
                     a,
+                    true,
                 )?;
                 cursor = page.cursor;
                 let more = cursor.is_some();
@@ -381,6 +413,15 @@ pub(crate) fn claim_next(
                 Some(found) => {
                     after = Some(found.key.clone());
                     let c = &found.candidate;
+                    if let Some((key, limit)) = found.skippable_key(now) {
+                        let held = *busy
+                            .borrow_mut()
+                            .entry(key.clone())
+                            .or_insert_with(|| keys::held_now(inner, &c.scope(a), key, now));
+                        if held >= *limit {
+                            continue;
+                        }
+                    }
                     let read = read_run(c, &ctx);
                     inner.index_reconcile(&found, read.as_ref().and_then(Summary::of));
                     match read.and_then(|r| r.row(c.scope(a), now)) {
@@ -402,16 +443,18 @@ pub(crate) fn claim_next(
                     if filter.park.is_some() && !still_matches(inner, &row.scope, filter, now) {
                         // Answered (or otherwise changed) between the listing
                         // and the claim: give it back and keep looking.
-                        claims::release(inner, &row.scope, lease.fence)?;
+                        if claims::release(inner, &row.scope, lease.fence)? {
+                            keys::after_end(inner, &row.scope, "claim_next");
+                        }
                         continue;
                     }
                     return Ok(Some((row.scope, lease)));
                 }
+                Ok(ClaimOutcome::AtLimit(b)) => {
+                    busy.borrow_mut().insert(b.key, b.held);
+                }
                 Ok(
-                    ClaimOutcome::Held(_)
-                    | ClaimOutcome::Finished(_)
-                    | ClaimOutcome::NotBefore(_)
-                    | ClaimOutcome::AtLimit(_),
+                    ClaimOutcome::Held(_) | ClaimOutcome::Finished(_) | ClaimOutcome::NotBefore(_),
                 ) => {}
                 Err(e @ Error::Contended { .. }) => contended = Some(e),
                 Err(e) => return Err(e),
@@ -444,4 +487,86 @@ fn still_matches(
         (Some(_), None) => false,
         (None, _) => true,
     }
+}
+
+/// Up to `list.limit` rows after `after` in `claim_next`'s order for
+/// `list.order` (priority first, [`RunRow::claim_key`]) that `list`'s
+/// filters keep, and where the next page starts (`None`: no more). What
+/// the root store merges its sessions' `claim_next` candidates from.
+pub(crate) fn claim_page(
+    inner: &Inner,
+    scope: &ListingScope,
+    list: &ListOptions,
+    after: Option<RowKey>,
+) -> Result<(Vec<RunRow>, Option<RowKey>)> {
+    claim_page_with(inner, scope, list, after, true)
+}
+
+/// [`claim_page`], from the index only when `index` (the walk otherwise:
+/// the oracle in the tests).
+pub(crate) fn claim_page_with(
+    inner: &Inner,
+    scope: &ListingScope,
+    list: &ListOptions,
+    after: Option<RowKey>,
+    index: bool,
+) -> Result<(Vec<RunRow>, Option<RowKey>)> {
+    let Some((mut q, a)) = prepare(inner, scope, list)? else {
+        return Ok((Vec::new(), None));
+    };
+    q.after = after;
+    let now = q.now;
+    let ctx = Ctx::store("claim_next");
+    let want = q.limit;
+    // As `claim_next`: a key's live holdings counted once per page from its
+    // held set, and the runs of a key at its limit skipped unread.
+    let busy: RefCell<HashMap<String, u32>> = RefCell::default();
+    let at_limit = |c: Option<&(String, u32)>| {
+        c.is_some_and(|(k, limit)| busy.borrow().get(k).is_some_and(|h| h >= limit))
+    };
+    let batch = if index {
+        inner.index_claim_candidates(q.order, q.after.as_ref(), want, &|s| {
+            s.claimable(now) && s.matches(&q) && !at_limit(s.skippable_key(now))
+        })
+    } else {
+        None
+    };
+    let Some(batch) = batch else {
+        let page = walk_page(inner, &q, a, true)?;
+        let next = page
+            .entries
+            .last()
+            .map(|r| r.claim_key(q.order).without_tie());
+        let more = page.cursor.is_some();
+        let rows = page
+            .entries
+            .into_iter()
+            .filter(|r| r.is_claimable(now))
+            .collect();
+        return Ok((rows, next.filter(|_| more)));
+    };
+    let more = batch.len() == want;
+    let mut rows = Vec::with_capacity(batch.len());
+    let mut last = None;
+    for found in batch {
+        last = Some(found.key.clone());
+        let c = &found.candidate;
+        if let Some((key, limit)) = found.skippable_key(now) {
+            let held = *busy
+                .borrow_mut()
+                .entry(key.clone())
+                .or_insert_with(|| keys::held_now(inner, &c.scope(a), key, now));
+            if held >= *limit {
+                continue;
+            }
+        }
+        let read = read_run(c, &ctx);
+        inner.index_reconcile(&found, read.as_ref().and_then(Summary::of));
+        if let Some(row) = read.and_then(|r| r.row(c.scope(a), now)) {
+            if q.matches(&row) && row.is_claimable(now) {
+                rows.push(row);
+            }
+        }
+    }
+    Ok((rows, last.filter(|_| more)))
 }

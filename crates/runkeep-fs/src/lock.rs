@@ -93,6 +93,24 @@ impl RunLock {
         wait(file, mode, &path, ctx)
     }
 
+    /// Takes the lock at `path` (a store-level lock file such as a
+    /// concurrency key's; its directory exists), as [`Self::acquire`] does.
+    pub(crate) fn acquire_at(path: &Path, mode: Mode, ctx: &Ctx) -> runkeep::Result<Self> {
+        if crate::testing_hooks::mutation() == crate::testing_hooks::Mutation::NoKeyLock {
+            return Ok(RunLock { _file: None });
+        }
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .mode(sys::FILE_MODE)
+            .custom_flags(rustix::fs::OFlags::CLOEXEC.bits() as i32)
+            .open(path)
+            .map_err(|e| ctx.io("open the lock", path, e))?;
+        wait(file, mode, path, ctx)
+    }
+
     /// Takes the lock shared for a read, only if the lock file exists (a read
     /// creates nothing). Never fails: a read proceeds unlocked if need be.
     pub(crate) fn for_read(run_dir: &Path, ctx: &Ctx) -> Self {

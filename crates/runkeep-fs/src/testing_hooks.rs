@@ -65,6 +65,15 @@ pub(crate) enum Mutation {
     StepCheckpointFirst,
     /// `index-ignores-events`: the session index misses event appends.
     IndexIgnoresEvents,
+    /// `key-count-zero`: a claim of a keyed run passes 0 as the count of
+    /// the key's other live holdings (the limit is never enforced).
+    KeyCountZero,
+    /// `no-key-lock`: the concurrency key lock is never taken (count and
+    /// publish race).
+    NoKeyLock,
+    /// `held-after-log`: a keyed claim enters its run in the key's held set
+    /// only after logging its holding (not before linking it).
+    HeldAfterLog,
     /// `no-dir-fsync` / `no-file-fsync`, optionally `:<name>`: the `fsync`
     /// of directories or of files removed, everywhere or only for paths
     /// with a component equal to `<name>` or a file name starting with
@@ -109,6 +118,9 @@ impl Mutation {
             ("no-append-recheck", None) => Mutation::NoAppendRecheck,
             ("step-checkpoint-first", None) => Mutation::StepCheckpointFirst,
             ("index-ignores-events", None) => Mutation::IndexIgnoresEvents,
+            ("key-count-zero", None) => Mutation::KeyCountZero,
+            ("no-key-lock", None) => Mutation::NoKeyLock,
+            ("held-after-log", None) => Mutation::HeldAfterLog,
             ("no-dir-fsync", only) => Mutation::NoSync {
                 of: Synced::Dir,
                 only,
@@ -207,12 +219,18 @@ pub(crate) enum Pause {
     StepAfterRecord,
     /// `step-after-checkpoint`: a step commit published its checkpoint.
     StepAfterCheckpoint,
+    /// `key-after-count`: a claim of a keyed run counted the key's live
+    /// holdings under the key lock, not yet linked its own.
+    KeyAfterCount,
+    /// `key-after-link`: a claim of a keyed run linked its holding, not yet
+    /// logged it in the key's history.
+    KeyAfterLink,
 }
 
 #[cfg(feature = "testing")]
 impl Pause {
     /// Every point, for [`Pause::asked`].
-    const ALL: [Pause; 16] = [
+    const ALL: [Pause; 18] = [
         Pause::BeforeAppendWrite,
         Pause::MidAppendWrite,
         Pause::AfterFenceCheck,
@@ -229,6 +247,8 @@ impl Pause {
         Pause::StepAfterMessages,
         Pause::StepAfterRecord,
         Pause::StepAfterCheckpoint,
+        Pause::KeyAfterCount,
+        Pause::KeyAfterLink,
     ];
 
     /// Its name in `RUNKEEP_FS_TEST_PAUSE`.
@@ -250,6 +270,8 @@ impl Pause {
             Pause::StepAfterMessages => "step-after-messages",
             Pause::StepAfterRecord => "step-after-record",
             Pause::StepAfterCheckpoint => "step-after-checkpoint",
+            Pause::KeyAfterCount => "key-after-count",
+            Pause::KeyAfterLink => "key-after-link",
         }
     }
 
@@ -340,6 +362,9 @@ pub(crate) enum Trace<'a> {
     /// `watch-woke <store directory>`: a watch thread woke on an inotify
     /// event (not on its interval).
     WatchWoke(&'a Path),
+    /// `key-counted <run> <held>`: a claim of a keyed run counted the
+    /// key's other live holdings under the key lock.
+    KeyCounted(&'a str, u32),
 }
 
 #[cfg(feature = "testing")]
@@ -353,6 +378,7 @@ impl Trace<'_> {
                 format!("refused-after-link {fence} above {above}")
             }
             Trace::WatchWoke(base) => format!("watch-woke {}", base.display()),
+            Trace::KeyCounted(run, held) => format!("key-counted {run} {held}"),
         }
     }
 }

@@ -292,6 +292,15 @@ enum Op {
     Next { prefix: u8, park: bool, order: bool },
     /// Moves the clock.
     Advance(i64),
+    /// Enqueues with a priority and maybe a concurrency key (limit 1).
+    Enqueue {
+        at: u8,
+        run: u8,
+        prio: i64,
+        key: Option<u8>,
+    },
+    /// An operator sets a run's priority.
+    Priority { at: u8, run: u8, prio: i64 },
 }
 
 /// Eight sessions over two tenants, two projects each; run ids recur in
@@ -326,6 +335,9 @@ fn op() -> impl Strategy<Value = Op> {
         1 => (any::<u8>(), any::<u8>()).prop_map(|(at, run)| Op::Finish { at, run }),
         2 => (any::<u8>(), any::<bool>(), any::<bool>()).prop_map(|(prefix, park, order)| Op::Next { prefix, park, order }),
         1 => (1i64..3_000).prop_map(Op::Advance),
+        2 => (any::<u8>(), any::<u8>(), -2i64..3, proptest::option::of(0u8..2))
+            .prop_map(|(at, run, prio, key)| Op::Enqueue { at, run, prio, key }),
+        1 => (any::<u8>(), any::<u8>(), -2i64..3).prop_map(|(at, run, prio)| Op::Priority { at, run, prio }),
     ]
 }
 
@@ -356,7 +368,7 @@ async fn listings(store: &dyn RunStore) -> Vec<(String, Vec<RunRow>)> {
     let mut out = Vec::new();
     for i in 0..5 {
         let scope = prefix_of(i);
-        for order in [ListOrder::RunId, ListOrder::CreatedAt] {
+        for order in [ListOrder::RunId, ListOrder::CreatedAt, ListOrder::Priority] {
             for limit in [1, 2, 5] {
                 for (fname, claimed, park) in [
                     ("all", None, None),
@@ -480,6 +492,54 @@ fn run_model(ops: &[Op]) -> std::result::Result<(), TestCaseError> {
                     }
                 }
                 Op::Advance(ms) => clock.advance(*ms),
+                Op::Enqueue {
+                    at: a,
+                    run,
+                    prio,
+                    key,
+                } => {
+                    let sc = run_of(*a, *run);
+                    let options = runkeep::EnqueueOptions {
+                        priority: runkeep::scheduling::Priority::new(*prio).unwrap(),
+                        concurrency: key.map(|k| {
+                            runkeep::scheduling::Concurrency::new(format!("k{k}"), 1).unwrap()
+                        }),
+                        ..Default::default()
+                    };
+                    let mut got = Vec::new();
+                    for st in stores {
+                        got.push(
+                            st.enqueue(&sc, &cp("cp_e", 0), &options)
+                                .await
+                                .map(|_| ())
+                                .map_err(|e| kind(&e)),
+                        );
+                    }
+                    prop_assert_eq!(&got[0], &got[1], "op {} {:?}", n, op);
+                }
+                Op::Priority { at: a, run, prio } => {
+                    let sc = run_of(*a, *run);
+                    let p = runkeep::scheduling::Priority::new(*prio).unwrap();
+                    let mut got = Vec::new();
+                    for st in stores {
+                        got.push(
+                            st.set_priority(&sc, p)
+                                .await
+                                .map(|l| l.priority)
+                                .map_err(|e| kind(&e)),
+                        );
+                    }
+                    prop_assert_eq!(&got[0], &got[1], "op {} {:?}", n, op);
+                }
+            }
+        }
+        for i in 0..8u8 {
+            let (tn, pn, sn) = session_of(i);
+            let session = ListingScope::session(t(&tn), p(&pn), s(&sn));
+            for k in ["k0", "k1"] {
+                let a = fs.key_holdings(&session, k).await.unwrap();
+                let b = mem.key_holdings(&session, k).await.unwrap();
+                prop_assert_eq!(&a, &b, "key_holdings {} {}", session, k);
             }
         }
         let a = listings(&fs).await;
@@ -490,6 +550,15 @@ fn run_model(ops: &[Op]) -> std::result::Result<(), TestCaseError> {
         }
         Ok(())
     })
+}
+
+/// An error's variant (the two stores word their messages differently).
+fn kind(e: &Error) -> String {
+    format!("{e:?}")
+        .split(|c: char| !c.is_alphanumeric())
+        .next()
+        .unwrap_or("")
+        .to_string()
 }
 
 async fn futures<F: std::future::Future>(fs: [F; 2]) -> Vec<F::Output> {
@@ -1015,5 +1084,153 @@ fn a_cached_session_whose_directory_vanished_is_recreated_by_the_next_write() {
         )
         .await;
         assert_eq!(names(&rows), ["tnt_a/prj_x/ses_x/run_b"]);
+    });
+}
+
+/// `claim_next` over a tenant takes the highest priority of every session
+/// first (then the filter's order), and a concurrency key at its limit in
+/// one session does not hold back the same key's runs in another (keys are
+/// counted per session). Mutation tried: merging the sessions by the
+/// listing key instead of the claim key — the order check fails.
+#[test]
+fn claim_next_over_a_tenant_merges_by_priority_and_counts_keys_per_session() {
+    rt().block_on(async {
+        let dir = tempfile::tempdir().unwrap();
+        let store = root(dir.path());
+        let enq = |sess: &'static str, run: &'static str, prio: i64, key: bool| {
+            let store = &store;
+            async move {
+                let options = EnqueueOptions {
+                    priority: runkeep::scheduling::Priority::new(prio).unwrap(),
+                    concurrency: key
+                        .then(|| runkeep::scheduling::Concurrency::new("k", 1).unwrap()),
+                    ..Default::default()
+                };
+                store
+                    .enqueue(
+                        &scope("tnt_a", "prj_x", sess, run),
+                        &cp("cp_1", 0),
+                        &options,
+                    )
+                    .await
+                    .unwrap();
+            }
+        };
+        enq("ses_0", "run_a", 0, false).await;
+        enq("ses_0", "run_b", 3, true).await;
+        enq("ses_0", "run_c", 3, true).await;
+        enq("ses_1", "run_a", 1, false).await;
+        enq("ses_1", "run_d", 3, true).await;
+        enq("ses_1", "run_e", 2, false).await;
+        let tenant = ListingScope::tenant(t("tnt_a"));
+        for order in [ListOrder::RunId, ListOrder::CreatedAt] {
+            let mut taken = Vec::new();
+            while let Some((sc, _)) = store
+                .claim_next(
+                    &tenant,
+                    &ClaimNextFilter {
+                        order,
+                        ..Default::default()
+                    },
+                    &claim(&format!("w{order:?}"), 60_000),
+                )
+                .await
+                .unwrap()
+            {
+                taken.push(format!("{}/{}", sc.session_id, sc.run_id));
+            }
+            assert_eq!(
+                taken,
+                [
+                    "ses_0/run_b",
+                    // run_c waits: ses_0's key k is at its limit.
+                    "ses_1/run_d",
+                    "ses_1/run_e",
+                    "ses_1/run_a",
+                    "ses_0/run_a",
+                ],
+                "{order:?}"
+            );
+            // Free everything for the next order.
+            for (sess, run) in [
+                ("ses_0", "run_a"),
+                ("ses_0", "run_b"),
+                ("ses_1", "run_a"),
+                ("ses_1", "run_d"),
+                ("ses_1", "run_e"),
+            ] {
+                let sc = scope("tnt_a", "prj_x", sess, run);
+                let l = store.lease(&sc, store.now()).await.unwrap().unwrap();
+                assert!(store.release(&sc, l.fence).await.unwrap());
+            }
+        }
+    });
+}
+
+/// `claim_next` over a tenant reads none of the queued runs of a key held
+/// at its limit: each session's page of candidates skips them from its
+/// index unread. Mutation tried: no skip in the session's candidate page —
+/// the queued runs are read (the assertion fails).
+#[test]
+fn claim_next_over_a_tenant_reads_no_run_of_a_key_at_its_limit() {
+    rt().block_on(async {
+        let dir = tempfile::tempdir().unwrap();
+        let store = root(dir.path());
+        let big: Vec<RunScope> = (0..60)
+            .map(|i| scope("tnt_a", "prj_x", "ses_0", &format!("run_a{i:03}")))
+            .collect();
+        let free: Vec<RunScope> = (0..6)
+            .map(|i| scope("tnt_a", "prj_x", "ses_1", &format!("run_z{i:03}")))
+            .collect();
+        let keyed = EnqueueOptions {
+            concurrency: Some(runkeep::scheduling::Concurrency::new("big", 1).unwrap()),
+            ..Default::default()
+        };
+        for sc in &big {
+            store.enqueue(sc, &cp("cp_1", 0), &keyed).await.unwrap();
+        }
+        for sc in &free {
+            store
+                .enqueue(sc, &cp("cp_1", 0), &EnqueueOptions::default())
+                .await
+                .unwrap();
+        }
+        assert!(store
+            .claim(&big[0], &claim("w", 600_000))
+            .await
+            .unwrap()
+            .lease()
+            .is_some());
+        for sc in [&big[0], &free[0]] {
+            store
+                .session_store(sc)
+                .unwrap()
+                .unwrap()
+                .testing()
+                .wait_index()
+                .unwrap();
+        }
+        let tenant = ListingScope::tenant(t("tnt_a"));
+        let reads = |runs: &[RunScope]| -> Vec<u64> {
+            runs.iter()
+                .map(|sc| runkeep_fs::testing::checkpoint_dir_listings(store.run_dir(sc)))
+                .collect()
+        };
+        let queued = &big[1..];
+        for _ in 0..4 {
+            let before = reads(queued);
+            let (got, _) = store
+                .claim_next(&tenant, &ClaimNextFilter::default(), &claim("w", 600_000))
+                .await
+                .unwrap()
+                .unwrap();
+            assert_eq!(got.session_id.as_str(), "ses_1", "{got:?}");
+            let after = reads(queued);
+            let read = before.iter().zip(&after).filter(|(b, a)| a > b).count();
+            assert_eq!(
+                read, 0,
+                "claim_next read {read} queued runs of the key at its limit"
+            );
+        }
     });
 }

@@ -40,7 +40,7 @@ fn listing_scope() -> ListingScope {
 /// filter (park states, claimed both ways, status).
 fn option_sets(now: i64, limit: usize) -> Vec<ListOptions> {
     let mut out = Vec::new();
-    for order in [ListOrder::RunId, ListOrder::CreatedAt] {
+    for order in [ListOrder::RunId, ListOrder::CreatedAt, ListOrder::Priority] {
         let base = ListOptions {
             order,
             limit: Some(limit),
@@ -66,6 +66,10 @@ fn option_sets(now: i64, limit: usize) -> Vec<ListOptions> {
         });
         out.push(ListOptions {
             status: Some(vec![RunStatus::Active]),
+            ..base.clone()
+        });
+        out.push(ListOptions {
+            min_priority: Some(runkeep::scheduling::Priority::new(1).unwrap()),
             ..base.clone()
         });
         out.push(ListOptions {
@@ -109,9 +113,44 @@ fn compare_all(store: &FsStore, nows: &[i64], limit: usize) -> Result<usize, Str
     for now in nows {
         for o in option_sets(*now, limit) {
             rows += compare(store, &o)?;
+            compare_claim_order(store, &o)?;
         }
     }
     Ok(rows)
+}
+
+/// `claim_next`'s candidates (priority first, then the order) from the
+/// index and from the walk, in pages of the options' limit.
+fn compare_claim_order(store: &FsStore, options: &ListOptions) -> Result<(), String> {
+    let o = ListOptions {
+        claimed: Some(false),
+        ..options.clone()
+    };
+    let indexed = store
+        .testing()
+        .claim_order(&listing_scope(), &o, false)
+        .map_err(|e| e.to_string())?;
+    let walked = store
+        .testing()
+        .claim_order(&listing_scope(), &o, true)
+        .map_err(|e| e.to_string())?;
+    if indexed != walked {
+        let show = |rows: &[runkeep::RunRow]| -> Vec<String> {
+            rows.iter()
+                .map(|r| format!("{}:{}:{:?}", r.scope.run_id, r.priority, r.claim))
+                .collect()
+        };
+        return Err(format!(
+            "claim order, options {o:?}\n indexed {:?}\n walked {:?}",
+            show(&indexed),
+            show(&walked)
+        ));
+    }
+    let keys: Vec<_> = walked.iter().map(|r| r.claim_key(o.order)).collect();
+    if !keys.windows(2).all(|w| w[0] < w[1]) {
+        return Err(format!("claim order not ascending: {keys:#?}"));
+    }
+    Ok(())
 }
 
 fn check_all(store: &FsStore, what: &str) {
@@ -399,6 +438,10 @@ enum Op {
     List {
         limit: usize,
     },
+    Priority {
+        run: usize,
+        priority: i64,
+    },
 }
 
 /// Run slots: top-level runs and sub-runs (of `run_t0` and `run_t1`).
@@ -448,6 +491,7 @@ fn op_strategy() -> impl Strategy<Value = Op> {
         1 => run.clone().prop_map(|run| Op::RemoveCheckpoint { run }),
         1 => run.clone().prop_map(|run| Op::Shell { run }),
         2 => (1usize..4).prop_map(|limit| Op::List { limit }),
+        2 => (run.clone(), -2i64..3).prop_map(|(run, priority)| Op::Priority { run, priority }),
     ]
 }
 
@@ -563,6 +607,10 @@ fn apply(store: &FsStore, op: &Op, leases: &mut std::collections::HashMap<usize,
             let _ = std::fs::create_dir_all(store.run_dir(&run_scope(*run)));
         }
         Op::List { .. } => {}
+        Op::Priority { run, priority } => {
+            let p = runkeep::scheduling::Priority::new(*priority).unwrap();
+            let _ = rt.block_on(store.set_priority(&run_scope(*run), p));
+        }
     }
 }
 
@@ -739,6 +787,48 @@ fn claim_next_reads_a_handful_of_rows() {
             s.run_id
         );
     }
+}
+
+/// With priorities, `claim_next` takes the highest first (run id among
+/// equals) and still reads a handful of runs per call: the index's claim
+/// table is in that order.
+#[test]
+fn claim_next_takes_the_highest_priority_first_reading_a_handful_of_rows() {
+    let dir = tempfile::tempdir().unwrap();
+    let base = dir.path().join("runs");
+    let store = open(&base);
+    let n = 120;
+    seed(&store, n);
+    let rt = rt();
+    // Runs 100..105 at priority 5, 50..53 at 2, the rest at 0.
+    for (i, p) in (100..105).map(|i| (i, 5)).chain((50..53).map(|i| (i, 2))) {
+        rt.block_on(store.set_priority(
+            &scope(&format!("run_{i:04}")),
+            runkeep::scheduling::Priority::new(p).unwrap(),
+        ))
+        .unwrap();
+    }
+    store.testing().wait_index().unwrap();
+    let filter = ClaimNextFilter::default();
+    let o = opts("w", 60_000, Timestamp::now().as_millis());
+    let mut taken = Vec::new();
+    for _ in 0..10 {
+        let before = listings(&base, n);
+        let (s, _) = rt
+            .block_on(store.claim_next(&listing_scope(), &filter, &o))
+            .unwrap()
+            .unwrap();
+        let read = runs_read(&base, n, &before);
+        assert!(read <= 2, "claim_next of {} read {read} runs", s.run_id);
+        taken.push(s.run_id.to_string());
+    }
+    assert_eq!(
+        taken,
+        [
+            "run_0100", "run_0101", "run_0102", "run_0103", "run_0104", "run_0050", "run_0051",
+            "run_0052", "run_0000", "run_0001"
+        ]
+    );
 }
 
 // ---------------------------------------------------------------------------

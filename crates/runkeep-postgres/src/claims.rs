@@ -13,14 +13,19 @@ use crate::db::pipeline::{Stmt, Tx};
 use crate::db::row::{save_stmt, Key, RunState};
 use crate::db::tx::{Opening, Verdict, Wake, Writes};
 use crate::db::Db;
+use crate::keys;
 use crate::listing::{fill_state, listed_row, After, Listing};
 use tokio_postgres::Row;
 
+/// The core's claim rule on `run` at `now`, with `key_held_by_others`
+/// counted under the key's lock (module `keys`; 0 for a run without a
+/// key).
 pub(crate) fn apply_claim(
     scope: &RunScope,
     run: &mut RunState,
     options: &ClaimOptions,
     now: Timestamp,
+    key_held_by_others: u32,
 ) -> Result<ClaimOutcome> {
     lifecycle::apply_claim(
         &scope.run_id,
@@ -28,7 +33,7 @@ pub(crate) fn apply_claim(
         &mut run.lifecycle,
         options,
         now,
-        0, // FIXME(issue 30, PostgreSQL helper): count the key under its lock
+        key_held_by_others,
     )
 }
 
@@ -37,20 +42,28 @@ pub(crate) async fn claim(
     scope: &RunScope,
     options: &ClaimOptions,
 ) -> Result<ClaimOutcome> {
+    // After the row lock, in the same round trip: the key's lock (when the
+    // run carries a key), then the instant and the key's other holders,
+    // read once the lock is held (module `keys`).
+    let fixed = db.fixed_now(options.now);
+    let key = Key::of(scope);
     let opening = Opening {
         create: true,
-        clock: options.now.is_none(),
+        more: vec![
+            keys::lock_stmt(db, &key, false),
+            keys::count_stmt(&key, fixed),
+        ],
         ..Opening::default()
     };
     db.write_locked("claim", scope, opening, |l| {
-        let now = options.now.unwrap_or(l.now);
+        let (now, held) = keys::counted(db, &l.more[1], fixed)?;
         let before = (l.run.top.clone(), l.run.lifecycle.clone());
-        let outcome = apply_claim(scope, &mut l.run, options, now)?;
+        let outcome = apply_claim(scope, &mut l.run, options, now, held)?;
         if (l.run.top.clone(), l.run.lifecycle.clone()) == before {
             // Nothing changed.
             return Ok(Verdict::Keep(outcome));
         }
-        Ok(Verdict::Write(outcome, Writes::default().save()))
+        Ok(Verdict::Write(outcome, Writes::default().save().at(now)))
     })
     .await
 }
@@ -106,6 +119,38 @@ pub(crate) async fn claim_next(
     Ok(taken)
 }
 
+impl NextSearch<'_> {
+    /// The key lock of the locked candidate `key` (waited for when this
+    /// transaction holds no other, else only tried), then the instant and
+    /// the key's other holders, read under it: one round trip. `None`: the
+    /// lock was tried and another claimer holds it (the candidate is
+    /// skipped, as a row another claimer has locked is).
+    async fn count_key(
+        &mut self,
+        db: &Db,
+        tx: &Tx,
+        what: &str,
+        key: &Key,
+    ) -> Result<Option<(Timestamp, u32)>> {
+        let only_try = self.key_locked;
+        let rows = db
+            .run(
+                tx,
+                what,
+                vec![
+                    keys::lock_stmt(db, key, only_try),
+                    keys::count_stmt(key, self.fixed),
+                ],
+            )
+            .await?;
+        if only_try && !keys::took(&rows[0]) {
+            return Ok(None);
+        }
+        self.key_locked = true;
+        keys::counted(db, &rows[1], self.fixed).map(Some)
+    }
+}
+
 /// `claim_next`'s search inside a transaction: one `SKIP LOCKED` candidate
 /// at a time, each judged by the core, until one is taken or none is left.
 pub(crate) struct NextSearch<'a> {
@@ -120,6 +165,9 @@ pub(crate) struct NextSearch<'a> {
     /// A run was written without being taken (dead-lettered by its claim):
     /// the transaction must commit even when nothing is taken.
     pub(crate) changed: bool,
+    /// The transaction holds a key lock: a later key's is only tried
+    /// (module `keys`, "No deadlock").
+    key_locked: bool,
 }
 
 impl<'a> NextSearch<'a> {
@@ -140,6 +188,7 @@ impl<'a> NextSearch<'a> {
             claimed: Some(false),
             parks: query.park.is_some(),
             runnable: true,
+            min_priority: None,
             now: fixed.map(Timestamp::as_millis),
         };
         Ok(Self {
@@ -150,6 +199,7 @@ impl<'a> NextSearch<'a> {
             query,
             listing,
             changed: false,
+            key_locked: false,
         })
     }
 
@@ -199,7 +249,7 @@ impl<'a> NextSearch<'a> {
             };
             let (run_scope, mut state, row) = listed_row(self.scope.tenant_id(), &r, now)?;
             let after = After::Row(
-                row.key(self.filter.order),
+                row.claim_key(self.filter.order),
                 run_scope.project_id.to_string(),
                 run_scope.session_id.to_string(),
             );
@@ -207,18 +257,40 @@ impl<'a> NextSearch<'a> {
             if skip != Some(&run_scope) && self.query.matches(&row) && row.is_claimable(now) {
                 fill_state(&mut state, &r);
                 let key = Key::of(&run_scope);
-                match apply_claim(&run_scope, &mut state, self.options, now)? {
-                    ClaimOutcome::Acquired(lease) => {
-                        writes.push(save_stmt(&key, &state)?);
-                        return Ok(Some((run_scope, lease)));
+                let judged = if state.lifecycle.concurrency.is_some() {
+                    self.count_key(db, tx, what, &key).await?
+                } else {
+                    Some((now, 0))
+                };
+                if let Some((at, held)) = judged {
+                    let before = state.top.clone();
+                    match apply_claim(&run_scope, &mut state, self.options, at, held)? {
+                        ClaimOutcome::Acquired(lease) => {
+                            writes.extend(keys::holding_stmts(
+                                db,
+                                &key,
+                                before.as_ref(),
+                                &state,
+                                Some(at),
+                            ));
+                            writes.push(save_stmt(&key, &state)?);
+                            return Ok(Some((run_scope, lease)));
+                        }
+                        ClaimOutcome::Finished(_) => {
+                            // Dead-lettered by this claim: recorded (with the
+                            // next candidate's search), then the next run.
+                            next.insert(0, save_stmt(&key, &state)?);
+                            for s in
+                                keys::holding_stmts(db, &key, before.as_ref(), &state, Some(at))
+                                    .into_iter()
+                                    .rev()
+                            {
+                                next.insert(0, s);
+                            }
+                            self.changed = true;
+                        }
+                        _ => {}
                     }
-                    ClaimOutcome::Finished(_) => {
-                        // Dead-lettered by this claim: recorded (with the
-                        // next candidate's search), then the next run.
-                        next.insert(0, save_stmt(&key, &state)?);
-                        self.changed = true;
-                    }
-                    _ => {}
                 }
             }
             replies = db.run(tx, what, next).await?;

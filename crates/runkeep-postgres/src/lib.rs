@@ -68,7 +68,9 @@
 //! and its trait impls, which only delegate, passing the floor to one
 //! module per job: `claims`, `lifecycle`, `checkpoints`, `parks`, `step`
 //! (`commit_step`), `events` (events and audit), `documents`, `listing`
-//! (`list_runs` and the SQL `claim_next` shares). Below them the floor,
+//! (`list_runs` and the SQL `claim_next` shares), `keys` (concurrency keys:
+//! the key's advisory lock, the count under it, the holdings history) and
+//! `dedupe` (`enqueue_once`). Below them the floor,
 //! `db`, which imports no job module: `Db` (the pool and what every
 //! transaction needs beside it), `db::connect` (the pool and the clock
 //! offset), `db::tx` (every write on one run goes through
@@ -82,9 +84,11 @@
 mod checkpoints;
 mod claims;
 mod db;
+mod dedupe;
 mod documents;
 pub mod error;
 mod events;
+mod keys;
 mod lifecycle;
 mod listing;
 mod options;

@@ -163,6 +163,28 @@ pub(crate) async fn cancel(db: &Db, scope: &RunScope, reason: Option<&str>) -> R
     .await
 }
 
+pub(crate) async fn set_priority(
+    db: &Db,
+    scope: &RunScope,
+    priority: runkeep::Priority,
+) -> Result<Lifecycle> {
+    priority.validate()?;
+    db.write_locked("set_priority", scope, Opening::default(), |l| {
+        if !l.found || !l.run.exists() {
+            return Err(Error::NotFound {
+                what: format!("run {}", scope.run_id),
+            });
+        }
+        let l2 = lifecycle::after_set_priority(&scope.run_id, &l.run.lifecycle, priority)?;
+        l.run.lifecycle = l2.clone();
+        Ok(Verdict::Write(
+            l2,
+            Writes::default().save().notify(Wake::Changed),
+        ))
+    })
+    .await
+}
+
 pub(crate) async fn reopen(db: &Db, scope: &RunScope) -> Result<Lifecycle> {
     db.write_locked("reopen", scope, Opening::default(), |l| {
         if !l.run.exists() {

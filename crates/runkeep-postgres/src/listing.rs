@@ -47,6 +47,7 @@ pub(crate) async fn explain_claim_next(
         claimed: Some(false),
         parks: filter.park.is_some(),
         runnable: true,
+        min_priority: None,
         now: db.fixed_now(None).map(Timestamp::as_millis),
     };
     let (sql, params) = listing.sql_and_params(&After::None, 1, true);
@@ -62,7 +63,11 @@ pub(crate) struct Listing<'a> {
     pub(crate) statuses: Option<Vec<String>>,
     pub(crate) claimed: Option<bool>,
     pub(crate) parks: bool,
+    /// `claim_next`'s candidates: active, available, not held, their key
+    /// not at its limit, highest priority first.
     pub(crate) runnable: bool,
+    /// Only runs of at least this priority.
+    pub(crate) min_priority: Option<i32>,
     /// The instant the filters use; `None`: the server's clock, read once
     /// by the statement (and answered in its last column).
     pub(crate) now: Option<i64>,
@@ -82,6 +87,7 @@ impl<'a> Listing<'a> {
             claimed: query.claimed,
             parks: query.park.is_some(),
             runnable: false,
+            min_priority: query.min_priority.map(|p| p.get()),
             now: Some(query.now.as_millis()),
         }
     }
@@ -114,6 +120,26 @@ impl Listing<'_> {
     /// locks (what a claim writes back).
     const STATE_COLS: &'static str =
         "last_seq, last_audit_seq, record IS NOT NULL, messages IS NOT NULL, report IS NOT NULL";
+
+    /// The scope's condition on a table with the key columns (the tenant,
+    /// and the project and session when the scope names them).
+    fn scope_where(&self, params: &mut Vec<Box<dyn ToSql + Sync + Send>>) -> String {
+        let mut push = |p: Box<dyn ToSql + Sync + Send>| {
+            params.push(p);
+            format!("${}", params.len())
+        };
+        let mut wh = vec![format!(
+            "tenant_id = {}",
+            push(Box::new(self.scope.tenant_id().to_string()))
+        )];
+        if let Some(p) = self.scope.project_id() {
+            wh.push(format!("project_id = {}", push(Box::new(p.to_string()))));
+        }
+        if let Some(s) = self.scope.session_id() {
+            wh.push(format!("session_id = {}", push(Box::new(s.to_string()))));
+        }
+        wh.join(" AND ")
+    }
 
     /// The statement: `COLS` (then `STATE_COLS` when it locks), then the
     /// instant it judged at, in epoch ms (the last column: `now`, or the
@@ -174,8 +200,36 @@ impl Listing<'_> {
         if self.parks {
             wh.push("park_count > 0".into());
         }
-        let (key_cols, order_by) = match self.order {
-            // FIXME(issue 30, PostgreSQL helper): the priority order.
+        if let Some(p) = self.min_priority {
+            wh.push(format!(
+                "priority >= {}::integer",
+                push(Box::new(p), &mut params)
+            ));
+        }
+        let mut clock = clock;
+        if self.runnable {
+            // Skip the runs of keys at their limit without reading them: the
+            // open holdings live now, grouped by key (few: at most the runs
+            // held), against each candidate's own limit. A prefilter: the
+            // claim re-counts under the key's lock. A run past its deadline
+            // stays a candidate: the core finishes it before it looks at
+            // the key (`plan_claim`), as `MemoryStore`'s claim_next does.
+            clock.push_str(&format!(
+                ", held AS (SELECT project_id, session_id, ckey, count(*) AS n FROM key_holdings \
+                 WHERE {} AND ended_at IS NULL AND expires_at > {now} GROUP BY project_id, session_id, ckey) ",
+                self.scope_where(&mut params)
+            ));
+            wh.push(
+                format!("(ckey IS NULL OR (lifecycle->>'deadline')::bigint <= {now} \
+                 OR NOT EXISTS (SELECT 1 FROM held WHERE held.project_id = runs.project_id \
+                 AND held.session_id = runs.session_id AND held.ckey = runs.ckey AND held.n >= runs.climit))"),
+            );
+        }
+        // The priority comes first in the priority order and in claim_next
+        // (the core's `RunRow::claim_key`): `(-priority)` ascending is the
+        // highest first, as the indexes store it.
+        let by_priority = self.runnable || self.order == ListOrder::Priority;
+        let (base_cols, base_order) = match self.order {
             ListOrder::RunId | ListOrder::Priority => (
                 "run_id, parent_id",
                 "run_id, parent_id, project_id, session_id",
@@ -185,26 +239,40 @@ impl Listing<'_> {
                 "created_rank, created_stamp, run_id, parent_id, project_id, session_id",
             ),
         };
-        let key_vals =
-            |k: &RowKey, params: &mut Vec<Box<dyn ToSql + Sync + Send>>| -> Vec<String> {
-                let mut v = Vec::new();
-                if self.order == ListOrder::CreatedAt {
-                    v.push(format!(
-                        "{}::smallint",
-                        push(Box::new(i16::from(k.rank)), params)
-                    ));
-                    v.push(format!("{}::bigint", push(Box::new(k.stamp), params)));
-                }
+        let (key_cols, order_by) = if by_priority {
+            (
+                format!("(-priority), {base_cols}"),
+                format!("(-priority), {base_order}"),
+            )
+        } else {
+            (base_cols.to_string(), base_order.to_string())
+        };
+        let key_vals = |k: &RowKey,
+                        params: &mut Vec<Box<dyn ToSql + Sync + Send>>|
+         -> Vec<String> {
+            let mut v = Vec::new();
+            if by_priority {
+                let prio = i32::try_from(k.prio.clamp(i64::from(i32::MIN), i64::from(i32::MAX)))
+                    .unwrap_or_default();
+                v.push(format!("{}::integer", push(Box::new(prio), params)));
+            }
+            if self.order == ListOrder::CreatedAt {
                 v.push(format!(
-                    "{}::text",
-                    push(Box::new(k.run_id.clone()), params)
+                    "{}::smallint",
+                    push(Box::new(i16::from(k.rank)), params)
                 ));
-                v.push(format!(
-                    "{}::text",
-                    push(Box::new(k.parent.clone()), params)
-                ));
-                v
-            };
+                v.push(format!("{}::bigint", push(Box::new(k.stamp), params)));
+            }
+            v.push(format!(
+                "{}::text",
+                push(Box::new(k.run_id.clone()), params)
+            ));
+            v.push(format!(
+                "{}::text",
+                push(Box::new(k.parent.clone()), params)
+            ));
+            v
+        };
         match after {
             After::None => {}
             After::Cursor(k) => {

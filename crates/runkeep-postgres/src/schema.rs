@@ -13,11 +13,11 @@ use tokio_postgres::Client;
 use crate::error::map_pg;
 
 /// The schema version this binary writes and reads.
-pub const SCHEMA_VERSION: i32 = 2;
+pub const SCHEMA_VERSION: i32 = 3;
 
 /// The migrations, in order: `(version, SQL)`. Never edit a released one;
 /// add the next.
-pub const MIGRATIONS: &[(i32, &str)] = &[(1, V1), (2, V2)];
+pub const MIGRATIONS: &[(i32, &str)] = &[(1, V1), (2, V2), (3, V3)];
 
 /// Version 1: runs (the lease row, lifecycle, digest and documents),
 /// checkpoints, events and audit records.
@@ -134,6 +134,92 @@ CREATE TABLE audit (
 /// without it, in one run (`BENCHMARKS.md`). Pages written before the
 /// migration keep their fill until rewritten (`VACUUM FULL runs`).
 const V2: &str = "ALTER TABLE runs SET (fillfactor = 70);";
+
+/// Version 3 (issue 30): priorities, concurrency keys and the dedupe
+/// window.
+///
+/// - `runs.priority` (the lifecycle's, default 0), `runs.ckey` and
+///   `runs.climit` (its concurrency key and limit, NULL when none): copies
+///   of the lifecycle's fields that the SQL orders and filters by, written
+///   by every save like `status`.
+/// - `claim_next`'s indexes lead with `(-priority)`: the highest priority
+///   first, then the filter's order (the core's `RunRow::claim_key`), read
+///   in index order. `runs_by_priority` serves the listing's priority
+///   order. Claims, renewals and releases still change no indexed column
+///   (heap-only updates, version 2): the priority changes only by
+///   `set_priority`.
+/// - `key_holdings`: every holding of a keyed run (the key's history,
+///   `CheckpointStore::key_holdings`), in insertion order (`id`); the open
+///   ones (`ended_at IS NULL`) are what a claim counts under the key's
+///   advisory lock, and what `claim_next` groups to skip saturated keys.
+/// - `dedupe`: each idempotency key's window, per session.
+///
+/// Both go with their run (`ON DELETE CASCADE`): the contract says a
+/// deleted run's holdings are gone with it, and a window whose run is
+/// gone is closed (`dedupe::decide` answers a new run), so dropping it
+/// changes no answer and keeps both tables bounded by the runs they name.
+const V3: &str = r#"
+ALTER TABLE runs
+    ADD COLUMN priority integer NOT NULL DEFAULT 0,
+    ADD COLUMN ckey     text COLLATE "C",
+    ADD COLUMN climit   integer,
+    ADD CONSTRAINT runs_ckey_has_limit CHECK ((ckey IS NULL) = (climit IS NULL));
+UPDATE runs SET
+    priority = coalesce((lifecycle->>'priority')::integer, 0),
+    ckey = lifecycle->'concurrency'->>'key',
+    climit = (lifecycle->'concurrency'->>'limit')::integer
+WHERE lifecycle ? 'priority' OR lifecycle ? 'concurrency';
+DROP INDEX runs_runnable_by_run_id;
+DROP INDEX runs_runnable_by_created_at;
+CREATE INDEX runs_runnable_by_run_id ON runs
+    (tenant_id, (-priority), run_id, parent_id, project_id, session_id)
+    WHERE checkpoint_count > 0 AND status = 'active';
+CREATE INDEX runs_runnable_by_created_at ON runs
+    (tenant_id, (-priority), created_rank, created_stamp, run_id, parent_id, project_id, session_id)
+    WHERE checkpoint_count > 0 AND status = 'active';
+CREATE INDEX runs_by_priority ON runs
+    (tenant_id, (-priority), run_id, parent_id, project_id, session_id)
+    WHERE checkpoint_count > 0;
+
+CREATE TABLE key_holdings (
+    id          bigint GENERATED ALWAYS AS IDENTITY,
+    tenant_id   text COLLATE "C" NOT NULL,
+    project_id  text COLLATE "C" NOT NULL,
+    session_id  text COLLATE "C" NOT NULL,
+    run_id      text COLLATE "C" NOT NULL,
+    parent_id   text COLLATE "C" NOT NULL,
+    ckey        text COLLATE "C" NOT NULL,
+    fence       bigint NOT NULL,
+    acquired_at bigint NOT NULL,
+    expires_at  bigint NOT NULL,
+    ended_at    bigint,
+    PRIMARY KEY (tenant_id, project_id, session_id, run_id, parent_id, fence),
+    FOREIGN KEY (tenant_id, project_id, session_id, run_id, parent_id)
+        REFERENCES runs ON DELETE CASCADE
+);
+-- The history of one key, oldest first.
+CREATE INDEX key_holdings_by_key ON key_holdings
+    (tenant_id, project_id, session_id, ckey, id);
+-- The open holdings: what a claim counts and claim_next groups.
+CREATE INDEX key_holdings_open ON key_holdings
+    (tenant_id, project_id, session_id, ckey, expires_at) WHERE ended_at IS NULL;
+
+CREATE TABLE dedupe (
+    tenant_id   text COLLATE "C" NOT NULL,
+    project_id  text COLLATE "C" NOT NULL,
+    session_id  text COLLATE "C" NOT NULL,
+    dkey        text COLLATE "C" NOT NULL,
+    run_id      text COLLATE "C" NOT NULL,
+    parent_id   text COLLATE "C" NOT NULL,
+    enqueued_at bigint NOT NULL,
+    expires_at  bigint NOT NULL,
+    PRIMARY KEY (tenant_id, project_id, session_id, dkey),
+    FOREIGN KEY (tenant_id, project_id, session_id, run_id, parent_id)
+        REFERENCES runs ON DELETE CASCADE
+);
+-- The cascade from a deleted run.
+CREATE INDEX dedupe_by_run ON dedupe (tenant_id, project_id, session_id, run_id, parent_id);
+"#;
 
 /// Quotes a validated schema name as an identifier.
 pub(crate) fn ident(schema: &str) -> String {

@@ -42,9 +42,20 @@ pub(crate) async fn commit_step_and_claim_next(
     let mut opening = opening(step);
     opening.more.push(search.first());
     let (tx, mut locked) = db.lock_row(what, scope, opening).await?;
-    let first = std::mem::take(&mut locked.more);
+    let mut first = std::mem::take(&mut locked.more);
     let (receipt, writes) = judge(db, scope, fence, step, record, &mut locked)?;
     let (mut stmts, notify) = db.written(&tx, what, scope, &mut locked, writes).await?;
+    if ends_a_key_holding(&locked) {
+        // The step ends a holding of a concurrency key: the next claim must
+        // count without it, as a claim after the step's commit would. The
+        // step's writes go first (same transaction, still one commit), then
+        // the first candidate again: the one read with the lock predates
+        // them (and the key may have looked saturated then). One more round
+        // trip, only for such a step.
+        stmts.push(search.first());
+        first = db.run(&tx, what, std::mem::take(&mut stmts)).await?;
+        first = first.pop().into_iter().collect();
+    }
     let taken = search
         .search(db, &tx, what, first, Some(scope), &mut stmts)
         .await?;
@@ -53,6 +64,14 @@ pub(crate) async fn commit_step_and_claim_next(
         receipt,
         next: Ok(taken),
     })
+}
+
+/// True when the judged step ends the run's holding of a concurrency key
+/// (its lease stops being the top: a finishing step).
+fn ends_a_key_holding(l: &Locked) -> bool {
+    l.run.lifecycle.concurrency.is_some()
+        && matches!(l.before, Some(runkeep::TopHolding::Lease { .. }))
+        && !matches!(l.run.top, Some(runkeep::TopHolding::Lease { .. }))
 }
 
 /// What the step's first round trip reads besides the locked row: the

@@ -244,6 +244,32 @@ impl CheckpointStore for PgStore {
         crate::lifecycle::reopen(&self.db, scope).await
     }
 
+    async fn set_priority(
+        &self,
+        scope: &RunScope,
+        priority: runkeep::Priority,
+    ) -> Result<Lifecycle> {
+        crate::lifecycle::set_priority(&self.db, scope, priority).await
+    }
+
+    async fn enqueue_once(
+        &self,
+        scope: &RunScope,
+        checkpoint: &Checkpoint,
+        options: &EnqueueOptions,
+        dedupe: Option<&runkeep::Dedupe>,
+    ) -> Result<runkeep::Enqueued> {
+        crate::dedupe::enqueue_once(&self.db, scope, checkpoint, options, dedupe).await
+    }
+
+    async fn key_holdings(
+        &self,
+        session: &ListingScope,
+        key: &str,
+    ) -> Result<Vec<runkeep::KeyHolding>> {
+        crate::keys::key_holdings(&self.db, session, key).await
+    }
+
     async fn latest_checkpoint(&self, scope: &RunScope) -> Result<Option<Checkpoint>> {
         crate::checkpoints::latest_checkpoint(&self.db, scope).await
     }

@@ -14,9 +14,9 @@ use std::future::Future;
 
 use common::counting::{Counter, Snapshot};
 use runkeep::{
-    CheckpointStore, ClaimNextFilter, ClaimOptions, EnqueueOptions, EvidenceStore, ListOptions,
-    ListingScope, NewAuditEvent, NextClaim, Outcome, ParkResolution, ReadEventsOptions, RunId,
-    RunScope, SessionId, Step, Ttl,
+    CheckpointStore, ClaimNextFilter, ClaimOptions, Concurrency, Dedupe, EnqueueOptions,
+    EvidenceStore, ListOptions, ListingScope, NewAuditEvent, NextClaim, Outcome, ParkResolution,
+    Priority, ReadEventsOptions, RunId, RunScope, SessionId, Step, Ttl,
 };
 use runkeep_conformance::support;
 use runkeep_postgres::{PgOptions, PgStore};
@@ -413,6 +413,123 @@ async fn scenario(store: &PgStore, m: &mut Meter<'_>, phase: &str) {
     )
     .await
     .unwrap();
+    keyed(store, m, phase).await;
+}
+
+/// Priorities, concurrency keys and the dedupe window (issue 30).
+async fn keyed(store: &PgStore, m: &mut Meter<'_>, phase: &str) {
+    let (ls, co) = (listing(phase), opts());
+    let keyed = |priority: i64| EnqueueOptions {
+        priority: Priority::new(priority).unwrap(),
+        concurrency: Some(Concurrency::new("rk", 1).unwrap()),
+        ..EnqueueOptions::default()
+    };
+    let (k1, k2, k3) = (scope(phase, "k1"), scope(phase, "k2"), scope(phase, "k3"));
+    for (k, p) in [(&k1, 100), (&k2, 99), (&k3, 98)] {
+        store
+            .enqueue(k, &support::checkpoint("start", 0), &keyed(p))
+            .await
+            .unwrap();
+    }
+    let l1 = m
+        .op("claim (a keyed run)", 2, store.claim(&k1, &co))
+        .await
+        .unwrap();
+    let runkeep::ClaimOutcome::Acquired(l1) = l1 else {
+        panic!("{l1:?}")
+    };
+    // Refused at the limit: rolled back unwaited.
+    m.op("claim (a keyed run at its limit)", 1, store.claim(&k2, &co))
+        .await
+        .unwrap();
+    m.op(
+        "finish (a keyed run)",
+        2,
+        store.finish(&k1, l1.fence, &Outcome::completed(None)),
+    )
+    .await
+    .unwrap();
+    // The candidate, then its key's lock and count, then the claim.
+    let (got, l2) = m
+        .op(
+            "claim_next (a keyed run)",
+            3,
+            store.claim_next(&ls, &ClaimNextFilter::default(), &co),
+        )
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(got, k2);
+    // The step's writes go before the search (one more round trip), then
+    // the keyed candidate's lock and count (one more).
+    let hand = NextClaim {
+        scope: ls.clone(),
+        filter: ClaimNextFilter::default(),
+        options: co.clone(),
+    };
+    let h = m
+        .op(
+            "commit_step_and_claim_next (finishing a keyed run, taking one)",
+            4,
+            store.commit_step_and_claim_next(
+                &k2,
+                l2.fence,
+                &Step {
+                    finish: Some(Outcome::completed(None)),
+                    ..Step::default()
+                },
+                &hand,
+            ),
+        )
+        .await
+        .unwrap();
+    assert_eq!(h.next.unwrap().map(|(s, _)| s), Some(k3.clone()));
+    m.op(
+        "set_priority",
+        2,
+        store.set_priority(&k3, Priority::new(5).unwrap()),
+    )
+    .await
+    .unwrap();
+    let d = Dedupe {
+        key: "rt".into(),
+        window: Ttl::from_millis(600_000).unwrap(),
+    };
+    let e = m
+        .op(
+            "enqueue_once (a new window)",
+            2,
+            store.enqueue_once(
+                &scope(phase, "d1"),
+                &support::checkpoint("start", 0),
+                &EnqueueOptions::default(),
+                Some(&d),
+            ),
+        )
+        .await
+        .unwrap();
+    assert!(e.created);
+    // The window and its run's latest checkpoint are read with the lock;
+    // rolled back unwaited.
+    let e = m
+        .op(
+            "enqueue_once (inside the window)",
+            1,
+            store.enqueue_once(
+                &scope(phase, "d2"),
+                &support::checkpoint("start", 0),
+                &EnqueueOptions::default(),
+                Some(&d),
+            ),
+        )
+        .await
+        .unwrap();
+    assert!(!e.created);
+    // Last, a read: the refusal's rollback above finishes meanwhile (one
+    // left in flight when the test ends holds the schema's drop).
+    m.op("key_holdings", 1, store.key_holdings(&ls, "rk"))
+        .await
+        .unwrap();
 }
 
 #[tokio::test]

@@ -56,6 +56,20 @@ pub(crate) struct Found {
     pub(crate) key: RowKey,
     pub(crate) candidate: Candidate,
     pub(super) generation: u64,
+    /// The run's concurrency key and limit, as the entry says.
+    pub(crate) concurrency: Option<(String, u32)>,
+    /// The run's deadline, as the entry says.
+    pub(crate) deadline: Option<runkeep::Timestamp>,
+}
+
+impl Found {
+    /// [`crate::index::Summary::skippable_key`] of the entry.
+    pub(crate) fn skippable_key(&self, now: runkeep::Timestamp) -> Option<&(String, u32)> {
+        match self.deadline {
+            Some(d) if now >= d => None,
+            _ => self.concurrency.as_ref(),
+        }
+    }
 }
 
 /// Why the index cannot be used.

@@ -231,7 +231,20 @@ impl SessionIndex {
         want: usize,
         keep: &dyn Fn(&Summary) -> bool,
     ) -> Option<Vec<Found>> {
-        self.with(base, |b| b.scan(order, after, want, keep))
+        self.with(base, |b| b.scan(order, false, after, want, keep))
+    }
+
+    /// [`Self::candidates`] in `claim_next`'s order for `order` (priority
+    /// first, [`runkeep::RunRow::claim_key`]).
+    pub(crate) fn claim_candidates(
+        &self,
+        base: &Path,
+        order: ListOrder,
+        after: Option<&RowKey>,
+        want: usize,
+        keep: &dyn Fn(&Summary) -> bool,
+    ) -> Option<Vec<Found>> {
+        self.with(base, |b| b.scan(order, true, after, want, keep))
     }
 
     /// Corrects a run's entry from a read the caller made after the index
@@ -409,5 +422,28 @@ impl crate::testing::StoreSeams<'_> {
         options: &runkeep::ListOptions,
     ) -> runkeep::Result<runkeep::RunPage> {
         crate::listing::list_runs_walk(&self.0.inner, scope, options)
+    }
+
+    /// Test seam: every `claim_next` candidate of `options` (claimed
+    /// `false`, its filters and instant) in `claim_next`'s order, read page
+    /// by page from the index (`walk` false) or by the walk.
+    #[doc(hidden)]
+    pub fn claim_order(
+        &self,
+        scope: &runkeep::ListingScope,
+        options: &runkeep::ListOptions,
+        walk: bool,
+    ) -> runkeep::Result<Vec<runkeep::RunRow>> {
+        let mut out = Vec::new();
+        let mut after = None;
+        loop {
+            let (rows, next) =
+                crate::listing::claim_page_with(&self.0.inner, scope, options, after, !walk)?;
+            out.extend(rows);
+            match next {
+                Some(k) => after = Some(k),
+                None => return Ok(out),
+            }
+        }
     }
 }

@@ -32,13 +32,19 @@ use crate::sys::Ctx;
 /// - `entries`: directory key (`run`, or `parent/run` for a sub-run) →
 ///   [`Entry`];
 /// - `watches`: watch descriptor → its [`Kind`] and directory key;
-/// - `by_id`, `by_created`: the order's [`RowKey`], encoded so that byte
-///   order is key order → the entry's generation, summary and directory key
-///   (a page reads one table only).
+/// - `by_id`, `by_created`, `by_priority`: the order's [`RowKey`], encoded
+///   so that byte order is key order → the entry's generation, summary and
+///   directory key (a page reads one table only);
+/// - `claim_created`: `claim_next`'s key in created-at order (priority
+///   first, [`runkeep::RunRow::claim_key`]); in run-id order that key is
+///   the priority order's, so `by_priority` serves it.
 pub(super) const ENTRIES: TableDefinition<&str, &[u8]> = TableDefinition::new("entries");
 pub(super) const WATCHES: TableDefinition<i32, &[u8]> = TableDefinition::new("watches");
 pub(super) const BY_ID: TableDefinition<&[u8], &[u8]> = TableDefinition::new("by_id");
 pub(super) const BY_CREATED: TableDefinition<&[u8], &[u8]> = TableDefinition::new("by_created");
+pub(super) const BY_PRIORITY: TableDefinition<&[u8], &[u8]> = TableDefinition::new("by_priority");
+pub(super) const CLAIM_CREATED: TableDefinition<&[u8], &[u8]> =
+    TableDefinition::new("claim_created");
 /// Entries without watches (over the watch budget): swept by stamp.
 pub(super) const SWEPT: TableDefinition<&str, ()> = TableDefinition::new("swept");
 /// Watched entries of finished runs: the first to give up their watches
@@ -86,11 +92,13 @@ pub(super) fn parse_dir_key(s: &str) -> Option<DirKey> {
 }
 
 /// `RowKey` (without its tie-break, which a single session's keys never
-/// carry) as bytes whose order is the key's order: rank, the stamp with its
-/// sign flipped (big-endian), the run id, a 0 byte (below every id byte, so
-/// a prefix sorts first, as `String` does), the parent.
+/// carry) as bytes whose order is the key's order: the priority rank and
+/// then the stamp with their sign flipped (big-endian) around the rank, the
+/// run id, a 0 byte (below every id byte, so a prefix sorts first, as
+/// `String` does), the parent.
 pub(super) fn encode_key(k: &RowKey) -> Vec<u8> {
-    let mut out = Vec::with_capacity(10 + k.run_id.len() + k.parent.len());
+    let mut out = Vec::with_capacity(18 + k.run_id.len() + k.parent.len());
+    out.extend_from_slice(&((k.prio as u64) ^ (1 << 63)).to_be_bytes());
     out.push(k.rank);
     out.extend_from_slice(&((k.stamp as u64) ^ (1 << 63)).to_be_bytes());
     out.extend_from_slice(k.run_id.as_bytes());
@@ -150,9 +158,25 @@ impl Summary {
         for t in times {
             out.extend_from_slice(&t.map_or(0, Timestamp::as_millis).to_le_bytes());
         }
+        out.extend_from_slice(&self.priority.get().to_le_bytes());
+        out.push(u8::from(self.deadline.is_some()));
+        out.extend_from_slice(&self.deadline.map_or(0, Timestamp::as_millis).to_le_bytes());
+        match &self.concurrency {
+            Some((key, limit)) => {
+                out.extend_from_slice(&limit.to_le_bytes());
+                // Keys are at most 128 bytes (`concurrency::MAX_KEY_LEN`).
+                out.push(key.len().min(255) as u8);
+                out.extend_from_slice(&key.as_bytes()[..key.len().min(255)]);
+            }
+            None => {
+                out.extend_from_slice(&0u32.to_le_bytes());
+                out.push(0);
+            }
+        }
     }
 
-    pub(super) fn decode(b: &[u8]) -> Option<Summary> {
+    /// The summary at the start of `b`, and the bytes it took.
+    pub(super) fn decode(b: &[u8]) -> Option<(Summary, usize)> {
         let (&flags, rest) = b.split_first()?;
         let (&status, rest) = rest.split_first()?;
         let mut times = [None; 5];
@@ -162,7 +186,21 @@ impl Summary {
                 *t = Some(Timestamp::from_millis(ms).ok()?);
             }
         }
-        Some(Summary {
+        let tail = rest.get(40..)?;
+        let priority = i32::from_le_bytes(tail.get(..4)?.try_into().ok()?);
+        let deadline = match *tail.get(4)? {
+            0 => None,
+            _ => Some(
+                Timestamp::from_millis(i64::from_le_bytes(tail.get(5..13)?.try_into().ok()?))
+                    .ok()?,
+            ),
+        };
+        let tail = tail.get(13..)?;
+        let limit = u32::from_le_bytes(tail.get(..4)?.try_into().ok()?);
+        let len = usize::from(*tail.get(4)?);
+        let key = std::str::from_utf8(tail.get(5..5 + len)?).ok()?;
+        let concurrency = (limit > 0).then(|| (key.to_owned(), limit));
+        let summary = Summary {
             damaged: flags & (1 << 5) != 0,
             created: times[0],
             status: status_of(status),
@@ -174,7 +212,11 @@ impl Summary {
                 last_deadline: times[3],
                 first_deadline: times[4],
             },
-        })
+            priority: runkeep::scheduling::Priority::new(i64::from(priority)).ok()?,
+            concurrency,
+            deadline,
+        };
+        Some((summary, SUMMARY_LEN + 18 + len))
     }
 }
 
@@ -220,10 +262,10 @@ impl Entry {
     pub(super) fn decode(b: &[u8]) -> Option<Entry> {
         let generation = u64::from_le_bytes(b.get(..8)?.try_into().ok()?);
         let (summary, rest) = match *b.get(8)? {
-            1 => (
-                Some(Summary::decode(b.get(9..9 + SUMMARY_LEN)?)?),
-                b.get(9 + SUMMARY_LEN..)?,
-            ),
+            1 => {
+                let (s, used) = Summary::decode(b.get(9..)?)?;
+                (Some(s), b.get(9 + used..)?)
+            }
             _ => (None, b.get(9..)?),
         };
         let (stamp, rest) = match *rest.first()? {
@@ -260,8 +302,8 @@ pub(super) fn encode_row(generation: u64, s: &Summary, key: &str) -> Vec<u8> {
 
 pub(super) fn decode_row(b: &[u8]) -> Option<(u64, Summary, DirKey)> {
     let generation = u64::from_le_bytes(b.get(..8)?.try_into().ok()?);
-    let summary = Summary::decode(b.get(8..8 + SUMMARY_LEN)?)?;
-    let key = parse_dir_key(std::str::from_utf8(b.get(8 + SUMMARY_LEN..)?).ok()?)?;
+    let (summary, used) = Summary::decode(b.get(8..)?)?;
+    let key = parse_dir_key(std::str::from_utf8(b.get(8 + used..)?).ok()?)?;
     Some((generation, summary, key))
 }
 
@@ -449,6 +491,8 @@ pub(super) struct Writer<'t> {
     pub(super) watches: Table<'t, i32, &'static [u8]>,
     pub(super) by_id: Table<'t, &'static [u8], &'static [u8]>,
     pub(super) by_created: Table<'t, &'static [u8], &'static [u8]>,
+    pub(super) by_priority: Table<'t, &'static [u8], &'static [u8]>,
+    pub(super) claim_created: Table<'t, &'static [u8], &'static [u8]>,
 }
 
 /// What a test set for the next build (test seams). The default: the
@@ -560,6 +604,8 @@ impl Built {
                 watches: tx.open_table(WATCHES).map_err(store_failed)?,
                 by_id: tx.open_table(BY_ID).map_err(store_failed)?,
                 by_created: tx.open_table(BY_CREATED).map_err(store_failed)?,
+                by_priority: tx.open_table(BY_PRIORITY).map_err(store_failed)?,
+                claim_created: tx.open_table(CLAIM_CREATED).map_err(store_failed)?,
             };
             f(&mut w)?
         };
@@ -728,22 +774,24 @@ impl Built {
         Ok(true)
     }
 
-    /// Up to `want` entries after `after` in `order` whose summary passes
+    /// Up to `want` entries after `after` in `order` (`claim`: in
+    /// `claim_next`'s key for `order`, priority first) whose summary passes
     /// `keep`.
     pub(super) fn scan(
         &self,
         order: ListOrder,
+        claim: bool,
         after: Option<&RowKey>,
         want: usize,
         keep: &dyn Fn(&Summary) -> bool,
     ) -> Result<Vec<Found>, Refusal> {
         let tx = self.db.begin_read().map_err(store_failed)?;
         let map = tx
-            .open_table(match order {
-                ListOrder::RunId => BY_ID,
-                ListOrder::CreatedAt => BY_CREATED,
-                // FIXME(issue 30, directory helper): a priority table.
-                ListOrder::Priority => BY_ID,
+            .open_table(match (order, claim) {
+                (ListOrder::RunId, false) => BY_ID,
+                (ListOrder::CreatedAt, false) => BY_CREATED,
+                (ListOrder::Priority, _) | (ListOrder::RunId, true) => BY_PRIORITY,
+                (ListOrder::CreatedAt, true) => CLAIM_CREATED,
             })
             .map_err(store_failed)?;
         let from = after.map(|a| encode_key(&a.without_tie()));
@@ -763,13 +811,19 @@ impl Built {
             };
             if keep(&s) {
                 out.push(Found {
-                    key: s.key(order, &key),
+                    key: if claim {
+                        s.claim_key(order, &key)
+                    } else {
+                        s.key(order, &key)
+                    },
                     candidate: Candidate {
                         dir: self.dir_of(&key),
                         run: key.1,
                         parent: key.0,
                     },
                     generation,
+                    concurrency: s.concurrency.clone(),
+                    deadline: s.deadline,
                 });
             }
         }
@@ -885,6 +939,12 @@ impl Writer<'_> {
             self.by_created
                 .remove(encode_key(&o.key(ListOrder::CreatedAt, k)).as_slice())
                 .map_err(store_failed)?;
+            self.by_priority
+                .remove(encode_key(&o.key(ListOrder::Priority, k)).as_slice())
+                .map_err(store_failed)?;
+            self.claim_created
+                .remove(encode_key(&o.claim_key(ListOrder::CreatedAt, k)).as_slice())
+                .map_err(store_failed)?;
         }
         e.generation += 1;
         if let Some(new) = &summary {
@@ -898,6 +958,18 @@ impl Writer<'_> {
             self.by_created
                 .insert(
                     encode_key(&new.key(ListOrder::CreatedAt, k)).as_slice(),
+                    row.as_slice(),
+                )
+                .map_err(store_failed)?;
+            self.by_priority
+                .insert(
+                    encode_key(&new.key(ListOrder::Priority, k)).as_slice(),
+                    row.as_slice(),
+                )
+                .map_err(store_failed)?;
+            self.claim_created
+                .insert(
+                    encode_key(&new.claim_key(ListOrder::CreatedAt, k)).as_slice(),
                     row.as_slice(),
                 )
                 .map_err(store_failed)?;

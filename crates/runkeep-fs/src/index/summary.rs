@@ -2,6 +2,7 @@
 
 use runkeep::listing::{ListQuery, RowKey};
 use runkeep::park::ParkState;
+use runkeep::scheduling::Priority;
 use runkeep::{ListOrder, RunStatus, Timestamp, TopHolding};
 
 use super::common::DirKey;
@@ -48,6 +49,14 @@ pub(crate) struct Summary {
     /// The live lease's expiry (a top holding that is a lease).
     pub(super) live_until: Option<Timestamp>,
     pub(super) park: ParkTimes,
+    /// The run's priority (the priority order and `claim_next`'s order).
+    pub(super) priority: Priority,
+    /// The run's concurrency key and limit: `claim_next` skips the runs of
+    /// a key at its limit without reading them.
+    pub(crate) concurrency: Option<(String, u32)>,
+    /// The run's deadline: a run past it is never skipped for its key (a
+    /// claim finishes it first, `lifecycle::plan_claim`).
+    pub(crate) deadline: Option<Timestamp>,
 }
 
 impl Summary {
@@ -65,6 +74,13 @@ impl Summary {
                     available_at: None,
                     live_until: None,
                     park: ParkTimes::default(),
+                    priority: read
+                        .state
+                        .as_ref()
+                        .map(|s| s.lifecycle.priority)
+                        .unwrap_or_default(),
+                    concurrency: None,
+                    deadline: None,
                 })
             }
         };
@@ -97,6 +113,13 @@ impl Summary {
             available_at: state.lifecycle.available_at,
             live_until,
             park,
+            priority: state.lifecycle.priority,
+            concurrency: state
+                .lifecycle
+                .concurrency
+                .as_ref()
+                .map(|c| (c.key.clone(), c.limit)),
+            deadline: state.lifecycle.deadline,
         })
     }
 
@@ -116,6 +139,9 @@ impl Summary {
                 _ => return false,
             }
         }
+        if q.min_priority.is_some_and(|p| self.priority < p) {
+            return false;
+        }
         if let Some(statuses) = &q.status {
             if !statuses.contains(&self.status) {
                 return false;
@@ -128,6 +154,15 @@ impl Summary {
         }
     }
 
+    /// The key `claim_next` may skip this run for when the key is at its
+    /// limit at `now` (none once its deadline passed).
+    pub(crate) fn skippable_key(&self, now: Timestamp) -> Option<&(String, u32)> {
+        match self.deadline {
+            Some(d) if now >= d => None,
+            _ => self.concurrency.as_ref(),
+        }
+    }
+
     /// [`runkeep::RunRow::is_claimable`] on the row this summarizes.
     pub(crate) fn claimable(&self, now: Timestamp) -> bool {
         !self.damaged
@@ -137,6 +172,16 @@ impl Summary {
     }
 
     pub(super) fn key(&self, order: ListOrder, k: &DirKey) -> RowKey {
-        RowKey::new(order, &k.1, k.0.as_ref(), self.created)
+        let key = RowKey::new(order, &k.1, k.0.as_ref(), self.created);
+        if order == ListOrder::Priority {
+            key.with_priority(self.priority)
+        } else {
+            key
+        }
+    }
+
+    /// The key `claim_next` takes the run in ([`runkeep::RunRow::claim_key`]).
+    pub(super) fn claim_key(&self, order: ListOrder, k: &DirKey) -> RowKey {
+        self.key(order, k).with_priority(self.priority)
     }
 }

@@ -31,12 +31,17 @@ struct Stream {
     scope: ListingScope,
     rows: VecDeque<RunRow>,
     next: Option<String>,
+    /// In `claim_next`'s order: where the next page starts.
+    next_key: Option<RowKey>,
 }
 
 /// The k-way merge of the sessions' listings in the core's order.
 struct Merge {
     fetched: Arc<AtomicU64>,
     order: runkeep::ListOrder,
+    /// Merging `claim_next`'s candidates: in its order (priority first,
+    /// [`RunRow::claim_key`]), each session asked for its own.
+    claim: bool,
     options: ListOptions,
     streams: Vec<Stream>,
     heads: BinaryHeap<std::cmp::Reverse<(RowKey, usize)>>,
@@ -51,10 +56,12 @@ impl Merge {
         sessions: Vec<(SessionKey, FsStore)>,
         query: &ListQuery,
         options: ListOptions,
+        claim: bool,
     ) -> Result<Self> {
         let mut m = Merge {
             fetched,
             order: query.order,
+            claim,
             options,
             streams: Vec::with_capacity(sessions.len()),
             heads: BinaryHeap::new(),
@@ -85,6 +92,7 @@ impl Merge {
                 scope,
                 rows: VecDeque::new(),
                 next: cursor,
+                next_key: None,
             });
             let i = m.streams.len() - 1;
             m.fetch(i, true).await?;
@@ -96,25 +104,43 @@ impl Merge {
     /// queues its head.
     async fn fetch(&mut self, i: usize, first: bool) -> Result<()> {
         let s = &mut self.streams[i];
-        if !first && s.next.is_none() {
-            return Ok(());
+        if self.claim {
+            if !first && s.next_key.is_none() {
+                return Ok(());
+            }
+            let (rows, next) = s
+                .store
+                .claim_page(&s.scope, &self.options, s.next_key.take())
+                .await?;
+            self.fetched.fetch_add(rows.len() as u64, Ordering::Relaxed);
+            s.rows.extend(rows);
+            s.next_key = next;
+        } else {
+            if !first && s.next.is_none() {
+                return Ok(());
+            }
+            let page = s
+                .store
+                .list_runs(
+                    &s.scope,
+                    &ListOptions {
+                        cursor: s.next.take(),
+                        ..self.options.clone()
+                    },
+                )
+                .await?;
+            self.fetched
+                .fetch_add(page.entries.len() as u64, Ordering::Relaxed);
+            s.rows.extend(page.entries);
+            s.next = page.cursor;
         }
-        let page = s
-            .store
-            .list_runs(
-                &s.scope,
-                &ListOptions {
-                    cursor: s.next.take(),
-                    ..self.options.clone()
-                },
-            )
-            .await?;
-        self.fetched
-            .fetch_add(page.entries.len() as u64, Ordering::Relaxed);
-        s.rows.extend(page.entries);
-        s.next = page.cursor;
-        if let Some(r) = s.rows.front() {
-            self.heads.push(std::cmp::Reverse((r.key(self.order), i)));
+        if s.rows.is_empty() && (s.next.is_some() || s.next_key.is_some()) {
+            // A page whose rows all fell to the filters: read on.
+            return Box::pin(self.fetch(i, false)).await;
+        }
+        if let Some(r) = self.streams[i].rows.front() {
+            let k = self.key_of(r);
+            self.heads.push(std::cmp::Reverse((k, i)));
         }
         Ok(())
     }
@@ -128,10 +154,22 @@ impl Merge {
             return Ok(None);
         };
         match self.streams[i].rows.front() {
-            Some(r) => self.heads.push(std::cmp::Reverse((r.key(self.order), i))),
+            Some(r) => {
+                let k = self.key_of(r);
+                self.heads.push(std::cmp::Reverse((k, i)))
+            }
             None => self.fetch(i, false).await?,
         }
         Ok(Some((key, row)))
+    }
+
+    /// A row's place in the merge.
+    fn key_of(&self, r: &RunRow) -> RowKey {
+        if self.claim {
+            r.claim_key(self.order)
+        } else {
+            r.key(self.order)
+        }
     }
 }
 
@@ -175,7 +213,7 @@ pub(super) async fn list_across(
         cursor: None,
         now: Some(query.now),
     };
-    let mut merge = Merge::start(inner.fetched.clone(), sessions, &query, fetch).await?;
+    let mut merge = Merge::start(inner.fetched.clone(), sessions, &query, fetch, false).await?;
     let mut rows = Vec::with_capacity(query.limit + 1);
     while rows.len() <= query.limit {
         let Some((key, row)) = merge.next().await? else {
@@ -211,7 +249,7 @@ pub(super) async fn claim_next_across(
         now: Some(now),
     };
     let stores: HashMap<SessionKey, FsStore> = sessions.iter().cloned().collect();
-    let mut merge = Merge::start(inner.fetched.clone(), sessions, &query, fetch).await?;
+    let mut merge = Merge::start(inner.fetched.clone(), sessions, &query, fetch, true).await?;
     let mut contended = None;
     // The first claimable run in the merged order, the rule MemoryStore
     // applies over (row key, scope); each candidate is claimed through

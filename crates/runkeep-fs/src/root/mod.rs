@@ -367,6 +367,44 @@ impl CheckpointStore for FsRootStore {
         write_op!(self.inner, scope, |s| s.reopen(scope))
     }
 
+    async fn set_priority(
+        &self,
+        scope: &RunScope,
+        priority: runkeep::scheduling::Priority,
+    ) -> Result<runkeep::Lifecycle> {
+        priority.validate()?;
+        write_op!(self.inner, scope, |s| s.set_priority(scope, priority))
+    }
+
+    async fn enqueue_once(
+        &self,
+        scope: &RunScope,
+        checkpoint: &Checkpoint,
+        options: &runkeep::EnqueueOptions,
+        dedupe: Option<&runkeep::scheduling::Dedupe>,
+    ) -> Result<runkeep::scheduling::Enqueued> {
+        checkpoint.validate_for_write(scope)?;
+        options.validate(&scope.run_id)?;
+        if let Some(d) = dedupe {
+            d.validate()?;
+        }
+        write_op!(self.inner, scope, |s| s
+            .enqueue_once(scope, checkpoint, options, dedupe))
+    }
+
+    async fn key_holdings(
+        &self,
+        session: &ListingScope,
+        key: &str,
+    ) -> Result<Vec<runkeep::scheduling::KeyHolding>> {
+        runkeep::scheduling::concurrency::check_key(key)?;
+        let session = runkeep::scheduling::concurrency::session_of(session)?;
+        match routing::sessions(&self.inner, &session).await?.pop() {
+            Some((_, store)) => store.key_holdings(&session, key).await,
+            None => Ok(Vec::new()),
+        }
+    }
+
     async fn latest_checkpoint(&self, scope: &RunScope) -> Result<Option<Checkpoint>> {
         match routing::reading(&self.inner, scope).await? {
             Some(s) => s.latest_checkpoint(scope).await,

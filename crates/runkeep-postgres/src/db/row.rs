@@ -146,7 +146,7 @@ pub(crate) fn sql_headers() -> String {
 }
 pub(crate) fn sql_save() -> String {
     format!(
-        "UPDATE runs SET top_kind = $6, top_fence = $7, holder = $8, expires_at = $9, lifecycle = $10, status = $11, available_at = $12, digest = $13, checkpoint_count = $14, created_rank = $15, created_stamp = $16, park_count = $17, last_seq = $18, last_audit_seq = $19 WHERE {KEY_WHERE}"
+        "UPDATE runs SET top_kind = $6, top_fence = $7, holder = $8, expires_at = $9, lifecycle = $10, status = $11, available_at = $12, digest = $13, checkpoint_count = $14, created_rank = $15, created_stamp = $16, park_count = $17, last_seq = $18, last_audit_seq = $19, priority = $20, ckey = $21, climit = $22 WHERE {KEY_WHERE}"
     )
 }
 
@@ -299,6 +299,13 @@ pub(crate) fn save_stmt(key: &Key, run: &RunState) -> Result<Stmt> {
         .and_then(|d| d.run_created_at)
         .map_or(0, Timestamp::as_millis);
     let parks: i32 = d.map_or(0, |d| i32::try_from(d.parks.len()).unwrap_or(i32::MAX));
+    let priority: i32 = run.lifecycle.priority.get();
+    let ckey: Option<String> = run.lifecycle.concurrency.as_ref().map(|c| c.key.clone());
+    let climit: Option<i32> = run
+        .lifecycle
+        .concurrency
+        .as_ref()
+        .map(|c| i32::try_from(c.limit).unwrap_or(i32::MAX));
     Ok(Stmt::new(
         "save the run row",
         sql_save(),
@@ -317,6 +324,9 @@ pub(crate) fn save_stmt(key: &Key, run: &RunState) -> Result<Stmt> {
             Box::new(parks),
             Box::new(i64_of(run.last_seq)),
             Box::new(i64_of(run.last_audit)),
+            Box::new(priority),
+            Box::new(ckey),
+            Box::new(climit),
         ]),
     ))
 }

@@ -21,6 +21,9 @@ use crate::options::NotifyMode;
 /// What a transaction reads in the round trip that begins it.
 #[derive(Default)]
 pub(crate) struct Opening<'a> {
+    /// Statements to run first, before the run's row is created or locked
+    /// (a lock that must be taken before the row's: the dedupe key's).
+    pub(crate) first: Vec<Stmt>,
     /// Create the run's row first: writes that may create a run (never a
     /// fenced one: a fence needs a holding, so the row exists).
     pub(crate) create: bool,
@@ -66,6 +69,11 @@ pub(crate) struct Locked {
     pub(crate) checkpoint_exists: bool,
     /// The rows of [`Opening::more`], in order.
     pub(crate) more: Vec<Vec<Row>>,
+    /// The top holding as the lock found it (what the key's history is
+    /// brought up from when the row is saved).
+    pub(crate) before: Option<runkeep::TopHolding>,
+    /// The instant the opening read, if it read one.
+    pub(crate) read_now: Option<Timestamp>,
 }
 
 /// What a judge decided, with the caller's answer.
@@ -87,6 +95,9 @@ pub(crate) struct Writes {
     save: bool,
     /// Whom to wake right after the `COMMIT`.
     notify: Wake,
+    /// The instant a change of holding is recorded at in the key's history
+    /// (`None`: the instant the opening read, else the clock's).
+    at: Option<Timestamp>,
 }
 
 /// Whom a committed write wakes (module `wake`, right after its `COMMIT`).
@@ -124,6 +135,12 @@ impl Writes {
     /// Saves the judged row (after every other write).
     pub(crate) fn save(mut self) -> Self {
         self.save = true;
+        self
+    }
+
+    /// Records a change of holding at `at` (the claim's instant).
+    pub(crate) fn at(mut self, at: Timestamp) -> Self {
+        self.at = Some(at);
         self
     }
 
@@ -173,8 +190,10 @@ impl Db {
         let locked = Locked {
             key,
             found: o.state.is_some(),
+            before: o.state.as_ref().and_then(|s| s.top.clone()),
             run: o.state.unwrap_or_default(),
             now,
+            read_now: o.now,
             checkpoint_exists: o.checkpoint_exists,
             more: o.more,
         };
@@ -198,6 +217,13 @@ impl Db {
             stmts.insert(at, s);
         }
         if w.save {
+            stmts.extend(crate::keys::holding_stmts(
+                self,
+                &locked.key,
+                locked.before.as_ref(),
+                &locked.run,
+                w.at.or(locked.read_now),
+            ));
             stmts.push(save_stmt(&locked.key, &locked.run)?);
         }
         Ok((stmts, w.notify))
@@ -446,7 +472,9 @@ impl Db {
         key: &Key,
         o: Opening<'_>,
     ) -> Result<(Tx, Opened)> {
-        let mut stmts = Vec::with_capacity(3 + o.more.len());
+        let mut stmts = Vec::with_capacity(3 + o.first.len() + o.more.len());
+        let n_first = o.first.len();
+        stmts.extend(o.first);
         if o.create {
             stmts.push(Stmt::new(
                 "create the run row",
@@ -474,6 +502,8 @@ impl Db {
         stmts.extend(o.more);
         let (tx, rows) = self.begin(what, stmts).await?;
         let mut rows = rows.into_iter();
+        // The first statements' rows: only their effect (a lock) matters.
+        rows.by_ref().take(n_first).for_each(drop);
         if o.create {
             rows.next();
         }

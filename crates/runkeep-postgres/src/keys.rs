@@ -1,0 +1,231 @@
+//! Concurrency keys ([`runkeep::scheduling::concurrency`]): the key's lock,
+//! the count a claim is judged with, the holdings history and its read.
+//!
+//! # How a claim of a keyed run is judged
+//!
+//! In the claim's transaction, after the run's row lock: the key's
+//! transaction-scoped advisory lock (`pg_advisory_xact_lock` on a hash of
+//! the schema, the session and the key), then, in a statement of its own
+//! (so its snapshot sees every claim of the key committed before the lock
+//! was granted), the claim's instant and the count of the key's *other*
+//! open holdings live at that instant (`key_holdings`, `ended_at IS NULL
+//! AND expires_at > now`). The core judges with that count
+//! (`lifecycle::apply_claim`); the holding is inserted and the run's row
+//! saved with `COMMIT`, which releases the lock. Two claimers of two runs
+//! of one key therefore count one after the other, and the second sees
+//! the first's holding.
+//!
+//! Only claims take the lock: every other change of a holding (release,
+//! finish, failure, snooze, cancel, a finishing step) can only lower the
+//! count, so a claimer that counts before it commits counts high and
+//! refuses, never admits one too many.
+//!
+//! No deadlock: a claim waits for at most one key lock while holding
+//! nothing a key-lock holder waits for (row locks are taken before the key
+//! lock, and `claim_next` takes candidate rows `SKIP LOCKED`); a
+//! `claim_next` that already holds a key lock (a candidate refused at its
+//! limit) only *tries* the next key's lock and skips the candidate when it
+//! is taken, as it skips a row another claimer has locked.
+//!
+//! # The history
+//!
+//! Every save of a keyed run whose top holding changed writes the history
+//! ([`holding_stmts`]): a new lease fence ends the run's open holding at
+//! the instant (a renewal or a takeover supersedes it) and inserts the new
+//! one; a lease that stopped being the top (released, finished, …) ends
+//! at the instant, or at its expiry when that came first. What
+//! `MemoryStore` does with its `KeyLog`.
+
+use tokio_postgres::Row;
+
+use runkeep::scheduling::concurrency;
+use runkeep::{Error, KeyHolding, ListingScope, Result, RunId, RunScope, Timestamp, TopHolding};
+
+use crate::db::pipeline::{Param, Stmt};
+use crate::db::row::{fence_of, i64_of, Key, RunState, CLOCK, KEY_COLS, KEY_WHERE};
+use crate::db::Db;
+
+/// The hash of a key's advisory lock: the schema (two stores in one
+/// database are separate), the session and the key, with separators no id
+/// or key can hold. `$6` is the schema; the other parts are columns of
+/// `runs` (`tenant_id`, …, `ckey`).
+const KEY_HASH: &str = "hashtextextended(concat_ws(chr(1), 'runkeep-key', $6::text, tenant_id, project_id, session_id, ckey), 0)";
+
+/// The statement that takes the key lock of the run `key` names, when it
+/// carries a concurrency key (no row otherwise). `only_try` does not wait:
+/// its one row says whether the lock was taken.
+pub(crate) fn lock_stmt(db: &Db, key: &Key, only_try: bool) -> Stmt {
+    let f = if only_try {
+        "pg_try_advisory_xact_lock"
+    } else {
+        "pg_advisory_xact_lock"
+    };
+    Stmt::new(
+        "lock the concurrency key",
+        format!("SELECT {f}({KEY_HASH})::text FROM runs WHERE {KEY_WHERE} AND ckey IS NOT NULL"),
+        key.owned(vec![Box::new(db.options.schema.clone())]),
+    )
+}
+
+/// The statement, after the key lock, that reads the claim's instant (`$6`
+/// when the caller's or the test clock decides, else the server's, read
+/// now) and how many other runs of the run's key hold it live then.
+pub(crate) fn count_stmt(key: &Key, fixed: Option<Timestamp>) -> Stmt {
+    let fixed: Option<i64> = fixed.map(Timestamp::as_millis);
+    Stmt::new(
+        "count the key's holders",
+        format!(
+            "WITH c AS (SELECT coalesce($6::bigint, {CLOCK}) AS now_ms) \
+             SELECT c.now_ms, (SELECT count(*) FROM key_holdings h \
+               WHERE h.tenant_id = $1 AND h.project_id = $2 AND h.session_id = $3 \
+                 AND h.ckey = (SELECT r.ckey FROM runs r WHERE r.tenant_id = $1 AND r.project_id = $2 AND r.session_id = $3 AND r.run_id = $4 AND r.parent_id = $5) \
+                 AND h.ended_at IS NULL AND h.expires_at > c.now_ms \
+                 AND NOT (h.run_id = $4 AND h.parent_id = $5)) \
+             FROM c"
+        ),
+        key.owned(vec![Box::new(fixed)]),
+    )
+}
+
+/// What [`count_stmt`] read: the instant and the count.
+pub(crate) fn counted(db: &Db, rows: &[Row], fixed: Option<Timestamp>) -> Result<(Timestamp, u32)> {
+    let r = rows
+        .first()
+        .ok_or_else(|| Error::corrupted("the key count answered no row"))?;
+    let ms: i64 = r.get(0);
+    let n: i64 = r.get(1);
+    let now = Timestamp::from_millis(ms)
+        .map_err(|e| Error::corrupted(format!("the server clock is out of range: {e}")))?;
+    if fixed.is_none() {
+        db.note_server_now(now);
+    }
+    Ok((now, u32::try_from(n).unwrap_or(u32::MAX)))
+}
+
+/// True when a `only_try` [`lock_stmt`] took the lock (or the run carries
+/// no key: nothing to take).
+pub(crate) fn took(rows: &[Row]) -> bool {
+    rows.first()
+        .is_none_or(|r| r.get::<_, Option<String>>(0).as_deref() == Some("true"))
+}
+
+/// The statements that bring the key's history up to the run's top
+/// holding after a change from `before`, at `at` (`None`: the server's
+/// clock, or the test clock, read by the statement).
+pub(crate) fn holding_stmts(
+    db: &Db,
+    key: &Key,
+    before: Option<&TopHolding>,
+    run: &RunState,
+    at: Option<Timestamp>,
+) -> Vec<Stmt> {
+    let Some(c) = &run.lifecycle.concurrency else {
+        return Vec::new();
+    };
+    let before_fence = match before {
+        Some(TopHolding::Lease { fence, .. }) => Some(*fence),
+        _ => None,
+    };
+    let at: Option<i64> = at.or_else(|| db.fixed_now(None)).map(Timestamp::as_millis);
+    let end = || {
+        Stmt::new(
+            "end the key holding",
+            format!(
+                "UPDATE key_holdings SET ended_at = LEAST(coalesce($6::bigint, {CLOCK}), expires_at) \
+                 WHERE {KEY_WHERE} AND ended_at IS NULL"
+            ),
+            key.owned(vec![Box::new(at)]),
+        )
+    };
+    match &run.top {
+        Some(TopHolding::Lease {
+            fence, expires_at, ..
+        }) if before_fence != Some(*fence) => {
+            let params: Vec<Param> = vec![
+                Box::new(c.key.clone()),
+                Box::new(i64_of(fence.get())),
+                Box::new(at),
+                Box::new(expires_at.as_millis()),
+            ];
+            vec![
+                end(),
+                Stmt::new(
+                    "record the key holding",
+                    format!(
+                        "INSERT INTO key_holdings ({KEY_COLS}, ckey, fence, acquired_at, expires_at) \
+                         VALUES ($1, $2, $3, $4, $5, $6, $7, coalesce($8::bigint, {CLOCK}), $9)"
+                    ),
+                    key.owned(params),
+                ),
+            ]
+        }
+        Some(TopHolding::Lease { .. }) => Vec::new(),
+        _ if before_fence.is_some() => vec![end()],
+        _ => Vec::new(),
+    }
+}
+
+/// `key_holdings(session, key)`: the key's history, oldest first.
+pub(crate) async fn key_holdings(
+    db: &Db,
+    session: &ListingScope,
+    key: &str,
+) -> Result<Vec<KeyHolding>> {
+    concurrency::check_key(key)?;
+    let session = concurrency::session_of(session)?;
+    let (Some(project), Some(sess)) = (session.project_id(), session.session_id()) else {
+        return Ok(Vec::new());
+    };
+    let c = db.conn("key_holdings").await?;
+    let rows = db
+        .rows(
+            &c,
+            "read the key holdings",
+            "SELECT run_id, parent_id, fence, acquired_at, expires_at, ended_at FROM key_holdings \
+             WHERE tenant_id = $1 AND project_id = $2 AND session_id = $3 AND ckey = $4 ORDER BY id",
+            &[
+                &session.tenant_id().to_string(),
+                &project.to_string(),
+                &sess.to_string(),
+                &key,
+            ],
+        )
+        .await?;
+    let mut out = Vec::with_capacity(rows.len());
+    for r in rows {
+        let run: String = r.get(0);
+        let parent: String = r.get(1);
+        let run_id: RunId = run
+            .parse()
+            .map_err(|e| Error::corrupted(format!("a stored run id: {e}")))?;
+        let parent_run_id = if parent.is_empty() {
+            None
+        } else {
+            Some(
+                parent
+                    .parse::<RunId>()
+                    .map_err(|e| Error::corrupted(format!("a stored parent id: {e}")))?,
+            )
+        };
+        let scope = RunScope::new(
+            session.tenant_id().clone(),
+            project.clone(),
+            sess.clone(),
+            run_id.clone(),
+        );
+        let stamp = |ms: i64, what: &str| {
+            Timestamp::from_millis(ms)
+                .map_err(|e| Error::corrupted(format!("run {run_id}: {what}: {e}")))
+        };
+        let ended: Option<i64> = r.get(5);
+        out.push(KeyHolding {
+            run_id: run_id.clone(),
+            parent_run_id,
+            fence: fence_of(&scope, "a key holding's fence", r.get(2))?,
+            acquired_at: stamp(r.get(3), "a key holding's start")?,
+            expires_at: stamp(r.get(4), "a key holding's expiry")?,
+            ended_at: ended.map(|e| stamp(e, "a key holding's end")).transpose()?,
+        });
+    }
+    Ok(out)
+}
