@@ -107,16 +107,40 @@ pub(crate) async fn claim_next(
 ) -> Result<Option<(RunScope, Lease)>> {
     let what = "claim_next";
     let mut search = NextSearch::new(db, scope, filter, options)?;
-    let (tx, replies) = db.begin(what, vec![search.first()]).await?;
-    let mut writes = Vec::new();
-    let taken = search
-        .search(db, &tx, what, replies, None, &mut writes)
-        .await?;
-    if taken.is_some() || search.changed {
-        db.commit(tx, what, writes).await?;
+    let mut first = search.first();
+    loop {
+        let (tx, replies) = db.begin(what, vec![first]).await?;
+        let mut writes = Vec::new();
+        let searched = search
+            .search(db, &tx, what, replies, None, &mut writes)
+            .await?;
+        if search.changed || matches!(searched, Searched::Taken(Some(_))) {
+            db.commit(tx, what, writes).await?;
+            search.changed = false;
+        }
+        // Otherwise nothing changed: the transaction rolls back unwaited.
+        match searched {
+            Searched::Taken(taken) => return Ok(taken),
+            // A keyed candidate was judged and not taken: its key's lock
+            // goes with this transaction; the search goes on in a new one
+            // (module `keys`, "No deadlock").
+            Searched::KeyJudged(after) => {
+                search.key_locked = false;
+                first = search.candidate(&after);
+            }
+        }
     }
-    // Otherwise nothing changed: the transaction rolls back unwaited.
-    Ok(taken)
+}
+
+/// How a search inside one transaction ended.
+pub(crate) enum Searched {
+    /// A run was taken (its writes added), or no candidate is left.
+    Taken(Option<(RunScope, Lease)>),
+    /// A keyed candidate was judged under its key's lock and not taken (at
+    /// its limit, or finished by the claim): the transaction ends there, so
+    /// the key's lock is held no longer than one judgement, and the search
+    /// goes on after this key.
+    KeyJudged(After),
 }
 
 impl NextSearch<'_> {
@@ -208,11 +232,12 @@ impl<'a> NextSearch<'a> {
         self.candidate(&After::None)
     }
 
-    /// The candidate after `after`, skipping rows other claimers hold
+    /// The candidate after `after` (a new transaction's first statement
+    /// when a search goes on after a keyed judgement), skipping rows other claimers hold
     /// locked: a claimer never blocks on another and never locks more rows
     /// than it judges. It carries the whole state a claim writes back, and
     /// the instant it was chosen at.
-    fn candidate(&self, after: &After) -> Stmt {
+    pub(crate) fn candidate(&self, after: &After) -> Stmt {
         let (sql, params) = self.listing.sql_and_params(after, 1, true);
         Stmt::new("find a candidate", sql, params)
     }
@@ -231,11 +256,11 @@ impl<'a> NextSearch<'a> {
         mut replies: Vec<Vec<Row>>,
         skip: Option<&RunScope>,
         writes: &mut Vec<Stmt>,
-    ) -> Result<Option<(RunScope, Lease)>> {
+    ) -> Result<Searched> {
         let mut judged = self.fixed;
         loop {
             let Some(r) = replies.pop().and_then(|rows| rows.into_iter().next()) else {
-                return Ok(None);
+                return Ok(Searched::Taken(None));
             };
             let now = match judged {
                 Some(n) => n,
@@ -257,7 +282,8 @@ impl<'a> NextSearch<'a> {
             if skip != Some(&run_scope) && self.query.matches(&row) && row.is_claimable(now) {
                 fill_state(&mut state, &r);
                 let key = Key::of(&run_scope);
-                let judged = if state.lifecycle.concurrency.is_some() {
+                let keyed = state.lifecycle.concurrency.is_some();
+                let judged = if keyed {
                     self.count_key(db, tx, what, &key).await?
                 } else {
                     Some((now, 0))
@@ -274,8 +300,23 @@ impl<'a> NextSearch<'a> {
                                 Some(at),
                             ));
                             writes.push(save_stmt(&key, &state)?);
-                            return Ok(Some((run_scope, lease)));
+                            return Ok(Searched::Taken(Some((run_scope, lease))));
                         }
+                        ClaimOutcome::Finished(_) if keyed => {
+                            // Dead-lettered under its key's lock: recorded
+                            // with this transaction's commit.
+                            writes.extend(keys::holding_stmts(
+                                db,
+                                &key,
+                                before.as_ref(),
+                                &state,
+                                Some(at),
+                            ));
+                            writes.push(save_stmt(&key, &state)?);
+                            self.changed = true;
+                            return Ok(Searched::KeyJudged(after));
+                        }
+                        _ if keyed => return Ok(Searched::KeyJudged(after)),
                         ClaimOutcome::Finished(_) => {
                             // Dead-lettered by this claim: recorded (with the
                             // next candidate's search), then the next run.

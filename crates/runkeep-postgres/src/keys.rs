@@ -22,9 +22,12 @@
 //!
 //! No deadlock: a claim waits for at most one key lock while holding
 //! nothing a key-lock holder waits for (row locks are taken before the key
-//! lock, and `claim_next` takes candidate rows `SKIP LOCKED`); a
-//! `claim_next` that already holds a key lock (a candidate refused at its
-//! limit) only *tries* the next key's lock and skips the candidate when it
+//! lock, and `claim_next` takes candidate rows `SKIP LOCKED`); and a
+//! transaction judges at most one keyed candidate: a `claim_next` whose
+//! keyed candidate is not taken ends its transaction there (releasing the
+//! key's lock at once) and goes on in a new one (module `claims`). A
+//! search that would still hold a key lock when it meets another keyed
+//! candidate only *tries* that one's lock and skips the candidate when it
 //! is taken, as it skips a row another claimer has locked.
 //!
 //! # The history

@@ -5,7 +5,7 @@
 use runkeep::{Error, Fence, Handover, NextClaim, Result, RunScope, Step, StepReceipt};
 use serde_json::Value;
 
-use crate::claims::NextSearch;
+use crate::claims::{NextSearch, Searched};
 use crate::db::tx::{Locked, Opening, Verdict, Wake, Writes};
 use crate::db::Db;
 
@@ -56,14 +56,22 @@ pub(crate) async fn commit_step_and_claim_next(
         first = db.run(&tx, what, std::mem::take(&mut stmts)).await?;
         first = first.pop().into_iter().collect();
     }
-    let taken = search
+    let searched = search
         .search(db, &tx, what, first, Some(scope), &mut stmts)
         .await?;
     db.commit_notify(tx, what, stmts, scope, notify).await?;
-    Ok(Handover {
-        receipt,
-        next: Ok(taken),
-    })
+    let next = match searched {
+        Searched::Taken(taken) => Ok(taken),
+        // A keyed candidate was judged and not taken: the step commits
+        // with that judgement (and so ends the key's lock), and the next
+        // run is claimed after it, as `claim_next` would (the contract's
+        // "claims after the step committed": an error there leaves the
+        // step standing).
+        Searched::KeyJudged(_) => {
+            crate::claims::claim_next(db, &next.scope, &next.filter, &next.options).await
+        }
+    };
+    Ok(Handover { receipt, next })
 }
 
 /// True when the judged step ends the run's holding of a concurrency key

@@ -6,6 +6,8 @@
     reason = "each test binary uses a different part of these shared helpers"
 )]
 
+pub mod servers;
+
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
