@@ -221,19 +221,22 @@ impl Inner {
         self.index.candidates(&self.base, order, after, want, keep)
     }
 
-    /// [`Self::index_candidates`] in `claim_next`'s order (priority first).
-    pub(crate) fn index_claim_candidates(
+    /// [`Self::index_candidates`] in `claim_next`'s order (priority first),
+    /// dropping the keys `skip` says are at their limit without visiting
+    /// their entries.
+    pub(crate) fn index_claim_candidates_skipping(
         &self,
         order: ListOrder,
         after: Option<&RowKey>,
         want: usize,
         keep: &dyn Fn(&Summary) -> bool,
+        skip: &dyn Fn(&str, u32) -> bool,
     ) -> Option<Vec<Found>> {
         if self.switches.is_off(Switch::Index) {
             return None;
         }
         self.index
-            .claim_candidates(&self.base, order, after, want, keep)
+            .claim_candidates_skipping(&self.base, order, after, want, keep, skip)
     }
 
     /// [`SessionIndex::reconcile`] on this store's index.

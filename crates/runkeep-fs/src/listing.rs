@@ -336,6 +336,16 @@ fn walk_page(inner: &Inner, q: &ListQuery, a: &Attribution, claim: bool) -> Resu
     Ok(q.page_from_sorted(page))
 }
 
+/// A scope in the store's session (a held set names runs by id only).
+fn any_run(a: &Attribution) -> RunScope {
+    RunScope::new(
+        a.tenant_id.clone(),
+        a.project_id.clone(),
+        a.session_id.clone(),
+        RunId::new("run_any").expect("a valid id"),
+    )
+}
+
 /// How many rows `claim_next` reads per step when the index cannot be used.
 const CLAIM_PAGE: usize = 16;
 
@@ -377,10 +387,23 @@ pub(crate) fn claim_next(
     let at_limit = |c: Option<&(String, u32)>| {
         c.is_some_and(|(k, limit)| busy.borrow().get(k).is_some_and(|h| h >= limit))
     };
+    let like = any_run(a);
+    let held_of = |key: &str| -> u32 {
+        if let Some(h) = busy.borrow().get(key) {
+            return *h;
+        }
+        let h = keys::held_now(inner, &like, key, now);
+        busy.borrow_mut().insert(key.to_owned(), h);
+        h
+    };
     loop {
-        let indexed = inner.index_claim_candidates(q.order, after.as_ref(), CLAIM_PAGE, &|s| {
-            s.claimable(now) && s.matches(&q) && !at_limit(s.skippable_key(now))
-        });
+        let indexed = inner.index_claim_candidates_skipping(
+            q.order,
+            after.as_ref(),
+            CLAIM_PAGE,
+            &|s| s.claimable(now) && s.matches(&q) && !at_limit(s.skippable_key(now)),
+            &|key, limit| held_of(key) >= limit,
+        );
         // From the index: candidates, each read only when its turn comes
         // (the first claimable one usually ends the call).
         let (candidates, mut rows, more) = match indexed {
@@ -524,10 +547,23 @@ pub(crate) fn claim_page_with(
     let at_limit = |c: Option<&(String, u32)>| {
         c.is_some_and(|(k, limit)| busy.borrow().get(k).is_some_and(|h| h >= limit))
     };
+    let like = any_run(a);
+    let held_of = |key: &str| -> u32 {
+        if let Some(h) = busy.borrow().get(key) {
+            return *h;
+        }
+        let h = keys::held_now(inner, &like, key, now);
+        busy.borrow_mut().insert(key.to_owned(), h);
+        h
+    };
     let batch = if index {
-        inner.index_claim_candidates(q.order, q.after.as_ref(), want, &|s| {
-            s.claimable(now) && s.matches(&q) && !at_limit(s.skippable_key(now))
-        })
+        inner.index_claim_candidates_skipping(
+            q.order,
+            q.after.as_ref(),
+            want,
+            &|s| s.claimable(now) && s.matches(&q) && !at_limit(s.skippable_key(now)),
+            &|key, limit| held_of(key) >= limit,
+        )
     } else {
         None
     };

@@ -32,16 +32,10 @@ fn sessions(dir: &std::path::Path, n: usize) -> Vec<Arc<dyn RunStore>> {
         .collect()
 }
 
-/// The reference model's drain, with holds of up to 1.5 s: a directory's
-/// `claim_next` takes milliseconds (hundreds on a loaded machine: every
-/// call drains the index's events of the fleet's writes, and the fleet's
-/// claimers race for the same first candidate), and with the model's 2 ms
-/// holds the fleet would seldom hold two runs of one key at once, so the
-/// limits would see no pressure.
+/// The kit's drain (runs in blocks of one key, 10 ms holds), 200 runs.
 fn race() -> KeyRace {
     KeyRace {
-        runs: 120,
-        hold: Duration::from_millis(1_500),
+        runs: 200,
         ..KeyRace::full()
     }
 }

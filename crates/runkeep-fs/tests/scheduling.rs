@@ -654,3 +654,59 @@ fn claim_next_finishes_a_keyed_run_past_its_deadline_even_when_its_key_is_at_its
     assert_eq!(answers[0], answers[1], "directory vs memory");
     assert!(answers[0].1.is_finished(), "{answers:?}");
 }
+
+/// The index's claim streams (the free one and one per key and limit,
+/// merged) give `claim_next`'s order exactly as the walk sorts it, page by
+/// page (each page continues after the last key), in both orders, with
+/// keys, limits, priorities and deadlines mixed and no key at its limit.
+#[test]
+fn the_indexed_claim_streams_merge_into_the_walks_claim_order() {
+    let dir = tempfile::tempdir().unwrap();
+    let base = dir.path().join("runs");
+    let store = open(&base);
+    let rt = rt();
+    let far =
+        runkeep::Timestamp::from_millis(runkeep::Timestamp::now().as_millis() + 3_600_000).unwrap();
+    for i in 0..40u32 {
+        let options = EnqueueOptions {
+            priority: runkeep::scheduling::Priority::new(i64::from(i % 3) - 1).unwrap(),
+            concurrency: match i % 4 {
+                0 => None,
+                1 => Some(Concurrency::new("k.a", 2).unwrap()),
+                2 => Some(Concurrency::new("k.b", 1 + i % 2).unwrap()),
+                _ => Some(Concurrency::new("k", 3).unwrap()),
+            },
+            deadline: (i % 5 == 0).then_some(far),
+            ..EnqueueOptions::default()
+        };
+        let c = cp("cp_1", 1_000).with_run_created_at(
+            runkeep::Timestamp::from_millis(5_000 - i64::from(i * 7 % 13)).unwrap(),
+        );
+        rt.block_on(store.enqueue(&scope(&format!("run_{i:03}")), &c, &options))
+            .unwrap();
+    }
+    store.testing().wait_index().unwrap();
+    for order in [runkeep::ListOrder::RunId, runkeep::ListOrder::CreatedAt] {
+        for limit in [1, 3, 100] {
+            let o = runkeep::ListOptions {
+                order,
+                claimed: Some(false),
+                limit: Some(limit),
+                ..Default::default()
+            };
+            let indexed = store
+                .testing()
+                .claim_order(&session_scope(), &o, false)
+                .unwrap();
+            let walked = store
+                .testing()
+                .claim_order(&session_scope(), &o, true)
+                .unwrap();
+            let ids = |rows: &[runkeep::RunRow]| -> Vec<String> {
+                rows.iter().map(|r| r.scope.run_id.to_string()).collect()
+            };
+            assert_eq!(indexed.len(), 40, "{order:?} {limit}");
+            assert_eq!(ids(&indexed), ids(&walked), "{order:?} pages of {limit}");
+        }
+    }
+}

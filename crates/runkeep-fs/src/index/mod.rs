@@ -231,20 +231,22 @@ impl SessionIndex {
         want: usize,
         keep: &dyn Fn(&Summary) -> bool,
     ) -> Option<Vec<Found>> {
-        self.with(base, |b| b.scan(order, false, after, want, keep))
+        self.with(base, |b| b.scan(order, after, want, keep))
     }
 
     /// [`Self::candidates`] in `claim_next`'s order for `order` (priority
-    /// first, [`runkeep::RunRow::claim_key`]).
-    pub(crate) fn claim_candidates(
+    /// first, [`runkeep::RunRow::claim_key`]), the streams of keys `skip`
+    /// answers true for (at their limit) dropped unvisited.
+    pub(crate) fn claim_candidates_skipping(
         &self,
         base: &Path,
         order: ListOrder,
         after: Option<&RowKey>,
         want: usize,
         keep: &dyn Fn(&Summary) -> bool,
+        skip: &dyn Fn(&str, u32) -> bool,
     ) -> Option<Vec<Found>> {
-        self.with(base, |b| b.scan(order, true, after, want, keep))
+        self.with(base, |b| b.scan_claim(order, after, want, keep, skip))
     }
 
     /// Corrects a run's entry from a read the caller made after the index

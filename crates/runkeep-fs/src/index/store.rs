@@ -35,16 +35,68 @@ use crate::sys::Ctx;
 /// - `by_id`, `by_created`, `by_priority`: the order's [`RowKey`], encoded
 ///   so that byte order is key order → the entry's generation, summary and
 ///   directory key (a page reads one table only);
-/// - `claim_created`: `claim_next`'s key in created-at order (priority
-///   first, [`runkeep::RunRow::claim_key`]); in run-id order that key is
-///   the priority order's, so `by_priority` serves it.
+/// - `claim_free_*`, `claim_keyed_*`: `claim_next`'s key (priority first,
+///   [`runkeep::RunRow::claim_key`]) in run-id and created-at order, split
+///   into the runs it never skips and one stream per key and limit.
 pub(super) const ENTRIES: TableDefinition<&str, &[u8]> = TableDefinition::new("entries");
 pub(super) const WATCHES: TableDefinition<i32, &[u8]> = TableDefinition::new("watches");
 pub(super) const BY_ID: TableDefinition<&[u8], &[u8]> = TableDefinition::new("by_id");
 pub(super) const BY_CREATED: TableDefinition<&[u8], &[u8]> = TableDefinition::new("by_created");
 pub(super) const BY_PRIORITY: TableDefinition<&[u8], &[u8]> = TableDefinition::new("by_priority");
-pub(super) const CLAIM_CREATED: TableDefinition<&[u8], &[u8]> =
-    TableDefinition::new("claim_created");
+/// `claim_next`'s streams: the runs it never skips for a key (no key, or a
+/// deadline: a run past it is finished by its claim whatever its key), in
+/// its key for run-id and for created-at order...
+pub(super) const CLAIM_FREE_ID: TableDefinition<&[u8], &[u8]> =
+    TableDefinition::new("claim_free_id");
+pub(super) const CLAIM_FREE_CREATED: TableDefinition<&[u8], &[u8]> =
+    TableDefinition::new("claim_free_created");
+/// ... and every other run under its key and limit ([`keyed_prefix`]),
+/// then the same key: a key at its limit is one stream dropped, not its
+/// entries scanned.
+pub(super) const CLAIM_KEYED_ID: TableDefinition<&[u8], &[u8]> =
+    TableDefinition::new("claim_keyed_id");
+pub(super) const CLAIM_KEYED_CREATED: TableDefinition<&[u8], &[u8]> =
+    TableDefinition::new("claim_keyed_created");
+
+/// The prefix of a keyed claim stream: the key (never a 0 byte), 0, the
+/// limit (big-endian).
+pub(super) fn keyed_prefix(key: &str, limit: u32) -> Vec<u8> {
+    let mut out = Vec::with_capacity(key.len() + 5);
+    out.extend_from_slice(key.as_bytes());
+    out.push(0);
+    out.extend_from_slice(&limit.to_be_bytes());
+    out
+}
+
+/// The first prefix after every key of `key`/`limit`'s stream.
+fn keyed_prefix_end(key: &str, limit: u32) -> Vec<u8> {
+    match limit.checked_add(1) {
+        Some(l) => keyed_prefix(key, l),
+        None => {
+            let mut out = key.as_bytes().to_vec();
+            out.push(1);
+            out
+        }
+    }
+}
+
+/// The key and limit at the start of a keyed claim table's key.
+fn parse_keyed_prefix(b: &[u8]) -> Option<(String, u32)> {
+    let z = b.iter().position(|c| *c == 0)?;
+    let key = std::str::from_utf8(&b[..z]).ok()?.to_owned();
+    let limit = u32::from_be_bytes(b.get(z + 1..z + 5)?.try_into().ok()?);
+    Some((key, limit))
+}
+
+impl Summary {
+    /// The keyed claim stream this run sits in (`None`: the free one).
+    pub(super) fn claim_stream(&self) -> Option<(&str, u32)> {
+        match (&self.concurrency, self.deadline) {
+            (Some((k, l)), None) => Some((k.as_str(), *l)),
+            _ => None,
+        }
+    }
+}
 /// Entries without watches (over the watch budget): swept by stamp.
 pub(super) const SWEPT: TableDefinition<&str, ()> = TableDefinition::new("swept");
 /// Watched entries of finished runs: the first to give up their watches
@@ -492,7 +544,10 @@ pub(super) struct Writer<'t> {
     pub(super) by_id: Table<'t, &'static [u8], &'static [u8]>,
     pub(super) by_created: Table<'t, &'static [u8], &'static [u8]>,
     pub(super) by_priority: Table<'t, &'static [u8], &'static [u8]>,
-    pub(super) claim_created: Table<'t, &'static [u8], &'static [u8]>,
+    pub(super) claim_free_id: Table<'t, &'static [u8], &'static [u8]>,
+    pub(super) claim_free_created: Table<'t, &'static [u8], &'static [u8]>,
+    pub(super) claim_keyed_id: Table<'t, &'static [u8], &'static [u8]>,
+    pub(super) claim_keyed_created: Table<'t, &'static [u8], &'static [u8]>,
 }
 
 /// What a test set for the next build (test seams). The default: the
@@ -605,7 +660,10 @@ impl Built {
                 by_id: tx.open_table(BY_ID).map_err(store_failed)?,
                 by_created: tx.open_table(BY_CREATED).map_err(store_failed)?,
                 by_priority: tx.open_table(BY_PRIORITY).map_err(store_failed)?,
-                claim_created: tx.open_table(CLAIM_CREATED).map_err(store_failed)?,
+                claim_free_id: tx.open_table(CLAIM_FREE_ID).map_err(store_failed)?,
+                claim_free_created: tx.open_table(CLAIM_FREE_CREATED).map_err(store_failed)?,
+                claim_keyed_id: tx.open_table(CLAIM_KEYED_ID).map_err(store_failed)?,
+                claim_keyed_created: tx.open_table(CLAIM_KEYED_CREATED).map_err(store_failed)?,
             };
             f(&mut w)?
         };
@@ -774,24 +832,21 @@ impl Built {
         Ok(true)
     }
 
-    /// Up to `want` entries after `after` in `order` (`claim`: in
-    /// `claim_next`'s key for `order`, priority first) whose summary passes
+    /// Up to `want` entries after `after` in `order` whose summary passes
     /// `keep`.
     pub(super) fn scan(
         &self,
         order: ListOrder,
-        claim: bool,
         after: Option<&RowKey>,
         want: usize,
         keep: &dyn Fn(&Summary) -> bool,
     ) -> Result<Vec<Found>, Refusal> {
         let tx = self.db.begin_read().map_err(store_failed)?;
         let map = tx
-            .open_table(match (order, claim) {
-                (ListOrder::RunId, false) => BY_ID,
-                (ListOrder::CreatedAt, false) => BY_CREATED,
-                (ListOrder::Priority, _) | (ListOrder::RunId, true) => BY_PRIORITY,
-                (ListOrder::CreatedAt, true) => CLAIM_CREATED,
+            .open_table(match order {
+                ListOrder::RunId => BY_ID,
+                ListOrder::CreatedAt => BY_CREATED,
+                ListOrder::Priority => BY_PRIORITY,
             })
             .map_err(store_failed)?;
         let from = after.map(|a| encode_key(&a.without_tie()));
@@ -811,11 +866,7 @@ impl Built {
             };
             if keep(&s) {
                 out.push(Found {
-                    key: if claim {
-                        s.claim_key(order, &key)
-                    } else {
-                        s.key(order, &key)
-                    },
+                    key: s.key(order, &key),
                     candidate: Candidate {
                         dir: self.dir_of(&key),
                         run: key.1,
@@ -826,6 +877,125 @@ impl Built {
                     deadline: s.deadline,
                 });
             }
+        }
+        Ok(out)
+    }
+
+    /// Up to `want` entries after `after` in `claim_next`'s key for `order`
+    /// whose summary passes `keep`, merging the free stream with one stream
+    /// per key and limit; a stream `skip` answers true for (the key is at
+    /// that limit) is dropped whole, its entries never visited: a call costs
+    /// one seek per key plus the entries it visits, whatever the number of
+    /// runs waiting behind saturated keys.
+    pub(super) fn scan_claim(
+        &self,
+        order: ListOrder,
+        after: Option<&RowKey>,
+        want: usize,
+        keep: &dyn Fn(&Summary) -> bool,
+        skip: &dyn Fn(&str, u32) -> bool,
+    ) -> Result<Vec<Found>, Refusal> {
+        use std::cmp::Reverse;
+        let tx = self.db.begin_read().map_err(store_failed)?;
+        let (free, keyed) = match order {
+            ListOrder::CreatedAt => (CLAIM_FREE_CREATED, CLAIM_KEYED_CREATED),
+            ListOrder::RunId | ListOrder::Priority => (CLAIM_FREE_ID, CLAIM_KEYED_ID),
+        };
+        let free = tx.open_table(free).map_err(store_failed)?;
+        let keyed = tx.open_table(keyed).map_err(store_failed)?;
+        let from = after.map(|a| encode_key(&a.without_tie()));
+        type Stream<'r> = (
+            Option<(String, u32)>,
+            usize,
+            redb::Range<'r, &'static [u8], &'static [u8]>,
+        );
+        let mut streams: Vec<Stream<'_>> = Vec::new();
+        let range = match &from {
+            Some(a) => free.range::<&[u8]>((Bound::Excluded(a.as_slice()), Bound::Unbounded)),
+            None => free.range::<&[u8]>(..),
+        }
+        .map_err(store_failed)?;
+        streams.push((None, 0, range));
+        // One stream per key and limit: the first entry at or after each
+        // prefix names the next one.
+        let mut at: Vec<u8> = Vec::new();
+        loop {
+            let first = keyed
+                .range::<&[u8]>((Bound::Included(at.as_slice()), Bound::Unbounded))
+                .map_err(store_failed)?
+                .next();
+            let Some(item) = first else { break };
+            let (k, _) = item.map_err(store_failed)?;
+            let Some((key, limit)) = parse_keyed_prefix(k.value()) else {
+                return Err(store_failed("an undecodable keyed claim entry"));
+            };
+            let p = keyed_prefix(&key, limit);
+            let end = keyed_prefix_end(&key, limit);
+            let start = match &from {
+                Some(a) => Bound::Excluded([p.as_slice(), a].concat()),
+                None => Bound::Included(p.clone()),
+            };
+            let range = keyed
+                .range::<&[u8]>((
+                    match &start {
+                        Bound::Excluded(b) => Bound::Excluded(b.as_slice()),
+                        Bound::Included(b) => Bound::Included(b.as_slice()),
+                        Bound::Unbounded => Bound::Unbounded,
+                    },
+                    Bound::Excluded(end.as_slice()),
+                ))
+                .map_err(store_failed)?;
+            streams.push((Some((key, limit)), p.len(), range));
+            at = end;
+        }
+        let mut heads: std::collections::BinaryHeap<Reverse<(Vec<u8>, usize)>> =
+            std::collections::BinaryHeap::new();
+        let mut pending: Vec<Option<Vec<u8>>> = vec![None; streams.len()];
+        let advance = |streams: &mut Vec<Stream<'_>>,
+                       pending: &mut Vec<Option<Vec<u8>>>,
+                       heads: &mut std::collections::BinaryHeap<Reverse<(Vec<u8>, usize)>>,
+                       i: usize|
+         -> Result<(), Refusal> {
+            if let Some(item) = streams[i].2.next() {
+                let (k, v) = item.map_err(store_failed)?;
+                let skip_len = streams[i].1;
+                heads.push(Reverse((k.value()[skip_len..].to_vec(), i)));
+                pending[i] = Some(v.value().to_vec());
+            }
+            Ok(())
+        };
+        for i in 0..streams.len() {
+            advance(&mut streams, &mut pending, &mut heads, i)?;
+        }
+        let mut out = Vec::new();
+        while out.len() < want {
+            let Some(Reverse((_, i))) = heads.pop() else {
+                break;
+            };
+            let Some(v) = pending[i].take() else { continue };
+            if let Some((key, limit)) = &streams[i].0 {
+                if skip(key, *limit) {
+                    // The key is at this limit: the whole stream waits.
+                    continue;
+                }
+            }
+            let Some((generation, s, key)) = decode_row(&v) else {
+                return Err(store_failed("an undecodable row"));
+            };
+            if keep(&s) {
+                out.push(Found {
+                    key: s.claim_key(order, &key),
+                    candidate: Candidate {
+                        dir: self.dir_of(&key),
+                        run: key.1,
+                        parent: key.0,
+                    },
+                    generation,
+                    concurrency: s.concurrency.clone(),
+                    deadline: s.deadline,
+                });
+            }
+            advance(&mut streams, &mut pending, &mut heads, i)?;
         }
         Ok(out)
     }
@@ -942,9 +1112,27 @@ impl Writer<'_> {
             self.by_priority
                 .remove(encode_key(&o.key(ListOrder::Priority, k)).as_slice())
                 .map_err(store_failed)?;
-            self.claim_created
-                .remove(encode_key(&o.claim_key(ListOrder::CreatedAt, k)).as_slice())
-                .map_err(store_failed)?;
+            let id = encode_key(&o.claim_key(ListOrder::RunId, k));
+            let created = encode_key(&o.claim_key(ListOrder::CreatedAt, k));
+            match o.claim_stream() {
+                None => {
+                    self.claim_free_id
+                        .remove(id.as_slice())
+                        .map_err(store_failed)?;
+                    self.claim_free_created
+                        .remove(created.as_slice())
+                        .map_err(store_failed)?;
+                }
+                Some((key, limit)) => {
+                    let p = keyed_prefix(key, limit);
+                    self.claim_keyed_id
+                        .remove([p.as_slice(), &id].concat().as_slice())
+                        .map_err(store_failed)?;
+                    self.claim_keyed_created
+                        .remove([p.as_slice(), &created].concat().as_slice())
+                        .map_err(store_failed)?;
+                }
+            }
         }
         e.generation += 1;
         if let Some(new) = &summary {
@@ -967,12 +1155,27 @@ impl Writer<'_> {
                     row.as_slice(),
                 )
                 .map_err(store_failed)?;
-            self.claim_created
-                .insert(
-                    encode_key(&new.claim_key(ListOrder::CreatedAt, k)).as_slice(),
-                    row.as_slice(),
-                )
-                .map_err(store_failed)?;
+            let id = encode_key(&new.claim_key(ListOrder::RunId, k));
+            let created = encode_key(&new.claim_key(ListOrder::CreatedAt, k));
+            match new.claim_stream() {
+                None => {
+                    self.claim_free_id
+                        .insert(id.as_slice(), row.as_slice())
+                        .map_err(store_failed)?;
+                    self.claim_free_created
+                        .insert(created.as_slice(), row.as_slice())
+                        .map_err(store_failed)?;
+                }
+                Some((key, limit)) => {
+                    let p = keyed_prefix(key, limit);
+                    self.claim_keyed_id
+                        .insert([p.as_slice(), &id].concat().as_slice(), row.as_slice())
+                        .map_err(store_failed)?;
+                    self.claim_keyed_created
+                        .insert([p.as_slice(), &created].concat().as_slice(), row.as_slice())
+                        .map_err(store_failed)?;
+                }
+            }
         }
         e.summary = summary;
         Ok(())
