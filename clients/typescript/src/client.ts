@@ -25,7 +25,11 @@ import type {
   AuditBody,
   AuditList,
   CommitStepBody,
+  DedupeBody,
   EnqueueBody,
+  EnqueuedBody,
+  KeyHoldingsBody,
+  SetPriorityBody,
   HandOverAnswer,
   HandOverBody,
   NextClaimBody,
@@ -171,6 +175,8 @@ export const OPERATIONS = {
   snooze: ["POST", "{run}/snooze", "snooze"],
   enqueue: ["POST", "{run}/enqueue", "enqueue"],
   reopen: ["POST", "{run}/reopen", "reopen"],
+  set_priority: ["POST", "{run}/priority", "setPriority"],
+  key_holdings: ["GET", "/v1/tenants/{tenant}/projects/{project}/sessions/{session}/key-holdings", "keyHoldings"],
   fail_attempt: ["POST", "{run}/attempts/failed", "failAttempt"],
   cancel: ["POST", "{run}/cancel", "cancel"],
   lease: ["GET", "{run}/lease", "lease"],
@@ -475,6 +481,7 @@ export class RunkeepClient {
         project: query.project,
         session: query.session,
         order: query.order,
+        minPriority: query.minPriority,
         park: query.park?.join(","),
         claimed: query.claimed,
         status: query.status?.join(","),
@@ -590,10 +597,50 @@ export class RunkeepClient {
    */
   enqueue(
     run: RunRef,
-    body: EnqueueBody,
+    body: Omit<EnqueueBody, "dedupe">,
     options: CallOptions = {},
   ): Promise<CheckpointBody> {
     return this.runWrite("enqueue", run, body, options);
+  }
+
+  /**
+   * An enqueue carrying an idempotency key (`POST …/enqueue` with
+   * `dedupe: { key, windowMs }`): while the window of a first enqueue with
+   * the key (in the run's session) is open and its run exists, this one
+   * creates nothing and answers that run with `created: false`. Otherwise
+   * it creates `run` (`created: true`) and starts the key's window.
+   */
+  enqueueOnce(
+    run: RunRef,
+    body: EnqueueBody & { dedupe: DedupeBody },
+    options: CallOptions = {},
+  ): Promise<EnqueuedBody> {
+    return this.runWrite("enqueue", run, body, options);
+  }
+
+  /**
+   * Sets an active run's priority (operator, `POST …/priority`): workers
+   * take the highest first (-1 000 000 to 1 000 000, default 0); a holding
+   * is not touched. A finished run answers `Conflict`.
+   */
+  setPriority(run: RunRef, priority: number, options: CallOptions = {}): Promise<LifecycleBody> {
+    const body: SetPriorityBody = { priority };
+    return this.runWrite("set_priority", run, body, options);
+  }
+
+  /**
+   * Every holding of a run carrying the concurrency key `key` in the
+   * session, oldest first (`GET …/sessions/{session}/key-holdings`): the
+   * evidence the key's limit held.
+   */
+  async keyHoldings(
+    session: { tenantId?: string; projectId: string; sessionId: string },
+    key: string,
+    options: CallOptions = {},
+  ): Promise<KeyHoldingsBody> {
+    const ref: RunRef = { ...session, runId: "" };
+    const p = await this.path("key_holdings", options, { run: ref });
+    return this.call("key_holdings", p.path, { query: { key }, signal: options.signal });
   }
 
   /** Makes a finished run active and claimable again (operator, `POST …/reopen`). */

@@ -26,6 +26,6 @@ export const ENUMS = {
 
 /** Every tagged union the client types: schema name → tag → its values. */
 export const TAGGED = {
-  ClaimAnswer: { outcome: every<T.ClaimAnswer["outcome"]>()(["acquired", "held", "finished", "notBefore"]) },
+  ClaimAnswer: { outcome: every<T.ClaimAnswer["outcome"]>()(["acquired", "held", "finished", "notBefore", "atLimit"]) },
   ResolutionBody: { action: every<T.ResolutionBody["action"]>()(["answer", "expire"]) },
 } as const;

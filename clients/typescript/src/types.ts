@@ -198,7 +198,10 @@ export type ProblemBody = Wire<S["Problem"]>;
 export interface ListRunsQuery {
   project?: string;
   session?: string;
-  order?: Order;
+  /** `runId` (default), `createdAt` or `priority` (highest first, then run id). */
+  order?: Order | "priority";
+  /** Only runs whose priority is at least this. */
+  minPriority?: number;
   /** Only runs whose park is in this set. */
   park?: ParkState[];
   /** `true`: only runs held live; `false`: only runs nobody holds. */
@@ -234,6 +237,28 @@ export type CancelBody = Wire<S["CancelBody"]>;
 
 /** `POST …/enqueue`. */
 export type EnqueueBody = Wire<S["EnqueueBody"]>;
+
+/** An enqueue's idempotency key and window (`EnqueueBody.dedupe`). */
+export type DedupeBody = Wire<S["DedupeBody"]>;
+
+/** A run's concurrency key and limit (`EnqueueBody.concurrency`). */
+export type ConcurrencyBody = Wire<S["ConcurrencyBody"]>;
+
+/**
+ * What an enqueue with `dedupe` answers: the run, whether this enqueue
+ * created it (`false`: the key's window belongs to `run`; nothing changed),
+ * and its checkpoint.
+ */
+export type EnqueuedBody = Wire<S["EnqueuedBody"]>;
+
+/** `POST …/priority`. */
+export type SetPriorityBody = Wire<S["SetPriorityBody"]>;
+
+/** One holding of a run carrying a concurrency key. */
+export type KeyHoldingBody = Wire<S["KeyHoldingBody"]>;
+
+/** A concurrency key's holdings history, oldest first. */
+export type KeyHoldingsBody = Wire<S["KeyHoldingsBody"]>;
 
 /** `POST …/checkpoints`. */
 export type WriteCheckpointBody = Wire<S["WriteCheckpointBody"]>;

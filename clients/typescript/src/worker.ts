@@ -625,6 +625,18 @@ class HeldRun {
               case "notBefore":
                 this.lose(new LeaseLost("renewal-failed", old, `the run was released and deferred while fence ${old} was held`));
                 return;
+              case "atLimit":
+                // Only a renewal of a lease that already expired is judged
+                // against the key: the holding lapsed and others of the key
+                // took its place.
+                this.lose(
+                  new LeaseLost(
+                    "renewal-failed",
+                    old,
+                    `fence ${old} expired and the run's concurrency key ${answer.key} is at its limit (${answer.held} of ${answer.limit} held)`,
+                  ),
+                );
+                return;
             }
           } catch (e) {
             if (this.lost || this.ended) return;

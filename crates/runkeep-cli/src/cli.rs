@@ -147,6 +147,8 @@ pub enum Command {
     Cancel(commands::lifecycle::CancelArgs),
     /// Make a finished run active and claimable again.
     Reopen(commands::lifecycle::ReopenArgs),
+    /// Set an active run's priority: workers take the highest first.
+    Priority(commands::lifecycle::PriorityArgs),
     /// Delete all but the newest checkpoints (never an unanswered park).
     Prune(commands::prune::PruneArgs),
     /// Parks: runs waiting on a human decision.

@@ -54,6 +54,7 @@ async fn dispatch(cli: Cli) -> CliResult<Exit> {
         Command::Finish(args) => commands::lifecycle::finish(&ctx, args).await,
         Command::Cancel(args) => commands::lifecycle::cancel(&ctx, args).await,
         Command::Reopen(args) => commands::lifecycle::reopen(&ctx, args).await,
+        Command::Priority(args) => commands::lifecycle::set_priority(&ctx, args).await,
         Command::Prune(args) => commands::prune::run(&ctx, args).await,
         Command::Park(command) => commands::park::run(&ctx, command).await,
         Command::Seed(args) => commands::seed::run(&ctx, args).await,

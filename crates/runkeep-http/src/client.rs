@@ -183,6 +183,8 @@ enum At<'a> {
     Root,
     /// A tenant.
     Tenant(&'a TenantId),
+    /// A session.
+    Session(&'a TenantId, &'a runkeep::ProjectId, &'a runkeep::SessionId),
     /// A run.
     Run(&'a RunScope),
     /// One checkpoint of a run.
@@ -205,6 +207,11 @@ impl At<'_> {
         match self {
             At::Root => op.fill(&[]),
             At::Tenant(tenant) => op.fill(&[("tenant", tenant.as_str())]),
+            At::Session(tenant, project, session) => op.fill(&[
+                ("tenant", tenant.as_str()),
+                ("project", project.as_str()),
+                ("session", session.as_str()),
+            ]),
             At::Run(scope) => op.fill(&run(scope)),
             At::Checkpoint(scope, id) => {
                 let mut params = run(scope).to_vec();
@@ -1052,14 +1059,10 @@ impl CheckpointStore for HttpStore {
         if let Some(s) = scope.session_id() {
             q.push(("session", s.to_string()));
         }
-        q.push((
-            "order",
-            match OrderBody::from(options.order) {
-                OrderBody::RunId => "runId",
-                OrderBody::CreatedAt => "createdAt",
-            }
-            .to_string(),
-        ));
+        q.push(("order", order_name(options.order).to_string()));
+        if let Some(p) = options.min_priority {
+            q.push(("minPriority", p.to_string()));
+        }
         if let Some(park) = &options.park {
             q.push((
                 "park",
@@ -1159,16 +1162,60 @@ impl CheckpointStore for HttpStore {
         checkpoint: &Checkpoint,
         options: &EnqueueOptions,
     ) -> Result<Checkpoint> {
-        let body = EnqueueBody {
-            checkpoint: checkpoint.into(),
-            available_at: options.available_at.map(Timestamp::as_millis),
-            max_attempts: options.max_attempts,
-            retry: options.retry.map(Into::into),
-            attempt_timeout_ms: options.attempt_timeout.map(runkeep::Ttl::as_millis),
-            deadline: options.deadline.map(Timestamp::as_millis),
+        let body = EnqueueBody::of(checkpoint, options, None);
+        let a: EnqueueAnswer = self.run_write::<op::Enqueue>(scope, &body).await?;
+        match a {
+            EnqueueAnswer::Written(cp) => cp.to_checkpoint("checkpoint").map_err(problem_error),
+            EnqueueAnswer::Once(_) => Err(Error::backend(
+                "HttpStore enqueue: the server answered an enqueue without an idempotency key as one with a key",
+                std::io::Error::other("unexpected answer"),
+            )),
+        }
+    }
+
+    async fn enqueue_once(
+        &self,
+        scope: &RunScope,
+        checkpoint: &Checkpoint,
+        options: &EnqueueOptions,
+        dedupe: Option<&runkeep::Dedupe>,
+    ) -> Result<runkeep::Enqueued> {
+        let body = EnqueueBody::of(checkpoint, options, dedupe);
+        let a: EnqueueAnswer = self.run_write::<op::Enqueue>(scope, &body).await?;
+        a.to_enqueued(scope).map_err(problem_error)
+    }
+
+    async fn set_priority(
+        &self,
+        scope: &RunScope,
+        priority: runkeep::Priority,
+    ) -> Result<Lifecycle> {
+        let body = SetPriorityBody {
+            priority: i64::from(priority.get()),
         };
-        let cp: CheckpointBody = self.run_write::<op::Enqueue>(scope, &body).await?;
-        cp.to_checkpoint("checkpoint").map_err(problem_error)
+        let l: LifecycleBody = self.run_write::<op::SetPriority>(scope, &body).await?;
+        l.to_lifecycle().map_err(problem_error)
+    }
+
+    async fn key_holdings(
+        &self,
+        session: &ListingScope,
+        key: &str,
+    ) -> Result<Vec<runkeep::KeyHolding>> {
+        let (Some(project), Some(id)) = (session.project_id(), session.session_id()) else {
+            return Err(Error::invalid(format!(
+                "concurrency keys are counted per session; scope {session} names no session"
+            )));
+        };
+        let tenant = session.tenant_id();
+        let at = At::Session(tenant, project, id);
+        let body: KeyHoldingsBody = self
+            .call::<op::KeyHoldings>(tenant, at, &[("key", key.to_string())], &NoBody)
+            .await?;
+        body.holdings
+            .iter()
+            .map(|h| h.to_holding().map_err(problem_error))
+            .collect()
     }
 
     async fn finish(&self, scope: &RunScope, fence: Fence, outcome: &Outcome) -> Result<Lifecycle> {

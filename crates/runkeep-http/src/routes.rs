@@ -358,7 +358,7 @@ operations! {
     /// Creates a runnable run with its first checkpoint.
     Enqueue = "enqueue" {
         POST run_path!("/enqueue"), Worker, Short,
-        path: EnqueuePath, query: EnqueueQuery, body: EnqueueBody, answer: CheckpointBody,
+        path: EnqueuePath, query: EnqueueQuery, body: EnqueueBody, answer: EnqueueAnswer,
     }
     /// Reports a failed attempt of the holding at `fence` (the step raised,
     /// panicked or timed out): the error is kept in the run's failure
@@ -382,6 +382,19 @@ operations! {
     Reopen = "reopen" {
         POST run_path!("/reopen"), Operator, Short,
         path: RunPath, query: ParentQuery, body: NoBody, answer: LifecycleBody,
+    }
+    /// Sets an active run's priority (operator): later claims of the next
+    /// runnable run see it; a holding is not touched. 409 `conflict` on a
+    /// finished run; nothing changes on a refusal.
+    SetPriority = "set_priority" {
+        POST run_path!("/priority"), Operator, Short,
+        path: RunPath, query: ParentQuery, body: SetPriorityBody, answer: LifecycleBody,
+    }
+    /// Every holding of a run carrying the concurrency key `key` in the
+    /// session, oldest first: the evidence that the key's limit held.
+    KeyHoldings = "key_holdings" {
+        GET "/v1/tenants/{tenant}/projects/{project}/sessions/{session}/key-holdings", Reader, Short,
+        path: SessionPath, query: KeyHoldingsQuery, body: NoBody, answer: KeyHoldingsBody,
     }
     /// The run's top holding.
     Lease = "lease" {

@@ -188,6 +188,15 @@ fn closed_schemas_are_exactly_the_bodies_that_refuse_unknown_members() {
             refuses_unknown::<wire::CommitStepBody>(unknown),
         ),
         ("EnqueueBody", refuses_unknown::<wire::EnqueueBody>(unknown)),
+        (
+            "ConcurrencyBody",
+            refuses_unknown::<wire::ConcurrencyBody>(unknown),
+        ),
+        ("DedupeBody", refuses_unknown::<wire::DedupeBody>(unknown)),
+        (
+            "SetPriorityBody",
+            refuses_unknown::<wire::SetPriorityBody>(unknown),
+        ),
         ("FinishBody", refuses_unknown::<wire::FinishBody>(unknown)),
         (
             "HandOverBody",
@@ -365,6 +374,11 @@ fn every_rule_of_the_document_is_computed_from_its_constant() {
             1,
             runkeep::scheduling::concurrency::MAX_LIMIT as i128,
         ),
+        (
+            "dedupe window",
+            1,
+            runkeep::scheduling::dedupe::MAX_WINDOW_MS as i128,
+        ),
     ];
     let id = openapi::id_pattern();
     let max_id = runkeep::id::MAX_ID_LEN;
@@ -502,6 +516,7 @@ fn every_rule_of_the_document_is_computed_from_its_constant() {
                     let texts = [
                         runkeep::lifecycle::MAX_REASON_CHARS,
                         runkeep::failure::MAX_ERROR_MESSAGE_CHARS,
+                        runkeep::scheduling::dedupe::MAX_KEY_LEN,
                     ];
                     if !texts.contains(&(max as usize)) {
                         bad.push(format!("{at}: maxLength {max} is no rule's"));

@@ -378,7 +378,13 @@ function runsTable(rows, dead) {
         return h(
           'tr',
           { dataset: { run: r.run.runId, scope: scopeKey(r.run), status: r.status, ...(dead.has(r) ? { dead: 'true' } : {}) } },
-          cell('Run', h('a', { href: runHref(r.run), class: 'run-link' }, r.run.runId), h('span', { class: 'sub scope' }, `${r.run.projectId} / ${r.run.sessionId}`)),
+          cell(
+            'Run',
+            h('a', { href: runHref(r.run), class: 'run-link' }, r.run.runId),
+            h('span', { class: 'sub scope' }, `${r.run.projectId} / ${r.run.sessionId}`),
+            r.priority ? h('span', { class: 'sub priority', title: 'Priority: workers take the highest first' }, `priority ${r.priority}`) : null,
+            r.concurrencyKey ? h('span', { class: 'sub key', title: 'Concurrency key' }, `key ${r.concurrencyKey}`) : null,
+          ),
           cell('Status', statusCell(r, dead)),
           cell('Park', parkCell(r.park, now)),
           cell('Lease', leaseCell(r.claim, now)),
@@ -490,6 +496,10 @@ function overviewSection(run, s, now, reload) {
       l.result !== undefined && l.result !== null ? ['Result', jsonBlock(l.result, 'Result')] : null,
       ['Lease', leaseText],
       ['Attempts', attemptsText(l)],
+      ['Priority', h('span', { id: 'run-priority' }, String(l.priority || 0))],
+      l.concurrency
+        ? ['Concurrency key', h('span', { id: 'run-key' }, `${l.concurrency.key} (at most ${l.concurrency.limit} held at once)`)]
+        : null,
       l.availableAt ? ['Not before', when(l.availableAt, now)] : null,
       ['Transcript', `${s.lastSeq} event${s.lastSeq === 1 ? '' : 's'}`],
     ]),
@@ -652,7 +662,7 @@ function actionsBlock(run, s, reload) {
     return h(
       'p',
       { class: 'help', id: 'no-actions' },
-      `Your token's role (${me.role}) can look, not act: answering parks, releasing, cancelling, reopening and pruning need an operator token.`,
+      `Your token's role (${me.role}) can look, not act: answering parks, releasing, cancelling, reopening, setting priorities and pruning need an operator token.`,
     );
   }
   const buttons = [];
@@ -707,6 +717,37 @@ function actionsBlock(run, s, reload) {
             reload,
           ),
       }, 'Reopen…'),
+    );
+  }
+  if (s.lifecycle.status === 'active') {
+    const prio = h('input', { id: 'priority-value', type: 'number', min: -1000000, max: 1000000, step: 1, value: s.lifecycle.priority || 0, inputmode: 'numeric', class: 'short' });
+    buttons.push(
+      h(
+        'div',
+        { class: 'inline' },
+        h('label', { for: 'priority-value' }, 'Priority'),
+        prio,
+        h('button', {
+          type: 'button',
+          id: 'set-priority',
+          onclick: () => {
+            const n = Number(prio.value);
+            if (!Number.isInteger(n) || n < -1000000 || n > 1000000) {
+              say('Give a whole number from -1000000 to 1000000 (higher runs are taken first).', 'error');
+              prio.focus();
+              return;
+            }
+            act(
+              'Set the priority?',
+              `Workers take ${run.runId} before runs of lower priority: from ${s.lifecycle.priority || 0} to ${n}. A holding is not touched.`,
+              'Set priority',
+              () => api(runPath(run, '/priority'), { method: 'POST', body: { priority: n } }),
+              (l) => `Priority set to ${l.priority || 0}.`,
+              reload,
+            );
+          },
+        }, 'Set priority…'),
+      ),
     );
   }
   const keep = h('input', { id: 'keep-last', type: 'number', min: 0, value: 1, inputmode: 'numeric', class: 'short' });

@@ -62,14 +62,19 @@ class Lease:
 @dataclass(frozen=True)
 class ClaimAnswer:
     """What a claim answered: ``outcome`` is ``acquired`` (``lease`` set),
-    ``held`` (``held_by``: the holder's summary), ``finished`` (``status``)
-    or ``notBefore`` (``available_at``)."""
+    ``held`` (``held_by``: the holder's summary), ``finished`` (``status``),
+    ``notBefore`` (``available_at``) or ``atLimit`` (the run's concurrency
+    ``key`` is at its ``limit``: ``held`` other runs of it are held live;
+    nothing changed)."""
 
     outcome: str
     lease: Lease | None = None
     held_by: dict[str, Any] | None = None
     status: str | None = None
     available_at: int | None = None
+    key: str | None = None
+    limit: int | None = None
+    held: int | None = None
 
     @property
     def acquired(self) -> bool:
@@ -84,7 +89,29 @@ class ClaimAnswer:
             return ClaimAnswer(o, held_by=body.get("lease"))
         if o == "finished":
             return ClaimAnswer(o, status=body.get("status"))
+        if o == "atLimit":
+            return ClaimAnswer(o, key=body.get("key"), limit=body.get("limit"), held=body.get("held"))
         return ClaimAnswer(o, available_at=body.get("availableAt"))
+
+
+@dataclass(frozen=True)
+class Enqueued:
+    """What an enqueue with an idempotency key answered: the run (the one
+    asked for when ``created``, else the one the key's window belongs to;
+    nothing changed then) and its checkpoint."""
+
+    created: bool
+    run: RunRef
+    checkpoint: dict[str, Any] | None
+
+    @staticmethod
+    def of(body: Mapping[str, Any]) -> "Enqueued":
+        r = body["run"]
+        return Enqueued(
+            created=bool(body["created"]),
+            run=RunRef(r["projectId"], r["sessionId"], r["runId"], r.get("parentRunId")),
+            checkpoint=body.get("checkpoint"),
+        )
 
 
 @dataclass(frozen=True)
@@ -233,6 +260,16 @@ class Lifecycle(dict[str, Any]):
     def retry(self) -> RetryPolicy | None:
         return RetryPolicy.of(self.get("retry"))
 
+    @property
+    def priority(self) -> int:
+        """The run's priority (0 when the answer leaves it out)."""
+        return int(self.get("priority") or 0)
+
+    @property
+    def concurrency(self) -> dict[str, Any] | None:
+        """The run's concurrency ``{"key", "limit"}``, or ``None``."""
+        return self.get("concurrency")
+
 
 def _retry_body(retry: "RetryPolicy | Mapping[str, Any] | None") -> dict[str, Any] | None:
     if retry is None:
@@ -240,6 +277,38 @@ def _retry_body(retry: "RetryPolicy | Mapping[str, Any] | None") -> dict[str, An
     if isinstance(retry, RetryPolicy):
         return retry.body()
     return dict(retry)
+
+
+def _enqueue_body(
+    checkpoint: Mapping[str, Any],
+    available_at: int | None,
+    max_attempts: int | None,
+    retry: "RetryPolicy | Mapping[str, Any] | None",
+    attempt_timeout_ms: int | None,
+    deadline: int | None,
+    priority: int | None,
+    concurrency_key: str | None,
+    concurrency_limit: int | None,
+    retention_ms: int | None,
+) -> dict[str, Any]:
+    concurrency = None
+    if concurrency_key is not None:
+        concurrency = {"key": concurrency_key, "limit": 1 if concurrency_limit is None else concurrency_limit}
+    elif concurrency_limit is not None:
+        raise ValueError("concurrency_limit needs a concurrency_key")
+    return _drop_none(
+        {
+            "checkpoint": dict(checkpoint),
+            "availableAt": available_at,
+            "maxAttempts": max_attempts,
+            "retry": _retry_body(retry),
+            "attemptTimeoutMs": attempt_timeout_ms,
+            "deadline": deadline,
+            "priority": priority,
+            "concurrency": concurrency,
+            "retentionMs": retention_ms,
+        }
+    )
 
 
 #: The per-run path prefix ``{run}`` stands for in :data:`OPERATIONS`.
@@ -266,6 +335,8 @@ OPERATIONS: dict[str, tuple[str, str]] = {
     "cancel": ("POST", "{run}/cancel"),
     "enqueue": ("POST", "{run}/enqueue"),
     "reopen": ("POST", "{run}/reopen"),
+    "set_priority": ("POST", "{run}/priority"),
+    "key_holdings": ("GET", "/v1/tenants/{tenant}/projects/{project}/sessions/{session}/key-holdings"),
     "lease": ("GET", "{run}/lease"),
     "lifecycle": ("GET", "{run}/lifecycle"),
     "commit_step": ("POST", "{run}/steps"),
@@ -426,9 +497,12 @@ class _Api:
         return self._request("whoami")
 
     @_operation
-    def list_runs(self, /, *, project: str | None = None, session: str | None = None, **filters: Any) -> _Request[dict[str, Any]]:
-        """One page of runs (``order``, ``park``, ``claimed``, ``status``, ``limit``, ``cursor``)."""
-        params = _drop_none({"project": project, "session": session, **filters})
+    def list_runs(self, /, *, project: str | None = None, session: str | None = None, min_priority: int | None = None, **filters: Any) -> _Request[dict[str, Any]]:
+        """One page of runs (``order``: ``runId``, ``createdAt`` or
+        ``priority``; ``park``, ``claimed``, ``status``, ``limit``,
+        ``cursor``; ``min_priority``: only runs whose priority is at least
+        it)."""
+        params = _drop_none({"project": project, "session": session, "minPriority": min_priority, **filters})
         for k, v in list(params.items()):
             if isinstance(v, bool):
                 params[k] = "true" if v else "false"
@@ -536,6 +610,10 @@ class _Api:
         retry: RetryPolicy | Mapping[str, Any] | None = None,
         attempt_timeout_ms: int | None = None,
         deadline: int | None = None,
+        priority: int | None = None,
+        concurrency_key: str | None = None,
+        concurrency_limit: int | None = None,
+        retention_ms: int | None = None,
     ) -> _Request[dict[str, Any]]:
         """Creates the run with its first checkpoint. ``max_attempts``: its
         attempt limit; ``retry``: its backoff after a failed attempt (a
@@ -543,9 +621,54 @@ class _Api:
         ``attempt_timeout_ms``: each attempt's time limit (on every lease, a
         worker stops a handler past it); ``deadline`` (epoch ms, store clock):
         the first claim after it finishes the run as failed, reason
-        ``deadline``."""
-        body = _drop_none({"checkpoint": dict(checkpoint), "availableAt": available_at, "maxAttempts": max_attempts, "retry": _retry_body(retry), "attemptTimeoutMs": attempt_timeout_ms, "deadline": deadline})
+        ``deadline``; ``priority`` (-1 000 000 to 1 000 000, default 0):
+        workers take the highest first; ``concurrency_key`` (and
+        ``concurrency_limit``, default 1): at most that many runs of the key
+        in the session held at once; ``retention_ms``: how long it is kept
+        once finished. Answers the checkpoint written."""
+        body = _enqueue_body(checkpoint, available_at, max_attempts, retry, attempt_timeout_ms, deadline, priority, concurrency_key, concurrency_limit, retention_ms)
         return self._request("enqueue", run, body=body)
+
+    @_operation
+    def enqueue_once(
+        self,
+        run: RunRef,
+        checkpoint: Mapping[str, Any],
+        *,
+        dedupe_key: str,
+        dedupe_window_ms: int,
+        available_at: int | None = None,
+        max_attempts: int | None = None,
+        retry: RetryPolicy | Mapping[str, Any] | None = None,
+        attempt_timeout_ms: int | None = None,
+        deadline: int | None = None,
+        priority: int | None = None,
+        concurrency_key: str | None = None,
+        concurrency_limit: int | None = None,
+        retention_ms: int | None = None,
+    ) -> _Request[Enqueued]:
+        """:meth:`enqueue` with an idempotency key: while the window of a
+        first enqueue with ``dedupe_key`` (in the run's session) is open and
+        its run exists, this one creates nothing and answers that run
+        (``created`` false); otherwise it creates ``run`` and starts the
+        key's window of ``dedupe_window_ms`` (at most 30 days)."""
+        body = _enqueue_body(checkpoint, available_at, max_attempts, retry, attempt_timeout_ms, deadline, priority, concurrency_key, concurrency_limit, retention_ms)
+        body["dedupe"] = {"key": dedupe_key, "windowMs": dedupe_window_ms}
+        return self._request("enqueue", run, body=body, parse=Enqueued.of)
+
+    @_operation
+    def set_priority(self, run: RunRef, priority: int) -> _Request[Lifecycle]:
+        """An operator's priority change (``POST …/priority``): workers take
+        the highest first; a holding is not touched. A finished run is
+        refused (``Conflict``). Answers the lifecycle after it."""
+        return self._request("set_priority", run, body={"priority": priority}, parse=Lifecycle.of)
+
+    @_operation
+    def key_holdings(self, key: str, *, project: str, session: str) -> _Request[list[dict[str, Any]]]:
+        """Every holding of a run carrying the concurrency key ``key`` in
+        the session, oldest first (``runId``, ``fence``, ``acquiredAt``,
+        ``expiresAt``, ``endedAt``): the evidence the key's limit held."""
+        return self._request("key_holdings", RunRef(project, session, ""), params={"key": key}, parse=lambda b: list(b["holdings"]))
 
     @_operation
     def reopen(self, run: RunRef) -> _Request[Lifecycle]:
@@ -933,6 +1056,7 @@ __all__ = [
     "RetryPolicy",
     "RunRef",
     "RunkeepClient",
+    "Enqueued",
     "OPERATIONS",
     "RunkeepError",
     "cut_text",

@@ -44,6 +44,26 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/v1/tenants/{tenant}/projects/{project}/sessions/{session}/key-holdings": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /**
+         * Every holding of a run carrying the concurrency key `key` in the session, oldest first: the evidence that the key's limit held.
+         * @description Needs a `reader` token.
+         */
+        get: operations["key_holdings"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/v1/tenants/{tenant}/projects/{project}/sessions/{session}/runs/{run}": {
         parameters: {
             query?: never;
@@ -438,6 +458,26 @@ export interface paths {
          */
         put: operations["write_messages"];
         post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/tenants/{tenant}/projects/{project}/sessions/{session}/runs/{run}/priority": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /**
+         * Sets an active run's priority (operator): later claims of the next runnable run see it; a holding is not touched. 409 `conflict` on a finished run; nothing changes on a refusal.
+         * @description Needs a `operator` token.
+         */
+        post: operations["set_priority"];
         delete?: never;
         options?: never;
         head?: never;
@@ -1005,7 +1045,7 @@ export interface components {
             outcome: "notBefore";
         } | {
             /**
-             * Format: int32
+             * Format: int64
              * @description Other runs of the key held live when the claim was judged.
              */
             held: number;
@@ -1118,6 +1158,19 @@ export interface components {
              */
             limit: number;
         };
+        /** @description An enqueue's idempotency key and window: while the window of a first
+         *     enqueue with `key` (in the same session) is open and its run exists, a
+         *     second one creates nothing and answers that run. */
+        DedupeBody: {
+            /** @description The idempotency key: 1 to 256 bytes of printable text. */
+            key: string;
+            /**
+             * Format: int64
+             * @description How long after the first enqueue with the key a second one returns
+             *     its run, ms (1 ms to 30 days).
+             */
+            windowMs: number;
+        };
         /** @description Deletes chosen checkpoints of a thread (LangGraph's `prune` and
          *     `delete_for_runs`): each checkpoint record and its writes record. */
         DeleteThreadCheckpointsBody: {
@@ -1134,6 +1187,10 @@ export interface components {
             /** @description True when the holding was the current one and is gone. */
             done: boolean;
         };
+        /** @description What an enqueue answers (200 either way): without `dedupe`, the
+         *     checkpoint written (the answer enqueue always gave); with `dedupe`, an
+         *     [`EnqueuedBody`] saying which run and whether this enqueue created it. */
+        EnqueueAnswer: components["schemas"]["EnqueuedBody"] | components["schemas"]["CheckpointBody"];
         /** @description Enqueue: the first checkpoint and the run's options. */
         EnqueueBody: {
             /**
@@ -1148,18 +1205,43 @@ export interface components {
             availableAt?: number | null;
             /** @description The run's first checkpoint. */
             checkpoint: components["schemas"]["CheckpointBody"];
+            concurrency?: null | components["schemas"]["ConcurrencyBody"];
             /**
              * Format: int64
              * @description The run must be finished by then, epoch ms (store clock): its first
              *     claim at or after it finishes it as failed, reason `deadline`.
              */
             deadline?: number | null;
+            dedupe?: null | components["schemas"]["DedupeBody"];
             /**
              * Format: int64
              * @description The run's own attempt limit.
              */
             maxAttempts?: number | null;
+            /**
+             * Format: int64
+             * @description Its priority: higher runs are claimed first (default 0).
+             */
+            priority?: number | null;
+            /**
+             * Format: int64
+             * @description How long it is kept once finished, ms (1 ms to 366 days; absent:
+             *     the store's retention policy).
+             */
+            retentionMs?: number | null;
             retry?: null | components["schemas"]["RetryPolicyBody"];
+        };
+        /** @description What an enqueue that carried `dedupe` answers: the run, whether this
+         *     enqueue created it, and its checkpoint. */
+        EnqueuedBody: {
+            checkpoint?: null | components["schemas"]["CheckpointBody"];
+            /** @description True when this enqueue created the run; false when the key's window
+             *     was open and the run is the one a first enqueue created (nothing
+             *     changed). */
+            created: boolean;
+            /** @description The run: the path's when created, else the one the key's window
+             *     belongs to. */
+            run: components["schemas"]["RunAddress"];
         };
         /** @description An event read. */
         EventBatchBody: {
@@ -1283,6 +1365,43 @@ export interface components {
             next: components["schemas"]["NextClaimBody"];
             /** @description The step. */
             step: components["schemas"]["StepBody"];
+        };
+        /** @description One holding of a run carrying a concurrency key. */
+        KeyHoldingBody: {
+            /**
+             * Format: int64
+             * @description Acquired at (the claim's instant), epoch ms.
+             */
+            acquiredAt: number;
+            /**
+             * Format: int64
+             * @description When it ended before expiring (released, finished, renewed, taken
+             *     over, …), epoch ms.
+             */
+            endedAt?: number | null;
+            /**
+             * Format: int64
+             * @description Its lease's expiry, epoch ms.
+             */
+            expiresAt: number;
+            /**
+             * Format: int64
+             * @description The holding's fence.
+             */
+            fence: number;
+            /** @description Its parent, for a sub-run. */
+            parentRunId?: string | null;
+            /** @description The run (in the key's session). */
+            runId: string;
+        };
+        /** @description A concurrency key's holdings history, oldest first: every holding of a
+         *     run carrying the key in the session (holdings of deleted runs are gone
+         *     with them). */
+        KeyHoldingsBody: {
+            /** @description Its holdings, oldest first. */
+            holdings: components["schemas"]["KeyHoldingBody"][];
+            /** @description The key. */
+            key: string;
         };
         /** @description A lease handed to its taker. */
         LeaseBody: {
@@ -1923,6 +2042,14 @@ export interface components {
             /** @description The schedules. */
             schedules: components["schemas"]["ScheduleEntryBody"][];
         };
+        /** @description An operator's priority change. */
+        SetPriorityBody: {
+            /**
+             * Format: int64
+             * @description The run's new priority (higher runs are claimed first; default 0).
+             */
+            priority: number;
+        };
         /** @description A record a tolerant read skipped. */
         SkippedBody: {
             /**
@@ -2345,6 +2472,108 @@ export interface operations {
             };
             /** @description A problem detail: `urn:runkeep:problem:unsupported-media-type`. */
             415: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description A problem detail: `urn:runkeep:problem:unsupported`. */
+            422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description A problem detail: `urn:runkeep:problem:invalid-input`. The request head (request line and header fields) is larger than the server accepts. */
+            431: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description A problem detail: `urn:runkeep:problem:corrupted`, `urn:runkeep:problem:backend`. */
+            500: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description A problem detail: `urn:runkeep:problem:unavailable`, `urn:runkeep:problem:contended`, `urn:runkeep:problem:overloaded`. */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+        };
+    };
+    key_holdings: {
+        parameters: {
+            query: {
+                /** @description The concurrency key: 1 to 128 bytes of `[A-Za-z0-9_.:@/-]`. */
+                key: string;
+            };
+            header?: never;
+            path: {
+                /** @description The tenant id: 1 to 128 characters of [A-Za-z0-9_-], starting with a letter or digit. */
+                tenant: string;
+                /** @description The project id: 1 to 128 characters of [A-Za-z0-9_-], starting with a letter or digit. */
+                project: string;
+                /** @description The session id: 1 to 128 characters of [A-Za-z0-9_-], starting with a letter or digit. */
+                session: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description The answer. */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["KeyHoldingsBody"];
+                };
+            };
+            /** @description A problem detail: `urn:runkeep:problem:invalid-input`. */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description A problem detail: `urn:runkeep:problem:unauthorized`. */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description A problem detail: `urn:runkeep:problem:not-found`. */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description A problem detail: `urn:runkeep:problem:invalid-input`. The request target (path and query) is longer than the server accepts. */
+            414: {
                 headers: {
                     [name: string]: unknown;
                 };
@@ -4216,7 +4445,7 @@ export interface operations {
                     [name: string]: unknown;
                 };
                 content: {
-                    "application/json": components["schemas"]["CheckpointBody"];
+                    "application/json": components["schemas"]["EnqueueAnswer"];
                 };
             };
             /** @description A problem detail: `urn:runkeep:problem:invalid-input`, `urn:runkeep:problem:malformed-body`. */
@@ -5323,6 +5552,159 @@ export interface operations {
                 };
                 content: {
                     "application/json": components["schemas"]["Done"];
+                };
+            };
+            /** @description A problem detail: `urn:runkeep:problem:invalid-input`, `urn:runkeep:problem:malformed-body`. */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description A problem detail: `urn:runkeep:problem:unauthorized`. */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description A problem detail: `urn:runkeep:problem:forbidden`. */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description A problem detail: `urn:runkeep:problem:not-found`. */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description A problem detail: `urn:runkeep:problem:timeout`. */
+            408: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description A problem detail: `urn:runkeep:problem:fenced-out`, `urn:runkeep:problem:conflict`. */
+            409: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description A problem detail: `urn:runkeep:problem:payload-too-large`. */
+            413: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description A problem detail: `urn:runkeep:problem:invalid-input`. The request target (path and query) is longer than the server accepts. */
+            414: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description A problem detail: `urn:runkeep:problem:unsupported-media-type`. */
+            415: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description A problem detail: `urn:runkeep:problem:unsupported`. */
+            422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description A problem detail: `urn:runkeep:problem:invalid-input`. The request head (request line and header fields) is larger than the server accepts. */
+            431: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description A problem detail: `urn:runkeep:problem:corrupted`, `urn:runkeep:problem:backend`. */
+            500: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description A problem detail: `urn:runkeep:problem:unavailable`, `urn:runkeep:problem:contended`, `urn:runkeep:problem:overloaded`. */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+        };
+    };
+    set_priority: {
+        parameters: {
+            query?: {
+                /** @description The parent run, for a sub-run. */
+                parent?: string;
+            };
+            header?: never;
+            path: {
+                /** @description The tenant id: 1 to 128 characters of [A-Za-z0-9_-], starting with a letter or digit. */
+                tenant: string;
+                /** @description The project id: 1 to 128 characters of [A-Za-z0-9_-], starting with a letter or digit. */
+                project: string;
+                /** @description The session id: 1 to 128 characters of [A-Za-z0-9_-], starting with a letter or digit. */
+                session: string;
+                /** @description The run id: 1 to 128 characters of [A-Za-z0-9_-], starting with a letter or digit. */
+                run: string;
+            };
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/json": components["schemas"]["SetPriorityBody"];
+            };
+        };
+        responses: {
+            /** @description The answer. */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["LifecycleBody"];
                 };
             };
             /** @description A problem detail: `urn:runkeep:problem:invalid-input`, `urn:runkeep:problem:malformed-body`. */
@@ -8281,9 +8663,12 @@ export interface operations {
                 project?: string;
                 /** @description Only this session (needs `project`). */
                 session?: string;
-                /** @description `runId` (default) or `createdAt` (the server also takes
-                 *     `run-id`/`run_id` and `created-at`/`created_at`). */
-                order?: "runId" | "createdAt";
+                /** @description `runId` (default), `createdAt` or `priority` (highest first, then
+                 *     run id; the server also takes `run-id`/`run_id` and
+                 *     `created-at`/`created_at`). */
+                order?: "runId" | "createdAt" | "priority";
+                /** @description Only runs whose priority is at least this. */
+                minPriority?: number;
                 /** @description Park states, comma-separated (`outstanding,expired`). */
                 park?: string;
                 /** @description `true`: only runs held live; `false`: only runs nobody holds. */

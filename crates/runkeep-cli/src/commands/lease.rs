@@ -57,7 +57,9 @@ pub async fn claim(ctx: &Ctx, args: ClaimArgs) -> CliResult<Exit> {
     let holder = args.holder.unwrap_or_else(|| Holder::unique("runkeep-cli"));
     let now = Timestamp::now();
     let outcome = store
-        .claim(&scope, &ClaimOptions::new(holder, args.ttl).at(now))
+        // Judged at the store's clock (an HTTP store refuses an instant
+        // sent from here).
+        .claim(&scope, &ClaimOptions::new(holder, args.ttl))
         .await
         .map_err(|e| read_error(e).context(format!("claim {}", scope.run_id)))?;
     match outcome {

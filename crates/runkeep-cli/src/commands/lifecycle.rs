@@ -1,5 +1,5 @@
-//! `runkeep enqueue`, `runkeep finish`, `runkeep cancel` and `runkeep reopen`: a run's
-//! lifecycle (contract v2) from the command line.
+//! `runkeep enqueue`, `runkeep finish`, `runkeep cancel`, `runkeep reopen` and
+//! `runkeep priority`: a run's lifecycle (contract v2) from the command line.
 //!
 //! - `enqueue` creates a runnable run: its first checkpoint holds the input
 //!   (`state.input`), and its lifecycle the not-before instant and its own
@@ -11,6 +11,9 @@
 //!   (exit 64).
 //! - `reopen` makes a finished run active and claimable again (attempts
 //!   restart at 0). An active run is `Conflict`, an unknown one exit 1.
+//! - `priority` sets an active run's priority (an operator's act): workers
+//!   take the highest first. A finished run is `Conflict`, an unknown one
+//!   exit 1.
 //! - `cancel` finishes an active run as cancelled, claimed or not (an
 //!   operator's act): its holder's next write or renewal is refused as
 //!   cancelled and its worker stops the step. A finished run is `Conflict`,
@@ -24,8 +27,8 @@ use std::time::Duration;
 use clap::Args;
 use runkeep::lifecycle::DEFAULT_MAX_ATTEMPTS;
 use runkeep::{
-    Checkpoint, CheckpointId, EnqueueOptions, Fence, FinishStatus, Lifecycle, Outcome, RetryPolicy,
-    RunScope, RunStatus, Timestamp, Ttl,
+    Checkpoint, CheckpointId, Concurrency, Dedupe, EnqueueOptions, Fence, FinishStatus, Lifecycle,
+    Outcome, Priority, RetryPolicy, RunScope, RunStatus, Timestamp, Ttl,
 };
 use serde_json::{json, Map, Value};
 
@@ -81,6 +84,51 @@ pub struct EnqueueArgs {
     /// The id of the first checkpoint.
     #[arg(long, default_value = ENQUEUE_CHECKPOINT, value_parser = parse_id::<CheckpointId>, value_name = "ID")]
     checkpoint: CheckpointId,
+    /// Its priority, -1000000 to 1000000 (default 0): workers take the
+    /// highest first.
+    #[arg(long, value_parser = parse_priority, allow_negative_numbers = true, value_name = "N")]
+    priority: Option<Priority>,
+    /// Its concurrency key (a customer, a thread, …; [A-Za-z0-9_.:@/-]):
+    /// at most --concurrency-limit runs of the key in the session are held
+    /// at once.
+    #[arg(long, value_name = "KEY")]
+    concurrency_key: Option<String>,
+    /// How many runs of --concurrency-key may be held at once (1 to 10000;
+    /// default 1).
+    #[arg(long, requires = "concurrency_key", value_name = "N")]
+    concurrency_limit: Option<u32>,
+    /// How long it is kept once finished (30d, 12h; default: the store's
+    /// retention policy).
+    #[arg(long, value_parser = parse_duration, value_name = "DURATION")]
+    retention: Option<Duration>,
+    /// An idempotency key: while the window of a first enqueue with it is
+    /// open (and its run exists), this enqueue creates nothing and prints
+    /// that run.
+    #[arg(long, requires = "dedupe_window", value_name = "KEY")]
+    dedupe_key: Option<String>,
+    /// The idempotency key's window (10m, 1h; at most 30d).
+    #[arg(long, requires = "dedupe_key", value_parser = parse_duration, value_name = "DURATION")]
+    dedupe_window: Option<Duration>,
+}
+
+/// `runkeep priority`.
+#[derive(Args, Debug)]
+pub struct PriorityArgs {
+    #[command(flatten)]
+    run: RunArg,
+    /// The run's new priority, -1000000 to 1000000: workers take the
+    /// highest first (default 0).
+    #[arg(value_parser = parse_priority, allow_negative_numbers = true, value_name = "N")]
+    priority: Priority,
+}
+
+/// Parses a priority (an integer in the core's range).
+pub fn parse_priority(s: &str) -> Result<Priority, String> {
+    let n: i64 = s
+        .trim()
+        .parse()
+        .map_err(|_| format!("{s:?} is not an integer priority"))?;
+    Priority::new(n).map_err(|e| e.to_string())
 }
 
 /// `runkeep finish`.
@@ -176,6 +224,9 @@ fn refusal(err: runkeep::Error, op: &str, scope: &RunScope, opened: &OpenedStore
         E::Conflict { .. } if op == "enqueue" => Some(
             "enqueue creates a new run: pick another run id, or reopen a finished one with `runkeep reopen`".into(),
         ),
+        E::Conflict { .. } if op == "set the priority of" => Some(format!(
+            "only an active run's priority is set; `runkeep show {run}` shows how it ended, `runkeep reopen {run}` makes it active again"
+        )),
         E::Conflict { .. } if op == "cancel" => Some(format!(
             "only an active run can be cancelled; `runkeep show {run}` shows how it ended, `runkeep reopen {run}` makes it active again"
         )),
@@ -241,19 +292,55 @@ pub async fn enqueue(ctx: &Ctx, args: EnqueueArgs) -> CliResult<Exit> {
                 CliError::usage(format!("--deadline: {}", CliError::from(e).message))
             })?)),
         };
+    let concurrency = args
+        .concurrency_key
+        .map(|key| {
+            Concurrency::new(key, args.concurrency_limit.unwrap_or(1)).map_err(|e| {
+                CliError::usage(format!(
+                    "--concurrency-key/--concurrency-limit: {}",
+                    CliError::from(e).message
+                ))
+            })
+        })
+        .transpose()?;
+    let retention = args
+        .retention
+        .map(|d| {
+            Ttl::from_duration(d)
+                .map_err(|e| CliError::usage(format!("--retention: {}", CliError::from(e).message)))
+        })
+        .transpose()?;
+    let dedupe = match (args.dedupe_key, args.dedupe_window) {
+        (Some(key), Some(window)) => {
+            let window = Ttl::from_duration(window).map_err(|e| {
+                CliError::usage(format!("--dedupe-window: {}", CliError::from(e).message))
+            })?;
+            let d = Dedupe { key, window };
+            d.validate().map_err(|e| {
+                CliError::usage(format!(
+                    "--dedupe-key/--dedupe-window: {}",
+                    CliError::from(e).message
+                ))
+            })?;
+            Some(d)
+        }
+        _ => None,
+    };
     let options = EnqueueOptions {
         available_at,
         max_attempts: args.max_attempts,
         retry,
         attempt_timeout,
         deadline,
-        // FIXME(issue 30): --priority, --concurrency-key, --retention, --dedupe-key.
-        ..EnqueueOptions::default()
+        priority: args.priority.unwrap_or_default(),
+        concurrency,
+        retention,
     };
-    let stored = store
-        .enqueue(&scope, &checkpoint, &options)
+    let enqueued = store
+        .enqueue_once(&scope, &checkpoint, &options, dedupe.as_ref())
         .await
         .map_err(|e| refusal(e, "enqueue", &scope, &opened))?;
+    let scope = enqueued.run.clone();
     let lifecycle = store
         .lifecycle(&scope)
         .await
@@ -261,21 +348,64 @@ pub async fn enqueue(ctx: &Ctx, args: EnqueueArgs) -> CliResult<Exit> {
     if ctx.json() {
         emit_json(&json!({
             "run": scope,
-            "checkpoint": {"id": stored.id, "createdAt": stored.created_at},
+            "created": enqueued.created,
+            "checkpoint": enqueued.checkpoint.as_ref().map(|c| json!({"id": c.id, "createdAt": c.created_at})),
             "lifecycle": lifecycle,
         }))?;
         return Ok(Exit::Ok);
     }
+    let Some(stored) = enqueued.checkpoint.filter(|_| enqueued.created) else {
+        emit(&format!(
+            "not enqueued: idempotency key {:?} belongs to run {}, enqueued inside its window ({}); nothing was changed
+see it with: runkeep show {}
+",
+            dedupe.as_ref().map(|d| d.key.as_str()).unwrap_or_default(),
+            scope.run_id,
+            lifecycle.status,
+            scope.run_id
+        ))?;
+        return Ok(Exit::Ok);
+    };
     let available = match lifecycle.available_at {
         Some(at) if at > now => format!("not claimable before {}", when(at, now)),
         _ => "claimable now".to_string(),
     };
+    let mut rules = String::new();
+    if !lifecycle.priority.is_default() {
+        rules.push_str(&format!(", priority {}", lifecycle.priority));
+    }
+    if let Some(c) = &lifecycle.concurrency {
+        rules.push_str(&format!(
+            ", concurrency key {} (at most {} held at once)",
+            c.key, c.limit
+        ));
+    }
     emit(&format!(
-        "enqueued {} (checkpoint {}): active, {available}, attempt limit {}\nworkers take it with claim_next; see it with: runkeep show {}\n",
+        "enqueued {} (checkpoint {}): active, {available}, attempt limit {}{rules}\nworkers take it with claim_next; see it with: runkeep show {}\n",
         scope.run_id,
         stored.id,
         limit_text(&lifecycle),
         scope.run_id
+    ))?;
+    Ok(Exit::Ok)
+}
+
+/// Sets an active run's priority (an operator's act).
+pub async fn set_priority(ctx: &Ctx, args: PriorityArgs) -> CliResult<Exit> {
+    let scope = ctx.run_scope(&args.run)?;
+    let opened = ctx.store().await?;
+    let store = opened.store.as_ref();
+    let lifecycle = store
+        .set_priority(&scope, args.priority)
+        .await
+        .map_err(|e| refusal(e, "set the priority of", &scope, &opened))?;
+    if ctx.json() {
+        emit_json(&json!({"run": scope, "priority": lifecycle.priority, "lifecycle": lifecycle}))?;
+        return Ok(Exit::Ok);
+    }
+    emit(&format!(
+        "priority of {} is now {}: workers take it before runs of lower priority (a holding is not touched)\n",
+        scope.run_id, lifecycle.priority
     ))?;
     Ok(Exit::Ok)
 }
@@ -505,6 +635,15 @@ pub fn show_rows(l: &Lifecycle, now: Timestamp) -> Vec<(&'static str, Cell)> {
                 ),
                 Color::Red,
             ),
+        ));
+    }
+    if !l.priority.is_default() {
+        rows.push(("priority", l.priority.to_string().into()));
+    }
+    if let Some(c) = &l.concurrency {
+        rows.push((
+            "concurrency",
+            format!("key {} (at most {} held at once)", c.key, c.limit).into(),
         ));
     }
     if l.status.is_finished() {

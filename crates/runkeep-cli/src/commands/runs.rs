@@ -2,10 +2,10 @@
 
 use clap::Args;
 use indicatif::{ProgressBar, ProgressStyle};
-use runkeep::{ListOptions, ListOrder, ParkState, RunRow, RunStatus, Timestamp};
+use runkeep::{ListOptions, ListOrder, ParkState, Priority, RunRow, RunStatus, Timestamp};
 
 use crate::cli::parse_id;
-use crate::commands::lifecycle::status_cell;
+use crate::commands::lifecycle::{parse_priority, status_cell};
 use crate::commands::{claim_cell, park_cell};
 use crate::context::Ctx;
 use crate::error::{CliError, CliResult, Exit};
@@ -31,9 +31,13 @@ pub struct RunsArgs {
     /// kept losing them (a page may hold fewer rows than --limit).
     #[arg(long, conflicts_with = "status")]
     dead_lettered: bool,
-    /// Order: run-id (default) or created-at (unrecorded first).
+    /// Order: run-id (default), created-at (unrecorded first) or priority
+    /// (highest first, then run id: the order workers take them in).
     #[arg(long, default_value = "run-id", value_parser = parse_id::<ListOrder>)]
     order: ListOrder,
+    /// Only runs whose priority is at least N.
+    #[arg(long, value_parser = parse_priority, allow_negative_numbers = true, value_name = "N")]
+    min_priority: Option<Priority>,
     /// Page size (1..=1000; default 100).
     #[arg(long, value_parser = clap::value_parser!(u64).range(1..=1000))]
     limit: Option<u64>,
@@ -73,8 +77,7 @@ pub async fn run(ctx: &Ctx, args: RunsArgs) -> CliResult<Exit> {
         } else {
             (!args.status.is_empty()).then_some(args.status)
         },
-        // FIXME(issue 30): --min-priority.
-        min_priority: None,
+        min_priority: args.min_priority,
     };
     let dead_lettered = args.dead_lettered;
     if !args.all {
@@ -193,6 +196,15 @@ fn print_rows(
     if wide_scope {
         headers.push("SCOPE");
     }
+    // Priority and concurrency key only when some row has one.
+    let with_priority = rows.iter().any(|r| !r.priority.is_default());
+    let with_key = rows.iter().any(|r| r.concurrency_key.is_some());
+    if with_priority {
+        headers.push("PRIO");
+    }
+    if with_key {
+        headers.push("KEY");
+    }
     headers.extend([
         "STATUS", "CREATED", "CPS", "LATEST", "UPDATED", "PARK", "CLAIM", "ATTEMPTS",
     ]);
@@ -210,6 +222,18 @@ fn print_rows(
         }
         if wide_scope {
             cells.push(format!("{}/{}", r.scope.project_id, r.scope.session_id).into());
+        }
+        if with_priority {
+            cells.push(r.priority.to_string().into());
+        }
+        if with_key {
+            cells.push(
+                r.concurrency_key
+                    .as_deref()
+                    .unwrap_or("-")
+                    .to_string()
+                    .into(),
+            );
         }
         if let Some(damage) = &r.damaged {
             cells.extend([

@@ -166,10 +166,13 @@ pub enum ClaimAnswer {
     /// The run's concurrency key is at its limit; nothing changed.
     AtLimit {
         /// The key.
+        #[schema(min_length = 1, max_length = 128, pattern = "^[A-Za-z0-9_.:@/-]+$")]
         key: String,
         /// The limit the run carries.
+        #[schema(minimum = 1, maximum = 10_000)]
         limit: u32,
         /// Other runs of the key held live when the claim was judged.
+        #[schema(format = Int64, minimum = 0, maximum = 4_294_967_295_i64)]
         held: u32,
     },
 }
@@ -378,6 +381,76 @@ pub struct EnqueueBody {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schema(minimum = 0, maximum = 253_402_300_799_999_i64)]
     pub deadline: Option<i64>,
+    /// Its priority: higher runs are claimed first (default 0).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(minimum = -1_000_000, maximum = 1_000_000)]
+    pub priority: Option<i64>,
+    /// Its concurrency key and limit: at most `limit` runs of the key (in
+    /// the run's session) held at once; a claim beyond answers `atLimit`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub concurrency: Option<ConcurrencyBody>,
+    /// How long it is kept once finished, ms (1 ms to 366 days; absent:
+    /// the store's retention policy).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(minimum = 1, maximum = 31_622_400_000_i64)]
+    pub retention_ms: Option<u64>,
+    /// An idempotency key and window: while the window of a first enqueue
+    /// with the key is open (and its run exists), this one creates nothing
+    /// and answers that run. With it the answer is an `EnqueuedBody`
+    /// (`created`, `run`, `checkpoint`); without it, the checkpoint.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dedupe: Option<DedupeBody>,
+}
+
+impl EnqueueBody {
+    /// The body of an enqueue of `checkpoint` with `options` and `dedupe`.
+    pub fn of(checkpoint: &Checkpoint, options: &EnqueueOptions, dedupe: Option<&Dedupe>) -> Self {
+        Self {
+            checkpoint: checkpoint.into(),
+            available_at: options.available_at.map(ms),
+            max_attempts: options.max_attempts,
+            retry: options.retry.map(Into::into),
+            attempt_timeout_ms: options.attempt_timeout.map(Ttl::as_millis),
+            deadline: options.deadline.map(ms),
+            priority: (!options.priority.is_default()).then(|| i64::from(options.priority.get())),
+            concurrency: options.concurrency.as_ref().map(Into::into),
+            retention_ms: options.retention.map(Ttl::as_millis),
+            dedupe: dedupe.map(Into::into),
+        }
+    }
+
+    /// The run's options and the idempotency key, checked (a bad value is
+    /// `invalid-input` naming its field).
+    pub fn to_options(&self) -> Result<(EnqueueOptions, Option<Dedupe>), Problem> {
+        let ttl = |field: &str, ms: Option<u64>| {
+            ms.map(|ms| Ttl::from_millis(ms).map_err(|e| bad(field, e)))
+                .transpose()
+        };
+        let options = EnqueueOptions {
+            available_at: opt_instant("availableAt", self.available_at)?,
+            max_attempts: self.max_attempts,
+            retry: self.retry.map(Into::into),
+            attempt_timeout: ttl("attemptTimeoutMs", self.attempt_timeout_ms)?,
+            deadline: opt_instant("deadline", self.deadline)?,
+            priority: self
+                .priority
+                .map(|p| Priority::new(p).map_err(|e| bad("priority", e)))
+                .transpose()?
+                .unwrap_or_default(),
+            concurrency: self
+                .concurrency
+                .as_ref()
+                .map(|c| c.to_concurrency("concurrency"))
+                .transpose()?,
+            retention: ttl("retentionMs", self.retention_ms)?,
+        };
+        let dedupe = self
+            .dedupe
+            .as_ref()
+            .map(|d| d.to_dedupe("dedupe"))
+            .transpose()?;
+        Ok((options, dedupe))
+    }
 }
 
 /// A lease read.

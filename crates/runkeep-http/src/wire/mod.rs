@@ -22,6 +22,8 @@
 //! - [`steps`]: the all-or-nothing step commit;
 //! - [`schedules`]: recurring schedules and their cursor;
 //! - [`threads`]: the thread routes (a LangGraph-style checkpoint chain);
+//! - [`scheduling`]: an enqueue's idempotency key and answer, a priority
+//!   change, a concurrency key's holdings;
 //! - [`params`]: every operation's path and query parameters.
 
 use runkeep::evidence::SkippedRecord;
@@ -34,7 +36,7 @@ use runkeep::{
     ParkResolution, ParkState, ParkSummary, PendingDecision, PersistedEvent, ProjectId, RunId,
     RunPage, RunRow, RunScope, RunStatus, SessionId, Step, StepReceipt, TenantId, Timestamp, Ttl,
 };
-use runkeep::{Concurrency, KeyBusy, Priority};
+use runkeep::{Concurrency, Dedupe, EnqueueOptions, KeyBusy, Priority};
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 use utoipa::ToSchema;
@@ -49,6 +51,7 @@ pub mod params;
 pub mod parks;
 pub mod runs;
 pub mod schedules;
+pub mod scheduling;
 pub mod steps;
 pub mod threads;
 
@@ -60,6 +63,7 @@ pub use params::*;
 pub use parks::*;
 pub use runs::*;
 pub use schedules::*;
+pub use scheduling::*;
 pub use steps::*;
 
 /// The longest long-poll, ms (`claim_next`'s `waitMs`, the waits'

@@ -288,10 +288,14 @@ pub struct ListQuery {
         pattern = "^[A-Za-z0-9][A-Za-z0-9_-]{0,127}$"
     )]
     pub session: Option<String>,
-    /// `runId` (default) or `createdAt` (the server also takes
-    /// `run-id`/`run_id` and `created-at`/`created_at`).
+    /// `runId` (default), `createdAt` or `priority` (highest first, then
+    /// run id; the server also takes `run-id`/`run_id` and
+    /// `created-at`/`created_at`).
     #[param(value_type = Option<OrderName>, inline)]
     pub order: Option<String>,
+    /// Only runs whose priority is at least this.
+    #[param(minimum = -1_000_000, maximum = 1_000_000)]
+    pub min_priority: Option<i64>,
     /// Park states, comma-separated (`outstanding,expired`).
     #[param(pattern = "^(?:outstanding|expired|resolved)(?:,(?:outstanding|expired|resolved))*$")]
     pub park: Option<String>,
@@ -336,6 +340,32 @@ pub struct WaitRunnableQuery {
     /// Wait at most this long, ms (at most 30 000; default 25 000).
     #[param(maximum = 30000)]
     pub timeout_ms: Option<u64>,
+}
+
+/// The path of a session route.
+#[derive(Debug, Deserialize, IntoParams)]
+#[into_params(parameter_in = Path)]
+pub struct SessionPath {
+    /// The tenant id: 1 to 128 characters of [A-Za-z0-9_-], starting with a letter or digit.
+    #[param(pattern = "^[A-Za-z0-9][A-Za-z0-9_-]{0,127}$")]
+    pub tenant: String,
+    /// The project id: 1 to 128 characters of [A-Za-z0-9_-], starting with a letter or digit.
+    #[param(pattern = "^[A-Za-z0-9][A-Za-z0-9_-]{0,127}$")]
+    pub project: String,
+    /// The session id: 1 to 128 characters of [A-Za-z0-9_-], starting with a letter or digit.
+    #[param(pattern = "^[A-Za-z0-9][A-Za-z0-9_-]{0,127}$")]
+    pub session: String,
+}
+
+/// A concurrency key's holdings read: the key (in the query, since a key
+/// may hold `/`, `:`, `@` and `.`).
+#[derive(Debug, Deserialize, IntoParams)]
+#[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
+pub struct KeyHoldingsQuery {
+    /// The concurrency key: 1 to 128 bytes of `[A-Za-z0-9_.:@/-]`.
+    #[param(min_length = 1, max_length = 128, pattern = "^[A-Za-z0-9_.:@/-]+$")]
+    pub key: String,
 }
 
 /// A thread checkpoint to read.
@@ -476,6 +506,7 @@ enum IntegrityName {
 enum OrderName {
     RunId,
     CreatedAt,
+    Priority,
 }
 
 /// A thread listing's metadata `filter`: the server takes any JSON object;

@@ -150,6 +150,16 @@ impl From<ListOrder> for OrderBody {
     }
 }
 
+/// A listing order's name in the query (`runId`, `createdAt`,
+/// `priority`).
+pub fn order_name(o: ListOrder) -> &'static str {
+    match o {
+        ListOrder::RunId => "runId",
+        ListOrder::CreatedAt => "createdAt",
+        ListOrder::Priority => "priority",
+    }
+}
+
 /// One row of the listing.
 #[derive(Clone, PartialEq, Eq, Debug, Serialize, Deserialize, ToSchema)]
 #[serde(rename_all = "camelCase")]
@@ -400,6 +410,7 @@ pub struct LifecycleBody {
     pub concurrency: Option<ConcurrencyBody>,
     /// How long it is kept once finished, ms (absent: the store's policy).
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(minimum = 1, maximum = 31_622_400_000_i64)]
     pub retention_ms: Option<u64>,
 }
 
@@ -419,7 +430,10 @@ pub struct ConcurrencyBody {
 impl ConcurrencyBody {
     /// The core value, checked.
     pub fn to_concurrency(&self, field: &str) -> Result<Concurrency, Problem> {
-        Concurrency::new(self.key.clone(), self.limit).map_err(|e| bad(field, e))
+        runkeep::scheduling::concurrency::check_key(&self.key)
+            .map_err(|e| bad(&format!("{field}.key"), e))?;
+        Concurrency::new(self.key.clone(), self.limit)
+            .map_err(|e| bad(&format!("{field}.limit"), e))
     }
 }
 

@@ -1,7 +1,8 @@
 // Browser tests of a run's attempts in the console: the failure history
 // (each failed attempt's error, when the run was claimable again, the
 // backoff still running), the dead-lettered banner, an operator's Cancel
-// behind its confirmation, and store text (error kinds and messages, a
+// behind its confirmation, a run's priority and concurrency key with an
+// operator's priority change, and store text (error kinds and messages, a
 // cancel's reason) shown as text, never parsed as HTML. A real headless
 // Chromium against its own `runkeep serve --demo` (see harness.mjs).
 //
@@ -256,6 +257,49 @@ describe("a run's attempts in the console", () => {
     await page.waitForFunction(() => document.querySelector('#run-status')?.textContent.trim() === 'completed');
     assert.equal((await call('reader', 'GET', `${run.path}/lifecycle`)).status, 'completed');
     await context.close();
+  });
+
+  test('a run shows its priority and concurrency key; an operator changes the priority after confirming', async () => {
+    const run = await claimedRun('prioritised', { priority: 4, concurrency: { key: 'customer:42/eu', limit: 2 } });
+    const { context, page, errors } = await signedIn('operator');
+    // The listing's row names the priority and the key.
+    const row = page.locator('tr[data-run="prioritised"]');
+    await row.waitFor();
+    assert.match(await row.locator('td[data-label=Run]').textContent(), /priority 4.*key customer:42\/eu/);
+    await page.goto(`${origin}/${run.hash}`);
+    await page.waitForSelector('#set-priority');
+    assert.equal((await page.textContent('#run-priority')).trim(), '4');
+    assert.equal((await page.textContent('#run-key')).trim(), 'customer:42/eu (at most 2 held at once)');
+    assert.equal(await page.inputValue('#priority-value'), '4');
+    // Dismissed: nothing changes.
+    await page.fill('#priority-value', '9');
+    await page.click('#set-priority');
+    await page.waitForSelector('#confirm[open]');
+    assert.match(await page.textContent('#confirm-text'), /from 4 to 9/);
+    await page.keyboard.press('Escape');
+    await page.waitForSelector('#confirm:not([open])', { state: 'attached' });
+    assert.equal((await call('reader', 'GET', `${run.path}/lifecycle`)).priority, 4, 'dismissing changed nothing');
+    // Out of range: refused before anything is sent.
+    await page.fill('#priority-value', '2000000');
+    await page.click('#set-priority');
+    await page.waitForFunction(() => /from -1000000 to 1000000/.test(document.querySelector('#status').textContent));
+    assert.equal(await page.$('#confirm[open]'), null);
+    // Confirmed.
+    await page.fill('#priority-value', '9');
+    await page.click('#set-priority');
+    await page.click('#confirm-ok');
+    await page.waitForFunction(() => /^Priority set to 9/.test(document.querySelector('#status').textContent));
+    await page.waitForFunction(() => document.querySelector('#run-priority')?.textContent.trim() === '9');
+    assert.equal((await call('reader', 'GET', `${run.path}/lifecycle`)).priority, 9);
+    assert.deepEqual(errors, []);
+    await context.close();
+    // A worker is offered no priority change.
+    const w = await signedIn('worker');
+    await w.page.goto(`${origin}/${run.hash}`);
+    await w.page.waitForSelector('#no-actions');
+    assert.equal(await w.page.$('#set-priority'), null);
+    assert.match(await w.page.textContent('#no-actions'), /setting priorities/);
+    await w.context.close();
   });
 
   test('a reader or worker token sees the attempts but is offered no Cancel', async () => {

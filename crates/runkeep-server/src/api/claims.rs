@@ -1,9 +1,9 @@
 //! Claims and the run lifecycle: claim (and renew), release, finish,
-//! snooze, failed attempts, cancel, enqueue, reopen, lease, lifecycle.
+//! snooze, failed attempts, cancel, enqueue, reopen, set priority, lease,
+//! lifecycle.
 
 use axum::extract::State;
 use axum::{Extension, Json};
-use runkeep::EnqueueOptions;
 
 use super::extract::{JsonBody, RunAddr, Q};
 use super::runs::ApiResult;
@@ -161,31 +161,34 @@ pub(super) async fn enqueue(
     State(state): State<AppState>,
     RunAddr(scope): RunAddr,
     JsonBody(body): JsonBody<wire::EnqueueBody>,
-) -> ApiResult<wire::CheckpointBody> {
+) -> ApiResult<wire::EnqueueAnswer> {
     let cp = body.checkpoint.to_checkpoint("checkpoint")?;
-    let options = EnqueueOptions {
-        available_at: body
-            .available_at
-            .map(|t| wire::instant("availableAt", t))
-            .transpose()?,
-        max_attempts: body.max_attempts,
-        retry: body.retry.map(Into::into),
-        attempt_timeout: body
-            .attempt_timeout_ms
-            .map(|ms| {
-                runkeep::Ttl::from_millis(ms)
-                    .map_err(|e| Problem::from(e).with_field("attemptTimeoutMs"))
-            })
-            .transpose()?,
-        deadline: body
-            .deadline
-            .map(|t| wire::instant("deadline", t))
-            .transpose()?,
-        // FIXME(issue 30, HTTP helper): priority, concurrency, retention, dedupe on the wire.
-        ..EnqueueOptions::default()
-    };
-    let stored = state.store.enqueue(&scope, &cp, &options).await?;
-    Ok(Json((&stored).into()))
+    let (options, dedupe) = body.to_options()?;
+    match dedupe {
+        // Without a key: the answer enqueue always gave (the checkpoint).
+        None => {
+            let stored = state.store.enqueue(&scope, &cp, &options).await?;
+            Ok(Json(wire::EnqueueAnswer::Written((&stored).into())))
+        }
+        Some(d) => {
+            let e = state
+                .store
+                .enqueue_once(&scope, &cp, &options, Some(&d))
+                .await?;
+            Ok(Json(wire::EnqueueAnswer::Once((&e).into())))
+        }
+    }
+}
+
+/// An operator's priority change (unfenced, like cancel and reopen).
+pub(super) async fn set_priority(
+    State(state): State<AppState>,
+    RunAddr(scope): RunAddr,
+    JsonBody(body): JsonBody<wire::SetPriorityBody>,
+) -> ApiResult<LifecycleBody> {
+    let priority = body.to_priority()?;
+    let l = state.store.set_priority(&scope, priority).await?;
+    Ok(Json((&l).into()))
 }
 
 pub(super) async fn reopen(

@@ -209,11 +209,18 @@ impl<T: DeserializeOwned, S: Send + Sync> FromRequestParts<S> for Q<T> {
                     .strip_prefix("Failed to deserialize query string: ")
                     .unwrap_or(&text)
                     .to_string();
-                let field = detail
-                    .split_once(':')
-                    .map(|(f, _)| f.trim().to_string())
-                    .filter(|f| !f.is_empty() && !f.contains(' '))
-                    .unwrap_or_else(|| "query".into());
+                // A required parameter left out is named too.
+                let missing = detail
+                    .strip_prefix("missing field `")
+                    .and_then(|rest| rest.split_once('`'))
+                    .map(|(f, _)| f.to_string());
+                let field = missing.unwrap_or_else(|| {
+                    detail
+                        .split_once(':')
+                        .map(|(f, _)| f.trim().to_string())
+                        .filter(|f| !f.is_empty() && !f.contains(' '))
+                        .unwrap_or_else(|| "query".into())
+                });
                 Err(Problem::invalid(
                     field,
                     format!("bad query parameter: {detail}"),
@@ -341,6 +348,27 @@ impl FromRequestParts<AppState> for TenantParam {
         path_id(parts, state, "tenant", TenantId::new)
             .await
             .map(TenantParam)
+    }
+}
+
+/// The session a session route addresses (its path's tenant, project and
+/// session, validated).
+#[derive(Debug, Clone)]
+pub struct SessionAddr(pub runkeep::ListingScope);
+
+impl FromRequestParts<AppState> for SessionAddr {
+    type Rejection = Problem;
+
+    async fn from_request_parts(
+        parts: &mut Parts,
+        state: &AppState,
+    ) -> Result<Self, Self::Rejection> {
+        let tenant = path_id(parts, state, "tenant", TenantId::new).await?;
+        let project = path_id(parts, state, "project", ProjectId::new).await?;
+        let session = path_id(parts, state, "session", SessionId::new).await?;
+        Ok(SessionAddr(runkeep::ListingScope::session(
+            tenant, project, session,
+        )))
     }
 }
 

@@ -83,6 +83,8 @@ fn handler(op: Operation) -> Handler {
         FailAttempt => on(op, claims::fail_attempt),
         Cancel => on(op, claims::cancel),
         Reopen => on(op, claims::reopen),
+        SetPriority => on(op, claims::set_priority),
+        KeyHoldings => on(op, runs::key_holdings),
         Lease => on(op, claims::lease),
         Lifecycle => on(op, claims::lifecycle),
         CommitStep => on(op, checkpoints::commit_step),

@@ -1,5 +1,6 @@
 //! The listing, a run's summary, `claim_next` (with its long-poll), the
-//! runnable wait, the store's clock and `whoami`.
+//! runnable wait, a concurrency key's holdings, the store's clock and
+//! `whoami`.
 
 use std::time::Duration;
 
@@ -12,11 +13,11 @@ use runkeep::{
 };
 
 use super::events::MAX_WAIT_MS;
-use super::extract::{JsonBody, RunAddr, TenantParam, Q};
+use super::extract::{JsonBody, RunAddr, SessionAddr, TenantParam, Q};
 use crate::auth::Principal;
 use crate::problem::Problem;
 use crate::state::AppState;
-use runkeep_http::wire::params::{ListQuery, WaitRunnableQuery};
+use runkeep_http::wire::params::{KeyHoldingsQuery, ListQuery, WaitRunnableQuery};
 use runkeep_http::wire::{self, ClaimNextAnswer, Claimed, RunPageBody, RunSummary, Waited};
 
 pub(super) type ApiResult<T> = Result<Json<T>, Problem>;
@@ -90,8 +91,11 @@ pub(super) async fn list_runs(
         cursor: q.cursor,
         now: q.now.map(|n| wire::instant("now", n)).transpose()?,
         status: csv::<RunStatus>("status", q.status.as_deref())?,
-        // FIXME(issue 30, HTTP helper): the minPriority query parameter.
-        min_priority: None,
+        min_priority: q
+            .min_priority
+            .map(runkeep::Priority::new)
+            .transpose()
+            .map_err(|e| Problem::from(e).with_field("minPriority"))?,
     };
     let page = state.store.list_runs(&scope, &options).await?;
     Ok(Json((&page).into()))
@@ -199,5 +203,19 @@ pub(super) async fn summary(
         pending: pending.as_ref().map(Into::into),
         last_seq: events.last_seq,
         now: now.as_millis(),
+    }))
+}
+
+/// A concurrency key's holdings history in the session.
+pub(super) async fn key_holdings(
+    State(state): State<AppState>,
+    SessionAddr(session): SessionAddr,
+    Q(q): Q<KeyHoldingsQuery>,
+) -> ApiResult<wire::KeyHoldingsBody> {
+    wire::concurrency_key("key", &q.key)?;
+    let holdings = state.store.key_holdings(&session, &q.key).await?;
+    Ok(Json(wire::KeyHoldingsBody {
+        key: q.key,
+        holdings: holdings.iter().map(Into::into).collect(),
     }))
 }
