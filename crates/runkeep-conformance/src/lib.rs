@@ -305,6 +305,9 @@ macro_rules! __runkeep_cases {
             never_lets_two_clients_with_skewed_clocks_both_hold_a_live_lease,
             wakes_a_runnable_watcher_after_a_release_an_enqueue_and_a_reopen,
             wakes_an_events_watcher_after_an_append,
+            prunes_a_due_finished_run_with_all_its_evidence,
+            keeps_every_run_that_is_not_due,
+            prunes_at_most_the_limit_and_says_when_more_are_due,
         }
     };
     // Writes made for a principal (`cases::actors`): in process only, where

@@ -17,6 +17,7 @@ mod lifecycle;
 mod listing;
 mod parks;
 mod queue;
+mod retention;
 mod step;
 mod watch;
 
@@ -35,5 +36,6 @@ pub use lifecycle::*;
 pub use listing::*;
 pub use parks::*;
 pub use queue::*;
+pub use retention::*;
 pub use step::*;
 pub use watch::*;

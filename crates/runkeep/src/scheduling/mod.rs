@@ -10,11 +10,15 @@
 //! - [`dedupe`]: an enqueue carrying an idempotency key and a window
 //!   returns the run a first enqueue with that key created inside the
 //!   window instead of creating another.
+//! - [`retention`]: when a finished run may be deleted, and what a prune
+//!   deletes with it.
 
 pub mod concurrency;
 pub mod dedupe;
 pub mod priority;
+pub mod retention;
 
 pub use concurrency::{Concurrency, KeyBusy, KeyHolding};
 pub use dedupe::{Dedupe, DedupeRecord, Enqueued};
 pub use priority::Priority;
+pub use retention::{PruneReport, RetentionPolicy};
