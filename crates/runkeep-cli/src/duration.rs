@@ -1,4 +1,4 @@
-//! Human durations on the command line: `1500ms`, `30s`, `5m`, `2h`, sums
+//! Human durations on the command line: `1500ms`, `30s`, `5m`, `2h`, `30d`, sums
 //! such as `1h30m`, and decimal fractions such as `1.5s` or `0.25h`. Every
 //! number needs a unit; the total must be a positive whole number of
 //! milliseconds. Zero, negative, sub-millisecond and unit-less values are
@@ -9,7 +9,7 @@ use std::time::Duration;
 use runkeep::Ttl;
 
 const ACCEPTED: &str =
-    "use a number with a unit: ms, s, m or h (e.g. 30s, 1.5s, 1500ms, 5m, 1h30m)";
+    "use a number with a unit: ms, s, m, h or d (e.g. 30s, 1.5s, 1500ms, 5m, 1h30m, 30d)";
 
 /// Parses a positive duration.
 pub fn parse_duration(text: &str) -> Result<Duration, String> {
@@ -54,6 +54,7 @@ pub fn parse_duration(text: &str) -> Result<Duration, String> {
             "s" => 1000,
             "m" => 60_000,
             "h" => 3_600_000,
+            "d" => 86_400_000,
             "" if rest.is_empty() && number_len == s.len() => {
                 return Err(format!(
                     "{s:?} has no unit (did you mean {number}s or {number}ms?); {ACCEPTED}"
