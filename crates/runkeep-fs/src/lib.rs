@@ -84,6 +84,7 @@ mod index;
 mod listing;
 mod opening;
 mod queue;
+mod retention;
 mod run_state;
 mod steps;
 mod transcript;
