@@ -89,6 +89,7 @@ mod lifecycle;
 mod listing;
 mod options;
 mod parks;
+mod retention;
 pub mod schema;
 mod step;
 mod store;
