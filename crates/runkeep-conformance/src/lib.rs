@@ -53,6 +53,7 @@ pub mod cases;
 pub mod differential;
 pub mod hijack;
 pub mod intercept;
+pub mod scale;
 pub mod support;
 
 pub use intercept::{Intercept, Intercepted};
