@@ -46,6 +46,7 @@ pub mod events;
 pub mod leases;
 pub mod params;
 pub mod parks;
+pub mod retention;
 pub mod runs;
 pub mod steps;
 pub mod threads;
@@ -56,6 +57,7 @@ pub use events::*;
 pub use leases::*;
 pub use params::*;
 pub use parks::*;
+pub use retention::*;
 pub use runs::*;
 pub use steps::*;
 

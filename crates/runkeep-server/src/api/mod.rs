@@ -47,6 +47,7 @@ mod documents;
 mod events;
 pub mod extract;
 pub mod ownership;
+mod retention;
 mod runs;
 mod threads;
 
@@ -82,6 +83,7 @@ fn handler(op: Operation) -> Handler {
         FailAttempt => on(op, claims::fail_attempt),
         Cancel => on(op, claims::cancel),
         Reopen => on(op, claims::reopen),
+        PruneFinished => on(op, retention::prune_finished),
         Lease => on(op, claims::lease),
         Lifecycle => on(op, claims::lifecycle),
         CommitStep => on(op, checkpoints::commit_step),
