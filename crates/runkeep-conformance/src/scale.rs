@@ -263,13 +263,41 @@ pub async fn retention_at_scale(
     let peak_during_kib = measurable.then(|| status_kib("VmHWM:")).flatten();
     stop.store(true, Ordering::SeqCst);
     let (claims, lists) = worker.await.expect("worker");
+    let figures = Figures {
+        runs: n,
+        active,
+        batch,
+        batches,
+        setup,
+        prune,
+        rss_before_kib,
+        peak_during_kib,
+        claim_before: median(claim_before),
+        claim_during: median(claims),
+        list_before: median(list_before),
+        list_during: median(lists),
+        claimed_during: claimed.load(Ordering::SeqCst),
+    };
+    eprintln!("retention at scale: {figures}");
     assert_eq!(
         deleted, n,
         "every finished run past its retention is deleted"
     );
     // Nothing else went: the queue's runs are all there, finished by the
-    // worker or still active.
-    let rows = walk(&store, &listing(), ListOptions::default(), KEEP_MS as i64).await;
+    // worker or still active (every page, not a capped walk).
+    let mut rows = Vec::new();
+    let mut options = ListOptions {
+        limit: Some(runkeep::listing::MAX_LIMIT),
+        ..ListOptions::default()
+    };
+    loop {
+        let page = store.list_runs(&listing(), &options).await.expect("list");
+        rows.extend(page.entries);
+        match page.cursor {
+            Some(c) => options.cursor = Some(c),
+            None => break,
+        }
+    }
     assert_eq!(
         rows.len(),
         active,
@@ -286,21 +314,7 @@ pub async fn retention_at_scale(
                 .count()
             == active
     );
-    Figures {
-        runs: n,
-        active,
-        batch,
-        batches,
-        setup,
-        prune,
-        rss_before_kib,
-        peak_during_kib,
-        claim_before: median(claim_before),
-        claim_during: median(claims),
-        list_before: median(list_before),
-        list_during: median(lists),
-        claimed_during: claimed.load(Ordering::SeqCst),
-    }
+    figures
 }
 
 /// Claims the next run of the queue and finishes it; `false` when the
