@@ -116,6 +116,10 @@ mod tests {
         assert_eq!(parse_duration("5m").unwrap(), Duration::from_secs(300));
         assert_eq!(parse_duration("2h").unwrap(), Duration::from_secs(7200));
         assert_eq!(parse_duration("1h30m").unwrap(), Duration::from_secs(5400));
+        assert_eq!(
+            parse_duration("30d").unwrap(),
+            Duration::from_secs(30 * 86_400)
+        );
     }
 
     #[test]
@@ -150,7 +154,7 @@ mod tests {
             ".s",
             "0.0001ms",
             "1.1234567s",
-            "5d",
+            "5w",
             "s",
             "5 s",
             "99999999999999999999h",
