@@ -42,7 +42,7 @@ WHERE tenant_id = $1
   AND ($3::text IS NULL OR session_id = $3)
   AND status <> 'active' AND parent_id = ''
   AND (lifecycle->>'finishedAt')::bigint + coalesce((lifecycle->>'retentionMs')::bigint, $4) <= $5
-ORDER BY (lifecycle->>'finishedAt')::bigint, project_id, session_id, run_id
+ORDER BY (lifecycle->>'finishedAt')::bigint
 LIMIT $6
 FOR UPDATE SKIP LOCKED";
 
