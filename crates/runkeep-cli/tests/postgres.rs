@@ -223,9 +223,10 @@ fn read_commands_refuse_an_unmigrated_schema_and_migrate_is_idempotent() {
 
     let first = ok(&s, &["migrate"]);
     assert!(
-        first
-            .stdout
-            .contains("created the tables: runkeep schema version 2"),
+        first.stdout.contains(&format!(
+            "created the tables: runkeep schema version {}",
+            runkeep_postgres::SCHEMA_VERSION
+        )),
         "{}",
         first.stdout
     );
@@ -235,7 +236,7 @@ fn read_commands_refuse_an_unmigrated_schema_and_migrate_is_idempotent() {
         first.stdout
     );
     let again = json(&s, &["migrate"]);
-    assert_eq!(again["version"], 2);
+    assert_eq!(again["version"], runkeep_postgres::SCHEMA_VERSION);
     assert_eq!(again["changed"], false, "{again}");
     assert_eq!(json(&s, &["runs"])["entries"].as_array().unwrap().len(), 0);
 
@@ -252,7 +253,10 @@ fn read_commands_refuse_an_unmigrated_schema_and_migrate_is_idempotent() {
         let r = run(&s, args);
         assert_eq!(r.code, Some(78), "{args:?}: {}", r.stderr);
         assert!(
-            r.stderr.contains("newer than version 2"),
+            r.stderr.contains(&format!(
+                "newer than version {}",
+                runkeep_postgres::SCHEMA_VERSION
+            )),
             "{args:?}: {}",
             r.stderr
         );
@@ -676,7 +680,13 @@ fn doctor_reports_schema_version_locks_expired_leases_and_dead_letters() {
     assert_eq!(code, Some(1));
     let (st, msg) = check(&doc, "store.schema-version");
     assert_eq!(st, "fail");
-    assert!(msg.contains("newer than version 2"), "{msg}");
+    assert!(
+        msg.contains(&format!(
+            "newer than version {}",
+            runkeep_postgres::SCHEMA_VERSION
+        )),
+        "{msg}"
+    );
 }
 
 #[test]

@@ -293,6 +293,17 @@ pub trait Intercept: Send + Sync + std::fmt::Debug {
         self.inner().advance_schedule(session, name, from, to).await
     }
 
+    /// [`CheckpointStore::prune_finished`]; forwards.
+    async fn prune_finished(
+        &self,
+        scope: &ListingScope,
+        policy: &runkeep::scheduling::RetentionPolicy,
+        now: Option<Timestamp>,
+        limit: usize,
+    ) -> Result<runkeep::scheduling::PruneReport> {
+        self.inner().prune_finished(scope, policy, now, limit).await
+    }
+
     /// [`CheckpointStore::latest_checkpoint`]: the inner store's own answer
     /// (its index, if it has one), not the provided body over this
     /// wrapper's `list_checkpoints`.
@@ -602,6 +613,16 @@ impl<I: Intercept> CheckpointStore for Intercepted<I> {
         to: Timestamp,
     ) -> Result<bool> {
         self.0.advance_schedule(session, name, from, to).await
+    }
+
+    async fn prune_finished(
+        &self,
+        scope: &ListingScope,
+        policy: &runkeep::scheduling::RetentionPolicy,
+        now: Option<Timestamp>,
+        limit: usize,
+    ) -> Result<runkeep::scheduling::PruneReport> {
+        self.0.prune_finished(scope, policy, now, limit).await
     }
     async fn latest_checkpoint(&self, scope: &RunScope) -> Result<Option<Checkpoint>> {
         self.0.latest_checkpoint(scope).await

@@ -54,6 +54,7 @@ pub mod differential;
 pub mod hijack;
 pub mod intercept;
 pub mod key_limits;
+pub mod scale;
 pub mod support;
 
 pub use intercept::{Intercept, Intercepted};
@@ -319,6 +320,9 @@ macro_rules! __runkeep_cases {
             keeps_schedules_and_refuses_bad_ones,
             moves_a_schedule_cursor_only_by_compare_and_set,
             enqueues_each_tick_once_whoever_runs_the_scheduler,
+            prunes_a_due_finished_run_with_all_its_evidence,
+            keeps_every_run_that_is_not_due,
+            prunes_at_most_the_limit_and_says_when_more_are_due,
         }
     };
     // Writes made for a principal (`cases::actors`): in process only, where

@@ -1175,3 +1175,84 @@ async fn a_store_whose_schedule_advance_ignores_the_cursor_read_fails_the_cas_ca
         ],
     );
 }
+
+/// A store that prunes from a stale scan: it remembers every run it saw
+/// finished and, besides the inner store's correct prune, deletes those
+/// whose finish is past the policy even when they were reopened since (a
+/// deletion not judged again under the run's lock). Its deletions hide the
+/// run's lifecycle and checkpoints.
+#[derive(Debug)]
+struct PrunesFromAStaleScan {
+    inner: MemoryStore,
+    finished: Mutex<Vec<RunScope>>,
+    hidden: Mutex<BTreeSet<RunScope>>,
+}
+
+#[async_trait]
+impl Intercept for PrunesFromAStaleScan {
+    fn inner(&self) -> &dyn RunStore {
+        &self.inner
+    }
+    async fn finish(
+        &self,
+        s: &RunScope,
+        fence: Fence,
+        o: &runkeep::Outcome,
+    ) -> Result<runkeep::Lifecycle> {
+        let l = self.inner.finish(s, fence, o).await?;
+        self.finished.lock().unwrap().push(s.clone());
+        Ok(l)
+    }
+    async fn lifecycle(&self, s: &RunScope) -> Result<runkeep::Lifecycle> {
+        if self.hidden.lock().unwrap().contains(s) {
+            return Ok(runkeep::Lifecycle::default());
+        }
+        self.inner.lifecycle(s).await
+    }
+    async fn list_checkpoints(&self, s: &RunScope) -> Result<Vec<Checkpoint>> {
+        if self.hidden.lock().unwrap().contains(s) {
+            return Ok(Vec::new());
+        }
+        self.inner.list_checkpoints(s).await
+    }
+    async fn prune_finished(
+        &self,
+        scope: &ListingScope,
+        policy: &runkeep::scheduling::RetentionPolicy,
+        now: Option<Timestamp>,
+        limit: usize,
+    ) -> Result<runkeep::scheduling::PruneReport> {
+        let mut report = self.inner.prune_finished(scope, policy, now, limit).await?;
+        self.finished
+            .lock()
+            .unwrap()
+            .retain(|s| !report.deleted.contains(s));
+        let seen: Vec<RunScope> = self.finished.lock().unwrap().clone();
+        for s in seen {
+            let l = self.inner.lifecycle(&s).await?;
+            // Reopened since the (stale) scan saw it finished.
+            let exists = !self.inner.list_checkpoints(&s).await?.is_empty();
+            if exists && !l.status.is_finished() && !report.deleted.contains(&s) {
+                self.hidden.lock().unwrap().insert(s.clone());
+                report.deleted.push(s);
+            }
+        }
+        Ok(report)
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_store_deleting_a_reopened_run_fails_the_retention_case() {
+    let failed = failures(
+        |clock| {
+            Arc::new(Intercepted(PrunesFromAStaleScan {
+                inner: MemoryStore::with_clock(Arc::new(clock)),
+                finished: Mutex::default(),
+                hidden: Mutex::default(),
+            }))
+        },
+        runkeep_conformance::CONTRACT_VERSION,
+    )
+    .await;
+    assert_fails_exactly(&failed, &["keeps_every_run_that_is_not_due"]);
+}

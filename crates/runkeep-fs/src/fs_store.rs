@@ -376,6 +376,18 @@ impl runkeep::CheckpointStore for FsStore {
         blocking::run(move || crate::schedules::advance(&inner, &session, &name, from, to)).await
     }
 
+    async fn prune_finished(
+        &self,
+        scope: &ListingScope,
+        policy: &runkeep::scheduling::RetentionPolicy,
+        now: Option<Timestamp>,
+        limit: usize,
+    ) -> Result<runkeep::scheduling::PruneReport> {
+        let (inner, scope, policy) = (self.inner.clone(), scope.clone(), *policy);
+        blocking::run(move || crate::retention::prune_finished(&inner, &scope, &policy, now, limit))
+            .await
+    }
+
     async fn latest_checkpoint(&self, scope: &RunScope) -> Result<Option<Checkpoint>> {
         let (inner, scope) = (self.inner.clone(), scope.clone());
         blocking::run(move || queue::latest_checkpoint(&inner, &scope)).await

@@ -209,6 +209,47 @@ impl<'a> KeyGuard<'a> {
         .map_err(|e| Ctx::new(scope, "claim").io("record the key holding", &self.held_dir(), e))
     }
 
+    /// Forgets a deleted run: its held-set entry and its lines of the
+    /// key's history (rewritten atomically without them), so a run later
+    /// enqueued under the same id starts with no history.
+    pub(crate) fn forget(&self, scope: &RunScope, ctx: &Ctx) -> Result<()> {
+        let entry = self
+            .held_dir()
+            .join(held_name(&scope.run_id, scope.parent_run_id.as_ref()));
+        match fs::remove_file(&entry) {
+            Err(e) if !sys::is_not_found(&e) => {
+                return Err(ctx.io("remove the key holding", &entry, e));
+            }
+            _ => {}
+        }
+        let path = self.dir.join(LOG_FILE);
+        let Some(bytes) =
+            sys::read_opt(&path).map_err(|e| ctx.io("read the key history", &path, e))?
+        else {
+            return Ok(());
+        };
+        let names = |run: &RunId, parent: &Option<RunId>| {
+            run == &scope.run_id && parent == &scope.parent_run_id
+        };
+        let mut kept = Vec::with_capacity(bytes.len());
+        for line in bytes.split(|b| *b == b'\n').filter(|l| !l.is_empty()) {
+            let drop = match serde_json::from_slice::<LogLine>(line) {
+                Ok(LogLine::Acquired(h)) => names(&h.run_id, &h.parent_run_id),
+                Ok(LogLine::Ended(e)) => names(&e.run_id, &e.parent_run_id),
+                Err(_) => false,
+            };
+            if !drop {
+                kept.extend_from_slice(line);
+                kept.push(b'\n');
+            }
+        }
+        if kept.len() == bytes.len() {
+            return Ok(());
+        }
+        sys::write_atomic(&self.dir, LOG_FILE, &kept, self.inner.durability)
+            .map_err(|e| ctx.io("rewrite the key history", &path, e))
+    }
+
     /// Logs a holding acquired (after its link).
     pub(crate) fn log_acquired(
         &self,

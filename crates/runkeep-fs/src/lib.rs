@@ -86,6 +86,7 @@ mod keys;
 mod listing;
 mod opening;
 mod queue;
+mod retention;
 mod run_state;
 mod schedules;
 mod steps;

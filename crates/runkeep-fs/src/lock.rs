@@ -122,6 +122,27 @@ impl RunLock {
     }
 }
 
+impl RunLock {
+    /// Takes the lock exclusive only if the run's lock file exists (never
+    /// creating it, nor the run's directory): `Ok(None)` when it does not.
+    /// For a deletion (retention), which must not bring a removed run
+    /// back. Past the wait bound: refused like a write.
+    pub(crate) fn acquire_existing(run_dir: &Path, ctx: &Ctx) -> runkeep::Result<Option<Self>> {
+        let path = run_dir.join(META_DIR).join(LOCK_FILE);
+        match OpenOptions::new()
+            .read(true)
+            .custom_flags(rustix::fs::OFlags::CLOEXEC.bits() as i32)
+            .open(&path)
+        {
+            Ok(file) => wait(file, Mode::Exclusive, &path, ctx).map(Some),
+            Err(e) if sys::is_not_found(&e) || e.raw_os_error() == Some(sys::errno::NOTDIR) => {
+                Ok(None)
+            }
+            Err(e) => Err(ctx.io("open the run lock", &path, e)),
+        }
+    }
+}
+
 fn wait(file: File, mode: Mode, path: &Path, ctx: &Ctx) -> runkeep::Result<RunLock> {
     if crate::testing_hooks::mutation() == crate::testing_hooks::Mutation::NoRunLock {
         return Ok(RunLock { _file: None });

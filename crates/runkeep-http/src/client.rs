@@ -1369,6 +1369,28 @@ impl CheckpointStore for HttpStore {
         Ok(d.done)
     }
 
+    async fn prune_finished(
+        &self,
+        scope: &ListingScope,
+        policy: &runkeep::scheduling::RetentionPolicy,
+        now: Option<Timestamp>,
+        limit: usize,
+    ) -> Result<runkeep::scheduling::PruneReport> {
+        runkeep::scheduling::retention::check_limit(limit)?;
+        let body = crate::wire::PruneFinishedBody {
+            project: scope.project_id().map(ToString::to_string),
+            session: scope.session_id().map(ToString::to_string),
+            keep_finished_for_ms: policy.keep_finished_for.as_millis(),
+            now: now.map(Timestamp::as_millis),
+            limit: u32::try_from(limit).unwrap_or(u32::MAX),
+        };
+        let token = self.token(scope.tenant_id())?.to_string();
+        let answer: crate::wire::PruneReportBody = self
+            .send::<op::PruneFinished>(&token, At::Tenant(scope.tenant_id()), &[], &body, None)
+            .await?;
+        answer.to_report().map_err(problem_error)
+    }
+
     async fn latest_checkpoint(&self, scope: &RunScope) -> Result<Option<Checkpoint>> {
         let m: MaybeCheckpoint = self.run_get::<op::LatestCheckpoint>(scope, vec![]).await?;
         m.checkpoint

@@ -396,6 +396,14 @@ operations! {
         GET "/v1/tenants/{tenant}/projects/{project}/sessions/{session}/key-holdings", Reader, Short,
         path: SessionPath, query: KeyHoldingsQuery, body: NoBody, answer: KeyHoldingsBody,
     }
+
+    /// Deletes up to `limit` finished runs of the tenant (or one project or
+    /// session) past their retention, each with all its evidence and its
+    /// sub-runs (operator); `more` says another batch may find more.
+    PruneFinished = "prune_finished" {
+        POST tenant_path!("/prune-finished"), Operator, Short,
+        path: TenantPath, query: NoParams, body: PruneFinishedBody, answer: PruneReportBody,
+    }
     /// The run's top holding.
     Lease = "lease" {
         GET run_path!("/lease"), Reader, Short,

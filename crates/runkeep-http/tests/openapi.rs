@@ -218,6 +218,10 @@ fn closed_schemas_are_exactly_the_bodies_that_refuse_unknown_members() {
         ("PendingBody", refuses_unknown::<wire::PendingBody>(unknown)),
         ("PruneBody", refuses_unknown::<wire::PruneBody>(unknown)),
         (
+            "PruneFinishedBody",
+            refuses_unknown::<wire::PruneFinishedBody>(unknown),
+        ),
+        (
             "PutThreadCheckpointBody",
             refuses_unknown::<wire::threads::PutThreadCheckpointBody>(unknown),
         ),

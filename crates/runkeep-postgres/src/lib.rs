@@ -93,6 +93,7 @@ mod lifecycle;
 mod listing;
 mod options;
 mod parks;
+mod retention;
 mod schedules;
 pub mod schema;
 mod step;

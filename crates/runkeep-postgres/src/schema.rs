@@ -13,11 +13,11 @@ use tokio_postgres::Client;
 use crate::error::map_pg;
 
 /// The schema version this binary writes and reads.
-pub const SCHEMA_VERSION: i32 = 4;
+pub const SCHEMA_VERSION: i32 = 5;
 
 /// The migrations, in order: `(version, SQL)`. Never edit a released one;
 /// add the next.
-pub const MIGRATIONS: &[(i32, &str)] = &[(1, V1), (2, V2), (3, V3), (4, V4)];
+pub const MIGRATIONS: &[(i32, &str)] = &[(1, V1), (2, V2), (3, V3), (4, V4), (5, V5)];
 
 /// Version 1: runs (the lease row, lifecycle, digest and documents),
 /// checkpoints, events and audit records.
@@ -233,6 +233,19 @@ CREATE TABLE schedules (
     cursor_at  bigint,
     PRIMARY KEY (tenant_id, project_id, session_id, name)
 );
+"#;
+
+/// Version 5 (retention, `crate::retention`): the finished top-level runs
+/// by finish instant, so a prune batch reads the oldest finishes first
+/// without scanning the active queue; and sub-runs by parent, so a batch
+/// finds its candidates' sub-runs without a scan.
+const V5: &str = r#"
+CREATE INDEX runs_finished_by_finished_at ON runs
+    (tenant_id, ((lifecycle->>'finishedAt')::bigint))
+    WHERE status <> 'active' AND parent_id = '';
+CREATE INDEX runs_sub_runs_by_parent ON runs
+    (tenant_id, project_id, session_id, parent_id)
+    WHERE parent_id <> '';
 "#;
 
 /// Quotes a validated schema name as an identifier.

@@ -307,6 +307,16 @@ impl CheckpointStore for PgStore {
         crate::schedules::advance(&self.db, session, name, from, to).await
     }
 
+    async fn prune_finished(
+        &self,
+        scope: &ListingScope,
+        policy: &runkeep::scheduling::RetentionPolicy,
+        now: Option<Timestamp>,
+        limit: usize,
+    ) -> Result<runkeep::scheduling::PruneReport> {
+        crate::retention::prune_finished(&self.db, scope, policy, now, limit).await
+    }
+
     async fn latest_checkpoint(&self, scope: &RunScope) -> Result<Option<Checkpoint>> {
         crate::checkpoints::latest_checkpoint(&self.db, scope).await
     }

@@ -554,9 +554,16 @@ pub fn after_reopen(run: &RunId, l: &Lifecycle) -> Result<Lifecycle> {
             message: format!("run {run} is active; only a finished run can be reopened"),
         });
     }
+    // What the run is (its limits, its place in the queue, its key, how
+    // long it is kept) stays; what its last life recorded (status, result,
+    // attempts, failures, deferral, the deadline it missed) does not.
     Ok(Lifecycle {
         max_attempts: l.max_attempts,
         retry: l.retry,
+        attempt_timeout_ms: l.attempt_timeout_ms,
+        priority: l.priority,
+        concurrency: l.concurrency.clone(),
+        retention_ms: l.retention_ms,
         ..Lifecycle::default()
     })
 }
@@ -800,6 +807,20 @@ mod tests {
         ));
         let again = after_reopen(&run(), &done).unwrap();
         assert_eq!(again, Lifecycle::default());
+        // What the run is stays across a reopen: priority, key, retention.
+        let keyed = Lifecycle {
+            priority: Priority::new(7).unwrap(),
+            concurrency: Some(Concurrency::new("k", 2).unwrap()),
+            retention_ms: Some(1_000),
+            attempts: 3,
+            ..Lifecycle::default()
+        };
+        let done = after_finish(&run(), &keyed, &Outcome::completed(None), f(4), at(9)).unwrap();
+        let again = after_reopen(&run(), &done).unwrap();
+        assert_eq!(again.priority, keyed.priority);
+        assert_eq!(again.concurrency, keyed.concurrency);
+        assert_eq!(again.retention_ms, Some(1_000));
+        assert_eq!((again.attempts, again.status), (0, RunStatus::Active));
     }
 
     #[test]

@@ -20,7 +20,7 @@ use crate::evidence::{
     RunRecord,
 };
 use crate::failure::{self, AttemptError};
-use crate::id::CheckpointId;
+use crate::id::{CheckpointId, RunId};
 use crate::lease::{
     check_write, check_write_fence, decide_release, stamp_fence, ClaimOptions, ClaimOutcome, Fence,
     Lease, LeaseSummary, TopHolding,
@@ -30,6 +30,7 @@ use crate::listing::{ListOptions, ListQuery, RunDigest, RunPage, RunRow};
 use crate::park::{self, ParkResolution};
 use crate::scheduling::concurrency::{self, KeyHolding, KeyLog};
 use crate::scheduling::dedupe::{self, Dedupe, DedupeRecord, Enqueued};
+use crate::scheduling::retention::{self, PruneReport, RetentionPolicy};
 use crate::scheduling::schedule::{self, Schedule, ScheduleEntry};
 use crate::scheduling::Priority;
 use crate::scope::{ListingScope, RunScope};
@@ -735,6 +736,102 @@ impl CheckpointStore for MemoryStore {
             .get_mut(&(session.to_string(), name.to_string()))
             .ok_or_else(|| schedule::not_found(&session, name))?;
         schedule::advance(&mut entry.schedule, from, to)
+    }
+
+    async fn prune_finished(
+        &self,
+        scope: &ListingScope,
+        policy: &RetentionPolicy,
+        now: Option<Timestamp>,
+        limit: usize,
+    ) -> Result<PruneReport> {
+        retention::check_limit(limit)?;
+        let now = now.unwrap_or_else(|| self.clock.now());
+        let mut runs = self.lock();
+        // Sub-runs by (session, parent): one pass, so judging a parent
+        // costs its own sub-runs, not the store.
+        let mut children: BTreeMap<(String, RunId), Vec<RunScope>> = BTreeMap::new();
+        for s in runs.keys().filter(|s| s.is_within(scope)) {
+            if let Some(p) = &s.parent_run_id {
+                children
+                    .entry((s.session_scope().to_string(), p.clone()))
+                    .or_default()
+                    .push(s.clone());
+            }
+        }
+        let due = |s: &RunScope, r: &RunState| {
+            retention::is_due(&r.lifecycle, r.live_fence(now).is_some(), policy, now)
+                && r.exists()
+                && s.parent_run_id.is_none()
+        };
+        let mut report = PruneReport::default();
+        let mut victims: Vec<(RunScope, Vec<RunScope>)> = Vec::new();
+        for (s, r) in runs.iter() {
+            if !s.is_within(scope) || s.parent_run_id.is_some() || !r.lifecycle.status.is_finished()
+            {
+                continue;
+            }
+            report.scanned += 1;
+            if !due(s, r) {
+                continue;
+            }
+            let subs = children
+                .remove(&(s.session_scope().to_string(), s.run_id.clone()))
+                .unwrap_or_default();
+            let subs_due = subs.iter().all(|c| {
+                runs.get(c).is_none_or(|cr| {
+                    retention::is_due(&cr.lifecycle, cr.live_fence(now).is_some(), policy, now)
+                        || !cr.exists()
+                })
+            });
+            if !subs_due {
+                continue;
+            }
+            if victims.len() == limit {
+                report.more = true;
+                break;
+            }
+            victims.push((s.clone(), subs));
+        }
+        let mut keys = self.keys.lock().unwrap_or_else(|p| p.into_inner());
+        let mut windows = self.dedupe.lock().unwrap_or_else(|p| p.into_inner());
+        let mut gone_all = std::collections::BTreeSet::new();
+        for (s, subs) in victims {
+            for gone in std::iter::once(&s).chain(subs.iter()) {
+                if let Some(r) = runs.remove(gone) {
+                    if let Some(c) = &r.lifecycle.concurrency {
+                        let slot = (gone.session_scope().to_string(), c.key.clone());
+                        if let Some(log) = keys.get_mut(&slot) {
+                            log.forget(&gone.run_id, gone.parent_run_id.as_ref());
+                        }
+                    }
+                }
+                gone_all.insert((
+                    gone.session_scope().to_string(),
+                    gone.run_id.clone(),
+                    gone.parent_run_id.clone(),
+                ));
+            }
+            report.sub_runs_deleted += subs.len() as u64;
+            report.deleted.push(s);
+        }
+        if !gone_all.is_empty() {
+            // A dedupe record naming a deleted run goes with it.
+            windows.retain(|(session, _), rec| {
+                !gone_all.contains(&(
+                    session.clone(),
+                    rec.run_id.clone(),
+                    rec.parent_run_id.clone(),
+                ))
+            });
+        }
+        drop(windows);
+        drop(keys);
+        drop(runs);
+        for s in &report.deleted {
+            self.notifier.notify_run(s, false);
+        }
+        Ok(report)
     }
 
     fn watch(&self, topic: &WatchTopic) -> Watch {

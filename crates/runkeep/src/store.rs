@@ -50,6 +50,7 @@ use crate::listing::{ListOptions, ListOrder, RunPage};
 use crate::park::{self, ParkResolution, ParkState};
 use crate::scheduling::schedule::{Schedule, ScheduleEntry};
 use crate::scheduling::{Dedupe, Enqueued, KeyHolding, Priority};
+use crate::scheduling::{PruneReport, RetentionPolicy};
 use crate::scope::{ListingScope, RunScope};
 use crate::step::{Step, StepReceipt};
 use crate::time::Timestamp;
@@ -490,6 +491,39 @@ pub trait CheckpointStore: Send + Sync + std::fmt::Debug {
     ) -> Result<bool> {
         let _ = (session, from, to);
         Err(schedules_unsupported(name))
+    }
+
+    /// Deletes up to `limit` top-level runs under `scope` that the retention
+    /// rule finds due at `now` (the store clock when `None`), each with all
+    /// its evidence and its sub-runs ([`crate::scheduling::retention`]).
+    ///
+    /// # Contract
+    /// - Each deletion is judged again under the run's lock or transaction:
+    ///   a run reopened, claimed or otherwise made not due between the scan
+    ///   and the delete is kept. An active, reopened or held run, and one
+    ///   with a sub-run that is not due, is never deleted.
+    /// - A deleted run answers every read as a run that never existed (no
+    ///   checkpoints, events, audit, record, messages, report, holding,
+    ///   lifecycle, listing row or key holdings) and can be enqueued again.
+    /// - At most `limit` runs are deleted (`0` or above
+    ///   [`MAX_PRUNE_BATCH`](crate::scheduling::retention::MAX_PRUNE_BATCH)
+    ///   is `InvalidInput`); `more` is set when the call stopped at the
+    ///   limit. Memory is bounded by the batch, not the store.
+    ///
+    /// The provided body refuses (`Unsupported`); every backend overrides it.
+    async fn prune_finished(
+        &self,
+        scope: &ListingScope,
+        policy: &RetentionPolicy,
+        now: Option<Timestamp>,
+        limit: usize,
+    ) -> Result<PruneReport> {
+        let _ = (policy, now, limit);
+        Err(Error::Unsupported {
+            message: format!(
+                "prune_finished under {scope}: this store does not implement retention"
+            ),
+        })
     }
 
     /// The ids of the run's checkpoints that `query` admits, greatest first

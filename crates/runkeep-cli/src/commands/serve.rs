@@ -86,6 +86,18 @@ pub struct ServeArgs {
     /// Serve a fresh in-memory store seeded with demo runs (parked, claimed, stuck, finished, dead-lettered), with new operator, worker and reader tokens in a temporary token file; prints the console's address and the tokens. Uses neither --store nor --tokens; nothing outlives the process.
     #[arg(long)]
     pub demo: bool,
+    /// Delete finished runs older than this (e.g. 30d) in the scope of --tenant/--project/--session, periodically, in bounded batches (`runkeep prune --finished-before` on a timer; a run's own retention wins). Off unless given.
+    #[arg(long, value_name = "DURATION", value_parser = crate::duration::parse_ttl)]
+    pub retain_finished: Option<runkeep::Ttl>,
+    /// With --retain-finished: runs deleted per batch.
+    #[arg(long, default_value_t = 1000, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=runkeep::scheduling::retention::MAX_PRUNE_BATCH as i64))]
+    pub retain_batch: u32,
+    /// With --retain-finished: the pause between two batches (claims and listings keep their share of the store).
+    #[arg(long, default_value = "1s", value_parser = parse_duration, value_name = "DURATION")]
+    pub retain_pause: Duration,
+    /// With --retain-finished: how often a round of batches starts.
+    #[arg(long, default_value = "10m", value_parser = parse_duration, value_name = "DURATION")]
+    pub retain_every: Duration,
 }
 
 pub(crate) fn serve_error(e: server::ServeError) -> CliError {
@@ -225,6 +237,22 @@ pub async fn run(ctx: &Ctx, args: ServeArgs) -> CliResult<Exit> {
     }
 
     let state = server::state(&config, opened.store.clone()).map_err(serve_error)?;
+    // Retention runs beside the server and stops with it (the task is
+    // aborted when `serve` returns).
+    let retention = match args.retain_finished {
+        Some(keep) => Some(AbortOnDrop(tokio::spawn(
+            crate::commands::prune::retain_finished(
+                opened.store.clone(),
+                ctx.scope.listing()?,
+                runkeep::scheduling::RetentionPolicy::keep_for(keep),
+                args.retain_batch as usize,
+                args.retain_every,
+                args.retain_pause,
+            ),
+        ))),
+        None => None,
+    };
+    let _retention = retention;
     let address = ctx.global.store.to_string();
     let served = serve_until_signal(ctx, config, state, &address, |_| Ok(()));
     if !args.schedules {
@@ -316,4 +344,13 @@ pub(crate) async fn serve_until_signal(
         )),
     }
     Ok(Exit::Ok)
+}
+
+/// Aborts a background task when dropped.
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
 }

@@ -479,6 +479,22 @@ impl CheckpointStore for FsRootStore {
         }
     }
 
+    async fn prune_finished(
+        &self,
+        scope: &ListingScope,
+        policy: &runkeep::scheduling::RetentionPolicy,
+        now: Option<Timestamp>,
+        limit: usize,
+    ) -> Result<runkeep::scheduling::PruneReport> {
+        let now = now.unwrap_or_else(|| self.inner.clock.now());
+        let sessions = routing::sessions(&self.inner, scope).await?;
+        let sessions = sessions
+            .into_iter()
+            .map(|(k, s)| (layout::session_scope(&k), s))
+            .collect();
+        crate::retention::prune_across(sessions, policy, now, limit).await
+    }
+
     async fn latest_checkpoint(&self, scope: &RunScope) -> Result<Option<Checkpoint>> {
         match routing::reading(&self.inner, scope).await? {
             Some(s) => s.latest_checkpoint(scope).await,

@@ -47,6 +47,7 @@ mod documents;
 mod events;
 pub mod extract;
 pub mod ownership;
+mod retention;
 mod runs;
 mod schedules;
 mod threads;
@@ -85,6 +86,7 @@ fn handler(op: Operation) -> Handler {
         Reopen => on(op, claims::reopen),
         SetPriority => on(op, claims::set_priority),
         KeyHoldings => on(op, runs::key_holdings),
+        PruneFinished => on(op, retention::prune_finished),
         Lease => on(op, claims::lease),
         Lifecycle => on(op, claims::lifecycle),
         CommitStep => on(op, checkpoints::commit_step),

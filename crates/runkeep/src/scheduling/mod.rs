@@ -12,13 +12,17 @@
 //!   window instead of creating another.
 //! - [`schedule`]: recurring schedules; one run per cron tick, its id
 //!   derived from the schedule and the tick.
+//! - [`retention`]: when a finished run may be deleted, and what a prune
+//!   deletes with it.
 
 pub mod concurrency;
 pub mod dedupe;
 pub mod priority;
+pub mod retention;
 pub mod schedule;
 
 pub use concurrency::{Concurrency, KeyBusy, KeyHolding};
 pub use dedupe::{Dedupe, DedupeRecord, Enqueued};
 pub use priority::Priority;
+pub use retention::{PruneReport, RetentionPolicy};
 pub use schedule::{MissedTicks, Schedule, ScheduleEntry};
