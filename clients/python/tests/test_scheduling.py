@@ -85,3 +85,25 @@ def test_an_idempotency_key_answers_the_first_run_inside_its_window(serve, conne
     with pytest.raises(InvalidInput) as e:
         worker.enqueue_once(ref("run_d3"), first_checkpoint(3), dedupe_key="x", dedupe_window_ms=31 * 24 * 3600 * 1000)
     assert e.value.field == "dedupe.windowMs"
+
+
+def test_an_operator_prunes_finished_runs_past_their_retention(serve, connect):
+    worker, op = connect("worker"), connect("operator")
+    project = f"prj_prune_{connect.kind}"
+    ref = lambda name: runkeep.RunRef(project, serve.session, name)  # noqa: E731
+    for name in ("run_done", "run_open"):
+        worker.enqueue(ref(name), first_checkpoint())
+    lease = worker.claim(ref("run_done"), holder="w1", ttl_ms=60_000)
+    assert lease.lease is not None
+    worker.finish(ref("run_done"), lease.lease.fence)
+    with pytest.raises(Forbidden):
+        worker.prune_finished(1, project=project, session=serve.session)
+    # Judged an hour later: the finished run is due, the active one is not.
+    later = int(time.time() * 1000) + 3_600_000
+    report = op.prune_finished(60_000, project=project, session=serve.session, now=later)
+    assert [r["runId"] for r in report["deleted"]] == ["run_done"]
+    assert report["more"] is False
+    page = op.list_runs(project=project, session=serve.session)
+    assert [r["run"]["runId"] for r in page["entries"]] == ["run_open"]
+    with pytest.raises(InvalidInput):
+        op.prune_finished(0, project=project, session=serve.session)

@@ -78,6 +78,8 @@ import type {
   ThreadListQuery,
   ScheduleBody,
   ScheduleList,
+  PruneFinishedBody,
+  PruneReportBody,
   MaybeSchedule,
   SessionRef,
   ThreadsListQuery,
@@ -211,6 +213,7 @@ export const OPERATIONS = {
   delete_thread: ["DELETE", "{run}/thread", "deleteThread"],
   delete_thread_checkpoints: ["POST", "{run}/thread/checkpoints/delete", "deleteThreadCheckpoints"],
   list_threads_checkpoints: ["GET", "/v1/tenants/{tenant}/thread-checkpoints", "listThreadsCheckpoints"],
+  prune_finished: ["POST", "/v1/tenants/{tenant}/prune-finished", "pruneFinished"],
   list_schedules: ["GET", "/v1/tenants/{tenant}/schedules", "listSchedules"],
   put_schedule: ["PUT", "/v1/tenants/{tenant}/projects/{project}/sessions/{session}/schedules/{schedule}", "putSchedule"],
   get_schedule: ["GET", "/v1/tenants/{tenant}/projects/{project}/sessions/{session}/schedules/{schedule}", "getSchedule"],
@@ -398,6 +401,22 @@ export class RunkeepClient {
   private async runWrite<T>(op: Operation, run: RunRef, body: unknown, options: CallOptions, checkpoint?: string): Promise<T> {
     const p = await this.path(op, options, { run, checkpoint });
     return this.call<T>(op, p.path, { query: p.query, body, signal: options.signal });
+  }
+
+  // ---- retention ------------------------------------------------------------
+
+  /**
+   * One batch of the retention prune (operator, `POST …/prune-finished`):
+   * deletes up to `limit` finished top-level runs whose finish is older
+   * than `keepFinishedForMs` (a run's own retention wins), each with all
+   * its evidence and its sub-runs, never a held or reopened one. Call
+   * again while the answer's `more` is true.
+   */
+  async pruneFinished(body: PruneFinishedBody, options: CallOptions = {}): Promise<PruneReportBody> {
+    return this.call("prune_finished", (await this.path("prune_finished", options)).path, {
+      body,
+      signal: options.signal,
+    });
   }
 
   // ---- recurring schedules ------------------------------------------------

@@ -376,6 +376,8 @@ export type ScheduleBody = Wire<S["ScheduleBody"]>;
 export type ScheduleEntryBody = Wire<S["ScheduleEntryBody"]>;
 /** The schedules under a scope. */
 export type ScheduleList = Wire<S["ScheduleList"]>;
+export type PruneFinishedBody = Wire<S["PruneFinishedBody"]>;
+export type PruneReportBody = Wire<S["PruneReportBody"]>;
 /** One schedule, or `null`. */
 export type MaybeSchedule = Wire<S["MaybeSchedule"]>;
 /** The missed-tick policy of a schedule. */

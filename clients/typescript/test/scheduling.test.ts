@@ -109,3 +109,25 @@ test("an idempotency key answers the first run inside its window", async () => {
     },
   );
 });
+
+test("an operator prunes finished runs past their retention", async () => {
+  const { project, session } = serve.options;
+  await worker.enqueue(serve.run("r-done"), { checkpoint: firstCheckpoint(1) });
+  await worker.enqueue(serve.run("r-open"), { checkpoint: firstCheckpoint(2) });
+  const c = await worker.claim(serve.run("r-done"), { holder: "w1", ttlMs: 60_000 });
+  assert.equal(c.outcome, "acquired");
+  if (c.outcome !== "acquired") return;
+  await worker.finish(serve.run("r-done"), c.lease.fence, { status: "completed" });
+  await assert.rejects(worker.pruneFinished({ keepFinishedForMs: 1, limit: 10, project, session }), Forbidden);
+  // Judged an hour later: the finished run is due, the active one is not.
+  const now = Date.now() + 3_600_000;
+  const report = await operator.pruneFinished({ keepFinishedForMs: 60_000, limit: 100, project, session, now });
+  assert.deepEqual(
+    report.deleted.map((r) => r.runId),
+    ["r-done"],
+  );
+  assert.equal(report.more, false);
+  const rows = (await reader.listRuns({ project, session })).entries.map((r) => r.run.runId);
+  assert.ok(rows.includes("r-open") && !rows.includes("r-done"), String(rows));
+  await assert.rejects(operator.pruneFinished({ keepFinishedForMs: 0, limit: 10, project, session }), InvalidInput);
+});

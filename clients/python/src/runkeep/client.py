@@ -359,6 +359,7 @@ OPERATIONS: dict[str, tuple[str, str]] = {
     "list_threads_checkpoints": ("GET", "/v1/tenants/{tenant}/thread-checkpoints"),
     "delete_thread": ("DELETE", "{run}/thread"),
     "delete_thread_checkpoints": ("POST", "{run}/thread/checkpoints/delete"),
+    "prune_finished": ("POST", "/v1/tenants/{tenant}/prune-finished"),
     "list_schedules": ("GET", "/v1/tenants/{tenant}/schedules"),
     "put_schedule": ("PUT", "/v1/tenants/{tenant}/projects/{project}/sessions/{session}/schedules/{schedule}"),
     "get_schedule": ("GET", "/v1/tenants/{tenant}/projects/{project}/sessions/{session}/schedules/{schedule}"),
@@ -682,6 +683,18 @@ class _Api:
     def lifecycle(self, run: RunRef) -> _Request[Lifecycle]:
         """The run's :class:`Lifecycle` (with its ``failures`` and ``retry``)."""
         return self._request("lifecycle", run, parse=Lifecycle.of)
+
+    # -- retention -------------------------------------------------------
+    @_operation
+    def prune_finished(self, keep_finished_for_ms: int, /, *, limit: int = 1000, project: str | None = None, session: str | None = None, now: int | None = None) -> _Request[dict[str, Any]]:
+        """One batch of the retention prune (operator, ``POST
+        …/prune-finished``): deletes up to ``limit`` finished top-level runs
+        whose finish is older than ``keep_finished_for_ms`` (a run's own
+        retention wins), each with all its evidence and its sub-runs, never
+        a held or reopened one. Answers ``{"deleted": [run addresses],
+        "subRunsDeleted", "scanned", "more"}``; call again while ``more``."""
+        body = _drop_none({"keepFinishedForMs": keep_finished_for_ms, "limit": limit, "project": project, "session": session, "now": now})
+        return self._request("prune_finished", body=body, parse=dict)
 
     # -- schedules -------------------------------------------------------
     @_operation
