@@ -38,6 +38,7 @@ pub(crate) async fn explain_claim_next(
     db: &Db,
     scope: &ListingScope,
     filter: &ClaimNextFilter,
+    analyze: bool,
 ) -> Result<String> {
     let c = db.conn("explain claim_next").await?;
     let listing = Listing {
@@ -52,6 +53,17 @@ pub(crate) async fn explain_claim_next(
         now: db.fixed_now(None).map(Timestamp::as_millis),
     };
     let (sql, params) = listing.sql_and_params(&After::None, 1, true);
+    if analyze {
+        let sql = format!("EXPLAIN (ANALYZE, BUFFERS, COSTS OFF) {sql}");
+        let rs = db
+            .rows(&c, "explain analyze", &sql, &params_ref(&params))
+            .await?;
+        return Ok(rs
+            .iter()
+            .map(|r| r.get::<_, String>(0))
+            .collect::<Vec<_>>()
+            .join("\n"));
+    }
     explain(db, &c, &sql, &params).await
 }
 
