@@ -229,7 +229,11 @@ CREATE INDEX dedupe_by_run ON dedupe (tenant_id, project_id, session_id, run_id,
 ///   stay candidates whatever their key's count) have an index of their
 ///   own without an expression on `lifecycle` (a claim changes the
 ///   lifecycle: that would end heap-only updates).
-/// - `runs_unkeyed_by_*`: the runnable runs without a key, in claim order.
+/// - `runs_unkeyed_by_*`: the runnable runs without a key, in claim order;
+///   `runs_unkeyed_in_session_by_*` the same per session (a session
+///   scope's first unkeyed run is one probe, whatever other sessions
+///   queue: in the tenant-wide order a session without unkeyed runs
+///   would read every other session's).
 /// - `runs_keyed_by_*`: the runnable keyed runs grouped by session, key
 ///   and limit, then in claim order: the statement enumerates the groups
 ///   by a skip scan (one probe per group), drops the saturated ones, and
@@ -245,6 +249,12 @@ CREATE INDEX runs_unkeyed_by_run_id ON runs
     WHERE checkpoint_count > 0 AND status = 'active' AND ckey IS NULL;
 CREATE INDEX runs_unkeyed_by_created_at ON runs
     (tenant_id, (-priority), created_rank, created_stamp, run_id, parent_id, project_id, session_id)
+    WHERE checkpoint_count > 0 AND status = 'active' AND ckey IS NULL;
+CREATE INDEX runs_unkeyed_in_session_by_run_id ON runs
+    (tenant_id, project_id, session_id, (-priority), run_id, parent_id)
+    WHERE checkpoint_count > 0 AND status = 'active' AND ckey IS NULL;
+CREATE INDEX runs_unkeyed_in_session_by_created_at ON runs
+    (tenant_id, project_id, session_id, (-priority), created_rank, created_stamp, run_id, parent_id)
     WHERE checkpoint_count > 0 AND status = 'active' AND ckey IS NULL;
 CREATE INDEX runs_keyed_by_run_id ON runs
     (tenant_id, project_id, session_id, ckey, climit, (-priority), run_id, parent_id)

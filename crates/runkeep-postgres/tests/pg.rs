@@ -675,9 +675,13 @@ async fn lists_and_claims_from_indexes_at_100_000_runs() {
         let filter = ClaimNextFilter { order, park: None };
         let plan = store.explain_claim_next(&tenant, &filter).await.unwrap();
         eprintln!("EXPLAIN claim_next ({order:?}):\n{plan}");
+        // The heads statement (version 6): the first unkeyed run and the
+        // keyed groups' first runs, from their indexes.
         assert!(
-            plan.contains("Index Scan using runs_runnable_by_"),
-            "claim_next: no index scan:\n{plan}"
+            plan.contains("Index Scan using runs_unkeyed_by_")
+                && plan.contains("runs_keyed_by_")
+                && !plan.contains("runs_runnable_by_"),
+            "claim_next: not the heads' indexes:\n{plan}"
         );
         assert!(
             !plan.contains("Seq Scan"),
