@@ -255,13 +255,6 @@ impl<'a> NextSearch<'a> {
         Stmt::new("find a candidate", sql, params)
     }
 
-    /// Whether a head exists after `after`, locked or not (the candidate
-    /// statement without its lock).
-    fn probe(&self, after: &After) -> Stmt {
-        let (sql, params) = self.listing_with(false).sql_and_params(after, 1, false);
-        Stmt::new("look for a locked candidate", sql, params)
-    }
-
     fn listing_with(&self, scan: bool) -> Listing<'a> {
         Listing {
             scope: self.scope,
@@ -294,21 +287,17 @@ impl<'a> NextSearch<'a> {
         let mut judged = self.fixed;
         loop {
             let Some(r) = replies.pop().and_then(|rows| rows.into_iter().next()) else {
-                // No head left unlocked. When some are locked (claimers
-                // judging them may not take them), the runs behind them
-                // are candidates too: the search goes on with the scan.
-                if self.scanning.get() {
-                    return Ok(Searched::Taken(None));
-                }
-                let after = self.last_after.borrow().clone();
-                let probed = db.run(tx, what, vec![self.probe(&after)]).await?;
-                if probed.last().is_none_or(Vec::is_empty) {
-                    return Ok(Searched::Taken(None));
-                }
+                return Ok(Searched::Taken(None));
+            };
+            if r.get::<_, Option<String>>(0).is_none() {
+                // Every head is locked by another claimer (who may not
+                // take it): the runs behind them are candidates too, so
+                // the search goes on with the scan.
                 self.scanning.set(true);
+                let after = self.last_after.borrow().clone();
                 replies = db.run(tx, what, vec![self.candidate(&after)]).await?;
                 continue;
-            };
+            }
             let now = match judged {
                 Some(n) => n,
                 None => {

@@ -138,6 +138,9 @@ impl Listing<'_> {
     const COLS: &'static str = "project_id, session_id, run_id, parent_id, top_kind, top_fence, holder, expires_at, lifecycle, digest";
     /// The rest of the row's state, read with a candidate `claim_next`
     /// locks (what a claim writes back).
+    /// The columns of a locking candidate statement: `COLS`,
+    /// `STATE_COLS`, the instant.
+    const LOCKED_WIDTH: usize = 16;
     const STATE_COLS: &'static str =
         "last_seq, last_audit_seq, record IS NOT NULL, messages IS NOT NULL, report IS NOT NULL";
 
@@ -421,10 +424,13 @@ impl Listing<'_> {
                UNION ALL \
                (SELECT {keyed_cols} FROM runs WHERE {all} AND ckey IS NOT NULL \
                 AND deadline IS NOT NULL AND deadline <= {now} ORDER BY {order_by} LIMIT 1)) \
-             SELECT {}{}, {now} FROM (SELECT DISTINCT {head_cols} FROM heads) h \
+             {}SELECT {}{}, {now} FROM (SELECT DISTINCT {head_cols} FROM heads) h \
              JOIN runs ON tenant_id = {tenant} AND project_id = h.hp AND session_id = h.hs \
              AND run_id = h.hr AND parent_id = h.hpa WHERE {all} \
              ORDER BY {head_order} LIMIT {limit}{}",
+            // Locking: a row of NULLs when every head is locked by
+            // another claimer (`claims::NextSearch` then scans).
+            if lock { ", picked AS (" } else { "" },
             Self::COLS,
             if lock {
                 format!(", {}", Self::STATE_COLS)
@@ -432,9 +438,13 @@ impl Listing<'_> {
                 String::new()
             },
             if lock {
-                " FOR UPDATE OF runs SKIP LOCKED"
+                format!(
+                    " FOR UPDATE OF runs SKIP LOCKED) SELECT * FROM picked UNION ALL \
+                     SELECT {} WHERE NOT EXISTS (SELECT 1 FROM picked) AND EXISTS (SELECT 1 FROM heads)",
+                    vec!["NULL"; Self::LOCKED_WIDTH].join(", ")
+                )
             } else {
-                ""
+                String::new()
             }
         )
     }

@@ -863,7 +863,7 @@ async fn claim_next_with_priorities_reads_an_index() {
             // run of each open group, the runs read by primary key: no
             // scan of the runnable runs in claim order, none sequential.
             for index in [
-                "Index Scan using runs_unkeyed_by_",
+                "Index Scan using runs_unkeyed_",
                 "using runs_keyed_by_",
                 "Recursive Union",
                 "runs_keyed_deadline",
