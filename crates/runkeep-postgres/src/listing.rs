@@ -379,11 +379,11 @@ impl Listing<'_> {
             .map(|c| format!("g.{c}"))
             .collect::<Vec<_>>()
             .join(", ");
-        let keyed_cols = "project_id, session_id, run_id, parent_id, created_rank, created_stamp, (-priority) AS prio";
+        let keyed_cols = "project_id, session_id, run_id, parent_id, created_rank, created_stamp, (-priority) AS prio, ctid AS tid";
         // The heads, renamed (the outer join reads `runs` unqualified), and
         // the claim order on them: the runs are read by primary key, in the
         // heads' order, not by a scan of an index in claim order.
-        let head_cols = "project_id AS hp, session_id AS hs, run_id AS hr, parent_id AS hpa, created_rank AS hcr, created_stamp AS hcs, prio AS hprio";
+        let head_cols = "project_id AS hp, session_id AS hs, run_id AS hr, parent_id AS hpa, created_rank AS hcr, created_stamp AS hcs, prio AS hprio, tid AS htid";
         let head_order = order_by
             .split(", ")
             .map(|c| match c {
@@ -425,8 +425,8 @@ impl Listing<'_> {
                (SELECT {keyed_cols} FROM runs WHERE {all} AND ckey IS NOT NULL \
                 AND deadline IS NOT NULL AND deadline <= {now} ORDER BY {order_by} LIMIT 1)) \
              {}SELECT {}{}, {now} FROM (SELECT DISTINCT {head_cols} FROM heads) h \
-             JOIN runs ON tenant_id = {tenant} AND project_id = h.hp AND session_id = h.hs \
-             AND run_id = h.hr AND parent_id = h.hpa WHERE {all} \
+             JOIN runs ON runs.ctid = h.htid AND tenant_id = {tenant} AND project_id = h.hp \
+             AND session_id = h.hs AND run_id = h.hr AND parent_id = h.hpa WHERE {all} \
              ORDER BY {head_order} LIMIT {limit}{}",
             // Locking: a row of NULLs when every head is locked by
             // another claimer (`claims::NextSearch` then scans).
