@@ -15,6 +15,7 @@ use crate::db::tx::{Opening, Verdict, Wake, Writes};
 use crate::db::Db;
 use crate::keys;
 use crate::listing::{fill_state, listed_row, After, Listing};
+use std::cell::{Cell, RefCell};
 use tokio_postgres::Row;
 
 /// The core's claim rule on `run` at `now`, with `key_held_by_others`
@@ -192,6 +193,12 @@ pub(crate) struct NextSearch<'a> {
     /// The transaction holds a key lock: a later key's is only tried
     /// (module `keys`, "No deadlock").
     key_locked: bool,
+    /// Where the last candidate statement continued from (what the
+    /// fallback continues from).
+    last_after: RefCell<After>,
+    /// Every head the candidate statement found was locked by another
+    /// claimer: this search goes on with the scan (`Listing::scan`).
+    scanning: Cell<bool>,
 }
 
 impl<'a> NextSearch<'a> {
@@ -212,6 +219,7 @@ impl<'a> NextSearch<'a> {
             claimed: Some(false),
             parks: query.park.is_some(),
             runnable: true,
+            scan: false,
             min_priority: None,
             now: fixed.map(Timestamp::as_millis),
         };
@@ -224,6 +232,8 @@ impl<'a> NextSearch<'a> {
             listing,
             changed: false,
             key_locked: false,
+            last_after: RefCell::new(After::None),
+            scanning: Cell::new(false),
         })
     }
 
@@ -238,8 +248,25 @@ impl<'a> NextSearch<'a> {
     /// than it judges. It carries the whole state a claim writes back, and
     /// the instant it was chosen at.
     pub(crate) fn candidate(&self, after: &After) -> Stmt {
-        let (sql, params) = self.listing.sql_and_params(after, 1, true);
+        *self.last_after.borrow_mut() = after.clone();
+        let (sql, params) = self
+            .listing_with(self.scanning.get())
+            .sql_and_params(after, 1, true);
         Stmt::new("find a candidate", sql, params)
+    }
+
+    fn listing_with(&self, scan: bool) -> Listing<'a> {
+        Listing {
+            scope: self.scope,
+            order: self.listing.order,
+            statuses: None,
+            claimed: self.listing.claimed,
+            parks: self.listing.parks,
+            runnable: true,
+            scan,
+            min_priority: None,
+            now: self.listing.now,
+        }
     }
 
     /// Judges candidates, starting with `replies` (the first candidate
@@ -262,6 +289,15 @@ impl<'a> NextSearch<'a> {
             let Some(r) = replies.pop().and_then(|rows| rows.into_iter().next()) else {
                 return Ok(Searched::Taken(None));
             };
+            if r.get::<_, Option<String>>(0).is_none() {
+                // Every head is locked by another claimer (who may not
+                // take it): the runs behind them are candidates too, so
+                // the search goes on with the scan.
+                self.scanning.set(true);
+                let after = self.last_after.borrow().clone();
+                replies = db.run(tx, what, vec![self.candidate(&after)]).await?;
+                continue;
+            }
             let now = match judged {
                 Some(n) => n,
                 None => {

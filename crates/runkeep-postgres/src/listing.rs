@@ -38,6 +38,7 @@ pub(crate) async fn explain_claim_next(
     db: &Db,
     scope: &ListingScope,
     filter: &ClaimNextFilter,
+    analyze: bool,
 ) -> Result<String> {
     let c = db.conn("explain claim_next").await?;
     let listing = Listing {
@@ -47,10 +48,22 @@ pub(crate) async fn explain_claim_next(
         claimed: Some(false),
         parks: filter.park.is_some(),
         runnable: true,
+        scan: false,
         min_priority: None,
         now: db.fixed_now(None).map(Timestamp::as_millis),
     };
     let (sql, params) = listing.sql_and_params(&After::None, 1, true);
+    if analyze {
+        let sql = format!("EXPLAIN (ANALYZE, BUFFERS, COSTS OFF) {sql}");
+        let rs = db
+            .rows(&c, "explain analyze", &sql, &params_ref(&params))
+            .await?;
+        return Ok(rs
+            .iter()
+            .map(|r| r.get::<_, String>(0))
+            .collect::<Vec<_>>()
+            .join("\n"));
+    }
     explain(db, &c, &sql, &params).await
 }
 
@@ -66,6 +79,11 @@ pub(crate) struct Listing<'a> {
     /// `claim_next`'s candidates: active, available, not held, their key
     /// not at its limit, highest priority first.
     pub(crate) runnable: bool,
+    /// With `runnable`: the scan of every runnable run in claim order
+    /// (passing saturated keys' runs one by one) instead of the statement
+    /// that reads the first run of each unsaturated key
+    /// ([`Self::heads_sql`]); the fallback when every head is locked.
+    pub(crate) scan: bool,
     /// Only runs of at least this priority.
     pub(crate) min_priority: Option<i32>,
     /// The instant the filters use; `None`: the server's clock, read once
@@ -87,12 +105,14 @@ impl<'a> Listing<'a> {
             claimed: query.claimed,
             parks: query.park.is_some(),
             runnable: false,
+            scan: false,
             min_priority: query.min_priority.map(|p| p.get()),
             now: Some(query.now.as_millis()),
         }
     }
 }
 
+#[derive(Clone)]
 pub(crate) enum After {
     None,
     /// The user's cursor: strictly after this `RowKey`.
@@ -118,6 +138,9 @@ impl Listing<'_> {
     const COLS: &'static str = "project_id, session_id, run_id, parent_id, top_kind, top_fence, holder, expires_at, lifecycle, digest";
     /// The rest of the row's state, read with a candidate `claim_next`
     /// locks (what a claim writes back).
+    /// The columns of a locking candidate statement: `COLS`,
+    /// `STATE_COLS`, the instant.
+    const LOCKED_WIDTH: usize = 16;
     const STATE_COLS: &'static str =
         "last_seq, last_audit_seq, record IS NOT NULL, messages IS NOT NULL, report IS NOT NULL";
 
@@ -220,7 +243,7 @@ impl Listing<'_> {
                 self.scope_where(&mut params)
             ));
             wh.push(
-                format!("(ckey IS NULL OR (lifecycle->>'deadline')::bigint <= {now} \
+                format!("(ckey IS NULL OR deadline <= {now} \
                  OR NOT EXISTS (SELECT 1 FROM held WHERE held.project_id = runs.project_id \
                  AND held.session_id = runs.session_id AND held.ckey = runs.ckey AND held.n >= runs.climit))"),
             );
@@ -287,6 +310,10 @@ impl Listing<'_> {
             }
         }
         let limit = format!("{}::bigint", push(Box::new(limit), &mut params));
+        if self.runnable && !self.scan {
+            let sql = self.heads_sql(&clock, &wh, &order_by, &limit, lock);
+            return (sql, params);
+        }
         let sql = format!(
             "{clock}SELECT {}{}, {now} FROM runs WHERE {} ORDER BY {order_by} LIMIT {limit}{}",
             Self::COLS,
@@ -303,6 +330,123 @@ impl Listing<'_> {
             }
         );
         (sql, params)
+    }
+}
+
+impl Listing<'_> {
+    /// `claim_next`'s candidate statement without reading the runs of
+    /// saturated keys. `wh` holds every runnable filter (the scope, the
+    /// keyset continuation, the per-row saturation prefilter); the first
+    /// admissible run in claim order is the least of:
+    ///
+    /// - the first run without a key (`runs_unkeyed_by_*`);
+    /// - for each group (session, key, limit) with runnable runs, found
+    ///   by a skip scan of `runs_keyed_by_*` (one probe per group) and
+    ///   dropped when the key's live holdings reach the limit, its first
+    ///   run (a `LATERAL … LIMIT 1` on the same index);
+    /// - the first keyed run past its deadline (`runs_keyed_deadline`: a
+    ///   candidate whatever its key's count).
+    ///
+    /// Those heads (at most groups + 2 rows) are sorted and the first one
+    /// another claimer does not hold locked is locked and returned. The
+    /// cost grows with the number of groups, not with their runs.
+    fn heads_sql(
+        &self,
+        clock: &str,
+        wh: &[String],
+        order_by: &str,
+        limit: &str,
+        lock: bool,
+    ) -> String {
+        let all = wh.join(" AND ");
+        // The scope part of `wh` (tenant, and project/session when named)
+        // is its leading conditions up to `checkpoint_count > 0`.
+        let scope_len = wh
+            .iter()
+            .position(|c| c == "checkpoint_count > 0")
+            .unwrap_or(1);
+        let scope = wh[..scope_len].join(" AND ");
+        let group_order = "project_id, session_id, ckey, climit";
+        // The skip scan's step: strictly after the last group, compared
+        // on the columns after those the scope fixes (a row comparison
+        // whose first column is fixed by an equality would start the
+        // index scan at the scope's first entry, not at the last group).
+        let fixed = scope_len - 1;
+        let group_cols = ["project_id", "session_id", "ckey", "climit"];
+        let group_next = group_cols[fixed..].join(", ");
+        let group_prev = group_cols[fixed..]
+            .iter()
+            .map(|c| format!("g.{c}"))
+            .collect::<Vec<_>>()
+            .join(", ");
+        let keyed_cols = "project_id, session_id, run_id, parent_id, created_rank, created_stamp, (-priority) AS prio, ctid AS tid";
+        // The heads, renamed (the outer join reads `runs` unqualified), and
+        // the claim order on them: the runs are read by primary key, in the
+        // heads' order, not by a scan of an index in claim order.
+        let head_cols = "project_id AS hp, session_id AS hs, run_id AS hr, parent_id AS hpa, created_rank AS hcr, created_stamp AS hcs, prio AS hprio, tid AS htid";
+        let head_order = order_by
+            .split(", ")
+            .map(|c| match c {
+                "(-priority)" => "h.hprio",
+                "project_id" => "h.hp",
+                "session_id" => "h.hs",
+                "run_id" => "h.hr",
+                "parent_id" => "h.hpa",
+                "created_rank" => "h.hcr",
+                "created_stamp" => "h.hcs",
+                other => other,
+            })
+            .collect::<Vec<_>>()
+            .join(", ");
+        let tenant = wh[0].trim_start_matches("tenant_id = ");
+        let live = "checkpoint_count > 0 AND status = 'active'";
+        let now = "(SELECT now_ms FROM clock)";
+        let clock = clock.replacen("WITH ", "WITH RECURSIVE ", 1);
+        format!(
+            "{clock}, groups AS ( \
+               (SELECT {group_order} FROM runs WHERE {scope} AND {live} AND ckey IS NOT NULL \
+                ORDER BY {group_order} LIMIT 1) \
+               UNION ALL \
+               SELECT nx.* FROM groups g CROSS JOIN LATERAL \
+                (SELECT {group_order} FROM runs WHERE {scope} AND {live} AND ckey IS NOT NULL \
+                 AND ({group_next}) > ({group_prev}) \
+                 ORDER BY {group_order} LIMIT 1) nx), \
+             open_groups AS MATERIALIZED (SELECT g.* FROM groups g \
+                WHERE NOT EXISTS (SELECT 1 FROM held WHERE held.project_id = g.project_id \
+                 AND held.session_id = g.session_id AND held.ckey = g.ckey AND held.n >= g.climit)), \
+             heads AS ( \
+               (SELECT {keyed_cols} FROM runs WHERE {all} AND ckey IS NULL ORDER BY {order_by} LIMIT 1) \
+               UNION ALL \
+               (SELECT h.* FROM open_groups g CROSS JOIN LATERAL \
+                (SELECT {keyed_cols} FROM runs WHERE {all} AND ckey IS NOT NULL \
+                 AND project_id = g.project_id AND session_id = g.session_id \
+                 AND ckey = g.ckey AND climit = g.climit ORDER BY {order_by} LIMIT 1) h) \
+               UNION ALL \
+               (SELECT {keyed_cols} FROM runs WHERE {all} AND ckey IS NOT NULL \
+                AND deadline IS NOT NULL AND deadline <= {now} ORDER BY {order_by} LIMIT 1)) \
+             {}SELECT {}{}, {now} FROM (SELECT DISTINCT {head_cols} FROM heads) h \
+             JOIN runs ON runs.ctid = h.htid AND tenant_id = {tenant} AND project_id = h.hp \
+             AND session_id = h.hs AND run_id = h.hr AND parent_id = h.hpa WHERE {all} \
+             ORDER BY {head_order} LIMIT {limit}{}",
+            // Locking: a row of NULLs when every head is locked by
+            // another claimer (`claims::NextSearch` then scans).
+            if lock { ", picked AS (" } else { "" },
+            Self::COLS,
+            if lock {
+                format!(", {}", Self::STATE_COLS)
+            } else {
+                String::new()
+            },
+            if lock {
+                format!(
+                    " FOR UPDATE OF runs SKIP LOCKED) SELECT * FROM picked UNION ALL \
+                     SELECT {} WHERE NOT EXISTS (SELECT 1 FROM picked) AND EXISTS (SELECT 1 FROM heads)",
+                    vec!["NULL"; Self::LOCKED_WIDTH].join(", ")
+                )
+            } else {
+                String::new()
+            }
+        )
     }
 }
 

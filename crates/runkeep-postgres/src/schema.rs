@@ -13,11 +13,11 @@ use tokio_postgres::Client;
 use crate::error::map_pg;
 
 /// The schema version this binary writes and reads.
-pub const SCHEMA_VERSION: i32 = 5;
+pub const SCHEMA_VERSION: i32 = 6;
 
 /// The migrations, in order: `(version, SQL)`. Never edit a released one;
 /// add the next.
-pub const MIGRATIONS: &[(i32, &str)] = &[(1, V1), (2, V2), (3, V3), (4, V4), (5, V5)];
+pub const MIGRATIONS: &[(i32, &str)] = &[(1, V1), (2, V2), (3, V3), (4, V4), (5, V5), (6, V6)];
 
 /// Version 1: runs (the lease row, lifecycle, digest and documents),
 /// checkpoints, events and audit records.
@@ -246,6 +246,51 @@ CREATE INDEX runs_finished_by_finished_at ON runs
 CREATE INDEX runs_sub_runs_by_parent ON runs
     (tenant_id, project_id, session_id, parent_id)
     WHERE parent_id <> '';
+"#;
+
+/// Version 6 (issue 30): `claim_next` skips the runs of keys at their
+/// limit without reading them.
+///
+/// - `runs.deadline` (the lifecycle's, epoch ms, NULL when none): a copy
+///   written by every save, so the keyed runs past their deadline (which
+///   stay candidates whatever their key's count) have an index of their
+///   own without an expression on `lifecycle` (a claim changes the
+///   lifecycle: that would end heap-only updates).
+/// - `runs_unkeyed_by_*`: the runnable runs without a key, in claim order;
+///   `runs_unkeyed_in_session_by_*` the same per session (a session
+///   scope's first unkeyed run is one probe, whatever other sessions
+///   queue: in the tenant-wide order a session without unkeyed runs
+///   would read every other session's).
+/// - `runs_keyed_by_*`: the runnable keyed runs grouped by session, key
+///   and limit, then in claim order: the statement enumerates the groups
+///   by a skip scan (one probe per group), drops the saturated ones, and
+///   reads the first run of each other group.
+/// - `runs_keyed_deadline`: the keyed runnable runs with a deadline.
+///
+/// None of these columns change on a claim, renewal or release.
+const V6: &str = r#"
+ALTER TABLE runs ADD COLUMN deadline bigint;
+UPDATE runs SET deadline = (lifecycle->>'deadline')::bigint WHERE lifecycle ? 'deadline';
+CREATE INDEX runs_unkeyed_by_run_id ON runs
+    (tenant_id, (-priority), run_id, parent_id, project_id, session_id)
+    WHERE checkpoint_count > 0 AND status = 'active' AND ckey IS NULL;
+CREATE INDEX runs_unkeyed_by_created_at ON runs
+    (tenant_id, (-priority), created_rank, created_stamp, run_id, parent_id, project_id, session_id)
+    WHERE checkpoint_count > 0 AND status = 'active' AND ckey IS NULL;
+CREATE INDEX runs_unkeyed_in_session_by_run_id ON runs
+    (tenant_id, project_id, session_id, (-priority), run_id, parent_id)
+    WHERE checkpoint_count > 0 AND status = 'active' AND ckey IS NULL;
+CREATE INDEX runs_unkeyed_in_session_by_created_at ON runs
+    (tenant_id, project_id, session_id, (-priority), created_rank, created_stamp, run_id, parent_id)
+    WHERE checkpoint_count > 0 AND status = 'active' AND ckey IS NULL;
+CREATE INDEX runs_keyed_by_run_id ON runs
+    (tenant_id, project_id, session_id, ckey, climit, (-priority), run_id, parent_id)
+    WHERE checkpoint_count > 0 AND status = 'active' AND ckey IS NOT NULL;
+CREATE INDEX runs_keyed_by_created_at ON runs
+    (tenant_id, project_id, session_id, ckey, climit, (-priority), created_rank, created_stamp, run_id, parent_id)
+    WHERE checkpoint_count > 0 AND status = 'active' AND ckey IS NOT NULL;
+CREATE INDEX runs_keyed_deadline ON runs (tenant_id, deadline)
+    WHERE checkpoint_count > 0 AND status = 'active' AND ckey IS NOT NULL AND deadline IS NOT NULL;
 "#;
 
 /// Quotes a validated schema name as an identifier.

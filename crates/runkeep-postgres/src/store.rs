@@ -120,7 +120,18 @@ impl PgStore {
         scope: &ListingScope,
         filter: &ClaimNextFilter,
     ) -> Result<String> {
-        crate::listing::explain_claim_next(&self.db, scope, filter).await
+        crate::listing::explain_claim_next(&self.db, scope, filter, false).await
+    }
+
+    /// `EXPLAIN (ANALYZE, BUFFERS)` of `claim_next`'s candidate statement:
+    /// runs it (its row lock ends with the statement) and answers the plan
+    /// with the rows and pages each node read.
+    pub async fn explain_analyze_claim_next(
+        &self,
+        scope: &ListingScope,
+        filter: &ClaimNextFilter,
+    ) -> Result<String> {
+        crate::listing::explain_claim_next(&self.db, scope, filter, true).await
     }
 }
 

@@ -146,7 +146,7 @@ pub(crate) fn sql_headers() -> String {
 }
 pub(crate) fn sql_save() -> String {
     format!(
-        "UPDATE runs SET top_kind = $6, top_fence = $7, holder = $8, expires_at = $9, lifecycle = $10, status = $11, available_at = $12, digest = $13, checkpoint_count = $14, created_rank = $15, created_stamp = $16, park_count = $17, last_seq = $18, last_audit_seq = $19, priority = $20, ckey = $21, climit = $22 WHERE {KEY_WHERE}"
+        "UPDATE runs SET top_kind = $6, top_fence = $7, holder = $8, expires_at = $9, lifecycle = $10, status = $11, available_at = $12, digest = $13, checkpoint_count = $14, created_rank = $15, created_stamp = $16, park_count = $17, last_seq = $18, last_audit_seq = $19, priority = $20, ckey = $21, climit = $22, deadline = $23 WHERE {KEY_WHERE}"
     )
 }
 
@@ -306,6 +306,7 @@ pub(crate) fn save_stmt(key: &Key, run: &RunState) -> Result<Stmt> {
         .concurrency
         .as_ref()
         .map(|c| i32::try_from(c.limit).unwrap_or(i32::MAX));
+    let deadline: Option<i64> = run.lifecycle.deadline.map(Timestamp::as_millis);
     Ok(Stmt::new(
         "save the run row",
         sql_save(),
@@ -327,6 +328,7 @@ pub(crate) fn save_stmt(key: &Key, run: &RunState) -> Result<Stmt> {
             Box::new(priority),
             Box::new(ckey),
             Box::new(climit),
+            Box::new(deadline),
         ]),
     ))
 }
