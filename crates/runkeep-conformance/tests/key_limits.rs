@@ -32,7 +32,10 @@ async fn a_key_with_most_of_the_queue_does_not_starve_the_others_on_the_referenc
             big_runs: 180,
             big_limit: 2,
             other_runs: 20,
-            hold: Duration::from_millis(2),
+            // Long enough that the big key's 180 runs (2 at a time) outlast
+            // the other runs' arrival on a loaded machine: the test asks
+            // whether they were claimed while the big key still waited.
+            hold: Duration::from_millis(10),
         },
     )
     .await;

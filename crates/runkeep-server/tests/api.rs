@@ -135,14 +135,17 @@ fn unfenced_body(spec: &RouteSpec) -> Value {
 }
 
 /// The roles the issue specifies, stated apart from the table: reads are
-/// `reader`; reopen, cancel and set-priority are `operator`; release, prune and park answers are the
+/// `reader`; reopen, cancel, set-priority, the retention prune and
+/// creating or deleting a schedule are `operator` (a scheduler advancing a
+/// schedule's cursor is a `worker`); release, prune and park answers are the
 /// holder's (`worker`) with a fence and an operator's without; every other
 /// write is `worker`.
 #[test]
 fn the_route_table_gives_each_operation_the_role_the_issue_specifies() {
     for spec in api::route_table() {
         let (role, unfenced) = match spec.operation {
-            "reopen" | "cancel" | "set_priority" => (Role::Operator, None),
+            "reopen" | "cancel" | "set_priority" | "prune_finished" | "put_schedule"
+            | "delete_schedule" => (Role::Operator, None),
             "release" | "prune_checkpoints" | "resolve_park" => {
                 (Role::Worker, Some(Role::Operator))
             }

@@ -405,8 +405,11 @@ impl CheckpointStore for MemoryStore {
     }
 
     async fn claim(&self, scope: &RunScope, options: &ClaimOptions) -> Result<ClaimOutcome> {
-        let now = options.judged_at(|| self.clock.now());
+        // The instant is read under the lock: a change made before this
+        // claim (a finish ending a key's holding) is never later than it,
+        // so the key history's holdings follow the real order.
         let mut runs = self.lock();
+        let now = options.judged_at(|| self.clock.now());
         self.claim_in(&mut runs, scope, options, now)
     }
 
@@ -440,9 +443,9 @@ impl CheckpointStore for MemoryStore {
         filter: &ClaimNextFilter,
         options: &ClaimOptions,
     ) -> Result<Option<(RunScope, Lease)>> {
+        let mut runs = self.lock();
         let now = options.judged_at(|| self.clock.now());
         let query = ListQuery::claim_next(scope, filter, now)?;
-        let mut runs = self.lock();
         let mut candidates: Vec<_> = runs
             .iter()
             .filter(|(s, _)| s.is_within(scope))
