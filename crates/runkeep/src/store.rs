@@ -695,7 +695,7 @@ pub trait EvidenceStore: CheckpointStore {
     /// # Contract
     /// - The step is judged exactly as by [`commit_step`](Self::commit_step);
     ///   `Err` means it was not committed and nothing was claimed, except
-    ///   [`Error::Unavailable`](crate::Error::Unavailable) with
+    ///   [`Error::Unavailable`] with
     ///   `outcome_unknown`: then both may have been (read the step's run
     ///   back; a run claimed in a lost answer stays held until its lease
     ///   runs out).

@@ -88,7 +88,7 @@ pub struct EnqueueArgs {
     /// highest first.
     #[arg(long, value_parser = parse_priority, allow_negative_numbers = true, value_name = "N")]
     priority: Option<Priority>,
-    /// Its concurrency key (a customer, a thread, …; [A-Za-z0-9_.:@/-]):
+    /// Its concurrency key (a customer, a thread, …; letters, digits and _ . : @ / -):
     /// at most --concurrency-limit runs of the key in the session are held
     /// at once.
     #[arg(long, value_name = "KEY")]

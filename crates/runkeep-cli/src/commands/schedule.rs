@@ -46,7 +46,7 @@ pub struct NameArg {
 /// `runkeep schedule create`.
 #[derive(Args, Debug)]
 pub struct CreateArgs {
-    /// The schedule's name (unique in the session; runs are run_NAME-<tick>).
+    /// The schedule's name (unique in the session; runs are run_NAME-TICK).
     #[arg(value_name = "NAME")]
     name: String,
     /// The cron expression: 5 fields (minute first) or 6 (seconds first), e.g. "*/5 * * * *".
@@ -58,7 +58,7 @@ pub struct CreateArgs {
     /// Each run's input (JSON), in its first checkpoint.
     #[arg(long, value_parser = parse_json, value_name = "JSON")]
     input: Option<Value>,
-    /// Ticks missed while no scheduler ran: skip (only the newest is enqueued) or catch-up[:MAX].
+    /// Ticks missed while no scheduler ran: skip (only the newest is enqueued) or catch-up (catch-up:MAX to bound it).
     #[arg(long, default_value = "skip", value_parser = parse_missed, value_name = "POLICY")]
     missed: MissedTicks,
     /// Each run's priority.

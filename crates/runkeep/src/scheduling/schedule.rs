@@ -15,7 +15,7 @@
 //!   scheduler counts that as done. No lock between schedulers is needed for
 //!   exactly-once: the run id is the lock.
 //! - **The cursor** is the last tick enqueued. Only
-//!   [`CheckpointStore::advance_schedule`](crate::CheckpointStore::advance_schedule)
+//!   [`CheckpointStore::advance_schedule`]
 //!   moves it, compare-and-set ([`advance`]): a scheduler that read an old
 //!   cursor cannot move it back. A put keeps the stored cursor and
 //!   `created_at` ([`on_put`]).
