@@ -374,7 +374,7 @@ impl FromRequestParts<AppState> for SessionAddr {
 
 /// The path parameter `name`, validated by `parse` (an id type's `new`); a
 /// refusal is a 400 naming the parameter.
-async fn path_id<T>(
+pub(super) async fn path_id<T>(
     parts: &mut Parts,
     state: &AppState,
     name: &'static str,

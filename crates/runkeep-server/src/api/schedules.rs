@@ -2,17 +2,17 @@
 //! compare-and-set (`runkeep::scheduling::schedule`).
 
 use axum::extract::FromRequestParts;
-use axum::extract::{RawPathParams, State};
+use axum::extract::State;
 use axum::http::request::Parts;
 use axum::Json;
 use runkeep::scheduling::schedule;
-use runkeep::{ListingScope, ProjectId, SessionId, TenantId};
+use runkeep::{ListingScope, ProjectId, SessionId};
 use runkeep_http::wire::{
     self, AdvanceScheduleBody, Done, ListSchedulesQuery, MaybeSchedule, ScheduleBody,
     ScheduleEntryBody, ScheduleList,
 };
 
-use super::extract::{JsonBody, TenantParam, Q};
+use super::extract::{path_id, JsonBody, SessionAddr, TenantParam, Q};
 use super::runs::ApiResult;
 use crate::problem::Problem;
 use crate::state::AppState;
@@ -32,24 +32,11 @@ impl FromRequestParts<AppState> for ScheduleAddr {
         parts: &mut Parts,
         state: &AppState,
     ) -> Result<Self, Self::Rejection> {
-        let params = RawPathParams::from_request_parts(parts, state)
-            .await
-            .map_err(|_| Problem::invalid("path", "the path could not be read"))?;
-        let get = |n: &str| {
-            params
-                .iter()
-                .find(|(k, _)| *k == n)
-                .map(|(_, v)| v.to_string())
-                .ok_or_else(|| Problem::invalid(n, format!("the path has no {n}")))
-        };
-        let f = |n: &'static str| move |e| Problem::from(e).with_field(n);
-        let session = ListingScope::session(
-            TenantId::new(get("tenant")?).map_err(f("tenant"))?,
-            ProjectId::new(get("project")?).map_err(f("project"))?,
-            SessionId::new(get("session")?).map_err(f("session"))?,
-        );
-        let name = get("schedule")?;
-        schedule::check_name(&name).map_err(f("schedule"))?;
+        let SessionAddr(session) = SessionAddr::from_request_parts(parts, state).await?;
+        let name = path_id(parts, state, "schedule", |n| {
+            schedule::check_name(&n).map(|()| n)
+        })
+        .await?;
         Ok(ScheduleAddr { session, name })
     }
 }
