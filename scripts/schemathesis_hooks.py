@@ -27,6 +27,17 @@ depends on the store's state, which a document cannot describe:
 - a checkpoint listing's `after` naming a checkpoint the run does not have
   (400 `invalid-input`, field `after`, "the run has no checkpoint …"):
   `after` is the last id of a page the server answered.
+
+Nor, because no JSON Schema states a grammar or a registry:
+
+- a schedule's cron expression that does not parse (400 `invalid-input`,
+  "cron expression …"), or that never fires ("… never fires after its
+  creation"), and a time zone that is not an IANA name ("time zone …"):
+  the document bounds their length only;
+- a schedule body naming another schedule than its path ("the body names
+  schedule …"), and a missed-tick policy whose `max` does not go with its
+  `policy` ("missed is …"): rules between two values, which these bodies'
+  schemas do not state.
 """
 
 import re
@@ -42,6 +53,12 @@ STATE_DEPENDENT = [
     re.compile(r"presented fence \d+, but no fence was ever issued for this run"),
     re.compile(r"presented fence \d+, but the highest fence ever issued for this run is \d+; it was never issued"),
     re.compile(r"the run has no checkpoint \".*\" \(deleted since the previous page\?\)"),
+    # Not state, but nothing a schema can state (module docs).
+    re.compile(r"^cron expression "),
+    re.compile(r"never fires after its creation$"),
+    re.compile(r"^time zone "),
+    re.compile(r"^the body names schedule "),
+    re.compile(r"^missed is "),
 ]
 
 

@@ -196,7 +196,7 @@ export class ThreadClaimRefused extends RunkeepError {
   override name = "ThreadClaimRefused";
   constructor(
     readonly threadId: string,
-    readonly outcome: "held" | "finished" | "notBefore",
+    readonly outcome: "held" | "finished" | "notBefore" | "atLimit",
     type: string,
     title: string,
     detail: string,
@@ -243,6 +243,25 @@ export class ThreadFinishedError extends ThreadClaimRefused {
 }
 
 /** The thread's run is not claimable before `availableAt` (snoozed, or backing off after a failed attempt). */
+/** The thread's run carries a concurrency key that is at its limit: `held` other runs of `key` are held (limit `limit`); claim again once one of them ends. */
+export class ThreadAtLimitError extends ThreadClaimRefused {
+  override name = "ThreadAtLimitError";
+  constructor(
+    threadId: string,
+    readonly key: string,
+    readonly limit: number,
+    readonly held: number,
+  ) {
+    super(
+      threadId,
+      "atLimit",
+      "urn:runkeep:client:thread-at-limit",
+      "Thread's concurrency key at its limit",
+      `thread ${JSON.stringify(threadId)} carries concurrency key ${JSON.stringify(key)}, which is at its limit (${held} of ${limit} held)`,
+    );
+  }
+}
+
 export class ThreadNotYetClaimableError extends ThreadClaimRefused {
   override name = "ThreadNotYetClaimableError";
   constructor(
@@ -358,6 +377,8 @@ export class RunkeepSaver extends BaseCheckpointSaver {
         throw new ThreadFinishedError(t, answer.status);
       case "notBefore":
         throw new ThreadNotYetClaimableError(t, answer.availableAt);
+      case "atLimit":
+        throw new ThreadAtLimitError(t, answer.key, answer.limit, answer.held);
     }
   }
 

@@ -103,11 +103,13 @@ pub fn object_rules() -> Vec<(String, &'static str, Value)> {
         of::<StepBody>(),
         of::<ClaimNextBody>(),
         of::<NextClaimBody>(),
+        of::<PruneFinishedBody>(),
     ]
 }
 
 /// A listing scope is a prefix of tenant → project → session: a `session`
-/// needs its `project` ([`ClaimNextBody`], [`NextClaimBody`]).
+/// needs its `project` ([`ClaimNextBody`], [`NextClaimBody`],
+/// [`PruneFinishedBody`]).
 fn session_needs_project() -> (&'static str, Value) {
     (
         "dependentSchemas",

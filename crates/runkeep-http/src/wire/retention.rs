@@ -43,6 +43,12 @@ pub struct PruneFinishedBody {
     pub limit: u32,
 }
 
+impl super::ObjectRule for PruneFinishedBody {
+    fn rule() -> (&'static str, serde_json::Value) {
+        super::session_needs_project()
+    }
+}
+
 impl PruneFinishedBody {
     /// The policy and instant it asks for.
     pub fn policy(&self) -> Result<(RetentionPolicy, Option<runkeep::Timestamp>), Problem> {

@@ -43,6 +43,7 @@ pub struct ScheduleBody {
     #[serde(default)]
     pub name: String,
     /// 5 fields (minute first) or 6 (seconds first).
+    #[schema(min_length = 1, max_length = 256)]
     pub cron: String,
     /// An IANA time zone (default `UTC`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -277,7 +278,17 @@ pub struct SchedulePath {
 #[serde(deny_unknown_fields)]
 pub struct ListSchedulesQuery {
     /// Only this project's schedules.
+    #[param(
+        min_length = 1,
+        max_length = 128,
+        pattern = "^[A-Za-z0-9][A-Za-z0-9_-]{0,127}$"
+    )]
     pub project: Option<String>,
     /// Only this session's (with `project`).
+    #[param(
+        min_length = 1,
+        max_length = 128,
+        pattern = "^[A-Za-z0-9][A-Za-z0-9_-]{0,127}$"
+    )]
     pub session: Option<String>,
 }
