@@ -268,6 +268,7 @@ pub struct SchedulePath {
     #[param(pattern = "^[A-Za-z0-9][A-Za-z0-9_-]{0,127}$")]
     pub session: String,
     /// The schedule's name: 1 to 64 characters of [A-Za-z0-9_-], starting with a letter or digit.
+    #[param(pattern = "^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$")]
     pub schedule: String,
 }
 
