@@ -449,6 +449,15 @@ fn every_rule_of_the_document_is_computed_from_its_constant() {
             Some(runkeep::scheduling::concurrency::MAX_KEY_LEN as u64),
         ),
         (
+            "schedule name",
+            format!(
+                "^[A-Za-z0-9][A-Za-z0-9_-]{{0,{}}}$",
+                runkeep::scheduling::schedule::MAX_NAME_LEN - 1
+            ),
+            None,
+            None,
+        ),
+        (
             "attempt error kind",
             "\\S".to_string(),
             Some(1),
