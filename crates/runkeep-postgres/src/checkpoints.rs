@@ -1,7 +1,6 @@
 //! Checkpoints: write, read, list, delete, prune, latest; the digest kept
 //! from the headers it holds (read from the table only when it cannot be).
 
-use deadpool_postgres::GenericClient;
 use tokio_postgres::Row;
 
 use runkeep::checkpoint::sort_checkpoints;
@@ -15,7 +14,7 @@ use crate::db::row::{checkpoint_of, sql_headers, Key, KEY_WHERE};
 use crate::db::tx::{Opening, Verdict, Wake, Writes};
 use crate::db::Db;
 
-pub(crate) async fn read_checkpoint_in<C: GenericClient + Sync>(
+pub(crate) async fn read_checkpoint_in<C: crate::db::Session>(
     db: &Db,
     c: &C,
     scope: &RunScope,

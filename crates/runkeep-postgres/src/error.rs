@@ -49,6 +49,9 @@ fn is_transient(e: &tokio_postgres::Error) -> bool {
 
 /// Maps a driver error met while doing `what`.
 pub(crate) fn map_pg(what: &str, e: tokio_postgres::Error) -> Error {
+    if let Some(refused) = crate::db::pooled::refused_options(what, &e) {
+        return refused;
+    }
     if e.code() == Some(&SqlState::UNTRANSLATABLE_CHARACTER)
         || e.code() == Some(&SqlState::INVALID_TEXT_REPRESENTATION)
     {

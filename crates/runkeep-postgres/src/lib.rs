@@ -99,6 +99,7 @@ pub mod schema;
 mod step;
 mod store;
 
+pub use db::pooled::role_settings;
 pub use db::wake::COALESCE_WINDOW;
 pub use error::OUTCOME_UNKNOWN;
 pub use options::{NotifyMode, PgOptions, DEFAULT_MAX_PAYLOAD_BYTES};

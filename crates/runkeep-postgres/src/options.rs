@@ -79,6 +79,22 @@ pub struct PgOptions {
     pub watch_fallback: Duration,
     /// How changes notify watchers. Default [`NotifyMode::Immediate`].
     pub notify: NotifyMode,
+    /// A connection string straight to PostgreSQL, for when the store's URL
+    /// names a connection pooler in **transaction** mode (pgbouncer's
+    /// `pool_mode = transaction`). Set, the store keeps nothing in a
+    /// pooled session: its statements are unnamed (parsed with each
+    /// execution, their parameter types described once on this direct
+    /// connection), and it connects here for what needs a session of its
+    /// own: `LISTEN`, the coalescing `NOTIFY` task, the migration and the
+    /// schema version check. The pooled sessions cannot be given runkeep's
+    /// settings at connect (poolers refuse the `options` startup
+    /// parameter), so they must come from the role's defaults: the store
+    /// checks `search_path`, `statement_timeout`, `lock_timeout` and
+    /// `idle_in_transaction_session_timeout` on each new pooled connection
+    /// and refuses with the `ALTER ROLE` statements to run when they
+    /// differ from these options (docs/design/postgres.md, "Behind a
+    /// pooler"). `None` (the default): the URL is PostgreSQL itself.
+    pub direct_url: Option<String>,
 }
 
 impl Default for PgOptions {
@@ -96,6 +112,7 @@ impl Default for PgOptions {
             local_clock: Arc::new(SystemClock),
             watch_fallback: Duration::from_secs(5),
             notify: NotifyMode::Immediate,
+            direct_url: None,
         }
     }
 }

@@ -52,10 +52,12 @@ pub(crate) async fn put(db: &Db, session: &ListingScope, incoming: &Schedule) ->
         .transaction()
         .await
         .map_err(|e| map_pg("put_schedule: begin", e))?;
-    let inserted = tx
-        .execute(
+    let inserted = db
+        .rows(
+            &tx,
+            "put_schedule: insert",
             "INSERT INTO schedules (tenant_id, project_id, session_id, name, body, cursor_at)
-             VALUES ($1, $2, $3, $4, $5, NULL) ON CONFLICT DO NOTHING",
+             VALUES ($1, $2, $3, $4, $5, NULL) ON CONFLICT DO NOTHING RETURNING 1",
             &[
                 &k.tenant,
                 &k.project,
@@ -64,23 +66,27 @@ pub(crate) async fn put(db: &Db, session: &ListingScope, incoming: &Schedule) ->
                 &body_of(&created)?,
             ],
         )
-        .await
-        .map_err(|e| map_pg("put_schedule: insert", e))?;
+        .await?
+        .len();
     let stored = if inserted == 1 {
         created
     } else {
-        let row = tx
-            .query_one(
+        let row = db
+            .row_opt(
+                &tx,
+                "put_schedule: lock",
                 "SELECT body, cursor_at FROM schedules
                  WHERE tenant_id = $1 AND project_id = $2 AND session_id = $3 AND name = $4
                  FOR UPDATE",
                 &[&k.tenant, &k.project, &k.session, &incoming.name],
             )
-            .await
-            .map_err(|e| map_pg("put_schedule: lock", e))?;
+            .await?
+            .ok_or_else(|| Error::corrupted("put_schedule: the conflicting schedule is gone"))?;
         let existing = from_row(row.get(0), row.get(1))?;
         let stored = schedule::on_put(Some(&existing), incoming, db.now())?;
-        tx.execute(
+        db.rows(
+            &tx,
+            "put_schedule: update",
             "UPDATE schedules SET body = $5
              WHERE tenant_id = $1 AND project_id = $2 AND session_id = $3 AND name = $4",
             &[
@@ -91,8 +97,7 @@ pub(crate) async fn put(db: &Db, session: &ListingScope, incoming: &Schedule) ->
                 &body_of(&stored)?,
             ],
         )
-        .await
-        .map_err(|e| map_pg("put_schedule: update", e))?;
+        .await?;
         stored
     };
     tx.commit()
@@ -105,14 +110,15 @@ pub(crate) async fn get(db: &Db, session: &ListingScope, name: &str) -> Result<O
     let (_, k) = key(session)?;
     schedule::check_name(name)?;
     let c = db.conn("get_schedule").await?;
-    let row = c
-        .query_opt(
+    let row = db
+        .row_opt(
+            &c,
+            "get_schedule",
             "SELECT body, cursor_at FROM schedules
              WHERE tenant_id = $1 AND project_id = $2 AND session_id = $3 AND name = $4",
             &[&k.tenant, &k.project, &k.session, &name],
         )
-        .await
-        .map_err(|e| map_pg("get_schedule", e))?;
+        .await?;
     row.map(|r| from_row(r.get(0), r.get(1))).transpose()
 }
 
@@ -121,8 +127,10 @@ pub(crate) async fn list(db: &Db, scope: &ListingScope) -> Result<Vec<ScheduleEn
     let project = scope.project_id().map(|p| p.to_string());
     let session = scope.session_id().map(|s| s.to_string());
     let c = db.conn("list_schedules").await?;
-    let rows = c
-        .query(
+    let rows = db
+        .rows(
+            &c,
+            "list_schedules",
             "SELECT tenant_id, project_id, session_id, body, cursor_at FROM schedules
              WHERE tenant_id = $1
                AND ($2::text IS NULL OR project_id = $2)
@@ -130,8 +138,7 @@ pub(crate) async fn list(db: &Db, scope: &ListingScope) -> Result<Vec<ScheduleEn
              ORDER BY tenant_id, project_id, session_id, name",
             &[&tenant, &project, &session],
         )
-        .await
-        .map_err(|e| map_pg("list_schedules", e))?;
+        .await?;
     let mut out = Vec::with_capacity(rows.len());
     for r in rows {
         let session = ListingScope::session(
@@ -152,14 +159,17 @@ pub(crate) async fn delete(db: &Db, session: &ListingScope, name: &str) -> Resul
     let (_, k) = key(session)?;
     schedule::check_name(name)?;
     let c = db.conn("delete_schedule").await?;
-    let n = c
-        .execute(
+    let n = db
+        .rows(
+            &c,
+            "delete_schedule",
             "DELETE FROM schedules
-             WHERE tenant_id = $1 AND project_id = $2 AND session_id = $3 AND name = $4",
+             WHERE tenant_id = $1 AND project_id = $2 AND session_id = $3 AND name = $4
+             RETURNING 1",
             &[&k.tenant, &k.project, &k.session, &name],
         )
-        .await
-        .map_err(|e| map_pg("delete_schedule", e))?;
+        .await?
+        .len();
     Ok(n == 1)
 }
 
@@ -177,27 +187,29 @@ pub(crate) async fn advance(
         .transaction()
         .await
         .map_err(|e| map_pg("advance_schedule: begin", e))?;
-    let row = tx
-        .query_opt(
+    let row = db
+        .row_opt(
+            &tx,
+            "advance_schedule: lock",
             "SELECT body, cursor_at FROM schedules
              WHERE tenant_id = $1 AND project_id = $2 AND session_id = $3 AND name = $4
              FOR UPDATE",
             &[&k.tenant, &k.project, &k.session, &name],
         )
-        .await
-        .map_err(|e| map_pg("advance_schedule: lock", e))?
+        .await?
         .ok_or_else(|| schedule::not_found(&s, name))?;
     let mut stored = from_row(row.get(0), row.get(1))?;
     if !schedule::advance(&mut stored, from, to)? {
         return Ok(false);
     }
-    tx.execute(
+    db.rows(
+        &tx,
+        "advance_schedule: update",
         "UPDATE schedules SET cursor_at = $5
          WHERE tenant_id = $1 AND project_id = $2 AND session_id = $3 AND name = $4",
         &[&k.tenant, &k.project, &k.session, &name, &to.as_millis()],
     )
-    .await
-    .map_err(|e| map_pg("advance_schedule: update", e))?;
+    .await?;
     tx.commit()
         .await
         .map_err(|e| map_pg("advance_schedule: commit", e))?;

@@ -6,13 +6,14 @@ use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use deadpool_postgres::{GenericClient, Manager, ManagerConfig, Pool, RecyclingMethod, Runtime};
+use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod, Runtime};
 use tokio_postgres::NoTls;
 
 use runkeep::watch::Notifier;
 use runkeep::RemoteClock;
 use runkeep::{Error, Result, Timestamp};
 
+use crate::db::pooled::{self, Pooled};
 use crate::db::row::NOW_SQL;
 use crate::db::wake;
 use crate::db::Db;
@@ -32,7 +33,7 @@ impl Db {
 
     /// Migrates on a connection of its own ([`crate::PgStore::migrate`]).
     pub(crate) async fn migrate(url: &str, options: &PgOptions) -> Result<i32> {
-        let config = Self::pg_config(url, options)?;
+        let config = Self::pg_config(Self::direct_url(url, options), options)?;
         let (mut client, conn) = config
             .connect(NoTls)
             .await
@@ -50,7 +51,7 @@ impl Db {
 
     /// The recorded schema version ([`crate::PgStore::schema_version`]).
     pub(crate) async fn schema_version(url: &str, options: &PgOptions) -> Result<i32> {
-        let config = Self::pg_config(url, options)?;
+        let config = Self::pg_config(Self::direct_url(url, options), options)?;
         let (client, conn) = config
             .connect(NoTls)
             .await
@@ -72,15 +73,26 @@ impl Db {
         if options.pool_size == 0 {
             return Err(Error::invalid("PgOptions::pool_size must be at least 1"));
         }
-        let config = Self::pg_config(url, &options)?;
+        // The store's own sessions go straight to PostgreSQL; the pool's
+        // through the pooler when there is one.
+        let config = Self::pg_config(Self::direct_url(url, &options), &options)?;
+        let pooled = match options.direct_url {
+            Some(_) => Some(Pooled::new(config.clone(), options.reply_timeout)),
+            None => None,
+        };
+        let pool_config = match pooled {
+            Some(_) => Self::pooled_config(url, &options)?,
+            None => config.clone(),
+        };
         let manager = Manager::from_config(
-            config.clone(),
+            pool_config,
             NoTls,
             ManagerConfig {
                 recycling_method: RecyclingMethod::Fast,
             },
         );
         let schema_name = options.schema.clone();
+        let checked = pooled.is_some().then(|| options.clone());
         let pool = Pool::builder(manager)
             .max_size(options.pool_size)
             .runtime(Runtime::Tokio1)
@@ -89,7 +101,13 @@ impl Db {
             .recycle_timeout(Some(options.connect_timeout))
             .post_create(deadpool_postgres::Hook::async_fn(move |client, _| {
                 let schema_name = schema_name.clone();
+                let checked = checked.clone();
                 Box::pin(async move {
+                    if let Some(options) = checked {
+                        return pooled::check_session(client, &options)
+                            .await
+                            .map_err(|e| deadpool_postgres::HookError::message(e.to_string()));
+                    }
                     let found = schema::current_version(client, &schema_name)
                         .await
                         .map_err(|e| deadpool_postgres::HookError::message(e.to_string()))?;
@@ -108,6 +126,7 @@ impl Db {
         Ok(Self {
             pool,
             config,
+            pooled,
             channel: format!("runkeep_{}", options.schema),
             server_clock: RemoteClock::new(options.local_clock.clone()),
             options,
@@ -116,6 +135,36 @@ impl Db {
             coalescer: Mutex::new(None),
             notify_statements: Arc::new(AtomicU64::new(0)),
         })
+    }
+
+    /// Where the store's own sessions connect: [`PgOptions::direct_url`]
+    /// when the URL is a pooler's, else the URL.
+    fn direct_url<'a>(url: &'a str, options: &'a PgOptions) -> &'a str {
+        options.direct_url.as_deref().unwrap_or(url)
+    }
+
+    /// The pool's configuration through a transaction-mode pooler: no
+    /// session settings at connect (the role's defaults carry them,
+    /// checked by [`pooled::check_session`]).
+    fn pooled_config(url: &str, options: &PgOptions) -> Result<tokio_postgres::Config> {
+        let mut config: tokio_postgres::Config = url.parse().map_err(|e| {
+            Error::invalid(format!(
+                "PostgreSQL connection string (the pooler's) does not parse ({e}); pass postgres://user@host:port/database"
+            ))
+        })?;
+        if config.get_options().is_some_and(|o| !o.is_empty()) {
+            return Err(Error::invalid(
+                "the pooler's connection string sets `options`, which a transaction-mode pooler refuses or drops; give session settings as the role's defaults (ALTER ROLE … SET) instead",
+            ));
+        }
+        config
+            .connect_timeout(options.connect_timeout)
+            .keepalives(true)
+            .keepalives_idle(Duration::from_secs(30));
+        if config.get_application_name().is_none() {
+            config.application_name("runkeep");
+        }
+        Ok(config)
     }
 
     pub(crate) fn pg_config(url: &str, options: &PgOptions) -> Result<tokio_postgres::Config> {
@@ -163,7 +212,7 @@ impl Db {
         Ok(())
     }
 
-    pub(crate) async fn server_now<C: GenericClient + Sync>(&self, c: &C) -> Result<Timestamp> {
+    pub(crate) async fn server_now<C: crate::db::Session>(&self, c: &C) -> Result<Timestamp> {
         let row = self
             .rows(c, "read the server clock", NOW_SQL, &[])
             .await?

@@ -2,7 +2,8 @@
 //! it ([`Db`]), connecting (`connect`), statements sent together
 //! (`pipeline`), the transaction skeleton (`tx`), the run's row and its
 //! mapping to the core's types (`row`), the checkpoint upsert that keeps
-//! the digest (`digest`), and notifying and listening (`wake`). Nothing
+//! the digest (`digest`), notifying and listening (`wake`), and what
+//! changes behind a transaction-mode pooler (`pooled`). Nothing
 //! here imports a job module or [`PgStore`](crate::PgStore): the jobs take
 //! a `&Db`.
 
@@ -21,6 +22,7 @@ use crate::options::PgOptions;
 pub(crate) mod connect;
 pub(crate) mod digest;
 pub(crate) mod pipeline;
+pub(crate) mod pooled;
 pub(crate) mod row;
 pub(crate) mod tx;
 pub(crate) mod wake;
@@ -30,7 +32,13 @@ pub(crate) mod wake;
 /// the coalescing queue.
 pub(crate) struct Db {
     pub(crate) pool: Pool,
+    /// The configuration of the sessions the store opens for itself (the
+    /// listener, the coalescing task): PostgreSQL directly, never through a
+    /// pooler.
     pub(crate) config: tokio_postgres::Config,
+    /// Set when the pool's URL is a transaction-mode pooler
+    /// ([`PgOptions::direct_url`]): statements then go unnamed.
+    pub(crate) pooled: Option<pooled::Pooled>,
     pub(crate) options: PgOptions,
     pub(crate) channel: String,
     /// The server's clock: the local clock plus the offset last measured.
@@ -42,6 +50,25 @@ pub(crate) struct Db {
     pub(crate) coalescer: Mutex<Option<tokio::sync::mpsc::UnboundedSender<String>>>,
     /// `NOTIFY` statements sent (each may carry many notifications).
     pub(crate) notify_statements: Arc<AtomicU64>,
+}
+
+/// A session a statement runs on: a pooled connection, or a transaction
+/// open on one.
+pub(crate) trait Session: deadpool_postgres::GenericClient + Sync {
+    /// The driver's client underneath.
+    fn client(&self) -> &tokio_postgres::Client;
+}
+
+impl Session for deadpool_postgres::Object {
+    fn client(&self) -> &tokio_postgres::Client {
+        self
+    }
+}
+
+impl Session for deadpool_postgres::Transaction<'_> {
+    fn client(&self) -> &tokio_postgres::Client {
+        tokio_postgres::Transaction::client(self)
+    }
 }
 
 impl Drop for Db {

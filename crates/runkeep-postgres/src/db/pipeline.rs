@@ -18,11 +18,12 @@
 
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::Arc;
 use std::task::Poll;
 use std::time::Duration;
 
 use deadpool_postgres::Object;
-use tokio_postgres::types::ToSql;
+use tokio_postgres::types::{ToSql, Type};
 use tokio_postgres::{Row, Statement};
 
 /// A statement parameter the statement owns.
@@ -44,6 +45,15 @@ impl Stmt {
             params,
         }
     }
+}
+
+/// A statement ready to send.
+pub(crate) enum Prepared {
+    /// Prepared on this connection (kept in its cache).
+    Named(Statement),
+    /// Sent unnamed, parsed with each execution (behind a pooler: module
+    /// `pooled`), with its parameter types.
+    Unnamed(Arc<[Type]>),
 }
 
 /// The server's answer to one request.
@@ -84,20 +94,59 @@ async fn in_order<F: Future + Unpin>(mut futs: Vec<F>, awaited: usize) -> Vec<F:
 pub(crate) async fn prepare(
     c: &Object,
     stmts: &[Stmt],
-) -> std::result::Result<Vec<Statement>, (usize, tokio_postgres::Error)> {
-    type Prepared<'a> =
+) -> std::result::Result<Vec<Prepared>, (usize, tokio_postgres::Error)> {
+    type Preparing<'a> =
         Pin<Box<dyn Future<Output = Result<Statement, tokio_postgres::Error>> + Send + 'a>>;
-    let futs: Vec<Prepared<'_>> = stmts
+    let futs: Vec<Preparing<'_>> = stmts
         .iter()
-        .map(|s| Box::pin(c.prepare_cached(&s.sql)) as Prepared<'_>)
+        .map(|s| Box::pin(c.prepare_cached(&s.sql)) as Preparing<'_>)
         .collect();
     let n = futs.len();
     in_order(futs, n)
         .await
         .into_iter()
         .enumerate()
-        .map(|(i, r)| r.map_err(|e| (i, e)))
+        .map(|(i, r)| r.map(Prepared::Named).map_err(|e| (i, e)))
         .collect()
+}
+
+/// One statement's request on `client`: its first poll sends it.
+fn request<'a>(
+    client: &'a tokio_postgres::Client,
+    stmt: &'a Stmt,
+    prepared: &'a Prepared,
+    params: &'a [&'a (dyn ToSql + Sync)],
+    typed: &'a [(&'a (dyn ToSql + Sync), Type)],
+) -> ReplyFuture<'a> {
+    match prepared {
+        Prepared::Named(st) => Box::pin(client.query(st, params)),
+        Prepared::Unnamed(_) => Box::pin(client.query_typed(&stmt.sql, typed)),
+    }
+}
+
+/// `params` paired with the types an unnamed statement needs (empty for a
+/// named one).
+fn typed<'a>(
+    params: &[&'a (dyn ToSql + Sync)],
+    prepared: &Prepared,
+) -> Vec<(&'a (dyn ToSql + Sync), Type)> {
+    match prepared {
+        Prepared::Named(_) => Vec::new(),
+        Prepared::Unnamed(types) => params.iter().copied().zip(types.iter().cloned()).collect(),
+    }
+}
+
+/// One statement on `c` (named or unnamed as prepared), awaited.
+pub(crate) async fn query(
+    client: &tokio_postgres::Client,
+    sql: &str,
+    prepared: &Prepared,
+    params: &[&(dyn ToSql + Sync)],
+) -> Reply {
+    match prepared {
+        Prepared::Named(st) => client.query(st, params).await,
+        Prepared::Unnamed(_) => client.query_typed(sql, &typed(params, prepared)).await,
+    }
 }
 
 /// Sends `BEGIN` (when `begin`), the statements (`prepared[i]` for
@@ -111,9 +160,9 @@ pub(crate) async fn send(
     c: &Object,
     begin: bool,
     stmts: &[Stmt],
-    prepared: &[Statement],
+    prepared: &[Prepared],
     commit: bool,
-    then: Option<(&Stmt, &Statement)>,
+    then: Option<(&Stmt, &Prepared)>,
 ) -> Vec<Reply> {
     let client: &tokio_postgres::Client = c;
     let params: Vec<Vec<&(dyn ToSql + Sync)>> = stmts
@@ -125,20 +174,26 @@ pub(crate) async fn send(
                 .collect()
         })
         .collect();
+    let typed_params: Vec<Vec<(&(dyn ToSql + Sync), Type)>> = params
+        .iter()
+        .zip(prepared)
+        .map(|(p, st)| typed(p, st))
+        .collect();
     let then_params: Vec<&(dyn ToSql + Sync)> = then.map_or_else(Vec::new, |(s, _)| {
         s.params
             .iter()
             .map(|p| p.as_ref() as &(dyn ToSql + Sync))
             .collect()
     });
+    let then_typed = then.map_or_else(Vec::new, |(_, st)| typed(&then_params, st));
     let mut futs: Vec<ReplyFuture<'_>> = Vec::with_capacity(stmts.len() + 3);
     if begin {
         futs.push(Box::pin(async move {
             client.batch_execute("BEGIN").await.map(|()| Vec::new())
         }));
     }
-    for (st, p) in prepared.iter().zip(&params) {
-        futs.push(Box::pin(client.query(st, p.as_slice())));
+    for (((s, st), p), t) in stmts.iter().zip(prepared).zip(&params).zip(&typed_params) {
+        futs.push(request(client, s, st, p, t));
     }
     if commit {
         futs.push(Box::pin(async move {
@@ -146,8 +201,8 @@ pub(crate) async fn send(
         }));
     }
     let awaited = futs.len();
-    if let Some((_, st)) = then {
-        futs.push(Box::pin(client.query(st, then_params.as_slice())));
+    if let Some((s, st)) = then {
+        futs.push(request(client, s, st, &then_params, &then_typed));
     }
     in_order(futs, awaited).await
 }

@@ -2,7 +2,6 @@
 //! ([`RunState`]), and their mapping to and from the core's types; the
 //! `UPDATE` that saves a judged row.
 
-use deadpool_postgres::GenericClient;
 use serde_json::{Map, Value};
 use tokio_postgres::types::ToSql;
 use tokio_postgres::Row;
@@ -241,7 +240,7 @@ pub(crate) fn object(v: Value) -> Map<String, Value> {
 }
 
 impl Db {
-    pub(crate) async fn read_state<C: GenericClient + Sync>(
+    pub(crate) async fn read_state<C: crate::db::Session>(
         &self,
         c: &C,
         scope: &RunScope,

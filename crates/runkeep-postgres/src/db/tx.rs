@@ -2,7 +2,6 @@
 //! in one round trip, the writes with `COMMIT` in one more, and the
 //! reply-timeout errors.
 
-use deadpool_postgres::GenericClient;
 use std::sync::atomic::Ordering;
 use tokio_postgres::types::ToSql;
 
@@ -11,10 +10,10 @@ use tokio_postgres::Row;
 use runkeep::{Checkpoint, Error, Result, RunScope, Timestamp};
 
 use crate::db::digest::checkpoint_stmt;
-use crate::db::pipeline::{self, Stmt, Tx};
+use crate::db::pipeline::{self, Prepared, Stmt, Tx};
 use crate::db::row::{save_stmt, sql_after_lock, sql_ensure, sql_lock, state_of, Key, RunState};
 use crate::db::wake;
-use crate::db::Db;
+use crate::db::{Db, Session};
 use crate::error::{map_commit, map_pg};
 use crate::options::NotifyMode;
 
@@ -255,13 +254,29 @@ impl Db {
     }
 
     /// Prepares `stmts` on `c` (one round trip only for those the
-    /// connection has not prepared yet).
+    /// connection has not prepared yet); behind a pooler, answers their
+    /// parameter types instead (described once per process, module
+    /// `pooled`), for unnamed statements.
     pub(crate) async fn prepare(
         &self,
         c: &deadpool_postgres::Object,
         what: &str,
         stmts: &[Stmt],
-    ) -> Result<Vec<tokio_postgres::Statement>> {
+    ) -> Result<Vec<Prepared>> {
+        if let Some(pooled) = &self.pooled {
+            let sqls: Vec<&str> = stmts.iter().map(|s| s.sql.as_str()).collect();
+            return match pooled.types(&sqls).await {
+                Ok(types) => Ok(types.into_iter().map(Prepared::Unnamed).collect()),
+                Err((i, e)) => {
+                    tracing::debug!(
+                        what,
+                        statement = stmts[i].what,
+                        "runkeep-postgres: describing failed"
+                    );
+                    Err(e)
+                }
+            };
+        }
         match tokio::time::timeout(self.options.reply_timeout, pipeline::prepare(c, stmts)).await {
             Ok(Ok(p)) => Ok(p),
             Ok(Err((i, e))) => Err(map_pg(&format!("{what}: {}: prepare", stmts[i].what), e)),
@@ -538,7 +553,7 @@ impl Db {
         Ok((tx, opened))
     }
 
-    pub(crate) async fn rows<C: GenericClient + Sync>(
+    pub(crate) async fn rows<C: Session>(
         &self,
         c: &C,
         what: &str,
@@ -546,17 +561,24 @@ impl Db {
         params: &[&(dyn ToSql + Sync)],
     ) -> Result<Vec<Row>> {
         let bound = self.options.reply_timeout;
-        let st = tokio::time::timeout(bound, c.prepare_cached(sql))
-            .await
-            .map_err(|_| self.no_reply(&format!("{what}: prepare")))?
-            .map_err(|e| map_pg(&format!("{what}: prepare"), e))?;
-        tokio::time::timeout(bound, c.query(&st, params))
+        let st = match &self.pooled {
+            Some(pooled) => {
+                Prepared::Unnamed(pooled.types(&[sql]).await.map_err(|(_, e)| e)?.remove(0))
+            }
+            None => Prepared::Named(
+                tokio::time::timeout(bound, c.prepare_cached(sql))
+                    .await
+                    .map_err(|_| self.no_reply(&format!("{what}: prepare")))?
+                    .map_err(|e| map_pg(&format!("{what}: prepare"), e))?,
+            ),
+        };
+        tokio::time::timeout(bound, pipeline::query(c.client(), sql, &st, params))
             .await
             .map_err(|_| self.no_reply(what))?
             .map_err(|e| map_pg(what, e))
     }
 
-    pub(crate) async fn row_opt<C: GenericClient + Sync>(
+    pub(crate) async fn row_opt<C: Session>(
         &self,
         c: &C,
         what: &str,

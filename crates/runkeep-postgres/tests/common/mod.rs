@@ -13,6 +13,7 @@
 )]
 
 pub mod counting;
+pub mod pgbouncer;
 pub mod proxy;
 
 use std::sync::atomic::{AtomicU32, Ordering};
