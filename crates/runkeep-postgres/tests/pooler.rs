@@ -284,7 +284,11 @@ async fn a_drain_through_pgbouncer_in_transaction_mode_finishes_every_run_once()
             .read_events(&scope, &ReadEventsOptions::default())
             .await
             .unwrap();
-        let kinds: Vec<&str> = events.events.iter().map(|e| e.event_type.as_str()).collect();
+        let kinds: Vec<&str> = events
+            .events
+            .iter()
+            .map(|e| e.event_type.as_str())
+            .collect();
         assert_eq!(
             kinds.iter().filter(|k| **k == "work").count(),
             1,
@@ -304,6 +308,7 @@ async fn a_drain_through_pgbouncer_in_transaction_mode_finishes_every_run_once()
     // client): pgbouncer's pool for the role is 3.
     let clients = b.client_connections(&schema).await;
     let servers = b.server_sessions(&schema).await;
+    eprintln!("pooled drain: {clients} client connections over {servers} server sessions");
     assert!(
         clients > 3 && servers <= 3,
         "{clients} client connections over {servers} server sessions"

@@ -227,8 +227,8 @@ pub fn run_direct(url: &str, sql: &str) -> Result<(), tokio_postgres::Error> {
 }
 
 /// A login role for one test (superuser: it migrates its own schema),
-/// dropped with the guard (after the schema's guard, which must drop
-/// first: put this one after it).
+/// dropped with the guard, with what it owns (its test schema, whichever
+/// guard drops first).
 pub struct RoleGuard {
     url: String,
     pub role: String,
@@ -255,7 +255,13 @@ impl RoleGuard {
 
 impl Drop for RoleGuard {
     fn drop(&mut self) {
-        if let Err(e) = run_direct(&self.url, &format!("DROP ROLE IF EXISTS \"{}\"", self.role)) {
+        if let Err(e) = run_direct(
+            &self.url,
+            &format!(
+                "DROP OWNED BY \"{0}\" CASCADE; DROP ROLE IF EXISTS \"{0}\"",
+                self.role
+            ),
+        ) {
             eprintln!("could not drop test role {}: {e}", self.role);
         }
     }
