@@ -12,8 +12,11 @@
 //! `RUNKEEP_BENCH_WORKERS` (default `1,8,16`), `RUNKEEP_BENCH_RUNS` (runs
 //! drained per measurement, default 2000), `RUNKEEP_BENCH_REPS` (default 1:
 //! the two loops alternate within each repetition) and
-//! `RUNKEEP_BENCH_LOOPS` (`runkeep,skip-locked`) choose what runs. Each
-//! result is also printed as `RESULT <loop> <workers> <cycles/s>`.
+//! `RUNKEEP_BENCH_LOOPS` (`runkeep,skip-locked`; also `runkeep-unnamed`:
+//! runkeep configured as behind a pooler but connected directly, the cost
+//! of its unnamed statements; and `runkeep-pgbouncer`: through a private
+//! pgbouncer in transaction mode) choose what runs. Each result is also
+//! printed as `RESULT <loop> <workers> <cycles/s>`.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -26,6 +29,10 @@ use runkeep::{
     NewEvent, Outcome, Step, Ttl,
 };
 use runkeep_conformance::support;
+
+#[path = "../tests/common/pgbouncer.rs"]
+#[allow(dead_code, reason = "the bench uses part of the tests' helper")]
+mod pgbouncer;
 use runkeep_postgres::{PgOptions, PgStore};
 use tokio_postgres::types::ToSql;
 use tokio_postgres::NoTls;
@@ -43,20 +50,59 @@ async fn admin(url: &str) -> tokio_postgres::Client {
     client
 }
 
+/// How the runkeep loop reaches the server.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Route {
+    /// Directly, prepared (named, cached) statements: the default.
+    Direct,
+    /// Directly, but configured as behind a pooler (`PgOptions::direct_url`
+    /// set to the same server): unnamed statements, the settings from the
+    /// role. The statements' cost alone.
+    Unnamed,
+    /// Through a private pgbouncer in transaction mode, with as many
+    /// server sessions as the store's pool.
+    Pgbouncer,
+}
+
 /// runkeep's drain cycle: cycles per second.
-async fn runkeep_cycle(url: &str, workers: usize, runs: usize) -> f64 {
+async fn runkeep_cycle(url: &str, workers: usize, runs: usize, route: Route) -> f64 {
     let schema = format!("rkb_cycle_{}_{workers}", std::process::id());
+    let options = PgOptions {
+        schema: schema.clone(),
+        pool_size: workers.max(16),
+        ..PgOptions::default()
+    };
+    let mut _bouncer = None;
+    let mut role = None;
+    let (store_url, options) = match route {
+        Route::Direct => (url.to_string(), options),
+        Route::Unnamed | Route::Pgbouncer => {
+            let (_, _, database) = pgbouncer::target(url);
+            let settings = runkeep_postgres::role_settings(&options, &schema, &database);
+            role = Some(pgbouncer::RoleGuard::create(url, &schema, &settings));
+            let direct = pgbouncer::with_user_port(url, &schema, None);
+            let store_url = if route == Route::Pgbouncer {
+                let b = pgbouncer::Bouncer::start_with(url, options.pool_size).await;
+                b.add_role(&schema).await;
+                let u = pgbouncer::with_user_port(url, &schema, Some(b.port));
+                _bouncer = Some(b);
+                u
+            } else {
+                direct.clone()
+            };
+            (
+                store_url,
+                PgOptions {
+                    direct_url: Some(direct),
+                    ..options
+                },
+            )
+        }
+    };
     let store = Arc::new(
-        PgStore::connect(
-            url,
-            PgOptions {
-                schema: schema.clone(),
-                pool_size: workers.max(16),
-                ..PgOptions::default()
-            },
-        )
-        .await
-        .expect("connect"),
+        PgStore::connect(&store_url, options)
+            .await
+            .expect("connect"),
     );
     // Filled by 16 tasks at once (not timed).
     let mut fill = Vec::new();
@@ -118,6 +164,7 @@ async fn runkeep_cycle(url: &str, workers: usize, runs: usize) -> f64 {
         .batch_execute(&format!("DROP SCHEMA \"{schema}\" CASCADE"))
         .await
         .unwrap();
+    drop(role);
     runs as f64 / secs
 }
 
@@ -274,7 +321,9 @@ async fn main() {
         for &w in &workers {
             for l in loops.split(',') {
                 let rate = match l.trim() {
-                    "runkeep" => runkeep_cycle(&url, w, runs).await,
+                    "runkeep" => runkeep_cycle(&url, w, runs, Route::Direct).await,
+                    "runkeep-unnamed" => runkeep_cycle(&url, w, runs, Route::Unnamed).await,
+                    "runkeep-pgbouncer" => runkeep_cycle(&url, w, runs, Route::Pgbouncer).await,
                     "skip-locked" => skip_locked_cycle(&url, w, runs).await,
                     other => panic!("RUNKEEP_BENCH_LOOPS: unknown loop {other:?}"),
                 };

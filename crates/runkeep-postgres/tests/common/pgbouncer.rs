@@ -65,9 +65,14 @@ fn running_as_root() -> bool {
 }
 
 impl Bouncer {
-    /// Starts one in front of `url`'s server; panics saying what to install
-    /// when the binary is missing.
+    /// Starts one in front of `url`'s server, 3 server sessions per role;
+    /// panics saying what to install when the binary is missing.
     pub async fn start(url: &str) -> Self {
+        Self::start_with(url, 3).await
+    }
+
+    /// [`Bouncer::start`] with `pool_size` server sessions per role.
+    pub async fn start_with(url: &str, pool_size: usize) -> Self {
         assert!(
             std::path::Path::new(BINARY).exists(),
             "{BINARY} is missing: install Debian's pgbouncer (scripts/prepare.sh does, as root)"
@@ -91,13 +96,14 @@ impl Bouncer {
              auth_file = {users}\n\
              admin_users = postgres\n\
              pool_mode = transaction\n\
-             default_pool_size = 3\n\
-             max_db_connections = 12\n\
+             default_pool_size = {pool_size}\n\
+             max_db_connections = {max_db}\n\
              max_client_conn = 400\n\
              server_idle_timeout = 2\n\
              logfile =\n\
              pidfile =\n",
-            users = dir.join("users.txt").display()
+            users = dir.join("users.txt").display(),
+            max_db = (4 * pool_size).max(12)
         );
         std::fs::write(dir.join("pgbouncer.ini"), ini).unwrap();
         std::fs::write(dir.join("users.txt"), "\"postgres\" \"\"\n").unwrap();
