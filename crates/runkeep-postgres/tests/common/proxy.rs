@@ -7,8 +7,17 @@
 //!   client's connection is then closed. Statements pipelined with the
 //!   `COMMIT` (in the same read) share its fate: forwarded and their
 //!   replies swallowed too, or swallowed with it.
+//! - `pause_next_begin()` / `cut_every(begins, commits)`: a cut inside a
+//!   transaction. The chunk carrying a `BEGIN` (with the statements
+//!   pipelined behind it: the run's row lock) is forwarded, every reply from
+//!   then on swallowed, and both sides closed: the server finds its client
+//!   gone with the transaction open. Paused ([`Proxy::holding`] answers the
+//!   server-side port, to find the backend in `pg_stat_activity`) until
+//!   [`Proxy::release`]; unpaused, cut once the server answered. `commits`:
+//!   every that-many-th `COMMIT` loses its acknowledgement, as
+//!   `CommitFault::LoseAck`.
 
-use std::sync::atomic::{AtomicU8, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU8, AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -19,6 +28,8 @@ use tokio::sync::watch;
 const COMMIT_QUERY: &[u8] = b"Q\0\0\0\x0bCOMMIT\0";
 /// The server's CommandComplete for it.
 const COMMIT_DONE: &[u8] = b"C\0\0\0\x0bCOMMIT\0";
+/// tokio-postgres begins with the simple query `BEGIN`.
+const BEGIN_QUERY: &[u8] = b"Q\0\0\0\x0aBEGIN\0";
 
 /// What the next `COMMIT` suffers.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
@@ -40,6 +51,19 @@ struct State {
     commits_lost: AtomicUsize,
     /// Connections accepted.
     accepted: AtomicUsize,
+    /// Cut inside the next transaction and hold it until released.
+    pause_next_begin: AtomicBool,
+    /// Cut inside every this-many-th transaction (0: never).
+    cut_begin_every: AtomicUsize,
+    /// Lose the acknowledgement of every this-many-th COMMIT (0: never).
+    lose_commit_every: AtomicUsize,
+    begins_seen: AtomicUsize,
+    commits_seen: AtomicUsize,
+    /// Transactions cut after the server answered their BEGIN.
+    cuts_in_tx: AtomicUsize,
+    /// The server-side port of a paused cut.
+    holding: watch::Sender<Option<u16>>,
+    release: tokio::sync::Notify,
 }
 
 /// The proxy; it serves until dropped (its tasks are aborted then).
@@ -122,6 +146,45 @@ impl Proxy {
     pub fn commits_lost(&self) -> usize {
         self.state.commits_lost.load(Ordering::SeqCst)
     }
+
+    /// Connections accepted so far.
+    pub fn accepted(&self) -> usize {
+        self.state.accepted.load(Ordering::SeqCst)
+    }
+
+    /// The next transaction is cut after its `BEGIN` pipeline reached the
+    /// server, and held open until [`Proxy::release`].
+    pub fn pause_next_begin(&self) {
+        self.state.holding.send_replace(None);
+        self.state.pause_next_begin.store(true, Ordering::SeqCst);
+    }
+
+    /// Waits for the paused cut; answers the server-side port of its
+    /// connection (`pg_stat_activity.client_port`).
+    pub async fn holding(&self) -> u16 {
+        let mut rx = self.state.holding.subscribe();
+        let port = *rx.wait_for(Option::is_some).await.unwrap();
+        port.unwrap()
+    }
+
+    /// Cuts the paused connection.
+    pub fn release(&self) {
+        self.state.release.notify_one();
+    }
+
+    /// Cuts inside every `begins`-th transaction, and loses the
+    /// acknowledgement of every `commits`-th `COMMIT` (0: never).
+    pub fn cut_every(&self, begins: usize, commits: usize) {
+        self.state.cut_begin_every.store(begins, Ordering::SeqCst);
+        self.state
+            .lose_commit_every
+            .store(commits, Ordering::SeqCst);
+    }
+
+    /// Transactions cut after the server answered their `BEGIN`.
+    pub fn cuts_in_tx(&self) -> usize {
+        self.state.cuts_in_tx.load(Ordering::SeqCst)
+    }
 }
 
 fn find(hay: &[u8], needle: &[u8]) -> bool {
@@ -133,6 +196,11 @@ async fn pass(rx: &mut watch::Receiver<bool>) {
 }
 
 async fn serve(client: TcpStream, server: TcpStream, st: Arc<State>, rx: watch::Receiver<bool>) {
+    let server_port = server.local_addr().map_or(0, |a| a.port());
+    // Set by the upstream pump when it forwarded a BEGIN it cuts after;
+    // set by the downstream pump once the server answered it.
+    let (begin_cut_tx, begin_cut_rx) = watch::channel(false);
+    let (answered_tx, mut answered_rx) = watch::channel(false);
     let (mut cr, mut cw) = client.into_split();
     let (mut sr, mut sw) = server.into_split();
     // Set by the upstream pump when it forwarded an armed COMMIT.
@@ -148,7 +216,33 @@ async fn serve(client: TcpStream, server: TcpStream, st: Arc<State>, rx: watch::
             };
             pass(&mut up_rx).await;
             let chunk = &buf[..n];
+            if find(chunk, BEGIN_QUERY) {
+                let k = st_up.begins_seen.fetch_add(1, Ordering::SeqCst) + 1;
+                let pause = st_up.pause_next_begin.swap(false, Ordering::SeqCst);
+                let every = st_up.cut_begin_every.load(Ordering::SeqCst);
+                if pause || (every > 0 && k % every == 0) {
+                    let _ = begin_cut_tx.send(true);
+                    if sw.write_all(chunk).await.is_err() {
+                        return;
+                    }
+                    let _ = answered_rx.wait_for(|a| *a).await;
+                    st_up.cuts_in_tx.fetch_add(1, Ordering::SeqCst);
+                    if pause {
+                        st_up.holding.send_replace(Some(server_port));
+                        st_up.release.notified().await;
+                    }
+                    // Both sides close: the server's transaction is open.
+                    return;
+                }
+            }
             if find(chunk, COMMIT_QUERY) {
+                let k = st_up.commits_seen.fetch_add(1, Ordering::SeqCst) + 1;
+                let every = st_up.lose_commit_every.load(Ordering::SeqCst);
+                if every > 0 && k % every == 0 {
+                    let _ = st_up
+                        .armed
+                        .compare_exchange(0, 1, Ordering::SeqCst, Ordering::SeqCst);
+                }
                 match st_up.armed.swap(0, Ordering::SeqCst) {
                     1 => {
                         let _ = cut_tx.send(true);
@@ -184,6 +278,11 @@ async fn serve(client: TcpStream, server: TcpStream, st: Arc<State>, rx: watch::
                     Ok(n) => n,
                 };
                 pass(&mut down_rx).await;
+                if *begin_cut_rx.borrow() {
+                    // Swallowed: the client never hears its BEGIN answered.
+                    let _ = answered_tx.send(true);
+                    continue;
+                }
                 if *cut_rx.borrow() {
                     // Swallow every reply up to the armed COMMIT's, then cut.
                     swallowed.extend_from_slice(&buf[..n]);
