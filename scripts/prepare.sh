@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs what the test suites outside cargo need, and nothing else: the
 # system packages (as root, with apt-get: exFAT over FUSE for the
-# fault-injection tests, Debian's chromium for the console's browser tests),
+# fault-injection tests, Debian's chromium for the console's browser tests,
+# pgbouncer for the PostgreSQL tests behind a pooler),
 # the npm packages of the TypeScript client, the LangGraph.js saver and the
 # console tests, and the Python venvs of the Python clients and of
 # schemathesis. Every step is skipped when already done (stamps), and a lock
@@ -20,6 +21,8 @@ if [ "$(id -u)" = "0" ] && command -v apt-get >/dev/null 2>&1; then
     command -v mount.exfat-fuse >/dev/null 2>&1 || packages+=(exfat-fuse)
     command -v mkfs.exfat >/dev/null 2>&1 || packages+=(exfatprogs)
     command -v setpriv >/dev/null 2>&1 || packages+=(util-linux)
+    # runkeep-postgres's tests behind a pooler start a private pgbouncer.
+    [ -x /usr/sbin/pgbouncer ] || packages+=(pgbouncer)
     [ -x "${CHROMIUM:-/usr/bin/chromium}" ] || packages+=(chromium)
     if [ "${#packages[@]}" -gt 0 ]; then
         echo "prepare.sh: apt-get install ${packages[*]}"
