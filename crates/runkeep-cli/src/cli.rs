@@ -77,6 +77,17 @@ pub struct GlobalArgs {
     )]
     pub pg_pool_size: Option<usize>,
 
+    /// A URL straight to PostgreSQL, for when --store names a connection pooler in transaction mode (pgbouncer): pooled connections then keep no session state, and LISTEN and migrations connect here. The pooled role needs runkeep's settings as its defaults; runkeep refuses to start and prints the ALTER ROLE statements when it lacks them.
+    #[arg(
+        long,
+        env = "RUNKEEP_PG_DIRECT_URL",
+        hide_env_values = true,
+        global = true,
+        value_name = "URL",
+        value_parser = crate::store::parse_pg_direct_url
+    )]
+    pub pg_direct_url: Option<String>,
+
     /// Bearer token of an http:// store (a `runkeep serve` API); never printed. Prefer the environment variable: `ps` shows command lines.
     #[arg(
         long,

@@ -40,9 +40,12 @@ impl Ctx {
 
     /// The options a command with `demand` opens its store with:
     /// `--durability`, and `--pg-pool-size` (or `RUNKEEP_PG_POOL_SIZE`)
-    /// when given, else the demand's pool.
+    /// when given, else the demand's pool; `--pg-direct-url`.
     pub fn store_options(&self, demand: PoolDemand) -> StoreOptions {
-        StoreOptions::new(self.global.durability, self.global.pg_pool_size, demand)
+        StoreOptions {
+            pg_direct_url: self.global.pg_direct_url.clone(),
+            ..StoreOptions::new(self.global.durability, self.global.pg_pool_size, demand)
+        }
     }
 
     /// Opens the configured store in `mode` with `options`.

@@ -50,7 +50,9 @@ pub use address::{
     with_pg_schema, with_token, HttpAddress, PgAddress, StoreAddress, DEFAULT_PG_SCHEMA,
 };
 pub use opened::{Backend, Diagnosis, OpenedStore, PgTarget};
-pub use options::{parse_pg_pool_size, DurabilityArg, PoolDemand, StoreOptions};
+pub use options::{
+    parse_pg_direct_url, parse_pg_pool_size, DurabilityArg, PoolDemand, StoreOptions,
+};
 pub use secrets::redact;
 
 /// How a command opens its store.

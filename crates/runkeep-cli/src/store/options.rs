@@ -68,6 +68,9 @@ pub struct StoreOptions {
     /// The longest one request to an `http://` store may wait for its
     /// answer; `None`: the client's default.
     pub http_request_timeout: Option<Duration>,
+    /// `--pg-direct-url`: PostgreSQL itself when the store's URL is a
+    /// transaction-mode pooler's (`PgOptions::direct_url`).
+    pub pg_direct_url: Option<String>,
 }
 
 impl Default for StoreOptions {
@@ -77,6 +80,7 @@ impl Default for StoreOptions {
             pg_pool_size: PoolDemand::Command.default_pool_size(),
             pg_watch_fallback: None,
             http_request_timeout: None,
+            pg_direct_url: None,
         }
     }
 }
@@ -108,6 +112,17 @@ impl StoreOptions {
     pub fn with_http_request_timeout(mut self, timeout: Duration) -> Self {
         self.http_request_timeout = Some(timeout);
         self
+    }
+}
+
+/// `--pg-direct-url URL`: a postgres:// URL (its password registered as
+/// a secret, as the store's is).
+pub fn parse_pg_direct_url(s: &str) -> Result<String, String> {
+    match s.parse::<super::StoreAddress>()? {
+        super::StoreAddress::Postgres(a) => Ok(a.url().to_string()),
+        _ => {
+            Err("--pg-direct-url takes a postgres:// URL straight to the PostgreSQL server".into())
+        }
     }
 }
 

@@ -10,14 +10,15 @@ use super::{OpenMode, PgAddress, PgTarget, StoreAddress, StoreOptions, DEFAULT_P
 use crate::error::{CliError, CliResult};
 
 /// The options a PostgreSQL store is opened with: the address's schema
-/// (default [`DEFAULT_PG_SCHEMA`]), the pool and the watch's fallback poll
-/// of `options`.
+/// (default [`DEFAULT_PG_SCHEMA`]), the pool, the watch's fallback poll
+/// and the direct URL behind a pooler of `options`.
 pub fn options(address: &PgAddress, options: &StoreOptions) -> PgOptions {
     let defaults = PgOptions::default();
     PgOptions {
         watch_fallback: options.pg_watch_fallback.unwrap_or(defaults.watch_fallback),
         schema: address.schema().unwrap_or(DEFAULT_PG_SCHEMA).to_string(),
         pool_size: options.pg_pool_size,
+        direct_url: options.pg_direct_url.clone(),
         ..defaults
     }
 }
