@@ -37,6 +37,11 @@ pub fn describe(address: &PgAddress, options: &PgOptions) -> String {
 pub fn open_error(address: &PgAddress, options: &PgOptions, e: runkeep::Error) -> CliError {
     let what = describe(address, options);
     match &e {
+        runkeep::Error::Unsupported { message } if message.contains("pooler") => CliError::config(format!(
+            "{what}: {}",
+            CliError::from(e).message
+        ))
+        .hint("behind a transaction-mode pooler: --pg-direct-url straight to PostgreSQL, and the role's defaults the message names (docs/design/postgres.md, \"Behind a pooler\")"),
         runkeep::Error::Unsupported { .. } => CliError::config(format!(
             "{what}: {}",
             CliError::from(e).message
@@ -83,18 +88,27 @@ pub(super) async fn open(
     mode: OpenMode,
     store_options: &StoreOptions,
 ) -> CliResult<(Arc<PgStore>, Box<PgTarget>)> {
-    let options = options(address, store_options);
-    let url = match mode {
-        // The server refuses every write of a read-only command.
-        OpenMode::ReadOnly => read_only_url(address.url()),
-        _ => address.url().to_string(),
+    let given = options(address, store_options);
+    let (url, options) = match (mode, &given.direct_url) {
+        // The server refuses every write of a read-only command: a session
+        // setting, which a transaction-mode pooler cannot carry, so behind
+        // one the command reads on the direct URL.
+        (OpenMode::ReadOnly, Some(direct)) => (
+            read_only_url(direct),
+            PgOptions {
+                direct_url: None,
+                ..given.clone()
+            },
+        ),
+        (OpenMode::ReadOnly, None) => (read_only_url(address.url()), given.clone()),
+        _ => (address.url().to_string(), given.clone()),
     };
     let store = match mode {
         OpenMode::Create => PgStore::connect(&url, options.clone())
             .await
             .map_err(|e| open_error(address, &options, e))?,
         OpenMode::Existing | OpenMode::ReadOnly => {
-            require_current(address, &options).await?;
+            require_current(address, &given).await?;
             PgStore::open_migrated(&url, options.clone())
                 .map_err(|e| open_error(address, &options, e))?
         }
