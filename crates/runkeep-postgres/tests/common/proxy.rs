@@ -220,7 +220,7 @@ async fn serve(client: TcpStream, server: TcpStream, st: Arc<State>, rx: watch::
                 let k = st_up.begins_seen.fetch_add(1, Ordering::SeqCst) + 1;
                 let pause = st_up.pause_next_begin.swap(false, Ordering::SeqCst);
                 let every = st_up.cut_begin_every.load(Ordering::SeqCst);
-                if pause || (every > 0 && k % every == 0) {
+                if pause || (every > 0 && k.is_multiple_of(every)) {
                     let _ = begin_cut_tx.send(true);
                     if sw.write_all(chunk).await.is_err() {
                         return;
@@ -238,7 +238,7 @@ async fn serve(client: TcpStream, server: TcpStream, st: Arc<State>, rx: watch::
             if find(chunk, COMMIT_QUERY) {
                 let k = st_up.commits_seen.fetch_add(1, Ordering::SeqCst) + 1;
                 let every = st_up.lose_commit_every.load(Ordering::SeqCst);
-                if every > 0 && k % every == 0 {
+                if every > 0 && k.is_multiple_of(every) {
                     let _ = st_up
                         .armed
                         .compare_exchange(0, 1, Ordering::SeqCst, Ordering::SeqCst);
