@@ -2,7 +2,8 @@
 //! installs it) in **transaction** pool mode in front of the test server:
 //! its own ini, user list and port in a temporary directory, started as a
 //! child and stopped when dropped, or when the test process exits (a shell
-//! between them kills it once its stdin, held here, closes).
+//! between them kills it, and removes the directory, once its stdin, held
+//! here, closes).
 //!
 //! Roles are added to its user list (trust authentication still wants the
 //! name listed) with [`Bouncer::add_role`], which reloads it through the
@@ -116,8 +117,9 @@ impl Bouncer {
         let mut child = Command::new("sh")
             .arg("-c")
             .arg(format!(
-                "{BINARY} {user} {ini} & p=$!; read _; kill $p; wait $p",
-                ini = dir.join("pgbouncer.ini").display()
+                "{BINARY} {user} {ini} & p=$!; read _; kill $p; wait $p; rm -rf {dir}",
+                ini = dir.join("pgbouncer.ini").display(),
+                dir = dir.display()
             ))
             .stdin(Stdio::piped())
             .stdout(Stdio::null())
