@@ -12,6 +12,12 @@
 //!   for longer than the lease TTL, then resume. The partitioned worker's
 //!   leases lapse and are taken over; what it sends after the heal is
 //!   judged by the fence like any zombie's.
+//! - **Cut connections**: one worker's proxy closes every connection it
+//!   holds, both sides at once, as a network that resets: a transaction in
+//!   flight is cut in the middle (the server rolls it back when it reads
+//!   the client's end; a `COMMIT` in flight leaves the outcome unknown,
+//!   which the worker resolves by fencing off and reading back), and the
+//!   worker's pool opens new connections.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -93,6 +99,8 @@ pub struct Proxy {
     /// `127.0.0.1:PORT`.
     pub listen: String,
     partitioned: watch::Sender<bool>,
+    /// Bumped to close every connection open through it.
+    cut: watch::Sender<u64>,
     open: Arc<AtomicU64>,
 }
 
@@ -104,9 +112,11 @@ impl Proxy {
         let listen = listener.local_addr()?.to_string();
         let listener = TcpListener::from_std(listener)?;
         let (tx, rx) = watch::channel(false);
+        let (cut, cut_rx) = watch::channel(0u64);
         let proxy = Arc::new(Self {
             listen,
             partitioned: tx,
+            cut,
             open: Arc::new(AtomicU64::new(0)),
         });
         let open = proxy.open.clone();
@@ -120,6 +130,8 @@ impl Proxy {
                     return;
                 }
                 let (upstream, rx, open) = (upstream.clone(), rx.clone(), open.clone());
+                let mut cut_rx = cut_rx.clone();
+                cut_rx.mark_unchanged();
                 tokio::spawn(async move {
                     let Ok(server) = TcpStream::connect(&upstream).await else {
                         return;
@@ -129,9 +141,11 @@ impl Proxy {
                     let _ = server.set_nodelay(true);
                     let (cr, cw) = client.into_split();
                     let (sr, sw) = server.into_split();
+                    // Either pump ending, or a cut, drops both sockets.
                     tokio::select! {
                         _ = pump(cr, sw, rx.clone()) => {}
                         _ = pump(sr, cw, rx) => {}
+                        _ = cut_rx.changed() => {}
                     }
                     open.fetch_sub(1, Ordering::SeqCst);
                 });
@@ -147,6 +161,11 @@ impl Proxy {
 
     fn set_partitioned(&self, on: bool) {
         let _ = self.partitioned.send(on);
+    }
+
+    /// Closes every connection open through it.
+    fn cut_all(&self) {
+        self.cut.send_modify(|n| *n += 1);
     }
 }
 
@@ -227,6 +246,24 @@ impl PgChaos {
             .map(|_| "backends terminated (pg_terminate_backend)".to_string()))
     }
 
+    /// Cuts every connection of a random worker that has some open.
+    fn cut(&self) -> Option<String> {
+        let proxy = {
+            let all = self.proxies.lock().unwrap_or_else(|p| p.into_inner());
+            let live: Vec<&Arc<Proxy>> = all
+                .iter()
+                .filter(|p| p.connections() > 0)
+                .filter(|p| !*p.partitioned.borrow())
+                .collect();
+            if live.is_empty() {
+                return None;
+            }
+            live[rand::thread_rng().gen_range(0..live.len())].clone()
+        };
+        proxy.cut_all();
+        Some("connections cut (a worker's proxy closed them, both sides)".to_string())
+    }
+
     fn partition(&self) -> Option<String> {
         let proxy = {
             let all = self.proxies.lock().unwrap_or_else(|p| p.into_inner());
@@ -253,12 +290,18 @@ impl PgChaos {
 impl BackendChaos for PgChaos {
     fn strike(&self) -> Pin<Box<dyn Future<Output = Result<Option<String>, String>> + Send + '_>> {
         Box::pin(async move {
-            if rand::thread_rng().gen_bool(0.4) {
-                if let Some(label) = self.partition() {
-                    return Ok(Some(label));
-                }
+            let roll: f64 = rand::thread_rng().gen();
+            let label = if roll < 0.3 {
+                self.partition()
+            } else if roll < 0.6 {
+                self.cut()
+            } else {
+                None
+            };
+            match label {
+                Some(label) => Ok(Some(label)),
+                None => self.terminate().await,
             }
-            self.terminate().await
         })
     }
 
