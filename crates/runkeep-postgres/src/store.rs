@@ -102,6 +102,14 @@ impl PgStore {
         &self.db.pool
     }
 
+    /// Takes one pooled connection and gives it back: what a store opened
+    /// with [`PgStore::open_migrated`] checks before its first operation
+    /// (the schema version; behind a pooler, the session's settings), so a
+    /// caller can refuse at start rather than at the first write.
+    pub async fn check_connection(&self) -> Result<()> {
+        self.db.conn("check a pooled connection").await.map(drop)
+    }
+
     /// The query plan (`EXPLAIN`) of the first page `list_runs` would read
     /// for `scope` and `options`: what an operator (or a test) checks for
     /// index use.

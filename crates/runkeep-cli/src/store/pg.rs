@@ -109,8 +109,17 @@ pub(super) async fn open(
             .map_err(|e| open_error(address, &options, e))?,
         OpenMode::Existing | OpenMode::ReadOnly => {
             require_current(address, &given).await?;
-            PgStore::open_migrated(&url, options.clone())
-                .map_err(|e| open_error(address, &options, e))?
+            let store = PgStore::open_migrated(&url, options.clone())
+                .map_err(|e| open_error(address, &options, e))?;
+            if options.direct_url.is_some() {
+                // Behind a pooler: refuse now a role without runkeep's
+                // settings, not at the first write.
+                store
+                    .check_connection()
+                    .await
+                    .map_err(|e| open_error(address, &options, e))?;
+            }
+            store
         }
         OpenMode::Examine => PgStore::open_migrated(&url, options.clone())
             .map_err(|e| open_error(address, &options, e))?,
