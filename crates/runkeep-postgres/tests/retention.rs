@@ -419,3 +419,69 @@ where
     }
     panic!("timed out waiting until {what}");
 }
+
+/// `(n_tup_upd, n_tup_hot_upd)` of this schema's `runs`, once the
+/// statistics count at least `updates` updates (each backend reports its
+/// counts when idle, within about 10 s: this waits for them, it does not
+/// time anything).
+async fn runs_updates(raw: &tokio_postgres::Client, schema: &str, updates: i64) -> (i64, i64) {
+    for _ in 0..600 {
+        let row = raw
+            .query_one(
+                "SELECT n_tup_upd, n_tup_hot_upd FROM pg_stat_user_tables WHERE schemaname = $1 AND relname = 'runs'",
+                &[&schema],
+            )
+            .await
+            .unwrap();
+        let (upd, hot): (i64, i64) = (row.get(0), row.get(1));
+        if upd >= updates {
+            return (upd, hot);
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    panic!("the statistics never counted {updates} updates of {schema}.runs");
+}
+
+/// A claim that takes over a lapsed lease rewrites the lifecycle (it
+/// counts the attempt), and since version 7 no index of `runs` reads the
+/// lifecycle: every such claim is a heap-only update. (Version 5's index on
+/// the lifecycle's `finishedAt` made each one add an entry to every index
+/// of the table.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn takeover_claims_are_heap_only_updates() {
+    let Some(url) = common::url_or_skip("takeover_claims_are_heap_only_updates") else {
+        return;
+    };
+    let clock = support::store_clock();
+    let (store, guard) = common::store(&url, "ret_hot", Some(clock.clone())).await;
+    let store: Arc<dyn RunStore> = Arc::new(store);
+    let raw = common::raw_client(&url, &guard.schema).await;
+    let r = support::run("hot");
+    store
+        .enqueue(
+            &r,
+            &support::checkpoint("first", 0),
+            &EnqueueOptions::default(),
+        )
+        .await
+        .unwrap();
+    support::take(&store, &r, support::claim_now("w0", 1_000)).await;
+    let (upd0, hot0) = runs_updates(&raw, &guard.schema, 2).await;
+    const CLAIMS: i64 = 10;
+    for i in 1..=CLAIMS {
+        clock.advance(2_000);
+        support::take(&store, &r, support::claim_now(&format!("w{i}"), 1_000)).await;
+    }
+    assert_eq!(
+        store.lifecycle(&r).await.unwrap().attempts,
+        CLAIMS as u32,
+        "each takeover rewrote the lifecycle"
+    );
+    let (upd, hot) = runs_updates(&raw, &guard.schema, upd0 + CLAIMS).await;
+    assert_eq!(upd - upd0, CLAIMS, "one update per claim");
+    assert_eq!(
+        hot - hot0,
+        CLAIMS,
+        "every takeover claim is heap-only ({upd0}/{hot0} before, {upd}/{hot} after)"
+    );
+}
