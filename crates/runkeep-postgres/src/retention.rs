@@ -13,6 +13,10 @@
 //!    [`retention::is_due`], the one rule (the scan only narrows what is
 //!    read): a run reopened, claimed or re-finished since the scan's
 //!    snapshot is kept; one deleted since is not returned.
+//!    Writers hold a run's row for one short transaction; a row held past
+//!    `PgOptions::lock_timeout` (a client stopped mid-transaction) fails
+//!    the batch `Unavailable` with nothing deleted, and the next call
+//!    retries it.
 //! 3. **Sub-runs**: the due candidates' sub-runs are locked (`FOR UPDATE`,
 //!    through `runs_sub_runs_by_parent`) and judged too: one not due keeps
 //!    its parent.
