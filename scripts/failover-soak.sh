@@ -63,6 +63,12 @@ a = r["audit"]
 rb = r.get("read_backs") or {}
 f = r.get("failover") or {}
 v = "pass" if not a["violations"] and r["finished_in_time"] else ("FAIL" if a["violations"] else "timeout")
+# The interleaving the trial is about: no failover, or (sync) no commit in
+# flight at the kill, proves nothing.
+if not f:
+    v = "NO-FAILOVER"
+elif f["replication"] == "sync" and f["commits_in_flight"] < 1:
+    v = "NOT-MID-COMMIT"
 u = rb.get("outcome_unknown", 0)
 landed, not_landed = rb.get("landed", 0), rb.get("not_landed", 0)
 print(v, a["acks_lost"], a["fences_issued_twice"], u,
@@ -81,9 +87,13 @@ EOF
     fi
 done
 echo "failover-soak.sh: $mode, $trials trial(s), $size: $sum_lost acknowledged writes lost, $sum_twice fences issued twice, $sum_unknown outcome-unknown commits; $failed trial(s) failed"
+trap - EXIT
+cleanup
+if [ "$failed" = 0 ]; then
+    rm -rf "$work"
+else
+    echo "failover-soak.sh: reports and soak directories kept in $work" >&2
+fi
 if [ "$mode" = sync ] && [ "$failed" != 0 ]; then
-    echo "failover-soak.sh: reports kept in $work" >&2
-    trap - EXIT
-    cleanup
     exit 1
 fi

@@ -157,7 +157,10 @@ fn the_doctor_on_a_server_without_standbys_says_so_and_warns_about_none() {
         "{url}{}schema={schema}",
         if url.contains('?') { '&' } else { '?' }
     );
-    let migrated = runkeep().args(["--store", &store, "migrate"]).output().unwrap();
+    let migrated = runkeep()
+        .args(["--store", &store, "migrate"])
+        .output()
+        .unwrap();
     assert!(migrated.status.success(), "{migrated:?}");
     let (status, message, _) = replication_check(&store);
     sql(&url, &format!("DROP SCHEMA IF EXISTS {schema} CASCADE"));
@@ -171,7 +174,10 @@ fn the_doctor_on_a_server_without_standbys_says_so_and_warns_about_none() {
 fn the_doctor_warns_on_an_asynchronous_standby_and_a_lowered_synchronous_commit() {
     let pair = Pair::up("async");
     let store = pair.get("PAIR_URL").to_string();
-    let migrated = runkeep().args(["--store", &store, "migrate"]).output().unwrap();
+    let migrated = runkeep()
+        .args(["--store", &store, "migrate"])
+        .output()
+        .unwrap();
     assert!(migrated.status.success(), "{migrated:?}");
 
     // Asynchronous: a warning naming the standby, the fence risk and the fix.
@@ -203,7 +209,10 @@ fn the_doctor_warns_on_an_asynchronous_standby_and_a_lowered_synchronous_commit(
     assert!(sync_seen, "the standby never became sync");
     let (status, message, _) = replication_check(&store);
     assert_eq!(status, "pass", "{message}");
-    assert!(message.contains("every standby is synchronous (standby1)"), "{message}");
+    assert!(
+        message.contains("every standby is synchronous (standby1)"),
+        "{message}"
+    );
 
     // synchronous_commit lowered for the store's role in its database: a
     // warning whose fix is at that level.
@@ -299,20 +308,24 @@ fn a_worker_started_before_the_promotion_waits_for_a_writable_server() {
     assert!(before.contains("does not allow writes"), "{before}");
     // Still waiting (the interleaving: it did not exit on the refusal).
     assert!(worker.try_wait().unwrap().is_none(), "{before}");
-    let primary_pid = std::fs::read_to_string(Path::new(pair.get("PAIR_PRIMARY_DATA")).join("postmaster.pid"))
-        .unwrap()
-        .lines()
-        .next()
-        .unwrap()
-        .trim()
-        .to_string();
+    let primary_pid =
+        std::fs::read_to_string(Path::new(pair.get("PAIR_PRIMARY_DATA")).join("postmaster.pid"))
+            .unwrap()
+            .lines()
+            .next()
+            .unwrap()
+            .trim()
+            .to_string();
     let killed = Command::new("kill")
         .args(["-9", &primary_pid])
         .status()
         .unwrap();
     assert!(killed.success());
     let standby = pair.url("standby");
-    assert_eq!(sql(&standby, "SELECT pg_promote(true, 60)").as_deref(), Some("t"));
+    assert_eq!(
+        sql(&standby, "SELECT pg_promote(true, 60)").as_deref(),
+        Some("t")
+    );
     // Connected to the promoted server: its session shows there.
     let connected = (0..600).any(|_| {
         let n = sql(
@@ -324,7 +337,10 @@ fn a_worker_started_before_the_promotion_waits_for_a_writable_server() {
             false
         }
     });
-    assert!(connected, "the worker never connected to the promoted standby");
+    assert!(
+        connected,
+        "the worker never connected to the promoted standby"
+    );
     assert!(worker.try_wait().unwrap().is_none(), "the worker exited");
     let term = Command::new("kill")
         .args(["-TERM", &worker.id().to_string()])

@@ -148,8 +148,12 @@ impl Pair {
     /// The postmaster's pid, from the first line of its `postmaster.pid`.
     fn primary_pid(&self) -> Result<i32, String> {
         let file = self.primary_data.join("postmaster.pid");
-        let text = std::fs::read_to_string(&file)
-            .map_err(|e| format!("cannot read {}: {e} (is the primary running?)", file.display()))?;
+        let text = std::fs::read_to_string(&file).map_err(|e| {
+            format!(
+                "cannot read {}: {e} (is the primary running?)",
+                file.display()
+            )
+        })?;
         text.lines()
             .next()
             .and_then(|l| l.trim().parse().ok())

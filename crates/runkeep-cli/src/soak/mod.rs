@@ -334,7 +334,10 @@ pub async fn run(ctx: &Ctx, args: SoakArgs) -> CliResult<Exit> {
         ctx.global.store.clone()
     } else if let Some(pair) = &pair {
         pair.url.parse::<StoreAddress>().map_err(|e| {
-            CliError::config(format!("the pair's URL {} is not a store address: {e}", pair.url))
+            CliError::config(format!(
+                "the pair's URL {} is not a store address: {e}",
+                pair.url
+            ))
         })?
     } else if args.over_http {
         // The server's natural backing: a root of tenants.
@@ -397,12 +400,10 @@ pub async fn run(ctx: &Ctx, args: SoakArgs) -> CliResult<Exit> {
                 args.failover_after,
             )))
         }
-        (Some(_), _, _) => {
-            return Err(CliError::usage(format!(
-                "--chaos failover needs a postgres:// store its workers reach directly, not {address}"
-            ))
-            .hint("leave --store out (the pair's URL) or pass the pair's multi-host postgres:// URL"))
-        }
+        (Some(_), _, _) => return Err(CliError::usage(format!(
+            "--chaos failover needs a postgres:// store its workers reach directly, not {address}"
+        ))
+        .hint("leave --store out (the pair's URL) or pass the pair's multi-host postgres:// URL")),
         _ => None,
     };
     let backend_chaos: Option<Arc<dyn runkeep_soak::BackendChaos>> =
@@ -562,7 +563,9 @@ fn failover_pair(args: &SoakArgs) -> CliResult<Option<Pair>> {
         return Ok(None);
     }
     if args.no_chaos {
-        return Err(CliError::usage("--chaos failover and --no-chaos contradict each other"));
+        return Err(CliError::usage(
+            "--chaos failover and --no-chaos contradict each other",
+        ));
     }
     if args.over_http {
         return Err(CliError::usage(
@@ -585,7 +588,10 @@ fn failover_pair(args: &SoakArgs) -> CliResult<Option<Pair>> {
 /// would kill a server the workers do not use.
 async fn check_served_by(store: &runkeep_postgres::PgStore, pair: &Pair) -> CliResult<()> {
     let c = store.pool().get().await.map_err(|e| {
-        CliError::new(Exit::Unavailable, format!("--chaos failover: no connection: {e}"))
+        CliError::new(
+            Exit::Unavailable,
+            format!("--chaos failover: no connection: {e}"),
+        )
     })?;
     let port: Option<i32> = c
         .query_one("SELECT inet_server_port()", &[])

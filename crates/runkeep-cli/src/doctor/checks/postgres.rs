@@ -268,10 +268,11 @@ pub(super) async fn replication(env: &Env) -> CliResult<Outcome> {
         CliError::failed(format!("no connection to read the replication state: {e}"))
             .hint("see store.reachable")
     })?;
-    let rows = c
-        .query(REPLICATION_SQL, &[])
-        .await
-        .map_err(|e| CliError::failed(format!("read pg_stat_replication and synchronous_commit: {e}")))?;
+    let rows = c.query(REPLICATION_SQL, &[]).await.map_err(|e| {
+        CliError::failed(format!(
+            "read pg_stat_replication and synchronous_commit: {e}"
+        ))
+    })?;
     let Some(first) = rows.first() else {
         return Err(CliError::failed("the replication query answered no row"));
     };
@@ -418,11 +419,19 @@ mod tests {
         let o = judge_replication(&replication(
             "on",
             "default",
-            &[("a", Some("sync")), ("b", Some("async")), ("c", Some("potential"))],
+            &[
+                ("a", Some("sync")),
+                ("b", Some("async")),
+                ("c", Some("potential")),
+            ],
         ));
         assert_eq!(o.status, Status::Warn);
         assert!(o.message.contains("2 of 3 standby(s)"), "{}", o.message);
-        assert!(o.message.contains("b (async), c (potential)"), "{}", o.message);
+        assert!(
+            o.message.contains("b (async), c (potential)"),
+            "{}",
+            o.message
+        );
         assert!(o.message.contains("same fence"), "{}", o.message);
         let fix = o.remediation.unwrap_or_default();
         assert!(fix.contains("synchronous_standby_names"), "{fix}");
@@ -433,12 +442,22 @@ mod tests {
         for (source, fix) in [
             ("user", "ALTER ROLE \"rk\" RESET"),
             ("database", "ALTER DATABASE \"app\" RESET"),
-            ("database user", "ALTER ROLE \"rk\" IN DATABASE \"app\" RESET"),
-            ("configuration file", "ALTER SYSTEM SET synchronous_commit = on"),
+            (
+                "database user",
+                "ALTER ROLE \"rk\" IN DATABASE \"app\" RESET",
+            ),
+            (
+                "configuration file",
+                "ALTER SYSTEM SET synchronous_commit = on",
+            ),
         ] {
             let o = judge_replication(&replication("local", source, &[("a", Some("sync"))]));
             assert_eq!(o.status, Status::Warn, "{source}");
-            assert!(o.message.contains("synchronous_commit is local"), "{}", o.message);
+            assert!(
+                o.message.contains("synchronous_commit is local"),
+                "{}",
+                o.message
+            );
             assert!(o.remediation.unwrap_or_default().contains(fix), "{source}");
         }
         let o = judge_replication(&replication("remote_write", "user", &[]));
@@ -455,11 +474,19 @@ mod tests {
         ));
         assert_eq!(sync.status, Status::Pass, "{}", sync.message);
         assert!(sync.message.contains("every standby is synchronous (a, b)"));
-        let apply = judge_replication(&replication("remote_apply", "default", &[("a", Some("sync"))]));
+        let apply = judge_replication(&replication(
+            "remote_apply",
+            "default",
+            &[("a", Some("sync"))],
+        ));
         assert_eq!(apply.status, Status::Pass, "{}", apply.message);
         let none = judge_replication(&replication("on", "default", &[]));
         assert_eq!(none.status, Status::Pass);
-        assert!(none.message.contains("no standby streams"), "{}", none.message);
+        assert!(
+            none.message.contains("no standby streams"),
+            "{}",
+            none.message
+        );
         assert!(!none.message.contains("asynchronous"), "{}", none.message);
     }
 
@@ -467,7 +494,10 @@ mod tests {
     fn a_standby_whose_state_is_hidden_from_the_role_is_not_a_pass() {
         let o = judge_replication(&replication("on", "default", &[("a", None)]));
         assert_eq!(o.status, Status::Inconclusive);
-        assert!(o.remediation.unwrap_or_default().contains("pg_read_all_stats"));
+        assert!(o
+            .remediation
+            .unwrap_or_default()
+            .contains("pg_read_all_stats"));
     }
 
     #[test]
