@@ -359,6 +359,15 @@ pub async fn run(ctx: &Ctx, args: SoakArgs) -> CliResult<Exit> {
             )
             .hint("leave --store out (a fresh directory root) or pass root:PATH or postgres://…"));
         }
+        StoreAddress::Postgres(_) => {}
+        other if pair.is_some() => {
+            return Err(CliError::usage(format!(
+                "--chaos failover fails a PostgreSQL pair over: --store {other} is not postgres://"
+            ))
+            .hint(
+                "leave --store out (the pair's URL) or pass the pair's multi-host postgres:// URL",
+            ));
+        }
         _ => {}
     }
     // PostgreSQL: a fresh schema per soak (dropped afterwards unless --keep
@@ -393,17 +402,26 @@ pub async fn run(ctx: &Ctx, args: SoakArgs) -> CliResult<Exit> {
     };
     let failover = match (&pair, opened.postgres(), &pg_workers) {
         (Some(pair), Some((store, _)), Some(w)) => {
-            check_served_by(store, pair).await?;
+            if let Err(e) = check_served_by(store, pair).await {
+                // Refused: the fresh schema made for this soak goes too.
+                if let Some(schema) = &fresh_schema {
+                    let _ = pg::drop_schema(store, schema).await;
+                }
+                return Err(e);
+            }
             Some(Arc::new(FailoverChaos::new(
                 pair.clone(),
                 w.app().to_string(),
                 args.failover_after,
             )))
         }
-        (Some(_), _, _) => return Err(CliError::usage(format!(
-            "--chaos failover needs a postgres:// store its workers reach directly, not {address}"
-        ))
-        .hint("leave --store out (the pair's URL) or pass the pair's multi-host postgres:// URL")),
+        // Refused above: a pair comes with a postgres:// store whose
+        // workers connect directly.
+        (Some(_), _, _) => {
+            return Err(CliError::internal(
+                "--chaos failover: no PostgreSQL store or workers to fail over",
+            ))
+        }
         _ => None,
     };
     let backend_chaos: Option<Arc<dyn runkeep_soak::BackendChaos>> =
