@@ -35,7 +35,7 @@ work="$(mktemp -d /tmp/runkeep-failover-XXXXXX)"
 chmod 755 "$work"
 cleanup() {
     for d in "$work"/pair-*; do
-        [ -d "$d" ] && bash scripts/pg-pair.sh down "$d" >/dev/null 2>&1 || true
+        [ -d "$d" ] && bash scripts/pg-pair.sh stop "$d" >/dev/null 2>&1 || true
     done
 }
 trap cleanup EXIT
@@ -50,7 +50,9 @@ for t in $(seq 1 "$trials"); do
     status=0
     "$RK" soak --chaos failover --pair "$pair" --workers 8 "${shape[@]}" \
         --json --dir "$work/soak-$t" >"$work/report-$t.json" 2>"$work/soak-$t.stderr" || status=$?
-    bash scripts/pg-pair.sh down "$pair" >/dev/null 2>&1 || true
+    # Stopped, kept until the verdict: a failed trial keeps its clusters'
+    # data (the store the audit read) for inspection.
+    bash scripts/pg-pair.sh stop "$pair" >/dev/null 2>&1 || true
     if [ ! -s "$work/report-$t.json" ]; then
         cat "$work/soak-$t.stderr" >&2
         echo "failover-soak.sh: trial $t: the soak wrote no report (exit $status)" >&2
@@ -79,8 +81,11 @@ EOF
     read -r verdict lost twice unknown resolved kill <<<"$line"
     printf '%-6s %-5s %-8s %-10s %-12s %-16s %-22s %s\n' "$t" "$mode" "$verdict" "$lost" "$twice" "$unknown" "$resolved" "$kill"
     sum_lost=$((sum_lost + lost)); sum_twice=$((sum_twice + twice)); sum_unknown=$((sum_unknown + unknown))
-    if [ "$status" != 0 ] || [ "$verdict" != pass ]; then
+    if [ "$status" = 0 ] && [ "$verdict" = pass ]; then
+        bash scripts/pg-pair.sh down "$pair" >/dev/null 2>&1 || true
+    else
         failed=$((failed + 1))
+        echo "--- trial $t: the pair's data (stopped) is kept in $pair" >&2
         echo "--- trial $t: soak exit $status; its report (text) follows" >&2
         python3 -c 'import json,sys; r=json.load(open(sys.argv[1])); print("\n".join(r["audit"]["violations"][:20]))' "$work/report-$t.json" >&2
         tail -5 "$work/soak-$t.stderr" >&2

@@ -5,6 +5,7 @@
 # postgres.
 #
 #   scripts/pg-pair.sh up DIR sync|async   create and start a fresh pair in DIR
+#   scripts/pg-pair.sh stop DIR            stop both clusters (immediate), keep DIR
 #   scripts/pg-pair.sh down DIR            stop both clusters (immediate) and
 #                                          remove DIR
 #
@@ -116,6 +117,17 @@ EOF
     grep '^PAIR_URL=' "$dir/pair.env"
 }
 
+# Stops both clusters (immediate), keeping DIR: what a failed trial leaves
+# to inspect (start the promoted standby again with pg_ctl -D DIR/standby).
+stop() {
+    local dir=$1 d
+    for d in primary standby; do
+        if [ -f "$dir/$d/postmaster.pid" ]; then
+            as_pg "$PGBIN/pg_ctl" -D "$dir/$d" -m immediate -w stop >/dev/null 2>&1 || true
+        fi
+    done
+}
+
 down() {
     local dir=$1 d
     for d in primary standby; do
@@ -130,6 +142,7 @@ down() {
 
 case "${1:-}" in
     up) [ $# = 3 ] || die "usage: $0 up DIR sync|async"; up "$2" "$3" ;;
+    stop) [ $# = 2 ] || die "usage: $0 stop DIR"; stop "$2" ;;
     down) [ $# = 2 ] || die "usage: $0 down DIR"; down "$2" ;;
-    *) die "usage: $0 up DIR sync|async | $0 down DIR" ;;
+    *) die "usage: $0 up DIR sync|async | $0 stop DIR | $0 down DIR" ;;
 esac
