@@ -125,7 +125,7 @@ async fn a_cut_inside_a_transaction_leaves_no_lock_and_the_pool_reconnects() {
         "the cut transaction held a lock on the store's tables"
     );
     let accepted = proxy.accepted();
-    proxy.release();
+    proxy.release_cut();
     let err = writer.await.unwrap().expect_err("its connection was cut");
     assert_eq!(proxy.cuts_in_tx(), 1);
     assert!(err.is_retryable() && !err.is_outcome_unknown(), "{err:?}");
@@ -155,7 +155,7 @@ async fn a_cut_inside_a_transaction_leaves_no_lock_and_the_pool_reconnects() {
     };
     let port = proxy.holding().await;
     assert!(idle_in_transaction(&url, port, &guard.schema).await);
-    proxy.release();
+    proxy.release_cut();
     let err = renewal.await.unwrap().expect_err("the renewal was cut");
     assert!(!err.is_outcome_unknown(), "{err:?}");
     assert_eq!(proxy.cuts_in_tx(), 2);

@@ -6,15 +6,19 @@
 //!   lost), or swallowed itself (the commit never happens); either way the
 //!   client's connection is then closed. Statements pipelined with the
 //!   `COMMIT` (in the same read) share its fate: forwarded and their
-//!   replies swallowed too, or swallowed with it.
+//!   replies swallowed too, or swallowed with it;
+//! - `arm(CommitFault::Hold)`: the next `COMMIT` (with what is pipelined
+//!   with it) waits in the proxy until `release()`, then is forwarded as
+//!   usual: the client's transaction stays open, its row locks held, for as
+//!   long as the test likes (`held()` says it is waiting);
 //! - `pause_next_begin()` / `cut_every(begins, commits)`: a cut inside a
 //!   transaction. The chunk carrying a `BEGIN` (with the statements
 //!   pipelined behind it: the run's row lock) is forwarded, every reply from
 //!   then on swallowed, and both sides closed: the server finds its client
 //!   gone with the transaction open. Paused ([`Proxy::holding`] answers the
 //!   server-side port, to find the backend in `pg_stat_activity`) until
-//!   [`Proxy::release`]; unpaused, cut once the server answered. `commits`:
-//!   every that-many-th `COMMIT` loses its acknowledgement, as
+//!   [`Proxy::release_cut`]; unpaused, cut once the server answered.
+//!   `commits`: every that-many-th `COMMIT` loses its acknowledgement, as
 //!   `CommitFault::LoseAck`.
 
 use std::sync::atomic::{AtomicBool, AtomicU8, AtomicUsize, Ordering};
@@ -39,6 +43,8 @@ pub enum CommitFault {
     /// Swallowed; the client is cut (the server sees the client vanish mid
     /// transaction and rolls back).
     LoseCommit,
+    /// Held until [`Proxy::release`], then forwarded.
+    Hold,
 }
 
 #[derive(Default)]
@@ -51,6 +57,8 @@ struct State {
     commits_lost: AtomicUsize,
     /// Connections accepted.
     accepted: AtomicUsize,
+    /// Commits waiting for `release` (Hold).
+    held: AtomicUsize,
     /// Cut inside the next transaction and hold it until released.
     pause_next_begin: AtomicBool,
     /// Cut inside every this-many-th transaction (0: never).
@@ -63,7 +71,7 @@ struct State {
     cuts_in_tx: AtomicUsize,
     /// The server-side port of a paused cut.
     holding: watch::Sender<Option<u16>>,
-    release: tokio::sync::Notify,
+    release_cut: tokio::sync::Notify,
 }
 
 /// The proxy; it serves until dropped (its tasks are aborted then).
@@ -72,6 +80,7 @@ pub struct Proxy {
     pub port: u16,
     state: Arc<State>,
     partitioned: watch::Sender<bool>,
+    released: watch::Sender<bool>,
     task: tokio::task::JoinHandle<()>,
 }
 
@@ -88,6 +97,7 @@ impl Proxy {
         let port = listener.local_addr().unwrap().port();
         let state = Arc::new(State::default());
         let (partitioned, rx) = watch::channel(false);
+        let (released, rel_rx) = watch::channel(false);
         let target = target.to_string();
         let st = state.clone();
         let task = tokio::spawn(async move {
@@ -100,13 +110,20 @@ impl Proxy {
                 let Ok(server) = TcpStream::connect(&target).await else {
                     continue;
                 };
-                conns.spawn(serve(client, server, st.clone(), rx.clone()));
+                conns.spawn(serve(
+                    client,
+                    server,
+                    st.clone(),
+                    rx.clone(),
+                    rel_rx.clone(),
+                ));
             }
         });
         Self {
             port,
             state,
             partitioned,
+            released,
             task,
         }
     }
@@ -133,6 +150,7 @@ impl Proxy {
         let v = match fault {
             CommitFault::LoseAck => 1,
             CommitFault::LoseCommit => 2,
+            CommitFault::Hold => 3,
         };
         self.state.armed.store(v, Ordering::SeqCst);
     }
@@ -140,6 +158,16 @@ impl Proxy {
     /// Commits acknowledged by the server whose reply was swallowed.
     pub fn acks_lost(&self) -> usize {
         self.state.acks_lost.load(Ordering::SeqCst)
+    }
+
+    /// Commits held (`CommitFault::Hold`) and not yet released.
+    pub fn held(&self) -> usize {
+        self.state.held.load(Ordering::SeqCst)
+    }
+
+    /// Forwards the held commits (and every later armed `Hold` at once).
+    pub fn release(&self) {
+        self.released.send_replace(true);
     }
 
     /// Commits swallowed before they reached the server.
@@ -153,7 +181,7 @@ impl Proxy {
     }
 
     /// The next transaction is cut after its `BEGIN` pipeline reached the
-    /// server, and held open until [`Proxy::release`].
+    /// server, and held open until [`Proxy::release_cut`].
     pub fn pause_next_begin(&self) {
         self.state.holding.send_replace(None);
         self.state.pause_next_begin.store(true, Ordering::SeqCst);
@@ -168,17 +196,15 @@ impl Proxy {
     }
 
     /// Cuts the paused connection.
-    pub fn release(&self) {
-        self.state.release.notify_one();
+    pub fn release_cut(&self) {
+        self.state.release_cut.notify_one();
     }
 
     /// Cuts inside every `begins`-th transaction, and loses the
     /// acknowledgement of every `commits`-th `COMMIT` (0: never).
     pub fn cut_every(&self, begins: usize, commits: usize) {
         self.state.cut_begin_every.store(begins, Ordering::SeqCst);
-        self.state
-            .lose_commit_every
-            .store(commits, Ordering::SeqCst);
+        self.state.lose_commit_every.store(commits, Ordering::SeqCst);
     }
 
     /// Transactions cut after the server answered their `BEGIN`.
@@ -195,7 +221,13 @@ async fn pass(rx: &mut watch::Receiver<bool>) {
     let _ = rx.wait_for(|p| !*p).await;
 }
 
-async fn serve(client: TcpStream, server: TcpStream, st: Arc<State>, rx: watch::Receiver<bool>) {
+async fn serve(
+    client: TcpStream,
+    server: TcpStream,
+    st: Arc<State>,
+    rx: watch::Receiver<bool>,
+    mut released: watch::Receiver<bool>,
+) {
     let server_port = server.local_addr().map_or(0, |a| a.port());
     // Set by the upstream pump when it forwarded a BEGIN it cuts after;
     // set by the downstream pump once the server answered it.
@@ -229,7 +261,7 @@ async fn serve(client: TcpStream, server: TcpStream, st: Arc<State>, rx: watch::
                     st_up.cuts_in_tx.fetch_add(1, Ordering::SeqCst);
                     if pause {
                         st_up.holding.send_replace(Some(server_port));
-                        st_up.release.notified().await;
+                        st_up.release_cut.notified().await;
                     }
                     // Both sides close: the server's transaction is open.
                     return;
@@ -254,6 +286,11 @@ async fn serve(client: TcpStream, server: TcpStream, st: Arc<State>, rx: watch::
                         st_up.commits_lost.fetch_add(1, Ordering::SeqCst);
                         // Cut both sides without forwarding it.
                         return;
+                    }
+                    3 => {
+                        st_up.held.fetch_add(1, Ordering::SeqCst);
+                        let _ = released.wait_for(|r| *r).await;
+                        st_up.held.fetch_sub(1, Ordering::SeqCst);
                     }
                     _ => {}
                 }
