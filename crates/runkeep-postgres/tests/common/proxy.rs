@@ -204,7 +204,9 @@ impl Proxy {
     /// acknowledgement of every `commits`-th `COMMIT` (0: never).
     pub fn cut_every(&self, begins: usize, commits: usize) {
         self.state.cut_begin_every.store(begins, Ordering::SeqCst);
-        self.state.lose_commit_every.store(commits, Ordering::SeqCst);
+        self.state
+            .lose_commit_every
+            .store(commits, Ordering::SeqCst);
     }
 
     /// Transactions cut after the server answered their `BEGIN`.
