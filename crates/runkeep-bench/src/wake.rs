@@ -92,6 +92,17 @@ impl Figures {
             p(&self.acked, 99.0),
             max(&self.acked)
         );
+        let after: Vec<f64> = self
+            .woke
+            .iter()
+            .zip(&self.acked)
+            .map(|(w, a)| w - a)
+            .collect();
+        println!(
+            "  B woken after A's acknowledgement (negative: before it): p50 {:.1} ms  p99 {:.1} ms",
+            p(&after, 50.0),
+            p(&after, 99.0)
+        );
         println!("  missed (answered without the event): {}", self.missed);
     }
 }

@@ -5,6 +5,10 @@
 //!   servers re-read on their own only every `--watch-fallback` (set far
 //!   above the long-poll's own timeout), so an answer `changed: true` can
 //!   only come from the store's `NOTIFY`;
+//! - a token revoked with `runkeep token revoke` is refused by every
+//!   server reading the token file within the reload interval (polled
+//!   until refused, under a generous bound; a token not revoked is still
+//!   served by all);
 //! - one LangGraph thread's write batches sent at once through two servers
 //!   are all kept: the test holds the run's row lock from its own
 //!   connection until batches from both servers wait on it (asserted from
@@ -15,9 +19,10 @@
 
 mod common;
 
+use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use common::servers::{client, drop_schema, pg_store, serve_with, token, Serve};
+use common::servers::{client, drop_schema, pg_store, runkeep, serve_with, token, Serve};
 use runkeep::RunScope;
 use runkeep_conformance::support;
 use serde_json::{json, Value};
@@ -47,6 +52,9 @@ struct Fleet {
     schema: String,
     /// The prefix of the servers' `application_name`s.
     app: String,
+    /// The `--store` address and the token file every server reads.
+    store: String,
+    tokens: PathBuf,
     servers: Vec<Serve>,
     token: String,
     _dir: tempfile::TempDir,
@@ -54,6 +62,10 @@ struct Fleet {
 
 impl Fleet {
     fn start(label: &str, n: usize) -> Self {
+        Self::start_with(label, n, &[])
+    }
+
+    fn start_with(label: &str, n: usize, extra: &[&str]) -> Self {
         let (url, schema, store) = pg_store(label);
         let dir = tempfile::tempdir().unwrap();
         let tokens = dir.path().join("tokens.json");
@@ -63,13 +75,17 @@ impl Fleet {
         let servers = (0..n)
             .map(|i| {
                 let named = format!("{store}&application_name={app}{i}");
-                serve_with(&named, &tokens, &["--watch-fallback", FALLBACK])
+                let mut args = vec!["--watch-fallback", FALLBACK];
+                args.extend_from_slice(extra);
+                serve_with(&named, &tokens, &args)
             })
             .collect();
         Fleet {
             url,
             schema,
             app,
+            store,
+            tokens,
             servers,
             token,
             _dir: dir,
@@ -312,4 +328,74 @@ async fn one_threads_batches_sent_through_two_servers_at_once_are_all_kept() {
     );
     drop(probe);
     drop(pg);
+}
+
+/// The reload interval of the revocation test, and the bound it polls
+/// under (the documented delay is one interval; the bound is generous).
+const RELOAD: &str = "500ms";
+const REVOKE_BOUND: Duration = Duration::from_secs(20);
+
+async fn whoami(http: &reqwest::Client, server: &Serve, token: &str) -> u16 {
+    http.get(format!("{}/v1/whoami", server.url))
+        .bearer_auth(token)
+        .send()
+        .await
+        .expect("whoami")
+        .status()
+        .as_u16()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_token_revoked_is_refused_by_every_server_within_the_reload_interval() {
+    let fleet = Fleet::start_with("revoke", 3, &["--token-reload", RELOAD]);
+    let http = reqwest::Client::new();
+    let out = runkeep(&fleet.store)
+        .args(["--json", "--tenant", support::tenant().as_str()])
+        .args(["token", "create", "--role", "worker", "--tokens"])
+        .arg(&fleet.tokens)
+        .output()
+        .expect("runkeep token create");
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let created: Value = serde_json::from_slice(&out.stdout).expect("json");
+    let (id, secret) = (
+        created["id"].as_str().expect("id").to_string(),
+        created["token"].as_str().expect("token").to_string(),
+    );
+    // Every server serves the new token first (each reloads on its own).
+    for (i, server) in fleet.servers.iter().enumerate() {
+        let deadline = Instant::now() + REVOKE_BOUND;
+        while whoami(&http, server, &secret).await != 200 {
+            assert!(Instant::now() < deadline, "server {i} never took the new token");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+    let out = runkeep(&fleet.store)
+        .args(["token", "revoke", &id, "--tokens"])
+        .arg(&fleet.tokens)
+        .output()
+        .expect("runkeep token revoke");
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let revoked = Instant::now();
+    for (i, server) in fleet.servers.iter().enumerate() {
+        loop {
+            let status = whoami(&http, server, &secret).await;
+            if status == 401 {
+                break;
+            }
+            assert_eq!(status, 200, "server {i}: the token answered {status}");
+            assert!(
+                revoked.elapsed() < REVOKE_BOUND,
+                "server {i} still serves the revoked token {REVOKE_BOUND:?} after the revoke"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        eprintln!("server {i} refuses the revoked token {:?} after the revoke", revoked.elapsed());
+    }
+    for (i, server) in fleet.servers.iter().enumerate() {
+        assert_eq!(
+            whoami(&http, server, &fleet.token).await,
+            200,
+            "server {i} refuses the token that was not revoked"
+        );
+    }
 }
