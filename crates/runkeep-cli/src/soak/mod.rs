@@ -96,6 +96,9 @@ pub struct SoakArgs {
     /// a pause of a fifth to half the lease TTL, a start on the same port).
     #[arg(long, default_value = "3s", value_parser = parse_duration, requires = "over_http")]
     pub server_restart_every: Duration,
+    /// With --over-http: how many `runkeep serve` processes in front of the one store (1 to 8); worker N uses server N mod this, and each strike of the chaos hits one server drawn at random while the others go on serving.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..=8), requires = "over_http")]
+    pub servers: u16,
     /// Chaos stalls workers only (no kills); for tests of the stall path.
     #[arg(long, hide = true)]
     pub stall_only: bool,
@@ -226,17 +229,23 @@ fn http_address(server: &Server, token: &str) -> CliResult<StoreAddress> {
 /// user; the URL may carry a password).
 fn worker_command(
     ctx: &Ctx,
-    address: &StoreAddress,
+    addresses: &[StoreAddress],
     pg_workers: Option<Arc<PgWorkers>>,
 ) -> CliResult<Launcher> {
     let exe = this_binary()?;
     let scope = scope_args(ctx);
-    let token = match address {
-        StoreAddress::Http(h) => h.token().map(str::to_string),
+    let token = match addresses.first() {
+        Some(StoreAddress::Http(h)) => h.token().map(str::to_string),
         _ => None,
     };
-    let address = address.to_string();
+    let addresses: Vec<String> = addresses.iter().map(ToString::to_string).collect();
+    if addresses.is_empty() {
+        return Err(CliError::internal("a soak's workers need a store address"));
+    }
     Ok(Launcher::Processes(Arc::new(move |cfg: &WorkerConfig| {
+        // Worker N on address N mod their number (several servers: the
+        // workers spread over them, each staying on its own across restarts).
+        let address = &addresses[cfg.label.parse::<usize>().unwrap_or(0) % addresses.len()];
         let mut cmd = Process::new(&exe);
         match &pg_workers {
             Some(w) => {
@@ -251,7 +260,7 @@ fn worker_command(
                     .env_remove("RUNKEEP_PG_SCHEMA");
             }
             None => {
-                cmd.arg("--store").arg(&address);
+                cmd.arg("--store").arg(address);
             }
         }
         // An http:// store's token: environment only (`ps` shows command
@@ -358,23 +367,35 @@ pub async fn run(ctx: &Ctx, args: SoakArgs) -> CliResult<Exit> {
         };
     // Over HTTP: the soak's own server, a worker token, the workers on
     // http://…, the server's restarts as the backend's chaos.
+    // `--servers N`: N servers in front of the one backing store, all
+    // reading one token file.
     let server = if args.over_http {
         let token = worker_token(&soak_dir, &ctx.scope.tenant)?;
-        let server = Arc::new(
-            Server::start(serve_command(ctx, &address)?, &soak_dir).map_err(|e| {
-                CliError::failed(format!("soak --over-http: cannot start runkeep serve: {e}"))
-            })?,
-        );
-        let http_address = http_address(&server, &token)?;
-        Some((server, http_address))
+        let mut servers = Vec::new();
+        let mut addresses = Vec::new();
+        for i in 0..args.servers {
+            let name = if args.servers == 1 {
+                "server".to_string()
+            } else {
+                format!("server{i}")
+            };
+            let server = Arc::new(
+                Server::start_named(serve_command(ctx, &address)?, &soak_dir, &name).map_err(
+                    |e| CliError::failed(format!("soak --over-http: cannot start runkeep serve: {e}")),
+                )?,
+            );
+            addresses.push(http_address(&server, &token)?);
+            servers.push(server);
+        }
+        Some((servers, addresses))
     } else {
         None
     };
     let backend_chaos = match &server {
-        Some((server, _)) if !args.no_chaos => {
+        Some((servers, _)) if !args.no_chaos => {
             let ttl = args.ttl.as_duration();
             Some(Arc::new(ServerChaos::new(
-                server.clone(),
+                servers.clone(),
                 args.server_restart_every,
                 (ttl / 5, ttl / 2),
                 ttl,
@@ -388,7 +409,17 @@ pub async fn run(ctx: &Ctx, args: SoakArgs) -> CliResult<Exit> {
         // server, so a server bug cannot hide a violation.
         store: opened.store.clone(),
         address: match &server {
-            Some((_, http)) => format!("{http} (runkeep serve over {address})"),
+            Some((_, http)) if http.len() == 1 => {
+                format!("{} (runkeep serve over {address})", http[0])
+            }
+            Some((_, http)) => format!(
+                "{} ({} runkeep serve processes over {address})",
+                http.iter()
+                    .map(ToString::to_string)
+                    .collect::<Vec<_>>()
+                    .join(", "),
+                http.len()
+            ),
             None => address.to_string(),
         },
         session: ctx.scope.listing()?,
@@ -400,7 +431,7 @@ pub async fn run(ctx: &Ctx, args: SoakArgs) -> CliResult<Exit> {
         None if matches!(address, StoreAddress::Memory) => {
             Launcher::Threads(runkeep_soak::worker::correct())
         }
-        None => worker_command(ctx, &address, pg_workers.clone())?,
+        None => worker_command(ctx, std::slice::from_ref(&address), pg_workers.clone())?,
     };
     let (runs, poison) = runkeep_soak::seed(target.store.as_ref(), &target.session, &options)
         .await
@@ -435,9 +466,11 @@ pub async fn run(ctx: &Ctx, args: SoakArgs) -> CliResult<Exit> {
         .await
         .map_err(CliError::internal)?;
     bar.finish_and_clear();
-    if let Some((server, _)) = &server {
-        server.stop();
-        report.server_restarts = Some(server.restarts());
+    if let Some((servers, _)) = &server {
+        for server in servers {
+            server.stop();
+        }
+        report.server_restarts = Some(servers.iter().map(|s| s.restarts()).sum());
         report.read_backs = Some(runkeep_soak::ReadBacks::from_worker_logs(&target.soak_dir));
     }
     let keep = args.keep || report.verdict() != Verdict::Pass || args.dir.is_some();
