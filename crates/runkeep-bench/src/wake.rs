@@ -146,7 +146,11 @@ async fn measure(
         let scope = &scope;
         async move {
             writer
-                .append_events(scope, &[NewEvent::new("wake", serde_json::Map::new())], None)
+                .append_events(
+                    scope,
+                    &[NewEvent::new("wake", serde_json::Map::new())],
+                    None,
+                )
                 .await
                 .map_err(|e| format!("append through server A (round {i}): {e}"))
         }

@@ -204,7 +204,12 @@ async fn one_threads_batches_sent_through_two_servers_at_once_are_all_kept() {
     )
     .await
     .expect("put the checkpoint");
-    assert_eq!(put.status(), 200, "{}", put.text().await.unwrap_or_default());
+    assert_eq!(
+        put.status(),
+        200,
+        "{}",
+        put.text().await.unwrap_or_default()
+    );
 
     // Hold the run's row (what every write of the run locks) from a
     // connection of our own, so the batches pile up behind it.
@@ -282,7 +287,11 @@ async fn one_threads_batches_sent_through_two_servers_at_once_are_all_kept() {
             let mut done = Vec::new();
             for b in batches {
                 let a = b.await.expect("task").expect("a batch");
-                done.push(format!("{} {}", a.status(), a.text().await.unwrap_or_default()));
+                done.push(format!(
+                    "{} {}",
+                    a.status(),
+                    a.text().await.unwrap_or_default()
+                ));
             }
             panic!(
                 "batches from both servers never waited on the run at once ({n} servers \
@@ -355,7 +364,11 @@ async fn a_token_revoked_is_refused_by_every_server_within_the_reload_interval()
         .arg(&fleet.tokens)
         .output()
         .expect("runkeep token create");
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let created: Value = serde_json::from_slice(&out.stdout).expect("json");
     let (id, secret) = (
         created["id"].as_str().expect("id").to_string(),
@@ -365,7 +378,10 @@ async fn a_token_revoked_is_refused_by_every_server_within_the_reload_interval()
     for (i, server) in fleet.servers.iter().enumerate() {
         let deadline = Instant::now() + REVOKE_BOUND;
         while whoami(&http, server, &secret).await != 200 {
-            assert!(Instant::now() < deadline, "server {i} never took the new token");
+            assert!(
+                Instant::now() < deadline,
+                "server {i} never took the new token"
+            );
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
     }
@@ -374,7 +390,11 @@ async fn a_token_revoked_is_refused_by_every_server_within_the_reload_interval()
         .arg(&fleet.tokens)
         .output()
         .expect("runkeep token revoke");
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let revoked = Instant::now();
     for (i, server) in fleet.servers.iter().enumerate() {
         loop {
@@ -389,7 +409,10 @@ async fn a_token_revoked_is_refused_by_every_server_within_the_reload_interval()
             );
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
-        eprintln!("server {i} refuses the revoked token {:?} after the revoke", revoked.elapsed());
+        eprintln!(
+            "server {i} refuses the revoked token {:?} after the revoke",
+            revoked.elapsed()
+        );
     }
     for (i, server) in fleet.servers.iter().enumerate() {
         assert_eq!(

@@ -72,12 +72,12 @@ use std::ops::{Deref, DerefMut};
 use async_trait::async_trait;
 use runkeep::scheduling::schedule::{Schedule, ScheduleEntry};
 use runkeep::{
-    AttemptError, AuditRecord, Checkpoint, CheckpointId, CheckpointStore, CheckpointUpdate, ClaimNextFilter,
-    ClaimOptions, ClaimOutcome, Dedupe, EnqueueOptions, Enqueued, EventBatch, EvidenceStore, Fence,
-    Handover, KeyHolding, Lease, LeaseSummary, Lifecycle, ListOptions, ListingScope,
-    MessageSnapshot, NewAuditEvent, NewEvent, NextClaim, Outcome, ParkResolution, PersistedEvent,
-    Priority, ReadEventsOptions, Result, RunPage, RunRecord, RunScope, RunStore, Step, StepReceipt,
-    Timestamp, Watch, WatchTopic,
+    AttemptError, AuditRecord, Checkpoint, CheckpointId, CheckpointStore, CheckpointUpdate,
+    ClaimNextFilter, ClaimOptions, ClaimOutcome, Dedupe, EnqueueOptions, Enqueued, EventBatch,
+    EvidenceStore, Fence, Handover, KeyHolding, Lease, LeaseSummary, Lifecycle, ListOptions,
+    ListingScope, MessageSnapshot, NewAuditEvent, NewEvent, NextClaim, Outcome, ParkResolution,
+    PersistedEvent, Priority, ReadEventsOptions, Result, RunPage, RunRecord, RunScope, RunStore,
+    Step, StepReceipt, Timestamp, Watch, WatchTopic,
 };
 use serde_json::Value;
 

@@ -8,9 +8,10 @@ use async_trait::async_trait;
 use runkeep::checkpoint::Checkpoint;
 use runkeep::evidence::{AuditRecord, NewAuditEvent, NewEvent, PersistedEvent, RunRecord};
 use runkeep::{
-    CheckpointId, CheckpointStore, CheckpointUpdate, ClaimNextFilter, ClaimOptions, ClaimOutcome, Error,
-    EvidenceStore, Fence, Lease, LeaseSummary, ListOptions, ListingScope, ManualClock, MemoryStore,
-    ParkResolution, Result, RunPage, RunRow, RunScope, RunStatus, RunStore, TenantId, Timestamp,
+    CheckpointId, CheckpointStore, CheckpointUpdate, ClaimNextFilter, ClaimOptions, ClaimOutcome,
+    Error, EvidenceStore, Fence, Lease, LeaseSummary, ListOptions, ListingScope, ManualClock,
+    MemoryStore, ParkResolution, Result, RunPage, RunRow, RunScope, RunStatus, RunStore, TenantId,
+    Timestamp,
 };
 use runkeep_conformance::intercept::{Intercept, Intercepted};
 use runkeep_conformance::{all_cases, differential, outcome_of, support, CaseEnv, Fixture};

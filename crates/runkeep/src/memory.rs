@@ -35,7 +35,9 @@ use crate::scheduling::schedule::{self, Schedule, ScheduleEntry};
 use crate::scheduling::Priority;
 use crate::scope::{ListingScope, RunScope};
 use crate::step::{Step, StepReceipt};
-use crate::store::{checked_update, CheckpointStore, CheckpointUpdate, ClaimNextFilter, EvidenceStore};
+use crate::store::{
+    checked_update, CheckpointStore, CheckpointUpdate, ClaimNextFilter, EvidenceStore,
+};
 use crate::time::Timestamp;
 use crate::time::{Clock, SystemClock};
 use crate::watch::{Notifier, Watch, WatchTopic, DEFAULT_POLL};

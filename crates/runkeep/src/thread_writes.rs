@@ -98,8 +98,8 @@ pub fn merge(
     batch: &WritesBatch,
     now: Timestamp,
 ) -> Checkpoint {
-    let existing = existing
-        .filter(|cp| cp.state.get(RECORD_KEY).and_then(Value::as_str) == Some(KIND_WRITES));
+    let existing =
+        existing.filter(|cp| cp.state.get(RECORD_KEY).and_then(Value::as_str) == Some(KIND_WRITES));
     let mut writes = existing.map(stored_writes).unwrap_or_default();
     let old_pending = existing.and_then(|cp| cp.pending.clone());
     for (idx, channel, value_type, data) in &batch.writes {

@@ -153,10 +153,10 @@ pub async fn run(ctx: &Ctx, args: ServeArgs) -> CliResult<Exit> {
     });
     if let Some(every) = args.watch_fallback {
         if !matches!(ctx.global.store, StoreAddress::Postgres(_)) {
-            return Err(CliError::usage(
-                "--watch-fallback applies to a PostgreSQL store only",
-            )
-            .hint("drop --watch-fallback, or serve a postgres:// store"));
+            return Err(
+                CliError::usage("--watch-fallback applies to a PostgreSQL store only")
+                    .hint("drop --watch-fallback, or serve a postgres:// store"),
+            );
         }
         options = options.with_pg_watch_fallback(every);
     }

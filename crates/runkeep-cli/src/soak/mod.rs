@@ -381,7 +381,11 @@ pub async fn run(ctx: &Ctx, args: SoakArgs) -> CliResult<Exit> {
             };
             let server = Arc::new(
                 Server::start_named(serve_command(ctx, &address)?, &soak_dir, &name).map_err(
-                    |e| CliError::failed(format!("soak --over-http: cannot start runkeep serve: {e}")),
+                    |e| {
+                        CliError::failed(format!(
+                            "soak --over-http: cannot start runkeep serve: {e}"
+                        ))
+                    },
                 )?,
             );
             addresses.push(http_address(&server, &token)?);

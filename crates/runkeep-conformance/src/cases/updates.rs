@@ -60,7 +60,11 @@ pub async fn updates_a_checkpoint_from_what_is_stored(store: Arc<dyn RunStore>, 
         .into_iter()
         .map(|w| w.task_id)
         .collect();
-    assert_eq!(tasks, ["task-1", "task-2"], "the second update saw the first");
+    assert_eq!(
+        tasks,
+        ["task-1", "task-2"],
+        "the second update saw the first"
+    );
 }
 
 /// Concurrent updates of one checkpoint: every batch is kept.

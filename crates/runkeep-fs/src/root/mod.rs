@@ -263,8 +263,12 @@ impl CheckpointStore for FsRootStore {
         update: runkeep::CheckpointUpdate,
         fence: Option<Fence>,
     ) -> Result<Checkpoint> {
-        write_op!(self.inner, scope, |s| s
-            .update_checkpoint(scope, id, update.clone(), fence))
+        write_op!(self.inner, scope, |s| s.update_checkpoint(
+            scope,
+            id,
+            update.clone(),
+            fence
+        ))
     }
 
     async fn resolve_park(

@@ -70,9 +70,9 @@ use runkeep_http::wire::threads::{
 };
 use runkeep_http::wire::{self, Done, PendingBody};
 
+use runkeep::thread_writes::KIND_WRITES;
 /// The state key that marks a thread record, and its kind.
 pub use runkeep::thread_writes::RECORD_KEY;
-use runkeep::thread_writes::KIND_WRITES;
 const KIND_CHECKPOINT: &str = "checkpoint";
 
 /// Longest checkpoint id kept as itself in a record id (longer or
@@ -637,7 +637,10 @@ pub(super) async fn put_writes(
         Arc::new(move |old| Ok(thread_writes::merge(&at, old, &batch, now)));
     checked(
         &state,
-        state.store.update_checkpoint(&scope, &id, update, fence).await,
+        state
+            .store
+            .update_checkpoint(&scope, &id, update, fence)
+            .await,
     )?;
     Ok(Json(Done { done: true }))
 }
