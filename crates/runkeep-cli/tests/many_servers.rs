@@ -422,3 +422,31 @@ async fn a_token_revoked_is_refused_by_every_server_within_the_reload_interval()
         );
     }
 }
+
+#[test]
+fn watch_fallback_is_refused_for_a_store_that_is_not_postgres() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = format!("fs:{}", dir.path().join("runs").display());
+    let out = runkeep(&store)
+        .args([
+            "serve",
+            "--listen",
+            "127.0.0.1:0",
+            "--watch-fallback",
+            "1s",
+            "--tokens",
+        ])
+        .arg(dir.path().join("tokens.json"))
+        .output()
+        .expect("runkeep serve");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(64), "{stderr}");
+    assert!(
+        stderr.contains("--watch-fallback applies to a PostgreSQL store only"),
+        "{stderr}"
+    );
+    assert!(
+        !dir.path().join("tokens.json").exists(),
+        "a refused start made a token file"
+    );
+}
