@@ -56,6 +56,11 @@ cat target/prepare.log
 #   fails on any 5xx, any answer that breaks
 #   crates/runkeep-http/openapi.json and any request the document calls
 #   valid that the server refuses.
+# - scripts/failover-soak.sh: a PostgreSQL 15 primary with a synchronous
+#   standby (scripts/pg-pair.sh), `runkeep soak --chaos failover` of 48
+#   runs by 8 workers; the primary killed with kill -9 while a worker's
+#   commit waits for the standby, the standby promoted; 0 acknowledged
+#   writes lost, 0 fences issued twice (about 40 s).
 # They get the server binary built here (RUNKEEP_BIN), so none of them
 # waits on cargo's lock while the cargo tests run. Each suite's output goes
 # to target/suites/<name>.log and is printed after the cargo tests; any
@@ -87,7 +92,7 @@ lane() {
     done
     return $status
 }
-lane clients/typescript/scripts/ci.sh crates/runkeep-server/console/tests/ci.sh &
+lane clients/typescript/scripts/ci.sh crates/runkeep-server/console/tests/ci.sh scripts/failover-soak.sh &
 lane_a=$!
 lane clients/python/scripts/ci.sh clients/langgraph-js/scripts/ci.sh scripts/schemathesis.sh &
 lane_b=$!

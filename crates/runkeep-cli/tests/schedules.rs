@@ -210,22 +210,34 @@ fn three_scheduler_processes_enqueue_each_tick_exactly_once() {
                 .unwrap()
         })
         .collect();
-    let mut outputs = Vec::new();
-    for (i, child) in children.iter_mut().enumerate() {
-        let status = wait_within(child, Duration::from_secs(120), "a scheduler");
-        let mut out = String::new();
-        std::io::Read::read_to_string(child.stdout.as_mut().unwrap(), &mut out).unwrap();
-        let mut err = String::new();
-        std::io::Read::read_to_string(child.stderr.as_mut().unwrap(), &mut err).unwrap();
-        assert!(status.success(), "scheduler {i} failed: {err}");
-        assert!(err.is_empty(), "scheduler {i} warned: {err}");
-        outputs.push(out);
-    }
+    let outputs = outputs_of(&mut children, Duration::from_secs(120), "scheduler", true);
     let stored = runs_of(&json(root, &["runs", "--limit", "1000"]));
     let cursor = json(root, &["schedule", "show", "tick"])["cursor"]
         .as_i64()
         .unwrap();
     each_tick_once(&outputs, &stored, created, cursor);
+}
+
+/// Waits for each child (at most `within`), asserts it succeeded (and, with
+/// `quiet`, printed nothing on stderr), and returns their stdouts.
+fn outputs_of(
+    children: &mut [std::process::Child],
+    within: Duration,
+    what: &str,
+    quiet: bool,
+) -> Vec<String> {
+    let mut outputs = Vec::new();
+    for (i, child) in children.iter_mut().enumerate() {
+        let status = wait_within(child, within, what);
+        let mut out = String::new();
+        std::io::Read::read_to_string(child.stdout.as_mut().unwrap(), &mut out).unwrap();
+        let mut err = String::new();
+        std::io::Read::read_to_string(child.stderr.as_mut().unwrap(), &mut err).unwrap();
+        assert!(status.success(), "{what} {i} failed: {err}");
+        assert!(!quiet || err.is_empty(), "{what} {i} warned: {err}");
+        outputs.push(out);
+    }
+    outputs
 }
 
 /// The run ids of a `runs --json` page.
@@ -401,16 +413,7 @@ fn three_servers_over_one_postgres_enqueue_each_tick_exactly_once() {
             .status()
             .unwrap();
     }
-    let mut outputs = Vec::new();
-    for (i, child) in children.iter_mut().enumerate() {
-        let status = wait_within(child, Duration::from_secs(60), "a server");
-        let mut out = String::new();
-        std::io::Read::read_to_string(child.stdout.as_mut().unwrap(), &mut out).unwrap();
-        let mut err = String::new();
-        std::io::Read::read_to_string(child.stderr.as_mut().unwrap(), &mut err).unwrap();
-        assert!(status.success(), "server {i} failed: {err}");
-        outputs.push(out);
-    }
+    let outputs = outputs_of(&mut children, Duration::from_secs(60), "server", false);
     let stored = runs_of(&pg_json(&["runs", "--limit", "1000"]));
     let cursor = pg_json(&["schedule", "show", "tick"])["cursor"]
         .as_i64()

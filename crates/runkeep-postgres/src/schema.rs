@@ -13,11 +13,19 @@ use tokio_postgres::Client;
 use crate::error::map_pg;
 
 /// The schema version this binary writes and reads.
-pub const SCHEMA_VERSION: i32 = 6;
+pub const SCHEMA_VERSION: i32 = 7;
 
 /// The migrations, in order: `(version, SQL)`. Never edit a released one;
 /// add the next.
-pub const MIGRATIONS: &[(i32, &str)] = &[(1, V1), (2, V2), (3, V3), (4, V4), (5, V5), (6, V6)];
+pub const MIGRATIONS: &[(i32, &str)] = &[
+    (1, V1),
+    (2, V2),
+    (3, V3),
+    (4, V4),
+    (5, V5),
+    (6, V6),
+    (7, V7),
+];
 
 /// Version 1: runs (the lease row, lifecycle, digest and documents),
 /// checkpoints, events and audit records.
@@ -291,6 +299,24 @@ CREATE INDEX runs_keyed_by_created_at ON runs
     WHERE checkpoint_count > 0 AND status = 'active' AND ckey IS NOT NULL;
 CREATE INDEX runs_keyed_deadline ON runs (tenant_id, deadline)
     WHERE checkpoint_count > 0 AND status = 'active' AND ckey IS NOT NULL AND deadline IS NOT NULL;
+"#;
+
+/// Version 7 (retention): `runs.finished_at`, the lifecycle's finish
+/// instant (epoch ms) while the run is finished, NULL while it is active
+/// (never finished, or reopened): a copy written by every save, like
+/// `deadline`. It replaces version 5's index on the `lifecycle` expression
+/// `finishedAt`: an expression index on `lifecycle` made every update that
+/// rewrites the lifecycle (a claim counts an attempt) a non-heap-only one,
+/// adding an entry to each of the table's indexes. The prune's scan reads
+/// `runs_finished_by_finished_at` on the column instead; a claim changes no
+/// column of it. Rows written before are backfilled from their lifecycle.
+const V7: &str = r#"
+ALTER TABLE runs ADD COLUMN finished_at bigint;
+UPDATE runs SET finished_at = (lifecycle->>'finishedAt')::bigint
+WHERE status <> 'active' AND lifecycle ? 'finishedAt';
+DROP INDEX runs_finished_by_finished_at;
+CREATE INDEX runs_finished_by_finished_at ON runs (tenant_id, finished_at)
+    WHERE finished_at IS NOT NULL AND parent_id = '';
 "#;
 
 /// Quotes a validated schema name as an identifier.

@@ -8,6 +8,7 @@ use async_trait::async_trait;
 use deadpool_postgres::Pool;
 use serde_json::Value;
 
+use runkeep::scheduling::RetentionPolicy;
 use runkeep::{
     AuditRecord, Checkpoint, CheckpointId, CheckpointStore, ClaimNextFilter, ClaimOptions,
     ClaimOutcome, EnqueueOptions, EventBatch, EvidenceStore, Fence, Lease, LeaseSummary, Lifecycle,
@@ -132,6 +133,20 @@ impl PgStore {
         filter: &ClaimNextFilter,
     ) -> Result<String> {
         crate::listing::explain_claim_next(&self.db, scope, filter, true).await
+    }
+
+    /// The query plans of one `prune_finished` batch at `now` (the store
+    /// clock when `None`): its scan, and the lock, sub-run and delete
+    /// statements for the candidates the scan finds. Locks and deletes
+    /// nothing.
+    pub async fn explain_prune_finished(
+        &self,
+        scope: &ListingScope,
+        policy: &RetentionPolicy,
+        now: Option<Timestamp>,
+        limit: usize,
+    ) -> Result<String> {
+        crate::retention::explain_prune_finished(&self.db, scope, policy, now, limit).await
     }
 }
 
@@ -331,7 +346,7 @@ impl CheckpointStore for PgStore {
     async fn prune_finished(
         &self,
         scope: &ListingScope,
-        policy: &runkeep::scheduling::RetentionPolicy,
+        policy: &RetentionPolicy,
         now: Option<Timestamp>,
         limit: usize,
     ) -> Result<runkeep::scheduling::PruneReport> {

@@ -43,6 +43,20 @@ async fn enqueue(store: &dyn CheckpointStore, name: &str, priority: i64, key: Op
         .unwrap();
 }
 
+/// The run `claim_next` hands worker "w" in the test session's listing.
+async fn next_in_listing(store: &dyn CheckpointStore) -> String {
+    let (s, _) = store
+        .claim_next(
+            &support::listing(),
+            &ClaimNextFilter::default(),
+            &claim("w", 60_000),
+        )
+        .await
+        .unwrap()
+        .unwrap();
+    s.run_id.as_str().to_owned()
+}
+
 fn ids(page: &runkeep::RunPage) -> Vec<String> {
     page.entries
         .iter()
@@ -1170,38 +1184,11 @@ async fn claim_next_reads_no_run_of_a_saturated_key() {
         }
     }
     // The first admissible run in run-id order: key-19's first, run_019001.
-    let (s, _) = store
-        .claim_next(
-            &support::listing(),
-            &ClaimNextFilter::default(),
-            &claim("w", 60_000),
-        )
-        .await
-        .unwrap()
-        .unwrap();
-    assert_eq!(s.run_id.as_str(), "run_019001");
+    assert_eq!(next_in_listing(&store).await, "run_019001");
     // Its limit is 2: the next is key-19's second, then (limit reached)
     // the first unkeyed run, run_019501.
-    let (s, _) = store
-        .claim_next(
-            &support::listing(),
-            &ClaimNextFilter::default(),
-            &claim("w", 60_000),
-        )
-        .await
-        .unwrap()
-        .unwrap();
-    assert_eq!(s.run_id.as_str(), "run_019002");
-    let (s, _) = store
-        .claim_next(
-            &support::listing(),
-            &ClaimNextFilter::default(),
-            &claim("w", 60_000),
-        )
-        .await
-        .unwrap()
-        .unwrap();
-    assert_eq!(s.run_id.as_str(), "run_019501");
+    assert_eq!(next_in_listing(&store).await, "run_019002");
+    assert_eq!(next_in_listing(&store).await, "run_019501");
 }
 
 /// Every head the candidate statement finds is locked by another

@@ -67,6 +67,9 @@ pub struct Audit {
     pub outcome_unknown_refusals: u64,
     /// Acknowledged events and checkpoints checked present.
     pub acks_checked: u64,
+    /// Of those, missing from the store or different there: acknowledged
+    /// writes lost (each also a violation). Must be 0.
+    pub acks_lost: u64,
     /// Torn lines in logs of killed processes (their operations never returned).
     pub torn_log_lines: u64,
     /// Runs that had not finished when the soak stopped (a prefix of their
@@ -256,6 +259,7 @@ async fn audit_run(
                     .get(&seq)
                     .is_some_and(|e| e.payload.get("nonce").and_then(Value::as_str) == Some(nonce));
                 if !present {
+                    a.acks_lost += 1;
                     a.violations.push(format!("{run}: acknowledged event seq {seq} (nonce {nonce}) is missing or different"));
                 }
             }
@@ -284,6 +288,7 @@ async fn audit_run(
         a.acks_checked += 1;
         let id = ack["id"].as_str().unwrap_or("");
         if !ids.contains(id) {
+            a.acks_lost += 1;
             a.violations
                 .push(format!("{run}: acknowledged checkpoint {id} is missing"));
         }

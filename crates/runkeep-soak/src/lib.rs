@@ -27,6 +27,7 @@
 //! its next step.
 
 pub mod audit;
+pub mod failover;
 pub mod pg;
 pub mod server;
 pub mod sink;
@@ -292,6 +293,10 @@ pub struct SoakReport {
     /// how the worker runtime resolved them, from the workers' logs.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub read_backs: Option<ReadBacks>,
+    /// With `--chaos failover`: what the failover did (`None` otherwise;
+    /// set by the caller that holds the chaos).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub failover: Option<failover::FailoverRecord>,
     /// Whether every run finished before the timeout.
     pub finished_in_time: bool,
     /// When it did not: how many runs were left, and the timeout. Not a
@@ -817,6 +822,7 @@ pub async fn drive(
         backend_chaos_errors: backend_errors,
         server_restarts: None,
         read_backs: None,
+        failover: None,
         finished_in_time,
         timed_out,
         audit,
@@ -917,6 +923,15 @@ fn render(r: &SoakReport) -> String {
             ),
         ));
     }
+    if let Some(f) = &r.failover {
+        rows.push((
+            "failover",
+            format!(
+                "{} standby promoted in {} ms; at the kill -9 {} worker transaction(s) open on the primary, {} of them commits waiting for the standby",
+                f.replication, f.promote_ms, f.open_transactions, f.commits_in_flight
+            ),
+        ));
+    }
     if let Some(rb) = &r.read_backs {
         rows.push((
             "lost answers",
@@ -979,8 +994,8 @@ fn render(r: &SoakReport) -> String {
         (
             "read back",
             format!(
-                "{} checkpoints, {} events, {} acknowledged writes checked",
-                a.checkpoints, a.events, a.acks_checked
+                "{} checkpoints, {} events, {} acknowledged writes checked, {} lost",
+                a.checkpoints, a.events, a.acks_checked, a.acks_lost
             ),
         ),
         (

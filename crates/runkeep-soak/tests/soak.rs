@@ -370,3 +370,66 @@ async fn the_audit_wants_a_raising_runs_errors_on_record() {
         a.runs_incomplete
     );
 }
+
+/// Acknowledged writes the store does not hold are counted as lost (and
+/// each is a violation): an acknowledged event whose seq holds another
+/// step's nonce (what a failover to a standby that missed the commit
+/// leaves, once the step is redone) and an acknowledged checkpoint that is
+/// not there. The ones the store holds are not.
+#[tokio::test]
+async fn acknowledged_writes_the_store_lacks_are_counted_lost() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = MemoryStore::new();
+    let options = SoakOptions {
+        runs: 1,
+        steps: 2,
+        ..SoakOptions::default()
+    };
+    let (runs, poison) = seed(&store, &session(), &options).await.unwrap();
+    let holder = Holder::new("auditor").unwrap();
+    let claim = ClaimOptions::new(holder, Ttl::from_millis(60_000).unwrap());
+    let fence = store
+        .claim(&runs[0], &claim)
+        .await
+        .unwrap()
+        .lease()
+        .unwrap()
+        .fence;
+    let mut state = Map::new();
+    state.insert("step".into(), json!(1));
+    state.insert("nonce".into(), json!("redone"));
+    let receipt = store
+        .commit_step(
+            &runs[0],
+            fence,
+            &runkeep::Step {
+                events: vec![NewEvent::new(STEP_EVENT, state.clone())],
+                checkpoint: Some(Checkpoint::new(
+                    CheckpointId::new("cp_redone").unwrap(),
+                    runkeep::Timestamp::now(),
+                    state,
+                )),
+                ..Default::default()
+            },
+        )
+        .await
+        .unwrap();
+    let seq = receipt.events[0].seq;
+    let acks = Acks::create(&dir.path().join("acks"), "w0").unwrap();
+    let run = worker::run_key(&runs[0]);
+    // Held: the redone step's own acknowledgements.
+    acks.log(json!({"k": "event", "run": run, "seq": seq, "nonce": "redone"}));
+    acks.log(json!({"k": "cp", "run": run, "id": "cp_redone", "step": 1}));
+    // Lost: the first holder's acknowledged step, gone with the primary.
+    acks.log(json!({"k": "event", "run": run, "seq": seq, "nonce": "acked_then_lost"}));
+    acks.log(json!({"k": "cp", "run": run, "id": "cp_acked_then_lost", "step": 1}));
+    let expect = Expect {
+        steps: 2,
+        poison,
+        max_attempts: 3,
+    };
+    let a = audit(&store, &runs, &expect, dir.path()).await;
+    assert_eq!(a.acks_checked, 4, "{a:?}");
+    assert_eq!(a.acks_lost, 2, "{:?}", a.violations);
+    assert_eq!(a.violations.len(), 2, "{:?}", a.violations);
+}

@@ -236,15 +236,69 @@ impl Clock for ManualClock {
 }
 
 /// Another machine's clock (a database's, a server's) read through this
-/// machine's: the local clock plus the offset last observed. A store whose
-/// authority is remote judges by the remote clock inside its statements or
-/// requests; this is its answer to [`Clock::now`] between them, corrected
-/// every time an answer carries the remote instant ([`RemoteClock::observe`]).
-/// Until the first observation the offset is 0. Clones share the offset.
+/// machine's: the local clock plus an estimate of the offset between them.
+/// A store whose authority is remote judges by the remote clock inside its
+/// statements or requests; this is its answer to [`Clock::now`] between
+/// them, corrected every time an answer carries the remote instant
+/// ([`RemoteClock::observe`]).
+///
+/// Two rules keep it usable as the stamp of successive writes (checkpoints
+/// of one fence are ordered by it):
+/// - **An observation is a lower bound.** The remote instant was read
+///   before the answer reached this machine, so `remote - local` falls short
+///   of the true offset by the answer's latency. The estimate is the largest
+///   observation of the last [`OFFSET_WINDOW_MS`] to twice that: a slow
+///   answer (a commit that waited for a synchronous standby, a loaded
+///   server) does not pull the clock back, and a remote clock that was
+///   really stepped back (or a failover to a server whose clock is behind)
+///   is followed within two windows.
+/// - **It never runs backwards.** When the estimate drops, `now` holds at
+///   the latest instant it returned until the local clock catches up.
+///
+/// Until the first observation the offset is 0. Clones share the estimate.
 #[derive(Clone, Debug)]
 pub struct RemoteClock {
     local: std::sync::Arc<dyn Clock>,
-    offset_ms: std::sync::Arc<std::sync::atomic::AtomicI64>,
+    estimate: std::sync::Arc<std::sync::Mutex<OffsetEstimate>>,
+}
+
+/// How long one bucket of [`RemoteClock`]'s windowed maximum lasts.
+pub const OFFSET_WINDOW_MS: i64 = 30_000;
+
+/// The windowed maximum of the observed offsets (two buckets: the current
+/// one and the one before) and the latest instant handed out.
+#[derive(Clone, Debug, Default)]
+struct OffsetEstimate {
+    /// The current bucket: its largest observation and the local instant it began.
+    current: Option<(i64, i64)>,
+    /// The previous bucket's largest observation.
+    previous: Option<i64>,
+    /// The latest instant `now` returned (ms).
+    latest: i64,
+}
+
+impl OffsetEstimate {
+    fn offset(&self) -> i64 {
+        match (self.current, self.previous) {
+            (Some((c, _)), Some(p)) => c.max(p),
+            (Some((c, _)), None) => c,
+            (None, Some(p)) => p,
+            (None, None) => 0,
+        }
+    }
+
+    fn observe(&mut self, offset: i64, local: i64) {
+        match self.current {
+            Some((best, began)) if local.saturating_sub(began) < OFFSET_WINDOW_MS => {
+                self.current = Some((best.max(offset), began));
+            }
+            Some((best, _)) => {
+                self.previous = Some(best);
+                self.current = Some((offset, local));
+            }
+            None => self.current = Some((offset, local)),
+        }
+    }
 }
 
 impl RemoteClock {
@@ -252,37 +306,46 @@ impl RemoteClock {
     pub fn new(local: std::sync::Arc<dyn Clock>) -> Self {
         Self {
             local,
-            offset_ms: std::sync::Arc::new(std::sync::atomic::AtomicI64::new(0)),
+            estimate: std::sync::Arc::default(),
         }
     }
 
+    fn estimate(&self) -> std::sync::MutexGuard<'_, OffsetEstimate> {
+        self.estimate.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
     /// A clock over the same local clock that starts from this one's
-    /// current offset and then keeps its own.
+    /// current estimate and then keeps its own.
     pub fn detached(&self) -> Self {
-        let c = Self::new(self.local.clone());
-        c.offset_ms
-            .store(self.offset_ms(), std::sync::atomic::Ordering::Relaxed);
-        c
+        Self {
+            local: self.local.clone(),
+            estimate: std::sync::Arc::new(std::sync::Mutex::new(self.estimate().clone())),
+        }
     }
 
-    /// The remote clock read `remote` just now: keep the offset to it.
+    /// The remote clock read `remote` (an answer that just arrived carried it).
     pub fn observe(&self, remote: Timestamp) {
-        let local = self.local.now();
-        self.offset_ms.store(
-            remote.as_millis().saturating_sub(local.as_millis()),
-            std::sync::atomic::Ordering::Relaxed,
-        );
+        let local = self.local.now().as_millis();
+        self.estimate()
+            .observe(remote.as_millis().saturating_sub(local), local);
     }
 
-    /// Remote minus local, in milliseconds, as last observed.
+    /// The estimated offset, remote minus local, in milliseconds.
     pub fn offset_ms(&self) -> i64 {
-        self.offset_ms.load(std::sync::atomic::Ordering::Relaxed)
+        self.estimate().offset()
     }
 }
 
 impl Clock for RemoteClock {
     fn now(&self) -> Timestamp {
-        self.local.now().offset(self.offset_ms())
+        let local = self.local.now();
+        let mut e = self.estimate();
+        let now = local.offset(e.offset());
+        if now.as_millis() < e.latest {
+            return Timestamp::from_millis(e.latest).unwrap_or(now);
+        }
+        e.latest = now.as_millis();
+        now
     }
 }
 
@@ -291,7 +354,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_remote_clock_is_the_local_one_plus_the_offset_last_observed() {
+    fn a_remote_clock_is_the_local_one_plus_the_offset_observed() {
         let local = ManualClock::new(Timestamp::from_millis(1_000).unwrap());
         let remote = RemoteClock::new(std::sync::Arc::new(local.clone()));
         assert_eq!(
@@ -305,13 +368,46 @@ mod tests {
         assert_eq!(remote.now().as_millis(), 61_005);
         let shared = remote.clone();
         let detached = remote.detached();
-        remote.observe(Timestamp::from_millis(1_005).unwrap());
-        assert_eq!(shared.offset_ms(), 0, "clones share the offset");
+        // A faster answer shows the offset was larger.
+        remote.observe(Timestamp::from_millis(61_007).unwrap());
+        assert_eq!(shared.offset_ms(), 60_002, "clones share the estimate");
         assert_eq!(
             detached.offset_ms(),
             60_000,
             "a detached clock keeps its own"
         );
+    }
+
+    /// The soak's failover trial saw two checkpoints of one fence come back
+    /// in the wrong order: an answer delayed by the failover set the offset
+    /// back, and the next step's stamp fell before the previous one's.
+    #[test]
+    fn a_late_answer_never_sets_the_remote_clock_back() {
+        let local = ManualClock::new(Timestamp::from_millis(100_000).unwrap());
+        let remote = RemoteClock::new(std::sync::Arc::new(local.clone()));
+        remote.observe(Timestamp::from_millis(100_000).unwrap());
+        local.advance(20);
+        let first = remote.now();
+        // An answer read remotely 20 ms ago arrives 800 ms late.
+        local.advance(800);
+        remote.observe(first);
+        let second = remote.now();
+        assert!(second > first, "{second:?} after {first:?}");
+        assert_eq!(remote.offset_ms(), 0, "the slow answer is not the estimate");
+        // Every answer slow for two windows: the estimate follows them
+        // (a server clock stepped back), and the clock holds instead of
+        // running backwards while it does.
+        let mut last = remote.now();
+        for _ in 0..(2 * OFFSET_WINDOW_MS / 1_000 + 2) {
+            local.advance(1_000);
+            remote.observe(local.now().offset(-5_000));
+            let now = remote.now();
+            assert!(now >= last, "{now:?} before {last:?}");
+            last = now;
+        }
+        assert_eq!(remote.offset_ms(), -5_000);
+        local.advance(5_000);
+        assert_eq!(remote.now(), local.now().offset(-5_000));
     }
 
     #[test]

@@ -23,6 +23,7 @@ use clap::Args;
 use runkeep::Ttl;
 use runkeep_server::auth::Role;
 use runkeep_server::tokens::TokenFile;
+use runkeep_soak::failover::{FailoverChaos, Pair};
 use runkeep_soak::pg::{self, PgWorkers};
 use runkeep_soak::server::{ServeCommand, Server, ServerChaos};
 use runkeep_soak::worker::WorkerConfig;
@@ -96,12 +97,37 @@ pub struct SoakArgs {
     /// a pause of a fifth to half the lease TTL, a start on the same port).
     #[arg(long, default_value = "3s", value_parser = parse_duration, requires = "over_http")]
     pub server_restart_every: Duration,
-    /// With --over-http: how many `runkeep serve` processes in front of the one store (1 to 8); worker N uses server N mod this, and each strike of the chaos hits one server drawn at random while the others go on serving.
+    /// With --over-http: how many `runkeep serve` processes in front of the one store (1 to 8); worker N uses server N mod this; the chaos kills one server at a time (each once per round of kills, in a random order) and stalls one drawn at random, while the others go on serving.
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..=8), requires = "over_http")]
     pub servers: u16,
+    /// The backend's chaos besides the workers' kill -9 and stalls:
+    /// `default` (on PostgreSQL: terminated connections and partitions) or
+    /// `failover` (a PostgreSQL pair made by scripts/pg-pair.sh, named by
+    /// --pair: its primary is killed with kill -9 mid-transaction and its
+    /// standby promoted, once).
+    #[arg(long, value_enum, default_value_t = ChaosKind::Default)]
+    pub chaos: ChaosKind,
+    /// With --chaos failover: the pair's directory, where
+    /// `scripts/pg-pair.sh up DIR sync|async` wrote pair.env. --store
+    /// defaults to the pair's multi-host URL.
+    #[arg(long, value_name = "DIR")]
+    pub pair: Option<PathBuf>,
+    /// With --chaos failover: when the failover strikes (this, jittered by
+    /// ×0.5–1.5, after the workers start).
+    #[arg(long, default_value = "4s", value_parser = parse_duration)]
+    pub failover_after: Duration,
     /// Chaos stalls workers only (no kills); for tests of the stall path.
     #[arg(long, hide = true)]
     pub stall_only: bool,
+}
+
+/// `--chaos`: the backend's chaos.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum ChaosKind {
+    /// The backend's usual chaos.
+    Default,
+    /// A PostgreSQL failover (needs --pair).
+    Failover,
 }
 
 impl SoakArgs {
@@ -145,6 +171,11 @@ pub struct SoakWorkerArgs {
     /// Label.
     #[arg(long)]
     pub label: String,
+    /// How long to keep trying to open the store while it does not answer
+    /// (a server restarting; a standby being promoted, so that no server is
+    /// writable yet) before giving up.
+    #[arg(long, default_value = "30s", value_parser = parse_duration)]
+    pub open_wait: Duration,
 }
 
 fn store_given_explicitly() -> bool {
@@ -256,8 +287,11 @@ fn worker_command(
                         cfg.label
                     ));
                 }
+                // The runtime's outcome-unknown resolutions are logged,
+                // for the report's read-back tally.
                 cmd.env("RUNKEEP_STORE", url)
-                    .env_remove("RUNKEEP_PG_SCHEMA");
+                    .env_remove("RUNKEEP_PG_SCHEMA")
+                    .env("RUNKEEP_LOG", "warn,runkeep_worker=info");
             }
             None => {
                 cmd.arg("--store").arg(address);
@@ -304,8 +338,16 @@ pub async fn run(ctx: &Ctx, args: SoakArgs) -> CliResult<Exit> {
             (t.path().to_path_buf(), Some(t))
         }
     };
+    let pair = failover_pair(&args)?;
     let address = if store_given_explicitly() {
         ctx.global.store.clone()
+    } else if let Some(pair) = &pair {
+        pair.url.parse::<StoreAddress>().map_err(|e| {
+            CliError::config(format!(
+                "the pair's URL {} is not a store address: {e}",
+                pair.url
+            ))
+        })?
     } else if args.over_http {
         // The server's natural backing: a root of tenants.
         StoreAddress::Root(dir.join("root"))
@@ -325,6 +367,15 @@ pub async fn run(ctx: &Ctx, args: SoakArgs) -> CliResult<Exit> {
                 "--over-http needs a store the server process and the soak can both open: memory: lives in one process",
             )
             .hint("leave --store out (a fresh directory root) or pass root:PATH or postgres://…"));
+        }
+        StoreAddress::Postgres(_) => {}
+        other if pair.is_some() => {
+            return Err(CliError::usage(format!(
+                "--chaos failover fails a PostgreSQL pair over: --store {other} is not postgres://"
+            ))
+            .hint(
+                "leave --store out (the pair's URL) or pass the pair's multi-host postgres:// URL",
+            ));
         }
         _ => {}
     }
@@ -358,9 +409,34 @@ pub async fn run(ctx: &Ctx, args: SoakArgs) -> CliResult<Exit> {
         }
         _ => None,
     };
+    let failover = match (&pair, opened.postgres(), &pg_workers) {
+        (Some(pair), Some((store, _)), Some(w)) => {
+            if let Err(e) = check_served_by(store, pair).await {
+                // Refused: the fresh schema made for this soak goes too.
+                if let Some(schema) = &fresh_schema {
+                    let _ = pg::drop_schema(store, schema).await;
+                }
+                return Err(e);
+            }
+            Some(Arc::new(FailoverChaos::new(
+                pair.clone(),
+                w.app().to_string(),
+                args.failover_after,
+            )))
+        }
+        // Refused above: a pair comes with a postgres:// store whose
+        // workers connect directly.
+        (Some(_), _, _) => {
+            return Err(CliError::internal(
+                "--chaos failover: no PostgreSQL store or workers to fail over",
+            ))
+        }
+        _ => None,
+    };
     let backend_chaos: Option<Arc<dyn runkeep_soak::BackendChaos>> =
-        match (opened.postgres(), &pg_workers) {
-            (Some((store, _)), Some(w)) if !args.no_chaos => {
+        match (opened.postgres(), &pg_workers, &failover) {
+            (_, _, Some(f)) => Some(f.clone() as Arc<dyn runkeep_soak::BackendChaos>),
+            (Some((store, _)), Some(w), None) if !args.no_chaos => {
                 Some(Arc::new(w.chaos(store.clone(), args.ttl.as_duration())))
             }
             _ => None,
@@ -477,6 +553,10 @@ pub async fn run(ctx: &Ctx, args: SoakArgs) -> CliResult<Exit> {
         report.server_restarts = Some(servers.iter().map(|s| s.restarts()).sum());
         report.read_backs = Some(runkeep_soak::ReadBacks::from_worker_logs(&target.soak_dir));
     }
+    if pg_workers.is_some() {
+        report.read_backs = Some(runkeep_soak::ReadBacks::from_worker_logs(&target.soak_dir));
+    }
+    report.failover = failover.as_ref().and_then(|f| f.record());
     let keep = args.keep || report.verdict() != Verdict::Pass || args.dir.is_some();
     if keep {
         if let Some(t) = tmp {
@@ -509,10 +589,80 @@ pub async fn run(ctx: &Ctx, args: SoakArgs) -> CliResult<Exit> {
     };
     match printed {
         // A reader that went away does not change the verdict.
-        Err(e) if e.is_closed_pipe() => Ok(exit),
-        Err(e) => Err(e),
-        Ok(()) => Ok(exit),
+        Err(e) if e.is_closed_pipe() => {}
+        Err(e) => return Err(e),
+        Ok(()) => {}
     }
+    if failover.is_some() && report.failover.is_none() {
+        // Nothing was failed over: the soak proved nothing about failover.
+        return Err(CliError::failed(format!(
+            "--chaos failover: the primary was never failed over ({})",
+            if report.backend_chaos_errors.is_empty() {
+                "the drain finished first".to_string()
+            } else {
+                report.backend_chaos_errors.join("; ")
+            }
+        ))
+        .hint("give it more --runs or --steps, or an earlier --failover-after; a pair is failed over once: make a fresh one with scripts/pg-pair.sh"));
+    }
+    Ok(exit)
+}
+
+/// The pair `--chaos failover` fails over, read from `--pair`; `None`
+/// for the default chaos. Refuses what cannot fail over.
+fn failover_pair(args: &SoakArgs) -> CliResult<Option<Pair>> {
+    if args.chaos != ChaosKind::Failover {
+        if args.pair.is_some() {
+            return Err(CliError::usage("--pair is only read with --chaos failover"));
+        }
+        return Ok(None);
+    }
+    if args.no_chaos {
+        return Err(CliError::usage(
+            "--chaos failover and --no-chaos contradict each other",
+        ));
+    }
+    if args.over_http {
+        return Err(CliError::usage(
+            "--chaos failover drives workers that reach PostgreSQL directly; --over-http puts a server between them",
+        )
+        .hint("leave out --over-http"));
+    }
+    let Some(dir) = &args.pair else {
+        return Err(CliError::usage(
+            "--chaos failover needs --pair DIR: the primary/standby pair to fail over",
+        )
+        .hint("make one with: scripts/pg-pair.sh up DIR sync (or async), then pass --pair DIR"));
+    };
+    Pair::read(dir)
+        .map(Some)
+        .map_err(|e| CliError::config(e.to_string()))
+}
+
+/// Refuses a store that the pair's primary does not serve: the failover
+/// would kill a server the workers do not use.
+async fn check_served_by(store: &runkeep_postgres::PgStore, pair: &Pair) -> CliResult<()> {
+    let c = store.pool().get().await.map_err(|e| {
+        CliError::new(
+            Exit::Unavailable,
+            format!("--chaos failover: no connection: {e}"),
+        )
+    })?;
+    let port: Option<i32> = c
+        .query_one("SELECT inet_server_port()", &[])
+        .await
+        .map_err(|e| CliError::failed(format!("--chaos failover: inet_server_port(): {e}")))?
+        .get(0);
+    if port != Some(i32::from(pair.primary_port)) {
+        return Err(CliError::config(format!(
+            "--chaos failover: the store is served from port {}, not by the pair's primary (127.0.0.1:{}) in {}",
+            port.map_or_else(|| "none (a Unix socket)".to_string(), |p| p.to_string()),
+            pair.primary_port,
+            pair.dir.display()
+        ))
+        .hint("leave --store out (the pair's URL) or pass the pair's multi-host URL; a pair that failed over already is spent: make a fresh one with scripts/pg-pair.sh"));
+    }
+    Ok(())
 }
 
 /// `runkeep soak-worker`.
@@ -524,7 +674,7 @@ pub async fn run_worker(ctx: &Ctx, args: SoakWorkerArgs) -> CliResult<Exit> {
             concurrency: args.concurrency,
         })
         .with_http_request_timeout(args.ttl.as_duration().max(Duration::from_secs(1)));
-    let opened = ctx.open(OpenMode::Existing, &options).await?;
+    let opened = open_waiting(ctx, &options, args.open_wait).await?;
     let listing = ctx.scope.listing()?;
     let cfg = WorkerConfig::process(
         args.soak_dir,
@@ -539,4 +689,43 @@ pub async fn run_worker(ctx: &Ctx, args: SoakWorkerArgs) -> CliResult<Exit> {
         .map_err(CliError::failed)?;
     crate::output::note(&format!("{report:?}"));
     Ok(Exit::Ok)
+}
+
+/// Opens a worker's store, trying again while it does not answer (exit
+/// 69: a server restarting; during a failover, no server writable yet,
+/// "database does not allow writes") for up to `wait`, then gives up
+/// saying so.
+async fn open_waiting(
+    ctx: &Ctx,
+    options: &crate::store::StoreOptions,
+    wait: Duration,
+) -> CliResult<crate::store::OpenedStore> {
+    let started = std::time::Instant::now();
+    let mut pause = Duration::from_millis(50);
+    let mut tries = 0u32;
+    loop {
+        tries += 1;
+        match ctx.open(OpenMode::Existing, options).await {
+            Err(e) if e.exit == Exit::Unavailable && started.elapsed() < wait => {
+                if tries == 1 {
+                    crate::output::note(&format!(
+                        "the store does not answer yet; trying again for up to {}: {}",
+                        runkeep_soak::human_duration(wait),
+                        e.message
+                    ));
+                }
+                tokio::time::sleep(pause).await;
+                pause = (pause * 2).min(Duration::from_secs(1));
+            }
+            Err(e) if e.exit == Exit::Unavailable => {
+                return Err(e
+                    .context(format!(
+                        "gave up after {tries} tries over {}",
+                        runkeep_soak::human_duration(wait)
+                    ))
+                    .hint("no server of the store's URL accepted writes in time: check that a primary runs (after a failover, that the standby was promoted), or give the worker a longer --open-wait"));
+            }
+            r => return r,
+        }
+    }
 }

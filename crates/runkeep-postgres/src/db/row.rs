@@ -146,7 +146,7 @@ pub(crate) fn sql_headers() -> String {
 }
 pub(crate) fn sql_save() -> String {
     format!(
-        "UPDATE runs SET top_kind = $6, top_fence = $7, holder = $8, expires_at = $9, lifecycle = $10, status = $11, available_at = $12, digest = $13, checkpoint_count = $14, created_rank = $15, created_stamp = $16, park_count = $17, last_seq = $18, last_audit_seq = $19, priority = $20, ckey = $21, climit = $22, deadline = $23 WHERE {KEY_WHERE}"
+        "UPDATE runs SET top_kind = $6, top_fence = $7, holder = $8, expires_at = $9, lifecycle = $10, status = $11, available_at = $12, digest = $13, checkpoint_count = $14, created_rank = $15, created_stamp = $16, park_count = $17, last_seq = $18, last_audit_seq = $19, priority = $20, ckey = $21, climit = $22, deadline = $23, finished_at = $24 WHERE {KEY_WHERE}"
     )
 }
 
@@ -307,6 +307,12 @@ pub(crate) fn save_stmt(key: &Key, run: &RunState) -> Result<Stmt> {
         .as_ref()
         .map(|c| i32::try_from(c.limit).unwrap_or(i32::MAX));
     let deadline: Option<i64> = run.lifecycle.deadline.map(Timestamp::as_millis);
+    // Only while finished (schema v7): a reopened run leaves the prune's index.
+    let finished_at: Option<i64> = run
+        .lifecycle
+        .finished_at
+        .filter(|_| run.lifecycle.status.is_finished())
+        .map(Timestamp::as_millis);
     Ok(Stmt::new(
         "save the run row",
         sql_save(),
@@ -329,6 +335,7 @@ pub(crate) fn save_stmt(key: &Key, run: &RunState) -> Result<Stmt> {
             Box::new(ckey),
             Box::new(climit),
             Box::new(deadline),
+            Box::new(finished_at),
         ]),
     ))
 }

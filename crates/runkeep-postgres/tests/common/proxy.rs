@@ -6,7 +6,11 @@
 //!   lost), or swallowed itself (the commit never happens); either way the
 //!   client's connection is then closed. Statements pipelined with the
 //!   `COMMIT` (in the same read) share its fate: forwarded and their
-//!   replies swallowed too, or swallowed with it.
+//!   replies swallowed too, or swallowed with it;
+//! - `arm(CommitFault::Hold)`: the next `COMMIT` (with what is pipelined
+//!   with it) waits in the proxy until `release()`, then is forwarded as
+//!   usual: the client's transaction stays open, its row locks held, for as
+//!   long as the test likes (`held()` says it is waiting).
 
 use std::sync::atomic::{AtomicU8, AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -28,6 +32,8 @@ pub enum CommitFault {
     /// Swallowed; the client is cut (the server sees the client vanish mid
     /// transaction and rolls back).
     LoseCommit,
+    /// Held until [`Proxy::release`], then forwarded.
+    Hold,
 }
 
 #[derive(Default)]
@@ -40,6 +46,8 @@ struct State {
     commits_lost: AtomicUsize,
     /// Connections accepted.
     accepted: AtomicUsize,
+    /// Commits waiting for `release` (Hold).
+    held: AtomicUsize,
 }
 
 /// The proxy; it serves until dropped (its tasks are aborted then).
@@ -48,6 +56,7 @@ pub struct Proxy {
     pub port: u16,
     state: Arc<State>,
     partitioned: watch::Sender<bool>,
+    released: watch::Sender<bool>,
     task: tokio::task::JoinHandle<()>,
 }
 
@@ -64,6 +73,7 @@ impl Proxy {
         let port = listener.local_addr().unwrap().port();
         let state = Arc::new(State::default());
         let (partitioned, rx) = watch::channel(false);
+        let (released, rel_rx) = watch::channel(false);
         let target = target.to_string();
         let st = state.clone();
         let task = tokio::spawn(async move {
@@ -76,13 +86,20 @@ impl Proxy {
                 let Ok(server) = TcpStream::connect(&target).await else {
                     continue;
                 };
-                conns.spawn(serve(client, server, st.clone(), rx.clone()));
+                conns.spawn(serve(
+                    client,
+                    server,
+                    st.clone(),
+                    rx.clone(),
+                    rel_rx.clone(),
+                ));
             }
         });
         Self {
             port,
             state,
             partitioned,
+            released,
             task,
         }
     }
@@ -109,6 +126,7 @@ impl Proxy {
         let v = match fault {
             CommitFault::LoseAck => 1,
             CommitFault::LoseCommit => 2,
+            CommitFault::Hold => 3,
         };
         self.state.armed.store(v, Ordering::SeqCst);
     }
@@ -116,6 +134,16 @@ impl Proxy {
     /// Commits acknowledged by the server whose reply was swallowed.
     pub fn acks_lost(&self) -> usize {
         self.state.acks_lost.load(Ordering::SeqCst)
+    }
+
+    /// Commits held (`CommitFault::Hold`) and not yet released.
+    pub fn held(&self) -> usize {
+        self.state.held.load(Ordering::SeqCst)
+    }
+
+    /// Forwards the held commits (and every later armed `Hold` at once).
+    pub fn release(&self) {
+        self.released.send_replace(true);
     }
 
     /// Commits swallowed before they reached the server.
@@ -132,7 +160,13 @@ async fn pass(rx: &mut watch::Receiver<bool>) {
     let _ = rx.wait_for(|p| !*p).await;
 }
 
-async fn serve(client: TcpStream, server: TcpStream, st: Arc<State>, rx: watch::Receiver<bool>) {
+async fn serve(
+    client: TcpStream,
+    server: TcpStream,
+    st: Arc<State>,
+    rx: watch::Receiver<bool>,
+    mut released: watch::Receiver<bool>,
+) {
     let (mut cr, mut cw) = client.into_split();
     let (mut sr, mut sw) = server.into_split();
     // Set by the upstream pump when it forwarded an armed COMMIT.
@@ -160,6 +194,11 @@ async fn serve(client: TcpStream, server: TcpStream, st: Arc<State>, rx: watch::
                         st_up.commits_lost.fetch_add(1, Ordering::SeqCst);
                         // Cut both sides without forwarding it.
                         return;
+                    }
+                    3 => {
+                        st_up.held.fetch_add(1, Ordering::SeqCst);
+                        let _ = released.wait_for(|r| *r).await;
+                        st_up.held.fetch_sub(1, Ordering::SeqCst);
                     }
                     _ => {}
                 }

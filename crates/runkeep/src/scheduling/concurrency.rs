@@ -207,23 +207,6 @@ impl KeyLog {
         }
     }
 
-    /// Runs other than `run` whose holding is live at `now`.
-    pub fn held_by_others(&self, run: &RunId, parent: Option<&RunId>, now: Timestamp) -> u32 {
-        let mut live: Vec<(&RunId, Option<&RunId>)> = self
-            .entries
-            .iter()
-            .filter(|h| {
-                !(&h.run_id == run && h.parent_run_id.as_ref() == parent)
-                    && h.acquired_at <= now
-                    && now < h.until()
-            })
-            .map(|h| (&h.run_id, h.parent_run_id.as_ref()))
-            .collect();
-        live.sort();
-        live.dedup();
-        live.len() as u32
-    }
-
     /// Forgets a deleted run's holdings.
     pub fn forget(&mut self, run: &RunId, parent: Option<&RunId>) {
         self.entries
@@ -296,21 +279,34 @@ mod tests {
         );
     }
 
+    /// Runs other than `run` whose holding in `log` is live at `now`.
+    fn held_by_others(log: &KeyLog, run: &RunId, now: Timestamp) -> usize {
+        let mut live: Vec<&RunId> = log
+            .entries()
+            .iter()
+            .filter(|h| &h.run_id != run && h.acquired_at <= now && now < h.until())
+            .map(|h| &h.run_id)
+            .collect();
+        live.sort();
+        live.dedup();
+        live.len()
+    }
+
     #[test]
     fn the_log_counts_live_holdings_of_other_runs_and_the_sweep_finds_overlaps() {
         let mut log = KeyLog::default();
         let f = |n| Fence::new(n).unwrap();
         log.acquired(&run("a"), None, f(1), t(0), t(100));
         log.acquired(&run("b"), None, f(1), t(10), t(100));
-        assert_eq!(log.held_by_others(&run("c"), None, t(20)), 2);
-        assert_eq!(log.held_by_others(&run("a"), None, t(20)), 1);
+        assert_eq!(held_by_others(&log, &run("c"), t(20)), 2);
+        assert_eq!(held_by_others(&log, &run("a"), t(20)), 1);
         log.ended(&run("a"), None, t(30));
-        assert_eq!(log.held_by_others(&run("c"), None, t(40)), 1);
+        assert_eq!(held_by_others(&log, &run("c"), t(40)), 1);
         // A renewal supersedes the open holding.
         log.acquired(&run("b"), None, f(2), t(50), t(150));
-        assert_eq!(log.held_by_others(&run("c"), None, t(60)), 1);
+        assert_eq!(held_by_others(&log, &run("c"), t(60)), 1);
         // Expired without an end: stops counting at its expiry.
-        assert_eq!(log.held_by_others(&run("c"), None, t(150)), 0);
+        assert_eq!(held_by_others(&log, &run("c"), t(150)), 0);
         let (most, at) = max_held_at_once(log.entries());
         assert_eq!((most, at), (2, Some(t(10))));
         // Back-to-back holdings (one ends where the next starts) do not overlap.

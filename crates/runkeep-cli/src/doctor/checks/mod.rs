@@ -6,6 +6,7 @@
 //! | `store.writable` | store | write, read back, claim, release, append and delete in a scratch location |
 //! | `store.schema-version` | store | PostgreSQL: the schema's runkeep version is this binary's (missing, older or newer fail) |
 //! | `store.autovacuum` | store | PostgreSQL: autovacuum is on for the server and the store's `runs` table (dead row versions slow `claim_next`) |
+//! | `store.replication` | store | PostgreSQL: every standby streaming from the server is synchronous and `synchronous_commit` is at least `on` for the store's role and database (else a failover can lose acknowledged claims and steps) |
 //! | `store.hard-links` | store | the directory can hard-link (fs; claims are published by link) |
 //! | `store.listing-index` | store | a directory store's listings can use the session index within the inotify watch budget |
 //! | `store.scratch-leftovers` | integrity | claim scratch files older than the scratch TTL (10 min, `runkeep_fs::Diagnosis::SCRATCH_TTL`) |
@@ -184,6 +185,9 @@ pub fn registry() -> Vec<Check> {
         }),
         check("store.autovacuum", "store", |env| async move {
             postgres::autovacuum(&env).await
+        }),
+        check("store.replication", "store", |env| async move {
+            postgres::replication(&env).await
         }),
         check("store.hard-links", "store", |env| async move {
             filesystem::hard_links(&env)

@@ -1,6 +1,6 @@
 //! The `store` and `leases` checks of a PostgreSQL store: its schema
-//! version, whether autovacuum keeps its tables, and transactions holding
-//! row locks too long.
+//! version, whether autovacuum keeps its tables, whether its commits wait
+//! for a synchronous standby, and transactions holding row locks too long.
 
 use super::*;
 
@@ -123,6 +123,185 @@ pub(super) async fn autovacuum(env: &Env) -> CliResult<Outcome> {
     ))
 }
 
+/// What store.replication reads on the store's own connection (so
+/// `synchronous_commit` is the value the store's role and database give
+/// it): the setting, where it comes from, `synchronous_standby_names`,
+/// and one row per standby streaming from this server (none: the query
+/// answers one row of NULLs for the standby columns).
+const REPLICATION_SQL: &str = "
+SELECT current_setting('synchronous_commit'),
+       (SELECT source FROM pg_settings WHERE name = 'synchronous_commit'),
+       current_setting('synchronous_standby_names'),
+       current_user::text,
+       current_database()::text,
+       r.application_name,
+       r.sync_state
+  FROM (SELECT 1) one
+  LEFT JOIN pg_stat_replication r ON true";
+
+/// One standby in `pg_stat_replication`: its `application_name` and
+/// `sync_state` (`None`: hidden from this role, which lacks
+/// `pg_read_all_stats`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct Standby {
+    name: String,
+    sync_state: Option<String>,
+}
+
+/// What store.replication found.
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct Replication {
+    synchronous_commit: String,
+    /// `pg_settings.source` of it: `default`, `configuration file`,
+    /// `database`, `user`, `database user`, …
+    source: String,
+    standby_names: String,
+    role: String,
+    database: String,
+    standbys: Vec<Standby>,
+}
+
+/// The docs page every replication warning points to.
+const DEPLOYING: &str = "docs/design/deploying-postgres.md";
+
+/// The rule of store.replication. A fencing store must not acknowledge a
+/// claim or a step that a failover can lose: after one, the promoted
+/// standby may not know a claim a worker already holds (and hands the
+/// same fence to a second worker) and steps the workers were told are
+/// stored are gone. So: every standby synchronous (`sync` or `quorum`),
+/// and `synchronous_commit` at least `on` for the store's connections.
+fn judge_replication(r: &Replication) -> Outcome {
+    let mut why = Vec::new();
+    let mut fix = Vec::new();
+    let hidden: Vec<&str> = r
+        .standbys
+        .iter()
+        .filter(|s| s.sync_state.is_none())
+        .map(|s| s.name.as_str())
+        .collect();
+    let not_sync: Vec<String> = r
+        .standbys
+        .iter()
+        .filter_map(|s| match s.sync_state.as_deref() {
+            Some("sync" | "quorum") | None => None,
+            Some(state) => Some(format!("{} ({state})", s.name)),
+        })
+        .collect();
+    if !not_sync.is_empty() {
+        why.push(format!(
+            "{} of {} standby(s) replicate asynchronously: {}; a commit is acknowledged before they have it, so after a failover to one of them a claim a worker holds may be unknown there (the same fence handed to a second worker) and acknowledged steps are gone",
+            not_sync.len(),
+            r.standbys.len(),
+            not_sync.join(", ")
+        ));
+        fix.push(format!(
+            "make every standby that may be promoted synchronous (`ALTER SYSTEM SET synchronous_standby_names = 'FIRST 1 (name, …)'` or `'ANY 1 (…)'`; `SELECT pg_reload_conf();`, set once the standbys stream), and promote only a synchronous one (now: synchronous_standby_names = '{}')",
+            r.standby_names
+        ));
+    }
+    let weak = matches!(
+        r.synchronous_commit.as_str(),
+        "off" | "local" | "remote_write"
+    );
+    if weak {
+        let risk = if r.standbys.is_empty() {
+            "commits are acknowledged before they are durable, so a crash of this server loses acknowledged claims and steps"
+        } else {
+            "commits are acknowledged before the synchronous standby has them durably, so a failover can lose acknowledged claims (the same fence to two workers) and steps"
+        };
+        why.push(format!(
+            "synchronous_commit is {} for the store's connections (role {}, database {}; set by: {}): {risk}",
+            r.synchronous_commit, r.role, r.database, r.source
+        ));
+        fix.push(match r.source.as_str() {
+            "user" => format!("`ALTER ROLE \"{}\" RESET synchronous_commit;`", r.role),
+            "database" => format!(
+                "`ALTER DATABASE \"{}\" RESET synchronous_commit;`",
+                r.database
+            ),
+            "database user" => format!(
+                "`ALTER ROLE \"{}\" IN DATABASE \"{}\" RESET synchronous_commit;`",
+                r.role, r.database
+            ),
+            _ => "`ALTER SYSTEM SET synchronous_commit = on; SELECT pg_reload_conf();` (or remove it from the configuration file or the connection options)".to_string(),
+        });
+    }
+    if !why.is_empty() {
+        return Outcome::warn(why.join("; "))
+            .remedy(format!("{} (see {DEPLOYING})", fix.join("; ")));
+    }
+    if !hidden.is_empty() {
+        return Outcome::inconclusive(format!(
+            "{} standby(s) stream from this server but role {} cannot see whether they are synchronous (pg_stat_replication.sync_state is hidden from it)",
+            hidden.len(),
+            r.role
+        ))
+        .remedy(format!(
+            "run the doctor as a role with pg_read_all_stats (`GRANT pg_read_all_stats TO \"{}\";`)",
+            r.role
+        ));
+    }
+    if r.standbys.is_empty() {
+        return Outcome::pass(format!(
+            "no standby streams from this server (nothing to fail over to; a crash waits for this server's restart); synchronous_commit is {}",
+            r.synchronous_commit
+        ));
+    }
+    let names: Vec<&str> = r.standbys.iter().map(|s| s.name.as_str()).collect();
+    Outcome::pass(format!(
+        "every standby is synchronous ({}) and synchronous_commit is {}: a failover to one of them loses no acknowledged commit",
+        names.join(", "),
+        r.synchronous_commit
+    ))
+}
+
+/// PostgreSQL: the store's commits wait for every standby a failover may
+/// promote. Skipped on other backends.
+pub(super) async fn replication(env: &Env) -> CliResult<Outcome> {
+    let Some((pg, _)) = env.store()?.postgres() else {
+        return Ok(Outcome::skipped(format!(
+            "{} is not a PostgreSQL store: it has no standbys",
+            env.address
+        )));
+    };
+    let c = pg.pool().get().await.map_err(|e| {
+        CliError::failed(format!("no connection to read the replication state: {e}"))
+            .hint("see store.reachable")
+    })?;
+    let rows = c.query(REPLICATION_SQL, &[]).await.map_err(|e| {
+        CliError::failed(format!(
+            "read pg_stat_replication and synchronous_commit: {e}"
+        ))
+    })?;
+    let Some(first) = rows.first() else {
+        return Err(CliError::failed("the replication query answered no row"));
+    };
+    let found = Replication {
+        synchronous_commit: first.get(0),
+        source: first.get::<_, Option<String>>(1).unwrap_or_default(),
+        standby_names: first.get(2),
+        role: first.get(3),
+        database: first.get(4),
+        standbys: rows
+            .iter()
+            .filter_map(|r| {
+                let name: Option<String> = r.get(5);
+                let state: Option<String> = r.get(6);
+                // A row of NULLs: no standby; a NULL name with a state
+                // cannot happen, a name hidden with its state is kept.
+                match (name, state) {
+                    (None, None) => None,
+                    (name, sync_state) => Some(Standby {
+                        name: name.unwrap_or_else(|| "(hidden)".into()),
+                        sync_state,
+                    }),
+                }
+            })
+            .collect(),
+    };
+    Ok(judge_replication(&found))
+}
+
 /// The lock query of store.row-locks: every backend other than the
 /// doctor's own holding a lock on one of the store's tables, with how
 /// long its transaction has been open. Row locks (`SELECT … FOR UPDATE`,
@@ -217,6 +396,109 @@ pub(super) async fn row_locks(env: &Env) -> CliResult<Outcome> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn replication(commit: &str, source: &str, standbys: &[(&str, Option<&str>)]) -> Replication {
+        Replication {
+            synchronous_commit: commit.into(),
+            source: source.into(),
+            standby_names: "standby1".into(),
+            role: "rk".into(),
+            database: "app".into(),
+            standbys: standbys
+                .iter()
+                .map(|(n, s)| Standby {
+                    name: (*n).into(),
+                    sync_state: s.map(str::to_string),
+                })
+                .collect(),
+        }
+    }
+
+    #[test]
+    fn an_asynchronous_standby_is_a_warning_naming_the_fence_risk_and_the_fix() {
+        let o = judge_replication(&replication(
+            "on",
+            "default",
+            &[
+                ("a", Some("sync")),
+                ("b", Some("async")),
+                ("c", Some("potential")),
+            ],
+        ));
+        assert_eq!(o.status, Status::Warn);
+        assert!(o.message.contains("2 of 3 standby(s)"), "{}", o.message);
+        assert!(
+            o.message.contains("b (async), c (potential)"),
+            "{}",
+            o.message
+        );
+        assert!(o.message.contains("same fence"), "{}", o.message);
+        let fix = o.remediation.unwrap_or_default();
+        assert!(fix.contains("synchronous_standby_names"), "{fix}");
+    }
+
+    #[test]
+    fn synchronous_commit_below_on_is_a_warning_with_the_fix_for_where_it_is_set() {
+        for (source, fix) in [
+            ("user", "ALTER ROLE \"rk\" RESET"),
+            ("database", "ALTER DATABASE \"app\" RESET"),
+            (
+                "database user",
+                "ALTER ROLE \"rk\" IN DATABASE \"app\" RESET",
+            ),
+            (
+                "configuration file",
+                "ALTER SYSTEM SET synchronous_commit = on",
+            ),
+        ] {
+            let o = judge_replication(&replication("local", source, &[("a", Some("sync"))]));
+            assert_eq!(o.status, Status::Warn, "{source}");
+            assert!(
+                o.message.contains("synchronous_commit is local"),
+                "{}",
+                o.message
+            );
+            assert!(o.remediation.unwrap_or_default().contains(fix), "{source}");
+        }
+        let o = judge_replication(&replication("remote_write", "user", &[]));
+        assert_eq!(o.status, Status::Warn);
+        assert!(o.message.contains("crash of this server"), "{}", o.message);
+    }
+
+    #[test]
+    fn synchronous_standbys_or_none_pass_and_say_which() {
+        let sync = judge_replication(&replication(
+            "on",
+            "default",
+            &[("a", Some("sync")), ("b", Some("quorum"))],
+        ));
+        assert_eq!(sync.status, Status::Pass, "{}", sync.message);
+        assert!(sync.message.contains("every standby is synchronous (a, b)"));
+        let apply = judge_replication(&replication(
+            "remote_apply",
+            "default",
+            &[("a", Some("sync"))],
+        ));
+        assert_eq!(apply.status, Status::Pass, "{}", apply.message);
+        let none = judge_replication(&replication("on", "default", &[]));
+        assert_eq!(none.status, Status::Pass);
+        assert!(
+            none.message.contains("no standby streams"),
+            "{}",
+            none.message
+        );
+        assert!(!none.message.contains("asynchronous"), "{}", none.message);
+    }
+
+    #[test]
+    fn a_standby_whose_state_is_hidden_from_the_role_is_not_a_pass() {
+        let o = judge_replication(&replication("on", "default", &[("a", None)]));
+        assert_eq!(o.status, Status::Inconclusive);
+        assert!(o
+            .remediation
+            .unwrap_or_default()
+            .contains("pg_read_all_stats"));
+    }
 
     #[test]
     fn autovacuum_off_on_the_server_or_the_table_is_a_warning() {
