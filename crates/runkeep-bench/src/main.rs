@@ -37,6 +37,7 @@ mod pg;
 mod serve;
 mod stats;
 mod svg;
+mod wake;
 mod work;
 
 use std::collections::BTreeMap;
@@ -122,6 +123,13 @@ pub struct BenchArgs {
     /// `… end -->` lines), e.g. BENCHMARKS.md.
     #[arg(long, value_name = "FILE", requires = "json_out")]
     pub update_doc: Option<PathBuf>,
+
+    /// Instead of the cases: N rounds of a cross-server wake-up (a
+    /// long-poll on one in-process `runkeep serve` answered after an event
+    /// is appended through another, both over one PostgreSQL schema): its
+    /// p50/p99 from the write's start.
+    #[arg(long, value_name = "N")]
+    pub wake: Option<usize>,
 
     /// The PostgreSQL server (a fresh schema per run, dropped afterwards).
     #[arg(
@@ -1068,6 +1076,9 @@ async fn clean_up(env: Env, servers: Vec<serve::InProcessServer>) -> Vec<String>
 
 /// The bench.
 async fn run(args: BenchArgs) -> BenchResult<Exit> {
+    if let Some(rounds) = args.wake {
+        return wake::run(&args, rounds).await;
+    }
     let settings = Settings::of(&args)?;
     let mut cases = all_cases(&settings, args.scaling, args.peers, args.grace_off);
     if !args.only.is_empty() {

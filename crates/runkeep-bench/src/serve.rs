@@ -107,6 +107,16 @@ impl InProcessServer {
         })
     }
 
+    /// The address it listens on.
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// Its operator token's secret.
+    pub fn token(&self) -> &str {
+        &self.token
+    }
+
     /// An [`HttpStore`] on this server for `tenant`.
     pub fn client(&self, tenant: TenantId) -> Result<HttpStore, String> {
         Ok(

@@ -147,6 +147,40 @@ fn a_short_soak_over_http_with_server_restarts_keeps_every_invariant_on_postgres
     );
 }
 
+/// `--servers 3`: three `runkeep serve` processes over one PostgreSQL
+/// schema, the workers spread over them, one killed (or stalled) at a time
+/// in a random order; the audit finds every invariant held, and every
+/// server was killed and started again at least once.
+#[test]
+fn a_short_soak_over_three_servers_killed_at_random_keeps_every_invariant_on_postgres() {
+    let Ok(url) = std::env::var("RUNKEEP_TEST_POSTGRES_URL") else {
+        eprintln!("SKIPPED: RUNKEEP_TEST_POSTGRES_URL is not set (scripts/test.sh sets it to postgres://postgres@127.0.0.1:5432/test)");
+        return;
+    };
+    // SHORT's three workers, one per server.
+    let mut args = SHORT.to_vec();
+    args.extend(["--servers", "3"]);
+    let (code, r, stderr, dir) = soak(Some(&url), &args);
+    check_over_http(code, &r, &stderr, &dir, 10);
+    let store = r["store"].as_str().unwrap();
+    assert!(
+        store.contains("(3 runkeep serve processes over postgres"),
+        "three servers over PostgreSQL: {r:#}"
+    );
+    // Kills go round the servers (a random order each round): with three
+    // or more, every server was killed, and a restart starts it again under
+    // its next log number.
+    let kills = r["backend_chaos"]["server kill -9s"].as_u64().unwrap_or(0);
+    assert!(kills >= 3, "fewer kills than servers: {r:#}");
+    for i in 0..3 {
+        let restarted = dir.path().join("soak").join(format!("server{i}-1.stdout"));
+        assert!(
+            restarted.exists(),
+            "server {i} was never killed and restarted: {r:#}"
+        );
+    }
+}
+
 fn refused(args: &[&str]) -> (Option<i32>, String) {
     let dir = tempfile::tempdir().unwrap();
     let out = Command::cargo_bin("runkeep")

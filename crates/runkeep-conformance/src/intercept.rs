@@ -72,12 +72,12 @@ use std::ops::{Deref, DerefMut};
 use async_trait::async_trait;
 use runkeep::scheduling::schedule::{Schedule, ScheduleEntry};
 use runkeep::{
-    AttemptError, AuditRecord, Checkpoint, CheckpointId, CheckpointStore, ClaimNextFilter,
-    ClaimOptions, ClaimOutcome, Dedupe, EnqueueOptions, Enqueued, EventBatch, EvidenceStore, Fence,
-    Handover, KeyHolding, Lease, LeaseSummary, Lifecycle, ListOptions, ListingScope,
-    MessageSnapshot, NewAuditEvent, NewEvent, NextClaim, Outcome, ParkResolution, PersistedEvent,
-    Priority, ReadEventsOptions, Result, RunPage, RunRecord, RunScope, RunStore, Step, StepReceipt,
-    Timestamp, Watch, WatchTopic,
+    AttemptError, AuditRecord, Checkpoint, CheckpointId, CheckpointStore, CheckpointUpdate,
+    ClaimNextFilter, ClaimOptions, ClaimOutcome, Dedupe, EnqueueOptions, Enqueued, EventBatch,
+    EvidenceStore, Fence, Handover, KeyHolding, Lease, LeaseSummary, Lifecycle, ListOptions,
+    ListingScope, MessageSnapshot, NewAuditEvent, NewEvent, NextClaim, Outcome, ParkResolution,
+    PersistedEvent, Priority, ReadEventsOptions, Result, RunPage, RunRecord, RunScope, RunStore,
+    Step, StepReceipt, Timestamp, Watch, WatchTopic,
 };
 use serde_json::Value;
 
@@ -126,6 +126,19 @@ pub trait Intercept: Send + Sync + std::fmt::Debug {
         fence: Option<Fence>,
     ) -> Result<bool> {
         self.inner().delete_checkpoint(scope, id, fence).await
+    }
+
+    /// [`CheckpointStore::update_checkpoint`]; forwards.
+    async fn update_checkpoint(
+        &self,
+        scope: &RunScope,
+        id: &CheckpointId,
+        update: CheckpointUpdate,
+        fence: Option<Fence>,
+    ) -> Result<Checkpoint> {
+        self.inner()
+            .update_checkpoint(scope, id, update, fence)
+            .await
     }
 
     /// [`CheckpointStore::resolve_park`]; forwards.
@@ -502,6 +515,15 @@ impl<I: Intercept> CheckpointStore for Intercepted<I> {
         fence: Option<Fence>,
     ) -> Result<bool> {
         self.0.delete_checkpoint(scope, id, fence).await
+    }
+    async fn update_checkpoint(
+        &self,
+        scope: &RunScope,
+        id: &CheckpointId,
+        update: CheckpointUpdate,
+        fence: Option<Fence>,
+    ) -> Result<Checkpoint> {
+        self.0.update_checkpoint(scope, id, update, fence).await
     }
     async fn resolve_park(
         &self,

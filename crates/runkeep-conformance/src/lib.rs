@@ -334,6 +334,17 @@ macro_rules! __runkeep_cases {
             refuses_an_unfenced_write_for_a_principal_while_a_lease_is_on_top,
         }
     };
+    // `update_checkpoint` (`cases::updates`): in process only, where the
+    // update is a function the store can call; over HTTP the server's
+    // thread writes route makes the update, in the server's own store.
+    (@updates [$($mode:tt)*]) => {
+        $crate::__runkeep_cases! {@expand [$($mode)*]
+            updates_a_checkpoint_from_what_is_stored,
+            concurrent_updates_of_one_checkpoint_lose_none,
+            fences_an_update_like_a_write,
+            refuses_a_failed_or_invalid_update_and_changes_nothing,
+        }
+    };
     (@expand [tests $factory:path] $($case:ident),* $(,)?) => {
         $(
             #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -358,13 +369,16 @@ macro_rules! __runkeep_cases {
 /// `conformance_tests!(factory, over_http)` is for a client whose principal
 /// is fixed by its credentials (`HttpStore`): it leaves out the cases of
 /// writes made for a chosen principal ([`cases`]' `actors`), which such a
-/// client cannot make; the server checks that rule through two tokens in
-/// its own tests.
+/// client cannot make (the server checks that rule through two tokens in
+/// its own tests), and the `update_checkpoint` cases ([`cases`]'
+/// `updates`): an update is a function, which such a client refuses to
+/// send (the server's thread routes make the update in its own store).
 #[macro_export]
 macro_rules! conformance_tests {
     ($factory:path) => {
         $crate::__runkeep_cases!(@list [tests $factory]);
         $crate::__runkeep_cases!(@actors [tests $factory]);
+        $crate::__runkeep_cases!(@updates [tests $factory]);
     };
     ($factory:path, over_http) => {
         $crate::__runkeep_cases!(@list [tests $factory]);
@@ -375,5 +389,6 @@ macro_rules! conformance_tests {
 pub fn all_cases() -> Vec<Case> {
     let mut cases = __runkeep_cases!(@list [registry]);
     cases.extend(__runkeep_cases!(@actors [registry]));
+    cases.extend(__runkeep_cases!(@updates [registry]));
     cases
 }

@@ -8,9 +8,10 @@ use async_trait::async_trait;
 use runkeep::checkpoint::Checkpoint;
 use runkeep::evidence::{AuditRecord, NewAuditEvent, NewEvent, PersistedEvent, RunRecord};
 use runkeep::{
-    CheckpointId, CheckpointStore, ClaimNextFilter, ClaimOptions, ClaimOutcome, Error,
-    EvidenceStore, Fence, Lease, LeaseSummary, ListOptions, ListingScope, ManualClock, MemoryStore,
-    ParkResolution, Result, RunPage, RunRow, RunScope, RunStatus, RunStore, TenantId, Timestamp,
+    CheckpointId, CheckpointStore, CheckpointUpdate, ClaimNextFilter, ClaimOptions, ClaimOutcome,
+    Error, EvidenceStore, Fence, Lease, LeaseSummary, ListOptions, ListingScope, ManualClock,
+    MemoryStore, ParkResolution, Result, RunPage, RunRow, RunScope, RunStatus, RunStore, TenantId,
+    Timestamp,
 };
 use runkeep_conformance::intercept::{Intercept, Intercepted};
 use runkeep_conformance::{all_cases, differential, outcome_of, support, CaseEnv, Fixture};
@@ -67,6 +68,10 @@ enum Flaw {
     /// `advance_schedule` ignores the cursor the caller read: every
     /// advance wins (no compare-and-set).
     AdvancesFromAnyCursor,
+    /// `update_checkpoint` reads, then writes the update's result with no
+    /// lock held between: the first reader waits (bounded) for a second
+    /// reader, so concurrent updates start from the same old checkpoint.
+    UpdatesWithoutALock,
 }
 
 #[derive(Debug)]
@@ -78,6 +83,9 @@ struct Broken {
     cursor_rows: Mutex<HashMap<String, RunRow>>,
     /// KeepsTheFenceAfterFinish: the fence each run was finished under.
     spent: Mutex<HashMap<RunScope, Fence>>,
+    /// UpdatesWithoutALock: how many updates have read, and a wake-up
+    /// for the reader waiting on a second.
+    readers: tokio::sync::watch::Sender<usize>,
 }
 
 impl Broken {
@@ -90,6 +98,7 @@ impl Broken {
                 live: Mutex::default(),
                 cursor_rows: Mutex::default(),
                 spent: Mutex::default(),
+                readers: tokio::sync::watch::Sender::new(0),
             }))
         }
     }
@@ -153,6 +162,28 @@ impl Intercept for Broken {
         let f = self.pass(scope, fence)?;
         let written = self.inner.write_checkpoint(scope, cp, f).await;
         self.hide_cancel(written)
+    }
+    async fn update_checkpoint(
+        &self,
+        scope: &RunScope,
+        id: &CheckpointId,
+        update: CheckpointUpdate,
+        fence: Option<Fence>,
+    ) -> Result<Checkpoint> {
+        if self.flaw != Flaw::UpdatesWithoutALock {
+            return self.inner.update_checkpoint(scope, id, update, fence).await;
+        }
+        let old = self.inner.read_checkpoint(scope, id).await?;
+        self.readers.send_modify(|n| *n += 1);
+        let mut seen = self.readers.subscribe();
+        // Waiting only widens the window; a lone update goes on after it.
+        let _ = tokio::time::timeout(
+            std::time::Duration::from_millis(500),
+            seen.wait_for(|n| *n >= 2),
+        )
+        .await;
+        let next = runkeep::checked_update(scope, id, &update, old.as_ref())?;
+        self.inner.write_checkpoint(scope, &next, fence).await
     }
     async fn delete_checkpoint(
         &self,
@@ -722,6 +753,16 @@ async fn a_store_answering_a_park_twice_fails_the_compare_and_set_cases() {
             "lets_exactly_one_of_concurrent_answers_win",
         ],
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_store_updating_without_a_lock_fails_the_lost_update_case() {
+    let failed = failures(
+        Broken::on(Flaw::UpdatesWithoutALock),
+        runkeep_conformance::CONTRACT_VERSION,
+    )
+    .await;
+    assert_fails_exactly(&failed, &["concurrent_updates_of_one_checkpoint_lose_none"]);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -153,6 +153,18 @@ impl runkeep::CheckpointStore for FsStore {
         blocking::run(move || checkpoints::delete_checkpoint(&inner, &scope, &id, fence)).await
     }
 
+    async fn update_checkpoint(
+        &self,
+        scope: &RunScope,
+        id: &CheckpointId,
+        update: runkeep::CheckpointUpdate,
+        fence: Option<Fence>,
+    ) -> Result<Checkpoint> {
+        let (inner, scope, id) = (self.inner.clone(), scope.clone(), id.clone());
+        blocking::run(move || checkpoints::update_checkpoint(&inner, &scope, &id, &update, fence))
+            .await
+    }
+
     async fn resolve_park(
         &self,
         scope: &RunScope,

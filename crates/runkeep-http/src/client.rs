@@ -1007,6 +1007,25 @@ impl CheckpointStore for HttpStore {
         Ok(d.done)
     }
 
+    /// Refused (`Unsupported`): `update` is a function of this process and
+    /// cannot be sent to the server. A LangGraph thread's pending writes,
+    /// the read-modify-write the server offers, go through its thread
+    /// writes route, which runs the update in the server's store.
+    async fn update_checkpoint(
+        &self,
+        _scope: &RunScope,
+        id: &CheckpointId,
+        _update: runkeep::CheckpointUpdate,
+        _fence: Option<Fence>,
+    ) -> Result<Checkpoint> {
+        Err(runkeep::Error::Unsupported {
+            message: format!(
+                "update_checkpoint of {id}: an update function cannot be sent over HTTP; \
+                 use a store in this process, or the server's thread writes route"
+            ),
+        })
+    }
+
     async fn resolve_park(
         &self,
         scope: &RunScope,

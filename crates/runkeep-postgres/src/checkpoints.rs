@@ -6,7 +6,10 @@ use tokio_postgres::Row;
 use runkeep::checkpoint::sort_checkpoints;
 use runkeep::lease::stamp_fence;
 use runkeep::park::{self};
-use runkeep::{Checkpoint, CheckpointHeader, CheckpointId, Fence, Result, RunDigest, RunScope};
+use runkeep::{
+    checked_update, Checkpoint, CheckpointHeader, CheckpointId, CheckpointUpdate, Fence, Result,
+    RunDigest, RunScope,
+};
 
 use crate::db::digest::headers_of;
 use crate::db::pipeline::Stmt;
@@ -55,6 +58,44 @@ pub(crate) async fn write_checkpoint(
         stored.fence = stamp_fence(fence, l.run.top.as_ref());
         let writes = Writes::default()
             .checkpoint(stored.clone(), l.checkpoint_exists)
+            .save()
+            .notify(Wake::Changed);
+        Ok(Verdict::Write(stored, writes))
+    })
+    .await
+}
+
+/// A read-modify-write of one checkpoint in one transaction: the run's row
+/// locked (`FOR UPDATE`, held by every write of the run on any server),
+/// then the checkpoint read, `update` judged and the result written.
+pub(crate) async fn update_checkpoint(
+    db: &Db,
+    scope: &RunScope,
+    id: &CheckpointId,
+    update: &CheckpointUpdate,
+    fence: Option<Fence>,
+) -> Result<Checkpoint> {
+    let what = "update_checkpoint";
+    let opening = Opening {
+        create: fence.is_none(),
+        more: vec![Stmt::new(
+            "read a checkpoint",
+            format!("SELECT body FROM checkpoints WHERE {KEY_WHERE} AND checkpoint_id = $6"),
+            Key::of(scope).owned(vec![Box::new(id.to_string())]),
+        )],
+        ..Opening::default()
+    };
+    db.write_locked(what, scope, opening, |l| {
+        l.run.check(scope, what, fence)?;
+        let current = match std::mem::take(&mut l.more).into_iter().flatten().next() {
+            Some(row) => Some(checkpoint_of(scope, row.get(0))?),
+            None => None,
+        };
+        let exists = current.is_some();
+        let mut stored = checked_update(scope, id, update, current.as_ref())?;
+        stored.fence = stamp_fence(fence, l.run.top.as_ref());
+        let writes = Writes::default()
+            .checkpoint(stored.clone(), exists)
             .save()
             .notify(Wake::Changed);
         Ok(Verdict::Write(stored, writes))

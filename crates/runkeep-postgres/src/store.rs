@@ -190,6 +190,16 @@ impl CheckpointStore for PgStore {
         crate::checkpoints::delete_checkpoint(&self.db, scope, id, fence).await
     }
 
+    async fn update_checkpoint(
+        &self,
+        scope: &RunScope,
+        id: &CheckpointId,
+        update: runkeep::CheckpointUpdate,
+        fence: Option<Fence>,
+    ) -> Result<Checkpoint> {
+        crate::checkpoints::update_checkpoint(&self.db, scope, id, &update, fence).await
+    }
+
     async fn resolve_park(
         &self,
         scope: &RunScope,

@@ -26,6 +26,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{mpsc, Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use rand::seq::SliceRandom;
 use rand::Rng;
 
 use crate::BackendChaos;
@@ -73,6 +74,8 @@ impl std::fmt::Debug for ServeCommand {
 
 /// The soak's own `runkeep serve`.
 pub struct Server {
+    /// The prefix of its logs (`server`, `server1`, …).
+    name: String,
     command: ServeCommand,
     tokens: PathBuf,
     log_dir: PathBuf,
@@ -96,7 +99,15 @@ impl Server {
     /// [`Server::tokens_file`] of `soak_dir` and its logs in `soak_dir`
     /// (`server-N.stdout`, `server-N.stderr`).
     pub fn start(command: ServeCommand, soak_dir: &Path) -> Result<Self, String> {
+        Self::start_named(command, soak_dir, "server")
+    }
+
+    /// [`Server::start`] with its logs named `NAME-N.stdout` and
+    /// `NAME-N.stderr` (one name per server when several share the soak's
+    /// directory).
+    pub fn start_named(command: ServeCommand, soak_dir: &Path, name: &str) -> Result<Self, String> {
         let server = Self {
+            name: name.to_string(),
             command,
             tokens: Self::tokens_file(soak_dir),
             log_dir: soak_dir.to_path_buf(),
@@ -171,8 +182,9 @@ impl Server {
 
     fn launch_once(&self, listen: SocketAddr) -> Result<SocketAddr, String> {
         let n = self.starts.fetch_add(1, Ordering::Relaxed);
-        let stdout_log = self.log_dir.join(format!("server-{n}.stdout"));
-        let stderr_log = std::fs::File::create(self.log_dir.join(format!("server-{n}.stderr")))
+        let name = &self.name;
+        let stdout_log = self.log_dir.join(format!("{name}-{n}.stdout"));
+        let stderr_log = std::fs::File::create(self.log_dir.join(format!("{name}-{n}.stderr")))
             .map_err(|e| format!("cannot create the server's log: {e}"))?;
         let mut child = self
             .command(listen)
@@ -221,7 +233,7 @@ impl Server {
             if let Ok(Some(status)) = child.try_wait() {
                 return Err(format!(
                     "runkeep serve on {listen} exited ({status}) before listening; see {}",
-                    self.log_dir.join(format!("server-{n}.stderr")).display()
+                    self.log_dir.join(format!("{name}-{n}.stderr")).display()
                 ));
             }
             if Instant::now() >= deadline {
@@ -295,15 +307,17 @@ impl Drop for Server {
 }
 
 /// The HTTP soak's chaos, paced on its own schedule
-/// ([`BackendChaos::every`]): two strikes in three kill the server and
-/// start it again; every third stalls it (SIGSTOP for 1.3–2 × the lease
+/// ([`BackendChaos::every`]), on one server at a time (several servers in
+/// front of one store: each killed once per round of kills, in a random
+/// order, a stall on one drawn at random, while the others go on serving): two strikes in three kill it and start it again; every third
+/// stalls it (SIGSTOP for 1.3–2 × the lease
 /// TTL, then SIGCONT): the server has not vanished, it just stops
 /// answering, so the workers' requests hang until their request timeout,
 /// and on SIGCONT it serves what queued up meanwhile (stale fences
 /// included).
 #[derive(Debug)]
 pub struct ServerChaos {
-    server: Arc<Server>,
+    servers: Vec<Arc<Server>>,
     every: Duration,
     /// How long the server stays down: a random pause in this range.
     down: (Duration, Duration),
@@ -312,38 +326,58 @@ pub struct ServerChaos {
     /// Strikes so far: every third one stalls, the others kill (counted,
     /// not drawn, so a short soak cannot draw stalls only).
     strikes: AtomicU64,
+    /// The servers still to strike this round, by index.
+    order: Mutex<Vec<usize>>,
 }
 
 impl ServerChaos {
-    /// Restarts `server` every `every` (jittered), down for `down` each
-    /// time.
+    /// Strikes one of `servers` every `every` (jittered), down for `down`
+    /// each restart.
+    ///
+    /// # Panics
+    /// With no server.
     pub fn new(
-        server: Arc<Server>,
+        servers: Vec<Arc<Server>>,
         every: Duration,
         down: (Duration, Duration),
         ttl: Duration,
     ) -> Self {
+        assert!(!servers.is_empty(), "ServerChaos needs a server");
         Self {
-            server,
+            servers,
             every,
             down,
             ttl,
             strikes: AtomicU64::new(0),
+            order: Mutex::new(Vec::new()),
         }
     }
 
-    async fn stall(&self) -> Option<String> {
+    /// The server the next kill strikes: each once per round of kills, in
+    /// an order drawn at random each round (so every server is killed, none
+    /// twice before the others).
+    fn pick(&self) -> Arc<Server> {
+        let mut order = self.order.lock().unwrap_or_else(|p| p.into_inner());
+        if order.is_empty() {
+            order.extend(0..self.servers.len());
+            order.shuffle(&mut rand::thread_rng());
+        }
+        let i = order.pop().unwrap_or(0);
+        self.servers[i].clone()
+    }
+
+    async fn stall(&self, server: &Server) -> Option<String> {
         let d = crate::stall_past_ttl(self.ttl);
-        if !self.server.signal(rustix::process::Signal::Stop) {
+        if !server.signal(rustix::process::Signal::Stop) {
             return None;
         }
         tokio::time::sleep(d).await;
-        self.server.signal(rustix::process::Signal::Cont);
+        server.signal(rustix::process::Signal::Cont);
         Some(STALL_LABEL.to_string())
     }
 
-    async fn restart(&self) -> Result<Option<String>, String> {
-        let killed = self.server.kill();
+    async fn restart(&self, server: Arc<Server>) -> Result<Option<String>, String> {
+        let killed = server.kill();
         let (lo, hi) = self.down;
         let pause = if hi > lo {
             rand::thread_rng().gen_range(lo..hi)
@@ -352,13 +386,13 @@ impl ServerChaos {
         };
         // Down: the workers' requests are refused (or were cut in flight).
         tokio::time::sleep(pause).await;
-        let server = self.server.clone();
-        tokio::task::spawn_blocking(move || server.launch())
+        let again = server.clone();
+        tokio::task::spawn_blocking(move || again.launch())
             .await
             .map_err(|e| format!("the restart task failed: {e}"))?
             .map_err(|e| format!("runkeep serve could not be started again after a kill: {e}"))?;
         if killed {
-            self.server.restarts.fetch_add(1, Ordering::Relaxed);
+            server.restarts.fetch_add(1, Ordering::Relaxed);
             Ok(Some(KILL_LABEL.to_string()))
         } else {
             // A server that had not come back from the last strike came
@@ -375,20 +409,23 @@ impl BackendChaos for ServerChaos {
     {
         Box::pin(async move {
             if self.strikes.fetch_add(1, Ordering::Relaxed) % 3 == 2 {
-                if let Some(label) = self.stall().await {
+                let i = rand::thread_rng().gen_range(0..self.servers.len());
+                if let Some(label) = self.stall(&self.servers[i]).await {
                     return Ok(Some(label));
                 }
             }
-            self.restart().await
+            self.restart(self.pick()).await
         })
     }
 
     fn heal(&self) -> Pin<Box<dyn std::future::Future<Output = ()> + Send + '_>> {
         Box::pin(async move {
-            self.server.signal(rustix::process::Signal::Cont);
-            if !self.server.is_running() {
-                let server = self.server.clone();
-                let _ = tokio::task::spawn_blocking(move || server.launch()).await;
+            for server in &self.servers {
+                server.signal(rustix::process::Signal::Cont);
+                if !server.is_running() {
+                    let server = server.clone();
+                    let _ = tokio::task::spawn_blocking(move || server.launch()).await;
+                }
             }
         })
     }

@@ -38,6 +38,7 @@ pub mod scheduling;
 pub mod scope;
 pub mod step;
 pub mod store;
+pub mod thread_writes;
 pub mod time;
 pub mod watch;
 
@@ -58,8 +59,8 @@ pub use scheduling::{Concurrency, Dedupe, Enqueued, KeyBusy, KeyHolding, Priorit
 pub use scope::{ListingScope, RunScope};
 pub use step::{MessagesUpdate, Step, StepFinish, StepReceipt};
 pub use store::{
-    CheckpointIdQuery, CheckpointStore, ClaimNextFilter, EvidenceStore, Handover, NextClaim,
-    RunStore, RunStoreExt, CONTRACT_REVISION,
+    checked_update, CheckpointIdQuery, CheckpointStore, CheckpointUpdate, ClaimNextFilter,
+    EvidenceStore, Handover, NextClaim, RunStore, RunStoreExt, CONTRACT_REVISION,
 };
 pub use time::{Clock, ManualClock, RemoteClock, SystemClock, Timestamp, Ttl};
 pub use watch::{Watch, WatchTopic};

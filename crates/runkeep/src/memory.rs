@@ -35,7 +35,9 @@ use crate::scheduling::schedule::{self, Schedule, ScheduleEntry};
 use crate::scheduling::Priority;
 use crate::scope::{ListingScope, RunScope};
 use crate::step::{Step, StepReceipt};
-use crate::store::{CheckpointStore, ClaimNextFilter, EvidenceStore};
+use crate::store::{
+    checked_update, CheckpointStore, CheckpointUpdate, ClaimNextFilter, EvidenceStore,
+};
 use crate::time::Timestamp;
 use crate::time::{Clock, SystemClock};
 use crate::watch::{Notifier, Watch, WatchTopic, DEFAULT_POLL};
@@ -344,6 +346,24 @@ impl CheckpointStore for MemoryStore {
         };
         run.check(scope, "delete_checkpoint", fence)?;
         Ok(run.checkpoints.remove(id).is_some())
+    }
+
+    async fn update_checkpoint(
+        &self,
+        scope: &RunScope,
+        id: &CheckpointId,
+        update: CheckpointUpdate,
+        fence: Option<Fence>,
+    ) -> Result<Checkpoint> {
+        let mut runs = self.lock();
+        let run = runs.entry(scope.clone()).or_default();
+        run.check(scope, "update_checkpoint", fence)?;
+        let mut stored = checked_update(scope, id, &update, run.checkpoints.get(id))?;
+        stored.fence = stamp_fence(fence, run.top.as_ref());
+        run.checkpoints.insert(id.clone(), stored.clone());
+        drop(runs);
+        self.notifier.notify_run(scope, false);
+        Ok(stored)
     }
 
     async fn resolve_park(

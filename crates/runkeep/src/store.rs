@@ -137,6 +137,32 @@ fn schedules_unsupported(name: &str) -> Error {
     }
 }
 
+/// How [`CheckpointStore::update_checkpoint`] makes a checkpoint from the
+/// one stored (`None`: absent). Called under the store's lock or
+/// transaction, so it must be quick and pure.
+pub type CheckpointUpdate =
+    std::sync::Arc<dyn Fn(Option<&Checkpoint>) -> Result<Checkpoint> + Send + Sync>;
+
+/// The checks every [`CheckpointStore::update_checkpoint`] applies to what
+/// its `update` returned: the id asked for, and a checkpoint
+/// [`CheckpointStore::write_checkpoint`] would accept.
+pub fn checked_update(
+    scope: &RunScope,
+    id: &CheckpointId,
+    update: &CheckpointUpdate,
+    existing: Option<&Checkpoint>,
+) -> Result<Checkpoint> {
+    let next = update(existing)?;
+    if next.id != *id {
+        return Err(Error::invalid(format!(
+            "update_checkpoint of {id} returned checkpoint {}; an update keeps the id",
+            next.id
+        )));
+    }
+    next.validate_for_write(scope)?;
+    Ok(next)
+}
+
 /// Checkpoints, leases and the listing.
 #[async_trait]
 pub trait CheckpointStore: Send + Sync + std::fmt::Debug {
@@ -190,6 +216,29 @@ pub trait CheckpointStore: Send + Sync + std::fmt::Debug {
         id: &CheckpointId,
         fence: Option<Fence>,
     ) -> Result<bool>;
+
+    /// Replaces checkpoint `id` with what `update` makes of the one stored
+    /// (`None`: absent), atomically, and returns it as stored: a
+    /// read-modify-write that needs no lock of the caller's.
+    ///
+    /// # Contract
+    /// - The read, `update` and the write are one step with respect to every
+    ///   other write of the run, across every process sharing the store: of
+    ///   two concurrent updates of one checkpoint, the later one sees the
+    ///   earlier one's result (none is lost).
+    /// - `update` may be called more than once (a store may retry); only
+    ///   the write of its last call is kept. Its error is returned and
+    ///   nothing changes.
+    /// - What `update` returns must carry `id` and is validated like
+    ///   [`Self::write_checkpoint`]'s input; a refusal changes nothing.
+    /// - Fenced and stamped like [`Self::write_checkpoint`].
+    async fn update_checkpoint(
+        &self,
+        scope: &RunScope,
+        id: &CheckpointId,
+        update: CheckpointUpdate,
+        fence: Option<Fence>,
+    ) -> Result<Checkpoint>;
 
     /// Answers the park on a checkpoint, compare-and-set, and returns the
     /// checkpoint as stored.

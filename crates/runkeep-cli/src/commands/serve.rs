@@ -98,6 +98,9 @@ pub struct ServeArgs {
     /// With --retain-finished: how often a round of batches starts.
     #[arg(long, default_value = "10m", value_parser = parse_duration, value_name = "DURATION")]
     pub retain_every: Duration,
+    /// PostgreSQL store: how often a long-poll or event tail re-reads the store when no notification came (changes through any server sharing the store wake it at once by LISTEN/NOTIFY; this only covers a notification lost while the listener reconnects, and a lease that lapses). Default 5s.
+    #[arg(long, value_parser = parse_duration, value_name = "DURATION")]
+    pub watch_fallback: Option<Duration>,
 }
 
 pub(crate) fn serve_error(e: server::ServeError) -> CliError {
@@ -145,9 +148,18 @@ pub async fn run(ctx: &Ctx, args: ServeArgs) -> CliResult<Exit> {
     }
     // A PostgreSQL pool as wide as the requests served at once, up to 16
     // (--pg-pool-size overrides it).
-    let options = ctx.store_options(PoolDemand::Serve {
+    let mut options = ctx.store_options(PoolDemand::Serve {
         max_concurrent: args.max_concurrent,
     });
+    if let Some(every) = args.watch_fallback {
+        if !matches!(ctx.global.store, StoreAddress::Postgres(_)) {
+            return Err(
+                CliError::usage("--watch-fallback applies to a PostgreSQL store only")
+                    .hint("drop --watch-fallback, or serve a postgres:// store"),
+            );
+        }
+        options = options.with_pg_watch_fallback(every);
+    }
     // A directory (or memory) store is created on first use; a PostgreSQL
     // schema is only migrated by `runkeep migrate`.
     let mode = match &ctx.global.store {

@@ -97,6 +97,9 @@ pub struct SoakArgs {
     /// a pause of a fifth to half the lease TTL, a start on the same port).
     #[arg(long, default_value = "3s", value_parser = parse_duration, requires = "over_http")]
     pub server_restart_every: Duration,
+    /// With --over-http: how many `runkeep serve` processes in front of the one store (1 to 8); worker N uses server N mod this; the chaos kills one server at a time (each once per round of kills, in a random order) and stalls one drawn at random, while the others go on serving.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..=8), requires = "over_http")]
+    pub servers: u16,
     /// The backend's chaos besides the workers' kill -9 and stalls:
     /// `default` (on PostgreSQL: terminated connections and partitions) or
     /// `failover` (a PostgreSQL pair made by scripts/pg-pair.sh, named by
@@ -257,17 +260,23 @@ fn http_address(server: &Server, token: &str) -> CliResult<StoreAddress> {
 /// user; the URL may carry a password).
 fn worker_command(
     ctx: &Ctx,
-    address: &StoreAddress,
+    addresses: &[StoreAddress],
     pg_workers: Option<Arc<PgWorkers>>,
 ) -> CliResult<Launcher> {
     let exe = this_binary()?;
     let scope = scope_args(ctx);
-    let token = match address {
-        StoreAddress::Http(h) => h.token().map(str::to_string),
+    let token = match addresses.first() {
+        Some(StoreAddress::Http(h)) => h.token().map(str::to_string),
         _ => None,
     };
-    let address = address.to_string();
+    let addresses: Vec<String> = addresses.iter().map(ToString::to_string).collect();
+    if addresses.is_empty() {
+        return Err(CliError::internal("a soak's workers need a store address"));
+    }
     Ok(Launcher::Processes(Arc::new(move |cfg: &WorkerConfig| {
+        // Worker N on address N mod their number (several servers: the
+        // workers spread over them, each staying on its own across restarts).
+        let address = &addresses[cfg.label.parse::<usize>().unwrap_or(0) % addresses.len()];
         let mut cmd = Process::new(&exe);
         match &pg_workers {
             Some(w) => {
@@ -285,7 +294,7 @@ fn worker_command(
                     .env("RUNKEEP_LOG", "warn,runkeep_worker=info");
             }
             None => {
-                cmd.arg("--store").arg(&address);
+                cmd.arg("--store").arg(address);
             }
         }
         // An http:// store's token: environment only (`ps` shows command
@@ -434,23 +443,39 @@ pub async fn run(ctx: &Ctx, args: SoakArgs) -> CliResult<Exit> {
         };
     // Over HTTP: the soak's own server, a worker token, the workers on
     // http://…, the server's restarts as the backend's chaos.
+    // `--servers N`: N servers in front of the one backing store, all
+    // reading one token file.
     let server = if args.over_http {
         let token = worker_token(&soak_dir, &ctx.scope.tenant)?;
-        let server = Arc::new(
-            Server::start(serve_command(ctx, &address)?, &soak_dir).map_err(|e| {
-                CliError::failed(format!("soak --over-http: cannot start runkeep serve: {e}"))
-            })?,
-        );
-        let http_address = http_address(&server, &token)?;
-        Some((server, http_address))
+        let mut servers = Vec::new();
+        let mut addresses = Vec::new();
+        for i in 0..args.servers {
+            let name = if args.servers == 1 {
+                "server".to_string()
+            } else {
+                format!("server{i}")
+            };
+            let server = Arc::new(
+                Server::start_named(serve_command(ctx, &address)?, &soak_dir, &name).map_err(
+                    |e| {
+                        CliError::failed(format!(
+                            "soak --over-http: cannot start runkeep serve: {e}"
+                        ))
+                    },
+                )?,
+            );
+            addresses.push(http_address(&server, &token)?);
+            servers.push(server);
+        }
+        Some((servers, addresses))
     } else {
         None
     };
     let backend_chaos = match &server {
-        Some((server, _)) if !args.no_chaos => {
+        Some((servers, _)) if !args.no_chaos => {
             let ttl = args.ttl.as_duration();
             Some(Arc::new(ServerChaos::new(
-                server.clone(),
+                servers.clone(),
                 args.server_restart_every,
                 (ttl / 5, ttl / 2),
                 ttl,
@@ -464,7 +489,17 @@ pub async fn run(ctx: &Ctx, args: SoakArgs) -> CliResult<Exit> {
         // server, so a server bug cannot hide a violation.
         store: opened.store.clone(),
         address: match &server {
-            Some((_, http)) => format!("{http} (runkeep serve over {address})"),
+            Some((_, http)) if http.len() == 1 => {
+                format!("{} (runkeep serve over {address})", http[0])
+            }
+            Some((_, http)) => format!(
+                "{} ({} runkeep serve processes over {address})",
+                http.iter()
+                    .map(ToString::to_string)
+                    .collect::<Vec<_>>()
+                    .join(", "),
+                http.len()
+            ),
             None => address.to_string(),
         },
         session: ctx.scope.listing()?,
@@ -476,7 +511,7 @@ pub async fn run(ctx: &Ctx, args: SoakArgs) -> CliResult<Exit> {
         None if matches!(address, StoreAddress::Memory) => {
             Launcher::Threads(runkeep_soak::worker::correct())
         }
-        None => worker_command(ctx, &address, pg_workers.clone())?,
+        None => worker_command(ctx, std::slice::from_ref(&address), pg_workers.clone())?,
     };
     let (runs, poison) = runkeep_soak::seed(target.store.as_ref(), &target.session, &options)
         .await
@@ -511,9 +546,11 @@ pub async fn run(ctx: &Ctx, args: SoakArgs) -> CliResult<Exit> {
         .await
         .map_err(CliError::internal)?;
     bar.finish_and_clear();
-    if let Some((server, _)) = &server {
-        server.stop();
-        report.server_restarts = Some(server.restarts());
+    if let Some((servers, _)) = &server {
+        for server in servers {
+            server.stop();
+        }
+        report.server_restarts = Some(servers.iter().map(|s| s.restarts()).sum());
         report.read_backs = Some(runkeep_soak::ReadBacks::from_worker_logs(&target.soak_dir));
     }
     if pg_workers.is_some() {

@@ -59,9 +59,15 @@ pub fn token(store: &str, tokens: &Path, role: &str) -> String {
 
 /// `runkeep serve` on a free port over `store` with `tokens`.
 pub fn serve(store: &str, tokens: &Path) -> Serve {
+    serve_with(store, tokens, &[])
+}
+
+/// [`serve`] with more `runkeep serve` arguments.
+pub fn serve_with(store: &str, tokens: &Path, args: &[&str]) -> Serve {
     let mut child = runkeep(store)
         .args(["--json", "serve", "--listen", "127.0.0.1:0", "--tokens"])
         .arg(tokens)
+        .args(args)
         .stdout(Stdio::piped())
         .stderr(Stdio::null())
         .spawn()

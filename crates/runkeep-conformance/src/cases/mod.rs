@@ -21,6 +21,7 @@ mod retention;
 mod schedules;
 mod scheduling;
 mod step;
+mod updates;
 mod watch;
 
 pub use actors::*;
@@ -42,4 +43,5 @@ pub use retention::*;
 pub use schedules::*;
 pub use scheduling::*;
 pub use step::*;
+pub use updates::*;
 pub use watch::*;

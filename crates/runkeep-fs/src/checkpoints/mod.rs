@@ -21,5 +21,5 @@ pub(crate) use files::{
 };
 pub(crate) use operations::{
     checkpoint_sidecar, delete_checkpoint, list_checkpoints, prune_checkpoints, publish_checkpoint,
-    put_checkpoint, read_checkpoint, resolve_park, write_checkpoint,
+    put_checkpoint, read_checkpoint, resolve_park, update_checkpoint, write_checkpoint,
 };

@@ -8,8 +8,8 @@ use std::path::Path;
 
 use runkeep::lease::{check_write_fence, stamp_fence};
 use runkeep::{
-    Checkpoint, CheckpointHeader, CheckpointId, Error, Fence, ParkResolution, Result, RunScope,
-    Timestamp,
+    checked_update, Checkpoint, CheckpointHeader, CheckpointId, CheckpointUpdate, Error, Fence,
+    ParkResolution, Result, RunScope, Timestamp,
 };
 
 use super::digest::{after_put, before, rebuild, stamp};
@@ -173,6 +173,33 @@ pub(crate) fn delete_checkpoint(
         rebuild(&run_dir, inner.durability, &ctx);
     }
     Ok(deleted)
+}
+
+/// A read-modify-write of one checkpoint: read, `update` and publish all
+/// under the run lock, so a concurrent update (another process's too)
+/// waits and then reads this one's result.
+pub(crate) fn update_checkpoint(
+    inner: &Inner,
+    scope: &RunScope,
+    id: &CheckpointId,
+    update: &CheckpointUpdate,
+    fence: Option<Fence>,
+) -> Result<Checkpoint> {
+    inner.check_scope(scope)?;
+    let what = "update_checkpoint";
+    let (stored, stale) =
+        fenced_write::locked_write(inner, scope, what, fence, |ctx, run_dir, top| {
+            let current = read_one(run_dir, id, ctx)?;
+            let mut stored = checked_update(scope, id, update, current.as_ref())?;
+            stored.fence = stamp_fence(fence, top);
+            let stale = put_checkpoint(inner, ctx, run_dir, &stored)?;
+            Ok((stored, stale))
+        })?;
+    if stale {
+        let ctx = Ctx::new(scope, what);
+        rebuild(&inner.run_dir(scope), inner.durability, &ctx);
+    }
+    Ok(stored)
 }
 
 pub(crate) fn resolve_park(

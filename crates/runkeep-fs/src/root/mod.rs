@@ -256,6 +256,21 @@ impl CheckpointStore for FsRootStore {
         write_op!(self.inner, scope, |s| s.delete_checkpoint(scope, id, fence))
     }
 
+    async fn update_checkpoint(
+        &self,
+        scope: &RunScope,
+        id: &CheckpointId,
+        update: runkeep::CheckpointUpdate,
+        fence: Option<Fence>,
+    ) -> Result<Checkpoint> {
+        write_op!(self.inner, scope, |s| s.update_checkpoint(
+            scope,
+            id,
+            update.clone(),
+            fence
+        ))
+    }
+
     async fn resolve_park(
         &self,
         scope: &RunScope,

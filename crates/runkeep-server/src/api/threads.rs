@@ -20,10 +20,11 @@
 //!   document, its metadata and the blobs (channel values) it changed;
 //! - its pending writes are the runkeep checkpoint `tw-<ns key>-<id key>`
 //!   (`threadRecord: "writes"`), one record per thread checkpoint, changed
-//!   read-modify-write under a per-record lock of this server (so the
-//!   conflict rule is exact for writers going through one server; two
-//!   servers in front of one store can interleave two batches of one
-//!   checkpoint, and the later batch then wins). A write batch that
+//!   by [`runkeep::CheckpointStore::update_checkpoint`] with the core's
+//!   conflict rule ([`runkeep::thread_writes::merge`]): the store reads,
+//!   merges and writes under its own lock or transaction, so batches of
+//!   one checkpoint sent through any number of servers in front of one
+//!   store at once are all kept. A write batch that
 //!   carries `park` makes this record a runkeep park: the console shows
 //!   it, and its answer is the decision a worker resumes the graph with.
 //!
@@ -45,10 +46,11 @@
 //! across threads with `ns` pages each thread like a one-namespace page.
 
 use std::collections::{BTreeMap, HashMap};
-use std::sync::OnceLock;
+use std::sync::Arc;
 
 use axum::extract::State;
 use axum::Json;
+use runkeep::thread_writes::{self, WritesBatch};
 use runkeep::{Checkpoint, CheckpointId, ListOptions, ListingScope, RunScope};
 use serde_json::{Map, Value};
 use sha2::{Digest, Sha256};
@@ -68,10 +70,10 @@ use runkeep_http::wire::threads::{
 };
 use runkeep_http::wire::{self, Done, PendingBody};
 
+use runkeep::thread_writes::KIND_WRITES;
 /// The state key that marks a thread record, and its kind.
-pub const RECORD_KEY: &str = "threadRecord";
+pub use runkeep::thread_writes::RECORD_KEY;
 const KIND_CHECKPOINT: &str = "checkpoint";
-const KIND_WRITES: &str = "writes";
 
 /// Longest checkpoint id kept as itself in a record id (longer or
 /// non-id-safe ones are hashed).
@@ -111,18 +113,6 @@ pub fn record_id(kind: &str, ns: &str, checkpoint_id: &str) -> String {
         format!("h{}", hashed(checkpoint_id, 40))
     };
     format!("t{k}-{n}-{c}")
-}
-
-/// Locks that serialize read-modify-writes of one record on this server.
-fn record_lock(scope: &RunScope, id: &str) -> &'static tokio::sync::Mutex<()> {
-    static LOCKS: OnceLock<Vec<tokio::sync::Mutex<()>>> = OnceLock::new();
-    let locks = LOCKS.get_or_init(|| (0..64).map(|_| tokio::sync::Mutex::new(())).collect());
-    let mut h = Sha256::new();
-    h.update(scope.to_string().as_bytes());
-    h.update([0]);
-    h.update(id.as_bytes());
-    let d = h.finalize();
-    &locks[usize::from(d[0]) % locks.len()]
 }
 
 fn checkpoint_id(field: &str, id: &str) -> Result<CheckpointId, Problem> {
@@ -624,145 +614,35 @@ pub(super) async fn put_writes(
     };
     let rid = record_id(KIND_WRITES, &body.ns, &body.checkpoint_id);
     let id = checkpoint_id("checkpointId", &rid)?;
-    let _held = record_lock(&scope, &rid).lock().await;
-    let existing = state.store.read_checkpoint(&scope, &id).await?;
-    let (mut writes, old_pending) = match &existing {
-        Some(cp) if writes_key(cp).is_some() => {
-            (parse_writes(cp.state.get("writes")), cp.pending.clone())
-        }
-        _ => (Vec::new(), None),
+    let batch = WritesBatch {
+        thread: body.thread,
+        ns: body.ns,
+        checkpoint_id: body.checkpoint_id,
+        task_id: body.task_id,
+        task_path: body.task_path,
+        writes: body
+            .writes
+            .into_iter()
+            .map(|w| (w.idx, w.channel, w.value_type, w.data))
+            .collect(),
+        park,
+        resume: body.resume,
     };
-    for w in body.writes {
-        let slot = writes
-            .iter()
-            .position(|x| x.task_id == body.task_id && x.idx == w.idx);
-        let stored = StoredThreadWrite {
-            task_id: body.task_id.clone(),
-            task_path: body.task_path.clone(),
-            idx: w.idx,
-            channel: w.channel,
-            value_type: w.value_type,
-            data: w.data,
-        };
-        match slot {
-            // An ordinary write is kept as first written.
-            Some(_) if w.idx >= 0 => {}
-            Some(i) => writes[i] = stored,
-            None => writes.push(stored),
-        }
-    }
-    // `resume` answers the park that was open before this batch (how
-    // `Command(resume=…)` in code closes it); an answered park stays as
-    // first answered.
-    let old_pending = match (old_pending, body.resume) {
-        (Some(mut old), Some(decision)) if old.resolved_at.is_none() => {
-            old.resolved_at = Some(state.store.now());
-            old.decision = Some(decision);
-            Some(old)
-        }
-        (old, _) => old,
-    };
-    let pending = match (old_pending, park) {
-        // The same park (open or answered) is kept as it is.
-        (Some(old), Some(new)) if old.request == new.request => Some(old),
-        // Two tasks of one step interrupting: one open park with every
-        // interrupt.
-        (Some(old), Some(new)) if old.resolved_at.is_none() && both_interrupts(&old, &new) => {
-            Some(merge_interrupts(old, &new.request, &body.task_id))
-        }
-        // Another request replaces it (a later interrupt at the same
-        // checkpoint after an answer).
-        (_, Some(new)) => Some(with_task_ids(new, &body.task_id)),
-        (old, None) => old,
-    };
-    let mut s = Map::new();
-    s.insert(RECORD_KEY.into(), KIND_WRITES.into());
-    s.insert("thread".into(), body.thread.into());
-    s.insert("ns".into(), body.ns.into());
-    s.insert("checkpointId".into(), body.checkpoint_id.into());
-    s.insert(
-        "writes".into(),
-        serde_json::to_value(&writes).unwrap_or(Value::Array(vec![])),
-    );
-    let cp = Checkpoint {
-        id,
-        created_at: state.store.now(),
-        run_created_at: None,
-        pending,
-        fence: None,
-        state: s,
-    };
+    // The conflict rule is the core's (`thread_writes::merge`); the store
+    // runs it under its own lock or transaction, so batches arriving
+    // through different servers at once are all kept.
+    let now = state.store.now();
+    let at = id.clone();
+    let update: runkeep::CheckpointUpdate =
+        Arc::new(move |old| Ok(thread_writes::merge(&at, old, &batch, now)));
     checked(
         &state,
-        state.store.write_checkpoint(&scope, &cp, fence).await,
+        state
+            .store
+            .update_checkpoint(&scope, &id, update, fence)
+            .await,
     )?;
     Ok(Json(Done { done: true }))
-}
-
-/// The request type of a LangGraph interrupt park.
-const INTERRUPT_REQUEST: &str = "langgraph-interrupt";
-
-fn both_interrupts(a: &runkeep::PendingDecision, b: &runkeep::PendingDecision) -> bool {
-    a.request_type() == INTERRUPT_REQUEST && b.request_type() == INTERRUPT_REQUEST
-}
-
-/// The request's `interrupts` entries, each carrying a `taskId` (the
-/// request's own `taskId`, else `task_id`, when it has none).
-fn interrupt_entries(request: &Map<String, Value>, task_id: &str) -> Vec<Value> {
-    let task = request
-        .get("taskId")
-        .and_then(Value::as_str)
-        .unwrap_or(task_id)
-        .to_string();
-    let entries = match request.get("interrupts") {
-        Some(Value::Array(a)) => a.clone(),
-        _ => Vec::new(),
-    };
-    entries
-        .into_iter()
-        .map(|mut e| {
-            if let Value::Object(o) = &mut e {
-                o.entry("taskId")
-                    .or_insert_with(|| Value::String(task.clone()));
-            }
-            e
-        })
-        .collect()
-}
-
-/// A new park with `taskId` on each of its interrupts.
-fn with_task_ids(mut p: runkeep::PendingDecision, task_id: &str) -> runkeep::PendingDecision {
-    if p.request_type() == INTERRUPT_REQUEST
-        && p.request.get("interrupts").is_some_and(Value::is_array)
-    {
-        let entries = interrupt_entries(&p.request, task_id);
-        p.request.insert("interrupts".into(), Value::Array(entries));
-    }
-    p
-}
-
-/// The open park `old` with the interrupts of `new` added: the union by
-/// interrupt `id` (an entry without an id by its whole value), in arrival
-/// order.
-fn merge_interrupts(
-    mut old: runkeep::PendingDecision,
-    new: &Map<String, Value>,
-    task_id: &str,
-) -> runkeep::PendingDecision {
-    let mut merged = interrupt_entries(&old.request, task_id);
-    for e in interrupt_entries(new, task_id) {
-        let id = e.get("id").and_then(Value::as_str);
-        let known = merged.iter().any(|m| match id {
-            Some(id) => m.get("id").and_then(Value::as_str) == Some(id),
-            None => *m == e,
-        });
-        if !known {
-            merged.push(e);
-        }
-    }
-    old.request
-        .insert("interrupts".into(), Value::Array(merged));
-    old
 }
 
 pub(super) async fn get_checkpoint(
