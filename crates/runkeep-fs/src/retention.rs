@@ -51,6 +51,7 @@ use crate::inner::Inner;
 use crate::lock::RunLock;
 use crate::options::Durability;
 use crate::sys::{self, Ctx};
+use crate::testing_hooks::{self, Mutation, Pause, Trace};
 use crate::{listing, run_state};
 
 /// The prefix of a run directory being deleted (never a run id: ids have
@@ -103,9 +104,16 @@ pub(crate) fn prune_finished(
                 }
                 continue;
             }
-            if let Some(subs) = delete_if_due(inner, &row.scope, policy, now)? {
-                report.sub_runs_deleted += subs;
-                report.deleted.push(row.scope.clone());
+            let run = row.scope.run_id.as_str();
+            testing_hooks::trace(Trace::PruneListed(run));
+            testing_hooks::pause_once(Pause::PruneBeforeLock);
+            match delete_if_due(inner, &row.scope, policy, now)? {
+                Some(subs) => {
+                    testing_hooks::trace(Trace::PruneDeleted(run));
+                    report.sub_runs_deleted += subs;
+                    report.deleted.push(row.scope.clone());
+                }
+                None => testing_hooks::trace(Trace::PruneKept(run)),
             }
         }
         match page.cursor {
@@ -116,15 +124,21 @@ pub(crate) fn prune_finished(
     Ok(report)
 }
 
-/// Whether the run at `run_dir` is due at `now`, from its holding and
-/// lifecycle as read (the caller holds its lock, or only looks).
-fn judge(run_dir: &Path, policy: &RetentionPolicy, now: Timestamp, ctx: &Ctx) -> Result<bool> {
+/// The run's lifecycle when the run at `run_dir` is due at `now` (`None`:
+/// kept), from its holding and lifecycle as read (the caller holds its
+/// lock, or only looks).
+fn due(
+    run_dir: &Path,
+    policy: &RetentionPolicy,
+    now: Timestamp,
+    ctx: &Ctx,
+) -> Result<Option<Lifecycle>> {
     let state = run_state::read_state(run_dir, ctx)?;
     let held = matches!(
         state.top,
         Some(TopHolding::Lease { expires_at, .. }) if !is_expired(expires_at, now)
     );
-    Ok(retention::is_due(&state.lifecycle, held, policy, now))
+    Ok(retention::is_due(&state.lifecycle, held, policy, now).then_some(state.lifecycle))
 }
 
 /// The read-only verdict for `more` (no lock; a run it calls due may turn
@@ -136,7 +150,7 @@ fn is_due_unlocked(
     now: Timestamp,
 ) -> bool {
     let ctx = Ctx::new(scope, "prune_finished");
-    judge(&inner.run_dir(scope), policy, now, &ctx).unwrap_or(false)
+    matches!(due(&inner.run_dir(scope), policy, now, &ctx), Ok(Some(_)))
 }
 
 /// Deletes the run (and its sub-runs) if it is due, judged under its lock
@@ -155,9 +169,22 @@ fn delete_if_due(
     };
     // The lock file may be held in a directory renamed away since it was
     // opened (another pruner): then there is nothing here to judge.
-    if !run_dir.join(crate::lock::META_DIR).is_dir() || !judge(&run_dir, policy, now, &ctx)? {
+    if !run_dir.join(crate::lock::META_DIR).is_dir() {
         return Ok(None);
     }
+    // Judged again under the lock: the listing's verdict is older than any
+    // reopen or claim that took the lock since.
+    let lifecycle = if testing_hooks::mutation() == Mutation::PruneNoRejudge {
+        run_state::read_state(&run_dir, &ctx)?.lifecycle
+    } else {
+        match due(&run_dir, policy, now, &ctx)? {
+            Some(l) => l,
+            None => return Ok(None),
+        }
+    };
+    // What names the run elsewhere (its key's history), read before it
+    // goes: the lifecycles just judged.
+    let mut forget = vec![(scope.clone(), lifecycle)];
     let mut child_locks = Vec::new();
     for child in sub_run_dirs(&run_dir, &ctx)? {
         let Some(l) = RunLock::acquire_existing(&child, &ctx)? else {
@@ -165,30 +192,22 @@ fn delete_if_due(
             // reference's) has no finish of its own: not due.
             return Ok(None);
         };
-        if !judge(&child, policy, now, &ctx)? {
+        let Some(lifecycle) = due(&child, policy, now, &ctx)? else {
             return Ok(None);
-        }
+        };
         child_locks.push(l);
-    }
-    let subs = child_locks.len() as u64;
-    // What names the run elsewhere (its key's history), read before it goes.
-    let mut forget = vec![(
-        scope.clone(),
-        run_state::read_state(&run_dir, &ctx)?.lifecycle,
-    )];
-    for child in sub_run_dirs(&run_dir, &ctx)? {
         let id = child
             .file_name()
             .and_then(|n| n.to_str())
             .and_then(|n| runkeep::RunId::new(n).ok());
         if let Some(id) = id {
-            let lifecycle = run_state::read_state(&child, &ctx)?.lifecycle;
             let mut sub = scope.clone();
             sub.run_id = id;
             sub.parent_run_id = Some(scope.run_id.clone());
             forget.push((sub, lifecycle));
         }
     }
+    let subs = child_locks.len() as u64;
     let trash = trash_name(inner, scope);
     std::fs::rename(&run_dir, &trash)
         .map_err(|e| inner.note(ctx.io("move the run to the trash", &run_dir, e)))?;
