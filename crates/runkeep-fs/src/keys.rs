@@ -390,7 +390,8 @@ fn live_fence(inner: &Inner, scope: &RunScope, now: Timestamp, ctx: &Ctx) -> Res
 
 /// Runs of `key` held live at `now` by the held set, read without the key
 /// lock and changing nothing: what `claim_next` skips a key at its limit
-/// by (the claim itself counts again under the lock).
+/// by when the session index cannot count it (the walk, a keyed run met
+/// outside its stream); the claim itself counts again under the lock.
 pub(crate) fn held_now(inner: &Inner, like: &RunScope, key: &str, now: Timestamp) -> u32 {
     let ctx = Ctx::store("claim_next");
     let dir = key_dir(inner.base(), key).join(HELD_DIR);
