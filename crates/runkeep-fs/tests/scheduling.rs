@@ -834,3 +834,44 @@ fn the_reopen_during_prune_test_catches_a_prune_that_does_not_judge_again() {
         "{r:?}"
     );
 }
+
+/// The index's count of a key's live holdings follows the holdings: one
+/// run of a key (limit 1) held, `claim_next` (from the index) skips the
+/// key; released, the key's runs are handed out again at once; held again
+/// with a short lease, the key is skipped until that lease's expiry and not
+/// after it (judged at the call's `now`, no write in between).
+#[test]
+fn claim_next_counts_a_keys_holdings_from_the_index_as_they_change() {
+    let dir = tempfile::tempdir().unwrap();
+    let base = dir.path().join("runs");
+    let store = open(&base);
+    for r in ["run_a1", "run_a2", "run_a3"] {
+        enqueue(&store, r, &keyed("k", 1));
+    }
+    let rt = rt();
+    let all = session_scope();
+    let next = |o: &ClaimOptions| {
+        rt.block_on(store.claim_next(&all, &ClaimNextFilter::default(), o))
+            .unwrap()
+    };
+    store.testing().wait_index().unwrap();
+    let long = ClaimOptions::new(holder("w"), Ttl::from_millis(600_000).unwrap());
+    let (first, lease) = next(&long).expect("a run of the key");
+    assert_eq!(store.testing().index_status(), Ok(3), "the index answers");
+    assert!(next(&long).is_none(), "the key is at its limit");
+    assert!(rt.block_on(store.release(&first, lease.fence)).unwrap());
+    let (again, lease) = next(&long).expect("released: the key's runs are free again");
+    assert!(rt.block_on(store.release(&again, lease.fence)).unwrap());
+    let now = runkeep::Timestamp::now();
+    let short = ClaimOptions::new(holder("w"), Ttl::from_millis(60_000).unwrap()).at(now);
+    assert!(next(&short).is_some());
+    let before = ClaimOptions::new(holder("w"), Ttl::from_millis(60_000).unwrap())
+        .at(now.plus(Ttl::from_millis(59_000).unwrap()));
+    assert!(next(&before).is_none(), "the short lease is still live");
+    let after = ClaimOptions::new(holder("w"), Ttl::from_millis(60_000).unwrap())
+        .at(now.plus(Ttl::from_millis(61_000).unwrap()));
+    assert!(
+        next(&after).is_some(),
+        "past the lease's expiry the key is free without any write"
+    );
+}
