@@ -686,10 +686,6 @@ pub(crate) fn claim(
     let key = record
         .as_ref()
         .and_then(|r| r.lifecycle.concurrency.as_ref());
-    // The holding the first attempt below plans from: read here for a
-    // keyed run (reused by that attempt, its link arbitrates as after any
-    // read), else by the attempt.
-    let mut first_read: Option<Option<Holding>> = None;
     if key.is_some() {
         // First without the key lock: a run someone else holds live (or
         // finished, or deferred) is answered at once, so the losers of a
@@ -699,7 +695,6 @@ pub(crate) fn claim(
             .unwrap_or_default();
         let holding = holding_of(&claims_dir, &s, &ctx)?;
         let state = run_state::state_with(record.as_ref(), holding.as_ref(), &claims_dir, &ctx);
-        first_read = Some(holding);
         match lifecycle::plan_claim(
             &scope.run_id,
             state.top.as_ref(),
@@ -741,15 +736,16 @@ pub(crate) fn claim(
     let mut lost = 0;
     let mut floor: Option<Fence> = None;
     for _ in 0..(MAX_ATTEMPTS + 64) {
-        let holding = match first_read.take() {
-            Some(h) => h,
-            None => {
-                let s = scan(&claims_dir)
-                    .map_err(|e| ctx.io("list the claims directory", &claims_dir, e))?
-                    .unwrap_or_default();
-                holding_of(&claims_dir, &s, &ctx)?
-            }
-        };
+        // Read again under the key lock (never the pre-check's read): no
+        // other claim of this store can move the run while this one holds
+        // the key lock, so the held-set entry written below names the
+        // fence this attempt really links, and a later end logs the end of
+        // that holding (a stale read here let the churn test find a key
+        // held past its limit in the history).
+        let s = scan(&claims_dir)
+            .map_err(|e| ctx.io("list the claims directory", &claims_dir, e))?
+            .unwrap_or_default();
+        let holding = holding_of(&claims_dir, &s, &ctx)?;
         let state = run_state::state_with(record.as_ref(), holding.as_ref(), &claims_dir, &ctx);
         let plan = lifecycle::plan_claim(
             &scope.run_id,

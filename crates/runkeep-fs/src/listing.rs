@@ -234,6 +234,34 @@ pub(crate) fn list_runs(
     }
 }
 
+/// Up to `want` top-level runs after `after` (run-id order) whose index
+/// summary reads finished, and where the next page starts (`None`: no
+/// more); no run is read (a prune judges each under its lock). `Ok(None)`
+/// when the index cannot answer (the caller pages through the listing).
+pub(crate) fn finished_page(
+    inner: &Inner,
+    scope: &ListingScope,
+    after: Option<&RowKey>,
+    want: usize,
+) -> Result<Option<(Vec<RunScope>, Option<RowKey>)>> {
+    let Some((_, a)) = prepare(inner, scope, &ListOptions::default())? else {
+        return Ok(Some((Vec::new(), None)));
+    };
+    let Some(batch) = inner.index_candidates(ListOrder::RunId, after, want, &|s| s.finished())
+    else {
+        return Ok(None);
+    };
+    let next = (batch.len() == want)
+        .then(|| batch.last().map(|f| f.key.clone()))
+        .flatten();
+    let runs = batch
+        .into_iter()
+        .filter(|f| f.candidate.parent.is_none())
+        .map(|f| f.candidate.scope(a))
+        .collect();
+    Ok(Some((runs, next)))
+}
+
 /// One page by walking every run directory (the index's oracle in tests).
 #[cfg(feature = "testing")]
 pub(crate) fn list_runs_walk(

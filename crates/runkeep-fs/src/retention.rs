@@ -42,6 +42,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use runkeep::lease::is_expired;
+use runkeep::listing::RowKey;
 use runkeep::scheduling::retention::{self, PruneReport, RetentionPolicy};
 use runkeep::{
     Lifecycle, ListOptions, ListingScope, Result, RunScope, RunStatus, Timestamp, TopHolding,
@@ -74,54 +75,104 @@ pub(crate) fn prune_finished(
     let now = now.unwrap_or_else(|| inner.now());
     sweep_trash(inner);
     let mut report = PruneReport::default();
-    let mut options = ListOptions {
-        status: Some(vec![
-            RunStatus::Completed,
-            RunStatus::Failed,
-            RunStatus::Cancelled,
-        ]),
-        limit: Some(runkeep::listing::MAX_LIMIT),
-        now: Some(now),
-        ..ListOptions::default()
-    };
+    let mut pages = Pages::Index(None);
     'pages: loop {
-        let page = listing::list_runs(inner, scope, &options)?;
-        for row in &page.entries {
-            if row.scope.parent_run_id.is_some() {
-                continue;
-            }
+        let (runs, more) = match next_page(inner, scope, now, &mut pages)? {
+            Some(p) => p,
+            None => continue,
+        };
+        for run in &runs {
             report.scanned += 1;
-            // A cheap first look: finished at or before `now` (whatever
-            // the run's own retention says, it is not due before that).
-            if row.finished_at.is_none_or(|at| at > now) || row.damaged.is_some() {
-                continue;
-            }
             if report.deleted.len() == limit {
                 // One more due run means "more"; judged read-only.
-                if is_due_unlocked(inner, &row.scope, policy, now) {
+                if is_due_unlocked(inner, run, policy, now) {
                     report.more = true;
                     break 'pages;
                 }
                 continue;
             }
-            let run = row.scope.run_id.as_str();
-            testing_hooks::trace(Trace::PruneListed(run));
+            let id = run.run_id.as_str();
+            testing_hooks::trace(Trace::PruneListed(id));
             testing_hooks::pause_once(Pause::PruneBeforeLock);
-            match delete_if_due(inner, &row.scope, policy, now)? {
+            match delete_if_due(inner, run, policy, now)? {
                 Some(subs) => {
-                    testing_hooks::trace(Trace::PruneDeleted(run));
+                    testing_hooks::trace(Trace::PruneDeleted(id));
                     report.sub_runs_deleted += subs;
-                    report.deleted.push(row.scope.clone());
+                    report.deleted.push(run.clone());
                 }
-                None => testing_hooks::trace(Trace::PruneKept(run)),
+                None => testing_hooks::trace(Trace::PruneKept(id)),
             }
         }
-        match page.cursor {
-            Some(c) => options.cursor = Some(c),
-            None => break,
+        if !more {
+            break;
         }
     }
     Ok(report)
+}
+
+/// Where the prune's candidates come from, and where the next page starts.
+enum Pages {
+    /// The session index's summaries (no run read before its lock), after
+    /// this key.
+    Index(Option<RowKey>),
+    /// The listing (the index cannot answer), at this cursor.
+    Listing(Option<String>),
+}
+
+/// How many candidates a page of the index holds.
+const INDEX_PAGE: usize = 1000;
+
+/// The next page of top-level runs that may be due, and whether more
+/// follow; `None` when the index stopped answering (`pages` then moves to
+/// the listing, from its start). A candidate is only a candidate: each is
+/// judged under its lock.
+fn next_page(
+    inner: &Inner,
+    scope: &ListingScope,
+    now: Timestamp,
+    pages: &mut Pages,
+) -> Result<Option<(Vec<RunScope>, bool)>> {
+    match pages {
+        Pages::Index(after) => {
+            match listing::finished_page(inner, scope, after.as_ref(), INDEX_PAGE)? {
+                Some((runs, next)) => {
+                    let more = next.is_some();
+                    *after = next;
+                    Ok(Some((runs, more)))
+                }
+                None => {
+                    *pages = Pages::Listing(None);
+                    Ok(None)
+                }
+            }
+        }
+        Pages::Listing(cursor) => {
+            let options = ListOptions {
+                status: Some(vec![
+                    RunStatus::Completed,
+                    RunStatus::Failed,
+                    RunStatus::Cancelled,
+                ]),
+                limit: Some(runkeep::listing::MAX_LIMIT),
+                now: Some(now),
+                cursor: cursor.take(),
+                ..ListOptions::default()
+            };
+            let page = listing::list_runs(inner, scope, &options)?;
+            // A cheap first look: finished at or before `now` (whatever
+            // the run's own retention says, it is not due before that).
+            let runs = page
+                .entries
+                .into_iter()
+                .filter(|r| r.scope.parent_run_id.is_none())
+                .filter(|r| r.finished_at.is_some_and(|at| at <= now) && r.damaged.is_none())
+                .map(|r| r.scope)
+                .collect();
+            let more = page.cursor.is_some();
+            *cursor = page.cursor;
+            Ok(Some((runs, more)))
+        }
+    }
 }
 
 /// The run's lifecycle when the run at `run_dir` is due at `now` (`None`:
