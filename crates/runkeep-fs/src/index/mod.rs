@@ -238,6 +238,10 @@ impl SessionIndex {
     /// first, [`runkeep::RunRow::claim_key`]), the streams of keys `skip`
     /// answers true for (at their limit) dropped unvisited; `skip` is given
     /// the key's live leases at `now` as the index has them.
+    #[expect(
+        clippy::too_many_arguments,
+        reason = "the scan's inputs, passed straight through to the built index"
+    )]
     pub(crate) fn claim_candidates_skipping(
         &self,
         base: &Path,
