@@ -61,7 +61,7 @@ pub(super) const CLAIM_KEYED_CREATED: TableDefinition<&[u8], &[u8]> =
     TableDefinition::new("claim_keyed_created");
 /// The runs of each concurrency key whose top holding is a lease: the key
 /// (never a 0 byte), 0, the directory key → the lease's expiry (ms).
-/// `claim_next` counts a key's live holdings here ([`Built::held_live`]):
+/// `claim_next` counts a key's live holdings here ([`held_live`]):
 /// a range of the key's leases, not a read of each run's files.
 pub(super) const HELD_BY_KEY: TableDefinition<&[u8], i64> = TableDefinition::new("held_by_key");
 
@@ -910,7 +910,7 @@ impl Built {
     /// that limit) is dropped whole, its entries never visited: a call costs
     /// one seek per key plus the entries it visits, whatever the number of
     /// runs waiting behind saturated keys. `skip` is given the key's live
-    /// leases at `now` as the index has them ([`Built::held_live`]).
+    /// leases at `now` as the index has them ([`held_live`]).
     pub(super) fn scan_claim(
         &self,
         order: ListOrder,
