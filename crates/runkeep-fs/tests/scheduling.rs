@@ -723,8 +723,14 @@ fn the_indexed_claim_streams_merge_into_the_walks_claim_order() {
 
 /// Prunes the session once: every run finished more than 1 ms before an
 /// instant an hour from now is due. Reports `pruning`, then `pruned <n>`.
+/// With `INDEXED=1` the session index is built first (the prune's
+/// candidates come from it), else the prune pages through the listing
+/// (the index is still being built at a fresh store's first call).
 fn prune_worker() {
     let store = open(&PathBuf::from(env("BASE")));
+    if env("INDEXED") == "1" {
+        store.testing().wait_index().unwrap();
+    }
     let policy = RetentionPolicy::keep_for(Ttl::from_millis(1).unwrap());
     let now = runkeep::Timestamp::now().plus(Ttl::from_millis(3_600_000).unwrap());
     report("pruning");
@@ -750,7 +756,7 @@ struct ReopenDuringPrune {
 /// A finished run; a prune process stopped after its listing found the run
 /// due and before it locked it; the run reopened from this process
 /// meanwhile; then the prune resumed.
-fn reopened_during_prune(mutation: &str) -> ReopenDuringPrune {
+fn reopened_during_prune(mutation: &str, indexed: bool) -> ReopenDuringPrune {
     let dir = tempfile::tempdir().unwrap();
     let base = dir.path().join("runs");
     let store = open(&base);
@@ -772,6 +778,7 @@ fn reopened_during_prune(mutation: &str) -> ReopenDuringPrune {
             ("RUNKEEP_FS_TEST_TRACE", trace.display().to_string()),
             ("RUNKEEP_FS_TEST_PAUSE", "prune-before-lock".to_string()),
             ("RUNKEEP_FS_TEST_MUTATION", mutation.to_string()),
+            ("INDEXED", if indexed { "1" } else { "0" }.to_string()),
         ],
     );
     p.expect("pruning", Duration::from_secs(30));
@@ -812,27 +819,36 @@ fn reopened_during_prune(mutation: &str) -> ReopenDuringPrune {
     }
 }
 
+/// Both ways a prune finds its candidates: the listing and the index.
 #[test]
 fn a_run_reopened_between_the_prunes_scan_and_its_delete_is_kept() {
-    let r = reopened_during_prune("none");
-    assert_eq!(r.pruned, "pruned 0", "{r:?}");
-    assert!(r.exists, "{r:?}");
-    assert_eq!(r.status, Some(runkeep::RunStatus::Active), "{r:?}");
-    assert!(
-        r.trace.iter().any(|l| l.ends_with("prune-kept run_r")),
-        "{r:?}"
-    );
+    for indexed in [false, true] {
+        let r = reopened_during_prune("none", indexed);
+        assert_eq!(r.pruned, "pruned 0", "indexed {indexed}: {r:?}");
+        assert!(r.exists, "indexed {indexed}: {r:?}");
+        assert_eq!(
+            r.status,
+            Some(runkeep::RunStatus::Active),
+            "indexed {indexed}: {r:?}"
+        );
+        assert!(
+            r.trace.iter().any(|l| l.ends_with("prune-kept run_r")),
+            "indexed {indexed}: {r:?}"
+        );
+    }
 }
 
 #[test]
 fn the_reopen_during_prune_test_catches_a_prune_that_does_not_judge_again() {
-    let r = reopened_during_prune("prune-no-rejudge");
-    assert_eq!(r.pruned, "pruned 1", "{r:?}");
-    assert!(!r.exists, "{r:?}");
-    assert!(
-        r.trace.iter().any(|l| l.ends_with("prune-deleted run_r")),
-        "{r:?}"
-    );
+    for indexed in [false, true] {
+        let r = reopened_during_prune("prune-no-rejudge", indexed);
+        assert_eq!(r.pruned, "pruned 1", "indexed {indexed}: {r:?}");
+        assert!(!r.exists, "indexed {indexed}: {r:?}");
+        assert!(
+            r.trace.iter().any(|l| l.ends_with("prune-deleted run_r")),
+            "indexed {indexed}: {r:?}"
+        );
+    }
 }
 
 /// The index's count of a key's live holdings follows the holdings: one
