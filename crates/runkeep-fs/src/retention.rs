@@ -1,11 +1,12 @@
 //! Retention on a directory (`runkeep::scheduling::retention`): deleting
 //! finished runs, whole, in bounded batches.
 //!
-//! A batch pages through the listing (the session index when it can be
-//! used, so a page costs O(page)) filtered to finished runs, and for each
-//! top-level row whose `finished_at` could be due judges the run again
-//! **under its run lock** (exclusive, taken only if the lock file exists:
-//! a deletion never creates a directory):
+//! A batch takes its candidates from the session index's summaries when
+//! it can be used (top-level runs that read finished; no run is read
+//! before its lock), else pages through the listing filtered to finished
+//! runs (rows whose `finished_at` could be due), and judges each candidate
+//! again **under its run lock** (exclusive, taken only if the lock file
+//! exists: a deletion never creates a directory):
 //!
 //! 1. the top holding and lifecycle are read under the lock and
 //!    [`retention::is_due`] decides; a run reopened or claimed since the
