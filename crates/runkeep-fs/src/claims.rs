@@ -736,6 +736,12 @@ pub(crate) fn claim(
     let mut lost = 0;
     let mut floor: Option<Fence> = None;
     for _ in 0..(MAX_ATTEMPTS + 64) {
+        // Read again under the key lock (never the pre-check's read): no
+        // other claim of this store can move the run while this one holds
+        // the key lock, so the held-set entry written below names the
+        // fence this attempt really links, and a later end logs the end of
+        // that holding (a stale read here let the churn test find a key
+        // held past its limit in the history).
         let s = scan(&claims_dir)
             .map_err(|e| ctx.io("list the claims directory", &claims_dir, e))?
             .unwrap_or_default();

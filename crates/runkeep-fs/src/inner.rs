@@ -229,14 +229,15 @@ impl Inner {
         order: ListOrder,
         after: Option<&RowKey>,
         want: usize,
+        now: Timestamp,
         keep: &dyn Fn(&Summary) -> bool,
-        skip: &dyn Fn(&str, u32) -> bool,
+        skip: &dyn Fn(&str, u32, u32) -> bool,
     ) -> Option<Vec<Found>> {
         if self.switches.is_off(Switch::Index) {
             return None;
         }
         self.index
-            .claim_candidates_skipping(&self.base, order, after, want, keep, skip)
+            .claim_candidates_skipping(&self.base, order, after, want, now, keep, skip)
     }
 
     /// [`SessionIndex::reconcile`] on this store's index.

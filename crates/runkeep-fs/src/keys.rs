@@ -336,10 +336,13 @@ impl<'a> KeyGuard<'a> {
             .mode(sys::FILE_MODE)
             .open(&path)
             .map_err(|e| ctx.io("open the key history", &path, e))?;
-        let created = f.metadata().is_ok_and(|m| m.len() == 0);
+        // Whether this append created the file (its directory entry then
+        // needs a sync too): asked only when syncs are made.
+        let power_loss = self.inner.durability == Durability::PowerLoss;
+        let created = power_loss && f.metadata().is_ok_and(|m| m.len() == 0);
         f.write_all(&bytes)
             .map_err(|e| ctx.io("append to the key history", &path, e))?;
-        if self.inner.durability == Durability::PowerLoss {
+        if power_loss {
             sys::sync_file(&f, &path).map_err(|e| ctx.io("sync the key history", &path, e))?;
             if created {
                 sys::sync_dir(&self.dir)
@@ -351,24 +354,44 @@ impl<'a> KeyGuard<'a> {
 }
 
 /// The run's live lease fence at `now`, as the contract reads its top.
+/// The holding in `claims/` first: a top that is no live lease there (a
+/// release's tombstone, an expired lease) is none whatever the lifecycle
+/// record says (the record only ever reads a lease as a finish,
+/// [`run_state::effective`]), so the record is read only for a live lease.
 fn live_fence(inner: &Inner, scope: &RunScope, now: Timestamp, ctx: &Ctx) -> Result<Option<Fence>> {
     let dir = inner.run_dir(scope);
-    let top = match claims::read_top(&dir, ctx) {
-        Ok(t) => t,
+    let holding = match claims::read_holding(&dir, ctx) {
+        Ok(h) => h,
         Err(_) if !dir.is_dir() => None,
         Err(e) => return Err(e),
     };
-    Ok(match top {
+    let live = |top: Option<&TopHolding>| match top {
         Some(TopHolding::Lease {
             fence, expires_at, ..
-        }) if !runkeep::lease::is_expired(expires_at, now) => Some(fence),
+        }) if !runkeep::lease::is_expired(*expires_at, now) => Some(*fence),
         _ => None,
-    })
+    };
+    let Some(h) = holding.filter(|h| live(Some(&h.top)).is_some()) else {
+        return Ok(None);
+    };
+    let record = match run_state::read_record(&dir, ctx) {
+        Ok(r) => r,
+        Err(_) if !dir.is_dir() => return Ok(None),
+        Err(e) => return Err(e),
+    };
+    let state = run_state::state_with(
+        record.as_ref(),
+        Some(&h),
+        &dir.join(claims::CLAIMS_DIR),
+        ctx,
+    );
+    Ok(live(state.top.as_ref()))
 }
 
 /// Runs of `key` held live at `now` by the held set, read without the key
 /// lock and changing nothing: what `claim_next` skips a key at its limit
-/// by (the claim itself counts again under the lock).
+/// by when the session index cannot count it (the walk, a keyed run met
+/// outside its stream); the claim itself counts again under the lock.
 pub(crate) fn held_now(inner: &Inner, like: &RunScope, key: &str, now: Timestamp) -> u32 {
     let ctx = Ctx::store("claim_next");
     let dir = key_dir(inner.base(), key).join(HELD_DIR);

@@ -234,6 +234,34 @@ pub(crate) fn list_runs(
     }
 }
 
+/// Up to `want` top-level runs after `after` (run-id order) whose index
+/// summary reads finished, and where the next page starts (`None`: no
+/// more); no run is read (a prune judges each under its lock). `Ok(None)`
+/// when the index cannot answer (the caller pages through the listing).
+pub(crate) fn finished_page(
+    inner: &Inner,
+    scope: &ListingScope,
+    after: Option<&RowKey>,
+    want: usize,
+) -> Result<Option<(Vec<RunScope>, Option<RowKey>)>> {
+    let Some((_, a)) = prepare(inner, scope, &ListOptions::default())? else {
+        return Ok(Some((Vec::new(), None)));
+    };
+    let Some(batch) = inner.index_candidates(ListOrder::RunId, after, want, &|s| s.finished())
+    else {
+        return Ok(None);
+    };
+    let next = (batch.len() == want)
+        .then(|| batch.last().map(|f| f.key.clone()))
+        .flatten();
+    let runs = batch
+        .into_iter()
+        .filter(|f| f.candidate.parent.is_none())
+        .map(|f| f.candidate.scope(a))
+        .collect();
+    Ok(Some((runs, next)))
+}
+
 /// One page by walking every run directory (the index's oracle in tests).
 #[cfg(feature = "testing")]
 pub(crate) fn list_runs_walk(
@@ -336,16 +364,6 @@ fn walk_page(inner: &Inner, q: &ListQuery, a: &Attribution, claim: bool) -> Resu
     Ok(q.page_from_sorted(page))
 }
 
-/// A scope in the store's session (a held set names runs by id only).
-fn any_run(a: &Attribution) -> RunScope {
-    RunScope::new(
-        a.tenant_id.clone(),
-        a.project_id.clone(),
-        a.session_id.clone(),
-        RunId::new("run_any").expect("a valid id"),
-    )
-}
-
 /// How many rows `claim_next` reads per step when the index cannot be used.
 const CLAIM_PAGE: usize = 16;
 
@@ -379,30 +397,27 @@ pub(crate) fn claim_next(
     let mut contended = None;
     let mut after: Option<RowKey> = None;
     let mut cursor: Option<String> = None;
-    // Runs of each concurrency key held live, counted once per call from
-    // the key's held set (`crate::keys`): the entries of a key at its limit
-    // are skipped from the index without reading their runs. The claim
-    // counts again under the key lock; this only saves the reads.
+    // Runs of each concurrency key held live, counted once per call: from
+    // the index's leases of the key (no file read), or (a run the index
+    // did not hand out, the walk) from the key's held set (`crate::keys`).
+    // The entries of a key at its limit are skipped from the index without
+    // reading their runs. The claim counts again under the key lock; this
+    // only saves the reads.
     let busy: RefCell<HashMap<String, u32>> = RefCell::default();
     let at_limit = |c: Option<&(String, u32)>| {
         c.is_some_and(|(k, limit)| busy.borrow().get(k).is_some_and(|h| h >= limit))
     };
-    let like = any_run(a);
-    let held_of = |key: &str| -> u32 {
-        if let Some(h) = busy.borrow().get(key) {
-            return *h;
-        }
-        let h = keys::held_now(inner, &like, key, now);
-        busy.borrow_mut().insert(key.to_owned(), h);
-        h
+    let held_of = |key: &str, indexed: u32| -> u32 {
+        *busy.borrow_mut().entry(key.to_owned()).or_insert(indexed)
     };
     loop {
         let indexed = inner.index_claim_candidates_skipping(
             q.order,
             after.as_ref(),
             CLAIM_PAGE,
+            now,
             &|s| s.claimable(now) && s.matches(&q) && !at_limit(s.skippable_key(now)),
-            &|key, limit| held_of(key) >= limit,
+            &|key, limit, indexed| held_of(key, indexed) >= limit,
         );
         // From the index: candidates, each read only when its turn comes
         // (the first claimable one usually ends the call).
@@ -541,28 +556,24 @@ pub(crate) fn claim_page_with(
     let now = q.now;
     let ctx = Ctx::store("claim_next");
     let want = q.limit;
-    // As `claim_next`: a key's live holdings counted once per page from its
-    // held set, and the runs of a key at its limit skipped unread.
+    // As `claim_next`: a key's live holdings counted once per page (from
+    // the index, else its held set), and the runs of a key at its limit
+    // skipped unread.
     let busy: RefCell<HashMap<String, u32>> = RefCell::default();
     let at_limit = |c: Option<&(String, u32)>| {
         c.is_some_and(|(k, limit)| busy.borrow().get(k).is_some_and(|h| h >= limit))
     };
-    let like = any_run(a);
-    let held_of = |key: &str| -> u32 {
-        if let Some(h) = busy.borrow().get(key) {
-            return *h;
-        }
-        let h = keys::held_now(inner, &like, key, now);
-        busy.borrow_mut().insert(key.to_owned(), h);
-        h
+    let held_of = |key: &str, indexed: u32| -> u32 {
+        *busy.borrow_mut().entry(key.to_owned()).or_insert(indexed)
     };
     let batch = if index {
         inner.index_claim_candidates_skipping(
             q.order,
             q.after.as_ref(),
             want,
+            now,
             &|s| s.claimable(now) && s.matches(&q) && !at_limit(s.skippable_key(now)),
-            &|key, limit| held_of(key) >= limit,
+            &|key, limit, indexed| held_of(key, indexed) >= limit,
         )
     } else {
         None

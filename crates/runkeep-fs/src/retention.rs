@@ -1,11 +1,12 @@
 //! Retention on a directory (`runkeep::scheduling::retention`): deleting
 //! finished runs, whole, in bounded batches.
 //!
-//! A batch pages through the listing (the session index when it can be
-//! used, so a page costs O(page)) filtered to finished runs, and for each
-//! top-level row whose `finished_at` could be due judges the run again
-//! **under its run lock** (exclusive, taken only if the lock file exists:
-//! a deletion never creates a directory):
+//! A batch takes its candidates from the session index's summaries when
+//! it can be used (top-level runs that read finished; no run is read
+//! before its lock), else pages through the listing filtered to finished
+//! runs (rows whose `finished_at` could be due), and judges each candidate
+//! again **under its run lock** (exclusive, taken only if the lock file
+//! exists: a deletion never creates a directory):
 //!
 //! 1. the top holding and lifecycle are read under the lock and
 //!    [`retention::is_due`] decides; a run reopened or claimed since the
@@ -42,6 +43,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use runkeep::lease::is_expired;
+use runkeep::listing::RowKey;
 use runkeep::scheduling::retention::{self, PruneReport, RetentionPolicy};
 use runkeep::{
     Lifecycle, ListOptions, ListingScope, Result, RunScope, RunStatus, Timestamp, TopHolding,
@@ -51,6 +53,7 @@ use crate::inner::Inner;
 use crate::lock::RunLock;
 use crate::options::Durability;
 use crate::sys::{self, Ctx};
+use crate::testing_hooks::{self, Mutation, Pause, Trace};
 use crate::{listing, run_state};
 
 /// The prefix of a run directory being deleted (never a run id: ids have
@@ -73,58 +76,121 @@ pub(crate) fn prune_finished(
     let now = now.unwrap_or_else(|| inner.now());
     sweep_trash(inner);
     let mut report = PruneReport::default();
-    let mut options = ListOptions {
-        status: Some(vec![
-            RunStatus::Completed,
-            RunStatus::Failed,
-            RunStatus::Cancelled,
-        ]),
-        limit: Some(runkeep::listing::MAX_LIMIT),
-        now: Some(now),
-        ..ListOptions::default()
-    };
+    let mut pages = Pages::Index(None);
     'pages: loop {
-        let page = listing::list_runs(inner, scope, &options)?;
-        for row in &page.entries {
-            if row.scope.parent_run_id.is_some() {
-                continue;
-            }
+        let (runs, more) = match next_page(inner, scope, now, &mut pages)? {
+            Some(p) => p,
+            None => continue,
+        };
+        for run in &runs {
             report.scanned += 1;
-            // A cheap first look: finished at or before `now` (whatever
-            // the run's own retention says, it is not due before that).
-            if row.finished_at.is_none_or(|at| at > now) || row.damaged.is_some() {
-                continue;
-            }
             if report.deleted.len() == limit {
                 // One more due run means "more"; judged read-only.
-                if is_due_unlocked(inner, &row.scope, policy, now) {
+                if is_due_unlocked(inner, run, policy, now) {
                     report.more = true;
                     break 'pages;
                 }
                 continue;
             }
-            if let Some(subs) = delete_if_due(inner, &row.scope, policy, now)? {
-                report.sub_runs_deleted += subs;
-                report.deleted.push(row.scope.clone());
+            let id = run.run_id.as_str();
+            testing_hooks::trace(Trace::PruneListed(id));
+            testing_hooks::pause_once(Pause::PruneBeforeLock);
+            match delete_if_due(inner, run, policy, now)? {
+                Some(subs) => {
+                    testing_hooks::trace(Trace::PruneDeleted(id));
+                    report.sub_runs_deleted += subs;
+                    report.deleted.push(run.clone());
+                }
+                None => testing_hooks::trace(Trace::PruneKept(id)),
             }
         }
-        match page.cursor {
-            Some(c) => options.cursor = Some(c),
-            None => break,
+        if !more {
+            break;
         }
     }
     Ok(report)
 }
 
-/// Whether the run at `run_dir` is due at `now`, from its holding and
-/// lifecycle as read (the caller holds its lock, or only looks).
-fn judge(run_dir: &Path, policy: &RetentionPolicy, now: Timestamp, ctx: &Ctx) -> Result<bool> {
+/// Where the prune's candidates come from, and where the next page starts.
+enum Pages {
+    /// The session index's summaries (no run read before its lock), after
+    /// this key.
+    Index(Option<RowKey>),
+    /// The listing (the index cannot answer), at this cursor.
+    Listing(Option<String>),
+}
+
+/// How many candidates a page of the index holds.
+const INDEX_PAGE: usize = 1000;
+
+/// The next page of top-level runs that may be due, and whether more
+/// follow; `None` when the index stopped answering (`pages` then moves to
+/// the listing, from its start). A candidate is only a candidate: each is
+/// judged under its lock.
+fn next_page(
+    inner: &Inner,
+    scope: &ListingScope,
+    now: Timestamp,
+    pages: &mut Pages,
+) -> Result<Option<(Vec<RunScope>, bool)>> {
+    match pages {
+        Pages::Index(after) => {
+            match listing::finished_page(inner, scope, after.as_ref(), INDEX_PAGE)? {
+                Some((runs, next)) => {
+                    let more = next.is_some();
+                    *after = next;
+                    Ok(Some((runs, more)))
+                }
+                None => {
+                    *pages = Pages::Listing(None);
+                    Ok(None)
+                }
+            }
+        }
+        Pages::Listing(cursor) => {
+            let options = ListOptions {
+                status: Some(vec![
+                    RunStatus::Completed,
+                    RunStatus::Failed,
+                    RunStatus::Cancelled,
+                ]),
+                limit: Some(runkeep::listing::MAX_LIMIT),
+                now: Some(now),
+                cursor: cursor.take(),
+                ..ListOptions::default()
+            };
+            let page = listing::list_runs(inner, scope, &options)?;
+            // A cheap first look: finished at or before `now` (whatever
+            // the run's own retention says, it is not due before that).
+            let runs = page
+                .entries
+                .into_iter()
+                .filter(|r| r.scope.parent_run_id.is_none())
+                .filter(|r| r.finished_at.is_some_and(|at| at <= now) && r.damaged.is_none())
+                .map(|r| r.scope)
+                .collect();
+            let more = page.cursor.is_some();
+            *cursor = page.cursor;
+            Ok(Some((runs, more)))
+        }
+    }
+}
+
+/// The run's lifecycle when the run at `run_dir` is due at `now` (`None`:
+/// kept), from its holding and lifecycle as read (the caller holds its
+/// lock, or only looks).
+fn due(
+    run_dir: &Path,
+    policy: &RetentionPolicy,
+    now: Timestamp,
+    ctx: &Ctx,
+) -> Result<Option<Lifecycle>> {
     let state = run_state::read_state(run_dir, ctx)?;
     let held = matches!(
         state.top,
         Some(TopHolding::Lease { expires_at, .. }) if !is_expired(expires_at, now)
     );
-    Ok(retention::is_due(&state.lifecycle, held, policy, now))
+    Ok(retention::is_due(&state.lifecycle, held, policy, now).then_some(state.lifecycle))
 }
 
 /// The read-only verdict for `more` (no lock; a run it calls due may turn
@@ -136,7 +202,7 @@ fn is_due_unlocked(
     now: Timestamp,
 ) -> bool {
     let ctx = Ctx::new(scope, "prune_finished");
-    judge(&inner.run_dir(scope), policy, now, &ctx).unwrap_or(false)
+    matches!(due(&inner.run_dir(scope), policy, now, &ctx), Ok(Some(_)))
 }
 
 /// Deletes the run (and its sub-runs) if it is due, judged under its lock
@@ -155,9 +221,22 @@ fn delete_if_due(
     };
     // The lock file may be held in a directory renamed away since it was
     // opened (another pruner): then there is nothing here to judge.
-    if !run_dir.join(crate::lock::META_DIR).is_dir() || !judge(&run_dir, policy, now, &ctx)? {
+    if !run_dir.join(crate::lock::META_DIR).is_dir() {
         return Ok(None);
     }
+    // Judged again under the lock: the listing's verdict is older than any
+    // reopen or claim that took the lock since.
+    let lifecycle = if testing_hooks::mutation() == Mutation::PruneNoRejudge {
+        run_state::read_state(&run_dir, &ctx)?.lifecycle
+    } else {
+        match due(&run_dir, policy, now, &ctx)? {
+            Some(l) => l,
+            None => return Ok(None),
+        }
+    };
+    // What names the run elsewhere (its key's history), read before it
+    // goes: the lifecycles just judged.
+    let mut forget = vec![(scope.clone(), lifecycle)];
     let mut child_locks = Vec::new();
     for child in sub_run_dirs(&run_dir, &ctx)? {
         let Some(l) = RunLock::acquire_existing(&child, &ctx)? else {
@@ -165,30 +244,22 @@ fn delete_if_due(
             // reference's) has no finish of its own: not due.
             return Ok(None);
         };
-        if !judge(&child, policy, now, &ctx)? {
+        let Some(lifecycle) = due(&child, policy, now, &ctx)? else {
             return Ok(None);
-        }
+        };
         child_locks.push(l);
-    }
-    let subs = child_locks.len() as u64;
-    // What names the run elsewhere (its key's history), read before it goes.
-    let mut forget = vec![(
-        scope.clone(),
-        run_state::read_state(&run_dir, &ctx)?.lifecycle,
-    )];
-    for child in sub_run_dirs(&run_dir, &ctx)? {
         let id = child
             .file_name()
             .and_then(|n| n.to_str())
             .and_then(|n| runkeep::RunId::new(n).ok());
         if let Some(id) = id {
-            let lifecycle = run_state::read_state(&child, &ctx)?.lifecycle;
             let mut sub = scope.clone();
             sub.run_id = id;
             sub.parent_run_id = Some(scope.run_id.clone());
             forget.push((sub, lifecycle));
         }
     }
+    let subs = child_locks.len() as u64;
     let trash = trash_name(inner, scope);
     std::fs::rename(&run_dir, &trash)
         .map_err(|e| inner.note(ctx.io("move the run to the trash", &run_dir, e)))?;

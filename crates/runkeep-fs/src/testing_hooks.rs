@@ -74,6 +74,9 @@ pub(crate) enum Mutation {
     /// `held-after-log`: a keyed claim enters its run in the key's held set
     /// only after logging its holding (not before linking it).
     HeldAfterLog,
+    /// `prune-no-rejudge`: a prune deletes a run the listing showed due
+    /// without judging it again under its run lock.
+    PruneNoRejudge,
     /// `no-dir-fsync` / `no-file-fsync`, optionally `:<name>`: the `fsync`
     /// of directories or of files removed, everywhere or only for paths
     /// with a component equal to `<name>` or a file name starting with
@@ -121,6 +124,7 @@ impl Mutation {
             ("key-count-zero", None) => Mutation::KeyCountZero,
             ("no-key-lock", None) => Mutation::NoKeyLock,
             ("held-after-log", None) => Mutation::HeldAfterLog,
+            ("prune-no-rejudge", None) => Mutation::PruneNoRejudge,
             ("no-dir-fsync", only) => Mutation::NoSync {
                 of: Synced::Dir,
                 only,
@@ -225,12 +229,15 @@ pub(crate) enum Pause {
     /// `key-after-link`: a claim of a keyed run linked its holding, not yet
     /// logged it in the key's history.
     KeyAfterLink,
+    /// `prune-before-lock`: a prune found a finished run due in the
+    /// listing, not yet locked it to judge it again and delete it.
+    PruneBeforeLock,
 }
 
 #[cfg(feature = "testing")]
 impl Pause {
     /// Every point, for [`Pause::asked`].
-    const ALL: [Pause; 18] = [
+    const ALL: [Pause; 19] = [
         Pause::BeforeAppendWrite,
         Pause::MidAppendWrite,
         Pause::AfterFenceCheck,
@@ -249,6 +256,7 @@ impl Pause {
         Pause::StepAfterCheckpoint,
         Pause::KeyAfterCount,
         Pause::KeyAfterLink,
+        Pause::PruneBeforeLock,
     ];
 
     /// Its name in `RUNKEEP_FS_TEST_PAUSE`.
@@ -272,6 +280,7 @@ impl Pause {
             Pause::StepAfterCheckpoint => "step-after-checkpoint",
             Pause::KeyAfterCount => "key-after-count",
             Pause::KeyAfterLink => "key-after-link",
+            Pause::PruneBeforeLock => "prune-before-lock",
         }
     }
 
@@ -365,6 +374,14 @@ pub(crate) enum Trace<'a> {
     /// `key-counted <run> <held>`: a claim of a keyed run counted the
     /// key's other live holdings under the key lock.
     KeyCounted(&'a str, u32),
+    /// `prune-listed <run>`: a prune found the run finished before its
+    /// `now` in the listing (before its lock); `prune-kept <run>` /
+    /// `prune-deleted <run>`: what the judgement under the lock decided.
+    PruneListed(&'a str),
+    /// See [`Trace::PruneListed`].
+    PruneKept(&'a str),
+    /// See [`Trace::PruneListed`].
+    PruneDeleted(&'a str),
 }
 
 #[cfg(feature = "testing")]
@@ -379,6 +396,9 @@ impl Trace<'_> {
             }
             Trace::WatchWoke(base) => format!("watch-woke {}", base.display()),
             Trace::KeyCounted(run, held) => format!("key-counted {run} {held}"),
+            Trace::PruneListed(run) => format!("prune-listed {run}"),
+            Trace::PruneKept(run) => format!("prune-kept {run}"),
+            Trace::PruneDeleted(run) => format!("prune-deleted {run}"),
         }
     }
 }

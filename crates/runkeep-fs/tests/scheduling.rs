@@ -16,6 +16,12 @@
 //!   one key held at its limit; `claim_next` takes the others and reads
 //!   none of that key's runs.
 //! - `concurrent_enqueue_once_calls_across_processes_create_one_run`.
+//! - `a_run_reopened_between_the_prunes_scan_and_its_delete_is_kept`: a
+//!   prune process found a finished run due in the listing and is stopped
+//!   (pause point `prune-before-lock`) before it locks the run; the run is
+//!   reopened meanwhile; resumed, the prune judges it again under the run
+//!   lock and keeps it. Without that judgement (mutation
+//!   `prune-no-rejudge`) the reopened run is deleted: the test sees it.
 
 mod common;
 
@@ -24,9 +30,10 @@ use std::time::Duration;
 
 use common::*;
 use runkeep::scheduling::concurrency::max_held_at_once;
-use runkeep::scheduling::{Concurrency, Dedupe};
+use runkeep::scheduling::{Concurrency, Dedupe, RetentionPolicy};
 use runkeep::{
-    CheckpointStore, ClaimNextFilter, ClaimOptions, ClaimOutcome, EnqueueOptions, ListingScope, Ttl,
+    CheckpointStore, ClaimNextFilter, ClaimOptions, ClaimOutcome, EnqueueOptions, ListingScope,
+    Outcome, Ttl,
 };
 use runkeep_fs::FsStore;
 
@@ -39,6 +46,7 @@ fn worker_process_entry() {
         "claim-one" => claim_one_worker(),
         "churn" => churn_worker(),
         "enqueue-once" => enqueue_once_worker(),
+        "prune" => prune_worker(),
         other => panic!("unknown worker role {other}"),
     }
 }
@@ -711,4 +719,175 @@ fn the_indexed_claim_streams_merge_into_the_walks_claim_order() {
             assert_eq!(ids(&indexed), ids(&walked), "{order:?} pages of {limit}");
         }
     }
+}
+
+/// Prunes the session once: every run finished more than 1 ms before an
+/// instant an hour from now is due. Reports `pruning`, then `pruned <n>`.
+/// With `INDEXED=1` the session index is built first (the prune's
+/// candidates come from it), else the prune pages through the listing
+/// (the index is still being built at a fresh store's first call).
+fn prune_worker() {
+    let store = open(&PathBuf::from(env("BASE")));
+    if env("INDEXED") == "1" {
+        store.testing().wait_index().unwrap();
+    }
+    let policy = RetentionPolicy::keep_for(Ttl::from_millis(1).unwrap());
+    let now = runkeep::Timestamp::now().plus(Ttl::from_millis(3_600_000).unwrap());
+    report("pruning");
+    let r = rt()
+        .block_on(store.prune_finished(&session_scope(), &policy, Some(now), 100))
+        .unwrap();
+    report(format!("pruned {}", r.deleted.len()));
+}
+
+/// What the forced reopen-during-prune ended with.
+#[derive(Debug)]
+struct ReopenDuringPrune {
+    /// The worker's `pruned <n>` line.
+    pruned: String,
+    /// The run's directory is still there.
+    exists: bool,
+    /// Its lifecycle status afterwards (`None`: unreadable or gone).
+    status: Option<runkeep::RunStatus>,
+    /// The pruner's trace (`prune-listed`, `prune-kept`, `prune-deleted`).
+    trace: Vec<String>,
+}
+
+/// A finished run; a prune process stopped after its listing found the run
+/// due and before it locked it; the run reopened from this process
+/// meanwhile; then the prune resumed.
+fn reopened_during_prune(mutation: &str, indexed: bool) -> ReopenDuringPrune {
+    let dir = tempfile::tempdir().unwrap();
+    let base = dir.path().join("runs");
+    let store = open(&base);
+    enqueue(&store, "run_r", &EnqueueOptions::default());
+    let rt = rt();
+    let o = ClaimOptions::new(holder("w"), Ttl::from_millis(60_000).unwrap());
+    let lease = rt
+        .block_on(store.claim(&scope("run_r"), &o))
+        .unwrap()
+        .lease()
+        .expect("the run is claimed");
+    rt.block_on(store.finish(&scope("run_r"), lease.fence, &Outcome::completed(None)))
+        .unwrap();
+    let trace = dir.path().join("trace");
+    let mut p = spawn(
+        "prune",
+        &[
+            ("BASE", base.display().to_string()),
+            ("RUNKEEP_FS_TEST_TRACE", trace.display().to_string()),
+            ("RUNKEEP_FS_TEST_PAUSE", "prune-before-lock".to_string()),
+            ("RUNKEEP_FS_TEST_MUTATION", mutation.to_string()),
+            ("INDEXED", if indexed { "1" } else { "0" }.to_string()),
+        ],
+    );
+    p.expect("pruning", Duration::from_secs(30));
+    await_stopped(p.pid(), "the pruner");
+    let seen = trace_lines(&trace);
+    assert!(
+        seen.iter().any(|l| l.ends_with("prune-listed run_r")),
+        "the pruner stopped before its listing found the run due: {seen:?}"
+    );
+    assert!(
+        !seen
+            .iter()
+            .any(|l| l.contains("prune-kept") || l.contains("prune-deleted")),
+        "the pruner judged the run before it stopped: {seen:?}"
+    );
+    // The reopen takes the run lock the stopped pruner has not taken yet.
+    let reopened = rt.block_on(store.reopen(&scope("run_r"))).unwrap();
+    assert_eq!(reopened.status, runkeep::RunStatus::Active);
+    assert_eq!(
+        proc_state(p.pid()),
+        'T',
+        "the pruner resumed before the reopen returned"
+    );
+    signal(p.pid(), rustix::process::Signal::Cont);
+    let reports = p.finish(Duration::from_secs(60));
+    ReopenDuringPrune {
+        pruned: reports
+            .iter()
+            .find(|l| l.starts_with("pruned "))
+            .cloned()
+            .unwrap_or_default(),
+        exists: base.join("run_r").is_dir(),
+        status: rt
+            .block_on(store.lifecycle(&scope("run_r")))
+            .ok()
+            .map(|l| l.status),
+        trace: trace_lines(&trace),
+    }
+}
+
+/// Both ways a prune finds its candidates: the listing and the index.
+#[test]
+fn a_run_reopened_between_the_prunes_scan_and_its_delete_is_kept() {
+    for indexed in [false, true] {
+        let r = reopened_during_prune("none", indexed);
+        assert_eq!(r.pruned, "pruned 0", "indexed {indexed}: {r:?}");
+        assert!(r.exists, "indexed {indexed}: {r:?}");
+        assert_eq!(
+            r.status,
+            Some(runkeep::RunStatus::Active),
+            "indexed {indexed}: {r:?}"
+        );
+        assert!(
+            r.trace.iter().any(|l| l.ends_with("prune-kept run_r")),
+            "indexed {indexed}: {r:?}"
+        );
+    }
+}
+
+#[test]
+fn the_reopen_during_prune_test_catches_a_prune_that_does_not_judge_again() {
+    for indexed in [false, true] {
+        let r = reopened_during_prune("prune-no-rejudge", indexed);
+        assert_eq!(r.pruned, "pruned 1", "indexed {indexed}: {r:?}");
+        assert!(!r.exists, "indexed {indexed}: {r:?}");
+        assert!(
+            r.trace.iter().any(|l| l.ends_with("prune-deleted run_r")),
+            "indexed {indexed}: {r:?}"
+        );
+    }
+}
+
+/// The index's count of a key's live holdings follows the holdings: one
+/// run of a key (limit 1) held, `claim_next` (from the index) skips the
+/// key; released, the key's runs are handed out again at once; held again
+/// with a short lease, the key is skipped until that lease's expiry and not
+/// after it (judged at the call's `now`, no write in between).
+#[test]
+fn claim_next_counts_a_keys_holdings_from_the_index_as_they_change() {
+    let dir = tempfile::tempdir().unwrap();
+    let base = dir.path().join("runs");
+    let store = open(&base);
+    for r in ["run_a1", "run_a2", "run_a3"] {
+        enqueue(&store, r, &keyed("k", 1));
+    }
+    let rt = rt();
+    let all = session_scope();
+    let next = |o: &ClaimOptions| {
+        rt.block_on(store.claim_next(&all, &ClaimNextFilter::default(), o))
+            .unwrap()
+    };
+    store.testing().wait_index().unwrap();
+    let long = ClaimOptions::new(holder("w"), Ttl::from_millis(600_000).unwrap());
+    let (first, lease) = next(&long).expect("a run of the key");
+    assert_eq!(store.testing().index_status(), Ok(3), "the index answers");
+    assert!(next(&long).is_none(), "the key is at its limit");
+    assert!(rt.block_on(store.release(&first, lease.fence)).unwrap());
+    let (again, lease) = next(&long).expect("released: the key's runs are free again");
+    assert!(rt.block_on(store.release(&again, lease.fence)).unwrap());
+    let now = runkeep::Timestamp::now();
+    let short = ClaimOptions::new(holder("w"), Ttl::from_millis(60_000).unwrap()).at(now);
+    assert!(next(&short).is_some());
+    let before = ClaimOptions::new(holder("w"), Ttl::from_millis(60_000).unwrap())
+        .at(now.plus(Ttl::from_millis(59_000).unwrap()));
+    assert!(next(&before).is_none(), "the short lease is still live");
+    let after = ClaimOptions::new(holder("w"), Ttl::from_millis(60_000).unwrap())
+        .at(now.plus(Ttl::from_millis(61_000).unwrap()));
+    assert!(
+        next(&after).is_some(),
+        "past the lease's expiry the key is free without any write"
+    );
 }

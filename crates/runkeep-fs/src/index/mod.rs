@@ -90,7 +90,7 @@ use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Mutex};
 
 use runkeep::listing::RowKey;
-use runkeep::ListOrder;
+use runkeep::{ListOrder, Timestamp};
 
 // Top-down: this file (the index's life) uses the store and the sweeper;
 // they use the summary and what every part shares (`common`).
@@ -236,17 +236,23 @@ impl SessionIndex {
 
     /// [`Self::candidates`] in `claim_next`'s order for `order` (priority
     /// first, [`runkeep::RunRow::claim_key`]), the streams of keys `skip`
-    /// answers true for (at their limit) dropped unvisited.
+    /// answers true for (at their limit) dropped unvisited; `skip` is given
+    /// the key's live leases at `now` as the index has them.
+    #[expect(
+        clippy::too_many_arguments,
+        reason = "the scan's inputs, passed straight through to the built index"
+    )]
     pub(crate) fn claim_candidates_skipping(
         &self,
         base: &Path,
         order: ListOrder,
         after: Option<&RowKey>,
         want: usize,
+        now: Timestamp,
         keep: &dyn Fn(&Summary) -> bool,
-        skip: &dyn Fn(&str, u32) -> bool,
+        skip: &dyn Fn(&str, u32, u32) -> bool,
     ) -> Option<Vec<Found>> {
-        self.with(base, |b| b.scan_claim(order, after, want, keep, skip))
+        self.with(base, |b| b.scan_claim(order, after, want, now, keep, skip))
     }
 
     /// Corrects a run's entry from a read the caller made after the index

@@ -37,7 +37,9 @@ use crate::sys::Ctx;
 ///   directory key (a page reads one table only);
 /// - `claim_free_*`, `claim_keyed_*`: `claim_next`'s key (priority first,
 ///   [`runkeep::RunRow::claim_key`]) in run-id and created-at order, split
-///   into the runs it never skips and one stream per key and limit.
+///   into the runs it never skips and one stream per key and limit;
+/// - `held_by_key`: each run of a concurrency key whose top holding is a
+///   lease, under its key, with the lease's expiry.
 pub(super) const ENTRIES: TableDefinition<&str, &[u8]> = TableDefinition::new("entries");
 pub(super) const WATCHES: TableDefinition<i32, &[u8]> = TableDefinition::new("watches");
 pub(super) const BY_ID: TableDefinition<&[u8], &[u8]> = TableDefinition::new("by_id");
@@ -57,6 +59,19 @@ pub(super) const CLAIM_KEYED_ID: TableDefinition<&[u8], &[u8]> =
     TableDefinition::new("claim_keyed_id");
 pub(super) const CLAIM_KEYED_CREATED: TableDefinition<&[u8], &[u8]> =
     TableDefinition::new("claim_keyed_created");
+/// The runs of each concurrency key whose top holding is a lease: the key
+/// (never a 0 byte), 0, the directory key → the lease's expiry (ms).
+/// `claim_next` counts a key's live holdings here ([`held_live`]):
+/// a range of the key's leases, not a read of each run's files.
+pub(super) const HELD_BY_KEY: TableDefinition<&[u8], i64> = TableDefinition::new("held_by_key");
+
+/// The `held_by_key` prefix of `key`.
+fn held_prefix(key: &str) -> Vec<u8> {
+    let mut out = Vec::with_capacity(key.len() + 1);
+    out.extend_from_slice(key.as_bytes());
+    out.push(0);
+    out
+}
 
 /// The prefix of a keyed claim stream: the key (never a 0 byte), 0, the
 /// limit (big-endian).
@@ -89,6 +104,12 @@ fn parse_keyed_prefix(b: &[u8]) -> Option<(String, u32)> {
 }
 
 impl Summary {
+    /// The key this run holds a lease of and that lease's expiry: its
+    /// `held_by_key` row (`None`: no key, or no lease on top).
+    fn key_lease(&self) -> Option<(&str, Timestamp)> {
+        Some((self.concurrency.as_ref()?.0.as_str(), self.live_until?))
+    }
+
     /// The keyed claim stream this run sits in (`None`: the free one).
     pub(super) fn claim_stream(&self) -> Option<(&str, u32)> {
         match (&self.concurrency, self.deadline) {
@@ -548,6 +569,7 @@ pub(super) struct Writer<'t> {
     pub(super) claim_free_created: Table<'t, &'static [u8], &'static [u8]>,
     pub(super) claim_keyed_id: Table<'t, &'static [u8], &'static [u8]>,
     pub(super) claim_keyed_created: Table<'t, &'static [u8], &'static [u8]>,
+    pub(super) held_by_key: Table<'t, &'static [u8], i64>,
 }
 
 /// What a test set for the next build (test seams). The default: the
@@ -664,6 +686,7 @@ impl Built {
                 claim_free_created: tx.open_table(CLAIM_FREE_CREATED).map_err(store_failed)?,
                 claim_keyed_id: tx.open_table(CLAIM_KEYED_ID).map_err(store_failed)?,
                 claim_keyed_created: tx.open_table(CLAIM_KEYED_CREATED).map_err(store_failed)?,
+                held_by_key: tx.open_table(HELD_BY_KEY).map_err(store_failed)?,
             };
             f(&mut w)?
         };
@@ -886,17 +909,20 @@ impl Built {
     /// per key and limit; a stream `skip` answers true for (the key is at
     /// that limit) is dropped whole, its entries never visited: a call costs
     /// one seek per key plus the entries it visits, whatever the number of
-    /// runs waiting behind saturated keys.
+    /// runs waiting behind saturated keys. `skip` is given the key's live
+    /// leases at `now` as the index has them ([`held_live`]).
     pub(super) fn scan_claim(
         &self,
         order: ListOrder,
         after: Option<&RowKey>,
         want: usize,
+        now: Timestamp,
         keep: &dyn Fn(&Summary) -> bool,
-        skip: &dyn Fn(&str, u32) -> bool,
+        skip: &dyn Fn(&str, u32, u32) -> bool,
     ) -> Result<Vec<Found>, Refusal> {
         use std::cmp::Reverse;
         let tx = self.db.begin_read().map_err(store_failed)?;
+        let held = tx.open_table(HELD_BY_KEY).map_err(store_failed)?;
         let (free, keyed) = match order {
             ListOrder::CreatedAt => (CLAIM_FREE_CREATED, CLAIM_KEYED_CREATED),
             ListOrder::RunId | ListOrder::Priority => (CLAIM_FREE_ID, CLAIM_KEYED_ID),
@@ -974,7 +1000,7 @@ impl Built {
             };
             let Some(v) = pending[i].take() else { continue };
             if let Some((key, limit)) = &streams[i].0 {
-                if skip(key, *limit) {
+                if skip(key, *limit, held_live(&held, key, now)?) {
                     // The key is at this limit: the whole stream waits.
                     continue;
                 }
@@ -999,6 +1025,32 @@ impl Built {
         }
         Ok(out)
     }
+}
+
+/// The runs of `key` whose top holding is a lease live at `now`, from the
+/// `held_by_key` table: what the index saw of the key's holdings (the
+/// claim itself counts again from the key's held set under its lock).
+fn held_live(
+    table: &redb::ReadOnlyTable<&'static [u8], i64>,
+    key: &str,
+    now: Timestamp,
+) -> Result<u32, Refusal> {
+    let lo = held_prefix(key);
+    let mut hi = key.as_bytes().to_vec();
+    hi.push(1);
+    let mut n = 0;
+    for item in table
+        .range::<&[u8]>(lo.as_slice()..hi.as_slice())
+        .map_err(store_failed)?
+    {
+        let (_, until) = item.map_err(store_failed)?;
+        let live = Timestamp::from_millis(until.value())
+            .is_ok_and(|t| !runkeep::lease::is_expired(t, now));
+        if live {
+            n += 1;
+        }
+    }
+    Ok(n)
 }
 
 impl Writer<'_> {
@@ -1103,6 +1155,15 @@ impl Writer<'_> {
         summary: Option<Summary>,
     ) -> Result<(), Refusal> {
         if let Some(o) = &e.summary {
+            if let Some((held, _)) = o.key_lease() {
+                self.held_by_key
+                    .remove(
+                        [held_prefix(held).as_slice(), key.as_bytes()]
+                            .concat()
+                            .as_slice(),
+                    )
+                    .map_err(store_failed)?;
+            }
             self.by_id
                 .remove(encode_key(&o.key(ListOrder::RunId, k)).as_slice())
                 .map_err(store_failed)?;
@@ -1136,6 +1197,16 @@ impl Writer<'_> {
         }
         e.generation += 1;
         if let Some(new) = &summary {
+            if let Some((held, until)) = new.key_lease() {
+                self.held_by_key
+                    .insert(
+                        [held_prefix(held).as_slice(), key.as_bytes()]
+                            .concat()
+                            .as_slice(),
+                        until.as_millis(),
+                    )
+                    .map_err(store_failed)?;
+            }
             let row = encode_row(e.generation, new, key);
             self.by_id
                 .insert(

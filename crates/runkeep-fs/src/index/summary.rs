@@ -163,6 +163,11 @@ impl Summary {
         }
     }
 
+    /// An undamaged row whose lifecycle is finished (what a prune looks at).
+    pub(crate) fn finished(&self) -> bool {
+        !self.damaged && self.status.is_finished()
+    }
+
     /// [`runkeep::RunRow::is_claimable`] on the row this summarizes.
     pub(crate) fn claimable(&self, now: Timestamp) -> bool {
         !self.damaged
