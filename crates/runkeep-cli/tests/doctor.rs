@@ -156,7 +156,7 @@ fn human_report_has_marks_counts_and_the_exit_code() {
     );
     assert!(text.contains("→ their workers likely died"), "{text}");
     assert!(
-        text.contains("18 check(s): 13 pass, 0 fail, 2 warn, 0 inconclusive, 3 skipped"),
+        text.contains("19 check(s): 13 pass, 0 fail, 2 warn, 0 inconclusive, 4 skipped"),
         "{text}"
     );
     assert!(text.contains("exit 0: healthy"), "{text}");
@@ -561,8 +561,8 @@ fn a_category_that_matches_nothing_exits_2() {
     assert_eq!(doc["summary"]["total"], 0);
     let only = report(&mut store.cmd(&[]), &["--category", "store"]);
     assert_eq!(
-        only["summary"]["total"], 6,
-        "reachable, writable, schema-version and autovacuum (PostgreSQL only), hard-links, listing-index"
+        only["summary"]["total"], 7,
+        "reachable, writable, schema-version, autovacuum and replication (PostgreSQL only), hard-links, listing-index"
     );
 }
 
