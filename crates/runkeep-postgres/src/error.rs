@@ -62,9 +62,18 @@ pub(crate) fn map_pg(what: &str, e: tokio_postgres::Error) -> Error {
         ));
     }
     if is_transient(&e) {
-        return Error::unavailable(format!("PostgreSQL: {what}: {e}; retry"), e);
+        return Error::unavailable(format!("PostgreSQL: {what}: {}; retry", describe(&e)), e);
     }
     Error::backend(format!("PostgreSQL: {what}"), e)
+}
+
+/// The error as a reader needs it: a server's (or pooler's) error with its
+/// severity, SQLSTATE and message (tokio-postgres shows only "db error").
+fn describe(e: &tokio_postgres::Error) -> String {
+    match e.as_db_error() {
+        Some(d) => format!("{} {}: {}", d.severity(), d.code().code(), d.message()),
+        None => e.to_string(),
+    }
 }
 
 /// Maps a fault of `COMMIT`: a transient one leaves the outcome unknown.
@@ -72,7 +81,8 @@ pub(crate) fn map_commit(what: &str, e: tokio_postgres::Error) -> Error {
     if is_transient(&e) && e.code().is_none() {
         return Error::outcome_unknown(
             format!(
-                "PostgreSQL: {what}: the connection failed while COMMIT was in flight ({e}); the change may or may not be stored: read it back before repeating it"
+                "PostgreSQL: {what}: the connection failed while COMMIT was in flight ({}); the change may or may not be stored: read it back before repeating it",
+                describe(&e)
             ),
             e,
         );

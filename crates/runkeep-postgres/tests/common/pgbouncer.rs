@@ -154,9 +154,27 @@ impl Bouncer {
             .append(true)
             .open(self.dir.join("users.txt"))
             .unwrap();
-        writeln!(f, "\"{role}\" \"\"").unwrap();
+        // One write of the whole line: `writeln!` writes in pieces, and two
+        // tests adding roles at once interleaved them into lines that
+        // listed neither role.
+        f.write_all(format!("\"{role}\" \"\"\n").as_bytes())
+            .unwrap();
         drop(f);
-        self.admin("RELOAD").await;
+        // Reloaded until pgbouncer lists the role (a check, bounded: a
+        // role it never lists fails here, not as a login refused later).
+        for _ in 0..100 {
+            self.admin("RELOAD").await;
+            if self
+                .admin("SHOW USERS")
+                .await
+                .iter()
+                .any(|u| u.get("name").map(String::as_str) == Some(role))
+            {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        panic!("pgbouncer never listed role {role} after reloading its auth file");
     }
 
     /// A command on the admin console; answers its rows, column name to
