@@ -187,19 +187,6 @@ impl WorkerConfig {
     }
 }
 
-/// One worker process of a soak (the `soak-worker` subcommand): drains the
-/// soak's runs in `store` like [`work`], stopping gracefully on SIGTERM or
-/// SIGINT.
-pub async fn run_process(
-    store: Arc<dyn RunStore>,
-    listing: ListingScope,
-    cfg: WorkerConfig,
-) -> Result<DrainReport, String> {
-    let shutdown = CancellationToken::new();
-    runkeep_worker::cancel_on_signal(shutdown.clone());
-    work(store, listing, cfg, shutdown).await
-}
-
 /// Drains until `shutdown` and reports.
 pub async fn work(
     store: Arc<dyn RunStore>,

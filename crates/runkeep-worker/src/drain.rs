@@ -1081,42 +1081,89 @@ fn classify<E: Into<BoxError>>(
 /// Cancels `shutdown` on Ctrl-C (SIGINT) or, on Unix, SIGTERM. Returns the
 /// listening task; it ends when a signal arrives or `shutdown` is cancelled
 /// some other way. Must run inside a tokio runtime.
+///
+/// On Unix the handlers are installed before this returns, so a signal sent
+/// right after the call stops the drain gracefully instead of killing the
+/// process (installing them on the task's first poll left a window in which
+/// SIGTERM still had its default, fatal action).
 pub fn cancel_on_signal(shutdown: CancellationToken) -> tokio::task::JoinHandle<()> {
+    let mut signals = Signals::install();
     tokio::spawn(async move {
         tokio::select! {
             _ = shutdown.cancelled() => return,
-            _ = ctrl_c() => tracing::info!("interrupt received; shutting down"),
-            _ = terminate() => tracing::info!("SIGTERM received; shutting down"),
+            which = signals.next() => tracing::info!("{which} received; shutting down"),
         }
         shutdown.cancel();
     })
 }
 
-async fn ctrl_c() {
-    if tokio::signal::ctrl_c().await.is_err() {
-        std::future::pending::<()>().await;
-    }
+/// The signal streams of [`cancel_on_signal`], registered when made.
+struct Signals {
+    #[cfg(unix)]
+    interrupt: Option<tokio::signal::unix::Signal>,
+    #[cfg(unix)]
+    terminate: Option<tokio::signal::unix::Signal>,
 }
 
-#[cfg(unix)]
-async fn terminate() {
-    use tokio::signal::unix::{signal, SignalKind};
-    match signal(SignalKind::terminate()) {
-        Ok(mut s) => {
-            s.recv().await;
+impl Signals {
+    #[cfg(unix)]
+    fn install() -> Self {
+        use tokio::signal::unix::{signal, SignalKind};
+        // A registration that fails leaves that signal's default action;
+        // the other one still works.
+        Self {
+            interrupt: signal(SignalKind::interrupt()).ok(),
+            terminate: signal(SignalKind::terminate()).ok(),
         }
-        Err(_) => std::future::pending::<()>().await,
     }
-}
 
-#[cfg(not(unix))]
-async fn terminate() {
-    std::future::pending::<()>().await;
+    #[cfg(not(unix))]
+    fn install() -> Self {
+        Self {}
+    }
+
+    /// Waits for the first signal and names it.
+    #[cfg(unix)]
+    async fn next(&mut self) -> &'static str {
+        tokio::select! {
+            () = Self::recv(self.interrupt.as_mut()) => "interrupt",
+            () = Self::recv(self.terminate.as_mut()) => "SIGTERM",
+        }
+    }
+
+    #[cfg(not(unix))]
+    async fn next(&mut self) -> &'static str {
+        if tokio::signal::ctrl_c().await.is_err() {
+            std::future::pending::<()>().await;
+        }
+        "interrupt"
+    }
+
+    #[cfg(unix)]
+    async fn recv(signal: Option<&mut tokio::signal::unix::Signal>) {
+        match signal {
+            Some(s) => {
+                s.recv().await;
+            }
+            None => std::future::pending::<()>().await,
+        }
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[tokio::test]
+    async fn the_signal_listener_ends_when_shutdown_comes_from_elsewhere() {
+        let shutdown = CancellationToken::new();
+        let listener = cancel_on_signal(shutdown.clone());
+        shutdown.cancel();
+        tokio::time::timeout(Duration::from_secs(5), listener)
+            .await
+            .expect("the listener task ends")
+            .unwrap();
+    }
 
     #[test]
     fn backoff_doubles_to_its_cap_and_jitter_only_shortens() {

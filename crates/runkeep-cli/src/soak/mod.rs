@@ -674,7 +674,17 @@ pub async fn run_worker(ctx: &Ctx, args: SoakWorkerArgs) -> CliResult<Exit> {
             concurrency: args.concurrency,
         })
         .with_http_request_timeout(args.ttl.as_duration().max(Duration::from_secs(1)));
-    let opened = open_waiting(ctx, &options, args.open_wait).await?;
+    // SIGTERM / SIGINT stop the worker gracefully from the start, also
+    // while it still waits for a writable server.
+    let shutdown = tokio_util::sync::CancellationToken::new();
+    runkeep_worker::cancel_on_signal(shutdown.clone());
+    let opened = tokio::select! {
+        opened = open_waiting(ctx, &options, args.open_wait) => opened?,
+        () = shutdown.cancelled() => {
+            crate::output::note("stopped before the store answered");
+            return Ok(Exit::Ok);
+        }
+    };
     let listing = ctx.scope.listing()?;
     let cfg = WorkerConfig::process(
         args.soak_dir,
@@ -684,7 +694,7 @@ pub async fn run_worker(ctx: &Ctx, args: SoakWorkerArgs) -> CliResult<Exit> {
         args.concurrency,
         args.label,
     );
-    let report = runkeep_soak::worker::run_process(opened.store, listing, cfg)
+    let report = runkeep_soak::worker::work(opened.store, listing, cfg, shutdown)
         .await
         .map_err(CliError::failed)?;
     crate::output::note(&format!("{report:?}"));
