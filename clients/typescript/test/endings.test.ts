@@ -25,11 +25,20 @@ after(async () => {
   await serve?.close();
 });
 
+/**
+ * Each test's run in a session of its own, which its worker's filter names:
+ * a run another test left runnable (the thrown run's retry is due within a
+ * second) must not reach this test's handler on a slow machine.
+ */
+function at(runId: string) {
+  return { ...serve.run(runId), sessionId: `s-${runId}` };
+}
+
 async function one(runId: string, options: Partial<Parameters<typeof runWorker>[0]> & Pick<Parameters<typeof runWorker>[0], "handler">) {
-  await operator.enqueue(serve.run(runId), { checkpoint: firstCheckpoint(runId) });
+  await operator.enqueue(at(runId), { checkpoint: firstCheckpoint(runId) });
   return within(
     10_000,
-    runWorker({ client: worker, ttlMs: 30_000, mode: "until-idle", filter: {}, ...options }),
+    runWorker({ client: worker, ttlMs: 30_000, mode: "until-idle", filter: { project: at(runId).projectId, session: at(runId).sessionId }, ...options }),
     `the worker on ${runId}`,
   );
 }
@@ -37,11 +46,11 @@ async function one(runId: string, options: Partial<Parameters<typeof runWorker>[
 test("{ retryAfterMs } snoozes the run on the store's clock; a failing handler's attempt is failed, deferred by the store's backoff", async () => {
   const r1 = await one("end-snooze", { handler: () => ({ retryAfterMs: 60_000 }) });
   assert.equal(r1.snoozed, 1);
-  const l1 = await operator.lifecycle(serve.run("end-snooze"));
+  const l1 = await operator.lifecycle(at("end-snooze"));
   assert.equal(l1.status, "active");
   const now = (await operator.clockNow()).now;
   assert.ok(l1.availableAt != null && l1.availableAt > now + 50_000, "deferred about a minute");
-  const again = await worker.claim(serve.run("end-snooze"), { holder: "x", ttlMs: 1000 });
+  const again = await worker.claim(at("end-snooze"), { holder: "x", ttlMs: 1000 });
   assert.equal(again.outcome, "notBefore");
 
   const r2 = await one("end-throw", {
@@ -50,7 +59,7 @@ test("{ retryAfterMs } snoozes the run on the store's clock; a failing handler's
     },
   });
   assert.deepEqual([r2.failed, r2.snoozed, r2.finished, r2.deadLettered], [1, 0, 0, 0]);
-  const l2 = await operator.lifecycle(serve.run("end-throw"));
+  const l2 = await operator.lifecycle(at("end-throw"));
   assert.equal(l2.status, "active");
   assert.equal(l2.attempts, 1);
   const [f] = l2.failures ?? [];
@@ -70,7 +79,7 @@ test('onError: "fail" finishes a failing run as failed with the error as reason'
     },
   });
   assert.deepEqual([r.failed, r.finished], [1, 1]);
-  const l = await operator.lifecycle(serve.run("end-fail"));
+  const l = await operator.lifecycle(at("end-fail"));
   assert.equal(l.status, "failed");
   assert.match(l.reason ?? "", /bad input/);
 });
@@ -86,7 +95,7 @@ test("{ release: true } gives the run back at once (the same drain takes it agai
   assert.deepEqual([r.claimed, r.released, r.finished], [2, 1, 1]);
   const [first, second] = fences as [number, number];
   assert.equal(second, first + 2, "a release advances the fence by one; the next claim takes the one after");
-  assert.equal((await operator.lifecycle(serve.run("end-release"))).status, "completed");
+  assert.equal((await operator.lifecycle(at("end-release"))).status, "completed");
 });
 
 test("stopping the worker aborts the handler's signal and releases its run", async () => {
@@ -104,8 +113,8 @@ test("stopping the worker aborts the handler's signal and releases its run", asy
   stop.abort(new Error("shutting down"));
   const r = await run;
   assert.deepEqual([r.released, r.finished, r.lost], [1, 0, 0]);
-  const lease = await operator.lease(serve.run("end-stop"));
+  const lease = await operator.lease(at("end-stop"));
   assert.equal(lease?.holder, "", "released: no holder");
-  const taken = await worker.claim(serve.run("end-stop"), { holder: "next", ttlMs: 1000 });
+  const taken = await worker.claim(at("end-stop"), { holder: "next", ttlMs: 1000 });
   assert.equal(taken.outcome, "acquired");
 });
