@@ -33,7 +33,7 @@
 //!     let report = differential::check(
 //!         |clock| {
 //!             let store = runkeep::MemoryStore::with_clock(Arc::new(clock.clone()));
-//!             Fixture::new(Arc::new(store), 2, ()).with_clock(clock)
+//!             Fixture::new(Arc::new(store), 3, ()).with_clock(clock)
 //!         },
 //!         differential::Config::default(),
 //!     );
@@ -749,7 +749,7 @@ fn first_difference(got: &Snapshot, want: &Snapshot) -> String {
 pub fn memory_fixture(clock: ManualClock) -> Fixture {
     Fixture::new(
         Arc::new(MemoryStore::with_clock(Arc::new(clock.clone()))),
-        2,
+        3,
         (),
     )
     .with_clock(clock)

@@ -798,7 +798,7 @@ mod tests {
     #[test]
     fn a_wrapper_that_overrides_nothing_agrees_with_the_reference_model() {
         let report = differential::check(
-            |clock| Fixture::new(transparent(clock.clone()), 2, ()).with_clock(clock),
+            |clock| Fixture::new(transparent(clock.clone()), 3, ()).with_clock(clock),
             differential::Config::default(),
         );
         assert_eq!(report.cases, differential::Config::default().cases);

@@ -13,7 +13,7 @@
 //!     // The store judges time by a clock the cases can move.
 //!     let clock = support::store_clock();
 //!     let store = runkeep::MemoryStore::with_clock(Arc::new(clock.clone()));
-//!     Fixture::new(Arc::new(store), 2, ()).with_clock(clock)
+//!     Fixture::new(Arc::new(store), 3, ()).with_clock(clock)
 //! }
 //! conformance_tests!(memory);
 //! ```
@@ -68,6 +68,21 @@ pub const CONTRACT_VERSION: u32 = runkeep::CONTRACT_REVISION;
 /// What changed in each revision, for the refusal of a backend that
 /// declares an older one.
 pub const CHANGES_IN_V2: &str = "contract v2 added: run lifecycle (finish, reopen, enqueue; status and finished_at in listing rows; the status filter; claim answers Finished), attempts and dead-lettering (a takeover from an expired lease counts; the limit finishes the run as failed \"attempts exhausted\"), deferral (snooze, available_at; claims answer NotBefore), failed attempts (fail_attempt counts, defers by the run's backoff and dead-letters at the limit with the error history) cancel (an operator's cancel finishes the run; the holder's writes answer Cancelled) and timeouts (a run's deadline is judged by its next claim; its attempt timeout rides on every lease), the atomic step (EvidenceStore::commit_step, all or nothing under one fence check), indexed answers (latest_checkpoint, find_pending, resume_point are contract methods), the store clock (CheckpointStore::now judges every call that passes no instant) and watch (CheckpointStore::watch wakes idle workers)";
+
+/// What revision 3 added, for the refusal of a backend that declares an
+/// older one.
+pub const CHANGES_IN_V3: &str = "contract v3 added: priorities (enqueue's priority, set_priority, claim_next takes the highest first, the listing's priority order and min_priority filter), concurrency keys (a run's key and limit, claim_next skips a key at its limit, key_holdings answers the store's own holdings history), the dedupe window (enqueue_once), schedules (put/get/list/delete/advance_schedule: each tick enqueued once), retention (prune_finished deletes finished runs past their retention, never a reopened or held one) and update_checkpoint (a read-modify-write of one checkpoint, atomic across processes)";
+
+/// What changed since `declared`: each later revision's list, oldest
+/// first.
+pub fn changes_since(declared: u32) -> String {
+    [(2, CHANGES_IN_V2), (3, CHANGES_IN_V3)]
+        .into_iter()
+        .filter(|(revision, _)| *revision > declared)
+        .map(|(_, changes)| changes)
+        .collect::<Vec<_>>()
+        .join("; ")
+}
 
 /// What a case is run with besides the store: the declared revision and
 /// the store's clock.

@@ -7,7 +7,7 @@ use runkeep_conformance::{conformance_tests, support, Fixture};
 async fn memory() -> Fixture {
     let clock = support::store_clock();
     let store = runkeep::MemoryStore::with_clock(Arc::new(clock.clone()));
-    Fixture::new(Arc::new(store), 2, ()).with_clock(clock)
+    Fixture::new(Arc::new(store), 3, ()).with_clock(clock)
 }
 
 conformance_tests!(memory);

@@ -651,7 +651,7 @@ async fn declaring_an_older_contract_fails_the_version_case_with_both_numbers() 
     let msg = failed
         .get("declares_the_contract_revision_this_suite_implements")
         .expect("version case did not fail");
-    assert!(msg.contains("v1") && msg.contains("v2"), "{msg}");
+    assert!(msg.contains("v1") && msg.contains("v3"), "{msg}");
     for change in [
         "lifecycle",
         "attempts",
@@ -660,6 +660,8 @@ async fn declaring_an_older_contract_fails_the_version_case_with_both_numbers() 
         "indexed answers",
         "store clock",
         "watch",
+        "priorities",
+        "update_checkpoint",
     ] {
         assert!(
             msg.contains(change),
@@ -669,9 +671,36 @@ async fn declaring_an_older_contract_fails_the_version_case_with_both_numbers() 
     assert_eq!(failed.len(), 1, "{failed:#?}");
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn declaring_revision_two_names_only_what_three_added() {
+    let failed = failures(memory, 2).await;
+    let msg = failed
+        .get("declares_the_contract_revision_this_suite_implements")
+        .expect("version case did not fail");
+    assert!(msg.contains("v2") && msg.contains("v3"), "{msg}");
+    for change in [
+        "priorities",
+        "concurrency keys",
+        "dedupe window",
+        "schedules",
+        "retention",
+        "update_checkpoint",
+    ] {
+        assert!(
+            msg.contains(change),
+            "the refusal does not say {change:?} changed: {msg}"
+        );
+    }
+    assert!(
+        !msg.contains("contract v2 added"),
+        "a v2 backend is not told what v2 added: {msg}"
+    );
+    assert_eq!(failed.len(), 1, "{failed:#?}");
+}
+
 #[test]
 fn the_contract_revision_is_pinned() {
-    assert_eq!(runkeep_conformance::CONTRACT_VERSION, 2);
+    assert_eq!(runkeep_conformance::CONTRACT_VERSION, 3);
     assert_eq!(
         runkeep_conformance::CONTRACT_VERSION,
         runkeep::CONTRACT_REVISION
@@ -853,7 +882,7 @@ fn the_differential_test_catches_broken_stores() {
         let make = Broken::on(flaw);
         let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
             differential::check(
-                |clock| Fixture::new(make(clock.clone()), 2, ()).with_clock(clock),
+                |clock| Fixture::new(make(clock.clone()), 3, ()).with_clock(clock),
                 differential::Config {
                     max_shrink_iters: 64,
                     ..Default::default()

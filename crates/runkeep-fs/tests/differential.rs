@@ -25,7 +25,7 @@ fn fs_fixture(clock: runkeep::ManualClock) -> Fixture {
         },
     )
     .expect("open the store");
-    Fixture::new(Arc::new(store), 2, dir).with_clock(clock)
+    Fixture::new(Arc::new(store), 3, dir).with_clock(clock)
 }
 
 fn agrees(config: differential::Config) {

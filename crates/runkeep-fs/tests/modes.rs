@@ -78,7 +78,7 @@ async fn every_file_is_0600_and_every_directory_0700_under_umask_0() {
             )
             .unwrap();
             let env = CaseEnv {
-                contract_version: 2,
+                contract_version: 3,
                 clock: Some(clock),
             };
             (Arc::new(store) as Arc<dyn RunStore>, env)
@@ -102,7 +102,7 @@ async fn every_file_is_0600_and_every_directory_0700_under_umask_0() {
             )
             .unwrap();
             let env = CaseEnv {
-                contract_version: 2,
+                contract_version: 3,
                 clock: Some(clock),
             };
             (Arc::new(store) as Arc<dyn RunStore>, env)

@@ -22,7 +22,7 @@ fn open(durability: Durability) -> Fixture {
         },
     )
     .expect("open the root");
-    Fixture::new(Arc::new(store), 2, dir).with_clock(clock)
+    Fixture::new(Arc::new(store), 3, dir).with_clock(clock)
 }
 
 async fn process_crash() -> Fixture {

@@ -18,7 +18,7 @@ fn root_fixture(clock: runkeep::ManualClock) -> Fixture {
         },
     )
     .expect("open the root");
-    Fixture::new(Arc::new(store), 2, dir).with_clock(clock)
+    Fixture::new(Arc::new(store), 3, dir).with_clock(clock)
 }
 
 /// A third of the directory store's sequences (the root adds only the

@@ -23,7 +23,7 @@ async fn postgres() -> Fixture {
                 common::URL_VAR
             )
         });
-    Fixture::new(Arc::new(store), 2, guard).with_clock(clock)
+    Fixture::new(Arc::new(store), 3, guard).with_clock(clock)
 }
 
 runkeep_conformance::conformance_tests!(postgres);

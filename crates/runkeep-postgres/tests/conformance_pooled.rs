@@ -51,7 +51,7 @@ async fn pooled() -> Fixture {
     .await
     .unwrap_or_else(|e| panic!("PgStore::connect through pgbouncer failed: {e}"));
     // The schema drops before the role that owns it.
-    Fixture::new(Arc::new(store), 2, (schema_guard, role)).with_clock(clock)
+    Fixture::new(Arc::new(store), 3, (schema_guard, role)).with_clock(clock)
 }
 
 runkeep_conformance::conformance_tests!(pooled);

@@ -33,7 +33,7 @@ fn pg_fixture(clock: runkeep::ManualClock) -> Fixture {
     .expect("the migration thread")
     .unwrap_or_else(|e| panic!("{} is set but migrating failed: {e}", common::URL_VAR));
     let store = PgStore::open_migrated(&url, options).expect("build the store");
-    Fixture::new(Arc::new(store), 2, guard).with_clock(clock)
+    Fixture::new(Arc::new(store), 3, guard).with_clock(clock)
 }
 
 fn agrees(config: differential::Config) {

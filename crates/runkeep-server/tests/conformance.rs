@@ -20,7 +20,7 @@ async fn memory() -> Fixture {
     let backing = runkeep::MemoryStore::with_clock(Arc::new(clock.clone()));
     let server = TestServer::start(Arc::new(backing));
     let store = server.client(Some(clock.clone()));
-    Fixture::new(Arc::new(store), 2, server).with_clock(clock)
+    Fixture::new(Arc::new(store), 3, server).with_clock(clock)
 }
 
 runkeep_conformance::conformance_tests!(memory, over_http);
@@ -47,7 +47,7 @@ mod directory {
         let server = TestServer::start(Arc::new(backing));
         let store = server.client(Some(clock.clone()));
         // The server goes before the directory.
-        Fixture::new(Arc::new(store), 2, (server, dir)).with_clock(clock)
+        Fixture::new(Arc::new(store), 3, (server, dir)).with_clock(clock)
     }
 
     runkeep_conformance::conformance_tests!(directory, over_http);
@@ -72,7 +72,7 @@ mod directory_root {
         .expect("open the root");
         let server = TestServer::start(Arc::new(backing));
         let store = server.client(Some(clock.clone()));
-        Fixture::new(Arc::new(store), 2, (server, dir)).with_clock(clock)
+        Fixture::new(Arc::new(store), 3, (server, dir)).with_clock(clock)
     }
 
     runkeep_conformance::conformance_tests!(root, over_http);

@@ -102,7 +102,7 @@ async fn postgres() -> Fixture {
         store.unwrap_or_else(|e| panic!("{URL_VAR} is set but PgStore::connect failed: {e}"));
     let server = TestServer::start(Arc::new(store));
     let client = server.client(Some(clock.clone()));
-    Fixture::new(Arc::new(client), 2, (server, RtGuard(Some(rt)), guard)).with_clock(clock)
+    Fixture::new(Arc::new(client), 3, (server, RtGuard(Some(rt)), guard)).with_clock(clock)
 }
 
 runkeep_conformance::conformance_tests!(postgres, over_http);

@@ -17,7 +17,7 @@ fn through_http(clock: runkeep::ManualClock) -> Fixture {
     let backing = runkeep::MemoryStore::with_clock(Arc::new(clock.clone()));
     let server = TestServer::start(Arc::new(backing));
     let store = server.client(Some(clock.clone()));
-    Fixture::new(Arc::new(store), 2, server).with_clock(clock)
+    Fixture::new(Arc::new(store), 3, server).with_clock(clock)
 }
 
 /// 24 sequences in two halves of 12, run side by side by the test harness:

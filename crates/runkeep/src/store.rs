@@ -30,8 +30,10 @@
 //! [`find_pending`]: CheckpointStore::find_pending
 //! [`resume_point`]: CheckpointStore::resume_point
 
-/// The contract revision this crate defines.
-pub const CONTRACT_REVISION: u32 = 2;
+/// The contract revision this crate defines: 3 added scheduling (priorities,
+/// concurrency keys, the dedupe window, schedules), retention and
+/// `update_checkpoint` to revision 2.
+pub const CONTRACT_REVISION: u32 = 3;
 
 use async_trait::async_trait;
 use serde_json::Value;

@@ -19,7 +19,7 @@ pub async fn declares_the_contract_revision_this_suite_implements(
         declared >= crate::CONTRACT_VERSION,
         "the backend declares run-store contract v{declared}, but this kit checks run-store contract v{}; {}. Implement them, then declare {}",
         crate::CONTRACT_VERSION,
-        crate::CHANGES_IN_V2,
+        crate::changes_since(declared),
         crate::CONTRACT_VERSION,
     );
     assert_eq!(
