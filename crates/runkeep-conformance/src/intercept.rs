@@ -57,6 +57,7 @@
 //! | [`watch`](Intercept::watch) | the inner store's | writes land in the inner store, so its notifications fire; the contract's default only polls. A wrapper that keeps state outside the inner store (answers claims itself, say) may be woken only by the inner store's fallback interval, and can override this with [`Watch::polling`] |
 //! | [`latest_checkpoint`](Intercept::latest_checkpoint), [`find_pending`](Intercept::find_pending), [`resume_point`](Intercept::resume_point) | the inner store's | the checkpoints live in the inner store: its own (possibly indexed) answer is the one under test. A wrapper that changes what `list_checkpoints` answers overrides these too if they must agree |
 //! | [`commit_step_and_claim_next`](Intercept::commit_step_and_claim_next) | the contract's provided body over **this wrapper's** [`commit_step`](Intercept::commit_step) and [`claim_next`](Intercept::claim_next) | the hand-over is how a draining worker commits its last step and claims its next run, so a fault injected into `commit_step` or `claim_next` (or a count of them) must see it. The cost: a store that does both in one transaction (PostgreSQL) or one request (HTTP) is exercised through the two-call body. To keep the inner store's own, override it with `self.inner().commit_step_and_claim_next(..)` |
+//! | [`claim_next_batch`](Intercept::claim_next_batch), [`commit_steps`](Intercept::commit_steps) | the contract's provided bodies over **this wrapper's** [`claim_next`](Intercept::claim_next) and [`commit_step`](Intercept::commit_step) | the same reason: a fault injected into a claim or a step must reach the runs of a batch. Override with `self.inner().claim_next_batch(..)` / `commit_steps(..)` to keep the inner store's |
 //!
 //! The conveniences of [`runkeep::RunStoreExt`] (`expired_parks`,
 //! `completed_tools`) are implemented for every store and cannot be
@@ -77,7 +78,7 @@ use runkeep::{
     EvidenceStore, Fence, Handover, KeyHolding, Lease, LeaseSummary, Lifecycle, ListOptions,
     ListingScope, MessageSnapshot, NewAuditEvent, NewEvent, NextClaim, Outcome, ParkResolution,
     PersistedEvent, Priority, ReadEventsOptions, Result, RunPage, RunRecord, RunScope, RunStore,
-    Step, StepReceipt, Timestamp, Watch, WatchTopic,
+    Step, StepCommit, StepReceipt, Timestamp, Watch, WatchTopic,
 };
 use serde_json::Value;
 
@@ -196,6 +197,19 @@ pub trait Intercept: Send + Sync + std::fmt::Debug {
         options: &ClaimOptions,
     ) -> Result<Option<(RunScope, Lease)>> {
         self.inner().claim_next(scope, filter, options).await
+    }
+
+    /// [`CheckpointStore::claim_next_batch`]: the contract's provided body
+    /// over **this wrapper's** [`claim_next`](Self::claim_next). Override
+    /// with `self.inner().claim_next_batch(..)` to keep the inner store's.
+    async fn claim_next_batch(
+        &self,
+        scope: &ListingScope,
+        filter: &ClaimNextFilter,
+        options: &ClaimOptions,
+        max: usize,
+    ) -> Result<Vec<(RunScope, Lease)>> {
+        runkeep::batch::claim_one_by_one(max, || self.claim_next(scope, filter, options)).await
     }
 
     /// [`CheckpointStore::now`]: the inner store's clock (not the
@@ -465,6 +479,14 @@ pub trait Intercept: Send + Sync + std::fmt::Debug {
             .await;
         Ok(Handover { receipt, next })
     }
+
+    /// [`EvidenceStore::commit_steps`]: the contract's provided body over
+    /// **this wrapper's** [`commit_step`](Self::commit_step). Override with
+    /// `self.inner().commit_steps(..)` to keep the inner store's.
+    async fn commit_steps(&self, steps: &[StepCommit]) -> Result<Vec<Result<StepReceipt>>> {
+        runkeep::batch::commit_one_by_one(steps, |s| self.commit_step(&s.scope, s.fence, &s.step))
+            .await
+    }
 }
 
 /// An [`Intercept`] as a store: `Arc::new(Intercepted(wrapper))` is a
@@ -562,6 +584,15 @@ impl<I: Intercept> CheckpointStore for Intercepted<I> {
         options: &ClaimOptions,
     ) -> Result<Option<(RunScope, Lease)>> {
         self.0.claim_next(scope, filter, options).await
+    }
+    async fn claim_next_batch(
+        &self,
+        scope: &ListingScope,
+        filter: &ClaimNextFilter,
+        options: &ClaimOptions,
+        max: usize,
+    ) -> Result<Vec<(RunScope, Lease)>> {
+        self.0.claim_next_batch(scope, filter, options, max).await
     }
     fn now(&self) -> Timestamp {
         self.0.now()
@@ -749,6 +780,9 @@ impl<I: Intercept> EvidenceStore for Intercepted<I> {
         self.0
             .commit_step_and_claim_next(scope, fence, step, next)
             .await
+    }
+    async fn commit_steps(&self, steps: &[StepCommit]) -> Result<Vec<Result<StepReceipt>>> {
+        self.0.commit_steps(steps).await
     }
 }
 

@@ -72,6 +72,12 @@ enum Flaw {
     /// lock held between: the first reader waits (bounded) for a second
     /// reader, so concurrent updates start from the same old checkpoint.
     UpdatesWithoutALock,
+    /// `claim_next_batch` takes one run more than asked (and takes one
+    /// when asked for none).
+    OverfillsABatch,
+    /// `commit_steps` answers the first refused step as the whole call's
+    /// error: the caller cannot tell which steps committed.
+    FailsAGroupCommitTogether,
 }
 
 #[derive(Debug)]
@@ -369,6 +375,22 @@ impl Intercept for Broken {
         }
         self.inner.claim_next(scope, filter, options).await
     }
+    async fn claim_next_batch(
+        &self,
+        scope: &ListingScope,
+        filter: &ClaimNextFilter,
+        options: &ClaimOptions,
+        max: usize,
+    ) -> Result<Vec<(RunScope, Lease)>> {
+        let max = if self.flaw == Flaw::OverfillsABatch {
+            max + 1
+        } else {
+            max
+        };
+        self.inner
+            .claim_next_batch(scope, filter, options, max)
+            .await
+    }
     async fn finish(
         &self,
         s: &RunScope,
@@ -441,6 +463,18 @@ impl Intercept for Broken {
             let _ = self.inner.append_events(s, &step.events, None).await;
         }
         answer
+    }
+    async fn commit_steps(
+        &self,
+        steps: &[runkeep::StepCommit],
+    ) -> Result<Vec<Result<runkeep::StepReceipt>>> {
+        let outcomes = self.inner.commit_steps(steps).await?;
+        if self.flaw == Flaw::FailsAGroupCommitTogether {
+            if let Some(i) = outcomes.iter().position(Result::is_err) {
+                return Err(outcomes.into_iter().nth(i).unwrap().unwrap_err());
+            }
+        }
+        Ok(outcomes)
     }
     async fn append_events(
         &self,
@@ -564,6 +598,35 @@ async fn the_reference_model_fails_no_case_and_the_kit_is_not_trivial() {
     );
     let names: BTreeSet<_> = all_cases().iter().map(|c| c.name).collect();
     assert_eq!(names.len(), all_cases().len(), "duplicate case names");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_store_overfilling_a_batch_fails_the_batch_claim_cases() {
+    let failed = failures(
+        Broken::on(Flaw::OverfillsABatch),
+        runkeep_conformance::CONTRACT_VERSION,
+    )
+    .await;
+    assert_fails_exactly(
+        &failed,
+        &[
+            "claim_next_batch_takes_runs_in_claim_order_each_leased_alone",
+            "claim_next_batch_refuses_a_size_of_zero_or_above_the_limit",
+        ],
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_store_failing_a_group_commit_together_fails_the_stale_step_case() {
+    let failed = failures(
+        Broken::on(Flaw::FailsAGroupCommitTogether),
+        runkeep_conformance::CONTRACT_VERSION,
+    )
+    .await;
+    assert_fails_exactly(
+        &failed,
+        &["commit_steps_refuses_only_the_stale_step_and_commits_the_others"],
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -24,6 +24,7 @@
 
 pub mod acting;
 pub mod backoff;
+pub mod batch;
 pub mod checkpoint;
 pub mod error;
 pub mod evidence;
@@ -42,6 +43,7 @@ pub mod thread_writes;
 pub mod time;
 pub mod watch;
 
+pub use batch::StepCommit;
 pub use checkpoint::{Checkpoint, CheckpointHeader, OrderKey};
 pub use error::{Error, Result};
 pub use evidence::{

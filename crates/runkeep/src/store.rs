@@ -321,6 +321,34 @@ pub trait CheckpointStore: Send + Sync + std::fmt::Debug {
         options: &ClaimOptions,
     ) -> Result<Option<(RunScope, Lease)>>;
 
+    /// Takes up to `max` runs as [`claim_next`](Self::claim_next) would,
+    /// one after the other, for a worker's local queue: each run is leased
+    /// and fenced on its own, exactly as if claimed alone (its own fence,
+    /// its own expiry, its key counted with the runs taken before it in
+    /// the same batch).
+    ///
+    /// # Contract
+    /// - `max` from 1 to [`crate::batch::MAX_BATCH`], else `InvalidInput`
+    ///   and nothing is claimed.
+    /// - Answers the runs taken, in the order `claim_next` would have
+    ///   handed them out; fewer than `max` (or none) when no more is
+    ///   claimable. A run appears at most once.
+    /// - An error after some runs were taken answers those runs (they are
+    ///   held: work them or release them); an error before any was taken is
+    ///   the error.
+    ///
+    /// The provided body calls `claim_next` `max` times; a database store
+    /// claims the batch in one transaction.
+    async fn claim_next_batch(
+        &self,
+        scope: &ListingScope,
+        filter: &ClaimNextFilter,
+        options: &ClaimOptions,
+        max: usize,
+    ) -> Result<Vec<(RunScope, Lease)>> {
+        crate::batch::claim_one_by_one(max, || self.claim_next(scope, filter, options)).await
+    }
+
     /// The store's clock: what every judgement of time uses when a call
     /// passes no instant (`ClaimOptions::now`, `ListOptions::now` `None`).
     /// The memory and directory stores use the machine clock unless given
@@ -770,6 +798,33 @@ pub trait EvidenceStore: CheckpointStore {
             .claim_next(&next.scope, &next.filter, &next.options)
             .await;
         Ok(Handover { receipt, next })
+    }
+
+    /// Commits many runs' steps at once (a group commit), each judged as
+    /// [`commit_step`](Self::commit_step) judges it, under its own fence:
+    /// answers one outcome per step, in the order given.
+    ///
+    /// # Contract
+    /// - The batch is checked first ([`crate::batch::check_group`]: 1 to
+    ///   [`crate::batch::MAX_BATCH`] steps, one per run, each step valid):
+    ///   a refused batch is the call's `Err` and nothing is written.
+    /// - Each step is all or nothing, as alone. A step refused (a stale
+    ///   fence, a finished or cancelled run, another token's holding) is
+    ///   that step's `Err`; the others are judged and committed as if it
+    ///   were not in the batch.
+    /// - [`Error::Unavailable`] with `outcome_unknown` on a step: that step
+    ///   may have been committed (read its run back). A store that commits
+    ///   the batch in one transaction answers it for every step it could
+    ///   not confirm.
+    ///
+    /// The provided body commits the steps one after the other; a database
+    /// store commits them in one transaction (one durable commit for all).
+    async fn commit_steps(
+        &self,
+        steps: &[crate::batch::StepCommit],
+    ) -> Result<Vec<Result<StepReceipt>>> {
+        crate::batch::commit_one_by_one(steps, |s| self.commit_step(&s.scope, s.fence, &s.step))
+            .await
     }
 }
 

@@ -4,6 +4,7 @@
 
 mod actors;
 mod attempts;
+mod batches;
 mod checkpoints;
 mod claims;
 mod clock;
@@ -26,6 +27,7 @@ mod watch;
 
 pub use actors::*;
 pub use attempts::*;
+pub use batches::*;
 pub use checkpoints::*;
 pub use claims::*;
 pub use clock::*;
