@@ -57,8 +57,8 @@ use runkeep::{
     ClaimOutcome, Clock, EnqueueOptions, Error, EventBatch, EvidenceStore, Fence, Handover,
     Integrity, Lease, LeaseSummary, Lifecycle, ListOptions, ListingScope, MessageSnapshot,
     NewAuditEvent, NewEvent, NextClaim, Outcome, ParkResolution, PersistedEvent, ReadEventsOptions,
-    Result, RunPage, RunRecord, RunScope, Step, StepReceipt, SystemClock, TenantId, Timestamp,
-    Watch, WatchTopic,
+    Result, RunPage, RunRecord, RunScope, Step, StepCommit, StepReceipt, SystemClock, TenantId,
+    Timestamp, Watch, WatchTopic,
 };
 use serde::de::DeserializeOwned;
 use serde_json::Value;
@@ -549,20 +549,7 @@ impl HttpStore {
         wait: Duration,
     ) -> Result<Option<(RunScope, Lease)>> {
         let (options, _steered) = self.steer(options).await;
-        let claim = ClaimBody::of(&options)?;
-        let body = ClaimNextBody {
-            project: scope.project_id().map(ToString::to_string),
-            session: scope.session_id().map(ToString::to_string),
-            park: filter
-                .park
-                .as_ref()
-                .map(|v| v.iter().map(|p| (*p).into()).collect()),
-            order: filter.order.into(),
-            holder: claim.holder,
-            ttl_ms: claim.ttl_ms,
-            max_attempts: claim.max_attempts,
-            wait_ms: (!wait.is_zero()).then_some(wait.as_millis() as u64),
-        };
+        let body = claim_next_body(scope, filter, &options, wait)?;
         let token = self.token(scope.tenant_id())?.to_string();
         let answer: ClaimNextAnswer = self
             .send::<op::ClaimNext>(
@@ -1163,6 +1150,37 @@ impl CheckpointStore for HttpStore {
             .await
     }
 
+    /// One request (`POST …/claim-next-batch`): the server claims through
+    /// its store's own `claim_next_batch`.
+    async fn claim_next_batch(
+        &self,
+        scope: &ListingScope,
+        filter: &ClaimNextFilter,
+        options: &ClaimOptions,
+        max: usize,
+    ) -> Result<Vec<(RunScope, Lease)>> {
+        runkeep::batch::check_size("claim_next_batch", max)?;
+        let (options, _steered) = self.steer(options).await;
+        let body = ClaimNextBatchBody {
+            max: u32::try_from(max).expect("checked against MAX_BATCH"),
+            claim: claim_next_body(scope, filter, &options, Duration::ZERO)?,
+        };
+        let token = self.token(scope.tenant_id())?.to_string();
+        let answer: ClaimNextBatchAnswer = self
+            .send::<op::ClaimNextBatch>(&token, At::Tenant(scope.tenant_id()), &[], &body, None)
+            .await?;
+        answer
+            .claimed
+            .into_iter()
+            .map(|c| {
+                Ok((
+                    c.run.to_scope("run").map_err(problem_error)?,
+                    c.lease.to_lease().map_err(problem_error)?,
+                ))
+            })
+            .collect()
+    }
+
     fn now(&self) -> Timestamp {
         match &self.inner.options.clock {
             Some(c) => c.now(),
@@ -1676,4 +1694,84 @@ impl EvidenceStore for HttpStore {
         };
         Ok(Handover { receipt, next })
     }
+
+    /// One request (`POST {tenant}/steps`) when every step is in one
+    /// tenant: the server commits through its store's own `commit_steps`.
+    /// Steps in several tenants (a token serves one) take the provided
+    /// body's one request per step.
+    async fn commit_steps(&self, steps: &[StepCommit]) -> Result<Vec<Result<StepReceipt>>> {
+        runkeep::batch::check_group(steps)?;
+        let tenant = &steps[0].scope.tenant_id;
+        if steps.iter().any(|s| &s.scope.tenant_id != tenant) {
+            return runkeep::batch::commit_one_by_one(steps, |s| {
+                self.commit_step(&s.scope, s.fence, &s.step)
+            })
+            .await;
+        }
+        for s in steps {
+            s.step.validate(&s.scope)?;
+        }
+        let body = CommitStepsBody {
+            steps: steps
+                .iter()
+                .map(|s| StepCommitBody {
+                    run: (&s.scope).into(),
+                    fence: s.fence.get(),
+                    step: (&s.step).into(),
+                })
+                .collect(),
+        };
+        let token = self.token(tenant)?.to_string();
+        let answer: CommitStepsAnswer = self
+            .send::<op::CommitSteps>(&token, At::Tenant(tenant), &[], &body, None)
+            .await?;
+        if answer.outcomes.len() != steps.len() {
+            return Err(Error::corrupted(format!(
+                "the server answered {} outcomes to a group commit of {} steps",
+                answer.outcomes.len(),
+                steps.len()
+            )));
+        }
+        Ok(steps
+            .iter()
+            .zip(answer.outcomes)
+            .map(|(s, o)| match (o.receipt, o.problem) {
+                (Some(r), None) => {
+                    if let Some(last) = r.events.last() {
+                        self.note_seq(&s.scope, last.seq);
+                    }
+                    r.to_receipt().map_err(problem_error)
+                }
+                (None, Some(p)) => Err(p.into_error("commit_step")),
+                _ => Err(Error::corrupted(format!(
+                    "the server's group commit answered run {} with neither or both of a receipt and a problem",
+                    s.scope.run_id
+                ))),
+            })
+            .collect())
+    }
+}
+
+/// `claim-next`'s body for a claim under `scope` and `filter`, waiting up
+/// to `wait` (zero: not at all).
+fn claim_next_body(
+    scope: &ListingScope,
+    filter: &ClaimNextFilter,
+    options: &ClaimOptions,
+    wait: Duration,
+) -> Result<ClaimNextBody> {
+    let claim = ClaimBody::of(options)?;
+    Ok(ClaimNextBody {
+        project: scope.project_id().map(ToString::to_string),
+        session: scope.session_id().map(ToString::to_string),
+        park: filter
+            .park
+            .as_ref()
+            .map(|v| v.iter().map(|p| (*p).into()).collect()),
+        order: filter.order.into(),
+        holder: claim.holder,
+        ttl_ms: claim.ttl_ms,
+        max_attempts: claim.max_attempts,
+        wait_ms: (!wait.is_zero()).then_some(wait.as_millis() as u64),
+    })
 }

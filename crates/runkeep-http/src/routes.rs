@@ -322,6 +322,13 @@ operations! {
         POST tenant_path!("/claim-next"), Worker, LongPollIfWaiting,
         path: TenantPath, query: NoParams, body: ClaimNextBody, answer: ClaimNextAnswer,
     }
+    /// Takes up to `max` runs (1 to 256) as `claim-next` would, one after
+    /// the other, each under its own lease and fence, for a worker's local
+    /// queue; with `claim.waitMs`, waits until at least one is runnable.
+    ClaimNextBatch = "claim_next_batch" {
+        POST tenant_path!("/claim-next-batch"), Worker, LongPollIfWaiting,
+        path: TenantPath, query: NoParams, body: ClaimNextBatchBody, answer: ClaimNextBatchAnswer,
+    }
     /// Long-poll: answers when a run under the scope may have become
     /// runnable.
     WaitRunnable = "wait_runnable" {
@@ -429,6 +436,16 @@ operations! {
     CommitStepAndClaimNext = "commit_step_and_claim_next" {
         POST run_path!("/steps/hand-over"), Worker, Short,
         path: RunPath, query: ParentQuery, body: HandOverBody, answer: HandOverAnswer,
+    }
+    /// A group commit: up to 256 runs' steps (one per run, every run in
+    /// the path's tenant), each judged as `steps` judges it under its own
+    /// fence. One outcome per step, in the order sent: a refused step (a
+    /// stale fence, another token's holding) is refused alone and the
+    /// others commit. A batch that is bad as a whole (empty, a run twice,
+    /// an invalid step) is a problem answer and writes nothing.
+    CommitSteps = "commit_steps" {
+        POST tenant_path!("/steps"), Worker, Short,
+        path: TenantPath, query: NoParams, body: CommitStepsBody, answer: CommitStepsAnswer,
     }
     /// One page of the run's checkpoints in the total order: at most
     /// `limit` (default 100, at most 1000; 400 above it), after the

@@ -273,6 +273,19 @@ fn closed_schemas_are_exactly_the_bodies_that_refuse_unknown_members() {
         ("SnoozeBody", refuses_unknown::<wire::SnoozeBody>(unknown)),
         ("StepBody", refuses_unknown::<wire::StepBody>(unknown)),
         (
+            "ClaimNextBatchBody",
+            refuses_unknown::<wire::ClaimNextBatchBody>(unknown),
+        ),
+        (
+            "CommitStepsBody",
+            refuses_unknown::<wire::CommitStepsBody>(unknown),
+        ),
+        (
+            "StepCommitBody",
+            refuses_unknown::<wire::StepCommitBody>(unknown),
+        ),
+        ("RunAddress", refuses_unknown::<wire::RunAddress>(unknown)),
+        (
             "StepMessagesBody",
             refuses_unknown::<wire::StepMessagesBody>(unknown),
         ),
@@ -383,6 +396,7 @@ fn every_rule_of_the_document_is_computed_from_its_constant() {
             1,
             runkeep::scheduling::dedupe::MAX_WINDOW_MS as i128,
         ),
+        ("batch size", 1, runkeep::batch::MAX_BATCH as i128),
     ];
     let id = openapi::id_pattern();
     let max_id = runkeep::id::MAX_ID_LEN;

@@ -32,7 +32,8 @@
 //!   per token (32). A request holds its slot until its response head.
 //! - **waits**: long-polls and event tails — `GET …/events/wait`,
 //!   `GET …/runnable/wait`, `POST …/claim-next` whose body asks for a
-//!   `waitMs` above 0, and `GET …/events/stream`. At most
+//!   `waitMs` above 0 (`claim.waitMs` for `POST …/claim-next-batch`), and
+//!   `GET …/events/stream`. At most
 //!   [`crate::server::ServerConfig::wait_limit`] in all (2048),
 //!   [`crate::server::ServerConfig::tenant_wait_limit`] per tenant (512)
 //!   and [`crate::server::ServerConfig::token_wait_limit`] per token (256).
@@ -189,7 +190,8 @@ enum Kind {
     Wait,
     /// An event tail: a wait slot until its body ends.
     Tail,
-    /// `claim-next`: a wait when its body's `waitMs` is above 0.
+    /// `claim-next` and `claim-next-batch`: a wait when the body's
+    /// `waitMs` (`claim.waitMs`) is above 0.
     ClaimNext,
 }
 
@@ -436,11 +438,19 @@ impl Gate {
     }
 }
 
-/// The fields of a `claim-next` body admission looks at.
+/// The fields of a `claim-next` body admission looks at: its `waitMs`, or
+/// a `claim-next-batch` body's `claim.waitMs`.
 #[derive(serde::Deserialize)]
 struct ClaimNextPeek {
     #[serde(rename = "waitMs")]
     wait_ms: Option<u64>,
+    claim: Option<Box<ClaimNextPeek>>,
+}
+
+impl ClaimNextPeek {
+    fn waits(&self) -> bool {
+        self.wait_ms.is_some_and(|ms| ms > 0) || self.claim.as_ref().is_some_and(|c| c.waits())
+    }
 }
 
 /// Whether a `claim-next` asks to wait, and the request to pass on (its
@@ -462,8 +472,7 @@ async fn claim_next_waits(req: Request) -> (bool, Request) {
             // once: a short request.
             let waits = serde_json::from_slice::<ClaimNextPeek>(&bytes)
                 .ok()
-                .and_then(|p| p.wait_ms)
-                .is_some_and(|ms| ms > 0);
+                .is_some_and(|p| p.waits());
             (waits, Request::from_parts(parts, Body::from(bytes)))
         }
         Err(e) => {
@@ -747,9 +756,22 @@ mod tests {
             (format!("GET {tenant}/runnable/wait"), Kind::Wait),
             (format!("GET {run}/events/stream"), Kind::Tail),
             (format!("POST {tenant}/claim-next"), Kind::ClaimNext),
+            (format!("POST {tenant}/claim-next-batch"), Kind::ClaimNext),
         ];
         expected.sort_by(|a, b| a.0.cmp(&b.0));
         assert_eq!(kinds, expected);
+    }
+
+    #[test]
+    fn a_claim_waits_by_its_wait_ms_or_a_batchs_claim_wait_ms() {
+        let waits = |body: &str| serde_json::from_str::<ClaimNextPeek>(body).unwrap().waits();
+        assert!(waits(r#"{"holder":"w","ttlMs":1000,"waitMs":5}"#));
+        assert!(!waits(r#"{"holder":"w","ttlMs":1000,"waitMs":0}"#));
+        assert!(!waits(r#"{"holder":"w","ttlMs":1000}"#));
+        assert!(waits(
+            r#"{"max":8,"claim":{"holder":"w","ttlMs":1000,"waitMs":5}}"#
+        ));
+        assert!(!waits(r#"{"max":8,"claim":{"holder":"w","ttlMs":1000}}"#));
     }
 
     fn who(tenant: &str, token: &str) -> Who {

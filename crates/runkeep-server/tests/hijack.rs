@@ -31,7 +31,7 @@ use runkeep::{
     Checkpoint, CheckpointId, CheckpointStore, ClaimNextFilter, ClaimOptions, ClaimOutcome,
     EnqueueOptions, Error, EvidenceStore, Fence, Handover, Holder, Lifecycle, NewEvent, NextClaim,
     Outcome, ParkResolution, PersistedEvent, Result, RunScope, RunStatus, RunStore, Step,
-    StepReceipt, Timestamp, Ttl,
+    StepCommit, StepReceipt, Timestamp, Ttl,
 };
 use runkeep_conformance::intercept::{Intercept, Intercepted};
 use runkeep_conformance::{hijack, support};
@@ -76,6 +76,7 @@ enum Act {
     AppendEvents,
     CommitStep,
     HandOver,
+    GroupCommit,
     WriteCheckpoint,
     ResolvePark,
     Prune,
@@ -83,13 +84,14 @@ enum Act {
     FailAttempt,
 }
 
-const ACTS: [Act; 11] = [
+const ACTS: [Act; 12] = [
     Act::Finish,
     Act::Snooze,
     Act::Release,
     Act::AppendEvents,
     Act::CommitStep,
     Act::HandOver,
+    Act::GroupCommit,
     Act::WriteCheckpoint,
     Act::ResolvePark,
     Act::Prune,
@@ -179,6 +181,10 @@ impl Intercept for Gate {
             .commit_step_and_claim_next(s, f, step, next)
             .await
     }
+    async fn commit_steps(&self, steps: &[StepCommit]) -> Result<Vec<Result<StepReceipt>>> {
+        self.door(Act::GroupCommit).await;
+        self.inner.commit_steps(steps).await
+    }
     async fn write_checkpoint(
         &self,
         s: &RunScope,
@@ -262,6 +268,15 @@ async fn attack(
                 .await
                 .map(drop)
         }
+        Act::GroupCommit => store
+            .commit_steps(&[StepCommit {
+                scope: r.clone(),
+                fence: f,
+                step: attack_step(),
+            }])
+            .await
+            .and_then(|mut outcomes| outcomes.remove(0))
+            .map(drop),
         Act::WriteCheckpoint => store
             .write_checkpoint(r, &support::checkpoint("attack", 50), Some(f))
             .await

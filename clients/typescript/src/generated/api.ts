@@ -44,6 +44,26 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/v1/tenants/{tenant}/claim-next-batch": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /**
+         * Takes up to `max` runs (1 to 256) as `claim-next` would, one after the other, each under its own lease and fence, for a worker's local queue; with `claim.waitMs`, waits until at least one is runnable.
+         * @description Needs a `worker` token.
+         */
+        post: operations["claim_next_batch"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/v1/tenants/{tenant}/projects/{project}/sessions/{session}/key-holdings": {
         parameters: {
             query?: never;
@@ -884,6 +904,26 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/v1/tenants/{tenant}/steps": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /**
+         * A group commit: up to 256 runs' steps (one per run, every run in the path's tenant), each judged as `steps` judges it under its own fence. One outcome per step, in the order sent: a refused step (a stale fence, another token's holding) is refused alone and the others commit. A batch that is bad as a whole (empty, a run twice, an invalid step) is a problem answer and writes nothing.
+         * @description Needs a `worker` token.
+         */
+        post: operations["commit_steps"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/v1/tenants/{tenant}/thread-checkpoints": {
         parameters: {
             query?: never;
@@ -1106,6 +1146,24 @@ export interface components {
         ClaimNextAnswer: {
             claimed?: null | components["schemas"]["Claimed"];
         };
+        /** @description The answer of `claim-next-batch`. */
+        ClaimNextBatchAnswer: {
+            /** @description The runs taken, in the order `claim-next` would have handed them
+             *     out, each under its own lease; empty when none was runnable (within
+             *     the wait). */
+            claimed: components["schemas"]["Claimed"][];
+        };
+        /** @description `claim-next-batch`: `claim-next`'s body (its wait included: the call
+         *     waits until at least one run is runnable) and the batch size. */
+        ClaimNextBatchBody: {
+            /** @description What to claim, as `claim-next`'s body. */
+            claim: components["schemas"]["ClaimNextBody"];
+            /**
+             * Format: int32
+             * @description The most runs to take, 1 to 256.
+             */
+            max: number;
+        };
         /** @description `claim_next`: scope narrowing, filter, claim options, optional wait. */
         ClaimNextBody: {
             /** @description The claiming worker (unique per process); the same holder renews.
@@ -1166,6 +1224,16 @@ export interface components {
             fence: number;
             /** @description The step. */
             step: components["schemas"]["StepBody"];
+        };
+        /** @description The answer of a group commit: one outcome per step, in the order sent. */
+        CommitStepsAnswer: {
+            /** @description The outcomes. */
+            outcomes: components["schemas"]["StepOutcomeBody"][];
+        };
+        /** @description A group commit: many runs' steps, each judged under its own fence. */
+        CommitStepsBody: {
+            /** @description 1 to 256 steps, at most one per run. */
+            steps: components["schemas"]["StepCommitBody"][];
         };
         /** @description A run's concurrency key and its limit: at most `limit` runs of the key
          *     (within the run's session) held at once. */
@@ -2154,6 +2222,18 @@ export interface components {
         } | {
             finish: unknown;
         };
+        /** @description One run's step in a group commit. */
+        StepCommitBody: {
+            /**
+             * Format: int64
+             * @description The holding of that run; checked by the store with its step.
+             */
+            fence: number;
+            /** @description The run (in the path's tenant). */
+            run: components["schemas"]["RunAddress"];
+            /** @description The step. */
+            step: components["schemas"]["StepBody"];
+        };
         /** @description A message update inside a step. */
         StepMessagesBody: {
             /** @description The conversation as of this step. */
@@ -2163,6 +2243,12 @@ export interface components {
              * @description The last event it accounts for; absent: the step's last event.
              */
             throughEventSeq?: number | null;
+        };
+        /** @description One step's outcome in a group commit: its receipt, or the problem it
+         *     was refused with (as `steps` would have answered it alone). */
+        StepOutcomeBody: {
+            problem?: null | components["schemas"]["Problem"];
+            receipt?: null | components["schemas"]["StepReceiptBody"];
         };
         /** @description What a committed step wrote. */
         StepReceiptBody: {
@@ -2457,6 +2543,150 @@ export interface operations {
                 };
                 content: {
                     "application/json": components["schemas"]["ClaimNextAnswer"];
+                };
+            };
+            /** @description A problem detail: `urn:runkeep:problem:invalid-input`, `urn:runkeep:problem:malformed-body`. */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description A problem detail: `urn:runkeep:problem:unauthorized`. */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description A problem detail: `urn:runkeep:problem:forbidden`. */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description A problem detail: `urn:runkeep:problem:not-found`. */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description A problem detail: `urn:runkeep:problem:timeout`. */
+            408: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description A problem detail: `urn:runkeep:problem:fenced-out`, `urn:runkeep:problem:conflict`. */
+            409: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description A problem detail: `urn:runkeep:problem:payload-too-large`. */
+            413: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description A problem detail: `urn:runkeep:problem:invalid-input`. The request target (path and query) is longer than the server accepts. */
+            414: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description A problem detail: `urn:runkeep:problem:unsupported-media-type`. */
+            415: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description A problem detail: `urn:runkeep:problem:unsupported`. */
+            422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description A problem detail: `urn:runkeep:problem:invalid-input`. The request head (request line and header fields) is larger than the server accepts. */
+            431: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description A problem detail: `urn:runkeep:problem:corrupted`, `urn:runkeep:problem:backend`. */
+            500: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description A problem detail: `urn:runkeep:problem:unavailable`, `urn:runkeep:problem:contended`, `urn:runkeep:problem:overloaded`. */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+        };
+    };
+    claim_next_batch: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description The tenant id: 1 to 128 characters of [A-Za-z0-9_-], starting with a letter or digit. */
+                tenant: string;
+            };
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/json": components["schemas"]["ClaimNextBatchBody"];
+            };
+        };
+        responses: {
+            /** @description The answer. */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ClaimNextBatchAnswer"];
                 };
             };
             /** @description A problem detail: `urn:runkeep:problem:invalid-input`, `urn:runkeep:problem:malformed-body`. */
@@ -9036,6 +9266,150 @@ export interface operations {
             };
             /** @description A problem detail: `urn:runkeep:problem:invalid-input`. The request target (path and query) is longer than the server accepts. */
             414: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description A problem detail: `urn:runkeep:problem:unsupported`. */
+            422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description A problem detail: `urn:runkeep:problem:invalid-input`. The request head (request line and header fields) is larger than the server accepts. */
+            431: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description A problem detail: `urn:runkeep:problem:corrupted`, `urn:runkeep:problem:backend`. */
+            500: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description A problem detail: `urn:runkeep:problem:unavailable`, `urn:runkeep:problem:contended`, `urn:runkeep:problem:overloaded`. */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+        };
+    };
+    commit_steps: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description The tenant id: 1 to 128 characters of [A-Za-z0-9_-], starting with a letter or digit. */
+                tenant: string;
+            };
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/json": components["schemas"]["CommitStepsBody"];
+            };
+        };
+        responses: {
+            /** @description The answer. */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["CommitStepsAnswer"];
+                };
+            };
+            /** @description A problem detail: `urn:runkeep:problem:invalid-input`, `urn:runkeep:problem:malformed-body`. */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description A problem detail: `urn:runkeep:problem:unauthorized`. */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description A problem detail: `urn:runkeep:problem:forbidden`. */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description A problem detail: `urn:runkeep:problem:not-found`. */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description A problem detail: `urn:runkeep:problem:timeout`. */
+            408: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description A problem detail: `urn:runkeep:problem:fenced-out`, `urn:runkeep:problem:conflict`. */
+            409: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description A problem detail: `urn:runkeep:problem:payload-too-large`. */
+            413: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description A problem detail: `urn:runkeep:problem:invalid-input`. The request target (path and query) is longer than the server accepts. */
+            414: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description A problem detail: `urn:runkeep:problem:unsupported-media-type`. */
+            415: {
                 headers: {
                     [name: string]: unknown;
                 };

@@ -172,7 +172,7 @@ pub async fn commit_steps_refuses_only_the_stale_step_and_commits_the_others(
         .map(|(s, l)| StepCommit {
             scope: s.clone(),
             fence: l.fence,
-            step: one_event(&s.run_id.to_string()),
+            step: one_event(s.run_id.as_ref()),
         })
         .collect();
     let outcomes = store.commit_steps(&steps).await.expect("commit_steps");

@@ -297,6 +297,27 @@ impl ClaimNextBody {
     }
 }
 
+/// `claim-next-batch`: `claim-next`'s body (its wait included: the call
+/// waits until at least one run is runnable) and the batch size.
+#[derive(Clone, PartialEq, Eq, Debug, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct ClaimNextBatchBody {
+    /// The most runs to take, 1 to 256.
+    #[schema(minimum = 1, maximum = 256)]
+    pub max: u32,
+    /// What to claim, as `claim-next`'s body.
+    pub claim: ClaimNextBody,
+}
+
+/// The answer of `claim-next-batch`.
+#[derive(Clone, PartialEq, Eq, Debug, Serialize, Deserialize, ToSchema)]
+pub struct ClaimNextBatchAnswer {
+    /// The runs taken, in the order `claim-next` would have handed them
+    /// out, each under its own lease; empty when none was runnable (within
+    /// the wait).
+    pub claimed: Vec<Claimed>,
+}
+
 /// A run taken by `claim_next`.
 #[derive(Clone, PartialEq, Eq, Debug, Serialize, Deserialize, ToSchema)]
 pub struct Claimed {

@@ -4,7 +4,7 @@ use super::*;
 
 /// The address of one run.
 #[derive(Clone, PartialEq, Eq, Debug, Serialize, Deserialize, ToSchema)]
-#[serde(rename_all = "camelCase")]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct RunAddress {
     /// Tenant.
     #[schema(

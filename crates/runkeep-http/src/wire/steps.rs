@@ -259,6 +259,79 @@ impl NextClaimBody {
     }
 }
 
+/// One run's step in a group commit.
+#[derive(Clone, PartialEq, Debug, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct StepCommitBody {
+    /// The run (in the path's tenant).
+    pub run: RunAddress,
+    /// The holding of that run; checked by the store with its step.
+    #[schema(minimum = 1, maximum = 999_999_999_999_999_i64)]
+    pub fence: u64,
+    /// The step.
+    pub step: StepBody,
+}
+
+/// A group commit: many runs' steps, each judged under its own fence.
+#[derive(Clone, PartialEq, Debug, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct CommitStepsBody {
+    /// 1 to 256 steps, at most one per run.
+    #[schema(min_items = 1, max_items = 256)]
+    pub steps: Vec<StepCommitBody>,
+}
+
+impl CommitStepsBody {
+    /// The core's batch; every run must be in `tenant` (the path's).
+    pub fn into_commits(self, tenant: &TenantId) -> Result<Vec<runkeep::StepCommit>, Problem> {
+        self.steps
+            .into_iter()
+            .enumerate()
+            .map(|(i, s)| {
+                let field = format!("steps[{i}]");
+                let scope = s.run.to_scope(&format!("{field}.run"))?;
+                if &scope.tenant_id != tenant {
+                    return Err(Problem::invalid(
+                        format!("{field}.run.tenantId"),
+                        format!(
+                            "run {} is in tenant {}, not the path's {tenant}: a group commit stays in one tenant",
+                            scope.run_id, scope.tenant_id
+                        ),
+                    ));
+                }
+                Ok(runkeep::StepCommit {
+                    scope,
+                    fence: fence(&format!("{field}.fence"), s.fence)?,
+                    step: s.step.into_step().map_err(|p| match p.field.clone() {
+                        Some(f) => p.with_field(format!("{field}.step.{f}")),
+                        None => p,
+                    })?,
+                })
+            })
+            .collect()
+    }
+}
+
+/// One step's outcome in a group commit: its receipt, or the problem it
+/// was refused with (as `steps` would have answered it alone).
+#[derive(Clone, PartialEq, Debug, Serialize, Deserialize, ToSchema)]
+pub struct StepOutcomeBody {
+    /// The committed step.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub receipt: Option<StepReceiptBody>,
+    /// Why the step was refused; nothing of it was written (with
+    /// `outcomeUnknown`, read the run back).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub problem: Option<Problem>,
+}
+
+/// The answer of a group commit: one outcome per step, in the order sent.
+#[derive(Clone, PartialEq, Debug, Serialize, Deserialize, ToSchema)]
+pub struct CommitStepsAnswer {
+    /// The outcomes.
+    pub outcomes: Vec<StepOutcomeBody>,
+}
+
 /// A worker's hand-over: the step on this run under `fence`, then the next
 /// run as `claim-next` would take it.
 #[derive(Clone, PartialEq, Debug, Serialize, Deserialize, ToSchema)]

@@ -8,7 +8,7 @@ use axum::{Extension, Json};
 
 use super::answers::{AnswerBudget, ChargedBytes};
 use super::claims::{at, checked};
-use super::extract::{CheckpointParam, JsonBody, RunAddr, Q};
+use super::extract::{CheckpointParam, JsonBody, RunAddr, TenantParam, Q};
 use super::ownership;
 use super::runs::ApiResult;
 use crate::auth::Principal;
@@ -299,6 +299,33 @@ pub(super) async fn commit_step(
     state.metrics.observe_step(started.elapsed());
     let receipt = checked(&state, r)?;
     Ok(Json((&receipt).into()))
+}
+
+/// The group commit: each step judged by the store under its own fence
+/// (and for this token, as every worker write), one outcome per step.
+pub(super) async fn commit_steps(
+    State(state): State<AppState>,
+    TenantParam(tenant): TenantParam,
+    JsonBody(body): JsonBody<wire::CommitStepsBody>,
+) -> ApiResult<wire::CommitStepsAnswer> {
+    let commits = body.into_commits(&tenant)?;
+    let started = Instant::now();
+    let outcomes = state.store.commit_steps(&commits).await?;
+    state.metrics.observe_step(started.elapsed());
+    let outcomes = outcomes
+        .into_iter()
+        .map(|r| match checked(&state, r) {
+            Ok(receipt) => wire::StepOutcomeBody {
+                receipt: Some((&receipt).into()),
+                problem: None,
+            },
+            Err(problem) => wire::StepOutcomeBody {
+                receipt: None,
+                problem: Some(problem),
+            },
+        })
+        .collect();
+    Ok(Json(wire::CommitStepsAnswer { outcomes }))
 }
 
 /// The hand-over: the step on this run, then the next run, through the

@@ -107,6 +107,39 @@ pub(super) async fn claim_next(
     TenantParam(tenant): TenantParam,
     JsonBody(body): JsonBody<wire::ClaimNextBody>,
 ) -> ApiResult<ClaimNextAnswer> {
+    let claimed = claim_waiting(&state, &principal, tenant, &body, None).await?;
+    Ok(Json(ClaimNextAnswer {
+        claimed: claimed.into_iter().next(),
+    }))
+}
+
+pub(super) async fn claim_next_batch(
+    State(state): State<AppState>,
+    Extension(principal): Extension<Principal>,
+    TenantParam(tenant): TenantParam,
+    JsonBody(body): JsonBody<wire::ClaimNextBatchBody>,
+) -> ApiResult<wire::ClaimNextBatchAnswer> {
+    let max = usize::try_from(body.max).unwrap_or(usize::MAX);
+    runkeep::batch::check_size("claim-next-batch", max)
+        .map_err(|e| Problem::from(e).with_field("max"))?;
+    let claimed = claim_waiting(&state, &principal, tenant, &body.claim, Some(max))
+        .await
+        .map_err(|p| match p.field.clone() {
+            Some(f) => p.with_field(format!("claim.{f}")),
+            None => p,
+        })?;
+    Ok(Json(wire::ClaimNextBatchAnswer { claimed }))
+}
+
+/// `claim-next`'s claim (`max` `None`: one run) or a batch of up to `max`,
+/// waiting up to the body's `waitMs` until at least one run is taken.
+async fn claim_waiting(
+    state: &AppState,
+    principal: &Principal,
+    tenant: runkeep::TenantId,
+    body: &wire::ClaimNextBody,
+    max: Option<usize>,
+) -> Result<Vec<Claimed>, Problem> {
     let scope = listing_scope(tenant, body.project.as_deref(), body.session.as_deref())?;
     let filter = ClaimNextFilter {
         park: body
@@ -130,19 +163,35 @@ pub(super) async fn claim_next(
     loop {
         // Subscribe before looking, so a run made runnable in between wakes us.
         let mut watch = state.store.watch(&WatchTopic::Runnable(scope.clone()));
-        let got = state.store.claim_next(&scope, &filter, &options).await?;
-        if let Some((run, lease)) = got {
-            state.metrics.record_claim("acquired");
-            return Ok(Json(ClaimNextAnswer {
-                claimed: Some(Claimed {
-                    run: (&run).into(),
-                    lease: (&lease).into(),
-                }),
-            }));
+        let got = match max {
+            None => state
+                .store
+                .claim_next(&scope, &filter, &options)
+                .await?
+                .into_iter()
+                .collect(),
+            Some(max) => {
+                state
+                    .store
+                    .claim_next_batch(&scope, &filter, &options, max)
+                    .await?
+            }
+        };
+        if !got.is_empty() {
+            for _ in &got {
+                state.metrics.record_claim("acquired");
+            }
+            return Ok(got
+                .iter()
+                .map(|(run, lease)| Claimed {
+                    run: run.into(),
+                    lease: lease.into(),
+                })
+                .collect());
         }
         if tokio::time::Instant::now() >= deadline {
             state.metrics.record_claim("empty");
-            return Ok(Json(ClaimNextAnswer { claimed: None }));
+            return Ok(Vec::new());
         }
         // Only the wait is cut short by a revocation, never a claim.
         tokio::select! {
