@@ -32,6 +32,10 @@ import type {
   SetPriorityBody,
   HandOverAnswer,
   HandOverBody,
+  ClaimNextBatchAnswer,
+  ClaimNextBatchBody,
+  CommitStepsAnswer,
+  CommitStepsBody,
   NextClaimBody,
   FinishBody,
   MaybeCheckpoint,
@@ -169,6 +173,7 @@ export const OPERATIONS = {
   whoami: ["GET", "/v1/whoami", "whoami"],
   list_runs: ["GET", "/v1/tenants/{tenant}/runs", "listRuns"],
   claim_next: ["POST", "/v1/tenants/{tenant}/claim-next", "claimNext"],
+  claim_next_batch: ["POST", "/v1/tenants/{tenant}/claim-next-batch", "claimNextBatch"],
   wait_runnable: ["GET", "/v1/tenants/{tenant}/runnable/wait", "waitRunnable"],
   run_summary: ["GET", "{run}", "summary"],
   claim: ["POST", "{run}/claim", "claim"],
@@ -185,6 +190,7 @@ export const OPERATIONS = {
   lifecycle: ["GET", "{run}/lifecycle", "lifecycle"],
   commit_step: ["POST", "{run}/steps", "commitStep"],
   commit_step_and_claim_next: ["POST", "{run}/steps/hand-over", "commitStepAndClaimNext"],
+  commit_steps: ["POST", "/v1/tenants/{tenant}/steps", "commitSteps"],
   list_checkpoints: ["GET", "{run}/checkpoints", "listCheckpoints"],
   write_checkpoint: ["POST", "{run}/checkpoints", "writeCheckpoint"],
   latest_checkpoint: ["GET", "{run}/checkpoints/latest", "latestCheckpoint"],
@@ -532,6 +538,22 @@ export class RunkeepClient {
     return this.call("claim_next", (await this.path("claim_next", options)).path, { body, signal: options.signal });
   }
 
+  /**
+   * Takes up to `max` runs (1 to 256) in one request
+   * (`POST …/claim-next-batch`), in the order {@link claimNext} would hand
+   * them out, each under its own lease and fence: a worker's local queue.
+   * With `claim.waitMs`, waits until at least one is runnable. Resolves to
+   * the runs taken (empty: none).
+   */
+  async claimNextBatch(max: number, claim: ClaimNextBody, options: CallOptions = {}): Promise<Claimed[]> {
+    const body: ClaimNextBatchBody = { max, claim };
+    const a = await this.call<ClaimNextBatchAnswer>("claim_next_batch", (await this.path("claim_next_batch", options)).path, {
+      body,
+      signal: options.signal,
+    });
+    return a.claimed;
+  }
+
   /** Waits until a run may have become runnable (`GET …/runnable/wait`). */
   async waitRunnable(
     query: { project?: string; session?: string; timeoutMs?: number } = {},
@@ -715,6 +737,39 @@ export class RunkeepClient {
       next: a.next ?? null,
       nextError: a.nextError != null ? problemError(a.nextError) : null,
     };
+  }
+
+  /**
+   * A group commit in one request (`POST /v1/tenants/{tenant}/steps`): up
+   * to 256 runs' steps, one per run, every run in one tenant, each judged
+   * as {@link commitStep} judges it under its own fence. Resolves to one
+   * outcome per step, in the order given: `{ receipt }` when it committed,
+   * `{ error }` (the typed error, e.g. `FencedOut`) when it was refused —
+   * one refused step leaves the others committed. A batch bad as a whole
+   * (empty, a run twice, an invalid step) rejects and writes nothing.
+   */
+  async commitSteps(
+    steps: ReadonlyArray<{ run: RunRef; fence: number; step: StepBody }>,
+    options: CallOptions = {},
+  ): Promise<Array<{ receipt: StepReceiptBody; error?: undefined } | { receipt?: undefined; error: RunkeepError }>> {
+    const tenant = steps[0]?.run.tenantId ?? (await this.defaultTenant(options));
+    const body: CommitStepsBody = {
+      steps: steps.map(({ run, fence, step }) => ({
+        run: {
+          tenantId: run.tenantId ?? tenant,
+          projectId: run.projectId,
+          sessionId: run.sessionId,
+          runId: run.runId,
+          ...(run.parentRunId !== undefined ? { parentRunId: run.parentRunId } : {}),
+        },
+        fence,
+        step,
+      })),
+    };
+    // The path names the tenant only (the first run's, or the client's).
+    const path = (await this.path("commit_steps", options, { run: steps[0] && { ...steps[0].run, tenantId: tenant } })).path;
+    const a = await this.call<CommitStepsAnswer>("commit_steps", path, { body, signal: options.signal });
+    return a.outcomes.map((o) => (o.problem != null ? { error: problemError(o.problem) } : { receipt: o.receipt! }));
   }
 
   /**

@@ -146,6 +146,12 @@ export type Claimed = Wire<S["Claimed"]>;
 /** The answer of `claim_next`. */
 export type ClaimNextAnswer = Wire<S["ClaimNextAnswer"]>;
 
+/** `claim-next-batch`: the batch size and `claim-next`'s body. */
+export type ClaimNextBatchBody = Wire<S["ClaimNextBatchBody"]>;
+
+/** The answer of `claim-next-batch`. */
+export type ClaimNextBatchAnswer = Wire<S["ClaimNextBatchAnswer"]>;
+
 /** Whether a release, snooze or write took effect. */
 export type Done = Wire<S["Done"]>;
 
@@ -289,6 +295,15 @@ export type CommitStepBody = Wire<S["CommitStepBody"]>;
 
 /** `POST …/steps/hand-over`. */
 export type HandOverBody = Wire<S["HandOverBody"]>;
+
+/** `POST /v1/tenants/{tenant}/steps`: a group commit. */
+export type CommitStepsBody = Wire<S["CommitStepsBody"]>;
+
+/** One run's step in a group commit. */
+export type StepCommitBody = Wire<S["StepCommitBody"]>;
+
+/** The answer of a group commit: one outcome per step. */
+export type CommitStepsAnswer = Wire<S["CommitStepsAnswer"]>;
 
 /** A checkpoint read (`null` when there is none). */
 export type MaybeCheckpoint = Wire<S["MaybeCheckpoint"]>;
