@@ -1,7 +1,7 @@
 """runkeep's Python client: the HTTP API (sync and async), typed errors,
 the resuming event tail and the lease-keeping worker helper."""
 
-from .client import AsyncRunkeepClient, ClaimAnswer, Claimed, Enqueued, FailedAttempt, HandOver, Lease, Lifecycle, RetryPolicy, RunkeepClient, RunRef, cut_text
+from .client import AsyncRunkeepClient, ClaimAnswer, Claimed, Enqueued, FailedAttempt, HandOver, Lease, Lifecycle, RetryPolicy, RunkeepClient, RunRef, StepOutcome, cut_text
 from .errors import (
     Backend,
     Cancelled,
@@ -62,6 +62,7 @@ __all__ = [
     "RunkeepClient",
     "RunkeepError",
     "SseParser",
+    "StepOutcome",
     "Timeout",
     "Unauthorized",
     "Unavailable",

@@ -132,6 +132,23 @@ class Claimed:
 
 
 @dataclass(frozen=True)
+class StepOutcome:
+    """One step's outcome in a group commit (:meth:`commit_steps`): its
+    ``receipt`` (as ``commit_step`` answers it) when it committed, else the
+    typed ``error`` it was refused with (nothing of it was written)."""
+
+    receipt: dict[str, Any] | None = None
+    error: RunkeepError | None = None
+
+    @staticmethod
+    def of(body: Mapping[str, Any], *, method: str | None = None, path: str | None = None) -> "StepOutcome":
+        problem = body.get("problem")
+        if problem:
+            return StepOutcome(error=problem_error(problem, method=method, path=path))
+        return StepOutcome(receipt=body["receipt"])
+
+
+@dataclass(frozen=True)
 class HandOver:
     """What :meth:`commit_step_and_claim_next` did: the step committed
     (``receipt``, as ``commit_step`` answers it) and the run taken next.
@@ -326,6 +343,7 @@ OPERATIONS: dict[str, tuple[str, str]] = {
     "whoami": ("GET", "/v1/whoami"),
     "list_runs": ("GET", "/v1/tenants/{tenant}/runs"),
     "claim_next": ("POST", "/v1/tenants/{tenant}/claim-next"),
+    "claim_next_batch": ("POST", "/v1/tenants/{tenant}/claim-next-batch"),
     "run_summary": ("GET", "{run}"),
     "claim": ("POST", "{run}/claim"),
     "release": ("POST", "{run}/release"),
@@ -341,6 +359,7 @@ OPERATIONS: dict[str, tuple[str, str]] = {
     "lifecycle": ("GET", "{run}/lifecycle"),
     "commit_step": ("POST", "{run}/steps"),
     "commit_step_and_claim_next": ("POST", "{run}/steps/hand-over"),
+    "commit_steps": ("POST", "/v1/tenants/{tenant}/steps"),
     "write_checkpoint": ("POST", "{run}/checkpoints"),
     "list_checkpoints": ("GET", "{run}/checkpoints"),
     "read_checkpoint": ("GET", "{run}/checkpoints/by-id/{checkpoint}"),
@@ -563,6 +582,43 @@ class _Api:
         return self._request("claim_next", body=body, parse=parse, timeout=timeout)
 
     @_operation
+    def claim_next_batch(
+        self,
+        max: int,
+        *,
+        holder: str,
+        ttl_ms: int,
+        project: str | None = None,
+        session: str | None = None,
+        park: list[str] | None = None,
+        order: str | None = None,
+        wait_ms: int | None = None,
+        max_attempts: int | None = None,
+    ) -> _Request[list[Claimed]]:
+        """Takes up to ``max`` runs (1 to 256) in one request, in the order
+        :meth:`claim_next` would hand them out, each under its own lease and
+        fence (a worker's local queue); with ``wait_ms``, waits until at
+        least one is runnable. Answers the runs taken (empty: none)."""
+        claim = _drop_none(
+            {
+                "holder": holder,
+                "ttlMs": ttl_ms,
+                "project": project,
+                "session": session,
+                "park": park,
+                "order": order,
+                "waitMs": wait_ms,
+                "maxAttempts": max_attempts,
+            }
+        )
+
+        def parse(b: Any) -> list[Claimed]:
+            return [c for c in (Claimed.of(x) for x in b["claimed"]) if c is not None]
+
+        timeout = None if not wait_ms else wait_ms / 1000 + 30
+        return self._request("claim_next_batch", body={"max": max, "claim": claim}, parse=parse, timeout=timeout)
+
+    @_operation
     def release(self, run: RunRef, fence: int | None = None) -> _Request[bool]:
         return self._request("release", run, body=_drop_none({"fence": fence}), parse=lambda b: bool(b["done"]))
 
@@ -745,6 +801,32 @@ class _Api:
     def commit_step(self, run: RunRef, fence: int, step: Mapping[str, Any]) -> _Request[dict[str, Any]]:
         """One step (events, checkpoint, messages, record, finish) under one fence check."""
         return self._request("commit_step", run, body={"fence": fence, "step": dict(step)})
+
+    @_operation
+    def commit_steps(self, steps: Sequence[tuple[RunRef, int, Mapping[str, Any]]]) -> _Request[list[StepOutcome]]:
+        """A group commit in one request (``POST /v1/tenants/{tenant}/steps``):
+        ``(run, fence, step)`` for up to 256 runs, one step per run, each
+        judged as :meth:`commit_step` judges it under its own fence. Answers
+        one :class:`StepOutcome` per step, in the order given: one refused
+        step (``FencedOut``, ``Forbidden``) leaves the others committed. A
+        batch bad as a whole (empty, a run twice, an invalid step) raises
+        ``InvalidInput`` and writes nothing."""
+
+        def address(run: RunRef) -> dict[str, Any]:
+            return _drop_none(
+                {
+                    "tenantId": self.tenant,
+                    "projectId": run.project,
+                    "sessionId": run.session,
+                    "runId": run.run,
+                    "parentRunId": run.parent,
+                }
+            )
+
+        body = {"steps": [{"run": address(run), "fence": fence, "step": dict(step)} for run, fence, step in steps]}
+        method, _ = _template("commit_steps")
+        path = self._path("commit_steps")
+        return self._request("commit_steps", body=body, parse=lambda b: [StepOutcome.of(o, method=method, path=path) for o in b["outcomes"]])
 
     @_operation
     def commit_step_and_claim_next(
