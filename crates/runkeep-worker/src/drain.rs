@@ -174,6 +174,14 @@ pub struct WorkerOptions {
     /// another worker claims it again) rather than keep it held and
     /// unstepped for as long as the step takes. Default 5 s; at least 1 ms.
     pub handover_wait: Duration,
+    /// Claim up to this many runs in one store call when several slots are
+    /// free ([`CheckpointStore::claim_next_batch`](runkeep::CheckpointStore::claim_next_batch)):
+    /// the drain takes as many free slots as it finds, up to this, and
+    /// asks for that many runs, each started at once in its own slot (no
+    /// run waits claimed in a local queue, so no lease runs down unworked).
+    /// Default 1: one `claim_next` a slot. At most
+    /// [`runkeep::batch::MAX_BATCH`].
+    pub claim_batch: usize,
 }
 
 impl WorkerOptions {
@@ -192,6 +200,7 @@ impl WorkerOptions {
             max_attempts: None,
             handover: true,
             handover_wait: Duration::from_secs(5),
+            claim_batch: 1,
         }
     }
 
@@ -223,6 +232,7 @@ impl WorkerOptions {
                 "worker concurrency is 0; it must be at least 1 (runs held and stepped at once)",
             ));
         }
+        runkeep::batch::check_size("worker claim_batch", self.claim_batch)?;
         if let Some(p) = &self.filter.park {
             if p.is_empty() {
                 return Err(Error::invalid(
@@ -585,44 +595,67 @@ impl Worker {
                     Err(_) => break 'drain DrainStop::Shutdown,
                 },
             };
+            // More free slots, up to the batch: one claim call for all.
+            let mut free = vec![slot];
+            while free.len() < opts.claim_batch {
+                match slots.clone().try_acquire_owned() {
+                    Ok(more) => free.push(more),
+                    Err(_) => break,
+                }
+            }
             let sent_at = Instant::now();
             let claim = crate::keeper::claim_options(
                 opts.holder.clone(),
                 opts.ttl,
                 opts.keeper.clock.as_ref(),
             );
-            match self
-                .store
-                .claim_next(&self.scope, &opts.filter, &claim)
-                .await
-            {
-                Ok(Some((run, lease))) => {
+            let claimed = if free.len() == 1 {
+                self.store
+                    .claim_next(&self.scope, &opts.filter, &claim)
+                    .await
+                    .map(|got| got.into_iter().collect::<Vec<_>>())
+            } else {
+                self.store
+                    .claim_next_batch(&self.scope, &opts.filter, &claim, free.len())
+                    .await
+            };
+            match claimed {
+                Ok(runs) if !runs.is_empty() => {
                     idle_streak = 0;
-                    book(&report, |r| r.claimed += 1);
-                    let current = Arc::new(Mutex::new(run.clone()));
-                    let job = slot_task(
-                        Pool {
-                            store: self.store.clone(),
-                            opts: opts.clone(),
-                            step: step.clone(),
-                            shutdown: shutdown.clone(),
-                            handoff: handoff.clone(),
-                            report: report.clone(),
-                        },
-                        Taken {
-                            scope: run,
-                            lease,
-                            sent_at,
-                            keeper: None,
-                        },
-                        current.clone(),
-                        slot,
-                    );
-                    let handle = tasks.spawn(job);
-                    in_flight.insert(handle.id(), current);
+                    // A store answering more than asked is not trusted
+                    // with the extra runs: they are released unworked.
+                    let mut runs = runs.into_iter();
+                    for ((run, lease), slot) in runs.by_ref().zip(free) {
+                        book(&report, |r| r.claimed += 1);
+                        let current = Arc::new(Mutex::new(run.clone()));
+                        let job = slot_task(
+                            Pool {
+                                store: self.store.clone(),
+                                opts: opts.clone(),
+                                step: step.clone(),
+                                shutdown: shutdown.clone(),
+                                handoff: handoff.clone(),
+                                report: report.clone(),
+                            },
+                            Taken {
+                                scope: run,
+                                lease,
+                                sent_at,
+                                keeper: None,
+                            },
+                            current.clone(),
+                            slot,
+                        );
+                        let handle = tasks.spawn(job);
+                        in_flight.insert(handle.id(), current);
+                    }
+                    for (run, lease) in runs {
+                        tracing::warn!(run = %run, "the store answered a batch larger than asked; releasing the extra run");
+                        let _ = self.store.release(&run, lease.fence).await;
+                    }
                 }
-                Ok(None) => {
-                    drop(slot);
+                Ok(_) => {
+                    drop(free);
                     if tasks.is_empty() {
                         book(&report, |r| r.passes += 1);
                         if opts.mode == DrainMode::UntilIdle {
@@ -644,7 +677,7 @@ impl Worker {
                     }
                 }
                 Err(e) => {
-                    drop(slot);
+                    drop(free);
                     book(&report, |r| r.claim_errors += 1);
                     if !e.is_retryable() {
                         tracing::error!(error = %e, "claim_next failed; the drain stops claiming");
