@@ -73,6 +73,7 @@ import type {
   AttemptErrorBody,
   CheckpointBody,
   Claimed,
+  ClaimNextBody,
   Json,
   LeaseBody,
   NextClaimBody,
@@ -240,6 +241,13 @@ export interface WorkerOptions {
   waitMs?: number;
   /** Runs worked on at once. Default 1. */
   concurrency?: number;
+  /**
+   * Claim up to this many runs in one request (`claimNextBatch`, 1 to 256):
+   * the slots that look for work at the same moment share one call, each
+   * taking one of its runs (no run waits claimed in a local queue, so no
+   * lease runs down unworked). Default 1: one `claimNext` a slot.
+   */
+  claimBatch?: number;
   /** `"continuous"` (default): wait for work until stopped; `"until-idle"`: stop when no run is runnable. */
   mode?: "continuous" | "until-idle";
   /** Stops the worker: no more claims; running handlers see `ctx.signal` abort, their runs are released. */
@@ -327,6 +335,10 @@ export async function runWorker(options: WorkerOptions): Promise<WorkerReport> {
   const waitMs = options.waitMs ?? 20_000;
   const concurrency = options.concurrency ?? 1;
   if (!Number.isInteger(concurrency) || concurrency < 1) throw new TypeError(`concurrency ${concurrency} must be at least 1`);
+  const claimBatch = options.claimBatch ?? 1;
+  if (!Number.isInteger(claimBatch) || claimBatch < 1 || claimBatch > 256) {
+    throw new TypeError(`claimBatch ${claimBatch} must be a whole number from 1 to 256`);
+  }
   const holder = options.holder ?? `ts-${randomId()}`;
   const report: WorkerReport = {
     claimed: 0,
@@ -369,6 +381,9 @@ export async function runWorker(options: WorkerOptions): Promise<WorkerReport> {
   };
   let fatal: unknown;
 
+  const claimBody = { ...claim, waitMs: options.mode === "until-idle" ? 0 : waitMs };
+  const batcher = claimBatch > 1 ? new BatchClaimer(options.client, claimBody, claimBatch, stop.signal) : undefined;
+
   const slot = async () => {
     const backoff = new Doubling(100, 5000);
     /** The run the previous run's finishing commit handed over: this slot works it next. */
@@ -381,8 +396,9 @@ export async function runWorker(options: WorkerOptions): Promise<WorkerReport> {
         let sentAt = 0;
         try {
           sentAt = performance.now();
-          const body = { ...claim, waitMs: options.mode === "until-idle" ? 0 : waitMs };
-          claimed = (await options.client.claimNext(body, { signal: stop.signal })).claimed;
+          claimed = batcher
+            ? await batcher.next()
+            : (await options.client.claimNext(claimBody, { signal: stop.signal })).claimed;
           backoff.reset();
         } catch (e) {
           if (stop.signal.aborted) return;
@@ -416,6 +432,50 @@ export async function runWorker(options: WorkerOptions): Promise<WorkerReport> {
   }
   if (fatal !== undefined) throw fatal;
   return report;
+}
+
+/**
+ * The slots' claims coalesced into batches: every slot asking while no
+ * batch call is in flight joins the next one, which asks for as many runs
+ * as slots are waiting (up to the batch), and each slot gets one run or
+ * `null`.
+ */
+class BatchClaimer {
+  private readonly waiting: Array<{ resolve: (c: Claimed | null) => void; reject: (e: unknown) => void }> = [];
+  private running = false;
+
+  constructor(
+    private readonly client: RunkeepClient,
+    private readonly body: ClaimNextBody,
+    private readonly max: number,
+    private readonly signal: AbortSignal,
+  ) {}
+
+  next(): Promise<Claimed | null> {
+    return new Promise((resolve, reject) => {
+      this.waiting.push({ resolve, reject });
+      if (!this.running) void this.rounds();
+    });
+  }
+
+  private async rounds(): Promise<void> {
+    this.running = true;
+    try {
+      while (this.waiting.length > 0) {
+        // Slots freed in the same turn join this round.
+        await new Promise<void>((r) => setImmediate(r));
+        const askers = this.waiting.splice(0, this.max);
+        try {
+          const got = await this.client.claimNextBatch(askers.length, this.body, { signal: this.signal });
+          askers.forEach((a, i) => a.resolve(got[i] ?? null));
+        } catch (e) {
+          for (const a of askers) a.reject(e);
+        }
+      }
+    } finally {
+      this.running = false;
+    }
+  }
 }
 
 /** What every run of one {@link runWorker} shares. */

@@ -9,7 +9,7 @@
 import assert from "node:assert/strict";
 import { after, before, test } from "node:test";
 
-import { FencedOut, Forbidden, InvalidInput, type RunkeepClient, type StepBody } from "../src/index.js";
+import { FencedOut, Forbidden, InvalidInput, RunkeepClient, runWorker, type StepBody } from "../src/index.js";
 import { firstCheckpoint, Serve } from "./helpers/serve.js";
 
 let serve: Serve;
@@ -85,4 +85,53 @@ test("a bad batch is refused whole and changes nothing; a reader may not claim o
   await assert.rejects(worker.commitSteps([]), InvalidInput, "an empty batch");
   await assert.rejects(reader.commitSteps([step]), Forbidden);
   assert.equal((await operator.readEvents(serve.run("bad-1"))).events.length, 0, "nothing was written");
+});
+
+test("runWorker with claimBatch fills its free slots with one claimNextBatch request; every run is worked once", async () => {
+  const session = "worker-batch";
+  const at = (runId: string) => ({ ...serve.run(runId), sessionId: session });
+  const ids = Array.from({ length: 8 }, (_, i) => `wb-${i + 1}`);
+  for (const [i, id] of ids.entries()) await operator.enqueue(at(id), { checkpoint: firstCheckpoint(i + 1) });
+  const paths: string[] = [];
+  const counting = new RunkeepClient({
+    baseUrl: serve.url,
+    token: serve.token("worker"),
+    tenant: serve.options.tenant,
+    fetch: (input, init) => {
+      paths.push(new URL(input instanceof Request ? input.url : String(input)).pathname);
+      return fetch(input, init);
+    },
+  });
+  // The first four handlers wait for each other: they pass only if four runs were worked side by side.
+  let arrived = 0;
+  let release!: () => void;
+  const allFour = new Promise<void>((r) => (release = r));
+  const worked = new Map<string, number>();
+  const report = await runWorker({
+    client: counting,
+    ttlMs: 30_000,
+    mode: "until-idle",
+    concurrency: 4,
+    claimBatch: 4,
+    handover: false,
+    filter: { project: serve.options.project, session },
+    handler: async (ctx) => {
+      worked.set(ctx.run.runId, (worked.get(ctx.run.runId) ?? 0) + 1);
+      if (worked.size <= 4) {
+        arrived += 1;
+        if (arrived === 4) release();
+        await allFour;
+      }
+      return undefined;
+    },
+  });
+  assert.equal(report.claimed, 8);
+  assert.equal(report.finished, 8);
+  assert.deepEqual([...worked.values()], Array(8).fill(1), "each run worked once");
+  const batches = paths.filter((p) => p.endsWith("/claim-next-batch")).length;
+  assert.ok(batches >= 1, `claim-next-batch requests: ${batches}`);
+  assert.equal(paths.filter((p) => p.endsWith("/claim-next")).length, 0, "no single claims");
+  assert.ok(batches < 8, `fewer claim requests than runs: ${batches}`);
+  for (const id of ids) assert.equal((await operator.lifecycle(at(id))).status, "completed");
+  await assert.rejects(runWorker({ client: counting, ttlMs: 30_000, claimBatch: 0, handler: () => undefined }), TypeError);
 });
