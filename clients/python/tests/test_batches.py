@@ -76,3 +76,46 @@ def test_a_bad_batch_is_refused_whole_and_a_reader_may_not_batch(serve, connect)
     with pytest.raises(Forbidden):
         reader.commit_steps([step])
     assert op.read_events(ref)["events"] == [], "nothing was written"
+
+
+def test_the_worker_claims_in_batches_handles_each_run_once_and_releases_what_it_did_not_start(serve):
+    import threading
+
+    from runkeep import Worker
+
+    worker_client, op = serve.client("worker"), serve.client("operator")
+    refs = queue(serve, "worker_batch", *[f"wb_{i}" for i in range(1, 6)])
+    calls: list[int] = []
+    real = worker_client.claim_next_batch
+
+    def counting(max: int, **kw):  # type: ignore[no-untyped-def]
+        got = real(max, **kw)
+        calls.append(len(got))
+        return got
+
+    worker_client.claim_next_batch = counting  # type: ignore[method-assign]
+    w = Worker(worker_client, project=serve.project, session="worker_batch", claim_batch=3, wait_ms=0)
+    handled: list[str] = []
+    assert w.run(lambda h: handled.append(h.run.run), max_runs=5) == 5
+    assert sorted(handled) == [r.run for r in refs], handled
+    # The first claim takes three; once they are handled, hand-overs
+    # (one run each, with the finishing commit) take the rest.
+    assert calls[0] == 3, calls
+    assert all(op.lifecycle(r).status == "completed" for r in refs)
+
+    # Stopped after its first run, the worker gives back the batch's others.
+    more = queue(serve, "worker_batch_stop", "ws_1", "ws_2", "ws_3")
+    stop = threading.Event()
+    w2 = Worker(worker_client, project=serve.project, session="worker_batch_stop", claim_batch=3, wait_ms=0)
+    assert w2.run(lambda h: stop.set(), stop=stop) == 1
+    held = [r for r in more if (op.lease(r) or {}).get("holder")]
+    assert held == [], f"runs still held after the stop: {held}"
+    assert [op.lifecycle(r).status for r in more].count("completed") == 1
+
+
+def test_a_batch_size_outside_one_to_256_is_refused(serve):
+    from runkeep import Worker
+
+    for size in (0, 257):
+        with pytest.raises(ValueError, match="claim_batch"):
+            Worker(serve.client("worker"), claim_batch=size)

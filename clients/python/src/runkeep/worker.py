@@ -55,6 +55,7 @@ Python), written down once in the repository's
 
 from __future__ import annotations
 
+import collections
 import os
 import socket
 import threading
@@ -479,6 +480,11 @@ class Worker:
     "timeout"``; the worker stops waiting on it) and its attempt reported
     failed with kind ``timeout``. ``max_attempts``: the limit the worker's
     failure reports carry, over the run's own (default: the run's).
+    ``claim_batch`` (1 to 256, default 1): claim up to that many runs in one
+    request (``claim_next_batch``); the ones not handled at once wait in a
+    local queue, held and renewing, and are handled next (the loop hands
+    over only once the queue is empty); runs still queued when the loop
+    stops are released.
     """
 
     def __init__(
@@ -494,7 +500,10 @@ class Worker:
         on_event: Callable[[dict[str, Any]], None] | None = None,
         attempt_timeout: float | None = None,
         max_attempts: int | None = None,
+        claim_batch: int = 1,
     ) -> None:
+        if not 1 <= claim_batch <= 256:
+            raise ValueError("claim_batch must be from 1 to 256 (runs claimed in one request)")
         if attempt_timeout is not None and not attempt_timeout > 0:
             raise ValueError("attempt_timeout must be above 0 seconds (None: no limit)")
         if max_attempts is not None and max_attempts < 1:
@@ -509,6 +518,9 @@ class Worker:
         self.on_event = on_event
         self.attempt_timeout = attempt_timeout
         self.max_attempts = max_attempts
+        self.claim_batch = claim_batch
+        #: Runs a batch claimed beyond the one handled first: held and renewing.
+        self._queued: collections.deque[HeldRun] = collections.deque()
         self.report = WorkerReport()
 
     def _emit(self, event: dict[str, Any]) -> None:
@@ -519,8 +531,20 @@ class Worker:
         return HeldRun(self.client, run, lease, holder=self.holder, ttl_ms=self.ttl_ms, sent_at=sent, on_event=self.on_event)
 
     def claim_next(self, wait_ms: int | None = None) -> HeldRun | None:
-        """The next runnable run (long-poll up to ``wait_ms``), held and renewing; ``None`` when none came."""
+        """The next runnable run (long-poll up to ``wait_ms``), held and
+        renewing; ``None`` when none came. With ``claim_batch`` above 1, a
+        run queued by an earlier batch first, else a new batch."""
+        while self._queued:
+            held = self._queued.popleft()
+            if not held.lost.is_set():
+                return held
+            self._book_lost(held)
         sent = time.monotonic()
+        if self.claim_batch > 1:
+            got = self.client.claim_next_batch(self.claim_batch, holder=self.holder, ttl_ms=self.ttl_ms, project=self.project, session=self.session, park=self.park, wait_ms=self.wait_ms if wait_ms is None else wait_ms)
+            runs = [self._held(c.run, c.lease, sent).start() for c in got]
+            self._queued.extend(runs[1:])
+            return runs[0] if runs else None
         c = self.client.claim_next(holder=self.holder, ttl_ms=self.ttl_ms, project=self.project, session=self.session, park=self.park, wait_ms=self.wait_ms if wait_ms is None else wait_ms)
         if c is None:
             return None
@@ -581,12 +605,25 @@ class Worker:
         def wanted() -> bool:
             return (stop is None or not stop.is_set()) and (max_runs is None or done < max_runs)
 
-        while wanted():
-            held = self.claim_next()
-            while held is not None:
-                done += 1
-                held = self._handle(handler, held, wanted)
+        try:
+            while wanted():
+                held = self.claim_next()
+                while held is not None:
+                    done += 1
+                    held = self._handle(handler, held, wanted)
+        finally:
+            self.release_queued()
         return done
+
+    def release_queued(self) -> None:
+        """Releases the runs a batch claimed that were not handled (the
+        loop stopped): another worker may take them at once."""
+        while self._queued:
+            held = self._queued.popleft()
+            try:
+                held.release()
+            except RunkeepError:
+                pass  # lost meanwhile: not ours to give back
 
     def _call(self, handler: Callable[[HeldRun], Any], held: HeldRun) -> tuple[str, Any]:
         """Runs the handler: ``("returned", value)``, ``("raised", exc)``,
@@ -682,7 +719,7 @@ class Worker:
             self._fail(held, type(value).__name__, str(value))
             return None
         try:
-            if wanted():
+            if wanted() and not self._queued:
                 nxt = self.finish_and_claim_next(held, result=value)
             else:
                 held.finish(result=value)
