@@ -133,6 +133,16 @@ fn scope_of(i: usize) -> RunScope {
 /// workers, worker `w` on `stores[w % stores.len()]`; then reads the
 /// histories back.
 pub async fn drain_keyed(stores: &[Arc<dyn RunStore>], spec: &KeyRace) -> KeyRaceReport {
+    drain_keyed_in_batches(stores, spec, 1).await
+}
+
+/// [`drain_keyed`] with each worker claiming up to `batch` runs a call
+/// (`claim_next_batch`; 1: `claim_next`), then holding and finishing each.
+pub async fn drain_keyed_in_batches(
+    stores: &[Arc<dyn RunStore>],
+    spec: &KeyRace,
+    batch: usize,
+) -> KeyRaceReport {
     assert!(!stores.is_empty());
     let first = &stores[0];
     for i in 0..spec.runs {
@@ -161,33 +171,43 @@ pub async fn drain_keyed(stores: &[Arc<dyn RunStore>], spec: &KeyRace) -> KeyRac
             let mut seed = w as u64 * 7919 + 1;
             while done.load(Ordering::SeqCst) < spec.runs {
                 calls.fetch_add(1, Ordering::Relaxed);
-                let next = store
-                    .claim_next(&support::listing(), &ClaimNextFilter::default(), &opts)
-                    .await
-                    .unwrap_or_else(|e| panic!("claim_next of worker {w} failed: {e}"));
-                let Some((scope, lease)) = next else {
+                let (listing, filter) = (support::listing(), ClaimNextFilter::default());
+                let taken = if batch == 1 {
+                    store
+                        .claim_next(&listing, &filter, &opts)
+                        .await
+                        .map(|got| got.into_iter().collect::<Vec<_>>())
+                } else {
+                    store
+                        .claim_next_batch(&listing, &filter, &opts, batch)
+                        .await
+                }
+                .unwrap_or_else(|e| panic!("claim_next of worker {w} failed: {e}"));
+                if taken.is_empty() {
                     tokio::time::sleep(Duration::from_millis(1)).await;
                     continue;
-                };
-                seed = seed
-                    .wrapping_mul(6364136223846793005)
-                    .wrapping_add(1442695040888963407);
-                let hold = spec.hold.as_micros() as u64;
-                if hold > 0 {
-                    tokio::time::sleep(Duration::from_micros((seed >> 33) % hold)).await;
                 }
-                store
-                    .commit_step(
-                        &scope,
-                        lease.fence,
-                        &Step {
-                            finish: Some(Outcome::completed(None)),
-                            ..Step::default()
-                        },
-                    )
-                    .await
-                    .unwrap_or_else(|e| panic!("worker {w}'s finish of {scope} failed: {e}"));
-                done.fetch_add(1, Ordering::SeqCst);
+                for (scope, lease) in taken {
+                    seed = seed
+                        .wrapping_mul(6364136223846793005)
+                        .wrapping_add(1442695040888963407);
+                    let hold = spec.hold.as_micros() as u64;
+                    if hold > 0 {
+                        tokio::time::sleep(Duration::from_micros((seed >> 33) % hold)).await;
+                    }
+                    store
+                        .commit_step(
+                            &scope,
+                            lease.fence,
+                            &Step {
+                                finish: Some(Outcome::completed(None)),
+                                ..Step::default()
+                            },
+                        )
+                        .await
+                        .unwrap_or_else(|e| panic!("worker {w}'s finish of {scope} failed: {e}"));
+                    done.fetch_add(1, Ordering::SeqCst);
+                }
             }
         }));
     }

@@ -242,6 +242,14 @@ impl<'a> NextSearch<'a> {
         self.candidate(&After::None)
     }
 
+    /// The first statement of the transaction a search goes on in after a
+    /// keyed judgement ended the last one ([`Searched::KeyJudged`]): it
+    /// holds no key lock yet.
+    pub(crate) fn go_on_after(&mut self, after: &After) -> Stmt {
+        self.key_locked = false;
+        self.candidate(after)
+    }
+
     /// The candidate after `after` (a new transaction's first statement
     /// when a search goes on after a keyed judgement), skipping rows other claimers hold
     /// locked: a claimer never blocks on another and never locks more rows

@@ -81,6 +81,7 @@
 //! listen). `options` holds [`PgOptions`], `schema` migrates, `error`
 //! maps errors.
 
+mod batch;
 mod checkpoints;
 mod claims;
 mod db;

@@ -245,6 +245,16 @@ impl CheckpointStore for PgStore {
         crate::claims::claim_next(&self.db, scope, filter, options).await
     }
 
+    async fn claim_next_batch(
+        &self,
+        scope: &ListingScope,
+        filter: &ClaimNextFilter,
+        options: &ClaimOptions,
+        max: usize,
+    ) -> Result<Vec<(RunScope, Lease)>> {
+        crate::batch::claim_next_batch(&self.db, scope, filter, options, max).await
+    }
+
     fn now(&self) -> Timestamp {
         self.db.now()
     }

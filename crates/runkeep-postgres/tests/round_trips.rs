@@ -211,6 +211,30 @@ async fn scenario(store: &PgStore, m: &mut Meter<'_>, phase: &str) {
         .unwrap();
     assert!(over.next.unwrap().is_none());
 
+    // A batch of four: the first candidate with BEGIN, each taken run's
+    // save with the next candidate, one COMMIT: 5 waits and one durable
+    // commit where four claim_next calls take 8 waits and four commits.
+    let batch_ls = listing(&format!("{phase}_batch"));
+    for i in 1..=4 {
+        store
+            .enqueue(
+                &scope(&format!("{phase}_batch"), &format!("k{i}")),
+                &support::checkpoint("start", 0),
+                &enq,
+            )
+            .await
+            .unwrap();
+    }
+    let taken = m
+        .op(
+            "claim_next_batch: four runs",
+            5,
+            store.claim_next_batch(&batch_ls, &filter, &co, 4),
+        )
+        .await
+        .unwrap();
+    assert_eq!(taken.len(), 4);
+
     let c = scope(phase, "c");
     let lc = m
         .op("claim (a new run)", 2, store.claim(&c, &opts()))
