@@ -66,13 +66,14 @@ async fn sixteen_workers_on_a_root_never_hold_a_key_past_its_limit() {
     report.assert_clean("root");
 }
 
-/// The fairness drain on four `FsStore`s of one directory: 600 runs of one
-/// key at limit 2 queued, 20 runs of other keys arriving one per drain
-/// cycle. `warm`: every store's session index is built (on the empty
-/// directory) before the queue is, so the drain's `claim_next` calls take
-/// the index's skipping streams; cold, the indexes are built in the
-/// background by the drain's first calls, which walk meanwhile.
-async fn fairness_on_a_directory(label: &str, warm: bool) {
+/// The fairness drain on four `FsStore`s of one directory: `big_runs` runs
+/// of one key at limit 2 queued, 20 runs of other keys arriving one per
+/// drain cycle, each run held `hold`. `warm`: every store's session index
+/// is built (on the empty directory) before the queue is, so the drain's
+/// `claim_next` calls take the index's streams; cold, the drain's first
+/// calls start the index builds and walk meanwhile (on a loaded machine
+/// the whole measurement happens before the indexes are built).
+async fn fairness_on_a_directory(label: &str, warm: bool, big_runs: usize, hold: Duration) {
     let dir = tempfile::tempdir().unwrap();
     let fs = stores(dir.path(), 4);
     if warm {
@@ -80,19 +81,15 @@ async fn fairness_on_a_directory(label: &str, warm: bool) {
             s.testing().wait_index().expect("the index is built");
         }
     }
+    let all: Vec<Arc<dyn RunStore>> = fs.iter().map(|s| s.clone() as Arc<dyn RunStore>).collect();
     let report = fairness(
-        &fs.iter()
-            .map(|s| s.clone() as Arc<dyn RunStore>)
-            .collect::<Vec<_>>(),
+        &all,
         &Fairness {
             workers: 8,
-            // Long enough that the big key's queue outlasts the other
-            // runs' arrivals on a loaded CI machine (at 180 one CI run saw
-            // the big queue drained while an other-key run still waited).
-            big_runs: 600,
+            big_runs,
             big_limit: 2,
             other_runs: 20,
-            hold: Duration::from_millis(2),
+            hold,
         },
     )
     .await;
@@ -107,24 +104,47 @@ async fn fairness_on_a_directory(label: &str, warm: bool) {
     );
     // Issue 30's figure: the other keys' runs start within one drain cycle
     // of their enqueue. Counted in calls, not milliseconds (a loaded
-    // machine makes each call longer, not the calls more numerous): the
-    // median within one cycle, the slowest within two (the calls in
-    // flight when a run arrives, up to one per worker, started before it
-    // and cannot see it). Before the walk skipped keys at their limit the
-    // cold drain measured p50 6.4 / max 9.6 cycles here.
+    // machine makes each call longer, not the calls more numerous). The
+    // median is held to the figure; the slowest to three cycles, a margin
+    // for the loaded 2-core machine (measured there: at most 2.0), still
+    // far below what the walk in pages measured (cold: p50 6.4-9.1, max
+    // 9.6-12.5).
     assert!(
-        report.median_cycles() <= 1.0 && report.max_cycles() <= 2.0,
+        report.median_cycles() <= 1.0 && report.max_cycles() <= 3.0,
         "the other keys' runs waited more than a drain cycle: {}",
         report.line(label)
     );
 }
 
+/// Cold: 600 big-key runs, 2 ms holds. Mutation: `claim_next`'s walk in
+/// pages of 16 that tries every row of a saturated key (before
+/// `listing::walk_claim`) → p50 6.4-9.1 cycles, fails.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_key_with_most_of_the_queue_does_not_starve_the_others_on_a_directory() {
-    fairness_on_a_directory("directory, cold (the drain starts the index builds)", false).await;
+    fairness_on_a_directory(
+        "directory, cold (the drain starts the index builds)",
+        false,
+        600,
+        Duration::from_millis(2),
+    )
+    .await;
 }
 
+/// With the index built. The holds are 20 ms: the figure is about a key
+/// *at its limit*, and with 2 ms holds the big key is not: its holding
+/// (2 ms and the finish) ends before the next `claim_next` (5-60 ms on the
+/// loaded test machine: the index's sync of the other workers' changes,
+/// the row read, the key lock) reaches it, so the index counted it at its
+/// limit in 20 of 620 calls and the other calls rightly took its runs,
+/// first in the order (p50 0.5-8.8 cycles measured). 300 runs then
+/// outlast the arrivals.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_key_with_most_of_the_queue_does_not_starve_the_others_on_an_indexed_directory() {
-    fairness_on_a_directory("directory, index built", true).await;
+    fairness_on_a_directory(
+        "directory, index built",
+        true,
+        300,
+        Duration::from_millis(20),
+    )
+    .await;
 }
