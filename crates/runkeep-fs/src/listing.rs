@@ -230,7 +230,7 @@ pub(crate) fn list_runs(
     };
     match indexed_page(inner, &q, a) {
         Some(page) => Ok(page),
-        None => walk_page(inner, &q, a, false),
+        None => walk_page(inner, &q, a),
     }
 }
 
@@ -272,7 +272,7 @@ pub(crate) fn list_runs_walk(
     let Some((q, a)) = prepare(inner, scope, options)? else {
         return Ok(RunPage::default());
     };
-    walk_page(inner, &q, a, false)
+    walk_page(inner, &q, a)
 }
 
 /// How many candidates a page asks the index for at a time beyond what it
@@ -325,10 +325,10 @@ fn priority_of(c: &Candidate, ctx: &Ctx) -> Priority {
 
 /// One page by walking every run directory: O(runs) directory entries,
 /// O(page) rows in run-id order, every run's digest in created-at order and
-/// every run's lifecycle record in the priority order (and in `claim`:
-/// `claim_next`'s order, priority first). Holds one key per run, never a
-/// digest per run.
-fn walk_page(inner: &Inner, q: &ListQuery, a: &Attribution, claim: bool) -> Result<RunPage> {
+/// every run's lifecycle record in the priority order (`claim_next`'s
+/// order is [`walk_claim`]'s). Holds one key per run, never a digest per
+/// run.
+fn walk_page(inner: &Inner, q: &ListQuery, a: &Attribution) -> Result<RunPage> {
     let ctx = Ctx::store("list_runs");
     let candidates = enumerate(inner.base(), &ctx)?;
     // Run-id order needs no digest to sort, so digests are read only for the
@@ -341,7 +341,7 @@ fn walk_page(inner: &Inner, q: &ListQuery, a: &Attribution, claim: bool) -> Resu
                 ListOrder::CreatedAt => digest_of(&c, &ctx)?.ok().and_then(|d| d.run_created_at),
             };
             let mut k = RowKey::new(q.order, &c.run, c.parent.as_ref(), created);
-            if claim || q.order == ListOrder::Priority {
+            if q.order == ListOrder::Priority {
                 k = k.with_priority(priority_of(&c, &ctx));
             }
             Some((k, c))
@@ -658,18 +658,26 @@ pub(crate) fn claim_page_with(
         None
     };
     let Some(batch) = batch else {
-        let page = walk_page(inner, &q, a, true)?;
-        let next = page
-            .entries
-            .last()
-            .map(|r| r.claim_key(q.order).without_tie());
-        let more = page.cursor.is_some();
-        let rows = page
-            .entries
-            .into_iter()
-            .filter(|r| r.is_claimable(now))
-            .collect();
-        return Ok((rows, next.filter(|_| more)));
+        // The walk, as `claim_next`'s: the runs of a key at its limit and
+        // finished runs dropped before any row is read; rows read until
+        // the page holds `want`.
+        let mut rows = Vec::new();
+        let mut last = None;
+        let mut more = false;
+        for w in walk_claim(inner, &q, a, q.after.as_ref(), &busy)? {
+            if rows.len() == want {
+                more = true;
+                break;
+            }
+            last = Some(w.key.clone());
+            let row = read_run(&w.candidate, &ctx).and_then(|r| r.row(w.candidate.scope(a), now));
+            if let Some(row) = row {
+                if q.matches(&row) && row.is_claimable(now) {
+                    rows.push(row);
+                }
+            }
+        }
+        return Ok((rows, last.filter(|_| more)));
     };
     let more = batch.len() == want;
     let mut rows = Vec::with_capacity(batch.len());

@@ -463,6 +463,28 @@ fn claim_next_reads_no_run_of_a_key_at_its_limit() {
             "claim_next's walk read runs of the key at its limit"
         );
     }
+    // And the pages a root merges its sessions' candidates from
+    // (`FsStore::claim_page`), walked: none of the key's runs, none read.
+    let before = listings(&base, queued);
+    let order = store
+        .testing()
+        .claim_order(
+            &session_scope(),
+            &runkeep::ListOptions {
+                claimed: Some(false),
+                limit: Some(4),
+                ..Default::default()
+            },
+            true,
+        )
+        .unwrap();
+    let ids: Vec<&str> = order.iter().map(|r| r.scope.run_id.as_str()).collect();
+    assert!(ids.iter().all(|r| r.starts_with("run_z")), "{ids:?}");
+    assert_eq!(
+        runs_read(&base, queued, &before),
+        0,
+        "the walked claim pages read runs of the key at its limit"
+    );
 }
 
 /// Enqueues with one idempotency key from a process; reports the run and
