@@ -277,7 +277,13 @@ pub struct Fairness {
     /// Its limit.
     pub big_limit: u32,
     /// Runs of the other keys (19 keys, limits 1–3), enqueued one by one
-    /// during the drain.
+    /// during the drain: each after the fleet made a drain cycle of calls
+    /// (one per worker) since the previous one, and at least `hold / 2`
+    /// later. Arrivals paced in cycles keep the figure a latency: a burst
+    /// faster than the fleet claims would measure its throughput instead
+    /// (20 runs arriving within two cycles wait about 20 / 6 cycles for the
+    /// six free workers on any store), and a slow store or a loaded
+    /// machine (longer calls) would see denser arrivals than a fast one.
     pub other_runs: usize,
     /// How long a worker keeps a run.
     pub hold: Duration,
@@ -285,7 +291,10 @@ pub struct Fairness {
 
 /// What the fairness drain measured for the other keys' runs: from each
 /// one's enqueue to its claim, in drain cycles (one cycle = one
-/// `claim_next` call per worker, counted over the whole fleet).
+/// `claim_next` call per worker, counted over the whole fleet): the calls
+/// the fleet started after the enqueue returned, up to and including the
+/// call that claimed the run, divided by the workers (0 for a run claimed
+/// by a call that started before its enqueue returned).
 #[derive(Debug, Default)]
 pub struct FairnessReport {
     /// Waits in drain cycles, sorted.
@@ -324,6 +333,11 @@ impl FairnessReport {
         )
     }
 
+    /// The median wait in drain cycles.
+    pub fn median_cycles(&self) -> f64 {
+        Self::pct(&self.cycles, 0.5)
+    }
+
     /// The largest wait in drain cycles.
     pub fn max_cycles(&self) -> f64 {
         self.cycles.last().copied().unwrap_or(0.0)
@@ -352,20 +366,19 @@ pub async fn fairness(stores: &[Arc<dyn RunStore>], spec: &Fairness) -> Fairness
     let while_big_waited = Arc::new(AtomicUsize::new(0));
     let done = Arc::new(AtomicUsize::new(0));
     let calls = Arc::new(AtomicU64::new(0));
-    // Run name → (enqueued at: calls so far, instant).
+    // Run name → (calls started so far, instant) when its enqueue
+    // returned, and → (calls started when the call that claimed it
+    // started, the instant that call returned). Recorded apart and joined
+    // at the end: a worker may claim a run before the enqueuer has
+    // recorded its return.
     let enqueued: Arc<Mutex<BTreeMap<String, (u64, Instant)>>> = Arc::default();
-    let waits: Arc<Mutex<Vec<(f64, f64)>>> = Arc::default();
+    let claimed: Arc<Mutex<BTreeMap<String, (u64, Instant)>>> = Arc::default();
     let mut tasks = Vec::new();
     for w in 0..spec.workers {
         let store = stores[w % stores.len()].clone();
         let (big_claimed, while_big_waited) = (big_claimed.clone(), while_big_waited.clone());
-        let (done, calls, enqueued, waits, spec) = (
-            done.clone(),
-            calls.clone(),
-            enqueued.clone(),
-            waits.clone(),
-            spec.clone(),
-        );
+        let (done, calls, claimed, spec) =
+            (done.clone(), calls.clone(), claimed.clone(), spec.clone());
         tasks.push(tokio::spawn(async move {
             let holder = Holder::new(format!("fair-worker-{w}")).expect("holder");
             let opts = ClaimOptions::new(holder, Ttl::from_millis(60_000).expect("ttl"));
@@ -385,12 +398,11 @@ pub async fn fairness(stores: &[Arc<dyn RunStore>], spec: &Fairness) -> Fairness
                 } else if big_claimed.load(Ordering::SeqCst) < spec.big_runs {
                     while_big_waited.fetch_add(1, Ordering::SeqCst);
                 }
-                if let Some((at_calls, at)) = enqueued.lock().expect("lock").remove(&name) {
-                    let cycles = now_calls.saturating_sub(at_calls) as f64 / spec.workers as f64;
-                    waits
+                if name.contains("fair-other-") {
+                    claimed
                         .lock()
                         .expect("lock")
-                        .push((cycles, at.elapsed().as_secs_f64() * 1e3));
+                        .insert(name.clone(), (now_calls, Instant::now()));
                 }
                 tokio::time::sleep(spec.hold).await;
                 store
@@ -408,10 +420,23 @@ pub async fn fairness(stores: &[Arc<dyn RunStore>], spec: &Fairness) -> Fairness
             }
         }));
     }
-    // The other keys' runs arrive during the drain, a few ms apart; each
-    // one's wait is counted from the moment its enqueue returned (from
-    // then on, any claim_next may take it).
+    // The other keys' runs arrive during the drain, one per drain cycle
+    // (see `Fairness::other_runs`); each one's wait is counted from the
+    // moment its enqueue returned (from then on, any claim_next may take
+    // it).
     for i in 0..spec.other_runs {
+        if i > 0 {
+            let from = calls.load(Ordering::SeqCst);
+            let paced = Instant::now();
+            tokio::time::sleep(spec.hold / 2).await;
+            // Bounded: should the fleet stop calling (it cannot while runs
+            // remain), the arrivals go on.
+            while calls.load(Ordering::SeqCst) < from + spec.workers as u64
+                && paced.elapsed() < Duration::from_secs(10)
+            {
+                tokio::time::sleep(Duration::from_millis(1)).await;
+            }
+        }
         let k = 1 + i % 19;
         let scope = support::run(&format!("fair-other-{i:05}"));
         first
@@ -431,15 +456,27 @@ pub async fn fairness(stores: &[Arc<dyn RunStore>], spec: &Fairness) -> Fairness
             scope.run_id.as_str().to_string(),
             (calls.load(Ordering::SeqCst), Instant::now()),
         );
-        tokio::time::sleep(spec.hold / 2).await;
     }
     for t in tasks {
         t.await.expect("worker task");
     }
-    let mut w = std::mem::take(&mut *waits.lock().expect("lock"));
+    let (enqueued, claimed) = (
+        std::mem::take(&mut *enqueued.lock().expect("lock")),
+        std::mem::take(&mut *claimed.lock().expect("lock")),
+    );
+    let w: Vec<(f64, f64)> = enqueued
+        .iter()
+        .filter_map(|(name, (at_calls, at))| {
+            let (by_call, got) = claimed.get(name)?;
+            Some((
+                by_call.saturating_sub(*at_calls) as f64 / spec.workers as f64,
+                got.saturating_duration_since(*at).as_secs_f64() * 1e3,
+            ))
+        })
+        .collect();
     let mut report = FairnessReport {
         cycles: w.iter().map(|x| x.0).collect(),
-        millis: w.drain(..).map(|x| x.1).collect(),
+        millis: w.iter().map(|x| x.1).collect(),
         big_most: max_held_at_once(
             &first
                 .key_holdings(&support::listing(), &big.key)

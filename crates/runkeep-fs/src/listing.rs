@@ -230,7 +230,7 @@ pub(crate) fn list_runs(
     };
     match indexed_page(inner, &q, a) {
         Some(page) => Ok(page),
-        None => walk_page(inner, &q, a, false),
+        None => walk_page(inner, &q, a),
     }
 }
 
@@ -272,7 +272,7 @@ pub(crate) fn list_runs_walk(
     let Some((q, a)) = prepare(inner, scope, options)? else {
         return Ok(RunPage::default());
     };
-    walk_page(inner, &q, a, false)
+    walk_page(inner, &q, a)
 }
 
 /// How many candidates a page asks the index for at a time beyond what it
@@ -325,10 +325,10 @@ fn priority_of(c: &Candidate, ctx: &Ctx) -> Priority {
 
 /// One page by walking every run directory: O(runs) directory entries,
 /// O(page) rows in run-id order, every run's digest in created-at order and
-/// every run's lifecycle record in the priority order (and in `claim`:
-/// `claim_next`'s order, priority first). Holds one key per run, never a
-/// digest per run.
-fn walk_page(inner: &Inner, q: &ListQuery, a: &Attribution, claim: bool) -> Result<RunPage> {
+/// every run's lifecycle record in the priority order (`claim_next`'s
+/// order is [`walk_claim`]'s). Holds one key per run, never a digest per
+/// run.
+fn walk_page(inner: &Inner, q: &ListQuery, a: &Attribution) -> Result<RunPage> {
     let ctx = Ctx::store("list_runs");
     let candidates = enumerate(inner.base(), &ctx)?;
     // Run-id order needs no digest to sort, so digests are read only for the
@@ -341,7 +341,7 @@ fn walk_page(inner: &Inner, q: &ListQuery, a: &Attribution, claim: bool) -> Resu
                 ListOrder::CreatedAt => digest_of(&c, &ctx)?.ok().and_then(|d| d.run_created_at),
             };
             let mut k = RowKey::new(q.order, &c.run, c.parent.as_ref(), created);
-            if claim || q.order == ListOrder::Priority {
+            if q.order == ListOrder::Priority {
                 k = k.with_priority(priority_of(&c, &ctx));
             }
             Some((k, c))
@@ -364,15 +364,112 @@ fn walk_page(inner: &Inner, q: &ListQuery, a: &Attribution, claim: bool) -> Resu
     Ok(q.page_from_sorted(page))
 }
 
-/// How many rows `claim_next` reads per step when the index cannot be used.
+/// How many candidates `claim_next` asks the index for at a time.
 const CLAIM_PAGE: usize = 16;
+
+/// The key a run's claim may be skipped for while that key is at its limit
+/// at `now`: its key, unless its deadline has passed (the core judges the
+/// deadline before the key, so such a run is finished by its claim, never
+/// skipped). The one rule for the index's entries, its summaries and the
+/// walk.
+pub(crate) fn skippable_key(
+    concurrency: Option<&(String, u32)>,
+    deadline: Option<runkeep::Timestamp>,
+    now: runkeep::Timestamp,
+) -> Option<&(String, u32)> {
+    match deadline {
+        Some(d) if now >= d => None,
+        _ => concurrency,
+    }
+}
+
+/// A `claim_next` candidate found by the walk ([`walk_claim`]).
+struct Walked {
+    key: RowKey,
+    candidate: Candidate,
+    skippable: Option<(String, u32)>,
+}
+
+/// `claim_next`'s candidates when the index cannot be used (being built,
+/// refused, switched off): every run directory once per call, in claim
+/// order ([`RunRow::claim_key`]) after `after`. Each run's lifecycle record
+/// is read once — its priority places it, its status drops a finished run,
+/// its key and deadline say whether it may be skipped — and the runs of a
+/// key at its limit (counted once per key per call from the key's held set
+/// into `busy`, as the index path counts) are dropped before any of their
+/// rows is read. O(runs) directory entries and records per call, not per
+/// page; rows are read only as the caller reaches them.
+fn walk_claim(
+    inner: &Inner,
+    q: &ListQuery,
+    a: &Attribution,
+    after: Option<&RowKey>,
+    busy: &RefCell<HashMap<String, u32>>,
+) -> Result<Vec<Walked>> {
+    let ctx = Ctx::store("claim_next");
+    let now = q.now;
+    let mut out = Vec::new();
+    for c in enumerate(inner.base(), &ctx)? {
+        let created = match q.order {
+            ListOrder::RunId | ListOrder::Priority => None,
+            ListOrder::CreatedAt => match digest_of(&c, &ctx) {
+                None => continue,
+                Some(d) => d.ok().and_then(|d| d.run_created_at),
+            },
+        };
+        let lifecycle = run_state::read_record(&c.dir, &ctx)
+            .ok()
+            .flatten()
+            .map(|r| r.lifecycle);
+        let key = RowKey::new(q.order, &c.run, c.parent.as_ref(), created)
+            .with_priority(lifecycle.as_ref().map(|l| l.priority).unwrap_or_default());
+        if after.is_some_and(|a| key.without_tie() <= a.without_tie()) {
+            continue;
+        }
+        let mut skippable = None;
+        if let Some(l) = &lifecycle {
+            if l.status.is_finished() {
+                // A finished run stays finished (only a reopen, under
+                // the run lock, changes that; the next call sees it).
+                continue;
+            }
+            let concurrency = l.concurrency.as_ref().map(|c| (c.key.clone(), c.limit));
+            skippable = skippable_key(concurrency.as_ref(), l.deadline, now).cloned();
+        }
+        if let Some((k, limit)) = &skippable {
+            let held = *busy
+                .borrow_mut()
+                .entry(k.clone())
+                .or_insert_with(|| keys::held_now(inner, &c.scope(a), k, now));
+            if held >= *limit {
+                continue;
+            }
+        }
+        out.push(Walked {
+            key,
+            candidate: c,
+            skippable,
+        });
+    }
+    out.sort_by(|x, y| x.key.cmp(&y.key));
+    Ok(out)
+}
+
+/// One `claim_next` candidate: from the index (its entry, corrected from
+/// the read) or from the walk.
+enum Next {
+    Indexed(crate::index::Found),
+    Walked(Walked),
+}
 
 /// Takes the next run nobody holds live (scan-and-claim): candidates in the
 /// filter's order, each claimed through the lease (link arbitration), so two
 /// concurrent callers never get one run at one fence. From the index, a
 /// call reads only the candidates it tries (the index skips held,
-/// finished, deferred and non-matching runs in memory); without it, it
-/// walks pages of [`CLAIM_PAGE`] rows.
+/// finished, deferred and non-matching runs in memory, and the streams of
+/// keys at their limit unvisited); without it, the call walks every run
+/// directory once ([`walk_claim`]), dropping the runs of keys at their
+/// limit before reading their rows.
 pub(crate) fn claim_next(
     inner: &Inner,
     scope: &ListingScope,
@@ -396,13 +493,12 @@ pub(crate) fn claim_next(
     let ctx = Ctx::store("claim_next");
     let mut contended = None;
     let mut after: Option<RowKey> = None;
-    let mut cursor: Option<String> = None;
     // Runs of each concurrency key held live, counted once per call: from
     // the index's leases of the key (no file read), or (a run the index
     // did not hand out, the walk) from the key's held set (`crate::keys`).
-    // The entries of a key at its limit are skipped from the index without
-    // reading their runs. The claim counts again under the key lock; this
-    // only saves the reads.
+    // The entries of a key at its limit are skipped without reading their
+    // runs. The claim counts again under the key lock; this only saves
+    // the reads (and the key lock's queue).
     let busy: RefCell<HashMap<String, u32>> = RefCell::default();
     let at_limit = |c: Option<&(String, u32)>| {
         c.is_some_and(|(k, limit)| busy.borrow().get(k).is_some_and(|h| h >= limit))
@@ -419,58 +515,41 @@ pub(crate) fn claim_next(
             &|s| s.claimable(now) && s.matches(&q) && !at_limit(s.skippable_key(now)),
             &|key, limit, indexed| held_of(key, indexed) >= limit,
         );
-        // From the index: candidates, each read only when its turn comes
-        // (the first claimable one usually ends the call).
-        let (candidates, mut rows, more) = match indexed {
+        // From the index: a page of candidates, each read only when its
+        // turn comes (the first claimable one usually ends the call).
+        // Without it: every candidate left, from one walk.
+        let (candidates, more): (Vec<Next>, bool) = match indexed {
             Some(batch) => {
                 let more = batch.len() == CLAIM_PAGE;
-                (batch, Vec::new(), more)
+                (batch.into_iter().map(Next::Indexed).collect(), more)
             }
             None => {
-                let page = walk_page(
-                    inner,
-                    &ListQuery::new(
-                        scope,
-                        &ListOptions {
-                            cursor: cursor.take(),
-                            ..list.clone()
-                        },
-                    )?,
-                    a,
-                    true,
-                )?;
-                cursor = page.cursor;
-                let more = cursor.is_some();
-                (Vec::new(), page.entries, more)
+                let walked = walk_claim(inner, &q, a, after.as_ref(), &busy)?;
+                (walked.into_iter().map(Next::Walked).collect(), false)
             }
         };
-        rows.reverse();
-        let mut candidates = candidates.into_iter();
-        loop {
-            let row = match candidates.next() {
-                Some(found) => {
-                    after = Some(found.key.clone());
-                    let c = &found.candidate;
-                    if let Some((key, limit)) = found.skippable_key(now) {
-                        let held = *busy
-                            .borrow_mut()
-                            .entry(key.clone())
-                            .or_insert_with(|| keys::held_now(inner, &c.scope(a), key, now));
-                        if held >= *limit {
-                            continue;
-                        }
-                    }
-                    let read = read_run(c, &ctx);
-                    inner.index_reconcile(&found, read.as_ref().and_then(Summary::of));
-                    match read.and_then(|r| r.row(c.scope(a), now)) {
-                        Some(row) if q.matches(&row) => row,
-                        _ => continue,
-                    }
+        for next in candidates {
+            let (key, c, skippable) = match &next {
+                Next::Indexed(f) => (&f.key, &f.candidate, f.skippable_key(now)),
+                Next::Walked(w) => (&w.key, &w.candidate, w.skippable.as_ref()),
+            };
+            after = Some(key.clone());
+            if let Some((k, limit)) = skippable {
+                let held = *busy
+                    .borrow_mut()
+                    .entry(k.clone())
+                    .or_insert_with(|| keys::held_now(inner, &c.scope(a), k, now));
+                if held >= *limit {
+                    continue;
                 }
-                None => match rows.pop() {
-                    Some(row) => row,
-                    None => break,
-                },
+            }
+            let read = read_run(c, &ctx);
+            if let Next::Indexed(found) = &next {
+                inner.index_reconcile(found, read.as_ref().and_then(Summary::of));
+            }
+            let row = match read.and_then(|r| r.row(c.scope(a), now)) {
+                Some(row) if q.matches(&row) => row,
+                _ => continue,
             };
             if !row.is_claimable(now) {
                 // Damaged, finished, deferred past `now` or held.
@@ -579,18 +658,26 @@ pub(crate) fn claim_page_with(
         None
     };
     let Some(batch) = batch else {
-        let page = walk_page(inner, &q, a, true)?;
-        let next = page
-            .entries
-            .last()
-            .map(|r| r.claim_key(q.order).without_tie());
-        let more = page.cursor.is_some();
-        let rows = page
-            .entries
-            .into_iter()
-            .filter(|r| r.is_claimable(now))
-            .collect();
-        return Ok((rows, next.filter(|_| more)));
+        // The walk, as `claim_next`'s: the runs of a key at its limit and
+        // finished runs dropped before any row is read; rows read until
+        // the page holds `want`.
+        let mut rows = Vec::new();
+        let mut last = None;
+        let mut more = false;
+        for w in walk_claim(inner, &q, a, q.after.as_ref(), &busy)? {
+            if rows.len() == want {
+                more = true;
+                break;
+            }
+            last = Some(w.key.clone());
+            let row = read_run(&w.candidate, &ctx).and_then(|r| r.row(w.candidate.scope(a), now));
+            if let Some(row) = row {
+                if q.matches(&row) && row.is_claimable(now) {
+                    rows.push(row);
+                }
+            }
+        }
+        return Ok((rows, last.filter(|_| more)));
     };
     let more = batch.len() == want;
     let mut rows = Vec::with_capacity(batch.len());

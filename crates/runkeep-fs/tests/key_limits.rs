@@ -12,6 +12,14 @@ use runkeep_fs::{Attribution, FsOptions, FsRootOptions, FsRootStore, FsStore};
 
 /// `n` stores on one session directory.
 fn sessions(dir: &std::path::Path, n: usize) -> Vec<Arc<dyn RunStore>> {
+    stores(dir, n)
+        .into_iter()
+        .map(|s| s as Arc<dyn RunStore>)
+        .collect()
+}
+
+/// [`sessions`], as `FsStore`s.
+fn stores(dir: &std::path::Path, n: usize) -> Vec<Arc<FsStore>> {
     (0..n)
         .map(|_| {
             Arc::new(
@@ -27,7 +35,7 @@ fn sessions(dir: &std::path::Path, n: usize) -> Vec<Arc<dyn RunStore>> {
                     },
                 )
                 .unwrap(),
-            ) as Arc<dyn RunStore>
+            )
         })
         .collect()
 }
@@ -58,31 +66,84 @@ async fn sixteen_workers_on_a_root_never_hold_a_key_past_its_limit() {
     report.assert_clean("root");
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn a_key_with_most_of_the_queue_does_not_starve_the_others_on_a_directory() {
+/// The fairness drain on four `FsStore`s of one directory: `big_runs` runs
+/// of one key at limit 2 queued, 20 runs of other keys arriving one per
+/// drain cycle, each run held `hold`. `warm`: every store's session index
+/// is built (on the empty directory) before the queue is, so the drain's
+/// `claim_next` calls take the index's streams; cold, the drain's first
+/// calls start the index builds and walk meanwhile (on a loaded machine
+/// the whole measurement happens before the indexes are built).
+async fn fairness_on_a_directory(label: &str, warm: bool, big_runs: usize, hold: Duration) {
     let dir = tempfile::tempdir().unwrap();
+    let fs = stores(dir.path(), 4);
+    if warm {
+        for s in &fs {
+            s.testing().wait_index().expect("the index is built");
+        }
+    }
+    let all: Vec<Arc<dyn RunStore>> = fs.iter().map(|s| s.clone() as Arc<dyn RunStore>).collect();
     let report = fairness(
-        &sessions(dir.path(), 4),
+        &all,
         &Fairness {
             workers: 8,
-            // Long enough that the big key's queue outlasts the other
-            // runs' waits on a loaded CI machine (at 180 one CI run saw the
-            // big queue drained while an other-key run, enqueued late,
-            // still waited: 19 of 20).
-            big_runs: 600,
+            big_runs,
             big_limit: 2,
             other_runs: 20,
-            hold: Duration::from_millis(2),
+            hold,
         },
     )
     .await;
-    eprintln!("{}", report.line("directory"));
+    eprintln!("{}", report.line(label));
     assert_eq!(report.big_most, 2, "the big key must be held at its limit");
     assert_eq!(report.cycles.len(), 20);
     assert_eq!(
         report.claimed_while_big_waited,
         20,
         "another key's run waited behind the big key: {}",
-        report.line("directory")
+        report.line(label)
     );
+    // Issue 30's figure: the other keys' runs start within one drain cycle
+    // of their enqueue. Counted in calls, not milliseconds (a loaded
+    // machine makes each call longer, not the calls more numerous). The
+    // median is held to the figure; the slowest to three cycles, a margin
+    // for the loaded 2-core machine (the calls in flight when a run
+    // arrives started before it and cannot see it), still far below what
+    // the walk in pages measured (cold: p50 5.5, max 9.4).
+    assert!(
+        report.median_cycles() <= 1.0 && report.max_cycles() <= 3.0,
+        "the other keys' runs waited more than a drain cycle: {}",
+        report.line(label)
+    );
+}
+
+/// How long each run is held in the fairness drains. The figure is about
+/// a key *at its limit*, and with 2 ms holds the big key mostly is not on
+/// the loaded test machine: its holding (2 ms and the finish) ends before
+/// the next `claim_next` reaches it (5-60 ms a call at load 15: the sync of
+/// the other workers' changes, the row read, the key lock), so with the
+/// index built the index counted it at its limit in 20 of 620 calls, the
+/// other calls rightly took its runs (first in the order), and the waits
+/// measured p50 0.5-8.8 cycles, the cold drain p50 1.0 / max 3.1 once.
+/// PostgreSQL's calls (about a millisecond) keep it at its limit with 2 ms.
+const HOLD: Duration = Duration::from_millis(20);
+
+/// Cold: 600 big-key runs. Mutation: `claim_next`'s walk in pages of 16
+/// that tries every row of a saturated key (before `listing::walk_claim`)
+/// → p50 5.5 / max 9.4 cycles, fails.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_key_with_most_of_the_queue_does_not_starve_the_others_on_a_directory() {
+    fairness_on_a_directory(
+        "directory, cold (the drain starts the index builds)",
+        false,
+        600,
+        HOLD,
+    )
+    .await;
+}
+
+/// With the index built before the queue: 300 big-key runs outlast the
+/// arrivals.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_key_with_most_of_the_queue_does_not_starve_the_others_on_an_indexed_directory() {
+    fairness_on_a_directory("directory, index built", true, 300, HOLD).await;
 }

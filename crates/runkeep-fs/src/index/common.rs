@@ -65,10 +65,7 @@ pub(crate) struct Found {
 impl Found {
     /// [`crate::index::Summary::skippable_key`] of the entry.
     pub(crate) fn skippable_key(&self, now: runkeep::Timestamp) -> Option<&(String, u32)> {
-        match self.deadline {
-            Some(d) if now >= d => None,
-            _ => self.concurrency.as_ref(),
-        }
+        crate::listing::skippable_key(self.concurrency.as_ref(), self.deadline, now)
     }
 }
 

@@ -157,10 +157,7 @@ impl Summary {
     /// The key `claim_next` may skip this run for when the key is at its
     /// limit at `now` (none once its deadline passed).
     pub(crate) fn skippable_key(&self, now: Timestamp) -> Option<&(String, u32)> {
-        match self.deadline {
-            Some(d) if now >= d => None,
-            _ => self.concurrency.as_ref(),
-        }
+        crate::listing::skippable_key(self.concurrency.as_ref(), self.deadline, now)
     }
 
     /// An undamaged row whose lifecycle is finished (what a prune looks at).
