@@ -95,11 +95,8 @@ fn renumbered(sql: &str, by: usize, out: &mut String) {
     while i < bytes.len() {
         let b = bytes[i];
         match quote {
-            Some(q) => {
-                if b == q {
-                    quote = None;
-                }
-            }
+            Some(q) if b == q => quote = None,
+            Some(_) => {}
             None if b == b'\'' || b == b'"' => quote = Some(b),
             None if b == b'$' && bytes.get(i + 1).is_some_and(u8::is_ascii_digit) => {
                 let end = (i + 1..bytes.len())
