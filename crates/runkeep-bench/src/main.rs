@@ -530,6 +530,16 @@ fn all_cases(s: &Settings, scaling: bool, with_peers: bool, grace_off: bool) -> 
                     Kind::Drain(w, true),
                 ));
                 cases.push(Case::new(
+                    "pg-split",
+                    format!("handover@{w}"),
+                    "cycles/s",
+                    format!(
+                        "as pg/handover@{w}, on a store that sends a step's writes one statement each (PgOptions::merge_step_writes off: the path before issue 32), {w} worker{}",
+                        plural(w)
+                    ),
+                    Kind::Drain(w, true),
+                ));
+                cases.push(Case::new(
                     b,
                     format!("base.skip-locked@{w}"),
                     "cycles/s",
@@ -866,6 +876,7 @@ async fn open_env(
     let needs = |backend: &str| cases.iter().any(|c| c.backend == backend);
     let needs_pg = needs("pg")
         || needs("pg-coalesced")
+        || needs("pg-split")
         || needs("serve-pg")
         || cases.iter().any(|c| c.group == "peers");
     let needs_fs = needs("fs") || needs(FS_GRACE_OFF) || needs("fs-powerloss") || needs("serve-fs");
@@ -958,6 +969,7 @@ async fn open_env(
                 for b in [
                     "pg",
                     "pg-coalesced",
+                    "pg-split",
                     "serve-pg",
                     "graphile-worker",
                     "pg-boss",
@@ -994,6 +1006,14 @@ async fn open_env(
                     })?;
                     env.targets
                         .insert("pg-coalesced", target(Arc::new(store), 8));
+                }
+                if needs("pg-split") {
+                    let mut o = options(format!("{}_pgs", env.schema_base));
+                    o.merge_step_writes = false;
+                    let store = PgStore::connect(&args.pg_url, o)
+                        .await
+                        .map_err(|e| BenchError::failed(format!("open the pg-split store: {e}")))?;
+                    env.targets.insert("pg-split", target(Arc::new(store), 8));
                 }
                 if needs("serve-pg") {
                     let (url, schema) = (args.pg_url.clone(), format!("{}_serve", env.schema_base));
@@ -1051,7 +1071,7 @@ async fn clean_up(env: Env, servers: Vec<serve::InProcessServer>) -> Vec<String>
     drop(targets);
     drop(baselines);
     let _ = tokio::task::spawn_blocking(move || drop(servers)).await;
-    let mut schemas: Vec<String> = ["pg", "pgc", "serve", "base"]
+    let mut schemas: Vec<String> = ["pg", "pgc", "pgs", "serve", "base"]
         .iter()
         .map(|s| format!("{schema_base}_{s}"))
         .collect();
@@ -1438,6 +1458,16 @@ fn ratios(cases: &[Case], s: &Settings) -> Vec<Ratio> {
             false,
             None,
             "the cost of keeping young holding names (--grace-off)",
+        );
+    }
+    for w in WORKERS {
+        pair(
+            format!("pg drain by hand-overs, step writes in one statement vs one each @{w}"),
+            &format!("pg/handover@{w}"),
+            &format!("pg-split/handover@{w}"),
+            false,
+            None,
+            "issue 32: the step's writes as one data-modifying statement",
         );
     }
     for w in WORKERS {
@@ -2002,7 +2032,10 @@ fn charts(cases: &[Case]) -> Vec<(String, svg::Chart)> {
     let pg_family = drain_series(&|c| {
         matches!(c.kind, Kind::PgSkipLocked(_) | Kind::Peer(..))
             || (matches!(c.kind, Kind::Drain(..))
-                && matches!(c.backend.as_str(), "pg" | "pg-coalesced" | "serve-pg"))
+                && matches!(
+                    c.backend.as_str(),
+                    "pg" | "pg-coalesced" | "pg-split" | "serve-pg"
+                ))
     });
     if !pg_family.is_empty() {
         out.push((

@@ -11,23 +11,12 @@ use crate::db::row::{corrupted, i64_of, Key, KEY_COLS, KEY_WHERE};
 use crate::db::tx::{Opening, Verdict, Writes};
 use crate::db::Db;
 
-/// Sets one document column (`record` or `report`).
-pub(crate) fn document_stmt(key: &Key, column: &str, value: Param) -> Stmt {
-    Stmt::new(
-        "write a document",
-        format!("UPDATE runs SET {column} = $6 WHERE {KEY_WHERE}"),
-        key.owned(vec![value]),
-    )
-}
-
-pub(crate) fn messages_stmt(db: &Db, key: &Key, messages: &[Value], through: u64) -> Result<Stmt> {
+/// The values of the `messages` and `messages_through` columns for a
+/// snapshot of `messages` through event `through`, checked for size.
+pub(crate) fn messages_values(db: &Db, messages: &[Value], through: u64) -> Result<(Param, Param)> {
     let v = Value::Array(messages.to_vec());
     db.check_json("message snapshot", &v)?;
-    Ok(Stmt::new(
-        "write the message snapshot",
-        format!("UPDATE runs SET messages = $6, messages_through = $7 WHERE {KEY_WHERE}"),
-        key.owned(vec![Box::new(v), Box::new(i64_of(through))]),
-    ))
+    Ok((Box::new(v), Box::new(i64_of(through))))
 }
 
 pub(crate) async fn write_run_record(

@@ -95,6 +95,14 @@ pub struct PgOptions {
     /// differ from these options (docs/design/postgres.md, "Behind a
     /// pooler"). `None` (the default): the URL is PostgreSQL itself.
     pub direct_url: Option<String>,
+    /// Send a step's writes (`commit_step`, and with them the next run's
+    /// claim in `commit_step_and_claim_next`) as one data-modifying
+    /// statement (`WITH … INSERT …, … UPDATE …`) instead of one statement
+    /// each: fewer executor starts and protocol messages for the server,
+    /// the same rows written, the same fence judged under the same lock.
+    /// Default `true`; `false` is the earlier path, kept to measure one
+    /// against the other (`runkeep-bench`'s `pg-split` cases).
+    pub merge_step_writes: bool,
 }
 
 impl Default for PgOptions {
@@ -113,6 +121,7 @@ impl Default for PgOptions {
             watch_fallback: Duration::from_secs(5),
             notify: NotifyMode::Immediate,
             direct_url: None,
+            merge_step_writes: true,
         }
     }
 }

@@ -6,6 +6,7 @@ use runkeep::{Error, Fence, Handover, NextClaim, Result, RunScope, Step, StepRec
 use serde_json::Value;
 
 use crate::claims::{NextSearch, Searched};
+use crate::db::pipeline::{Param, Stmt};
 use crate::db::tx::{Locked, Opening, Verdict, Wake, Writes};
 use crate::db::Db;
 
@@ -44,7 +45,11 @@ pub(crate) async fn commit_step_and_claim_next(
     let (tx, mut locked) = db.lock_row(what, scope, opening).await?;
     let mut first = std::mem::take(&mut locked.more);
     let (receipt, writes) = judge(db, scope, fence, step, record, &mut locked)?;
-    let (mut stmts, notify) = db.written(&tx, what, scope, &mut locked, writes).await?;
+    let merge = db.options.merge_step_writes;
+    // The step's writes, merged below with the claim's (another row).
+    let (mut stmts, notify) = db
+        .written(&tx, what, scope, &mut locked, writes.merged(false))
+        .await?;
     if ends_a_key_holding(&locked) {
         // The step ends a holding of a concurrency key: the next claim must
         // count without it, as a claim after the step's commit would. The
@@ -52,6 +57,9 @@ pub(crate) async fn commit_step_and_claim_next(
         // the first candidate again: the one read with the lock predates
         // them (and the key may have looked saturated then). One more round
         // trip, only for such a step.
+        if merge {
+            stmts = merged(stmts);
+        }
         stmts.push(search.first());
         first = db.run(&tx, what, std::mem::take(&mut stmts)).await?;
         first = first.pop().into_iter().collect();
@@ -59,6 +67,9 @@ pub(crate) async fn commit_step_and_claim_next(
     let searched = search
         .search(db, &tx, what, first, Some(scope), &mut stmts)
         .await?;
+    if merge {
+        stmts = merged(stmts);
+    }
     db.commit_notify(tx, what, stmts, scope, notify).await?;
     let next = match searched {
         Searched::Taken(taken) => Ok(taken),
@@ -72,6 +83,16 @@ pub(crate) async fn commit_step_and_claim_next(
         }
     };
     Ok(Handover { receipt, next })
+}
+
+/// The step's (and the claim's) writes as one statement
+/// ([`pipeline::merged`](crate::db::pipeline::merged)): no two of them
+/// touch the same row (the step saves its run's row once, its documents
+/// with it; the claim saves another run's).
+fn merged(stmts: Vec<Stmt>) -> Vec<Stmt> {
+    crate::db::pipeline::merged("the step's writes", stmts)
+        .into_iter()
+        .collect()
 }
 
 /// True when the judged step ends the run's holding of a concurrency key
@@ -136,26 +157,29 @@ fn judge(
     if let Some(stored) = &checkpoint {
         writes = writes.checkpoint(stored.clone(), l.checkpoint_exists);
     }
+    // The documents are set by the save's own `UPDATE` of the row: one
+    // write of the row (what a merged write needs).
+    let mut documents: Vec<(&'static str, Param)> = Vec::new();
     if let Some(m) = &step.messages {
         let through = Step::through_seq(m, &events, last_before);
-        writes = writes.stmt(crate::documents::messages_stmt(
-            db,
-            key,
-            &m.messages,
-            through,
-        )?);
+        let (snapshot, through) = crate::documents::messages_values(db, &m.messages, through)?;
+        documents.push(("messages", snapshot));
+        documents.push(("messages_through", through));
     }
     if let Some(v) = record {
-        writes = writes.stmt(crate::documents::document_stmt(key, "record", Box::new(v)));
+        documents.push(("record", Box::new(v)));
     }
     if let Some(f) = &finished {
         f.apply(&mut run.top, &mut run.lifecycle);
     }
-    let writes = writes.save().notify(if events.is_empty() {
-        Wake::Changed
-    } else {
-        Wake::NewEvents
-    });
+    let writes = writes
+        .save_also(documents)
+        .merged(db.options.merge_step_writes)
+        .notify(if events.is_empty() {
+            Wake::Changed
+        } else {
+            Wake::NewEvents
+        });
     let receipt = StepReceipt {
         events,
         checkpoint,

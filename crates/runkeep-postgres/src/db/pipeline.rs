@@ -47,6 +47,78 @@ impl Stmt {
     }
 }
 
+/// `stmts` as one statement: every one but the last a data-modifying
+/// `WITH` item, the last the statement itself, their parameters numbered on
+/// (`$1` of the second is `$n + 1` when the first has `n`). One executor
+/// start, one `Bind`/`Execute`/`Sync` and one reply instead of one each.
+///
+/// The items run on one snapshot and do not see each other's changes
+/// (PostgreSQL's rule for data-modifying `WITH`): the caller sends no two
+/// statements that touch the same row (a row updated twice in one statement
+/// keeps only one of the updates), and none that reads what another
+/// writes. Foreign keys are checked at the end of the statement, so an
+/// item may insert rows referencing a row another item updates. `None`
+/// for no statement; one statement is answered as it is.
+pub(crate) fn merged(what: &'static str, stmts: Vec<Stmt>) -> Option<Stmt> {
+    if stmts.len() <= 1 {
+        return stmts.into_iter().next();
+    }
+    let n = stmts.len();
+    let mut sql = String::with_capacity(stmts.iter().map(|s| s.sql.len() + 16).sum());
+    let mut params: Vec<Param> = Vec::with_capacity(stmts.iter().map(|s| s.params.len()).sum());
+    for (i, s) in stmts.into_iter().enumerate() {
+        if i == 0 {
+            sql.push_str("WITH ");
+        } else if i < n - 1 {
+            sql.push_str(", ");
+        } else {
+            sql.push(' ');
+        }
+        if i < n - 1 {
+            sql.push_str(&format!("w{i} AS ("));
+        }
+        renumbered(&s.sql, params.len(), &mut sql);
+        if i < n - 1 {
+            sql.push(')');
+        }
+        params.extend(s.params);
+    }
+    Some(Stmt::new(what, sql, params))
+}
+
+/// Appends `sql` to `out` with every placeholder `$k` outside a quoted
+/// literal or identifier written as `$(k + by)`.
+fn renumbered(sql: &str, by: usize, out: &mut String) {
+    let bytes = sql.as_bytes();
+    let mut quote: Option<u8> = None;
+    let mut i = 0;
+    while i < bytes.len() {
+        let b = bytes[i];
+        match quote {
+            Some(q) if b == q => quote = None,
+            Some(_) => {}
+            None if b == b'\'' || b == b'"' => quote = Some(b),
+            None if b == b'$' && bytes.get(i + 1).is_some_and(u8::is_ascii_digit) => {
+                let end = (i + 1..bytes.len())
+                    .find(|&j| !bytes[j].is_ascii_digit())
+                    .unwrap_or(bytes.len());
+                let k: usize = sql[i + 1..end].parse().unwrap_or(0);
+                out.push_str(&format!("${}", k + by));
+                i = end;
+                continue;
+            }
+            None => {}
+        }
+        // Placeholders and quotes are ASCII: copy up to the next byte that
+        // may start one.
+        let next = (i + 1..bytes.len())
+            .find(|&j| matches!(bytes[j], b'$' | b'\'' | b'"'))
+            .unwrap_or(bytes.len());
+        out.push_str(&sql[i..next]);
+        i = next;
+    }
+}
+
 /// A statement ready to send.
 pub(crate) enum Prepared {
     /// Prepared on this connection (kept in its cache).
@@ -281,5 +353,42 @@ impl Drop for Tx {
             }
             Err(_) => drop(guard),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn merged_numbers_every_statement_s_parameters_on() {
+        let a = Stmt::new(
+            "a",
+            "INSERT INTO t (x, y) VALUES ($1, $2::bigint)",
+            vec![Box::new(1_i64), Box::new(2_i64)],
+        );
+        let b = Stmt::new(
+            "b",
+            "UPDATE u SET s = 'x$1', \"q$2\" = $1 WHERE k = $10",
+            vec![Box::new(3_i64)],
+        );
+        let c = Stmt::new("c", "DELETE FROM v WHERE k = $1", vec![Box::new(4_i64)]);
+        let m = merged("all", vec![a, b, c]).expect("statements");
+        assert_eq!(
+            m.sql,
+            "WITH w0 AS (INSERT INTO t (x, y) VALUES ($1, $2::bigint)), \
+             w1 AS (UPDATE u SET s = 'x$1', \"q$2\" = $3 WHERE k = $12) \
+             DELETE FROM v WHERE k = $4"
+        );
+        assert_eq!(m.params.len(), 4);
+        assert_eq!(m.what, "all");
+    }
+
+    #[test]
+    fn merged_answers_one_statement_as_it_is() {
+        let a = Stmt::new("a", "SELECT $1", vec![Box::new(1_i64)]);
+        let m = merged("all", vec![a]).expect("one");
+        assert_eq!((m.what, m.sql.as_str()), ("a", "SELECT $1"));
+        assert!(merged("none", Vec::new()).is_none());
     }
 }

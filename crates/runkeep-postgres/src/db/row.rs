@@ -143,9 +143,16 @@ pub(crate) fn sql_after_lock() -> String {
 pub(crate) fn sql_headers() -> String {
     format!("SELECT header FROM checkpoints WHERE {KEY_WHERE}")
 }
-pub(crate) fn sql_save() -> String {
+/// The save's `UPDATE` of every state column (`$6`..`$24`), also setting
+/// `also` (`$25`, `$26`, …).
+pub(crate) fn sql_save_also(also: &[&str]) -> String {
+    let more: String = also
+        .iter()
+        .enumerate()
+        .map(|(i, c)| format!(", {c} = ${}", 25 + i))
+        .collect();
     format!(
-        "UPDATE runs SET top_kind = $6, top_fence = $7, holder = $8, expires_at = $9, lifecycle = $10, status = $11, available_at = $12, digest = $13, checkpoint_count = $14, created_rank = $15, created_stamp = $16, park_count = $17, last_seq = $18, last_audit_seq = $19, priority = $20, ckey = $21, climit = $22, deadline = $23, finished_at = $24 WHERE {KEY_WHERE}"
+        "UPDATE runs SET top_kind = $6, top_fence = $7, holder = $8, expires_at = $9, lifecycle = $10, status = $11, available_at = $12, digest = $13, checkpoint_count = $14, created_rank = $15, created_stamp = $16, park_count = $17, last_seq = $18, last_audit_seq = $19, priority = $20, ckey = $21, climit = $22, deadline = $23, finished_at = $24{more} WHERE {KEY_WHERE}"
     )
 }
 
@@ -258,6 +265,15 @@ impl Db {
 
 /// The `UPDATE` that writes `run` back to its row.
 pub(crate) fn save_stmt(key: &Key, run: &RunState) -> Result<Stmt> {
+    save_stmt_with(key, run, Vec::new())
+}
+
+/// [`save_stmt`], also setting each of `also`'s columns to its value.
+pub(crate) fn save_stmt_with(
+    key: &Key,
+    run: &RunState,
+    also: Vec<(&'static str, Param)>,
+) -> Result<Stmt> {
     let (kind, fence, holder, expires): (Option<i16>, Option<i64>, Option<String>, Option<i64>) =
         match &run.top {
             None => (None, None, None, None),
@@ -312,29 +328,32 @@ pub(crate) fn save_stmt(key: &Key, run: &RunState) -> Result<Stmt> {
         .finished_at
         .filter(|_| run.lifecycle.status.is_finished())
         .map(Timestamp::as_millis);
+    let (columns, values): (Vec<&str>, Vec<Param>) = also.into_iter().unzip();
+    let mut params = key.owned(vec![
+        Box::new(kind),
+        Box::new(fence),
+        Box::new(holder),
+        Box::new(expires),
+        Box::new(lifecycle),
+        Box::new(status),
+        Box::new(available),
+        Box::new(digest),
+        Box::new(count),
+        Box::new(rank),
+        Box::new(stamp),
+        Box::new(parks),
+        Box::new(i64_of(run.last_seq)),
+        Box::new(i64_of(run.last_audit)),
+        Box::new(priority),
+        Box::new(ckey),
+        Box::new(climit),
+        Box::new(deadline),
+        Box::new(finished_at),
+    ]);
+    params.extend(values);
     Ok(Stmt::new(
         "save the run row",
-        sql_save(),
-        key.owned(vec![
-            Box::new(kind),
-            Box::new(fence),
-            Box::new(holder),
-            Box::new(expires),
-            Box::new(lifecycle),
-            Box::new(status),
-            Box::new(available),
-            Box::new(digest),
-            Box::new(count),
-            Box::new(rank),
-            Box::new(stamp),
-            Box::new(parks),
-            Box::new(i64_of(run.last_seq)),
-            Box::new(i64_of(run.last_audit)),
-            Box::new(priority),
-            Box::new(ckey),
-            Box::new(climit),
-            Box::new(deadline),
-            Box::new(finished_at),
-        ]),
+        sql_save_also(&columns),
+        params,
     ))
 }

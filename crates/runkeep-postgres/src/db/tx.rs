@@ -10,8 +10,10 @@ use tokio_postgres::Row;
 use runkeep::{Checkpoint, Error, Result, RunScope, Timestamp};
 
 use crate::db::digest::checkpoint_stmt;
-use crate::db::pipeline::{self, Prepared, Stmt, Tx};
-use crate::db::row::{save_stmt, sql_after_lock, sql_ensure, sql_lock, state_of, Key, RunState};
+use crate::db::pipeline::{self, Param, Prepared, Stmt, Tx};
+use crate::db::row::{
+    save_stmt_with, sql_after_lock, sql_ensure, sql_lock, state_of, Key, RunState,
+};
 use crate::db::wake;
 use crate::db::{Db, Session};
 use crate::error::{map_commit, map_pg};
@@ -92,6 +94,11 @@ pub(crate) struct Writes {
     checkpoint: Option<(usize, Box<Checkpoint>, bool)>,
     /// Save the judged row last.
     save: bool,
+    /// More columns the save sets (a step's documents: one `UPDATE` of
+    /// the row, which a merged write needs).
+    save_also: Vec<(&'static str, Param)>,
+    /// Send the writes as one statement ([`pipeline::merged`]).
+    merged: bool,
     /// Whom to wake right after the `COMMIT`.
     notify: Wake,
     /// The instant a change of holding is recorded at in the key's history
@@ -134,6 +141,19 @@ impl Writes {
     /// Saves the judged row (after every other write).
     pub(crate) fn save(mut self) -> Self {
         self.save = true;
+        self
+    }
+
+    /// Saves the judged row, setting `columns` too (each to its value).
+    pub(crate) fn save_also(mut self, columns: Vec<(&'static str, Param)>) -> Self {
+        self.save_also.extend(columns);
+        self.save()
+    }
+
+    /// Sends the writes as one statement ([`pipeline::merged`]): only for
+    /// writes of which no two touch the same row.
+    pub(crate) fn merged(mut self, merged: bool) -> Self {
+        self.merged = merged;
         self
     }
 
@@ -223,7 +243,10 @@ impl Db {
                 &locked.run,
                 w.at.or(locked.read_now),
             ));
-            stmts.push(save_stmt(&locked.key, &locked.run)?);
+            stmts.push(save_stmt_with(&locked.key, &locked.run, w.save_also)?);
+        }
+        if w.merged {
+            stmts = pipeline::merged("the writes", stmts).into_iter().collect();
         }
         Ok((stmts, w.notify))
     }
