@@ -15,6 +15,12 @@
 //! of one key therefore count one after the other, and the second sees
 //! the first's holding.
 //!
+//! `claim_next` takes the lock inside its candidate statement, on the row
+//! that statement picked and locked ([`candidate_lock_sql`]), and counts
+//! in the next statement of the same pipeline ([`count_candidate_stmt`]):
+//! still a statement of its own, so its snapshot follows the lock, and a
+//! keyed claim costs the round trips of a claim without a key.
+//!
 //! Only claims take the lock: every other change of a holding (release,
 //! finish, failure, snooze, cancel, a finishing step) can only lower the
 //! count, so a claimer that counts before it commits counts high and
