@@ -110,10 +110,9 @@ pub fn check_limit(limit: usize) -> Result<()> {
 /// batches. After a batch that took `t` it pauses `t × (1 − d) / d`, so a
 /// batch slowed by the store's load is followed by a longer pause and the
 /// prune's share of the store stays `d` (`runkeep serve --retain-duty`).
-/// What the prune takes from other calls is measured in `BENCHMARKS.md`
-/// (Retention): the claims of a worker running beside it slow down while a
-/// batch runs (its CPU, and its WAL that their commits flush on
-/// PostgreSQL), not otherwise.
+/// What a prune takes from other calls (`BENCHMARKS.md`, Retention) is
+/// CPU and, on PostgreSQL, the WAL flushes of their commits, while a batch
+/// runs: less overlap is the lever, not fewer locks.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct PruneDuty(f64);
 
