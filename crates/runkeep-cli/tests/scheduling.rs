@@ -333,3 +333,28 @@ fn priorities_keys_and_dedupe_through_runkeep_serve() {
     let page = s.json(&op, &["runs"]);
     assert!(!ids(&page).contains(&"run_d2".to_string()));
 }
+
+/// `serve --retain-duty` outside (0, 1] is refused before anything starts,
+/// naming the option and what to give.
+#[test]
+fn serve_refuses_a_prune_duty_cycle_outside_zero_to_one() {
+    for bad in ["0", "1.5", "-0.2", "half"] {
+        runkeep()
+            .args([
+                "serve",
+                "--retain-finished",
+                "1d",
+                &format!("--retain-duty={bad}"),
+            ])
+            .assert()
+            // A usage error (EX_USAGE).
+            .code(64)
+            .stderr(predicate::str::contains("--retain-duty"))
+            .stderr(predicate::str::contains("0.25"));
+    }
+    runkeep()
+        .args(["serve", "--help"])
+        .assert()
+        .success()
+        .stdout(predicate::str::contains("--retain-duty"));
+}

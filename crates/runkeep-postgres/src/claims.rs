@@ -13,7 +13,7 @@ use crate::db::pipeline::{Stmt, Tx};
 use crate::db::row::{save_stmt, Key, RunState};
 use crate::db::tx::{Opening, Verdict, Wake, Writes};
 use crate::db::Db;
-use crate::keys;
+use crate::keys::{self, KeyLock};
 use crate::listing::{fill_state, listed_row, After, Listing};
 use std::cell::{Cell, RefCell};
 use tokio_postgres::Row;
@@ -108,9 +108,11 @@ pub(crate) async fn claim_next(
 ) -> Result<Option<(RunScope, Lease)>> {
     let what = "claim_next";
     let mut search = NextSearch::new(db, scope, filter, options)?;
-    let mut first = search.first();
+    // The candidate with its key's lock, then the key's count: one round
+    // trip, as for a run without a key.
+    let mut first = search.judged(&After::None);
     loop {
-        let (tx, replies) = db.begin(what, vec![first]).await?;
+        let (tx, replies) = db.begin(what, first).await?;
         let mut writes = Vec::new();
         let searched = search
             .search(db, &tx, what, replies, None, &mut writes)
@@ -127,7 +129,7 @@ pub(crate) async fn claim_next(
             // (module `keys`, "No deadlock").
             Searched::KeyJudged(after) => {
                 search.key_locked = false;
-                first = search.candidate(&after);
+                first = search.judged(&after);
             }
         }
     }
@@ -147,8 +149,9 @@ pub(crate) enum Searched {
 impl NextSearch<'_> {
     /// The key lock of the locked candidate `key` (waited for when this
     /// transaction holds no other, else only tried), then the instant and
-    /// the key's other holders, read under it: one round trip. `None`: the
-    /// lock was tried and another claimer holds it (the candidate is
+    /// the key's other holders, read under it: one more round trip, for a
+    /// candidate read by [`Self::first`] (without its key's lock). `None`:
+    /// the lock was tried and another claimer holds it (the candidate is
     /// skipped, as a row another claimer has locked is).
     async fn count_key(
         &mut self,
@@ -199,6 +202,11 @@ pub(crate) struct NextSearch<'a> {
     /// Every head the candidate statement found was locked by another
     /// claimer: this search goes on with the scan (`Listing::scan`).
     scanning: Cell<bool>,
+    /// The last candidate statement built locks its candidate's key and is
+    /// followed by the key's count ([`Self::judged`]), not [`Self::first`].
+    counted: Cell<bool>,
+    /// The store's schema (part of a key lock's hash).
+    schema: String,
 }
 
 impl<'a> NextSearch<'a> {
@@ -234,12 +242,36 @@ impl<'a> NextSearch<'a> {
             key_locked: false,
             last_after: RefCell::new(After::None),
             scanning: Cell::new(false),
+            counted: Cell::new(false),
+            schema: db.options.schema.clone(),
         })
     }
 
-    /// The first candidate's statement.
+    /// The first candidate's statement, without its key's lock: what a
+    /// hand-over sends beside its step's row lock (a keyed candidate is
+    /// then locked and counted in a round trip of its own,
+    /// [`Self::count_key`]).
     pub(crate) fn first(&self) -> Stmt {
-        self.candidate(&After::None)
+        self.counted.set(false);
+        self.candidate(&After::None, KeyLock::None)
+    }
+
+    /// The candidate after `after` with its key's lock (waited for when
+    /// the transaction holds no other key lock, else only tried), then the
+    /// count of the key's other holders in a statement of its own (its
+    /// snapshot taken once the lock is held; module `keys`): a keyed
+    /// candidate costs no more round trips than one without a key.
+    pub(crate) fn judged(&self, after: &After) -> Vec<Stmt> {
+        self.counted.set(true);
+        let lock = if self.key_locked {
+            KeyLock::Try
+        } else {
+            KeyLock::Wait
+        };
+        vec![
+            self.candidate(after, lock),
+            keys::count_candidate_stmt(self.fixed),
+        ]
     }
 
     /// The first statement of the transaction a search goes on in after a
@@ -255,11 +287,11 @@ impl<'a> NextSearch<'a> {
     /// locked: a claimer never blocks on another and never locks more rows
     /// than it judges. It carries the whole state a claim writes back, and
     /// the instant it was chosen at.
-    pub(crate) fn candidate(&self, after: &After) -> Stmt {
+    fn candidate(&self, after: &After, lock: KeyLock) -> Stmt {
         *self.last_after.borrow_mut() = after.clone();
         let (sql, params) = self
             .listing_with(self.scanning.get())
-            .sql_and_params(after, 1, true);
+            .candidate_sql_and_params(after, lock, &self.schema);
         Stmt::new("find a candidate", sql, params)
     }
 
@@ -294,6 +326,12 @@ impl<'a> NextSearch<'a> {
     ) -> Result<Searched> {
         let mut judged = self.fixed;
         loop {
+            // The key's count follows its candidate's statement.
+            let count = if self.counted.get() {
+                replies.pop()
+            } else {
+                None
+            };
             let Some(r) = replies.pop().and_then(|rows| rows.into_iter().next()) else {
                 return Ok(Searched::Taken(None));
             };
@@ -303,8 +341,12 @@ impl<'a> NextSearch<'a> {
                 // the search goes on with the scan.
                 self.scanning.set(true);
                 let after = self.last_after.borrow().clone();
-                replies = db.run(tx, what, vec![self.candidate(&after)]).await?;
+                replies = db.run(tx, what, self.judged(&after)).await?;
                 continue;
+            }
+            let key_lock = keys::candidate_locked(&r, Listing::CANDIDATE_LOCK);
+            if key_lock == Some(true) {
+                self.key_locked = true;
             }
             let now = match judged {
                 Some(n) => n,
@@ -322,15 +364,33 @@ impl<'a> NextSearch<'a> {
                 run_scope.project_id.to_string(),
                 run_scope.session_id.to_string(),
             );
-            let mut next = vec![self.candidate(&after)];
-            if skip != Some(&run_scope) && self.query.matches(&row) && row.is_claimable(now) {
+            if key_lock == Some(false) {
+                // Only tried, and another claimer holds the key's lock:
+                // skipped, as a row another claimer holds locked.
+                replies = db.run(tx, what, self.judged(&after)).await?;
+                continue;
+            }
+            let eligible =
+                skip != Some(&run_scope) && self.query.matches(&row) && row.is_claimable(now);
+            if !eligible && key_lock == Some(true) {
+                // Its key was locked for a candidate the core does not
+                // take: the transaction ends here (releasing the lock).
+                return Ok(Searched::KeyJudged(after));
+            }
+            let mut next = self.judged(&after);
+            if eligible {
                 fill_state(&mut state, &r);
                 let key = Key::of(&run_scope);
-                let keyed = state.lifecycle.concurrency.is_some();
-                let judged = if keyed {
-                    self.count_key(db, tx, what, &key).await?
-                } else {
-                    Some((now, 0))
+                let ckey = state.lifecycle.concurrency.as_ref().map(|c| c.key.clone());
+                let keyed = ckey.is_some();
+                let judged = match (&ckey, key_lock, &count) {
+                    // Locked by the candidate statement, counted by the
+                    // statement after it.
+                    (Some(ckey), Some(true), Some(rows)) => {
+                        Some(keys::counted_candidate(db, rows, self.fixed, &key, ckey)?)
+                    }
+                    (Some(_), _, _) => self.count_key(db, tx, what, &key).await?,
+                    (None, _, _) => Some((now, 0)),
                 };
                 if let Some((at, held)) = judged {
                     let before = state.top.clone();

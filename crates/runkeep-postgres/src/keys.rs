@@ -15,6 +15,12 @@
 //! of one key therefore count one after the other, and the second sees
 //! the first's holding.
 //!
+//! `claim_next` takes the lock inside its candidate statement, on the row
+//! that statement picked and locked ([`candidate_lock_sql`]), and counts
+//! in the next statement of the same pipeline ([`count_candidate_stmt`]):
+//! still a statement of its own, so its snapshot follows the lock, and a
+//! keyed claim costs the round trips of a claim without a key.
+//!
 //! Only claims take the lock: every other change of a holding (release,
 //! finish, failure, snooze, cancel, a finishing step) can only lower the
 //! count, so a claimer that counts before it commits counts high and
@@ -50,9 +56,121 @@ use crate::db::Db;
 
 /// The hash of a key's advisory lock: the schema (two stores in one
 /// database are separate), the session and the key, with separators no id
-/// or key can hold. `$6` is the schema; the other parts are columns of
-/// `runs` (`tenant_id`, …, `ckey`).
-const KEY_HASH: &str = "hashtextextended(concat_ws(chr(1), 'runkeep-key', $6::text, tenant_id, project_id, session_id, ckey), 0)";
+/// or key can hold. Each part is an SQL expression (a parameter or a
+/// column); one rule for [`lock_stmt`] and [`candidate_lock_sql`].
+fn key_hash(schema: &str, tenant: &str, project: &str, session: &str, ckey: &str) -> String {
+    format!(
+        "hashtextextended(concat_ws(chr(1), 'runkeep-key', {schema}::text, {tenant}, {project}, {session}, {ckey}), 0)"
+    )
+}
+
+/// How a `claim_next` candidate statement treats its candidate's key
+/// ([`candidate_lock_sql`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum KeyLock {
+    /// Neither locks the key nor names the candidate (the hand-over's
+    /// first candidate: its key is locked and counted in a round trip of
+    /// its own).
+    None,
+    /// `pg_advisory_xact_lock`: the transaction holds no other key lock.
+    Wait,
+    /// `pg_try_advisory_xact_lock`: it does (module doc, "No deadlock").
+    Try,
+}
+
+/// The transaction-local setting a candidate statement names its
+/// candidate in, for [`count_candidate_stmt`] (the tenant, project,
+/// session, run, parent and key, separated by `chr(1)`).
+const CANDIDATE_SETTING: &str = "runkeep.claim_candidate";
+
+/// The two columns a `claim_next` candidate statement adds on its picked
+/// row `c` (the columns of `runs`; `schema` and `tenant` are parameter
+/// references): the key's lock, taken after the row lock (`NULL` without
+/// a key, or with [`KeyLock::None`]; else whether it was taken: `'true'`,
+/// or `'false'` when only tried and another claimer holds it), and the
+/// candidate named for [`count_candidate_stmt`].
+pub(crate) fn candidate_lock_sql(lock: KeyLock, c: &str, schema: &str, tenant: &str) -> String {
+    // `pg_advisory_xact_lock` answers `void` (the empty text), the try
+    // a boolean: both read as `'true'` once taken.
+    let (f, taken) = match lock {
+        KeyLock::None => return "NULL::text, NULL::text".into(),
+        KeyLock::Wait => ("pg_advisory_xact_lock", " IS NOT NULL"),
+        KeyLock::Try => ("pg_try_advisory_xact_lock", ""),
+    };
+    let hash = key_hash(
+        schema,
+        &format!("{tenant}::text"),
+        &format!("{c}.project_id"),
+        &format!("{c}.session_id"),
+        &format!("{c}.ckey"),
+    );
+    format!(
+        "CASE WHEN {c}.ckey IS NULL THEN NULL ELSE ({f}({hash})::text{taken})::text END, \
+         CASE WHEN {c}.run_id IS NULL THEN NULL ELSE set_config('{CANDIDATE_SETTING}', \
+           concat_ws(chr(1), {tenant}::text, {c}.project_id, {c}.session_id, {c}.run_id, {c}.parent_id, coalesce({c}.ckey, '')), true) END"
+    )
+}
+
+/// What a candidate statement's key-lock column answered: `None` when no
+/// lock was asked for (no key, or [`KeyLock::None`]), else whether it was
+/// taken.
+pub(crate) fn candidate_locked(r: &Row, column: usize) -> Option<bool> {
+    r.get::<_, Option<String>>(column)
+        .map(|t| t.as_str() == "true")
+}
+
+/// The statement sent right after a candidate statement that locks the
+/// key ([`KeyLock::Wait`] or [`KeyLock::Try`]), in the same round trip: a
+/// statement of its own, so its snapshot is taken once the key's lock is
+/// held (as [`count_stmt`]'s after [`lock_stmt`]). It reads the claim's
+/// instant and how many other runs of the named candidate's key hold it
+/// live then, and answers the name it counted for (checked by
+/// [`counted_candidate`]). Without a named candidate it counts nothing.
+pub(crate) fn count_candidate_stmt(fixed: Option<Timestamp>) -> Stmt {
+    let fixed: Option<i64> = fixed.map(Timestamp::as_millis);
+    Stmt::new(
+        "count the candidate key's holders",
+        format!(
+            "WITH c AS (SELECT coalesce($1::bigint, {CLOCK}) AS now_ms), \
+             k AS (SELECT current_setting('{CANDIDATE_SETTING}', true) AS named), \
+             p AS (SELECT named, string_to_array(named, chr(1)) AS a FROM k) \
+             SELECT c.now_ms, (SELECT count(*) FROM key_holdings h \
+               WHERE h.tenant_id = p.a[1] AND h.project_id = p.a[2] AND h.session_id = p.a[3] \
+                 AND h.ckey = p.a[6] AND h.ended_at IS NULL AND h.expires_at > c.now_ms \
+                 AND NOT (h.run_id = p.a[4] AND h.parent_id = p.a[5])), p.named \
+             FROM c, p"
+        ),
+        vec![Box::new(fixed)],
+    )
+}
+
+/// What [`count_candidate_stmt`] read for the candidate `key` of
+/// concurrency key `ckey`: the instant and the count. A count for another
+/// candidate is a defect of the search, refused.
+pub(crate) fn counted_candidate(
+    db: &Db,
+    rows: &[Row],
+    fixed: Option<Timestamp>,
+    key: &Key,
+    ckey: &str,
+) -> Result<(Timestamp, u32)> {
+    let named: Option<String> = rows.first().and_then(|r| r.get(2));
+    let want = [
+        key.tenant.as_str(),
+        &key.project,
+        &key.session,
+        &key.run,
+        &key.parent,
+        ckey,
+    ]
+    .join("\u{1}");
+    if named.as_deref() != Some(want.as_str()) {
+        return Err(Error::corrupted(format!(
+            "claim_next counted the holders of another candidate ({named:?}, not {want:?})"
+        )));
+    }
+    counted(db, rows, fixed)
+}
 
 /// The statement that takes the key lock of the run `key` names, when it
 /// carries a concurrency key (no row otherwise). `only_try` does not wait:
@@ -65,7 +183,10 @@ pub(crate) fn lock_stmt(db: &Db, key: &Key, only_try: bool) -> Stmt {
     };
     Stmt::new(
         "lock the concurrency key",
-        format!("SELECT {f}({KEY_HASH})::text FROM runs WHERE {KEY_WHERE} AND ckey IS NOT NULL"),
+        format!(
+            "SELECT {f}({})::text FROM runs WHERE {KEY_WHERE} AND ckey IS NOT NULL",
+            key_hash("$6", "tenant_id", "project_id", "session_id", "ckey")
+        ),
         key.owned(vec![Box::new(db.options.schema.clone())]),
     )
 }

@@ -12,6 +12,7 @@ use runkeep::{
 
 use crate::db::row::{corrupted, digest_of, lifecycle_of, top_of, RunState, CLOCK};
 use crate::db::Db;
+use crate::keys::{self, KeyLock};
 
 /// The query plan (`EXPLAIN`) of the first page `list_runs` would read
 /// for `scope` and `options`: what an operator (or a test) checks for
@@ -137,12 +138,13 @@ impl After {
 impl Listing<'_> {
     const COLS: &'static str = "project_id, session_id, run_id, parent_id, top_kind, top_fence, holder, expires_at, lifecycle, digest";
     /// The rest of the row's state, read with a candidate `claim_next`
-    /// locks (what a claim writes back).
+    /// locks (what a claim writes back), and its concurrency key (read by
+    /// [`Self::candidate_sql_and_params`]'s key lock, not answered).
+    const STATE_COLS: &'static str =
+        "last_seq, last_audit_seq, record IS NOT NULL AS has_record, messages IS NOT NULL AS has_messages, report IS NOT NULL AS has_report, ckey";
     /// The columns of a locking candidate statement: `COLS`,
     /// `STATE_COLS`, the instant.
-    const LOCKED_WIDTH: usize = 16;
-    const STATE_COLS: &'static str =
-        "last_seq, last_audit_seq, record IS NOT NULL, messages IS NOT NULL, report IS NOT NULL";
+    const LOCKED_WIDTH: usize = 17;
 
     /// The scope's condition on a table with the key columns (the tenant,
     /// and the project and session when the scope names them).
@@ -315,7 +317,7 @@ impl Listing<'_> {
             return (sql, params);
         }
         let sql = format!(
-            "{clock}SELECT {}{}, {now} FROM runs WHERE {} ORDER BY {order_by} LIMIT {limit}{}",
+            "{clock}SELECT {}{}, {now} AS now_ms FROM runs WHERE {} ORDER BY {order_by} LIMIT {limit}{}",
             Self::COLS,
             if lock {
                 format!(", {}", Self::STATE_COLS)
@@ -334,6 +336,43 @@ impl Listing<'_> {
 }
 
 impl Listing<'_> {
+    /// The column of a [`Self::candidate_sql_and_params`] row with the key
+    /// lock's answer (`keys::candidate_locked`).
+    pub(crate) const CANDIDATE_LOCK: usize = 15;
+
+    /// `claim_next`'s candidate statement: [`Self::sql_and_params`] locking
+    /// one row (or answering the row of NULLs when every head is locked),
+    /// wrapped so that the picked row's concurrency key is locked in the
+    /// same statement, after its row lock (`keys::candidate_lock_sql`;
+    /// `lock` says how). Its columns: `COLS`, the first five of
+    /// `STATE_COLS`, the key lock's answer ([`Self::CANDIDATE_LOCK`]), the
+    /// candidate's name (set for `keys::count_candidate_stmt`), the
+    /// instant (last, as every listing statement).
+    pub(crate) fn candidate_sql_and_params(
+        &self,
+        after: &After,
+        lock: KeyLock,
+        schema: &str,
+    ) -> (String, Vec<Box<dyn ToSql + Sync + Send>>) {
+        let (inner, mut params) = self.sql_and_params(after, 1, true);
+        let (schema_p, tenant_p) = if lock == KeyLock::None {
+            // Unused parameters would have no type.
+            (String::new(), String::new())
+        } else {
+            params.push(Box::new(schema.to_string()));
+            let s = format!("${}", params.len());
+            params.push(Box::new(self.scope.tenant_id().to_string()));
+            (s, format!("${}", params.len()))
+        };
+        let sql = format!(
+            "WITH cand AS MATERIALIZED ({inner}) \
+             SELECT {}, last_seq, last_audit_seq, has_record, has_messages, has_report, {}, now_ms FROM cand",
+            Self::COLS,
+            keys::candidate_lock_sql(lock, "cand", &schema_p, &tenant_p)
+        );
+        (sql, params)
+    }
+
     /// `claim_next`'s candidate statement without reading the runs of
     /// saturated keys. `wh` holds every runnable filter (the scope, the
     /// keyset continuation, the per-row saturation prefilter); the first
@@ -424,7 +463,7 @@ impl Listing<'_> {
                UNION ALL \
                (SELECT {keyed_cols} FROM runs WHERE {all} AND ckey IS NOT NULL \
                 AND deadline IS NOT NULL AND deadline <= {now} ORDER BY {order_by} LIMIT 1)) \
-             {}SELECT {}{}, {now} FROM (SELECT DISTINCT {head_cols} FROM heads) h \
+             {}SELECT {}{}, {now} AS now_ms FROM (SELECT DISTINCT {head_cols} FROM heads) h \
              JOIN runs ON runs.ctid = h.htid AND tenant_id = {tenant} AND project_id = h.hp \
              AND session_id = h.hs AND run_id = h.hr AND parent_id = h.hpa WHERE {all} \
              ORDER BY {head_order} LIMIT {limit}{}",

@@ -473,11 +473,12 @@ async fn keyed(store: &PgStore, m: &mut Meter<'_>, phase: &str) {
     )
     .await
     .unwrap();
-    // The candidate, then its key's lock and count, then the claim.
+    // The candidate with its key's lock and the key's count, then the
+    // claim: the round trips of a run without a key (`claim_next`, above).
     let (got, l2) = m
         .op(
             "claim_next (a keyed run)",
-            3,
+            2,
             store.claim_next(&ls, &ClaimNextFilter::default(), &co),
         )
         .await

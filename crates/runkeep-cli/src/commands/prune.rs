@@ -8,7 +8,7 @@ use clap::Args;
 use indicatif::{ProgressBar, ProgressStyle};
 use runkeep::park::prune_victims;
 use runkeep::scheduling::retention::{self, MAX_PRUNE_BATCH};
-use runkeep::scheduling::RetentionPolicy;
+use runkeep::scheduling::{PruneDuty, RetentionPolicy};
 use runkeep::{Fence, ListOptions, ListingScope, RunId, RunScope, RunStatus, RunStore, Ttl};
 use serde_json::json;
 
@@ -222,10 +222,10 @@ async fn due_runs(
 }
 
 /// The server's periodic retention (`runkeep serve --retain-finished`):
-/// every `every`, prunes `scope` batch by batch (a pause of `pause`
-/// between batches, so claims and listings keep their share of the
-/// store), logging each batch with tracing. Runs until the task is
-/// dropped.
+/// every `every`, prunes `scope` batch by batch (after each batch a pause
+/// of `pause`, or the duty cycle's pause when longer, so claims and
+/// listings keep their share of the store: `PruneDuty`), logging each
+/// batch with tracing. Runs until the task is dropped.
 pub(crate) async fn retain_finished(
     store: Arc<dyn RunStore>,
     scope: ListingScope,
@@ -233,11 +233,15 @@ pub(crate) async fn retain_finished(
     batch: usize,
     every: Duration,
     pause: Duration,
+    duty: PruneDuty,
 ) {
     loop {
         let mut deleted = 0u64;
         loop {
-            match store.prune_finished(&scope, &policy, None, batch).await {
+            let started = std::time::Instant::now();
+            let pruned = store.prune_finished(&scope, &policy, None, batch).await;
+            let pause = pause.max(duty.pause_after(started.elapsed()));
+            match pruned {
                 Ok(r) => {
                     deleted += r.deleted.len() as u64;
                     tracing::info!(

@@ -26,6 +26,14 @@ use serde_json::json;
 use crate::commands::token::{token_error, TokenFileArg};
 use crate::context::Ctx;
 use crate::duration::parse_duration;
+
+/// `--retain-duty`: a share in (0, 1].
+fn parse_duty(s: &str) -> Result<runkeep::scheduling::PruneDuty, String> {
+    let share: f64 = s
+        .parse()
+        .map_err(|e| format!("{s}: not a number ({e}); give a share such as 0.25"))?;
+    runkeep::scheduling::PruneDuty::new(share).map_err(|e| e.to_string())
+}
 use crate::error::{CliError, CliResult, Exit};
 use crate::output::{emit, emit_json_line, note, warn};
 use crate::store::{OpenMode, PoolDemand, StoreAddress};
@@ -95,6 +103,9 @@ pub struct ServeArgs {
     /// With --retain-finished: the pause between two batches (claims and listings keep their share of the store).
     #[arg(long, default_value = "1s", value_parser = parse_duration, value_name = "DURATION")]
     pub retain_pause: Duration,
+    /// With --retain-finished: the share of the prune's time spent in batches (above 0, at most 1): after a batch that took T it pauses at least T × (1 − SHARE) / SHARE, so a batch slowed by a loaded store is followed by a longer pause (the longer of this and --retain-pause). 1: only --retain-pause.
+    #[arg(long, default_value = "0.25", value_parser = parse_duty, value_name = "SHARE")]
+    pub retain_duty: runkeep::scheduling::PruneDuty,
     /// With --retain-finished: how often a round of batches starts.
     #[arg(long, default_value = "10m", value_parser = parse_duration, value_name = "DURATION")]
     pub retain_every: Duration,
@@ -260,6 +271,7 @@ pub async fn run(ctx: &Ctx, args: ServeArgs) -> CliResult<Exit> {
                 args.retain_batch as usize,
                 args.retain_every,
                 args.retain_pause,
+                args.retain_duty,
             ),
         ))),
         None => None,

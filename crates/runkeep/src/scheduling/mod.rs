@@ -24,5 +24,5 @@ pub mod schedule;
 pub use concurrency::{Concurrency, KeyBusy, KeyHolding};
 pub use dedupe::{Dedupe, DedupeRecord, Enqueued};
 pub use priority::Priority;
-pub use retention::{PruneReport, RetentionPolicy};
+pub use retention::{PruneDuty, PruneReport, RetentionPolicy};
 pub use schedule::{MissedTicks, Schedule, ScheduleEntry};

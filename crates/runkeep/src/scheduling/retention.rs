@@ -106,6 +106,41 @@ pub fn check_limit(limit: usize) -> Result<()> {
     Ok(())
 }
 
+/// A periodic prune's duty cycle: the share `d` of its time it spends in
+/// batches. After a batch that took `t` it pauses `t × (1 − d) / d`, so a
+/// batch slowed by the store's load is followed by a longer pause and the
+/// prune's share of the store stays `d` (`runkeep serve --retain-duty`).
+/// What a prune takes from other calls (`BENCHMARKS.md`, Retention) is
+/// CPU and, on PostgreSQL, the WAL flushes of their commits, while a batch
+/// runs: less overlap is the lever, not fewer locks.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct PruneDuty(f64);
+
+impl PruneDuty {
+    /// Batches back to back (no pause of the duty cycle's own).
+    pub const FULL: PruneDuty = PruneDuty(1.0);
+
+    /// Refuses a share outside (0, 1].
+    pub fn new(share: f64) -> Result<Self> {
+        if !(share > 0.0 && share <= 1.0) {
+            return Err(Error::invalid(format!(
+                "a prune duty cycle of {share}: give the share of the time spent in batches, above 0 and at most 1 (e.g. 0.25)"
+            )));
+        }
+        Ok(Self(share))
+    }
+
+    /// The share.
+    pub fn share(self) -> f64 {
+        self.0
+    }
+
+    /// The pause after a batch that took `took`.
+    pub fn pause_after(self, took: std::time::Duration) -> std::time::Duration {
+        took.mul_f64((1.0 - self.0) / self.0)
+    }
+}
+
 /// What one prune call did.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
@@ -125,6 +160,30 @@ pub struct PruneReport {
 mod tests {
     use super::*;
     use crate::lifecycle::RunStatus;
+
+    #[test]
+    fn a_duty_cycle_pauses_in_proportion_to_the_batch() {
+        use std::time::Duration;
+        let quarter = PruneDuty::new(0.25).unwrap();
+        assert_eq!(
+            quarter.pause_after(Duration::from_millis(200)),
+            Duration::from_millis(600)
+        );
+        assert_eq!(
+            PruneDuty::new(0.5)
+                .unwrap()
+                .pause_after(Duration::from_millis(80)),
+            Duration::from_millis(80)
+        );
+        assert_eq!(
+            PruneDuty::FULL.pause_after(Duration::from_secs(3)),
+            Duration::ZERO
+        );
+        for bad in [0.0, -0.5, 1.5, f64::NAN] {
+            let e = PruneDuty::new(bad).unwrap_err();
+            assert!(e.to_string().contains("at most 1"), "{bad}: {e}");
+        }
+    }
 
     fn policy(ms: u64) -> RetentionPolicy {
         RetentionPolicy::keep_for(Ttl::from_millis(ms).unwrap())
