@@ -14,6 +14,7 @@ use runkeep::{ClaimNextFilter, ClaimOptions, Lease, ListingScope, Result, RunSco
 
 use crate::claims::{NextSearch, Searched};
 use crate::db::Db;
+use crate::listing::After;
 
 pub(crate) async fn claim_next_batch(
     db: &Db,
@@ -26,9 +27,9 @@ pub(crate) async fn claim_next_batch(
     runkeep::batch::check_size(what, max)?;
     let mut search = NextSearch::new(db, scope, filter, options)?;
     let mut taken = Vec::new();
-    let mut first = search.first();
+    let mut first = search.judged(&After::None);
     loop {
-        let (tx, mut replies) = db.begin(what, vec![first]).await?;
+        let (tx, mut replies) = db.begin(what, first).await?;
         let mut writes = Vec::new();
         let mut committed_here = 0;
         let went_on = loop {
@@ -42,12 +43,15 @@ pub(crate) async fn claim_next_batch(
                     if taken.len() == max {
                         break None;
                     }
-                    // The taken run's save, then the next candidate.
+                    // The taken run's save, then the next candidate (with
+                    // its key's lock and count) from the top: the taken
+                    // runs are no candidates once saved.
+                    let next = search.judged(&After::None);
+                    let n = next.len();
                     let mut stmts = std::mem::take(&mut writes);
-                    stmts.push(search.first());
+                    stmts.extend(next);
                     replies = db.run(&tx, what, stmts).await?;
-                    let last = replies.pop().into_iter().collect();
-                    replies = last;
+                    replies = replies.split_off(replies.len() - n);
                 }
                 Searched::Taken(None) => break None,
                 Searched::KeyJudged(after) => break Some(after),

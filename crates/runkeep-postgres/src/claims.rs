@@ -274,12 +274,12 @@ impl<'a> NextSearch<'a> {
         ]
     }
 
-    /// The first statement of the transaction a search goes on in after a
-    /// keyed judgement ended the last one ([`Searched::KeyJudged`]): it
-    /// holds no key lock yet.
-    pub(crate) fn go_on_after(&mut self, after: &After) -> Stmt {
+    /// The first statements of the transaction a search goes on in after
+    /// a keyed judgement ended the last one ([`Searched::KeyJudged`]): it
+    /// holds no key lock yet ([`Self::judged`]).
+    pub(crate) fn go_on_after(&mut self, after: &After) -> Vec<Stmt> {
         self.key_locked = false;
-        self.candidate(after)
+        self.judged(after)
     }
 
     /// The candidate after `after` (a new transaction's first statement
