@@ -58,7 +58,8 @@ pub struct WorkerConfig {
     pub step_time: Duration,
     /// Runs stepped at once.
     pub concurrency: usize,
-    /// Worker label (index).
+    /// Worker label: `w` and the worker's index ([`label`]), counted from 0
+    /// in the order the soak started them (restarts included).
     pub label: String,
     /// In-process stand-in for SIGSTOP (thread workers): a step blocks its
     /// thread while this is set.
@@ -67,6 +68,12 @@ pub struct WorkerConfig {
     /// the worker's runtime with nothing released. `None`: a process, which
     /// kills itself.
     pub crash: Option<CancellationToken>,
+}
+
+/// The label of the `n`th worker the soak starts (restarts included):
+/// `w0`, `w1`, … ([`WorkerConfig::index`] reads `n` back).
+pub fn label(n: usize) -> String {
+    format!("w{n}")
 }
 
 /// A worker body: what a worker (process or thread) runs until `shutdown`.
@@ -165,6 +172,13 @@ impl WorkerConfig {
             stall: None,
             crash: None,
         }
+    }
+
+    /// The worker's index, read back from its [`label`] (`w7` → 7): the
+    /// soak spreads workers over several servers by it. `None` for a label
+    /// the soak did not make.
+    pub fn index(&self) -> Option<usize> {
+        self.label.strip_prefix('w')?.parse().ok()
     }
 
     /// The arguments after the binary's global options that start this
