@@ -707,6 +707,15 @@ pub async fn run_worker(ctx: &Ctx, args: SoakWorkerArgs) -> CliResult<Exit> {
         }
     };
     let listing = ctx.scope.listing()?;
+    // Which server it works through, first (the soak's test checks the
+    // workers were spread over every server): the URL, never the token.
+    if let StoreAddress::Http(h) = &ctx.global.store {
+        crate::output::note(&format!(
+            "soak worker {}: through {} first",
+            args.label,
+            h.urls().first().map_or("", String::as_str)
+        ));
+    }
     let cfg = WorkerConfig::process(
         args.soak_dir,
         args.steps,
