@@ -250,6 +250,15 @@ fn is_unavailable(e: &(dyn std::error::Error + 'static)) -> bool {
     matches!(store_error(e), Some(Error::Unavailable { .. }))
 }
 
+/// How long a step the store did not take waits before it is repeated.
+const REPEAT_PAUSE: Duration = Duration::from_millis(50);
+
+/// True for a step commit the store surely did not take: `Unavailable`
+/// without outcome unknown (not sent, or read back as absent).
+fn is_not_stored(e: &WorkerError) -> bool {
+    matches!(e, WorkerError::Store(s @ Error::Unavailable { .. }) if !s.is_outcome_unknown())
+}
+
 /// True for a write whose answer was lost (it may or may not be stored).
 fn is_outcome_unknown(e: &(dyn std::error::Error + 'static)) -> bool {
     store_error(e).is_some_and(Error::is_outcome_unknown)
@@ -394,7 +403,24 @@ async fn step(
             finish: last.then(|| Outcome::completed(Some(json!({"steps": cfg.steps})))),
             ..Step::default()
         };
-        let receipt = run.commit_step(&step).await?;
+        let receipt = match run.commit_step(&step).await {
+            Ok(r) => r,
+            // Not stored, for sure (nothing was sent, or the runtime's
+            // read-back after a lost answer found it absent): repeat this
+            // step in place while the lease holds, as the runtime advises,
+            // instead of failing the attempt (which would count toward the
+            // run's dead-letter limit). Its effect is in the tool ledger:
+            // not run again.
+            Err(e) if is_not_stored(&e) && !run.is_lost() => {
+                log_refusal(acks, &scope, &e);
+                tokio::select! {
+                    _ = tokio::time::sleep(REPEAT_PAUSE) => {}
+                    _ = run.lost() => {}
+                }
+                continue;
+            }
+            Err(e) => return Err(e.into()),
+        };
         for ev in &receipt.events {
             acks.log(json!({"k": "event", "run": run_key(&scope), "seq": ev.seq, "nonce": nonce}));
         }
