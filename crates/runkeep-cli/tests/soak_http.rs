@@ -179,6 +179,28 @@ fn a_short_soak_over_three_servers_killed_at_random_keeps_every_invariant_on_pos
             "server {i} was never killed and restarted: {r:#}"
         );
     }
+    // The workers were spread: the three first workers (w0, w1, w2) each
+    // went through a server of their own first (their logs say which; a
+    // label misread once put every worker on the first server).
+    let mut first = std::collections::BTreeSet::new();
+    for w in 0..3 {
+        let log =
+            std::fs::read_to_string(dir.path().join("soak").join(format!("w{w}.stderr"))).unwrap();
+        let url = log
+            .lines()
+            .find_map(|l| {
+                l.split_once(": through ")
+                    .and_then(|(_, rest)| rest.split_whitespace().next())
+                    .map(str::to_string)
+            })
+            .unwrap_or_else(|| panic!("w{w} did not say its server: {log}"));
+        first.insert(url);
+    }
+    assert_eq!(
+        first.len(),
+        3,
+        "workers not spread over the servers: {first:?}"
+    );
 }
 
 fn refused(args: &[&str]) -> (Option<i32>, String) {

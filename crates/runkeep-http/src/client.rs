@@ -20,6 +20,17 @@
 //!   ([`HttpStoreOptions::request_timeout`]; long-polls their wait plus a
 //!   margin), so a server that went away is an error, not a hang, and a
 //!   server that comes back is used again by the next call.
+//! - **Several servers.** [`HttpStore::with_servers`] takes the URLs of
+//!   several `runkeep serve` processes in front of one backing store (the
+//!   CLI: `--store http://A,http://B`). Requests go to one server until it
+//!   fails, then to the next: a request that could not connect (nothing
+//!   was sent) goes to the next server at once, and so does a read whose
+//!   answer was lost; a write whose answer was lost is outcome unknown as
+//!   above, and the calls after it (the renewal that fences the attempt
+//!   off, the read-back) go to the next server. A worker whose server was
+//!   killed thus renews its leases through another instead of losing
+//!   them. A server that answers, even with a refusal, is kept: every
+//!   server answers for the same store.
 //! - **The store's clock.** Every answer carries the store's clock
 //!   ([`crate::routes::NOW_HEADER`]); [`CheckpointStore::now`] answers the
 //!   machine clock corrected by the offset last measured, like `PgStore`.
@@ -141,7 +152,12 @@ pub struct HttpStore {
 }
 
 struct Inner {
-    base: String,
+    /// The servers' base URLs, in the order given: one `runkeep serve`, or
+    /// several in front of one store ([`HttpStore::with_servers`]).
+    bases: Vec<String>,
+    /// The server requests go to ([`Inner::bases`] index): the first, until
+    /// it fails; then the next that answers.
+    current: std::sync::atomic::AtomicUsize,
     client: reqwest::Client,
     tokens: HashMap<TenantId, String>,
     options: HttpStoreOptions,
@@ -161,7 +177,7 @@ impl std::fmt::Debug for HttpStore {
         let mut tenants: Vec<&str> = self.inner.tokens.keys().map(|t| t.as_str()).collect();
         tenants.sort_unstable();
         f.debug_struct("HttpStore")
-            .field("base", &self.inner.base)
+            .field("bases", &self.inner.bases)
             .field("tenants", &tenants)
             .finish_non_exhaustive()
     }
@@ -173,6 +189,29 @@ impl std::fmt::Debug for HttpStore {
 enum Kind {
     Read,
     Write,
+}
+
+impl Kind {
+    /// A `GET` is a read; anything else a write.
+    fn of(op: Operation) -> Self {
+        if op.method() == reqwest::Method::GET {
+            Kind::Read
+        } else {
+            Kind::Write
+        }
+    }
+}
+
+/// How one request to one server failed.
+enum Sent {
+    /// The server answered (a problem, a refusal): no other server would
+    /// answer otherwise.
+    Answered(Error),
+    /// It was never sent (no connection): another server may take it.
+    Not(Error),
+    /// It was sent and its answer lost: a read may go to another server; a
+    /// write is outcome unknown.
+    Lost(Error),
 }
 
 /// What a request is about: the ids that fill its operation's path
@@ -231,11 +270,33 @@ impl At<'_> {
 impl HttpStore {
     /// A store at `base_url` (`http://127.0.0.1:7420`) with no token yet.
     pub fn new(base_url: impl Into<String>, options: HttpStoreOptions) -> Result<Self> {
-        let base = base_url.into().trim_end_matches('/').to_string();
-        if !(base.starts_with("http://") || base.starts_with("https://")) {
-            return Err(Error::invalid(format!(
-                "HttpStore address {base:?} is not an http:// or https:// URL"
-            )));
+        Self::with_servers([base_url.into()], options)
+    }
+
+    /// A store behind several `runkeep serve` processes in front of one
+    /// backing store (`base_urls`, at least one), with no token yet.
+    /// Requests go to the first until it fails, then fail over
+    /// ([module docs](self), "Several servers"): a request that could not
+    /// connect (nothing was sent) goes to the next server at once, a read
+    /// whose answer was lost too; a write whose answer was lost is outcome
+    /// unknown as always, and the calls after it (the renewal that fences
+    /// it off, the read-back) go to the next server.
+    pub fn with_servers(
+        base_urls: impl IntoIterator<Item = String>,
+        options: HttpStoreOptions,
+    ) -> Result<Self> {
+        let mut bases = Vec::new();
+        for base in base_urls {
+            let base = base.trim_end_matches('/').to_string();
+            if !(base.starts_with("http://") || base.starts_with("https://")) {
+                return Err(Error::invalid(format!(
+                    "HttpStore address {base:?} is not an http:// or https:// URL"
+                )));
+            }
+            bases.push(base);
+        }
+        if bases.is_empty() {
+            return Err(Error::invalid("an HttpStore needs at least one server URL"));
         }
         let client = reqwest::Client::builder()
             .connect_timeout(options.connect_timeout)
@@ -245,7 +306,8 @@ impl HttpStore {
             .map_err(|e| Error::backend("HttpStore: build the HTTP client", e))?;
         Ok(Self {
             inner: Arc::new(Inner {
-                base,
+                bases,
+                current: std::sync::atomic::AtomicUsize::new(0),
                 client,
                 tokens: HashMap::new(),
                 store_clock: RemoteClock::new(options.local_clock.clone()),
@@ -289,7 +351,10 @@ impl HttpStore {
     /// With `secret` as the token for `tenant`.
     pub fn with_token(self, tenant: TenantId, secret: impl Into<String>) -> Self {
         let mut inner = Arc::try_unwrap(self.inner).unwrap_or_else(|a| Inner {
-            base: a.base.clone(),
+            bases: a.bases.clone(),
+            current: std::sync::atomic::AtomicUsize::new(
+                a.current.load(std::sync::atomic::Ordering::Relaxed),
+            ),
             client: a.client.clone(),
             tokens: a.tokens.clone(),
             options: a.options.clone(),
@@ -318,9 +383,37 @@ impl HttpStore {
         Ok(store.with_token(tenant, secret))
     }
 
-    /// The base URL.
+    /// The base URL requests go to now (the first server's, until it
+    /// fails).
     pub fn base_url(&self) -> &str {
-        &self.inner.base
+        &self.inner.bases[self.server()]
+    }
+
+    /// Every server's base URL, in the order given.
+    pub fn base_urls(&self) -> &[String] {
+        &self.inner.bases
+    }
+
+    /// The index of the server requests go to now.
+    fn server(&self) -> usize {
+        self.inner
+            .current
+            .load(std::sync::atomic::Ordering::Relaxed)
+            % self.inner.bases.len()
+    }
+
+    /// Server `failed` did not answer: later requests go to the next one
+    /// (unless another request moved on already).
+    fn fail_over(&self, failed: usize) {
+        let n = self.inner.bases.len();
+        if n > 1 {
+            let _ = self.inner.current.compare_exchange(
+                failed,
+                (failed + 1) % n,
+                std::sync::atomic::Ordering::Relaxed,
+                std::sync::atomic::Ordering::Relaxed,
+            );
+        }
     }
 
     fn token(&self, tenant: &TenantId) -> Result<&str> {
@@ -348,7 +441,8 @@ impl HttpStore {
     /// One request of the operation `S` (its marker, [`crate::op`]): its
     /// method from the table, `body` sent when it takes one, the answer
     /// read as its answer type. A `GET` is a read (repeatable); anything
-    /// else a write, whose lost reply is outcome unknown.
+    /// else a write, whose lost reply is outcome unknown. With several
+    /// servers it fails over ([`HttpStore::with_servers`]).
     async fn send<S: OperationSpec>(
         &self,
         token: &str,
@@ -360,20 +454,63 @@ impl HttpStore {
     where
         S::Answer: DeserializeOwned,
     {
+        let kind = Kind::of(S::OP);
+        let n = self.inner.bases.len();
+        let first = self.server();
+        let mut tried = 0;
+        loop {
+            let server = (first + tried) % n;
+            tried += 1;
+            let last = tried == n;
+            match self
+                .send_to::<S>(server, token, at, query, body, extra_wait)
+                .await
+            {
+                Ok(answer) => return Ok(answer),
+                Err(Sent::Answered(e)) => return Err(e),
+                // Nothing was sent: the next server, at once.
+                Err(Sent::Not(e)) => {
+                    self.fail_over(server);
+                    if last {
+                        return Err(e);
+                    }
+                }
+                // The answer was lost: a read is repeated on the next
+                // server; a write is outcome unknown (it may have landed),
+                // and the calls that resolve it go to the next server.
+                Err(Sent::Lost(e)) => {
+                    self.fail_over(server);
+                    if last || kind == Kind::Write {
+                        return Err(e);
+                    }
+                }
+            }
+        }
+    }
+
+    /// [`HttpStore::send`] to server `server` alone.
+    async fn send_to<S: OperationSpec>(
+        &self,
+        server: usize,
+        token: &str,
+        at: At<'_>,
+        query: &[(&'static str, String)],
+        body: &S::Body,
+        extra_wait: Option<Duration>,
+    ) -> std::result::Result<S::Answer, Sent>
+    where
+        S::Answer: DeserializeOwned,
+    {
         let op = S::OP;
         let operation = op.name();
-        let method = op.method();
-        let kind = if method == reqwest::Method::GET {
-            Kind::Read
-        } else {
-            Kind::Write
-        };
-        let url = format!("{}{}", self.inner.base, at.path(op));
+        let kind = Kind::of(op);
+        let base = &self.inner.bases[server];
+        let url = format!("{base}{}", at.path(op));
         let timeout = self.inner.options.request_timeout + extra_wait.unwrap_or_default();
         let mut req = self
             .inner
             .client
-            .request(method, &url)
+            .request(op.method(), &url)
             .bearer_auth(token)
             .timeout(timeout);
         if !query.is_empty() {
@@ -384,7 +521,7 @@ impl HttpStore {
         }
         let res = match req.send().await {
             Ok(r) => r,
-            Err(e) => return Err(self.transport(operation, kind, e)),
+            Err(e) => return Err(self.transport(base, operation, kind, e)),
         };
         self.note_clock(res.headers());
         let status = res.status();
@@ -395,14 +532,14 @@ impl HttpStore {
             .is_some_and(|v| v.starts_with(PROBLEM_JSON));
         let bytes = match res.bytes().await {
             Ok(b) => b,
-            Err(e) => return Err(self.transport(operation, kind, e)),
+            Err(e) => return Err(self.transport(base, operation, kind, e)),
         };
         if status.is_success() {
             return serde_json::from_slice(&bytes).map_err(|e| {
-                Error::backend(
+                Sent::Answered(Error::backend(
                     format!("HttpStore {operation}: the server's answer is not the API's JSON"),
                     e,
-                )
+                ))
             });
         }
         if is_problem {
@@ -410,14 +547,14 @@ impl HttpStore {
                 // The server's request timeout cancels the handler, which
                 // may have been writing: the write's outcome is unknown.
                 if kind == Kind::Write && p.kind() == Some(ProblemType::Timeout) {
-                    return Err(Error::outcome_unknown(
+                    return Err(Sent::Answered(Error::outcome_unknown(
                         format!(
                             "HttpStore {operation}: the server timed the request out while it was being served"
                         ),
                         std::io::Error::other("request timeout"),
-                    ));
+                    )));
                 }
-                return Err(p.into_error(operation));
+                return Err(Sent::Answered(p.into_error(operation)));
             }
         }
         let text = String::from_utf8_lossy(&bytes[..bytes.len().min(200)]).to_string();
@@ -426,27 +563,40 @@ impl HttpStore {
                 "HttpStore {operation}: the server answered {status} without a problem body"
             );
             if kind == Kind::Write && status != reqwest::StatusCode::SERVICE_UNAVAILABLE {
-                return Err(Error::outcome_unknown(message, std::io::Error::other(text)));
+                return Err(Sent::Answered(Error::outcome_unknown(
+                    message,
+                    std::io::Error::other(text),
+                )));
             }
-            return Err(Error::unavailable(message, std::io::Error::other(text)));
+            return Err(Sent::Answered(Error::unavailable(
+                message,
+                std::io::Error::other(text),
+            )));
         }
-        Err(Error::Backend {
+        Err(Sent::Answered(Error::Backend {
             message: format!(
                 "HttpStore {operation}: the server answered {status} without a problem body: {text}"
             ),
             source: None,
-        })
+        }))
     }
 
-    fn transport(&self, operation: &'static str, kind: Kind, e: reqwest::Error) -> Error {
-        let base = &self.inner.base;
+    /// A request that failed in transport: not sent (no connection), or
+    /// sent with its answer lost.
+    fn transport(
+        &self,
+        base: &str,
+        operation: &'static str,
+        kind: Kind,
+        e: reqwest::Error,
+    ) -> Sent {
         if e.is_connect() || e.is_builder() {
-            return Error::unavailable(
+            return Sent::Not(Error::unavailable(
                 format!("HttpStore {operation}: cannot connect to {base}; nothing was sent; retry"),
                 e,
-            );
+            ));
         }
-        match kind {
+        Sent::Lost(match kind {
             Kind::Write => Error::outcome_unknown(
                 format!(
                     "HttpStore {operation}: the request was sent to {base} but no answer came back (within {} ms or at all); the change may or may not be stored: read it back before repeating it",
@@ -458,7 +608,7 @@ impl HttpStore {
                 format!("HttpStore {operation}: no answer from {base}; retry"),
                 e,
             ),
-        }
+        })
     }
 
     fn note_seq(&self, scope: &RunScope, seq: u64) {
@@ -632,7 +782,10 @@ impl HttpStore {
             Err(e) => return Tail::Ended(e),
         };
         let op = op::TailEvents::OP;
-        let url = format!("{}{}", self.inner.base, At::Run(scope).path(op));
+        // Several servers: the one in use; a dropped tail moves to the next.
+        let server = self.server();
+        let base = &self.inner.bases[server];
+        let url = format!("{base}{}", At::Run(scope).path(op));
         let req = self
             .inner
             .client
@@ -647,13 +800,19 @@ impl HttpStore {
         };
         let res = match res {
             Ok(Ok(r)) => r,
-            Ok(Err(e)) => return Tail::Dropped(Some(self.transport(op.name(), Kind::Read, e))),
+            Ok(Err(e)) => {
+                self.fail_over(server);
+                let (Sent::Not(e) | Sent::Lost(e) | Sent::Answered(e)) =
+                    self.transport(base, op.name(), Kind::Read, e);
+                return Tail::Dropped(Some(e));
+            }
             Err(_) => {
+                self.fail_over(server);
                 return Tail::Dropped(Some(Error::Unavailable {
                     message: "HttpStore tail_events: no answer within the request timeout".into(),
                     source: None,
                     outcome_unknown: false,
-                }))
+                }));
             }
         };
         self.note_clock(res.headers());

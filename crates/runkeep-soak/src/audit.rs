@@ -26,6 +26,12 @@ pub struct Audit {
     /// Attempts lost, summed over every run (the store's attempt counts:
     /// takeovers from expired leases and failed attempts).
     pub attempts: u64,
+    /// The most attempts one ordinary (not poison) run lost: the chaos
+    /// takes leases at a steady rate, so this grows with the time a run is
+    /// held, and a run reaching its limit
+    /// ([`runkeep::lifecycle::DEFAULT_MAX_ATTEMPTS`]) is dead-lettered: the
+    /// margin the soak had.
+    pub most_attempts_one_run: u32,
     /// Runs dead-lettered (finished as failed, attempts exhausted).
     pub runs_dead_lettered: u64,
     /// Poison runs dead-lettered after exactly their attempt limit.
@@ -183,6 +189,7 @@ async fn audit_run(
         }
     };
     count_lifecycle(&life, a);
+    a.most_attempts_one_run = a.most_attempts_one_run.max(life.attempts);
     // The step checkpoints, in the store's total order, must be 1, 2, …,
     // steps: one line, no divergent branch, nothing skipped or repeated.
     // (The seed is step 0.)

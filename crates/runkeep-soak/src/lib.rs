@@ -483,7 +483,7 @@ impl Workers<'_> {
     }
 
     fn spawn(&mut self) -> Result<(), String> {
-        let label = format!("w{}", self.next_label);
+        let label = worker::label(self.next_label);
         self.next_label += 1;
         let mut cfg = self.config(&label);
         let slot = match self.launcher {
@@ -964,8 +964,11 @@ fn render(r: &SoakReport) -> String {
         (
             "attempts",
             format!(
-                "{} lost (takeovers from expired leases and failed attempts; {} failed attempts recorded)",
-                a.attempts, a.failed_attempts
+                "{} lost (takeovers from expired leases and failed attempts; {} failed attempts recorded); at most {} on one run (a run is dead-lettered at {})",
+                a.attempts,
+                a.failed_attempts,
+                a.most_attempts_one_run,
+                runkeep::lifecycle::DEFAULT_MAX_ATTEMPTS
             ),
         ),
     ]);

@@ -58,7 +58,8 @@ pub struct WorkerConfig {
     pub step_time: Duration,
     /// Runs stepped at once.
     pub concurrency: usize,
-    /// Worker label (index).
+    /// Worker label: `w` and the worker's index ([`label`]), counted from 0
+    /// in the order the soak started them (restarts included).
     pub label: String,
     /// In-process stand-in for SIGSTOP (thread workers): a step blocks its
     /// thread while this is set.
@@ -67,6 +68,12 @@ pub struct WorkerConfig {
     /// the worker's runtime with nothing released. `None`: a process, which
     /// kills itself.
     pub crash: Option<CancellationToken>,
+}
+
+/// The label of the `n`th worker the soak starts (restarts included):
+/// `w0`, `w1`, … ([`WorkerConfig::index`] reads `n` back).
+pub fn label(n: usize) -> String {
+    format!("w{n}")
 }
 
 /// A worker body: what a worker (process or thread) runs until `shutdown`.
@@ -167,6 +174,13 @@ impl WorkerConfig {
         }
     }
 
+    /// The worker's index, read back from its [`label`] (`w7` → 7): the
+    /// soak spreads workers over several servers by it. `None` for a label
+    /// the soak did not make.
+    pub fn index(&self) -> Option<usize> {
+        self.label.strip_prefix('w')?.parse().ok()
+    }
+
     /// The arguments after the binary's global options that start this
     /// worker as a process: the hidden `soak-worker` subcommand and its
     /// options, read back by the binary into [`WorkerConfig::process`].
@@ -234,6 +248,15 @@ fn store_error<'a>(e: &'a (dyn std::error::Error + 'static)) -> Option<&'a Error
 /// included), as opposed to a refusal.
 fn is_unavailable(e: &(dyn std::error::Error + 'static)) -> bool {
     matches!(store_error(e), Some(Error::Unavailable { .. }))
+}
+
+/// How long a step the store did not take waits before it is repeated.
+const REPEAT_PAUSE: Duration = Duration::from_millis(50);
+
+/// True for a step commit the store surely did not take: `Unavailable`
+/// without outcome unknown (not sent, or read back as absent).
+fn is_not_stored(e: &WorkerError) -> bool {
+    matches!(e, WorkerError::Store(s @ Error::Unavailable { .. }) if !s.is_outcome_unknown())
 }
 
 /// True for a write whose answer was lost (it may or may not be stored).
@@ -380,7 +403,24 @@ async fn step(
             finish: last.then(|| Outcome::completed(Some(json!({"steps": cfg.steps})))),
             ..Step::default()
         };
-        let receipt = run.commit_step(&step).await?;
+        let receipt = match run.commit_step(&step).await {
+            Ok(r) => r,
+            // Not stored, for sure (nothing was sent, or the runtime's
+            // read-back after a lost answer found it absent): repeat this
+            // step in place while the lease holds, as the runtime advises,
+            // instead of failing the attempt (which would count toward the
+            // run's dead-letter limit). Its effect is in the tool ledger:
+            // not run again.
+            Err(e) if is_not_stored(&e) && !run.is_lost() => {
+                log_refusal(acks, &scope, &e);
+                tokio::select! {
+                    _ = tokio::time::sleep(REPEAT_PAUSE) => {}
+                    _ = run.lost() => {}
+                }
+                continue;
+            }
+            Err(e) => return Err(e.into()),
+        };
         for ev in &receipt.events {
             acks.log(json!({"k": "event", "run": run_key(&scope), "seq": ev.seq, "nonce": nonce}));
         }

@@ -433,3 +433,30 @@ async fn acknowledged_writes_the_store_lacks_are_counted_lost() {
     assert_eq!(a.acks_lost, 2, "{:?}", a.violations);
     assert_eq!(a.violations.len(), 2, "{:?}", a.violations);
 }
+
+/// The CLI spreads workers over several servers by their index: every
+/// label the engine makes reads back as its number (a label read as a
+/// plain number once put every worker on the first server).
+#[test]
+fn a_workers_label_reads_back_as_its_index() {
+    for n in [0, 1, 2, 3, 7, 10, 123] {
+        let cfg = WorkerConfig::process(
+            std::path::PathBuf::from("/nonexistent"),
+            1,
+            Ttl::from_millis(1000).unwrap(),
+            ms(10),
+            1,
+            worker::label(n),
+        );
+        assert_eq!(cfg.index(), Some(n), "{}", cfg.label);
+    }
+    let odd = WorkerConfig::process(
+        std::path::PathBuf::from("/nonexistent"),
+        1,
+        Ttl::from_millis(1000).unwrap(),
+        ms(10),
+        1,
+        "seven".into(),
+    );
+    assert_eq!(odd.index(), None);
+}

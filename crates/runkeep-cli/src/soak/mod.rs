@@ -97,9 +97,15 @@ pub struct SoakArgs {
     /// a pause of a fifth to half the lease TTL, a start on the same port).
     #[arg(long, default_value = "3s", value_parser = parse_duration, requires = "over_http")]
     pub server_restart_every: Duration,
-    /// With --over-http: how many `runkeep serve` processes in front of the one store (1 to 8); worker N uses server N mod this; the chaos kills one server at a time (each once per round of kills, in a random order) and stalls one drawn at random, while the others go on serving.
+    /// With --over-http: how many `runkeep serve` processes in front of the one store (1 to 8); worker N starts on server N mod this and is given the others to fail over to (--store http://A,http://B,…); the chaos kills one server at a time (each once per round of kills, in a random order) and stalls one drawn at random, while the others go on serving.
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..=8), requires = "over_http")]
     pub servers: u16,
+    /// With --servers N > 1: give each worker its own server only, not
+    /// the others to fail over to (a worker whose server is down then
+    /// waits for it; for comparing the lost leases with and without
+    /// failover).
+    #[arg(long, hide = true, requires = "over_http")]
+    pub no_failover: bool,
     /// The backend's chaos besides the workers' kill -9 and stalls:
     /// `default` (on PostgreSQL: terminated connections and partitions) or
     /// `failover` (a PostgreSQL pair made by scripts/pg-pair.sh, named by
@@ -261,6 +267,7 @@ fn http_address(server: &Server, token: &str) -> CliResult<StoreAddress> {
 fn worker_command(
     ctx: &Ctx,
     addresses: &[StoreAddress],
+    failover: bool,
     pg_workers: Option<Arc<PgWorkers>>,
 ) -> CliResult<Launcher> {
     let exe = this_binary()?;
@@ -274,9 +281,20 @@ fn worker_command(
         return Err(CliError::internal("a soak's workers need a store address"));
     }
     Ok(Launcher::Processes(Arc::new(move |cfg: &WorkerConfig| {
-        // Worker N on address N mod their number (several servers: the
-        // workers spread over them, each staying on its own across restarts).
-        let address = &addresses[cfg.label.parse::<usize>().unwrap_or(0) % addresses.len()];
+        // Worker N starts on address N mod their number (several servers:
+        // the workers spread over them; the label is `wN`, and reading it
+        // as a plain number once put every worker on the first server).
+        // It is given the others after its own, and fails over to them
+        // when its server does not answer, unless `failover` is off.
+        let first = cfg.index().unwrap_or(0) % addresses.len();
+        let address = if failover {
+            (0..addresses.len())
+                .map(|i| addresses[(first + i) % addresses.len()].as_str())
+                .collect::<Vec<_>>()
+                .join(",")
+        } else {
+            addresses[first].clone()
+        };
         let mut cmd = Process::new(&exe);
         match &pg_workers {
             Some(w) => {
@@ -294,7 +312,7 @@ fn worker_command(
                     .env("RUNKEEP_LOG", "warn,runkeep_worker=info");
             }
             None => {
-                cmd.arg("--store").arg(address);
+                cmd.arg("--store").arg(&address);
             }
         }
         // An http:// store's token: environment only (`ps` shows command
@@ -507,11 +525,16 @@ pub async fn run(ctx: &Ctx, args: SoakArgs) -> CliResult<Exit> {
         backend_chaos,
     };
     let launcher = match &server {
-        Some((_, http)) => worker_command(ctx, http, None)?,
+        Some((_, http)) => worker_command(ctx, http, !args.no_failover, None)?,
         None if matches!(address, StoreAddress::Memory) => {
             Launcher::Threads(runkeep_soak::worker::correct())
         }
-        None => worker_command(ctx, std::slice::from_ref(&address), pg_workers.clone())?,
+        None => worker_command(
+            ctx,
+            std::slice::from_ref(&address),
+            false,
+            pg_workers.clone(),
+        )?,
     };
     let (runs, poison) = runkeep_soak::seed(target.store.as_ref(), &target.session, &options)
         .await
@@ -667,13 +690,11 @@ async fn check_served_by(store: &runkeep_postgres::PgStore, pair: &Pair) -> CliR
 
 /// `runkeep soak-worker`.
 pub async fn run_worker(ctx: &Ctx, args: SoakWorkerArgs) -> CliResult<Exit> {
-    // A server that vanished answers within the lease TTL, never hangs the
-    // worker (its lease keeper gives the run up at the TTL anyway).
     let options = ctx
         .store_options(PoolDemand::SoakWorker {
             concurrency: args.concurrency,
         })
-        .with_http_request_timeout(args.ttl.as_duration().max(Duration::from_secs(1)));
+        .with_http_request_timeout(http_request_timeout(&ctx.global.store, args.ttl));
     // SIGTERM / SIGINT stop the worker gracefully from the start, also
     // while it still waits for a writable server.
     let shutdown = tokio_util::sync::CancellationToken::new();
@@ -686,6 +707,15 @@ pub async fn run_worker(ctx: &Ctx, args: SoakWorkerArgs) -> CliResult<Exit> {
         }
     };
     let listing = ctx.scope.listing()?;
+    // Which server it works through, first (the soak's test checks the
+    // workers were spread over every server): the URL, never the token.
+    if let StoreAddress::Http(h) = &ctx.global.store {
+        crate::output::note(&format!(
+            "soak worker {}: through {} first",
+            args.label,
+            h.urls().first().map_or("", String::as_str)
+        ));
+    }
     let cfg = WorkerConfig::process(
         args.soak_dir,
         args.steps,
@@ -699,6 +729,22 @@ pub async fn run_worker(ctx: &Ctx, args: SoakWorkerArgs) -> CliResult<Exit> {
         .map_err(CliError::failed)?;
     crate::output::note(&format!("{report:?}"));
     Ok(Exit::Ok)
+}
+
+/// The request timeout of a soak worker over HTTP. One server: the lease
+/// TTL (at least 1 s), so a server that vanished is an error within it,
+/// never a hang (the lease keeper gives the run up at the TTL anyway).
+/// Several servers: a quarter of the TTL, so a renewal sent to a server
+/// that stopped answering (SIGSTOP: connected, nothing answered) times out
+/// and is sent again to the next server within the renewal's window (sent
+/// at a third of the TTL, given up a tenth before its end); with the TTL
+/// as the timeout, every lease held through a stalled server was lost.
+fn http_request_timeout(store: &StoreAddress, ttl: Ttl) -> Duration {
+    let ttl = ttl.as_duration();
+    match store {
+        StoreAddress::Http(h) if h.urls().len() > 1 => (ttl / 4).max(Duration::from_millis(100)),
+        _ => ttl.max(Duration::from_secs(1)),
+    }
 }
 
 /// Opens a worker's store, trying again while it does not answer (exit

@@ -47,10 +47,30 @@ impl fmt::Debug for HttpAddress {
 }
 
 impl HttpAddress {
-    /// `http://HOST:PORT` without a trailing `/`. A URL carrying user
-    /// information (`http://user:secret@…`) is refused: the token goes in
-    /// `RUNKEEP_TOKEN` or `--token`.
+    /// `http://HOST:PORT` without a trailing `/`, or several servers in
+    /// front of one store separated by commas
+    /// (`http://HOST:PORT,http://HOST2:PORT2`: requests fail over from one
+    /// to the next, [`runkeep_http::client::HttpStore::with_servers`]). A
+    /// URL carrying user information (`http://user:secret@…`) is refused:
+    /// the token goes in `RUNKEEP_TOKEN` or `--token`.
     fn parse(s: &str) -> Result<Self, String> {
+        let mut urls = Vec::new();
+        for one in s.split(',') {
+            if !(one.starts_with("http://") || one.starts_with("https://")) {
+                return Err(format!(
+                    "{one:?} is not an http:// or https:// URL: several servers are given as http://HOST:PORT,http://HOST2:PORT2"
+                ));
+            }
+            urls.push(Self::parse_one(one)?);
+        }
+        Ok(Self {
+            url: urls.join(","),
+            token: None,
+        })
+    }
+
+    /// One server's URL, without a trailing `/`.
+    fn parse_one(s: &str) -> Result<String, String> {
         let rest = s.split_once("://").map_or(s, |(_, r)| r);
         let authority = rest.split('/').next().unwrap_or("");
         if let Some(at) = authority.rfind('@') {
@@ -71,15 +91,17 @@ impl HttpAddress {
         if authority.is_empty() {
             return Err("`http://` needs a host and port, e.g. http://127.0.0.1:7420".into());
         }
-        Ok(Self {
-            url: s.trim_end_matches('/').to_string(),
-            token: None,
-        })
+        Ok(s.trim_end_matches('/').to_string())
     }
 
-    /// The base URL (not secret).
+    /// The base URL (not secret): several servers' separated by commas.
     pub fn url(&self) -> &str {
         &self.url
+    }
+
+    /// Each server's base URL, in the order given.
+    pub fn urls(&self) -> Vec<String> {
+        self.url.split(',').map(str::to_string).collect()
     }
 
     /// The token, when one was given (secret: hand it to a child process in
@@ -382,5 +404,24 @@ mod tests {
         // clap quotes the refused value: its credentials are redacted.
         assert!(!redact("'http://alice:pa55word@h:1'").contains("pa55word"));
         assert!("http://".parse::<StoreAddress>().is_err());
+    }
+
+    #[test]
+    fn several_servers_are_one_http_address_separated_by_commas() {
+        let a: StoreAddress = "http://127.0.0.1:1/,http://127.0.0.1:2".parse().unwrap();
+        assert_eq!(a.to_string(), "http://127.0.0.1:1,http://127.0.0.1:2");
+        let StoreAddress::Http(h) = &a else {
+            panic!("not http: {a:?}")
+        };
+        assert_eq!(h.urls(), ["http://127.0.0.1:1", "http://127.0.0.1:2"]);
+        let e = "http://127.0.0.1:1,127.0.0.1:2"
+            .parse::<StoreAddress>()
+            .unwrap_err();
+        assert!(e.contains("http://HOST:PORT,http://HOST2:PORT2"), "{e}");
+        let e = "http://h:1,http://bob:pa55@h:2"
+            .parse::<StoreAddress>()
+            .unwrap_err();
+        assert!(e.contains("RUNKEEP_TOKEN"), "{e}");
+        assert!(!e.contains("pa55"), "{e}");
     }
 }

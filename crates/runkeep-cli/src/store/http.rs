@@ -36,6 +36,8 @@ pub async fn open(
         ))
         .hint("set RUNKEEP_TOKEN (or pass --token); create one with `runkeep token create --tenant T --role worker` where the server runs"));
     };
-    Ok(HttpStore::new(address.url(), self::options(options))?
-        .with_token(scope.tenant.clone(), token))
+    Ok(
+        HttpStore::with_servers(address.urls(), self::options(options))?
+            .with_token(scope.tenant.clone(), token),
+    )
 }
