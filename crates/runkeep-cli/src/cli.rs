@@ -51,7 +51,10 @@ pub struct GlobalArgs {
     /// directory, the reference's layout), memory: (empty, in-process) or
     /// postgres://USER:PASSWORD@HOST:PORT/DATABASE?schema=NAME (password and schema optional;
     /// postgresql:// too; the password is never printed), or http://HOST:PORT
-    /// (a `runkeep serve` API; its token from --token / RUNKEEP_TOKEN).
+    /// (a `runkeep serve` API; its token from --token / RUNKEEP_TOKEN;
+    /// http://A,http://B for several servers in front of one store: a
+    /// request that could not be sent, or a read whose answer was lost,
+    /// goes to the next one).
     #[arg(
         long,
         env = "RUNKEEP_STORE",
