@@ -6,7 +6,8 @@ state. Each is listed here with its reason; nothing else is filtered.
 Sent differently from how it was generated (`before_call`):
 
 - Long-polls answer after their wait: `timeoutMs` (the runnable and events
-  waits; 25 s when absent) and `waitMs` (claim-next) are sent as at most
+  waits; 25 s when absent) and `waitMs` (claim-next; claim-next-batch's
+  `claim.waitMs`) are sent as at most
   100 ms, so a case costs milliseconds, not up to 30 s.
 - `cursor` is opaque: only a cursor the server issued for the same order,
   filters and scope is valid, so a generated one is not sent.
@@ -114,6 +115,8 @@ def before_call(ctx, case, **kwargs):
         case.body = _whole_floats_as_ints(case.body)
         if op == "claim_next" and isinstance(case.body, dict):
             _shorten(case.body, "waitMs")
+        if op == "claim_next_batch" and isinstance(case.body, dict) and isinstance(case.body.get("claim"), dict):
+            _shorten(case.body["claim"], "waitMs")
 
 
 @schemathesis.hook

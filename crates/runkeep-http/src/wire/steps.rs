@@ -282,7 +282,9 @@ pub struct CommitStepsBody {
 }
 
 impl CommitStepsBody {
-    /// The core's batch; every run must be in `tenant` (the path's).
+    /// The core's batch; every run must be in `tenant` (the path's): a run
+    /// in another is answered as the route guard answers a tenant the
+    /// token does not hold (404 `not-found`, the whole batch refused).
     pub fn into_commits(self, tenant: &TenantId) -> Result<Vec<runkeep::StepCommit>, Problem> {
         self.steps
             .into_iter()
@@ -291,13 +293,9 @@ impl CommitStepsBody {
                 let field = format!("steps[{i}]");
                 let scope = s.run.to_scope(&format!("{field}.run"))?;
                 if &scope.tenant_id != tenant {
-                    return Err(Problem::invalid(
-                        format!("{field}.run.tenantId"),
-                        format!(
-                            "run {} is in tenant {}, not the path's {tenant}: a group commit stays in one tenant",
-                            scope.run_id, scope.tenant_id
-                        ),
-                    ));
+                    // What the route guard answers for a tenant the token
+                    // does not hold: nothing there, for this token.
+                    return Err(Problem::no_such_run().with_field(format!("{field}.run.tenantId")));
                 }
                 Ok(runkeep::StepCommit {
                     scope,
@@ -361,4 +359,33 @@ pub struct HandOverAnswer {
     /// `claim-next` may be retried.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub next_error: Option<Problem>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn commit(tenant: &str) -> StepCommitBody {
+        serde_json::from_value(serde_json::json!({
+            "run": {"tenantId": tenant, "projectId": "p", "sessionId": "s", "runId": "r"},
+            "fence": 1,
+            "step": {"events": [{"type": "t", "payload": {}}]},
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn a_group_commit_naming_another_tenant_is_no_such_run_for_the_whole_batch() {
+        let path: TenantId = "acme".parse().unwrap();
+        let body = CommitStepsBody {
+            steps: vec![commit("acme"), commit("other")],
+        };
+        let p = body.into_commits(&path).unwrap_err();
+        assert_eq!(p.kind(), Some(crate::problem::ProblemType::NotFound));
+        assert_eq!(p.field.as_deref(), Some("steps[1].run.tenantId"));
+        let ok = CommitStepsBody {
+            steps: vec![commit("acme")],
+        };
+        assert_eq!(ok.into_commits(&path).unwrap().len(), 1);
+    }
 }
