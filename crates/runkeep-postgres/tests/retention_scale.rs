@@ -238,16 +238,27 @@ async fn figure_prune_duty_cycle_side_by_side() {
             after.line(),
         );
         assert_eq!(deleted, n, "{label}: every finished run is deleted");
-        let left = store
-            .list_runs(
-                &listing,
-                &runkeep::ListOptions {
-                    limit: Some(runkeep::listing::MAX_LIMIT),
-                    ..runkeep::ListOptions::default()
-                },
-            )
-            .await
-            .expect("list");
-        assert_eq!(left.entries.len(), active, "{label}: the queue is kept");
+        // Every page: at 100 000 finished runs the queue (5 000) is more
+        // than one page of the listing's largest.
+        let (mut left, mut cursor) = (0, None);
+        loop {
+            let page = store
+                .list_runs(
+                    &listing,
+                    &runkeep::ListOptions {
+                        limit: Some(runkeep::listing::MAX_LIMIT),
+                        cursor: cursor.take(),
+                        ..runkeep::ListOptions::default()
+                    },
+                )
+                .await
+                .expect("list");
+            left += page.entries.len();
+            match page.cursor {
+                Some(c) => cursor = Some(c),
+                None => break,
+            }
+        }
+        assert_eq!(left, active, "{label}: the queue is kept");
     }
 }
