@@ -31,7 +31,7 @@ pub(crate) async fn claim_next_batch(
     loop {
         let (tx, mut replies) = db.begin(what, first).await?;
         let mut writes = Vec::new();
-        let mut committed_here = 0;
+        let mut taken_here = 0;
         let went_on = loop {
             let searched = search
                 .search(db, &tx, what, replies, None, &mut writes)
@@ -39,7 +39,7 @@ pub(crate) async fn claim_next_batch(
             match searched {
                 Searched::Taken(Some(run)) => {
                     taken.push(run);
-                    committed_here += 1;
+                    taken_here += 1;
                     if taken.len() == max {
                         break None;
                     }
@@ -57,7 +57,7 @@ pub(crate) async fn claim_next_batch(
                 Searched::KeyJudged(after) => break Some(after),
             }
         };
-        if committed_here > 0 || search.changed || !writes.is_empty() {
+        if taken_here > 0 || search.changed {
             db.commit(tx, what, writes).await?;
             search.changed = false;
         }

@@ -398,6 +398,32 @@ def _drop_none(d: Mapping[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in d.items() if v is not None}
 
 
+def _claim_next_body(
+    holder: str,
+    ttl_ms: int,
+    project: str | None,
+    session: str | None,
+    park: list[str] | None,
+    order: str | None,
+    wait_ms: int | None,
+    max_attempts: int | None,
+) -> dict[str, Any]:
+    """``claim-next``'s body (also a batch's ``claim`` and a hand-over's
+    ``next``, which carries no ``waitMs``)."""
+    return _drop_none(
+        {
+            "holder": holder,
+            "ttlMs": ttl_ms,
+            "project": project,
+            "session": session,
+            "park": park,
+            "order": order,
+            "waitMs": wait_ms,
+            "maxAttempts": max_attempts,
+        }
+    )
+
+
 @dataclass
 class _Request(Generic[T]):
     """One request of an operation, transport-free: method and path (from
@@ -562,18 +588,7 @@ class _Api:
         max_attempts: int | None = None,
     ) -> _Request[Claimed | None]:
         """Takes the next runnable run, waiting up to ``wait_ms`` (≤ 30 000) for one."""
-        body = _drop_none(
-            {
-                "holder": holder,
-                "ttlMs": ttl_ms,
-                "project": project,
-                "session": session,
-                "park": park,
-                "order": order,
-                "waitMs": wait_ms,
-                "maxAttempts": max_attempts,
-            }
-        )
+        body = _claim_next_body(holder, ttl_ms, project, session, park, order, wait_ms, max_attempts)
 
         def parse(b: Any) -> Claimed | None:
             return Claimed.of(b.get("claimed"))
@@ -599,18 +614,7 @@ class _Api:
         :meth:`claim_next` would hand them out, each under its own lease and
         fence (a worker's local queue); with ``wait_ms``, waits until at
         least one is runnable. Answers the runs taken (empty: none)."""
-        claim = _drop_none(
-            {
-                "holder": holder,
-                "ttlMs": ttl_ms,
-                "project": project,
-                "session": session,
-                "park": park,
-                "order": order,
-                "waitMs": wait_ms,
-                "maxAttempts": max_attempts,
-            }
-        )
+        claim = _claim_next_body(holder, ttl_ms, project, session, park, order, wait_ms, max_attempts)
 
         def parse(b: Any) -> list[Claimed]:
             return [c for c in (Claimed.of(x) for x in b["claimed"]) if c is not None]
@@ -856,17 +860,7 @@ class _Api:
         ``Unavailable`` with ``outcome_unknown``) leaves both unknown: the
         step may have committed, and a next run may be held under
         ``holder`` until its lease expires."""
-        nxt = _drop_none(
-            {
-                "holder": holder,
-                "ttlMs": ttl_ms,
-                "project": project,
-                "session": session,
-                "park": park,
-                "order": order,
-                "maxAttempts": max_attempts,
-            }
-        )
+        nxt = _claim_next_body(holder, ttl_ms, project, session, park, order, None, max_attempts)
         body = {"fence": fence, "step": dict(step), "next": nxt}
         method, _ = _template("commit_step_and_claim_next")
         path = self._path("commit_step_and_claim_next", run)
