@@ -4,7 +4,9 @@
 //! the whole read-back of every run compared after each operation.
 //!
 //! The operations: claims by several holders (fresh takes, renewals,
-//! takeovers, with and without an attempt limit), `claim_next`, releases,
+//! takeovers, with and without an attempt limit), `claim_next`, batches
+//! (`claim_next_batch`; group commits of several runs' steps, some under
+//! stale fences, compared step by step), releases,
 //! snoozes, checkpoint writes (plain and parked, fenced and unfenced),
 //! event appends, step commits (any mix of parts, with or without the
 //! finish), finishes, reopens, enqueues, park answers and expiries, and
@@ -54,6 +56,8 @@ use runkeep::{
     RunScope, RunStore, Step, Timestamp,
 };
 use serde_json::{json, Map};
+
+use runkeep::batch::StepCommit;
 
 use crate::support::{self, at, checkpoint, claim_now, event, read_back, run, ReadBack};
 use crate::Fixture;
@@ -132,6 +136,30 @@ pub enum Op {
         holder: u8,
         /// Lease in ms.
         ttl: u64,
+    },
+    /// `claim_next_batch` over the session.
+    ClaimBatch {
+        /// Holder index.
+        holder: u8,
+        /// Lease in ms.
+        ttl: u64,
+        /// The batch's size.
+        max: u8,
+    },
+    /// `commit_steps`: one step per listed run (distinct), each under the
+    /// holder's fence on its run (a group commit; a run the holder does
+    /// not hold is refused alone).
+    StepGroup {
+        /// Holder index.
+        holder: u8,
+        /// Run indexes.
+        runs: Vec<u8>,
+        /// Events in each step.
+        events: u8,
+        /// A checkpoint index in each step.
+        checkpoint: Option<u8>,
+        /// A finish in each step (0 completed, 1 failed, 2 cancelled).
+        finish: Option<u8>,
     },
     /// `release` under the holder's last fence on the run.
     Release {
@@ -253,6 +281,22 @@ fn op() -> impl Strategy<Value = Op> {
         4 => (r.clone(), h.clone(), ttl.clone(), proptest::option::weighted(0.2, 1u32..4))
             .prop_map(|(run, holder, ttl, limit)| Op::Claim { run, holder, ttl, limit }),
         2 => (h.clone(), ttl.clone()).prop_map(|(holder, ttl)| Op::ClaimNext { holder, ttl }),
+        1 => (h.clone(), ttl.clone(), 1u8..4)
+            .prop_map(|(holder, ttl, max)| Op::ClaimBatch { holder, ttl, max }),
+        2 => (
+            h.clone(),
+            proptest::sample::subsequence((0..RUNS).collect::<Vec<u8>>(), 1..=RUNS as usize),
+            0u8..3,
+            proptest::option::of(0u8..4),
+            proptest::option::weighted(0.5, 0u8..3)
+        )
+            .prop_map(|(holder, runs, events, checkpoint, finish)| Op::StepGroup {
+                holder,
+                runs,
+                events,
+                checkpoint,
+                finish
+            }),
         2 => (r.clone(), h.clone()).prop_map(|(run, holder)| Op::Release { run, holder }),
         1 => (r.clone(), h.clone(), 1i64..4_000)
             .prop_map(|(run, holder, delay)| Op::Snooze { run, holder, delay }),
@@ -346,14 +390,17 @@ impl<T: PartialEq + std::fmt::Debug + Send + 'static> Comparable for T {
 type Answer = Result<Box<dyn Comparable>, String>;
 
 fn normalize<T: PartialEq + std::fmt::Debug + Send + 'static>(r: runkeep::Result<T>) -> Answer {
-    match r {
-        Ok(v) => Ok(Box::new(v)),
-        Err(Error::FencedOut {
+    r.map(|v| Box::new(v) as Box<dyn Comparable>)
+        .map_err(|e| error_answer(&e))
+}
+
+/// An error as compared: its kind, and for `FencedOut` both fences.
+fn error_answer(e: &Error) -> String {
+    match e {
+        Error::FencedOut {
             presented, current, ..
-        }) => Err(format!(
-            "FencedOut {{ presented: {presented}, current: {current} }}"
-        )),
-        Err(e) => Err(kind(&e).to_string()),
+        } => format!("FencedOut {{ presented: {presented}, current: {current} }}"),
+        e => kind(e).to_string(),
     }
 }
 
@@ -459,6 +506,54 @@ impl Pair {
                         }
                     }
                     normalize(a)
+                }
+                Op::ClaimBatch { holder, ttl, max } => {
+                    let a = store
+                        .claim_next_batch(
+                            &support::listing(),
+                            &ClaimNextFilter::default(),
+                            &claim_now(&holder_name(*holder), *ttl),
+                            usize::from(*max),
+                        )
+                        .await;
+                    if Arc::ptr_eq(store, &self.reference) {
+                        for (s, l) in a.iter().flatten() {
+                            if let Some(r) = (0..RUNS).find(|i| &scope(*i) == s) {
+                                self.fences.insert((r, *holder), l.fence);
+                            }
+                        }
+                    }
+                    normalize(a)
+                }
+                Op::StepGroup {
+                    holder,
+                    runs,
+                    events,
+                    checkpoint,
+                    finish,
+                } => {
+                    let group: Vec<StepCommit> = runs
+                        .iter()
+                        .map(|r| StepCommit {
+                            scope: scope(*r),
+                            fence: self.fence(*r, *holder),
+                            step: Step {
+                                events: (0..*events)
+                                    .map(|i| event("tool_result", json!({"i": i, "run": r})))
+                                    .collect(),
+                                checkpoint: checkpoint.map(|id| make_checkpoint(id, now, 0)),
+                                finish: finish.map(outcome),
+                                ..Step::default()
+                            },
+                        })
+                        .collect();
+                    // Each step's outcome compared as an answer of its own.
+                    normalize(store.commit_steps(&group).await.map(|outcomes| {
+                        outcomes
+                            .into_iter()
+                            .map(|o| o.map_err(|e| error_answer(&e)))
+                            .collect::<Vec<_>>()
+                    }))
                 }
                 Op::Release { run, holder } => {
                     normalize(store.release(&scope(*run), self.fence(*run, *holder)).await)

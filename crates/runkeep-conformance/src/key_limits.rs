@@ -16,6 +16,7 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use runkeep::batch::StepCommit;
 use runkeep::scheduling::concurrency::max_held_at_once;
 use runkeep::{
     ClaimNextFilter, ClaimOptions, Concurrency, EnqueueOptions, Holder, ListOptions, Outcome,
@@ -137,7 +138,9 @@ pub async fn drain_keyed(stores: &[Arc<dyn RunStore>], spec: &KeyRace) -> KeyRac
 }
 
 /// [`drain_keyed`] with each worker claiming up to `batch` runs a call
-/// (`claim_next_batch`; 1: `claim_next`), then holding and finishing each.
+/// (`claim_next_batch`; 1: `claim_next`), then holding each, and
+/// finishing the batch's runs with one group commit (`commit_steps`; 1:
+/// `commit_step`).
 pub async fn drain_keyed_in_batches(
     stores: &[Arc<dyn RunStore>],
     spec: &KeyRace,
@@ -187,6 +190,11 @@ pub async fn drain_keyed_in_batches(
                     tokio::time::sleep(Duration::from_millis(1)).await;
                     continue;
                 }
+                let finish = Step {
+                    finish: Some(Outcome::completed(None)),
+                    ..Step::default()
+                };
+                let mut group = Vec::with_capacity(taken.len());
                 for (scope, lease) in taken {
                     seed = seed
                         .wrapping_mul(6364136223846793005)
@@ -195,17 +203,30 @@ pub async fn drain_keyed_in_batches(
                     if hold > 0 {
                         tokio::time::sleep(Duration::from_micros((seed >> 33) % hold)).await;
                     }
+                    if batch > 1 {
+                        group.push(StepCommit {
+                            scope,
+                            fence: lease.fence,
+                            step: finish.clone(),
+                        });
+                        continue;
+                    }
                     store
-                        .commit_step(
-                            &scope,
-                            lease.fence,
-                            &Step {
-                                finish: Some(Outcome::completed(None)),
-                                ..Step::default()
-                            },
-                        )
+                        .commit_step(&scope, lease.fence, &finish)
                         .await
                         .unwrap_or_else(|e| panic!("worker {w}'s finish of {scope} failed: {e}"));
+                    done.fetch_add(1, Ordering::SeqCst);
+                }
+                if group.is_empty() {
+                    continue;
+                }
+                // A batch's finishing steps go in one group commit.
+                let outcomes = store
+                    .commit_steps(&group)
+                    .await
+                    .unwrap_or_else(|e| panic!("worker {w}'s group commit failed: {e}"));
+                for (s, o) in group.iter().zip(outcomes) {
+                    o.unwrap_or_else(|e| panic!("worker {w}'s finish of {} failed: {e}", s.scope));
                     done.fetch_add(1, Ordering::SeqCst);
                 }
             }

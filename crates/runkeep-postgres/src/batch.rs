@@ -1,12 +1,18 @@
 //! `claim_next_batch` in one transaction: the runs `claim_next` would take
 //! one after the other, claimed with one durable commit.
 //!
-//! The search is `claim_next`'s ([`NextSearch`]), run again after each
-//! taken run in the same transaction: the taken run's write is sent first,
-//! so the next candidate statement no longer sees it as claimable (a row
-//! this transaction locked is not skipped by `SKIP LOCKED`, but its saved
-//! holding makes it no candidate). A keyed candidate judged and not taken
-//! ends the transaction, as in `claim_next` (module `keys`, "No
+//! The first statement asks for up to the batch's size of candidates at
+//! once, each row locked (`SKIP LOCKED`); the runs without a concurrency
+//! key among them are judged by the core in claim order and claimed with
+//! no further statement: a batch of runs without keys is one round trip
+//! and the commit. From the first keyed candidate on (its key needs its
+//! lock and count), or when the candidates ran out before the batch was
+//! full, the search is `claim_next`'s ([`NextSearch`]), run again after
+//! each taken run in the same transaction: the taken runs' writes are sent
+//! first, so the next candidate statement no longer sees them as claimable
+//! (a row this transaction locked is not skipped by `SKIP LOCKED`, but its
+//! saved holding makes it no candidate). A keyed candidate judged and not
+//! taken ends the transaction, as in `claim_next` (module `keys`, "No
 //! deadlock"): the runs taken so far commit with it, and the batch goes on
 //! in a new transaction.
 
@@ -27,11 +33,37 @@ pub(crate) async fn claim_next_batch(
     runkeep::batch::check_size(what, max)?;
     let mut search = NextSearch::new(db, scope, filter, options)?;
     let mut taken = Vec::new();
-    let mut first = search.judged(&After::None);
+    let mut first = vec![search.many(max)];
+    let mut fast = true;
     loop {
         let (tx, mut replies) = db.begin(what, first).await?;
         let mut writes = Vec::new();
         let mut taken_here = 0;
+        if std::mem::take(&mut fast) {
+            let rows = replies.pop().unwrap_or_default();
+            let left = search.take_unkeyed(db, rows, max, &mut taken, &mut writes)?;
+            taken_here = taken.len();
+            match left {
+                None => {
+                    if taken_here > 0 || search.changed {
+                        db.commit(tx, what, writes).await?;
+                    }
+                    return Ok(taken);
+                }
+                // Judged by `search`, from the keyed candidate on.
+                Some(rows) if !rows.is_empty() => replies = vec![rows],
+                // More may follow: the taken runs' saves, then the next
+                // candidate from the top.
+                Some(_) => {
+                    let next = search.judged(&After::None);
+                    let n = next.len();
+                    let mut stmts = std::mem::take(&mut writes);
+                    stmts.extend(next);
+                    replies = db.run(&tx, what, stmts).await?;
+                    replies = replies.split_off(replies.len() - n);
+                }
+            }
+        }
         let went_on = loop {
             let searched = search
                 .search(db, &tx, what, replies, None, &mut writes)

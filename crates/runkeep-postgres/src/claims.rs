@@ -291,8 +291,104 @@ impl<'a> NextSearch<'a> {
         *self.last_after.borrow_mut() = after.clone();
         let (sql, params) = self
             .listing_with(self.scanning.get())
-            .candidate_sql_and_params(after, lock, &self.schema);
+            .candidate_sql_and_params(after, lock, &self.schema, 1);
         Stmt::new("find a candidate", sql, params)
+    }
+
+    /// A batch's first statement: up to `limit` candidates from the top,
+    /// each locked (`SKIP LOCKED`), no key lock taken
+    /// ([`Self::take_unkeyed`] judges them).
+    pub(crate) fn many(&self, limit: usize) -> Stmt {
+        self.counted.set(false);
+        *self.last_after.borrow_mut() = After::None;
+        let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+        let (sql, params) = self.listing_with(false).candidate_sql_and_params(
+            &After::None,
+            KeyLock::None,
+            &self.schema,
+            limit,
+        );
+        Stmt::new("find candidates", sql, params)
+    }
+
+    /// Judges the candidates [`Self::many`] answered, in claim order, as
+    /// [`Self::search`] judges one: each run without a concurrency key is
+    /// claimed (pushed to `taken`, its save to `writes`) until `taken`
+    /// holds `max` runs. A run with a key needs its key's lock and count,
+    /// which [`Self::search`] takes: the judgement stops at the first one
+    /// and answers the rows from it on, for [`Self::search`] (the same for
+    /// the row of NULLs of heads all locked by others). `Ok(None)`: the
+    /// batch is full or no candidate is left; `Ok(Some(vec![]))`: every
+    /// candidate was judged and more may follow (search again from the
+    /// top once the taken runs are saved).
+    pub(crate) fn take_unkeyed(
+        &mut self,
+        db: &Db,
+        rows: Vec<Row>,
+        max: usize,
+        taken: &mut Vec<(RunScope, Lease)>,
+        writes: &mut Vec<Stmt>,
+    ) -> Result<Option<Vec<Row>>> {
+        if rows.is_empty() {
+            return Ok(None);
+        }
+        if rows[0].get::<_, Option<String>>(0).is_none() {
+            return Ok(Some(rows));
+        }
+        let now = match self.fixed {
+            Some(n) => n,
+            None => {
+                let n = db.listed_now(&rows[0], self.fixed)?;
+                self.query = ListQuery::claim_next(self.scope, self.filter, n)?;
+                self.listing.now = Some(n.as_millis());
+                n
+            }
+        };
+        let mut listed = Vec::with_capacity(rows.len());
+        for r in rows {
+            let (scope, state, row) = listed_row(self.scope.tenant_id(), &r, now)?;
+            let order = (
+                row.claim_key(self.filter.order),
+                scope.project_id.to_string(),
+                scope.session_id.to_string(),
+            );
+            listed.push((order, scope, state, row, r));
+        }
+        // The statement's rows come in claim order; sorted here so that
+        // nothing depends on it.
+        listed.sort_by(|a, b| a.0.cmp(&b.0));
+        let mut listed = listed.into_iter();
+        while let Some((_, scope, mut state, row, r)) = listed.next() {
+            fill_state(&mut state, &r);
+            if state.lifecycle.concurrency.is_some() {
+                let mut left = vec![r];
+                left.extend(listed.map(|l| l.4));
+                return Ok(Some(left));
+            }
+            if !(self.query.matches(&row) && row.is_claimable(now)) {
+                continue;
+            }
+            let key = Key::of(&scope);
+            let before = state.top.clone();
+            match apply_claim(&scope, &mut state, self.options, now, 0)? {
+                ClaimOutcome::Acquired(lease) => {
+                    writes.extend(keys::holding_stmts(db, &key, before.as_ref(), &state, Some(now)));
+                    writes.push(save_stmt(&key, &state)?);
+                    taken.push((scope, lease));
+                    if taken.len() == max {
+                        return Ok(None);
+                    }
+                }
+                ClaimOutcome::Finished(_) => {
+                    // Dead-lettered by this claim: recorded with the batch.
+                    writes.extend(keys::holding_stmts(db, &key, before.as_ref(), &state, Some(now)));
+                    writes.push(save_stmt(&key, &state)?);
+                    self.changed = true;
+                }
+                _ => {}
+            }
+        }
+        Ok(Some(Vec::new()))
     }
 
     fn listing_with(&self, scan: bool) -> Listing<'a> {

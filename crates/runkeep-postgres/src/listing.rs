@@ -341,7 +341,8 @@ impl Listing<'_> {
     pub(crate) const CANDIDATE_LOCK: usize = 15;
 
     /// `claim_next`'s candidate statement: [`Self::sql_and_params`] locking
-    /// one row (or answering the row of NULLs when every head is locked),
+    /// one row, or up to `limit` for a batch (or answering the row of NULLs
+    /// when every head is locked),
     /// wrapped so that the picked row's concurrency key is locked in the
     /// same statement, after its row lock (`keys::candidate_lock_sql`;
     /// `lock` says how). Its columns: `COLS`, the first five of
@@ -353,8 +354,9 @@ impl Listing<'_> {
         after: &After,
         lock: KeyLock,
         schema: &str,
+        limit: i64,
     ) -> (String, Vec<Box<dyn ToSql + Sync + Send>>) {
-        let (inner, mut params) = self.sql_and_params(after, 1, true);
+        let (inner, mut params) = self.sql_and_params(after, limit, true);
         let (schema_p, tenant_p) = if lock == KeyLock::None {
             // Unused parameters would have no type.
             (String::new(), String::new())
@@ -454,7 +456,7 @@ impl Listing<'_> {
                 WHERE NOT EXISTS (SELECT 1 FROM held WHERE held.project_id = g.project_id \
                  AND held.session_id = g.session_id AND held.ckey = g.ckey AND held.n >= g.climit)), \
              heads AS ( \
-               (SELECT {keyed_cols} FROM runs WHERE {all} AND ckey IS NULL ORDER BY {order_by} LIMIT 1) \
+               (SELECT {keyed_cols} FROM runs WHERE {all} AND ckey IS NULL ORDER BY {order_by} LIMIT {limit}) \
                UNION ALL \
                (SELECT h.* FROM open_groups g CROSS JOIN LATERAL \
                 (SELECT {keyed_cols} FROM runs WHERE {all} AND ckey IS NOT NULL \

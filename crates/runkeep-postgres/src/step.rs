@@ -2,12 +2,17 @@
 //! in one transaction under one fence check; and the hand-over, the same
 //! transaction also taking the worker's next run.
 
-use runkeep::{Error, Fence, Handover, NextClaim, Result, RunScope, Step, StepReceipt};
+use runkeep::batch::StepCommit;
+use runkeep::{
+    Error, Fence, Handover, NextClaim, Result, RunScope, Step, StepReceipt, Timestamp,
+};
 use serde_json::Value;
+use std::collections::HashMap;
 
 use crate::claims::{NextSearch, Searched};
 use crate::db::pipeline::{Param, Stmt};
-use crate::db::tx::{Locked, Opening, Verdict, Wake, Writes};
+use crate::db::row::{state_of, Key, CLOCK, KEY_COLS, STATE_COLS};
+use crate::db::tx::{Locked, Opened, Opening, Verdict, Wake, Writes};
 use crate::db::Db;
 
 pub(crate) async fn commit_step(
@@ -186,4 +191,142 @@ fn judge(
         lifecycle: finished.map(|f| f.lifecycle),
     };
     Ok((receipt, writes))
+}
+
+/// A group commit in one transaction: round trip 1 locks every step's row
+/// with one statement (in key order, so two group commits never wait for
+/// each other in a cycle) and reads the clock and which checkpoints exist
+/// with one more; each step is then judged alone by the core, and round
+/// trip 2 sends the writes of the steps it accepted with one `COMMIT`. A
+/// refused step writes nothing and is answered alone.
+pub(crate) async fn commit_steps(
+    db: &Db,
+    steps: &[StepCommit],
+) -> Result<Vec<Result<StepReceipt>>> {
+    let what = "commit_steps";
+    runkeep::batch::check_group(steps)?;
+    let records = steps
+        .iter()
+        .map(|s| checked(db, &s.scope, &s.step))
+        .collect::<Result<Vec<_>>>()?;
+    let keys: Vec<Key> = steps.iter().map(|s| Key::of(&s.scope)).collect();
+    let test_clock = db.options.clock.as_ref().map(|c| c.now());
+    let (tx, replies) = db.begin(what, group_opening(steps, &keys, test_clock)).await?;
+    let [locked_rows, clock_rows]: [Vec<tokio_postgres::Row>; 2] = replies
+        .try_into()
+        .map_err(|_| Error::corrupted("commit_steps: the opening answered too few replies"))?;
+    let mut states: HashMap<Key, tokio_postgres::Row> = HashMap::with_capacity(steps.len());
+    for r in locked_rows {
+        let key = Key {
+            tenant: r.get(11),
+            project: r.get(12),
+            session: r.get(13),
+            run: r.get(14),
+            parent: r.get(15),
+        };
+        states.insert(key, r);
+    }
+    let clock = clock_rows
+        .into_iter()
+        .next()
+        .ok_or_else(|| Error::corrupted("the clock query answered no row"))?;
+    let ms: i64 = clock.get(0);
+    let now = Timestamp::from_millis(ms)
+        .map_err(|e| Error::corrupted(format!("the server clock is out of range: {e}")))?;
+    if test_clock.is_none() {
+        db.note_server_now(now);
+    }
+    let existing: Vec<i64> = clock.get(1);
+    let mut outcomes = Vec::with_capacity(steps.len());
+    let mut writes = Vec::new();
+    let mut payloads = Vec::new();
+    for (i, (s, record)) in steps.iter().zip(records).enumerate() {
+        let state = match states.get(&keys[i]) {
+            Some(r) => Some(state_of(&s.scope, r)?),
+            None => None,
+        };
+        let opened = Opened {
+            state,
+            now: Some(now),
+            checkpoint_exists: existing.contains(&(i as i64 + 1)),
+            more: Vec::new(),
+        };
+        let mut locked = Locked::new(keys[i].clone(), opened);
+        match judge(db, &s.scope, s.fence, &s.step, record, &mut locked) {
+            Ok((receipt, w)) => {
+                let (stmts, notify) = db.written(&tx, what, &s.scope, &mut locked, w).await?;
+                writes.extend(stmts);
+                payloads.extend(notify.payload(&s.scope));
+                outcomes.push(Ok(receipt));
+            }
+            Err(e) => outcomes.push(Err(e)),
+        }
+    }
+    if writes.is_empty() {
+        // Every step was refused: nothing to commit (rolls back unwaited).
+        return Ok(outcomes);
+    }
+    if let Err(e) = db.commit_waking(tx, what, writes, payloads).await {
+        if !e.is_outcome_unknown() {
+            // Refused by the server: the transaction rolled back, no step
+            // was written.
+            return Err(e);
+        }
+        // Every accepted step may or may not be stored.
+        let message = e.to_string();
+        for o in outcomes.iter_mut().filter(|o| o.is_ok()) {
+            *o = Err(Error::outcome_unknown(
+                message.clone(),
+                std::io::Error::from(std::io::ErrorKind::TimedOut),
+            ));
+        }
+    }
+    Ok(outcomes)
+}
+
+/// A group commit's first statements: every step's row locked, in key
+/// order (the lock order of every group commit); then, in a statement of
+/// its own (its snapshot taken once the locks are held), the instant (the
+/// test clock's when set) and the 1-based positions of the steps whose
+/// checkpoint already exists.
+fn group_opening(steps: &[StepCommit], keys: &[Key], test_clock: Option<Timestamp>) -> Vec<Stmt> {
+    let col = |f: fn(&Key) -> &String| -> Vec<String> { keys.iter().map(|k| f(k).clone()).collect() };
+    let key_arrays = || -> Vec<Param> {
+        vec![
+            Box::new(col(|k| &k.tenant)),
+            Box::new(col(|k| &k.project)),
+            Box::new(col(|k| &k.session)),
+            Box::new(col(|k| &k.run)),
+            Box::new(col(|k| &k.parent)),
+        ]
+    };
+    let lock = Stmt::new(
+        "lock the runs' rows",
+        format!(
+            "SELECT {STATE_COLS}, {KEY_COLS} FROM runs \
+             WHERE ({KEY_COLS}) IN (SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[])) \
+             ORDER BY {KEY_COLS} FOR UPDATE"
+        ),
+        key_arrays(),
+    );
+    let checkpoints: Vec<Option<String>> = steps
+        .iter()
+        .map(|s| s.step.checkpoint.as_ref().map(|c| c.id.to_string()))
+        .collect();
+    let mut params = key_arrays();
+    params.push(Box::new(checkpoints));
+    params.push(Box::new(test_clock.map(Timestamp::as_millis)));
+    let read = Stmt::new(
+        "read the clock and the checkpoints",
+        format!(
+            "SELECT coalesce($7::bigint, {CLOCK}), ARRAY(SELECT u.i FROM \
+               unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[]) \
+                 WITH ORDINALITY AS u(t, p, s, r, pa, cp, i) \
+               WHERE u.cp IS NOT NULL AND EXISTS (SELECT 1 FROM checkpoints c \
+                 WHERE c.tenant_id = u.t AND c.project_id = u.p AND c.session_id = u.s \
+                 AND c.run_id = u.r AND c.parent_id = u.pa AND c.checkpoint_id = u.cp))"
+        ),
+        params,
+    );
+    vec![lock, read]
 }

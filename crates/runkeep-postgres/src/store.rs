@@ -486,4 +486,11 @@ impl EvidenceStore for PgStore {
     ) -> Result<Handover> {
         crate::step::commit_step_and_claim_next(&self.db, scope, fence, step, next).await
     }
+
+    async fn commit_steps(
+        &self,
+        steps: &[runkeep::batch::StepCommit],
+    ) -> Result<Vec<Result<StepReceipt>>> {
+        crate::step::commit_steps(&self.db, steps).await
+    }
 }

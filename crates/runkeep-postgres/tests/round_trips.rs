@@ -13,9 +13,10 @@ mod common;
 use std::future::Future;
 
 use common::counting::{Counter, Snapshot};
+use runkeep::batch::StepCommit;
 use runkeep::{
     CheckpointStore, ClaimNextFilter, ClaimOptions, Concurrency, Dedupe, EnqueueOptions,
-    EvidenceStore, ListOptions, ListingScope, NewAuditEvent, NextClaim, Outcome, ParkResolution,
+    EvidenceStore, Fence, ListOptions, ListingScope, NewAuditEvent, NextClaim, Outcome, ParkResolution,
     Priority, ReadEventsOptions, RunId, RunScope, SessionId, Step, Ttl,
 };
 use runkeep_conformance::support;
@@ -211,9 +212,9 @@ async fn scenario(store: &PgStore, m: &mut Meter<'_>, phase: &str) {
         .unwrap();
     assert!(over.next.unwrap().is_none());
 
-    // A batch of four: the first candidate with BEGIN, each taken run's
-    // save with the next candidate, one COMMIT: 5 waits and one durable
-    // commit where four claim_next calls take 8 waits and four commits.
+    // A batch of four runs without keys: four candidates with BEGIN, their
+    // saves with one COMMIT: 2 waits and one durable commit where four
+    // claim_next calls take 8 waits and four commits.
     let batch_ls = listing(&format!("{phase}_batch"));
     for i in 1..=4 {
         store
@@ -228,12 +229,38 @@ async fn scenario(store: &PgStore, m: &mut Meter<'_>, phase: &str) {
     let taken = m
         .op(
             "claim_next_batch: four runs",
-            5,
+            2,
             store.claim_next_batch(&batch_ls, &filter, &co, 4),
         )
         .await
         .unwrap();
     assert_eq!(taken.len(), 4);
+
+    // The group commit of those four runs' finishing steps, one of them
+    // under a stale fence: every row locked and read with BEGIN, the
+    // accepted steps' writes with one COMMIT: 2 waits where four
+    // commit_step calls take 8.
+    let mut group: Vec<StepCommit> = taken
+        .iter()
+        .map(|(s, l)| StepCommit {
+            scope: s.clone(),
+            fence: l.fence,
+            step: step("end", true),
+        })
+        .collect();
+    group[2].fence = Fence::new(group[2].fence.get() + 1000).unwrap();
+    let outcomes = m
+        .op(
+            "commit_steps: four finishing steps, one stale",
+            2,
+            store.commit_steps(&group),
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        outcomes.iter().map(Result::is_ok).collect::<Vec<_>>(),
+        [true, true, false, true]
+    );
 
     let c = scope(phase, "c");
     let lc = m

@@ -57,7 +57,9 @@ impl RunState {
     }
 }
 
-/// The five key columns of a run.
+/// The five key columns of a run (ordered as the lock order of a group
+/// commit).
+#[derive(Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub(crate) struct Key {
     pub(crate) tenant: String,
     pub(crate) project: String,

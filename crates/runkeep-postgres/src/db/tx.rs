@@ -55,6 +55,17 @@ impl Opened {
     }
 }
 
+/// How the replies of an opening's statements are laid out
+/// ([`Db::opening_stmts`], read by [`Db::opened`]).
+pub(crate) struct OpeningShape {
+    first: usize,
+    create: bool,
+    after: bool,
+    clock: bool,
+    test_clock: bool,
+    more: usize,
+}
+
 /// The run's row as a judge sees it: locked, with what the opening read.
 pub(crate) struct Locked {
     /// The run's key columns.
@@ -75,6 +86,22 @@ pub(crate) struct Locked {
     pub(crate) before: Option<runkeep::TopHolding>,
     /// The instant the opening read, if it read one.
     pub(crate) read_now: Option<Timestamp>,
+}
+
+impl Locked {
+    /// `key`'s row as [`Db::opened`] read it under its lock.
+    pub(crate) fn new(key: Key, o: Opened) -> Self {
+        Self {
+            key,
+            found: o.state.is_some(),
+            before: o.state.as_ref().and_then(|s| s.top.clone()),
+            now: o.now(),
+            read_now: o.now,
+            run: o.state.unwrap_or_default(),
+            checkpoint_exists: o.checkpoint_exists,
+            more: o.more,
+        }
+    }
 }
 
 /// What a judge decided, with the caller's answer.
@@ -116,6 +143,17 @@ pub(crate) enum Wake {
     Changed,
     /// The run's watchers, telling them it has new events.
     NewEvents,
+}
+
+impl Wake {
+    /// The notification that wakes whom `self` names about `scope`.
+    pub(crate) fn payload(self, scope: &RunScope) -> Option<String> {
+        match self {
+            Wake::Nobody => None,
+            Wake::Changed => Some(wake::payload(scope, false)),
+            Wake::NewEvents => Some(wake::payload(scope, true)),
+        }
+    }
 }
 
 impl Writes {
@@ -205,18 +243,7 @@ impl Db {
     ) -> Result<(Tx, Locked)> {
         let key = Key::of(scope);
         let (tx, o) = self.open(what, scope, &key, opening).await?;
-        let now = o.now();
-        let locked = Locked {
-            key,
-            found: o.state.is_some(),
-            before: o.state.as_ref().and_then(|s| s.top.clone()),
-            run: o.state.unwrap_or_default(),
-            now,
-            read_now: o.now,
-            checkpoint_exists: o.checkpoint_exists,
-            more: o.more,
-        };
-        Ok((tx, locked))
+        Ok((tx, Locked::new(key, o)))
     }
 
     /// A verdict's writes as the statements to send with `COMMIT` (the
@@ -377,26 +404,46 @@ impl Db {
         scope: &RunScope,
         notify: Wake,
     ) -> Result<()> {
-        let events = match notify {
-            Wake::Nobody => return self.commit(tx, what, stmts).await,
-            Wake::Changed => false,
-            Wake::NewEvents => true,
-        };
-        let payload = wake::payload(scope, events);
+        let payloads: Vec<String> = notify.payload(scope).into_iter().collect();
+        self.commit_waking(tx, what, stmts, payloads).await
+    }
+
+    /// [`Self::commit`], with `payloads` (module `wake`) notified right
+    /// after the `COMMIT`: one statement for them all, sent with it and
+    /// not waited for (or queued once committed, when coalesced).
+    pub(crate) async fn commit_waking(
+        &self,
+        tx: Tx,
+        what: &str,
+        stmts: Vec<Stmt>,
+        payloads: Vec<String>,
+    ) -> Result<()> {
+        if payloads.is_empty() {
+            return self.commit(tx, what, stmts).await;
+        }
         if self.options.notify == NotifyMode::Coalesced {
             if let Some(queue) = self.coalescer() {
                 self.commit(tx, what, stmts).await?;
-                // Queued only once committed; the task sends it shortly.
-                let _ = queue.send(payload);
+                // Queued only once committed; the task sends them shortly.
+                for p in payloads {
+                    let _ = queue.send(p);
+                }
                 return Ok(());
             }
             // No runtime to run the task on: notify as Immediate does.
         }
-        let notify = Stmt::new(
-            "notify",
-            wake::NOTIFY_SQL,
-            vec![Box::new(self.channel.clone()), Box::new(payload)],
-        );
+        let notify = match <[String; 1]>::try_from(payloads) {
+            Ok([one]) => Stmt::new(
+                "notify",
+                wake::NOTIFY_SQL,
+                vec![Box::new(self.channel.clone()), Box::new(one)],
+            ),
+            Err(many) => Stmt::new(
+                "notify",
+                wake::NOTIFY_MANY_SQL,
+                vec![Box::new(self.channel.clone()), Box::new(many)],
+            ),
+        };
         self.notify_statements.fetch_add(1, Ordering::Relaxed);
         self.commit_then(tx, what, stmts, Some(notify)).await
     }
@@ -510,6 +557,15 @@ impl Db {
         key: &Key,
         o: Opening<'_>,
     ) -> Result<(Tx, Opened)> {
+        let (stmts, shape) = self.opening_stmts(key, o);
+        let (tx, rows) = self.begin(what, stmts).await?;
+        let opened = self.opened(scope, &shape, &mut rows.into_iter())?;
+        Ok((tx, opened))
+    }
+
+    /// The statements of `o` on `key`'s row (what [`Self::open`] sends
+    /// after `BEGIN`), and how to read their replies ([`Self::opened`]).
+    pub(crate) fn opening_stmts(&self, key: &Key, o: Opening<'_>) -> (Vec<Stmt>, OpeningShape) {
         let mut stmts = Vec::with_capacity(3 + o.first.len() + o.more.len());
         let n_first = o.first.len();
         stmts.extend(o.first);
@@ -536,13 +592,29 @@ impl Db {
                 key.owned(vec![Box::new(fixed), Box::new(id)]),
             ));
         }
-        let n_more = o.more.len();
+        let shape = OpeningShape {
+            first: n_first,
+            create: o.create,
+            after,
+            clock: o.clock,
+            test_clock: test_clock.is_some(),
+            more: o.more.len(),
+        };
         stmts.extend(o.more);
-        let (tx, rows) = self.begin(what, stmts).await?;
-        let mut rows = rows.into_iter();
+        (stmts, shape)
+    }
+
+    /// What the statements of [`Self::opening_stmts`] read, taken from
+    /// `rows` (their replies, in order; the ones after are left).
+    pub(crate) fn opened(
+        &self,
+        scope: &RunScope,
+        shape: &OpeningShape,
+        rows: &mut impl Iterator<Item = Vec<Row>>,
+    ) -> Result<Opened> {
         // The first statements' rows: only their effect (a lock) matters.
-        rows.by_ref().take(n_first).for_each(drop);
-        if o.create {
+        rows.take(shape.first).for_each(drop);
+        if shape.create {
             rows.next();
         }
         let state = match rows.next().and_then(|r| r.into_iter().next()) {
@@ -553,27 +625,27 @@ impl Db {
             state,
             now: None,
             checkpoint_exists: false,
-            more: Vec::with_capacity(n_more),
+            more: Vec::with_capacity(shape.more),
         };
-        if after {
+        if shape.after {
             let r = rows
                 .next()
                 .and_then(|r| r.into_iter().next())
                 .ok_or_else(|| Error::corrupted("the clock query answered no row"))?;
-            if o.clock {
+            if shape.clock {
                 let ms: i64 = r.get(0);
                 let now = Timestamp::from_millis(ms).map_err(|e| {
                     Error::corrupted(format!("the server clock is out of range: {e}"))
                 })?;
-                if test_clock.is_none() {
+                if !shape.test_clock {
                     self.note_server_now(now);
                 }
                 opened.now = Some(now);
             }
             opened.checkpoint_exists = r.get(1);
         }
-        opened.more.extend(rows);
-        Ok((tx, opened))
+        opened.more.extend(rows.take(shape.more));
+        Ok(opened)
     }
 
     pub(crate) async fn rows<C: Session>(
