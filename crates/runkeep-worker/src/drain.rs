@@ -13,6 +13,7 @@ use runkeep::id::Holder;
 use runkeep::lease::Fence;
 use runkeep::lifecycle::{Lifecycle, Outcome};
 use runkeep::scope::{ListingScope, RunScope};
+use runkeep::step::Step;
 use runkeep::store::{ClaimNextFilter, RunStore};
 use runkeep::time::Ttl;
 use runkeep::watch::WatchTopic;
@@ -22,6 +23,7 @@ use tokio::time::{sleep, sleep_until, Instant};
 use tokio_util::sync::CancellationToken;
 
 use crate::error::{LeaseLoss, WorkerError};
+use crate::group::GroupCommit;
 use crate::handle::RunHandle;
 use crate::handover::{Handed, Handoff, Taken};
 use crate::keeper::{KeeperOptions, LeaseKeeper};
@@ -182,6 +184,28 @@ pub struct WorkerOptions {
     /// Default 1: one `claim_next` a slot. At most
     /// [`runkeep::batch::MAX_BATCH`].
     pub claim_batch: usize,
+    /// Commit the finishing steps of up to this many runs in one store call
+    /// (a group commit,
+    /// [`EvidenceStore::commit_steps`](runkeep::EvidenceStore::commit_steps)).
+    /// A step that finishes a run ([`RunHandle::commit_step`] with `finish`,
+    /// or the drain's own finish of a step that returned
+    /// [`StepOutcome::Finished`]) waits for the drain's committer, which
+    /// sends what is waiting, up to this many; while one group is in flight
+    /// the next one queues. Each step presents its run's current
+    /// fence (no renewal swaps it while the step waits: the run's gate is
+    /// held) and gets its own outcome: a stale one is refused alone. Other
+    /// writes go one by one as before. With more than 1, finishing steps
+    /// do not hand over ([`WorkerOptions::handover`] is not used): the
+    /// drain claims itself, in batches with
+    /// [`claim_batch`](WorkerOptions::claim_batch). Default 1: every step
+    /// is its own call. At most [`runkeep::batch::MAX_BATCH`].
+    pub commit_batch: usize,
+    /// How long a finishing step waits for others to join its group when
+    /// none is in flight. Default 0: a group is what is waiting when the
+    /// committer is free (under load the steps queue behind the call in
+    /// flight, so groups form without waiting); a lone step goes at once.
+    /// At most 1 s; it holds the run's renewals back while it waits.
+    pub commit_linger: Duration,
 }
 
 impl WorkerOptions {
@@ -201,6 +225,8 @@ impl WorkerOptions {
             handover: true,
             handover_wait: Duration::from_secs(5),
             claim_batch: 1,
+            commit_batch: 1,
+            commit_linger: Duration::ZERO,
         }
     }
 
@@ -233,6 +259,13 @@ impl WorkerOptions {
             ));
         }
         runkeep::batch::check_size("worker claim_batch", self.claim_batch)?;
+        runkeep::batch::check_size("worker commit_batch", self.commit_batch)?;
+        if self.commit_linger > Duration::from_secs(1) {
+            return Err(Error::invalid(format!(
+                "worker commit_linger is {:?}: a finishing step would hold its run's renewals back that long; use at most 1 s (0, the default, groups what queues while a commit is in flight)",
+                self.commit_linger
+            )));
+        }
         if let Some(p) = &self.filter.park {
             if p.is_empty() {
                 return Err(Error::invalid(
@@ -568,7 +601,11 @@ impl Worker {
         let report: Arc<Mutex<DrainReport>> = Arc::default();
         let mut idle_streak = 0u32;
         let claiming = CancellationToken::new();
-        let handoff = opts.handover.then(|| {
+        // Grouped finishing steps do not hand over: the drain claims itself.
+        let group = (opts.commit_batch > 1).then(|| {
+            GroupCommit::start(self.store.clone(), opts.commit_batch, opts.commit_linger)
+        });
+        let handoff = (opts.handover && group.is_none()).then(|| {
             Arc::new(Handoff {
                 scope: self.scope.clone(),
                 filter: opts.filter.clone(),
@@ -635,6 +672,7 @@ impl Worker {
                                 step: step.clone(),
                                 shutdown: shutdown.clone(),
                                 handoff: handoff.clone(),
+                                group: group.clone(),
                                 report: report.clone(),
                             },
                             Taken {
@@ -779,6 +817,8 @@ struct Pool<F> {
     shutdown: CancellationToken,
     /// `None`: hand-overs are off ([`WorkerOptions::handover`]).
     handoff: Option<Arc<Handoff>>,
+    /// `None`: every step is its own commit ([`WorkerOptions::commit_batch`]).
+    group: Option<Arc<GroupCommit>>,
     report: Arc<Mutex<DrainReport>>,
 }
 
@@ -909,6 +949,9 @@ where
     if let Some(h) = &pool.handoff {
         let _ = handle.shared.handoff.set(h.clone());
     }
+    if let Some(g) = &pool.group {
+        let _ = handle.shared.group.set(g.clone());
+    }
     let outcome = async {
         let resume = store
             .resume_point(&scope, handle.now())
@@ -1007,6 +1050,17 @@ where
         Ok(StepOutcome::Yield) | Err(_) => None,
     };
     let end = match end {
+        Some((EndAction::Finish, _)) if pool.group.is_some() => {
+            // The finish as a step, so it joins the group commit.
+            let finish = Step {
+                finish: Some(Outcome::completed(None)),
+                ..Step::default()
+            };
+            Ended {
+                action: EndAction::Finish,
+                result: end_result(handle.commit_step(&finish).await.map(|_| true)),
+            }
+        }
         Some((EndAction::Finish, _)) => Ended {
             action: EndAction::Finish,
             result: end_result(handle.finish(&Outcome::completed(None)).await.map(|_| true)),

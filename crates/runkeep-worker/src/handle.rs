@@ -12,6 +12,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::clock::Clock;
 use crate::error::{LeaseLoss, WorkerError};
+use crate::group::GroupCommit;
 use crate::handover::{Handed, Handoff, Taken};
 use crate::keeper::LeaseKeeper;
 use runkeep::checkpoint::Checkpoint;
@@ -104,6 +105,9 @@ pub(crate) struct Shared {
     /// The drain's claim parameters, when a drain holds the run: a
     /// finishing step then hands over to the drain's next run.
     pub(crate) handoff: OnceLock<Arc<Handoff>>,
+    /// The drain's committer, when it groups finishing steps
+    /// ([`WorkerOptions::commit_batch`](crate::WorkerOptions::commit_batch)).
+    pub(crate) group: OnceLock<Arc<GroupCommit>>,
     /// What the holding handed over (see [`crate::handover`]).
     pub(crate) handed: std::sync::Mutex<Handed>,
     /// Notified when a hand-over leaves a run in `handed`.
@@ -470,7 +474,17 @@ impl RunHandle {
             })
         };
         let handoff = self.shared.handoff.get().cloned();
-        let answer = if let (Some(handoff), Some(_)) = (handoff, &step.finish) {
+        let group = self.shared.group.get().cloned();
+        let answer = if let (Some(group), Some(_)) = (group, &step.finish) {
+            // A drained run's last step, grouped with other runs' (the
+            // drain then takes no hand-over: it claims itself).
+            let write = |f: Fence| {
+                used.store(f.get(), std::sync::atomic::Ordering::Relaxed);
+                let group = group.clone();
+                async move { group.commit(scope, f, step).await }
+            };
+            self.ending("commit_step", write, finished).await
+        } else if let (Some(handoff), Some(_)) = (handoff, &step.finish) {
             // A drained run's last step: hand over to the drain's next run
             // in the same call, when the drain would claim again anyway.
             let write = |f: Fence| {

@@ -225,6 +225,7 @@ impl LeaseKeeper {
             first_fence: lease.fence,
             steps: std::sync::atomic::AtomicU64::new(0),
             handoff: OnceLock::new(),
+            group: OnceLock::new(),
             handed: std::sync::Mutex::default(),
             handed_run: tokio::sync::Notify::new(),
         });

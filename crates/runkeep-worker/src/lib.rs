@@ -111,6 +111,7 @@ mod clock;
 mod drain;
 mod error;
 mod gate;
+mod group;
 mod handle;
 mod handover;
 mod keeper;
