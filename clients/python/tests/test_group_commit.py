@@ -255,3 +255,23 @@ def test_a_negative_or_not_finite_commit_linger_is_refused(serve, bad):
 def test_a_zero_linger_and_the_largest_batch_are_taken(serve):
     w = Worker(serve.client("worker"), commit_batch=256, commit_linger=0)
     assert (w.commit_batch, w.commit_linger) == (256, 0.0)
+
+
+def test_a_run_cancelled_while_its_finish_waits_is_booked_cancelled_alone(serve):
+    op = serve.client("operator")
+    a, b = queue(serve, "gc_cancel", "gc_c_a", "gc_c_b")
+    events: list[dict] = []
+    w, client = worker(serve, "gc_cancel", claim_batch=2, commit_batch=2, commit_linger=30, on_event=events.append)
+
+    def handler(held):
+        if held.run == b:
+            op.cancel(a, reason="not wanted")
+        return {"n": held.run.run}
+
+    assert w.run(handler, max_runs=2) == 2
+    assert client.calls == ["claim_next_batch", "commit_steps:2"], client.calls
+    assert w.report.completed == 1 and w.report.lost == 1 and w.report.cancelled == 1, w.report
+    assert any(e["type"] == "lost" and e["run"] == a and e["kind"] == "cancelled" for e in events), events
+    life = op.lifecycle(a)
+    assert life["status"] == "cancelled" and life.reason == "not wanted", life
+    assert op.lifecycle(b)["status"] == "completed" and result_of(op, b) == {"n": b.run}
