@@ -457,8 +457,9 @@ class WorkerReport:
     """What a :class:`Worker` did, counted over every :meth:`Worker.run`.
 
     - ``handled``: runs handed to the handler.
-    - ``completed``: runs the worker finished (or handed over) after the
-      handler returned.
+    - ``completed``: runs the worker finished (or handed over, or
+      committed in a group: ``commit_batch``) after the handler returned;
+      a group's run counts once the group's answer says it committed.
     - ``failed``: handlers that raised or ran past ``attempt_timeout``; each
       was reported as a failed attempt (unless the holding was lost first).
     - ``timed_out``: of ``failed``, the handlers stopped by ``attempt_timeout``.
