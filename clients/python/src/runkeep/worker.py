@@ -39,6 +39,9 @@ For each run it takes, :class:`Worker`:
    :meth:`Worker.run` would claim again anyway, the finish is a hand-over
    (``commit_step_and_claim_next``: a finishing step and the next claim in
    one request); the next run it took is handled without a ``claim_next``.
+   With ``commit_batch`` above 1, the finishes of several runs go out
+   together in one group commit (``commit_steps``) instead (see
+   :class:`Worker`).
 
 Python threads cannot be killed: the sync handler is stopped cooperatively
 (``held.lost``, ``held.check()``, and every write refused once lost). With
@@ -56,6 +59,8 @@ Python), written down once in the repository's
 from __future__ import annotations
 
 import collections
+import contextlib
+import math
 import os
 import socket
 import threading
@@ -65,7 +70,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, TypeVar
 
 from .client import ClaimAnswer, HandOver, Lease, Lifecycle, RunkeepClient, RunRef
-from .errors import Cancelled, Conflict, FencedOut, RunkeepError
+from .errors import Cancelled, Conflict, Corrupted, FencedOut, InvalidInput, PayloadTooLarge, RunkeepError
 
 T = TypeVar("T")
 
@@ -308,16 +313,28 @@ class HeldRun:
         fence = self.fence
         try:
             return write(fence)
-        except Cancelled as e:
-            self._cancelled(fence, e.reason)
-            raise
-        except (FencedOut, Conflict) as e:
-            cancelled = self._cancelled_refusal(fence, operation, e)
+        except (Cancelled, FencedOut, Conflict) as e:
+            judged = self._refused(fence, operation, e)
+            if judged is e:
+                raise
+            raise judged from e
+
+    def _refused(self, fence: int, operation: str, refused: RunkeepError) -> RunkeepError:
+        """What the refusal of a write under ``fence`` stands for, marking
+        the holding lost as it says: ``Cancelled`` (also a ``FencedOut`` or
+        ``Conflict`` on a run an operator cancelled) and ``FencedOut`` lose
+        it; anything else is answered unchanged."""
+        if isinstance(refused, Cancelled):
+            self._cancelled(fence, refused.reason)
+            return refused
+        if isinstance(refused, (FencedOut, Conflict)):
+            cancelled = self._cancelled_refusal(fence, operation, refused)
             if cancelled is not None:
-                raise cancelled from e
-            if isinstance(e, FencedOut):
-                self._lose(LeaseLost("fenced-out", fence, str(e), e.current))
-            raise
+                cancelled.__cause__ = refused
+                return cancelled
+            if isinstance(refused, FencedOut):
+                self._lose(LeaseLost("fenced-out", fence, str(refused), refused.current))
+        return refused
 
     def step(self, step: Mapping[str, Any]) -> dict[str, Any]:
         """One atomic step (events, checkpoint, messages, record, finish)."""
@@ -440,8 +457,9 @@ class WorkerReport:
     """What a :class:`Worker` did, counted over every :meth:`Worker.run`.
 
     - ``handled``: runs handed to the handler.
-    - ``completed``: runs the worker finished (or handed over) after the
-      handler returned.
+    - ``completed``: runs the worker finished (or handed over, or
+      committed in a group: ``commit_batch``) after the handler returned;
+      a group's run counts once the group's answer says it committed.
     - ``failed``: handlers that raised or ran past ``attempt_timeout``; each
       was reported as a failed attempt (unless the holding was lost first).
     - ``timed_out``: of ``failed``, the handlers stopped by ``attempt_timeout``.
@@ -469,6 +487,9 @@ class WorkerReport:
 
 #: How many refused endings :attr:`WorkerReport.errors` keeps.
 MAX_LISTED_ERRORS = 32
+#: How long (seconds) the first finish of a group waits for others by
+#: default (:class:`Worker`'s ``commit_linger``).
+DEFAULT_COMMIT_LINGER = 0.002
 
 
 class Worker:
@@ -485,6 +506,27 @@ class Worker:
     local queue, held and renewing, and are handled next (the loop hands
     over only once the queue is empty); runs still queued when the loop
     stops are released.
+
+    ``commit_batch`` (1 to 256, default 1: each finish on its own, as
+    before) groups the finishes of :meth:`run`: a handler's return value
+    (the step that finishes its run, nothing else: steps, failure reports,
+    releases and snoozes go one by one) waits in a pending group, the run
+    held and renewing, while the loop handles its next queued run; the
+    group goes out as one ``commit_steps`` request once it holds
+    ``commit_batch`` finishes, once its oldest has waited
+    ``commit_linger`` seconds (default 0.002; 0: at once; a thread of the
+    worker sends it while a handler runs), before any claim (the local
+    queue is empty: finishes are never held while the worker claims or
+    waits idle) and when the loop stops. Each run goes under the fence its
+    keeper holds at the send, renewals held off until the answer; each is
+    judged on its own (a fenced-out or cancelled run is booked lost, the
+    others complete), as its own finish would be. Grouped finishes do not
+    hand over (the next claim is the loop's ``claim_next``), so
+    ``commit_batch`` is for ``claim_batch`` above 1. A request that fails
+    whole (no answer, outcome unknown, 5xx) ends every run's keeper,
+    counts none completed and is raised by :meth:`run`, as a single
+    finish's failure is; one refused whole as invalid or too large
+    (nothing written) is sent again run by run.
     """
 
     def __init__(
@@ -501,9 +543,15 @@ class Worker:
         attempt_timeout: float | None = None,
         max_attempts: int | None = None,
         claim_batch: int = 1,
+        commit_batch: int = 1,
+        commit_linger: float = DEFAULT_COMMIT_LINGER,
     ) -> None:
         if not 1 <= claim_batch <= 256:
             raise ValueError("claim_batch must be from 1 to 256 (runs claimed in one request)")
+        if isinstance(commit_batch, bool) or not isinstance(commit_batch, int) or not 1 <= commit_batch <= 256:
+            raise ValueError(f"commit_batch must be an integer from 1 to 256 (finishes sent in one request; 1: each on its own), not {commit_batch!r}")
+        if isinstance(commit_linger, bool) or not isinstance(commit_linger, (int, float)) or not (math.isfinite(commit_linger) and commit_linger >= 0):
+            raise ValueError(f"commit_linger must be a finite number of seconds >= 0 (how long a finish waits for others), not {commit_linger!r}")
         if attempt_timeout is not None and not attempt_timeout > 0:
             raise ValueError("attempt_timeout must be above 0 seconds (None: no limit)")
         if max_attempts is not None and max_attempts < 1:
@@ -519,9 +567,23 @@ class Worker:
         self.attempt_timeout = attempt_timeout
         self.max_attempts = max_attempts
         self.claim_batch = claim_batch
+        self.commit_batch = commit_batch
+        self.commit_linger = float(commit_linger)
         #: Runs a batch claimed beyond the one handled first: held and renewing.
         self._queued: collections.deque[HeldRun] = collections.deque()
         self.report = WorkerReport()
+        #: The pending group commit: runs whose handler returned, with the
+        #: result each finishes with, oldest first (held and renewing), and
+        #: when the oldest joined (monotonic).
+        self._group: list[tuple[HeldRun, Any]] = []
+        self._group_since = 0.0
+        #: Guards the group and :attr:`report`: the linger thread sends
+        #: groups (and books their runs) while the loop handles a run.
+        self._group_cond = threading.Condition(threading.RLock())
+        #: What a send on the linger thread raised: the loop raises it.
+        self._group_error: BaseException | None = None
+        self._lingering: threading.Thread | None = None
+        self._linger_stop = False
 
     def _emit(self, event: dict[str, Any]) -> None:
         if self.on_event is not None:
@@ -539,6 +601,9 @@ class Worker:
             if not held.lost.is_set():
                 return held
             self._book_lost(held)
+        # Nothing else to do now: the pending finishes go before the claim
+        # (never held while the worker claims or waits idle).
+        self._flush_group()
         sent = time.monotonic()
         if self.claim_batch > 1:
             got = self.client.claim_next_batch(self.claim_batch, holder=self.holder, ttl_ms=self.ttl_ms, project=self.project, session=self.session, park=self.park, wait_ms=self.wait_ms if wait_ms is None else wait_ms)
@@ -566,7 +631,7 @@ class Worker:
         after the finish committed (an ``on_event`` ``next-error`` says
         which). A refused finish raises as :meth:`HeldRun.finish` does
         (``FencedOut`` marks the holding lost; ``LeaseLost`` once lost)."""
-        step = {"finish": {"status": "completed", **({} if result is None else {"result": result})}}
+        step = _finish_step(result)
         sent = time.monotonic()
 
         def write(fence: int) -> HandOver:
@@ -599,12 +664,15 @@ class Worker:
         reached), that finish is a hand-over
         (:meth:`finish_and_claim_next`) and the run it took is handled
         next, as a run ``claim_next`` answered would be; when it took none,
-        the loop long-polls ``claim_next`` as before."""
+        the loop long-polls ``claim_next`` as before. With ``commit_batch``
+        above 1 the finish joins the pending group instead (no hand-over),
+        and whatever is pending is sent before ``run`` returns or raises."""
         done = 0
 
         def wanted() -> bool:
             return (stop is None or not stop.is_set()) and (max_runs is None or done < max_runs)
 
+        self._start_lingering()
         try:
             while wanted():
                 held = self.claim_next()
@@ -612,7 +680,11 @@ class Worker:
                     done += 1
                     held = self._handle(handler, held, wanted)
         finally:
-            self.release_queued()
+            try:
+                self._stop_lingering()
+                self._flush_group()
+            finally:
+                self.release_queued()
         return done
 
     def release_queued(self) -> None:
@@ -669,9 +741,10 @@ class Worker:
 
     def _book_lost(self, held: HeldRun, error: BaseException | None = None) -> None:
         held.stop_renewing()
-        self.report.lost += 1
-        if held.cancelled or isinstance(error, Cancelled):
-            self.report.cancelled += 1
+        with self._group_cond:
+            self.report.lost += 1
+            if held.cancelled or isinstance(error, Cancelled):
+                self.report.cancelled += 1
 
     def _book_refused(self, held: HeldRun, e: RunkeepError) -> None:
         """An ending refused: a lost holding is booked as lost, anything
@@ -680,9 +753,10 @@ class Worker:
         if (e.lost_holding and not own_stop) or (held.lost.is_set() and held.loss is not None and held.loss.kind != "timeout"):
             self._book_lost(held, e)
             return
-        self.report.end_failed += 1
-        if len(self.report.errors) < MAX_LISTED_ERRORS:
-            self.report.errors.append(e)
+        with self._group_cond:
+            self.report.end_failed += 1
+            if len(self.report.errors) < MAX_LISTED_ERRORS:
+                self.report.errors.append(e)
         self._emit({"type": "end-failed", "run": held.run, "error": e})
 
     def _fail(self, held: HeldRun, kind: str, message: str) -> None:
@@ -718,16 +792,188 @@ class Worker:
         if how == "raised":
             self._fail(held, type(value).__name__, str(value))
             return None
-        try:
-            if wanted() and not self._queued:
+        if self.commit_batch > 1:
+            # Grouped: no hand-over; the claim after the group's send is
+            # the loop's own claim_next.
+            self._join_group(held, value)
+            return None
+        if wanted() and not self._queued:
+            try:
                 nxt = self.finish_and_claim_next(held, result=value)
-            else:
-                held.finish(result=value)
-                nxt = None
+            except RunkeepError as e:
+                if not (e.lost_holding or held.lost.is_set()):
+                    raise
+                self._book_refused(held, e)
+                return None
+            with self._group_cond:
+                self.report.completed += 1
+            return nxt
+        self._finish_one(held, value)
+        return None
+
+    def _finish_one(self, held: HeldRun, result: Any) -> None:
+        """Finishes ``held`` on its own (``finish``): a refusal that lost
+        the holding is booked; any other raises."""
+        try:
+            held.finish(result=result)
         except RunkeepError as e:
             if not (e.lost_holding or held.lost.is_set()):
                 raise
             self._book_refused(held, e)
-            return None
-        self.report.completed += 1
-        return nxt
+            return
+        with self._group_cond:
+            self.report.completed += 1
+
+    # -- group commit ----------------------------------------------------
+    def _join_group(self, held: HeldRun, result: Any) -> None:
+        """Adds a returned handler's finish to the pending group (its keeper
+        renewing meanwhile); sends the group once it holds
+        ``commit_batch`` finishes. Raises what a send on the linger thread
+        raised, once the finish has joined (so it is still sent on stop)."""
+        with self._group_cond:
+            try:
+                if not self._group:
+                    self._group_since = time.monotonic()
+                    self._group_cond.notify_all()
+                self._group.append((held, result))
+                if len(self._group) >= self.commit_batch:
+                    self._send_group()
+            finally:
+                self._raise_group_error()
+
+    def _flush_group(self) -> None:
+        """Sends the pending finishes now (the local queue is empty, or the
+        loop stops), then raises what a send on the linger thread raised."""
+        with self._group_cond:
+            try:
+                self._send_group()
+            finally:
+                self._raise_group_error()
+
+    def _raise_group_error(self) -> None:
+        error, self._group_error = self._group_error, None
+        if error is not None:
+            raise error
+
+    def _start_lingering(self) -> None:
+        if self.commit_batch > 1 and self._lingering is None:
+            self._linger_stop = False
+            self._lingering = threading.Thread(target=self._linger, name="runkeep-commit-linger", daemon=True)
+            self._lingering.start()
+
+    def _stop_lingering(self) -> None:
+        thread = self._lingering
+        if thread is None:
+            return
+        with self._group_cond:
+            self._linger_stop = True
+            self._group_cond.notify_all()
+        thread.join()
+        self._lingering = None
+
+    def _linger(self) -> None:
+        """The linger thread: sends the group once its oldest finish has
+        waited ``commit_linger``, while the loop is busy with another run.
+        What a send raises is kept for the loop to raise."""
+        with self._group_cond:
+            while not self._linger_stop:
+                if not self._group:
+                    self._group_cond.wait()
+                    continue
+                left = self._group_since + self.commit_linger - time.monotonic()
+                if left > 0:
+                    self._group_cond.wait(left)
+                    continue
+                try:
+                    self._send_group()
+                except Exception as e:  # noqa: BLE001 - raised by the loop
+                    if self._group_error is None:
+                        self._group_error = e
+
+    def _send_group(self) -> None:
+        """Sends the pending finishes in one ``commit_steps`` (called with
+        the group's lock held). Each run goes under the fence its keeper
+        holds now, its gate entered so no renewal swaps that fence while
+        the request is in flight; a run lost meanwhile is booked lost and
+        not sent. Per run, as a finish of its own would be: committed is
+        counted ``completed``; refused as fenced out or cancelled marks the
+        holding lost and is booked so, the others unaffected; any other
+        refusal is raised once the whole group is booked (the others past
+        the first counted ``end_failed``). A request refused whole as
+        invalid or too large (nothing written) is sent again run by run;
+        any other failure of the request (no answer, outcome unknown, 5xx)
+        ends every run's keeper, counts none completed, and is raised, as a
+        single finish's is."""
+        group, self._group = self._group, []
+        if not group:
+            return
+        live: list[tuple[HeldRun, int, Any]] = []
+        judged: list[RunkeepError | None] = []
+        one_by_one = False
+        with contextlib.ExitStack() as gates:
+            for held, result in group:
+                gates.enter_context(held._gate.shared())
+                try:
+                    held.check()
+                except LeaseLost as e:
+                    held._end()
+                    self._book_refused(held, e)
+                    continue
+                live.append((held, held.fence, result))
+            if not live:
+                return
+            try:
+                outcomes = self.client.commit_steps([(held.run, fence, _finish_step(result)) for held, fence, result in live])
+                if len(outcomes) != len(live):
+                    raise Corrupted(
+                        {
+                            "type": "urn:runkeep:problem:corrupted",
+                            "title": "Malformed answer",
+                            "status": 0,
+                            "detail": f"a group commit of {len(live)} finishes answered {len(outcomes)} outcomes",
+                        }
+                    )
+            except (InvalidInput, PayloadTooLarge):
+                one_by_one = True
+            except BaseException:
+                for held, _, _ in live:
+                    held._end()
+                raise
+            else:
+                judged = [None if o.error is None else held._refused(fence, "commit_steps", o.error) for (held, fence, _), o in zip(live, outcomes)]
+        if one_by_one:
+            self._finish_each([(held, result) for held, _, result in live])
+            return
+        first: RunkeepError | None = None
+        for (held, _, _), error in zip(live, judged):
+            held._end()
+            if error is None:
+                self.report.completed += 1
+            elif error.lost_holding or held.lost.is_set():
+                self._book_refused(held, error)
+            elif first is None:
+                first = error
+            else:
+                self._book_refused(held, error)
+        if first is not None:
+            raise first
+
+    def _finish_each(self, group: list[tuple[HeldRun, Any]]) -> None:
+        """Finishes each run on its own (``finish``), raising the first
+        refusal that did not lose the holding once all were sent."""
+        first: RunkeepError | None = None
+        for held, result in group:
+            try:
+                self._finish_one(held, result)
+            except RunkeepError as e:
+                if first is None:
+                    first = e
+                else:
+                    self._book_refused(held, e)
+        if first is not None:
+            raise first
+
+
+def _finish_step(result: Any) -> dict[str, Any]:
+    """The step that finishes a run as ``completed`` with ``result``."""
+    return {"finish": {"status": "completed", **({} if result is None else {"result": result})}}
