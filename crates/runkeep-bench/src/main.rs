@@ -63,6 +63,9 @@ use work::{Context, Target};
 /// of this repository).
 const REFERENCE_CLAIM_RELEASE: f64 = 350.0;
 
+/// Runs a worker of a batch drain claims (and commits) at once.
+const DRAIN_BATCH: usize = 16;
+
 /// Worker counts of the drain cycle.
 const WORKERS: [usize; 3] = [1, 8, 16];
 
@@ -280,9 +283,9 @@ enum Kind {
     ListFirst,
     ListDeep,
     CatchUp,
-    /// The drain cycle by `.0` workers; `.1`: chained by hand-overs
-    /// (`commit_step_and_claim_next`) instead of two calls.
-    Drain(usize, bool),
+    /// The drain cycle by `.0` workers, taking runs `.1`'s way, on a queue
+    /// whose runs carry 20 concurrency keys when `.2`.
+    Drain(usize, work::DrainWay, bool),
     FsBase(FsBase),
     PgSelect1,
     PgUpdate,
@@ -333,7 +336,7 @@ struct Case {
 impl Case {
     fn new(backend: &str, op: String, unit: &'static str, what: String, kind: Kind) -> Self {
         let workers = match kind {
-            Kind::Drain(w, _)
+            Kind::Drain(w, ..)
             | Kind::PgSkipLocked(w)
             | Kind::DrainQueued(_, w)
             | Kind::Peer(_, _, w) => w,
@@ -504,7 +507,7 @@ fn all_cases(s: &Settings, scaling: bool, with_peers: bool, grace_off: bool) -> 
                     "claim_next → commit_step(event + checkpoint + finish), {w} worker{}",
                     plural(w)
                 ),
-                Kind::Drain(w, false),
+                Kind::Drain(w, work::DrainWay::Calls, false),
             ));
             if matches!(b, "fs" | FS_GRACE_OFF | "pg" | "serve-pg") {
                 cases.push(Case::new(
@@ -515,8 +518,24 @@ fn all_cases(s: &Settings, scaling: bool, with_peers: bool, grace_off: bool) -> 
                         "claim_next, then commit_step_and_claim_next(event + checkpoint + finish) per run, {w} worker{}",
                         plural(w)
                     ),
-                    Kind::Drain(w, true),
+                    Kind::Drain(w, work::DrainWay::HandOver, false),
                 ));
+            }
+            if matches!(b, "memory" | "pg" | "serve-pg") {
+                for keyed in [false, true] {
+                    let keys = if keyed { ".keys20" } else { "" };
+                    cases.push(Case::new(
+                        b,
+                        format!("batch{DRAIN_BATCH}{keys}@{w}"),
+                        "cycles/s",
+                        format!(
+                            "claim_next_batch(up to {DRAIN_BATCH}) → one commit_steps of their steps (event + checkpoint + finish each){}, {w} worker{}",
+                            if keyed { ", runs spread over 20 concurrency keys of limit 16" } else { "" },
+                            plural(w)
+                        ),
+                        Kind::Drain(w, work::DrainWay::Batch(DRAIN_BATCH), keyed),
+                    ));
+                }
             }
             if b == "pg" {
                 cases.push(Case::new(
@@ -527,7 +546,7 @@ fn all_cases(s: &Settings, scaling: bool, with_peers: bool, grace_off: bool) -> 
                         "as pg/handover@{w}, on a store whose wake-ups are coalesced (NotifyMode::Coalesced: NOTIFY sent after COMMIT by one task, not in the transaction), {w} worker{}",
                         plural(w)
                     ),
-                    Kind::Drain(w, true),
+                    Kind::Drain(w, work::DrainWay::HandOver, false),
                 ));
                 cases.push(Case::new(
                     "pg-split",
@@ -537,7 +556,7 @@ fn all_cases(s: &Settings, scaling: bool, with_peers: bool, grace_off: bool) -> 
                         "as pg/handover@{w}, on a store that sends a step's writes one statement each (PgOptions::merge_step_writes off: the path before issue 32), {w} worker{}",
                         plural(w)
                     ),
-                    Kind::Drain(w, true),
+                    Kind::Drain(w, work::DrainWay::HandOver, false),
                 ));
                 cases.push(Case::new(
                     b,
@@ -726,21 +745,26 @@ async fn measure(env: &Env, case: &mut Case) -> Result<Sample, String> {
             };
             work::renew_loop(t, scope, opts, budget).await
         }
-        Kind::Drain(w, hand_over) => {
+        Kind::Drain(w, way, keyed) => {
             let t = env.target(&case.backend)?;
+            // A batch drain may take a whole batch per worker at once.
+            let (probe, cap) = match way {
+                work::DrainWay::Batch(b) => ((w * b) as u64 * 4 + 10, s.drain_cap * 5),
+                _ => (4 * w as u64 + 10, s.drain_cap),
+            };
             let hint = match case.hint {
                 Some(h) => h,
                 None => {
                     // A probe (not counted): the rate to provision by.
                     let session = work::fresh_session();
-                    work::fill_queue(t, &session, 0, 4 * w as u64 + 10).await?;
-                    work::drain(t, &session, w, hand_over, budget).await?.rate()
+                    work::fill_drain_queue(t, &session, 0, probe, keyed).await?;
+                    work::drain(t, &session, w, way, budget).await?.rate()
                 }
             };
-            let n = provision(hint, budget, w, s.drain_cap);
+            let n = provision(hint, budget, w, cap);
             let session = work::fresh_session();
-            work::fill_queue(t, &session, 0, n).await?;
-            let sample = work::drain(t, &session, w, hand_over, budget).await?;
+            work::fill_drain_queue(t, &session, 0, n, keyed).await?;
+            let sample = work::drain(t, &session, w, way, budget).await?;
             case.hint = Some(sample.rate());
             Ok(sample)
         }
@@ -759,7 +783,7 @@ async fn measure(env: &Env, case: &mut Case) -> Result<Sample, String> {
             let t = env.target(&case.backend)?;
             if matches!(case.prep, Prep::None) {
                 let session = work::fresh_session();
-                work::fill_queue(t, &session, 0, depth).await?;
+                work::fill_drain_queue(t, &session, 0, depth, false).await?;
                 case.prep = Prep::Queue {
                     session,
                     next: depth,
@@ -768,10 +792,10 @@ async fn measure(env: &Env, case: &mut Case) -> Result<Sample, String> {
             let Prep::Queue { session, next } = &mut case.prep else {
                 unreachable!("prepared above")
             };
-            let sample = work::drain(t, session, w, false, budget).await?;
+            let sample = work::drain(t, session, w, work::DrainWay::Calls, budget).await?;
             // Top the queue up to its depth again (not timed).
             let done = sample.units as u64;
-            work::fill_queue(t, session, *next, done).await?;
+            work::fill_drain_queue(t, session, *next, done, false).await?;
             *next += done;
             Ok(sample)
         }
@@ -1425,6 +1449,71 @@ fn ratios(cases: &[Case], s: &Settings) -> Vec<Ratio> {
             );
         }
     }
+    // Issue 32's targets (docs: BENCHMARKS.md, "The targets").
+    for w in WORKERS {
+        pair(
+            format!("issue 32: pg single-run cycle (hand-over drain) vs SKIP LOCKED loop @{w}"),
+            &format!("pg/handover@{w}"),
+            &format!("pg/base.skip-locked@{w}"),
+            false,
+            Some((true, 0.6)),
+            "issue 32 target",
+        );
+    }
+    for w in [8, 16] {
+        pair(
+            format!("issue 32: pg hand-over drain vs graphile-worker default @{w}"),
+            &format!("pg/handover@{w}"),
+            &format!("graphile-worker/default@{w}"),
+            false,
+            Some((true, 1.2)),
+            "issue 32 target",
+        );
+        pair(
+            format!("issue 32: pg batched drain vs graphile-worker batched @{w}"),
+            &format!("pg/batch{DRAIN_BATCH}@{w}"),
+            &format!("graphile-worker/batched@{w}"),
+            false,
+            Some((true, 1.0)),
+            "issue 32 target",
+        );
+        pair(
+            format!("pg batched drain, 20 concurrency keys vs graphile-worker batched @{w}"),
+            &format!("pg/batch{DRAIN_BATCH}.keys20@{w}"),
+            &format!("graphile-worker/batched@{w}"),
+            false,
+            None,
+            "graphile-worker has no per-key limits",
+        );
+        for way in ["handover", &format!("batch{DRAIN_BATCH}")] {
+            pair(
+                format!("issue 32: serve-pg vs pg in process, {way} @{w}"),
+                &format!("serve-pg/{way}@{w}"),
+                &format!("pg/{way}@{w}"),
+                false,
+                Some((true, 0.9)),
+                "issue 32 target",
+            );
+        }
+    }
+    for w in WORKERS {
+        pair(
+            format!("pg batched drain vs hand-over drain @{w}"),
+            &format!("pg/batch{DRAIN_BATCH}@{w}"),
+            &format!("pg/handover@{w}"),
+            false,
+            None,
+            "what batches of 16 give",
+        );
+        pair(
+            format!("pg batched drain, 20 keys vs none @{w}"),
+            &format!("pg/batch{DRAIN_BATCH}.keys20@{w}"),
+            &format!("pg/batch{DRAIN_BATCH}@{w}"),
+            false,
+            None,
+            "what concurrency keys cost a batched drain",
+        );
+    }
     for w in WORKERS {
         pair(
             format!("serve-pg drain by hand-overs vs pg in process @{w}"),
@@ -1992,8 +2081,16 @@ fn charts(cases: &[Case]) -> Vec<(String, svg::Chart)> {
         let mut by: BTreeMap<String, Vec<(f64, f64, f64, f64)>> = BTreeMap::new();
         for c in cases.iter().filter(|c| filter(c)) {
             let label = match &c.kind {
-                Kind::Drain(_, false) => format!("{} (runkeep)", c.backend),
-                Kind::Drain(_, true) => format!("{} (runkeep, hand-over)", c.backend),
+                Kind::Drain(_, work::DrainWay::Calls, _) => format!("{} (runkeep)", c.backend),
+                Kind::Drain(_, work::DrainWay::HandOver, _) => {
+                    format!("{} (runkeep, hand-over)", c.backend)
+                }
+                Kind::Drain(_, work::DrainWay::Batch(_), false) => {
+                    format!("{} (runkeep, batches)", c.backend)
+                }
+                Kind::Drain(_, work::DrainWay::Batch(_), true) => {
+                    format!("{} (runkeep, batches, 20 keys)", c.backend)
+                }
                 Kind::PgSkipLocked(_) => "pg SKIP LOCKED loop".into(),
                 Kind::Peer(lib, mode, _) => format!("{lib} {mode}"),
                 _ => continue,

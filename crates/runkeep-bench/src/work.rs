@@ -9,8 +9,8 @@ use std::time::{Duration, Instant};
 use runkeep::{
     Checkpoint, CheckpointId, ClaimNextFilter, ClaimOptions, ClaimOutcome, Concurrency,
     EnqueueOptions, Fence, Holder, ListOptions, ListingScope, NewEvent, NextClaim, Outcome,
-    Priority, ProjectId, ReadEventsOptions, RunId, RunScope, RunStore, SessionId, Step, TenantId,
-    Ttl, WatchTopic,
+    Priority, ProjectId, ReadEventsOptions, RunId, RunScope, RunStatus, RunStore, SessionId, Step,
+    StepCommit, TenantId, Ttl, WatchTopic,
 };
 use serde_json::{json, Map, Value};
 
@@ -568,34 +568,68 @@ pub async fn catch_up(
     .await
 }
 
-/// Fills `session` with `runs` runnable runs named from `first` on.
-pub async fn fill_queue(
+/// How a drain's workers take runs and commit their steps.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DrainWay {
+    /// `claim_next`, then `commit_step`: two calls a run.
+    Calls,
+    /// `claim_next` once, then each run's step with the claim of the next
+    /// (`commit_step_and_claim_next`): one call a run.
+    HandOver,
+    /// `claim_next_batch` of up to this many runs, then one group commit
+    /// (`commit_steps`) of all their steps: two calls a batch.
+    Batch(usize),
+}
+
+/// The concurrency keys of a keyed drain queue: run `i` carries key
+/// `i % DRAIN_KEYS`.
+pub const DRAIN_KEYS: u64 = 20;
+
+/// Each key's limit in a keyed drain queue: high enough that 16 workers
+/// with batches of 16 never all wait on saturated keys (20 × 16 ≥ 256), so
+/// the figure is what keys cost, not how long runs wait for a slot.
+pub const DRAIN_KEY_LIMIT: u32 = 16;
+
+/// Enqueues runs `first..first + runs` of a drain queue, each with one of
+/// [`DRAIN_KEYS`] keys when `keyed`.
+pub async fn fill_drain_queue(
     t: &Target,
     session: &SessionId,
     first: u64,
     runs: u64,
+    keyed: bool,
 ) -> Result<(), String> {
-    t.enqueue_all(
+    t.enqueue_all_with(
         session,
         (first..first + runs)
             .map(|i| format!("run_q{i:09}"))
             .collect(),
+        move |i| EnqueueOptions {
+            concurrency: keyed.then(|| {
+                let k = (first + i as u64) % DRAIN_KEYS;
+                Concurrency::new(format!("key-{k:02}"), DRAIN_KEY_LIMIT).expect("a valid key")
+            }),
+            ..EnqueueOptions::default()
+        },
     )
     .await
 }
 
-/// The drain cycle with `workers` concurrent workers on `session`: each
-/// loops `claim_next` → one `commit_step` carrying an event, a checkpoint
-/// and the finish, until the queue is empty or `budget` has passed (a
-/// cycle under way then completes). With `hand_over`, a worker claims once
-/// and then commits each run's step with the claim of its next run
-/// (`commit_step_and_claim_next`); once `budget` has passed it commits the
-/// last step alone. Counts runs done; latencies are per run.
+/// What a drain's worker committed: the run and the fence it presented.
+type Committed = Vec<(RunId, Fence)>;
+
+/// The drain cycle with `workers` concurrent workers on `session`, each
+/// committing one step per run that carries an event, a checkpoint and
+/// the finish, taking runs [`DrainWay`]'s way, until the queue is empty or
+/// `budget` has passed (a cycle under way then completes; a hand-over's
+/// last step then goes alone). Counts runs done; a run's latency is its
+/// cycle's (a batch's, for every run of it). After the clock stops, the
+/// drain is audited from the store ([`audit_drain`]).
 pub async fn drain(
     t: &Target,
     session: &SessionId,
     workers: usize,
-    hand_over: bool,
+    way: DrainWay,
     budget: Duration,
 ) -> Result<Sample, String> {
     let listing = t.listing(session);
@@ -604,7 +638,7 @@ pub async fn drain(
     for w in 0..workers {
         let (t, listing) = (t.clone(), listing.clone());
         tasks.push(tokio::spawn(async move {
-            let opts = claim_options(&format!("drain-{w}"));
+            let opts = claim_options(&drain_worker(w));
             let filter = ClaimNextFilter::default();
             let next = NextClaim {
                 scope: listing.clone(),
@@ -618,7 +652,44 @@ pub async fn drain(
                 ..Step::default()
             };
             let mut latencies = Vec::new();
+            let mut committed: Committed = Vec::new();
             let mut c = Instant::now();
+            if let DrainWay::Batch(max) = way {
+                while started.elapsed() < budget {
+                    c = Instant::now();
+                    let runs = t
+                        .store
+                        .claim_next_batch(&listing, &filter, &opts, max)
+                        .await
+                        .ctx("claim_next_batch")?;
+                    if runs.is_empty() {
+                        break;
+                    }
+                    let group: Vec<StepCommit> = runs
+                        .into_iter()
+                        .map(|(scope, lease)| StepCommit {
+                            scope,
+                            fence: lease.fence,
+                            step: step.clone(),
+                        })
+                        .collect();
+                    let outcomes = t.store.commit_steps(&group).await.ctx("commit_steps")?;
+                    if outcomes.len() != group.len() {
+                        return Err(format!(
+                            "commit_steps answered {} outcomes for {} steps",
+                            outcomes.len(),
+                            group.len()
+                        ));
+                    }
+                    let took = c.elapsed().as_secs_f64() * 1e6;
+                    for (outcome, s) in outcomes.into_iter().zip(group) {
+                        outcome.ctx("a step of the group commit")?;
+                        committed.push((s.scope.run_id, s.fence));
+                        latencies.push(took);
+                    }
+                }
+                return Ok::<_, String>((latencies, committed));
+            }
             let mut held = None;
             loop {
                 let (scope, lease) = match held.take() {
@@ -637,7 +708,7 @@ pub async fn drain(
                     }
                     None => break,
                 };
-                if hand_over && started.elapsed() < budget {
+                if way == DrainWay::HandOver && started.elapsed() < budget {
                     let over = t
                         .store
                         .commit_step_and_claim_next(&scope, lease.fence, &step, &next)
@@ -650,21 +721,143 @@ pub async fn drain(
                         .await
                         .ctx("commit_step")?;
                 }
+                committed.push((scope.run_id, lease.fence));
                 latencies.push(c.elapsed().as_secs_f64() * 1e6);
                 c = Instant::now();
             }
-            Ok::<Vec<f64>, String>(latencies)
+            Ok::<_, String>((latencies, committed))
         }));
     }
     let mut latencies = Vec::new();
+    let mut committed = Vec::new();
     for task in tasks {
-        latencies.extend(task.await.ctx("drain worker")??);
+        let (l, c) = task.await.ctx("drain worker")??;
+        latencies.extend(l);
+        committed.push(c);
     }
+    let secs = started.elapsed().as_secs_f64();
+    audit_drain(t, session, &committed).await?;
     Ok(Sample {
         units: latencies.len() as f64,
-        secs: started.elapsed().as_secs_f64(),
+        secs,
         latencies_us: latencies,
     })
+}
+
+/// The holder name of a drain's worker `w`.
+fn drain_worker(w: usize) -> String {
+    format!("drain-{w}")
+}
+
+/// Checks a drain from the store's own rows, as the soak does: no run was
+/// committed twice; every run committed is completed, held by nobody but
+/// its committing worker at no fence below the one presented; no run the
+/// workers did not commit is completed; and on a sample of
+/// [`AUDIT_SAMPLE`] runs, the finish the store recorded carries the fence
+/// the committing worker presented. `committed[w]` is worker `w`'s.
+pub async fn audit_drain(
+    t: &Target,
+    session: &SessionId,
+    committed: &[Committed],
+) -> Result<(), String> {
+    let mut by_run = std::collections::HashMap::new();
+    for (w, runs) in committed.iter().enumerate() {
+        for (run, fence) in runs {
+            if let Some((other, _)) = by_run.insert(run.clone(), (w, *fence)) {
+                return Err(format!(
+                    "drain audit: run {run} was committed by worker {other} and by worker {w}"
+                ));
+            }
+        }
+    }
+    let listing = t.listing(session);
+    let mut cursor = None;
+    let mut completed = 0usize;
+    loop {
+        let page = t
+            .store
+            .list_runs(
+                &listing,
+                &ListOptions {
+                    limit: Some(500),
+                    cursor: cursor.clone(),
+                    ..ListOptions::default()
+                },
+            )
+            .await
+            .ctx("drain audit: list_runs")?;
+        for row in &page.entries {
+            let run = &row.scope.run_id;
+            let done = row.status == RunStatus::Completed;
+            match (by_run.get(run), done) {
+                (Some((w, fence)), true) => {
+                    completed += 1;
+                    // Finished: nobody holds it, and no holding came after
+                    // the committing worker's.
+                    let holder = drain_holder(*w);
+                    match &row.claim {
+                        Some(c) if c.fence >= *fence && (c.holder.is_empty() || c.holder == holder) => {}
+                        other => {
+                            return Err(format!(
+                                "drain audit: run {run} was committed by {holder} at fence {fence}, but its top holding is {other:?}"
+                            ))
+                        }
+                    }
+                }
+                (Some((w, _)), false) => {
+                    return Err(format!(
+                        "drain audit: worker {w} committed run {run}, but it is {:?}",
+                        row.status
+                    ))
+                }
+                (None, true) => {
+                    return Err(format!(
+                        "drain audit: run {run} is completed, but no worker committed it"
+                    ))
+                }
+                (None, false) => {}
+            }
+        }
+        match page.cursor {
+            Some(next) if !page.entries.is_empty() => cursor = Some(next),
+            _ => break,
+        }
+    }
+    if completed != by_run.len() {
+        return Err(format!(
+            "drain audit: {} runs committed, {completed} found completed in the listing",
+            by_run.len()
+        ));
+    }
+    // The finish's own fence, on a sample spread over the drain (a read
+    // each): the one the committing worker presented.
+    let mut runs: Vec<_> = by_run.into_iter().collect();
+    runs.sort_by(|a, b| a.0.cmp(&b.0));
+    let every = (runs.len() / AUDIT_SAMPLE).max(1);
+    for (run, (w, fence)) in runs.into_iter().step_by(every) {
+        let scope = RunScope::new(
+            t.tenant.clone(),
+            t.project.clone(),
+            session.clone(),
+            run.clone(),
+        );
+        let l = t.store.lifecycle(&scope).await.ctx("drain audit: lifecycle")?;
+        if l.finished_fence != Some(fence) {
+            return Err(format!(
+                "drain audit: worker {w} finished run {run} at fence {fence}, but the store recorded the finish at {:?}",
+                l.finished_fence
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// Runs of a drain whose finish fence the audit reads back.
+const AUDIT_SAMPLE: usize = 200;
+
+/// The holder string of drain worker `w`'s claims.
+fn drain_holder(w: usize) -> String {
+    claim_options(&drain_worker(w)).holder.as_str().to_string()
 }
 
 /// Writes `count` checkpoints into the held run `scope` (not timed), 4 at

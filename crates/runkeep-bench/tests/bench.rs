@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 use serde_json::Value;
 
 /// Every operation the bench measures on each backend.
-const MEMORY_OPS: [&str; 14] = [
+const MEMORY_OPS: [&str; 20] = [
     "claim+release",
     "renew",
     "checkpoint-4k",
@@ -22,6 +22,12 @@ const MEMORY_OPS: [&str; 14] = [
     "drain@1",
     "drain@8",
     "drain@16",
+    "batch16@1",
+    "batch16.keys20@1",
+    "batch16@8",
+    "batch16.keys20@8",
+    "batch16@16",
+    "batch16.keys20@16",
 ];
 
 fn bench() -> Command {
