@@ -5,7 +5,8 @@
  * every run completed once with its result); a run taken over while it
  * waits in a group is refused alone and the others commit; a renewal that
  * swaps a waiting run's fence is honoured (the group sends the current
- * fence); a request lost as a whole reports no run finished; `commitBatch`
+ * fence), and one due while the group's request is in flight waits for
+ * its answer; a request lost as a whole reports no run finished; `commitBatch`
  * 1 sends no group request; bad values are refused; a stopping worker
  * sends the finishes waiting in its group at once.
  */
@@ -234,6 +235,43 @@ test("a renewal while a finish waits in its group: the group sends the keeper's 
     assert.equal(life.status, "completed", id);
     assert.ok((life.finishedFence ?? 0) > claimedFence.get(id)!, `${id} finished under a renewed fence (${life.finishedFence}), not its claim's (${claimedFence.get(id)})`);
   }
+});
+
+test("a renewal due while the group's request is in flight waits for its answer: the fences sent are never retired underneath", async () => {
+  const project = "gc-inflight";
+  const ids = await enqueue(project, 2);
+  // The group's request is held 700 ms before it is sent; renewals fall due every 400 ms.
+  const { client, sent } = countedClient(async (send) => {
+    await new Promise((r) => setTimeout(r, 700));
+    return send();
+  });
+  const renewed: string[] = [];
+  const all = barrier(2);
+  const report = await within(
+    20_000,
+    runWorker({
+      client,
+      ttlMs: 1200,
+      mode: "until-idle",
+      concurrency: 2,
+      commitBatch: 2,
+      commitLingerMs: 5_000,
+      filter: { project },
+      onEvent: (e) => {
+        if (e.type === "renewed") renewed.push(e.run.runId);
+      },
+      handler: async (ctx) => {
+        await all();
+        return { finish: resultOf(ctx.run.runId) };
+      },
+    }),
+    "the worker",
+  );
+  assert.deepEqual(sent.groups, [2]);
+  assert.equal(report.lost, 0);
+  assert.equal(report.finished, 2);
+  assert.deepEqual(renewed, [], "the renewals waited for the group, then found the holdings ended");
+  for (const id of ids) assert.equal((await operator.lifecycle(runIn(project, id))).status, "completed", id);
 });
 
 test("a group commit whose answer is lost reports none of its runs finished, as a single finish's lost answer", async () => {
