@@ -8,7 +8,8 @@
  * fence), and one due while the group's request is in flight waits for
  * its answer; a request lost as a whole reports no run finished; `commitBatch`
  * 1 sends no group request; bad values are refused; a stopping worker
- * sends the finishes waiting in its group at once.
+ * sends the finishes waiting in its group at once, and those that join
+ * after the stop.
  */
 
 import assert from "node:assert/strict";
@@ -402,4 +403,36 @@ test("a stopping worker sends the finishes waiting in its group at once, none dr
     assert.equal(life.status, "completed", id);
     assert.deepEqual(life.result, { run: id });
   }
+});
+
+test("a finish that joins a group after the worker stopped is sent at once", async () => {
+  const project = "gc-late";
+  const [id] = await enqueue(project, 1);
+  const { client, sent } = countedClient();
+  const stop = new AbortController();
+  let working!: () => void;
+  const started = new Promise<void>((r) => (working = r));
+  const running = runWorker({
+    client,
+    ttlMs: 30_000,
+    mode: "continuous",
+    waitMs: 1000,
+    concurrency: 2,
+    commitBatch: 2,
+    commitLingerMs: 60_000,
+    filter: { project },
+    signal: stop.signal,
+    handler: async (ctx) => {
+      working();
+      // Returns its result only once the worker stops (its signal aborts).
+      await new Promise((r) => ctx.signal.addEventListener("abort", r, { once: true }));
+      return { finish: resultOf(ctx.run.runId) };
+    },
+  });
+  await within(10_000, started, "the handler started");
+  stop.abort(new Error("shutting down"));
+  const report = await within(5_000, running, "the stopped worker");
+  assert.equal(report.finished, 1);
+  assert.deepEqual({ groups: sent.groups, steps: sent.steps }, { groups: [], steps: 1 }, "a group of one goes as a single step");
+  assert.deepEqual((await operator.lifecycle(runIn(project, id!))).result, { run: id });
 });
