@@ -53,6 +53,16 @@
  *    worker's finish failing); a run claimed in that lost answer is known
  *    to nobody and waits out its lease, then any worker takes it. A run
  *    handed over as the worker stops is released without being worked.
+ * 7. **Group commit** (`commitBatch` > 1, off by default): the worker's own
+ *    finish of a handler that returned its result waits, up to
+ *    `commitLingerMs`, for the finishes of other slots, and the group goes
+ *    as one `commitSteps` request. The wait is outside the run's gate (its
+ *    keeper goes on renewing); at send time each run enters its gate, so
+ *    its current fence is sent and no renewal retires it before the answer.
+ *    Each run ends by its own outcome, as its single finish would: a
+ *    refused run (fenced out, cancelled) alone, the others finished; a
+ *    request failed or lost as a whole is every run's failed finish. Such a
+ *    finish does not hand over. A stopping worker sends what waits at once.
  *
  * Lease expiry is judged by the store's clock (claims carry no instant);
  * the worker's own deadline runs on the monotonic clock from the moment the
@@ -252,12 +262,15 @@ export interface WorkerOptions {
    * Group commit (1 to 256): the worker's own finishes (a handler that
    * returned its result) of up to this many runs go out as one
    * `commitSteps` request, each under its run's current fence, one outcome
-   * per run. A slot waits for its run's finish, so a group holds at most
-   * `concurrency` runs, and is sent as soon as it holds
-   * `min(commitBatch, concurrency)`. With a group, the worker's own finish
-   * does not hand over (a `ctx.step` carrying `finish` still goes alone,
-   * and hands over as before). Default 1: every finish alone, as without
-   * the option.
+   * per run (a refused run alone; a request failed as a whole fails each
+   * run's finish, as a single finish's failure). A slot waits for its
+   * run's finish, so a group holds at most `concurrency` runs, and is sent
+   * as soon as it holds `min(commitBatch, concurrency)`; a group of one
+   * goes as a single step. Such a finish does not hand over (a `ctx.step`
+   * carrying `finish` still goes alone, and hands over as before); the
+   * slot then claims as usual. Everything else (steps, failed attempts,
+   * `onError: "fail"`'s finish, release, snooze) goes alone. Default 1:
+   * every finish alone, exactly as without the option.
    */
   commitBatch?: number;
   /**
@@ -296,7 +309,9 @@ export interface WorkerOptions {
    * run's finishing commit also claims the next run, in one request
    * (`commitStepAndClaimNext` with this worker's holder, TTL, filter and
    * attempt limit), and the slot works that run next. `false`: every run is
-   * finished alone and every next run claimed with `claimNext`.
+   * finished alone and every next run claimed with `claimNext`. With
+   * {@link commitBatch} > 1 the worker's own finish joins its group
+   * instead; only a `ctx.step` carrying `finish` still hands over.
    */
   handover?: boolean;
   /** Observes what the worker does. */
