@@ -53,6 +53,16 @@
  *    worker's finish failing); a run claimed in that lost answer is known
  *    to nobody and waits out its lease, then any worker takes it. A run
  *    handed over as the worker stops is released without being worked.
+ * 7. **Group commit** (`commitBatch` > 1, off by default): the worker's own
+ *    finish of a handler that returned its result waits, up to
+ *    `commitLingerMs`, for the finishes of other slots, and the group goes
+ *    as one `commitSteps` request. The wait is outside the run's gate (its
+ *    keeper goes on renewing); at send time each run enters its gate, so
+ *    its current fence is sent and no renewal retires it before the answer.
+ *    Each run ends by its own outcome, as its single finish would: a
+ *    refused run (fenced out, cancelled) alone, the others finished; a
+ *    request failed or lost as a whole is every run's failed finish. Such a
+ *    finish does not hand over. A stopping worker sends what waits at once.
  *
  * Lease expiry is judged by the store's clock (claims carry no instant);
  * the worker's own deadline runs on the monotonic clock from the moment the
@@ -248,6 +258,28 @@ export interface WorkerOptions {
    * lease runs down unworked). Default 1: one `claimNext` a slot.
    */
   claimBatch?: number;
+  /**
+   * Group commit (1 to 256): the worker's own finishes (a handler that
+   * returned its result) of up to this many runs go out as one
+   * `commitSteps` request, each under its run's current fence, one outcome
+   * per run (a refused run alone; a request failed as a whole fails each
+   * run's finish, as a single finish's failure). A slot waits for its
+   * run's finish, so a group holds at most `concurrency` runs, and is sent
+   * as soon as it holds `min(commitBatch, concurrency)`; a group of one
+   * goes as a single step. Such a finish does not hand over (a `ctx.step`
+   * carrying `finish` still goes alone, and hands over as before); the
+   * slot then claims as usual. Everything else (steps, failed attempts,
+   * `onError: "fail"`'s finish, release, snooze) goes alone. Default 1:
+   * every finish alone, exactly as without the option.
+   */
+  commitBatch?: number;
+  /**
+   * How long the first finish waiting in a group waits for others before
+   * the group is sent anyway, ms (0 or more; 0 still lets the finishes of
+   * the same turn join). Default 2. A stopping worker sends what waits at
+   * once.
+   */
+  commitLingerMs?: number;
   /** `"continuous"` (default): wait for work until stopped; `"until-idle"`: stop when no run is runnable. */
   mode?: "continuous" | "until-idle";
   /** Stops the worker: no more claims; running handlers see `ctx.signal` abort, their runs are released. */
@@ -277,7 +309,9 @@ export interface WorkerOptions {
    * run's finishing commit also claims the next run, in one request
    * (`commitStepAndClaimNext` with this worker's holder, TTL, filter and
    * attempt limit), and the slot works that run next. `false`: every run is
-   * finished alone and every next run claimed with `claimNext`.
+   * finished alone and every next run claimed with `claimNext`. With
+   * {@link commitBatch} > 1 the worker's own finish joins its group
+   * instead; only a `ctx.step` carrying `finish` still hands over.
    */
   handover?: boolean;
   /** Observes what the worker does. */
@@ -339,6 +373,14 @@ export async function runWorker(options: WorkerOptions): Promise<WorkerReport> {
   if (!Number.isInteger(claimBatch) || claimBatch < 1 || claimBatch > 256) {
     throw new TypeError(`claimBatch ${claimBatch} must be a whole number from 1 to 256`);
   }
+  const commitBatch = options.commitBatch ?? 1;
+  if (!Number.isInteger(commitBatch) || commitBatch < 1 || commitBatch > 256) {
+    throw new TypeError(`commitBatch ${commitBatch} must be a whole number from 1 to 256 (1: every finish alone)`);
+  }
+  const commitLingerMs = options.commitLingerMs ?? 2;
+  if (!(Number.isFinite(commitLingerMs) && commitLingerMs >= 0)) {
+    throw new TypeError(`commitLingerMs ${commitLingerMs} must be a finite number of ms, 0 or more`);
+  }
   const holder = options.holder ?? `ts-${randomId()}`;
   const report: WorkerReport = {
     claimed: 0,
@@ -371,6 +413,10 @@ export async function runWorker(options: WorkerOptions): Promise<WorkerReport> {
     safetyFraction,
     stop: stop.signal,
     handover: options.handover === false ? undefined : claim,
+    group:
+      commitBatch > 1
+        ? new GroupCommitter(options.client, Math.min(commitBatch, concurrency), commitLingerMs, stop.signal)
+        : undefined,
     emit: (e: WorkerEvent) => {
       try {
         options.onEvent?.(e);
@@ -478,6 +524,121 @@ class BatchClaimer {
   }
 }
 
+/**
+ * One run's step waiting in a {@link GroupCommitter}. `enter` runs `write`
+ * inside the run's gate (shared with its other writes, exclusive of its
+ * renewals) with the run's current fence, as the run's own writes are
+ * run, or rejects without running it when the run may no longer write.
+ */
+interface GroupEntry {
+  readonly ref: RunRef;
+  readonly step: StepBody;
+  readonly enter: (write: (fence: number) => Promise<StepReceiptBody>) => Promise<StepReceiptBody>;
+  readonly resolve: (receipt: StepReceiptBody) => void;
+  readonly reject: (e: unknown) => void;
+}
+
+/**
+ * The worker's own finishes grouped into `commitSteps` requests. A finish
+ * waits (outside its run's gate, so its keeper goes on renewing) until the
+ * group is full, the first waiting finish has lingered `lingerMs`, or the
+ * worker stops. Then every run of the group enters its gate: its fence is
+ * read there, and no renewal can swap it until the group's answer is in.
+ * A run that may no longer write (lost while it waited) drops out alone.
+ * Each run gets its own outcome: a receipt, its own refusal (`FencedOut`,
+ * `Cancelled`: the others stand), or, when the request as a whole failed,
+ * that failure, as its own finish would have.
+ */
+class GroupCommitter {
+  private waiting: GroupEntry[] = [];
+  private timer: ReturnType<typeof setTimeout> | undefined;
+
+  constructor(
+    private readonly client: RunkeepClient,
+    private readonly max: number,
+    private readonly lingerMs: number,
+    private readonly stop: AbortSignal,
+  ) {
+    // A stopping worker sends what waits at once: nothing waits out the linger, nothing is dropped.
+    stop.addEventListener("abort", () => this.flush(), { once: true });
+  }
+
+  /** Commits `step` in the next group; answers as {@link RunkeepClient.commitStep} would. */
+  commit(ref: RunRef, step: StepBody, enter: GroupEntry["enter"]): Promise<StepReceiptBody> {
+    return new Promise((resolve, reject) => {
+      this.waiting.push({ ref, step, enter, resolve, reject });
+      if (this.waiting.length >= this.max || this.stop.aborted) this.flush();
+      else this.timer ??= setTimeout(() => this.flush(), this.lingerMs);
+    });
+  }
+
+  private flush(): void {
+    if (this.timer) clearTimeout(this.timer);
+    this.timer = undefined;
+    // Runs of one tenant share a request (a worker's runs all are: its client's).
+    const byTenant = new Map<string | undefined, GroupEntry[]>();
+    for (const entry of this.waiting.splice(0)) {
+      const key = entry.ref.tenantId;
+      byTenant.set(key, [...(byTenant.get(key) ?? []), entry]);
+    }
+    for (const group of byTenant.values()) void this.send(group);
+  }
+
+  private async send(group: GroupEntry[]): Promise<void> {
+    // Each run's fence, read inside its gate; the gate stays held until its outcome is in.
+    const outcomes = group.map(() => deferred<StepReceiptBody>());
+    const fences = await Promise.all(
+      group.map(
+        (entry, i) =>
+          new Promise<number | undefined>((entered) => {
+            entry
+              .enter((fence) => {
+                entered(fence);
+                return outcomes[i]!.promise;
+              })
+              .then(entry.resolve, entry.reject)
+              // Refused before it entered (lost while it waited): it drops out.
+              .finally(() => entered(undefined));
+          }),
+      ),
+    );
+    const going = group.flatMap((entry, i) => (fences[i] === undefined ? [] : [{ i, entry, fence: fences[i]! }]));
+    if (going.length === 0) return;
+    try {
+      if (going.length === 1) {
+        // A group of one is a single step.
+        const [{ i, entry, fence }] = going as [(typeof going)[0]];
+        outcomes[i]!.resolve(await this.client.commitStep(entry.ref, fence, entry.step));
+        return;
+      }
+      const answers = await this.client.commitSteps(going.map(({ entry, fence }) => ({ run: entry.ref, fence, step: entry.step })));
+      if (answers.length !== going.length) {
+        throw new Error(`the group commit of ${going.length} steps was answered with ${answers.length} outcomes; each step's outcome is unknown`);
+      }
+      going.forEach(({ i }, k) => {
+        const answer = answers[k]!;
+        if (answer.error) outcomes[i]!.reject(answer.error);
+        else outcomes[i]!.resolve(answer.receipt);
+      });
+    } catch (e) {
+      // The request failed as a whole (refused, unreachable, a lost answer): every run's finish failed with it.
+      for (const { i } of going) outcomes[i]!.reject(e);
+    }
+  }
+}
+
+function deferred<T>(): { promise: Promise<T>; resolve: (v: T) => void; reject: (e: unknown) => void } {
+  let resolve!: (v: T) => void;
+  let reject!: (e: unknown) => void;
+  const promise = new Promise<T>((res, rej) => {
+    resolve = res;
+    reject = rej;
+  });
+  // A run that dropped out never reads its outcome.
+  promise.catch(() => undefined);
+  return { promise, resolve, reject };
+}
+
 /** What every run of one {@link runWorker} shares. */
 interface Drain {
   readonly options: WorkerOptions;
@@ -488,6 +649,8 @@ interface Drain {
   readonly stop: AbortSignal;
   /** The claim a finishing commit hands over with; `undefined`: hand-overs are off. */
   readonly handover: NextClaimBody | undefined;
+  /** Where the worker's own finishes are grouped; `undefined`: each goes alone (`commitBatch` 1). */
+  readonly group: GroupCommitter | undefined;
   readonly emit: (e: WorkerEvent) => void;
 }
 
@@ -873,7 +1036,8 @@ class HeldRun {
     } else if (outcome.kind === "threw") {
       await this.failAttempt(outcome.error, attemptErrorOf(outcome.error), false);
     } else {
-      await this.endSafely(outcome.result);
+      // The handler's own result: its finish may join a group (`commitBatch`).
+      await this.endSafely(outcome.result, true);
     }
     this.collected = true;
     const next = this.next;
@@ -952,9 +1116,9 @@ class HeldRun {
   }
 
   /** {@link endWith}, its failure counted (a lost lease) or reported, not thrown. */
-  private async endSafely(result: WorkResult): Promise<void> {
+  private async endSafely(result: WorkResult, mayGroup = false): Promise<void> {
     try {
-      await this.endWith(result);
+      await this.endWith(result, mayGroup);
     } catch (e) {
       if (this.lost) {
         this.countLoss();
@@ -966,15 +1130,33 @@ class HeldRun {
     }
   }
 
-  private async endWith(result: WorkResult): Promise<void> {
+  /**
+   * Ends the holding by `result`. `mayGroup`: the handler's own result,
+   * whose finish joins the drain's group commit when there is one (the
+   * worker's other finishes, `onError: "fail"`, go alone).
+   */
+  private async endWith(result: WorkResult, mayGroup: boolean): Promise<void> {
     const client = this.options.client;
     const report = this.drain.report;
     if (result === undefined || "finish" in result) {
       const outcome: OutcomeBody = result?.finish ?? { status: "completed" };
-      // With hand-overs on, the finish is a finishing step: it may carry the drain's next claim.
-      const finish = (fence: number) =>
-        this.drain.handover ? this.commit(fence, { finish: outcome }, undefined) : client.finish(this.ref, fence, outcome);
-      await this.fenced((fence) => finish(fence).then(() => this.end()));
+      const group = mayGroup ? this.drain.group : undefined;
+      if (group) {
+        // Grouped: it waits for others outside the gate; at send time it enters the gate with its current fence.
+        await group.commit(this.ref, { finish: outcome }, (write) =>
+          this.fenced((fence) =>
+            write(fence).then((receipt) => {
+              this.end();
+              return receipt;
+            }),
+          ),
+        );
+      } else {
+        // With hand-overs on, the finish is a finishing step: it may carry the drain's next claim.
+        const finish = (fence: number) =>
+          this.drain.handover ? this.commit(fence, { finish: outcome }, undefined) : client.finish(this.ref, fence, outcome);
+        await this.fenced((fence) => finish(fence).then(() => this.end()));
+      }
       report.finished += 1;
       this.emit({ type: "finished", run: this.run, outcome });
     } else if ("release" in result) {
