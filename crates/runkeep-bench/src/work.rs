@@ -635,8 +635,9 @@ pub async fn drain(
     let listing = t.listing(session);
     let started = Instant::now();
     let mut tasks = Vec::new();
+    let retried = Arc::new(AtomicU64::new(0));
     for w in 0..workers {
-        let (t, listing) = (t.clone(), listing.clone());
+        let (t, listing, retried) = (t.clone(), listing.clone(), retried.clone());
         tasks.push(tokio::spawn(async move {
             let opts = claim_options(&drain_worker(w));
             let filter = ClaimNextFilter::default();
@@ -657,11 +658,21 @@ pub async fn drain(
             if let DrainWay::Batch(max) = way {
                 while started.elapsed() < budget {
                     c = Instant::now();
-                    let runs = t
+                    let runs = match t
                         .store
                         .claim_next_batch(&listing, &filter, &opts, max)
                         .await
-                        .ctx("claim_next_batch")?;
+                    {
+                        Ok(runs) => runs,
+                        // Nothing was taken (a keyed claim that waited past
+                        // the store's lock timeout): ask again, as a worker
+                        // does.
+                        Err(e) if e.is_retryable() && !e.is_outcome_unknown() => {
+                            retried.fetch_add(1, Ordering::Relaxed);
+                            continue;
+                        }
+                        Err(e) => return Err(format!("claim_next_batch: {e}")),
+                    };
                     if runs.is_empty() {
                         break;
                     }
@@ -736,6 +747,10 @@ pub async fn drain(
         committed.push(c);
     }
     let secs = started.elapsed().as_secs_f64();
+    let retried = retried.load(Ordering::Relaxed);
+    if retried > 0 {
+        eprintln!("note: {retried} batch claims were refused as retryable (nothing taken) and asked again");
+    }
     audit_drain(t, session, &committed).await?;
     Ok(Sample {
         units: latencies.len() as f64,
