@@ -425,6 +425,16 @@ impl Listing<'_> {
         // the claim order on them: the runs are read by primary key, in the
         // heads' order, not by a scan of an index in claim order.
         let head_cols = "project_id AS hp, session_id AS hs, run_id AS hr, parent_id AS hpa, created_rank AS hcr, created_stamp AS hcs, prio AS hprio, tid AS htid";
+        // The keyed runs past their deadline are found by their own index
+        // (`runs_keyed_deadline`) and sorted apart: with the claim order's
+        // `ORDER BY … LIMIT 1` on `runs`, the planner could walk a session's
+        // keyed runs in claim order instead, reading every one of them
+        // when none is overdue (measured: 100 000 rows, 134 ms a call).
+        let overdue_order = order_by
+            .split(", ")
+            .map(|c| if c == "(-priority)" { "prio" } else { c })
+            .collect::<Vec<_>>()
+            .join(", ");
         let head_order = order_by
             .split(", ")
             .map(|c| match c {
@@ -455,6 +465,8 @@ impl Listing<'_> {
              open_groups AS MATERIALIZED (SELECT g.* FROM groups g \
                 WHERE NOT EXISTS (SELECT 1 FROM held WHERE held.project_id = g.project_id \
                  AND held.session_id = g.session_id AND held.ckey = g.ckey AND held.n >= g.climit)), \
+             overdue AS MATERIALIZED (SELECT {keyed_cols} FROM runs WHERE {all} AND ckey IS NOT NULL \
+                AND deadline IS NOT NULL AND deadline <= {now}), \
              heads AS ( \
                (SELECT {keyed_cols} FROM runs WHERE {all} AND ckey IS NULL ORDER BY {order_by} LIMIT {limit}) \
                UNION ALL \
@@ -463,8 +475,7 @@ impl Listing<'_> {
                  AND project_id = g.project_id AND session_id = g.session_id \
                  AND ckey = g.ckey AND climit = g.climit ORDER BY {order_by} LIMIT 1) h) \
                UNION ALL \
-               (SELECT {keyed_cols} FROM runs WHERE {all} AND ckey IS NOT NULL \
-                AND deadline IS NOT NULL AND deadline <= {now} ORDER BY {order_by} LIMIT 1)) \
+               (SELECT * FROM overdue ORDER BY {overdue_order} LIMIT 1)) \
              {}SELECT {}{}, {now} AS now_ms FROM (SELECT DISTINCT {head_cols} FROM heads) h \
              JOIN runs ON runs.ctid = h.htid AND tenant_id = {tenant} AND project_id = h.hp \
              AND session_id = h.hs AND run_id = h.hr AND parent_id = h.hpa WHERE {all} \
