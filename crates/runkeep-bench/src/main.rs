@@ -758,13 +758,13 @@ async fn measure(env: &Env, case: &mut Case) -> Result<Sample, String> {
                     // A probe (not counted): the rate to provision by.
                     let session = work::fresh_session();
                     work::fill_drain_queue(t, &session, 0, probe, keyed).await?;
-                    work::drain(t, &session, w, way, budget).await?.rate()
+                    work::drain(t, &session, w, way, budget, 0).await?.rate()
                 }
             };
             let n = provision(hint, budget, w, cap);
             let session = work::fresh_session();
             work::fill_drain_queue(t, &session, 0, n, keyed).await?;
-            let sample = work::drain(t, &session, w, way, budget).await?;
+            let sample = work::drain(t, &session, w, way, budget, 0).await?;
             case.hint = Some(sample.rate());
             Ok(sample)
         }
@@ -792,7 +792,9 @@ async fn measure(env: &Env, case: &mut Case) -> Result<Sample, String> {
             let Prep::Queue { session, next } = &mut case.prep else {
                 unreachable!("prepared above")
             };
-            let sample = work::drain(t, session, w, work::DrainWay::Calls, budget).await?;
+            let done_before = (*next - depth) as usize;
+            let sample =
+                work::drain(t, session, w, work::DrainWay::Calls, budget, done_before).await?;
             // Top the queue up to its depth again (not timed).
             let done = sample.units as u64;
             work::fill_drain_queue(t, session, *next, done, false).await?;

@@ -624,13 +624,15 @@ type Committed = Vec<(RunId, Fence)>;
 /// `budget` has passed (a cycle under way then completes; a hand-over's
 /// last step then goes alone). Counts runs done; a run's latency is its
 /// cycle's (a batch's, for every run of it). After the clock stops, the
-/// drain is audited from the store ([`audit_drain`]).
+/// drain is audited from the store ([`audit_drain`]); `done_before` runs
+/// of the session were completed by earlier drains.
 pub async fn drain(
     t: &Target,
     session: &SessionId,
     workers: usize,
     way: DrainWay,
     budget: Duration,
+    done_before: usize,
 ) -> Result<Sample, String> {
     let listing = t.listing(session);
     let started = Instant::now();
@@ -751,7 +753,7 @@ pub async fn drain(
     if retried > 0 {
         eprintln!("note: {retried} batch claims were refused as retryable (nothing taken) and asked again");
     }
-    audit_drain(t, session, &committed).await?;
+    audit_drain(t, session, &committed, done_before).await?;
     Ok(Sample {
         units: latencies.len() as f64,
         secs,
@@ -767,13 +769,15 @@ fn drain_worker(w: usize) -> String {
 /// Checks a drain from the store's own rows, as the soak does: no run was
 /// committed twice; every run committed is completed, held by nobody but
 /// its committing worker at no fence below the one presented; no run the
-/// workers did not commit is completed; and on a sample of
+/// workers did not commit is completed (but the `done_before` earlier
+/// drains completed); and on a sample of
 /// [`AUDIT_SAMPLE`] runs, the finish the store recorded carries the fence
 /// the committing worker presented. `committed[w]` is worker `w`'s.
 pub async fn audit_drain(
     t: &Target,
     session: &SessionId,
     committed: &[Committed],
+    done_before: usize,
 ) -> Result<(), String> {
     let mut by_run = std::collections::HashMap::new();
     for (w, runs) in committed.iter().enumerate() {
@@ -787,7 +791,7 @@ pub async fn audit_drain(
     }
     let listing = t.listing(session);
     let mut cursor = None;
-    let mut completed = 0usize;
+    let (mut completed, mut earlier) = (0usize, 0usize);
     loop {
         let page = t
             .store
@@ -826,9 +830,12 @@ pub async fn audit_drain(
                     ))
                 }
                 (None, true) => {
-                    return Err(format!(
-                        "drain audit: run {run} is completed, but no worker committed it"
-                    ))
+                    earlier += 1;
+                    if earlier > done_before {
+                        return Err(format!(
+                            "drain audit: run {run} is completed, but no worker committed it"
+                        ));
+                    }
                 }
                 (None, false) => {}
             }
@@ -837,6 +844,11 @@ pub async fn audit_drain(
             Some(next) if !page.entries.is_empty() => cursor = Some(next),
             _ => break,
         }
+    }
+    if earlier != done_before {
+        return Err(format!(
+            "drain audit: {done_before} runs were completed before this drain, {earlier} found"
+        ));
     }
     if completed != by_run.len() {
         return Err(format!(
@@ -856,7 +868,11 @@ pub async fn audit_drain(
             session.clone(),
             run.clone(),
         );
-        let l = t.store.lifecycle(&scope).await.ctx("drain audit: lifecycle")?;
+        let l = t
+            .store
+            .lifecycle(&scope)
+            .await
+            .ctx("drain audit: lifecycle")?;
         if l.finished_fence != Some(fence) {
             return Err(format!(
                 "drain audit: worker {w} finished run {run} at fence {fence}, but the store recorded the finish at {:?}",

@@ -602,9 +602,8 @@ impl Worker {
         let mut idle_streak = 0u32;
         let claiming = CancellationToken::new();
         // Grouped finishing steps do not hand over: the drain claims itself.
-        let group = (opts.commit_batch > 1).then(|| {
-            GroupCommit::start(self.store.clone(), opts.commit_batch, opts.commit_linger)
-        });
+        let group = (opts.commit_batch > 1)
+            .then(|| GroupCommit::start(self.store.clone(), opts.commit_batch, opts.commit_linger));
         let handoff = (opts.handover && group.is_none()).then(|| {
             Arc::new(Handoff {
                 scope: self.scope.clone(),

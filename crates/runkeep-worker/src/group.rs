@@ -59,7 +59,12 @@ impl GroupCommit {
 
     /// Commits `step` under `fence` in the next group; answers the step's
     /// own outcome.
-    pub(crate) async fn commit(&self, scope: &RunScope, fence: Fence, step: &Step) -> Result<StepReceipt> {
+    pub(crate) async fn commit(
+        &self,
+        scope: &RunScope,
+        fence: Fence,
+        step: &Step,
+    ) -> Result<StepReceipt> {
         let (answer, answered) = oneshot::channel();
         let waiting = Waiting {
             commit: StepCommit {

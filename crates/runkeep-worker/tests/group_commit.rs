@@ -152,7 +152,10 @@ fn options(slots: usize, commit_batch: usize, linger_ms: u64) -> WorkerOptions {
 /// checkpoint and the finish with the run's id as result.
 fn finishing(scope: &RunScope) -> Step {
     Step {
-        events: vec![runkeep::NewEvent::new("done", json!({}).as_object().cloned().unwrap())],
+        events: vec![runkeep::NewEvent::new(
+            "done",
+            json!({}).as_object().cloned().unwrap(),
+        )],
         checkpoint: Some(Checkpoint::new(
             CheckpointId::new("cp_1").unwrap(),
             runkeep::Timestamp::from_millis(1).unwrap(),
@@ -222,7 +225,10 @@ async fn finishing_steps_of_runs_held_side_by_side_go_in_one_call() {
     let grouped: usize = groups.iter().map(Vec::len).sum();
     let singles = store.singles.load(Ordering::SeqCst) as usize;
     assert_eq!(grouped + singles, 8, "{groups:?}, {singles} single");
-    assert!(groups.len() + singles < 8, "fewer calls than runs: {groups:?}");
+    assert!(
+        groups.len() + singles < 8,
+        "fewer calls than runs: {groups:?}"
+    );
     let answers = answers.lock().unwrap().clone();
     assert_eq!(answers.len(), 8);
     assert!(answers.values().all(Result::is_ok), "{answers:?}");
@@ -288,7 +294,10 @@ async fn a_group_failing_as_a_whole_is_sent_again_step_by_step() {
     assert!(answers.values().all(Result::is_ok), "{answers:?}");
     assert_eq!(store.singles.load(Ordering::SeqCst), 3, "one by one");
     for i in 1..=3 {
-        assert_eq!(status(&store, &format!("run_{i:02}")).await, RunStatus::Completed);
+        assert_eq!(
+            status(&store, &format!("run_{i:02}")).await,
+            RunStatus::Completed
+        );
     }
     assert_eq!(report.completed, 3, "{report:?}");
 }
@@ -335,7 +344,10 @@ async fn a_drain_returning_finished_joins_the_group_with_its_own_finish() {
     assert_eq!(groups[0].len(), 4, "{groups:?}");
     assert_eq!(report.completed, 4, "{report:?}");
     for i in 1..=4 {
-        assert_eq!(status(&store, &format!("run_{i:02}")).await, RunStatus::Completed);
+        assert_eq!(
+            status(&store, &format!("run_{i:02}")).await,
+            RunStatus::Completed
+        );
     }
 }
 
