@@ -370,21 +370,30 @@ impl<'a> NextSearch<'a> {
             }
             let key = Key::of(&scope);
             let before = state.top.clone();
-            match apply_claim(&scope, &mut state, self.options, now, 0)? {
+            let claimed = apply_claim(&scope, &mut state, self.options, now, 0)?;
+            if matches!(
+                claimed,
+                ClaimOutcome::Acquired(_) | ClaimOutcome::Finished(_)
+            ) {
+                // Taken, or dead-lettered by this claim: written with the
+                // batch either way.
+                writes.extend(keys::holding_stmts(
+                    db,
+                    &key,
+                    before.as_ref(),
+                    &state,
+                    Some(now),
+                ));
+                writes.push(save_stmt(&key, &state)?);
+            }
+            match claimed {
                 ClaimOutcome::Acquired(lease) => {
-                    writes.extend(keys::holding_stmts(db, &key, before.as_ref(), &state, Some(now)));
-                    writes.push(save_stmt(&key, &state)?);
                     taken.push((scope, lease));
                     if taken.len() == max {
                         return Ok(None);
                     }
                 }
-                ClaimOutcome::Finished(_) => {
-                    // Dead-lettered by this claim: recorded with the batch.
-                    writes.extend(keys::holding_stmts(db, &key, before.as_ref(), &state, Some(now)));
-                    writes.push(save_stmt(&key, &state)?);
-                    self.changed = true;
-                }
+                ClaimOutcome::Finished(_) => self.changed = true,
                 _ => {}
             }
         }

@@ -3,9 +3,7 @@
 //! transaction also taking the worker's next run.
 
 use runkeep::batch::StepCommit;
-use runkeep::{
-    Error, Fence, Handover, NextClaim, Result, RunScope, Step, StepReceipt, Timestamp,
-};
+use runkeep::{Error, Fence, Handover, NextClaim, Result, RunScope, Step, StepReceipt, Timestamp};
 use serde_json::Value;
 use std::collections::HashMap;
 
@@ -211,7 +209,9 @@ pub(crate) async fn commit_steps(
         .collect::<Result<Vec<_>>>()?;
     let keys: Vec<Key> = steps.iter().map(|s| Key::of(&s.scope)).collect();
     let test_clock = db.options.clock.as_ref().map(|c| c.now());
-    let (tx, replies) = db.begin(what, group_opening(steps, &keys, test_clock)).await?;
+    let (tx, replies) = db
+        .begin(what, group_opening(steps, &keys, test_clock))
+        .await?;
     let [locked_rows, clock_rows]: [Vec<tokio_postgres::Row>; 2] = replies
         .try_into()
         .map_err(|_| Error::corrupted("commit_steps: the opening answered too few replies"))?;
@@ -290,7 +290,8 @@ pub(crate) async fn commit_steps(
 /// test clock's when set) and the 1-based positions of the steps whose
 /// checkpoint already exists.
 fn group_opening(steps: &[StepCommit], keys: &[Key], test_clock: Option<Timestamp>) -> Vec<Stmt> {
-    let col = |f: fn(&Key) -> &String| -> Vec<String> { keys.iter().map(|k| f(k).clone()).collect() };
+    let col =
+        |f: fn(&Key) -> &String| -> Vec<String> { keys.iter().map(|k| f(k).clone()).collect() };
     let key_arrays = || -> Vec<Param> {
         vec![
             Box::new(col(|k| &k.tenant)),

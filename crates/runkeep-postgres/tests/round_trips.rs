@@ -16,8 +16,8 @@ use common::counting::{Counter, Snapshot};
 use runkeep::batch::StepCommit;
 use runkeep::{
     CheckpointStore, ClaimNextFilter, ClaimOptions, Concurrency, Dedupe, EnqueueOptions,
-    EvidenceStore, Fence, ListOptions, ListingScope, NewAuditEvent, NextClaim, Outcome, ParkResolution,
-    Priority, ReadEventsOptions, RunId, RunScope, SessionId, Step, Ttl,
+    EvidenceStore, Fence, ListOptions, ListingScope, NewAuditEvent, NextClaim, Outcome,
+    ParkResolution, Priority, ReadEventsOptions, RunId, RunScope, SessionId, Step, Ttl,
 };
 use runkeep_conformance::support;
 use runkeep_postgres::{PgOptions, PgStore};
