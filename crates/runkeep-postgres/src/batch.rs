@@ -19,6 +19,7 @@
 use runkeep::{ClaimNextFilter, ClaimOptions, Lease, ListingScope, Result, RunScope};
 
 use crate::claims::{NextSearch, Searched};
+use crate::db::pipeline::{Stmt, Tx};
 use crate::db::Db;
 use crate::listing::After;
 
@@ -54,14 +55,7 @@ pub(crate) async fn claim_next_batch(
                 Some(rows) if !rows.is_empty() => replies = vec![rows],
                 // More may follow: the taken runs' saves, then the next
                 // candidate from the top.
-                Some(_) => {
-                    let next = search.judged(&After::None);
-                    let n = next.len();
-                    let mut stmts = std::mem::take(&mut writes);
-                    stmts.extend(next);
-                    replies = db.run(&tx, what, stmts).await?;
-                    replies = replies.split_off(replies.len() - n);
-                }
+                Some(_) => replies = saved_then_next(db, &tx, &mut search, &mut writes).await?,
             }
         }
         let went_on = loop {
@@ -75,15 +69,7 @@ pub(crate) async fn claim_next_batch(
                     if taken.len() == max {
                         break None;
                     }
-                    // The taken run's save, then the next candidate (with
-                    // its key's lock and count) from the top: the taken
-                    // runs are no candidates once saved.
-                    let next = search.judged(&After::None);
-                    let n = next.len();
-                    let mut stmts = std::mem::take(&mut writes);
-                    stmts.extend(next);
-                    replies = db.run(&tx, what, stmts).await?;
-                    replies = replies.split_off(replies.len() - n);
+                    replies = saved_then_next(db, &tx, &mut search, &mut writes).await?;
                 }
                 Searched::Taken(None) => break None,
                 Searched::KeyJudged(after) => break Some(after),
@@ -98,4 +84,21 @@ pub(crate) async fn claim_next_batch(
             Some(after) => first = search.go_on_after(&after),
         }
     }
+}
+
+/// Sends the taken runs' saves (`writes`, emptied), then the next candidate
+/// statement (with its key's lock and count) from the top: the taken runs
+/// are no candidates once saved. Answers the candidate's replies.
+async fn saved_then_next(
+    db: &Db,
+    tx: &Tx,
+    search: &mut NextSearch<'_>,
+    writes: &mut Vec<Stmt>,
+) -> Result<Vec<Vec<tokio_postgres::Row>>> {
+    let next = search.judged(&After::None);
+    let n = next.len();
+    let mut stmts = std::mem::take(writes);
+    stmts.extend(next);
+    let mut replies = db.run(tx, "claim_next_batch", stmts).await?;
+    Ok(replies.split_off(replies.len() - n))
 }
