@@ -558,6 +558,21 @@ fn all_cases(s: &Settings, scaling: bool, with_peers: bool, grace_off: bool) -> 
                     ),
                     Kind::Drain(w, work::DrainWay::HandOver, false),
                 ));
+                for (op, way) in [
+                    ("handover", work::DrainWay::HandOver),
+                    ("batch16", work::DrainWay::Batch(DRAIN_BATCH)),
+                ] {
+                    cases.push(Case::new(
+                        "pg-noslack",
+                        format!("{op}@{w}"),
+                        "cycles/s",
+                        format!(
+                            "as pg/{op}@{w}, on a store whose candidate statement reads only the first runs (PgOptions::claim_slack off: the path before), {w} worker{}",
+                            plural(w)
+                        ),
+                        Kind::Drain(w, way, false),
+                    ));
+                }
                 cases.push(Case::new(
                     b,
                     format!("base.skip-locked@{w}"),
@@ -903,6 +918,7 @@ async fn open_env(
     let needs_pg = needs("pg")
         || needs("pg-coalesced")
         || needs("pg-split")
+        || needs("pg-noslack")
         || needs("serve-pg")
         || cases.iter().any(|c| c.group == "peers");
     let needs_fs = needs("fs") || needs(FS_GRACE_OFF) || needs("fs-powerloss") || needs("serve-fs");
@@ -996,6 +1012,7 @@ async fn open_env(
                     "pg",
                     "pg-coalesced",
                     "pg-split",
+                    "pg-noslack",
                     "serve-pg",
                     "graphile-worker",
                     "pg-boss",
@@ -1040,6 +1057,14 @@ async fn open_env(
                         .await
                         .map_err(|e| BenchError::failed(format!("open the pg-split store: {e}")))?;
                     env.targets.insert("pg-split", target(Arc::new(store), 8));
+                }
+                if needs("pg-noslack") {
+                    let mut o = options(format!("{}_pgn", env.schema_base));
+                    o.claim_slack = false;
+                    let store = PgStore::connect(&args.pg_url, o).await.map_err(|e| {
+                        BenchError::failed(format!("open the pg-noslack store: {e}"))
+                    })?;
+                    env.targets.insert("pg-noslack", target(Arc::new(store), 8));
                 }
                 if needs("serve-pg") {
                     let (url, schema) = (args.pg_url.clone(), format!("{}_serve", env.schema_base));
@@ -1560,6 +1585,18 @@ fn ratios(cases: &[Case], s: &Settings) -> Vec<Ratio> {
             None,
             "issue 32: the step's writes as one data-modifying statement",
         );
+    }
+    for w in WORKERS {
+        for op in ["handover", "batch16"] {
+            pair(
+                format!("pg {op} drain, candidates read with a slack vs only the first @{w}"),
+                &format!("pg/{op}@{w}"),
+                &format!("pg-noslack/{op}@{w}"),
+                false,
+                None,
+                "issue 32: SKIP LOCKED passes the runs other claimers lock in the same statement",
+            );
+        }
     }
     for w in WORKERS {
         pair(
@@ -2133,7 +2170,7 @@ fn charts(cases: &[Case]) -> Vec<(String, svg::Chart)> {
             || (matches!(c.kind, Kind::Drain(..))
                 && matches!(
                     c.backend.as_str(),
-                    "pg" | "pg-coalesced" | "pg-split" | "serve-pg"
+                    "pg" | "pg-coalesced" | "pg-split" | "pg-noslack" | "serve-pg"
                 ))
     });
     if !pg_family.is_empty() {

@@ -16,7 +16,65 @@ use crate::db::Db;
 use crate::keys::{self, KeyLock};
 use crate::listing::{fill_state, listed_row, After, Listing};
 use std::cell::{Cell, RefCell};
+use std::sync::atomic::{AtomicI64, Ordering};
 use tokio_postgres::Row;
+
+/// How many runs without a key past the ones asked for `claim_next`'s
+/// candidate statement reads (`Listing::slack`), learned from contention
+/// on this store.
+///
+/// The statement reads the first runs in claim order without locking
+/// them, then locks the first it can (`SKIP LOCKED`). Another claimer's
+/// transaction holds the first runs locked until it commits their claim
+/// (a batch holds up to its size), so with several claimers the first
+/// runs are often all locked: the statement answers a row of NULLs and
+/// the search goes on with the scan, one more statement and round trip
+/// (measured with 8 workers draining: nearly every claim). Reading more
+/// than the first lets `SKIP LOCKED` pass the locked ones in the same
+/// statement; reading them costs when nobody contends. So the slack starts
+/// at 0, doubles (at least to [`Self::FIRST`], at most [`Self::MAX`]) each
+/// time every run read was locked, and shrinks by one each time a search
+/// took what it asked for without the scan.
+#[derive(Debug, Default)]
+pub(crate) struct HeadSlack(AtomicI64);
+
+impl HeadSlack {
+    /// The slack after the first contention.
+    pub(crate) const FIRST: i64 = 8;
+    /// The most runs past the ones asked for a statement reads.
+    pub(crate) const MAX: i64 = 256;
+
+    pub(crate) fn get(&self) -> i64 {
+        self.0.load(Ordering::Relaxed).max(0)
+    }
+
+    /// Off (`PgOptions::claim_slack` false): always 0.
+    pub(crate) fn off() -> Self {
+        Self(AtomicI64::new(-1))
+    }
+
+    /// Every run the statement read was locked by another claimer.
+    pub(crate) fn contended(&self) -> i64 {
+        if self.0.load(Ordering::Relaxed) < 0 {
+            return 0;
+        }
+        let grown = |s: i64| Some((s * 2).clamp(Self::FIRST, Self::MAX));
+        let before = self
+            .0
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, grown)
+            .unwrap_or(0);
+        grown(before).unwrap_or(Self::FIRST)
+    }
+
+    /// A search took what it asked for from its first statement.
+    pub(crate) fn calm(&self) {
+        let _ = self
+            .0
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |s| {
+                (s > 0).then_some(s - 1)
+            });
+    }
+}
 
 /// The core's claim rule on `run` at `now`, with `key_held_by_others`
 /// counted under the key's lock (module `keys`; 0 for a run without a
@@ -229,6 +287,7 @@ impl<'a> NextSearch<'a> {
             runnable: true,
             scan: false,
             min_priority: None,
+            slack: db.head_slack.get(),
             now: fixed.map(Timestamp::as_millis),
         };
         Ok(Self {
@@ -333,6 +392,7 @@ impl<'a> NextSearch<'a> {
             return Ok(None);
         }
         if rows[0].get::<_, Option<String>>(0).is_none() {
+            self.listing.slack = db.head_slack.contended();
             return Ok(Some(rows));
         }
         let now = match self.fixed {
@@ -390,6 +450,7 @@ impl<'a> NextSearch<'a> {
                 ClaimOutcome::Acquired(lease) => {
                     taken.push((scope, lease));
                     if taken.len() == max {
+                        db.head_slack.calm();
                         return Ok(None);
                     }
                 }
@@ -410,6 +471,7 @@ impl<'a> NextSearch<'a> {
             runnable: true,
             scan,
             min_priority: None,
+            slack: self.listing.slack,
             now: self.listing.now,
         }
     }
@@ -444,6 +506,9 @@ impl<'a> NextSearch<'a> {
                 // Every head is locked by another claimer (who may not
                 // take it): the runs behind them are candidates too, so
                 // the search goes on with the scan.
+                if !self.scanning.get() {
+                    self.listing.slack = db.head_slack.contended();
+                }
                 self.scanning.set(true);
                 let after = self.last_after.borrow().clone();
                 replies = db.run(tx, what, self.judged(&after)).await?;
@@ -509,6 +574,9 @@ impl<'a> NextSearch<'a> {
                                 Some(at),
                             ));
                             writes.push(save_stmt(&key, &state)?);
+                            if !self.scanning.get() {
+                                db.head_slack.calm();
+                            }
                             return Ok(Searched::Taken(Some((run_scope, lease))));
                         }
                         ClaimOutcome::Finished(_) if keyed => {
@@ -545,5 +613,34 @@ impl<'a> NextSearch<'a> {
             }
             replies = db.run(tx, what, next).await?;
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::HeadSlack;
+
+    #[test]
+    fn the_slack_doubles_on_contention_within_its_bounds_and_shrinks_by_one_when_calm() {
+        let s = HeadSlack::default();
+        assert_eq!(s.get(), 0, "no slack before any contention");
+        s.calm();
+        assert_eq!(s.get(), 0, "never below 0");
+        assert_eq!(s.contended(), HeadSlack::FIRST);
+        assert_eq!(s.contended(), 2 * HeadSlack::FIRST);
+        s.calm();
+        assert_eq!(s.get(), 2 * HeadSlack::FIRST - 1);
+        for _ in 0..20 {
+            s.contended();
+        }
+        assert_eq!(s.get(), HeadSlack::MAX, "never above the bound");
+    }
+
+    #[test]
+    fn a_slack_turned_off_stays_0() {
+        let s = HeadSlack::off();
+        assert_eq!(s.contended(), 0);
+        s.calm();
+        assert_eq!(s.get(), 0);
     }
 }

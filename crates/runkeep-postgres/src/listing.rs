@@ -51,6 +51,7 @@ pub(crate) async fn explain_claim_next(
         runnable: true,
         scan: false,
         min_priority: None,
+        slack: db.head_slack.get(),
         now: db.fixed_now(None).map(Timestamp::as_millis),
     };
     let (sql, params) = listing.sql_and_params(&After::None, 1, true);
@@ -87,6 +88,11 @@ pub(crate) struct Listing<'a> {
     pub(crate) scan: bool,
     /// Only runs of at least this priority.
     pub(crate) min_priority: Option<i32>,
+    /// With `runnable` (and not `scan`): how many runs without a key past
+    /// the `limit` first the candidate statement reads, so that its
+    /// `SKIP LOCKED` passes the ones other claimers hold locked
+    /// (`claims::HeadSlack`).
+    pub(crate) slack: i64,
     /// The instant the filters use; `None`: the server's clock, read once
     /// by the statement (and answered in its last column).
     pub(crate) now: Option<i64>,
@@ -108,6 +114,7 @@ impl<'a> Listing<'a> {
             runnable: false,
             scan: false,
             min_priority: query.min_priority.map(|p| p.get()),
+            slack: 0,
             now: Some(query.now.as_millis()),
         }
     }
@@ -313,7 +320,8 @@ impl Listing<'_> {
         }
         let limit = format!("{}::bigint", push(Box::new(limit), &mut params));
         if self.runnable && !self.scan {
-            let sql = self.heads_sql(&clock, &wh, &order_by, &limit, lock);
+            let slack = format!("{}::bigint", push(Box::new(self.slack), &mut params));
+            let sql = self.heads_sql(&clock, &wh, &order_by, &limit, &slack, lock);
             return (sql, params);
         }
         let sql = format!(
@@ -380,7 +388,9 @@ impl Listing<'_> {
     /// keyset continuation, the per-row saturation prefilter); the first
     /// admissible run in claim order is the least of:
     ///
-    /// - the first run without a key (`runs_unkeyed_by_*`);
+    /// - the first runs without a key (`runs_unkeyed_by_*`): `limit`, and
+    ///   `slack` more, which the statement's `SKIP LOCKED` reaches when
+    ///   other claimers hold the first ones locked;
     /// - for each group (session, key, limit) with runnable runs, found
     ///   by a skip scan of `runs_keyed_by_*` (one probe per group) and
     ///   dropped when the key's live holdings reach the limit, its first
@@ -397,6 +407,7 @@ impl Listing<'_> {
         wh: &[String],
         order_by: &str,
         limit: &str,
+        slack: &str,
         lock: bool,
     ) -> String {
         let all = wh.join(" AND ");
@@ -468,7 +479,7 @@ impl Listing<'_> {
              overdue AS MATERIALIZED (SELECT {keyed_cols} FROM runs WHERE {all} AND ckey IS NOT NULL \
                 AND deadline IS NOT NULL AND deadline <= {now}), \
              heads AS ( \
-               (SELECT {keyed_cols} FROM runs WHERE {all} AND ckey IS NULL ORDER BY {order_by} LIMIT {limit}) \
+               (SELECT {keyed_cols} FROM runs WHERE {all} AND ckey IS NULL ORDER BY {order_by} LIMIT {limit} + {slack}) \
                UNION ALL \
                (SELECT h.* FROM open_groups g CROSS JOIN LATERAL \
                 (SELECT {keyed_cols} FROM runs WHERE {all} AND ckey IS NOT NULL \

@@ -103,6 +103,14 @@ pub struct PgOptions {
     /// Default `true`; `false` is the earlier path, kept to measure one
     /// against the other (`runkeep-bench`'s `pg-split` cases).
     pub merge_step_writes: bool,
+    /// Let `claim_next`'s candidate statement read past the first runs
+    /// when other claimers hold them locked, by a slack learned from
+    /// contention (docs/design/postgres.md, "Candidates under
+    /// contention"): with many claimers, one statement instead of a second
+    /// one and its round trip. Default `true`; `false` is the earlier
+    /// path, kept to measure one against the other (`runkeep-bench`'s
+    /// `pg-noslack` cases).
+    pub claim_slack: bool,
 }
 
 impl Default for PgOptions {
@@ -122,6 +130,7 @@ impl Default for PgOptions {
             notify: NotifyMode::Immediate,
             direct_url: None,
             merge_step_writes: true,
+            claim_slack: true,
         }
     }
 }

@@ -69,6 +69,11 @@ impl Db {
 
     /// The pool on a migrated schema, not connected yet ([`crate::PgStore::open_migrated`]).
     pub(crate) fn open_migrated(url: &str, options: PgOptions) -> Result<Self> {
+        let head_slack = if options.claim_slack {
+            crate::claims::HeadSlack::default()
+        } else {
+            crate::claims::HeadSlack::off()
+        };
         schema::validate_schema_name(&options.schema)?;
         if options.pool_size == 0 {
             return Err(Error::invalid("PgOptions::pool_size must be at least 1"));
@@ -134,6 +139,7 @@ impl Db {
             listener: Mutex::new(None),
             coalescer: Mutex::new(None),
             notify_statements: Arc::new(AtomicU64::new(0)),
+            head_slack,
         })
     }
 

@@ -50,6 +50,9 @@ pub(crate) struct Db {
     pub(crate) coalescer: Mutex<Option<tokio::sync::mpsc::UnboundedSender<String>>>,
     /// `NOTIFY` statements sent (each may carry many notifications).
     pub(crate) notify_statements: Arc<AtomicU64>,
+    /// How many runs past the ones asked for `claim_next`'s candidate
+    /// statement reads, for the claimers locking the first ones.
+    pub(crate) head_slack: crate::claims::HeadSlack,
 }
 
 /// A session a statement runs on: a pooled connection, or a transaction
