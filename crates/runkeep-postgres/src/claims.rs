@@ -10,7 +10,7 @@ use runkeep::{
 };
 
 use crate::db::pipeline::{Stmt, Tx};
-use crate::db::row::{save_stmt, Key, RunState};
+use crate::db::row::{save_many_stmt, save_stmt, Key, RunState};
 use crate::db::tx::{Opening, Verdict, Wake, Writes};
 use crate::db::Db;
 use crate::keys::{self, KeyLock};
@@ -237,6 +237,9 @@ impl NextSearch<'_> {
     }
 }
 
+/// A candidate's place in claim order: its key, project and session.
+type Listed = (runkeep::listing::RowKey, String, String);
+
 /// `claim_next`'s search inside a transaction: one `SKIP LOCKED` candidate
 /// at a time, each judged by the core, until one is taken or none is left.
 pub(crate) struct NextSearch<'a> {
@@ -417,6 +420,28 @@ impl<'a> NextSearch<'a> {
         // The statement's rows come in claim order; sorted here so that
         // nothing depends on it.
         listed.sort_by(|a, b| a.0.cmp(&b.0));
+        // The runs taken or dead-lettered, saved by one statement.
+        let mut saves = Vec::new();
+        let left = self.judge_unkeyed(listed, now, max, taken, &mut saves)?;
+        if !saves.is_empty() {
+            writes.push(save_many_stmt(&saves)?);
+        }
+        if taken.len() == max {
+            db.head_slack.calm();
+        }
+        Ok(left)
+    }
+
+    /// [`Self::take_unkeyed`]'s judgement of the candidates in claim order,
+    /// pushing each run it claims or dead-letters to `saves`.
+    fn judge_unkeyed(
+        &mut self,
+        listed: Vec<(Listed, RunScope, RunState, runkeep::RunRow, Row)>,
+        now: Timestamp,
+        max: usize,
+        taken: &mut Vec<(RunScope, Lease)>,
+        saves: &mut Vec<(Key, RunState)>,
+    ) -> Result<Option<Vec<Row>>> {
         let mut listed = listed.into_iter();
         while let Some((_, scope, mut state, row, r)) = listed.next() {
             fill_state(&mut state, &r);
@@ -428,29 +453,19 @@ impl<'a> NextSearch<'a> {
             if !(self.query.matches(&row) && row.is_claimable(now)) {
                 continue;
             }
-            let key = Key::of(&scope);
-            let before = state.top.clone();
             let claimed = apply_claim(&scope, &mut state, self.options, now, 0)?;
             if matches!(
                 claimed,
                 ClaimOutcome::Acquired(_) | ClaimOutcome::Finished(_)
             ) {
                 // Taken, or dead-lettered by this claim: written with the
-                // batch either way.
-                writes.extend(keys::holding_stmts(
-                    db,
-                    &key,
-                    before.as_ref(),
-                    &state,
-                    Some(now),
-                ));
-                writes.push(save_stmt(&key, &state)?);
+                // batch either way (a run without a key: no key holding).
+                saves.push((Key::of(&scope), state));
             }
             match claimed {
                 ClaimOutcome::Acquired(lease) => {
                     taken.push((scope, lease));
                     if taken.len() == max {
-                        db.head_slack.calm();
                         return Ok(None);
                     }
                 }

@@ -240,6 +240,8 @@ pub(crate) async fn commit_steps(
     let mut outcomes = Vec::with_capacity(steps.len());
     let mut writes = Vec::new();
     let mut payloads = Vec::new();
+    // The plain saves of the accepted steps' rows, sent as one statement.
+    let mut saves = Vec::new();
     for (i, (s, record)) in steps.iter().zip(records).enumerate() {
         let state = match states.get(&keys[i]) {
             Some(r) => Some(state_of(&s.scope, r)?),
@@ -253,14 +255,21 @@ pub(crate) async fn commit_steps(
         };
         let mut locked = Locked::new(keys[i].clone(), opened);
         match judge(db, &s.scope, s.fence, &s.step, record, &mut locked) {
-            Ok((receipt, w)) => {
+            Ok((receipt, mut w)) => {
+                let apart = w.save_apart(&locked.run);
                 let (stmts, notify) = db.written(&tx, what, &s.scope, &mut locked, w).await?;
                 writes.extend(stmts);
+                if apart {
+                    saves.push((locked.key.clone(), locked.run.clone()));
+                }
                 payloads.extend(notify.payload(&s.scope));
                 outcomes.push(Ok(receipt));
             }
             Err(e) => outcomes.push(Err(e)),
         }
+    }
+    if !saves.is_empty() {
+        writes.push(crate::db::row::save_many_stmt(&saves)?);
     }
     if writes.is_empty() {
         // Every step was refused: nothing to commit (rolls back unwaited).

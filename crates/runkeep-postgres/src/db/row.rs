@@ -276,8 +276,126 @@ pub(crate) fn save_stmt_with(
     run: &RunState,
     also: Vec<(&'static str, Param)>,
 ) -> Result<Stmt> {
-    let (kind, fence, holder, expires): (Option<i16>, Option<i64>, Option<String>, Option<i64>) =
-        match &run.top {
+    let r = Saved::of(run)?;
+    let (columns, values): (Vec<&str>, Vec<Param>) = also.into_iter().unzip();
+    let mut params = key.owned(vec![
+        Box::new(r.kind),
+        Box::new(r.fence),
+        Box::new(r.holder),
+        Box::new(r.expires),
+        Box::new(r.lifecycle),
+        Box::new(r.status),
+        Box::new(r.available),
+        Box::new(r.digest),
+        Box::new(r.count),
+        Box::new(r.rank),
+        Box::new(r.stamp),
+        Box::new(r.parks),
+        Box::new(r.last_seq),
+        Box::new(r.last_audit),
+        Box::new(r.priority),
+        Box::new(r.ckey),
+        Box::new(r.climit),
+        Box::new(r.deadline),
+        Box::new(r.finished_at),
+    ]);
+    params.extend(values);
+    Ok(Stmt::new(
+        "save the run row",
+        sql_save_also(&columns),
+        params,
+    ))
+}
+
+/// The `UPDATE` that writes each run back to its row, as one statement
+/// whatever their number (the values as arrays, `unnest`ed: one text, so
+/// one prepared statement and one executor start for a batch's claims).
+/// The runs are distinct rows. [`save_stmt`] for one run.
+pub(crate) fn save_many_stmt(runs: &[(Key, RunState)]) -> Result<Stmt> {
+    if let [(key, run)] = runs {
+        return save_stmt(key, run);
+    }
+    let n = runs.len();
+    let mut keys: [Vec<String>; 5] = Default::default();
+    let mut rows = Vec::with_capacity(n);
+    for (key, run) in runs {
+        for (column, v) in keys.iter_mut().zip([
+            &key.tenant,
+            &key.project,
+            &key.session,
+            &key.run,
+            &key.parent,
+        ]) {
+            column.push(v.clone());
+        }
+        rows.push(Saved::of(run)?);
+    }
+    fn column<T: ToSql + Sync + Send + 'static>(rows: &[Saved], f: impl Fn(&Saved) -> T) -> Param {
+        Box::new(rows.iter().map(f).collect::<Vec<T>>())
+    }
+    let mut params: Vec<Param> = keys.into_iter().map(|k| Box::new(k) as Param).collect();
+    params.extend([
+        column(&rows, |r| r.kind),
+        column(&rows, |r| r.fence),
+        column(&rows, |r| r.holder.clone()),
+        column(&rows, |r| r.expires),
+        column(&rows, |r| r.lifecycle.clone()),
+        column(&rows, |r| r.status.clone()),
+        column(&rows, |r| r.available),
+        column(&rows, |r| r.digest.clone()),
+        column(&rows, |r| r.count),
+        column(&rows, |r| r.rank),
+        column(&rows, |r| r.stamp),
+        column(&rows, |r| r.parks),
+        column(&rows, |r| r.last_seq),
+        column(&rows, |r| r.last_audit),
+        column(&rows, |r| r.priority),
+        column(&rows, |r| r.ckey.clone()),
+        column(&rows, |r| r.climit),
+        column(&rows, |r| r.deadline),
+        column(&rows, |r| r.finished_at),
+    ]);
+    Ok(Stmt::new("save the run rows", SQL_SAVE_MANY, params))
+}
+
+/// [`save_many_stmt`]'s statement: the columns of [`sql_save_also`], from
+/// arrays in the same order (the key's five first).
+const SQL_SAVE_MANY: &str = "UPDATE runs SET top_kind = u.top_kind, top_fence = u.top_fence, holder = u.holder, expires_at = u.expires_at, lifecycle = u.lifecycle, status = u.status, available_at = u.available_at, digest = u.digest, checkpoint_count = u.checkpoint_count, created_rank = u.created_rank, created_stamp = u.created_stamp, park_count = u.park_count, last_seq = u.last_seq, last_audit_seq = u.last_audit_seq, priority = u.priority, ckey = u.ckey, climit = u.climit, deadline = u.deadline, finished_at = u.finished_at \
+     FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::int2[], $7::int8[], $8::text[], $9::int8[], $10::jsonb[], $11::text[], $12::int8[], $13::jsonb[], $14::int8[], $15::int2[], $16::int8[], $17::int4[], $18::int8[], $19::int8[], $20::int4[], $21::text[], $22::int4[], $23::int8[], $24::int8[]) \
+     AS u(tenant_id, project_id, session_id, run_id, parent_id, top_kind, top_fence, holder, expires_at, lifecycle, status, available_at, digest, checkpoint_count, created_rank, created_stamp, park_count, last_seq, last_audit_seq, priority, ckey, climit, deadline, finished_at) \
+     WHERE runs.tenant_id = u.tenant_id AND runs.project_id = u.project_id AND runs.session_id = u.session_id AND runs.run_id = u.run_id AND runs.parent_id = u.parent_id";
+
+/// The values a save writes to a run's row, typed as its columns.
+struct Saved {
+    kind: Option<i16>,
+    fence: Option<i64>,
+    holder: Option<String>,
+    expires: Option<i64>,
+    lifecycle: Option<Value>,
+    status: String,
+    available: Option<i64>,
+    digest: Option<Value>,
+    count: i64,
+    rank: i16,
+    stamp: i64,
+    parks: i32,
+    last_seq: i64,
+    last_audit: i64,
+    priority: i32,
+    ckey: Option<String>,
+    climit: Option<i32>,
+    deadline: Option<i64>,
+    finished_at: Option<i64>,
+}
+
+impl Saved {
+    fn of(run: &RunState) -> Result<Self> {
+        let (kind, fence, holder, expires): (
+            Option<i16>,
+            Option<i64>,
+            Option<String>,
+            Option<i64>,
+        ) = match &run.top {
             None => (None, None, None, None),
             Some(TopHolding::Lease {
                 fence,
@@ -293,69 +411,63 @@ pub(crate) fn save_stmt_with(
                 (Some(2), Some(i64_of(fence.get())), None, None)
             }
         };
-    let lifecycle = if run.lifecycle == Lifecycle::default() {
-        None
-    } else {
-        Some(
-            serde_json::to_value(&run.lifecycle)
-                .map_err(|e| Error::backend("encode the lifecycle", e))?,
-        )
-    };
-    let status = run.lifecycle.status.as_str().to_string();
-    let available: Option<i64> = run.lifecycle.available_at.map(Timestamp::as_millis);
-    let digest = match &run.digest {
-        Some(d) if d.checkpoint_count > 0 => {
-            Some(serde_json::to_value(d).map_err(|e| Error::backend("encode the digest", e))?)
-        }
-        _ => None,
-    };
-    let d = run.digest.as_ref().filter(|d| d.checkpoint_count > 0);
-    let count = i64_of(d.map_or(0, |d| d.checkpoint_count));
-    let rank: i16 = i16::from(d.and_then(|d| d.run_created_at).is_some());
-    let stamp: i64 = d
-        .and_then(|d| d.run_created_at)
-        .map_or(0, Timestamp::as_millis);
-    let parks: i32 = d.map_or(0, |d| i32::try_from(d.parks.len()).unwrap_or(i32::MAX));
-    let priority: i32 = run.lifecycle.priority.get();
-    let ckey: Option<String> = run.lifecycle.concurrency.as_ref().map(|c| c.key.clone());
-    let climit: Option<i32> = run
-        .lifecycle
-        .concurrency
-        .as_ref()
-        .map(|c| i32::try_from(c.limit).unwrap_or(i32::MAX));
-    let deadline: Option<i64> = run.lifecycle.deadline.map(Timestamp::as_millis);
-    // Only while finished (schema v7): a reopened run leaves the prune's index.
-    let finished_at: Option<i64> = run
-        .lifecycle
-        .finished_at
-        .filter(|_| run.lifecycle.status.is_finished())
-        .map(Timestamp::as_millis);
-    let (columns, values): (Vec<&str>, Vec<Param>) = also.into_iter().unzip();
-    let mut params = key.owned(vec![
-        Box::new(kind),
-        Box::new(fence),
-        Box::new(holder),
-        Box::new(expires),
-        Box::new(lifecycle),
-        Box::new(status),
-        Box::new(available),
-        Box::new(digest),
-        Box::new(count),
-        Box::new(rank),
-        Box::new(stamp),
-        Box::new(parks),
-        Box::new(i64_of(run.last_seq)),
-        Box::new(i64_of(run.last_audit)),
-        Box::new(priority),
-        Box::new(ckey),
-        Box::new(climit),
-        Box::new(deadline),
-        Box::new(finished_at),
-    ]);
-    params.extend(values);
-    Ok(Stmt::new(
-        "save the run row",
-        sql_save_also(&columns),
-        params,
-    ))
+        let lifecycle = if run.lifecycle == Lifecycle::default() {
+            None
+        } else {
+            Some(
+                serde_json::to_value(&run.lifecycle)
+                    .map_err(|e| Error::backend("encode the lifecycle", e))?,
+            )
+        };
+        let status = run.lifecycle.status.as_str().to_string();
+        let available: Option<i64> = run.lifecycle.available_at.map(Timestamp::as_millis);
+        let digest = match &run.digest {
+            Some(d) if d.checkpoint_count > 0 => {
+                Some(serde_json::to_value(d).map_err(|e| Error::backend("encode the digest", e))?)
+            }
+            _ => None,
+        };
+        let d = run.digest.as_ref().filter(|d| d.checkpoint_count > 0);
+        let count = i64_of(d.map_or(0, |d| d.checkpoint_count));
+        let rank: i16 = i16::from(d.and_then(|d| d.run_created_at).is_some());
+        let stamp: i64 = d
+            .and_then(|d| d.run_created_at)
+            .map_or(0, Timestamp::as_millis);
+        let parks: i32 = d.map_or(0, |d| i32::try_from(d.parks.len()).unwrap_or(i32::MAX));
+        let priority: i32 = run.lifecycle.priority.get();
+        let ckey: Option<String> = run.lifecycle.concurrency.as_ref().map(|c| c.key.clone());
+        let climit: Option<i32> = run
+            .lifecycle
+            .concurrency
+            .as_ref()
+            .map(|c| i32::try_from(c.limit).unwrap_or(i32::MAX));
+        let deadline: Option<i64> = run.lifecycle.deadline.map(Timestamp::as_millis);
+        // Only while finished (schema v7): a reopened run leaves the prune's index.
+        let finished_at: Option<i64> = run
+            .lifecycle
+            .finished_at
+            .filter(|_| run.lifecycle.status.is_finished())
+            .map(Timestamp::as_millis);
+        Ok(Self {
+            kind,
+            fence,
+            holder,
+            expires,
+            lifecycle,
+            status,
+            available,
+            digest,
+            count,
+            rank,
+            stamp,
+            parks,
+            last_seq: i64_of(run.last_seq),
+            last_audit: i64_of(run.last_audit),
+            priority,
+            ckey,
+            climit,
+            deadline,
+            finished_at,
+        })
+    }
 }

@@ -207,6 +207,18 @@ impl Writes {
         self.notify = wake;
         self
     }
+
+    /// Leaves out the save of `run`, for the caller to send with other
+    /// runs' ([`save_many_stmt`](crate::db::row::save_many_stmt)), when it
+    /// is a plain one: no more columns, and no key holding to record (a
+    /// run without a concurrency key). Answers whether it was left out.
+    pub(crate) fn save_apart(&mut self, run: &RunState) -> bool {
+        let plain = self.save && self.save_also.is_empty() && run.lifecycle.concurrency.is_none();
+        if plain {
+            self.save = false;
+        }
+        plain
+    }
 }
 
 impl Db {
