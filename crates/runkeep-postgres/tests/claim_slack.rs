@@ -22,15 +22,6 @@ use runkeep::{
 use runkeep_conformance::support;
 use runkeep_postgres::{PgOptions, PgStore};
 
-fn target(url: &str) -> String {
-    let config: tokio_postgres::Config = url.parse().unwrap();
-    let port = config.get_ports().first().copied().unwrap_or(5432);
-    match config.get_hosts().first() {
-        Some(tokio_postgres::config::Host::Tcp(h)) => format!("{h}:{port}"),
-        _ => format!("127.0.0.1:{port}"),
-    }
-}
-
 fn session(name: &str) -> SessionId {
     SessionId::new(format!("ses_slack_{name}")).unwrap()
 }
@@ -69,7 +60,7 @@ async fn queue(store: &PgStore, session_name: &str, n: usize) {
 /// guard of its schema.
 async fn counted_store(url: &str, slack: bool) -> (PgStore, Counter, common::SchemaGuard) {
     let (_direct, guard) = common::store(url, "slack", None).await;
-    let counter = Counter::start(&target(url)).await;
+    let counter = Counter::start(&common::server_addr(url)).await;
     let store = PgStore::connect(
         &counter.url(url),
         PgOptions {

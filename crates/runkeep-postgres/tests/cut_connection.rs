@@ -41,10 +41,6 @@ fn claim(name: &str) -> ClaimOptions {
 }
 
 /// `host:port` of the server in `url`.
-fn target(url: &str) -> String {
-    let (host, port, _) = common::pgbouncer::target(url);
-    format!("{host}:{port}")
-}
 
 /// Waits until the backend whose client port is `port` is `idle in
 /// transaction` (it ran the `BEGIN` pipeline and waits for its client);
@@ -92,7 +88,7 @@ async fn a_cut_inside_a_transaction_leaves_no_lock_and_the_pool_reconnects() {
     };
     let clock = support::store_clock();
     let (direct, guard) = common::store(&url, "cut", Some(clock.clone())).await;
-    let proxy = Proxy::start(&target(&url)).await;
+    let proxy = Proxy::start(&common::server_addr(&url)).await;
     let store = Arc::new(
         PgStore::connect(
             &proxy.url(&url),
@@ -266,7 +262,7 @@ async fn a_drain_through_cut_connections_loses_no_acknowledged_write() {
             .await
             .unwrap();
     }
-    let proxy = Proxy::start(&target(&url)).await;
+    let proxy = Proxy::start(&common::server_addr(&url)).await;
     let store = Arc::new(
         PgStore::connect(
             &proxy.url(&url),

@@ -20,15 +20,6 @@ fn claim(name: &str, ttl_ms: u64) -> ClaimOptions {
 }
 
 /// `host:port` of the server in `url`.
-fn target(url: &str) -> String {
-    let config: tokio_postgres::Config = url.parse().unwrap();
-    let host = match config.get_hosts().first() {
-        Some(tokio_postgres::config::Host::Tcp(h)) => h.clone(),
-        _ => "127.0.0.1".into(),
-    };
-    let port = config.get_ports().first().copied().unwrap_or(5432);
-    format!("{host}:{port}")
-}
 
 async fn last_seq(store: &PgStore, scope: &RunScope) -> u64 {
     store
@@ -62,7 +53,7 @@ async fn a_commit_whose_acknowledgement_is_lost_is_outcome_unknown_not_a_refusal
         return;
     };
     let (direct, guard) = common::store(&url, "ack", None).await;
-    let proxy = Proxy::start(&target(&url)).await;
+    let proxy = Proxy::start(&common::server_addr(&url)).await;
     let store = PgStore::connect(&proxy.url(&url), common::options(&guard.schema, None))
         .await
         .expect("connect through the proxy");
@@ -141,7 +132,7 @@ async fn a_partitioned_holder_loses_its_lease_by_expiry_and_is_refused_after_the
         return;
     };
     let (direct, guard) = common::store(&url, "part", None).await;
-    let proxy = Proxy::start(&target(&url)).await;
+    let proxy = Proxy::start(&common::server_addr(&url)).await;
     let short = PgOptions {
         statement_timeout: Duration::from_millis(1_000),
         lock_timeout: Duration::from_millis(1_000),

@@ -24,15 +24,6 @@ use runkeep_postgres::{PgOptions, PgStore};
 use serde_json::json;
 
 /// `host:port` of the server in `url`.
-fn target(url: &str) -> String {
-    let config: tokio_postgres::Config = url.parse().unwrap();
-    let host = match config.get_hosts().first() {
-        Some(tokio_postgres::config::Host::Tcp(h)) => h.clone(),
-        _ => "127.0.0.1".into(),
-    };
-    let port = config.get_ports().first().copied().unwrap_or(5432);
-    format!("{host}:{port}")
-}
 
 struct Meter<'a> {
     counter: &'a Counter,
@@ -590,7 +581,7 @@ async fn round_trips_per_operation_stay_within_their_budgets() {
         return;
     };
     let (_direct, guard) = common::store(&url, "rt", None).await;
-    let counter = Counter::start(&target(&url)).await;
+    let counter = Counter::start(&common::server_addr(&url)).await;
     let store = PgStore::connect(
         &counter.url(&url),
         PgOptions {

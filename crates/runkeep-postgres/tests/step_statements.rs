@@ -256,21 +256,12 @@ async fn merged_and_separate_step_writes_leave_the_same_rows() {
 }
 
 /// `host:port` of the server in `url`.
-fn target(url: &str) -> String {
-    let config: tokio_postgres::Config = url.parse().unwrap();
-    let host = match config.get_hosts().first() {
-        Some(tokio_postgres::config::Host::Tcp(h)) => h.clone(),
-        _ => "127.0.0.1".into(),
-    };
-    let port = config.get_ports().first().copied().unwrap_or(5432);
-    format!("{host}:{port}")
-}
 
 /// Statements and round trips of one drain cycle's `commit_step` and one
 /// hand-over, on a store of one connection, after a warm-up.
 async fn counted(url: &str, merge: bool) -> [(usize, usize); 2] {
     let (_direct, guard) = common::store(url, "stc", None).await;
-    let counter = Counter::start(&target(url)).await;
+    let counter = Counter::start(&common::server_addr(url)).await;
     let store = PgStore::connect(
         &counter.url(url),
         PgOptions {

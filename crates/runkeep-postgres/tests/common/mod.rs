@@ -49,6 +49,12 @@ pub fn url_required() -> String {
 
 static COUNTER: AtomicU32 = AtomicU32::new(0);
 
+/// `host:port` of the server in `url` (what a proxy in front of it dials).
+pub fn server_addr(url: &str) -> String {
+    let (host, port, _) = pgbouncer::target(url);
+    format!("{host}:{port}")
+}
+
 /// A schema name no other test (of this or another process) uses.
 pub fn unique_schema(label: &str) -> String {
     let n = COUNTER.fetch_add(1, Ordering::Relaxed);
