@@ -40,8 +40,6 @@ fn claim(name: &str) -> ClaimOptions {
     ClaimOptions::new(support::holder(name), Ttl::from_millis(TTL_MS).unwrap())
 }
 
-/// `host:port` of the server in `url`.
-
 /// Waits until the backend whose client port is `port` is `idle in
 /// transaction` (it ran the `BEGIN` pipeline and waits for its client);
 /// answers whether it held a lock on a table of `schema` then.

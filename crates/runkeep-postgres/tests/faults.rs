@@ -19,8 +19,6 @@ fn claim(name: &str, ttl_ms: u64) -> ClaimOptions {
     ClaimOptions::new(support::holder(name), Ttl::from_millis(ttl_ms).unwrap())
 }
 
-/// `host:port` of the server in `url`.
-
 async fn last_seq(store: &PgStore, scope: &RunScope) -> u64 {
     store
         .read_events(scope, &ReadEventsOptions::default())

@@ -23,8 +23,6 @@ use runkeep_conformance::support;
 use runkeep_postgres::{PgOptions, PgStore};
 use serde_json::json;
 
-/// `host:port` of the server in `url`.
-
 struct Meter<'a> {
     counter: &'a Counter,
     /// Recording (false while warming up).

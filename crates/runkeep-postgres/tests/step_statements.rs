@@ -255,8 +255,6 @@ async fn merged_and_separate_step_writes_leave_the_same_rows() {
     assert!(count("events: ", "tool_result") >= 3, "{rows_m:#?}");
 }
 
-/// `host:port` of the server in `url`.
-
 /// Statements and round trips of one drain cycle's `commit_step` and one
 /// hand-over, on a store of one connection, after a warm-up.
 async fn counted(url: &str, merge: bool) -> [(usize, usize); 2] {
