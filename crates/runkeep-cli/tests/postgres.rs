@@ -747,7 +747,7 @@ fn events_follow_is_woken_by_listen_notify() {
         if scalar(
             &server,
             &format!(
-                "SELECT count(*) FROM pg_stat_activity WHERE query ILIKE 'LISTEN%runkeep_{}%'",
+                "SELECT count(*) FROM pg_stat_activity WHERE query ILIKE 'LISTEN%runkeep_{}%' AND state = 'idle'",
                 s.name
             ),
         ) != "0"

@@ -33,14 +33,17 @@ async fn coalesced(url: &str, schema: &str, pool_size: usize) -> PgStore {
     .unwrap()
 }
 
-/// Waits until the server shows a backend listening on `schema`'s channel.
+/// Waits until the server shows a backend listening on `schema`'s channel,
+/// its `LISTEN` done: the session idle again. (`pg_stat_activity` shows the
+/// statement from its start, and a `NOTIFY` committed before the `LISTEN`
+/// is not delivered: a CI run lost its first wake-up that way.)
 async fn wait_for_listen(url: &str, schema: &str) {
     let raw = common::raw_client(url, schema).await;
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
         let n: i64 = raw
             .query_one(
-                "SELECT count(*) FROM pg_stat_activity WHERE query LIKE 'LISTEN runkeep_%' AND query LIKE '%' || $1 || '%'",
+                "SELECT count(*) FROM pg_stat_activity WHERE query LIKE 'LISTEN runkeep_%' AND query LIKE '%' || $1 || '%' AND state = 'idle'",
                 &[&schema],
             )
             .await

@@ -729,7 +729,7 @@ async fn another_connections_change_wakes_a_watcher() {
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
         let n: i64 = raw
-            .query_one("SELECT count(*) FROM pg_stat_activity WHERE query LIKE 'LISTEN runkeep_%' AND query LIKE '%' || $1 || '%'", &[&guard.schema])
+            .query_one("SELECT count(*) FROM pg_stat_activity WHERE query LIKE 'LISTEN runkeep_%' AND query LIKE '%' || $1 || '%' AND state = 'idle'", &[&guard.schema])
             .await
             .unwrap()
             .get(0);
