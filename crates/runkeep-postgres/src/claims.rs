@@ -35,8 +35,12 @@ use tokio_postgres::Row;
 /// at 0, doubles (at least to [`Self::FIRST`], at most [`Self::MAX`]) each
 /// time every run read was locked, and shrinks by one each time a search
 /// took what it asked for without the scan.
-#[derive(Debug, Default)]
-pub(crate) struct HeadSlack(AtomicI64);
+#[derive(Debug)]
+pub(crate) struct HeadSlack {
+    /// `PgOptions::claim_slack`: off, the slack stays 0.
+    on: bool,
+    slack: AtomicI64,
+}
 
 impl HeadSlack {
     /// The slack after the first contention.
@@ -44,32 +48,34 @@ impl HeadSlack {
     /// The most runs past the ones asked for a statement reads.
     pub(crate) const MAX: i64 = 256;
 
-    pub(crate) fn get(&self) -> i64 {
-        self.0.load(Ordering::Relaxed).max(0)
+    pub(crate) fn new(on: bool) -> Self {
+        Self {
+            on,
+            slack: AtomicI64::new(0),
+        }
     }
 
-    /// Off (`PgOptions::claim_slack` false): always 0.
-    pub(crate) fn off() -> Self {
-        Self(AtomicI64::new(-1))
+    pub(crate) fn get(&self) -> i64 {
+        self.slack.load(Ordering::Relaxed)
     }
 
     /// Every run the statement read was locked by another claimer.
     pub(crate) fn contended(&self) -> i64 {
-        if self.0.load(Ordering::Relaxed) < 0 {
+        if !self.on {
             return 0;
         }
-        let grown = |s: i64| Some((s * 2).clamp(Self::FIRST, Self::MAX));
+        let grown = |s: i64| (s * 2).clamp(Self::FIRST, Self::MAX);
         let before = self
-            .0
-            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, grown)
+            .slack
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |s| Some(grown(s)))
             .unwrap_or(0);
-        grown(before).unwrap_or(Self::FIRST)
+        grown(before)
     }
 
     /// A search took what it asked for from its first statement.
     pub(crate) fn calm(&self) {
         let _ = self
-            .0
+            .slack
             .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |s| {
                 (s > 0).then_some(s - 1)
             });
@@ -637,7 +643,7 @@ mod tests {
 
     #[test]
     fn the_slack_doubles_on_contention_within_its_bounds_and_shrinks_by_one_when_calm() {
-        let s = HeadSlack::default();
+        let s = HeadSlack::new(true);
         assert_eq!(s.get(), 0, "no slack before any contention");
         s.calm();
         assert_eq!(s.get(), 0, "never below 0");
@@ -653,7 +659,7 @@ mod tests {
 
     #[test]
     fn a_slack_turned_off_stays_0() {
-        let s = HeadSlack::off();
+        let s = HeadSlack::new(false);
         assert_eq!(s.contended(), 0);
         s.calm();
         assert_eq!(s.get(), 0);

@@ -69,11 +69,7 @@ impl Db {
 
     /// The pool on a migrated schema, not connected yet ([`crate::PgStore::open_migrated`]).
     pub(crate) fn open_migrated(url: &str, options: PgOptions) -> Result<Self> {
-        let head_slack = if options.claim_slack {
-            crate::claims::HeadSlack::default()
-        } else {
-            crate::claims::HeadSlack::off()
-        };
+        let head_slack = crate::claims::HeadSlack::new(options.claim_slack);
         schema::validate_schema_name(&options.schema)?;
         if options.pool_size == 0 {
             return Err(Error::invalid("PgOptions::pool_size must be at least 1"));
