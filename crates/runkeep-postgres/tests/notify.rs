@@ -143,3 +143,88 @@ async fn quick_commits_send_fewer_notify_statements_than_commits_when_coalesced(
     );
     eprintln!("{N} commits: {coalesced} coalesced NOTIFY statements, {N} immediate");
 }
+
+/// The pid of the backend `role` listens on, once its `LISTEN` is done.
+async fn listener_of(raw: &tokio_postgres::Client, role: &str) -> Option<i32> {
+    raw.query_opt(
+        "SELECT pid FROM pg_stat_activity WHERE usename = $1 AND query LIKE 'LISTEN runkeep_%' AND state = 'idle'",
+        &[&role],
+    )
+    .await
+    .unwrap()
+    .map(|r| r.get(0))
+}
+
+/// A change committed while a store's listener is down (not connected yet,
+/// or reconnecting after a fault) still wakes a watch made meanwhile: once
+/// its `LISTEN` is up again the listener wakes every watch, so each one
+/// re-reads. Forced: the watching store's role loses `LOGIN` and its
+/// listening backend is ended; the watch is made and the write committed
+/// while the listener cannot reconnect (asserted: no backend of the role
+/// listens after the write); then `LOGIN` comes back. The watch's fallback
+/// re-read is far above the bound, so only the listener can wake it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_change_committed_while_the_listener_is_down_still_wakes_a_watch() {
+    let Some(url) = common::url_or_skip("listener_down") else {
+        return;
+    };
+    let (writer, guard) = common::store(&url, "listener_down", None).await;
+    let role = common::pgbouncer::RoleGuard::create(&url, &format!("{}_w", guard.schema), &[]);
+    let watcher = PgStore::connect(
+        &common::pgbouncer::with_user_port(&url, &role.role, None),
+        PgOptions {
+            watch_fallback: Duration::from_secs(600),
+            pool_size: 1,
+            ..common::options(&guard.schema, None)
+        },
+    )
+    .await
+    .unwrap();
+    let raw = common::raw_client(&url, &guard.schema).await;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let pid = loop {
+        if let Some(pid) = listener_of(&raw, &role.role).await {
+            break pid;
+        }
+        assert!(Instant::now() < deadline, "the listener never ran LISTEN");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    raw.batch_execute(&format!(
+        "ALTER ROLE \"{}\" NOLOGIN; SELECT pg_terminate_backend({pid})",
+        role.role
+    ))
+    .await
+    .unwrap();
+    while raw
+        .query_opt("SELECT 1 FROM pg_stat_activity WHERE pid = $1", &[&pid])
+        .await
+        .unwrap()
+        .is_some()
+    {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+
+    let scope = run("listener_down");
+    let mut events = watcher.watch(&WatchTopic::Events(scope.clone()));
+    assert!(!events.is_polling());
+    writer
+        .append_events(&scope, &[support::event("tick", json!({}))], None)
+        .await
+        .unwrap();
+    assert_eq!(
+        listener_of(&raw, &role.role).await,
+        None,
+        "the interleaving under test: the write committed while the watcher's listener was down"
+    );
+    raw.batch_execute(&format!("ALTER ROLE \"{}\" LOGIN", role.role))
+        .await
+        .unwrap();
+    tokio::time::timeout(Duration::from_secs(30), events.changed())
+        .await
+        .expect("a change committed while the listener was down never woke the watch");
+    let seen = watcher
+        .read_events(&scope, &runkeep::ReadEventsOptions::default())
+        .await
+        .unwrap();
+    assert_eq!(seen.events.len(), 1, "the woken watch re-reads the change");
+}

@@ -107,6 +107,16 @@ impl Notifier {
         }
     }
 
+    /// Wakes every watcher (what a store's listener does once it listens
+    /// again, after starting or reconnecting: a change committed while it
+    /// could not hear was not delivered, so every watch re-reads).
+    pub fn notify_all(&self) {
+        let t = self.topics.lock().unwrap_or_else(|p| p.into_inner());
+        for tx in t.values() {
+            tx.send_modify(|n| *n = n.wrapping_add(1));
+        }
+    }
+
     /// Wakes the watchers of every `Runnable` scope that contains `run`, and
     /// (with `events`) the run's event watchers.
     pub fn notify_run(&self, run: &RunScope, events: bool) {

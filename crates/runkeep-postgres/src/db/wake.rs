@@ -29,7 +29,11 @@
 //!
 //! [`listen_loop`] is that connection: it wakes this process's watches of
 //! every change any process (this one included) commits, and reconnects
-//! after a fault (watches poll at their fallback interval meanwhile).
+//! after a fault (watches poll at their fallback interval meanwhile). Each
+//! time its `LISTEN` is up (at the start, and after a reconnection) it
+//! wakes every watch once: a change committed while it could not hear was
+//! never delivered, and a watch made meanwhile must not wait for its
+//! fallback to see it.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -171,6 +175,10 @@ pub(crate) async fn listen_loop(
                 } else {
                     backoff.reset();
                     tracing::debug!(channel, "runkeep-postgres: listening");
+                    // A change committed before this LISTEN (while the
+                    // listener was starting, or down after a fault) was
+                    // not delivered: every watch made meanwhile re-reads.
+                    notifier.notify_all();
                     while let Some(payload) = rx.recv().await {
                         deliver(&notifier, &payload);
                     }
