@@ -363,6 +363,7 @@ macro_rules! __runkeep_cases {
             concurrent_updates_of_one_checkpoint_lose_none,
             fences_an_update_like_a_write,
             refuses_a_failed_or_invalid_update_and_changes_nothing,
+            an_overtaken_resume_leaves_the_next_question_waiting,
         }
     };
     (@expand [tests $factory:path] $($case:ident),* $(,)?) => {

@@ -666,6 +666,69 @@ async fn resume_closes_an_outstanding_park_and_never_an_answered_one() {
     assert_eq!(new["request"]["interrupts"].as_array().unwrap().len(), 1);
 }
 
+/// `Command(resume="one")` on a node that asks twice: LangGraph sends the
+/// resume (null task) and the node's next interrupt at once, so the
+/// interrupt can be stored first. The resume names the interrupt it was
+/// made for (`resumeOf`) and answers only that one; the second question
+/// stays waiting. Both savers' shapes: the node's batch answering the first
+/// question itself (Python) or only asking (LangGraph.js, merged into the
+/// open park).
+#[tokio::test]
+async fn a_resume_overtaken_by_the_next_question_leaves_that_question_waiting() {
+    let s = server();
+    for (run, node_answers) in [("run_t7a", true), ("run_t7b", false)] {
+        let thread = format!("t-{run}");
+        put_cp(
+            &s,
+            run,
+            TOKEN_A,
+            cp(&thread, "", "1", None, json!({}), json!([])),
+        )
+        .await;
+        let first = interrupt_batch(&thread, "node", &["i1"], None);
+        assert_eq!(put_writes(&s, run, WORKER_A, first).await.status, 200);
+        let mut next =
+            interrupt_batch(&thread, "node", &["i2"], node_answers.then(|| json!("one")));
+        if node_answers {
+            next["resumeOf"] = json!(["i1"]);
+        }
+        let a = put_writes(&s, run, WORKER_A, next).await;
+        assert_eq!(a.status, 200, "{}", a.body);
+        let null = |value: &str, of: &str| {
+            json!({
+                "thread": thread, "checkpointId": "1",
+                "taskId": "00000000-0000-0000-0000-000000000000",
+                "writes": [{ "idx": -4, "channel": "__resume__", "type": "json", "data": value }],
+                "resume": value, "resumeOf": [of],
+            })
+        };
+        let late = put_writes(&s, run, WORKER_A, null("one", "i1")).await;
+        assert_eq!(late.status, 200, "{}", late.body);
+        let pending = get(&s, &run_path(run, "/checkpoints/pending")).await;
+        let park = &pending.body["checkpoint"]["pending"];
+        assert!(park["resolvedAt"].is_null(), "{run}: {}", pending.body);
+        let ids: Vec<&str> = park["request"]["interrupts"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|i| i["id"].as_str().unwrap())
+            .collect();
+        assert_eq!(ids, ["i2"], "{run}: the second question alone waits");
+        assert_eq!(park_of(&s, run).await, *park);
+        // Its own answer closes it.
+        assert_eq!(
+            put_writes(&s, run, WORKER_A, null("two", "i2"))
+                .await
+                .status,
+            200
+        );
+        let closed = park_of(&s, run).await;
+        assert_eq!(closed["decision"], json!("two"), "{run}: {closed}");
+        let pending = get(&s, &run_path(run, "/checkpoints/pending")).await;
+        assert!(pending.body["checkpoint"].is_null(), "{}", pending.body);
+    }
+}
+
 async fn delete_cps(s: &TestServer, run: &str, token: &str, body: Value) -> Answer {
     send(
         s,

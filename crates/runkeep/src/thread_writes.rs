@@ -15,6 +15,15 @@
 //!   replaced by a repeat;
 //! - `resume` answers the park that was open before the batch (at the
 //!   batch's instant); an answered park stays as first answered;
+//! - a resume answers only the interrupts the park held before the resume.
+//!   A writer that names them (`resume_of`: the interrupt ids of the park
+//!   its graph was resumed on, as it read them) is held to that: a resume
+//!   naming none of the open park's interrupts was overtaken by the next
+//!   question (LangGraph sends a `Command(resume=…)`'s write and the
+//!   resumed node's next interrupt concurrently, so they can arrive in
+//!   either order) and answers nothing; interrupts it does not name were
+//!   asked after it (merged into the park first) and stay waiting, alone
+//!   in the park. A resume naming nothing answers the open park whole;
 //! - a batch's `park` equal to the stored one keeps the stored one; two open
 //!   `langgraph-interrupt` parks (one per task of a step) merge into one
 //!   whose `interrupts` are the union by interrupt `id` in arrival order,
@@ -74,6 +83,9 @@ pub struct WritesBatch {
     pub park: Option<PendingDecision>,
     /// The decision that answers the park open before this batch.
     pub resume: Option<Value>,
+    /// The interrupt ids of the park `resume` was made for (as the writer
+    /// read it): the resume answers only those (`None`: whatever is open).
+    pub resume_of: Option<Vec<String>>,
 }
 
 /// The pending writes a writes record holds (none for any other record, or
@@ -121,10 +133,8 @@ pub fn merge(
         }
     }
     let old_pending = match (old_pending, &batch.resume) {
-        (Some(mut old), Some(decision)) if old.resolved_at.is_none() => {
-            old.resolved_at = Some(now);
-            old.decision = Some(decision.clone());
-            Some(old)
+        (Some(old), Some(decision)) if old.resolved_at.is_none() => {
+            Some(answer(old, decision, batch.resume_of.as_deref(), now))
         }
         (old, _) => old,
     };
@@ -153,6 +163,42 @@ pub fn merge(
         fence: None,
         state: s,
     }
+}
+
+/// The open park `old` after a resume `decision` made for the interrupts
+/// `resume_of` (`None`: whatever is open): closed when it holds only
+/// interrupts the resume was made for, left as it is when it holds none
+/// of them (the resume's park was answered and gave way to a later
+/// question before the resume arrived), and otherwise left open with only
+/// the interrupts asked after the resume.
+fn answer(
+    mut old: PendingDecision,
+    decision: &Value,
+    resume_of: Option<&[String]>,
+    now: Timestamp,
+) -> PendingDecision {
+    let entries = match old.request.get("interrupts") {
+        Some(Value::Array(a)) if old.request_type() == INTERRUPT_REQUEST => Some(a),
+        _ => None,
+    };
+    if let (Some(ids), Some(entries)) = (resume_of, entries) {
+        let named = |e: &&Value| {
+            e.get("id")
+                .and_then(Value::as_str)
+                .is_some_and(|id| ids.iter().any(|x| x == id))
+        };
+        if !entries.iter().any(|e| named(&e)) {
+            return old;
+        }
+        let after: Vec<Value> = entries.iter().filter(|e| !named(e)).cloned().collect();
+        if !after.is_empty() {
+            old.request.insert("interrupts".into(), Value::Array(after));
+            return old;
+        }
+    }
+    old.resolved_at = Some(now);
+    old.decision = Some(decision.clone());
+    old
 }
 
 fn both_interrupts(a: &PendingDecision, b: &PendingDecision) -> bool {
@@ -235,6 +281,7 @@ mod tests {
                 .collect(),
             park: None,
             resume: None,
+            resume_of: None,
         }
     }
 
@@ -257,5 +304,127 @@ mod tests {
                 ("b".into(), 0, "z".into()),
             ]
         );
+    }
+
+    fn asks(task: &str, id: &str, q: &str) -> PendingDecision {
+        let mut request = Map::new();
+        request.insert("taskId".into(), task.into());
+        request.insert(
+            "interrupts".into(),
+            serde_json::json!([{ "id": id, "value": { "q": q } }]),
+        );
+        PendingDecision::new(
+            INTERRUPT_REQUEST,
+            request,
+            Timestamp::from_millis(1).unwrap(),
+        )
+    }
+
+    fn resume(task: &str, value: &str, of: Option<&[&str]>) -> WritesBatch {
+        WritesBatch {
+            resume: Some(value.into()),
+            resume_of: of.map(|ids| ids.iter().map(|i| (*i).to_string()).collect()),
+            ..batch(task, &[(-3, "__resume__")])
+        }
+    }
+
+    fn questions(cp: &Checkpoint) -> (bool, Vec<String>) {
+        let p = cp.pending.as_ref().expect("a park");
+        let qs = p.request["interrupts"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|i| i["value"]["q"].as_str().unwrap().to_string())
+            .collect();
+        (p.resolved_at.is_some(), qs)
+    }
+
+    const NULL: &str = "00000000-0000-0000-0000-000000000000";
+
+    /// `Command(resume="one")` on a node that asks twice: LangGraph sends
+    /// the null task's resume and the node's next interrupt at once. Here
+    /// the interrupt is stored first (the resume overtaken), in both
+    /// savers' shapes: Python's node batch answers the first question
+    /// itself, LangGraph.js's only asks (merged into the open park).
+    #[test]
+    fn a_resume_overtaken_by_the_next_question_answers_only_the_question_it_was_made_for() {
+        let id = CheckpointId::new("tw-0-rc1").unwrap();
+        let now = Timestamp::from_millis(5).unwrap();
+        let first = WritesBatch {
+            park: Some(asks("t", "i1", "first?")),
+            ..batch("t", &[(-3, "__interrupt__")])
+        };
+        let p1 = merge(&id, None, &first, now);
+        assert_eq!(questions(&p1), (false, vec!["first?".into()]));
+
+        // Python: the node's batch carries its own answer to i1.
+        let node = WritesBatch {
+            park: Some(asks("t", "i2", "second?")),
+            resume: Some("one".into()),
+            resume_of: Some(vec!["i1".into()]),
+            ..batch("t", &[(-3, "__interrupt__"), (-4, "__resume__")])
+        };
+        let p2 = merge(&id, Some(&p1), &node, now);
+        assert_eq!(questions(&p2), (false, vec!["second?".into()]));
+        let late = merge(&id, Some(&p2), &resume(NULL, "one", Some(&["i1"])), now);
+        assert_eq!(
+            questions(&late),
+            (false, vec!["second?".into()]),
+            "the late resume answers nothing"
+        );
+        let two = merge(&id, Some(&late), &resume(NULL, "two", Some(&["i2"])), now);
+        assert_eq!(questions(&two), (true, vec!["second?".into()]));
+        assert_eq!(two.pending.unwrap().decision, Some("two".into()));
+
+        // LangGraph.js: the node's batch only asks; merged into the open park.
+        let asks_only = WritesBatch {
+            park: Some(asks("t", "i2", "second?")),
+            ..batch("t", &[(-3, "__interrupt__")])
+        };
+        let merged = merge(&id, Some(&p1), &asks_only, now);
+        assert_eq!(
+            questions(&merged),
+            (false, vec!["first?".into(), "second?".into()])
+        );
+        let late = merge(&id, Some(&merged), &resume(NULL, "one", Some(&["i1"])), now);
+        assert_eq!(
+            questions(&late),
+            (false, vec!["second?".into()]),
+            "the question asked after the resume stays waiting, alone"
+        );
+        let two = merge(&id, Some(&late), &resume(NULL, "two", Some(&["i2"])), now);
+        assert_eq!(questions(&two), (true, vec!["second?".into()]));
+    }
+
+    #[test]
+    fn a_resume_naming_the_open_park_or_nothing_closes_it_whole() {
+        let id = CheckpointId::new("tw-0-rc1").unwrap();
+        let now = Timestamp::from_millis(5).unwrap();
+        let mut two = asks("a", "i1", "a?");
+        two.request["interrupts"]
+            .as_array_mut()
+            .unwrap()
+            .push(serde_json::json!({ "id": "i2", "value": { "q": "b?" }, "taskId": "b" }));
+        let open = merge(
+            &id,
+            None,
+            &WritesBatch {
+                park: Some(two),
+                ..batch("a", &[])
+            },
+            now,
+        );
+        for of in [None, Some(&["i1", "i2"][..]), Some(&["i2", "i1", "i0"][..])] {
+            let closed = merge(&id, Some(&open), &resume(NULL, "yes", of), now);
+            assert_eq!(
+                questions(&closed),
+                (true, vec!["a?".into(), "b?".into()]),
+                "{of:?}"
+            );
+        }
+        // An answered park keeps its first answer whatever a resume names.
+        let closed = merge(&id, Some(&open), &resume(NULL, "yes", None), now);
+        let again = merge(&id, Some(&closed), &resume(NULL, "no", Some(&["i1"])), now);
+        assert_eq!(again.pending.unwrap().decision, Some("yes".into()));
     }
 }

@@ -1926,6 +1926,13 @@ export interface components {
              *     `Command(resume=…)` in code answers an interrupt. Ignored when the
              *     park is already answered or there is none. */
             resume?: unknown;
+            /** @description The interrupt ids of the park `resume` was made for, as the writer
+             *     read it (the park its graph was resumed on): the resume answers
+             *     only those. When the open park holds none of them, the resume was
+             *     overtaken by a question asked after it and answers nothing; the
+             *     park's other interrupts (asked after it) stay waiting, alone in the
+             *     park. Absent: the resume answers the open park whole. */
+            resumeOf?: string[] | null;
             /** @description The task writing. */
             taskId: string;
             /** @description The task's path (sorts writes). */

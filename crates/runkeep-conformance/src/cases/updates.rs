@@ -7,7 +7,7 @@
 use std::sync::Arc;
 
 use runkeep::thread_writes::{merge, stored_writes, WritesBatch};
-use runkeep::{CheckpointId, CheckpointUpdate, RunStore};
+use runkeep::{CheckpointId, CheckpointUpdate, PendingDecision, RunStore};
 use serde_json::json;
 
 use crate::support::*;
@@ -29,6 +29,7 @@ fn batch(task: usize) -> WritesBatch {
         writes: vec![(0, format!("channel-{task}"), "json".into(), None)],
         park: None,
         resume: None,
+        resume_of: None,
     }
 }
 
@@ -169,5 +170,95 @@ pub async fn refuses_a_failed_or_invalid_update_and_changes_nothing(
         store.list_checkpoints(&a).await.expect("list").len(),
         1,
         "a refused update added a checkpoint"
+    );
+}
+
+/// One LangGraph interrupt (`id`, asking `q`) of `task`, as a batch.
+fn asking(task: &str, id: &str, q: &str) -> WritesBatch {
+    let request = json!({ "taskId": task, "interrupts": [{ "id": id, "value": { "q": q } }] });
+    let request = request.as_object().cloned().expect("object");
+    WritesBatch {
+        task_id: task.into(),
+        writes: vec![(-3, "__interrupt__".into(), "json".into(), None)],
+        park: Some(PendingDecision::new(
+            runkeep::thread_writes::INTERRUPT_REQUEST,
+            request,
+            at(1),
+        )),
+        ..batch(0)
+    }
+}
+
+/// A `Command(resume=…)`'s write answering the interrupts `of`.
+fn resuming(value: &str, of: &[&str]) -> WritesBatch {
+    WritesBatch {
+        task_id: "00000000-0000-0000-0000-000000000000".into(),
+        writes: vec![(-4, "__resume__".into(), "json".into(), None)],
+        resume: Some(json!(value)),
+        resume_of: Some(of.iter().map(|i| (*i).to_string()).collect()),
+        ..batch(0)
+    }
+}
+
+fn updating(b: WritesBatch, offset_ms: i64) -> CheckpointUpdate {
+    let id = writes_id();
+    Arc::new(move |old| Ok(merge(&id, old, &b, at(offset_ms))))
+}
+
+/// The pending lookup's park: its checkpoint and the questions it waits on.
+async fn waiting_on(store: &Arc<dyn RunStore>, a: &runkeep::RunScope) -> Option<Vec<String>> {
+    let found = store.find_pending(a, at(100)).await.expect("pending")?;
+    assert_eq!(found.id, writes_id());
+    let pending = found.pending.expect("a park");
+    assert!(pending.resolved_at.is_none(), "{pending:?}");
+    Some(
+        pending.request["interrupts"]
+            .as_array()
+            .expect("interrupts")
+            .iter()
+            .map(|i| i["value"]["q"].as_str().expect("q").to_string())
+            .collect(),
+    )
+}
+
+/// The pending-writes rule through the store: a node asked, was resumed
+/// in code and asked again on the same checkpoint, and its next question
+/// reached the store before the resume did (LangGraph sends both at once).
+/// The resume answers the question it was made for; the next one is what
+/// the run waits on, in the pending lookup as in the record. Then its own
+/// answer closes it.
+pub async fn an_overtaken_resume_leaves_the_next_question_waiting(
+    store: Arc<dyn RunStore>,
+    _env: CaseEnv,
+) {
+    let a = run("a");
+    let send = |b: WritesBatch, offset_ms: i64| {
+        let (store, a) = (store.clone(), a.clone());
+        async move {
+            store
+                .update_checkpoint(&a, &writes_id(), updating(b, offset_ms), None)
+                .await
+                .expect("update")
+        }
+    };
+    send(asking("node", "i1", "first?"), 1).await;
+    assert_eq!(
+        waiting_on(&store, &a).await,
+        Some(vec!["first?".to_string()])
+    );
+    // The node's batch only asks (LangGraph.js): merged into the open park.
+    send(asking("node", "i2", "second?"), 2).await;
+    let late = send(resuming("one", &["i1"]), 3).await;
+    assert_eq!(
+        waiting_on(&store, &a).await,
+        Some(vec!["second?".to_string()]),
+        "the question asked after the resume is still waiting: {late:?}"
+    );
+    let closed = send(resuming("two", &["i2"]), 4).await;
+    assert_eq!(waiting_on(&store, &a).await, None, "answered: {closed:?}");
+    let pending = closed.pending.expect("park");
+    assert_eq!(
+        (pending.resolved_at, pending.decision),
+        (Some(at(4)), Some(json!("two")))
     );
 }

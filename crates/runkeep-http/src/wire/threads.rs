@@ -144,6 +144,14 @@ pub struct PutThreadWritesBody {
     /// park is already answered or there is none.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub resume: Option<Value>,
+    /// The interrupt ids of the park `resume` was made for, as the writer
+    /// read it (the park its graph was resumed on): the resume answers
+    /// only those. When the open park holds none of them, the resume was
+    /// overtaken by a question asked after it and answers nothing; the
+    /// park's other interrupts (asked after it) stay waiting, alone in the
+    /// park. Absent: the resume answers the open park whole.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resume_of: Option<Vec<String>>,
     /// The holding it is written under (absent: unfenced).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schema(minimum = 1, maximum = 999_999_999_999_999_i64)]

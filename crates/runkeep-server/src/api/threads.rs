@@ -627,6 +627,7 @@ pub(super) async fn put_writes(
             .collect(),
         park,
         resume: body.resume,
+        resume_of: body.resume_of,
     };
     // The conflict rule is the core's (`thread_writes::merge`); the store
     // runs it under its own lock or transaction, so batches arriving
