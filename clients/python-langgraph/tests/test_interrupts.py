@@ -13,6 +13,7 @@ import pytest
 from langgraph.types import Command
 
 import graphs
+from langgraph.checkpoint.runkeep.saver import NULL_TASK_ID
 from langgraph.checkpoint.runkeep import (
     InterruptAnswerError,
     RunkeepGraphWorker,
@@ -157,6 +158,70 @@ def test_a_resumed_node_asking_again_opens_a_new_park_on_the_same_checkpoint(ser
     assert second is not None and second["pending"].get("resolvedAt") is None
     assert [i["value"]["q"] for i in second["pending"]["request"]["interrupts"]] == ["second?"]
     assert second["id"] == first["id"]
+    held.release()
+
+
+class _ResumeHeldBack:
+    """Wraps ``client.put_thread_writes`` so that the null task's
+    ``__resume__`` batch (what ``Command(resume=v)`` writes before the node
+    runs) is sent only once a batch carrying an ``__interrupt__`` write has
+    been stored: the order LangGraph's background executor can produce,
+    made every time."""
+
+    def __init__(self, client) -> None:
+        import threading
+
+        self.inner = client.put_thread_writes
+        self.interrupt_stored = threading.Event()
+        self.order: list[str] = []
+        self.waited = False
+
+    def __call__(self, run, body, *args, **kwargs):
+        channels = {w["channel"] for w in body.get("writes", [])}
+        null_resume = body.get("taskId") == NULL_TASK_ID and "__resume__" in channels
+        if null_resume:
+            self.waited = self.interrupt_stored.wait(timeout=20)
+        out = self.inner(run, body, *args, **kwargs)
+        self.order.append("null-resume" if null_resume else ("interrupt" if "__interrupt__" in channels else "other"))
+        if "__interrupt__" in channels:
+            self.interrupt_stored.set()
+        return out
+
+
+def test_a_resume_stored_after_the_next_question_does_not_answer_it(serve, saver, monkeypatch):
+    """LangGraph's sync loop hands every ``put_writes`` to its background
+    executor: the null task's ``__resume__`` (written before the node runs)
+    and the node's next ``__interrupt__`` can reach the server in either
+    order. Forced here to the late one: the resume answers the question it
+    was given for, never the one asked after it."""
+    thread = "late-resume-1"
+    held = saver.claim_thread(thread, holder="me")
+    owned = saver.owned(thread, held)
+    graph = graphs.asks_twice().compile(checkpointer=owned)
+    config = {"configurable": {"thread_id": thread}}
+    graph.invoke({"log": []}, config, durability="sync")
+    run = saver.run_ref(thread)
+    reader = serve.client("reader")
+    first = reader.find_pending(run)
+    assert [i["value"]["q"] for i in first["pending"]["request"]["interrupts"]] == ["first?"]
+
+    hold = _ResumeHeldBack(saver.client)
+    hold.interrupt_stored.clear()
+    monkeypatch.setattr(saver.client, "put_thread_writes", hold)
+    graph.invoke(Command(resume="one"), config, durability="sync")
+    monkeypatch.undo()
+    assert hold.waited and hold.order == ["interrupt", "null-resume"], hold.order
+
+    second = reader.find_pending(run)
+    assert second is not None, "the second question is still waiting"
+    assert second["pending"].get("resolvedAt") is None
+    assert [i["value"]["q"] for i in second["pending"]["request"]["interrupts"]] == ["second?"]
+    assert second["id"] == first["id"]
+
+    # Answered in turn, the graph ends with both answers.
+    out = graph.invoke(Command(resume="two"), config, durability="sync")
+    assert out["log"] == ["first:one", "second:two"]
+    assert reader.find_pending(run) is None
     held.release()
 
 

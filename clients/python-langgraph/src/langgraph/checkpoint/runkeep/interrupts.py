@@ -27,7 +27,11 @@ saver sends the resume value with the ``__resume__`` write LangGraph makes
 the park's decision becomes ``v``; a resume map is written by each resumed
 task with its output: the first such write closes the park, its decision
 ``{interrupt_id: value}`` for that task's interrupts, or the bare value
-when the park has one interrupt).
+when the park has one interrupt). Each such write names the interrupts it
+answers (``resumeOf``: the park's ids as the saver read them), and answers
+no others: LangGraph sends the null task's write and the resumed node's
+next ``__interrupt__`` at once, and the server may store the next question
+first; it stays waiting.
 """
 
 from __future__ import annotations

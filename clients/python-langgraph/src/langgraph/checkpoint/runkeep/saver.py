@@ -51,6 +51,9 @@ T = TypeVar("T")
 NULL_TASK_ID = "00000000-0000-0000-0000-000000000000"
 #: The most checkpoints one delete request names (the server's limit).
 DELETE_BATCH = 10_000
+#: How many checkpoints' parks a saver remembers from its reads (see
+#: :class:`_ParksRead`).
+PARKS_REMEMBERED = 1024
 
 _RAW = re.compile(r"^[A-Za-z0-9_-]{1,124}$")
 
@@ -202,8 +205,40 @@ class _Writes:
 
     def close_park(self, park: InterruptPark | None) -> None:
         close, decision = task_resume(park, self.task_id, self.resume_values)
-        if close:
+        if close and park is not None:
             self.body["resume"] = decision
+            self.body["resumeOf"] = park.ids
+
+
+class _ParksRead:
+    """The interrupt ids of the park each checkpoint carried when this
+    saver last read it (``get_tuple``), keyed by ``(thread, ns,
+    checkpoint_id)``; the most recent :data:`PARKS_REMEMBERED`.
+
+    LangGraph reads the checkpoint (``get_tuple``), then writes a
+    ``Command(resume=v)``'s ``__resume__`` under the null task: that resume
+    answers the interrupts of the park it read. It hands that write and the
+    resumed node's next ``__interrupt__`` to its background executor at
+    once, so the server may store the next question first; the resume says
+    which interrupts it answers (``resumeOf``) and leaves that question
+    waiting."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._ids: dict[tuple[str, str, str], list[str]] = {}
+
+    def note(self, thread_id: str, body: Mapping[str, Any]) -> None:
+        park = InterruptPark.of(thread_id, body)
+        key = (thread_id, body["ns"], body["checkpointId"])
+        with self._lock:
+            self._ids.pop(key, None)
+            self._ids[key] = park.ids if park is not None else []
+            while len(self._ids) > PARKS_REMEMBERED:
+                del self._ids[next(iter(self._ids))]
+
+    def ids(self, thread_id: str, ns: str, checkpoint_id: str) -> list[str] | None:
+        with self._lock:
+            return self._ids.get((thread_id, ns, checkpoint_id))
 
 
 @dataclass
@@ -249,6 +284,7 @@ class RunkeepSaver(BaseCheckpointSaver[str]):
         self.parks = parks
         self._owner = _owner
         self._async = _async_clients or _AsyncClients(client, async_client)
+        self._parks_read = _ParksRead()
 
     # -- ownership -----------------------------------------------------
     def run_ref(self, thread_id: str) -> RunRef:
@@ -373,6 +409,13 @@ class RunkeepSaver(BaseCheckpointSaver[str]):
     def _load(self, t: str, data: str | None) -> Any:
         return self.serde.loads_typed(_unpack(t, _unb64(data)))
 
+    def _read_tuple(self, body: Mapping[str, Any], thread_id: str) -> CheckpointTuple:
+        """``get_tuple``'s answer, the park it carries remembered for the
+        ``Command(resume=…)`` that may follow (:class:`_ParksRead`)."""
+        if self.parks:
+            self._parks_read.note(thread_id, body)
+        return self._tuple(body, thread_id)
+
     def _tuple(self, body: Mapping[str, Any], thread_id: str | None = None) -> CheckpointTuple:
         thread = thread_id if thread_id is not None else body["thread"]
         ns = body["ns"]
@@ -464,8 +507,12 @@ class RunkeepSaver(BaseCheckpointSaver[str]):
         }
         if resume:
             if task_id == NULL_TASK_ID:
-                # A plain Command(resume=v): closes the park with v at once.
+                # A plain Command(resume=v): closes the park with v at once,
+                # answering the interrupts of the park LangGraph read.
                 plan.body["resume"] = jsonable(resume[-1])
+                ids = self._parks_read.ids(thread_id, ns, checkpoint_id)
+                if ids is not None:
+                    plan.body["resumeOf"] = ids
             else:
                 # A task's own answers: the park says which interrupts they are.
                 plan.resume_values = resume[-1]
@@ -569,7 +616,7 @@ class RunkeepSaver(BaseCheckpointSaver[str]):
     def get_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
         thread_id, args = self._get_args(config)
         body = self.client.get_thread_checkpoint(self.run_ref(thread_id), **args)
-        return None if body is None else self._tuple(body, thread_id)
+        return None if body is None else self._read_tuple(body, thread_id)
 
     def list(
         self,
@@ -703,7 +750,7 @@ class RunkeepSaver(BaseCheckpointSaver[str]):
     async def aget_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
         thread_id, args = self._get_args(config)
         body = await self._async.get().get_thread_checkpoint(self.run_ref(thread_id), **args)
-        return None if body is None else self._tuple(body, thread_id)
+        return None if body is None else self._read_tuple(body, thread_id)
 
     async def alist(
         self,
