@@ -317,6 +317,17 @@ export class RunkeepSaver extends BaseCheckpointSaver {
   readonly session: string;
   readonly parks: boolean;
   private readonly owner: { threadId: string; lease: WriteLease } | undefined;
+  /**
+   * The interrupt ids of the park each checkpoint carried when `getTuple`
+   * last read it, by `thread \u0000 ns \u0000 checkpointId` (the latest
+   * {@link PARKS_REMEMBERED}): LangGraph reads the checkpoint, then writes
+   * a `Command({ resume })`'s `__resume__`, which answers that park's
+   * interrupts. It sends that write and the resumed node's next
+   * `__interrupt__` at once, so the server may store the next question
+   * first; the resume names what it answers (`resumeOf`) and leaves that
+   * question waiting.
+   */
+  private readonly parksRead = new Map<string, string[]>();
 
   constructor(options: RunkeepSaverOptions, owner?: { threadId: string; lease: WriteLease }) {
     super(options.serde);
@@ -474,7 +485,19 @@ export class RunkeepSaver extends BaseCheckpointSaver {
     const query: { ns: string; checkpointId?: string } = { ns: (c["checkpoint_ns"] as string | undefined) ?? "" };
     if (checkpointId !== undefined) query.checkpointId = checkpointId;
     const body = await this.client.getThreadCheckpoint(this.runRef(threadId), query);
-    return body === null ? undefined : this.tuple(body, threadId);
+    if (body === null) return undefined;
+    if (this.parks) this.noteParkRead(threadId, body);
+    return this.tuple(body, threadId);
+  }
+
+  private noteParkRead(threadId: string, body: ThreadCheckpointBody): void {
+    const key = [threadId, body.ns, body.checkpointId].join("\u0000");
+    const request = body.park?.pending?.request as { type?: unknown; interrupts?: unknown } | undefined;
+    const entries = request?.type === "langgraph-interrupt" && Array.isArray(request.interrupts) ? request.interrupts : [];
+    const ids = entries.flatMap((i: { id?: unknown }) => (typeof i?.id === "string" ? [i.id] : []));
+    this.parksRead.delete(key);
+    this.parksRead.set(key, ids);
+    while (this.parksRead.size > PARKS_REMEMBERED) this.parksRead.delete(this.parksRead.keys().next().value as string);
   }
 
   async *list(config: RunnableConfig, options: CheckpointListOptions = {}): AsyncGenerator<CheckpointTuple> {
@@ -554,6 +577,8 @@ export class RunkeepSaver extends BaseCheckpointSaver {
       }
       if (channel === RESUME && this.parks) resume = commandResume(taskId, value);
     }
+    // A Command's resume answers the interrupts of the park LangGraph read.
+    const resumeOf = resume ? this.parksRead.get([threadId, ns, checkpointId].join("\u0000")) : undefined;
     const body = {
       thread: threadId,
       ns,
@@ -563,6 +588,7 @@ export class RunkeepSaver extends BaseCheckpointSaver {
       writes: items,
       ...(park ? { park } : {}),
       ...(resume ? { resume: resume.value } : {}),
+      ...(resumeOf ? { resumeOf } : {}),
     };
     await this.write(threadId, (fence) => this.client.putThreadWrites(this.runRef(threadId), body, { fence }));
   }
@@ -622,6 +648,8 @@ export class RunkeepSaver extends BaseCheckpointSaver {
   }
 }
 
+/** How many checkpoints' parks a saver remembers from its reads (`RunkeepSaver.parksRead`). */
+const PARKS_REMEMBERED = 1024;
 /** LangGraph.js's null task: the writes of a `Command` (its `resume` among them). */
 const NULL_TASK_ID = "00000000-0000-0000-0000-000000000000";
 /** An interrupt id (xxh3, 32 hex digits): LangGraph.js writes a resume map as one batch per interrupt, under that id. */

@@ -12,12 +12,18 @@ import { describe, expect, it } from "vitest";
 
 import { InterruptAnswerError, type RunkeepSaver } from "../src/index.js";
 import { client, saver } from "./context.js";
-import { approvalGraph, twoReviewersGraph } from "./graph.js";
+import { approvalGraph, asksTwiceGraph, twoReviewersGraph } from "./graph.js";
 
 /** The park of the thread's latest root checkpoint, as the server keeps it. */
 async function parkOf(s: RunkeepSaver, thread: string) {
   const body = await client("reader").getThreadCheckpoint(s.runRef(thread), { ns: "" });
   return body?.park ?? undefined;
+}
+
+/** The questions a pending park waits on (`interrupt({ q })` values). */
+function questions(park: { pending?: { request?: unknown } | null } | null | undefined): string[] {
+  const request = park?.pending?.request as { interrupts?: { value: { q: string } }[] } | undefined;
+  return (request?.interrupts ?? []).map((i) => i.value.q);
 }
 
 describe("RunkeepSaver under a graph", () => {
@@ -148,5 +154,52 @@ describe("RunkeepSaver under a graph", () => {
     expect((await s.getTuple(a))?.checkpoint.channel_values).toEqual({ x: "branch a" });
     expect((await s.getTuple(b))?.checkpoint.channel_values).toEqual({ x: "branch b" });
     expect((await s.getTuple(c1))?.checkpoint.channel_values).toEqual({ x: "root" });
+  });
+
+  it("a resume stored after the node's next question answers only the question it was made for", async () => {
+    // LangGraph.js sends every putWrites at once: the null task's
+    // `__resume__` of `Command({ resume })` and the resumed node's next
+    // `__interrupt__` can reach the server in either order. Forced here to
+    // the late one: the resume is held until the interrupt is stored.
+    const s = saver();
+    const thread = "asks-twice-late";
+    const config = { configurable: { thread_id: thread }, durability: "sync" as const };
+    const graph = asksTwiceGraph().compile({ checkpointer: s });
+    await graph.invoke({ log: [] }, config);
+    const run = s.runRef(thread);
+    const reader = client("reader");
+    const first = await reader.findPending(run);
+    expect(questions(first)).toEqual(["first?"]);
+
+    const inner = s.client.putThreadWrites.bind(s.client);
+    const order: string[] = [];
+    let interruptStored!: () => void;
+    const stored = new Promise<void>((resolve) => (interruptStored = resolve));
+    const NULL = "00000000-0000-0000-0000-000000000000";
+    s.client.putThreadWrites = async (r, body, options) => {
+      const channels = body.writes.map((w) => w.channel);
+      const nullResume = body.taskId === NULL && channels.includes("__resume__");
+      if (nullResume) await Promise.race([stored, new Promise((resolve) => setTimeout(resolve, 20_000))]);
+      const done = await inner(r, body, options);
+      order.push(nullResume ? "null-resume" : channels.includes("__interrupt__") ? "interrupt" : "other");
+      if (channels.includes("__interrupt__")) interruptStored();
+      return done;
+    };
+    try {
+      await graph.invoke(new Command({ resume: "one" }), config);
+    } finally {
+      s.client.putThreadWrites = inner;
+    }
+    expect(order).toEqual(["interrupt", "null-resume"]);
+
+    const second = await reader.findPending(run);
+    expect(second, "the second question is still waiting").not.toBeNull();
+    expect(second?.pending?.resolvedAt).toBeUndefined();
+    expect(questions(second)).toEqual(["second?"]);
+    expect(second?.id).toBe(first?.id);
+
+    const done = await graph.invoke(new Command({ resume: "two" }), config);
+    expect(done.log).toEqual(["first:one", "second:two"]);
+    expect(await reader.findPending(run)).toBeNull();
   });
 });

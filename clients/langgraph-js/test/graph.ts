@@ -32,3 +32,15 @@ export function twoReviewersGraph() {
     .addEdge("security", "merge")
     .addEdge("merge", END);
 }
+
+/** One node asking two questions in turn: interrupted twice on one checkpoint. */
+export function asksTwiceGraph() {
+  return new StateGraph(State)
+    .addNode("ask", () => {
+      const first = interrupt({ q: "first?" });
+      const second = interrupt({ q: "second?" });
+      return { log: [`first:${String(first)}`, `second:${String(second)}`] };
+    })
+    .addEdge(START, "ask")
+    .addEdge("ask", END);
+}
