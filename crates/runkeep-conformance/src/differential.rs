@@ -52,8 +52,8 @@ use proptest::prelude::*;
 use proptest::test_runner::{Config as ProptestConfig, TestCaseError, TestError, TestRunner};
 use runkeep::{
     CheckpointId, ClaimNextFilter, ClaimOutcome, Clock, EnqueueOptions, Error, Fence, ListOptions,
-    ListOrder, ManualClock, MemoryStore, MessagesUpdate, Outcome, ParkResolution, PendingDecision,
-    RunScope, RunStore, Step, Timestamp,
+    ListOrder, ManualClock, MemoryStore, MessagesUpdate, NextClaim, Outcome, ParkResolution,
+    PendingDecision, RunScope, RunStore, Step, Timestamp,
 };
 use serde_json::{json, Map};
 
@@ -216,6 +216,22 @@ pub enum Op {
         /// A finish (0 completed, 1 failed, 2 cancelled).
         finish: Option<u8>,
     },
+    /// `commit_step_and_claim_next`: a step under the holder's fence, then
+    /// the session's next run for `next` (the hand-over).
+    Handover {
+        /// Run index.
+        run: u8,
+        /// Holder index.
+        holder: u8,
+        /// Events in the step.
+        events: u8,
+        /// A finish (0 completed, 1 failed, 2 cancelled).
+        finish: Option<u8>,
+        /// The next claim's holder index.
+        next: u8,
+        /// The next claim's lease in ms.
+        ttl: u64,
+    },
     /// `finish` under the holder's fence.
     Finish {
         /// Run index.
@@ -321,6 +337,15 @@ fn op() -> impl Strategy<Value = Op> {
                 messages,
                 record,
                 finish
+            }),
+        2 => (r.clone(), h.clone(), 0u8..3, proptest::option::weighted(0.7, 0u8..3), h.clone(), ttl.clone())
+            .prop_map(|(run, holder, events, finish, next, ttl)| Op::Handover {
+                run,
+                holder,
+                events,
+                finish,
+                next,
+                ttl
             }),
         2 => (r.clone(), h.clone(), 0u8..3).prop_map(|(run, holder, kind)| Op::Finish { run, holder, kind }),
         2 => (r.clone(), h.clone(), proptest::option::weighted(0.3, 1u32..4))
@@ -611,6 +636,44 @@ impl Pair {
                             .commit_step(&scope(*run), self.fence(*run, *holder), &step)
                             .await,
                     )
+                }
+                Op::Handover {
+                    run,
+                    holder,
+                    events,
+                    finish,
+                    next,
+                    ttl,
+                } => {
+                    let step = Step {
+                        events: (0..*events)
+                            .map(|i| event("tool_result", json!({"i": i})))
+                            .collect(),
+                        finish: finish.map(outcome),
+                        ..Step::default()
+                    };
+                    let claim = NextClaim {
+                        scope: support::listing(),
+                        filter: ClaimNextFilter::default(),
+                        options: claim_now(&holder_name(*next), *ttl),
+                    };
+                    let a = store
+                        .commit_step_and_claim_next(
+                            &scope(*run),
+                            self.fence(*run, *holder),
+                            &step,
+                            &claim,
+                        )
+                        .await
+                        .map(|h| (h.receipt, h.next.map_err(|e| error_answer(&e))));
+                    if Arc::ptr_eq(store, &self.reference) {
+                        if let Ok((_, Ok(Some((s, l))))) = &a {
+                            if let Some(r) = (0..RUNS).find(|i| &scope(*i) == s) {
+                                self.fences.insert((r, *next), l.fence);
+                            }
+                        }
+                    }
+                    normalize(a)
                 }
                 Op::Finish { run, holder, kind } => normalize(
                     store
