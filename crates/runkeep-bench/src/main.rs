@@ -574,16 +574,6 @@ fn all_cases(s: &Settings, scaling: bool, with_peers: bool, grace_off: bool) -> 
                     ));
                 }
                 cases.push(Case::new(
-                    "pg-nosqltake",
-                    format!("handover@{w}"),
-                    "cycles/s",
-                    format!(
-                        "as pg/handover@{w}, on a store whose hand-over judges and writes its claim apart from the candidate statement (PgOptions::claim_in_sql off: the path before), {w} worker{}",
-                        plural(w)
-                    ),
-                    Kind::Drain(w, work::DrainWay::HandOver, false),
-                ));
-                cases.push(Case::new(
                     b,
                     format!("base.skip-locked@{w}"),
                     "cycles/s",
@@ -929,7 +919,6 @@ async fn open_env(
         || needs("pg-coalesced")
         || needs("pg-split")
         || needs("pg-noslack")
-        || needs("pg-nosqltake")
         || needs("serve-pg")
         || cases.iter().any(|c| c.group == "peers");
     let needs_fs = needs("fs") || needs(FS_GRACE_OFF) || needs("fs-powerloss") || needs("serve-fs");
@@ -1024,7 +1013,6 @@ async fn open_env(
                     "pg-coalesced",
                     "pg-split",
                     "pg-noslack",
-                    "pg-nosqltake",
                     "serve-pg",
                     "graphile-worker",
                     "pg-boss",
@@ -1077,15 +1065,6 @@ async fn open_env(
                         BenchError::failed(format!("open the pg-noslack store: {e}"))
                     })?;
                     env.targets.insert("pg-noslack", target(Arc::new(store), 8));
-                }
-                if needs("pg-nosqltake") {
-                    let mut o = options(format!("{}_pgt", env.schema_base));
-                    o.claim_in_sql = false;
-                    let store = PgStore::connect(&args.pg_url, o).await.map_err(|e| {
-                        BenchError::failed(format!("open the pg-nosqltake store: {e}"))
-                    })?;
-                    env.targets
-                        .insert("pg-nosqltake", target(Arc::new(store), 8));
                 }
                 if needs("serve-pg") {
                     let (url, schema) = (args.pg_url.clone(), format!("{}_serve", env.schema_base));
@@ -1618,18 +1597,6 @@ fn ratios(cases: &[Case], s: &Settings) -> Vec<Ratio> {
                 "issue 32: SKIP LOCKED passes the runs other claimers lock in the same statement",
             );
         }
-    }
-    for w in WORKERS {
-        pair(
-            format!(
-                "pg drain by hand-overs, the claim taken in SQL vs judged and written apart @{w}"
-            ),
-            &format!("pg/handover@{w}"),
-            &format!("pg-nosqltake/handover@{w}"),
-            false,
-            None,
-            "issue 32, lever 1: the hand-over's candidate statement takes a plain claim itself",
-        );
     }
     for w in WORKERS {
         pair(
@@ -2203,7 +2170,7 @@ fn charts(cases: &[Case]) -> Vec<(String, svg::Chart)> {
             || (matches!(c.kind, Kind::Drain(..))
                 && matches!(
                     c.backend.as_str(),
-                    "pg" | "pg-coalesced" | "pg-split" | "pg-noslack" | "pg-nosqltake" | "serve-pg"
+                    "pg" | "pg-coalesced" | "pg-split" | "pg-noslack" | "serve-pg"
                 ))
     });
     if !pg_family.is_empty() {

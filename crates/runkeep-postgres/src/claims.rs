@@ -5,8 +5,8 @@ use runkeep::lease::decide_release;
 use runkeep::lifecycle;
 use runkeep::listing::ListQuery;
 use runkeep::{
-    ClaimNextFilter, ClaimOptions, ClaimOutcome, Error, Fence, Lease, LeaseSummary, ListingScope,
-    Result, RunScope, Timestamp, TopHolding,
+    ClaimNextFilter, ClaimOptions, ClaimOutcome, Fence, Lease, LeaseSummary, ListingScope, Result,
+    RunScope, Timestamp, TopHolding,
 };
 
 use crate::db::pipeline::{Stmt, Tx};
@@ -14,9 +14,9 @@ use crate::db::row::{save_many_stmt, save_stmt, Key, RunState};
 use crate::db::tx::{Opening, Verdict, Wake, Writes};
 use crate::db::Db;
 use crate::keys::{self, KeyLock};
-use crate::listing::{fill_state, listed_row, After, Listing, Take};
+use crate::listing::{fill_state, listed_row, After, Listing};
 use std::cell::{Cell, RefCell};
-use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicI64, Ordering};
 use tokio_postgres::Row;
 
 /// How many runs without a key past the ones asked for `claim_next`'s
@@ -100,57 +100,6 @@ pub(crate) fn apply_claim(
         now,
         key_held_by_others,
     )
-}
-
-/// The conditions under which a candidate statement takes its candidate
-/// itself (`Listing::taking_candidate_sql_and_params`), on the locked row
-/// `r` (its latest version) at the statement's instant `cand.now_ms`. Its
-/// Rust twin is [`takes_in_sql`]: a run never claimed or released, active,
-/// not deferred, without a concurrency key, before its deadline and below
-/// the fence ceiling is one the core's `plan_claim` answers
-/// `Take { takeover: false }` for, with `after_take` leaving its lifecycle
-/// as it was; so the claim writes only the holding: the fence after the
-/// tombstone's (1 for a run never claimed), the holder, and the instant
-/// plus the lease (clamped as `Timestamp::plus`). The core still judges
-/// the candidate (`NextSearch::search`), and a disagreement is a bug
-/// (`debug_assert`) whose fix is the core's judgement, written over.
-pub(crate) const TAKE_IN_SQL: &str = "r.status = 'active' \
-    AND (r.top_kind IS NULL OR r.top_kind = 2) AND coalesce(r.top_fence, 0) < 999999999999999 \
-    AND r.available_at IS NULL AND r.ckey IS NULL \
-    AND (r.deadline IS NULL OR cand.now_ms < r.deadline)";
-
-/// The claims taken in SQL, agreed and overridden
-/// ([`crate::PgStore::claims_taken_in_sql`]).
-#[derive(Debug, Default)]
-pub(crate) struct TakenInSql {
-    agreed: AtomicU64,
-    overridden: AtomicU64,
-}
-
-impl TakenInSql {
-    pub(crate) fn get(&self) -> (u64, u64) {
-        (
-            self.agreed.load(Ordering::Relaxed),
-            self.overridden.load(Ordering::Relaxed),
-        )
-    }
-}
-
-/// [`TAKE_IN_SQL`]'s Rust twin: whether a candidate statement takes `run`
-/// at `now` itself (`tests`: every run it admits is one the core takes
-/// with exactly that write; `tests/claim_in_sql.rs`: the statement takes
-/// the runs this admits and no other).
-pub(crate) fn takes_in_sql(run: &RunState, now: Timestamp) -> bool {
-    let l = &run.lifecycle;
-    !l.status.is_finished()
-        && match &run.top {
-            None => true,
-            Some(TopHolding::Released { fence }) => fence.get() < runkeep::lease::MAX_FENCE,
-            Some(_) => false,
-        }
-        && l.available_at.is_none()
-        && l.concurrency.is_none()
-        && l.deadline.is_none_or(|d| now < d)
 }
 
 pub(crate) async fn claim(
@@ -294,25 +243,6 @@ impl NextSearch<'_> {
     }
 }
 
-/// The fence and expiry a taking candidate statement set
-/// ([`NextSearch::first_taking`]); `None`: it took nothing, or the row is
-/// not from such a statement.
-fn took_in_sql(r: &Row) -> Result<Option<(Fence, Timestamp)>> {
-    let (Ok(Some(fence)), Ok(Some(expires))) = (
-        r.try_get::<_, Option<i64>>("took_fence"),
-        r.try_get::<_, Option<i64>>("took_expires"),
-    ) else {
-        return Ok(None);
-    };
-    let fence = u64::try_from(fence)
-        .ok()
-        .and_then(|f| Fence::new(f).ok())
-        .ok_or_else(|| Error::corrupted(format!("a fence taken in SQL: {fence}")))?;
-    let expires = Timestamp::from_millis(expires)
-        .map_err(|e| Error::corrupted(format!("an expiry set in SQL: {e}")))?;
-    Ok(Some((fence, expires)))
-}
-
 /// A candidate's place in claim order: its key, project and session.
 type Listed = (runkeep::listing::RowKey, String, String);
 
@@ -344,10 +274,6 @@ pub(crate) struct NextSearch<'a> {
     counted: Cell<bool>,
     /// The store's schema (part of a key lock's hash).
     schema: String,
-    /// The first candidate statement may take its candidate itself
-    /// (`PgOptions::claim_in_sql`, and a filter SQL judges exactly: no
-    /// park filter, which SQL only prefilters).
-    take_in_sql: bool,
 }
 
 impl<'a> NextSearch<'a> {
@@ -386,7 +312,6 @@ impl<'a> NextSearch<'a> {
             scanning: Cell::new(false),
             counted: Cell::new(false),
             schema: db.options.schema.clone(),
-            take_in_sql: db.options.claim_in_sql && filter.park.is_none(),
         })
     }
 
@@ -397,47 +322,6 @@ impl<'a> NextSearch<'a> {
     pub(crate) fn first(&self) -> Stmt {
         self.counted.set(false);
         self.candidate(&After::None, KeyLock::None)
-    }
-
-    /// [`Self::first`], taking its candidate in the same statement when
-    /// the claim is a plain one ([`TAKE_IN_SQL`]; never `skip`, the run a
-    /// hand-over's step holds): the claim's write is then done, and
-    /// [`Self::search`] only checks the core agrees. [`Self::first`] when
-    /// the store or the filter does not allow it.
-    pub(crate) fn first_taking(&self, skip: &Key) -> Result<Stmt> {
-        if !self.take_in_sql {
-            return Ok(self.first());
-        }
-        self.counted.set(false);
-        *self.last_after.borrow_mut() = After::None;
-        let ttl_ms = i64::try_from(self.options.ttl.as_millis()).unwrap_or(i64::MAX);
-        let take = Take {
-            holder: self.options.holder.as_str(),
-            ttl_ms,
-            skip: Some(skip),
-        };
-        let (sql, params) = self
-            .listing_with(self.scanning.get())
-            .taking_candidate_sql_and_params(&After::None, &take);
-        Ok(Stmt::new("find and take a candidate", sql, params))
-    }
-
-    /// The write that gives back a run a candidate statement took in SQL
-    /// (its row as it was before), for a search that must judge again
-    /// from the top (a hand-over whose step ended a key holding); `None`
-    /// when `replies` took nothing.
-    pub(crate) fn untake(&self, replies: &[Vec<Row>]) -> Result<Option<Stmt>> {
-        let Some(r) = replies.last().and_then(|rows| rows.first()) else {
-            return Ok(None);
-        };
-        if took_in_sql(r)?.is_none() {
-            return Ok(None);
-        }
-        let now = Timestamp::from_millis(r.get::<_, i64>(r.len() - 1))
-            .map_err(|e| Error::corrupted(format!("a candidate's instant: {e}")))?;
-        let (scope, mut state, _) = listed_row(self.scope.tenant_id(), r, now)?;
-        fill_state(&mut state, r);
-        save_stmt(&Key::of(&scope), &state).map(Some)
     }
 
     /// The candidate after `after` with its key's lock (waited for when
@@ -598,72 +482,6 @@ impl<'a> NextSearch<'a> {
         Ok(Some(Vec::new()))
     }
 
-    /// The core's judgement of a run the candidate statement took in SQL
-    /// (`took`: the fence and expiry it set): `Ok` the lease, when the
-    /// core takes it with exactly that write (nothing more to write);
-    /// else the core's judgement was not the statement's, a bug
-    /// (`debug_assert`), and `Err` is the save of the core's judgement,
-    /// written over the statement's (the run taken or dead-lettered as the
-    /// core says, or given back unchanged).
-    #[allow(
-        clippy::too_many_arguments,
-        reason = "the candidate as the search holds it: scope, state, listing row, raw row, instant"
-    )]
-    fn judge_taken(
-        &self,
-        db: &Db,
-        scope: &RunScope,
-        mut state: RunState,
-        row: &runkeep::RunRow,
-        r: &Row,
-        now: Timestamp,
-        skip: Option<&RunScope>,
-        took: (Fence, Timestamp),
-    ) -> Result<std::result::Result<(RunScope, Lease), Stmt>> {
-        fill_state(&mut state, r);
-        let before = state.lifecycle.clone();
-        let in_sql = (
-            Some(TopHolding::Lease {
-                fence: took.0,
-                holder: self.options.holder.clone(),
-                expires_at: took.1,
-            }),
-            before.clone(),
-        );
-        let eligible = skip != Some(scope)
-            && self.query.matches(row)
-            && row.is_claimable(now)
-            && state.lifecycle.concurrency.is_none();
-        let twin = takes_in_sql(&state, now);
-        let outcome = if eligible {
-            Some(apply_claim(scope, &mut state, self.options, now, 0)?)
-        } else {
-            None
-        };
-        if let Some(ClaimOutcome::Acquired(lease)) = &outcome {
-            if twin && (state.top.clone(), state.lifecycle.clone()) == in_sql {
-                db.taken_in_sql.agreed.fetch_add(1, Ordering::Relaxed);
-                if !self.scanning.get() {
-                    db.head_slack.calm();
-                }
-                return Ok(Ok((scope.clone(), lease.clone())));
-            }
-        }
-        db.taken_in_sql.overridden.fetch_add(1, Ordering::Relaxed);
-        debug_assert!(
-            false,
-            "run {scope:?}: the candidate statement took it (fence {}, expiry {}) but the core \
-             judges {outcome:?} (twin rule: {twin}); TAKE_IN_SQL and takes_in_sql drifted",
-            took.0.get(),
-            took.1.as_millis()
-        );
-        tracing::error!(
-            run = ?scope,
-            "runkeep-postgres: a claim taken in SQL is not the core's; the core's judgement is written over it"
-        );
-        save_stmt(&Key::of(scope), &state).map(Err)
-    }
-
     fn listing_with(&self, scan: bool) -> Listing<'a> {
         Listing {
             scope: self.scope,
@@ -737,20 +555,6 @@ impl<'a> NextSearch<'a> {
                 run_scope.project_id.to_string(),
                 run_scope.session_id.to_string(),
             );
-            if let Some(took) = took_in_sql(&r)? {
-                match self.judge_taken(db, &run_scope, state, &row, &r, now, skip, took)? {
-                    Ok(taken) => return Ok(Searched::Taken(Some(taken))),
-                    Err(undone) => {
-                        // The core overrode the statement: its judgement
-                        // is written, and the search goes on.
-                        self.changed = true;
-                        let mut next = vec![undone];
-                        next.extend(self.judged(&after));
-                        replies = db.run(tx, what, next).await?;
-                        continue;
-                    }
-                }
-            }
             if key_lock == Some(false) {
                 // Only tried, and another claimer holds the key's lock:
                 // skipped, as a row another claimer holds locked.
@@ -835,9 +639,7 @@ impl<'a> NextSearch<'a> {
 
 #[cfg(test)]
 mod tests {
-    use super::{apply_claim, takes_in_sql, HeadSlack, TAKE_IN_SQL};
-    use crate::db::row::RunState;
-    use runkeep::{ClaimOutcome, Fence};
+    use super::HeadSlack;
 
     #[test]
     fn the_slack_doubles_on_contention_within_its_bounds_and_shrinks_by_one_when_calm() {
@@ -853,101 +655,6 @@ mod tests {
             s.contended();
         }
         assert_eq!(s.get(), HeadSlack::MAX, "never above the bound");
-    }
-
-    /// The twin's claims write only the holding: for every shape it
-    /// admits, the core takes the run with the fence after the top's (1
-    /// for a run never claimed), the lease from `now`, and the lifecycle
-    /// as it was; what `TAKE_IN_SQL`'s `SET` writes.
-    #[test]
-    fn every_run_the_twin_admits_is_taken_by_the_core_writing_only_the_holding() {
-        use runkeep::lease::MAX_FENCE;
-        use runkeep::{
-            ClaimOptions, Concurrency, Lifecycle, RunId, RunStatus, Timestamp, TopHolding, Ttl,
-        };
-        let now = Timestamp::from_millis(1_000_000).unwrap();
-        let later = Timestamp::from_millis(2_000_000).unwrap();
-        let earlier = Timestamp::from_millis(1).unwrap();
-        let options = ClaimOptions::new(
-            runkeep::Holder::new("w").unwrap(),
-            Ttl::from_millis(30_000).unwrap(),
-        );
-        let tops = [
-            None,
-            Some(TopHolding::Released {
-                fence: Fence::new(4).unwrap(),
-            }),
-            Some(TopHolding::Released {
-                fence: Fence::new(MAX_FENCE).unwrap(),
-            }),
-            Some(TopHolding::Lease {
-                fence: Fence::new(2).unwrap(),
-                holder: runkeep::Holder::new("x").unwrap(),
-                expires_at: earlier,
-            }),
-        ];
-        let mut admitted = 0;
-        for top in tops {
-            for status in [RunStatus::Active, RunStatus::Failed] {
-                for available_at in [None, Some(earlier)] {
-                    for deadline in [None, Some(earlier), Some(later)] {
-                        for key in [None, Some(Concurrency::new("k", 2).unwrap())] {
-                            let run = RunState {
-                                top: top.clone(),
-                                lifecycle: Lifecycle {
-                                    status,
-                                    available_at,
-                                    deadline,
-                                    concurrency: key,
-                                    ..Lifecycle::default()
-                                },
-                                ..RunState::default()
-                            };
-                            if !takes_in_sql(&run, now) {
-                                continue;
-                            }
-                            admitted += 1;
-                            let mut after = run.clone();
-                            let id = RunId::new("run_a").unwrap();
-                            let scope = runkeep::RunScope::new(
-                                "tnt_a".parse().unwrap(),
-                                "prj_a".parse().unwrap(),
-                                "ses_a".parse().unwrap(),
-                                id,
-                            );
-                            let outcome = apply_claim(&scope, &mut after, &options, now, 0)
-                                .unwrap_or_else(|e| panic!("{run:?}: {e}"));
-                            let fence = run.top.as_ref().map_or(1, |t| t.fence().get() + 1);
-                            assert!(
-                                matches!(&outcome, ClaimOutcome::Acquired(l) if l.fence.get() == fence),
-                                "{run:?}: {outcome:?}"
-                            );
-                            assert_eq!(
-                                after.top,
-                                Some(TopHolding::Lease {
-                                    fence: Fence::new(fence).unwrap(),
-                                    holder: options.holder.clone(),
-                                    expires_at: now.plus(options.ttl),
-                                }),
-                                "{run:?}"
-                            );
-                            assert_eq!(after.lifecycle, run.lifecycle, "{run:?}");
-                        }
-                    }
-                }
-            }
-        }
-        // None and Released(4), active, not deferred, no key, deadline
-        // none or later.
-        assert_eq!(admitted, 4, "the shapes the twin admits");
-    }
-
-    #[test]
-    fn take_in_sql_names_the_fence_ceiling() {
-        assert!(TAKE_IN_SQL.contains(&format!(
-            "coalesce(r.top_fence, 0) < {} ",
-            runkeep::lease::MAX_FENCE
-        )));
     }
 
     #[test]

@@ -343,14 +343,6 @@ impl Listing<'_> {
     }
 }
 
-/// What [`Listing::taking_candidate_sql_and_params`] takes its candidate
-/// for: the claim's holder and lease, and the run it must not take.
-pub(crate) struct Take<'t> {
-    pub(crate) holder: &'t str,
-    pub(crate) ttl_ms: i64,
-    pub(crate) skip: Option<&'t crate::db::row::Key>,
-}
-
 impl Listing<'_> {
     /// The column of a [`Self::candidate_sql_and_params`] row with the key
     /// lock's answer (`keys::candidate_locked`).
@@ -387,57 +379,6 @@ impl Listing<'_> {
              SELECT {}, last_seq, last_audit_seq, has_record, has_messages, has_report, {}, now_ms FROM cand",
             Self::COLS,
             keys::candidate_lock_sql(lock, "cand", &schema_p, &tenant_p)
-        );
-        (sql, params)
-    }
-
-    /// The candidate statement of one run after `after`, without a key
-    /// lock, that also **takes** the candidate it locked when the claim is
-    /// a plain one: the SQL twin of the core's `plan_claim` answering
-    /// `Take { takeover: false }` with nothing else to write
-    /// (`claims::TAKE_IN_SQL` lists the conditions). Its row is
-    /// [`Self::candidate_sql_and_params`]'s with two more columns before
-    /// the instant: the fence and expiry the statement set (`took_fence`,
-    /// `took_expires`; NULL: it took nothing, the core judges as before).
-    /// `skip` (the run a hand-over's step holds) is never taken.
-    pub(crate) fn taking_candidate_sql_and_params(
-        &self,
-        after: &After,
-        take: &Take<'_>,
-    ) -> (String, Vec<Box<dyn ToSql + Sync + Send>>) {
-        let (inner, mut params) = self.sql_and_params(after, 1, true);
-        let mut push = |p: Box<dyn ToSql + Sync + Send>| {
-            params.push(p);
-            format!("${}", params.len())
-        };
-        let tenant = push(Box::new(self.scope.tenant_id().to_string()));
-        let holder = push(Box::new(take.holder.to_string()));
-        let ttl = push(Box::new(take.ttl_ms));
-        let skip = match take.skip {
-            Some(k) => format!(
-                " AND (r.project_id, r.session_id, r.run_id, r.parent_id) <> ({}::text, {}::text, {}::text, {}::text)",
-                push(Box::new(k.project.clone())),
-                push(Box::new(k.session.clone())),
-                push(Box::new(k.run.clone())),
-                push(Box::new(k.parent.clone())),
-            ),
-            None => String::new(),
-        };
-        let sql = format!(
-            "WITH cand AS MATERIALIZED ({inner}), \
-             took AS (UPDATE runs r SET top_kind = 1, top_fence = coalesce(r.top_fence + 1, 1), \
-               holder = {holder}::text, expires_at = least(cand.now_ms + {ttl}::bigint, {max_at}) \
-               FROM cand WHERE r.tenant_id = {tenant}::text AND r.project_id = cand.project_id \
-               AND r.session_id = cand.session_id AND r.run_id = cand.run_id \
-               AND r.parent_id = cand.parent_id AND {conditions}{skip} \
-               RETURNING r.top_fence, r.expires_at) \
-             SELECT {}, last_seq, last_audit_seq, has_record, has_messages, has_report, {}, \
-             (SELECT top_fence FROM took) AS took_fence, (SELECT expires_at FROM took) AS took_expires, \
-             now_ms FROM cand",
-            Self::COLS,
-            keys::candidate_lock_sql(KeyLock::None, "cand", "", ""),
-            max_at = runkeep::time::MAX_TIMESTAMP_MS,
-            conditions = crate::claims::TAKE_IN_SQL,
         );
         (sql, params)
     }

@@ -111,14 +111,6 @@ pub struct PgOptions {
     /// path, kept to measure one against the other (`runkeep-bench`'s
     /// `pg-noslack` cases).
     pub claim_slack: bool,
-    /// Let a hand-over's candidate statement also take its candidate when
-    /// the claim is a plain one (`claims::TAKE_IN_SQL`, the SQL twin of
-    /// the core's rule; docs/design/postgres.md, "A claim taken in SQL"):
-    /// the claim's write leaves the second round trip. The core still
-    /// judges the candidate and its judgement is what stands. Default
-    /// `true`; `false` is the earlier path, kept to measure one against
-    /// the other (`runkeep-bench`'s `pg-nosqltake` cases).
-    pub claim_in_sql: bool,
 }
 
 impl Default for PgOptions {
@@ -139,7 +131,6 @@ impl Default for PgOptions {
             direct_url: None,
             merge_step_writes: true,
             claim_slack: true,
-            claim_in_sql: true,
         }
     }
 }

@@ -44,9 +44,7 @@ pub(crate) async fn commit_step_and_claim_next(
     let record = checked(db, scope, step)?;
     let mut search = NextSearch::new(db, &next.scope, &next.filter, &next.options)?;
     let mut opening = opening(step);
-    // The candidate, taken in the same statement when the claim is a
-    // plain one (`claims::TAKE_IN_SQL`): its write is then done.
-    opening.more.push(search.first_taking(&Key::of(scope))?);
+    opening.more.push(search.first());
     let (tx, mut locked) = db.lock_row(what, scope, opening).await?;
     let mut first = std::mem::take(&mut locked.more);
     let (receipt, writes) = judge(db, scope, fence, step, record, &mut locked)?;
@@ -62,11 +60,6 @@ pub(crate) async fn commit_step_and_claim_next(
         // the first candidate again: the one read with the lock predates
         // them (and the key may have looked saturated then). One more round
         // trip, only for such a step.
-        if let Some(undo) = search.untake(&first)? {
-            // The candidate taken in SQL was judged before the step: given
-            // back (its row as it was), and judged again after.
-            stmts.push(undo);
-        }
         if merge {
             stmts = merged(stmts);
         }

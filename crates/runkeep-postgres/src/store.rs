@@ -93,14 +93,6 @@ impl PgStore {
         self.db.notify_statements.load(Ordering::Relaxed)
     }
 
-    /// How many claims this store's candidate statements took in SQL
-    /// (`PgOptions::claim_in_sql`) with the core's agreement, and how many
-    /// the core judged otherwise and wrote over (a bug: 0 is the only
-    /// right answer; debug builds stop at the first).
-    pub fn claims_taken_in_sql(&self) -> (u64, u64) {
-        self.db.taken_in_sql.get()
-    }
-
     /// The options this store was built with.
     pub fn options(&self) -> &PgOptions {
         &self.db.options

@@ -257,7 +257,7 @@ async fn merged_and_separate_step_writes_leave_the_same_rows() {
 
 /// Statements and round trips of one drain cycle's `commit_step` and one
 /// hand-over, on a store of one connection, after a warm-up.
-async fn counted(url: &str, merge: bool, claim_in_sql: bool) -> [(usize, usize); 2] {
+async fn counted(url: &str, merge: bool) -> [(usize, usize); 2] {
     let (_direct, guard) = common::store(url, "stc", None).await;
     let counter = Counter::start(&common::server_addr(url)).await;
     let store = PgStore::connect(
@@ -265,7 +265,6 @@ async fn counted(url: &str, merge: bool, claim_in_sql: bool) -> [(usize, usize);
         PgOptions {
             pool_size: 1,
             merge_step_writes: merge,
-            claim_in_sql,
             ..common::options(&guard.schema, None)
         },
     )
@@ -323,25 +322,12 @@ async fn merged_step_writes_take_fewer_statements() {
     let Some(url) = common::url_or_skip("step_statements") else {
         return;
     };
-    let merged = counted(&url, true, true).await;
-    let split = counted(&url, false, true).await;
-    let split_in_rust = counted(&url, false, false).await;
+    let merged = counted(&url, true).await;
+    let split = counted(&url, false).await;
     eprintln!(
-        "statements (round trips): commit_step {:?} merged vs {:?} separate; hand-over {:?} vs {:?} \
-         ({:?} with the claim judged and written apart, PgOptions::claim_in_sql off)",
-        merged[0], split[0], merged[1], split[1], split_in_rust[1]
+        "statements (round trips): commit_step {:?} merged vs {:?} separate; hand-over {:?} vs {:?}",
+        merged[0], split[0], merged[1], split[1]
     );
-    // The hand-over's claim is taken by its candidate statement: one save
-    // fewer than the claim judged in Rust and written apart.
-    assert_eq!(
-        split_in_rust,
-        [(8, 2), (10, 2)],
-        "the separate path as before"
-    );
-    assert_eq!(
-        split,
-        [(8, 2), (9, 2)],
-        "the separate path, the claim taken in SQL"
-    );
+    assert_eq!(split, [(8, 2), (10, 2)], "the separate path as before");
     assert_eq!(merged, [(6, 2), (7, 2)], "the merged path");
 }

@@ -136,7 +136,6 @@ impl Db {
             coalescer: Mutex::new(None),
             notify_statements: Arc::new(AtomicU64::new(0)),
             head_slack,
-            taken_in_sql: crate::claims::TakenInSql::default(),
         })
     }
 

@@ -53,9 +53,6 @@ pub(crate) struct Db {
     /// How many runs past the ones asked for `claim_next`'s candidate
     /// statement reads, for the claimers locking the first ones.
     pub(crate) head_slack: crate::claims::HeadSlack,
-    /// Claims a candidate statement took in SQL, the core agreeing, and
-    /// those the core overrode (`claims::TAKE_IN_SQL`).
-    pub(crate) taken_in_sql: crate::claims::TakenInSql,
 }
 
 /// A session a statement runs on: a pooled connection, or a transaction
