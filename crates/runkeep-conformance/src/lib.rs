@@ -276,6 +276,7 @@ macro_rules! __runkeep_cases {
             concurrent_claim_next_never_hands_one_run_to_two_workers,
             hands_over_from_a_finished_step_to_the_next_run,
             a_refused_hand_over_claims_nothing,
+            a_hand_over_after_its_own_lease_lapsed_takes_the_run_again,
             never_hands_over_to_the_run_the_step_just_finished,
             concurrent_hand_overs_never_give_one_run_to_two_workers,
             claim_next_batch_takes_runs_in_claim_order_each_leased_alone,

@@ -1006,6 +1006,7 @@ async fn a_store_judging_claims_on_the_machine_clock_fails_the_store_clock_cases
             "finishes_a_run_past_its_deadline_at_its_next_claim",
             "an_expired_holding_frees_its_slot_and_a_late_renewal_is_judged",
             "keeps_every_holding_of_a_keyed_run_in_the_keys_history",
+            "a_hand_over_after_its_own_lease_lapsed_takes_the_run_again",
         ],
     );
 }

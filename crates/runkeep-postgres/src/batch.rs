@@ -73,6 +73,12 @@ pub(crate) async fn claim_next_batch(
                 }
                 Searched::Taken(None) => break None,
                 Searched::KeyJudged(after) => break Some(after),
+                // Only a search given a run to skip answers this.
+                Searched::AfterCommit => {
+                    return Err(runkeep::Error::corrupted(
+                        "claim_next_batch: a search without a run to skip answered AfterCommit",
+                    ))
+                }
             }
         };
         if taken_here > 0 || search.changed {

@@ -195,6 +195,12 @@ pub(crate) async fn claim_next(
                 search.key_locked = false;
                 first = search.judged(&after);
             }
+            // Only a search given a run to skip answers this.
+            Searched::AfterCommit => {
+                return Err(runkeep::Error::corrupted(
+                    "claim_next: a search without a run to skip answered AfterCommit",
+                ))
+            }
         }
     }
 }
@@ -208,6 +214,10 @@ pub(crate) enum Searched {
     /// the key's lock is held no longer than one judgement, and the search
     /// goes on after this key.
     KeyJudged(After),
+    /// The run `skip` names came up (a hand-over's own run, its lease
+    /// lapsed): the transaction ends there, and the claim is made after
+    /// its commit, which sees the step.
+    AfterCommit,
 }
 
 impl NextSearch<'_> {
@@ -561,8 +571,13 @@ impl<'a> NextSearch<'a> {
                 replies = db.run(tx, what, self.judged(&after)).await?;
                 continue;
             }
-            let eligible =
-                skip != Some(&run_scope) && self.query.matches(&row) && row.is_claimable(now);
+            if skip == Some(&run_scope) {
+                // The hand-over's own run (its lease lapsed): its row as
+                // read here predates the step, so it is judged after the
+                // step's commit, by a claim of its own.
+                return Ok(Searched::AfterCommit);
+            }
+            let eligible = self.query.matches(&row) && row.is_claimable(now);
             if !eligible && key_lock == Some(true) {
                 // Its key was locked for a candidate the core does not
                 // take: the transaction ends here (releasing the lock).

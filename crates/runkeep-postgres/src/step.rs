@@ -76,12 +76,13 @@ pub(crate) async fn commit_step_and_claim_next(
     db.commit_notify(tx, what, stmts, scope, notify).await?;
     let next = match searched {
         Searched::Taken(taken) => Ok(taken),
-        // A keyed candidate was judged and not taken: the step commits
-        // with that judgement (and so ends the key's lock), and the next
+        // A keyed candidate was judged and not taken, or the step's own
+        // run came up (its lease lapsed; its row as read predates the
+        // step): the step commits (ending the key's lock), and the next
         // run is claimed after it, as `claim_next` would (the contract's
         // "claims after the step committed": an error there leaves the
         // step standing).
-        Searched::KeyJudged(_) => {
+        Searched::KeyJudged(_) | Searched::AfterCommit => {
             crate::claims::claim_next(db, &next.scope, &next.filter, &next.options).await
         }
     };

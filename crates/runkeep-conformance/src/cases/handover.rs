@@ -234,3 +234,51 @@ pub async fn concurrent_hand_overs_never_give_one_run_to_two_workers(
         "not every run was taken: {owners:?}"
     );
 }
+
+/// A step whose own lease has lapsed (nobody took the run over, so its
+/// fence still stands) is accepted, and the hand-over's claim then judges
+/// the step's run as `claim_next` would after the step: still active and
+/// no longer held live, it is the next run, taken again by its holder
+/// under the next fence. (Found by the differential test's hand-over: a
+/// store must not leave the step's own run out of the claim.)
+pub async fn a_hand_over_after_its_own_lease_lapsed_takes_the_run_again(
+    store: Arc<dyn RunStore>,
+    env: CaseEnv,
+) {
+    let clock = env.clock();
+    write(&store, &run("a"), &checkpoint("a", 0), None).await;
+    let l = take(&store, &run("a"), claim_now("w1", 1_000)).await;
+    clock.advance(1_000);
+    let step = Step {
+        events: vec![event("tool_result", json!({"late": true}))],
+        ..Step::default()
+    };
+    let over = store
+        .commit_step_and_claim_next(
+            &run("a"),
+            l.fence,
+            &step,
+            &next_claim(claim_now("w1", 1_000)),
+        )
+        .await
+        .expect("a step under a lapsed but not superseded fence is accepted");
+    assert_eq!(over.receipt.events.len(), 1, "the step's event");
+    let (s, next) = over
+        .next
+        .expect("the claim")
+        .expect("the step's own run is claimable after the step");
+    assert_eq!(s, run("a"), "the next run");
+    assert_eq!(next.holder.as_str(), "w1");
+    assert_eq!(
+        next.fence.get(),
+        l.fence.get() + 1,
+        "taken again under the next fence"
+    );
+    let summary = store
+        .lease(&s, store.now())
+        .await
+        .expect("lease")
+        .expect("held");
+    assert_eq!(summary.fence, next.fence);
+    assert!(!summary.expired);
+}
