@@ -5,7 +5,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use runkeep::{
-    ClaimNextFilter, ClaimOptions, Fence, Handover, NextClaim, Outcome, RunScope, RunStatus,
+    ClaimNextFilter, ClaimOptions, Fence, Handover, Lease, NextClaim, Outcome, RunScope, RunStatus,
     RunStore, Step,
 };
 use serde_json::json;
@@ -40,6 +40,20 @@ async fn hand_over(
     store
         .commit_step_and_claim_next(scope, fence, &last_step(tag), &next_claim(options))
         .await
+}
+
+/// The run a hand-over took is held live by `holder` under its lease's
+/// fence, as the store reads it back.
+async fn held_live_by(store: &Arc<dyn RunStore>, scope: &RunScope, lease: &Lease, holder: &str) {
+    assert_eq!(lease.holder.as_str(), holder);
+    let summary = store
+        .lease(scope, store.now())
+        .await
+        .expect("lease")
+        .expect("the next run is held");
+    assert_eq!(summary.fence, lease.fence);
+    assert_eq!(summary.holder, holder);
+    assert!(!summary.expired, "the next run's lease is not live");
 }
 
 /// Each hand-over finishes its run with the step and takes the next queued
@@ -80,15 +94,7 @@ pub async fn hands_over_from_a_finished_step_to_the_next_run(
             "the hand-over from {scope} took the wrong run"
         );
         let Some((s, l)) = next else { break };
-        assert_eq!(l.holder.as_str(), "w1");
-        let summary = store
-            .lease(&s, store.now())
-            .await
-            .expect("lease")
-            .expect("the next run is held");
-        assert_eq!(summary.fence, l.fence);
-        assert_eq!(summary.holder, "w1");
-        assert!(!summary.expired, "the next run's lease is not live");
+        held_live_by(&store, &s, &l, "w1").await;
         held = (s, l);
     }
 }
@@ -268,17 +274,10 @@ pub async fn a_hand_over_after_its_own_lease_lapsed_takes_the_run_again(
         .expect("the claim")
         .expect("the step's own run is claimable after the step");
     assert_eq!(s, run("a"), "the next run");
-    assert_eq!(next.holder.as_str(), "w1");
     assert_eq!(
         next.fence.get(),
         l.fence.get() + 1,
         "taken again under the next fence"
     );
-    let summary = store
-        .lease(&s, store.now())
-        .await
-        .expect("lease")
-        .expect("held");
-    assert_eq!(summary.fence, next.fence);
-    assert!(!summary.expired);
+    held_live_by(&store, &s, &next, "w1").await;
 }
