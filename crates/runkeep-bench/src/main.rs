@@ -558,6 +558,19 @@ fn all_cases(s: &Settings, scaling: bool, with_peers: bool, grace_off: bool) -> 
                     ),
                     Kind::Drain(w, work::DrainWay::HandOver, false),
                 ));
+                for keyed in [false, true] {
+                    let keys = if keyed { ".keys20" } else { "" };
+                    cases.push(Case::new(
+                        "pg-keyed1",
+                        format!("batch{DRAIN_BATCH}{keys}@{w}"),
+                        "cycles/s",
+                        format!(
+                            "as pg/batch{DRAIN_BATCH}{keys}@{w}, on a store whose batch claims take keyed runs one search each (PgOptions::batch_keyed_runs off: the path before), {w} worker{}",
+                            plural(w)
+                        ),
+                        Kind::Drain(w, work::DrainWay::Batch(DRAIN_BATCH), keyed),
+                    ));
+                }
                 for (op, way) in [
                     ("handover", work::DrainWay::HandOver),
                     ("batch16", work::DrainWay::Batch(DRAIN_BATCH)),
@@ -919,6 +932,7 @@ async fn open_env(
         || needs("pg-coalesced")
         || needs("pg-split")
         || needs("pg-noslack")
+        || needs("pg-keyed1")
         || needs("serve-pg")
         || cases.iter().any(|c| c.group == "peers");
     let needs_fs = needs("fs") || needs(FS_GRACE_OFF) || needs("fs-powerloss") || needs("serve-fs");
@@ -1013,6 +1027,7 @@ async fn open_env(
                     "pg-coalesced",
                     "pg-split",
                     "pg-noslack",
+                    "pg-keyed1",
                     "serve-pg",
                     "graphile-worker",
                     "pg-boss",
@@ -1057,6 +1072,14 @@ async fn open_env(
                         .await
                         .map_err(|e| BenchError::failed(format!("open the pg-split store: {e}")))?;
                     env.targets.insert("pg-split", target(Arc::new(store), 8));
+                }
+                if needs("pg-keyed1") {
+                    let mut o = options(format!("{}_pgk", env.schema_base));
+                    o.batch_keyed_runs = false;
+                    let store = PgStore::connect(&args.pg_url, o).await.map_err(|e| {
+                        BenchError::failed(format!("open the pg-keyed1 store: {e}"))
+                    })?;
+                    env.targets.insert("pg-keyed1", target(Arc::new(store), 8));
                 }
                 if needs("pg-noslack") {
                     let mut o = options(format!("{}_pgn", env.schema_base));
@@ -1585,6 +1608,18 @@ fn ratios(cases: &[Case], s: &Settings) -> Vec<Ratio> {
             None,
             "issue 32: the step's writes as one data-modifying statement",
         );
+    }
+    for w in WORKERS {
+        for keys in ["", ".keys20"] {
+            pair(
+                format!("pg batched drain{keys}, keyed runs taken with the batch's first statement vs one search each @{w}"),
+                &format!("pg/batch{DRAIN_BATCH}{keys}@{w}"),
+                &format!("pg-keyed1/batch{DRAIN_BATCH}{keys}@{w}"),
+                false,
+                None,
+                "issue 32: a batch's keyed runs judged together",
+            );
+        }
     }
     for w in WORKERS {
         for op in ["handover", "batch16"] {
@@ -2170,7 +2205,7 @@ fn charts(cases: &[Case]) -> Vec<(String, svg::Chart)> {
             || (matches!(c.kind, Kind::Drain(..))
                 && matches!(
                     c.backend.as_str(),
-                    "pg" | "pg-coalesced" | "pg-split" | "pg-noslack" | "serve-pg"
+                    "pg" | "pg-coalesced" | "pg-split" | "pg-noslack" | "pg-keyed1" | "serve-pg"
                 ))
     });
     if !pg_family.is_empty() {

@@ -51,9 +51,9 @@ use std::sync::Arc;
 use proptest::prelude::*;
 use proptest::test_runner::{Config as ProptestConfig, TestCaseError, TestError, TestRunner};
 use runkeep::{
-    CheckpointId, ClaimNextFilter, ClaimOutcome, Clock, EnqueueOptions, Error, Fence, ListOptions,
-    ListOrder, ManualClock, MemoryStore, MessagesUpdate, NextClaim, Outcome, ParkResolution,
-    PendingDecision, RunScope, RunStore, Step, Timestamp,
+    CheckpointId, ClaimNextFilter, ClaimOutcome, Clock, Concurrency, EnqueueOptions, Error, Fence,
+    ListOptions, ListOrder, ManualClock, MemoryStore, MessagesUpdate, NextClaim, Outcome,
+    ParkResolution, PendingDecision, RunScope, RunStore, Step, Timestamp,
 };
 use serde_json::{json, Map};
 
@@ -270,6 +270,8 @@ pub enum Op {
         delay: Option<i64>,
         /// The run's own limit.
         max_attempts: Option<u32>,
+        /// Its concurrency key (`k0` or `k1`) and the key's limit.
+        key: Option<(u8, u32)>,
     },
     /// `resolve_park` on a checkpoint.
     Answer {
@@ -352,8 +354,13 @@ fn op() -> impl Strategy<Value = Op> {
             .prop_map(|(run, holder, limit)| Op::Fail { run, holder, limit }),
         1 => (r.clone(), any::<bool>()).prop_map(|(run, reason)| Op::Cancel { run, reason }),
         1 => r.clone().prop_map(|run| Op::Reopen { run }),
-        1 => (r.clone(), proptest::option::of(1i64..3_000), proptest::option::of(0u32..4))
-            .prop_map(|(run, delay, max_attempts)| Op::Enqueue { run, delay, max_attempts }),
+        1 => (
+            r.clone(),
+            proptest::option::of(1i64..3_000),
+            proptest::option::of(0u32..4),
+            proptest::option::of((0u8..2, 1u32..3)),
+        )
+            .prop_map(|(run, delay, max_attempts, key)| Op::Enqueue { run, delay, max_attempts, key }),
         2 => (r.clone(), 0u8..4, any::<bool>(), proptest::option::of(h.clone()))
             .prop_map(|(run, id, expire, holder)| Op::Answer { run, id, expire, holder }),
         3 => prop_oneof![Just(1i64), Just(500), Just(999), Just(1_000), Just(2_500), Just(6_000)]
@@ -700,6 +707,7 @@ impl Pair {
                     run,
                     delay,
                     max_attempts,
+                    key,
                 } => normalize(
                     store
                         .enqueue(
@@ -708,6 +716,9 @@ impl Pair {
                             &EnqueueOptions {
                                 available_at: delay.map(|d| now.offset(d)),
                                 max_attempts: *max_attempts,
+                                concurrency: key.map(|(k, limit)| {
+                                    Concurrency::new(format!("k{k}"), limit).expect("a valid key")
+                                }),
                                 ..Default::default()
                             },
                         )

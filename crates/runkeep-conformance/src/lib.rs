@@ -281,6 +281,7 @@ macro_rules! __runkeep_cases {
             concurrent_hand_overs_never_give_one_run_to_two_workers,
             claim_next_batch_takes_runs_in_claim_order_each_leased_alone,
             claim_next_batch_counts_its_own_runs_against_a_key_limit,
+            claim_next_batch_counts_the_keys_holders_and_its_own_runs_together,
             claim_next_batch_refuses_a_size_of_zero_or_above_the_limit,
             commit_steps_refuses_only_the_stale_step_and_commits_the_others,
             commit_steps_refuses_a_bad_batch_and_writes_nothing,

@@ -2,19 +2,30 @@
 //! one after the other, claimed with one durable commit.
 //!
 //! The first statement asks for up to the batch's size of candidates at
-//! once, each row locked (`SKIP LOCKED`); the runs without a concurrency
-//! key among them are judged by the core in claim order and claimed with
-//! no further statement: a batch of runs without keys is one round trip
-//! and the commit. From the first keyed candidate on (its key needs its
-//! lock and count), or when the candidates ran out before the batch was
-//! full, the search is `claim_next`'s ([`NextSearch`]), run again after
-//! each taken run in the same transaction: the taken runs' writes are sent
-//! first, so the next candidate statement no longer sees them as claimable
-//! (a row this transaction locked is not skipped by `SKIP LOCKED`, but its
-//! saved holding makes it no candidate). A keyed candidate judged and not
-//! taken ends the transaction, as in `claim_next` (module `keys`, "No
-//! deadlock"): the runs taken so far commit with it, and the batch goes on
-//! in a new transaction.
+//! once (of one key's runs, at most its limit), each row locked (`SKIP
+//! LOCKED`) and each keyed candidate's key lock only tried, never waited
+//! for (module `keys`, "No deadlock"). When it took key locks, one more
+//! statement reads, under them, the instant and each keyed candidate's
+//! count of its key's other live holders. The core then judges every
+//! candidate in claim order (`NextSearch::take_many`), a keyed one with
+//! its key's count plus the runs of that key the batch already took; a
+//! keyed candidate whose key lock another claimer holds is passed, as a
+//! row another claimer holds locked. A batch of runs without keys is one
+//! round trip and the commit; with keys, one more.
+//!
+//! When the candidates ran out before the batch was full, the search is
+//! `claim_next`'s ([`NextSearch`]), run again after each taken run in the
+//! same transaction: the taken runs' writes are sent first, so the next
+//! candidate statement no longer sees them as claimable (a row this
+//! transaction locked is not skipped by `SKIP LOCKED`, but its saved
+//! holding makes it no candidate). A keyed candidate judged and not taken
+//! ends the transaction, as in `claim_next`: the runs taken so far commit
+//! with it, and the batch goes on in a new transaction. A batch that took
+//! runs and passed others because another claimer holds their keys
+//! answers what it took instead of searching on (that search would wait
+//! for the other claimer's key locks). `PgOptions::batch_keyed_runs` off,
+//! the first statement takes no key lock and the search begins at the
+//! first keyed candidate (the earlier path, kept to measure).
 
 use runkeep::{ClaimNextFilter, ClaimOptions, Lease, ListingScope, Result, RunScope};
 
@@ -42,8 +53,19 @@ pub(crate) async fn claim_next_batch(
         let mut taken_here = 0;
         if std::mem::take(&mut fast) {
             let rows = replies.pop().unwrap_or_default();
-            let left = search.take_unkeyed(db, rows, max, &mut taken, &mut writes)?;
+            let left = search
+                .take_many(db, &tx, what, rows, max, &mut taken, &mut writes)
+                .await?;
             taken_here = taken.len();
+            // Runs passed because another claimer holds their key: that
+            // claimer's batch is taking runs of those keys now, and the
+            // search after would wait for it; a batch that took runs
+            // answers them instead (as runs other claimers hold locked are
+            // passed, a batch is "up to" its size).
+            let left = match left {
+                Some(_) if search.passed_locked && taken_here > 0 => None,
+                left => left,
+            };
             match left {
                 None => {
                     if taken_here > 0 || search.changed {

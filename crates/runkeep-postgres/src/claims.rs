@@ -16,6 +16,7 @@ use crate::db::Db;
 use crate::keys::{self, KeyLock};
 use crate::listing::{fill_state, listed_row, After, Listing};
 use std::cell::{Cell, RefCell};
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicI64, Ordering};
 use tokio_postgres::Row;
 
@@ -256,6 +257,10 @@ impl NextSearch<'_> {
 /// A candidate's place in claim order: its key, project and session.
 type Listed = (runkeep::listing::RowKey, String, String);
 
+/// A candidate as the core reads it: its place in claim order, scope,
+/// state and listing row, and the statement's row.
+type Candidate = (Listed, RunScope, RunState, runkeep::RunRow, Row);
+
 /// `claim_next`'s search inside a transaction: one `SKIP LOCKED` candidate
 /// at a time, each judged by the core, until one is taken or none is left.
 pub(crate) struct NextSearch<'a> {
@@ -273,6 +278,11 @@ pub(crate) struct NextSearch<'a> {
     /// The transaction holds a key lock: a later key's is only tried
     /// (module `keys`, "No deadlock").
     key_locked: bool,
+    /// `PgOptions::batch_keyed_runs`: [`Self::many`] takes keyed runs.
+    batch_keyed: bool,
+    /// [`Self::take_many`] passed a keyed candidate whose key's lock
+    /// another claimer holds.
+    pub(crate) passed_locked: bool,
     /// Where the last candidate statement continued from (what the
     /// fallback continues from).
     last_after: RefCell<After>,
@@ -307,6 +317,7 @@ impl<'a> NextSearch<'a> {
             scan: false,
             min_priority: None,
             slack: db.head_slack.get(),
+            per_key: false,
             now: fixed.map(Timestamp::as_millis),
         };
         Ok(Self {
@@ -318,6 +329,8 @@ impl<'a> NextSearch<'a> {
             listing,
             changed: false,
             key_locked: false,
+            batch_keyed: db.options.batch_keyed_runs,
+            passed_locked: false,
             last_after: RefCell::new(After::None),
             scanning: Cell::new(false),
             counted: Cell::new(false),
@@ -373,35 +386,50 @@ impl<'a> NextSearch<'a> {
         Stmt::new("find a candidate", sql, params)
     }
 
-    /// A batch's first statement: up to `limit` candidates from the top,
-    /// each locked (`SKIP LOCKED`), no key lock taken
-    /// ([`Self::take_unkeyed`] judges them).
+    /// A batch's first statement: up to `limit` candidates from the top
+    /// (of one key's runs, at most its limit), each row locked (`SKIP
+    /// LOCKED`), each keyed one's key lock only tried, never waited for
+    /// (module `keys`, "No deadlock": a transaction that waits for no key
+    /// lock cannot be in a cycle of key-lock waits). [`Self::take_many`]
+    /// judges them.
     pub(crate) fn many(&self, limit: usize) -> Stmt {
         self.counted.set(false);
         *self.last_after.borrow_mut() = After::None;
         let limit = i64::try_from(limit).unwrap_or(i64::MAX);
-        let (sql, params) = self.listing_with(false).candidate_sql_and_params(
-            &After::None,
-            KeyLock::None,
-            &self.schema,
-            limit,
-        );
+        let mut listing = self.listing_with(false);
+        listing.per_key = self.batch_keyed;
+        let lock = if self.batch_keyed {
+            KeyLock::Try
+        } else {
+            KeyLock::None
+        };
+        let (sql, params) =
+            listing.candidate_sql_and_params(&After::None, lock, &self.schema, limit);
         Stmt::new("find candidates", sql, params)
     }
 
     /// Judges the candidates [`Self::many`] answered, in claim order, as
-    /// [`Self::search`] judges one: each run without a concurrency key is
-    /// claimed (pushed to `taken`, its save to `writes`) until `taken`
-    /// holds `max` runs. A run with a key needs its key's lock and count,
-    /// which [`Self::search`] takes: the judgement stops at the first one
-    /// and answers the rows from it on, for [`Self::search`] (the same for
-    /// the row of NULLs of heads all locked by others). `Ok(None)`: the
-    /// batch is full or no candidate is left; `Ok(Some(vec![]))`: every
-    /// candidate was judged and more may follow (search again from the
-    /// top once the taken runs are saved).
-    pub(crate) fn take_unkeyed(
+    /// [`Self::search`] judges one, until `taken` holds `max` runs: each
+    /// run is claimed (pushed to `taken`, its save to `writes`) or passed.
+    /// A keyed run is judged with its key's count, read under the key
+    /// locks the statement took by one more statement
+    /// ([`keys::count_many_stmt`]; one round trip for the whole batch),
+    /// plus the runs of its key this batch already took; a keyed run whose
+    /// key lock another claimer holds is passed, as a row another claimer
+    /// holds locked. `Ok(None)`: the batch is full or no candidate is
+    /// left; `Ok(Some(rows))`: every head was locked by another claimer
+    /// (the row of NULLs, for [`Self::search`] to go on with the scan);
+    /// `Ok(Some(vec![]))`: every candidate was judged and more may follow
+    /// (search again from the top once the taken runs are saved).
+    #[allow(
+        clippy::too_many_arguments,
+        reason = "the search's transaction, the rows, and the batch being filled"
+    )]
+    pub(crate) async fn take_many(
         &mut self,
         db: &Db,
+        tx: &Tx,
+        what: &str,
         rows: Vec<Row>,
         max: usize,
         taken: &mut Vec<(RunScope, Lease)>,
@@ -414,15 +442,163 @@ impl<'a> NextSearch<'a> {
             self.listing.slack = db.head_slack.contended();
             return Ok(Some(rows));
         }
-        let now = match self.fixed {
+        let mut now = match self.fixed {
             Some(n) => n,
-            None => {
-                let n = db.listed_now(&rows[0], self.fixed)?;
-                self.query = ListQuery::claim_next(self.scope, self.filter, n)?;
-                self.listing.now = Some(n.as_millis());
-                n
-            }
+            None => db.listed_now(&rows[0], self.fixed)?,
         };
+        let mut listed = self.listed(rows, now)?;
+        let mut rest = Vec::new();
+        if !self.batch_keyed {
+            // The earlier path: from the first keyed candidate on, the
+            // rows are [`Self::search`]'s, one candidate at a time.
+            if let Some(first) = listed
+                .iter()
+                .position(|l| l.2.lifecycle.concurrency.is_some())
+            {
+                rest = listed.split_off(first).into_iter().map(|l| l.4).collect();
+            }
+        }
+        // The keyed candidates whose key lock this statement took, counted
+        // under the locks (the instant read there judges the batch).
+        let locked: Vec<usize> = (0..listed.len())
+            .filter(|&i| {
+                listed[i].2.lifecycle.concurrency.is_some()
+                    && keys::candidate_locked(&listed[i].4, Listing::CANDIDATE_LOCK) == Some(true)
+            })
+            .collect();
+        let mut counts = vec![0u32; listed.len()];
+        if !locked.is_empty() {
+            self.key_locked = true;
+            let keyed: Vec<(Key, String)> = locked
+                .iter()
+                .map(|&i| {
+                    let c = listed[i].2.lifecycle.concurrency.as_ref();
+                    (
+                        Key::of(&listed[i].1),
+                        c.map(|c| c.key.to_string()).unwrap_or_default(),
+                    )
+                })
+                .collect();
+            let named: Vec<(&Key, &str)> = keyed.iter().map(|(k, c)| (k, c.as_str())).collect();
+            let replies = db
+                .run(tx, what, vec![keys::count_many_stmt(&named, self.fixed)])
+                .await?;
+            let (at, n) = keys::counted_many(
+                db,
+                replies.first().map(Vec::as_slice).unwrap_or_default(),
+                self.fixed,
+                locked.len(),
+            )?;
+            for (&i, c) in locked.iter().zip(n) {
+                counts[i] = c;
+            }
+            if at != now {
+                // Judged at the instant read under the locks: the rows
+                // again, as the core reads them then.
+                now = at;
+                let rows = listed.into_iter().map(|l| l.4).collect();
+                listed = self.listed(rows, now)?;
+            }
+        }
+        if self.fixed.is_none() {
+            self.query = ListQuery::claim_next(self.scope, self.filter, now)?;
+            self.listing.now = Some(now.as_millis());
+        }
+        let full = self.judge_many(db, listed, now, &locked, &counts, max, taken, writes)?;
+        if full {
+            db.head_slack.calm();
+            return Ok(None);
+        }
+        Ok(Some(rest))
+    }
+
+    /// [`Self::take_many`]'s judgement of the candidates in claim order at
+    /// `now`, the keyed ones at positions `locked` with their key's count
+    /// (`counts`, by position) plus the runs of their key this batch took.
+    /// The runs taken or dead-lettered are saved by one statement, after
+    /// their keys' history. True when the batch is full.
+    #[allow(
+        clippy::too_many_arguments,
+        reason = "the candidates, their counts, and the batch being filled"
+    )]
+    fn judge_many(
+        &mut self,
+        db: &Db,
+        listed: Vec<Candidate>,
+        now: Timestamp,
+        locked: &[usize],
+        counts: &[u32],
+        max: usize,
+        taken: &mut Vec<(RunScope, Lease)>,
+        writes: &mut Vec<Stmt>,
+    ) -> Result<bool> {
+        let mut saves = Vec::new();
+        let mut of_key: HashMap<(String, String, String), u32> = HashMap::new();
+        for (i, (_, scope, mut state, row, r)) in listed.into_iter().enumerate() {
+            if taken.len() == max {
+                break;
+            }
+            if !(self.query.matches(&row) && row.is_claimable(now)) {
+                continue;
+            }
+            fill_state(&mut state, &r);
+            let group = state.lifecycle.concurrency.as_ref().map(|c| {
+                (
+                    scope.project_id.to_string(),
+                    scope.session_id.to_string(),
+                    c.key.to_string(),
+                )
+            });
+            let held = match &group {
+                None => 0,
+                Some(g) if locked.contains(&i) => {
+                    counts[i].saturating_add(of_key.get(g).copied().unwrap_or(0))
+                }
+                // Its key's lock is another claimer's: passed, as a row
+                // another claimer holds locked.
+                Some(_) => {
+                    self.passed_locked = true;
+                    continue;
+                }
+            };
+            let key = Key::of(&scope);
+            let before = state.top.clone();
+            let claimed = apply_claim(&scope, &mut state, self.options, now, held)?;
+            if matches!(
+                claimed,
+                ClaimOutcome::Acquired(_) | ClaimOutcome::Finished(_)
+            ) {
+                // Taken, or dead-lettered by this claim: written with the
+                // batch either way (its key's history first).
+                writes.extend(keys::holding_stmts(
+                    db,
+                    &key,
+                    before.as_ref(),
+                    &state,
+                    Some(now),
+                ));
+                saves.push((key, state));
+            }
+            match claimed {
+                ClaimOutcome::Acquired(lease) => {
+                    if let Some(g) = group {
+                        *of_key.entry(g).or_default() += 1;
+                    }
+                    taken.push((scope, lease));
+                }
+                ClaimOutcome::Finished(_) => self.changed = true,
+                _ => {}
+            }
+        }
+        if !saves.is_empty() {
+            writes.push(save_many_stmt(&saves)?);
+        }
+        Ok(taken.len() == max)
+    }
+
+    /// A candidate statement's rows as the core reads them at `now`, in
+    /// claim order (sorted here, so nothing depends on the statement's).
+    fn listed(&self, rows: Vec<Row>, now: Timestamp) -> Result<Vec<Candidate>> {
         let mut listed = Vec::with_capacity(rows.len());
         for r in rows {
             let (scope, state, row) = listed_row(self.scope.tenant_id(), &r, now)?;
@@ -433,63 +609,8 @@ impl<'a> NextSearch<'a> {
             );
             listed.push((order, scope, state, row, r));
         }
-        // The statement's rows come in claim order; sorted here so that
-        // nothing depends on it.
         listed.sort_by(|a, b| a.0.cmp(&b.0));
-        // The runs taken or dead-lettered, saved by one statement.
-        let mut saves = Vec::new();
-        let left = self.judge_unkeyed(listed, now, max, taken, &mut saves)?;
-        if !saves.is_empty() {
-            writes.push(save_many_stmt(&saves)?);
-        }
-        if taken.len() == max {
-            db.head_slack.calm();
-        }
-        Ok(left)
-    }
-
-    /// [`Self::take_unkeyed`]'s judgement of the candidates in claim order,
-    /// pushing each run it claims or dead-letters to `saves`.
-    fn judge_unkeyed(
-        &mut self,
-        listed: Vec<(Listed, RunScope, RunState, runkeep::RunRow, Row)>,
-        now: Timestamp,
-        max: usize,
-        taken: &mut Vec<(RunScope, Lease)>,
-        saves: &mut Vec<(Key, RunState)>,
-    ) -> Result<Option<Vec<Row>>> {
-        let mut listed = listed.into_iter();
-        while let Some((_, scope, mut state, row, r)) = listed.next() {
-            fill_state(&mut state, &r);
-            if state.lifecycle.concurrency.is_some() {
-                let mut left = vec![r];
-                left.extend(listed.map(|l| l.4));
-                return Ok(Some(left));
-            }
-            if !(self.query.matches(&row) && row.is_claimable(now)) {
-                continue;
-            }
-            let claimed = apply_claim(&scope, &mut state, self.options, now, 0)?;
-            if matches!(
-                claimed,
-                ClaimOutcome::Acquired(_) | ClaimOutcome::Finished(_)
-            ) {
-                // Taken, or dead-lettered by this claim: written with the
-                // batch either way (a run without a key: no key holding).
-                saves.push((Key::of(&scope), state));
-            }
-            match claimed {
-                ClaimOutcome::Acquired(lease) => {
-                    taken.push((scope, lease));
-                    if taken.len() == max {
-                        return Ok(None);
-                    }
-                }
-                ClaimOutcome::Finished(_) => self.changed = true,
-                _ => {}
-            }
-        }
-        Ok(Some(Vec::new()))
+        Ok(listed)
     }
 
     fn listing_with(&self, scan: bool) -> Listing<'a> {
@@ -503,6 +624,7 @@ impl<'a> NextSearch<'a> {
             scan,
             min_priority: None,
             slack: self.listing.slack,
+            per_key: false,
             now: self.listing.now,
         }
     }

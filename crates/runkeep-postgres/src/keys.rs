@@ -34,7 +34,11 @@
 //! key's lock at once) and goes on in a new one (module `claims`). A
 //! search that would still hold a key lock when it meets another keyed
 //! candidate only *tries* that one's lock and skips the candidate when it
-//! is taken, as it skips a row another claimer has locked.
+//! is taken, as it skips a row another claimer has locked. A batch claim
+//! (module `batch`) takes many keys' locks in its first statement, each
+//! only tried ([`KeyLock::Try`]): a transaction that waits for no key
+//! lock is in no cycle of waits, and its candidates are judged together
+//! with the counts of [`count_many_stmt`].
 //!
 //! # The history
 //!
@@ -142,6 +146,74 @@ pub(crate) fn count_candidate_stmt(fixed: Option<Timestamp>) -> Stmt {
         ),
         vec![Box::new(fixed)],
     )
+}
+
+/// The statement a batch sends after its candidate statement took the
+/// key locks of `candidates` (each run's key, and its concurrency key):
+/// the instant (read now, under the locks, unless `fixed`), then for each
+/// candidate, in order, how many *other* runs hold its key live then. A
+/// statement of its own, so its snapshot sees every claim of those keys
+/// committed before their locks were granted (module doc).
+pub(crate) fn count_many_stmt(candidates: &[(&Key, &str)], fixed: Option<Timestamp>) -> Stmt {
+    let fixed: Option<i64> = fixed.map(Timestamp::as_millis);
+    let col = |f: fn(&(&Key, &str)) -> String| -> Param {
+        Box::new(candidates.iter().map(f).collect::<Vec<String>>())
+    };
+    Stmt::new(
+        "count the candidates' key holders",
+        format!(
+            "WITH c AS (SELECT coalesce($1::bigint, {CLOCK}) AS now_ms) \
+             SELECT c.now_ms, coalesce(array_agg((SELECT count(*) FROM key_holdings h \
+               WHERE h.tenant_id = u.t AND h.project_id = u.p AND h.session_id = u.s \
+                 AND h.ckey = u.k AND h.ended_at IS NULL AND h.expires_at > c.now_ms \
+                 AND NOT (h.run_id = u.r AND h.parent_id = u.pa)) ORDER BY u.i), '{{}}') \
+             FROM c LEFT JOIN unnest($2::text[], $3::text[], $4::text[], $5::text[], $6::text[], $7::text[]) \
+               WITH ORDINALITY AS u(t, p, s, r, pa, k, i) ON true \
+             GROUP BY c.now_ms"
+        ),
+        vec![
+            Box::new(fixed),
+            col(|c| c.0.tenant.clone()),
+            col(|c| c.0.project.clone()),
+            col(|c| c.0.session.clone()),
+            col(|c| c.0.run.clone()),
+            col(|c| c.0.parent.clone()),
+            col(|c| c.1.to_string()),
+        ],
+    )
+}
+
+/// What [`count_many_stmt`] read for `n` candidates: the instant and each
+/// one's count, in order.
+pub(crate) fn counted_many(
+    db: &Db,
+    rows: &[Row],
+    fixed: Option<Timestamp>,
+    n: usize,
+) -> Result<(Timestamp, Vec<u32>)> {
+    let r = rows
+        .first()
+        .ok_or_else(|| Error::corrupted("the key count answered no row"))?;
+    let ms: i64 = r.get(0);
+    let counts: Vec<i64> = r.get(1);
+    if counts.len() != n {
+        return Err(Error::corrupted(format!(
+            "the key count answered {} counts for {n} candidates",
+            counts.len()
+        )));
+    }
+    let now = Timestamp::from_millis(ms)
+        .map_err(|e| Error::corrupted(format!("the server clock is out of range: {e}")))?;
+    if fixed.is_none() {
+        db.note_server_now(now);
+    }
+    Ok((
+        now,
+        counts
+            .into_iter()
+            .map(|c| u32::try_from(c).unwrap_or(u32::MAX))
+            .collect(),
+    ))
 }
 
 /// What [`count_candidate_stmt`] read for the candidate `key` of

@@ -52,6 +52,7 @@ pub(crate) async fn explain_claim_next(
         scan: false,
         min_priority: None,
         slack: db.head_slack.get(),
+        per_key: false,
         now: db.fixed_now(None).map(Timestamp::as_millis),
     };
     let (sql, params) = listing.sql_and_params(&After::None, 1, true);
@@ -93,6 +94,11 @@ pub(crate) struct Listing<'a> {
     /// `SKIP LOCKED` passes the ones other claimers hold locked
     /// (`claims::HeadSlack`).
     pub(crate) slack: i64,
+    /// With `runnable` (and not `scan`): a batch's statement, which reads
+    /// up to `limit` runs of each unsaturated key (at most the key's
+    /// limit) instead of its first one, so one statement can fill a
+    /// batch from runs of few keys (`claims::NextSearch::many`).
+    pub(crate) per_key: bool,
     /// The instant the filters use; `None`: the server's clock, read once
     /// by the statement (and answered in its last column).
     pub(crate) now: Option<i64>,
@@ -115,6 +121,7 @@ impl<'a> Listing<'a> {
             scan: false,
             min_priority: query.min_priority.map(|p| p.get()),
             slack: 0,
+            per_key: false,
             now: Some(query.now.as_millis()),
         }
     }
@@ -464,6 +471,14 @@ impl Listing<'_> {
         let live = "checkpoint_count > 0 AND status = 'active'";
         let now = "(SELECT now_ms FROM clock)";
         let clock = clock.replacen("WITH ", "WITH RECURSIVE ", 1);
+        // A run of each open key's group and one overdue run; a batch's
+        // statement, as many as the batch asks for (of a group, at most
+        // its key's limit).
+        let (per_key, overdue) = if self.per_key {
+            (format!("LEAST({limit}, g.climit)"), limit.to_string())
+        } else {
+            ("1".to_string(), "1".to_string())
+        };
         format!(
             "{clock}, groups AS ( \
                (SELECT {group_order} FROM runs WHERE {scope} AND {live} AND ckey IS NOT NULL \
@@ -484,9 +499,9 @@ impl Listing<'_> {
                (SELECT h.* FROM open_groups g CROSS JOIN LATERAL \
                 (SELECT {keyed_cols} FROM runs WHERE {all} AND ckey IS NOT NULL \
                  AND project_id = g.project_id AND session_id = g.session_id \
-                 AND ckey = g.ckey AND climit = g.climit ORDER BY {order_by} LIMIT 1) h) \
+                 AND ckey = g.ckey AND climit = g.climit ORDER BY {order_by} LIMIT {per_key}) h) \
                UNION ALL \
-               (SELECT * FROM overdue ORDER BY {overdue_order} LIMIT 1)) \
+               (SELECT * FROM overdue ORDER BY {overdue_order} LIMIT {overdue})) \
              {}SELECT {}{}, {now} AS now_ms FROM (SELECT DISTINCT {head_cols} FROM heads) h \
              JOIN runs ON runs.ctid = h.htid AND tenant_id = {tenant} AND project_id = h.hp \
              AND session_id = h.hs AND run_id = h.hr AND parent_id = h.hpa WHERE {all} \

@@ -111,6 +111,15 @@ pub struct PgOptions {
     /// path, kept to measure one against the other (`runkeep-bench`'s
     /// `pg-noslack` cases).
     pub claim_slack: bool,
+    /// Let a batch claim (`claim_next_batch`) take runs with concurrency
+    /// keys from its first statement: up to the batch's size of each
+    /// key's runs read at once, their keys' locks only tried, their
+    /// holders counted by one more statement for the whole batch
+    /// (docs/design/postgres.md, "Batches over concurrency keys"). Default
+    /// `true`; `false` is the earlier path (the first keyed candidate and
+    /// every run after it claimed one search and round trip each), kept to
+    /// measure one against the other (`runkeep-bench`'s `pg-keyed1` cases).
+    pub batch_keyed_runs: bool,
 }
 
 impl Default for PgOptions {
@@ -131,6 +140,7 @@ impl Default for PgOptions {
             direct_url: None,
             merge_step_writes: true,
             claim_slack: true,
+            batch_keyed_runs: true,
         }
     }
 }

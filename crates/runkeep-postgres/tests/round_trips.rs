@@ -225,6 +225,45 @@ async fn scenario(store: &PgStore, m: &mut Meter<'_>, phase: &str) {
         .unwrap();
     assert_eq!(taken.len(), 4);
 
+    // A batch of four runs over two concurrency keys (limit 2 each; a
+    // fifth run of the first key queued behind): the candidates with
+    // their keys' locks tried, with BEGIN; the keys' holders counted for
+    // the whole batch; the saves and the keys' history with one COMMIT.
+    // 3 waits, where the search one keyed candidate at a time took a
+    // round trip per run. (A batch that takes fewer runs than it asked
+    // for searches once more before its COMMIT: 4.)
+    let keyed_ls = listing(&format!("{phase}_keyed"));
+    for i in 1..=5 {
+        let key = if i % 2 == 1 { "ka" } else { "kb" };
+        store
+            .enqueue(
+                &scope(&format!("{phase}_keyed"), &format!("q{i}")),
+                &support::checkpoint("start", 0),
+                &EnqueueOptions {
+                    concurrency: Some(Concurrency::new(key, 2).unwrap()),
+                    ..EnqueueOptions::default()
+                },
+            )
+            .await
+            .unwrap();
+    }
+    let keyed_batch = m
+        .op(
+            "claim_next_batch: four keyed runs of two keys",
+            3,
+            store.claim_next_batch(&keyed_ls, &filter, &co, 4),
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        keyed_batch
+            .iter()
+            .map(|(s, _)| s.clone())
+            .collect::<Vec<_>>(),
+        [1, 2, 3, 4].map(|i| scope(&format!("{phase}_keyed"), &format!("q{i}"))),
+        "the first four runs in claim order"
+    );
+
     // The group commit of those four runs' finishing steps, one of them
     // under a stale fence: every row locked and read with BEGIN, the
     // accepted steps' writes with one COMMIT: 2 waits where four

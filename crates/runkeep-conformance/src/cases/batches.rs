@@ -46,6 +46,25 @@ async fn event_count(store: &Arc<dyn RunStore>, scope: &RunScope) -> usize {
         .len()
 }
 
+/// Queues `keyed` runs of the key `customer-1` with limit `limit`, in
+/// that order, then the run `z` without a key.
+async fn queue_keyed_and_free(store: &Arc<dyn RunStore>, keyed: &[&str], limit: u32) {
+    let options = EnqueueOptions {
+        concurrency: Some(Concurrency::new("customer-1", limit).expect("key")),
+        ..EnqueueOptions::default()
+    };
+    for r in keyed {
+        store
+            .enqueue(&run(r), &checkpoint(r, 0), &options)
+            .await
+            .expect("enqueue");
+    }
+    store
+        .enqueue(&run("z"), &checkpoint("z", 0), &EnqueueOptions::default())
+        .await
+        .expect("enqueue");
+}
+
 /// A batch takes the runs `claim_next` would hand out, in its order, each
 /// under its own lease: releasing one leaves the others held at their
 /// fences; a released run is in the next batch; an empty queue answers an
@@ -104,25 +123,42 @@ pub async fn claim_next_batch_counts_its_own_runs_against_a_key_limit(
     store: Arc<dyn RunStore>,
     _env: CaseEnv,
 ) {
-    let keyed = EnqueueOptions {
-        concurrency: Some(Concurrency::new("customer-1", 2).expect("key")),
-        ..EnqueueOptions::default()
-    };
-    for r in ["k1", "k2", "k3", "k4"] {
-        store
-            .enqueue(&run(r), &checkpoint(r, 0), &keyed)
-            .await
-            .expect("enqueue");
-    }
-    store
-        .enqueue(&run("z"), &checkpoint("z", 0), &EnqueueOptions::default())
-        .await
-        .expect("enqueue");
+    queue_keyed_and_free(&store, &["k1", "k2", "k3", "k4"], 2).await;
     let taken = batch(&store, "w1", 5).await;
     assert_eq!(
         names(&taken),
         [run("k1"), run("k2"), run("z")],
         "a batch past the key's limit of 2"
+    );
+}
+
+/// A batch counts the key's live holders and its own runs together: of
+/// five runs of a key with limit 3, one already claimed by another worker,
+/// a batch of 5 takes two more, and the free run; the next batch takes
+/// nothing of the key, and after a release, only the one run freed.
+pub async fn claim_next_batch_counts_the_keys_holders_and_its_own_runs_together(
+    store: Arc<dyn RunStore>,
+    _env: CaseEnv,
+) {
+    queue_keyed_and_free(&store, &["k1", "k2", "k3", "k4", "k5"], 3).await;
+    let first = batch(&store, "w0", 1).await;
+    assert_eq!(names(&first), [run("k1")], "the first run, alone");
+    let taken = batch(&store, "w1", 5).await;
+    assert_eq!(
+        names(&taken),
+        [run("k2"), run("k3"), run("z")],
+        "a batch beside a holder of the key (limit 3)"
+    );
+    assert!(
+        batch(&store, "w2", 5).await.is_empty(),
+        "the key is at its limit and nothing else is queued"
+    );
+    let (k2, l2) = &taken[0];
+    assert!(store.release(k2, l2.fence).await.expect("release of k2"));
+    assert_eq!(
+        names(&batch(&store, "w3", 5).await),
+        [run("k2")],
+        "one place freed, one run taken"
     );
 }
 
