@@ -181,7 +181,21 @@ pub struct BenchArgs {
     /// the drains: what keeping young holding names costs.
     #[arg(long)]
     pub grace_off: bool,
+
+    /// Also the PostgreSQL stores kept to measure an earlier path against
+    /// the current one ([`AB_STORES`]: coalesced wake-ups, split step
+    /// writes, no claim slack, keyed runs batched one search each). Each
+    /// holds a pool of up to 16 connections of its own: with all of them,
+    /// a run at 16 workers needs more than PostgreSQL's default
+    /// `max_connections` of 100 (a full run on 2026-12-07 lost its 16-worker
+    /// and peer cases to `too many clients`). Off, they are measured only
+    /// when `--only` names them.
+    #[arg(long)]
+    pub ab: bool,
 }
+
+/// The stores `--ab` adds (see `--ab`).
+const AB_STORES: [&str; 4] = ["pg-coalesced", "pg-split", "pg-noslack", "pg-keyed1"];
 
 /// `--pg-notify`: the PostgreSQL stores' `NotifyMode`.
 #[derive(Clone, Copy, PartialEq, Eq, Debug, clap::ValueEnum)]
@@ -1175,6 +1189,9 @@ async fn run(args: BenchArgs) -> BenchResult<Exit> {
     }
     let settings = Settings::of(&args)?;
     let mut cases = all_cases(&settings, args.scaling, args.peers, args.grace_off);
+    if !args.ab && args.only.is_empty() {
+        cases.retain(|c| !AB_STORES.contains(&c.backend.as_str()));
+    }
     if !args.only.is_empty() {
         cases.retain(|c| {
             args.only.iter().any(|p| match p.strip_prefix('=') {
