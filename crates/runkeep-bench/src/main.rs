@@ -194,8 +194,22 @@ pub struct BenchArgs {
     pub ab: bool,
 }
 
-/// The stores `--ab` adds (see `--ab`).
-const AB_STORES: [&str; 4] = ["pg-coalesced", "pg-split", "pg-noslack", "pg-keyed1"];
+/// A store `--ab` adds: its name, its schema's suffix, and the option it
+/// sets back to an earlier path on `pg`'s options.
+type AbStore = (&'static str, &'static str, fn(&mut PgOptions));
+
+/// The stores `--ab` adds.
+const AB_STORES: [AbStore; 4] = [
+    ("pg-coalesced", "pgc", |o| o.notify = NotifyMode::Coalesced),
+    ("pg-split", "pgs", |o| o.merge_step_writes = false),
+    ("pg-keyed1", "pgk", |o| o.batch_keyed_runs = false),
+    ("pg-noslack", "pgn", |o| o.claim_slack = false),
+];
+
+/// True for a backend `--ab` adds.
+fn is_ab_store(backend: &str) -> bool {
+    AB_STORES.iter().any(|(name, ..)| *name == backend)
+}
 
 /// `--pg-notify`: the PostgreSQL stores' `NotifyMode`.
 #[derive(Clone, Copy, PartialEq, Eq, Debug, clap::ValueEnum)]
@@ -943,10 +957,7 @@ async fn open_env(
 ) -> BenchResult<Env> {
     let needs = |backend: &str| cases.iter().any(|c| c.backend == backend);
     let needs_pg = needs("pg")
-        || needs("pg-coalesced")
-        || needs("pg-split")
-        || needs("pg-noslack")
-        || needs("pg-keyed1")
+        || AB_STORES.iter().any(|(b, ..)| needs(b))
         || needs("serve-pg")
         || cases.iter().any(|c| c.group == "peers");
     let needs_fs = needs("fs") || needs(FS_GRACE_OFF) || needs("fs-powerloss") || needs("serve-fs");
@@ -1036,16 +1047,10 @@ async fn open_env(
             Err(e) => {
                 let why = format!("PostgreSQL at --pg-url is not reachable ({e})");
                 output::warn(&format!("{why}: skipping its cases"));
-                for b in [
-                    "pg",
-                    "pg-coalesced",
-                    "pg-split",
-                    "pg-noslack",
-                    "pg-keyed1",
-                    "serve-pg",
-                    "graphile-worker",
-                    "pg-boss",
-                ] {
+                for b in ["pg", "serve-pg", "graphile-worker", "pg-boss"]
+                    .into_iter()
+                    .chain(AB_STORES.map(|(b, ..)| b))
+                {
                     skipped.push((b.to_string(), why.clone()));
                 }
             }
@@ -1069,39 +1074,17 @@ async fn open_env(
                             .map_err(BenchError::failed)?,
                     );
                 }
-                if needs("pg-coalesced") {
-                    let schema = format!("{}_pgc", env.schema_base);
-                    let mut o = options(schema);
-                    o.notify = NotifyMode::Coalesced;
-                    let store = PgStore::connect(&args.pg_url, o).await.map_err(|e| {
-                        BenchError::failed(format!("open the pg-coalesced store: {e}"))
-                    })?;
-                    env.targets
-                        .insert("pg-coalesced", target(Arc::new(store), 8));
-                }
-                if needs("pg-split") {
-                    let mut o = options(format!("{}_pgs", env.schema_base));
-                    o.merge_step_writes = false;
+                // The A/B stores, each in a schema of its own.
+                for (name, suffix, earlier) in AB_STORES {
+                    if !needs(name) {
+                        continue;
+                    }
+                    let mut o = options(format!("{}_{suffix}", env.schema_base));
+                    earlier(&mut o);
                     let store = PgStore::connect(&args.pg_url, o)
                         .await
-                        .map_err(|e| BenchError::failed(format!("open the pg-split store: {e}")))?;
-                    env.targets.insert("pg-split", target(Arc::new(store), 8));
-                }
-                if needs("pg-keyed1") {
-                    let mut o = options(format!("{}_pgk", env.schema_base));
-                    o.batch_keyed_runs = false;
-                    let store = PgStore::connect(&args.pg_url, o).await.map_err(|e| {
-                        BenchError::failed(format!("open the pg-keyed1 store: {e}"))
-                    })?;
-                    env.targets.insert("pg-keyed1", target(Arc::new(store), 8));
-                }
-                if needs("pg-noslack") {
-                    let mut o = options(format!("{}_pgn", env.schema_base));
-                    o.claim_slack = false;
-                    let store = PgStore::connect(&args.pg_url, o).await.map_err(|e| {
-                        BenchError::failed(format!("open the pg-noslack store: {e}"))
-                    })?;
-                    env.targets.insert("pg-noslack", target(Arc::new(store), 8));
+                        .map_err(|e| BenchError::failed(format!("open the {name} store: {e}")))?;
+                    env.targets.insert(name, target(Arc::new(store), 8));
                 }
                 if needs("serve-pg") {
                     let (url, schema) = (args.pg_url.clone(), format!("{}_serve", env.schema_base));
@@ -1190,7 +1173,7 @@ async fn run(args: BenchArgs) -> BenchResult<Exit> {
     let settings = Settings::of(&args)?;
     let mut cases = all_cases(&settings, args.scaling, args.peers, args.grace_off);
     if !args.ab && args.only.is_empty() {
-        cases.retain(|c| !AB_STORES.contains(&c.backend.as_str()));
+        cases.retain(|c| !is_ab_store(&c.backend));
     }
     if !args.only.is_empty() {
         cases.retain(|c| {

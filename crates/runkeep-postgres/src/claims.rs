@@ -399,7 +399,7 @@ impl<'a> NextSearch<'a> {
         let mut listing = self.listing_with(false);
         listing.per_key = self.batch_keyed;
         let lock = if self.batch_keyed {
-            KeyLock::Try
+            KeyLock::TryEach
         } else {
             KeyLock::None
         };
@@ -459,14 +459,15 @@ impl<'a> NextSearch<'a> {
             }
         }
         // The keyed candidates whose key lock this statement took, counted
-        // under the locks (the instant read there judges the batch).
+        // under the locks (the instant read there judges the batch): each
+        // one's count by position, `None` for the others.
         let locked: Vec<usize> = (0..listed.len())
             .filter(|&i| {
                 listed[i].2.lifecycle.concurrency.is_some()
                     && keys::candidate_locked(&listed[i].4, Listing::CANDIDATE_LOCK) == Some(true)
             })
             .collect();
-        let mut counts = vec![0u32; listed.len()];
+        let mut counts: Vec<Option<u32>> = vec![None; listed.len()];
         if !locked.is_empty() {
             self.key_locked = true;
             let keyed: Vec<(Key, String)> = locked
@@ -490,7 +491,7 @@ impl<'a> NextSearch<'a> {
                 locked.len(),
             )?;
             for (&i, c) in locked.iter().zip(n) {
-                counts[i] = c;
+                counts[i] = Some(c);
             }
             if at != now {
                 // Judged at the instant read under the locks: the rows
@@ -504,7 +505,7 @@ impl<'a> NextSearch<'a> {
             self.query = ListQuery::claim_next(self.scope, self.filter, now)?;
             self.listing.now = Some(now.as_millis());
         }
-        let full = self.judge_many(db, listed, now, &locked, &counts, max, taken, writes)?;
+        let full = self.judge_many(db, listed, now, &counts, max, taken, writes)?;
         if full {
             db.head_slack.calm();
             return Ok(None);
@@ -513,8 +514,9 @@ impl<'a> NextSearch<'a> {
     }
 
     /// [`Self::take_many`]'s judgement of the candidates in claim order at
-    /// `now`, the keyed ones at positions `locked` with their key's count
-    /// (`counts`, by position) plus the runs of their key this batch took.
+    /// `now`, a keyed one with its key's count (`counts`, by position;
+    /// `None`: its key's lock is another claimer's) plus the runs of its
+    /// key this batch took.
     /// The runs taken or dead-lettered are saved by one statement, after
     /// their keys' history. True when the batch is full.
     #[allow(
@@ -526,8 +528,7 @@ impl<'a> NextSearch<'a> {
         db: &Db,
         listed: Vec<Candidate>,
         now: Timestamp,
-        locked: &[usize],
-        counts: &[u32],
+        counts: &[Option<u32>],
         max: usize,
         taken: &mut Vec<(RunScope, Lease)>,
         writes: &mut Vec<Stmt>,
@@ -549,14 +550,12 @@ impl<'a> NextSearch<'a> {
                     c.key.to_string(),
                 )
             });
-            let held = match &group {
-                None => 0,
-                Some(g) if locked.contains(&i) => {
-                    counts[i].saturating_add(of_key.get(g).copied().unwrap_or(0))
-                }
+            let held = match (&group, counts[i]) {
+                (None, _) => 0,
+                (Some(g), Some(count)) => count.saturating_add(of_key.get(g).copied().unwrap_or(0)),
                 // Its key's lock is another claimer's: passed, as a row
                 // another claimer holds locked.
-                Some(_) => {
+                (Some(_), None) => {
                     self.passed_locked = true;
                     continue;
                 }

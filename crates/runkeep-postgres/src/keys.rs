@@ -36,7 +36,7 @@
 //! candidate only *tries* that one's lock and skips the candidate when it
 //! is taken, as it skips a row another claimer has locked. A batch claim
 //! (module `batch`) takes many keys' locks in its first statement, each
-//! only tried ([`KeyLock::Try`]): a transaction that waits for no key
+//! only tried ([`KeyLock::TryEach`]): a transaction that waits for no key
 //! lock is in no cycle of waits, and its candidates are judged together
 //! with the counts of [`count_many_stmt`].
 //!
@@ -80,6 +80,10 @@ pub(crate) enum KeyLock {
     Wait,
     /// `pg_try_advisory_xact_lock`: it does (module doc, "No deadlock").
     Try,
+    /// A batch's: each candidate's lock only tried, no candidate named
+    /// (a batch counts its candidates with [`count_many_stmt`], which
+    /// names them itself).
+    TryEach,
 }
 
 /// The transaction-local setting a candidate statement names its
@@ -99,7 +103,7 @@ pub(crate) fn candidate_lock_sql(lock: KeyLock, c: &str, schema: &str, tenant: &
     let (f, taken) = match lock {
         KeyLock::None => return "NULL::text, NULL::text".into(),
         KeyLock::Wait => ("pg_advisory_xact_lock", " IS NOT NULL"),
-        KeyLock::Try => ("pg_try_advisory_xact_lock", ""),
+        KeyLock::Try | KeyLock::TryEach => ("pg_try_advisory_xact_lock", ""),
     };
     let hash = key_hash(
         schema,
@@ -108,8 +112,13 @@ pub(crate) fn candidate_lock_sql(lock: KeyLock, c: &str, schema: &str, tenant: &
         &format!("{c}.session_id"),
         &format!("{c}.ckey"),
     );
+    let locked =
+        format!("CASE WHEN {c}.ckey IS NULL THEN NULL ELSE ({f}({hash})::text{taken})::text END");
+    if lock == KeyLock::TryEach {
+        return format!("{locked}, NULL::text");
+    }
     format!(
-        "CASE WHEN {c}.ckey IS NULL THEN NULL ELSE ({f}({hash})::text{taken})::text END, \
+        "{locked}, \
          CASE WHEN {c}.run_id IS NULL THEN NULL ELSE set_config('{CANDIDATE_SETTING}', \
            concat_ws(chr(1), {tenant}::text, {c}.project_id, {c}.session_id, {c}.run_id, {c}.parent_id, coalesce({c}.ckey, '')), true) END"
     )
